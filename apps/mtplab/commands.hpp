@@ -1,0 +1,24 @@
+// The sub-commands of mtplab. Each lives in its own cmd_<name>.cpp.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mtplab::app {
+
+using Args = std::vector<std::string>;
+
+struct Command {
+  const char* name;
+  const char* summary;
+  int (*run)(const Args& args);
+};
+
+const std::vector<Command>& commands();
+
+/// Runs a command; any exception becomes `[rank r@host] message` on stderr, and with more than
+/// one rank an MPI_Abort, so the whole job exits non-zero instead of hanging.
+int run_guarded(const Command& command, int argc, char** argv, const Args& args);
+
+int cmd_info(const Args& args);
+
+}  // namespace mtplab::app

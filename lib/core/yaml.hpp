@@ -1,0 +1,101 @@
+// Strict YAML reading over yaml-cpp. Every error names the file, the key path, the line and the
+// column: `configs/tiny.yaml:4:3: model.hidden: expected an integer, got "12x"`.
+//
+// Reading a mapping goes through a MapReader: each key the program understands is taken with
+// req()/opt(); finish() then rejects every key nobody took (a typo is an error, never ignored).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/error.hpp"
+
+namespace mtplab {
+
+class YamlNode {
+ public:
+  YamlNode() = default;
+  YamlNode(YAML::Node node, std::shared_ptr<const std::string> file, std::string path);
+
+  /// Parses a file; a syntax error is reported with the file, line and column.
+  static YamlNode load_file(const std::string& path);
+  /// Parses text; `name` stands in for the file name in messages.
+  static YamlNode load_string(const std::string& text, const std::string& name);
+
+  const YAML::Node& raw() const { return node_; }
+  const std::string& file() const { return *file_; }
+  /// Dotted key path from the document root ("model.hidden", "sweep.grid.skip[1]").
+  const std::string& path() const { return path_; }
+  /// "file:line:col: path" (1-based line and column), the prefix of every message.
+  std::string where() const;
+
+  bool is_map() const { return node_.IsMap(); }
+  bool is_sequence() const { return node_.IsSequence(); }
+  bool is_scalar() const { return node_.IsScalar(); }
+  bool is_null() const { return !node_ || node_.IsNull(); }
+
+  std::string as_string() const;
+  int64_t as_int() const;
+  double as_double() const;
+  bool as_bool() const;
+  int64_t as_int(int64_t min, int64_t max) const;
+  double as_double(double min, double max) const;
+  /// One of `choices`; the message lists them.
+  std::string as_choice(const std::vector<std::string>& choices) const;
+  std::vector<YamlNode> items() const;  ///< a sequence's elements
+  std::vector<std::pair<std::string, YamlNode>> entries() const;  ///< a mapping's pairs, in order
+
+  /// Throws an Error prefixed with where().
+  [[noreturn]] void fail(const std::string& message) const;
+
+ private:
+  YAML::Node node_;
+  std::shared_ptr<const std::string> file_ = std::make_shared<const std::string>("<none>");
+  std::string path_;
+};
+
+/// Reads one mapping strictly: take keys with req/opt, then finish() rejects the rest.
+class MapReader {
+ public:
+  explicit MapReader(const YamlNode& node);
+  ~MapReader() = default;
+
+  bool has(const std::string& key) const;
+  /// A required key: missing is an error naming the mapping and the key.
+  YamlNode req(const std::string& key);
+  /// An optional key: nullopt when absent or null.
+  std::optional<YamlNode> opt(const std::string& key);
+
+  int64_t req_int(const std::string& key, int64_t min, int64_t max) { return req(key).as_int(min, max); }
+  double req_double(const std::string& key, double min, double max) { return req(key).as_double(min, max); }
+  std::string req_string(const std::string& key) { return req(key).as_string(); }
+  bool req_bool(const std::string& key) { return req(key).as_bool(); }
+  std::string req_choice(const std::string& key, const std::vector<std::string>& choices) {
+    return req(key).as_choice(choices);
+  }
+  int64_t opt_int(const std::string& key, int64_t fallback, int64_t min, int64_t max);
+  double opt_double(const std::string& key, double fallback, double min, double max);
+  std::string opt_string(const std::string& key, const std::string& fallback);
+  bool opt_bool(const std::string& key, bool fallback);
+  std::string opt_choice(const std::string& key, const std::string& fallback,
+                         const std::vector<std::string>& choices);
+
+  /// Rejects every key not taken, naming it and, when close, the key that was probably meant.
+  void finish();
+  const YamlNode& node() const { return node_; }
+
+ private:
+  YamlNode node_;
+  std::set<std::string> taken_;
+};
+
+/// Edit distance, used to suggest the key a typo meant.
+size_t edit_distance(const std::string& a, const std::string& b);
+
+}  // namespace mtplab

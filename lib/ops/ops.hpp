@@ -1,0 +1,242 @@
+// The op set the drafter is written against, and the memory it runs in.
+//
+// A Backend owns one stream of work: on the CPU it runs each op at once; on CUDA it enqueues
+// kernels on its stream and returns. Pointers passed to ops are backend memory (host memory for
+// the CPU backend, device memory for CUDA) obtained from allocate(); the drafter never
+// dereferences them and never includes a CUDA header.
+//
+// Invariants every implementation keeps (docs/numerics.md has the full list):
+// - BF16 in and out between ops; products accumulate in fp32; norms, router, indexer scores and
+//   softmax in fp32; results are rounded to BF16 (round-to-nearest-even) at the points named
+//   here, so the CPU reference and the GPU differ only by summation order.
+// - Anything that depends on the current position reads it from backend memory (`const int32_t*
+//   pos`), so one captured CUDA graph serves every step.
+// - Argmax ties go to the lowest index, on every backend and sharding.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/numeric.hpp"
+
+namespace mtplab::ops {
+
+enum class BackendKind { cpu, cuda };
+const char* to_string(BackendKind kind);
+
+/// Local (max, argmax) of a logit sweep. `index` is already global (base added); ties keep the
+/// lowest index. 8 bytes, laid out identically on host and device.
+struct ArgMax {
+  float value;
+  int32_t index;
+};
+static_assert(sizeof(ArgMax) == 8);
+
+/// The latent KV cache of one layer: [num_blocks, block_size, kv_lora] rows, BF16 or FP8 E4M3
+/// with one fp32 scale for the whole cache (value = fp8 * scale).
+enum class KvDtype { bf16, fp8 };
+struct KvCache {
+  void* data = nullptr;
+  KvDtype dtype = KvDtype::bf16;
+  float scale = 1.0f;
+  int num_blocks = 0;
+  int block_size = 0;
+  int kv_lora = 0;
+};
+
+/// Stacked expert weights of the experts this rank owns: expert e (local index) has
+/// gate [I, H] at gate + e*I*H, up [I, H] at up + e*I*H, down [H, I] at down + e*H*I.
+struct ExpertWeights {
+  const bf16* gate = nullptr;
+  const bf16* up = nullptr;
+  const bf16* down = nullptr;
+  int first_expert = 0;  ///< global id of local expert 0
+  int num_local = 0;
+  int hidden = 0;
+  int inter = 0;
+};
+
+/// How a batch of rows goes through a linear layer: one GEMV per row, or one GEMM for all rows
+/// (cuBLASLt on CUDA). They sum in different orders; the `batch_qidx` arm compares them.
+enum class RowsMode { per_row, batched };
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual void record() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+  /// "cpu" or the device's name.
+  virtual std::string device_name() const = 0;
+
+  // ---- memory ---------------------------------------------------------------------------------
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void release(void* ptr) noexcept = 0;
+  /// Host -> backend; the host buffer may be reused when the call returns.
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  /// Backend -> host; waits for the work that produces `src`.
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  /// Backend -> backend, in stream order.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_bytes(void* dst, uint8_t value, size_t bytes) = 0;
+  /// Waits until all enqueued work is done.
+  virtual void synchronize() = 0;
+  /// The native stream (cudaStream_t) for communicators; nullptr on the CPU.
+  virtual void* native_stream() { return nullptr; }
+
+  // ---- timing ---------------------------------------------------------------------------------
+  /// CUDA events on the GPU, steady clock on the CPU.
+  virtual std::unique_ptr<Event> make_event() = 0;
+  /// Milliseconds between two recorded events; waits for `end`.
+  virtual double elapsed_ms(const Event& start, const Event& end) = 0;
+
+  // ---- small device-side scalars --------------------------------------------------------------
+  /// dst[0] = src[0] + add.
+  virtual void add_i32(const int32_t* src, int32_t add, int32_t* dst) = 0;
+
+  // ---- norms ----------------------------------------------------------------------------------
+  /// y[r] = bf16(w * x[r] / sqrt(mean(x[r]^2) + eps)), fp32 inside. x and y may alias.
+  virtual void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) = 0;
+  /// As rmsnorm, on row `token[0]` of `table` [vocab, n] (the token is read from backend memory).
+  virtual void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
+                             float eps) = 0;
+  /// y[r] = bf16((x[r] - mean) / sqrt(var + eps) * w + b), fp32 inside, biased variance.
+  virtual void layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
+                         float eps) = 0;
+
+  // ---- linear layers: y = W x with W [n_out, k] row-major BF16 -------------------------------
+  /// X [rows, k] -> Y [rows, n_out], fp32 accumulate, BF16 out.
+  virtual void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k,
+                      RowsMode mode = RowsMode::per_row) = 0;
+  /// As linear, fp32 out (no rounding): indexer queries, router logits, row-parallel partials.
+  virtual void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k,
+                          RowsMode mode = RowsMode::per_row) = 0;
+  /// FP8 E4M3 weights with one fp32 scale per output row: y[i] = bf16(scale[i] * sum_j W[i,j] x[j]).
+  virtual void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows,
+                          int n_out, int k) = 0;
+
+  /// The draft head: logits = W x over the rows [0, n) of this rank's shard (BF16 W, or FP8 W
+  /// with row scales when W_fp8 is given), logits rounded to BF16, then the (max, argmax) with
+  /// `index_base` added. `logits` may be null when the caller does not need them.
+  virtual void head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
+                           int n, int k, int64_t index_base, bf16* logits, ArgMax* out) = 0;
+  /// Argmax of BF16 values; ties to the lowest index; `index_base` added to the index.
+  virtual void argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) = 0;
+
+  // ---- cross-rank pick helpers (the communication itself lives in dist) ------------------------
+  /// Order-preserving 64-bit key: high 32 bits from the value, low 32 bits ~index, so that a MAX
+  /// reduction picks the largest value and, among equal values, the lowest index.
+  virtual void argmax_pack_key(const ArgMax* in, uint64_t* key) = 0;
+  virtual void argmax_unpack_key(const uint64_t* key, int32_t* token) = 0;
+  /// Pick among `n` (max, index) pairs: largest value, lowest index on ties.
+  virtual void argmax_pick(const ArgMax* pairs, int n, int32_t* token) = 0;
+
+  // ---- elementwise ----------------------------------------------------------------------------
+  /// y = bf16(x + delta) (the residual add after a row-parallel, all-reduced fp32 partial).
+  virtual void residual_add(const bf16* x, const float* delta, bf16* y, int n) = 0;
+  /// y = bf16(a + b).
+  virtual void add(const bf16* a, const bf16* b, bf16* y, int n) = 0;
+  /// y[i] = bf16(x[i]) (fp32 -> BF16).
+  virtual void to_bf16(const float* x, bf16* y, int n) = 0;
+
+  // ---- the pooled lightning indexer (MODEL.md) ------------------------------------------------
+  /// Stores row `pos[0]`: k_cache[pos] = k_normed (BF16 [D]), gate_cache[pos] = gate (fp32 [D]),
+  /// valid[pos] = 1; when the row completes its pool (pos % P == P-1) the pool key
+  /// K_j[c] = sum_m softmax_m(gate[jP+m,c] + ape[m,c]) * k[jP+m,c] is written to pool_keys[j].
+  virtual void indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
+                             bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
+                             int P) = 0;
+  /// Scores of the complete pools visible at `pos[0]` (pools j with jP + P - 1 <= pos):
+  /// I_j = sum_h w[h] * relu(q[h] . K_j / sqrt(D)), fp32. Entries past the last candidate are
+  /// set to -inf. `w` already carries the 1/sqrt(n_I) factor.
+  virtual void indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
+                              float* scores, int n_heads, int D, int P, int max_pools) = 0;
+  /// The selection S(pos): top min(K/P, candidates) pools by score (ties: lower pool index),
+  /// expanded to rows in ascending pool order, then the incomplete tail
+  /// P*floor((pos+1)/P) .. pos; width K + P - 1, padded with -1.
+  virtual void indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
+                              int max_pools) = 0;
+
+  // ---- absorbed sparse MLA over the paged latent cache ----------------------------------------
+  /// Writes the latent row `c_kv` [kv_lora] to slot pos[0] of the cache through `block_table`.
+  virtual void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) = 0;
+  /// q_abs[h] = bf16(W_k,h^T q[h]) where W_k,h is rows h*(dqk+dv) .. +dqk of W_kvb [., kv_lora].
+  virtual void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
+                            int kv_lora) = 0;
+  /// o_lat[h] = bf16(sum_t softmax_t(scale * q_abs[h] . c_t) c_t) over the selected rows t
+  /// (entries -1 skipped), softmax in fp32.
+  virtual void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
+                          KvCache cache, bf16* o_lat, int n_heads, float softmax_scale) = 0;
+  /// o[h] = bf16(W_v,h o_lat[h]) where W_v,h is rows h*(dqk+dv)+dqk .. +dv of W_kvb.
+  virtual void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
+                         int kv_lora) = 0;
+
+  // ---- MoE ------------------------------------------------------------------------------------
+  /// s = sigmoid(logits); s' = s + bias; group limit (n_group > 1: keep the topk_group groups
+  /// with the largest sum of their top-2 s'); idx = top-k of s' (ties: lower expert id);
+  /// weights = s[idx] / sum(s[idx]) * scaling. All fp32.
+  virtual void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
+                         int topk_group, float scaling, int32_t* idx, float* weights) = 0;
+  /// out (fp32 [H]) = sum over the selected experts this rank owns of
+  /// weights_i * bf16(W_down,i a_i), a_i = bf16(silu(min(g, L)) * clamp(u, -L, L)),
+  /// g = bf16(W_gate,i x), u = bf16(W_up,i x). Overwrites `out` (zeros when none is owned).
+  /// limit <= 0 disables the clamp.
+  virtual void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights,
+                           int top_k, float limit, float* out) = 0;
+};
+
+/// The CPU reference backend (always built).
+std::unique_ptr<Backend> make_cpu_backend();
+/// The CUDA backend on `device` (throws when mtplab was built without CUDA).
+std::unique_ptr<Backend> make_cuda_backend(int device);
+bool cuda_backend_available();
+
+/// Backend memory with an owner: Array<bf16> a(be, n).
+template <typename T>
+class Array {
+ public:
+  Array() = default;
+  Array(Backend& be, size_t count) : be_(&be), count_(count) {
+    data_ = count ? static_cast<T*>(be.allocate(count * sizeof(T))) : nullptr;
+  }
+  ~Array() { reset(); }
+  Array(const Array&) = delete;
+  Array& operator=(const Array&) = delete;
+  Array(Array&& o) noexcept : be_(o.be_), data_(o.data_), count_(o.count_) {
+    o.data_ = nullptr;
+    o.count_ = 0;
+  }
+  Array& operator=(Array&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_;
+      data_ = o.data_;
+      count_ = o.count_;
+      o.data_ = nullptr;
+      o.count_ = 0;
+    }
+    return *this;
+  }
+  void reset() noexcept {
+    if (data_ && be_) be_->release(data_);
+    data_ = nullptr;
+    count_ = 0;
+  }
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+  Backend* backend() const { return be_; }
+
+ private:
+  Backend* be_ = nullptr;
+  T* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+}  // namespace mtplab::ops
