@@ -143,6 +143,10 @@ class Backend {
   virtual void add(const bf16* a, const bf16* b, bf16* y, int n) = 0;
   /// y[i] = bf16(x[i]) (fp32 -> BF16).
   virtual void to_bf16(const float* x, bf16* y, int n) = 0;
+  /// y[i] += x[i] in fp32 (e.g. the shared expert's partial into the routed experts' partial).
+  virtual void accumulate_f32(const float* x, float* y, int n) = 0;
+  /// x[i] *= s in fp32 (e.g. the indexer's 1/sqrt(n_I) on weights_proj's output).
+  virtual void scale_f32(float* x, float s, int n) = 0;
 
   // ---- the pooled lightning indexer (MODEL.md) ------------------------------------------------
   /// Stores row `pos[0]`: k_cache[pos] = k_normed (BF16 [D]), gate_cache[pos] = gate (fp32 [D]),
