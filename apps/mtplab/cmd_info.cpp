@@ -1,12 +1,100 @@
+// `mtplab info [--backend auto|cpu|cuda]`: one row per rank (host, ranks, device, library
+// versions, git commit), gathered at rank 0 and printed as one table. Run it under the same
+// launcher and options as an experiment to see where each rank lands before spending GPU hours.
+#include <algorithm>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "core/str.hpp"
+#include "dist/collectives.hpp"
+#include "dist/runtime.hpp"
+#include "dist/versions.hpp"
 
 namespace mtplab::app {
+namespace {
 
-int cmd_info(const Args& /*args*/) {
-  std::printf("mtplab %s (git %s%s)\n", project_version(), git_sha(), git_dirty() ? ", dirty" : "");
+constexpr char kFieldSep = '\x1f';  // never in a host name, device name or version string
+
+const char* kInfoHelp =
+    "usage: mtplab info [--backend auto|cpu|cuda]\n\n"
+    "Prints, for every rank: host, rank, local rank, device and PCI bus id, CUDA runtime and\n"
+    "driver, NCCL, MPI, HDF5 and yaml-cpp versions, and the git commit of the binary.\n"
+    "  --backend auto  cuda when built with CUDA and every rank sees a GPU, else cpu (default)\n"
+    "  --backend cpu   no GPU binding\n"
+    "  --backend cuda  bind each rank to its GPU as an experiment would (refusals included)\n";
+
+std::string parse_backend(const Args& args, bool& help) {
+  std::string backend = "auto";
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      help = true;
+    } else if (a == "--backend") {
+      MTP_REQUIRE(i + 1 < args.size(), "mtplab info: --backend needs a value (auto, cpu or cuda)");
+      backend = args[++i];
+    } else if (starts_with(a, "--backend=")) {
+      backend = a.substr(10);
+    } else {
+      MTP_FAIL("mtplab info: unknown argument \"", a, "\" (see mtplab info --help)");
+    }
+  }
+  MTP_REQUIRE(backend == "auto" || backend == "cpu" || backend == "cuda", "mtplab info: --backend \"",
+              backend, "\" is not one of auto, cpu, cuda");
+  return backend;
+}
+
+}  // namespace
+
+int cmd_info(const Args& args) {
+  bool help = false;
+  std::string backend = parse_backend(args, help);
+  if (help) {
+    std::fputs(kInfoHelp, stdout);
+    return 0;
+  }
+
+  dist::Runtime rt;
+  if (backend == "auto") backend = rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
+  std::string device = "cpu", pci = "-";
+  if (backend == "cuda") {
+    const auto& bound = rt.bind_device();
+    device = str(bound.device, ": ", bound.name);
+    pci = bound.pci_bus_id;
+  }
+
+  const dist::LibraryVersions v = dist::library_versions();
+  const std::string git = str(git_sha(), git_dirty() ? "-dirty" : "");
+  const std::vector<std::string> mine = {
+      rt.host(), str(rt.rank()), str(rt.local_rank()), device, pci,  v.cuda_runtime, v.cuda_driver,
+      v.nccl,    v.hdf5,         v.yaml_cpp,           git,    v.mpi};
+  const auto rows = rt.gather_strings(join(mine, std::string(1, kFieldSep)));
+  if (rt.rank() != 0) return 0;
+
+  std::vector<std::vector<std::string>> table = {{"host", "rank", "local", "device", "pci bus id", "cuda",
+                                                  "driver", "nccl", "hdf5", "yaml-cpp", "git", "mpi"}};
+  for (const auto& row : rows) table.push_back(split(row, kFieldSep));
+  std::vector<size_t> width(table[0].size(), 0);
+  for (const auto& row : table) {
+    MTP_REQUIRE(row.size() == width.size(), "mtplab info: a rank sent ", row.size(), " fields instead of ",
+                width.size());
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::printf("mtplab %s, %d rank(s) on %d node(s), backend %s\n", project_version(), rt.world(),
+              rt.num_nodes(), backend.c_str());
+  for (const auto& row : table) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      std::string cell = row[c];
+      if (c + 1 < row.size()) cell.resize(width[c] + 2, ' ');  // the last column is not padded
+      line += cell;
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
   return 0;
 }
 

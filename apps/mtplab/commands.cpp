@@ -1,9 +1,7 @@
+// The command table and the guard every command runs under.
 #include "commands.hpp"
 
-#include <cstdio>
-#include <exception>
-
-#include "core/error.hpp"
+#include "dist/guard.hpp"
 
 namespace mtplab::app {
 
@@ -14,16 +12,11 @@ const std::vector<Command>& commands() {
   return table;
 }
 
+// Creates nothing itself (each command owns its dist::Runtime): on an exception dist::run_guarded
+// prints `[rank r@host] message (file:line)` and, with more than one rank, calls MPI_Abort so no
+// rank is left waiting in a collective; with one rank it returns 1.
 int run_guarded(const Command& command, int /*argc*/, char** /*argv*/, const Args& args) {
-  try {
-    return command.run(args);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.describe().c_str());
-  } catch (const std::exception& e) {
-    const auto& id = process_identity();
-    std::fprintf(stderr, "[rank %d@%s] %s\n", id.rank, id.host.c_str(), e.what());
-  }
-  return 1;
+  return dist::run_guarded([&] { return command.run(args); });
 }
 
 }  // namespace mtplab::app

@@ -17,6 +17,8 @@ namespace mtplab {
 /// A BF16 value as stored (the high half of an IEEE binary32).
 struct bf16 {
   uint16_t bits = 0;
+  /// Bitwise equality (so +0 != -0 and NaN == NaN of the same bits): what "identical" means in tests.
+  friend constexpr bool operator==(bf16 a, bf16 b) { return a.bits == b.bits; }
 };
 
 MTP_HD inline float bits_to_float(uint32_t u) {
@@ -46,6 +48,7 @@ MTP_HD inline float round_bf16(float f) { return to_float(to_bf16(f)); }
 /// FP8 E4M3 (OCP "fn" variant: no infinities, 0x7f/0xff are NaN, max finite 448).
 struct fp8e4m3 {
   uint8_t bits = 0;
+  friend constexpr bool operator==(fp8e4m3 a, fp8e4m3 b) { return a.bits == b.bits; }
 };
 inline constexpr float kE4M3Max = 448.0f;
 

@@ -3,7 +3,8 @@
 // - NCCL: device buffers on the backend's stream, used with the CUDA backend.
 // Every call is collective over the communicator's group; counts are elements, not bytes.
 // A collective that does not complete within the timeout (a dead peer) raises mtplab::Error
-// instead of hanging.
+// instead of hanging (NCCL: checked in wait(); MPI: Open MPI ends the job when a rank dies).
+// Implementations and their factory: dist/collectives.hpp; groups and bootstrap: dist/runtime.hpp.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +33,13 @@ class Communicator {
   virtual void all_gather(const void* send, void* recv, size_t bytes) = 0;
   virtual void broadcast(void* buf, size_t bytes, int root) = 0;
   virtual void barrier() = 0;
+
+  /// Blocks until every collective issued on this communicator so far has completed. MPI calls
+  /// complete before they return, so this is a no-op there. NCCL calls are only enqueued on the
+  /// stream: wait() polls them against the collective timeout and, when it passes or NCCL reports
+  /// an error, aborts the communicator and throws mtplab::Error. Use it instead of a bare stream
+  /// synchronize after collectives, which would hang forever on a dead peer.
+  virtual void wait() {}
 };
 
 }  // namespace mtplab::dist

@@ -1,0 +1,56 @@
+// Library versions at run time (not the headers compiled against), so that a result records
+// what actually ran.
+#include "dist/versions.hpp"
+
+#include <hdf5.h>
+#include <mpi.h>
+
+#include "core/str.hpp"
+#include "dist/check.hpp"
+
+#ifndef MTPLAB_YAML_CPP_VERSION
+#define MTPLAB_YAML_CPP_VERSION "unknown"
+#endif
+
+namespace mtplab::dist {
+
+std::string cuda_version_string(int encoded) {
+  if (encoded <= 0) return "-";
+  return str(encoded / 1000, ".", (encoded % 1000) / 10);
+}
+
+std::string nccl_version_string(int encoded) {
+  if (encoded <= 0) return "-";
+  if (encoded >= 20900) return str(encoded / 10000, ".", (encoded % 10000) / 100, ".", encoded % 100);
+  return str(encoded / 1000, ".", (encoded % 1000) / 100, ".", encoded % 100);
+}
+
+LibraryVersions library_versions() {
+  LibraryVersions v;
+  v.cuda_runtime = v.cuda_driver = v.nccl = "-";
+#if defined(MTPLAB_HAVE_CUDA)
+  int runtime = 0, driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess) v.cuda_runtime = cuda_version_string(runtime);
+  // 0 when no driver is installed; the call itself succeeds then.
+  if (cudaDriverGetVersion(&driver) == cudaSuccess) v.cuda_driver = cuda_version_string(driver);
+  (void)cudaGetLastError();
+#endif
+#if defined(MTPLAB_HAVE_NCCL)
+  int nccl = 0;
+  if (ncclGetVersion(&nccl) == ncclSuccess) v.nccl = nccl_version_string(nccl);
+#endif
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  if (MPI_Get_library_version(mpi, &len) == MPI_SUCCESS) {
+    std::string text(mpi, static_cast<size_t>(len));
+    v.mpi = trim(text.substr(0, text.find('\n')));
+  } else {
+    v.mpi = "-";
+  }
+  unsigned major = 0, minor = 0, release = 0;
+  v.hdf5 = H5get_libversion(&major, &minor, &release) >= 0 ? str(major, ".", minor, ".", release) : "-";
+  v.yaml_cpp = MTPLAB_YAML_CPP_VERSION;
+  return v;
+}
+
+}  // namespace mtplab::dist

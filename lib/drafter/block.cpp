@@ -1,0 +1,148 @@
+// The DSA + MoE block's forward, op by op (MODEL.md, "DSA attention", "pooled indexer", "MoE").
+#include "drafter/block.hpp"
+
+#include <cmath>
+#include <numeric>
+
+#include "core/error.hpp"
+
+namespace mtplab::drafter {
+
+LayerCache::LayerCache(ops::Backend& be, const BlockDims& d) {
+  MTP_REQUIRE(d.max_rows > 0 && d.max_rows % d.index_kpool == 0,
+              "layer cache: capacity ", d.max_rows, " is not a positive whole number of pools of ", d.index_kpool);
+  const int num_blocks = (d.max_rows + d.block_size - 1) / d.block_size;
+  block_table = ops::Array<int32_t>(be, num_blocks);
+  // One sequence owns its blocks; the table maps logical to physical blocks (identity here, but
+  // every access goes through it, as in a shared paged pool).
+  std::vector<int32_t> table(num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  be.upload(block_table.data(), table.data(), table.size() * sizeof(int32_t));
+  const size_t elem = d.kv_dtype == ops::KvDtype::bf16 ? 2 : 1;
+  kv_data_ = ops::Array<uint8_t>(be, static_cast<size_t>(num_blocks) * d.block_size * d.kv_lora * elem);
+  kv_ = ops::KvCache{kv_data_.data(), d.kv_dtype, d.kv_scale, num_blocks, d.block_size, d.kv_lora};
+  k_cache = ops::Array<bf16>(be, static_cast<size_t>(d.max_rows) * d.index_dim);
+  gate_cache = ops::Array<float>(be, static_cast<size_t>(d.max_rows) * d.index_dim);
+  valid = ops::Array<uint8_t>(be, d.max_rows);
+  pool_keys = ops::Array<float>(be, static_cast<size_t>(d.max_pools()) * d.index_dim);
+  be.fill_bytes(valid.data(), 0, valid.bytes());
+}
+
+BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
+    : u(be, d.hidden),
+      cq_pre(be, d.q_lora),
+      cq(be, d.q_lora),
+      q(be, static_cast<size_t>(d.n_heads_local) * d.qk_nope),
+      ckv_pre(be, d.kv_lora),
+      ckv(be, d.kv_lora),
+      k_pre(be, d.index_dim),
+      k_normed(be, d.index_dim),
+      q_abs(be, static_cast<size_t>(d.n_heads_local) * d.kv_lora),
+      o_lat(be, static_cast<size_t>(d.n_heads_local) * d.kv_lora),
+      o(be, static_cast<size_t>(d.n_heads_local) * d.v_head),
+      v(be, d.hidden),
+      gate(be, d.index_dim),
+      q_idx(be, static_cast<size_t>(d.index_heads) * d.index_dim),
+      w_idx(be, d.index_heads),
+      scores(be, d.max_pools()),
+      attn_partial(be, d.hidden),
+      router_logits(be, d.num_experts),
+      moe_partial(be, d.hidden),
+      shared_partial(be, d.hidden),
+      selection(be, d.selection_width()),
+      expert_idx(be, d.top_k),
+      shared_idx(be, 1),
+      expert_w(be, d.top_k),
+      shared_w(be, 1) {
+  const int32_t zero = 0;
+  const float one = 1.0f;
+  be.upload(shared_idx.data(), &zero, sizeof zero);
+  be.upload(shared_w.data(), &one, sizeof one);
+}
+
+Block::Block(ops::Backend& be, dist::Communicator* comm, BlockDims dims, BlockWeights weights)
+    : be_(be), comm_(comm), dims_(dims), w_(std::move(weights)), scratch_(be, dims_) {
+  MTP_REQUIRE(dims_.index_topk % dims_.index_kpool == 0, "block: index_topk ", dims_.index_topk,
+              " is not divisible by index_kpool ", dims_.index_kpool);
+}
+
+void Block::all_reduce(float* partial, int n) {
+  if (comm_ && comm_->size() > 1) comm_->all_reduce_sum(partial, partial, static_cast<size_t>(n));
+}
+
+void Block::write_caches(const bf16* u, const int32_t* pos, LayerCache& cache) {
+  const BlockDims& d = dims_;
+  auto& s = scratch_;
+  // Latent row: c_kv = RMSNorm_kva(W_kva u), cached at slot pos.
+  be_.linear(w_.kv_a.data(), u, s.ckv_pre.data(), 1, d.kv_lora, d.hidden);
+  be_.rmsnorm(s.ckv_pre.data(), w_.kv_a_norm.data(), s.ckv.data(), 1, d.kv_lora, d.rms_eps);
+  be_.kv_write(s.ckv.data(), cache.block_table.data(), pos, cache.kv());
+  // Indexer row: k_normed = LayerNorm(W_k u) (weight and bias), gate = W_gate u in fp32.
+  be_.linear(w_.idx_wk.data(), u, s.k_pre.data(), 1, d.index_dim, d.hidden);
+  be_.layernorm(s.k_pre.data(), w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(), s.k_normed.data(), 1, d.index_dim,
+                d.index_ln_eps);
+  be_.linear_f32(w_.idx_gate.data(), u, s.gate.data(), 1, d.index_dim, d.hidden);
+  be_.indexer_store(s.k_normed.data(), s.gate.data(), w_.idx_ape.data(), pos, cache.k_cache.data(),
+                    cache.gate_cache.data(), cache.valid.data(), cache.pool_keys.data(), d.index_dim, d.index_kpool);
+}
+
+void Block::write_context_row(const bf16* x, const int32_t* pos, LayerCache& cache) {
+  MTP_REQUIRE(cache.rows() < dims_.max_rows, "block: context row ", cache.rows(), " is past the capacity of ",
+              dims_.max_rows, " rows");
+  be_.rmsnorm(x, w_.input_norm.data(), scratch_.u.data(), 1, dims_.hidden, dims_.rms_eps);
+  write_caches(scratch_.u.data(), pos, cache);
+  cache.set_rows(cache.rows() + 1);
+}
+
+void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out) {
+  const BlockDims& d = dims_;
+  auto& s = scratch_;
+  MTP_REQUIRE(cache.rows() < d.max_rows, "block: row ", cache.rows(), " is past the capacity of ", d.max_rows,
+              " rows");
+  // ---- attention ----
+  be_.rmsnorm(x, w_.input_norm.data(), s.u.data(), 1, d.hidden, d.rms_eps);
+  be_.linear(w_.q_a.data(), s.u.data(), s.cq_pre.data(), 1, d.q_lora, d.hidden);
+  be_.rmsnorm(s.cq_pre.data(), w_.q_a_norm.data(), s.cq.data(), 1, d.q_lora, d.rms_eps);
+  be_.linear(w_.q_b.data(), s.cq.data(), s.q.data(), 1, d.n_heads_local * d.qk_nope, d.q_lora);
+  write_caches(s.u.data(), pos, cache);
+  // Indexer query side: q^I = W_qbI c_q, w = W_w u / sqrt(n_I), scores over complete pools.
+  be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
+  be_.linear_f32(w_.idx_weights_proj.data(), s.u.data(), s.w_idx.data(), 1, d.index_heads, d.hidden);
+  be_.scale_f32(s.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), d.index_heads);
+  be_.indexer_scores(s.q_idx.data(), s.w_idx.data(), cache.pool_keys.data(), pos, s.scores.data(), d.index_heads,
+                     d.index_dim, d.index_kpool, d.max_pools());
+  be_.indexer_select(s.scores.data(), pos, s.selection.data(), d.index_topk, d.index_kpool, d.max_pools());
+  // Absorbed sparse MLA over this rank's heads.
+  if (d.n_heads_local > 0) {
+    be_.mla_absorb_q(s.q.data(), w_.kv_b.data(), s.q_abs.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
+    be_.mla_decode(s.q_abs.data(), s.selection.data(), d.selection_width(), cache.block_table.data(), cache.kv(),
+                   s.o_lat.data(), d.n_heads_local, 1.0f / std::sqrt(static_cast<float>(d.qk_nope)));
+    be_.mla_out_v(s.o_lat.data(), w_.kv_b.data(), s.o.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
+    be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), 1, d.hidden, d.n_heads_local * d.v_head);
+  } else {
+    be_.fill_bytes(s.attn_partial.data(), 0, s.attn_partial.bytes());
+  }
+  all_reduce(s.attn_partial.data(), d.hidden);
+  be_.residual_add(x, s.attn_partial.data(), x_out, d.hidden);
+  // ---- MoE ----
+  be_.rmsnorm(x_out, w_.post_norm.data(), s.v.data(), 1, d.hidden, d.rms_eps);
+  be_.linear_f32(w_.router.data(), s.v.data(), s.router_logits.data(), 1, d.num_experts, d.hidden);
+  be_.moe_route(s.router_logits.data(), w_.router_bias.data(), d.num_experts, d.top_k, d.n_group, d.topk_group,
+                d.routed_scaling, s.expert_idx.data(), s.expert_w.data());
+  ops::ExpertWeights routed{w_.exp_gate.data(), w_.exp_up.data(),   w_.exp_down.data(), w_.first_expert,
+                            w_.num_local_experts, d.hidden,         d.moe_inter};
+  be_.moe_experts(s.v.data(), routed, s.expert_idx.data(), s.expert_w.data(), d.top_k, d.swiglu_limit,
+                  s.moe_partial.data());
+  if (d.shared_inter_local > 0) {
+    ops::ExpertWeights shared{w_.sh_gate.data(), w_.sh_up.data(), w_.sh_down.data(), 0, 1, d.hidden,
+                              d.shared_inter_local};
+    be_.moe_experts(s.v.data(), shared, s.shared_idx.data(), s.shared_w.data(), 1, d.swiglu_limit,
+                    s.shared_partial.data());
+    be_.accumulate_f32(s.shared_partial.data(), s.moe_partial.data(), d.hidden);
+  }
+  all_reduce(s.moe_partial.data(), d.hidden);
+  be_.residual_add(x_out, s.moe_partial.data(), x_out, d.hidden);
+  cache.set_rows(cache.rows() + 1);
+}
+
+}  // namespace mtplab::drafter

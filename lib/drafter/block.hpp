@@ -1,0 +1,123 @@
+// One DSA-attention + routed-MoE layer with a plain residual, as the MTP layer (and mtplab's
+// synthetic target) uses it, written against ops::Backend and dist::Communicator only.
+//
+// Invariants:
+// - Rows are dense: a row's KV slot, indexer row and position are all `pos`; the caller passes
+//   `pos` in backend memory and guarantees pos == rows already written (LayerCache::rows).
+// - Sharding: this rank holds n_heads_local attention heads (q_b / kv_b rows, o_proj columns)
+//   and its routed experts plus a slice of the shared expert's intermediate dimension; the
+//   attention and MoE partials are fp32 and all-reduced, then added to the residual in BF16.
+// - The indexer (and so the selection) is replicated: every rank computes the same rows.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dist/communicator.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::drafter {
+
+/// The sizes the block needs (a projection of model::ModelConfig plus this rank's shard).
+struct BlockDims {
+  int hidden = 0;
+  int n_heads_local = 0;  ///< heads this rank computes
+  int qk_nope = 0;        ///< per-head query/key dim (qk_rope is 0)
+  int v_head = 0;
+  int q_lora = 0;
+  int kv_lora = 0;
+  int index_heads = 0;
+  int index_dim = 0;
+  int index_topk = 0;  ///< K
+  int index_kpool = 0; ///< P
+  int num_experts = 0; ///< all routed experts (routing is replicated)
+  int top_k = 0;
+  int n_group = 1;
+  int topk_group = 1;
+  int moe_inter = 0;
+  int shared_inter_local = 0;  ///< this rank's slice of the shared expert's intermediate dim
+  float routed_scaling = 1.0f;
+  float swiglu_limit = 0.0f;
+  float rms_eps = 1e-5f;
+  float index_ln_eps = 1e-6f;
+  int max_rows = 0;    ///< context capacity, whole pools
+  int block_size = 64; ///< rows per KV block
+  ops::KvDtype kv_dtype = ops::KvDtype::bf16;
+  float kv_scale = 1.0f;
+  /// Width of a selection: K + P - 1.
+  int selection_width() const { return index_topk + index_kpool - 1; }
+  int max_pools() const { return max_rows / index_kpool; }
+};
+
+/// The block's weights in backend memory (this rank's shard). Shapes as in MODEL.md.
+struct BlockWeights {
+  ops::Array<bf16> input_norm, post_norm;              // [H]
+  ops::Array<bf16> q_a, q_a_norm, q_b;                 // [q_lora, H], [q_lora], [nh_local*qk_nope, q_lora]
+  ops::Array<bf16> kv_a, kv_a_norm, kv_b;              // [kv_lora, H], [kv_lora], [nh_local*(qk_nope+v), kv_lora]
+  ops::Array<bf16> o_proj;                             // [H, nh_local*v]
+  ops::Array<bf16> idx_wq_b, idx_wk, idx_k_norm_w, idx_k_norm_b, idx_weights_proj;  // [nI*D, q_lora], [D, H], [D], [D], [nI, H]
+  ops::Array<bf16> idx_gate;                           // [D, H]
+  ops::Array<float> idx_ape;                           // [P, D]
+  ops::Array<bf16> router;                             // [E, H]
+  ops::Array<float> router_bias;                       // [E]
+  ops::Array<bf16> exp_gate, exp_up, exp_down;         // stacked local experts
+  int first_expert = 0, num_local_experts = 0;
+  ops::Array<bf16> sh_gate, sh_up, sh_down;            // shared expert slice [Is, H], [Is, H], [H, Is]
+};
+
+/// Per-sequence caches of one block: the paged latent KV cache and the indexer rows.
+class LayerCache {
+ public:
+  LayerCache(ops::Backend& be, const BlockDims& dims);
+  /// Rows written so far (host-side mirror of the device state).
+  int rows() const { return rows_; }
+  void set_rows(int rows) { rows_ = rows; }
+  ops::KvCache kv() { return kv_; }
+  ops::Array<int32_t> block_table;
+  ops::Array<bf16> k_cache;     // [max_rows, D]
+  ops::Array<float> gate_cache; // [max_rows, D]
+  ops::Array<uint8_t> valid;    // [max_rows]
+  ops::Array<float> pool_keys;  // [max_pools, D]
+
+ private:
+  ops::Array<uint8_t> kv_data_;
+  ops::KvCache kv_;
+  int rows_ = 0;
+};
+
+/// Scratch buffers of one block forward (one row at a time).
+struct BlockScratch {
+  BlockScratch(ops::Backend& be, const BlockDims& dims);
+  ops::Array<bf16> u, cq_pre, cq, q, ckv_pre, ckv, k_pre, k_normed, q_abs, o_lat, o, v;
+  ops::Array<float> gate, q_idx, w_idx, scores, attn_partial, router_logits, moe_partial, shared_partial;
+  ops::Array<int32_t> selection, expert_idx, shared_idx;
+  ops::Array<float> expert_w, shared_w;
+};
+
+class Block {
+ public:
+  Block(ops::Backend& be, dist::Communicator* comm, BlockDims dims, BlockWeights weights);
+  const BlockDims& dims() const { return dims_; }
+  BlockWeights& weights() { return w_; }
+
+  /// The cache-only context row: input norm, latent write, indexer row (no query, selection,
+  /// attention, MoE). Advances cache.rows() by one.
+  void write_context_row(const bf16* x, const int32_t* pos, LayerCache& cache);
+  /// The full block on one row at `pos`: x_out = x + Attn(norm(x)); x_out += MoE(norm(x_out)).
+  /// x and x_out may alias. Advances cache.rows() by one.
+  void forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out);
+  /// The selection the last forward used (K + P - 1 rows, -1 padded), for tests.
+  const int32_t* last_selection() const { return scratch_.selection.data(); }
+
+ private:
+  void write_caches(const bf16* u, const int32_t* pos, LayerCache& cache);
+  void all_reduce(float* partial, int n);
+
+  ops::Backend& be_;
+  dist::Communicator* comm_;
+  BlockDims dims_;
+  BlockWeights w_;
+  BlockScratch scratch_;
+};
+
+}  // namespace mtplab::drafter

@@ -1,0 +1,274 @@
+// MtpDrafter: forward_one chained k times, the context rows, rollback, and the cross-rank pick
+// of the draft token (the four exchange protocols of DESIGN.md).
+#include "drafter/drafter.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.hpp"
+
+namespace mtplab::drafter {
+
+const char* to_string(Phase p) {
+  static const char* names[] = {"prefill", "propose", "block", "head", "exchange", "after_verify", "catch_up"};
+  return names[static_cast<int>(p)];
+}
+
+VocabShard vocab_shard(const model::ShardPlan& plan) {
+  const int64_t V = plan.total_vocab;
+  MTP_REQUIRE(plan.vocab.count > 0, "rank ", plan.rank, " of ", plan.world, " holds no vocab rows of ", V);
+  const int64_t largest = plan.vocab_sharded() ? (V + plan.world - 1) / plan.world : V;
+  return VocabShard{plan.vocab.begin, plan.vocab.count, largest};
+}
+
+BlockDims block_dims(const model::ModelConfig& cfg, int world, int rank, ops::KvDtype kv_dtype) {
+  MTP_REQUIRE(cfg.n_heads % world == 0, "model ", cfg.name, ": n_heads ", cfg.n_heads,
+              " is not divisible by the ", world, " ranks the attention heads are split over");
+  BlockDims d;
+  d.hidden = cfg.hidden;
+  d.n_heads_local = cfg.n_heads / world;
+  d.qk_nope = cfg.qk_nope_head_dim;
+  d.v_head = cfg.v_head_dim;
+  d.q_lora = cfg.q_lora_rank;
+  d.kv_lora = cfg.kv_lora_rank;
+  d.index_heads = cfg.index_n_heads;
+  d.index_dim = cfg.index_head_dim;
+  d.index_topk = cfg.index_topk;
+  d.index_kpool = cfg.index_kpool;
+  d.num_experts = cfg.n_routed_experts;
+  d.top_k = cfg.num_experts_per_tok;
+  d.n_group = cfg.n_group;
+  d.topk_group = cfg.topk_group;
+  d.moe_inter = cfg.moe_intermediate_size;
+  const int shared = cfg.shared_intermediate();
+  d.shared_inter_local = shared / world + (rank < shared % world ? 1 : 0);
+  d.routed_scaling = cfg.routed_scaling_factor;
+  d.swiglu_limit = cfg.swiglu_limit;
+  d.rms_eps = cfg.rms_norm_eps;
+  d.index_ln_eps = cfg.index_norm_eps;
+  d.max_rows = cfg.max_seq_len;
+  d.block_size = cfg.block_size;
+  d.kv_dtype = kv_dtype;
+  return d;
+}
+
+MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg, BlockDims dims,
+                       FrontWeights front, BlockWeights block, VocabShard shard, DrafterOptions options)
+    : be_(be),
+      comm_(comm),
+      world_(comm ? comm->size() : 1),
+      rank_(comm ? comm->rank() : 0),
+      hidden_(cfg.hidden),
+      vocab_(cfg.vocab),
+      eps_(cfg.rms_norm_eps),
+      opt_(options),
+      shard_(shard),
+      fw_(std::move(front)),
+      block_(be, comm, dims, std::move(block)),
+      max_rows_(dims.max_rows) {
+  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
+  if (sharded && opt_.exchange == Exchange::bf16_lanes && world_ != 2)
+    MTP_FAIL("exchange bf16_lanes packs two ranks' values into 8 BF16 lanes and runs on exactly 2 ranks, not ",
+             world_, "; use packed_u64, allgather_pairs or allgather_logits");
+  if (sharded && opt_.exchange == Exchange::bf16_lanes && vocab_ > (int64_t{1} << 24))
+    MTP_FAIL("exchange bf16_lanes carries a token id in three base-256 digits: vocab ", vocab_, " is too large");
+  MTP_REQUIRE(opt_.max_draft_len >= 1, "max_draft_len must be >= 1");
+  MTP_REQUIRE(!opt_.head_fp8 || fw_.lm_head_fp8.size() == static_cast<size_t>(shard_.n) * hidden_,
+              "head_fp8 is on but the FP8 copy of the head shard is missing");
+  const int k = opt_.max_draft_len;
+  concat_ = ops::Array<bf16>(be_, 2 * static_cast<size_t>(hidden_));
+  x_ = ops::Array<bf16>(be_, hidden_);
+  y_ = ops::Array<bf16>(be_, hidden_);
+  hidden_in_ = ops::Array<bf16>(be_, hidden_);
+  tokens_ = ops::Array<int32_t>(be_, k + 1);
+  positions_ = ops::Array<int32_t>(be_, k);
+  pos_base_ = ops::Array<int32_t>(be_, 1);
+  local_max_ = ops::Array<ops::ArgMax>(be_, 1);
+  gathered_max_ = ops::Array<ops::ArgMax>(be_, world_);
+  key_ = ops::Array<uint64_t>(be_, 1);
+  lanes_ = ops::Array<bf16>(be_, 8);
+  if (sharded && opt_.exchange == Exchange::allgather_logits) {
+    // Padded to the stride with -inf, so the gathered row's index is the token id.
+    logits_ = ops::Array<bf16>(be_, shard_.stride);
+    gathered_logits_ = ops::Array<bf16>(be_, static_cast<size_t>(shard_.stride) * world_);
+    std::vector<bf16> pad(shard_.stride, bf16{0xFF80});
+    be_.upload(logits_.data(), pad.data(), pad.size() * sizeof(bf16));
+  }
+  row_chunk_ = 256;
+  row_tokens_ = ops::Array<int32_t>(be_, row_chunk_);
+  row_positions_ = ops::Array<int32_t>(be_, row_chunk_);
+  row_hiddens_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
+}
+
+MtpDrafter::~MtpDrafter() = default;
+
+std::unique_ptr<SequenceState> MtpDrafter::new_sequence() {
+  return std::make_unique<SequenceState>(be_, block_.dims());
+}
+
+void MtpDrafter::front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x0) {
+  be_.embed_rmsnorm(fw_.embed.data(), token_dev, fw_.enorm.data(), concat_.data(), hidden_, eps_);
+  be_.rmsnorm(hidden_dev, fw_.hnorm.data(), concat_.data() + hidden_, 1, hidden_, eps_);
+  be_.linear(fw_.eh_proj.data(), concat_.data(), x0, 1, hidden_, 2 * hidden_);
+}
+
+void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n, int row_base,
+                             Phase phase) {
+  if (row_base != st.seq_len_) {
+    ++st.refused_writes_;
+    MTP_FAIL("drafter: context rows written at row ", row_base, " but the sequence holds ", st.seq_len_,
+             " rows; rows are dense and must append at the current length");
+  }
+  MTP_REQUIRE(n >= 0, "drafter: negative row count ", n);
+  if (row_base + n > max_rows_) {
+    ++st.refused_writes_;
+    MTP_FAIL("drafter: rows ", row_base, "..", row_base + n - 1, " are past the capacity of ", max_rows_,
+             " rows (max_seq_len rounded down to whole pools)");
+  }
+  for (int i = 0; i < n; ++i)
+    MTP_REQUIRE(next_tokens[i] >= 0 && next_tokens[i] < vocab_, "drafter: token id ", next_tokens[i], " at row ",
+                row_base + i, " is outside the vocab of ", vocab_);
+  mark_begin(phase, 0);
+  std::vector<int32_t> pos(row_chunk_);
+  for (int c0 = 0; c0 < n; c0 += row_chunk_) {
+    const int rows = std::min(row_chunk_, n - c0);
+    for (int r = 0; r < rows; ++r) pos[r] = row_base + c0 + r;
+    be_.upload(row_tokens_.data(), next_tokens + c0, rows * sizeof(int32_t));
+    be_.upload(row_positions_.data(), pos.data(), rows * sizeof(int32_t));
+    be_.upload(row_hiddens_.data(), hiddens + static_cast<size_t>(c0) * hidden_,
+               static_cast<size_t>(rows) * hidden_ * sizeof(bf16));
+    for (int r = 0; r < rows; ++r) {
+      front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x_.data());
+      if (opt_.context_rows == ContextRows::cache_only)
+        block_.write_context_row(x_.data(), row_positions_.data() + r, st.cache);
+      else
+        block_.forward(x_.data(), row_positions_.data() + r, st.cache, x_.data());
+    }
+  }
+  st.seq_len_ += n;
+  mark_end(phase, 0);
+}
+
+std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k) {
+  MTP_REQUIRE(k >= 1 && k <= opt_.max_draft_len, "drafter: draft length ", k, " outside 1..", opt_.max_draft_len);
+  MTP_REQUIRE(token >= 0 && token < vocab_, "drafter: token id ", token, " is outside the vocab of ", vocab_);
+  MTP_REQUIRE(st.propose_start_ < 0, "drafter: propose called twice without after_verify");
+  if (st.seq_len_ + k > max_rows_)
+    MTP_FAIL("drafter: a propose of ", k, " drafts at row ", st.seq_len_, " would pass the capacity of ", max_rows_,
+             " rows");
+  const int32_t base = st.seq_len_;
+  be_.upload(tokens_.data(), &token, sizeof token);
+  be_.upload(hidden_in_.data(), hidden, static_cast<size_t>(hidden_) * sizeof(bf16));
+  be_.upload(pos_base_.data(), &base, sizeof base);
+  st.propose_start_ = base;
+  st.last_drafted_ = k;
+  int written = 0;
+  mark_begin(Phase::propose, 0);
+  for (int i = 0; i < k; ++i) {
+    be_.add_i32(pos_base_.data(), i, positions_.data() + i);
+    front(tokens_.data() + i, i == 0 ? hidden_in_.data() : y_.data(), x_.data());
+    mark_begin(Phase::block, i);
+    if (opt_.skip != Skip::block) {
+      block_.forward(x_.data(), positions_.data() + i, st.cache, x_.data());
+      ++written;
+    }
+    mark_end(Phase::block, i);
+    if (opt_.skip == Skip::head) {
+      // Timing arm: no shared_head.norm, head or pick; the draft is token 0 and the block
+      // output is recycled as the next hidden.
+      be_.fill_bytes(tokens_.data() + i + 1, 0, sizeof(int32_t));
+      be_.copy(y_.data(), x_.data(), static_cast<size_t>(hidden_) * sizeof(bf16));
+      continue;
+    }
+    mark_begin(Phase::head, i);
+    be_.rmsnorm(x_.data(), fw_.shared_head_norm.data(), y_.data(), 1, hidden_, eps_);
+    head_pick(i, tokens_.data() + i + 1);
+    mark_end(Phase::head, i);
+  }
+  mark_end(Phase::propose, 0);
+  st.rows_written_by_propose_ = written;
+  st.seq_len_ += written;
+  std::vector<int32_t> drafts(k);
+  be_.download(drafts.data(), tokens_.data() + 1, k * sizeof(int32_t));
+  return drafts;
+}
+
+void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
+  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
+  const bf16* W = fw_.lm_head.data();
+  const fp8e4m3* W8 = opt_.head_fp8 ? fw_.lm_head_fp8.data() : nullptr;
+  const float* scale = opt_.head_fp8 ? fw_.lm_head_scale.data() : nullptr;
+  const int n = static_cast<int>(shard_.n);
+  bf16* logits = (sharded && opt_.exchange == Exchange::allgather_logits) ? logits_.data() : nullptr;
+  be_.head_argmax(W, W8, scale, y_.data(), n, hidden_, shard_.v0, logits, local_max_.data());
+  if (!sharded) {
+    be_.argmax_pick(local_max_.data(), 1, token_out);
+    return;
+  }
+  mark_begin(Phase::exchange, draft_index);
+  switch (opt_.exchange) {
+    case Exchange::packed_u64:
+      be_.argmax_pack_key(local_max_.data(), key_.data());
+      comm_->all_reduce_max(key_.data(), key_.data(), 1);
+      be_.argmax_unpack_key(key_.data(), token_out);
+      break;
+    case Exchange::allgather_pairs:
+      comm_->all_gather(local_max_.data(), gathered_max_.data(), sizeof(ops::ArgMax));
+      be_.argmax_pick(gathered_max_.data(), world_, token_out);
+      break;
+    case Exchange::allgather_logits: {
+      // Every rank's padded logits, then an argmax per rank's segment with that rank's first
+      // token id, then the pick: what engines that gather the logits do, kept exact for uneven
+      // splits (shard r starts at split_range(V, r, world).begin).
+      comm_->all_gather(logits_.data(), gathered_logits_.data(), static_cast<size_t>(shard_.stride) * sizeof(bf16));
+      for (int r = 0; r < world_; ++r) {
+        const model::Range seg = model::split_range(vocab_, r, world_);
+        be_.argmax(gathered_logits_.data() + static_cast<size_t>(r) * shard_.stride, static_cast<int>(seg.count),
+                   seg.begin, gathered_max_.data() + r);
+      }
+      be_.argmax_pick(gathered_max_.data(), world_, token_out);
+      break;
+    }
+    case Exchange::bf16_lanes: {
+      // The seed's protocol: 8 BF16 lanes [val_r0, val_r1, 3 base-256 digits of each rank's
+      // global index]; each rank fills only its own lanes, so a SUM all-reduce carries both
+      // ranks' values exactly (x + 0 is exact, digits <= 255 are exact in BF16). Host
+      // synchronisations included, as in the seed.
+      ops::ArgMax mine{};
+      be_.download(&mine, local_max_.data(), sizeof mine);
+      bf16 lanes[8] = {};
+      lanes[rank_] = to_bf16(mine.value);
+      for (int d = 0; d < 3; ++d)
+        lanes[2 + rank_ * 3 + d] = to_bf16(static_cast<float>((mine.index >> (8 * d)) & 0xFF));
+      be_.upload(lanes_.data(), lanes, sizeof lanes);
+      comm_->all_reduce_sum(lanes_.data(), lanes_.data(), 8);
+      be_.download(lanes, lanes_.data(), sizeof lanes);
+      // `>=`: the lower rank (lower token ids) wins a tie, identically on both ranks.
+      const int win = to_float(lanes[0]) >= to_float(lanes[1]) ? 0 : 1;
+      int32_t idx = 0;
+      for (int d = 0; d < 3; ++d) idx += static_cast<int32_t>(to_float(lanes[2 + win * 3 + d])) << (8 * d);
+      be_.upload(token_out, &idx, sizeof idx);
+      break;
+    }
+  }
+  mark_end(Phase::exchange, draft_index);
+}
+
+void MtpDrafter::after_verify(SequenceState& st, int accepted) {
+  MTP_REQUIRE(st.propose_start_ >= 0, "drafter: after_verify without a propose");
+  MTP_REQUIRE(accepted >= 0 && accepted <= st.last_drafted_, "drafter: accepted ", accepted, " of ",
+              st.last_drafted_, " drafts");
+  mark_begin(Phase::after_verify, 0);
+  const int written = st.rows_written_by_propose_;
+  const int keep = opt_.draft_rows == DraftRows::rewrite ? std::min(1, written) : std::min(accepted, written);
+  const int new_len = st.propose_start_ + keep;
+  // Rewinding the host-side length is enough: rows past it are rewritten before any read (the
+  // indexer reads pools whose last row is <= pos, and a pool's key is rewritten with its last row).
+  st.cache.set_rows(new_len);
+  st.seq_len_ = new_len;
+  st.propose_start_ = -1;
+  st.rows_written_by_propose_ = 0;
+  mark_end(Phase::after_verify, 0);
+}
+
+}  // namespace mtplab::drafter

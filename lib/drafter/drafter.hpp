@@ -1,0 +1,144 @@
+// The MTP drafter (the seed's Glm5NextMtpHead): from the target's hidden state and the next token
+// it proposes k draft tokens, one `forward_one` each:
+//
+//   e = enorm(E[token]); h = hnorm(hidden); x0 = eh_proj [e ; h]
+//   x1 = block(x0)                      DSA + routed MoE, plain residual
+//   y  = shared_head.norm(x1); draft = argmax(lm_head y)    (vocab-sharded: a cross-rank pick)
+//   chaining: the next draft feeds (draft, y) at position + 1
+//
+// Row space (MODEL.md): drafter row r is (embed(tokens[r+1]), hidden[r]); its KV slot, indexer
+// row and position are all r. Rows are written densely: a write anywhere but the current length
+// is an Error (and counted), never a silent no-op.
+//
+// One step of replay: propose(state, t_L, h_{L-1}, k) writes rows L-1 .. L+k-2 and returns the
+// drafts; after_verify(state, a) trims the rows built from the drafter's own hiddens (DraftRows);
+// append_rows then writes the catch-up rows from the target's true hiddens up to row L+a-1.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "dist/communicator.hpp"
+#include "drafter/block.hpp"
+#include "drafter/options.hpp"
+#include "model/config.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::drafter {
+
+/// Timing hooks: the harness records backend events at these boundaries.
+enum class Phase { prefill, propose, block, head, exchange, after_verify, catch_up };
+const char* to_string(Phase p);
+class PhaseTimer {
+ public:
+  virtual ~PhaseTimer() = default;
+  virtual void begin(Phase phase, int index) = 0;
+  virtual void end(Phase phase, int index) = 0;
+};
+
+/// This rank's vocab rows [v0, v0 + n) of the lm_head (model::ShardPlan::vocab), and the largest
+/// shard's row count (allgather_logits pads every shard to it).
+struct VocabShard {
+  int64_t v0 = 0;
+  int64_t n = 0;
+  int64_t stride = 0;
+};
+VocabShard vocab_shard(const model::ShardPlan& plan);
+
+/// The head and front weights in backend memory (the block's are in BlockWeights).
+struct FrontWeights {
+  ops::Array<bf16> embed;         // [V, H], whole on every rank
+  ops::Array<bf16> enorm, hnorm;  // [H]
+  ops::Array<bf16> eh_proj;       // [H, 2H]: embedding columns first
+  ops::Array<bf16> shared_head_norm;  // [H]
+  ops::Array<bf16> lm_head;       // [n, H]: this rank's vocab rows
+  ops::Array<fp8e4m3> lm_head_fp8;  // [n, H] E4M3, present when head_fp8 is on
+  ops::Array<float> lm_head_scale;  // [n] one fp32 scale per row
+};
+
+/// Per-sequence drafter state: its block caches and its row count.
+class SequenceState {
+ public:
+  SequenceState(ops::Backend& be, const BlockDims& dims) : cache(be, dims) {}
+  int seq_len() const { return seq_len_; }
+  /// Rows the last propose started at and how many it wrote (after_verify needs both).
+  int propose_start() const { return propose_start_; }
+  int last_drafted() const { return last_drafted_; }
+  /// Writes that were refused because they were not at the current length.
+  int refused_writes() const { return refused_writes_; }
+  LayerCache cache;
+
+ private:
+  friend class MtpDrafter;
+  int seq_len_ = 0;
+  int propose_start_ = -1;
+  int last_drafted_ = 0;
+  int rows_written_by_propose_ = 0;
+  int refused_writes_ = 0;
+};
+
+class MtpDrafter {
+ public:
+  /// `comm` is the world communicator (nullptr or size 1 for a single rank).
+  MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg, BlockDims dims,
+             FrontWeights front, BlockWeights block, VocabShard shard, DrafterOptions options);
+  ~MtpDrafter();
+
+  std::unique_ptr<SequenceState> new_sequence();
+  /// Writes n context rows starting at row_base: row r = (embed(next_tokens[r]), hiddens[r]),
+  /// next_tokens[r] being tokens[row_base + r + 1] of the trace. Host inputs; hiddens BF16 [n, H].
+  /// row_base must equal the state's length, else an Error (and the refusal is counted).
+  void append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n, int row_base,
+                   Phase phase = Phase::prefill);
+  /// k drafts from (token, hidden) at position st.seq_len(); writes k rows (none when skip=block).
+  std::vector<int32_t> propose(SequenceState& st, int32_t token, const bf16* hidden, int k);
+  /// Trims the rows of the last propose that must not stay: keeps the first (true-hidden) row
+  /// under DraftRows::rewrite, the `accepted` rows of accepted drafts under DraftRows::keep.
+  void after_verify(SequenceState& st, int accepted);
+
+  const DrafterOptions& options() const { return opt_; }
+  const VocabShard& shard() const { return shard_; }
+  void set_timer(PhaseTimer* timer) { timer_ = timer; }
+  ops::Backend& backend() { return be_; }
+
+ private:
+  void front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x0);
+  void head_pick(int draft_index, int32_t* token_out);
+  void mark_begin(Phase p, int i) {
+    if (timer_) timer_->begin(p, i);
+  }
+  void mark_end(Phase p, int i) {
+    if (timer_) timer_->end(p, i);
+  }
+
+  ops::Backend& be_;
+  dist::Communicator* comm_;
+  int world_ = 1, rank_ = 0;
+  int hidden_ = 0;
+  int64_t vocab_ = 0;
+  float eps_ = 1e-5f;
+  DrafterOptions opt_;
+  VocabShard shard_;
+  FrontWeights fw_;
+  Block block_;
+  PhaseTimer* timer_ = nullptr;
+
+  // Scratch in backend memory.
+  ops::Array<bf16> concat_, x_, y_, hidden_in_, logits_, gathered_logits_;
+  ops::Array<int32_t> tokens_;      // [1 + max_draft]: the input token, then each draft
+  ops::Array<int32_t> positions_;   // [max_draft] propose positions (base + i)
+  ops::Array<int32_t> pos_base_;    // [1]
+  ops::Array<ops::ArgMax> local_max_, gathered_max_;
+  ops::Array<uint64_t> key_;
+  ops::Array<bf16> lanes_;          // [8] for bf16_lanes
+  ops::Array<int32_t> row_tokens_, row_positions_;  // context-row staging
+  ops::Array<bf16> row_hiddens_;
+  int row_chunk_ = 0;
+  int max_rows_ = 0;
+};
+
+/// Builds BlockDims for this rank from the model config and the world size.
+BlockDims block_dims(const model::ModelConfig& cfg, int world, int rank, ops::KvDtype kv_dtype);
+
+}  // namespace mtplab::drafter

@@ -1,0 +1,44 @@
+// The drafter's arms: every switch of the seed's environment variables, as values an experiment
+// sets and the results record.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "model/sharding.hpp"
+
+namespace mtplab::drafter {
+
+/// `head_sharding`: the lm_head replicated, or its vocab rows split over the ranks.
+using model::HeadSharding;
+/// `context_rows`: prefill / catch-up rows write only the caches, or run the full block.
+enum class ContextRows { cache_only, full };
+/// `skip`: timing arms. head: stop after the block (draft = token 0); block: run only the head.
+enum class Skip { none, head, block };
+/// `exchange`: the cross-rank pick of the draft token when the head is vocab-sharded.
+enum class Exchange { bf16_lanes, packed_u64, allgather_pairs, allgather_logits };
+/// `draft_rows`: after verification, rows a propose built from the drafter's own hiddens are
+/// trimmed and rewritten from the target's true hiddens (rewrite), or the rows of accepted drafts
+/// are kept and only the rejected ones trimmed (keep).
+enum class DraftRows { rewrite, keep };
+
+struct DrafterOptions {
+  HeadSharding head_sharding = HeadSharding::none;
+  bool head_fp8 = false;
+  ContextRows context_rows = ContextRows::cache_only;
+  Skip skip = Skip::none;
+  Exchange exchange = Exchange::packed_u64;
+  DraftRows draft_rows = DraftRows::rewrite;
+  int max_draft_len = 4;
+};
+
+const char* to_string(ContextRows v);
+const char* to_string(Skip v);
+const char* to_string(Exchange v);
+const char* to_string(DraftRows v);
+/// Parsers; an unknown value is an Error listing the choices.
+ContextRows parse_context_rows(const std::string& s);
+Skip parse_skip(const std::string& s);
+Exchange parse_exchange(const std::string& s);
+DraftRows parse_draft_rows(const std::string& s);
+
+}  // namespace mtplab::drafter

@@ -1,0 +1,293 @@
+// Trace writer and reader over the HDF5 wrapper. Validation messages name the file, the
+// sequence and the position inside it (and the global row, which is what h5py users index).
+#include "io/trace.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <ctime>
+
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+
+namespace mtplab::io {
+namespace {
+
+// Root attribute names (docs/trace-format.md).
+constexpr const char* kAttrFormat = "format";
+constexpr const char* kAttrVersion = "format_version";
+constexpr const char* kAttrHidden = "hidden";
+constexpr const char* kAttrVocab = "vocab";
+constexpr const char* kAttrNumSequences = "num_sequences";
+constexpr const char* kAttrGenerator = "generator";
+constexpr const char* kAttrModel = "model";
+constexpr const char* kAttrSeed = "seed";
+constexpr const char* kAttrCreatedAt = "created_at";
+constexpr const char* kAttrGitSha = "git_sha";
+constexpr const char* kAttrConfig = "config";
+
+std::string utc_now_iso8601() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  const std::size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return std::string(buf, n);
+}
+
+// BF16 with an all-ones exponent is an infinity or a NaN.
+bool bf16_finite(bf16 v) { return (v.bits & 0x7f80u) != 0x7f80u; }
+
+// Finds the first non-finite value of [rows, hidden] hiddens; returns false and its row / column.
+bool all_finite(std::span<const bf16> values, std::int64_t hidden, std::int64_t& row, std::int64_t& col) {
+  const auto it = std::find_if(values.begin(), values.end(), [](bf16 v) { return !bf16_finite(v); });
+  if (it == values.end()) return true;
+  const auto i = static_cast<std::int64_t>(it - values.begin());
+  row = i / hidden;
+  col = i % hidden;
+  return false;
+}
+
+std::string describe_nonfinite(bf16 v) {
+  const float f = to_float(v);
+  return std::isnan(f) ? "NaN" : (f > 0 ? "+inf" : "-inf");
+}
+
+}  // namespace
+
+// ---- writer ----------------------------------------------------------------------------------
+
+TraceWriter::TraceWriter(const std::string& path, std::int64_t hidden, std::int64_t vocab,
+                         TraceProvenance provenance, const TraceWriterOptions& options)
+    : file_(H5File::create(path)), hidden_(hidden), vocab_(vocab) {
+  MTP_REQUIRE(hidden > 0, path, ": trace hidden size must be positive, got ", hidden);
+  MTP_REQUIRE(vocab > 0 && vocab <= INT32_MAX, path, ": trace vocab must be in [1, 2^31), got ", vocab);
+  if (provenance.generator.empty()) provenance.generator = "mtplab";
+  if (provenance.git_sha.empty()) provenance.git_sha = str(git_sha(), git_dirty() ? "-dirty" : "");
+  if (provenance.created_at.empty()) provenance.created_at = utc_now_iso8601();
+
+  file_.set_attr(kAttrFormat, kTraceFormatName);
+  file_.set_attr(kAttrVersion, kTraceFormatVersion);
+  file_.set_attr(kAttrHidden, hidden);
+  file_.set_attr(kAttrVocab, vocab);
+  file_.set_attr(kAttrNumSequences, std::int64_t{0});  // rewritten at commit
+  file_.set_attr(kAttrGenerator, provenance.generator);
+  file_.set_attr(kAttrModel, provenance.model);
+  file_.set_attr(kAttrSeed, provenance.seed);
+  file_.set_attr(kAttrCreatedAt, provenance.created_at);
+  file_.set_attr(kAttrGitSha, provenance.git_sha);
+  file_.set_attr(kAttrConfig, provenance.config);
+
+  DatasetOptions token_opts;
+  token_opts.extendable = true;
+  token_opts.deflate = options.deflate;
+  tokens_ = file_.create_dataset("tokens", DType::i32, 0, 0, token_opts);
+
+  DatasetOptions hidden_opts;
+  hidden_opts.extendable = true;
+  hidden_opts.deflate = options.deflate;
+  if (options.chunk_rows > 0) hidden_opts.chunk = {options.chunk_rows, static_cast<std::uint64_t>(hidden)};
+  hiddens_ = file_.create_dataset("hiddens", DType::bf16, 0, static_cast<std::uint64_t>(hidden), hidden_opts);
+}
+
+void TraceWriter::check_sequence(std::span<const std::int32_t> tokens, std::size_t hidden_values,
+                                 std::int32_t prompt_length) const {
+  const std::int64_t s = num_sequences();
+  const std::int64_t length = static_cast<std::int64_t>(tokens.size());
+  const std::string& path = file_.path();
+  MTP_REQUIRE(file_.writable() && !file_.committed(), path, ": trace already committed");
+  MTP_REQUIRE(hidden_values == tokens.size() * static_cast<std::size_t>(hidden_), path, ": sequence ", s,
+              ": ", hidden_values, " hidden values for ", length, " tokens of hidden ", hidden_);
+  MTP_REQUIRE(prompt_length >= 2, path, ": sequence ", s, ": prompt length ", prompt_length,
+              " is below 2 (row 0 pairs token 1 with hidden 0)");
+  MTP_REQUIRE(prompt_length <= length, path, ": sequence ", s, ": prompt length ", prompt_length,
+              " exceeds the sequence length ", length);
+  for (std::int64_t t = 0; t < length; ++t) {
+    const std::int32_t id = tokens[static_cast<std::size_t>(t)];
+    MTP_REQUIRE(id >= 0 && id < vocab_, path, ": sequence ", s, ", position ", t, ": token id ", id,
+                " is outside [0, ", vocab_, ")");
+  }
+}
+
+void TraceWriter::add_sequence(std::span<const std::int32_t> tokens, std::span<const bf16> hiddens,
+                               std::int32_t prompt_length) {
+  check_sequence(tokens, hiddens.size(), prompt_length);
+  std::int64_t row = 0, col = 0;
+  if (!all_finite(hiddens, hidden_, row, col)) {
+    MTP_FAIL(file_.path(), ": sequence ", num_sequences(), ", position ", row, ", element ", col,
+             ": hidden is ", describe_nonfinite(hiddens[static_cast<std::size_t>(row * hidden_ + col)]));
+  }
+  tokens_.append_rows(tokens);
+  hiddens_.append_rows(hiddens);
+  offsets_.push_back(offsets_.back() + static_cast<std::int64_t>(tokens.size()));
+  prompt_lengths_.push_back(prompt_length);
+}
+
+void TraceWriter::add_sequence(std::span<const std::int32_t> tokens, std::span<const float> hiddens,
+                               std::int32_t prompt_length) {
+  std::vector<bf16> rounded(hiddens.size());
+  std::transform(hiddens.begin(), hiddens.end(), rounded.begin(), [](float f) { return to_bf16(f); });
+  add_sequence(tokens, std::span<const bf16>(rounded), prompt_length);
+}
+
+void TraceWriter::add_sequence(const TraceSequence& seq) {
+  MTP_REQUIRE(seq.hidden == hidden_, file_.path(), ": sequence ", num_sequences(), ": hidden size ",
+              seq.hidden, ", the trace's is ", hidden_);
+  add_sequence(seq.tokens, std::span<const bf16>(seq.hiddens), seq.prompt_length);
+}
+
+void TraceWriter::commit() {
+  MTP_REQUIRE(num_sequences() > 0, file_.path(), ": a trace needs at least one sequence");
+  file_.write("seq_offsets", offsets_);
+  file_.write("prompt_lengths", prompt_lengths_);
+  file_.set_attr(kAttrNumSequences, num_sequences());
+  file_.commit();
+}
+
+// ---- reader ----------------------------------------------------------------------------------
+
+namespace {
+
+std::string optional_string(const H5File& f, const char* name) {
+  return f.has_attr(name) ? f.attr_string(name) : std::string();
+}
+
+Dataset open_1d(const H5File& f, const char* name, DType type, std::uint64_t rows) {
+  Dataset d = f.open_dataset(name);
+  MTP_REQUIRE(d.rank() == 1, f.path(), ": /", name, " must be 1-D, it has rank ", d.rank());
+  MTP_REQUIRE(d.dtype() == type, f.path(), ": /", name, " must hold ", dtype_name(type), ", it holds ",
+              dtype_name(d.dtype()));
+  MTP_REQUIRE(d.rows() == rows, f.path(), ": /", name, " has ", d.rows(), " entries, expected ", rows);
+  return d;
+}
+
+}  // namespace
+
+TraceReader::TraceReader(const std::string& path, std::int64_t expected_hidden, std::int64_t expected_vocab)
+    : file_(H5File::open_read(path)) {
+  MTP_REQUIRE(file_.has_attr(kAttrFormat) && file_.attr_string(kAttrFormat) == kTraceFormatName, path,
+              ": not an mtplab trace (root attribute format != \"", kTraceFormatName, "\")");
+  const std::int64_t version = file_.attr_int(kAttrVersion);
+  MTP_REQUIRE(version == kTraceFormatVersion, path, ": trace format version ", version,
+              " is not supported (this build reads version ", kTraceFormatVersion, ")");
+  hidden_ = file_.attr_int(kAttrHidden);
+  vocab_ = file_.attr_int(kAttrVocab);
+  const std::int64_t n = file_.attr_int(kAttrNumSequences);
+  MTP_REQUIRE(hidden_ > 0, path, ": hidden is ", hidden_);
+  MTP_REQUIRE(vocab_ > 0 && vocab_ <= INT32_MAX, path, ": vocab is ", vocab_);
+  MTP_REQUIRE(n > 0, path, ": num_sequences is ", n, "; a trace needs at least one sequence");
+  MTP_REQUIRE(expected_hidden == 0 || hidden_ == expected_hidden, path, ": trace hidden size ", hidden_,
+              " does not match the model's ", expected_hidden);
+  MTP_REQUIRE(expected_vocab == 0 || vocab_ == expected_vocab, path, ": trace vocab ", vocab_,
+              " does not match the model's ", expected_vocab);
+  provenance_ =
+      TraceProvenance{optional_string(file_, kAttrGenerator), optional_string(file_, kAttrModel),
+                      optional_string(file_, kAttrSeed),      optional_string(file_, kAttrCreatedAt),
+                      optional_string(file_, kAttrGitSha),    optional_string(file_, kAttrConfig)};
+
+  const auto num = static_cast<std::uint64_t>(n);
+  offsets_ = open_1d(file_, "seq_offsets", DType::i64, num + 1).read<std::int64_t>();
+  prompt_lengths_ = open_1d(file_, "prompt_lengths", DType::i32, num).read<std::int32_t>();
+  MTP_REQUIRE(offsets_[0] == 0, path, ": seq_offsets[0] is ", offsets_[0], ", must be 0");
+  for (std::int64_t s = 0; s < n; ++s) {
+    const std::int64_t begin = offsets_[static_cast<std::size_t>(s)];
+    const std::int64_t end = offsets_[static_cast<std::size_t>(s + 1)];
+    MTP_REQUIRE(end > begin, path, ": sequence ", s, ": seq_offsets are not increasing (", begin, " then ",
+                end, ")");
+  }
+  Dataset tokens = file_.open_dataset("tokens");
+  MTP_REQUIRE(tokens.rank() == 1 && tokens.dtype() == DType::i32, path, ": /tokens must be 1-D int32");
+  const auto total = static_cast<std::uint64_t>(offsets_.back());
+  MTP_REQUIRE(tokens.rows() == total, path, ": /tokens has ", tokens.rows(), " rows, seq_offsets end at ",
+              total);
+
+  hiddens_ = file_.open_dataset("hiddens");
+  MTP_REQUIRE(hiddens_.rank() == 2, path, ": /hiddens must be 2-D, it has rank ", hiddens_.rank());
+  MTP_REQUIRE(hiddens_.dtype() == DType::bf16, path,
+              ": /hiddens must be uint16 with attribute dtype=\"bf16\", it holds ",
+              dtype_name(hiddens_.dtype()));
+  MTP_REQUIRE(hiddens_.cols() == static_cast<std::uint64_t>(hidden_), path, ": /hiddens has ",
+              hiddens_.cols(), " columns, the trace's hidden is ", hidden_);
+  MTP_REQUIRE(hiddens_.rows() == total, path, ": /hiddens has ", hiddens_.rows(),
+              " rows, seq_offsets end at ", total);
+
+  for (std::int64_t s = 0; s < n; ++s) {
+    const std::int32_t p = prompt_lengths_[static_cast<std::size_t>(s)];
+    const std::int64_t length = sequence_length(s);
+    MTP_REQUIRE(p >= 2, path, ": sequence ", s, ": prompt length ", p,
+                " is below 2 (row 0 pairs token 1 with hidden 0)");
+    MTP_REQUIRE(p <= length, path, ": sequence ", s, ": prompt length ", p, " exceeds the sequence length ",
+                length);
+  }
+
+  tokens_ = tokens.read<std::int32_t>();
+  for (std::int64_t s = 0; s < n; ++s) {
+    const std::int64_t begin = offsets_[static_cast<std::size_t>(s)];
+    for (std::int64_t t = 0; t < sequence_length(s); ++t) {
+      const std::int32_t id = tokens_[static_cast<std::size_t>(begin + t)];
+      MTP_REQUIRE(id >= 0 && id < vocab_, path, ": sequence ", s, ", position ", t, " (row ", begin + t,
+                  "): token id ", id, " is outside [0, ", vocab_, ")");
+    }
+  }
+}
+
+void TraceReader::require_index(std::int64_t s) const {
+  MTP_REQUIRE(s >= 0 && s < num_sequences(), path(), ": sequence ", s, " requested, the trace has ",
+              num_sequences());
+}
+
+std::int64_t TraceReader::sequence_length(std::int64_t s) const {
+  require_index(s);
+  return offsets_[static_cast<std::size_t>(s + 1)] - offsets_[static_cast<std::size_t>(s)];
+}
+std::int64_t TraceReader::sequence_offset(std::int64_t s) const {
+  require_index(s);
+  return offsets_[static_cast<std::size_t>(s)];
+}
+std::int32_t TraceReader::prompt_length(std::int64_t s) const {
+  require_index(s);
+  return prompt_lengths_[static_cast<std::size_t>(s)];
+}
+std::span<const std::int32_t> TraceReader::tokens(std::int64_t s) const {
+  return std::span<const std::int32_t>(tokens_).subspan(static_cast<std::size_t>(sequence_offset(s)),
+                                                        static_cast<std::size_t>(sequence_length(s)));
+}
+
+void TraceReader::read_hiddens(std::int64_t s, std::span<bf16> out) const {
+  const std::int64_t begin = sequence_offset(s);
+  const std::int64_t length = sequence_length(s);
+  MTP_REQUIRE(out.size() == static_cast<std::size_t>(length * hidden_), path(), ": sequence ", s,
+              ": a buffer of ", out.size(), " values for ", length, " rows of hidden ", hidden_);
+  hiddens_.read_rows_into(static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(length), out);
+  std::int64_t row = 0, col = 0;
+  if (!all_finite(out, hidden_, row, col)) {
+    MTP_FAIL(path(), ": sequence ", s, ", position ", row, " (row ", begin + row, "), element ", col,
+             ": hidden is ", describe_nonfinite(out[static_cast<std::size_t>(row * hidden_ + col)]));
+  }
+}
+
+std::vector<bf16> TraceReader::hiddens(std::int64_t s) const {
+  std::vector<bf16> out(static_cast<std::size_t>(sequence_length(s) * hidden_));
+  read_hiddens(s, out);
+  return out;
+}
+
+TraceSequence TraceReader::sequence(std::int64_t s) const {
+  TraceSequence seq;
+  seq.index = s;
+  seq.prompt_length = prompt_length(s);
+  seq.hidden = hidden_;
+  const auto toks = tokens(s);
+  seq.tokens.assign(toks.begin(), toks.end());
+  seq.hiddens = hiddens(s);
+  return seq;
+}
+
+void TraceReader::check_all_hiddens() const {
+  std::vector<bf16> buf;
+  for (std::int64_t s = 0; s < num_sequences(); ++s) {
+    buf.resize(static_cast<std::size_t>(sequence_length(s) * hidden_));
+    read_hiddens(s, buf);
+  }
+}
+
+}  // namespace mtplab::io

@@ -1,0 +1,428 @@
+// MtpWeights: one table of tensor specs (canonical name, checkpoint name, whole shape, the part
+// this rank keeps, initial distribution, destination) drives synthesis, loading and export, so
+// the three cannot disagree about a name, a shape or a slice.
+#include "model/weights.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+namespace mtplab::model {
+namespace {
+
+/// Which part of the whole tensor this rank keeps.
+enum class Split { whole, vocab_rows, head_rows, head_cols, shared_rows, shared_cols };
+
+struct Spec {
+  std::string canonical;      ///< the name synthetic values are keyed on
+  std::string ckpt;           ///< the checkpoint name
+  std::vector<int64_t> full;  ///< the whole tensor's shape (as in the checkpoint)
+  Split split = Split::whole;
+  int64_t unit = 0;  ///< rows (head_rows) or columns (head_cols) per head
+  float mean = 0.0f;
+  float stddev = 0.0f;
+  TensorBF16* bf = nullptr;  ///< exactly one of bf / f32 is set
+  TensorF32* f32 = nullptr;
+  int64_t dst_offset = 0;  ///< elements into the destination (a stacked expert's slot)
+};
+
+Block block_of(const Spec& s, const ShardPlan& plan) {
+  Block b;
+  switch (s.split) {
+    case Split::whole:
+      break;
+    case Split::vocab_rows:
+      b.rows = plan.vocab;
+      break;
+    case Split::head_rows:
+      b.rows = Range{plan.heads.begin * s.unit, plan.heads.count * s.unit};
+      break;
+    case Split::head_cols:
+      b.cols = Range{plan.heads.begin * s.unit, plan.heads.count * s.unit};
+      break;
+    case Split::shared_rows:
+      b.rows = plan.shared_inter;
+      break;
+    case Split::shared_cols:
+      b.cols = plan.shared_inter;
+      break;
+  }
+  const int64_t nrows = s.full.empty() ? 1 : s.full[0];
+  const int64_t ncols = shape_numel(s.full) / std::max<int64_t>(nrows, 1);
+  if (b.rows.count < 0) b.rows = Range{0, nrows};
+  if (b.cols.count < 0) b.cols = Range{0, ncols};
+  return b;
+}
+
+/// Sets every tensor's shape for `plan` and sizes its storage.
+void shape_weights(const ModelConfig& c, const ShardPlan& plan, MtpWeights& w) {
+  const int64_t H = c.hidden, V = c.vocab, nh = plan.heads.count, ne = plan.experts.count;
+  const int64_t I = c.moe_intermediate_size, SI = plan.shared_inter.count;
+  auto set = [](auto& t, std::vector<int64_t> shape) {
+    t.shape = std::move(shape);
+    t.data.assign(static_cast<size_t>(shape_numel(t.shape)), {});
+  };
+  w.plan = plan;
+  set(w.embed_tokens, {V, H});
+  set(w.lm_head, {plan.vocab.count, H});
+  for (TensorBF16* t :
+       {&w.enorm, &w.hnorm, &w.input_layernorm, &w.post_attention_layernorm, &w.shared_head_norm})
+    set(*t, {H});
+  set(w.eh_proj, {H, 2 * H});
+  auto& a = w.attn;
+  set(a.q_a_proj, {c.q_lora_rank, H});
+  set(a.q_a_layernorm, {c.q_lora_rank});
+  set(a.q_b_proj, {nh * c.qk_head_dim(), c.q_lora_rank});
+  set(a.kv_a_proj_with_mqa, {c.kv_a_rows(), H});
+  set(a.kv_a_layernorm, {c.kv_lora_rank});
+  set(a.kv_b_proj, {nh * c.kv_b_head_rows(), c.kv_lora_rank});
+  set(a.o_proj, {H, nh * c.v_head_dim});
+  auto& x = w.indexer;
+  set(x.wq_b, {static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, c.q_lora_rank});
+  set(x.wk, {c.index_head_dim, H});
+  set(x.k_norm_weight, {c.index_head_dim});
+  set(x.k_norm_bias, {c.index_head_dim});
+  set(x.weights_proj, {c.index_n_heads, H});
+  set(x.compress_gate, {c.index_head_dim, H});
+  set(x.compress_ape, {c.index_kpool, c.index_head_dim});
+  auto& m = w.moe;
+  set(m.gate, {c.n_routed_experts, H});
+  set(m.e_score_correction_bias, {c.n_routed_experts});
+  set(m.experts_gate, {ne, I, H});
+  set(m.experts_up, {ne, I, H});
+  set(m.experts_down, {ne, H, I});
+  set(m.shared_gate, {SI, H});
+  set(m.shared_up, {SI, H});
+  set(m.shared_down, {H, SI});
+  w.lm_head_fp8 = {};
+}
+
+/// The table. Scales: projections uniform with std 1/sqrt(fan_in) (activations keep RMS ~1),
+/// norm weights 1 +- noise, embedding std 1, lm_head std 3/sqrt(H) (logit std ~3). Why each:
+/// docs/weights.md.
+std::vector<Spec> build_specs(const ModelConfig& c, const ShardPlan& plan, MtpWeights& w) {
+  const int64_t H = c.hidden, V = c.vocab;
+  const int64_t I = c.moe_intermediate_size, SI = c.shared_intermediate();
+  const float norm_noise = 0.1f;
+  auto inv_sqrt = [](int64_t n) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))); };
+  std::vector<Spec> specs;
+  auto layer = [&](const std::string& rel, std::vector<int64_t> full, float mean, float sd, TensorBF16* bf,
+                   TensorF32* f32 = nullptr, Split split = Split::whole, int64_t unit = 0) {
+    Spec s;
+    s.canonical = rel;
+    s.ckpt = c.mtp_prefix + rel;
+    s.full = std::move(full);
+    s.split = split;
+    s.unit = unit;
+    s.mean = mean;
+    s.stddev = sd;
+    s.bf = bf;
+    s.f32 = f32;
+    specs.push_back(std::move(s));
+  };
+  auto proj = [&](const std::string& rel, std::vector<int64_t> full, TensorBF16* bf,
+                  Split split = Split::whole, int64_t unit = 0) {
+    const float sd = inv_sqrt(full[1]);
+    layer(rel, std::move(full), 0.0f, sd, bf, nullptr, split, unit);
+  };
+  auto norm = [&](const std::string& rel, int64_t n, TensorBF16* bf) {
+    layer(rel, {n}, 1.0f, norm_noise, bf);
+  };
+
+  specs.push_back(Spec{"embed_tokens.weight",
+                       c.embed_tokens_name,
+                       {V, H},
+                       Split::whole,
+                       0,
+                       0.0f,
+                       1.0f,
+                       &w.embed_tokens,
+                       nullptr,
+                       0});
+  specs.push_back(Spec{"lm_head.weight",
+                       c.lm_head_name,
+                       {V, H},
+                       Split::vocab_rows,
+                       0,
+                       0.0f,
+                       3.0f * inv_sqrt(H),
+                       &w.lm_head,
+                       nullptr,
+                       0});
+  norm("enorm.weight", H, &w.enorm);
+  norm("hnorm.weight", H, &w.hnorm);
+  proj("eh_proj.weight", {H, 2 * H}, &w.eh_proj);
+  norm("input_layernorm.weight", H, &w.input_layernorm);
+  norm("post_attention_layernorm.weight", H, &w.post_attention_layernorm);
+  norm("shared_head.norm.weight", H, &w.shared_head_norm);
+
+  auto& a = w.attn;
+  const int64_t nh_all = c.n_heads;
+  proj("self_attn.q_a_proj.weight", {c.q_lora_rank, H}, &a.q_a_proj);
+  norm("self_attn.q_a_layernorm.weight", c.q_lora_rank, &a.q_a_layernorm);
+  proj("self_attn.q_b_proj.weight", {nh_all * c.qk_head_dim(), c.q_lora_rank}, &a.q_b_proj, Split::head_rows,
+       c.qk_head_dim());
+  proj("self_attn.kv_a_proj_with_mqa.weight", {c.kv_a_rows(), H}, &a.kv_a_proj_with_mqa);
+  norm("self_attn.kv_a_layernorm.weight", c.kv_lora_rank, &a.kv_a_layernorm);
+  proj("self_attn.kv_b_proj.weight", {nh_all * c.kv_b_head_rows(), c.kv_lora_rank}, &a.kv_b_proj,
+       Split::head_rows, c.kv_b_head_rows());
+  proj("self_attn.o_proj.weight", {H, nh_all * c.v_head_dim}, &a.o_proj, Split::head_cols, c.v_head_dim);
+
+  auto& x = w.indexer;
+  const int64_t D = c.index_head_dim;
+  proj("self_attn.indexer.wq_b.weight", {c.index_n_heads * D, c.q_lora_rank}, &x.wq_b);
+  proj("self_attn.indexer.wk.weight", {D, H}, &x.wk);
+  norm("self_attn.indexer.k_norm.weight", D, &x.k_norm_weight);
+  layer("self_attn.indexer.k_norm.bias", {D}, 0.0f, norm_noise, &x.k_norm_bias);
+  proj("self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, &x.weights_proj);
+  proj("self_attn.indexer.index_kpool_compress_gate", {D, H}, &x.compress_gate);
+  // ape shifts a pool's softmax per position; 0.5 makes it matter (HF initialises it to 0).
+  layer("self_attn.indexer.index_kpool_compress_ape", {c.index_kpool, D}, 0.0f, 0.5f, nullptr,
+        &x.compress_ape);
+
+  auto& m = w.moe;
+  proj("mlp.gate.weight", {c.n_routed_experts, H}, &m.gate);
+  // Comparable to the gaps between the top sigmoid scores, so a router that ignores it differs.
+  layer("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, 0.0f, 0.05f, nullptr,
+        &m.e_score_correction_bias);
+  for (int64_t le = 0; le < plan.experts.count; ++le) {
+    const int64_t e = plan.experts.begin + le;
+    const std::string p = str("mlp.experts.", e, ".");
+    proj(p + "gate_proj.weight", {I, H}, &m.experts_gate);
+    specs.back().dst_offset = le * I * H;
+    proj(p + "up_proj.weight", {I, H}, &m.experts_up);
+    specs.back().dst_offset = le * I * H;
+    proj(p + "down_proj.weight", {H, I}, &m.experts_down);
+    specs.back().dst_offset = le * H * I;
+  }
+  if (SI > 0) {
+    proj("mlp.shared_experts.gate_proj.weight", {SI, H}, &m.shared_gate, Split::shared_rows);
+    proj("mlp.shared_experts.up_proj.weight", {SI, H}, &m.shared_up, Split::shared_rows);
+    proj("mlp.shared_experts.down_proj.weight", {H, SI}, &m.shared_down, Split::shared_cols);
+  }
+  return specs;
+}
+
+/// Runs fn(row_begin, row_end) over [0, rows) on up to hardware_concurrency threads, when the
+/// work is large enough to pay for them.
+template <typename F>
+void parallel_rows(int64_t rows, int64_t cols, F fn) {
+  const int64_t work = rows * cols;
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t nt = std::min<int64_t>({hw, rows, std::max<int64_t>(1, work / (int64_t{1} << 20))});
+  if (nt <= 1) {
+    fn(int64_t{0}, rows);
+    return;
+  }
+  std::vector<std::thread> threads;
+  std::exception_ptr failure;
+  std::mutex mu;
+  for (int64_t t = 0; t < nt; ++t) {
+    const int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt;
+    threads.emplace_back([&, r0, r1] {
+      try {
+        fn(r0, r1);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!failure) failure = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char ch : s) {
+    h ^= static_cast<unsigned char>(ch);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+uint64_t tensor_key(uint64_t seed, std::string_view name) { return mix64(seed ^ mix64(fnv1a64(name))); }
+uint64_t element_bits(uint64_t key, uint64_t index) {
+  return mix64(key + (index + 1) * 0x9e3779b97f4a7c15ULL);
+}
+
+/// Uniform in (-1, 1), symmetric, from the top 24 bits.
+double uniform_pm1(uint64_t bits) {
+  return (static_cast<double>(bits >> 40) + 0.5) * (2.0 / 16777216.0) - 1.0;
+}
+
+void synthesize(const Spec& s, const ShardPlan& plan, uint64_t seed) {
+  const Block b = block_of(s, plan);
+  const int64_t nrows = s.full.empty() ? 1 : s.full[0];
+  const int64_t ncols = shape_numel(s.full) / std::max<int64_t>(nrows, 1);
+  const uint64_t key = tensor_key(seed, s.canonical);
+  const double amp = std::sqrt(3.0) * s.stddev;  // uniform on (-a, a) has std a / sqrt(3)
+  const double mean = s.mean;
+  parallel_rows(b.rows.count, b.cols.count, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t gr = b.rows.begin + r;
+      const int64_t out = s.dst_offset + r * b.cols.count;
+      for (int64_t c = 0; c < b.cols.count; ++c) {
+        const uint64_t idx = static_cast<uint64_t>(gr * ncols + b.cols.begin + c);
+        const float v = static_cast<float>(mean + amp * uniform_pm1(element_bits(key, idx)));
+        if (s.bf)
+          s.bf->data[static_cast<size_t>(out + c)] = to_bf16(v);
+        else
+          s.f32->data[static_cast<size_t>(out + c)] = v;
+      }
+    }
+  });
+}
+
+/// A plan made for another config would silently synthesise or read the wrong slices.
+void check_plan(const ModelConfig& c, const ShardPlan& p) {
+  MTP_REQUIRE(
+      p.total_vocab == c.vocab && p.vocab.begin >= 0 && p.vocab.end() <= c.vocab && p.heads.begin >= 0 &&
+          p.heads.end() <= c.n_heads && p.experts.begin >= 0 && p.experts.end() <= c.n_routed_experts &&
+          p.shared_inter.begin >= 0 && p.shared_inter.end() <= c.shared_intermediate(),
+      "shard plan of rank ", p.rank, "/", p.world, " (vocab [", p.vocab.begin, ", ", p.vocab.end(), ") of ",
+      p.total_vocab, ", heads [", p.heads.begin, ", ", p.heads.end(), "), experts [", p.experts.begin, ", ",
+      p.experts.end(), ")) does not fit model config '", c.name, "' (V ", c.vocab, ", ", c.n_heads,
+      " heads, ", c.n_routed_experts, " experts): make it with make_shard_plan(cfg, ...)");
+}
+
+}  // namespace
+
+size_t MtpWeights::bytes() const {
+  size_t n = embed_tokens.bytes() + lm_head.bytes() + lm_head_fp8.weight.bytes() + lm_head_fp8.scale.bytes();
+  for (const TensorBF16* t : {&enorm,
+                              &hnorm,
+                              &eh_proj,
+                              &input_layernorm,
+                              &post_attention_layernorm,
+                              &shared_head_norm,
+                              &attn.q_a_proj,
+                              &attn.q_a_layernorm,
+                              &attn.q_b_proj,
+                              &attn.kv_a_proj_with_mqa,
+                              &attn.kv_a_layernorm,
+                              &attn.kv_b_proj,
+                              &attn.o_proj,
+                              &indexer.wq_b,
+                              &indexer.wk,
+                              &indexer.k_norm_weight,
+                              &indexer.k_norm_bias,
+                              &indexer.weights_proj,
+                              &indexer.compress_gate,
+                              &moe.gate,
+                              &moe.experts_gate,
+                              &moe.experts_up,
+                              &moe.experts_down,
+                              &moe.shared_gate,
+                              &moe.shared_up,
+                              &moe.shared_down})
+    n += t->bytes();
+  return n + indexer.compress_ape.bytes() + moe.e_score_correction_bias.bytes();
+}
+
+uint64_t synthetic_bits(uint64_t seed, std::string_view name, uint64_t index) {
+  return element_bits(tensor_key(seed, name), index);
+}
+
+MtpWeights synthesize_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan, uint64_t seed) {
+  check_plan(cfg, plan);
+  MtpWeights w;
+  shape_weights(cfg, plan, w);
+  for (const Spec& s : build_specs(cfg, plan, w)) synthesize(s, plan, seed);
+  return w;
+}
+
+MtpWeights load_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan,
+                            const std::string& checkpoint_path) {
+  check_plan(cfg, plan);
+  const Checkpoint ckpt(checkpoint_path);
+  MtpWeights w;
+  shape_weights(cfg, plan, w);
+  for (const Spec& s : build_specs(cfg, plan, w)) {
+    const Block b = block_of(s, plan);
+    if (s.bf) {
+      const std::vector<bf16> v = ckpt.read_bf16(s.ckpt, s.full, b);
+      std::copy(v.begin(), v.end(), s.bf->data.begin() + s.dst_offset);
+    } else {
+      const std::vector<float> v = ckpt.read_f32(s.ckpt, s.full, b);
+      std::copy(v.begin(), v.end(), s.f32->data.begin() + s.dst_offset);
+    }
+  }
+  return w;
+}
+
+std::vector<TensorView> checkpoint_views(const ModelConfig& cfg, const MtpWeights& whole) {
+  const ShardPlan& p = whole.plan;
+  MTP_REQUIRE(p.experts == (Range{0, cfg.n_routed_experts}) && p.heads == (Range{0, cfg.n_heads}) &&
+                  p.vocab == (Range{0, cfg.vocab}) && p.shared_inter == (Range{0, cfg.shared_intermediate()}),
+              "checkpoint_views: the weights are rank ", p.rank, "'s shard of ", p.world,
+              "; a checkpoint needs the whole model (world 1)");
+  // build_specs only records destinations; nothing is written through them here.
+  std::vector<TensorView> views;
+  for (const Spec& s : build_specs(cfg, p, const_cast<MtpWeights&>(whole))) {
+    TensorView v;
+    v.name = s.ckpt;
+    v.shape = s.full;
+    const size_t n = static_cast<size_t>(shape_numel(s.full));
+    if (s.bf) {
+      MTP_REQUIRE(s.bf->data.size() >= static_cast<size_t>(s.dst_offset) + n, "checkpoint_views: ", s.ckpt,
+                  " holds fewer elements than its shape ", shape_str(s.full));
+      v.dtype = DType::bf16;
+      v.data = s.bf->data.data() + s.dst_offset;
+      v.nbytes = n * sizeof(bf16);
+    } else {
+      MTP_REQUIRE(s.f32->data.size() >= static_cast<size_t>(s.dst_offset) + n, "checkpoint_views: ", s.ckpt,
+                  " holds fewer elements than its shape ", shape_str(s.full));
+      v.dtype = DType::f32;
+      v.data = s.f32->data.data() + s.dst_offset;
+      v.nbytes = n * sizeof(float);
+    }
+    views.push_back(std::move(v));
+  }
+  return views;
+}
+
+void export_mtp_weights(const ModelConfig& cfg, const MtpWeights& whole, const std::string& path,
+                        uint64_t max_file_bytes) {
+  const std::vector<TensorView> views = checkpoint_views(cfg, whole);
+  if (max_file_bytes == 0) {
+    write_safetensors(path, views, {{"format", "pt"}, {"mtplab_model", cfg.name}});
+  } else {
+    write_safetensors_sharded(path, views, max_file_bytes);
+  }
+}
+
+Fp8Rows quantize_rows_fp8(const TensorBF16& w) {
+  MTP_REQUIRE(w.shape.size() == 2, "quantize_rows_fp8: expected a 2-D matrix, got shape ",
+              shape_str(w.shape));
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  Fp8Rows q;
+  q.weight.shape = {rows, cols};
+  q.weight.data.resize(static_cast<size_t>(rows * cols));
+  q.scale.shape = {rows};
+  q.scale.data.resize(static_cast<size_t>(rows));
+  parallel_rows(rows, cols, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const bf16* x = w.data.data() + r * cols;
+      float amax = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(to_float(x[c])));
+      const float scale = amax > 0.0f ? amax / kE4M3Max : 1.0f;
+      q.scale.data[static_cast<size_t>(r)] = scale;
+      fp8e4m3* out = q.weight.data.data() + r * cols;
+      for (int64_t c = 0; c < cols; ++c) out[c] = to_fp8e4m3(to_float(x[c]) / scale);
+    }
+  });
+  return q;
+}
+
+void quantize_head_fp8(MtpWeights& w) { w.lm_head_fp8 = quantize_rows_fp8(w.lm_head); }
+
+}  // namespace mtplab::model

@@ -1,0 +1,82 @@
+// Shared by the dist tests: inputs drawn from (seed, rank, index) so that every rank can compute
+// every other rank's data and hence the expected result of a collective locally, and the
+// run-wide seed (fresh each run, printed, MTPLAB_TEST_SEED to replay one).
+#pragma once
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "core/numeric.hpp"
+
+namespace mtplab::dist::test {
+
+inline uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/// 64 random bits for (seed, stream, rank, index); `stream` separates the tests' draws.
+inline uint64_t draw(uint64_t seed, uint64_t stream, int rank, uint64_t index) {
+  return mix(mix(mix(seed ^ (stream * 0x100000001b3ull)) + static_cast<uint64_t>(rank)) + index);
+}
+
+/// Uniform in [-1, 1), never exactly 0 (24 random bits, odd numerator).
+inline float draw_unit(uint64_t seed, uint64_t stream, int rank, uint64_t index) {
+  const auto m = static_cast<int64_t>((draw(seed, stream, rank, index) >> 40) | 1u);  // odd, < 2^24
+  return static_cast<float>(m - (1 << 23)) / static_cast<float>(1 << 23);
+}
+
+/// A BF16 value in roughly [-4, 4], never zero, with a random full mantissa.
+inline bf16 draw_bf16(uint64_t seed, uint64_t stream, int rank, uint64_t index) {
+  const uint64_t r = draw(seed, stream, rank, index);
+  const float mag = 1.0f + static_cast<float>(r & 0x7f) / 128.0f;  // 1.xxxxxxx: 7 mantissa bits
+  const int exp = static_cast<int>((r >> 7) % 5) - 2;              // 2^-2 .. 2^2
+  const float v = std::ldexp(mag, exp) * (((r >> 12) & 1) ? -1.0f : 1.0f);
+  return to_bf16(v);
+}
+
+/// The run's seed: MTPLAB_TEST_SEED when set, else random; identical on every rank of `comm`.
+inline uint64_t shared_seed(MPI_Comm comm) {
+  unsigned long long seed = 0;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (rank == 0) {
+    const char* env = std::getenv("MTPLAB_TEST_SEED");
+    seed = env ? std::strtoull(env, nullptr, 0)
+               : (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }
+  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
+  return seed;
+}
+
+/// Prints failures as `[rank r] file:line` + message; replaces gtest's printer on ranks != 0 so
+/// that a passing run shows one report, not one per rank.
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
+  }
+
+ private:
+  int rank_;
+};
+
+inline void report_from_rank0_only(int rank) {
+  if (rank == 0) return;
+  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  delete listeners.Release(listeners.default_result_printer());
+  listeners.Append(new RankFailurePrinter(rank));
+}
+
+}  // namespace mtplab::dist::test

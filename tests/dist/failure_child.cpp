@@ -1,0 +1,92 @@
+// The job that must not hang: rank 1 fails at step 3 of a loop of all-reduces while rank 0
+// enters step 3's all-reduce and waits there. Rank 0 printing "completed" would mean the
+// collective never blocked. Modes:
+//   throw      an mtplab::Error reaches run_guarded on rank 1, which aborts the job (MPI)
+//   kill       rank 1 dies by SIGKILL (MPI)
+//   exit       rank 1 exits 3 without finalising MPI (MPI)
+//   nccl_hang  NCCL on 2 GPUs: rank 1 stays alive but never joins; rank 0's wait() must time
+//              out (MTPLAB_COLLECTIVE_TIMEOUT_S), throw, and run_guarded must abort the job.
+//              Exits 77 (skip) with fewer than 2 GPUs.
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/error.hpp"
+#include "dist/check.hpp"
+#include "dist/collectives.hpp"
+#include "dist/guard.hpp"
+#include "dist/runtime.hpp"
+
+using namespace mtplab;
+
+namespace {
+
+/// `count` floats in the memory the transport works on (host for MPI, device for NCCL).
+class Buffer {
+ public:
+  Buffer(bool device, size_t count) : device_(device), host_(device ? 0 : count, 1.0f) {
+#if defined(MTPLAB_HAVE_CUDA)
+    if (device_) {
+      MTP_CUDA_CHECK(cudaMalloc(&dev_, count * sizeof(float)));
+      MTP_CUDA_CHECK(cudaMemset(dev_, 0, count * sizeof(float)));
+    }
+#endif
+  }
+  ~Buffer() {
+#if defined(MTPLAB_HAVE_CUDA)
+    if (dev_) cudaFree(dev_);
+#endif
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  float* data() { return device_ ? dev_ : host_.data(); }
+
+ private:
+  bool device_;
+  std::vector<float> host_;
+  float* dev_ = nullptr;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "throw";
+  const bool nccl = mode == "nccl_hang";
+  if (nccl && dist::visible_gpu_count() < 2) {
+    std::printf("SKIP: mode nccl_hang needs 2 GPUs, %d visible\n", dist::visible_gpu_count());
+    return 77;
+  }
+  return dist::run_guarded([&] {
+    MTP_REQUIRE(mode == "throw" || mode == "kill" || mode == "exit" || nccl, "unknown mode \"", mode,
+                "\" (throw, kill, exit or nccl_hang)");
+    dist::Runtime rt(&argc, &argv);
+    if (nccl) rt.bind_device();
+    dist::Group world = rt.world_group();
+    dist::Communicator& comm = world.connect(nccl ? dist::Transport::nccl : dist::Transport::mpi);
+    constexpr size_t count = 4096;
+    Buffer buf(nccl, count);
+    for (int step = 0; step < 6; ++step) {
+      if (rt.rank() == 1 && step == 3) {
+        // Give rank 0 time to enter the all-reduce, so it is really waiting in it.
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        if (mode == "kill") std::raise(SIGKILL);
+        if (mode == "exit") std::_Exit(3);
+        if (nccl) std::this_thread::sleep_for(std::chrono::seconds(600));  // alive, never joins
+        MTP_FAIL("deliberate failure at step ", step, " while rank 0 waits in an all-reduce");
+      }
+      if (rt.rank() == 0 && step == 3) {
+        std::fprintf(stderr, "rank 0 enters the all-reduce of step 3\n");
+        std::fflush(stderr);
+      }
+      comm.all_reduce_sum(buf.data(), buf.data(), count);
+      comm.wait();
+    }
+    std::printf("rank %d completed\n", rt.rank());
+    return 0;
+  });
+}

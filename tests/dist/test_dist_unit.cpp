@@ -1,0 +1,110 @@
+// dist rules that need neither MPI nor a GPU: the device choice and its refusals, the timeout
+// setting, version strings, and run_guarded without MPI.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "core/error.hpp"
+#include "dist/collectives.hpp"
+#include "dist/guard.hpp"
+#include "dist/runtime.hpp"
+#include "dist/versions.hpp"
+
+using namespace mtplab;
+using namespace mtplab::dist;
+
+namespace {
+std::string refusal(int local_rank, int local_size, int visible, const char* cvd) {
+  try {
+    choose_device(local_rank, local_size, visible, cvd, "node7");
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST(DeviceRule, LocalRankWhenEnoughGpus) {
+  EXPECT_EQ(choose_device(0, 2, 2, nullptr, "h"), 0);
+  EXPECT_EQ(choose_device(1, 2, 2, nullptr, "h"), 1);
+  EXPECT_EQ(choose_device(5, 8, 8, "0,1,2,3,4,5,6,7", "h"), 5);
+  EXPECT_EQ(choose_device(1, 2, 4, nullptr, "h"), 1);  // spare GPUs are fine
+}
+
+TEST(DeviceRule, OneGpuPerTaskFromTheScheduler) {
+  // srun --gpus-per-task=1: every task sees its own GPU as ordinal 0.
+  EXPECT_EQ(choose_device(3, 4, 1, "3", "h"), 0);
+  EXPECT_EQ(choose_device(0, 1, 1, nullptr, "h"), 0);
+}
+
+TEST(DeviceRule, RefusesMoreRanksThanGpus) {
+  const std::string m = refusal(2, 3, 2, nullptr);
+  EXPECT_TRUE(has(m, "3 ranks run on host node7 but only 2 GPU(s) are visible")) << m;
+  EXPECT_TRUE(has(m, "CUDA_VISIBLE_DEVICES unset")) << m;
+  // One GPU and no CUDA_VISIBLE_DEVICES: the ranks really would share it.
+  EXPECT_TRUE(has(refusal(0, 2, 1, nullptr), "2 ranks run on host node7 but only 1 GPU(s)"));
+  // An empty CUDA_VISIBLE_DEVICES is not a scheduler binding.
+  EXPECT_FALSE(refusal(0, 2, 1, "").empty());
+  EXPECT_TRUE(has(refusal(0, 4, 2, "0,1"), "CUDA_VISIBLE_DEVICES=0,1"));
+  EXPECT_TRUE(has(refusal(0, 1, 0, "none"), "no GPU is visible on host node7"));
+}
+
+TEST(DeviceRule, RefusesTwoRanksOnOneGpu) {
+  EXPECT_NO_THROW(check_distinct_gpus({"0000:3b:00.0", "0000:5E:00.0"}, {4, 5}, "h"));
+  try {
+    check_distinct_gpus({"0000:3B:00.0", "0000:5e:00.0", "0000:3b:00.0"}, {8, 9, 10}, "node7");
+    FAIL() << "two ranks on one GPU were accepted";
+  } catch (const Error& e) {
+    EXPECT_TRUE(
+        has(e.message(), "ranks 8 and 10 on host node7 would share the GPU at PCI bus id 0000:3b:00.0"))
+        << e.message();
+  }
+  EXPECT_THROW(check_distinct_gpus({"a"}, {1, 2}, "h"), Error);
+}
+
+TEST(Timeout, ParsesSecondsStrictly) {
+  EXPECT_DOUBLE_EQ(parse_timeout_s("60", "x"), 60.0);
+  EXPECT_DOUBLE_EQ(parse_timeout_s(" 2.5 ", "x"), 2.5);
+  for (const char* bad : {"", "0", "-1", "abc", "5s", "inf", "nan", "1e999"}) {
+    try {
+      parse_timeout_s(bad, "MTPLAB_COLLECTIVE_TIMEOUT_S");
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const Error& e) {
+      EXPECT_TRUE(has(e.message(), "MTPLAB_COLLECTIVE_TIMEOUT_S")) << e.message();
+    }
+  }
+}
+
+TEST(Timeout, FromEnvironment) {
+  unsetenv(kCollectiveTimeoutEnv);
+  EXPECT_DOUBLE_EQ(collective_timeout_s(), kDefaultCollectiveTimeoutS);
+  setenv(kCollectiveTimeoutEnv, "7.5", 1);
+  EXPECT_DOUBLE_EQ(collective_timeout_s(), 7.5);
+  setenv(kCollectiveTimeoutEnv, "soon", 1);
+  EXPECT_THROW(collective_timeout_s(), Error);
+  unsetenv(kCollectiveTimeoutEnv);
+}
+
+TEST(Versions, Strings) {
+  EXPECT_EQ(cuda_version_string(13000), "13.0");
+  EXPECT_EQ(cuda_version_string(12040), "12.4");
+  EXPECT_EQ(cuda_version_string(0), "-");
+  EXPECT_EQ(nccl_version_string(22809), "2.28.9");
+  EXPECT_EQ(nccl_version_string(2708), "2.7.8");
+  EXPECT_EQ(nccl_version_string(0), "-");
+}
+
+TEST(Guard, ReturnsTheBodyCodeOrOneWithoutMpi) {
+  EXPECT_EQ(run_guarded([] { return 7; }), 7);
+  set_process_identity(0, 1);
+  testing::internal::CaptureStderr();
+  const int rc = run_guarded([]() -> int { MTP_FAIL("no such file \"x.yaml\""); });
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, 1);
+  EXPECT_TRUE(has(err, "[rank 0@")) << err;
+  EXPECT_TRUE(has(err, "] no such file \"x.yaml\" (test_dist_unit.cpp:")) << err;
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_guarded([]() -> int { throw 42; }), 1);
+  EXPECT_TRUE(has(testing::internal::GetCapturedStderr(), "unknown exception"));
+}
