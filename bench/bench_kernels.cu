@@ -1,0 +1,565 @@
+// mtplab_bench_kernels: event-timed benchmarks of the CUDA backend's memory-bound ops at the
+// glm5.3-flash shapes, against the measured device-to-device copy bandwidth (the ceiling).
+//
+//   mtplab_bench_kernels [--out DIR] [--reps N] [--only SUBSTRING] [--device D]
+//
+// Method (METHOD.md): inputs are random (never zeros); every op is warmed up, then timed one call
+// at a time between two CUDA events, many times; a spin kernel is queued ahead of each batch so
+// the host has enqueued the whole batch before the GPU reaches it (no launch gaps inside a
+// measurement); each case rotates over enough copies of its inputs (>= 512 MB in all) that L2
+// (60 MB) cannot hold them between calls. Bytes are the fewest the op must move (each input
+// read once, each output written once); bandwidth = bytes / median time. Prints a table and
+// writes DIR/bench_kernels.csv (one row per case) and DIR/bench_kernels_samples.csv (every time).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/ops.hpp"
+
+namespace {
+
+using mtplab::bf16;
+using mtplab::fp8e4m3;
+namespace ops = mtplab::ops;
+
+// ---- device-side fills and the spin kernel --------------------------------------------------------
+
+__device__ uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/// Uniform [lo, hi) BF16 from a counter-based hash: any size, no host traffic.
+__global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * (1.0f / 16777216.0f);
+    p[i] = static_cast<uint16_t>(__float_as_uint(lo + (hi - lo) * u) >> 16);
+  }
+}
+__global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float u = static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * (1.0f / 16777216.0f);
+    p[i] = lo + (hi - lo) * u;
+  }
+}
+/// Random finite E4M3 codes.
+__global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint8_t c = static_cast<uint8_t>(mix(seed * 0x9e3779b97f4a7c15ull + i));
+    if ((c & 0x7f) == 0x7f) c ^= 1;
+    p[i] = c;
+  }
+}
+/// Reads every 16-byte word once (the read-only ceiling); the sum is kept so nothing is elided.
+__global__ void read_sum_kernel(const uint4* p, size_t n, unsigned int* sink) {
+  unsigned int acc = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+// ---- harness --------------------------------------------------------------------------------------
+
+struct Options {
+  std::string out = "bench-out";
+  int reps = 200;
+  int warmup = 10;
+  std::string only;
+  int device = 0;
+};
+
+struct Result {
+  std::string name, shape;
+  double bytes = 0;
+  std::vector<double> us;  // per call
+  double median = 0, p10 = 0, p90 = 0, min = 0;
+};
+
+double quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  const double f = pos - static_cast<double>(i);
+  return i + 1 < sorted.size() ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[i];
+}
+
+class Bench {
+ public:
+  Bench(const Options& opt, ops::Backend& be) : opt_(opt), be_(be) {
+    stream_ = static_cast<cudaStream_t>(be.native_stream());
+    cudaDeviceProp prop{};
+    MTP_CUDA_CHECK(cudaGetDeviceProperties(&prop, opt.device));
+    l2_bytes_ = prop.l2CacheSize;
+  }
+
+  cudaStream_t stream() const { return stream_; }
+  uint64_t next_seed() { return ++seed_; }
+
+  void* alloc(size_t bytes) {
+    void* p = be_.allocate(bytes);
+    owned_.push_back(p);
+    return p;
+  }
+  void release_all() {
+    be_.synchronize();
+    for (void* p : owned_) be_.release(p);
+    owned_.clear();
+  }
+  bf16* rand_bf16(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    auto* p = static_cast<bf16*>(alloc(n * sizeof(bf16)));
+    fill_bf16_kernel<<<1024, 256, 0, stream_>>>(reinterpret_cast<uint16_t*>(p), n, next_seed(), lo, hi);
+    MTP_CUDA_LAUNCH_CHECK();
+    return p;
+  }
+  float* rand_f32(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    auto* p = static_cast<float*>(alloc(n * sizeof(float)));
+    fill_f32_kernel<<<1024, 256, 0, stream_>>>(p, n, next_seed(), lo, hi);
+    MTP_CUDA_LAUNCH_CHECK();
+    return p;
+  }
+  fp8e4m3* rand_fp8(size_t n) {
+    auto* p = static_cast<fp8e4m3*>(alloc(n));
+    fill_fp8_kernel<<<1024, 256, 0, stream_>>>(reinterpret_cast<uint8_t*>(p), n, next_seed());
+    MTP_CUDA_LAUNCH_CHECK();
+    return p;
+  }
+  template <typename T>
+  T* upload(const std::vector<T>& host) {
+    auto* p = static_cast<T*>(alloc(host.size() * sizeof(T)));
+    be_.upload(p, host.data(), host.size() * sizeof(T));
+    return p;
+  }
+  /// Copies of a `set_bytes` input set so that all of them together are >= 512 MB and >= 8x L2.
+  int rotations(double set_bytes, int cap = 64) const {
+    const double want = std::max(512.0 * (1 << 20), 8.0 * l2_bytes_);
+    return std::max(2, std::min(cap, static_cast<int>(std::ceil(want / std::max(set_bytes, 1.0)))));
+  }
+
+  bool selected(const std::string& name) const {
+    return opt_.only.empty() || name.find(opt_.only) != std::string::npos;
+  }
+
+  /// Times `call(i)` (i = rep index, for rotation) opt_.reps times.
+  void measure(const std::string& name, const std::string& shape, double bytes,
+               const std::function<void(int)>& call) {
+    Result r;
+    r.name = name;
+    r.shape = shape;
+    r.bytes = bytes;
+    for (int i = 0; i < opt_.warmup; ++i) call(i);
+    MTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    constexpr int kBatch = 50;
+    std::vector<cudaEvent_t> ev(2 * kBatch);
+    for (auto& e : ev) MTP_CUDA_CHECK(cudaEventCreate(&e));
+    for (int done = 0; done < opt_.reps;) {
+      const int n = std::min(kBatch, opt_.reps - done);
+      spin_kernel<<<1, 1, 0, stream_>>>(5'000'000);  // 5 ms: the host queues the batch meanwhile
+      MTP_CUDA_LAUNCH_CHECK();
+      for (int i = 0; i < n; ++i) {
+        MTP_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream_));
+        call(done + i);
+        MTP_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream_));
+      }
+      MTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (int i = 0; i < n; ++i) {
+        float ms = 0;
+        MTP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
+        r.us.push_back(ms * 1e3);
+      }
+      done += n;
+    }
+    for (auto& e : ev) cudaEventDestroy(e);
+    std::vector<double> sorted = r.us;
+    std::sort(sorted.begin(), sorted.end());
+    r.median = quantile(sorted, 0.5);
+    r.p10 = quantile(sorted, 0.1);
+    r.p90 = quantile(sorted, 0.9);
+    r.min = sorted.front();
+    results_.push_back(r);
+    print_row(results_.back());
+  }
+
+  void set_ceiling(double gbps) { copy_gbps_ = gbps; }
+  double ceiling() const { return copy_gbps_; }
+  const std::vector<Result>& results() const { return results_; }
+
+  static void print_header() {
+    std::printf("%-34s %-26s %10s %9s %9s %9s %9s %7s\n", "op", "shape", "MB", "med_us", "p10_us", "p90_us",
+                "GB/s", "%copy");
+  }
+  void print_row(const Result& r) const {
+    const double gbps = r.bytes / (r.median * 1e-6) / 1e9;
+    std::printf("%-34s %-26s %10.2f %9.2f %9.2f %9.2f %9.0f %6.1f%%\n", r.name.c_str(), r.shape.c_str(),
+                r.bytes / 1e6, r.median, r.p10, r.p90, gbps,
+                copy_gbps_ > 0 ? 100.0 * gbps / copy_gbps_ : 0.0);
+    std::fflush(stdout);
+  }
+
+ private:
+  const Options& opt_;
+  ops::Backend& be_;
+  cudaStream_t stream_ = nullptr;
+  double l2_bytes_ = 60e6;
+  uint64_t seed_ = 0x5eed;
+  std::vector<void*> owned_;
+  std::vector<Result> results_;
+  double copy_gbps_ = 0;
+};
+
+std::string dims(std::initializer_list<long long> d) {
+  std::string s = "[";
+  for (auto it = d.begin(); it != d.end(); ++it) s += (it == d.begin() ? "" : ", ") + std::to_string(*it);
+  return s + "]";
+}
+
+struct RowsModeName {
+  ops::RowsMode mode;
+  const char* name;
+};
+
+// glm5.3-flash (MODEL.md).
+constexpr int kH = 4096, kV = 154880, kHeads = 64, kHeadDim = 256, kQLora = 1536, kKvLora = 512;
+constexpr int kIndexHeads = 32, kIndexDim = 128, kTopK = 2048, kPool = 4, kExperts = 288, kExpertTopK = 8,
+              kInter = 2048;
+
+void run_all(Bench& b, ops::Backend& be) {
+  cudaStream_t st = b.stream();
+  // ---- ceilings ----
+  {
+    const size_t bytes = size_t{1} << 30;
+    void* src = b.alloc(bytes);
+    void* dst = b.alloc(bytes);
+    MTP_CUDA_CHECK(cudaMemsetAsync(src, 0x5a, bytes, st));
+    b.measure("copy_d2d (ceiling)", "2 x 1 GiB", 2.0 * bytes,
+              [&](int) { MTP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)); });
+    const Result& r = b.results().back();
+    b.set_ceiling(r.bytes / (r.median * 1e-6) / 1e9);
+    auto* sink = static_cast<unsigned int*>(b.alloc(4));
+    if (b.selected("read_only")) {
+      b.measure("read_only (reference)", "1 GiB", static_cast<double>(bytes), [&](int) {
+        read_sum_kernel<<<4 * 132 * 8, 256, 0, st>>>(static_cast<const uint4*>(src), bytes / 16, sink);
+        MTP_CUDA_LAUNCH_CHECK();
+      });
+    }
+    b.release_all();
+  }
+
+  // ---- GEMVs (linear, one row) ----
+  struct Lin {
+    const char* name;
+    int n, k;
+  };
+  const Lin lins[] = {{"linear eh_proj", kH, 2 * kH},
+                      {"linear q_a", kQLora, kH},
+                      {"linear q_b", kHeads * kHeadDim, kQLora},
+                      {"linear kv_a", kKvLora, kH},
+                      {"linear kv_b", kHeads * 2 * kHeadDim, kKvLora},
+                      {"linear o_proj", kH, kHeads * kHeadDim},
+                      {"linear indexer.wq_b", kIndexHeads * kIndexDim, kQLora},
+                      {"linear_f32 router", kExperts, kH}};
+  for (const Lin& l : lins) {
+    if (!b.selected(l.name)) continue;
+    const double wbytes = 2.0 * l.n * l.k;
+    const int rot = b.rotations(wbytes);
+    std::vector<bf16*> W(rot);
+    for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(l.n) * l.k);
+    bf16* x = b.rand_bf16(l.k);
+    const bool f32 = std::string(l.name).find("f32") != std::string::npos;
+    void* y = b.alloc(static_cast<size_t>(l.n) * 4);
+    b.measure(l.name, dims({l.n, l.k}), wbytes + 2.0 * l.k + (f32 ? 4.0 : 2.0) * l.n, [&](int i) {
+      if (f32) {
+        be.linear_f32(W[i % rot], x, static_cast<float*>(y), 1, l.n, l.k);
+      } else {
+        be.linear(W[i % rot], x, static_cast<bf16*>(y), 1, l.n, l.k);
+      }
+    });
+    b.release_all();
+  }
+
+  // The batch_qidx arm: 4 rows through per-row GEMVs vs one cuBLASLt GEMM.
+  for (RowsModeName m :
+       {RowsModeName{ops::RowsMode::per_row, "per_row"}, RowsModeName{ops::RowsMode::batched, "batched"}}) {
+    const std::string name = std::string("linear q_b rows=4 ") + m.name;
+    if (!b.selected(name)) continue;
+    const int n = kHeads * kHeadDim, k = kQLora, rows = 4;
+    const double wbytes = 2.0 * n * k;
+    const int rot = b.rotations(wbytes);
+    std::vector<bf16*> W(rot);
+    for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(n) * k);
+    bf16* x = b.rand_bf16(static_cast<size_t>(rows) * k);
+    bf16* y = static_cast<bf16*>(b.alloc(static_cast<size_t>(rows) * n * 2));
+    b.measure(name, dims({rows, n, k}), wbytes + 2.0 * rows * (k + n),
+              [&](int i) { be.linear(W[i % rot], x, y, rows, n, k, m.mode); });
+    b.release_all();
+  }
+
+  if (b.selected("linear_fp8 eh_proj")) {
+    const int n = kH, k = 2 * kH;
+    const double wbytes = 1.0 * n * k + 4.0 * n;
+    const int rot = b.rotations(wbytes);
+    std::vector<fp8e4m3*> W(rot);
+    for (auto& w : W) w = b.rand_fp8(static_cast<size_t>(n) * k);
+    float* scale = b.rand_f32(n, 0.5f / 448, 1.5f / 448);
+    bf16* x = b.rand_bf16(k);
+    bf16* y = static_cast<bf16*>(b.alloc(static_cast<size_t>(n) * 2));
+    b.measure("linear_fp8 eh_proj", dims({n, k}), wbytes + 2.0 * k + 2.0 * n,
+              [&](int i) { be.linear_fp8(W[i % rot], scale, x, y, 1, n, k); });
+    b.release_all();
+  }
+
+  // ---- the head with its fused argmax ----
+  for (int variant = 0; variant < 3; ++variant) {
+    const char* names[] = {"head_argmax bf16", "head_argmax bf16 +logits", "head_argmax fp8"};
+    if (!b.selected(names[variant])) continue;
+    const bool fp8 = variant == 2;
+    const bool with_logits = variant == 1;
+    const double wbytes = fp8 ? (1.0 * kV * kH + 4.0 * kV) : 2.0 * kV * kH;
+    const int rot = b.rotations(wbytes, 2);
+    std::vector<bf16*> W(rot, nullptr);
+    std::vector<fp8e4m3*> W8(rot, nullptr);
+    for (int r = 0; r < rot; ++r) {
+      if (fp8) {
+        W8[r] = b.rand_fp8(static_cast<size_t>(kV) * kH);
+      } else {
+        W[r] = b.rand_bf16(static_cast<size_t>(kV) * kH);
+      }
+    }
+    float* scale = fp8 ? b.rand_f32(kV, 0.5f / 448, 1.5f / 448) : nullptr;
+    bf16* x = b.rand_bf16(kH);
+    bf16* logits = with_logits ? static_cast<bf16*>(b.alloc(static_cast<size_t>(kV) * 2)) : nullptr;
+    auto* out = static_cast<ops::ArgMax*>(b.alloc(sizeof(ops::ArgMax)));
+    b.measure(names[variant], dims({kV, kH}), wbytes + 2.0 * kH + (with_logits ? 2.0 * kV : 0.0),
+              [&](int i) { be.head_argmax(W[i % rot], W8[i % rot], scale, x, kV, kH, 0, logits, out); });
+    b.release_all();
+  }
+
+  if (b.selected("argmax")) {
+    const int rot = b.rotations(2.0 * kV);
+    std::vector<bf16*> L(rot);
+    for (auto& l : L) l = b.rand_bf16(kV, -10.0f, 10.0f);
+    auto* out = static_cast<ops::ArgMax*>(b.alloc(sizeof(ops::ArgMax)));
+    b.measure("argmax logits", dims({kV}), 2.0 * kV, [&](int i) { be.argmax(L[i % rot], kV, 0, out); });
+    b.release_all();
+  }
+
+  // ---- MoE ----
+  if (b.selected("moe_route")) {
+    float* logits = b.rand_f32(kExperts, -4.0f, 4.0f);
+    float* bias = b.rand_f32(kExperts, -0.1f, 0.1f);
+    auto* idx = static_cast<int32_t*>(b.alloc(4 * kExpertTopK));
+    float* w = static_cast<float*>(b.alloc(4 * kExpertTopK));
+    b.measure("moe_route", dims({kExperts}) + " top 8", 8.0 * kExperts,
+              [&](int) { be.moe_route(logits, bias, kExperts, kExpertTopK, 1, 1, 2.5f, idx, w); });
+    b.release_all();
+  }
+  if (b.selected("moe_experts")) {
+    // All 288 experts resident; each call picks 8 distinct random ones (so L2 never holds them).
+    const size_t per = static_cast<size_t>(kInter) * kH;
+    bf16* gate = b.rand_bf16(per * kExperts, -1.0f, 1.0f);
+    bf16* up = b.rand_bf16(per * kExperts, -1.0f, 1.0f);
+    bf16* down = b.rand_bf16(per * kExperts, -0.05f, 0.05f);
+    bf16* x = b.rand_bf16(kH);
+    const int sets = 64;
+    std::vector<int32_t> ids;
+    uint64_t s = 12345;
+    for (int set = 0; set < sets; ++set) {
+      std::vector<int32_t> chosen;
+      while (static_cast<int>(chosen.size()) < kExpertTopK) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const int e = static_cast<int>((s >> 33) % kExperts);
+        if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+      }
+      ids.insert(ids.end(), chosen.begin(), chosen.end());
+    }
+    int32_t* idx = b.upload(ids);
+    float* w = b.rand_f32(kExpertTopK, 0.1f, 0.5f);
+    float* out = static_cast<float*>(b.alloc(4 * kH));
+    const ops::ExpertWeights ew{gate, up, down, 0, kExperts, kH, kInter};
+    b.measure("moe_experts 8 of 288", dims({kExpertTopK, 3, kInter, kH}),
+              3.0 * kExpertTopK * per * 2 + 2.0 * kH + 4.0 * kH, [&](int i) {
+                be.moe_experts(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK, 10.0f, out);
+              });
+    b.release_all();
+  }
+
+  // ---- indexer ----
+  const int pools = 16384;
+  if (b.selected("indexer_scores")) {
+    const double kbytes = 4.0 * pools * kIndexDim;
+    const int rot = b.rotations(kbytes);
+    std::vector<float*> keys(rot);
+    for (auto& k : keys) k = b.rand_f32(static_cast<size_t>(pools) * kIndexDim);
+    float* q = b.rand_f32(static_cast<size_t>(kIndexHeads) * kIndexDim);
+    float* w = b.rand_f32(kIndexHeads, -0.2f, 0.2f);
+    int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
+    float* scores = static_cast<float*>(b.alloc(sizeof(float) * pools));
+    b.measure("indexer_scores", dims({pools, kIndexHeads, kIndexDim}), kbytes + 4.0 * pools, [&](int i) {
+      be.indexer_scores(q, w, keys[i % rot], pos, scores, kIndexHeads, kIndexDim, kPool, pools);
+    });
+    b.release_all();
+  }
+  if (b.selected("indexer_select")) {
+    const int rot = 16;
+    std::vector<float*> scores(rot);
+    for (auto& s : scores) s = b.rand_f32(pools);
+    int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
+    auto* sel = static_cast<int32_t*>(b.alloc(4 * (kTopK + kPool - 1)));
+    b.measure("indexer_select top 512", dims({pools}), 4.0 * pools + 4.0 * (kTopK + kPool - 1),
+              [&](int i) { be.indexer_select(scores[i % rot], pos, sel, kTopK, kPool, pools); });
+    b.release_all();
+  }
+
+  // ---- MLA ----
+  const size_t kvb_elems = static_cast<size_t>(kHeads) * 2 * kHeadDim * kKvLora;
+  if (b.selected("mla_absorb_q") || b.selected("mla_out_v")) {
+    const int rot = b.rotations(2.0 * kvb_elems);
+    std::vector<bf16*> W(rot);
+    for (auto& w : W) w = b.rand_bf16(kvb_elems, -0.05f, 0.05f);
+    bf16* q = b.rand_bf16(static_cast<size_t>(kHeads) * kHeadDim);
+    bf16* q_abs = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kHeads) * kKvLora));
+    bf16* o = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kHeads) * kHeadDim));
+    const double half = 2.0 * kvb_elems / 2;
+    if (b.selected("mla_absorb_q"))
+      b.measure("mla_absorb_q", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
+                [&](int i) { be.mla_absorb_q(q, W[i % rot], q_abs, kHeads, kHeadDim, kHeadDim, kKvLora); });
+    if (b.selected("mla_out_v"))
+      b.measure("mla_out_v", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
+                [&](int i) { be.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
+    b.release_all();
+  }
+  for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
+    const std::string name = std::string("mla_decode ") + (dtype == ops::KvDtype::bf16 ? "bf16" : "fp8");
+    if (!b.selected(name)) continue;
+    // A 64k-row paged cache; the selection is 2051 distinct random rows (K + P - 1).
+    const int block_size = 64, rows = 65536, num_blocks = rows / block_size;
+    const size_t elem = dtype == ops::KvDtype::bf16 ? 2 : 1;
+    const int width = kTopK + kPool - 1;
+    const int rot = b.rotations(static_cast<double>(width) * kKvLora * elem, 32);
+    std::vector<void*> caches(rot);
+    for (auto& c : caches) {
+      c = elem == 2 ? static_cast<void*>(b.rand_bf16(static_cast<size_t>(rows) * kKvLora))
+                    : static_cast<void*>(b.rand_fp8(static_cast<size_t>(rows) * kKvLora));
+    }
+    std::vector<int32_t> table(num_blocks);
+    for (int i = 0; i < num_blocks; ++i) table[i] = (i * 37) % num_blocks;  // 37 is coprime to 1024
+    int32_t* block_table = b.upload(table);
+    std::vector<int32_t> sel(width);
+    for (int i = 0; i < width; ++i) sel[i] = static_cast<int32_t>((static_cast<int64_t>(i) * 31) % rows);
+    int32_t* selection = b.upload(sel);
+    bf16* q_abs = b.rand_bf16(static_cast<size_t>(kHeads) * kKvLora, -2.0f, 2.0f);
+    bf16* o_lat = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kHeads) * kKvLora));
+    const float scale = elem == 2 ? 1.0f : 1.0f / 448;
+    b.measure(name, dims({width, kHeads, kKvLora}),
+              static_cast<double>(width) * kKvLora * elem + 4.0 * kHeads * kKvLora, [&](int i) {
+                const ops::KvCache cache{caches[i % rot], dtype, scale, num_blocks, block_size, kKvLora};
+                be.mla_decode(q_abs, selection, width, block_table, cache, o_lat, kHeads, 1.0f / 16.0f);
+              });
+    b.release_all();
+  }
+
+  // ---- small ops (launch-latency bound) ----
+  if (b.selected("rmsnorm")) {
+    bf16* x = b.rand_bf16(kH);
+    bf16* w = b.rand_bf16(kH, 0.5f, 1.5f);
+    bf16* y = static_cast<bf16*>(b.alloc(2 * kH));
+    b.measure("rmsnorm", dims({kH}), 6.0 * kH, [&](int) { be.rmsnorm(x, w, y, 1, kH, 1e-5f); });
+    b.release_all();
+  }
+}
+
+void write_csv(const Bench& b, const std::string& dir, const std::string& device) {
+  std::filesystem::create_directories(dir);
+  std::ofstream f(dir + "/bench_kernels.csv");
+  MTP_REQUIRE(f, "cannot write ", dir, "/bench_kernels.csv");
+  f << "# mtplab_bench_kernels git " << mtplab::git_sha() << (mtplab::git_dirty() ? "-dirty" : "")
+    << " device " << device << " copy_GBps " << b.ceiling() << "\n";
+  f << "op,shape,bytes,reps,median_us,p10_us,p90_us,min_us,GBps,frac_of_copy\n";
+  for (const Result& r : b.results()) {
+    const double gbps = r.bytes / (r.median * 1e-6) / 1e9;
+    f << '"' << r.name << "\",\"" << r.shape << "\"," << r.bytes << ',' << r.us.size() << ',' << r.median
+      << ',' << r.p10 << ',' << r.p90 << ',' << r.min << ',' << gbps << ','
+      << (b.ceiling() > 0 ? gbps / b.ceiling() : 0) << "\n";
+  }
+  std::ofstream s(dir + "/bench_kernels_samples.csv");
+  s << "op,rep,us\n";
+  for (const Result& r : b.results())
+    for (size_t i = 0; i < r.us.size(); ++i) s << '"' << r.name << "\"," << i << ',' << r.us[i] << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--out") {
+      opt.out = value();
+    } else if (a == "--reps") {
+      opt.reps = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--warmup") {
+      opt.warmup = std::max(0, std::atoi(value().c_str()));
+    } else if (a == "--only") {
+      opt.only = value();
+    } else if (a == "--device") {
+      opt.device = std::atoi(value().c_str());
+    } else {
+      std::fprintf(stderr, "usage: %s [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  try {
+    if (!ops::cuda_backend_available()) {
+      std::printf("SKIPPED: no CUDA device is visible\n");
+      return 77;
+    }
+    auto be = ops::make_cuda_backend(opt.device);
+    std::printf("mtplab_bench_kernels on %s (git %s%s), %d reps per op\n", be->device_name().c_str(),
+                mtplab::git_sha(), mtplab::git_dirty() ? "-dirty" : "", opt.reps);
+    Bench bench(opt, *be);
+    Bench::print_header();
+    run_all(bench, *be);
+    write_csv(bench, opt.out, be->device_name());
+    std::printf("wrote %s/bench_kernels.csv\n", opt.out.c_str());
+  } catch (const mtplab::Error& e) {
+    std::fprintf(stderr, "%s\n", e.describe().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,436 @@
+// The CUDA backend: every op of ops/ops.hpp enqueued on one non-blocking stream that the
+// backend creates, plus make_cuda_backend / cuda_backend_available (the non-CUDA fallbacks live
+// in lib/ops/backend.cpp under #if !defined(MTPLAB_HAVE_CUDA)).
+//
+// Invariants:
+// - One backend drives one device; the constructor makes it current, and the process is
+//   expected to use one device (one rank per GPU).
+// - Nothing here synchronises except download / upload / synchronize / elapsed_ms and the
+//   growth of a scratch buffer, which is refused while the stream is being captured: run an op
+//   once before capturing it into a CUDA graph so its scratch is sized.
+// - RowsMode::batched with rows > 1 goes through cuBLASLt (BF16 in, fp32 accumulate, BF16 or
+//   fp32 out); one handle and one workspace per backend, one cached plan per shape. Everything
+//   else is a GEMV launch per row.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include "core/log.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/kernels.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::ops {
+namespace cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+class CudaEvent final : public Event {
+ public:
+  explicit CudaEvent(cudaStream_t stream) : stream_(stream) { MTP_CUDA_CHECK(cudaEventCreate(&event_)); }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void record() override {
+    MTP_CUDA_CHECK(cudaEventRecord(event_, stream_));
+    recorded_ = true;
+  }
+  cudaEvent_t event() const { return event_; }
+  bool recorded() const { return recorded_; }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t event_ = nullptr;
+  bool recorded_ = false;
+};
+
+/// Device scratch that only grows, and never while the stream is being captured.
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (ptr_) cudaFree(ptr_);
+  }
+  void* ensure(size_t bytes, cudaStream_t stream, const char* what) {
+    if (bytes <= bytes_) return ptr_;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    MTP_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+    MTP_REQUIRE(status == cudaStreamCaptureStatusNone, "ops::cuda: the ", what, " scratch must grow to ",
+                bytes,
+                " bytes while the stream is being captured; run the op once before capturing the graph");
+    MTP_CUDA_CHECK(cudaStreamSynchronize(stream));  // in-flight kernels may still use the old buffer
+    if (ptr_) MTP_CUDA_CHECK(cudaFree(ptr_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+    MTP_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+    bytes_ = bytes;
+    return ptr_;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// Largest power of two (up to 256) dividing the address: cuBLASLt's alignment preference.
+uint32_t pointer_alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    int count = 0;
+    MTP_CUDA_CHECK(cudaGetDeviceCount(&count));
+    MTP_REQUIRE(device >= 0 && device < count, "ops::cuda: device ", device, " requested but ", count,
+                " CUDA device(s) are visible");
+    MTP_CUDA_CHECK(cudaSetDevice(device));
+    cudaDeviceProp prop{};
+    MTP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    name_ = prop.name;
+    ctx_.num_sms = prop.multiProcessorCount;
+    MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
+    MTP_CUBLAS_CHECK(cublasLtCreate(&lt_));
+    MTP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+    argmax_.capacity = gemv_max_grid(ctx_.num_sms);
+    MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&argmax_.partials),
+                              sizeof(unsigned long long) * static_cast<size_t>(argmax_.capacity)));
+    MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&argmax_.counter), sizeof(unsigned int)));
+    MTP_CUDA_CHECK(cudaMemset(argmax_.counter, 0, sizeof(unsigned int)));
+    log_debug("ops::cuda: device ", device, " (", name_, ", ", ctx_.num_sms, " SMs)");
+  }
+
+  ~CudaBackend() override {
+    // Destructors must not throw: errors here are reported by the next CUDA call, if any.
+    cudaStreamSynchronize(ctx_.stream);
+    for (auto& [key, plan] : plans_) {
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+      cublasLtMatmulDescDestroy(plan.op);
+    }
+    cublasLtDestroy(lt_);
+    cudaFree(workspace_);
+    cudaFree(argmax_.partials);
+    cudaFree(argmax_.counter);
+    cudaStreamDestroy(ctx_.stream);
+  }
+
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  BackendKind kind() const override { return BackendKind::cuda; }
+  std::string device_name() const override { return name_; }
+
+  // ---- memory ---------------------------------------------------------------------------------
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      size_t free_bytes = 0, total = 0;
+      cudaGetLastError();
+      cudaMemGetInfo(&free_bytes, &total);
+      MTP_FAIL("ops::cuda: cannot allocate ", bytes, " bytes on device ", device_, " (", free_bytes, " of ",
+               total, " bytes free): ", cudaGetErrorString(err));
+    }
+    return p;
+  }
+  void release(void* ptr) noexcept override {
+    if (ptr) cudaFree(ptr);
+  }
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    MTP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ctx_.stream));
+    MTP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the host buffer may be reused on return
+  }
+  void download(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    MTP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
+    MTP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    MTP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx_.stream));
+  }
+  void fill_bytes(void* dst, uint8_t value, size_t bytes) override {
+    if (bytes == 0) return;
+    MTP_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, ctx_.stream));
+  }
+  void synchronize() override { MTP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
+  void* native_stream() override { return ctx_.stream; }
+
+  // ---- timing ---------------------------------------------------------------------------------
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(ctx_.stream); }
+  double elapsed_ms(const Event& start, const Event& end) override {
+    const auto* s = dynamic_cast<const CudaEvent*>(&start);
+    const auto* e = dynamic_cast<const CudaEvent*>(&end);
+    MTP_REQUIRE(s && e, "ops::cuda::elapsed_ms: an event was not made by the cuda backend");
+    MTP_REQUIRE(s->recorded() && e->recorded(), "ops::cuda::elapsed_ms: event ",
+                s->recorded() ? "end" : "start", " was never recorded");
+    MTP_CUDA_CHECK(cudaEventSynchronize(e->event()));
+    float ms = 0.0f;
+    MTP_CUDA_CHECK(cudaEventElapsedTime(&ms, s->event(), e->event()));
+    return ms;
+  }
+
+  // ---- scalars, norms, elementwise ------------------------------------------------------------
+  void add_i32(const int32_t* src, int32_t add, int32_t* dst) override { cuda::add_i32(ctx_, src, add, dst); }
+  void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) override {
+    cuda::rmsnorm(ctx_, x, w, y, rows, n, eps);
+  }
+  void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
+                     float eps) override {
+    cuda::embed_rmsnorm(ctx_, table, token, w, y, n, eps);
+  }
+  void layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n, float eps) override {
+    cuda::layernorm(ctx_, x, w, b, y, rows, n, eps);
+  }
+  void residual_add(const bf16* x, const float* delta, bf16* y, int n) override {
+    require_n("residual_add", n);
+    cuda::residual_add(ctx_, x, delta, y, n);
+  }
+  void add(const bf16* a, const bf16* b, bf16* y, int n) override {
+    require_n("add", n);
+    cuda::add(ctx_, a, b, y, n);
+  }
+  void to_bf16(const float* x, bf16* y, int n) override {
+    require_n("to_bf16", n);
+    cuda::to_bf16(ctx_, x, y, n);
+  }
+  void accumulate_f32(const float* x, float* y, int n) override {
+    require_n("accumulate_f32", n);
+    cuda::accumulate_f32(ctx_, x, y, n);
+  }
+  void scale_f32(float* x, float s, int n) override {
+    require_n("scale_f32", n);
+    cuda::scale_f32(ctx_, x, s, n);
+  }
+
+  // ---- linear layers --------------------------------------------------------------------------
+  void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode mode) override {
+    linear_any(W, X, Y, false, rows, n_out, k, mode, "linear");
+  }
+  void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k,
+                  RowsMode mode) override {
+    linear_any(W, X, Y, true, rows, n_out, k, mode, "linear_f32");
+  }
+  void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
+                  int k) override {
+    MTP_REQUIRE(rows >= 1, "ops::cuda::linear_fp8: rows = ", rows);
+    MTP_REQUIRE(row_scale, "ops::cuda::linear_fp8: row_scale is null");
+    for (int r = 0; r < rows; ++r) {
+      cuda::gemv_fp8(ctx_, W, row_scale, X + static_cast<size_t>(r) * k, Y + static_cast<size_t>(r) * n_out,
+                     n_out, k);
+    }
+  }
+
+  void head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x, int n, int k,
+                   int64_t index_base, bf16* logits, ArgMax* out) override {
+    require_index_range("head_argmax", index_base, n);
+    MTP_REQUIRE(out, "ops::cuda::head_argmax: out is null");
+    if (W_fp8) {
+      MTP_REQUIRE(row_scale, "ops::cuda::head_argmax: row_scale (FP8 head) is null");
+    } else {
+      MTP_REQUIRE(W, "ops::cuda::head_argmax: W is null");
+    }
+    cuda::head_argmax(ctx_, W, W_fp8, row_scale, x, n, k, index_base, logits, out, argmax_);
+  }
+  void argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) override {
+    require_index_range("argmax", index_base, n);
+    cuda::argmax(ctx_, x, n, index_base, out, argmax_);
+  }
+  void argmax_pack_key(const ArgMax* in, uint64_t* key) override { cuda::argmax_pack_key(ctx_, in, key); }
+  void argmax_unpack_key(const uint64_t* key, int32_t* token) override {
+    cuda::argmax_unpack_key(ctx_, key, token);
+  }
+  void argmax_pick(const ArgMax* pairs, int n, int32_t* token) override {
+    cuda::argmax_pick(ctx_, pairs, n, token);
+  }
+
+  // ---- indexer --------------------------------------------------------------------------------
+  void indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
+                     bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
+                     int P) override {
+    cuda::indexer_store(ctx_, k_normed, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
+  }
+  void indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
+                      float* scores, int n_heads, int D, int P, int max_pools) override {
+    cuda::indexer_scores(ctx_, q, w, pool_keys, pos, scores, n_heads, D, P, max_pools);
+  }
+  void indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
+                      int max_pools) override {
+    cuda::indexer_select(ctx_, scores, pos, selection, K, P, max_pools);
+  }
+
+  // ---- MLA ------------------------------------------------------------------------------------
+  void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) override {
+    require_cache("kv_write", cache);
+    cuda::kv_write(ctx_, c_kv, block_table, pos, cache);
+  }
+  void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
+                    int kv_lora) override {
+    cuda::mla_absorb_q(ctx_, q, W_kvb, q_abs, n_heads, dqk, dv, kv_lora);
+  }
+  void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
+                  KvCache cache, bf16* o_lat, int n_heads, float softmax_scale) override {
+    require_cache("mla_decode", cache);
+    MTP_REQUIRE(n_heads >= 1 && width >= 0, "ops::cuda::mla_decode: n_heads ", n_heads, ", width ", width);
+    const int splits = cuda::mla_decode_splits(ctx_, width, n_heads);
+    float* scratch = static_cast<float*>(
+        mla_scratch_.ensure(sizeof(float) * cuda::mla_decode_scratch_floats(splits, n_heads, cache.kv_lora),
+                            ctx_.stream, "mla_decode"));
+    cuda::mla_decode(ctx_, q_abs, selection, width, block_table, cache, o_lat, n_heads, softmax_scale, splits,
+                     scratch);
+  }
+  void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
+                 int kv_lora) override {
+    MTP_REQUIRE(n_heads >= 1 && dqk >= 0 && dv >= 1 && kv_lora >= 1, "ops::cuda::mla_out_v: n_heads ",
+                n_heads, ", dqk ", dqk, ", dv ", dv, ", kv_lora ", kv_lora);
+    const GemvRowMap map{dv, static_cast<int64_t>(dqk) + dv, dqk, kv_lora};
+    cuda::gemv_bf16(ctx_, W_kvb, o_lat, o, false, n_heads * dv, kv_lora, map);
+  }
+
+  // ---- MoE ------------------------------------------------------------------------------------
+  void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
+                 int topk_group, float scaling, int32_t* idx, float* weights) override {
+    cuda::moe_route(ctx_, logits, bias, num_experts, top_k, n_group, topk_group, scaling, idx, weights);
+  }
+  void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
+                   float limit, float* out) override {
+    MTP_REQUIRE(top_k >= 0 && w.hidden >= 1 && w.inter >= 1 && w.num_local >= 0,
+                "ops::cuda::moe_experts: top_k ", top_k, ", hidden ", w.hidden, ", inter ", w.inter,
+                ", num_local ", w.num_local);
+    MTP_REQUIRE(w.num_local == 0 || (w.gate && w.up && w.down), "ops::cuda::moe_experts: ", w.num_local,
+                " local experts but null weights");
+    bf16* act = static_cast<bf16*>(
+        moe_act_.ensure(sizeof(bf16) * std::max<size_t>(1, static_cast<size_t>(top_k) * w.inter), ctx_.stream,
+                        "moe_experts"));
+    cuda::moe_experts(ctx_, x, w, idx, weights, top_k, limit, act, out);
+  }
+
+ private:
+  static void require_n(const char* op, int n) { MTP_REQUIRE(n >= 1, "ops::cuda::", op, ": n = ", n); }
+  static void require_index_range(const char* op, int64_t index_base, int n) {
+    MTP_REQUIRE(n >= 1, "ops::cuda::", op, ": n = ", n);
+    MTP_REQUIRE(index_base >= 0 && index_base + n - 1 <= std::numeric_limits<int32_t>::max(),
+                "ops::cuda::", op, ": index_base ", index_base, " + ", n - 1,
+                " does not fit a non-negative int32 token id");
+  }
+  static void require_cache(const char* op, const KvCache& cache) {
+    MTP_REQUIRE(cache.data && cache.num_blocks >= 1 && cache.block_size >= 1 && cache.kv_lora >= 1,
+                "ops::cuda::", op, ": cache is empty or has a non-positive size");
+    if (cache.dtype == KvDtype::fp8) {
+      MTP_REQUIRE(std::isfinite(cache.scale) && cache.scale > 0.0f, "ops::cuda::", op, ": FP8 cache scale ",
+                  cache.scale, " must be finite and positive");
+    }
+  }
+
+  void linear_any(const bf16* W, const bf16* X, void* Y, bool f32_out, int rows, int n_out, int k,
+                  RowsMode mode, const char* op) {
+    MTP_REQUIRE(rows >= 1 && n_out >= 1 && k >= 1, "ops::cuda::", op, ": rows ", rows, ", n_out ", n_out,
+                ", k ", k);
+    if (rows > 1 && mode == RowsMode::batched) {
+      gemm(W, X, Y, f32_out, rows, n_out, k);
+      return;
+    }
+    const size_t out_elem = f32_out ? sizeof(float) : sizeof(bf16);
+    for (int r = 0; r < rows; ++r) {
+      cuda::gemv_bf16(ctx_, W, X + static_cast<size_t>(r) * k,
+                      static_cast<uint8_t*>(Y) + static_cast<size_t>(r) * n_out * out_elem, f32_out, n_out, k,
+                      GemvRowMap{n_out, 0, 0, 0});
+    }
+  }
+
+  /// Y[rows, n] = X[rows, k] W[n, k]^T. Column-major view: D(n x rows) = op_T(A: k x n) * B(k x rows).
+  void gemm(const bf16* W, const bf16* X, void* Y, bool f32_out, int rows, int n, int k) {
+    const uint32_t align = std::min({pointer_alignment(W), pointer_alignment(X), pointer_alignment(Y)});
+    const auto key = std::make_tuple(rows, n, k, f32_out, align);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan(rows, n, k, f32_out, align)).first;
+    const GemmPlan& plan = it->second;
+    const float alpha = 1.0f, beta = 0.0f;
+    MTP_CUBLAS_CHECK(cublasLtMatmul(lt_, plan.op, &alpha, W, plan.a, X, plan.b, &beta, Y, plan.c, Y, plan.c,
+                                    &plan.algo, workspace_, kWorkspaceBytes, ctx_.stream));
+  }
+
+  GemmPlan make_plan(int rows, int n, int k, bool f32_out, uint32_t align) {
+    GemmPlan plan;
+    MTP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    MTP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+    MTP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, k));
+    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, rows, k));
+    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, f32_out ? CUDA_R_32F : CUDA_R_16BF, n, rows, n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kWorkspaceBytes;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    try {
+      MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &ws, sizeof(ws)));
+      for (auto attr :
+           {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+        MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align)));
+      }
+      MTP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1,
+                                                      &result, &found));
+    } catch (...) {
+      cublasLtMatmulPreferenceDestroy(pref);
+      throw;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    MTP_REQUIRE(found >= 1, "ops::cuda: cuBLASLt has no algorithm for [", rows, " x ", k, "] x [", n, " x ",
+                k, "]^T with ", f32_out ? "fp32" : "BF16", " output and ", align, "-byte alignment");
+    plan.algo = result.algo;
+    return plan;
+  }
+
+  int device_;
+  std::string name_;
+  LaunchCtx ctx_;
+  cublasLtHandle_t lt_ = nullptr;
+  void* workspace_ = nullptr;
+  ArgmaxScratch argmax_;
+  Scratch moe_act_;
+  Scratch mla_scratch_;
+  std::map<std::tuple<int, int, int, bool, uint32_t>, GemmPlan> plans_;
+};
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
+
+bool cuda_backend_available() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device / no driver" error
+    return false;
+  }
+  return count > 0;
+}
+
+}  // namespace mtplab::ops

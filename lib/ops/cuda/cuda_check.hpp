@@ -1,0 +1,42 @@
+// Checked CUDA and cuBLASLt calls for lib/ops/cuda: every runtime / cuBLASLt call goes through
+// MTP_CUDA_CHECK / MTP_CUBLAS_CHECK, and every kernel launch is followed by MTP_CUDA_LAUNCH_CHECK,
+// so a failure throws mtplab::Error carrying the call, the CUDA error name and string, and the
+// file and line where it was made (not where it was noticed later).
+#pragma once
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include "core/error.hpp"
+
+namespace mtplab::ops::cuda {
+
+[[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  throw ::mtplab::Error(
+      ::mtplab::str("CUDA error ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") in ", expr), file,
+      line);
+}
+
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t st, const char* expr, const char* file, int line) {
+  throw ::mtplab::Error(::mtplab::str("cuBLASLt error ", cublasLtGetStatusName(st), " (",
+                                      cublasLtGetStatusString(st), ") in ", expr),
+                        file, line);
+}
+
+}  // namespace mtplab::ops::cuda
+
+#define MTP_CUDA_CHECK(expr)                                                           \
+  do {                                                                                 \
+    const cudaError_t mtp_cuda_err_ = (expr);                                          \
+    if (mtp_cuda_err_ != cudaSuccess)                                                  \
+      ::mtplab::ops::cuda::throw_cuda_error(mtp_cuda_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+/// After a <<<...>>> launch: reports a bad configuration at the launch site.
+#define MTP_CUDA_LAUNCH_CHECK() MTP_CUDA_CHECK(cudaGetLastError())
+
+#define MTP_CUBLAS_CHECK(expr)                                                            \
+  do {                                                                                    \
+    const cublasStatus_t mtp_cublas_st_ = (expr);                                         \
+    if (mtp_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                          \
+      ::mtplab::ops::cuda::throw_cublas_error(mtp_cublas_st_, #expr, __FILE__, __LINE__); \
+  } while (0)

@@ -1,0 +1,119 @@
+// Device helpers shared by the kernels of lib/ops/cuda: BF16 / FP8 unpacking from 16-byte
+// vectors, streaming loads, warp reductions and the order-preserving argmax key.
+//
+// Invariants:
+// - The argmax key is the CPU reference's (ops/cpu/cpu_math.hpp): high 32 bits map the float
+//   to an unsigned whose order is the float order (-0 canonicalised to +0), low 32 bits ~index,
+//   so an unsigned MAX over keys picks the largest value and, among equals, the lowest index.
+// - Warp sums use a fixed xor butterfly, so a result does not depend on scheduling.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/numeric.hpp"
+
+namespace mtplab::ops::cuda {
+
+constexpr int kWarp = 32;
+
+/// 16-byte load of data read once (weights): skips L1 so the small reused vectors stay there.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+/// 16-byte load of a small, reused, read-only vector (activations).
+__device__ __forceinline__ uint4 load_cached(const void* p) { return __ldg(static_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ float bf16_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float bf16_to_f(bf16 v) {
+  return __uint_as_float(static_cast<uint32_t>(v.bits) << 16);
+}
+
+/// acc + sum of the 8 products of two packed BF16 octets.
+__device__ __forceinline__ float dot_bf16x8(const uint4& w, const uint4& x, float acc) {
+  acc = fmaf(bf16_lo(w.x), bf16_lo(x.x), acc);
+  acc = fmaf(bf16_hi(w.x), bf16_hi(x.x), acc);
+  acc = fmaf(bf16_lo(w.y), bf16_lo(x.y), acc);
+  acc = fmaf(bf16_hi(w.y), bf16_hi(x.y), acc);
+  acc = fmaf(bf16_lo(w.z), bf16_lo(x.z), acc);
+  acc = fmaf(bf16_hi(w.z), bf16_hi(x.z), acc);
+  acc = fmaf(bf16_lo(w.w), bf16_lo(x.w), acc);
+  acc = fmaf(bf16_hi(w.w), bf16_hi(x.w), acc);
+  return acc;
+}
+
+/// Two E4M3 values (low byte first) to floats; exact (E4M3 -> half is exact).
+__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return __half22float2(__half2(h));
+}
+
+/// acc + sum of 4 products: 4 E4M3 weights (one u32) against 4 BF16 activations (two u32).
+__device__ __forceinline__ float dot_fp8x4(uint32_t w, uint32_t x01, uint32_t x23, float acc) {
+  const float2 a = fp8x2_to_float2(w);
+  const float2 b = fp8x2_to_float2(w >> 16);
+  acc = fmaf(a.x, bf16_lo(x01), acc);
+  acc = fmaf(a.y, bf16_hi(x01), acc);
+  acc = fmaf(b.x, bf16_lo(x23), acc);
+  acc = fmaf(b.y, bf16_hi(x23), acc);
+  return acc;
+}
+
+/// acc + sum of 16 products: 16 E4M3 weights against 16 BF16 activations (xa: 0..7, xb: 8..15).
+__device__ __forceinline__ float dot_fp8x16(const uint4& w, const uint4& xa, const uint4& xb, float acc) {
+  acc = dot_fp8x4(w.x, xa.x, xa.y, acc);
+  acc = dot_fp8x4(w.y, xa.z, xa.w, acc);
+  acc = dot_fp8x4(w.z, xb.x, xb.y, acc);
+  acc = dot_fp8x4(w.w, xb.z, xb.w, acc);
+  return acc;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, o);
+    v = other > v ? other : v;
+  }
+  return v;
+}
+
+__device__ __forceinline__ uint32_t order_preserving_u32(float v) {
+  if (v == 0.0f) v = 0.0f;
+  const uint32_t bits = __float_as_uint(v);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+__device__ __forceinline__ float from_order_preserving_u32(uint32_t o) {
+  return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
+}
+__device__ __forceinline__ unsigned long long argmax_key(float v, int32_t index) {
+  return (static_cast<unsigned long long>(order_preserving_u32(v)) << 32) |
+         static_cast<unsigned long long>(~static_cast<uint32_t>(index));
+}
+
+/// Round-to-nearest-even to BF16 (same result as mtplab::to_bf16 on finite values).
+__device__ __forceinline__ bf16 f_to_bf16(float f) {
+  const __nv_bfloat16 h = __float2bfloat16_rn(f);
+  return bf16{__bfloat16_as_ushort(h)};
+}
+__device__ __forceinline__ float round_to_bf16(float f) { return bf16_to_f(f_to_bf16(f)); }
+
+}  // namespace mtplab::ops::cuda

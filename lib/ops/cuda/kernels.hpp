@@ -1,0 +1,100 @@
+// Host launchers of the CUDA kernels (lib/ops/cuda/*.cu). The CudaBackend is the only caller:
+// it validates arguments, owns the scratch buffers and the stream, and passes them in here.
+//
+// Invariants:
+// - Every launcher only enqueues on `ctx.stream` and checks the launch; none synchronises or
+//   reads device memory on the host, so each op can be captured into a CUDA graph.
+// - Positions, tokens, expert ids and selections are read on the device.
+// - Rounding points are those of the CPU reference (lib/ops/cpu, docs/numerics.md): fp32
+//   accumulation, one BF16 rounding per stated output; only summation order differs.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/ops.hpp"
+
+namespace mtplab::ops::cuda {
+
+struct LaunchCtx {
+  cudaStream_t stream = nullptr;
+  int num_sms = 1;
+};
+
+/// Per-block partial keys plus a self-resetting completion counter: the last block of a
+/// multi-block argmax reduces the partials and writes the result (one launch, no memset).
+struct ArgmaxScratch {
+  unsigned long long* partials = nullptr;
+  int capacity = 0;
+  unsigned int* counter = nullptr;  ///< zero between launches (the last block resets it)
+};
+
+/// Output row r reads W row (r / rows_per_group) * group_stride_rows + row_offset + r % rows_per_group
+/// and x + (r / rows_per_group) * x_group_stride. A plain GEMV is one group of n rows; mla_out_v is
+/// n_heads groups of dv rows inside W_kvb.
+struct GemvRowMap {
+  int rows_per_group = 0;
+  int64_t group_stride_rows = 0;
+  int64_t row_offset = 0;
+  int64_t x_group_stride = 0;
+};
+
+// ---- kernels_gemv.cu ----------------------------------------------------------------------------
+/// Largest grid any GEMV / argmax launch uses (so ArgmaxScratch::capacity can be sized once).
+int gemv_max_grid(int num_sms);
+/// y[r] = sum_j W[row(r), j] x[j]; y BF16 (rounded) or fp32. k % 8 == 0, 16-byte aligned rows.
+void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
+               const GemvRowMap& map);
+/// y[r] = bf16(scale[r] * sum_j W[r, j] x[j]) with FP8 E4M3 W. k % 16 == 0.
+void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,
+              int k);
+/// GEMV (BF16 W, or FP8 W with row scales when W_fp8 != null) fused with the argmax of the
+/// BF16-rounded logits; one launch (last-block reduction).
+void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
+                 const bf16* x, int n, int k, int64_t index_base, bf16* logits, ArgMax* out,
+                 const ArgmaxScratch& scratch);
+void argmax(const LaunchCtx& ctx, const bf16* x, int n, int64_t index_base, ArgMax* out,
+            const ArgmaxScratch& scratch);
+void argmax_pack_key(const LaunchCtx& ctx, const ArgMax* in, uint64_t* key);
+void argmax_unpack_key(const LaunchCtx& ctx, const uint64_t* key, int32_t* token);
+void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* token);
+/// Routed experts in two launches (gate/up + activation, then down + weighted combine), expert
+/// ids read on the device. `act` is scratch of top_k * inter BF16.
+void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
+                 const float* weights, int top_k, float limit, bf16* act, float* out);
+
+// ---- kernels_mla.cu -----------------------------------------------------------------------------
+void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk,
+                  int dv, int kv_lora);
+/// Number of row splits mla_decode uses, and the fp32 scratch it needs for them.
+int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads);
+size_t mla_decode_scratch_floats(int splits, int n_heads, int kv_lora);
+void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
+                const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
+                float softmax_scale, int splits, float* scratch);
+void kv_write(const LaunchCtx& ctx, const bf16* c_kv, const int32_t* block_table, const int32_t* pos,
+              const KvCache& cache);
+
+// ---- kernels_small.cu ---------------------------------------------------------------------------
+void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps);
+void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token, const bf16* w, bf16* y,
+                   int n, float eps);
+void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
+               float eps);
+void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, int n);
+void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n);
+void to_bf16(const LaunchCtx& ctx, const float* x, bf16* y, int n);
+void accumulate_f32(const LaunchCtx& ctx, const float* x, float* y, int n);
+void scale_f32(const LaunchCtx& ctx, float* x, float s, int n);
+void add_i32(const LaunchCtx& ctx, const int32_t* src, int32_t add, int32_t* dst);
+void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int num_experts, int top_k,
+               int n_group, int topk_group, float scaling, int32_t* idx, float* weights);
+void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate, const float* ape,
+                   const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys,
+                   int D, int P);
+void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const float* pool_keys,
+                    const int32_t* pos, float* scores, int n_heads, int D, int P, int max_pools);
+void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
+                    int P, int max_pools);
+
+}  // namespace mtplab::ops::cuda

@@ -1,0 +1,454 @@
+// The memory-bound GEMV family: BF16 and FP8 (per-row scaled) GEMV, the draft head with its
+// argmax fused, the standalone argmax and its pack / unpack / pick helpers, and the routed
+// experts (two launches, expert ids read on the device).
+//
+// Invariants:
+// - A warp owns one output row (or 1/kSplit of it); each lane streams 16-byte chunks of the
+//   weight row with kUnroll loads in flight and reads the activation chunk at the same offset
+//   (from L1: the weights bypass it). The split parts of a row are summed in a fixed order, so
+//   results are deterministic; only the summation order differs from the CPU reference.
+// - The grid is capped at what is resident at once (a persistent grid-stride loop over rows),
+//   so a [154880, 4096] head and a [512, 4096] projection both fill the chip; small-n shapes
+//   split k across warps instead of leaving multiprocessors idle.
+// - The fused argmax compares the BF16-rounded logits (as the CPU does) through the packed
+//   64-bit key; the last block to finish reduces the per-block keys and resets the counter,
+//   so the op is one launch and needs no memset between calls (CUDA-graph safe).
+#include <algorithm>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/device_common.cuh"
+#include "ops/cuda/kernels.hpp"
+
+namespace mtplab::ops::cuda {
+namespace {
+
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / kWarp;
+constexpr int kUnroll = 8;          // 16-byte weight loads in flight per lane
+constexpr int kMaxBlocksPerSm = 8;  // 2048 resident threads / 256
+
+enum class OutKind { bf16, f32 };
+
+struct GemvParams {
+  const void* W = nullptr;
+  const float* row_scale = nullptr;
+  const bf16* x = nullptr;
+  void* y = nullptr;  // BF16 or fp32 outputs; may be null for the head (logits not wanted)
+  int64_t n = 0;
+  int k = 0;
+  GemvRowMap map;
+  int64_t index_base = 0;
+  ArgMax* out = nullptr;
+  unsigned long long* partials = nullptr;
+  unsigned int* counter = nullptr;
+};
+
+/// This lane's share of a row dot product over 16-byte chunks [c_begin, c_end) of the row.
+template <bool kFp8>
+__device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, int c_begin, int c_end,
+                                           int lane) {
+  float acc = 0.0f;
+  for (int c = c_begin + lane; c < c_end; c += kWarp * kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int cc = c + u * kWarp;
+      wv[u] = cc < c_end ? load_stream(wrow + static_cast<size_t>(cc) * 16) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int cc = c + u * kWarp;
+      if (cc < c_end) {
+        if constexpr (kFp8) {
+          const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
+          const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
+          acc = dot_fp8x16(wv[u], xa, xb, acc);
+        } else {
+          acc = dot_bf16x8(wv[u], load_cached(x + static_cast<size_t>(cc) * 8), acc);
+        }
+      }
+    }
+  }
+  return acc;
+}
+
+/// Block-wide MAX of the packed keys, then the last block reduces all blocks' keys into `out`.
+__device__ void finish_argmax(unsigned long long best, unsigned long long* partials, unsigned int* counter,
+                              ArgMax* out) {
+  __shared__ unsigned long long warp_best[32];
+  __shared__ bool is_last;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int n_warps = blockDim.x / kWarp;
+  best = warp_max_u64(best);
+  if (lane == 0) warp_best[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long b = 0;
+    for (int w = 0; w < n_warps; ++w) b = warp_best[w] > b ? warp_best[w] : b;
+    partials[blockIdx.x] = b;
+    __threadfence();  // publish the partial before counting this block as done
+    const unsigned int done = atomicAdd(counter, 1u);
+    is_last = (done == gridDim.x - 1);
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  unsigned long long b = 0;
+  for (unsigned int i = threadIdx.x; i < gridDim.x; i += blockDim.x) {
+    const unsigned long long v = __ldcg(partials + i);
+    b = v > b ? v : b;
+  }
+  b = warp_max_u64(b);
+  __syncthreads();
+  if (lane == 0) warp_best[warp] = b;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < n_warps; ++w) b = warp_best[w] > b ? warp_best[w] : b;
+    out->value = from_order_preserving_u32(static_cast<uint32_t>(b >> 32));
+    out->index = static_cast<int32_t>(~static_cast<uint32_t>(b & 0xffffffffull));
+    *counter = 0;  // ready for the next launch (stream order)
+  }
+}
+
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax>
+__global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
+  constexpr int kRowsPerBlock = kGemvWarps / kSplit;
+  constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int part = warp % kSplit;
+  const int local_row = warp / kSplit;
+  const int n_chunks = p.k / kElemsPerChunk;
+  const int c_begin = static_cast<int>(static_cast<int64_t>(part) * n_chunks / kSplit);
+  const int c_end = static_cast<int>(static_cast<int64_t>(part + 1) * n_chunks / kSplit);
+  const size_t row_bytes = static_cast<size_t>(p.k) * (kFp8 ? 1 : 2);
+  __shared__ float partial[kGemvWarps];
+  unsigned long long best = 0;
+
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < p.n;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t r = base + local_row;
+    float acc = 0.0f;
+    if (r < p.n) {
+      const int64_t group = r / p.map.rows_per_group;
+      const int64_t within = r - group * p.map.rows_per_group;
+      const int64_t wrow = group * p.map.group_stride_rows + p.map.row_offset + within;
+      acc = slice_dot<kFp8>(static_cast<const uint8_t*>(p.W) + wrow * row_bytes,
+                            p.x + group * p.map.x_group_stride, c_begin, c_end, lane);
+      acc = warp_sum(acc);
+    }
+    if constexpr (kSplit > 1) {
+      if (lane == 0) partial[warp] = acc;
+      __syncthreads();
+      if (part == 0) {
+        acc = partial[warp];
+#pragma unroll
+        for (int s = 1; s < kSplit; ++s) acc += partial[warp + s];
+      }
+      __syncthreads();
+    }
+    if (part == 0 && lane == 0 && r < p.n) {
+      if constexpr (kFp8) acc = p.row_scale[r] * acc;
+      if constexpr (kOut == OutKind::f32) {
+        static_cast<float*>(p.y)[r] = acc;
+      } else {
+        const bf16 v = f_to_bf16(acc);
+        if (p.y) static_cast<bf16*>(p.y)[r] = v;
+        if constexpr (kArgmax) {
+          const unsigned long long key = argmax_key(bf16_to_f(v), static_cast<int32_t>(p.index_base + r));
+          best = key > best ? key : best;
+        }
+      }
+    }
+  }
+  if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out);
+}
+
+/// Warps that keep the chip's memory system busy: below that, split each row across warps.
+int choose_split(int64_t n, int n_chunks, int num_sms) {
+  const int64_t target_warps = static_cast<int64_t>(num_sms) * 32;
+  int split = 1;
+  while (split < 8 && n * split < target_warps && n_chunks / (split * 2) >= 2 * kWarp) split *= 2;
+  return split;
+}
+
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax>
+void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  constexpr int kRowsPerBlock = kGemvWarps / kSplit;
+  static const int blocks_per_sm = [] {
+    int b = 0;
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel<kFp8, kSplit, kOut, kArgmax>,
+                                                                 kGemvThreads, 0));
+    return std::max(1, std::min(b, kMaxBlocksPerSm));
+  }();
+  const int64_t needed = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
+  int64_t grid = std::min<int64_t>(needed, static_cast<int64_t>(blocks_per_sm) * ctx.num_sms);
+  if (grid_cap > 0) grid = std::min<int64_t>(grid, grid_cap);
+  gemv_kernel<kFp8, kSplit, kOut, kArgmax><<<static_cast<unsigned>(grid), kGemvThreads, 0, ctx.stream>>>(p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+template <bool kFp8, OutKind kOut, bool kArgmax>
+void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  const int n_chunks = p.k / (kFp8 ? 16 : 8);
+  switch (choose_split(p.n, n_chunks, ctx.num_sms)) {
+    case 1:
+      return launch_gemv_split<kFp8, 1, kOut, kArgmax>(ctx, p, grid_cap);
+    case 2:
+      return launch_gemv_split<kFp8, 2, kOut, kArgmax>(ctx, p, grid_cap);
+    case 4:
+      return launch_gemv_split<kFp8, 4, kOut, kArgmax>(ctx, p, grid_cap);
+    default:
+      return launch_gemv_split<kFp8, 8, kOut, kArgmax>(ctx, p, grid_cap);
+  }
+}
+
+void require_aligned(const char* op, const char* what, const void* p) {
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0, "ops::cuda::", op, ": ", what,
+              " is not 16-byte aligned (the GEMV kernels load 16-byte vectors)");
+}
+
+// ---- argmax of a BF16 vector ----------------------------------------------------------------------
+
+constexpr int kArgmaxThreads = 256;
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const bf16* x, int n, int64_t index_base, ArgMax* out, unsigned long long* partials,
+                  unsigned int* counter) {
+  unsigned long long best = 0;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const unsigned long long key = argmax_key(bf16_to_f(x[i]), static_cast<int32_t>(index_base + i));
+    best = key > best ? key : best;
+  }
+  finish_argmax(best, partials, counter, out);
+}
+
+__global__ void pack_key_kernel(const ArgMax* in, uint64_t* key) { *key = argmax_key(in->value, in->index); }
+__global__ void unpack_key_kernel(const uint64_t* key, int32_t* token) {
+  *token = static_cast<int32_t>(~static_cast<uint32_t>(*key & 0xffffffffull));
+}
+/// Largest value, lowest index on ties (the CPU's comparison, applied to pairs in any order).
+__global__ void pick_kernel(const ArgMax* pairs, int n, int32_t* token) {
+  ArgMax best = pairs[0];
+  for (int i = 1; i < n; ++i) {
+    const ArgMax p = pairs[i];
+    if (p.value > best.value || (p.value == best.value && p.index < best.index)) best = p;
+  }
+  *token = best.index;
+}
+
+// ---- routed experts ---------------------------------------------------------------------------------
+
+constexpr int kMoeThreads = 256;
+constexpr int kMoeUnroll = 4;
+
+/// act[s, i] = bf16(silu(min(g, L)) * clamp(u, -L, L)), g / u the BF16-rounded gate / up rows of
+/// the expert in slot s; zero for slots whose expert another rank owns. One warp per (s, i).
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_gate_up_kernel(const bf16* x, const bf16* gate, const bf16* up, int first_expert, int num_local,
+                       int H, int I, const int32_t* idx, int top_k, float limit, bf16* act) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  const int n_chunks = H / 8;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+       t < static_cast<int64_t>(top_k) * I; t += warps_total) {
+    const int s = static_cast<int>(t / I);
+    const int i = static_cast<int>(t - static_cast<int64_t>(s) * I);
+    const int local = idx[s] - first_expert;
+    if (local < 0 || local >= num_local) {
+      if (lane == 0) act[t] = bf16{0};
+      continue;
+    }
+    const size_t row = (static_cast<size_t>(local) * I + i) * H;
+    const bf16* g_row = gate + row;
+    const bf16* u_row = up + row;
+    float g = 0.0f, u = 0.0f;
+    for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
+      uint4 gv[kMoeUnroll], uv[kMoeUnroll];
+#pragma unroll
+      for (int q = 0; q < kMoeUnroll; ++q) {
+        const int cc = c + q * kWarp;
+        gv[q] = cc < n_chunks ? load_stream(g_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+        uv[q] = cc < n_chunks ? load_stream(u_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int q = 0; q < kMoeUnroll; ++q) {
+        const int cc = c + q * kWarp;
+        if (cc < n_chunks) {
+          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
+          g = dot_bf16x8(gv[q], xv, g);
+          u = dot_bf16x8(uv[q], xv, u);
+        }
+      }
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) {
+      g = round_to_bf16(g);
+      u = round_to_bf16(u);
+      if (limit > 0.0f) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+      }
+      act[t] = f_to_bf16(g / (1.0f + expf(-g)) * u);
+    }
+  }
+}
+
+/// out[h] = sum over owned slots s, in slot order, of weights[s] * bf16(W_down,s[h] . act[s]).
+/// One warp per output h; the slots' rows are read back to back.
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_down_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
+                    const float* weights, int top_k, const bf16* act, float* out) {
+  const int lane = threadIdx.x % kWarp;
+  const int warps_total = gridDim.x * (blockDim.x / kWarp);
+  const int n_chunks = I / 8;
+  for (int h = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; h < H; h += warps_total) {
+    float total = 0.0f;
+    for (int s = 0; s < top_k; ++s) {
+      const int local = idx[s] - first_expert;
+      if (local < 0 || local >= num_local) continue;
+      const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
+      const bf16* a = act + static_cast<size_t>(s) * I;
+      float d = 0.0f;
+      for (int c = lane; c < n_chunks; c += kWarp * kUnroll) {
+        uint4 dv[kUnroll];
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int cc = c + q * kWarp;
+          dv[q] = cc < n_chunks ? load_stream(d_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int cc = c + q * kWarp;
+          if (cc < n_chunks) d = dot_bf16x8(dv[q], load_cached(a + static_cast<size_t>(cc) * 8), d);
+        }
+      }
+      d = warp_sum(d);
+      total += weights[s] * round_to_bf16(d);
+    }
+    if (lane == 0) out[h] = total;
+  }
+}
+
+}  // namespace
+
+int gemv_max_grid(int num_sms) { return num_sms * kMaxBlocksPerSm; }
+
+void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
+               const GemvRowMap& map) {
+  MTP_REQUIRE(n >= 1 && k >= 1 && k % 8 == 0, "ops::cuda::gemv_bf16: n = ", n, ", k = ", k,
+              " (k must be a positive multiple of 8)");
+  require_aligned("gemv_bf16", "W", W);
+  require_aligned("gemv_bf16", "x", x);
+  GemvParams p;
+  p.W = W;
+  p.x = x;
+  p.y = y;
+  p.n = n;
+  p.k = k;
+  p.map = map;
+  if (f32_out) {
+    launch_gemv<false, OutKind::f32, false>(ctx, p, 0);
+  } else {
+    launch_gemv<false, OutKind::bf16, false>(ctx, p, 0);
+  }
+}
+
+void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,
+              int k) {
+  MTP_REQUIRE(n >= 1 && k >= 1 && k % 16 == 0, "ops::cuda::gemv_fp8: n = ", n, ", k = ", k,
+              " (k must be a positive multiple of 16)");
+  require_aligned("gemv_fp8", "W", W);
+  require_aligned("gemv_fp8", "x", x);
+  GemvParams p;
+  p.W = W;
+  p.row_scale = row_scale;
+  p.x = x;
+  p.y = y;
+  p.n = n;
+  p.k = k;
+  p.map = GemvRowMap{n, 0, 0, 0};
+  launch_gemv<true, OutKind::bf16, false>(ctx, p, 0);
+}
+
+void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
+                 const bf16* x, int n, int k, int64_t index_base, bf16* logits, ArgMax* out,
+                 const ArgmaxScratch& scratch) {
+  const bool fp8 = W_fp8 != nullptr;
+  MTP_REQUIRE(n >= 1 && k >= 1 && k % (fp8 ? 16 : 8) == 0, "ops::cuda::head_argmax: n = ", n, ", k = ", k,
+              " (k must be a positive multiple of ", fp8 ? 16 : 8, ")");
+  require_aligned("head_argmax", "W", fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W));
+  require_aligned("head_argmax", "x", x);
+  GemvParams p;
+  p.W = fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W);
+  p.row_scale = row_scale;
+  p.x = x;
+  p.y = logits;
+  p.n = n;
+  p.k = k;
+  p.map = GemvRowMap{n, 0, 0, 0};
+  p.index_base = index_base;
+  p.out = out;
+  p.partials = scratch.partials;
+  p.counter = scratch.counter;
+  if (fp8) {
+    launch_gemv<true, OutKind::bf16, true>(ctx, p, scratch.capacity);
+  } else {
+    launch_gemv<false, OutKind::bf16, true>(ctx, p, scratch.capacity);
+  }
+}
+
+void argmax(const LaunchCtx& ctx, const bf16* x, int n, int64_t index_base, ArgMax* out,
+            const ArgmaxScratch& scratch) {
+  MTP_REQUIRE(n >= 1, "ops::cuda::argmax: n = ", n);
+  const int per_block = kArgmaxThreads * 16;
+  const int grid =
+      std::max(1, std::min({(n + per_block - 1) / per_block, 2 * ctx.num_sms, scratch.capacity}));
+  argmax_kernel<<<grid, kArgmaxThreads, 0, ctx.stream>>>(x, n, index_base, out, scratch.partials,
+                                                         scratch.counter);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void argmax_pack_key(const LaunchCtx& ctx, const ArgMax* in, uint64_t* key) {
+  pack_key_kernel<<<1, 1, 0, ctx.stream>>>(in, key);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void argmax_unpack_key(const LaunchCtx& ctx, const uint64_t* key, int32_t* token) {
+  unpack_key_kernel<<<1, 1, 0, ctx.stream>>>(key, token);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* token) {
+  MTP_REQUIRE(n >= 1, "ops::cuda::argmax_pick: n = ", n);
+  pick_kernel<<<1, 1, 0, ctx.stream>>>(pairs, n, token);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
+                 const float* weights, int top_k, float limit, bf16* act, float* out) {
+  const int H = w.hidden;
+  const int I = w.inter;
+  MTP_REQUIRE(H % 8 == 0 && I % 8 == 0, "ops::cuda::moe_experts: hidden ", H, " and inter ", I,
+              " must be multiples of 8");
+  require_aligned("moe_experts", "x", x);
+  const int warps_per_block = kMoeThreads / kWarp;
+  if (top_k == 0) {
+    MTP_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(H), ctx.stream));
+    return;
+  }
+  const int64_t tasks = static_cast<int64_t>(top_k) * I;
+  const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
+                                                       static_cast<int64_t>(ctx.num_sms) * 8));
+  moe_gate_up_kernel<<<grid1, kMoeThreads, 0, ctx.stream>>>(x, w.gate, w.up, w.first_expert, w.num_local, H,
+                                                            I, idx, top_k, limit, act);
+  MTP_CUDA_LAUNCH_CHECK();
+  const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
+  moe_down_kernel<<<grid2, kMoeThreads, 0, ctx.stream>>>(w.down, w.first_expert, w.num_local, H, I, idx,
+                                                         weights, top_k, act, out);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mtplab::ops::cuda

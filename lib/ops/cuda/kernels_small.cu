@@ -1,0 +1,544 @@
+// Small kernels: norms (one block per row), elementwise ops, device-side scalars, the MoE
+// router (one warp), and the pooled lightning indexer (row store + pool key, pool scores, the
+// top-k pool selection).
+//
+// Invariants:
+// - Elementwise arithmetic after a reduction uses the CPU reference's operation order with
+//   explicit round-to-nearest intrinsics (no FMA contraction), so outputs differ from the CPU
+//   only through the reduction order and the device expf.
+// - The selection is exact: a block-wide radix select on the order-preserving 32-bit score key
+//   finds the K/P-th largest score; all larger ones are taken, and the lowest-index equals fill
+//   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/device_common.cuh"
+#include "ops/cuda/kernels.hpp"
+
+namespace mtplab::ops::cuda {
+namespace {
+
+constexpr int kNormThreads = 256;
+
+/// Sum over the block (any blockDim multiple of 32, up to 1024); every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float s_part[32];
+  __shared__ float s_total;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  v = warp_sum(v);
+  if (lane == 0) s_part[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) t += s_part[w];
+    s_total = t;
+  }
+  __syncthreads();
+  const float total = s_total;
+  __syncthreads();  // s_part / s_total may be reused by the next call
+  return total;
+}
+
+/// y = bf16(w * (x * r)), r = 1 / sqrt(mean(x^2) + eps). x and y may alias (all reads of x for the
+/// sum finish at the barrier inside block_sum; each thread then rewrites only its own elements).
+__device__ void rmsnorm_row(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = bf16_to_f(x[i]);
+    ss = fmaf(v, v, ss);
+  }
+  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    y[i] = f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(x[i]), r)));
+  }
+}
+
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  rmsnorm_row(x + off, w, y + off, n, eps);
+}
+
+__global__ void __launch_bounds__(kNormThreads)
+    embed_rmsnorm_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps) {
+  rmsnorm_row(table + static_cast<size_t>(token[0]) * n, w, y, n, eps);
+}
+
+/// y = bf16(((x - mean) * r) * w + b), two-pass mean / biased variance, as the CPU.
+__global__ void __launch_bounds__(kNormThreads)
+    layernorm_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  x += off;
+  y += off;
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) s += bf16_to_f(x[i]);
+  const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
+  float sq = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float d = __fsub_rn(bf16_to_f(x[i]), mean);
+    sq = fmaf(d, d, sq);
+  }
+  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float d = __fsub_rn(bf16_to_f(x[i]), mean);
+    y[i] = f_to_bf16(__fadd_rn(__fmul_rn(__fmul_rn(d, r), bf16_to_f(w[i])), bf16_to_f(b[i])));
+  }
+}
+
+// ---- elementwise -------------------------------------------------------------------------------
+
+constexpr int kEltThreads = 256;
+
+__global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    y[i] = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
+}
+__global__ void add_kernel(const bf16* a, const bf16* b, bf16* y, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    y[i] = f_to_bf16(__fadd_rn(bf16_to_f(a[i]), bf16_to_f(b[i])));
+}
+__global__ void to_bf16_kernel(const float* x, bf16* y, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    y[i] = f_to_bf16(x[i]);
+}
+__global__ void accumulate_f32_kernel(const float* x, float* y, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    y[i] = __fadd_rn(y[i], x[i]);
+}
+__global__ void scale_f32_kernel(float* x, float s, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    x[i] = __fmul_rn(x[i], s);
+}
+__global__ void add_i32_kernel(const int32_t* src, int32_t add, int32_t* dst) {
+  dst[0] = static_cast<int32_t>(static_cast<int64_t>(src[0]) + add);
+}
+
+int elt_grid(const LaunchCtx& ctx, int n) {
+  return std::max(1, std::min((n + kEltThreads - 1) / kEltThreads, ctx.num_sms * 8));
+}
+
+// ---- MoE router ----------------------------------------------------------------------------------
+
+/// One warp. Shared memory: s[E], biased[E], chosen s[top_k], group scores (fp32), taken[E] and
+/// group_kept[n_group] (bytes). Top-k by rounds of a warp argmax on the packed key.
+__global__ void moe_route_kernel(const float* logits, const float* bias, int E, int top_k, int n_group,
+                                 int topk_group, float scaling, int32_t* idx, float* weights) {
+  extern __shared__ float smem[];
+  float* s = smem;
+  float* biased = smem + E;
+  float* chosen_s = smem + 2 * E;                                      // [top_k]
+  float* group_score = chosen_s + top_k;                               // [n_group]
+  uint8_t* taken = reinterpret_cast<uint8_t*>(group_score + n_group);  // [E]
+  uint8_t* group_kept = taken + E;                                     // [n_group]
+  const int lane = threadIdx.x;
+  for (int e = lane; e < E; e += kWarp) {
+    const float v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logits[e])));
+    s[e] = v;
+    biased[e] = __fadd_rn(v, bias ? bias[e] : 0.0f);
+    taken[e] = 0;
+  }
+  __syncwarp();
+  if (n_group > 1) {
+    const int gs = E / n_group;
+    for (int g = lane; g < n_group; g += kWarp) {
+      float top1 = -INFINITY, top2 = -INFINITY;
+      for (int e = g * gs; e < (g + 1) * gs; ++e) {
+        const float v = biased[e];
+        if (v > top1) {
+          top2 = top1;
+          top1 = v;
+        } else if (v > top2) {
+          top2 = v;
+        }
+      }
+      group_score[g] = __fadd_rn(top1, top2);
+    }
+    __syncwarp();
+    // Keep topk_group groups: rounds of a warp argmax over the groups not yet kept (ties: lower
+    // group id, as the CPU's stable sort).
+    for (int g = lane; g < n_group; g += kWarp) group_kept[g] = 0;
+    __syncwarp();
+    for (int round = 0; round < topk_group; ++round) {
+      unsigned long long best = 0;
+      for (int g = lane; g < n_group; g += kWarp) {
+        if (group_kept[g]) continue;
+        const unsigned long long key = argmax_key(group_score[g], g);
+        best = key > best ? key : best;
+      }
+      best = warp_max_u64(best);
+      if (lane == 0) group_kept[~static_cast<uint32_t>(best & 0xffffffffull)] = 1;
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += kWarp)
+      if (!group_kept[e / gs]) biased[e] = -INFINITY;
+    __syncwarp();
+  }
+  for (int round = 0; round < top_k; ++round) {
+    unsigned long long best = 0;
+    for (int e = lane; e < E; e += kWarp) {
+      if (taken[e]) continue;
+      const unsigned long long key = argmax_key(biased[e], e);
+      best = key > best ? key : best;
+    }
+    best = warp_max_u64(best);
+    const int e = static_cast<int>(~static_cast<uint32_t>(best & 0xffffffffull));
+    if (lane == 0) {
+      taken[e] = 1;
+      idx[round] = e;
+      chosen_s[round] = s[e];
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < top_k; ++i) sum = __fadd_rn(sum, chosen_s[i]);
+    for (int i = 0; i < top_k; ++i) weights[i] = __fmul_rn(__fdiv_rn(chosen_s[i], sum), scaling);
+  }
+}
+
+// ---- indexer: store + pool key ----------------------------------------------------------------------
+
+__global__ void indexer_store_kernel(const bf16* k_normed, const float* gate, const float* ape,
+                                     const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid,
+                                     float* pool_keys, int D, int P) {
+  const int64_t p = pos[0];
+  const size_t row = static_cast<size_t>(p) * D;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    k_cache[row + c] = k_normed[c];
+    gate_cache[row + c] = gate[c];
+  }
+  if (threadIdx.x == 0) valid[p] = 1;
+  if (p % P != P - 1) return;
+  const int64_t j = p / P;
+  const int64_t first = j * P;
+  // Row p's own values come from the inputs, the pool's earlier rows from the cache.
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    float max_logit = -INFINITY;
+    for (int m = 0; m < P; ++m) {
+      const float g = (m == P - 1) ? gate[c] : gate_cache[static_cast<size_t>(first + m) * D + c];
+      max_logit = fmaxf(max_logit, __fadd_rn(g, ape[static_cast<size_t>(m) * D + c]));
+    }
+    float denom = 0.0f;
+    for (int m = 0; m < P; ++m) {
+      const float g = (m == P - 1) ? gate[c] : gate_cache[static_cast<size_t>(first + m) * D + c];
+      denom = __fadd_rn(denom, expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit)));
+    }
+    float acc = 0.0f;
+    for (int m = 0; m < P; ++m) {
+      const float g = (m == P - 1) ? gate[c] : gate_cache[static_cast<size_t>(first + m) * D + c];
+      const float e = expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit));
+      const float k =
+          (m == P - 1) ? bf16_to_f(k_normed[c]) : bf16_to_f(k_cache[static_cast<size_t>(first + m) * D + c]);
+      acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(e, denom), k));
+    }
+    pool_keys[static_cast<size_t>(j) * D + c] = acc;
+  }
+}
+
+// ---- indexer: pool scores ----------------------------------------------------------------------------
+
+constexpr int kScoreThreads = 256;
+constexpr int kScoreWarps = kScoreThreads / kWarp;
+constexpr int kPoolsPerWarp = 4;
+
+/// A warp scores 4 pools at once: lane h holds head h's query row (shared memory, padded for
+/// conflict-free 16-byte reads) and the 4 keys are broadcast [c][pool] from shared memory, so
+/// each query load feeds 4 pools. Non-candidates get -inf.
+__global__ void __launch_bounds__(kScoreThreads)
+    indexer_scores_kernel(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
+                          float* scores, int n_heads, int D, int P, int max_pools) {
+  extern __shared__ float4 smem_vec[];  // float4: the 16-byte reads below need the alignment
+  float* smem = reinterpret_cast<float*>(smem_vec);
+  const int qstride = D + 4;
+  float* q_s = smem;                                          // [n_heads][D + 4]
+  float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads]
+  float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
+  for (int i = threadIdx.x; i < n_heads * D; i += blockDim.x) q_s[(i / D) * qstride + i % D] = q[i];
+  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
+  __syncthreads();
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int n_cand = min(static_cast<int>((static_cast<int64_t>(pos[0]) + 1) / P), max_pools);
+  const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
+  float* my_keys = key_s + static_cast<size_t>(warp) * D * kPoolsPerWarp;
+  const int stride = gridDim.x * kScoreWarps * kPoolsPerWarp;
+  for (int j0 = (blockIdx.x * kScoreWarps + warp) * kPoolsPerWarp; j0 < max_pools; j0 += stride) {
+    if (j0 >= n_cand) {
+      for (int p = lane; p < kPoolsPerWarp; p += kWarp)
+        if (j0 + p < max_pools) scores[j0 + p] = -INFINITY;
+      continue;
+    }
+    for (int i = lane; i < kPoolsPerWarp * D; i += kWarp) {
+      const int p = i / D;
+      const int c = i % D;
+      my_keys[c * kPoolsPerWarp + p] =
+          (j0 + p < n_cand) ? pool_keys[static_cast<size_t>(j0 + p) * D + c] : 0.0f;
+    }
+    __syncwarp();
+    float total[kPoolsPerWarp] = {};
+    for (int h = lane; h < n_heads; h += kWarp) {
+      float dot[kPoolsPerWarp] = {};
+      const float* qh = q_s + static_cast<size_t>(h) * qstride;
+      for (int c = 0; c < D; c += 4) {
+        const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
+        const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+        for (int cc = 0; cc < 4; ++cc) {
+          const float4 k4 = *reinterpret_cast<const float4*>(my_keys + (c + cc) * kPoolsPerWarp);
+          dot[0] = fmaf(qv[cc], k4.x, dot[0]);
+          dot[1] = fmaf(qv[cc], k4.y, dot[1]);
+          dot[2] = fmaf(qv[cc], k4.z, dot[2]);
+          dot[3] = fmaf(qv[cc], k4.w, dot[3]);
+        }
+      }
+#pragma unroll
+      for (int p = 0; p < kPoolsPerWarp; ++p) total[p] += w_s[h] * fmaxf(dot[p] * inv_sqrt_d, 0.0f);
+    }
+#pragma unroll
+    for (int p = 0; p < kPoolsPerWarp; ++p) total[p] = warp_sum(total[p]);
+    if (lane < kPoolsPerWarp) {
+      const int j = j0 + lane;
+      float v = total[0];
+#pragma unroll
+      for (int p = 1; p < kPoolsPerWarp; ++p)
+        if (lane == p) v = total[p];
+      if (j < max_pools) scores[j] = j < n_cand ? v : -INFINITY;
+    }
+    __syncwarp();
+  }
+}
+
+// ---- indexer: selection ------------------------------------------------------------------------------
+
+constexpr int kSelectThreads = 1024;
+
+/// Inclusive block scan of u64 over 1024 threads (every thread gets its prefix); also returns the total.
+__device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long long* total) {
+  __shared__ unsigned long long s_warp[32];
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const unsigned long long up = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += up;
+  }
+  if (lane == kWarp - 1) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const int n_warps = blockDim.x / kWarp;
+    unsigned long long t = lane < n_warps ? s_warp[lane] : 0ull;
+#pragma unroll
+    for (int o = 1; o < kWarp; o <<= 1) {
+      const unsigned long long up = __shfl_up_sync(0xffffffffu, t, o);
+      if (lane >= o) t += up;
+    }
+    if (lane < n_warps) s_warp[lane] = t;
+  }
+  __syncthreads();
+  if (warp > 0) v += s_warp[warp - 1];
+  *total = s_warp[blockDim.x / kWarp - 1];
+  __syncthreads();
+  return v;
+}
+
+__global__ void __launch_bounds__(kSelectThreads)
+    indexer_select_kernel(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
+                          int max_pools) {
+  __shared__ unsigned int hist[256];
+  __shared__ unsigned int s_digit;
+  __shared__ unsigned int s_need;
+  const int tid = threadIdx.x;
+  const int64_t p = pos[0];
+  const int n_cand = static_cast<int>(min(static_cast<int64_t>(max_pools), (p + 1) / P));
+  const int n_sel = min(K / P, n_cand);
+  const int width = K + P - 1;
+  const bool take_all = n_sel == n_cand;
+
+  // Radix select, 8 bits at a time from the top: threshold = key of the n_sel-th largest score.
+  uint32_t prefix = 0;
+  uint32_t need = static_cast<uint32_t>(n_sel);       // how many of the keys matching `prefix` to take
+  if (!take_all && n_sel == 0) prefix = 0xffffffffu;  // K < P: nothing is selected (need stays 0)
+  if (!take_all && n_sel > 0) {
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+      for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+      __syncthreads();
+      // The loop bound is uniform across the block, so every warp is converged at the match;
+      // lanes with the same bin add once (the lowest), which spares the atomics on heavy ties.
+      for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
+        const int j = j0 + tid;
+        const uint32_t key = j < n_cand ? order_preserving_u32(scores[j]) : 0u;
+        const bool match = j < n_cand && (key & high_mask) == prefix;
+        const unsigned int bin = (key >> shift) & 0xffu;
+        const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
+        if (match && (__ffs(peers) - 1) == (tid % kWarp)) atomicAdd(&hist[bin], __popc(peers));
+      }
+      __syncthreads();
+      // Descending digits: thread t < 256 looks at digit 255 - t; inclusive scan from the top.
+      unsigned long long total;
+      const unsigned long long cnt = tid < 256 ? hist[255 - tid] : 0ull;
+      const unsigned long long incl = block_scan_u64(cnt, &total);
+      if (tid < 256 && incl >= need && incl - cnt < need) {
+        s_digit = 255u - tid;
+        s_need = need - static_cast<uint32_t>(incl - cnt);
+      }
+      __syncthreads();
+      prefix |= s_digit << shift;
+      need = s_need;
+      __syncthreads();
+    }
+  }
+  // Now: keys > prefix are taken, and the first `need` keys == prefix in pool order.
+  const int per = (n_cand + kSelectThreads - 1) / kSelectThreads;
+  const int j_begin = min(n_cand, tid * per);
+  const int j_end = min(n_cand, j_begin + per);
+  unsigned long long gt = 0, eq = 0;
+  if (!take_all) {
+    for (int j = j_begin; j < j_end; ++j) {
+      const uint32_t key = order_preserving_u32(scores[j]);
+      gt += key > prefix;
+      eq += key == prefix;
+    }
+  }
+  unsigned long long total;
+  const unsigned long long incl = block_scan_u64(gt | (eq << 32), &total);
+  unsigned long long gt_before = (incl - (gt | (eq << 32))) & 0xffffffffull;
+  unsigned long long eq_before = (incl - (gt | (eq << 32))) >> 32;
+  for (int j = j_begin; j < j_end; ++j) {
+    bool take;
+    int64_t out;
+    if (take_all) {
+      take = true;
+      out = j;
+    } else {
+      const uint32_t key = order_preserving_u32(scores[j]);
+      out = static_cast<int64_t>(gt_before) + static_cast<int64_t>(eq_before < need ? eq_before : need);
+      take = key > prefix || (key == prefix && eq_before < need);
+      gt_before += key > prefix;
+      eq_before += key == prefix;
+    }
+    if (take) {
+      for (int m = 0; m < P; ++m)
+        selection[out * P + m] = static_cast<int32_t>(static_cast<int64_t>(j) * P + m);
+    }
+  }
+  // The incomplete tail, then padding.
+  const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
+  const int64_t base = static_cast<int64_t>(n_sel) * P;
+  int64_t n_tail = p + 1 - tail_first;
+  if (n_tail > width - base) n_tail = width - base;
+  if (n_tail < 0) n_tail = 0;
+  for (int64_t i = tid; i < n_tail; i += blockDim.x)
+    selection[base + i] = static_cast<int32_t>(tail_first + i);
+  for (int64_t i = base + n_tail + tid; i < width; i += blockDim.x) selection[i] = -1;
+}
+
+}  // namespace
+
+void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
+  MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
+  rmsnorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, y, n, eps);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token, const bf16* w, bf16* y,
+                   int n, float eps) {
+  MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
+  embed_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
+               float eps) {
+  MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
+  layernorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, int n) {
+  residual_add_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, delta, y, n);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n) {
+  add_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(a, b, y, n);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+void to_bf16(const LaunchCtx& ctx, const float* x, bf16* y, int n) {
+  to_bf16_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, y, n);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+void accumulate_f32(const LaunchCtx& ctx, const float* x, float* y, int n) {
+  accumulate_f32_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, y, n);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+void scale_f32(const LaunchCtx& ctx, float* x, float s, int n) {
+  scale_f32_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, s, n);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+void add_i32(const LaunchCtx& ctx, const int32_t* src, int32_t add, int32_t* dst) {
+  add_i32_kernel<<<1, 1, 0, ctx.stream>>>(src, add, dst);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int num_experts, int top_k,
+               int n_group, int topk_group, float scaling, int32_t* idx, float* weights) {
+  MTP_REQUIRE(num_experts >= 1 && top_k >= 1 && top_k <= num_experts && n_group >= 1,
+              "ops::cuda::moe_route: num_experts ", num_experts, ", top_k ", top_k, ", n_group ", n_group);
+  if (n_group > 1) {
+    MTP_REQUIRE(num_experts % n_group == 0 && num_experts / n_group >= 2 && topk_group >= 1 &&
+                    topk_group <= n_group && top_k <= topk_group * (num_experts / n_group),
+                "ops::cuda::moe_route: bad group limit (num_experts ", num_experts, ", n_group ", n_group,
+                ", topk_group ", topk_group, ", top_k ", top_k, ")");
+  }
+  const size_t smem =
+      sizeof(float) * (2 * static_cast<size_t>(num_experts) + top_k + n_group) + num_experts + n_group;
+  MTP_REQUIRE(smem <= 48 * 1024, "ops::cuda::moe_route: ", num_experts,
+              " experts exceed the router's shared memory");
+  moe_route_kernel<<<1, kWarp, smem, ctx.stream>>>(logits, bias, num_experts, top_k, n_group, topk_group,
+                                                   scaling, idx, weights);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate, const float* ape,
+                   const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys,
+                   int D, int P) {
+  MTP_REQUIRE(D >= 1 && P >= 1, "ops::cuda::indexer_store: D ", D, ", P ", P);
+  indexer_store_kernel<<<1, std::min(1024, ((D + 31) / 32) * 32), 0, ctx.stream>>>(
+      k_normed, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const float* pool_keys,
+                    const int32_t* pos, float* scores, int n_heads, int D, int P, int max_pools) {
+  MTP_REQUIRE(n_heads >= 1 && D >= 4 && D % 4 == 0 && P >= 1 && max_pools >= 1,
+              "ops::cuda::indexer_scores: n_heads ", n_heads, ", D ", D, " (a multiple of 4), P ", P,
+              ", max_pools ", max_pools);
+  const size_t smem = sizeof(float) * (static_cast<size_t>(n_heads) * (D + 4) + ((n_heads + 3) / 4) * 4 +
+                                       static_cast<size_t>(kScoreWarps) * D * kPoolsPerWarp);
+  MTP_REQUIRE(smem <= 200 * 1024, "ops::cuda::indexer_scores: ", n_heads, " heads x ", D,
+              " do not fit in shared memory");
+  if (smem > 48 * 1024) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  }
+  const int pools_per_block = kScoreWarps * kPoolsPerWarp;
+  const int grid =
+      std::max(1, std::min((max_pools + pools_per_block - 1) / pools_per_block, ctx.num_sms * 4));
+  indexer_scores_kernel<<<grid, kScoreThreads, smem, ctx.stream>>>(q, w, pool_keys, pos, scores, n_heads, D,
+                                                                   P, max_pools);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
+                    int P, int max_pools) {
+  MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select: K ", K, ", P ", P,
+              ", max_pools ", max_pools);
+  indexer_select_kernel<<<1, kSelectThreads, 0, ctx.stream>>>(scores, pos, selection, K, P, max_pools);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mtplab::ops::cuda

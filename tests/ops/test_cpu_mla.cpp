@@ -1,0 +1,326 @@
+// CPU reference: the paged latent KV cache and absorbed sparse MLA, against double formulas and
+// against the non-absorbed attention of MODEL.md (k and v materialised per head).
+//
+// Tolerances:
+// - kv_write: exact (a copy, or one FP8 rounding checked against a nearest-code search).
+// - mla_absorb_q / mla_out_v: linear maps, one BF16 rounding: one ulp + the fp32 summation bound.
+// - mla_decode: one BF16 rounding of an fp32 softmax-weighted sum; fp32 error in a score
+//   (scale * L u sum|q c|) moves each probability by at most that much relatively, so the
+//   output moves by <= 2 * that * max|c|, plus the summation bound of the weighted sum.
+// - absorbed == materialised: 1 ulp of the output plus 4 * 2^-9 of the largest |v| of the head
+//   (the inner BF16 roundings of q_abs and o_lat, seen through the softmax and W_v).
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.hpp"
+#include "cpu_test_util.hpp"
+
+using namespace mtplab;
+using namespace mtplab::ops;
+using namespace mtplab::ops::test;
+
+namespace {
+
+struct CpuMla : ::testing::Test {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  // Tiny preset: 8 heads x 32 (qk_nope = v_head), kv_lora 64.
+  static constexpr int H = 8, DQK = 32, DV = 32, L = 64;
+  static constexpr int kBlocks = 6, kBlockSize = 4;
+  // Logical block b of the sequence lives in physical block kTable[b].
+  const std::vector<int32_t> kTable = {3, 0, 5, 1, 4, 2};
+};
+
+/// The E4M3 code nearest to v (ties to an even code), by search over every finite code.
+uint8_t nearest_e4m3_code(double v) {
+  int best = 0;
+  double best_err = INFINITY;
+  for (int code = 0; code < 0x7f; ++code) {
+    const double err = std::fabs(std::fabs(v) - to_float(fp8e4m3{static_cast<uint8_t>(code)}));
+    if (err < best_err || (err == best_err && (code & 1) == 0)) {
+      best_err = err;
+      best = code;
+    }
+  }
+  return static_cast<uint8_t>(best | (v < 0 ? 0x80 : 0));
+}
+
+}  // namespace
+
+TEST_F(CpuMla, KvWriteGoesThroughTheBlockTable) {
+  SCOPED_TRACE(seed_note());
+  Rng rng(31);
+  const int n_rows = 17;
+  const auto rows = rng.bf16s(static_cast<size_t>(n_rows) * L, -3, 3);
+  auto table = upload(*be, kTable);
+  auto drows = upload(*be, rows);
+  auto data = poisoned<bf16>(*be, static_cast<size_t>(kBlocks) * kBlockSize * L);
+  KvCache cache{data.data(), KvDtype::bf16, 1.0f, kBlocks, kBlockSize, L};
+  auto pos = poisoned<int32_t>(*be, 1);
+  for (int32_t t = 0; t < n_rows; ++t) {
+    be->upload(pos.data(), &t, sizeof t);
+    be->kv_write(drows.data() + t * L, table.data(), pos.data(), cache);
+  }
+  const auto got = download(*be, data);
+  std::vector<int> owner(static_cast<size_t>(kBlocks) * kBlockSize, -1);  // slot -> row
+  for (int t = 0; t < n_rows; ++t) owner[kTable[t / kBlockSize] * kBlockSize + t % kBlockSize] = t;
+  for (size_t slot = 0; slot < owner.size(); ++slot) {
+    for (int c = 0; c < L; ++c) {
+      const uint16_t want = owner[slot] >= 0 ? rows[owner[slot] * L + c].bits : uint16_t{0xffff};
+      ASSERT_EQ(got[slot * L + c].bits, want) << "slot " << slot << " c " << c;
+    }
+  }
+  // A row whose block maps outside the cache is refused.
+  auto bad_table = upload(*be, std::vector<int32_t>{0, kBlocks});
+  int32_t t = kBlockSize;
+  be->upload(pos.data(), &t, sizeof t);
+  EXPECT_THROW(be->kv_write(drows.data(), bad_table.data(), pos.data(), cache), Error);
+}
+
+TEST_F(CpuMla, KvWriteFp8DividesByTheScale) {
+  SCOPED_TRACE(seed_note());
+  Rng rng(32);
+  const int n_rows = 9;
+  const float scale = 0.0123f;
+  const auto rows = rng.bf16s(static_cast<size_t>(n_rows) * L, -6, 6);  // some saturate at 448
+  auto table = upload(*be, kTable);
+  auto drows = upload(*be, rows);
+  auto data = poisoned<fp8e4m3>(*be, static_cast<size_t>(kBlocks) * kBlockSize * L);
+  KvCache cache{data.data(), KvDtype::fp8, scale, kBlocks, kBlockSize, L};
+  auto pos = poisoned<int32_t>(*be, 1);
+  for (int32_t t = 0; t < n_rows; ++t) {
+    be->upload(pos.data(), &t, sizeof t);
+    be->kv_write(drows.data() + t * L, table.data(), pos.data(), cache);
+  }
+  const auto got = download(*be, data);
+  for (int t = 0; t < n_rows; ++t) {
+    const size_t slot = static_cast<size_t>(kTable[t / kBlockSize]) * kBlockSize + t % kBlockSize;
+    for (int c = 0; c < L; ++c) {
+      // The fp32 quotient, then the nearest code (saturating at 448).
+      const float q = to_float(rows[t * L + c]) / scale;
+      ASSERT_EQ(got[slot * L + c].bits, nearest_e4m3_code(std::clamp(q, -448.0f, 448.0f))) << "row " << t << " c " << c;
+    }
+  }
+}
+
+TEST_F(CpuMla, AbsorbAndOutVMatchDouble) {
+  SCOPED_TRACE(seed_note());
+  Rng rng(33);
+  const auto q = rng.bf16s(static_cast<size_t>(H) * DQK, -1, 1);
+  const auto W = rng.bf16s(static_cast<size_t>(H) * (DQK + DV) * L, -0.2f, 0.2f);
+  const auto o_lat = rng.bf16s(static_cast<size_t>(H) * L, -1, 1);
+  auto dq = upload(*be, q), dW = upload(*be, W), dol = upload(*be, o_lat);
+  auto q_abs = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
+  auto o = poisoned<bf16>(*be, static_cast<size_t>(H) * DV);
+  be->mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
+  be->mla_out_v(dol.data(), dW.data(), o.data(), H, DQK, DV, L);
+  const auto qa = widen(download(*be, q_abs)), og = widen(download(*be, o));
+  auto Wat = [&](int row, int c) { return static_cast<double>(to_float(W[static_cast<size_t>(row) * L + c])); };
+  for (int h = 0; h < H; ++h) {
+    for (int c = 0; c < L; ++c) {
+      double s = 0, a = 0;
+      for (int d = 0; d < DQK; ++d) {
+        const double t = Wat(h * (DQK + DV) + d, c) * to_float(q[h * DQK + d]);
+        s += t;
+        a += std::fabs(t);
+      }
+      ASSERT_TRUE(bf16_near(qa[h * L + c], s, fp32_sum_bound(DQK, a))) << "h " << h << " c " << c;
+    }
+    for (int i = 0; i < DV; ++i) {
+      double s = 0, a = 0;
+      for (int c = 0; c < L; ++c) {
+        const double t = Wat(h * (DQK + DV) + DQK + i, c) * to_float(o_lat[h * L + c]);
+        s += t;
+        a += std::fabs(t);
+      }
+      ASSERT_TRUE(bf16_near(og[h * DV + i], s, fp32_sum_bound(L, a))) << "h " << h << " i " << i;
+    }
+  }
+}
+
+namespace {
+
+/// Decode in double over explicit latent rows (already dequantised); returns o_lat and the
+/// tolerance per element.
+void decode_reference(const std::vector<float>& q_abs, const std::vector<std::vector<double>>& rows, int H, int L,
+                      double scale, std::vector<double>& out, std::vector<double>& tol) {
+  out.assign(static_cast<size_t>(H) * L, 0.0);
+  tol.assign(out.size(), 0.0);
+  double max_c = 0;
+  for (const auto& r : rows)
+    for (double v : r) max_c = std::max(max_c, std::fabs(v));
+  const int n = static_cast<int>(rows.size());
+  for (int h = 0; h < H; ++h) {
+    std::vector<double> s(n);
+    double worst_score_err = 0;
+    for (int t = 0; t < n; ++t) {
+      double abs_sum = 0;
+      for (int c = 0; c < L; ++c) {
+        s[t] += q_abs[h * L + c] * rows[t][c];
+        abs_sum += std::fabs(q_abs[h * L + c] * rows[t][c]);
+      }
+      s[t] *= scale;
+      worst_score_err = std::max(worst_score_err, scale * (L + 2) * kU32 * abs_sum);
+    }
+    double m = -INFINITY;
+    for (double v : s) m = std::max(m, v);
+    double denom = 0;
+    for (double v : s) denom += std::exp(v - m);
+    for (int c = 0; c < L; ++c) {
+      for (int t = 0; t < n; ++t) out[h * L + c] += std::exp(s[t] - m) / denom * rows[t][c];
+      // Score errors (x2: numerator and denominator), exp and the weighted fp32 sum.
+      tol[h * L + c] = (2 * worst_score_err + (n + 8) * kU32) * max_c;
+    }
+  }
+}
+
+}  // namespace
+
+TEST_F(CpuMla, DecodeMatchesDoubleSoftmaxOverTheSelection) {
+  SCOPED_TRACE(seed_note());
+  Rng rng(34);
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    const int n_rows = 22;
+    const float cache_scale = dtype == KvDtype::fp8 ? 0.01f : 1.0f;
+    const auto rows = rng.bf16s(static_cast<size_t>(n_rows) * L, -2, 2);
+    auto table = upload(*be, kTable);
+    auto drows = upload(*be, rows);
+    const size_t elem = dtype == KvDtype::bf16 ? 2 : 1;
+    Array<uint8_t> data(*be, static_cast<size_t>(kBlocks) * kBlockSize * L * elem);
+    be->fill_bytes(data.data(), 0xff, data.bytes());
+    KvCache cache{data.data(), dtype, cache_scale, kBlocks, kBlockSize, L};
+    auto pos = poisoned<int32_t>(*be, 1);
+    for (int32_t t = 0; t < n_rows; ++t) {
+      be->upload(pos.data(), &t, sizeof t);
+      be->kv_write(drows.data() + t * L, table.data(), pos.data(), cache);
+    }
+    // Read back what the cache holds, dequantised in double (the reference's input).
+    const auto raw = download(*be, data);
+    auto cached_row = [&](int t) {
+      const size_t slot = static_cast<size_t>(kTable[t / kBlockSize]) * kBlockSize + t % kBlockSize;
+      std::vector<double> r(L);
+      for (int c = 0; c < L; ++c) {
+        if (dtype == KvDtype::bf16) {
+          bf16 b;
+          std::memcpy(&b, &raw[(slot * L + c) * 2], 2);
+          r[c] = to_float(b);
+        } else {
+          r[c] = static_cast<double>(to_float(fp8e4m3{raw[slot * L + c]})) * cache_scale;
+        }
+      }
+      return r;
+    };
+    // An unordered selection with padding in the middle and at the end.
+    const std::vector<int32_t> selection = {5, 17, -1, 0, 21, 3, 9, -1, 12, 2, 20, -1, -1};
+    std::vector<std::vector<double>> sel_rows;
+    for (int32_t t : selection)
+      if (t >= 0) sel_rows.push_back(cached_row(t));
+    const auto q_abs = rng.bf16s(static_cast<size_t>(H) * L, -1, 1);
+    auto dq = upload(*be, q_abs);
+    auto dsel = upload(*be, selection);
+    auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
+    const float sm_scale = 1.0f / std::sqrt(static_cast<float>(DQK));
+    be->mla_decode(dq.data(), dsel.data(), static_cast<int>(selection.size()), table.data(), cache, o_lat.data(), H,
+                   sm_scale);
+    const auto got = widen(download(*be, o_lat));
+    std::vector<double> want, tol;
+    decode_reference(widen(q_abs), sel_rows, H, L, sm_scale, want, tol);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(bf16_near(got[i], want[i], tol[i])) << (dtype == KvDtype::bf16 ? "bf16" : "fp8") << " element " << i;
+    }
+  }
+}
+
+TEST_F(CpuMla, DecodeOfAnEmptySelectionIsZero) {
+  auto table = upload(*be, kTable);
+  auto data = poisoned<bf16>(*be, static_cast<size_t>(kBlocks) * kBlockSize * L);
+  KvCache cache{data.data(), KvDtype::bf16, 1.0f, kBlocks, kBlockSize, L};
+  auto sel = upload(*be, std::vector<int32_t>(7, -1));
+  Rng rng(35);
+  auto q = upload(*be, rng.bf16s(static_cast<size_t>(H) * L, -1, 1));
+  auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
+  be->mla_decode(q.data(), sel.data(), 7, table.data(), cache, o_lat.data(), H, 0.1f);
+  for (bf16 v : download(*be, o_lat)) ASSERT_EQ(to_float(v), 0.0f);
+}
+
+TEST_F(CpuMla, AbsorbedAttentionEqualsMaterialisedAttention) {
+  // MODEL.md's attention with k_{h,t} = W_k,h c_t and v_{h,t} = W_v,h c_t materialised, all in
+  // double, against mla_absorb_q -> mla_decode -> mla_out_v over a BF16 cache.
+  //
+  // Tolerance: |o - o_ref| <= 1 ulp(o_ref) + 4 * 2^-9 * max_{t,i} |v_{h,t,i}| per head. The
+  // absorbed path rounds q_abs and o_lat to BF16 (relative 2^-9 each, random signs); pushed
+  // through the softmax and W_v those errors are a fraction of an ulp of the values being averaged
+  // (the v rows), and o's own rounding is the first term. Over 200 seeds the worst observed
+  // error is under a fifth of the second term (docs/numerics.md), while dropping the softmax
+  // scale, reading another head's W_v, or missing one selected row each cost far more.
+  SCOPED_TRACE(seed_note());
+  Rng rng(36);
+  const int n_rows = 19;  // the dense-causal selection of position 18
+  // c_kv with a non-zero mean, so the weighted sum of v rows does not cancel towards zero.
+  const auto c_kv = rng.bf16s(static_cast<size_t>(n_rows) * L, -1, 3);
+  const auto W = rng.bf16s(static_cast<size_t>(H) * (DQK + DV) * L, -0.25f, 0.25f);
+  const auto q = rng.bf16s(static_cast<size_t>(H) * DQK, -1, 1);
+  const double sm_scale = 1.0 / std::sqrt(static_cast<double>(DQK));
+
+  auto table = upload(*be, kTable);
+  auto dc = upload(*be, c_kv), dW = upload(*be, W), dq = upload(*be, q);
+  auto data = poisoned<bf16>(*be, static_cast<size_t>(kBlocks) * kBlockSize * L);
+  KvCache cache{data.data(), KvDtype::bf16, 1.0f, kBlocks, kBlockSize, L};
+  auto pos = poisoned<int32_t>(*be, 1);
+  for (int32_t t = 0; t < n_rows; ++t) {
+    be->upload(pos.data(), &t, sizeof t);
+    be->kv_write(dc.data() + t * L, table.data(), pos.data(), cache);
+  }
+  std::vector<int32_t> selection(n_rows);
+  std::iota(selection.begin(), selection.end(), 0);
+  auto dsel = upload(*be, selection);
+  auto q_abs = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
+  auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
+  auto o = poisoned<bf16>(*be, static_cast<size_t>(H) * DV);
+  be->mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
+  be->mla_decode(q_abs.data(), dsel.data(), n_rows, table.data(), cache, o_lat.data(), H, static_cast<float>(sm_scale));
+  be->mla_out_v(o_lat.data(), dW.data(), o.data(), H, DQK, DV, L);
+  const auto got = widen(download(*be, o));
+
+  const auto cf = widen(c_kv), Wf = widen(W), qf = widen(q);
+  auto Wk = [&](int h, int d, int c) { return static_cast<double>(Wf[(static_cast<size_t>(h) * (DQK + DV) + d) * L + c]); };
+  auto Wv = [&](int h, int i, int c) { return static_cast<double>(Wf[(static_cast<size_t>(h) * (DQK + DV) + DQK + i) * L + c]); };
+  double worst = 0;
+  for (int h = 0; h < H; ++h) {
+    std::vector<double> score(n_rows), p(n_rows), o_ref(DV, 0.0);
+    std::vector<std::vector<double>> v(n_rows, std::vector<double>(DV));
+    double v_max = 0;
+    for (int t = 0; t < n_rows; ++t) {
+      double s = 0;
+      for (int d = 0; d < DQK; ++d) {
+        double k = 0;
+        for (int c = 0; c < L; ++c) k += Wk(h, d, c) * cf[t * L + c];
+        s += qf[h * DQK + d] * k;
+      }
+      score[t] = s * sm_scale;
+      for (int i = 0; i < DV; ++i) {
+        double vi = 0;
+        for (int c = 0; c < L; ++c) vi += Wv(h, i, c) * cf[t * L + c];
+        v[t][i] = vi;
+        v_max = std::max(v_max, std::fabs(vi));
+      }
+    }
+    double m = -INFINITY;
+    for (double st : score) m = std::max(m, st);
+    double denom = 0;
+    for (int t = 0; t < n_rows; ++t) denom += (p[t] = std::exp(score[t] - m));
+    for (int t = 0; t < n_rows; ++t)
+      for (int i = 0; i < DV; ++i) o_ref[i] += p[t] / denom * v[t][i];
+    const double inner = 4 * std::ldexp(v_max, -9);
+    for (int i = 0; i < DV; ++i) {
+      const double err = std::fabs(got[h * DV + i] - o_ref[i]);
+      ASSERT_LE(err, bf16_ulp(o_ref[i]) + inner) << "h " << h << " i " << i << " got " << got[h * DV + i] << " want " << o_ref[i];
+      worst = std::max(worst, std::max(0.0, err - bf16_ulp(o_ref[i])) / inner);
+    }
+  }
+  RecordProperty("worst_inner_error_fraction", std::to_string(worst));
+  if (std::getenv("MTPLAB_TEST_VERBOSE")) std::printf("worst inner error / tolerance: %.3f\n", worst);
+}

@@ -1,0 +1,222 @@
+// CUDA vs CPU: the pooled lightning indexer (row store + pool keys, pool scores, top-k pool
+// selection) and the absorbed sparse MLA (kv_write BF16 / FP8, absorb_q, decode over the selected
+// rows of a paged cache, out_v), at the tiny, small and glm5.3-flash shapes.
+//
+// Tolerances: copies and FP8 quantisation are exact (same single rounding on both sides); pool
+// keys and scores are fp32 that differ by the device expf (<= 2 ulp) and summation order, so
+// 1e-5 relative plus 1e-5 of the largest; the selection is exact given identical scores (both
+// backends are fed the same score vector, ties included); BF16 outputs as gpu_test_util.hpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+
+namespace mtplab::ops::gputest {
+namespace {
+
+class GpuAttention : public ::testing::TestWithParam<Shape> {};
+
+/// Pools the score / selection tests sweep: the bench's 16384 at glm5.3-flash.
+int max_pools_for(const Shape& s) {
+  if (s.hidden >= 4096) return 16384;
+  if (s.hidden >= 1024) return 2048;
+  return 64;
+}
+
+TEST_P(GpuAttention, IndexerStore) {
+  const Shape s = GetParam();
+  Rng rng(11);
+  const int D = s.index_dim, P = s.index_kpool;
+  const int rows = s.hidden >= 4096 ? 1024 : 256;
+  Twin<float> ape(rng.floats(static_cast<size_t>(P) * D, -1.0f, 1.0f));
+  std::vector<int32_t> positions(rows);
+  std::iota(positions.begin(), positions.end(), 0);
+  Twin<int32_t> pos(positions);
+  Twin<bf16> k_rows(rng.bf16s(static_cast<size_t>(rows) * D, -2.0f, 2.0f));
+  Twin<float> gate_rows(rng.floats(static_cast<size_t>(rows) * D, -3.0f, 3.0f));
+  auto k_cache = out_twin<bf16>(static_cast<size_t>(rows) * D);
+  auto gate_cache = out_twin<float>(static_cast<size_t>(rows) * D);
+  Twin<uint8_t> valid(std::vector<uint8_t>(static_cast<size_t>(rows), 0));
+  auto pool_keys = out_twin<float>(static_cast<size_t>(rows / P) * D);
+  for (int r = 0; r < rows; ++r) {
+    const size_t off = static_cast<size_t>(r) * D;
+    cpu().indexer_store(k_rows.c.data() + off, gate_rows.c.data() + off, ape.c.data(), pos.c.data() + r,
+                        k_cache.c.data(), gate_cache.c.data(), valid.c.data(), pool_keys.c.data(), D, P);
+    gpu().indexer_store(k_rows.g.data() + off, gate_rows.g.data() + off, ape.g.data(), pos.g.data() + r,
+                        k_cache.g.data(), gate_cache.g.data(), valid.g.data(), pool_keys.g.data(), D, P);
+  }
+  expect_bytes_equal(k_cache.from_gpu(), k_cache.from_cpu(), "indexer k cache");
+  expect_bytes_equal(gate_cache.from_gpu(), gate_cache.from_cpu(), "indexer gate cache");
+  expect_bytes_equal(valid.from_gpu(), valid.from_cpu(), "indexer valid");
+  expect_f32_close(pool_keys.from_gpu(), pool_keys.from_cpu(), "pool keys", 1e-5, 1e-6);
+}
+
+TEST_P(GpuAttention, IndexerScoresAndSelect) {
+  const Shape s = GetParam();
+  Rng rng(12);
+  const int D = s.index_dim, P = s.index_kpool, nI = s.index_heads, K = s.index_topk;
+  const int max_pools = max_pools_for(s);
+  Twin<float> keys(rng.floats(static_cast<size_t>(max_pools) * D, -1.0f, 1.0f));
+  Twin<float> q(rng.floats(static_cast<size_t>(nI) * D, -1.0f, 1.0f));
+  std::vector<float> w = rng.floats(nI, -1.0f, 1.0f);
+  for (auto& v : w) v /= std::sqrt(static_cast<float>(nI));
+  Twin<float> wt(w);
+  // Last pool incomplete: the scores past the candidates must be -inf.
+  Twin<int32_t> pos(std::vector<int32_t>{P * max_pools - 3});
+  auto scores = out_twin<float>(max_pools);
+  cpu().indexer_scores(q.c.data(), wt.c.data(), keys.c.data(), pos.c.data(), scores.c.data(), nI, D, P,
+                       max_pools);
+  gpu().indexer_scores(q.g.data(), wt.g.data(), keys.g.data(), pos.g.data(), scores.g.data(), nI, D, P,
+                       max_pools);
+  const auto cpu_scores = scores.from_cpu();
+  expect_f32_close(scores.from_gpu(), cpu_scores, "indexer scores", 1e-5, 1e-5);
+  ASSERT_TRUE(std::isinf(cpu_scores.back()) && cpu_scores.back() < 0);
+
+  // Selection, fed the same scores on both backends: exact. Cases: sparse (many candidates),
+  // heavy ties (scores quantised to a few levels), dense (every candidate fits), K/P + 1.
+  const int width = K + P - 1;
+  std::vector<float> tied = cpu_scores;
+  for (auto& v : tied)
+    if (std::isfinite(v)) v = std::floor(v * 2.0f) / 2.0f;
+  struct Case {
+    const char* name;
+    const std::vector<float>* scores;
+    int32_t pos;
+  };
+  const Case cases[] = {
+      {"sparse", &cpu_scores, P * max_pools - 2},
+      {"sparse, full pools", &cpu_scores, P * (max_pools - 1) - 1},
+      {"ties", &tied, P * max_pools - 2},
+      {"dense", &cpu_scores, std::min(K + P - 2, P * max_pools - 1)},
+      {"one pool past K/P", &cpu_scores, std::min(P * (K / P + 1) + 1, P * max_pools - 1)},
+      {"position 0", &cpu_scores, 0},
+  };
+  for (const Case& c : cases) {
+    Twin<float> sc(*c.scores);
+    Twin<int32_t> p(std::vector<int32_t>{c.pos});
+    auto sel = out_twin<int32_t>(width);
+    cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
+    gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
+    expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
+                       std::string("indexer_select ") + c.name + " pos " + std::to_string(c.pos));
+  }
+}
+
+struct PagedCache {
+  int block_size = 64;
+  int num_blocks = 0;
+  std::vector<int32_t> table;  // logical -> physical, a random permutation
+};
+
+PagedCache make_paged(Rng& rng, int rows) {
+  PagedCache pc;
+  pc.num_blocks = (rows + pc.block_size - 1) / pc.block_size + 3;
+  pc.table.resize(static_cast<size_t>(pc.num_blocks));
+  std::iota(pc.table.begin(), pc.table.end(), 0);
+  for (size_t i = pc.table.size() - 1; i > 0; --i) std::swap(pc.table[i], pc.table[rng.next() % (i + 1)]);
+  return pc;
+}
+
+TEST_P(GpuAttention, KvWrite) {
+  const Shape s = GetParam();
+  Rng rng(13);
+  const int L = s.kv_lora;
+  const int rows = 200;
+  PagedCache pc = make_paged(rng, rows);
+  Twin<int32_t> table(pc.table);
+  std::vector<int32_t> positions(rows);
+  std::iota(positions.begin(), positions.end(), 0);
+  Twin<int32_t> pos(positions);
+  Twin<bf16> c_kv(rng.bf16s(static_cast<size_t>(rows) * L, -3.0f, 3.0f));
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    const size_t elem = dtype == KvDtype::bf16 ? 2 : 1;
+    auto data = out_twin<uint8_t>(static_cast<size_t>(pc.num_blocks) * pc.block_size * L * elem);
+    KvCache cc{data.c.data(), dtype, 0.0123f, pc.num_blocks, pc.block_size, L};
+    KvCache gc{data.g.data(), dtype, 0.0123f, pc.num_blocks, pc.block_size, L};
+    for (int r = 0; r < rows; ++r) {
+      cpu().kv_write(c_kv.c.data() + static_cast<size_t>(r) * L, table.c.data(), pos.c.data() + r, cc);
+      gpu().kv_write(c_kv.g.data() + static_cast<size_t>(r) * L, table.g.data(), pos.g.data() + r, gc);
+    }
+    expect_bytes_equal(data.from_gpu(), data.from_cpu(),
+                       dtype == KvDtype::bf16 ? "kv_write bf16" : "kv_write fp8");
+  }
+}
+
+TEST_P(GpuAttention, Mla) {
+  const Shape s = GetParam();
+  Rng rng(14);
+  const int nh = s.n_heads, dqk = s.head_dim, dv = s.head_dim, L = s.kv_lora;
+  const int K = s.index_topk, P = s.index_kpool;
+  const float w_range = 1.0f / std::sqrt(static_cast<float>(L));
+  Twin<bf16> W_kvb(rng.bf16s(static_cast<size_t>(nh) * (dqk + dv) * L, -w_range, w_range));
+
+  Twin<bf16> q(rng.bf16s(static_cast<size_t>(nh) * dqk, -2.0f, 2.0f));
+  auto q_abs = out_twin<bf16>(static_cast<size_t>(nh) * L);
+  cpu().mla_absorb_q(q.c.data(), W_kvb.c.data(), q_abs.c.data(), nh, dqk, dv, L);
+  gpu().mla_absorb_q(q.g.data(), W_kvb.g.data(), q_abs.g.data(), nh, dqk, dv, L);
+  expect_bf16_close(q_abs.from_gpu(), q_abs.from_cpu(), "mla_absorb_q");
+
+  // Decode over a selection from the indexer: sparse (K + P - 1 rows, the tail included), dense
+  // (early position, -1 padding) and empty.
+  const int width = K + P - 1;
+  const int p_sparse = 4 * K + 2;  // 4K/P candidate pools, 3 tail rows: every slot used
+  const int rows = p_sparse + 1;
+  PagedCache pc = make_paged(rng, rows);
+  Twin<int32_t> table(pc.table);
+  const int max_pools = rows / P + 1;
+  Twin<float> scores(rng.floats(max_pools, -1.0f, 1.0f));
+  Twin<bf16> q_dec(rng.bf16s(static_cast<size_t>(nh) * L, -4.0f, 4.0f));
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(dqk));
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    const size_t slots = static_cast<size_t>(pc.num_blocks) * pc.block_size * L;
+    Twin<uint8_t> data(slots * (dtype == KvDtype::bf16 ? 2 : 1));
+    if (dtype == KvDtype::bf16) {
+      const auto v = rng.bf16s(slots, -1.0f, 1.0f);
+      std::vector<uint8_t> bytes(v.size() * 2);
+      std::memcpy(bytes.data(), v.data(), bytes.size());
+      data.set(bytes);
+    } else {
+      const auto v = rng.fp8s(slots);
+      std::vector<uint8_t> bytes(v.size());
+      std::memcpy(bytes.data(), v.data(), bytes.size());
+      data.set(bytes);
+    }
+    const float scale = dtype == KvDtype::bf16 ? 1.0f : 1.0f / 448.0f;
+    KvCache cc{data.c.data(), dtype, scale, pc.num_blocks, pc.block_size, L};
+    KvCache gc{data.g.data(), dtype, scale, pc.num_blocks, pc.block_size, L};
+    for (int32_t p : {p_sparse, std::min(K / 2, p_sparse), -1}) {
+      std::vector<int32_t> selection(static_cast<size_t>(width), -1);
+      if (p >= 0) {
+        Twin<int32_t> pt(std::vector<int32_t>{p});
+        auto sel = out_twin<int32_t>(width);
+        cpu().indexer_select(scores.c.data(), pt.c.data(), sel.c.data(), K, P, max_pools);
+        selection = sel.from_cpu();
+      }
+      Twin<int32_t> sel(selection);
+      auto o_lat = out_twin<bf16>(static_cast<size_t>(nh) * L);
+      cpu().mla_decode(q_dec.c.data(), sel.c.data(), width, table.c.data(), cc, o_lat.c.data(), nh,
+                       softmax_scale);
+      gpu().mla_decode(q_dec.g.data(), sel.g.data(), width, table.g.data(), gc, o_lat.g.data(), nh,
+                       softmax_scale);
+      expect_bf16_close(o_lat.from_gpu(), o_lat.from_cpu(),
+                        std::string("mla_decode ") + (dtype == KvDtype::bf16 ? "bf16" : "fp8") +
+                            " cache, position " + std::to_string(p));
+    }
+  }
+
+  Twin<bf16> o_lat(rng.bf16s(static_cast<size_t>(nh) * L, -1.0f, 1.0f));
+  auto o = out_twin<bf16>(static_cast<size_t>(nh) * dv);
+  cpu().mla_out_v(o_lat.c.data(), W_kvb.c.data(), o.c.data(), nh, dqk, dv, L);
+  gpu().mla_out_v(o_lat.g.data(), W_kvb.g.data(), o.g.data(), nh, dqk, dv, L);
+  expect_bf16_close(o.from_gpu(), o.from_cpu(), "mla_out_v");
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GpuAttention, ::testing::ValuesIn(kShapes), shape_name);
+
+}  // namespace
+}  // namespace mtplab::ops::gputest
