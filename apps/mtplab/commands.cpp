@@ -8,6 +8,7 @@ namespace mtplab::app {
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"info", "per-rank host, device, and library versions", cmd_info},
+      {"trace", "write a trace from the synthetic target", cmd_trace},
   };
   return table;
 }

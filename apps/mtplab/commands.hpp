@@ -20,5 +20,6 @@ const std::vector<Command>& commands();
 int run_guarded(const Command& command, int argc, char** argv, const Args& args);
 
 int cmd_info(const Args& args);
+int cmd_trace(const Args& args);
 
 }  // namespace mtplab::app
