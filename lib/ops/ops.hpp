@@ -110,7 +110,8 @@ class Backend {
                          float eps) = 0;
 
   // ---- linear layers: y = W x with W [n_out, k] row-major BF16 -------------------------------
-  /// X [rows, k] -> Y [rows, n_out], fp32 accumulate, BF16 out.
+  /// X [rows, k] -> Y [rows, n_out], fp32 accumulate, BF16 out. Y must not overlap X. On the CPU
+  /// `batched` computes exactly what `per_row` does (the mode only picks the GPU path).
   virtual void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k,
                       RowsMode mode = RowsMode::per_row) = 0;
   /// As linear, fp32 out (no rounding): indexer queries, router logits, row-parallel partials.
@@ -130,7 +131,8 @@ class Backend {
 
   // ---- cross-rank pick helpers (the communication itself lives in dist) ------------------------
   /// Order-preserving 64-bit key: high 32 bits from the value, low 32 bits ~index, so that a MAX
-  /// reduction picks the largest value and, among equal values, the lowest index.
+  /// reduction picks the largest value and, among equal values, the lowest index. -0 is keyed
+  /// as +0 (they compare equal); NaN is outside the contract (docs/numerics.md).
   virtual void argmax_pack_key(const ArgMax* in, uint64_t* key) = 0;
   virtual void argmax_unpack_key(const uint64_t* key, int32_t* token) = 0;
   /// Pick among `n` (max, index) pairs: largest value, lowest index on ties.
@@ -152,6 +154,7 @@ class Backend {
   /// Stores row `pos[0]`: k_cache[pos] = k_normed (BF16 [D]), gate_cache[pos] = gate (fp32 [D]),
   /// valid[pos] = 1; when the row completes its pool (pos % P == P-1) the pool key
   /// K_j[c] = sum_m softmax_m(gate[jP+m,c] + ape[m,c]) * k[jP+m,c] is written to pool_keys[j].
+  /// Rows jP .. pos-1 must be stored already (the CPU refuses otherwise; a GPU cannot check).
   virtual void indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
                              bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
                              int P) = 0;
@@ -173,7 +176,7 @@ class Backend {
   virtual void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
                             int kv_lora) = 0;
   /// o_lat[h] = bf16(sum_t softmax_t(scale * q_abs[h] . c_t) c_t) over the selected rows t
-  /// (entries -1 skipped), softmax in fp32.
+  /// (entries -1 skipped), softmax in fp32. A selection with no rows gives o_lat = 0.
   virtual void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
                           KvCache cache, bf16* o_lat, int n_heads, float softmax_scale) = 0;
   /// o[h] = bf16(W_v,h o_lat[h]) where W_v,h is rows h*(dqk+dv)+dqk .. +dv of W_kvb.
@@ -183,7 +186,8 @@ class Backend {
   // ---- MoE ------------------------------------------------------------------------------------
   /// s = sigmoid(logits); s' = s + bias; group limit (n_group > 1: keep the topk_group groups
   /// with the largest sum of their top-2 s'); idx = top-k of s' (ties: lower expert id);
-  /// weights = s[idx] / sum(s[idx]) * scaling. All fp32.
+  /// weights = s[idx] / sum(s[idx]) * scaling. All fp32. idx is ordered by s' descending (ties:
+  /// lower id) and weights follow it; dropped groups' experts get s' = -inf; bias may be null (0).
   virtual void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
                          int topk_group, float scaling, int32_t* idx, float* weights) = 0;
   /// out (fp32 [H]) = sum over the selected experts this rank owns of

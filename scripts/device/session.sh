@@ -18,7 +18,7 @@ trap finish EXIT
 { nvidia-smi; nvidia-smi topo -m; nvcc --version; cmake --version; env | grep -E '^(NCCL|CUDA)' ; } >"$LOG/env.txt" 2>&1
 nvidia-smi --query-gpu=name,pci.bus_id,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "== configure + build ($(elapsed))"
-if ! timeout 300 cmake --preset cuda -B build-gpu -G Ninja -DMTPLAB_WERROR=ON >"$LOG/configure.log" 2>&1; then
+if ! timeout 300 cmake --preset cuda -B build-gpu -G Ninja -DMTPLAB_WERROR=OFF >"$LOG/configure.log" 2>&1; then
   tail -30 "$LOG/configure.log"; exit 1
 fi
 if ! timeout 400 cmake --build build-gpu -j "$jobs" >"$LOG/build.log" 2>&1; then
