@@ -122,14 +122,14 @@ inline double fp32_sum_bound(int n, double abs_sum) { return (n > 1 ? n - 1 : 1)
 inline ::testing::AssertionResult bf16_near(float got, double exact, double fp32_err) {
   const double tol = bf16_ulp(exact) + fp32_err;
   if (std::isfinite(got) && std::fabs(got - exact) <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << got << ", exact " << exact << ", |diff| "
-                                       << std::fabs(got - exact) << " > tol " << tol;
+  return ::testing::AssertionFailure()
+         << "got " << got << ", exact " << exact << ", |diff| " << std::fabs(got - exact) << " > tol " << tol;
 }
 
 inline ::testing::AssertionResult near_abs(double got, double want, double tol) {
   if (std::isfinite(got) && std::fabs(got - want) <= tol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << got << ", want " << want << ", |diff| "
-                                       << std::fabs(got - want) << " > tol " << tol;
+  return ::testing::AssertionFailure()
+         << "got " << got << ", want " << want << ", |diff| " << std::fabs(got - want) << " > tol " << tol;
 }
 
 inline std::vector<float> widen(const std::vector<bf16>& v) {

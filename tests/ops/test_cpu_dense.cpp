@@ -40,7 +40,8 @@ Dot exact_dot(const std::vector<float>& w_row, const std::vector<float>& x) {
 }
 
 std::vector<float> row_of(const std::vector<float>& m, size_t r, size_t cols) {
-  return {m.begin() + static_cast<std::ptrdiff_t>(r * cols), m.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols)};
+  return {m.begin() + static_cast<std::ptrdiff_t>(r * cols),
+          m.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols)};
 }
 
 }  // namespace
@@ -108,7 +109,8 @@ TEST_F(CpuDense, ElementwiseRoundOnceToNearestEven) {
   be->residual_add(a.data(), d.data(), y_res.data(), n);
   be->add(a.data(), b.data(), y_add.data(), n);
   be->to_bf16(fx.data(), y_cvt.data(), n);
-  const auto res = widen(download(*be, y_res)), sum = widen(download(*be, y_add)), cvt = widen(download(*be, y_cvt));
+  const auto res = widen(download(*be, y_res)), sum = widen(download(*be, y_add)),
+             cvt = widen(download(*be, y_cvt));
   int res_exact = 0;
   for (int i = 0; i < n; ++i) {
     // a + b of two BF16 values is exact in fp32, so one rounding: bit-exact with the double.
@@ -166,7 +168,8 @@ TEST_F(CpuDense, RmsnormMatchesDoubleFormula) {
       for (int i = 0; i < n; ++i) {
         const double exact = to_float(w[i]) * to_float(x[r * n + i]) * inv;
         // fp32 inside: the sum of n positive squares (relative (n-1)u) and ~4 more roundings.
-        ASSERT_TRUE(bf16_near(y[r * n + i], exact, (n + 4) * kU32 * std::fabs(exact))) << "n=" << n << " r=" << r << " i=" << i;
+        ASSERT_TRUE(bf16_near(y[r * n + i], exact, (n + 4) * kU32 * std::fabs(exact)))
+            << "n=" << n << " r=" << r << " i=" << i;
         exact_count += y[r * n + i] == bf16_nearest(exact);
       }
     }
@@ -216,8 +219,9 @@ TEST_F(CpuDense, LayernormMatchesDoubleFormula) {
       const double exact = z * to_float(w[i]) + to_float(b[i]);
       // fp32 mean and variance: relative error ~ n u on the normalised value, measured against
       // its scale (|z| + |mean| / std, since x - mean cancels), plus the bias add.
-      const double err = (n + 8) * kU32 * ((std::fabs(z) + std::fabs(mean) / std::sqrt(var)) * to_float(w[i]) +
-                                           std::fabs(to_float(b[i])));
+      const double err =
+          (n + 8) * kU32 *
+          ((std::fabs(z) + std::fabs(mean) / std::sqrt(var)) * to_float(w[i]) + std::fabs(to_float(b[i])));
       ASSERT_TRUE(bf16_near(y[r * n + i], exact, err)) << "r=" << r << " i=" << i;
       exact_count += y[r * n + i] == bf16_nearest(exact);
     }
@@ -231,9 +235,11 @@ TEST_F(CpuDense, LinearBf16AndF32MatchDoubleAndBatchedEqualsPerRow) {
   SCOPED_TRACE(seed_note());
   Rng rng(7);
   const int rows = 3, n_out = 67, k = 203;  // k not a multiple of the 8 summation lanes
-  const auto W = rng.bf16s(static_cast<size_t>(n_out) * k, -1, 1), X = rng.bf16s(static_cast<size_t>(rows) * k, -1, 1);
+  const auto W = rng.bf16s(static_cast<size_t>(n_out) * k, -1, 1),
+             X = rng.bf16s(static_cast<size_t>(rows) * k, -1, 1);
   auto dW = upload(*be, W), dX = upload(*be, X);
-  auto y_row = poisoned<bf16>(*be, static_cast<size_t>(rows) * n_out), y_bat = poisoned<bf16>(*be, y_row.size());
+  auto y_row = poisoned<bf16>(*be, static_cast<size_t>(rows) * n_out),
+       y_bat = poisoned<bf16>(*be, y_row.size());
   auto y_f32 = poisoned<float>(*be, y_row.size()), y_f32b = poisoned<float>(*be, y_row.size());
   be->linear(dW.data(), dX.data(), y_row.data(), rows, n_out, k, RowsMode::per_row);
   be->linear(dW.data(), dX.data(), y_bat.data(), rows, n_out, k, RowsMode::batched);
@@ -276,12 +282,14 @@ TEST_F(CpuDense, LinearFp8AppliesTheRowScale) {
     for (int i = 0; i < n_out; ++i) {
       double acc = 0, abs_sum = 0;
       for (int j = 0; j < k; ++j) {
-        const double t = static_cast<double>(to_float(W[static_cast<size_t>(i) * k + j])) * to_float(X[r * k + j]);
+        const double t =
+            static_cast<double>(to_float(W[static_cast<size_t>(i) * k + j])) * to_float(X[r * k + j]);
         acc += t;
         abs_sum += std::fabs(t);
       }
       // One more fp32 rounding for the scale multiply.
-      ASSERT_TRUE(bf16_near(y[r * n_out + i], scale[i] * acc, scale[i] * (fp32_sum_bound(k, abs_sum) + kU32 * std::fabs(acc))))
+      ASSERT_TRUE(bf16_near(y[r * n_out + i], scale[i] * acc,
+                            scale[i] * (fp32_sum_bound(k, abs_sum) + kU32 * std::fabs(acc))))
           << "r=" << r << " i=" << i;
     }
   }
@@ -362,7 +370,9 @@ TEST_F(CpuDense, HeadArgmaxFp8UsesScaledFp8Rows) {
       acc += t;
       abs_sum += std::fabs(t);
     }
-    ASSERT_TRUE(bf16_near(got[i], scale[i] * acc, scale[i] * (fp32_sum_bound(k, abs_sum) + kU32 * std::fabs(acc)))) << i;
+    ASSERT_TRUE(
+        bf16_near(got[i], scale[i] * acc, scale[i] * (fp32_sum_bound(k, abs_sum) + kU32 * std::fabs(acc))))
+        << i;
     if (got[i] > got[best]) best = i;
   }
   EXPECT_EQ(download(*be, out)[0].index, base + best);

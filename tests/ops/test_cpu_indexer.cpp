@@ -28,12 +28,13 @@ struct CpuIndexer : ::testing::Test {
 
 /// K_j[c] = sum_m softmax_m(gate[jP+m, c] + ape[m, c]) k[jP+m, c], in double. Also returns
 /// sum_m alpha |k| per channel (the scale of the terms) through `scale`.
-std::vector<double> pool_key(const std::vector<float>& k, const std::vector<float>& gate, const std::vector<float>& ape,
-                             int j, int D, int P, std::vector<double>* scale) {
+std::vector<double> pool_key(const std::vector<float>& k, const std::vector<float>& gate,
+                             const std::vector<float>& ape, int j, int D, int P, std::vector<double>* scale) {
   std::vector<double> key(D), sc(D);
   for (int c = 0; c < D; ++c) {
     double denom = 0;
-    for (int m = 0; m < P; ++m) denom += std::exp(static_cast<double>(gate[(j * P + m) * D + c]) + ape[m * D + c]);
+    for (int m = 0; m < P; ++m)
+      denom += std::exp(static_cast<double>(gate[(j * P + m) * D + c]) + ape[m * D + c]);
     for (int m = 0; m < P; ++m) {
       const double alpha = std::exp(static_cast<double>(gate[(j * P + m) * D + c]) + ape[m * D + c]) / denom;
       key[c] += alpha * k[(j * P + m) * D + c];
@@ -104,7 +105,8 @@ TEST_F(CpuIndexer, StoreWritesRowsAndPoolKeys) {
     }
     std::vector<double> scale;
     const auto want = pool_key(kf, gate, ape, j, D, P, &scale);
-    for (int c = 0; c < D; ++c) ASSERT_TRUE(near_abs(kk[j * D + c], want[c], 1e-5 * scale[c])) << "pool " << j << " c " << c;
+    for (int c = 0; c < D; ++c)
+      ASSERT_TRUE(near_abs(kk[j * D + c], want[c], 1e-5 * scale[c])) << "pool " << j << " c " << c;
   }
 }
 
@@ -125,8 +127,8 @@ TEST_F(CpuIndexer, RewrittenRowsRecomputeTheirPoolKey) {
     auto dk = upload(*be, std::vector<bf16>(k.begin() + r * D, k.begin() + (r + 1) * D));
     auto dg = upload(*be, std::vector<float>(gate.begin() + r * D, gate.begin() + (r + 1) * D));
     be->upload(pos.data(), &r, sizeof r);
-    be->indexer_store(dk.data(), dg.data(), dape.data(), pos.data(), k_cache.data(), gate_cache.data(), valid.data(),
-                      keys.data(), D, P);
+    be->indexer_store(dk.data(), dg.data(), dape.data(), pos.data(), k_cache.data(), gate_cache.data(),
+                      valid.data(), keys.data(), D, P);
   };
   for (int r = 0; r < n_rows; ++r) store(r);
   // Roll back rows 6..7 (the drafter clears their valid marks) and write new values.
@@ -189,7 +191,8 @@ TEST_F(CpuIndexer, ScoresMatchDoubleAndMaskLaterPools) {
   int32_t far = kRows * 2;
   be->upload(pos.data(), &far, sizeof far);
   auto scores = poisoned<float>(*be, kPools);
-  EXPECT_THROW(be->indexer_scores(dq.data(), dw.data(), dkeys.data(), pos.data(), scores.data(), n_heads, D, P, kPools),
+  EXPECT_THROW(be->indexer_scores(dq.data(), dw.data(), dkeys.data(), pos.data(), scores.data(), n_heads, D,
+                                  P, kPools),
                Error);
 }
 
@@ -221,8 +224,7 @@ TEST_F(CpuIndexer, TiesGoToTheLowerPool) {
   auto pos = upload(*be, std::vector<int32_t>{41});
   auto sel = poisoned<int32_t>(*be, K + P - 1, 0x7f);
   be->indexer_select(ds.data(), pos.data(), sel.data(), K, P, max_pools);
-  const std::vector<int32_t> want = {0, 1, 2,  3,  4,  5,  6,  7,  8,  9,
-                                     10, 11, 32, 33, 34, 35, 40, 41, -1};
+  const std::vector<int32_t> want = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 32, 33, 34, 35, 40, 41, -1};
   EXPECT_EQ(download(*be, sel), want);
 }
 
@@ -299,7 +301,8 @@ TEST_F(CpuIndexer, StoreScoreSelectPipelineMatchesDoubleEndToEnd) {
       want[j] = static_cast<float>(s);
     }
     for (int i = 0; i < (r + 1) / P; ++i)
-      for (int j = 0; j < i; ++j) min_gap = std::min(min_gap, std::fabs(static_cast<double>(want[i]) - want[j]));
+      for (int j = 0; j < i; ++j)
+        min_gap = std::min(min_gap, std::fabs(static_cast<double>(want[i]) - want[j]));
     if (min_gap > 1e-4) {
       ASSERT_EQ(download(*be, sel), naive_select(want, r, K, P)) << "row " << r;
     }

@@ -10,11 +10,11 @@
 // - absorbed == materialised: 1 ulp of the output plus 4 * 2^-9 of the largest |v| of the head
 //   (the inner BF16 roundings of q_abs and o_lat, seen through the softmax and W_v).
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
-#include <cstdio>
-#include <cstdlib>
 
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
@@ -101,7 +101,8 @@ TEST_F(CpuMla, KvWriteFp8DividesByTheScale) {
     for (int c = 0; c < L; ++c) {
       // The fp32 quotient, then the nearest code (saturating at 448).
       const float q = to_float(rows[t * L + c]) / scale;
-      ASSERT_EQ(got[slot * L + c].bits, nearest_e4m3_code(std::clamp(q, -448.0f, 448.0f))) << "row " << t << " c " << c;
+      ASSERT_EQ(got[slot * L + c].bits, nearest_e4m3_code(std::clamp(q, -448.0f, 448.0f)))
+          << "row " << t << " c " << c;
     }
   }
 }
@@ -118,7 +119,9 @@ TEST_F(CpuMla, AbsorbAndOutVMatchDouble) {
   be->mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
   be->mla_out_v(dol.data(), dW.data(), o.data(), H, DQK, DV, L);
   const auto qa = widen(download(*be, q_abs)), og = widen(download(*be, o));
-  auto Wat = [&](int row, int c) { return static_cast<double>(to_float(W[static_cast<size_t>(row) * L + c])); };
+  auto Wat = [&](int row, int c) {
+    return static_cast<double>(to_float(W[static_cast<size_t>(row) * L + c]));
+  };
   for (int h = 0; h < H; ++h) {
     for (int c = 0; c < L; ++c) {
       double s = 0, a = 0;
@@ -145,8 +148,8 @@ namespace {
 
 /// Decode in double over explicit latent rows (already dequantised); returns o_lat and the
 /// tolerance per element.
-void decode_reference(const std::vector<float>& q_abs, const std::vector<std::vector<double>>& rows, int H, int L,
-                      double scale, std::vector<double>& out, std::vector<double>& tol) {
+void decode_reference(const std::vector<float>& q_abs, const std::vector<std::vector<double>>& rows, int H,
+                      int L, double scale, std::vector<double>& out, std::vector<double>& tol) {
   out.assign(static_cast<size_t>(H) * L, 0.0);
   tol.assign(out.size(), 0.0);
   double max_c = 0;
@@ -223,13 +226,14 @@ TEST_F(CpuMla, DecodeMatchesDoubleSoftmaxOverTheSelection) {
     auto dsel = upload(*be, selection);
     auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
     const float sm_scale = 1.0f / std::sqrt(static_cast<float>(DQK));
-    be->mla_decode(dq.data(), dsel.data(), static_cast<int>(selection.size()), table.data(), cache, o_lat.data(), H,
-                   sm_scale);
+    be->mla_decode(dq.data(), dsel.data(), static_cast<int>(selection.size()), table.data(), cache,
+                   o_lat.data(), H, sm_scale);
     const auto got = widen(download(*be, o_lat));
     std::vector<double> want, tol;
     decode_reference(widen(q_abs), sel_rows, H, L, sm_scale, want, tol);
     for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_TRUE(bf16_near(got[i], want[i], tol[i])) << (dtype == KvDtype::bf16 ? "bf16" : "fp8") << " element " << i;
+      ASSERT_TRUE(bf16_near(got[i], want[i], tol[i]))
+          << (dtype == KvDtype::bf16 ? "bf16" : "fp8") << " element " << i;
     }
   }
 }
@@ -281,13 +285,18 @@ TEST_F(CpuMla, AbsorbedAttentionEqualsMaterialisedAttention) {
   auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
   auto o = poisoned<bf16>(*be, static_cast<size_t>(H) * DV);
   be->mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
-  be->mla_decode(q_abs.data(), dsel.data(), n_rows, table.data(), cache, o_lat.data(), H, static_cast<float>(sm_scale));
+  be->mla_decode(q_abs.data(), dsel.data(), n_rows, table.data(), cache, o_lat.data(), H,
+                 static_cast<float>(sm_scale));
   be->mla_out_v(o_lat.data(), dW.data(), o.data(), H, DQK, DV, L);
   const auto got = widen(download(*be, o));
 
   const auto cf = widen(c_kv), Wf = widen(W), qf = widen(q);
-  auto Wk = [&](int h, int d, int c) { return static_cast<double>(Wf[(static_cast<size_t>(h) * (DQK + DV) + d) * L + c]); };
-  auto Wv = [&](int h, int i, int c) { return static_cast<double>(Wf[(static_cast<size_t>(h) * (DQK + DV) + DQK + i) * L + c]); };
+  auto Wk = [&](int h, int d, int c) {
+    return static_cast<double>(Wf[(static_cast<size_t>(h) * (DQK + DV) + d) * L + c]);
+  };
+  auto Wv = [&](int h, int i, int c) {
+    return static_cast<double>(Wf[(static_cast<size_t>(h) * (DQK + DV) + DQK + i) * L + c]);
+  };
   double worst = 0;
   for (int h = 0; h < H; ++h) {
     std::vector<double> score(n_rows), p(n_rows), o_ref(DV, 0.0);
@@ -317,7 +326,8 @@ TEST_F(CpuMla, AbsorbedAttentionEqualsMaterialisedAttention) {
     const double inner = 4 * std::ldexp(v_max, -9);
     for (int i = 0; i < DV; ++i) {
       const double err = std::fabs(got[h * DV + i] - o_ref[i]);
-      ASSERT_LE(err, bf16_ulp(o_ref[i]) + inner) << "h " << h << " i " << i << " got " << got[h * DV + i] << " want " << o_ref[i];
+      ASSERT_LE(err, bf16_ulp(o_ref[i]) + inner)
+          << "h " << h << " i " << i << " got " << got[h * DV + i] << " want " << o_ref[i];
       worst = std::max(worst, std::max(0.0, err - bf16_ulp(o_ref[i])) / inner);
     }
   }

@@ -75,13 +75,13 @@ Route naive_route(const std::vector<float>& logits, const std::vector<float>& bi
   return r;
 }
 
-Route run_route(Backend& be, const std::vector<float>& logits, const std::vector<float>& bias, int top_k, int n_group,
-                int topk_group, float scaling) {
+Route run_route(Backend& be, const std::vector<float>& logits, const std::vector<float>& bias, int top_k,
+                int n_group, int topk_group, float scaling) {
   auto dl = upload(be, logits), db = upload(be, bias);
   auto idx = poisoned<int32_t>(be, top_k);
   auto w = poisoned<float>(be, top_k);
-  be.moe_route(dl.data(), db.data(), static_cast<int>(logits.size()), top_k, n_group, topk_group, scaling, idx.data(),
-               w.data());
+  be.moe_route(dl.data(), db.data(), static_cast<int>(logits.size()), top_k, n_group, topk_group, scaling,
+               idx.data(), w.data());
   Route r;
   r.idx = download(be, idx);
   for (float v : download(be, w)) r.weights.push_back(v);
@@ -171,7 +171,9 @@ struct Experts {
   int E, H, I;
   std::vector<bf16> gate, up, down;
   Experts(Rng& rng, int e, int h, int inter, float gate_range)
-      : E(e), H(h), I(inter),
+      : E(e),
+        H(h),
+        I(inter),
         gate(rng.bf16s(static_cast<size_t>(e) * inter * h, -gate_range, gate_range)),
         up(rng.bf16s(static_cast<size_t>(e) * inter * h, -gate_range, gate_range)),
         down(rng.bf16s(static_cast<size_t>(e) * h * inter, -0.2f, 0.2f)) {}
@@ -199,7 +201,8 @@ ExpertsRef experts_reference(const Experts& ex, const std::vector<bf16>& x, cons
     for (int r = 0; r < I; ++r) {
       double g = 0, u = 0;
       for (int j = 0; j < H; ++j) {
-        g += static_cast<double>(to_float(ex.gate[(static_cast<size_t>(e) * I + r) * H + j])) * to_float(x[j]);
+        g +=
+            static_cast<double>(to_float(ex.gate[(static_cast<size_t>(e) * I + r) * H + j])) * to_float(x[j]);
         u += static_cast<double>(to_float(ex.up[(static_cast<size_t>(e) * I + r) * H + j])) * to_float(x[j]);
       }
       g = bf16_nearest(g);
@@ -222,7 +225,8 @@ ExpertsRef experts_reference(const Experts& ex, const std::vector<bf16>& x, cons
       d = bf16_nearest(d);
       ref.out[h] += weights[i] * d;
       ref.abs_sum[h] += std::fabs(weights[i] * d);
-      ref.tol[h] += std::fabs(weights[i]) * (2 * bf16_ulp(d) + a_err + static_cast<double>(idx.size()) * kU32 * std::fabs(d));
+      ref.tol[h] += std::fabs(weights[i]) *
+                    (2 * bf16_ulp(d) + a_err + static_cast<double>(idx.size()) * kU32 * std::fabs(d));
     }
   }
   return ref;
@@ -232,9 +236,12 @@ std::vector<float> run_experts(Backend& be, const Experts& ex, const std::vector
                                const std::vector<int32_t>& idx, const std::vector<float>& weights, int first,
                                int num_local, float limit) {
   const size_t per = static_cast<size_t>(ex.I) * ex.H;
-  auto gate = upload(be, std::vector<bf16>(ex.gate.begin() + first * per, ex.gate.begin() + (first + num_local) * per));
-  auto up = upload(be, std::vector<bf16>(ex.up.begin() + first * per, ex.up.begin() + (first + num_local) * per));
-  auto down = upload(be, std::vector<bf16>(ex.down.begin() + first * per, ex.down.begin() + (first + num_local) * per));
+  auto gate = upload(
+      be, std::vector<bf16>(ex.gate.begin() + first * per, ex.gate.begin() + (first + num_local) * per));
+  auto up =
+      upload(be, std::vector<bf16>(ex.up.begin() + first * per, ex.up.begin() + (first + num_local) * per));
+  auto down = upload(
+      be, std::vector<bf16>(ex.down.begin() + first * per, ex.down.begin() + (first + num_local) * per));
   auto dx = upload(be, x);
   auto didx = upload(be, idx);
   auto dw = upload(be, weights);
@@ -278,7 +285,8 @@ TEST_F(CpuMoe, OnlyOwnedExpertsContribute) {
   const std::vector<int32_t> idx = {3, 6, 2, 0};
   const std::vector<float> weights = rng.floats(4, 0.2f, 1.0f);
   // This rank owns experts 2, 3, 4: experts 3 and 2 contribute, 6 and 0 do not.
-  expect_matches(run_experts(*be, ex, x, idx, weights, 2, 3, 10.0f), experts_reference(ex, x, idx, weights, 2, 3, 10.0));
+  expect_matches(run_experts(*be, ex, x, idx, weights, 2, 3, 10.0f),
+                 experts_reference(ex, x, idx, weights, 2, 3, 10.0));
   // Owning none of the selected experts overwrites the (poisoned) output with zeros.
   for (float v : run_experts(*be, ex, x, idx, weights, 4, 2, 10.0f)) ASSERT_EQ(v, 0.0f);
   // An expert-parallel split: the two ranks' partials add up to the unsplit output.
@@ -311,7 +319,8 @@ TEST_F(CpuMoe, SwigluClampEngages) {
   expect_matches(got, clamped);
   // The clamp changes the answer by more than ten times the tolerance ...
   double beyond = 0;
-  for (size_t h = 0; h < got.size(); ++h) beyond = std::max(beyond, std::fabs(unclamped.out[h] - got[h]) / clamped.tol[h]);
+  for (size_t h = 0; h < got.size(); ++h)
+    beyond = std::max(beyond, std::fabs(unclamped.out[h] - got[h]) / clamped.tol[h]);
   EXPECT_GT(beyond, 10.0);
   // ... and limit <= 0 turns it off.
   expect_matches(run_experts(*be, ex, x, idx, weights, 0, 4, 0.0f), unclamped);

@@ -1,0 +1,95 @@
+// The CPU reference backend (internal to lib/ops): the definition every GPU kernel is tested
+// against. Every op runs at once on the calling thread, single-threaded, in plain loops.
+//
+// Invariants:
+// - Each op computes exactly the function documented in ops/ops.hpp and docs/numerics.md, with
+//   fp32 accumulation and BF16 rounding (round-to-nearest-even) at exactly the stated points.
+//   Summation order is not part of the contract; the CPU sums in 8 interleaved fp32 lanes.
+// - Backend memory is host memory from aligned operator new (64-byte alignment), so a pointer
+//   from allocate() can be read directly; positions and tokens are read from it at call time.
+// - Bad arguments (sizes, positions past the cache, unknown blocks) throw mtplab::Error naming
+//   the op and the value; a GPU kernel cannot check what the CPU checks here.
+// - One instance is not thread-safe (scratch buffers are members).
+#pragma once
+#include <vector>
+
+#include "ops/ops.hpp"
+
+namespace mtplab::ops::cpu {
+
+class CpuBackend final : public Backend {
+ public:
+  BackendKind kind() const override { return BackendKind::cpu; }
+  std::string device_name() const override { return "cpu"; }
+
+  void* allocate(size_t bytes) override;
+  void release(void* ptr) noexcept override;
+  void upload(void* dst, const void* host_src, size_t bytes) override;
+  void download(void* host_dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void fill_bytes(void* dst, uint8_t value, size_t bytes) override;
+  void synchronize() override {}
+
+  std::unique_ptr<Event> make_event() override;
+  double elapsed_ms(const Event& start, const Event& end) override;
+
+  void add_i32(const int32_t* src, int32_t add, int32_t* dst) override;
+
+  void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) override;
+  void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
+                     float eps) override;
+  void layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n, float eps) override;
+
+  void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode mode) override;
+  void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, RowsMode mode) override;
+  void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
+                  int k) override;
+
+  void head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x, int n, int k,
+                   int64_t index_base, bf16* logits, ArgMax* out) override;
+  void argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) override;
+
+  void argmax_pack_key(const ArgMax* in, uint64_t* key) override;
+  void argmax_unpack_key(const uint64_t* key, int32_t* token) override;
+  void argmax_pick(const ArgMax* pairs, int n, int32_t* token) override;
+
+  void residual_add(const bf16* x, const float* delta, bf16* y, int n) override;
+  void add(const bf16* a, const bf16* b, bf16* y, int n) override;
+  void to_bf16(const float* x, bf16* y, int n) override;
+  void accumulate_f32(const float* x, float* y, int n) override;
+  void scale_f32(float* x, float s, int n) override;
+
+  void indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
+                     bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
+                     int P) override;
+  void indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
+                      float* scores, int n_heads, int D, int P, int max_pools) override;
+  void indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
+                      int max_pools) override;
+
+  void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) override;
+  void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
+                    int kv_lora) override;
+  void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
+                  KvCache cache, bf16* o_lat, int n_heads, float softmax_scale) override;
+  void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
+                 int kv_lora) override;
+
+  void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
+                 int topk_group, float scaling, int32_t* idx, float* weights) override;
+  void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
+                   float limit, float* out) override;
+
+ private:
+  /// Y[r] = sum_j W[., j] X[r, j] in fp32 (no rounding), rows at a time; shared by the linears.
+  void linear_fp32_rows(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, const char* op);
+  /// Resolves logical row `row` of a paged cache to its slot (block table lookup, checked).
+  int64_t cache_slot(const int32_t* block_table, const KvCache& cache, int64_t row, const char* op) const;
+
+  // Scratch reused across calls (single-threaded backend).
+  std::vector<float> xf_;
+  std::vector<float> tmp_;
+  std::vector<float> tmp2_;
+};
+
+}  // namespace mtplab::ops::cpu

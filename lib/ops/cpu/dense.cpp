@@ -1,0 +1,208 @@
+// CPU reference: norms, linear layers, the draft head and the argmax family.
+//
+// Invariants:
+// - Inputs are widened to fp32 once per row (the hoisted `xf_`), products accumulate in fp32 and
+//   each output is rounded to BF16 exactly once, at the point ops.hpp names.
+// - RowsMode::batched computes exactly what per_row does on the CPU: the mode only selects a
+//   GPU code path (cuBLASLt GEMM vs GEMV), whose summation order differs.
+// - Argmax ties keep the lowest index: a later element replaces the best only when strictly
+//   greater. The pack key orders (value, -index) the same way, so MAX over keys == argmax_pick.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ops/cpu/cpu_backend.hpp"
+#include "ops/cpu/cpu_math.hpp"
+
+namespace mtplab::ops::cpu {
+
+// ---- norms --------------------------------------------------------------------------------------
+
+namespace {
+
+/// y = bf16(w * (x * r)), r = 1 / sqrt(sum(x^2) / n + eps); x and y may alias.
+void rmsnorm_row(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
+  float acc[kLanes] = {};
+  int j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = to_float(x[j + l]);
+      acc[l] += v * v;
+    }
+  }
+  float tail = 0.0f;
+  for (; j < n; ++j) tail += to_float(x[j]) * to_float(x[j]);
+  const float mean_sq = (fold_lanes(acc) + tail) / static_cast<float>(n);
+  const float r = 1.0f / std::sqrt(mean_sq + eps);
+  for (int i = 0; i < n; ++i) y[i] = mtplab::to_bf16(to_float(w[i]) * (to_float(x[i]) * r));
+}
+
+}  // namespace
+
+void CpuBackend::rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
+  require_size("rmsnorm", "rows", rows);
+  require_size("rmsnorm", "n", n);
+  for (int r = 0; r < rows; ++r) {
+    const size_t off = static_cast<size_t>(r) * n;
+    rmsnorm_row(x + off, w, y + off, n, eps);
+  }
+}
+
+void CpuBackend::embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
+                               float eps) {
+  require_size("embed_rmsnorm", "n", n);
+  require_ptr("embed_rmsnorm", "token", token);
+  MTP_REQUIRE(token[0] >= 0, "ops::embed_rmsnorm: token id ", token[0], " is negative");
+  rmsnorm_row(table + static_cast<size_t>(token[0]) * n, w, y, n, eps);
+}
+
+void CpuBackend::layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n, float eps) {
+  require_size("layernorm", "rows", rows);
+  require_size("layernorm", "n", n);
+  xf_.resize(n);
+  float* v = xf_.data();
+  for (int r = 0; r < rows; ++r) {
+    const size_t off = static_cast<size_t>(r) * n;
+    widen(x + off, v, n);
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += v[i];
+    const float mean = sum / static_cast<float>(n);
+    float sq = 0.0f;
+    for (int i = 0; i < n; ++i) sq += (v[i] - mean) * (v[i] - mean);
+    const float r_std = 1.0f / std::sqrt(sq / static_cast<float>(n) + eps);
+    for (int i = 0; i < n; ++i) {
+      y[off + i] = mtplab::to_bf16((v[i] - mean) * r_std * to_float(w[i]) + to_float(b[i]));
+    }
+  }
+}
+
+// ---- linear layers ------------------------------------------------------------------------------
+
+void CpuBackend::linear_fp32_rows(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k,
+                                  const char* op) {
+  require_size(op, "rows", rows);
+  require_size(op, "n_out", n_out);
+  require_size(op, "k", k);
+  xf_.resize(k);
+  for (int r = 0; r < rows; ++r) {
+    widen(X + static_cast<size_t>(r) * k, xf_.data(), k);
+    float* y = Y + static_cast<size_t>(r) * n_out;
+    for (int i = 0; i < n_out; ++i) y[i] = dot(W + static_cast<size_t>(i) * k, xf_.data(), k);
+  }
+}
+
+void CpuBackend::linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode) {
+  require_size("linear", "rows", rows);
+  require_size("linear", "n_out", n_out);
+  tmp_.resize(static_cast<size_t>(n_out));
+  for (int r = 0; r < rows; ++r) {
+    linear_fp32_rows(W, X + static_cast<size_t>(r) * k, tmp_.data(), 1, n_out, k, "linear");
+    bf16* y = Y + static_cast<size_t>(r) * n_out;
+    for (int i = 0; i < n_out; ++i) y[i] = mtplab::to_bf16(tmp_[i]);
+  }
+}
+
+void CpuBackend::linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, RowsMode) {
+  linear_fp32_rows(W, X, Y, rows, n_out, k, "linear_f32");
+}
+
+void CpuBackend::linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows,
+                            int n_out, int k) {
+  require_size("linear_fp8", "rows", rows);
+  require_size("linear_fp8", "n_out", n_out);
+  require_size("linear_fp8", "k", k);
+  require_ptr("linear_fp8", "row_scale", row_scale);
+  xf_.resize(k);
+  tmp_.resize(static_cast<size_t>(n_out));
+  for (int r = 0; r < rows; ++r) {
+    widen(X + static_cast<size_t>(r) * k, xf_.data(), k);
+    for (int i = 0; i < n_out; ++i)
+      tmp_[i] = row_scale[i] * dot(W + static_cast<size_t>(i) * k, xf_.data(), k);
+    bf16* y = Y + static_cast<size_t>(r) * n_out;
+    for (int i = 0; i < n_out; ++i) y[i] = mtplab::to_bf16(tmp_[i]);
+  }
+}
+
+// ---- head and argmax ----------------------------------------------------------------------------
+
+namespace {
+
+int32_t global_index(const char* op, int64_t index_base, int64_t local) {
+  const int64_t g = index_base + local;
+  MTP_REQUIRE(index_base >= 0 && g <= std::numeric_limits<int32_t>::max(), "ops::", op, ": index_base ",
+              index_base, " + ", local, " does not fit a non-negative int32 token id");
+  return static_cast<int32_t>(g);
+}
+
+}  // namespace
+
+void CpuBackend::head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
+                             int n, int k, int64_t index_base, bf16* logits, ArgMax* out) {
+  require_size("head_argmax", "n", n);
+  require_size("head_argmax", "k", k);
+  require_ptr("head_argmax", "out", out);
+  global_index("head_argmax", index_base, n - 1);  // checks the whole range once
+  if (W_fp8) {
+    require_ptr("head_argmax", "row_scale (FP8 head)", row_scale);
+  } else {
+    require_ptr("head_argmax", "W", W);
+  }
+  xf_.resize(k);
+  widen(x, xf_.data(), k);
+  float best = 0.0f;
+  int best_i = -1;
+  for (int i = 0; i < n; ++i) {
+    const size_t row = static_cast<size_t>(i) * k;
+    const float acc = W_fp8 ? row_scale[i] * dot(W_fp8 + row, xf_.data(), k) : dot(W + row, xf_.data(), k);
+    const bf16 logit = mtplab::to_bf16(acc);
+    if (logits) logits[i] = logit;
+    const float v = to_float(logit);
+    if (best_i < 0 || v > best) {
+      best = v;
+      best_i = i;
+    }
+  }
+  *out = ArgMax{best, global_index("head_argmax", index_base, best_i)};
+}
+
+void CpuBackend::argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) {
+  require_size("argmax", "n", n);
+  require_ptr("argmax", "out", out);
+  global_index("argmax", index_base, n - 1);
+  float best = to_float(x[0]);
+  int best_i = 0;
+  for (int i = 1; i < n; ++i) {
+    const float v = to_float(x[i]);
+    if (v > best) {
+      best = v;
+      best_i = i;
+    }
+  }
+  *out = ArgMax{best, global_index("argmax", index_base, best_i)};
+}
+
+void CpuBackend::argmax_pack_key(const ArgMax* in, uint64_t* key) {
+  require_ptr("argmax_pack_key", "in", in);
+  require_ptr("argmax_pack_key", "key", key);
+  *key = (static_cast<uint64_t>(order_preserving_u32(in->value)) << 32) |
+         static_cast<uint64_t>(~static_cast<uint32_t>(in->index));
+}
+
+void CpuBackend::argmax_unpack_key(const uint64_t* key, int32_t* token) {
+  require_ptr("argmax_unpack_key", "key", key);
+  require_ptr("argmax_unpack_key", "token", token);
+  *token = static_cast<int32_t>(~static_cast<uint32_t>(*key & 0xffffffffu));
+}
+
+void CpuBackend::argmax_pick(const ArgMax* pairs, int n, int32_t* token) {
+  require_size("argmax_pick", "n", n);
+  require_ptr("argmax_pick", "token", token);
+  ArgMax best = pairs[0];
+  for (int i = 1; i < n; ++i) {
+    const ArgMax& p = pairs[i];
+    if (p.value > best.value || (p.value == best.value && p.index < best.index)) best = p;
+  }
+  *token = best.index;
+}
+
+}  // namespace mtplab::ops::cpu

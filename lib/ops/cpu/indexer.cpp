@@ -1,0 +1,130 @@
+// CPU reference: the pooled lightning indexer (MODEL.md): row store + pool key, pool scores,
+// and the top-k pool selection.
+//
+// Invariants:
+// - Pool j covers rows jP .. jP+P-1 and exists once row jP+P-1 is stored; its key is computed
+//   from the cached (BF16) k rows and fp32 gates when that last row is stored, and recomputed
+//   whenever that row is stored again (after a rollback).
+// - At position p the candidates are pools 0 .. floor((p+1)/P) - 1; the selection is the top
+//   min(K/P, candidates) of them by score, ties to the lower pool index, written in ascending
+//   pool order, then the tail rows P*floor((p+1)/P) .. p, then -1 up to width K + P - 1.
+//   When every candidate fits (p <= K + P - 2 for K a multiple of P) this is every row 0..p.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "ops/cpu/cpu_backend.hpp"
+#include "ops/cpu/cpu_math.hpp"
+
+namespace mtplab::ops::cpu {
+
+namespace {
+
+int32_t read_pos(const char* op, const int32_t* pos) {
+  require_ptr(op, "pos", pos);
+  MTP_REQUIRE(pos[0] >= 0, "ops::", op, ": position ", pos[0], " is negative");
+  return pos[0];
+}
+
+/// Pools whose last row is at or before `p`.
+int64_t candidate_pools(int64_t p, int P) { return (p + 1) / P; }
+
+}  // namespace
+
+void CpuBackend::indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
+                               bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
+                               int P) {
+  require_size("indexer_store", "D", D);
+  require_size("indexer_store", "P", P);
+  const int64_t p = read_pos("indexer_store", pos);
+  const size_t row = static_cast<size_t>(p) * D;
+  std::copy(k_normed, k_normed + D, k_cache + row);
+  std::copy(gate, gate + D, gate_cache + row);
+  valid[p] = 1;
+  if (p % P != P - 1) return;
+
+  const int64_t j = p / P;
+  const int64_t first = j * P;
+  for (int m = 0; m < P - 1; ++m) {
+    MTP_REQUIRE(valid[first + m] != 0, "ops::indexer_store: row ", p, " completes pool ", j, " but row ",
+                first + m, " was never stored (rows are missing, not merely stale)");
+  }
+  // alpha_{m,c} = softmax_m(gate[jP+m, c] + ape[m, c]); K_j[c] = sum_m alpha_{m,c} k[jP+m, c].
+  float* key = pool_keys + static_cast<size_t>(j) * D;
+  tmp_.resize(static_cast<size_t>(P));
+  float* logit = tmp_.data();
+  for (int c = 0; c < D; ++c) {
+    float max_logit = -std::numeric_limits<float>::infinity();
+    for (int m = 0; m < P; ++m) {
+      logit[m] = gate_cache[static_cast<size_t>(first + m) * D + c] + ape[static_cast<size_t>(m) * D + c];
+      max_logit = std::max(max_logit, logit[m]);
+    }
+    float denom = 0.0f;
+    for (int m = 0; m < P; ++m) {
+      logit[m] = std::exp(logit[m] - max_logit);
+      denom += logit[m];
+    }
+    float acc = 0.0f;
+    for (int m = 0; m < P; ++m) {
+      acc += (logit[m] / denom) * to_float(k_cache[static_cast<size_t>(first + m) * D + c]);
+    }
+    key[c] = acc;
+  }
+}
+
+void CpuBackend::indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
+                                float* scores, int n_heads, int D, int P, int max_pools) {
+  require_size("indexer_scores", "n_heads", n_heads);
+  require_size("indexer_scores", "D", D);
+  require_size("indexer_scores", "P", P);
+  require_size("indexer_scores", "max_pools", max_pools);
+  const int64_t p = read_pos("indexer_scores", pos);
+  const int64_t n_cand = candidate_pools(p, P);
+  MTP_REQUIRE(n_cand <= max_pools, "ops::indexer_scores: position ", p, " has ", n_cand,
+              " complete pools but the score buffer holds ", max_pools);
+  const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t j = 0; j < n_cand; ++j) {
+    const float* key = pool_keys + static_cast<size_t>(j) * D;
+    float score = 0.0f;
+    for (int h = 0; h < n_heads; ++h) {
+      const float qk = dot(q + static_cast<size_t>(h) * D, key, D) * inv_sqrt_d;
+      score += w[h] * std::max(qk, 0.0f);
+    }
+    scores[j] = score;
+  }
+  std::fill(scores + n_cand, scores + max_pools, -std::numeric_limits<float>::infinity());
+}
+
+void CpuBackend::indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
+                                int max_pools) {
+  require_size("indexer_select", "K", K);
+  require_size("indexer_select", "P", P);
+  require_size("indexer_select", "max_pools", max_pools);
+  const int64_t p = read_pos("indexer_select", pos);
+  const int64_t n_cand = candidate_pools(p, P);
+  MTP_REQUIRE(n_cand <= max_pools, "ops::indexer_select: position ", p, " has ", n_cand,
+              " complete pools but the score buffer holds ", max_pools);
+  const int64_t n_sel = std::min<int64_t>(K / P, n_cand);
+  const int64_t width = static_cast<int64_t>(K) + P - 1;
+
+  std::vector<int32_t> pools(static_cast<size_t>(n_cand));
+  std::iota(pools.begin(), pools.end(), 0);
+  if (n_sel < n_cand) {
+    // Higher score first; equal scores: lower pool index first.
+    auto better = [scores](int32_t a, int32_t b) {
+      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    };
+    std::nth_element(pools.begin(), pools.begin() + n_sel, pools.end(), better);
+    pools.resize(static_cast<size_t>(n_sel));
+    std::sort(pools.begin(), pools.end());
+  }
+  int64_t out = 0;
+  for (int32_t j : pools) {
+    for (int m = 0; m < P; ++m) selection[out++] = static_cast<int32_t>(static_cast<int64_t>(j) * P + m);
+  }
+  for (int64_t t = n_cand * P; t <= p; ++t) selection[out++] = static_cast<int32_t>(t);
+  for (; out < width; ++out) selection[out] = -1;
+}
+
+}  // namespace mtplab::ops::cpu

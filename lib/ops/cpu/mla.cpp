@@ -1,0 +1,155 @@
+// CPU reference: the paged latent KV cache and absorbed sparse MLA decode (MODEL.md, DSA).
+//
+// Invariants:
+// - Row t of a sequence lives at slot block_table[t / block_size] * block_size + t % block_size;
+//   a physical block outside [0, num_blocks) is an error.
+// - An FP8 cache stores to_fp8e4m3(x / scale) (a true fp32 division, not a multiply by 1/scale)
+//   and reads back float(fp8) * scale in fp32.
+// - Absorbed attention is the same function as the materialised one: q_abs = W_k^T q, scores
+//   against the latent rows, softmax in fp32, weighted latent sum, then W_v. BF16 roundings:
+//   q_abs, o_lat and o, nothing else. A selection with no rows gives o_lat = 0.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "ops/cpu/cpu_backend.hpp"
+#include "ops/cpu/cpu_math.hpp"
+
+namespace mtplab::ops::cpu {
+
+namespace {
+
+void check_cache(const char* op, const KvCache& cache) {
+  require_ptr(op, "cache.data", cache.data);
+  require_size(op, "cache.num_blocks", cache.num_blocks);
+  require_size(op, "cache.block_size", cache.block_size);
+  require_size(op, "cache.kv_lora", cache.kv_lora);
+  if (cache.dtype == KvDtype::fp8) {
+    MTP_REQUIRE(std::isfinite(cache.scale) && cache.scale > 0.0f, "ops::", op, ": FP8 cache scale ",
+                cache.scale, " must be finite and positive");
+  }
+}
+
+}  // namespace
+
+int64_t CpuBackend::cache_slot(const int32_t* block_table, const KvCache& cache, int64_t row,
+                               const char* op) const {
+  const int64_t logical = row / cache.block_size;
+  const int32_t physical = block_table[logical];
+  MTP_REQUIRE(physical >= 0 && physical < cache.num_blocks, "ops::", op, ": row ", row,
+              " maps to logical block ", logical, " -> physical block ", physical, ", outside the cache's ",
+              cache.num_blocks, " blocks");
+  return static_cast<int64_t>(physical) * cache.block_size + row % cache.block_size;
+}
+
+void CpuBackend::kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) {
+  check_cache("kv_write", cache);
+  require_ptr("kv_write", "pos", pos);
+  require_ptr("kv_write", "block_table", block_table);
+  MTP_REQUIRE(pos[0] >= 0, "ops::kv_write: position ", pos[0], " is negative");
+  const size_t base = static_cast<size_t>(cache_slot(block_table, cache, pos[0], "kv_write")) * cache.kv_lora;
+  if (cache.dtype == KvDtype::bf16) {
+    std::copy(c_kv, c_kv + cache.kv_lora, static_cast<bf16*>(cache.data) + base);
+  } else {
+    fp8e4m3* dst = static_cast<fp8e4m3*>(cache.data) + base;
+    for (int c = 0; c < cache.kv_lora; ++c) dst[c] = to_fp8e4m3(to_float(c_kv[c]) / cache.scale);
+  }
+}
+
+void CpuBackend::mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
+                              int kv_lora) {
+  require_size("mla_absorb_q", "n_heads", n_heads);
+  require_size("mla_absorb_q", "dqk", dqk);
+  require_size("mla_absorb_q", "dv", dv, 0);
+  require_size("mla_absorb_q", "kv_lora", kv_lora);
+  tmp_.resize(static_cast<size_t>(kv_lora));
+  float* acc = tmp_.data();
+  for (int h = 0; h < n_heads; ++h) {
+    // q_abs[h][c] = sum_d W_kvb[h*(dqk+dv) + d][c] * q[h][d]: accumulate whole W rows scaled by q.
+    std::fill(acc, acc + kv_lora, 0.0f);
+    const bf16* Wk = W_kvb + static_cast<size_t>(h) * (dqk + dv) * kv_lora;
+    for (int d = 0; d < dqk; ++d) {
+      const float qd = to_float(q[static_cast<size_t>(h) * dqk + d]);
+      const bf16* wrow = Wk + static_cast<size_t>(d) * kv_lora;
+      for (int c = 0; c < kv_lora; ++c) acc[c] += to_float(wrow[c]) * qd;
+    }
+    bf16* out = q_abs + static_cast<size_t>(h) * kv_lora;
+    for (int c = 0; c < kv_lora; ++c) out[c] = mtplab::to_bf16(acc[c]);
+  }
+}
+
+void CpuBackend::mla_decode(const bf16* q_abs, const int32_t* selection, int width,
+                            const int32_t* block_table, KvCache cache, bf16* o_lat, int n_heads,
+                            float softmax_scale) {
+  check_cache("mla_decode", cache);
+  require_size("mla_decode", "n_heads", n_heads);
+  require_size("mla_decode", "width", width, 0);
+  const int L = cache.kv_lora;
+
+  // Gather the selected latent rows once, widened to fp32: every head reads all of them.
+  tmp_.resize(static_cast<size_t>(width) * L);
+  float* rows = tmp_.data();
+  int n_rows = 0;
+  for (int i = 0; i < width; ++i) {
+    const int32_t t = selection[i];
+    if (t == -1) continue;
+    MTP_REQUIRE(t >= 0, "ops::mla_decode: selection entry ", i, " is ", t, " (only -1 marks padding)");
+    const size_t base = static_cast<size_t>(cache_slot(block_table, cache, t, "mla_decode")) * L;
+    float* dst = rows + static_cast<size_t>(n_rows) * L;
+    if (cache.dtype == KvDtype::bf16) {
+      widen(static_cast<const bf16*>(cache.data) + base, dst, L);
+    } else {
+      const fp8e4m3* src = static_cast<const fp8e4m3*>(cache.data) + base;
+      for (int c = 0; c < L; ++c) dst[c] = to_float(src[c]) * cache.scale;
+    }
+    ++n_rows;
+  }
+
+  xf_.resize(static_cast<size_t>(L));
+  tmp2_.resize(static_cast<size_t>(n_rows) + L);
+  float* prob = tmp2_.data();
+  float* acc = tmp2_.data() + n_rows;
+  for (int h = 0; h < n_heads; ++h) {
+    bf16* out = o_lat + static_cast<size_t>(h) * L;
+    if (n_rows == 0) {
+      std::fill(out, out + L, bf16{});
+      continue;
+    }
+    widen(q_abs + static_cast<size_t>(h) * L, xf_.data(), L);
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int t = 0; t < n_rows; ++t) {
+      prob[t] = softmax_scale * dot(xf_.data(), rows + static_cast<size_t>(t) * L, L);
+      max_score = std::max(max_score, prob[t]);
+    }
+    float denom = 0.0f;
+    for (int t = 0; t < n_rows; ++t) {
+      prob[t] = std::exp(prob[t] - max_score);
+      denom += prob[t];
+    }
+    std::fill(acc, acc + L, 0.0f);
+    for (int t = 0; t < n_rows; ++t) {
+      const float* c_t = rows + static_cast<size_t>(t) * L;
+      for (int c = 0; c < L; ++c) acc[c] += prob[t] * c_t[c];
+    }
+    for (int c = 0; c < L; ++c) out[c] = mtplab::to_bf16(acc[c] / denom);
+  }
+}
+
+void CpuBackend::mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
+                           int kv_lora) {
+  require_size("mla_out_v", "n_heads", n_heads);
+  require_size("mla_out_v", "dqk", dqk, 0);
+  require_size("mla_out_v", "dv", dv);
+  require_size("mla_out_v", "kv_lora", kv_lora);
+  xf_.resize(static_cast<size_t>(kv_lora));
+  for (int h = 0; h < n_heads; ++h) {
+    widen(o_lat + static_cast<size_t>(h) * kv_lora, xf_.data(), kv_lora);
+    const bf16* Wv = W_kvb + (static_cast<size_t>(h) * (dqk + dv) + dqk) * kv_lora;
+    for (int i = 0; i < dv; ++i) {
+      o[static_cast<size_t>(h) * dv + i] =
+          mtplab::to_bf16(dot(Wv + static_cast<size_t>(i) * kv_lora, xf_.data(), kv_lora));
+    }
+  }
+}
+
+}  // namespace mtplab::ops::cpu

@@ -1,0 +1,124 @@
+// CPU reference: MoE routing (sigmoid, correction bias, group limit, top-k) and the routed
+// SwiGLU experts this rank owns.
+//
+// Invariants:
+// - Routing is fp32 and deterministic: every rank computes the same idx / weights from the same
+//   logits. idx is ordered by biased score s' descending, ties to the lower expert id (the order
+//   of a stable descending sort); weights follow idx.
+// - Group limit: groups are ranked by the sum of their two largest s' (ties: lower group id); the
+//   experts of dropped groups get s' = -inf, so they are never chosen while a kept expert is left.
+// - moe_experts overwrites `out`, then adds weight_i * bf16(down_i) for each selected expert in
+//   [first_expert, first_expert + num_local), in idx order; experts other ranks own contribute 0.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "ops/cpu/cpu_backend.hpp"
+#include "ops/cpu/cpu_math.hpp"
+
+namespace mtplab::ops::cpu {
+
+void CpuBackend::moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
+                           int topk_group, float scaling, int32_t* idx, float* weights) {
+  require_size("moe_route", "num_experts", num_experts);
+  require_size("moe_route", "top_k", top_k);
+  require_size("moe_route", "n_group", n_group);
+  MTP_REQUIRE(top_k <= num_experts, "ops::moe_route: top_k ", top_k, " > num_experts ", num_experts);
+  const int group_size = num_experts / n_group;
+  if (n_group > 1) {
+    MTP_REQUIRE(num_experts % n_group == 0, "ops::moe_route: num_experts ", num_experts,
+                " is not a multiple of n_group ", n_group);
+    MTP_REQUIRE(group_size >= 2, "ops::moe_route: groups of ", group_size,
+                " expert(s); the group score needs the top 2 of each group");
+    MTP_REQUIRE(topk_group >= 1 && topk_group <= n_group, "ops::moe_route: topk_group ", topk_group,
+                " outside [1, n_group = ", n_group, "]");
+    MTP_REQUIRE(top_k <= topk_group * group_size, "ops::moe_route: top_k ", top_k, " > the ",
+                topk_group * group_size, " experts of the kept groups");
+  }
+
+  const size_t E = static_cast<size_t>(num_experts);
+  tmp_.resize(2 * E);
+  float* s = tmp_.data();           // unbiased sigmoid scores: the weights come from these
+  float* biased = tmp_.data() + E;  // s' = s + bias: the choice comes from these
+  for (size_t e = 0; e < E; ++e) {
+    s[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    biased[e] = s[e] + (bias ? bias[e] : 0.0f);
+  }
+
+  if (n_group > 1) {
+    std::vector<float> group_score(static_cast<size_t>(n_group));
+    for (int g = 0; g < n_group; ++g) {
+      float top1 = -std::numeric_limits<float>::infinity();
+      float top2 = top1;
+      for (int e = g * group_size; e < (g + 1) * group_size; ++e) {
+        const float v = biased[e];
+        if (v > top1) {
+          top2 = top1;
+          top1 = v;
+        } else if (v > top2) {
+          top2 = v;
+        }
+      }
+      group_score[g] = top1 + top2;
+    }
+    std::vector<int> groups(static_cast<size_t>(n_group));
+    std::iota(groups.begin(), groups.end(), 0);
+    std::stable_sort(groups.begin(), groups.end(),
+                     [&](int a, int b) { return group_score[a] > group_score[b]; });
+    for (int rank = topk_group; rank < n_group; ++rank) {
+      const int g = groups[rank];
+      std::fill(biased + static_cast<size_t>(g) * group_size,
+                biased + static_cast<size_t>(g + 1) * group_size, -std::numeric_limits<float>::infinity());
+    }
+  }
+
+  std::vector<int32_t> order(E);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return biased[a] > biased[b]; });
+  float sum = 0.0f;
+  for (int i = 0; i < top_k; ++i) {
+    idx[i] = order[i];
+    sum += s[order[i]];
+  }
+  for (int i = 0; i < top_k; ++i) weights[i] = s[idx[i]] / sum * scaling;
+}
+
+void CpuBackend::moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights,
+                             int top_k, float limit, float* out) {
+  require_size("moe_experts", "top_k", top_k, 0);
+  require_size("moe_experts", "hidden", w.hidden);
+  require_size("moe_experts", "inter", w.inter);
+  require_size("moe_experts", "num_local", w.num_local, 0);
+  const int H = w.hidden;
+  const int I = w.inter;
+  std::fill(out, out + H, 0.0f);
+  xf_.resize(static_cast<size_t>(H));
+  widen(x, xf_.data(), H);
+  tmp_.resize(static_cast<size_t>(I));
+  float* act = tmp_.data();
+  const bool clamp = limit > 0.0f;
+  for (int i = 0; i < top_k; ++i) {
+    const int64_t local = static_cast<int64_t>(idx[i]) - w.first_expert;
+    if (local < 0 || local >= w.num_local) continue;  // another rank owns it
+    MTP_REQUIRE(w.gate && w.up && w.down, "ops::moe_experts: expert ", idx[i],
+                " is owned but its weights are null");
+    const size_t expert_off = static_cast<size_t>(local) * I * H;
+    const bf16* Wg = w.gate + expert_off;
+    const bf16* Wu = w.up + expert_off;
+    const bf16* Wd = w.down + expert_off;
+    for (int r = 0; r < I; ++r) {
+      float g = round_bf16(dot(Wg + static_cast<size_t>(r) * H, xf_.data(), H));
+      float u = round_bf16(dot(Wu + static_cast<size_t>(r) * H, xf_.data(), H));
+      if (clamp) {
+        g = std::min(g, limit);
+        u = std::clamp(u, -limit, limit);
+      }
+      act[r] = round_bf16(g / (1.0f + std::exp(-g)) * u);
+    }
+    const float wi = weights[i];
+    for (int h = 0; h < H; ++h) out[h] += wi * round_bf16(dot(Wd + static_cast<size_t>(h) * I, act, I));
+  }
+}
+
+}  // namespace mtplab::ops::cpu
