@@ -21,5 +21,8 @@ int run_guarded(const Command& command, int argc, char** argv, const Args& args)
 
 int cmd_info(const Args& args);
 int cmd_trace(const Args& args);
+int cmd_list(const Args& args);
+int cmd_run(const Args& args);
+int cmd_merge(const Args& args);
 
 }  // namespace mtplab::app

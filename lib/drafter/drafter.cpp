@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.hpp"
+#include "drafter/graph.hpp"
 
 namespace mtplab::drafter {
 
@@ -73,6 +74,16 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
   if (sharded && opt_.exchange == Exchange::bf16_lanes && vocab_ > (int64_t{1} << 24))
     MTP_FAIL("exchange bf16_lanes carries a token id in three base-256 digits: vocab ", vocab_, " is too large");
   MTP_REQUIRE(opt_.max_draft_len >= 1, "max_draft_len must be >= 1");
+  if (opt_.cuda_graph) {
+    if (!be_.supports_graphs())
+      MTP_FAIL("cuda_graph: on needs a backend that records CUDA graphs (cuda); backend ",
+               ops::to_string(be_.kind()), " runs every op at once");
+    if (sharded && opt_.exchange == Exchange::bf16_lanes)
+      MTP_FAIL("cuda_graph: on cannot record exchange bf16_lanes: it downloads each rank's (max, index) and "
+               "uploads the packed lanes on the host in the middle of every draft; use cuda_graph: off, or "
+               "exchange packed_u64, allgather_pairs or allgather_logits");
+    graphs_ = std::make_unique<StepGraphs>(be_);
+  }
   MTP_REQUIRE(!opt_.head_fp8 || fw_.lm_head_fp8.size() == static_cast<size_t>(shard_.n) * hidden_,
               "head_fp8 is on but the FP8 copy of the head shard is missing");
   const int k = opt_.max_draft_len;
@@ -101,6 +112,32 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
 }
 
 MtpDrafter::~MtpDrafter() = default;
+
+void MtpDrafter::release_graphs() noexcept {
+  if (graphs_) graphs_->clear();
+}
+
+int MtpDrafter::graph_recordings() const { return graphs_ ? graphs_->recordings() : 0; }
+
+void MtpDrafter::keep_head_inputs(bool on) {
+  keep_head_inputs_ = on;
+  if (on && head_inputs_.size() == 0)
+    head_inputs_ = ops::Array<bf16>(be_, static_cast<size_t>(opt_.max_draft_len) * hidden_);
+  // A recorded step does (or does not) copy the head inputs: record again.
+  release_graphs();
+}
+
+std::vector<bf16> MtpDrafter::head_inputs() {
+  MTP_REQUIRE(keep_head_inputs_, "drafter: head_inputs() needs keep_head_inputs(true) before the propose");
+  std::vector<bf16> out(static_cast<size_t>(last_k_) * hidden_);
+  wait_comm();
+  be_.download(out.data(), head_inputs_.data(), out.size() * sizeof(bf16));
+  return out;
+}
+
+void MtpDrafter::wait_comm() {
+  if (comm_ && comm_->size() > 1) comm_->wait();
+}
 
 std::unique_ptr<SequenceState> MtpDrafter::new_sequence() {
   return std::make_unique<SequenceState>(be_, block_.dims());
@@ -132,6 +169,7 @@ void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, cons
   std::vector<int32_t> pos(row_chunk_);
   for (int c0 = 0; c0 < n; c0 += row_chunk_) {
     const int rows = std::min(row_chunk_, n - c0);
+    wait_comm();  // the uploads below synchronise the stream: collectives of full rows go first
     for (int r = 0; r < rows; ++r) pos[r] = row_base + c0 + r;
     be_.upload(row_tokens_.data(), next_tokens + c0, rows * sizeof(int32_t));
     be_.upload(row_positions_.data(), pos.data(), rows * sizeof(int32_t));
@@ -162,8 +200,57 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
   be_.upload(pos_base_.data(), &base, sizeof base);
   st.propose_start_ = base;
   st.last_drafted_ = k;
+  last_k_ = k;
   int written = 0;
   mark_begin(Phase::propose, 0);
+  if (graphs_ && graph_warm_) {
+    // Only Phase::propose is timed: the inner phases run inside the graph.
+    PhaseTimer* const timer = timer_;
+    timer_ = nullptr;
+    const int rows_before = st.cache.rows();
+    const StepGraphs::Key key{k,
+                              {st.cache.block_table.data(), st.cache.kv().data, st.cache.k_cache.data(),
+                               st.cache.gate_cache.data(), st.cache.valid.data(), st.cache.pool_keys.data()}};
+    bool recorded = false;
+    try {
+      ops::Graph& graph = graphs_->get(key, [&] { written = draft_step(st, k); }, recorded);
+      if (!recorded) {
+        // A replay: apply the host-side effects the recording applied once.
+        written = opt_.skip == Skip::block ? 0 : k;
+        st.cache.set_rows(rows_before + written);
+      }
+      graph.launch();
+    } catch (...) {
+      timer_ = timer;
+      st.propose_start_ = -1;
+      throw;
+    }
+    timer_ = timer;
+  } else if (graphs_) {
+    PhaseTimer* const timer = timer_;
+    timer_ = nullptr;
+    try {
+      written = draft_step(st, k);
+    } catch (...) {
+      timer_ = timer;
+      throw;
+    }
+    timer_ = timer;
+    graph_warm_ = true;
+  } else {
+    written = draft_step(st, k);
+  }
+  mark_end(Phase::propose, 0);
+  st.rows_written_by_propose_ = written;
+  st.seq_len_ += written;
+  std::vector<int32_t> drafts(k);
+  wait_comm();
+  be_.download(drafts.data(), tokens_.data() + 1, k * sizeof(int32_t));
+  return drafts;
+}
+
+int MtpDrafter::draft_step(SequenceState& st, int k) {
+  int written = 0;
   for (int i = 0; i < k; ++i) {
     be_.add_i32(pos_base_.data(), i, positions_.data() + i);
     front(tokens_.data() + i, i == 0 ? hidden_in_.data() : y_.data(), x_.data());
@@ -182,15 +269,13 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
     }
     mark_begin(Phase::head, i);
     be_.rmsnorm(x_.data(), fw_.shared_head_norm.data(), y_.data(), 1, hidden_, eps_);
+    if (keep_head_inputs_)
+      be_.copy(head_inputs_.data() + static_cast<size_t>(i) * hidden_, y_.data(),
+               static_cast<size_t>(hidden_) * sizeof(bf16));
     head_pick(i, tokens_.data() + i + 1);
     mark_end(Phase::head, i);
   }
-  mark_end(Phase::propose, 0);
-  st.rows_written_by_propose_ = written;
-  st.seq_len_ += written;
-  std::vector<int32_t> drafts(k);
-  be_.download(drafts.data(), tokens_.data() + 1, k * sizeof(int32_t));
-  return drafts;
+  return written;
 }
 
 void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
@@ -235,6 +320,7 @@ void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
       // ranks' values exactly (x + 0 is exact, digits <= 255 are exact in BF16). Host
       // synchronisations included, as in the seed.
       ops::ArgMax mine{};
+      wait_comm();  // the block's all-reduces are on the stream the download synchronises
       be_.download(&mine, local_max_.data(), sizeof mine);
       bf16 lanes[8] = {};
       lanes[rank_] = to_bf16(mine.value);
@@ -242,6 +328,7 @@ void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
         lanes[2 + rank_ * 3 + d] = to_bf16(static_cast<float>((mine.index >> (8 * d)) & 0xFF));
       be_.upload(lanes_.data(), lanes, sizeof lanes);
       comm_->all_reduce_sum(lanes_.data(), lanes_.data(), 8);
+      wait_comm();
       be_.download(lanes, lanes_.data(), sizeof lanes);
       // `>=`: the lower rank (lower token ids) wins a tie, identically on both ranks.
       const int win = to_float(lanes[0]) >= to_float(lanes[1]) ? 0 : 1;

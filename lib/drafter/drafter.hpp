@@ -13,6 +13,13 @@
 // One step of replay: propose(state, t_L, h_{L-1}, k) writes rows L-1 .. L+k-2 and returns the
 // drafts; after_verify(state, a) trims the rows built from the drafter's own hiddens (DraftRows);
 // append_rows then writes the catch-up rows from the target's true hiddens up to row L+a-1.
+//
+// cuda_graph on (DrafterOptions): the first propose runs op by op (it sizes the backend's
+// scratch), later ones replay a CUDA graph of the whole step per (k, sequence caches); only
+// Phase::propose is timed then (the inner phases are inside the graph). The drafter owns the
+// graphs: destroy it, or call release_graphs(), before the communicator it was built with.
+// NCCL: every host read after collectives goes through comm->wait() (bounded by the collective
+// timeout) before the download, never a bare stream synchronise.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -78,6 +85,8 @@ class SequenceState {
   int refused_writes_ = 0;
 };
 
+class StepGraphs;
+
 class MtpDrafter {
  public:
   /// `comm` is the world communicator (nullptr or size 1 for a single rank).
@@ -97,6 +106,17 @@ class MtpDrafter {
   /// under DraftRows::rewrite, the `accepted` rows of accepted drafts under DraftRows::keep.
   void after_verify(SequenceState& st, int accepted);
 
+  /// Destroys the recorded CUDA graphs (they are re-recorded when needed). Call before the
+  /// communicator goes if the drafter outlives it.
+  void release_graphs() noexcept;
+  /// Graph recordings so far (0 with cuda_graph off): replays reuse graphs, tests check it.
+  int graph_recordings() const;
+
+  /// For tests: keep every draft's head input y (post shared_head.norm) of the last propose,
+  /// readable with head_inputs() as BF16 [k, H] on the host. Off by default (one copy per draft).
+  void keep_head_inputs(bool on);
+  std::vector<bf16> head_inputs();
+
   const DrafterOptions& options() const { return opt_; }
   const VocabShard& shard() const { return shard_; }
   void set_timer(PhaseTimer* timer) { timer_ = timer; }
@@ -104,6 +124,10 @@ class MtpDrafter {
 
  private:
   void front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x0);
+  /// The k drafts of one propose on the backend's stream; returns the rows written.
+  int draft_step(SequenceState& st, int k);
+  /// comm->wait() when collectives may be pending on a multi-rank communicator.
+  void wait_comm();
   void head_pick(int draft_index, int32_t* token_out);
   void mark_begin(Phase p, int i) {
     if (timer_) timer_->begin(p, i);
@@ -136,6 +160,11 @@ class MtpDrafter {
   ops::Array<bf16> row_hiddens_;
   int row_chunk_ = 0;
   int max_rows_ = 0;
+  ops::Array<bf16> head_inputs_;  // [max_draft, H] when keep_head_inputs is on
+  bool keep_head_inputs_ = false;
+  int last_k_ = 0;
+  bool graph_warm_ = false;             // an op-by-op propose has sized the backend's scratch
+  std::unique_ptr<StepGraphs> graphs_;  // last member: destroyed first
 };
 
 /// Builds BlockDims for this rank from the model config and the world size.

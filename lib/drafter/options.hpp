@@ -29,6 +29,10 @@ struct DrafterOptions {
   Exchange exchange = Exchange::packed_u64;
   DraftRows draft_rows = DraftRows::rewrite;
   int max_draft_len = 4;
+  /// `cuda_graph`: record the whole propose of k drafts as one CUDA graph per (k, sequence
+  /// caches) and replay it (drafter/graph.hpp). Needs a backend that records graphs (cuda), and
+  /// refuses exchange bf16_lanes on a vocab-sharded head (it synchronises with the host mid-step).
+  bool cuda_graph = false;
 };
 
 const char* to_string(ContextRows v);

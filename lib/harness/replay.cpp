@@ -27,6 +27,16 @@ int accepted_prefix(const std::vector<int32_t>& drafts, const std::vector<int32_
 std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
                                         int k, int hidden, AcceptanceStats& stats,
                                         const std::function<void(const StepRecord&)>& on_step) {
+  ReplayHooks hooks;
+  if (on_step) hooks.after_step = [&](const StepRecord& rec) {
+    on_step(rec);
+    return true;
+  };
+  return replay_sequence(drafter, seq, sequence_index, k, hidden, stats, hooks);
+}
+
+std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
+                                        int k, int hidden, AcceptanceStats& stats, const ReplayHooks& hooks) {
   const int N = static_cast<int>(seq.tokens.size());
   const int P = seq.prompt_length;
   MTP_REQUIRE(P >= 2 && P <= N, "sequence ", sequence_index, ": prompt length ", P, " outside 2..", N);
@@ -38,6 +48,7 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
   std::vector<StepRecord> steps;
   int L = P;
   while (L + k <= N - 1) {
+    if (hooks.before_step) hooks.before_step();
     StepRecord rec;
     rec.sequence = sequence_index;
     rec.position = L;
@@ -52,9 +63,10 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
                 " verified");
     drafter.append_rows(*st, seq.tokens.data() + from + 1, hidden_row(from), n, from, drafter::Phase::catch_up);
     stats.add(k, rec.accepted);
-    if (on_step) on_step(rec);
+    const bool go_on = !hooks.after_step || hooks.after_step(rec);
     steps.push_back(std::move(rec));
     L = next_L;
+    if (!go_on) break;
   }
   return steps;
 }

@@ -46,6 +46,18 @@ struct AcceptanceStats {
 /// Longest prefix of drafts equal to targets.
 int accepted_prefix(const std::vector<int32_t>& drafts, const std::vector<int32_t>& targets);
 
+/// Hooks around each step of a replay (either may be empty).
+struct ReplayHooks {
+  /// Called before each propose (after the prefill for the first step).
+  std::function<void()> before_step;
+  /// Called after each step's catch-up rows; returning false ends the replay after this step.
+  std::function<bool(const StepRecord&)> after_step;
+};
+
+/// Replays one sequence with hooks around every step. Returns the steps done.
+std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
+                                        int k, int hidden, AcceptanceStats& stats, const ReplayHooks& hooks);
+
 /// Replays one sequence; calls on_step after every step (may be empty). Returns the steps.
 std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
                                         int k, int hidden, AcceptanceStats& stats,

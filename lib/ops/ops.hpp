@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "core/error.hpp"
 #include "core/numeric.hpp"
 
 namespace mtplab::ops {
@@ -67,6 +68,16 @@ class Event {
   virtual void record() = 0;
 };
 
+/// A recorded sequence of ops (a CUDA graph executable), replayed on the backend's stream by
+/// launch(). Its device pointers and host scalars are those seen while recording; values read
+/// from backend memory (positions, tokens) are read afresh at every launch. A graph that recorded
+/// NCCL collectives must be destroyed before the communicator (dist/collectives.hpp).
+class Graph {
+ public:
+  virtual ~Graph() = default;
+  virtual void launch() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -94,6 +105,17 @@ class Backend {
   virtual std::unique_ptr<Event> make_event() = 0;
   /// Milliseconds between two recorded events; waits for `end`.
   virtual double elapsed_ms(const Event& start, const Event& end) = 0;
+
+  // ---- graphs (CUDA only; the CPU runs every op at once and has none) -------------------------
+  virtual bool supports_graphs() const { return false; }
+  /// From here until end_capture() the ops (and collectives on native_stream()) are recorded, not
+  /// run. Nothing that synchronises may be called meanwhile (upload, download, synchronize,
+  /// elapsed_ms, a scratch growth): the CUDA backend refuses it with an Error.
+  virtual void begin_capture() { MTP_FAIL("ops: backend ", to_string(kind()), " cannot record graphs"); }
+  /// Ends the recording and instantiates it. The recorded work has NOT run: launch() it.
+  virtual std::unique_ptr<Graph> end_capture() {
+    MTP_FAIL("ops: backend ", to_string(kind()), " cannot record graphs");
+  }
 
   // ---- small device-side scalars --------------------------------------------------------------
   /// dst[0] = src[0] + add.

@@ -6,8 +6,8 @@
 // - One backend drives one device; the constructor makes it current, and the process is
 //   expected to use one device (one rank per GPU).
 // - Nothing here synchronises except download / upload / synchronize / elapsed_ms and the
-//   growth of a scratch buffer, which is refused while the stream is being captured: run an op
-//   once before capturing it into a CUDA graph so its scratch is sized.
+//   growth of a scratch buffer, which are refused while the stream is being captured
+//   (begin_capture .. end_capture): run an op once before capturing it so its scratch is sized.
 // - RowsMode::batched with rows > 1 goes through cuBLASLt (BF16 in, fp32 accumulate, BF16 or
 //   fp32 out); one handle and one workspace per backend, one cached plan per shape. Everything
 //   else is a GEMV launch per row.
@@ -47,6 +47,20 @@ class CudaEvent final : public Event {
   cudaStream_t stream_;
   cudaEvent_t event_ = nullptr;
   bool recorded_ = false;
+};
+
+/// A CUDA graph executable; launched on the backend's stream.
+class CudaGraph final : public Graph {
+ public:
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  void launch() override { MTP_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+
+ private:
+  cudaGraphExec_t exec_;
+  cudaStream_t stream_;
 };
 
 /// Device scratch that only grows, and never while the stream is being captured.
@@ -157,11 +171,13 @@ class CudaBackend final : public Backend {
   }
   void upload(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return;
+    require_not_capturing("upload");
     MTP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, ctx_.stream));
     MTP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));  // the host buffer may be reused on return
   }
   void download(void* host_dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
+    require_not_capturing("download");
     MTP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
     MTP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
   }
@@ -173,7 +189,10 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return;
     MTP_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, ctx_.stream));
   }
-  void synchronize() override { MTP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream)); }
+  void synchronize() override {
+    require_not_capturing("synchronize");
+    MTP_CUDA_CHECK(cudaStreamSynchronize(ctx_.stream));
+  }
   void* native_stream() override { return ctx_.stream; }
 
   // ---- timing ---------------------------------------------------------------------------------
@@ -188,6 +207,27 @@ class CudaBackend final : public Backend {
     float ms = 0.0f;
     MTP_CUDA_CHECK(cudaEventElapsedTime(&ms, s->event(), e->event()));
     return ms;
+  }
+
+  // ---- graphs ---------------------------------------------------------------------------------
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override {
+    MTP_REQUIRE(!capturing_, "ops::cuda: begin_capture while a capture is already open");
+    // Thread-local mode: only this thread's unsafe calls (a cudaMalloc, a synchronize) break the
+    // capture; NCCL's own threads are left alone.
+    MTP_CUDA_CHECK(cudaStreamBeginCapture(ctx_.stream, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+  }
+  std::unique_ptr<Graph> end_capture() override {
+    MTP_REQUIRE(capturing_, "ops::cuda: end_capture without begin_capture");
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    MTP_CUDA_CHECK(cudaStreamEndCapture(ctx_.stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    MTP_CUDA_CHECK(err);
+    return std::make_unique<CudaGraph>(exec, ctx_.stream);
   }
 
   // ---- scalars, norms, elementwise ------------------------------------------------------------
@@ -326,6 +366,11 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  void require_not_capturing(const char* op) const {
+    MTP_REQUIRE(!capturing_, "ops::cuda::", op,
+                " while a graph is being captured: it would synchronise the stream; do it before "
+                "begin_capture or after end_capture");
+  }
   static void require_n(const char* op, int n) { MTP_REQUIRE(n >= 1, "ops::cuda::", op, ": n = ", n); }
   static void require_index_range(const char* op, int64_t index_base, int n) {
     MTP_REQUIRE(n >= 1, "ops::cuda::", op, ": n = ", n);
@@ -408,6 +453,7 @@ class CudaBackend final : public Backend {
   }
 
   int device_;
+  bool capturing_ = false;
   std::string name_;
   LaunchCtx ctx_;
   cublasLtHandle_t lt_ = nullptr;

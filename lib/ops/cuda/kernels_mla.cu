@@ -8,9 +8,10 @@
 //   the CPU reference in tests.
 // - FP8 cache: stored as E4M3(x / scale) with a true division and RNE + satfinite, read back as
 //   float(fp8) * scale: bit-identical to the CPU.
-// - Decode: one block per (head, row split), each warp an online softmax over its rows in fp32,
-//   merged with max-rescaling inside the block and then across splits; o_lat is rounded to BF16
-//   once, after dividing by the softmax denominator, as the CPU does. No selected rows -> zeros.
+// - Decode: one block per (16-head tile, row split) on the tensor cores (see "decode" below), an
+//   online softmax in fp32 over chunks of 16 rows, merged across splits with max-rescaling; o_lat
+//   is rounded to BF16 once, after dividing by the softmax denominator, as the CPU does. No
+//   selected rows -> zeros. q_abs rows must be 4-byte aligned (BF16 pairs are read as u32).
 #include <algorithm>
 #include <cmath>
 
@@ -92,67 +93,48 @@ __global__ void __launch_bounds__(kAbsorbThreads)
   }
 }
 
-// ---- decode -------------------------------------------------------------------------------------------
+// ---- decode ----------------------------------------------------------------------------------------
+//
+// The n_heads queries share the selected latent rows, so the decode is two small matrix products
+// per chunk of 16 rows: S = Q C^T (heads x rows) and O += P C (heads x kv_lora), on the tensor
+// cores (mma.sync m16n8k16, BF16 in, fp32 accumulate). Block (head tile of 16, row split), 4
+// warps; warp w owns columns [w*L/4, (w+1)*L/4) of kv_lora: it stages only its slice of each row
+// in shared memory, computes its partial S, and the 4 partials are summed in a fixed order (every
+// warp gets the same S, hence the same softmax). Precision is the CPU's up to summation order:
+// BF16 x BF16 products are exact in fp32; an FP8 row is widened to BF16 exactly (E4M3 fits) and
+// its scale applied to the fp32 sums; the fp32 probabilities are split into BF16 hi + lo parts
+// (two MMAs), which carries them to ~2^-17 relative, far below the final BF16 rounding.
 
-constexpr int kDecodeThreads = 256;
-constexpr int kDecodeWarps = kDecodeThreads / kWarp;
-constexpr int kDecodeRows = 4;  // rows in flight per warp
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * kWarp;
+constexpr int kHeadTile = 16;  // heads per block: the MMA's M
+constexpr int kChunk = 16;     // selected rows per step: two n8 tiles of S, one k16 step of P C
 
-/// This lane's kCpl consecutive latent values of a cache row, as fp32 (FP8: times the scale).
-template <int kCpl, bool kFp8>
-__device__ __forceinline__ void load_latent(const void* row, float scale, float (&v)[kCpl]) {
-  if constexpr (!kFp8) {
-    const bf16* p = static_cast<const bf16*>(row);
-    uint32_t w[kCpl / 2];
-    if constexpr (kCpl % 8 == 0) {
-#pragma unroll
-      for (int q = 0; q < kCpl / 8; ++q) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + q);
-        w[4 * q] = u.x;
-        w[4 * q + 1] = u.y;
-        w[4 * q + 2] = u.z;
-        w[4 * q + 3] = u.w;
-      }
-    } else if constexpr (kCpl == 4) {
-      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-      w[0] = u.x;
-      w[1] = u.y;
-    } else {
-      w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
-    }
-#pragma unroll
-    for (int j = 0; j < kCpl / 2; ++j) {
-      v[2 * j] = bf16_lo(w[j]);
-      v[2 * j + 1] = bf16_hi(w[j]);
-    }
-  } else {
-    const uint8_t* p = static_cast<const uint8_t*>(row);
-    uint32_t w[(kCpl + 3) / 4];
-    if constexpr (kCpl % 16 == 0) {
-#pragma unroll
-      for (int q = 0; q < kCpl / 16; ++q) {
-        const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + q);
-        w[4 * q] = u.x;
-        w[4 * q + 1] = u.y;
-        w[4 * q + 2] = u.z;
-        w[4 * q + 3] = u.w;
-      }
-    } else if constexpr (kCpl == 8) {
-      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
-      w[0] = u.x;
-      w[1] = u.y;
-    } else if constexpr (kCpl == 4) {
-      w[0] = __ldg(reinterpret_cast<const unsigned int*>(p));
-    } else {
-      w[0] = __ldg(reinterpret_cast<const unsigned short*>(p));
-    }
-#pragma unroll
-    for (int j = 0; j < kCpl / 2; ++j) {
-      const float2 f = fp8x2_to_float2(w[j / 2] >> (16 * (j % 2)));
-      v[2 * j] = __fmul_rn(f.x, scale);
-      v[2 * j + 1] = __fmul_rn(f.y, scale);
-    }
-  }
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// Two floats as a BF16 pair (RNE), the first in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+/// a ~= hi + lo with hi = bf16(a), lo = bf16(a - hi), for a pair of values.
+__device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, uint32_t& lo) {
+  hi = pack_bf16x2(a0, a1);
+  lo = pack_bf16x2(a0 - bf16_lo(hi), a1 - bf16_hi(hi));
+}
+
+/// 8 E4M3 values (two u32, low byte first) as 8 BF16 (exact).
+__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 f) {
+  const float2 a = fp8x2_to_float2(f.x), b = fp8x2_to_float2(f.x >> 16);
+  const float2 c = fp8x2_to_float2(f.y), d = fp8x2_to_float2(f.y >> 16);
+  return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y), pack_bf16x2(d.x, d.y));
 }
 
 struct DecodeParams {
@@ -171,89 +153,184 @@ struct DecodeParams {
   bf16* o_lat;
 };
 
-/// Block (h, split): an online softmax per warp over its rows of the split, merged in shared
-/// memory; the block's (max, denominator, weighted sum) goes to scratch.
-template <int kCpl, bool kFp8>
+/// Block (head tile, split): an online softmax over the split's rows, 16 at a time; the block's
+/// (max, denominator, unnormalised sum) per head goes to scratch for mla_combine_kernel.
+/// kCw = kv_lora / 4 columns per warp.
+template <int kCw, bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams p) {
-  __shared__ float s_m[kDecodeWarps];
-  __shared__ float s_l[kDecodeWarps];
-  extern __shared__ float4 s_acc_vec[];  // [kDecodeWarps][kv_lora] floats
-  float* s_acc = reinterpret_cast<float*>(s_acc_vec);
-  const int h = blockIdx.x;
-  const int split = blockIdx.y;
+  constexpr int kKSteps = kCw / 16;
+  constexpr int kNTiles = kCw / 8;
+  constexpr int kRowStride = kCw + 8;  // BF16 elements: +16 bytes, conflict-free fragment reads
+  constexpr int kVecPerRow = kCw / 8;  // 16-byte vectors of a row slice
+  __shared__ __align__(16) uint16_t s_rows[kDecodeWarps][kChunk][kRowStride];
+  __shared__ float s_score[kDecodeWarps][kHeadTile][kChunk + 1];
+
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2;  // MMA group: head row g and g + 8, row / column index of B
+  const int t = lane & 3;
+  const int h0 = blockIdx.x * kHeadTile;
+  const int split = blockIdx.y;
   const int L = p.kv_lora;
-  const int per_split = (p.width + p.splits - 1) / p.splits;
+  const int col0 = warp * kCw;
+  const int chunks = (p.width + kChunk - 1) / kChunk;
+  const int per_split = (chunks + p.splits - 1) / p.splits * kChunk;
   const int i0 = split * per_split;
   const int i1 = min(p.width, i0 + per_split);
-  const size_t elem = kFp8 ? 1 : 2;
+  const bool lo_ok = h0 + g < p.n_heads;
+  const bool hi_ok = h0 + g + 8 < p.n_heads;
 
-  float q[kCpl];
+  // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
+  uint32_t qa[kKSteps][4];
   {
-    const bf16* qh = p.q_abs + static_cast<size_t>(h) * L + lane * kCpl;
+    const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g) * L + col0);
+    const uint32_t* q_hi =
+        reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g + 8) * L + col0);
 #pragma unroll
-    for (int j = 0; j < kCpl; ++j) q[j] = bf16_to_f(qh[j]);
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int c2 = (ks * 16 + 2 * t) / 2;
+      qa[ks][0] = lo_ok ? q_lo[c2] : 0u;
+      qa[ks][1] = hi_ok ? q_hi[c2] : 0u;
+      qa[ks][2] = lo_ok ? q_lo[c2 + 4] : 0u;
+      qa[ks][3] = hi_ok ? q_hi[c2 + 4] : 0u;
+    }
   }
-  float acc[kCpl] = {};
-  float m = -INFINITY;
-  float l = 0.0f;
-  for (int i = i0 + warp; i < i1; i += kDecodeWarps * kDecodeRows) {
-    float v[kDecodeRows][kCpl];
-    bool ok[kDecodeRows];
+
+  float o[kNTiles][4];
 #pragma unroll
-    for (int r = 0; r < kDecodeRows; ++r) {
-      const int ii = i + r * kDecodeWarps;
-      const int32_t t = ii < i1 ? p.selection[ii] : -1;
-      ok[r] = t >= 0;
-      if (ok[r]) {
+  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY;
+  float l_lo = 0.0f, l_hi = 0.0f;  // this thread's columns only; summed over the quad at the end
+
+  for (int c0 = i0; c0 < i1; c0 += kChunk) {
+    // Stage this warp's slice of the chunk's rows; padding and rows past the split are zeros.
+    for (int v = lane; v < kChunk * kVecPerRow; v += kWarp) {
+      const int r = v / kVecPerRow;
+      const int cv = v % kVecPerRow;
+      const int ii = c0 + r;
+      const int32_t ts = ii < i1 ? p.selection[ii] : -1;
+      uint4 val = make_uint4(0u, 0u, 0u, 0u);
+      if (ts >= 0) {
         const int64_t slot =
-            static_cast<int64_t>(p.block_table[t / p.block_size]) * p.block_size + t % p.block_size;
-        const uint8_t* row =
-            static_cast<const uint8_t*>(p.cache) + (static_cast<size_t>(slot) * L + lane * kCpl) * elem;
-        load_latent<kCpl, kFp8>(row, p.cache_scale, v[r]);
+            static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
+        const size_t off = static_cast<size_t>(slot) * L + col0 + cv * 8;
+        if constexpr (kFp8) {
+          val = fp8x8_to_bf16x8(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.cache) + off)));
+        } else {
+          val = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.cache) + off));
+        }
+      }
+      *reinterpret_cast<uint4*>(&s_rows[warp][r][cv * 8]) = val;
+    }
+    __syncwarp();
+
+    // Partial S over this warp's columns: tile j holds rows 8j .. 8j+7 of the chunk.
+    float sc[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint16_t* rb = &s_rows[warp][8 * j + g][ks * 16 + 2 * t];
+        mma_16816(sc[j], qa[ks], *reinterpret_cast<const uint32_t*>(rb),
+                  *reinterpret_cast<const uint32_t*>(rb + 8));
       }
     }
 #pragma unroll
-    for (int r = 0; r < kDecodeRows; ++r) {
-      if (!ok[r]) continue;  // uniform across the warp: t is the same for every lane
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kCpl; ++j) s = fmaf(q[j], v[r][j], s);
-      s = p.softmax_scale * warp_sum(s);
-      const float m_new = fmaxf(m, s);
-      const float corr = expf(m - m_new);
-      const float e = expf(s - m_new);
-      l = l * corr + e;
-#pragma unroll
-      for (int j = 0; j < kCpl; ++j) acc[j] = fmaf(e, v[r][j], acc[j] * corr);
-      m = m_new;
+    for (int j = 0; j < 2; ++j) {
+      s_score[warp][g][8 * j + 2 * t] = sc[j][0];
+      s_score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
+      s_score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
+      s_score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
     }
-  }
-  if (lane == 0) {
-    s_m[warp] = m;
-    s_l[warp] = l;
-  }
+    __syncthreads();
+    float s[2][4];
 #pragma unroll
-  for (int j = 0; j < kCpl; ++j) s_acc[warp * L + lane * kCpl + j] = acc[j];
-  __syncthreads();
-  float M = -INFINITY;
-  for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, s_m[w]);
-  float* out = p.scratch + (static_cast<size_t>(h) * p.splits + split) * (2 + L);
-  float f[kDecodeWarps];
+    for (int j = 0; j < 2; ++j) {
 #pragma unroll
-  for (int w = 0; w < kDecodeWarps; ++w) f[w] = (M == -INFINITY) ? 0.0f : expf(s_m[w] - M);
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) total += s_l[w] * f[w];
-    out[0] = M;
-    out[1] = total;
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + (e >= 2 ? 8 : 0);
+        const int col = 8 * j + 2 * t + (e & 1);
+        float sum = s_score[0][row][col];
+#pragma unroll
+        for (int w = 1; w < kDecodeWarps; ++w) sum += s_score[w][row][col];
+        const int ii = c0 + col;
+        const bool valid = ii < i1 && p.selection[ii] >= 0;
+        if constexpr (kFp8) sum *= p.cache_scale;
+        s[j][e] = valid ? p.softmax_scale * sum : -INFINITY;
+      }
+    }
+    __syncthreads();  // s_score is rewritten by the next chunk
+
+    // Online softmax per head row (quad-wide max), then rescale the running sums.
+    float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float mn_lo = fmaxf(m_lo, mx_lo);
+    const float mn_hi = fmaxf(m_hi, mx_hi);
+    const float corr_lo = mn_lo == -INFINITY ? 1.0f : expf(m_lo - mn_lo);
+    const float corr_hi = mn_hi == -INFINITY ? 1.0f : expf(m_hi - mn_hi);
+    float pr[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mn = e >= 2 ? mn_hi : mn_lo;
+        pr[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
+      }
+    }
+    l_lo = l_lo * corr_lo + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
+    l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      o[n][0] *= corr_lo;
+      o[n][1] *= corr_lo;
+      o[n][2] *= corr_hi;
+      o[n][3] *= corr_hi;
+    }
+
+    // O += P C: S's accumulator layout is P's A layout (k = chunk row).
+    uint32_t ah[4], al[4];
+    split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
+    split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
+    split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
+    split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int col = n * 8 + g;
+      const uint32_t b0 = static_cast<uint32_t>(s_rows[warp][2 * t][col]) |
+                          (static_cast<uint32_t>(s_rows[warp][2 * t + 1][col]) << 16);
+      const uint32_t b1 = static_cast<uint32_t>(s_rows[warp][2 * t + 8][col]) |
+                          (static_cast<uint32_t>(s_rows[warp][2 * t + 9][col]) << 16);
+      mma_16816(o[n], ah, b0, b1);
+      mma_16816(o[n], al, b0, b1);
+    }
+    __syncwarp();  // s_rows is restaged by the next chunk
   }
-  for (int c = threadIdx.x; c < L; c += blockDim.x) {
-    float a = 0.0f;
+
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) a = fmaf(s_acc[w * L + c], f[w], a);
-    out[2 + c] = a;
+  for (int half = 0; half < 2; ++half) {
+    if (!(half ? hi_ok : lo_ok)) continue;
+    float* out = p.scratch + (static_cast<size_t>(h0 + g + 8 * half) * p.splits + split) * (2 + L);
+    if (warp == 0 && t == 0) {
+      out[0] = half ? m_hi : m_lo;
+      out[1] = half ? l_hi : l_lo;
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int c = col0 + n * 8 + 2 * t;
+      out[2 + c] = o[n][2 * half] * out_scale;
+      out[2 + c + 1] = o[n][2 * half + 1] * out_scale;
+    }
   }
 }
 
@@ -278,16 +355,10 @@ __global__ void mla_combine_kernel(const float* scratch, int splits, int kv_lora
   }
 }
 
-template <int kCpl, bool kFp8>
+template <int kCw, bool kFp8>
 void launch_decode(const LaunchCtx& ctx, const DecodeParams& p) {
-  const size_t smem = sizeof(float) * kDecodeWarps * static_cast<size_t>(p.kv_lora);
-  static const bool configured = [smem] {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_kernel<kCpl, kFp8>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    return true;
-  }();
-  (void)configured;
-  mla_decode_kernel<kCpl, kFp8><<<dim3(p.n_heads, p.splits), kDecodeThreads, smem, ctx.stream>>>(p);
+  const dim3 grid((p.n_heads + kHeadTile - 1) / kHeadTile, p.splits);
+  mla_decode_kernel<kCw, kFp8><<<grid, kDecodeThreads, 0, ctx.stream>>>(p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -314,8 +385,12 @@ void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* 
 }
 
 int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
-  const int want = (2 * ctx.num_sms + n_heads - 1) / n_heads;
-  return std::max(1, std::min(want, width / 64));
+  // Two chunks of 16 rows per block at least (the combine reads splits x kv_lora per head), and
+  // about two blocks per multiprocessor.
+  const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
+  const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
+  const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
+  return std::max(1, (chunks + per_split - 1) / per_split);
 }
 
 size_t mla_decode_scratch_floats(int splits, int n_heads, int kv_lora) {
@@ -327,24 +402,24 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
                 float softmax_scale, int splits, float* scratch) {
   const int L = cache.kv_lora;
   MTP_REQUIRE(L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
-              " is not supported (64, 128, 256 or 512: each lane holds kv_lora/32 latent values)");
+              " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
   MTP_REQUIRE(cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1,
               "ops::cuda::mla_decode: bad arguments");
   DecodeParams p{q_abs, selection, width,         block_table, cache.data, cache.scale, cache.block_size,
                  L,     n_heads,   softmax_scale, splits,      scratch,    o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  switch (L / 32) {
-    case 2:
-      fp8 ? launch_decode<2, true>(ctx, p) : launch_decode<2, false>(ctx, p);
+  switch (L) {
+    case 64:
+      fp8 ? launch_decode<16, true>(ctx, p) : launch_decode<16, false>(ctx, p);
       break;
-    case 4:
-      fp8 ? launch_decode<4, true>(ctx, p) : launch_decode<4, false>(ctx, p);
+    case 128:
+      fp8 ? launch_decode<32, true>(ctx, p) : launch_decode<32, false>(ctx, p);
       break;
-    case 8:
-      fp8 ? launch_decode<8, true>(ctx, p) : launch_decode<8, false>(ctx, p);
+    case 256:
+      fp8 ? launch_decode<64, true>(ctx, p) : launch_decode<64, false>(ctx, p);
       break;
     default:
-      fp8 ? launch_decode<16, true>(ctx, p) : launch_decode<16, false>(ctx, p);
+      fp8 ? launch_decode<128, true>(ctx, p) : launch_decode<128, false>(ctx, p);
       break;
   }
   mla_combine_kernel<<<n_heads, 256, 0, ctx.stream>>>(scratch, splits, L, o_lat);
