@@ -20,7 +20,12 @@ function(mtplab_unit_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
   _mtplab_test_exe(${name} SOURCES ${T_SOURCES} LIBS ${T_LIBS} GTest::gtest_main)
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
-                       PROPERTIES LABELS "unit;${T_LABELS}" ENVIRONMENT "MTPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+                       PROPERTIES LABELS unit ENVIRONMENT "MTPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  # gtest_discover_tests writes PROPERTIES unquoted, so a second label would be read as a property
+  # name; extra labels go on the directory instead (tests/<module>/ holds one kind of test).
+  if(T_LABELS)
+    set_property(DIRECTORY APPEND PROPERTY LABELS ${T_LABELS})
+  endif()
 endfunction()
 
 function(mtplab_mpi_test name)

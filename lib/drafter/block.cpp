@@ -62,6 +62,7 @@ BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
 
 Block::Block(ops::Backend& be, dist::Communicator* comm, BlockDims dims, BlockWeights weights)
     : be_(be), comm_(comm), dims_(dims), w_(std::move(weights)), scratch_(be, dims_) {
+  MTP_REQUIRE(dims_.softmax_scale > 0, "block: softmax_scale is not set");
   MTP_REQUIRE(dims_.index_topk % dims_.index_kpool == 0, "block: index_topk ", dims_.index_topk,
               " is not divisible by index_kpool ", dims_.index_kpool);
 }
@@ -116,7 +117,7 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
   if (d.n_heads_local > 0) {
     be_.mla_absorb_q(s.q.data(), w_.kv_b.data(), s.q_abs.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
     be_.mla_decode(s.q_abs.data(), s.selection.data(), d.selection_width(), cache.block_table.data(), cache.kv(),
-                   s.o_lat.data(), d.n_heads_local, 1.0f / std::sqrt(static_cast<float>(d.qk_nope)));
+                   s.o_lat.data(), d.n_heads_local, d.softmax_scale);
     be_.mla_out_v(s.o_lat.data(), w_.kv_b.data(), s.o.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
     be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), 1, d.hidden, d.n_heads_local * d.v_head);
   } else {

@@ -40,6 +40,7 @@ struct BlockDims {
   float swiglu_limit = 0.0f;
   float rms_eps = 1e-5f;
   float index_ln_eps = 1e-6f;
+  float softmax_scale = 0.0f;  ///< 1/sqrt(qk_nope + qk_rope), from ModelConfig::softmax_scale()
   int max_rows = 0;    ///< context capacity, whole pools
   int block_size = 64; ///< rows per KV block
   ops::KvDtype kv_dtype = ops::KvDtype::bf16;

@@ -47,6 +47,7 @@ BlockDims block_dims(const model::ModelConfig& cfg, int world, int rank, ops::Kv
   d.swiglu_limit = cfg.swiglu_limit;
   d.rms_eps = cfg.rms_norm_eps;
   d.index_ln_eps = cfg.index_norm_eps;
+  d.softmax_scale = cfg.softmax_scale();
   d.max_rows = cfg.max_seq_len;
   d.block_size = cfg.block_size;
   d.kv_dtype = kv_dtype;
