@@ -14,29 +14,34 @@ void AcceptanceStats::add(int k, int a) {
 
 std::vector<double> AcceptanceStats::per_position() const {
   std::vector<double> out(at_least.size());
-  for (size_t i = 0; i < at_least.size(); ++i) out[i] = steps ? static_cast<double>(at_least[i]) / steps : 0.0;
+  for (size_t i = 0; i < at_least.size(); ++i)
+    out[i] = steps ? static_cast<double>(at_least[i]) / steps : 0.0;
   return out;
 }
 
 int accepted_prefix(const std::vector<int32_t>& drafts, const std::vector<int32_t>& targets) {
   int a = 0;
-  while (a < static_cast<int>(drafts.size()) && a < static_cast<int>(targets.size()) && drafts[a] == targets[a]) ++a;
+  while (a < static_cast<int>(drafts.size()) && a < static_cast<int>(targets.size()) &&
+         drafts[a] == targets[a])
+    ++a;
   return a;
 }
 
-std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
-                                        int k, int hidden, AcceptanceStats& stats,
+std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,
+                                        int sequence_index, int k, int hidden, AcceptanceStats& stats,
                                         const std::function<void(const StepRecord&)>& on_step) {
   ReplayHooks hooks;
-  if (on_step) hooks.after_step = [&](const StepRecord& rec) {
-    on_step(rec);
-    return true;
-  };
+  if (on_step)
+    hooks.after_step = [&](const StepRecord& rec) {
+      on_step(rec);
+      return true;
+    };
   return replay_sequence(drafter, seq, sequence_index, k, hidden, stats, hooks);
 }
 
-std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
-                                        int k, int hidden, AcceptanceStats& stats, const ReplayHooks& hooks) {
+std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,
+                                        int sequence_index, int k, int hidden, AcceptanceStats& stats,
+                                        const ReplayHooks& hooks) {
   const int N = static_cast<int>(seq.tokens.size());
   const int P = seq.prompt_length;
   MTP_REQUIRE(P >= 2 && P <= N, "sequence ", sequence_index, ": prompt length ", P, " outside 2..", N);
@@ -59,9 +64,10 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
     const int next_L = L + rec.accepted + 1;
     const int from = st->seq_len();
     const int n = next_L - 1 - from;
-    MTP_REQUIRE(n >= 0, "sequence ", sequence_index, ": drafter holds ", from, " rows, more than the ", next_L - 1,
-                " verified");
-    drafter.append_rows(*st, seq.tokens.data() + from + 1, hidden_row(from), n, from, drafter::Phase::catch_up);
+    MTP_REQUIRE(n >= 0, "sequence ", sequence_index, ": drafter holds ", from, " rows, more than the ",
+                next_L - 1, " verified");
+    drafter.append_rows(*st, seq.tokens.data() + from + 1, hidden_row(from), n, from,
+                        drafter::Phase::catch_up);
     stats.add(k, rec.accepted);
     const bool go_on = !hooks.after_step || hooks.after_step(rec);
     steps.push_back(std::move(rec));

@@ -55,12 +55,13 @@ struct ReplayHooks {
 };
 
 /// Replays one sequence with hooks around every step. Returns the steps done.
-std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
-                                        int k, int hidden, AcceptanceStats& stats, const ReplayHooks& hooks);
+std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,
+                                        int sequence_index, int k, int hidden, AcceptanceStats& stats,
+                                        const ReplayHooks& hooks);
 
 /// Replays one sequence; calls on_step after every step (may be empty). Returns the steps.
-std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
-                                        int k, int hidden, AcceptanceStats& stats,
+std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,
+                                        int sequence_index, int k, int hidden, AcceptanceStats& stats,
                                         const std::function<void(const StepRecord&)>& on_step = {});
 
 }  // namespace mtplab::harness

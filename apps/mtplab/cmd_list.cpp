@@ -1,0 +1,96 @@
+// `mtplab list EXP.yaml [--ranks N] [--set key=value ...] [--count]`: the numbered points of an
+// experiment and their arms, after the sweep expansion and every check that needs no GPU. The
+// point numbers are what `mtplab run --point i` and a Slurm array task index take.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "dist/runtime.hpp"
+#include "harness/experiment.hpp"
+
+namespace mtplab::app {
+namespace {
+
+const char* kListHelp =
+    "usage: mtplab list EXP.yaml [--ranks N] [--set key=value ...] [--count]\n\n"
+    "Prints the points of the experiment, numbered from 0, with their sweep values and arms.\n"
+    "Points that cannot run with N ranks are reported as errors (exit 1).\n"
+    "  --ranks N        the world size to check the points for (default: this job's ranks)\n"
+    "  --set key=value  override a key (dotted path, YAML value), e.g. --set measure.sequences=2,\n"
+    "                   --set sweep.grid.head_fp8=[off,on]; may be repeated\n"
+    "  --count          print only the number of points (for scripts)\n";
+
+}  // namespace
+
+int cmd_list(const Args& args) {
+  std::string file;
+  std::vector<std::string> sets;
+  int ranks = 0;
+  bool count_only = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const char* flag) {
+      MTP_REQUIRE(i + 1 < args.size(), "mtplab list: ", flag, " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kListHelp, stdout);
+      return 0;
+    } else if (a == "--ranks") {
+      const std::string v = value("--ranks");
+      try {
+        ranks = std::stoi(v);
+      } catch (const std::exception&) {
+        MTP_FAIL("mtplab list: --ranks \"", v, "\" is not a number");
+      }
+      MTP_REQUIRE(ranks >= 1 && ranks <= 65536, "mtplab list: --ranks ", ranks, " outside 1..65536");
+    } else if (a == "--set") {
+      sets.push_back(value("--set"));
+    } else if (starts_with(a, "--set=")) {
+      sets.push_back(a.substr(6));
+    } else if (a == "--count") {
+      count_only = true;
+    } else if (starts_with(a, "-")) {
+      MTP_FAIL("mtplab list: unknown option \"", a, "\" (see mtplab list --help)");
+    } else {
+      MTP_REQUIRE(file.empty(), "mtplab list: one experiment file, got \"", file, "\" and \"", a, "\"");
+      file = a;
+    }
+  }
+  MTP_REQUIRE(!file.empty(), "mtplab list: no experiment file (see mtplab list --help)");
+
+  // Without --ranks the world of this job decides (1 when started without a launcher).
+  std::unique_ptr<dist::Runtime> rt;
+  if (ranks == 0) {
+    rt = std::make_unique<dist::Runtime>();
+    ranks = rt->world();
+    if (rt->rank() != 0) {
+      harness::load_experiment(file, sets, ranks);  // every rank fails alike on a bad file
+      return 0;
+    }
+  }
+  const harness::Experiment ex = harness::load_experiment(file, sets, ranks);
+  if (count_only) {
+    std::printf("%zu\n", ex.points.size());
+    return 0;
+  }
+  std::printf("%s: %zu point(s) for %d rank(s); output %s\n", ex.file.c_str(), ex.points.size(), ranks,
+              ex.output.empty() ? "(not set)" : ex.output.c_str());
+  if (!ex.axes.empty()) {
+    std::printf("axes:");
+    for (const auto& a : ex.axes) std::printf(" %s [%s]", a.name.c_str(), join(a.values, ", ").c_str());
+    std::printf("\n");
+  }
+  for (const auto& p : ex.points) {
+    std::vector<std::string> arms;
+    for (const auto& [k, v] : p.arms.named()) arms.push_back(str(k, "=", v));
+    std::printf("%4d  %s\n      model %s, %s\n", p.index, p.label().c_str(), p.model.name.c_str(),
+                join(arms, " ").c_str());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace mtplab::app

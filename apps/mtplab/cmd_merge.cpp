@@ -1,0 +1,52 @@
+// `mtplab merge OUT.h5 IN1.h5 IN2.h5 ... [--force]`: joins the per-task results files of a Slurm
+// array job into one. The inputs must be of one experiment (same identity); a point found in
+// several inputs must have the same configuration there (kept once), otherwise nothing is
+// written. /index and /divergence are rebuilt. No MPI: run it anywhere.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "harness/results.hpp"
+
+namespace mtplab::app {
+namespace {
+
+const char* kMergeHelp =
+    "usage: mtplab merge OUT.h5 IN1.h5 [IN2.h5 ...] [--force]\n\n"
+    "Joins results files of one experiment (e.g. the tasks of a Slurm array) into OUT.h5.\n"
+    "Points present in several inputs must have the same configuration; a missing point is\n"
+    "reported but not an error.\n"
+    "  --force   replace OUT.h5 when it exists\n";
+
+}  // namespace
+
+int cmd_merge(const Args& args) {
+  std::vector<std::string> files;
+  bool force = false;
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(kMergeHelp, stdout);
+      return 0;
+    } else if (a == "--force") {
+      force = true;
+    } else if (starts_with(a, "-")) {
+      MTP_FAIL("mtplab merge: unknown option \"", a, "\" (see mtplab merge --help)");
+    } else {
+      files.push_back(a);
+    }
+  }
+  MTP_REQUIRE(files.size() >= 2,
+              "mtplab merge: expected OUT.h5 and at least one input (see mtplab merge --help)");
+  const std::string out = files.front();
+  const std::vector<std::string> inputs(files.begin() + 1, files.end());
+  std::vector<std::string> argv = {"mtplab", "merge"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const int points = harness::merge_results(out, inputs, force, argv);
+  std::printf("merged %d point(s) from %zu file(s) into %s\n", points, inputs.size(), out.c_str());
+  return 0;
+}
+
+}  // namespace mtplab::app

@@ -1,0 +1,630 @@
+// Experiment parsing and sweep expansion. Each point is read from its own fresh copy of the
+// document with the overrides and the point's axis values written into it, through the same
+// strict reader as the base document, so a value is checked the same way wherever it came from.
+// (yaml-cpp's Clone drops source marks, hence a fresh parse per point rather than a clone.)
+#include "harness/experiment.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/error.hpp"
+
+namespace mtplab::harness {
+namespace {
+
+const std::vector<std::string> kBackends = {"auto", "cpu", "cuda"};
+const std::vector<std::string> kOnOff = {"off", "on"};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+const char* on_off(bool v) { return v ? "on" : "off"; }
+
+// A copy of `n` without source marks (values from the command line have no file position).
+YAML::Node strip_marks(const YAML::Node& n) {
+  if (!n || n.IsNull()) return YAML::Node(YAML::NodeType::Null);
+  if (n.IsScalar()) return YAML::Node(n.Scalar());
+  if (n.IsSequence()) {
+    YAML::Node out(YAML::NodeType::Sequence);
+    for (const auto& item : n) out.push_back(strip_marks(item));
+    return out;
+  }
+  YAML::Node out(YAML::NodeType::Map);
+  for (auto it = n.begin(); it != n.end(); ++it) out[it->first.Scalar()] = strip_marks(it->second);
+  return out;
+}
+
+// Writes `value` at the dotted `path` of `root`, creating mappings on the way. A scalar `model:`
+// met on the way becomes {preset: <scalar>} so that model.<key> overrides a preset's key.
+void set_path(YAML::Node root, const std::string& path, const YAML::Node& value, const std::string& origin) {
+  const std::vector<std::string> parts = split(path, '.');
+  for (const auto& p : parts) MTP_REQUIRE(!p.empty(), origin, ": empty component in key path \"", path, "\"");
+  YAML::Node cur;
+  cur.reset(root);
+  MTP_REQUIRE(cur.IsMap(), origin, ": the document is not a mapping");
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const YAML::Node& ccur = cur;
+    YAML::Node child = ccur[parts[i]];
+    if (child && child.IsScalar() && i == 0 && parts[0] == "model") {
+      YAML::Node m(YAML::NodeType::Map);
+      m["preset"] = YAML::Node(child.Scalar());
+      cur[parts[i]] = m;
+    } else if (!child || child.IsNull()) {
+      cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    } else if (!child.IsMap()) {
+      MTP_FAIL(origin, ": \"", join(std::vector<std::string>(parts.begin(), parts.begin() + i + 1), "."),
+               "\" is not a mapping, so \"", path, "\" cannot be set");
+    }
+    YAML::Node next = cur[parts[i]];
+    cur.reset(next);
+  }
+  cur[parts.back()] = value;
+}
+
+// "key.path=value" -> key, returns the value text.
+std::string split_override(const std::string& o, std::string& key) {
+  const auto eq = o.find('=');
+  MTP_REQUIRE(eq != std::string::npos && eq > 0, "--set \"", o, "\": expected key.path=value");
+  key = trim(o.substr(0, eq));
+  return o.substr(eq + 1);
+}
+
+struct Override {
+  std::string key;
+  YAML::Node value;
+  std::string text;  // "--set key=value"
+};
+
+std::vector<Override> parse_overrides(const std::vector<std::string>& overrides) {
+  std::vector<Override> out;
+  for (const auto& o : overrides) {
+    Override ov;
+    const std::string value = split_override(o, ov.key);
+    ov.text = str("--set ", o);
+    try {
+      ov.value = strip_marks(YAML::Load(value));
+    } catch (const YAML::Exception& e) {
+      MTP_FAIL(ov.text, ": the value is not valid YAML: ", e.msg);
+    }
+    MTP_REQUIRE(ov.key != "sweep" && ov.key != "sweep.grid", ov.text,
+                ": set single axes (sweep.grid.<axis>=[...]) or sweep.exclude");
+    out.push_back(std::move(ov));
+  }
+  return out;
+}
+
+bool is_arm(const std::string& k) {
+  const auto& names = arm_names();
+  return std::find(names.begin(), names.end(), k) != names.end();
+}
+
+// Reads the keys shared by the document root and one point.
+struct DocReader {
+  const std::string& file;
+
+  WeightsSpec weights(const std::optional<YamlNode>& node) {
+    WeightsSpec w;
+    if (!node) return w;
+    MapReader m(*node);
+    auto syn = m.opt("synthetic");
+    auto ckpt = m.opt("checkpoint");
+    if (syn && ckpt) node->fail("give one of synthetic or checkpoint, not both");
+    if (ckpt) {
+      w.synthetic = false;
+      w.checkpoint = ckpt->as_string();
+      if (w.checkpoint.empty()) ckpt->fail("empty checkpoint path");
+    } else if (syn) {
+      MapReader s(*syn);
+      w.seed = static_cast<uint64_t>(s.opt_int("seed", 1, 0, INT64_MAX));
+      s.finish();
+    }
+    m.finish();
+    return w;
+  }
+
+  TraceSpec trace(const YamlNode& node) {
+    TraceSpec t;
+    MapReader m(node);
+    auto path = m.opt("path");
+    auto syn = m.opt("synthetic");
+    if (path && syn) node.fail("give one of path or synthetic, not both");
+    if (!path && !syn) node.fail("expected path: file.h5 or synthetic: {...}");
+    if (path) {
+      t.path = path->as_string();
+      if (t.path.empty()) path->fail("empty trace path");
+    } else {
+      t.synthetic = true;
+      MapReader s(*syn);
+      t.sequences = static_cast<int>(s.opt_int("sequences", t.sequences, 1, 1 << 20));
+      t.prompt_len = static_cast<int>(s.opt_int("prompt_len", t.prompt_len, 2, 1 << 24));
+      t.new_tokens = static_cast<int>(s.opt_int("new_tokens", t.new_tokens, 1, 1 << 24));
+      t.seed = static_cast<uint64_t>(s.opt_int("seed", 1, 0, INT64_MAX));
+      t.layers = static_cast<int>(s.opt_int("layers", t.layers, 1, 64));
+      s.finish();
+    }
+    m.finish();
+    return t;
+  }
+
+  MeasureSpec measure(const std::optional<YamlNode>& node) {
+    MeasureSpec ms;
+    if (!node) return ms;
+    MapReader m(*node);
+    ms.warmup_steps = static_cast<int>(m.opt_int("warmup_steps", ms.warmup_steps, 0, 1 << 30));
+    ms.sequences = static_cast<int>(m.opt_int("sequences", ms.sequences, 0, 1 << 30));
+    ms.max_steps = static_cast<int>(m.opt_int("max_steps", ms.max_steps, 0, 1 << 30));
+    ms.repeats = static_cast<int>(m.opt_int("repeats", ms.repeats, 1, 1000));
+    m.finish();
+    return ms;
+  }
+
+  // model: preset name / path, {preset: name, <key>: override ...}, or a whole inline mapping.
+  model::ModelConfig model(const YamlNode& node, std::string& spec) {
+    if (node.is_scalar()) {
+      spec = node.as_string();
+      try {
+        return model::load_model_preset(spec);
+      } catch (const Error& e) {
+        node.fail(e.message());
+      }
+    }
+    MapReader m(node);
+    if (!m.has("preset")) {
+      spec = "inline";
+      return model::parse_model_config(node);
+    }
+    YamlNode preset = m.req("preset");
+    spec = preset.as_string();
+    model::ModelConfig base;
+    try {
+      base = model::load_model_preset(spec);
+    } catch (const Error& e) {
+      preset.fail(e.message());
+    }
+    // The preset's keys without marks (they were checked when the preset loaded), then the
+    // overrides with theirs, read as one mapping so that cross-key checks see both.
+    YAML::Node merged = strip_marks(YamlNode::load_file(base.source).raw());
+    for (const auto& [key, value] : node.entries()) {
+      if (key == "preset") continue;
+      if (key == "checkpoint" && value.is_map() && merged["checkpoint"] && merged["checkpoint"].IsMap()) {
+        for (const auto& [ck, cv] : value.entries()) merged["checkpoint"][ck] = cv.raw();
+      } else {
+        merged[key] = value.raw();
+      }
+    }
+    model::ModelConfig cfg = model::parse_model_config(
+        YamlNode(merged, std::make_shared<const std::string>(node.file()), node.path()));
+    cfg.source = base.source;
+    return cfg;
+  }
+
+  Arms arms(MapReader& m) {
+    Arms a;
+    a.head_sharding = model::parse_head_sharding(m.opt_choice("head_sharding", "none", {"none", "vocab"}));
+    a.head_fp8 = m.opt_bool("head_fp8", false);
+    a.context_rows =
+        drafter::parse_context_rows(m.opt_choice("context_rows", "cache_only", {"cache_only", "full"}));
+    a.skip = drafter::parse_skip(m.opt_choice("skip", "none", {"none", "head", "block"}));
+    a.draft_len = static_cast<int>(m.opt_int("draft_len", 3, 1, 16));
+    a.exchange = drafter::parse_exchange(m.opt_choice(
+        "exchange", "packed_u64", {"bf16_lanes", "packed_u64", "allgather_pairs", "allgather_logits"}));
+    a.draft_rows = drafter::parse_draft_rows(m.opt_choice("draft_rows", "rewrite", {"rewrite", "keep"}));
+    a.batch_qidx = m.opt_bool("batch_qidx", false);
+    a.cuda_graph = m.opt_bool("cuda_graph", false);
+    a.kv_cache_dtype = m.opt_choice("kv_cache_dtype", "bf16", {"bf16", "fp8"}) == "fp8" ? ops::KvDtype::fp8
+                                                                                        : ops::KvDtype::bf16;
+    return a;
+  }
+
+  // Reads everything but `sweep` (taken, not read: the root reads it separately).
+  PointConfig point(const YamlNode& root, std::string* output) {
+    PointConfig p;
+    MapReader m(root);
+    p.model = model(m.req("model"), p.model_spec);
+    p.weights = weights(m.opt("weights"));
+    p.trace = trace(m.req("trace"));
+    p.measure = measure(m.opt("measure"));
+    const std::string out = m.opt_string("output", "");
+    if (output) *output = out;
+    p.backend = m.opt_choice("backend", "auto", kBackends);
+    p.arms = arms(m);
+    (void)m.opt("sweep");
+    m.finish();
+    return p;
+  }
+};
+
+void emit_model(YAML::Emitter& e, const PointConfig& p) {
+  const model::ModelConfig& c = p.model;
+  e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "spec" << YAML::Value << p.model_spec;
+  e << YAML::Key << "name" << YAML::Value << c.name;
+  auto kv = [&](const char* k, auto v) { e << YAML::Key << k << YAML::Value << str(v); };
+  kv("hidden", c.hidden);
+  kv("vocab", c.vocab);
+  kv("rms_norm_eps", c.rms_norm_eps);
+  kv("n_heads", c.n_heads);
+  kv("qk_nope_head_dim", c.qk_nope_head_dim);
+  kv("qk_rope_head_dim", c.qk_rope_head_dim);
+  kv("v_head_dim", c.v_head_dim);
+  kv("q_lora_rank", c.q_lora_rank);
+  kv("kv_lora_rank", c.kv_lora_rank);
+  kv("index_n_heads", c.index_n_heads);
+  kv("index_head_dim", c.index_head_dim);
+  kv("index_topk", c.index_topk);
+  kv("index_kpool", c.index_kpool);
+  kv("index_norm_eps", c.index_norm_eps);
+  kv("n_routed_experts", c.n_routed_experts);
+  kv("num_experts_per_tok", c.num_experts_per_tok);
+  kv("n_shared_experts", c.n_shared_experts);
+  kv("moe_intermediate_size", c.moe_intermediate_size);
+  kv("n_group", c.n_group);
+  kv("topk_group", c.topk_group);
+  kv("routed_scaling_factor", c.routed_scaling_factor);
+  kv("swiglu_limit", c.swiglu_limit);
+  kv("max_seq_len", c.max_seq_len);
+  kv("block_size", c.block_size);
+  kv("mtp_layer_index", c.mtp_layer_index);
+  kv("embed_tokens_name", c.embed_tokens_name);
+  kv("lm_head_name", c.lm_head_name);
+  kv("mtp_prefix", c.mtp_prefix);
+  e << YAML::EndMap;
+}
+
+std::string canonical_text(const PointConfig& p) {
+  YAML::Emitter e;
+  e << YAML::BeginMap;
+  emit_model(e, p);
+  e << YAML::Key << "weights" << YAML::Value << YAML::BeginMap;
+  if (p.weights.synthetic)
+    e << YAML::Key << "synthetic" << YAML::Value << YAML::BeginMap << YAML::Key << "seed" << YAML::Value
+      << str(p.weights.seed) << YAML::EndMap;
+  else
+    e << YAML::Key << "checkpoint" << YAML::Value << p.weights.checkpoint;
+  e << YAML::EndMap;
+  e << YAML::Key << "trace" << YAML::Value << YAML::BeginMap;
+  if (p.trace.synthetic) {
+    e << YAML::Key << "synthetic" << YAML::Value << YAML::BeginMap;
+    e << YAML::Key << "sequences" << YAML::Value << str(p.trace.sequences);
+    e << YAML::Key << "prompt_len" << YAML::Value << str(p.trace.prompt_len);
+    e << YAML::Key << "new_tokens" << YAML::Value << str(p.trace.new_tokens);
+    e << YAML::Key << "seed" << YAML::Value << str(p.trace.seed);
+    e << YAML::Key << "layers" << YAML::Value << str(p.trace.layers);
+    e << YAML::EndMap;
+  } else {
+    e << YAML::Key << "path" << YAML::Value << p.trace.path;
+  }
+  e << YAML::EndMap;
+  e << YAML::Key << "measure" << YAML::Value << YAML::BeginMap;
+  e << YAML::Key << "warmup_steps" << YAML::Value << str(p.measure.warmup_steps);
+  e << YAML::Key << "sequences" << YAML::Value << str(p.measure.sequences);
+  e << YAML::Key << "max_steps" << YAML::Value << str(p.measure.max_steps);
+  e << YAML::Key << "repeats" << YAML::Value << str(p.measure.repeats);
+  e << YAML::EndMap;
+  e << YAML::Key << "backend" << YAML::Value << p.backend;
+  for (const auto& [k, v] : p.arms.named()) e << YAML::Key << k << YAML::Value << v;
+  e << YAML::EndMap;
+  return e.c_str();
+}
+
+// Where a sweep value came from, for messages: "exp.yaml:12:20" or "--set ...".
+std::string origin_of(const YamlNode& n) {
+  const YAML::Mark m = n.raw().Mark();
+  if (m.line >= 0 && !(m.line == 0 && m.column == 0 && m.pos == 0))
+    return str(n.file(), ":", m.line + 1, ":", m.column + 1);
+  return "the command line";
+}
+
+bool axis_allowed(const std::string& a) {
+  if (is_arm(a) || a == "model" || a == "backend") return true;
+  for (const char* prefix : {"model.", "measure.", "weights.", "trace."})
+    if (starts_with(a, prefix) && a.size() > std::string(prefix).size()) return true;
+  return false;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  MTP_REQUIRE(in, path, ": cannot open the experiment file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Appends "(from --set k=v)" to messages about a key some override set.
+[[noreturn]] void rethrow_with_overrides(const Error& e, const std::vector<Override>& ovs) {
+  std::string msg = e.message();
+  for (const auto& o : ovs)
+    if (msg.find(str(": ", o.key, ":")) != std::string::npos ||
+        msg.find(str("\"", o.key, "\"")) != std::string::npos ||
+        msg.find(str(": ", o.key, "[")) != std::string::npos)
+      msg += str(" (from ", o.text, ")");
+  throw Error(msg, e.file().c_str(), e.line());
+}
+
+}  // namespace
+
+const std::vector<std::string>& arm_names() {
+  static const std::vector<std::string> names = {
+      "head_sharding", "head_fp8",   "context_rows", "skip",       "draft_len",
+      "exchange",      "draft_rows", "batch_qidx",   "cuda_graph", "kv_cache_dtype"};
+  return names;
+}
+
+drafter::DrafterOptions Arms::drafter_options() const {
+  drafter::DrafterOptions o;
+  o.head_sharding = head_sharding;
+  o.head_fp8 = head_fp8;
+  o.context_rows = context_rows;
+  o.skip = skip;
+  o.exchange = exchange;
+  o.draft_rows = draft_rows;
+  o.max_draft_len = draft_len;
+  return o;
+}
+
+std::vector<std::pair<std::string, std::string>> Arms::named() const {
+  return {{"head_sharding", model::to_string(head_sharding)},
+          {"head_fp8", on_off(head_fp8)},
+          {"context_rows", drafter::to_string(context_rows)},
+          {"skip", drafter::to_string(skip)},
+          {"draft_len", str(draft_len)},
+          {"exchange", drafter::to_string(exchange)},
+          {"draft_rows", drafter::to_string(draft_rows)},
+          {"batch_qidx", on_off(batch_qidx)},
+          {"cuda_graph", on_off(cuda_graph)},
+          {"kv_cache_dtype", kv_cache_dtype == ops::KvDtype::fp8 ? "fp8" : "bf16"}};
+}
+
+std::string PointConfig::name() const {
+  std::string n = str(index);
+  while (n.size() < 4) n = "0" + n;
+  return "p" + n;
+}
+
+std::string PointConfig::label() const {
+  if (assignment.empty()) return "(no sweep)";
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : assignment) parts.push_back(str(k, "=", v));
+  return join(parts, " ");
+}
+
+int Experiment::find_point(const std::vector<std::pair<std::string, std::string>>& assignment) const {
+  for (const auto& p : points)
+    if (p.assignment == assignment) return p.index;
+  return -1;
+}
+
+std::string canonical_value(const YamlNode& node) {
+  if (node.is_scalar()) {
+    const std::string l = lower(node.raw().Scalar());
+    if (l == "true" || l == "on" || l == "yes") return "on";
+    if (l == "false" || l == "off" || l == "no") return "off";
+    return node.raw().Scalar();
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << node.raw();
+  return e.c_str();
+}
+
+std::string fnv1a_hex(const std::string& text) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  static const char* digits = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<size_t>(i)] = digits[h & 0xf];
+  return out;
+}
+
+void check_point_runnable(const PointConfig& p, int world, const std::string& backend) {
+  const model::ModelConfig& c = p.model;
+  MTP_REQUIRE(world >= 1, "world size ", world, " must be >= 1");
+  c.validate(world, world);
+  MTP_REQUIRE(c.vocab >= world, "model.vocab ", c.vocab, " is smaller than the ", world,
+              " ranks it is split over");
+  const bool sharded = p.arms.head_sharding == drafter::HeadSharding::vocab && world > 1;
+  if (sharded && p.arms.exchange == drafter::Exchange::bf16_lanes) {
+    MTP_REQUIRE(world == 2, "exchange: bf16_lanes with head_sharding: vocab runs on exactly 2 ranks, not ",
+                world);
+    MTP_REQUIRE(c.vocab <= (1 << 24), "exchange: bf16_lanes carries token ids below 2^24; vocab is ",
+                c.vocab);
+  }
+  if (backend == "cpu") {
+    MTP_REQUIRE(!p.arms.cuda_graph, "cuda_graph: on needs the cuda backend (the cpu backend has no graphs)");
+  }
+  if (p.trace.synthetic) {
+    const int total = p.trace.prompt_len + p.trace.new_tokens;
+    MTP_REQUIRE(total <= c.max_seq_len, "trace.synthetic: prompt_len + new_tokens = ", total,
+                " exceeds model.max_seq_len ", c.max_seq_len);
+    MTP_REQUIRE(p.trace.new_tokens >= p.arms.draft_len + 1, "trace.synthetic.new_tokens ", p.trace.new_tokens,
+                " leaves no step for draft_len ", p.arms.draft_len, " (needs at least draft_len + 1)");
+    MTP_REQUIRE(
+        p.weights.synthetic,
+        "trace.synthetic needs weights.synthetic (the synthetic target shares the drafter's embedding and "
+        "lm_head); use a recorded trace (trace.path) with checkpoint weights");
+  }
+}
+
+Experiment parse_experiment(const std::string& text, const std::string& name,
+                            const std::vector<std::string>& overrides, int world) {
+  const std::vector<Override> ovs = parse_overrides(overrides);
+  auto load_doc = [&]() {
+    YamlNode doc = YamlNode::load_string(text, name);
+    if (!doc.is_map()) doc.fail("an experiment is a mapping (model:, trace:, sweep: ...)");
+    for (const auto& o : ovs) set_path(doc.raw(), o.key, o.value, o.text);
+    return doc;
+  };
+
+  Experiment ex;
+  ex.file = name;
+  ex.world = world;
+  YamlNode root = load_doc();
+  DocReader reader{name};
+  // The base document is read once whole, so that errors outside the swept keys surface even
+  // for a single point, and so that the sweep section is checked.
+  std::vector<YamlNode> exclude_nodes;
+  try {
+    PointConfig base = reader.point(root, &ex.output);
+    (void)base;
+    MapReader top(root);
+    if (auto sweep = top.opt("sweep")) {
+      MapReader s(*sweep);
+      if (auto grid = s.opt("grid")) {
+        for (const auto& [axis, values] : grid->entries()) {
+          if (!axis_allowed(axis))
+            values.fail(str("\"", axis, "\" cannot be swept; axes are the arms (", join(arm_names(), ", "),
+                            "), model, model.<key>, measure.<key>, weights.<key>, trace.<key> and backend"));
+          if (!values.is_sequence()) values.fail("expected a list of values, e.g. [off, on]");
+          Axis a;
+          a.name = axis;
+          for (const auto& v : values.items()) {
+            const std::string cv = canonical_value(v);
+            if (std::find(a.values.begin(), a.values.end(), cv) != a.values.end())
+              v.fail(str("value \"", cv, "\" appears twice"));
+            a.values.push_back(cv);
+            a.nodes.push_back(v);
+          }
+          if (a.values.empty()) values.fail("an axis needs at least one value");
+          ex.axes.push_back(std::move(a));
+        }
+      }
+      if (auto ex_node = s.opt("exclude")) exclude_nodes = ex_node->items();
+      s.finish();
+    }
+    for (const auto& a : ex.axes)
+      for (const auto& b : ex.axes)
+        if (&a != &b && starts_with(b.name, a.name + "."))
+          MTP_FAIL(name, ": sweep.grid: axes \"", a.name, "\" and \"", b.name, "\" overlap");
+  } catch (const Error& e) {
+    rethrow_with_overrides(e, ovs);
+  }
+
+  // exclude: entries are partial assignments; a point matching every key of one is removed.
+  std::vector<std::map<std::string, std::set<std::string>>> excludes;
+  for (const auto& en : exclude_nodes) {
+    std::map<std::string, std::set<std::string>> rule;
+    for (const auto& [axis, v] : en.entries()) {
+      auto it = std::find_if(ex.axes.begin(), ex.axes.end(), [&](const Axis& a) { return a.name == axis; });
+      if (it == ex.axes.end()) v.fail(str("\"", axis, "\" is not a sweep.grid axis"));
+      std::vector<YamlNode> vals = v.is_sequence() ? v.items() : std::vector<YamlNode>{v};
+      for (const auto& one : vals) {
+        const std::string cv = canonical_value(one);
+        if (std::find(it->values.begin(), it->values.end(), cv) == it->values.end())
+          one.fail(
+              str("\"", cv, "\" is not among the values of axis ", axis, " {", join(it->values, ", "), "}"));
+        rule[axis].insert(cv);
+      }
+    }
+    if (rule.empty()) en.fail("an exclude entry needs at least one axis");
+    excludes.push_back(std::move(rule));
+  }
+
+  // The cartesian product, last axis fastest.
+  std::vector<size_t> idx(ex.axes.size(), 0);
+  // Problems grouped by message: message -> [where the values came from, point labels...].
+  std::map<std::string, std::vector<std::string>> problems;
+  int total = 0;
+  for (bool done = false; !done; ++total) {
+    std::vector<std::pair<std::string, std::string>> assignment;
+    for (size_t a = 0; a < ex.axes.size(); ++a)
+      assignment.emplace_back(ex.axes[a].name, ex.axes[a].values[idx[a]]);
+    bool excluded = false;
+    for (const auto& rule : excludes) {
+      bool all = true;
+      for (const auto& [axis, vals] : rule) {
+        const auto& v = std::find_if(assignment.begin(), assignment.end(), [&](const auto& kv) {
+                          return kv.first == axis;
+                        })->second;
+        all = all && vals.count(v) > 0;
+      }
+      excluded = excluded || all;
+    }
+    if (!excluded) {
+      PointConfig p;
+      std::string where;
+      try {
+        YamlNode doc = load_doc();
+        // `model` before model.<key>, so that a swept preset takes the key overrides.
+        std::vector<size_t> order(ex.axes.size());
+        for (size_t a = 0; a < order.size(); ++a) order[a] = a;
+        std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+          return ex.axes[x].name == "model" && ex.axes[y].name != "model";
+        });
+        for (size_t a : order) {
+          const YamlNode& v = ex.axes[a].nodes[idx[a]];
+          set_path(doc.raw(), ex.axes[a].name, v.raw(), str("sweep.grid.", ex.axes[a].name));
+          where += str(where.empty() ? "" : ", ", ex.axes[a].name, " from ", origin_of(v));
+        }
+        p = reader.point(doc, nullptr);
+        p.index = static_cast<int>(ex.points.size());
+        p.assignment = assignment;
+        check_point_runnable(p, world, p.backend);
+        p.canonical = canonical_text(p);
+        ex.points.push_back(std::move(p));
+      } catch (const Error& e) {
+        std::string label;
+        for (const auto& [k, v] : assignment) label += str(label.empty() ? "" : " ", k, "=", v);
+        std::string msg = e.message();
+        for (const auto& o : ovs)
+          if (msg.find(o.key) != std::string::npos) msg += str(" (", o.text, ")");
+        auto& entry = problems[msg];
+        if (entry.empty()) entry.push_back(where);
+        entry.push_back(str("{", label.empty() ? "no sweep" : label, "}"));
+      }
+    }
+    // Next index.
+    size_t a = ex.axes.size();
+    while (a > 0) {
+      --a;
+      if (++idx[a] < ex.axes[a].values.size()) break;
+      idx[a] = 0;
+      if (a == 0) done = true;
+    }
+    if (ex.axes.empty()) done = true;
+  }
+  if (!problems.empty()) {
+    size_t bad = 0;
+    std::vector<std::string> lines;
+    for (const auto& [msg, entry] : problems) {
+      const size_t count = entry.size() - 1;
+      bad += count;
+      std::vector<std::string> shown(
+          entry.begin() + 1, entry.begin() + 1 + static_cast<std::ptrdiff_t>(std::min<size_t>(count, 3)));
+      lines.push_back(str("  ", msg, "\n    in ", count, " point(s): ", join(shown, ", "),
+                          count > 3 ? ", ..." : "",
+                          entry[0].empty() ? "" : str("\n    (values: ", entry[0], ")")));
+    }
+    MTP_FAIL(name, ": ", bad, " of ", total, " sweep point(s) cannot run with ", world,
+             " rank(s) (fix the values, or remove the points with sweep.exclude):\n", join(lines, "\n"));
+  }
+  MTP_REQUIRE(!ex.points.empty(), name, ": every sweep point is excluded; nothing to run");
+
+  // The resolved document: overrides applied, as YAML.
+  {
+    YAML::Emitter e;
+    e << root.raw();
+    ex.resolved_yaml = e.c_str();
+    YamlNode again = load_doc();
+    YAML::Node without_output = again.raw();  // shares the tree
+    without_output.remove("output");
+    YAML::Emitter e2;
+    e2 << without_output;
+    ex.identity = fnv1a_hex(str(e2.c_str(), "\nworld=", world));
+  }
+  return ex;
+}
+
+Experiment load_experiment(const std::string& path, const std::vector<std::string>& overrides, int world) {
+  return parse_experiment(read_text(path), path, overrides, world);
+}
+
+}  // namespace mtplab::harness

@@ -1,0 +1,96 @@
+// The results file ("mtplab-results", schema v1; docs/results-schema.md): provenance at the
+// root, one group per point, an /index table and a /divergence table.
+//
+// Invariants:
+// - A point is written whole or not at all: each append is H5File::open_append + commit, so a
+//   killed run leaves the file as it was after the last completed point.
+// - A file holds one experiment: its root `experiment_identity` (hash of the resolved experiment
+//   without `output`, and the world size) must equal the run's, else the run is refused before
+//   anything runs. A point already in the file with the same canonical config is skipped.
+// - /index and /divergence are derived from the point groups; they are rebuilt whenever points
+//   are added (run, merge), so they never disagree with the groups.
+#pragma once
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness/experiment.hpp"
+#include "harness/replay.hpp"
+#include "harness/stats.hpp"
+#include "io/hdf5.hpp"
+
+namespace mtplab::harness {
+
+inline constexpr const char* kResultsSchema = "mtplab-results";
+inline constexpr int64_t kResultsSchemaVersion = 1;
+
+/// Who ran, where, with what: the root attributes (and per-point copies of argv / hosts).
+struct RunProvenance {
+  std::vector<std::string> argv;
+  std::vector<std::string> hosts;    ///< per rank
+  std::vector<std::string> devices;  ///< per rank: "cpu" or "0: NVIDIA H200 (0000:3b:00.0)"
+  int world = 1;
+  std::string backend;                                        ///< cpu | cuda, as resolved
+  std::vector<std::pair<std::string, std::string>> versions;  ///< library -> version
+  std::vector<std::string> environment;  ///< "NAME=value" of NCCL_*, SLURM_*, OMPI_*, ...
+  std::string started_at;                ///< ISO 8601 UTC
+};
+
+/// Collects the environment variables recorded as provenance (NCCL_*, SLURM_*, OMPI_*, PMIX_RANK,
+/// CUDA_VISIBLE_DEVICES, MTPLAB_*), sorted.
+std::vector<std::string> provenance_environment();
+/// Now, as ISO 8601 UTC.
+std::string utc_now();
+
+/// Timing columns of the step table, in order (each max over ranks, milliseconds).
+const std::vector<std::string>& timing_columns();
+
+/// Everything measured for one point, as rank 0 writes it. Step rows cover every repeat.
+struct PointResult {
+  int k = 0;
+  std::vector<int32_t> repeat, sequence, position, accepted;
+  std::vector<uint8_t> warmup;
+  /// timing[c][row] for c over timing_columns().
+  std::vector<std::vector<double>> timing;
+  std::vector<double> block_ms, head_ms, exchange_ms;  ///< [rows, k] per draft, max over ranks
+  std::vector<int32_t> drafts, targets;                ///< [rows, k]
+  // Per sequence (repeat 0).
+  std::vector<int32_t> seq_index, seq_prompt_len, seq_length, seq_steps;
+  std::vector<double> seq_prefill_ms;
+  AcceptanceStats acceptance;     ///< repeat 0
+  int64_t repeat_mismatches = 0;  ///< steps of repeats > 0 whose drafts differ from repeat 0's
+  bool ranks_agree = true;        ///< every rank produced the same drafts
+  std::vector<std::string> arms_not_applied;
+  std::string started_at, finished_at;
+  double wall_s = 0;
+  int64_t rows() const { return static_cast<int64_t>(sequence.size()); }
+};
+
+/// Creates the results file at `path` with the root attributes, or checks an existing one
+/// against `ex` (schema, identity) and returns the indices of the points already in it with the
+/// same canonical config. Rank 0 only.
+std::set<int> prepare_results_file(const std::string& path, const Experiment& ex, const RunProvenance& prov);
+
+/// Appends one point (its group, the rebuilt /index and /divergence) and commits. Rank 0 only.
+void append_point(const std::string& path, const Experiment& ex, const PointConfig& point,
+                  const PointResult& r, const RunProvenance& prov);
+
+/// Joins per-task results files of one experiment into `out` (created atomically). Points
+/// present in several inputs must have the same config (an identical duplicate is kept once);
+/// inputs of different experiments or schemas are refused. Returns the number of points.
+int merge_results(const std::string& out, const std::vector<std::string>& inputs, bool overwrite,
+                  const std::vector<std::string>& argv);
+
+/// One row of /divergence: how often `point`'s drafts differ from `reference`'s at the same
+/// (sequence, position) of repeat 0 (docs/results-schema.md).
+struct Divergence {
+  int64_t point = 0, reference = 0;
+  std::string axis, value, reference_value;
+  int64_t steps = 0, common_steps = 0, differ_any = 0, differ_first = 0;
+};
+/// The divergence rows of every point against its reference points (same assignment except one
+/// axis at that axis' first value).
+std::vector<Divergence> compute_divergence(const io::Group& root);
+
+}  // namespace mtplab::harness

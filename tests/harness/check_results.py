@@ -1,0 +1,103 @@
+"""Checks a results file written by `mtplab run` (docs/results-schema.md) with the analysis reader.
+
+    check_results.py FILE --points N     every point present and consistent
+    check_results.py FILE --at-most N    a file left by an interrupted run: valid, 1..N-1 points
+    check_results.py FILE --points N --sharding-invariant
+        also: points that differ only in head_sharding or context_rows have identical drafts
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "analysis"))
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+import mtplab_results as mr  # noqa: E402
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def check_point(res, name):
+    g = res.group(name)
+    s = res.steps(name)
+    # The schema's promise: the step columns read as one table.
+    steps_group = g["steps"]
+    df = pd.DataFrame({k: steps_group[k][()] for k in steps_group})
+    check(len(df) == len(s) and len(df) > 0, f"{name}: steps table has {len(df)} rows")
+    for c in mr.TIMING_COLUMNS:
+        check(c in df.columns, f"{name}: steps/{c} missing")
+        check(bool((df[c] >= 0).all()), f"{name}: negative {c}")
+    k = int(g.attrs["draft_len"])
+    drafts, targets = res.drafts(name), res.targets(name)
+    check(drafts.shape == (len(df), k) and targets.shape == (len(df), k), f"{name}: drafts {drafts.shape}")
+    # accepted = longest prefix of drafts equal to targets.
+    eq = drafts == targets
+    prefix = np.where(eq.all(axis=1), k, np.argmin(eq, axis=1))
+    check(bool((prefix == df["accepted"].values).all()), f"{name}: accepted is not the matching prefix")
+    r0 = df[df["repeat"] == 0]
+    steps = int(g.attrs["steps"])
+    check(steps == len(r0), f"{name}: steps attr {steps} vs {len(r0)} repeat-0 rows")
+    acc = r0["accepted"].values
+    check(abs(float(g.attrs["acceptance_rate"]) - acc.sum() / (k * len(acc))) < 1e-12, f"{name}: acceptance_rate")
+    check(abs(float(g.attrs["tau"]) - (1 + acc.mean())) < 1e-12, f"{name}: tau")
+    pp = res.per_position(name)
+    want = np.array([(acc >= i + 1).mean() for i in range(k)])
+    check(np.allclose(pp, want), f"{name}: per_position {pp} vs {want}")
+    # The summary median is the median of the measured (non-warm-up) steps.
+    m = df[df["warmup"] == 0]["step_ms"].values
+    summ = res.summary(name)
+    check(len(m) == 0 or abs(summ.loc["step_ms", "median"] - np.median(m)) < 1e-9, f"{name}: step_ms median")
+    check(len(m) == 0 or summ.loc["step_ms", "ci95_lo"] <= summ.loc["step_ms", "median"] <= summ.loc["step_ms", "ci95_hi"],
+          f"{name}: CI does not bracket the median")
+    check(int(g.attrs["ranks_agree"]) == 1, f"{name}: ranks disagree on drafts")
+    check(mr._s(g.attrs["status"]) == "ok", f"{name}: status")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("file")
+    ap.add_argument("--points", type=int)
+    ap.add_argument("--at-most", type=int)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--sharding-invariant", action="store_true")
+    a = ap.parse_args()
+    res = mr.Results(a.file)
+    names = res.point_names
+    for key in ["schema", "schema_version", "git_sha", "git_dirty", "argv", "experiment_yaml", "experiment_identity",
+                "world_size", "hosts", "devices", "version.hdf5", "version.mpi", "environment", "sweep_axes"]:
+        check(key in res.attrs, f"root attribute {key} missing")
+    check(int(res.attrs["world_size"]) == a.world, f"world_size {res.attrs['world_size']}")
+    check(len(res.attrs["hosts"]) == a.world, "one host per rank")
+    if a.points is not None:
+        check(len(names) == a.points, f"{len(names)} points, expected {a.points}")
+    if a.at_most is not None:
+        check(1 <= len(names) < a.at_most, f"{len(names)} points, expected 1..{a.at_most - 1}")
+    pts = res.points
+    check(len(pts) == len(names), f"/index has {len(pts)} rows for {len(names)} points")
+    for n in names:
+        check_point(res, n)
+    div = res.divergence()
+    stored = res.stored_divergence()
+    check(len(div) == len(stored), f"/divergence has {len(stored)} rows, the reader computes {len(div)}")
+    if len(div) and len(stored):
+        check(np.allclose(div["rate_any"].values, stored["rate_any"].values, equal_nan=True), "/divergence rates")
+    if a.sharding_invariant:
+        inv = div[div["axis"].isin(["head_sharding", "context_rows"])]
+        check(len(inv) > 0, "no head_sharding / context_rows pairs to compare")
+        check(bool((inv["differ_any"] == 0).all()), f"sharded or full-row drafts differ:\n{inv}")
+        check(bool((inv["common_steps"] == inv["steps"]).all()), "steps do not align across invariant arms")
+    print(f"{a.file}: {len(names)} point(s), {len(div)} divergence row(s)")
+    if failures:
+        print(f"{len(failures)} failure(s)")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+// Experiment schema, sweep expansion and summaries, without MPI:
+// - defaults, the cartesian product in axis order (last axis fastest), exclude: entries;
+// - --set overrides (arms, measure keys, grid axes, model keys on a preset) and strictness
+//   (unknown keys, bad values, the file:line:col of a grid value);
+// - points that cannot run at the given world size are reported together, unless excluded;
+// - canonical configs ignore spelling (on / true) but not values;
+// - quantiles against hand-computed values and a bootstrap CI that brackets the median.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "harness/experiment.hpp"
+#include "harness/stats.hpp"
+
+using namespace mtplab;
+using namespace mtplab::harness;
+
+namespace {
+
+const char* kBase = R"(model:
+  preset: tiny
+  max_seq_len: 128
+weights: {synthetic: {seed: 3}}
+trace:
+  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 16, seed: 5, layers: 1}
+measure: {warmup_steps: 1}
+output: out.h5
+backend: cpu
+sweep:
+  grid:
+    head_sharding: [none, vocab]
+    head_fp8: [off, on]
+    skip: [none, head, block]
+)";
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Experiment, DefaultsAndProductOrder) {
+  const Experiment ex = parse_experiment(kBase, "exp.yaml", {}, 2);
+  ASSERT_EQ(ex.points.size(), 12u);
+  ASSERT_EQ(ex.axes.size(), 3u);
+  // Last axis fastest.
+  EXPECT_EQ(ex.points[0].label(), "head_sharding=none head_fp8=off skip=none");
+  EXPECT_EQ(ex.points[1].label(), "head_sharding=none head_fp8=off skip=head");
+  EXPECT_EQ(ex.points[3].label(), "head_sharding=none head_fp8=on skip=none");
+  EXPECT_EQ(ex.points[11].label(), "head_sharding=vocab head_fp8=on skip=block");
+  const PointConfig& p = ex.points[11];
+  EXPECT_EQ(p.index, 11);
+  EXPECT_EQ(p.name(), "p0011");
+  EXPECT_EQ(p.arms.head_sharding, drafter::HeadSharding::vocab);
+  EXPECT_TRUE(p.arms.head_fp8);
+  EXPECT_EQ(p.arms.skip, drafter::Skip::block);
+  EXPECT_EQ(p.arms.draft_len, 3);  // default
+  EXPECT_EQ(p.arms.exchange, drafter::Exchange::packed_u64);
+  EXPECT_EQ(p.model.name, "tiny");
+  EXPECT_EQ(p.model.max_seq_len, 128);  // preset 4096, overridden
+  EXPECT_EQ(p.weights.seed, 3u);
+  EXPECT_TRUE(p.trace.synthetic);
+  EXPECT_EQ(p.trace.new_tokens, 16);
+  EXPECT_EQ(p.measure.warmup_steps, 1);
+  EXPECT_EQ(p.measure.repeats, 1);
+  EXPECT_EQ(ex.output, "out.h5");
+  // Same document, same identity; the world size is part of it.
+  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {}, 2).identity, ex.identity);
+  EXPECT_NE(parse_experiment(kBase, "exp.yaml", {}, 1).identity, ex.identity);
+  // The output does not change the identity (array tasks write different files).
+  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {"output=other.h5"}, 2).identity, ex.identity);
+}
+
+TEST(Experiment, ExcludeRemovesPartialAssignments) {
+  const std::string text =
+      std::string(kBase) + "  exclude:\n    - {head_sharding: none, skip: [head, block]}\n";
+  const Experiment ex = parse_experiment(text, "exp.yaml", {}, 2);
+  EXPECT_EQ(ex.points.size(), 12u - 4u);
+  for (const auto& p : ex.points)
+    EXPECT_FALSE(p.arms.head_sharding == drafter::HeadSharding::none && p.arms.skip != drafter::Skip::none)
+        << p.label();
+  // Numbering is dense after exclusion.
+  for (size_t i = 0; i < ex.points.size(); ++i) EXPECT_EQ(ex.points[i].index, static_cast<int>(i));
+  EXPECT_EQ(ex.find_point({{"head_sharding", "none"}, {"head_fp8", "off"}, {"skip", "head"}}), -1);
+  EXPECT_GE(ex.find_point({{"head_sharding", "vocab"}, {"head_fp8", "off"}, {"skip", "head"}}), 0);
+  // An exclude value that is not an axis value is a typo, reported with its location.
+  const std::string bad = std::string(kBase) + "  exclude:\n    - {skip: heads}\n";
+  const std::string msg = message_of([&] { parse_experiment(bad, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("exp.yaml:16:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("\"heads\" is not among the values of axis skip"), std::string::npos) << msg;
+}
+
+TEST(Experiment, OverridesFromTheCommandLine) {
+  const Experiment ex = parse_experiment(kBase, "exp.yaml",
+                                         {"draft_len=5", "measure.sequences=1", "sweep.grid.head_fp8=[on]",
+                                          "model.index_topk=8", "exchange=allgather_pairs"},
+                                         2);
+  ASSERT_EQ(ex.points.size(), 6u);
+  for (const auto& p : ex.points) {
+    EXPECT_EQ(p.arms.draft_len, 5);
+    EXPECT_TRUE(p.arms.head_fp8);
+    EXPECT_EQ(p.measure.sequences, 1);
+    EXPECT_EQ(p.model.index_topk, 8);
+    EXPECT_EQ(p.model.max_seq_len, 128);  // the file's override survives a --set of another key
+    EXPECT_EQ(p.arms.exchange, drafter::Exchange::allgather_pairs);
+  }
+  // A model key on a plain preset name works too.
+  std::string plain = kBase;
+  plain.replace(plain.find("model:\n  preset: tiny\n  max_seq_len: 128\n"), 40, "model: tiny\n");
+  const Experiment ex2 = parse_experiment(plain, "exp.yaml", {"model.max_seq_len=64"}, 2);
+  EXPECT_EQ(ex2.points[0].model.max_seq_len, 64);
+  // Bad values and unknown keys name the override.
+  std::string msg = message_of([&] { parse_experiment(kBase, "exp.yaml", {"measure.warmup=3"}, 2); });
+  EXPECT_NE(msg.find("unknown key \"warmup\""), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--set measure.warmup=3"), std::string::npos) << msg;
+  msg = message_of([&] { parse_experiment(kBase, "exp.yaml", {"draft_len=0"}, 2); });
+  EXPECT_NE(msg.find("draft_len: value 0 is out of range [1, 16]"), std::string::npos) << msg;
+  msg = message_of([&] { parse_experiment(kBase, "exp.yaml", {"draft_len"}, 2); });
+  EXPECT_NE(msg.find("expected key.path=value"), std::string::npos) << msg;
+}
+
+TEST(Experiment, StrictKeysWithLocations) {
+  std::string text = kBase;
+  text.replace(text.find("measure: {warmup_steps: 1}"), 26, "measure: {warmup_step: 1}");
+  std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("exp.yaml:7:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("measure.warmup_step: unknown key"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("did you mean \"warmup_steps\""), std::string::npos) << msg;
+
+  text = kBase;
+  text.replace(text.find("skip: [none, head, block]"), 25, "skip: [none, hed]");
+  msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("exp.yaml:14:18"), std::string::npos) << msg;  // the value in the grid
+  EXPECT_NE(msg.find("\"hed\" is not one of"), std::string::npos) << msg;
+
+  text = std::string(kBase) + "    output: [a.h5, b.h5]\n";
+  msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("\"output\" cannot be swept"), std::string::npos) << msg;
+
+  msg = message_of([&] { parse_experiment("model: tiny\n", "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("missing required key \"trace\""), std::string::npos) << msg;
+}
+
+TEST(Experiment, UnrunnablePointsReportedAtExpansion) {
+  const std::string text = std::string(kBase) + "    exchange: [packed_u64, bf16_lanes]\n";
+  // bf16_lanes with a vocab-sharded head runs on exactly 2 ranks: fine at 2 ...
+  EXPECT_EQ(parse_experiment(text, "exp.yaml", {}, 2).points.size(), 24u);
+  // ... not at 4 (tiny's 8 heads divide over 4): 6 points cannot run, all reported at once.
+  const std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 4); });
+  EXPECT_NE(msg.find("6 of 24 sweep point(s) cannot run with 4 rank(s)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bf16_lanes"), std::string::npos) << msg;
+  // Excluding them makes the rest runnable.
+  const std::string excluded = text + "  exclude:\n    - {head_sharding: vocab, exchange: bf16_lanes}\n";
+  EXPECT_EQ(parse_experiment(excluded, "exp.yaml", {}, 4).points.size(), 18u);
+  // Heads that do not divide over the world: every point.
+  const std::string m3 = message_of([&] { parse_experiment(kBase, "exp.yaml", {}, 3); });
+  EXPECT_NE(m3.find("n_heads"), std::string::npos) << m3;
+  // cuda_graph on the cpu backend is refused.
+  const std::string mg = message_of([&] { parse_experiment(kBase, "exp.yaml", {"cuda_graph=on"}, 2); });
+  EXPECT_NE(mg.find("cuda_graph: on needs the cuda backend"), std::string::npos) << mg;
+  // A synthetic trace longer than the context.
+  const std::string ml =
+      message_of([&] { parse_experiment(kBase, "exp.yaml", {"trace.synthetic.new_tokens=200"}, 2); });
+  EXPECT_NE(ml.find("exceeds model.max_seq_len"), std::string::npos) << ml;
+}
+
+TEST(Experiment, CanonicalConfigIgnoresSpelling) {
+  std::string a = kBase, b = kBase;
+  b.replace(b.find("head_fp8: [off, on]"), 19, "head_fp8: [false, true]");
+  const Experiment ea = parse_experiment(a, "exp.yaml", {}, 2);
+  const Experiment eb = parse_experiment(b, "exp.yaml", {}, 2);
+  ASSERT_EQ(ea.points.size(), eb.points.size());
+  for (size_t i = 0; i < ea.points.size(); ++i) {
+    EXPECT_EQ(ea.points[i].canonical, eb.points[i].canonical);
+    EXPECT_EQ(ea.points[i].assignment, eb.points[i].assignment);
+  }
+  EXPECT_NE(ea.points[0].canonical, ea.points[1].canonical);
+  const Experiment ec = parse_experiment(a, "exp.yaml", {"model.index_topk=8"}, 2);
+  EXPECT_NE(ea.points[0].canonical, ec.points[0].canonical);  // the resolved model is part of it
+}
+
+TEST(Stats, QuantilesAndBootstrap) {
+  const std::vector<double> x = {5, 1, 4, 2, 3};  // sorted: 1 2 3 4 5
+  const Summary s = summarize(x, 42);
+  EXPECT_EQ(s.n, 5);
+  EXPECT_DOUBLE_EQ(s.median, 3.0);
+  EXPECT_DOUBLE_EQ(s.p10, 1.4);   // h = 0.4
+  EXPECT_DOUBLE_EQ(s.p90, 4.6);   // h = 3.6
+  EXPECT_DOUBLE_EQ(s.p99, 4.96);  // h = 3.96
+  EXPECT_DOUBLE_EQ(s.mean, 3.0);
+  EXPECT_DOUBLE_EQ(s.rel_spread, (4.6 - 1.4) / 3.0);
+  EXPECT_LE(s.ci95_lo, s.median);
+  EXPECT_GE(s.ci95_hi, s.median);
+  // Seeded: the same seed gives the same interval; a large sample gives a tight one.
+  std::mt19937_64 gen(7);
+  std::lognormal_distribution<double> dist(0.0, 0.3);
+  std::vector<double> big(4000);
+  for (auto& v : big) v = dist(gen);
+  const Summary a = summarize(big, 9), b = summarize(big, 9);
+  EXPECT_EQ(a.ci95_lo, b.ci95_lo);
+  EXPECT_EQ(a.ci95_hi, b.ci95_hi);
+  EXPECT_LT(a.ci95_lo, a.median);
+  EXPECT_GT(a.ci95_hi, a.median);
+  // The true median of lognormal(0, 0.3) is 1; 4000 samples put it well inside +-5%.
+  EXPECT_NEAR(a.median, 1.0, 0.05);
+  EXPECT_LT(a.ci95_hi - a.ci95_lo, 0.05);
+  const Summary e = summarize(std::vector<double>{}, 1);
+  EXPECT_EQ(e.n, 0);
+  EXPECT_TRUE(std::isnan(e.median));
+}

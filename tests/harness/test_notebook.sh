@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# analysis/results.ipynb on fresh quickstart results: runs a shrunk quickstart on 2 ranks, executes
+# the notebook with `jupyter nbconvert --to notebook --execute`, and checks that every figure was
+# saved as a non-empty PNG. Exit 77 (skipped) without jupyter, h5py, pandas or matplotlib.
+# Usage: test_notebook.sh MTPLAB MPIEXEC PYTHON   (MTPLAB_SOURCE_DIR = repository root)
+set -uo pipefail
+mtplab=$1 mpiexec=$2 python=$3
+src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+command -v jupyter >/dev/null 2>&1 || { echo "SKIPPED: jupyter not found (apt install jupyter-nbconvert)"; exit 77; }
+"$python" -c "import h5py, pandas, matplotlib" 2>/dev/null ||
+  { echo "SKIPPED: $python lacks h5py, pandas or matplotlib"; exit 77; }
+work=$(mktemp -d /tmp/mtplab-nb-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+# Every arm of the quickstart, on short sequences.
+"$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab" run "$src/experiments/quickstart.yaml" \
+  --set trace.synthetic.new_tokens=12 --set measure.warmup_steps=1 --out "$work/q.h5" >"$work/run.log" 2>&1 ||
+  { echo "FAIL: mtplab run exited $?"; cat "$work/run.log"; exit 1; }
+
+MTPLAB_RESULTS=$work/q.h5 MTPLAB_FIGURES=$work/figures PYDEVD_DISABLE_FILE_VALIDATION=1 \
+  timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb" \
+  >"$work/nb.log" 2>&1 || { echo "FAIL: the notebook did not execute"; cat "$work/nb.log"; exit 1; }
+
+failures=0
+for fig in acceptance_tau per_position phase_breakdown fp8_divergence sharding_latency; do
+  f=$work/figures/$fig.png
+  if [[ -s $f ]] && [[ $(head -c 8 "$f" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]]; then
+    echo "ok: $fig.png ($(stat -c %s "$f") bytes)"
+  else
+    echo "FAIL: $fig.png missing, empty or not a PNG"
+    failures=$((failures + 1))
+  fi
+done
+# The executed notebook carries no error output.
+grep -q '"output_type": "error"' "$work/nb/results.ipynb" && { echo "FAIL: a cell raised"; failures=$((failures + 1)); }
+((failures == 0)) || exit 1

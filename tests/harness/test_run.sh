@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# `mtplab run` end to end on 2 ranks with a shrunk quickstart (experiments/quickstart.yaml).
+#
+#   test_run.sh basic   MTPLAB MPIEXEC PYTHON   run, check the file, rerun (skips), refuse a
+#                                               different config, --point tasks + merge
+#   test_run.sh sigterm MTPLAB MPIEXEC PYTHON   SIGTERM to mpirun mid-run: non-zero exit, the
+#                                               file holds the completed points; a rerun resumes
+#   test_run.sh sigkill MTPLAB MPIEXEC PYTHON   SIGKILL to the ranks mid-run: the file is still
+#                                               valid; a rerun resumes
+# Exit 77 (skipped) when PYTHON lacks h5py / pandas. MTPLAB_SOURCE_DIR = repository root.
+set -uo pipefail
+mode=$1 mtplab=$2 mpiexec=$3 python=$4
+src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+check="$python $src/tests/harness/check_results.py"
+"$python" -c "import h5py, pandas" 2>/dev/null || { echo "SKIPPED: $python lacks h5py or pandas"; exit 77; }
+
+work=$(mktemp -d /tmp/mtplab-run-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+exp=$src/experiments/quickstart.yaml
+launch=("$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab")
+# 8 points (skip fixed to none), short sequences: a few seconds on 2 busy cores.
+small=(--set trace.synthetic.new_tokens=16 --set 'sweep.grid.skip=[none]' --set measure.warmup_steps=1)
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# run LOG ARGS...: mtplab run under mpirun, output to LOG; returns its exit code.
+run() {
+  local log=$1
+  shift
+  "${launch[@]}" run "$exp" "$@" >"$log" 2>&1
+}
+
+# wait_for_point LOG PID: until the log shows a finished point (or the job ends).
+wait_for_point() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    grep -q ') done in' "$1" && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+
+case $mode in
+  basic)
+    out=$work/q.h5
+    run "$work/run1.log" "${small[@]}" --out "$out" || { fail "first run exited $?"; cat "$work/run1.log"; }
+    $check "$out" --points 8 --sharding-invariant || fail "results of the first run"
+    # Rerun: every point is already there.
+    run "$work/run2.log" "${small[@]}" --out "$out" || fail "rerun exited $?"
+    n=$(grep -c 'already in the results file, skipped' "$work/run2.log")
+    ((n == 8)) || { fail "rerun skipped $n points, expected 8"; cat "$work/run2.log"; }
+    $check "$out" --points 8 || fail "results after the rerun"
+    # Another configuration into the same file is refused, and the file is untouched.
+    if run "$work/run3.log" "${small[@]}" --set measure.max_steps=3 --out "$out"; then
+      fail "a different configuration was accepted into $out"
+    fi
+    grep -q 'holds results of a different experiment configuration' "$work/run3.log" ||
+      { fail "no clear refusal message"; cat "$work/run3.log"; }
+    $check "$out" --points 8 || fail "results after the refused run"
+    # Two array tasks and a merge.
+    run "$work/t0.log" "${small[@]}" --point 0 --out "$work/task0.h5" || fail "--point 0 exited $?"
+    run "$work/t5.log" "${small[@]}" --point 5 --out "$work/task5.h5" || fail "--point 5 exited $?"
+    "$mtplab" merge "$work/merged.h5" "$work/task0.h5" "$work/task5.h5" >"$work/merge.log" 2>&1 ||
+      { fail "merge exited $?"; cat "$work/merge.log"; }
+    $check "$work/merged.h5" --points 2 || fail "merged file"
+    "$python" - "$work/merged.h5" "$out" <<'PY' || fail "merged points differ from the full run's"
+import sys, h5py, numpy as np
+m, full = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+assert sorted(m["points"]) == ["p0000", "p0005"], list(m["points"])
+for p in m["points"]:
+    # Drafts are deterministic: the task's point equals the same point of the full run.
+    assert (m["points"][p]["drafts"][()] == full["points"][p]["drafts"][()]).all(), p
+    assert m["points"][p].attrs["config"] == full["points"][p].attrs["config"], p
+PY
+    # Files of different configurations do not merge.
+    run "$work/t9.log" "${small[@]}" --set measure.max_steps=2 --point 1 --out "$work/other.h5" ||
+      fail "--point 1 (other config) exited $?"
+    if "$mtplab" merge "$work/bad.h5" "$work/task0.h5" "$work/other.h5" >"$work/merge2.log" 2>&1; then
+      fail "merging two configurations was accepted"
+    fi
+    grep -q 'different experiment configuration' "$work/merge2.log" || { fail "merge refusal unclear"; cat "$work/merge2.log"; }
+    [[ ! -e $work/bad.h5 ]] || fail "a refused merge left $work/bad.h5"
+    ;;
+  sigterm | sigkill)
+    out=$work/q.h5
+    # Longer sequences, so that the run is still going when the signal comes.
+    long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]')
+    "${launch[@]}" run "$exp" "${long[@]}" --out "$out" >"$work/run.log" 2>&1 &
+    pid=$!
+    wait_for_point "$work/run.log" "$pid" || { fail "no point finished"; cat "$work/run.log"; }
+    if [[ $mode == sigterm ]]; then
+      kill -TERM "$pid"
+    else
+      # The ranks themselves (mpirun's children), by pid: rank 0 may be inside a point's write.
+      ranks=$(ps -o pid= --ppid "$pid")
+      [[ -n $ranks ]] || fail "no rank processes under mpirun $pid"
+      # shellcheck disable=SC2086
+      kill -KILL $ranks
+    fi
+    wait "$pid"
+    rc=$?
+    echo "mpirun exited $rc after SIG${mode#sig}"
+    ((rc != 0)) || fail "an interrupted run exited 0"
+    if [[ $mode == sigterm ]]; then
+      grep -q 'interrupted by signal 15' "$work/run.log" || { fail "no interruption message"; cat "$work/run.log"; }
+      ls "$work"/q.h5.tmp.* >/dev/null 2>&1 && fail "a clean stop left a temporary file"
+    fi
+    $check "$out" --at-most 8 || { fail "the interrupted file"; cat "$work/run.log"; }
+    done_before=$("$python" -c "import h5py,sys; print(len(h5py.File(sys.argv[1],'r')['points']))" "$out")
+    run "$work/resume.log" "${long[@]}" --out "$out" || { fail "resume exited $?"; cat "$work/resume.log"; }
+    n=$(grep -c 'already in the results file, skipped' "$work/resume.log")
+    ((n == done_before)) || fail "resume skipped $n points, the file had $done_before"
+    $check "$out" --points 8 --sharding-invariant || fail "results after the resume"
+    ;;
+  *)
+    echo "usage: $0 basic|sigterm|sigkill MTPLAB MPIEXEC PYTHON" >&2
+    exit 2
+    ;;
+esac
+((failures == 0)) || { echo "$failures failure(s)"; exit 1; }
+echo "ok: $mode"
