@@ -15,8 +15,8 @@ configure_and_build "$preset"
 bin=$(preset_binary_dir "$preset")/bin
 
 step "main job"
-# >>> main job: the one line to swap when the quickstart experiment lands.
-run_mpi 2 "$bin/mtplab" info
+# >>> main job: the quickstart experiment (experiments/quickstart.yaml) on 2 ranks.
+run_mpi 2 "$bin/mtplab" run experiments/quickstart.yaml
 # <<< main job
 
 printf '\nDone. Next: scripts/test.sh runs the tests; README.md and docs/getting-started.md say more.\n'

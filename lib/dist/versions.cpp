@@ -42,7 +42,9 @@ LibraryVersions library_versions() {
   char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
   if (MPI_Get_library_version(mpi, &len) == MPI_SUCCESS) {
+    // Some MPI libraries count the terminating NUL in len; cut at the first NUL or newline.
     std::string text(mpi, static_cast<size_t>(len));
+    text = text.substr(0, text.find('\0'));
     v.mpi = trim(text.substr(0, text.find('\n')));
   } else {
     v.mpi = "-";

@@ -5,6 +5,7 @@
 // significand bits), so the only fp32 error in a dot product is the summation; the 8 interleaved
 // lanes keep it small and let the compiler vectorise without reassociating on its own.
 #pragma once
+#include <array>
 #include <cstdint>
 
 #include "core/error.hpp"
@@ -32,14 +33,24 @@ inline float dot(const bf16* w, const float* x, int k) {
 }
 
 /// sum_j float(w[j]) * x[j] with FP8 E4M3 weights, fp32 (the row scale is applied by the caller).
+/// The 256 E4M3 values, so a dot product decodes by table lookup (the same values to_float gives).
+inline const float* e4m3_table() {
+  static const auto table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = to_float(fp8e4m3{static_cast<uint8_t>(c)});
+    return t;
+  }();
+  return table.data();
+}
 inline float dot(const fp8e4m3* w, const float* x, int k) {
+  const float* lut = e4m3_table();
   float acc[kLanes] = {};
   int j = 0;
   for (; j + kLanes <= k; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += to_float(w[j + l]) * x[j + l];
+    for (int l = 0; l < kLanes; ++l) acc[l] += lut[w[j + l].bits] * x[j + l];
   }
   float tail = 0.0f;
-  for (; j < k; ++j) tail += to_float(w[j]) * x[j];
+  for (; j < k; ++j) tail += lut[w[j].bits] * x[j];
   return fold_lanes(acc) + tail;
 }
 
