@@ -34,6 +34,27 @@
 
 namespace mtplab::harness {
 namespace {
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+// The summary of the points run, one aligned row each, on stdout (rank 0).
+void print_table(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  std::printf("\n");
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) line += r[c] + std::string(width[c] - r[c].size() + 2, ' ');
+    std::printf("%s\n", line.c_str());
+  }
+  std::printf("step latency: max over ranks per step, warm-up excluded; spread = (p90 - p10) / median\n");
+  std::fflush(stdout);
+}
+}  // namespace
+namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
 
@@ -419,6 +440,8 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
 
   Context c{rt, *be, comm, world.mpi(), rank, rt.world(), {}, {}, {}, {}};
   Progress progress(rank == 0, to_run);
+  std::vector<std::vector<std::string>> table = {
+      {"point", "arms", "accept", "tau", "step med ms", "p90 ms", "95% CI of median", "spread"}};
   int ordinal = 0, completed = 0, interrupted = 0;
   for (int i : todo) {
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
@@ -442,6 +465,9 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     const Summary s = summarize(measured, 1, 200);
     progress.point_end(str("acceptance ", r.acceptance.rate(), ", tau ", r.acceptance.tau(), ", step median ",
                            s.median, " ms (", r.acceptance.steps, " steps)"));
+    table.push_back({str("p", i), p.label(), fixed(r.acceptance.rate(), 3), fixed(r.acceptance.tau(), 3),
+                     fixed(s.median, 4), fixed(s.p90, 4), str("[", fixed(s.ci95_lo, 4), ", ", fixed(s.ci95_hi, 4), "]"),
+                     fixed(s.rel_spread, 3)});
   }
   progress.finish_line();
   HARNESS_MPI(MPI_Barrier(c.mpi));
@@ -452,7 +478,10 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
                 " holds every completed point. Rerun the same command to resume.");
     return 128 + interrupted;
   }
-  if (rank == 0) log_info("done: ", completed, " point(s) written to ", options.output);
+  if (rank == 0) {
+    if (table.size() > 1) print_table(table);
+    log_info("done: ", completed, " point(s) written to ", options.output);
+  }
   return 0;
 }
 
