@@ -100,7 +100,9 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 // cores (mma.sync m16n8k16, BF16 in, fp32 accumulate). Block (head tile of 16, row split), 4
 // warps; warp w owns columns [w*L/4, (w+1)*L/4) of kv_lora: it stages only its slice of each row
 // in shared memory, computes its partial S, and the 4 partials are summed in a fixed order (every
-// warp gets the same S, hence the same softmax). Precision is the CPU's up to summation order:
+// warp gets the same S, hence the same softmax). The rows of chunk i+1 (selection -> block table
+// -> 16-byte loads, a chain of three memory latencies) are fetched into registers while chunk i
+// is computed. Precision is the CPU's up to summation order:
 // BF16 x BF16 products are exact in fp32; an FP8 row is widened to BF16 exactly (E4M3 fits) and
 // its scale applied to the fp32 sums; the fp32 probabilities are split into BF16 hi + lo parts
 // (two MMAs), which carries them to ~2^-17 relative, far below the final BF16 rounding.
@@ -161,7 +163,9 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
   constexpr int kKSteps = kCw / 16;
   constexpr int kNTiles = kCw / 8;
   constexpr int kRowStride = kCw + 8;  // BF16 elements: +16 bytes, conflict-free fragment reads
-  constexpr int kVecPerRow = kCw / 8;  // 16-byte vectors of a row slice
+  constexpr int kVecPerRow = kCw / 8;  // 16-byte vectors of a row slice (8 values)
+  constexpr int kLoads = kChunk * kVecPerRow / kWarp;
+  static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0, "a chunk's slice must split evenly over a warp");
   __shared__ __align__(16) uint16_t s_rows[kDecodeWarps][kChunk][kRowStride];
   __shared__ float s_score[kDecodeWarps][kHeadTile][kChunk + 1];
 
@@ -202,27 +206,55 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
   float m_lo = -INFINITY, m_hi = -INFINITY;
   float l_lo = 0.0f, l_hi = 0.0f;  // this thread's columns only; summed over the quad at the end
 
-  for (int c0 = i0; c0 < i1; c0 += kChunk) {
-    // Stage this warp's slice of the chunk's rows; padding and rows past the split are zeros.
-    for (int v = lane; v < kChunk * kVecPerRow; v += kWarp) {
-      const int r = v / kVecPerRow;
-      const int cv = v % kVecPerRow;
-      const int ii = c0 + r;
+  // Chunk rows: lane r < 16 holds the cache slot of row c0 + r (-1: padding or past the split).
+  auto row_slot = [&](int c0) {
+    int64_t slot = -1;
+    if (lane < kChunk) {
+      const int ii = c0 + lane;
       const int32_t ts = ii < i1 ? p.selection[ii] : -1;
-      uint4 val = make_uint4(0u, 0u, 0u, 0u);
-      if (ts >= 0) {
-        const int64_t slot =
-            static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
-        const size_t off = static_cast<size_t>(slot) * L + col0 + cv * 8;
+      if (ts >= 0) slot = static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
+    }
+    return slot;
+  };
+  // This warp's slice of the chunk's rows into registers (FP8: 8 bytes per vector, in .x/.y).
+  auto fetch = [&](int64_t my_slot, uint4 (&dst)[kLoads]) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int v = lane + u * kWarp;
+      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, v / kVecPerRow);
+      const size_t off = static_cast<size_t>(slot) * L + col0 + (v % kVecPerRow) * 8;
+      dst[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (slot >= 0) {
         if constexpr (kFp8) {
-          val = fp8x8_to_bf16x8(__ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.cache) + off)));
+          const uint2 f = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.cache) + off));
+          dst[u].x = f.x;
+          dst[u].y = f.y;
         } else {
-          val = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.cache) + off));
+          dst[u] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.cache) + off));
         }
       }
-      *reinterpret_cast<uint4*>(&s_rows[warp][r][cv * 8]) = val;
     }
+  };
+  // Software pipeline: the next chunk's rows are loaded while this chunk is computed.
+  uint4 next[kLoads];
+  int64_t next_slot = row_slot(i0);
+  fetch(next_slot, next);
+  unsigned next_valid = __ballot_sync(0xffffffffu, next_slot >= 0);  // bit r: chunk row r is selected
+
+  for (int c0 = i0; c0 < i1; c0 += kChunk) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int v = lane + u * kWarp;
+      const uint4 val = kFp8 ? fp8x8_to_bf16x8(make_uint2(next[u].x, next[u].y)) : next[u];
+      *reinterpret_cast<uint4*>(&s_rows[warp][v / kVecPerRow][(v % kVecPerRow) * 8]) = val;
+    }
+    const unsigned valid_rows = next_valid;
     __syncwarp();
+    if (c0 + kChunk < i1) {
+      next_slot = row_slot(c0 + kChunk);
+      fetch(next_slot, next);
+      next_valid = __ballot_sync(0xffffffffu, next_slot >= 0);
+    }
 
     // Partial S over this warp's columns: tile j holds rows 8j .. 8j+7 of the chunk.
     float sc[2][4] = {};
@@ -253,8 +285,7 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
         float sum = s_score[0][row][col];
 #pragma unroll
         for (int w = 1; w < kDecodeWarps; ++w) sum += s_score[w][row][col];
-        const int ii = c0 + col;
-        const bool valid = ii < i1 && p.selection[ii] >= 0;
+        const bool valid = (valid_rows >> col) & 1u;
         if constexpr (kFp8) sum *= p.cache_scale;
         s[j][e] = valid ? p.softmax_scale * sum : -INFINITY;
       }
@@ -334,25 +365,57 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
   }
 }
 
-/// o_lat[h] = bf16(sum_s acc_s e^{m_s - M} / sum_s l_s e^{m_s - M}); zeros when no row was selected.
-__global__ void mla_combine_kernel(const float* scratch, int splits, int kv_lora, bf16* o_lat) {
+constexpr int kCombineThreads = 128;
+
+/// o_lat[h] = bf16(sum_s acc_s e^{m_s - M} / sum_s l_s e^{m_s - M}); zeros when no row was
+/// selected. Block (head, 128-column tile): the split weights e^{m_s - M} (0 for an empty split)
+/// go to shared memory once, then each thread sums its column over the splits with independent
+/// loads (a serial walk with a branch per split was latency-bound: ~30 us at 65 splits).
+__global__ void __launch_bounds__(kCombineThreads)
+    mla_combine_kernel(const float* scratch, int splits, int kv_lora, bf16* o_lat) {
+  extern __shared__ float s_w[];  // [splits]
+  __shared__ float s_red[kCombineThreads / kWarp];
+  __shared__ float s_max, s_denom;
   const int h = blockIdx.x;
-  const float* part = scratch + static_cast<size_t>(h) * splits * (2 + kv_lora);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const size_t stride = 2 + static_cast<size_t>(kv_lora);
+  const float* part = scratch + static_cast<size_t>(h) * splits * stride;
   float M = -INFINITY;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, part[s * (2 + kv_lora)]);
-  float denom = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = part[s * (2 + kv_lora)];
-    if (ms != -INFINITY) denom += part[s * (2 + kv_lora) + 1] * expf(ms - M);
+  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) M = fmaxf(M, part[sp * stride]);
+  M = warp_max(M);
+  if (lane == 0) s_red[warp] = M;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = s_red[0];
+    for (int w = 1; w < kCombineThreads / kWarp; ++w) m = fmaxf(m, s_red[w]);
+    s_max = m;
   }
-  for (int c = threadIdx.x; c < kv_lora; c += blockDim.x) {
-    float a = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float ms = part[s * (2 + kv_lora)];
-      if (ms != -INFINITY) a = fmaf(part[s * (2 + kv_lora) + 2 + c], expf(ms - M), a);
-    }
-    o_lat[static_cast<size_t>(h) * kv_lora + c] = denom > 0.0f ? f_to_bf16(a / denom) : bf16{0};
+  __syncthreads();
+  M = s_max;
+  float d = 0.0f;
+  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+    const float ms = part[sp * stride];
+    const float wgt = ms == -INFINITY ? 0.0f : expf(ms - M);
+    s_w[sp] = wgt;
+    d = fmaf(part[sp * stride + 1], wgt, d);
   }
+  d = warp_sum(d);
+  __syncthreads();  // s_red is reused
+  if (lane == 0) s_red[warp] = d;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.0f;
+    for (int w = 0; w < kCombineThreads / kWarp; ++w) t += s_red[w];
+    s_denom = t;
+  }
+  __syncthreads();
+  const float denom = s_denom;
+  const int c = blockIdx.y * kCombineThreads + threadIdx.x;
+  if (c >= kv_lora) return;
+  float a = 0.0f;
+#pragma unroll 8
+  for (int sp = 0; sp < splits; ++sp) a = fmaf(part[sp * stride + 2 + c], s_w[sp], a);
+  o_lat[static_cast<size_t>(h) * kv_lora + c] = denom > 0.0f ? f_to_bf16(a / denom) : bf16{0};
 }
 
 template <int kCw, bool kFp8>
@@ -403,7 +466,7 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
   const int L = cache.kv_lora;
   MTP_REQUIRE(L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
               " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
-  MTP_REQUIRE(cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1,
+  MTP_REQUIRE(cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
               "ops::cuda::mla_decode: bad arguments");
   DecodeParams p{q_abs, selection, width,         block_table, cache.data, cache.scale, cache.block_size,
                  L,     n_heads,   softmax_scale, splits,      scratch,    o_lat};
@@ -422,7 +485,9 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
       fp8 ? launch_decode<128, true>(ctx, p) : launch_decode<128, false>(ctx, p);
       break;
   }
-  mla_combine_kernel<<<n_heads, 256, 0, ctx.stream>>>(scratch, splits, L, o_lat);
+  const dim3 combine_grid(n_heads, (L + kCombineThreads - 1) / kCombineThreads);
+  mla_combine_kernel<<<combine_grid, kCombineThreads, sizeof(float) * static_cast<size_t>(splits), ctx.stream>>>(
+      scratch, splits, L, o_lat);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

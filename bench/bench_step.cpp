@@ -1,0 +1,282 @@
+// mtplab_bench_step: the whole draft step of the MtpDrafter on one GPU at a model preset's shape
+// (default glm5.3-flash) with synthetic weights and a context of --context rows, op by op and as
+// one CUDA graph, BF16 and FP8 heads, against the step's byte floor.
+//
+//   mtplab_bench_step [--preset NAME] [--context ROWS] [--reps N] [--k 1,4] [--out DIR] [--device D]
+//
+// Method (METHOD.md): the byte floor of one draft is every weight the draft must read once
+// (eh_proj, q_a, q_b, kv_a, kv_b, o_proj, the indexer, the router, top_k routed experts and the
+// shared expert, the head) plus the selected latent rows and the candidate pool keys; its time is
+// bytes / the device-to-device copy bandwidth measured in the same run (bytes read + written, as
+// mtplab_bench_kernels counts it). A step is timed between the drafter's Phase::propose events
+// (after the uploads of token, hidden and position, before the download of the drafts), so it
+// covers exactly the k drafts. Each step then rejects every draft (after_verify(0)): the context
+// grows by one row per step and the hidden and token are fresh random values, so the routed
+// experts change from step to step and the 18 GB of weights never sit in the 60 MB L2. Warm-up
+// steps (the first records the graph) are not timed. Prints a table; writes DIR/bench_step.csv.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <string>
+#include <vector>
+
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "core/str.hpp"
+#include "drafter/factory.hpp"
+#include "model/weights.hpp"
+
+using namespace mtplab;
+
+namespace {
+
+struct Options {
+  std::string preset = "glm5.3-flash";
+  int context = 4096;
+  int reps = 40;
+  int warmup = 4;
+  std::vector<int> ks = {1, 4};
+  std::string out = "bench-out";
+  int device = 0;
+};
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  const double f = pos - static_cast<double>(i);
+  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+
+/// Records the Phase::propose events of each step.
+class StepTimer final : public drafter::PhaseTimer {
+ public:
+  explicit StepTimer(ops::Backend& be) : be_(be), start_(be.make_event()), end_(be.make_event()) {}
+  void begin(drafter::Phase p, int) override {
+    if (p == drafter::Phase::propose) start_->record();
+  }
+  void end(drafter::Phase p, int) override {
+    if (p == drafter::Phase::propose) end_->record();
+  }
+  double last_ms() { return be_.elapsed_ms(*start_, *end_); }
+
+ private:
+  ops::Backend& be_;
+  std::unique_ptr<ops::Event> start_, end_;
+};
+
+/// The fewest bytes one draft must read (MODEL.md shapes; world 1).
+struct Floor {
+  double weights_no_head = 0, head_bf16 = 0, head_fp8 = 0, kv_rows = 0, pool_keys = 0;
+  double total(bool fp8) const { return weights_no_head + (fp8 ? head_fp8 : head_bf16) + kv_rows + pool_keys; }
+};
+
+Floor byte_floor(const model::ModelConfig& c, int context) {
+  const double H = c.hidden, b = 2.0;
+  const double nh = c.n_heads, qk = c.qk_nope_head_dim, v = c.v_head_dim;
+  Floor f;
+  f.weights_no_head = b * (H * 2 * H                                   // eh_proj
+                           + c.q_lora_rank * H + nh * qk * c.q_lora_rank  // q_a, q_b
+                           + c.kv_lora_rank * H + nh * (qk + v) * c.kv_lora_rank  // kv_a, kv_b
+                           + H * nh * v                                       // o_proj
+                           + double(c.index_n_heads) * c.index_head_dim * c.q_lora_rank  // indexer wq_b
+                           + 2.0 * c.index_head_dim * H + double(c.index_n_heads) * H    // wk, gate, weights_proj
+                           + double(c.n_routed_experts) * H                              // router
+                           + 3.0 * c.num_experts_per_tok * c.moe_intermediate_size * H   // routed experts
+                           + 3.0 * c.shared_intermediate() * H                          // shared expert
+                           + 8.0 * H);                                                  // norms, embedding row
+  f.head_bf16 = b * double(c.vocab) * H;
+  f.head_fp8 = double(c.vocab) * H + 4.0 * c.vocab;
+  const int pools = context / c.index_kpool;
+  f.kv_rows = b * std::min<double>(c.selection_width(), context) * c.kv_lora_rank;
+  f.pool_keys = 4.0 * pools * c.index_head_dim;
+  return f;
+}
+
+struct Row {
+  std::string head;
+  bool graph = false;
+  int k = 0;
+  std::vector<double> us;  // per step
+  double floor_bytes = 0;
+};
+
+double copy_bandwidth(ops::Backend& be) {
+  const size_t bytes = size_t{1} << 30;
+  ops::Array<uint8_t> a(be, bytes), b(be, bytes);
+  be.fill_bytes(a.data(), 0x5a, bytes);
+  auto e0 = be.make_event(), e1 = be.make_event();
+  std::vector<double> gbps;
+  for (int i = 0; i < 12; ++i) {
+    e0->record();
+    be.copy(b.data(), a.data(), bytes);
+    e1->record();
+    const double ms = be.elapsed_ms(*e0, *e1);
+    if (i >= 2) gbps.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
+  }
+  return quantile(gbps, 0.5);
+}
+
+std::vector<int> parse_ks(const std::string& s) {
+  std::vector<int> out;
+  size_t p = 0;
+  while (p < s.size()) {
+    const size_t q = s.find(',', p);
+    out.push_back(std::atoi(s.substr(p, q == std::string::npos ? std::string::npos : q - p).c_str()));
+    if (q == std::string::npos) break;
+    p = q + 1;
+  }
+  for (int k : out) MTP_REQUIRE(k >= 1 && k <= 16, "--k: draft length ", k, " outside 1..16");
+  return out;
+}
+
+int run(const Options& opt) {
+  model::ModelConfig cfg = model::load_model_preset(opt.preset);
+  const int max_k = *std::max_element(opt.ks.begin(), opt.ks.end());
+  const int steps_per_drafter = static_cast<int>(opt.ks.size()) * (opt.reps + opt.warmup);
+  cfg.set_max_seq_len(opt.context + steps_per_drafter + max_k + 64);
+  auto be = ops::make_cuda_backend(opt.device);
+  std::printf("mtplab_bench_step on %s (git %s%s): %s, context %d rows, %d timed steps per point\n",
+              be->device_name().c_str(), git_sha(), git_dirty() ? "-dirty" : "", opt.preset.c_str(), opt.context,
+              opt.reps);
+  const double copy_gbps = copy_bandwidth(*be);
+  std::printf("copy_d2d %.0f GB/s (bytes read + written)\n", copy_gbps);
+
+  using Clock = std::chrono::steady_clock;
+  auto t0 = Clock::now();
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  const double synth_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  t0 = Clock::now();
+  model::quantize_head_fp8(w);
+  const double quant_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("synthesize_mtp_weights: %.2f GB in %.1f s (%u threads); quantize_head_fp8 %.1f s\n", w.bytes() / 1e9,
+              synth_s, std::thread::hardware_concurrency(), quant_s);
+
+  // Context: random tokens and hiddens (target-like scale: post-norm hiddens are O(1)).
+  std::mt19937_64 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab - 1));
+  std::normal_distribution<float> nrm(0.0f, 1.0f);
+  const int H = cfg.hidden;
+  auto random_hiddens = [&](int n) {
+    std::vector<bf16> h(static_cast<size_t>(n) * H);
+    for (auto& x : h) x = to_bf16(nrm(rng));
+    return h;
+  };
+  std::vector<int32_t> ctx_tokens(opt.context);
+  for (auto& t : ctx_tokens) t = tok(rng);
+  const std::vector<bf16> ctx_hiddens = random_hiddens(opt.context);
+
+  const Floor floor = byte_floor(cfg, opt.context);
+  std::vector<Row> rows;
+  for (bool fp8 : {false, true}) {
+    for (bool graph : {false, true}) {
+      drafter::DrafterOptions dopt;
+      dopt.max_draft_len = max_k;
+      dopt.head_fp8 = fp8;
+      dopt.cuda_graph = graph;
+      t0 = Clock::now();
+      auto d = drafter::make_drafter(*be, nullptr, cfg, w, dopt);
+      const double up_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      StepTimer timer(*be);
+      d->set_timer(&timer);
+      auto st = d->new_sequence();
+      t0 = Clock::now();
+      d->append_rows(*st, ctx_tokens.data(), ctx_hiddens.data(), opt.context, 0);
+      be->synchronize();
+      const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::printf("drafter %s head, cuda_graph %s: upload %.1f s, prefill of %d rows %.2f s\n", fp8 ? "fp8" : "bf16",
+                  graph ? "on" : "off", up_s, opt.context, prefill_s);
+      for (int k : opt.ks) {
+        Row r;
+        r.head = fp8 ? "fp8" : "bf16";
+        r.graph = graph;
+        r.k = k;
+        r.floor_bytes = k * floor.total(fp8);
+        for (int i = 0; i < opt.warmup + opt.reps; ++i) {
+          const std::vector<bf16> h = random_hiddens(1);
+          d->propose(*st, tok(rng), h.data(), k);
+          if (i >= opt.warmup) r.us.push_back(timer.last_ms() * 1e3);
+          d->after_verify(*st, 0);
+        }
+        rows.push_back(std::move(r));
+      }
+    }
+  }
+
+  std::printf("\nbyte floor of one draft at context %d: %.1f MB (BF16 head) / %.1f MB (FP8 head); weights without "
+              "the head %.1f MB, head %.1f / %.1f MB, latent rows %.2f MB, pool keys %.2f MB\n",
+              opt.context, floor.total(false) / 1e6, floor.total(true) / 1e6, floor.weights_no_head / 1e6,
+              floor.head_bf16 / 1e6, floor.head_fp8 / 1e6, floor.kv_rows / 1e6, floor.pool_keys / 1e6);
+  std::printf("%-5s %-6s %3s %12s %10s %10s %10s %10s %12s %8s\n", "head", "graph", "k", "step_med_us", "p10_us",
+              "p90_us", "per_draft", "floor_us", "GB/s", "x_floor");
+  std::filesystem::create_directories(opt.out);
+  std::ofstream csv(opt.out + "/bench_step.csv");
+  MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_step.csv");
+  csv << "# mtplab_bench_step git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device " << be->device_name()
+      << " preset " << opt.preset << " context " << opt.context << " copy_GBps " << copy_gbps << "\n";
+  csv << "head,cuda_graph,k,reps,median_us,p10_us,p90_us,floor_bytes,floor_us,x_floor\n";
+  for (const Row& r : rows) {
+    const double med = quantile(r.us, 0.5), p10 = quantile(r.us, 0.1), p90 = quantile(r.us, 0.9);
+    const double floor_us = r.floor_bytes / (copy_gbps * 1e9) * 1e6;
+    std::printf("%-5s %-6s %3d %12.1f %10.1f %10.1f %10.1f %10.1f %12.0f %8.2f\n", r.head.c_str(),
+                r.graph ? "on" : "off", r.k, med, p10, p90, med / r.k, floor_us, r.floor_bytes / (med * 1e-6) / 1e9,
+                med / floor_us);
+    csv << r.head << ',' << (r.graph ? "on" : "off") << ',' << r.k << ',' << r.us.size() << ',' << med << ',' << p10
+        << ',' << p90 << ',' << r.floor_bytes << ',' << floor_us << ',' << med / floor_us << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--preset") {
+      opt.preset = value();
+    } else if (a == "--context") {
+      opt.context = std::atoi(value().c_str());
+    } else if (a == "--reps") {
+      opt.reps = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--k") {
+      opt.ks = parse_ks(value());
+    } else if (a == "--out") {
+      opt.out = value();
+    } else if (a == "--device") {
+      opt.device = std::atoi(value().c_str());
+    } else {
+      std::fprintf(stderr, "usage: %s [--preset NAME] [--context ROWS] [--reps N] [--k 1,4] [--out DIR] [--device D]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  try {
+    if (!ops::cuda_backend_available()) {
+      std::printf("SKIPPED: no CUDA device is visible\n");
+      return 77;
+    }
+    return run(opt);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.describe().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
