@@ -163,11 +163,6 @@ void rebuild_index(H5File& f) {
   const Group points = f.open_group("points");
   const std::vector<std::string> names = points.children();
   const std::vector<std::string> axes = string_list_attr(f, "sweep_axes");
-  std::vector<std::string> string_cols = {"name", "status", "label"};
-  for (const auto& a : arm_names())
-    if (a != "draft_len") string_cols.push_back(a);  // an integer column
-  for (const auto& a : axes)
-    if (std::find(string_cols.begin(), string_cols.end(), a) == string_cols.end()) string_cols.push_back(a);
   const std::vector<std::string> float_cols = {"acceptance_rate",   "tau",
                                                "step_ms_median",    "step_ms_p90",
                                                "step_ms_p99",       "step_ms_ci95_lo",
@@ -175,6 +170,17 @@ void rebuild_index(H5File& f) {
                                                "propose_ms_median", "wall_s"};
   const std::vector<std::string> int_cols = {"point", "steps", "draft_len", "ranks_agree",
                                              "repeat_mismatches"};
+  // Every other arm and swept axis is a string column; a name is a column once.
+  std::vector<std::string> string_cols = {"name", "status", "label"};
+  auto taken = [&](const std::string& c) {
+    for (const std::vector<std::string>* list : {&std::as_const(string_cols), &int_cols, &float_cols})
+      if (std::find(list->begin(), list->end(), c) != list->end()) return true;
+    return false;
+  };
+  for (const auto& a : arm_names())
+    if (!taken(a)) string_cols.push_back(a);
+  for (const auto& a : axes)
+    if (!taken(a)) string_cols.push_back(a);
   std::map<std::string, std::vector<std::string>> s;
   std::map<std::string, std::vector<double>> d;
   std::map<std::string, std::vector<int64_t>> i;
