@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # Every arm of the quickstart, on short sequences.
-"$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab" run "$src/experiments/quickstart.yaml" \
+"$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab" run "$src/tests/harness/synthetic-quickstart.yaml" \
   --set trace.synthetic.new_tokens=12 --set measure.warmup_steps=1 --out "$work/q.h5" >"$work/run.log" 2>&1 ||
   { echo "FAIL: mtplab run exited $?"; cat "$work/run.log"; exit 1; }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `mtplab run` end to end on 2 ranks with a shrunk quickstart (experiments/quickstart.yaml).
+# `mtplab run` end to end on 2 ranks with a shrunk synthetic quickstart (tests/harness/synthetic-quickstart.yaml).
 #
 #   test_run.sh basic   MTPLAB MPIEXEC PYTHON   run, check the file, rerun (skips), refuse a
 #                                               different config, --point tasks + merge
@@ -17,7 +17,7 @@ check="$python $src/tests/harness/check_results.py"
 work=$(mktemp -d /tmp/mtplab-run-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-exp=$src/experiments/quickstart.yaml
+exp=$src/tests/harness/synthetic-quickstart.yaml
 launch=("$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab")
 # 8 points (skip fixed to none), short sequences: a few seconds on 2 busy cores.
 small=(--set trace.synthetic.new_tokens=16 --set 'sweep.grid.skip=[none]' --set measure.warmup_steps=1)
@@ -86,7 +86,7 @@ PY
   sigterm | sigkill)
     out=$work/q.h5
     # Longer sequences, so that the run is still going when the signal comes.
-    long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]')
+    long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]' --set measure.repeats=20)
     "${launch[@]}" run "$exp" "${long[@]}" --out "$out" >"$work/run.log" 2>&1 &
     pid=$!
     wait_for_point "$work/run.log" "$pid" || { fail "no point finished"; cat "$work/run.log"; }

@@ -28,7 +28,7 @@ cd "$work" || exit 1
 # 2 points (head_fp8 off / on, a vocab-sharded head), short sequences.
 sets=(--set 'sweep.grid.head_sharding=[vocab]' --set 'sweep.grid.context_rows=[cache_only]'
       --set 'sweep.grid.skip=[none]' --set trace.synthetic.new_tokens=16 --set measure.warmup_steps=1)
-MTPLAB_BIN=$mtplab timeout 240 "$src/slurm/submit.sh" "$src/experiments/quickstart.yaml" --ranks 2 --parallel 2 \
+MTPLAB_BIN=$mtplab timeout 240 "$src/slurm/submit.sh" "$src/tests/harness/synthetic-quickstart.yaml" --ranks 2 --parallel 2 \
   --time 00:05:00 --out "$work/merged.h5" "${sets[@]}" --wait -- --chdir="$work" >"$work/submit.log" 2>&1
 rc=$?
 cat "$work/submit.log"
