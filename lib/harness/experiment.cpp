@@ -366,6 +366,7 @@ drafter::DrafterOptions Arms::drafter_options() const {
   o.exchange = exchange;
   o.draft_rows = draft_rows;
   o.max_draft_len = draft_len;
+  o.cuda_graph = cuda_graph;
   return o;
 }
 
@@ -437,6 +438,8 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
                 world);
     MTP_REQUIRE(c.vocab <= (1 << 24), "exchange: bf16_lanes carries token ids below 2^24; vocab is ",
                 c.vocab);
+    MTP_REQUIRE(!p.arms.cuda_graph,
+                "exchange: bf16_lanes synchronises with the host mid-step and cannot be captured with cuda_graph: on");
   }
   if (backend == "cpu") {
     MTP_REQUIRE(!p.arms.cuda_graph, "cuda_graph: on needs the cuda backend (the cpu backend has no graphs)");

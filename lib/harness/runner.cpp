@@ -202,7 +202,6 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   r.k = k;
   r.timing.assign(timing_columns().size(), {});
   if (p.arms.batch_qidx) r.arms_not_applied.push_back("batch_qidx");
-  if (p.arms.cuda_graph) r.arms_not_applied.push_back("cuda_graph");
   if (!r.arms_not_applied.empty() && c.rank == 0)
     log_warn(p.name(), ": ", join(r.arms_not_applied, ", "),
              " recorded but not applied: this drafter has no such option yet (results attribute "
