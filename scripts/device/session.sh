@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: build with the cuda preset, run every test (CPU and GPU labels), `mtplab info`
 # on the GPUs, and optional extra steps. Logs go to $OUT/logs.tar.gz; the end of stdout is a
-# summary. Usage: OUT=... scripts/device/session.sh [fixtures] [bench] [drafter]
+# summary. Usage: OUT=... scripts/device/session.sh [fixtures] [trained] [bench]
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
@@ -40,6 +40,15 @@ for step in "$@"; do
       echo "make_fixtures rc=$?"; tail -25 "$LOG/fixtures.log"
       timeout 120 python3 tests/reference/check_fixtures.py "$OUT/ref" >"$LOG/check_fixtures.log" 2>&1
       echo "check_fixtures rc=$?"; tail -40 "$LOG/check_fixtures.log"
+      ;;
+    trained)
+      echo "== trained-tiny on the GPUs ($(elapsed))"
+      sub=(--set backend=cuda --set 'sweep.grid.skip=[none]' --set 'sweep.grid.context_rows=[cache_only]'
+           --set 'sweep.grid.cuda_graph=[off,on]')
+      timeout 150 build-gpu/bin/mtplab run experiments/trained-tiny.yaml "${sub[@]}" \
+        --set 'sweep.grid.head_sharding=[none]' --out "$LOG/trained-gpu1.h5" 2>"$LOG/trained-gpu1.err" | tail -20
+      timeout 150 mpirun -np 2 --oversubscribe build-gpu/bin/mtplab run experiments/trained-tiny.yaml "${sub[@]}" \
+        --out "$LOG/trained-gpu2.h5" 2>"$LOG/trained-gpu2.err" | tail -36
       ;;
     bench)
       echo "== kernel benchmark ($(elapsed))"
