@@ -85,10 +85,10 @@ int main(int argc, char** argv) {
     g_runtime = &runtime;
     ::testing::InitGoogleTest(&argc, argv);
     if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
-    if (runtime.min_visible_gpus() < runtime.local_size()) {
+    const int gpus = runtime.min_visible_gpus();  // collective: called once, on every rank
+    if (gpus < runtime.local_size()) {
       if (runtime.rank() == 0)
-        std::printf("SKIPPED: %d rank(s) on this node but only %d visible GPU(s)\n", runtime.local_size(),
-                    runtime.min_visible_gpus());
+        std::printf("SKIPPED: %d rank(s) on this node but only %d visible GPU(s)\n", runtime.local_size(), gpus);
       return 77;
     }
     const auto& dev = runtime.bind_device();
