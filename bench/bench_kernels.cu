@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -317,6 +318,73 @@ void run_all(Bench& b, ops::Backend& be) {
     b.measure(name, dims({rows, n, k}), wbytes + 2.0 * rows * (k + n),
               [&](int i) { be.linear(W[i % rot], x, y, rows, n, k, m.mode); });
     b.release_all();
+  }
+
+  // The fused ops of the draft step (--only fused): each next to the separate ops it replaces, so
+  // the difference is the launches saved (the outputs are bit-identical, tests/ops/test_gpu_fused).
+  {
+    const int ns[] = {kQLora, kKvLora, kIndexDim, kIndexDim, kIndexHeads};
+    const bool f32s[] = {false, false, false, true, true};
+    const float w_scale = 1.0f / std::sqrt(static_cast<float>(kIndexHeads));
+    double wbytes = 0, ybytes = 0;
+    int n_total = 0;
+    for (int j = 0; j < 5; ++j) {
+      wbytes += 2.0 * ns[j] * kH;
+      ybytes += (f32s[j] ? 4.0 : 2.0) * ns[j];
+      n_total += ns[j];
+    }
+    const std::string shape = dims({n_total, kH}) + " in 5";
+    const std::string sep = "fused u_proj: 5 linears + scale", grp = "fused u_proj: linear_group";
+    if (b.selected(sep) || b.selected(grp)) {
+      const int rot = b.rotations(wbytes);
+      std::vector<std::array<bf16*, 5>> W(rot);
+      for (auto& set : W)
+        for (int j = 0; j < 5; ++j) set[j] = b.rand_bf16(static_cast<size_t>(ns[j]) * kH);
+      bf16* x = b.rand_bf16(kH);
+      std::array<void*, 5> y;
+      for (int j = 0; j < 5; ++j) y[j] = b.alloc(static_cast<size_t>(ns[j]) * 4);
+      if (b.selected(sep)) {
+        b.measure(sep, shape, wbytes + 2.0 * kH + ybytes, [&](int i) {
+          const auto& w = W[i % rot];
+          for (int j = 0; j < 5; ++j) {
+            if (f32s[j]) {
+              be.linear_f32(w[j], x, static_cast<float*>(y[j]), 1, ns[j], kH);
+            } else {
+              be.linear(w[j], x, static_cast<bf16*>(y[j]), 1, ns[j], kH);
+            }
+          }
+          be.scale_f32(static_cast<float*>(y[4]), w_scale, kIndexHeads);
+        });
+      }
+      if (b.selected(grp)) {
+        b.measure(grp, shape, wbytes + 2.0 * kH + ybytes, [&](int i) {
+          const auto& w = W[i % rot];
+          ops::LinearOut outs[5];
+          for (int j = 0; j < 5; ++j) outs[j] = {w[j], y[j], ns[j], f32s[j], j == 4 ? w_scale : 1.0f};
+          be.linear_group(outs, x, kH);
+        });
+      }
+      b.release_all();
+    }
+    const std::string rsep = "fused residual_add + rmsnorm", rgrp = "fused residual_add_rmsnorm";
+    if (b.selected(rsep) || b.selected(rgrp)) {
+      bf16* x = b.rand_bf16(kH);
+      float* delta = b.rand_f32(kH);
+      bf16* w = b.rand_bf16(kH);
+      bf16* y = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kH)));
+      bf16* nrm = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kH)));
+      const double bytes = 2.0 * kH + 4.0 * kH + 2.0 * kH + 2.0 * kH + 2.0 * kH;  // x, delta, w, y, normed
+      if (b.selected(rsep)) {
+        b.measure(rsep, dims({kH}), bytes, [&](int) {
+          be.residual_add(x, delta, y, kH);
+          be.rmsnorm(y, w, nrm, 1, kH, 1e-5f);
+        });
+      }
+      if (b.selected(rgrp)) {
+        b.measure(rgrp, dims({kH}), bytes, [&](int) { be.residual_add_rmsnorm(x, delta, y, w, nrm, kH, 1e-5f); });
+      }
+      b.release_all();
+    }
   }
 
   if (b.selected("linear_fp8 eh_proj")) {

@@ -106,6 +106,7 @@ struct Row {
   int k = 0;
   std::vector<double> us;  // per step
   double floor_bytes = 0;
+  double launches_per_draft = 0;  // kernels one propose(k) enqueues / k (eager run; a graph replays the same)
 };
 
 double copy_bandwidth(ops::Backend& be) {
@@ -202,9 +203,16 @@ int run(const Options& opt) {
         r.floor_bytes = k * floor.total(fp8);
         for (int i = 0; i < opt.warmup + opt.reps; ++i) {
           const std::vector<bf16> h = random_hiddens(1);
+          const uint64_t launches_before = be->kernels_enqueued();
           d->propose(*st, tok(rng), h.data(), k);
+          const uint64_t launches = be->kernels_enqueued() - launches_before;
+          if (!graph) r.launches_per_draft = static_cast<double>(launches) / k;
           if (i >= opt.warmup) r.us.push_back(timer.last_ms() * 1e3);
           d->after_verify(*st, 0);
+        }
+        if (graph) {  // the graph holds the kernels the eager run of the same point enqueued
+          for (const Row& e : rows)
+            if (!e.graph && e.head == r.head && e.k == k) r.launches_per_draft = e.launches_per_draft;
         }
         rows.push_back(std::move(r));
       }
@@ -215,22 +223,24 @@ int run(const Options& opt) {
               "the head %.1f MB, head %.1f / %.1f MB, latent rows %.2f MB, pool keys %.2f MB\n",
               opt.context, floor.total(false) / 1e6, floor.total(true) / 1e6, floor.weights_no_head / 1e6,
               floor.head_bf16 / 1e6, floor.head_fp8 / 1e6, floor.kv_rows / 1e6, floor.pool_keys / 1e6);
-  std::printf("%-5s %-6s %3s %12s %10s %10s %10s %10s %12s %8s\n", "head", "graph", "k", "step_med_us", "p10_us",
-              "p90_us", "per_draft", "floor_us", "GB/s", "x_floor");
+  std::printf("%-5s %-6s %3s %12s %10s %10s %10s %10s %12s %8s %9s\n", "head", "graph", "k", "step_med_us", "p10_us",
+              "p90_us", "per_draft", "floor_us", "GB/s", "x_floor", "launches");
   std::filesystem::create_directories(opt.out);
   std::ofstream csv(opt.out + "/bench_step.csv");
   MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_step.csv");
   csv << "# mtplab_bench_step git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device " << be->device_name()
       << " preset " << opt.preset << " context " << opt.context << " copy_GBps " << copy_gbps << "\n";
-  csv << "head,cuda_graph,k,reps,median_us,p10_us,p90_us,floor_bytes,floor_us,x_floor\n";
+  csv << "head,cuda_graph,k,reps,median_us,p10_us,p90_us,floor_bytes,floor_us,x_floor,per_draft_us,"
+         "launches_per_draft\n";
   for (const Row& r : rows) {
     const double med = quantile(r.us, 0.5), p10 = quantile(r.us, 0.1), p90 = quantile(r.us, 0.9);
     const double floor_us = r.floor_bytes / (copy_gbps * 1e9) * 1e6;
-    std::printf("%-5s %-6s %3d %12.1f %10.1f %10.1f %10.1f %10.1f %12.0f %8.2f\n", r.head.c_str(),
+    std::printf("%-5s %-6s %3d %12.1f %10.1f %10.1f %10.1f %10.1f %12.0f %8.2f %9.1f\n", r.head.c_str(),
                 r.graph ? "on" : "off", r.k, med, p10, p90, med / r.k, floor_us, r.floor_bytes / (med * 1e-6) / 1e9,
-                med / floor_us);
+                med / floor_us, r.launches_per_draft);
     csv << r.head << ',' << (r.graph ? "on" : "off") << ',' << r.k << ',' << r.us.size() << ',' << med << ',' << p10
-        << ',' << p90 << ',' << r.floor_bytes << ',' << floor_us << ',' << med / floor_us << "\n";
+        << ',' << p90 << ',' << r.floor_bytes << ',' << floor_us << ',' << med / floor_us << ',' << med / r.k << ','
+        << r.launches_per_draft << "\n";
   }
   return 0;
 }

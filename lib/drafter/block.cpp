@@ -71,18 +71,15 @@ void Block::all_reduce(float* partial, int n) {
   if (comm_ && comm_->size() > 1) comm_->all_reduce_sum(partial, partial, static_cast<size_t>(n));
 }
 
-void Block::write_caches(const bf16* u, const int32_t* pos, LayerCache& cache) {
+void Block::write_caches(const int32_t* pos, LayerCache& cache) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
   // Latent row: c_kv = RMSNorm_kva(W_kva u), cached at slot pos.
-  be_.linear(w_.kv_a.data(), u, s.ckv_pre.data(), 1, d.kv_lora, d.hidden);
   be_.rmsnorm(s.ckv_pre.data(), w_.kv_a_norm.data(), s.ckv.data(), 1, d.kv_lora, d.rms_eps);
   be_.kv_write(s.ckv.data(), cache.block_table.data(), pos, cache.kv());
   // Indexer row: k_normed = LayerNorm(W_k u) (weight and bias), gate = W_gate u in fp32.
-  be_.linear(w_.idx_wk.data(), u, s.k_pre.data(), 1, d.index_dim, d.hidden);
   be_.layernorm(s.k_pre.data(), w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(), s.k_normed.data(), 1, d.index_dim,
                 d.index_ln_eps);
-  be_.linear_f32(w_.idx_gate.data(), u, s.gate.data(), 1, d.index_dim, d.hidden);
   be_.indexer_store(s.k_normed.data(), s.gate.data(), w_.idx_ape.data(), pos, cache.k_cache.data(),
                     cache.gate_cache.data(), cache.valid.data(), cache.pool_keys.data(), d.index_dim, d.index_kpool);
 }
@@ -90,8 +87,16 @@ void Block::write_caches(const bf16* u, const int32_t* pos, LayerCache& cache) {
 void Block::write_context_row(const bf16* x, const int32_t* pos, LayerCache& cache) {
   MTP_REQUIRE(cache.rows() < dims_.max_rows, "block: context row ", cache.rows(), " is past the capacity of ",
               dims_.max_rows, " rows");
-  be_.rmsnorm(x, w_.input_norm.data(), scratch_.u.data(), 1, dims_.hidden, dims_.rms_eps);
-  write_caches(scratch_.u.data(), pos, cache);
+  auto& s = scratch_;
+  be_.rmsnorm(x, w_.input_norm.data(), s.u.data(), 1, dims_.hidden, dims_.rms_eps);
+  // The cache-side projections of u (kv_a, indexer wk, gate) in one op.
+  const ops::LinearOut outs[] = {
+      {w_.kv_a.data(), s.ckv_pre.data(), dims_.kv_lora, false, 1.0f},
+      {w_.idx_wk.data(), s.k_pre.data(), dims_.index_dim, false, 1.0f},
+      {w_.idx_gate.data(), s.gate.data(), dims_.index_dim, true, 1.0f},
+  };
+  be_.linear_group(outs, s.u.data(), dims_.hidden);
+  write_caches(pos, cache);
   cache.set_rows(cache.rows() + 1);
 }
 
@@ -102,14 +107,22 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
               " rows");
   // ---- attention ----
   be_.rmsnorm(x, w_.input_norm.data(), s.u.data(), 1, d.hidden, d.rms_eps);
-  be_.linear(w_.q_a.data(), s.u.data(), s.cq_pre.data(), 1, d.q_lora, d.hidden);
+  // Every projection of u in one op: q_a, kv_a, indexer wk and gate, and the indexer head weights
+  // w = W_w u / sqrt(n_I) (fp32, the scale applied as scale_f32 would: bit-identical).
+  const ops::LinearOut outs[] = {
+      {w_.q_a.data(), s.cq_pre.data(), d.q_lora, false, 1.0f},
+      {w_.kv_a.data(), s.ckv_pre.data(), d.kv_lora, false, 1.0f},
+      {w_.idx_wk.data(), s.k_pre.data(), d.index_dim, false, 1.0f},
+      {w_.idx_gate.data(), s.gate.data(), d.index_dim, true, 1.0f},
+      {w_.idx_weights_proj.data(), s.w_idx.data(), d.index_heads, true,
+       1.0f / std::sqrt(static_cast<float>(d.index_heads))},
+  };
+  be_.linear_group(outs, s.u.data(), d.hidden);
   be_.rmsnorm(s.cq_pre.data(), w_.q_a_norm.data(), s.cq.data(), 1, d.q_lora, d.rms_eps);
   be_.linear(w_.q_b.data(), s.cq.data(), s.q.data(), 1, d.n_heads_local * d.qk_nope, d.q_lora);
-  write_caches(s.u.data(), pos, cache);
-  // Indexer query side: q^I = W_qbI c_q, w = W_w u / sqrt(n_I), scores over complete pools.
+  write_caches(pos, cache);
+  // Indexer query side: q^I = W_qbI c_q, scores over complete pools.
   be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
-  be_.linear_f32(w_.idx_weights_proj.data(), s.u.data(), s.w_idx.data(), 1, d.index_heads, d.hidden);
-  be_.scale_f32(s.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), d.index_heads);
   be_.indexer_scores(s.q_idx.data(), s.w_idx.data(), cache.pool_keys.data(), pos, s.scores.data(), d.index_heads,
                      d.index_dim, d.index_kpool, d.max_pools());
   be_.indexer_select(s.scores.data(), pos, s.selection.data(), d.index_topk, d.index_kpool, d.max_pools());
@@ -124,9 +137,8 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
     be_.fill_bytes(s.attn_partial.data(), 0, s.attn_partial.bytes());
   }
   all_reduce(s.attn_partial.data(), d.hidden);
-  be_.residual_add(x, s.attn_partial.data(), x_out, d.hidden);
-  // ---- MoE ----
-  be_.rmsnorm(x_out, w_.post_norm.data(), s.v.data(), 1, d.hidden, d.rms_eps);
+  // ---- MoE ---- (x_out = x + attn, v = RMSNorm_post(x_out): one op)
+  be_.residual_add_rmsnorm(x, s.attn_partial.data(), x_out, w_.post_norm.data(), s.v.data(), d.hidden, d.rms_eps);
   be_.linear_f32(w_.router.data(), s.v.data(), s.router_logits.data(), 1, d.num_experts, d.hidden);
   be_.moe_route(s.router_logits.data(), w_.router_bias.data(), d.num_experts, d.top_k, d.n_group, d.topk_group,
                 d.routed_scaling, s.expert_idx.data(), s.expert_w.data());

@@ -111,7 +111,9 @@ class Block {
   const int32_t* last_selection() const { return scratch_.selection.data(); }
 
  private:
-  void write_caches(const bf16* u, const int32_t* pos, LayerCache& cache);
+  /// Norms and stores the cache row from the projections of u already in scratch (ckv_pre, k_pre,
+  /// gate: one linear_group, made by the caller with whatever else it projects from u).
+  void write_caches(const int32_t* pos, LayerCache& cache);
   void all_reduce(float* partial, int n);
 
   ops::Backend& be_;

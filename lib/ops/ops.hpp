@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/error.hpp"
@@ -62,6 +63,19 @@ struct ExpertWeights {
 /// (cuBLASLt on CUDA). They sum in different orders; the `batch_qidx` arm compares them.
 enum class RowsMode { per_row, batched };
 
+/// One output of linear_group: y = W x with W [n_out, k] row-major BF16 and the group's shared
+/// x [k]. BF16 y is rounded once (as `linear`); fp32 y is not rounded (as `linear_f32`), then
+/// multiplied by `f32_scale` in fp32 (as `linear_f32` followed by `scale_f32`; 1 is exact).
+struct LinearOut {
+  const bf16* W = nullptr;
+  void* y = nullptr;
+  int n_out = 0;
+  bool f32_out = false;
+  float f32_scale = 1.0f;  ///< fp32 outputs only; a BF16 output with a scale != 1 is refused
+};
+/// Most outputs one linear_group takes.
+inline constexpr int kMaxLinearGroup = 8;
+
 class Event {
  public:
   virtual ~Event() = default;
@@ -106,6 +120,11 @@ class Backend {
   /// Milliseconds between two recorded events; waits for `end`.
   virtual double elapsed_ms(const Event& start, const Event& end) = 0;
 
+  /// Kernels enqueued so far by this backend's kind in this process (CUDA: every launch of the
+  /// ops' own kernels, counted when enqueued or recorded into a graph, not when a graph replays;
+  /// cuBLASLt and NCCL kernels are not counted). 0 on the CPU. For benchmarks.
+  virtual uint64_t kernels_enqueued() const { return 0; }
+
   // ---- graphs (CUDA only; the CPU runs every op at once and has none) -------------------------
   virtual bool supports_graphs() const { return false; }
   /// From here until end_capture() the ops (and collectives on native_stream()) are recorded, not
@@ -139,6 +158,10 @@ class Backend {
   /// As linear, fp32 out (no rounding): indexer queries, router logits, row-parallel partials.
   virtual void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k,
                           RowsMode mode = RowsMode::per_row) = 0;
+  /// Several projections of the same x [k] in one op (one launch on CUDA): each outs[i].y is
+  /// bit-identical to the separate linear / linear_f32 (+ scale_f32) call with rows = 1 on the
+  /// same backend. 1 .. kMaxLinearGroup outputs; no y may overlap x or another y.
+  virtual void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) = 0;
   /// FP8 E4M3 weights with one fp32 scale per output row: y[i] = bf16(scale[i] * sum_j W[i,j] x[j]).
   virtual void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows,
                           int n_out, int k) = 0;
@@ -163,6 +186,11 @@ class Backend {
   // ---- elementwise ----------------------------------------------------------------------------
   /// y = bf16(x + delta) (the residual add after a row-parallel, all-reduced fp32 partial).
   virtual void residual_add(const bf16* x, const float* delta, bf16* y, int n) = 0;
+  /// y = bf16(x + delta), then normed = rmsnorm(y; w, eps): exactly residual_add followed by
+  /// rmsnorm (bit-identical to the two ops on the same backend), in one op. x and y may alias;
+  /// normed must overlap neither.
+  virtual void residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
+                                    int n, float eps) = 0;
   /// y = bf16(a + b).
   virtual void add(const bf16* a, const bf16* b, bf16* y, int n) = 0;
   /// y[i] = bf16(x[i]) (fp32 -> BF16).

@@ -42,6 +42,7 @@ class CpuBackend final : public Backend {
 
   void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode mode) override;
   void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, RowsMode mode) override;
+  void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) override;
   void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
                   int k) override;
 
@@ -54,6 +55,8 @@ class CpuBackend final : public Backend {
   void argmax_pick(const ArgMax* pairs, int n, int32_t* token) override;
 
   void residual_add(const bf16* x, const float* delta, bf16* y, int n) override;
+  void residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
+                            float eps) override;
   void add(const bf16* a, const bf16* b, bf16* y, int n) override;
   void to_bf16(const float* x, bf16* y, int n) override;
   void accumulate_f32(const float* x, float* y, int n) override;

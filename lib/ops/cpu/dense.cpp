@@ -48,6 +48,15 @@ void CpuBackend::rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n,
   }
 }
 
+void CpuBackend::residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
+                                      int n, float eps) {
+  require_size("residual_add_rmsnorm", "n", n);
+  require_ptr("residual_add_rmsnorm", "normed", normed);
+  MTP_REQUIRE(normed + n <= y || y + n <= normed, "ops::residual_add_rmsnorm: normed overlaps y");
+  residual_add(x, delta, y, n);
+  rmsnorm_row(y, w, normed, n, eps);
+}
+
 void CpuBackend::embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
                                float eps) {
   require_size("embed_rmsnorm", "n", n);
@@ -104,6 +113,27 @@ void CpuBackend::linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_o
 
 void CpuBackend::linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, RowsMode) {
   linear_fp32_rows(W, X, Y, rows, n_out, k, "linear_f32");
+}
+
+void CpuBackend::linear_group(std::span<const LinearOut> outs, const bf16* x, int k) {
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::linear_group: ",
+              outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  require_ptr("linear_group", "x", x);
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const LinearOut& o = outs[i];
+    MTP_REQUIRE(o.W && o.y, "ops::linear_group: output ", i, " has a null ", o.W ? "y" : "W");
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::linear_group: output ", i, " is BF16 but has f32_scale ",
+                o.f32_scale, " (only fp32 outputs are scaled)");
+  }
+  // The separate ops themselves: the group's contract is "bit-identical to them".
+  for (const LinearOut& o : outs) {
+    if (o.f32_out) {
+      linear_f32(o.W, x, static_cast<float*>(o.y), 1, o.n_out, k, RowsMode::per_row);
+      if (o.f32_scale != 1.0f) scale_f32(static_cast<float*>(o.y), o.f32_scale, o.n_out);
+    } else {
+      linear(o.W, x, static_cast<bf16*>(o.y), 1, o.n_out, k, RowsMode::per_row);
+    }
+  }
 }
 
 void CpuBackend::linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows,

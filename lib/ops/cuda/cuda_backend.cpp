@@ -231,6 +231,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- scalars, norms, elementwise ------------------------------------------------------------
+  uint64_t kernels_enqueued() const override { return g_kernels_enqueued.load(std::memory_order_relaxed); }
   void add_i32(const int32_t* src, int32_t add, int32_t* dst) override { cuda::add_i32(ctx_, src, add, dst); }
   void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) override {
     cuda::rmsnorm(ctx_, x, w, y, rows, n, eps);
@@ -245,6 +246,12 @@ class CudaBackend final : public Backend {
   void residual_add(const bf16* x, const float* delta, bf16* y, int n) override {
     require_n("residual_add", n);
     cuda::residual_add(ctx_, x, delta, y, n);
+  }
+  void residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
+                            float eps) override {
+    require_n("residual_add_rmsnorm", n);
+    MTP_REQUIRE(normed + n <= y || y + n <= normed, "ops::cuda::residual_add_rmsnorm: normed overlaps y");
+    cuda::residual_add_rmsnorm(ctx_, x, delta, y, w, normed, n, eps);
   }
   void add(const bf16* a, const bf16* b, bf16* y, int n) override {
     require_n("add", n);
@@ -270,6 +277,9 @@ class CudaBackend final : public Backend {
   void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k,
                   RowsMode mode) override {
     linear_any(W, X, Y, true, rows, n_out, k, mode, "linear_f32");
+  }
+  void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) override {
+    cuda::gemv_group(ctx_, outs, x, k);
   }
   void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
                   int k) override {

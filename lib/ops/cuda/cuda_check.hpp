@@ -6,9 +6,16 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "core/error.hpp"
 
 namespace mtplab::ops::cuda {
+
+/// Kernels this process has enqueued through the launchers (each launch once, also when it is
+/// recorded into a graph rather than run); Backend::kernels_enqueued reports it.
+inline std::atomic<uint64_t> g_kernels_enqueued{0};
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
   throw ::mtplab::Error(
@@ -31,8 +38,12 @@ namespace mtplab::ops::cuda {
       ::mtplab::ops::cuda::throw_cuda_error(mtp_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
-/// After a <<<...>>> launch: reports a bad configuration at the launch site.
-#define MTP_CUDA_LAUNCH_CHECK() MTP_CUDA_CHECK(cudaGetLastError())
+/// After a <<<...>>> launch: counts it and reports a bad configuration at the launch site.
+#define MTP_CUDA_LAUNCH_CHECK()                                                         \
+  do {                                                                                 \
+    ::mtplab::ops::cuda::g_kernels_enqueued.fetch_add(1, std::memory_order_relaxed);   \
+    MTP_CUDA_CHECK(cudaGetLastError());                                                \
+  } while (0)
 
 #define MTP_CUBLAS_CHECK(expr)                                                            \
   do {                                                                                    \

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <span>
 
 #include "ops/ops.hpp"
 
@@ -45,6 +46,10 @@ int gemv_max_grid(int num_sms);
 /// y[r] = sum_j W[row(r), j] x[j]; y BF16 (rounded) or fp32. k % 8 == 0, 16-byte aligned rows.
 void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
                const GemvRowMap& map);
+/// Several BF16 GEMVs of the same x in one launch (ops::Backend::linear_group). Each output's rows
+/// are computed with the k-split its own gemv_bf16 launch would choose, so every output is
+/// bit-identical to that launch (fp32 outputs then times f32_scale, as scale_f32).
+void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int k);
 /// y[r] = bf16(scale[r] * sum_j W[r, j] x[j]) with FP8 E4M3 W. k % 16 == 0.
 void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,
               int k);
@@ -82,6 +87,9 @@ void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token
 void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
                float eps);
 void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, int n);
+/// residual_add then rmsnorm in one block: the rmsnorm kernel's thread layout and reduction.
+void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
+                          bf16* normed, int n, float eps);
 void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n);
 void to_bf16(const LaunchCtx& ctx, const float* x, bf16* y, int n);
 void accumulate_f32(const LaunchCtx& ctx, const float* x, float* y, int n);

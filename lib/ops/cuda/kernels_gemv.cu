@@ -209,6 +209,71 @@ void require_aligned(const char* op, const char* what, const void* p) {
               " is not 16-byte aligned (the GEMV kernels load 16-byte vectors)");
 }
 
+// ---- several GEMVs of one x in one launch (linear_group) -----------------------------------------
+
+/// One output of the group: its rows occupy virtual blocks [block_begin, block_begin + blocks).
+struct GroupSegment {
+  const uint8_t* W = nullptr;
+  void* y = nullptr;
+  int n = 0;
+  int split = 1;  // the k-split gemv_bf16 would choose for this n alone: same order, same bits
+  int block_begin = 0;
+  int f32_out = 0;
+  float scale = 1.0f;
+};
+
+struct GroupParams {
+  GroupSegment seg[kMaxLinearGroup];
+  int count = 0;
+  int total_blocks = 0;
+  const bf16* x = nullptr;
+  int k = 0;
+};
+
+/// gemv_kernel with a run-time split chosen per output: a virtual block belongs to one output, so
+/// the split (and the barriers of its combine) is uniform over the block. Per row: the same
+/// chunk ranges per part, the same slice_dot, warp_sum and part order as gemv_kernel<kSplit>.
+__global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(GroupParams p) {
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int n_chunks = p.k / 8;
+  const size_t row_bytes = static_cast<size_t>(p.k) * 2;
+  __shared__ float partial[kGemvWarps];
+  for (int vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int s = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxLinearGroup; ++i)
+      if (i < p.count && vb >= p.seg[i].block_begin) s = i;
+    const GroupSegment& g = p.seg[s];
+    const int split = g.split;
+    const int part = warp % split;
+    const int c_begin = static_cast<int>(static_cast<int64_t>(part) * n_chunks / split);
+    const int c_end = static_cast<int>(static_cast<int64_t>(part + 1) * n_chunks / split);
+    const int64_t r = static_cast<int64_t>(vb - g.block_begin) * (kGemvWarps / split) + warp / split;
+    float acc = 0.0f;
+    if (r < g.n) {
+      acc = slice_dot<false>(g.W + r * row_bytes, p.x, c_begin, c_end, lane);
+      acc = warp_sum(acc);
+    }
+    if (split > 1) {
+      if (lane == 0) partial[warp] = acc;
+      __syncthreads();
+      if (part == 0) {
+        acc = partial[warp];
+        for (int q = 1; q < split; ++q) acc += partial[warp + q];
+      }
+      __syncthreads();
+    }
+    if (part == 0 && lane == 0 && r < g.n) {
+      if (g.f32_out) {
+        static_cast<float*>(g.y)[r] = __fmul_rn(acc, g.scale);
+      } else {
+        static_cast<bf16*>(g.y)[r] = f_to_bf16(acc);
+      }
+    }
+  }
+}
+
 // ---- argmax of a BF16 vector ----------------------------------------------------------------------
 
 constexpr int kArgmaxThreads = 256;
@@ -354,6 +419,45 @@ void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool
   } else {
     launch_gemv<false, OutKind::bf16, false>(ctx, p, 0);
   }
+}
+
+void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int k) {
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::cuda::linear_group: ",
+              outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  MTP_REQUIRE(k >= 1 && k % 8 == 0, "ops::cuda::linear_group: k = ", k, " (k must be a positive multiple of 8)");
+  require_aligned("linear_group", "x", x);
+  GroupParams p;
+  p.x = x;
+  p.k = k;
+  p.count = static_cast<int>(outs.size());
+  int blocks = 0;
+  for (int i = 0; i < p.count; ++i) {
+    const LinearOut& o = outs[static_cast<size_t>(i)];
+    MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_group: output ", i, " has W ", o.W, ", y ", o.y,
+                ", n_out ", o.n_out);
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::linear_group: output ", i,
+                " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
+    require_aligned("linear_group", "W", o.W);
+    GroupSegment& g = p.seg[i];
+    g.W = reinterpret_cast<const uint8_t*>(o.W);
+    g.y = o.y;
+    g.n = o.n_out;
+    g.split = choose_split(o.n_out, k / 8, ctx.num_sms);
+    g.block_begin = blocks;
+    g.f32_out = o.f32_out ? 1 : 0;
+    g.scale = o.f32_scale;
+    const int rows_per_block = kGemvWarps / g.split;
+    blocks += (o.n_out + rows_per_block - 1) / rows_per_block;
+  }
+  p.total_blocks = blocks;
+  static const int blocks_per_sm = [] {
+    int b = 0;
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_group_kernel, kGemvThreads, 0));
+    return std::max(1, std::min(b, kMaxBlocksPerSm));
+  }();
+  const int grid = std::min(blocks, blocks_per_sm * ctx.num_sms);
+  gemv_group_kernel<<<static_cast<unsigned>(grid), kGemvThreads, 0, ctx.stream>>>(p);
+  MTP_CUDA_LAUNCH_CHECK();
 }
 
 void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,

@@ -97,6 +97,24 @@ __global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, 
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
 }
+/// residual_add_kernel's y, then rmsnorm_row over it with the same block layout. Each thread
+/// re-reads only the y elements it wrote itself (x and y may alias).
+__global__ void __launch_bounds__(kNormThreads)
+    residual_add_rmsnorm_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
+                                float eps) {
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const bf16 yi = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
+    y[i] = yi;
+    const float v = bf16_to_f(yi);
+    ss = fmaf(v, v, ss);
+  }
+  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    normed[i] = f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(y[i]), r)));
+  }
+}
 __global__ void add_kernel(const bf16* a, const bf16* b, bf16* y, int n) {
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = f_to_bf16(__fadd_rn(bf16_to_f(a[i]), bf16_to_f(b[i])));
@@ -461,6 +479,12 @@ void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b
 
 void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, int n) {
   residual_add_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, delta, y, n);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
+                          bf16* normed, int n, float eps) {
+  MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
+  residual_add_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps);
   MTP_CUDA_LAUNCH_CHECK();
 }
 void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n) {

@@ -1,0 +1,484 @@
+// mtplab_bench_exchange: the latency of the four draft-token exchange protocols on 2+ GPUs
+// (mpirun -np 2, NCCL on the CUDA backend's stream), next to a bare 8-byte ncclAllReduce (u64 MAX)
+// and a bare 8-byte ncclAllGather on a plain NCCL communicator.
+//
+//   mpirun -np 2 mtplab_bench_exchange [--vocab V] [--iters N] [--reps R] [--warmup W] [--out DIR]
+//
+// Method:
+// - A protocol row is the exchange part of MtpDrafter::head_pick as the drafter runs it: the
+//   ops::Backend pack / pick ops plus the collective through dist::NcclCommunicator (its checked,
+//   non-blocking issue path), from a rank's local (max, index) or its padded BF16 logits shard
+//   (allgather_logits). head_argmax itself is not included. bf16_lanes includes its host
+//   synchronisations (download, upload, wait) and cannot be captured in a CUDA graph.
+// - A bare row is one raw 8-byte NCCL call on a blocking communicator of its own (nccl-tests
+//   style), the floor the protocols are compared with.
+// - "host": N iterations issued back to back from the host between two CUDA events; "graph": the
+//   same N iterations captured once into a CUDA graph, one replay between two events. A rep's
+//   figure is elapsed / N; a rep starts after an MPI barrier; the figure kept for a rep is the
+//   largest over the ranks (the slower rank decides when the draft is known everywhere). Median,
+//   p10 and p90 over R reps after W warm-up reps. host_enqueue_us is the host's time to issue one
+//   iteration (steady clock around the issuing loop): when it is close to the median, the row is
+//   bound by the host, not the link.
+// - Every row is checked: the logits shards are random BF16 (coarse, so the global maximum is
+//   often tied, across ranks too) drawn from (seed, global token id), and every rank knows the
+//   expected token (largest logit, lowest id on ties); each protocol is checked on several seeds
+//   before timing and again after it. `wrong` counts mismatches over all ranks; any makes the
+//   exit status 1.
+// Invariant: every graph executable is destroyed before either NCCL communicator.
+#include <mpi.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/build_info.hpp"
+#include "core/error.hpp"
+#include "core/numeric.hpp"
+#include "core/str.hpp"
+#include "dist/check.hpp"
+#include "dist/guard.hpp"
+#include "dist/runtime.hpp"
+#include "dist/versions.hpp"
+#include "model/sharding.hpp"
+#include "ops/ops.hpp"
+
+using namespace mtplab;
+
+namespace {
+
+struct Options {
+  int64_t vocab = 154880;  // glm5.3-flash
+  int iters = 50;
+  int reps = 300;
+  int warmup = 20;
+  std::string out = "bench-out";
+};
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  const double f = pos - static_cast<double>(i);
+  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/// Logit of global token `id` under `seed`: uniform in [-8, 8) rounded to BF16. BF16 has 8 bits
+/// of mantissa, so among 154880 draws the maximum is usually shared by several ids.
+bf16 logit_of(uint64_t seed, int64_t id) {
+  const double u = static_cast<double>(mix64(seed * 0x100000001b3ull ^ static_cast<uint64_t>(id)) >> 11) * 0x1p-53;
+  return to_bf16(static_cast<float>(-8.0 + 16.0 * u));
+}
+
+/// Largest logit, lowest id on ties, over the whole vocab.
+int32_t expected_token(uint64_t seed, int64_t vocab) {
+  int32_t best = 0;
+  float best_v = to_float(logit_of(seed, 0));
+  for (int64_t id = 1; id < vocab; ++id) {
+    const float v = to_float(logit_of(seed, id));
+    if (v > best_v) {
+      best_v = v;
+      best = static_cast<int32_t>(id);
+    }
+  }
+  return best;
+}
+
+/// A plain blocking NCCL communicator for the bare rows (no timeout machinery, as nccl-tests).
+class RawNccl {
+ public:
+  explicit RawNccl(MPI_Comm comm) {
+    int rank = 0, size = 1;
+    MTP_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MTP_MPI_CHECK(MPI_Comm_size(comm, &size));
+    ncclUniqueId id{};
+    if (rank == 0) MTP_NCCL_CHECK(ncclGetUniqueId(&id));
+    MTP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm));
+    MTP_NCCL_CHECK(ncclCommInitRank(&comm_, size, id, rank));
+  }
+  ~RawNccl() {
+    if (comm_) ncclCommDestroy(comm_);
+  }
+  RawNccl(const RawNccl&) = delete;
+  RawNccl& operator=(const RawNccl&) = delete;
+  ncclComm_t get() const { return comm_; }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
+struct Result {
+  std::string name;
+  std::string mode;  // host | graph
+  std::vector<double> us;
+  double enqueue_us = 0;
+  long wrong = 0;
+  std::string note;
+};
+
+/// One exchange under test: `issue` enqueues one iteration; `check` returns the mismatches of
+/// the last iteration's output on this rank (downloads, so never while capturing).
+struct Case {
+  std::string name;
+  bool capturable = true;
+  std::string not_capturable_why;
+  std::function<void()> issue;
+  std::function<long()> check;
+  std::function<void(uint64_t seed)> set_inputs;  // null: inputs are fixed
+};
+
+class Bench {
+ public:
+  Bench(ops::Backend& be, dist::Communicator& comm, const Options& opt) : be_(be), comm_(comm), opt_(opt) {}
+
+  /// Per-rep microseconds per iteration (largest over ranks) and the host's issue time.
+  Result time(const Case& c, bool graph) {
+    Result r;
+    r.name = c.name;
+    r.mode = graph ? "graph" : "host";
+    auto e0 = be_.make_event();
+    auto e1 = be_.make_event();
+    std::unique_ptr<ops::Graph> exec;
+    if (graph) {
+      c.issue();  // sizes any scratch outside the capture
+      comm_.wait();
+      be_.begin_capture();
+      for (int i = 0; i < opt_.iters; ++i) c.issue();
+      exec = be_.end_capture();
+    }
+    std::vector<double> us;
+    std::vector<double> enqueue;
+    for (int rep = 0; rep < opt_.warmup + opt_.reps; ++rep) {
+      MTP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+      e0->record();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (graph) {
+        exec->launch();
+      } else {
+        for (int i = 0; i < opt_.iters; ++i) c.issue();
+      }
+      const double issue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      e1->record();
+      comm_.wait();
+      const double ms = be_.elapsed_ms(*e0, *e1);
+      if (rep >= opt_.warmup) {
+        us.push_back(ms * 1e3 / opt_.iters);
+        enqueue.push_back(issue_s * 1e6 / opt_.iters);
+      }
+    }
+    exec.reset();  // before any communicator goes
+    // The slower rank decides when the token is known everywhere.
+    MTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, us.data(), static_cast<int>(us.size()), MPI_DOUBLE, MPI_MAX,
+                                MPI_COMM_WORLD));
+    r.us = std::move(us);
+    r.enqueue_us = quantile(enqueue, 0.5);
+    long wrong = c.check();
+    MTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
+    r.wrong = wrong;
+    return r;
+  }
+
+ private:
+  ops::Backend& be_;
+  dist::Communicator& comm_;
+  const Options& opt_;
+};
+
+int run(int argc, char** argv, const Options& opt) {
+  dist::Runtime rt(&argc, &argv);
+  const int world = rt.world();
+  const int rank = rt.rank();
+  MTP_REQUIRE(world >= 2, "mtplab_bench_exchange measures a cross-rank exchange: run it under mpirun -np 2 (world is ",
+              world, ")");
+  const auto& bound = rt.bind_device();
+  auto be = ops::make_cuda_backend(bound.device);
+  auto group = rt.world_group();
+  auto& comm = group.connect(dist::Transport::nccl, be->native_stream());
+  auto raw = std::make_unique<RawNccl>(MPI_COMM_WORLD);
+  auto stream = static_cast<cudaStream_t>(be->native_stream());
+
+  const int64_t V = opt.vocab;
+  const model::Range mine = model::split_range(V, rank, world);
+  const int64_t stride = (V + world - 1) / world;  // the drafter's padding: the largest shard
+  MTP_REQUIRE(mine.count > 0, "rank ", rank, " holds no vocab rows of ", V);
+
+  const auto versions = dist::library_versions();
+  if (rank == 0)
+    std::printf("mtplab_bench_exchange (git %s%s): world %d, %s, NCCL %s, CUDA %s; vocab %lld split %lld per rank "
+                "(padded), %d iterations per rep, %d reps after %d warm-up\n",
+                git_sha(), git_dirty() ? "-dirty" : "", world, bound.name.c_str(), versions.nccl.c_str(),
+                versions.cuda_runtime.c_str(), static_cast<long long>(V), static_cast<long long>(stride), opt.iters,
+                opt.reps, opt.warmup);
+
+  // ---- buffers, as MtpDrafter allocates them ------------------------------------------------------
+  ops::Array<bf16> logits(*be, stride);
+  ops::Array<bf16> gathered_logits(*be, static_cast<size_t>(stride) * world);
+  ops::Array<ops::ArgMax> local_max(*be, 1);
+  ops::Array<ops::ArgMax> gathered_max(*be, world);
+  ops::Array<uint64_t> key(*be, 1);
+  ops::Array<bf16> lanes(*be, 8);
+  ops::Array<int32_t> token(*be, 1);
+  ops::Array<uint64_t> bare_send(*be, 1), bare_recv(*be, 1), bare_gather(*be, world);
+
+  uint64_t seed = 0;
+  int32_t want = -1;
+  auto set_logits = [&](uint64_t s) {
+    seed = s;
+    std::vector<bf16> host(stride, bf16{0xFF80});  // -inf padding past the shard
+    for (int64_t i = 0; i < mine.count; ++i) host[i] = logit_of(s, mine.begin + i);
+    be->upload(logits.data(), host.data(), host.size() * sizeof(bf16));
+    be->argmax(logits.data(), static_cast<int>(mine.count), mine.begin, local_max.data());
+    be->synchronize();
+    want = expected_token(s, V);
+  };
+  auto token_wrong = [&]() -> long {
+    int32_t got = -1;
+    comm.wait();
+    be->download(&got, token.data(), sizeof got);
+    if (got != want && rank == 0)
+      std::fprintf(stderr, "seed %llu: token %d, expected %d\n", static_cast<unsigned long long>(seed), got, want);
+    return got == want ? 0 : 1;
+  };
+
+  // ---- the cases ------------------------------------------------------------------------------------
+  std::vector<Case> cases;
+  {
+    Case c;
+    c.name = "bare_allreduce_u64_max";
+    const uint64_t value = mix64(1000 + rank);
+    be->upload(bare_send.data(), &value, sizeof value);
+    uint64_t want_max = 0;
+    for (int r = 0; r < world; ++r) want_max = std::max(want_max, mix64(1000 + r));
+    c.issue = [&, stream] {
+      MTP_NCCL_CHECK(ncclAllReduce(bare_send.data(), bare_recv.data(), 1, ncclUint64, ncclMax, raw->get(), stream));
+    };
+    c.check = [&, want_max]() -> long {
+      uint64_t got = 0;
+      be->download(&got, bare_recv.data(), sizeof got);
+      return got == want_max ? 0 : 1;
+    };
+    cases.push_back(std::move(c));
+  }
+  {
+    Case c;
+    c.name = "bare_allgather_8B";
+    c.issue = [&, stream] {
+      MTP_NCCL_CHECK(ncclAllGather(bare_send.data(), bare_gather.data(), 8, ncclUint8, raw->get(), stream));
+    };
+    c.check = [&]() -> long {
+      std::vector<uint64_t> got(world);
+      be->download(got.data(), bare_gather.data(), got.size() * sizeof(uint64_t));
+      long bad = 0;
+      for (int r = 0; r < world; ++r) bad += got[r] != mix64(1000 + r);
+      return bad;
+    };
+    cases.push_back(std::move(c));
+  }
+  {
+    Case c;
+    c.name = "packed_u64";
+    c.issue = [&] {
+      be->argmax_pack_key(local_max.data(), key.data());
+      comm.all_reduce_max(key.data(), key.data(), 1);
+      be->argmax_unpack_key(key.data(), token.data());
+    };
+    c.check = token_wrong;
+    c.set_inputs = set_logits;
+    cases.push_back(std::move(c));
+  }
+  {
+    Case c;
+    c.name = "allgather_pairs";
+    c.issue = [&] {
+      comm.all_gather(local_max.data(), gathered_max.data(), sizeof(ops::ArgMax));
+      be->argmax_pick(gathered_max.data(), world, token.data());
+    };
+    c.check = token_wrong;
+    c.set_inputs = set_logits;
+    cases.push_back(std::move(c));
+  }
+  {
+    Case c;
+    c.name = "allgather_logits";
+    c.issue = [&] {
+      comm.all_gather(logits.data(), gathered_logits.data(), static_cast<size_t>(stride) * sizeof(bf16));
+      for (int r = 0; r < world; ++r) {
+        const model::Range seg = model::split_range(V, r, world);
+        be->argmax(gathered_logits.data() + static_cast<size_t>(r) * stride, static_cast<int>(seg.count), seg.begin,
+                   gathered_max.data() + r);
+      }
+      be->argmax_pick(gathered_max.data(), world, token.data());
+    };
+    c.check = token_wrong;
+    c.set_inputs = set_logits;
+    cases.push_back(std::move(c));
+  }
+  if (world == 2) {
+    Case c;
+    c.name = "bf16_lanes";
+    c.capturable = false;
+    c.not_capturable_why = "host synchronisations inside (download, upload): cannot be captured";
+    c.issue = [&] {
+      // MtpDrafter::head_pick, Exchange::bf16_lanes.
+      ops::ArgMax m{};
+      comm.wait();
+      be->download(&m, local_max.data(), sizeof m);
+      bf16 l[8] = {};
+      l[rank] = to_bf16(m.value);
+      for (int d = 0; d < 3; ++d) l[2 + rank * 3 + d] = to_bf16(static_cast<float>((m.index >> (8 * d)) & 0xFF));
+      be->upload(lanes.data(), l, sizeof l);
+      comm.all_reduce_sum(lanes.data(), lanes.data(), 8);
+      comm.wait();
+      be->download(l, lanes.data(), sizeof l);
+      const int win = to_float(l[0]) >= to_float(l[1]) ? 0 : 1;
+      int32_t idx = 0;
+      for (int d = 0; d < 3; ++d) idx += static_cast<int32_t>(to_float(l[2 + win * 3 + d])) << (8 * d);
+      be->upload(token.data(), &idx, sizeof idx);
+    };
+    c.check = token_wrong;
+    c.set_inputs = set_logits;
+    cases.push_back(std::move(c));
+  }
+
+  // ---- correctness before timing: several seeds per protocol -----------------------------------------
+  const uint64_t seeds[] = {1, 2, 3, 4, 5, 6};
+  std::vector<long> pre_wrong(cases.size(), 0);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    for (uint64_t s : c.set_inputs ? std::vector<uint64_t>(std::begin(seeds), std::end(seeds))
+                                   : std::vector<uint64_t>{0}) {
+      if (c.set_inputs) c.set_inputs(s);
+      c.issue();
+      pre_wrong[i] += c.check();
+    }
+  }
+  MTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pre_wrong.data(), static_cast<int>(pre_wrong.size()), MPI_LONG, MPI_SUM,
+                              MPI_COMM_WORLD));
+
+  // ---- timing -------------------------------------------------------------------------------------
+  Bench bench(*be, comm, opt);
+  std::vector<Result> results;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    if (c.set_inputs) c.set_inputs(7);
+    for (bool graph : {false, true}) {
+      if (graph && !c.capturable) {
+        Result r;
+        r.name = c.name;
+        r.mode = "graph";
+        r.note = c.not_capturable_why;
+        results.push_back(r);
+        continue;
+      }
+      Result r = bench.time(c, graph);
+      r.wrong += pre_wrong[i];
+      pre_wrong[i] = 0;
+      results.push_back(std::move(r));
+    }
+  }
+
+  // ---- report (rank 0) ------------------------------------------------------------------------------
+  long total_wrong = 0;
+  for (const Result& r : results) total_wrong += r.wrong;
+  if (rank == 0) {
+    std::printf("\n%-24s %-6s %10s %8s %8s %12s %6s  %s\n", "case", "mode", "median_us", "p10_us", "p90_us",
+                "enqueue_us", "wrong", "note");
+    for (const Result& r : results) {
+      if (r.us.empty()) {
+        std::printf("%-24s %-6s %10s %8s %8s %12s %6s  %s\n", r.name.c_str(), r.mode.c_str(), "-", "-", "-", "-", "-",
+                    r.note.c_str());
+        continue;
+      }
+      std::printf("%-24s %-6s %10.2f %8.2f %8.2f %12.2f %6ld  %s\n", r.name.c_str(), r.mode.c_str(),
+                  quantile(r.us, 0.5), quantile(r.us, 0.1), quantile(r.us, 0.9), r.enqueue_us, r.wrong,
+                  r.note.c_str());
+    }
+    auto median_of = [&](const std::string& name, const std::string& mode) {
+      for (const Result& r : results)
+        if (r.name == name && r.mode == mode && !r.us.empty()) return quantile(r.us, 0.5);
+      return -1.0;
+    };
+    for (const char* mode : {"host", "graph"}) {
+      const double bare = median_of("bare_allreduce_u64_max", mode), packed = median_of("packed_u64", mode);
+      std::printf("packed_u64 - bare all-reduce (%s): %+.2f us (target <= 5 us: %s)\n", mode, packed - bare,
+                  packed - bare <= 5.0 ? "met" : "MISSED");
+    }
+    std::printf("wrong tokens over all rows and ranks: %ld\n", total_wrong);
+
+    std::filesystem::create_directories(opt.out);
+    const std::string path = opt.out + "/bench_exchange.csv";
+    std::ofstream csv(path);
+    MTP_REQUIRE(csv, "cannot write ", path);
+    csv << "# mtplab_bench_exchange git " << git_sha() << (git_dirty() ? "-dirty" : "") << " world " << world
+        << " device " << bound.name << " nccl " << versions.nccl << " cuda " << versions.cuda_runtime << " vocab "
+        << V << " iters " << opt.iters << " reps " << opt.reps << " warmup " << opt.warmup << "\n";
+    csv << "case,mode,iters,reps,median_us,p10_us,p90_us,enqueue_us,wrong,note\n";
+    for (const Result& r : results) {
+      csv << r.name << ',' << r.mode << ',' << opt.iters << ',' << r.us.size() << ',';
+      if (r.us.empty()) {
+        csv << ",,,,";
+      } else {
+        csv << quantile(r.us, 0.5) << ',' << quantile(r.us, 0.1) << ',' << quantile(r.us, 0.9) << ','
+            << r.enqueue_us << ',' << r.wrong;
+      }
+      csv << ',' << r.note << "\n";
+    }
+    std::printf("wrote %s\n", path.c_str());
+  }
+  // Graph executables are gone (Bench::time); the raw communicator, then the group's.
+  MTP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  raw.reset();
+  return total_wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--vocab") {
+      opt.vocab = std::atoll(value().c_str());
+    } else if (a == "--iters") {
+      opt.iters = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--reps") {
+      opt.reps = std::max(1, std::atoi(value().c_str()));
+    } else if (a == "--warmup") {
+      opt.warmup = std::max(0, std::atoi(value().c_str()));
+    } else if (a == "--out") {
+      opt.out = value();
+    } else {
+      std::fprintf(stderr, "usage: mpirun -np 2 %s [--vocab V] [--iters N] [--reps R] [--warmup W] [--out DIR]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (opt.vocab < 2 || opt.vocab > (int64_t{1} << 24)) {
+    std::fprintf(stderr, "--vocab %lld outside 2..2^24 (bf16_lanes carries 3 base-256 digits)\n",
+                 static_cast<long long>(opt.vocab));
+    return 2;
+  }
+  return dist::run_guarded([&] { return run(argc, argv, opt); });
+}
