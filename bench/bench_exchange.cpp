@@ -5,7 +5,7 @@
 //   mpirun -np 2 mtplab_bench_exchange [--vocab V] [--iters N] [--reps R] [--warmup W] [--out DIR]
 //
 // Method:
-// - A protocol row is the exchange part of MtpDrafter::head_pick as the drafter runs it: the
+// - A protocol row is drafter::exchange_pick, the very function MtpDrafter::head_pick calls: the
 //   ops::Backend pack / pick ops plus the collective through dist::NcclCommunicator (its checked,
 //   non-blocking issue path), from a rank's local (max, index) or its padded BF16 logits shard
 //   (allgather_logits). head_argmax itself is not included. bf16_lanes includes its host
@@ -47,6 +47,7 @@
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "dist/versions.hpp"
+#include "drafter/exchange.hpp"
 #include "model/sharding.hpp"
 #include "ops/ops.hpp"
 
@@ -226,12 +227,8 @@ int run(int argc, char** argv, const Options& opt) {
                 opt.reps, opt.warmup);
 
   // ---- buffers, as MtpDrafter allocates them ------------------------------------------------------
-  ops::Array<bf16> logits(*be, stride);
-  ops::Array<bf16> gathered_logits(*be, static_cast<size_t>(stride) * world);
-  ops::Array<ops::ArgMax> local_max(*be, 1);
-  ops::Array<ops::ArgMax> gathered_max(*be, world);
-  ops::Array<uint64_t> key(*be, 1);
-  ops::Array<bf16> lanes(*be, 8);
+  // The drafter's own exchange buffers and code (drafter/exchange.hpp): what is timed is what runs.
+  drafter::ExchangeBuffers xb(*be, world, stride, /*with_logits=*/true);
   ops::Array<int32_t> token(*be, 1);
   ops::Array<uint64_t> bare_send(*be, 1), bare_recv(*be, 1), bare_gather(*be, world);
 
@@ -241,8 +238,8 @@ int run(int argc, char** argv, const Options& opt) {
     seed = s;
     std::vector<bf16> host(stride, bf16{0xFF80});  // -inf padding past the shard
     for (int64_t i = 0; i < mine.count; ++i) host[i] = logit_of(s, mine.begin + i);
-    be->upload(logits.data(), host.data(), host.size() * sizeof(bf16));
-    be->argmax(logits.data(), static_cast<int>(mine.count), mine.begin, local_max.data());
+    be->upload(xb.logits.data(), host.data(), host.size() * sizeof(bf16));
+    be->argmax(xb.logits.data(), static_cast<int>(mine.count), mine.begin, xb.local_max.data());
     be->synchronize();
     want = expected_token(s, V);
   };
@@ -293,9 +290,7 @@ int run(int argc, char** argv, const Options& opt) {
     Case c;
     c.name = "packed_u64";
     c.issue = [&] {
-      be->argmax_pack_key(local_max.data(), key.data());
-      comm.all_reduce_max(key.data(), key.data(), 1);
-      be->argmax_unpack_key(key.data(), token.data());
+      drafter::exchange_pick(*be, comm, drafter::Exchange::packed_u64, V, xb, token.data());
     };
     c.check = token_wrong;
     c.set_inputs = set_logits;
@@ -305,8 +300,7 @@ int run(int argc, char** argv, const Options& opt) {
     Case c;
     c.name = "allgather_pairs";
     c.issue = [&] {
-      comm.all_gather(local_max.data(), gathered_max.data(), sizeof(ops::ArgMax));
-      be->argmax_pick(gathered_max.data(), world, token.data());
+      drafter::exchange_pick(*be, comm, drafter::Exchange::allgather_pairs, V, xb, token.data());
     };
     c.check = token_wrong;
     c.set_inputs = set_logits;
@@ -316,13 +310,7 @@ int run(int argc, char** argv, const Options& opt) {
     Case c;
     c.name = "allgather_logits";
     c.issue = [&] {
-      comm.all_gather(logits.data(), gathered_logits.data(), static_cast<size_t>(stride) * sizeof(bf16));
-      for (int r = 0; r < world; ++r) {
-        const model::Range seg = model::split_range(V, r, world);
-        be->argmax(gathered_logits.data() + static_cast<size_t>(r) * stride, static_cast<int>(seg.count), seg.begin,
-                   gathered_max.data() + r);
-      }
-      be->argmax_pick(gathered_max.data(), world, token.data());
+      drafter::exchange_pick(*be, comm, drafter::Exchange::allgather_logits, V, xb, token.data());
     };
     c.check = token_wrong;
     c.set_inputs = set_logits;
@@ -334,21 +322,7 @@ int run(int argc, char** argv, const Options& opt) {
     c.capturable = false;
     c.not_capturable_why = "host synchronisations inside (download, upload): cannot be captured";
     c.issue = [&] {
-      // MtpDrafter::head_pick, Exchange::bf16_lanes.
-      ops::ArgMax m{};
-      comm.wait();
-      be->download(&m, local_max.data(), sizeof m);
-      bf16 l[8] = {};
-      l[rank] = to_bf16(m.value);
-      for (int d = 0; d < 3; ++d) l[2 + rank * 3 + d] = to_bf16(static_cast<float>((m.index >> (8 * d)) & 0xFF));
-      be->upload(lanes.data(), l, sizeof l);
-      comm.all_reduce_sum(lanes.data(), lanes.data(), 8);
-      comm.wait();
-      be->download(l, lanes.data(), sizeof l);
-      const int win = to_float(l[0]) >= to_float(l[1]) ? 0 : 1;
-      int32_t idx = 0;
-      for (int d = 0; d < 3; ++d) idx += static_cast<int32_t>(to_float(l[2 + win * 3 + d])) << (8 * d);
-      be->upload(token.data(), &idx, sizeof idx);
+      drafter::exchange_pick(*be, comm, drafter::Exchange::bf16_lanes, V, xb, token.data());
     };
     c.check = token_wrong;
     c.set_inputs = set_logits;

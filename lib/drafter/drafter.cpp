@@ -95,17 +95,8 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
   tokens_ = ops::Array<int32_t>(be_, k + 1);
   positions_ = ops::Array<int32_t>(be_, k);
   pos_base_ = ops::Array<int32_t>(be_, 1);
-  local_max_ = ops::Array<ops::ArgMax>(be_, 1);
-  gathered_max_ = ops::Array<ops::ArgMax>(be_, world_);
-  key_ = ops::Array<uint64_t>(be_, 1);
-  lanes_ = ops::Array<bf16>(be_, 8);
-  if (sharded && opt_.exchange == Exchange::allgather_logits) {
-    // Padded to the stride with -inf, so the gathered row's index is the token id.
-    logits_ = ops::Array<bf16>(be_, shard_.stride);
-    gathered_logits_ = ops::Array<bf16>(be_, static_cast<size_t>(shard_.stride) * world_);
-    std::vector<bf16> pad(shard_.stride, bf16{0xFF80});
-    be_.upload(logits_.data(), pad.data(), pad.size() * sizeof(bf16));
-  }
+  xchg_ = std::make_unique<ExchangeBuffers>(be_, world_, shard_.stride,
+                                            sharded && opt_.exchange == Exchange::allgather_logits);
   row_chunk_ = 256;
   row_tokens_ = ops::Array<int32_t>(be_, row_chunk_);
   row_positions_ = ops::Array<int32_t>(be_, row_chunk_);
@@ -285,60 +276,14 @@ void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
   const fp8e4m3* W8 = opt_.head_fp8 ? fw_.lm_head_fp8.data() : nullptr;
   const float* scale = opt_.head_fp8 ? fw_.lm_head_scale.data() : nullptr;
   const int n = static_cast<int>(shard_.n);
-  bf16* logits = (sharded && opt_.exchange == Exchange::allgather_logits) ? logits_.data() : nullptr;
-  be_.head_argmax(W, W8, scale, y_.data(), n, hidden_, shard_.v0, logits, local_max_.data());
+  bf16* logits = (sharded && opt_.exchange == Exchange::allgather_logits) ? xchg_->logits.data() : nullptr;
+  be_.head_argmax(W, W8, scale, y_.data(), n, hidden_, shard_.v0, logits, xchg_->local_max.data());
   if (!sharded) {
-    be_.argmax_pick(local_max_.data(), 1, token_out);
+    be_.argmax_pick(xchg_->local_max.data(), 1, token_out);
     return;
   }
   mark_begin(Phase::exchange, draft_index);
-  switch (opt_.exchange) {
-    case Exchange::packed_u64:
-      be_.argmax_pack_key(local_max_.data(), key_.data());
-      comm_->all_reduce_max(key_.data(), key_.data(), 1);
-      be_.argmax_unpack_key(key_.data(), token_out);
-      break;
-    case Exchange::allgather_pairs:
-      comm_->all_gather(local_max_.data(), gathered_max_.data(), sizeof(ops::ArgMax));
-      be_.argmax_pick(gathered_max_.data(), world_, token_out);
-      break;
-    case Exchange::allgather_logits: {
-      // Every rank's padded logits, then an argmax per rank's segment with that rank's first
-      // token id, then the pick: what engines that gather the logits do, kept exact for uneven
-      // splits (shard r starts at split_range(V, r, world).begin).
-      comm_->all_gather(logits_.data(), gathered_logits_.data(), static_cast<size_t>(shard_.stride) * sizeof(bf16));
-      for (int r = 0; r < world_; ++r) {
-        const model::Range seg = model::split_range(vocab_, r, world_);
-        be_.argmax(gathered_logits_.data() + static_cast<size_t>(r) * shard_.stride, static_cast<int>(seg.count),
-                   seg.begin, gathered_max_.data() + r);
-      }
-      be_.argmax_pick(gathered_max_.data(), world_, token_out);
-      break;
-    }
-    case Exchange::bf16_lanes: {
-      // The seed's protocol: 8 BF16 lanes [val_r0, val_r1, 3 base-256 digits of each rank's
-      // global index]; each rank fills only its own lanes, so a SUM all-reduce carries both
-      // ranks' values exactly (x + 0 is exact, digits <= 255 are exact in BF16). Host
-      // synchronisations included, as in the seed.
-      ops::ArgMax mine{};
-      wait_comm();  // the block's all-reduces are on the stream the download synchronises
-      be_.download(&mine, local_max_.data(), sizeof mine);
-      bf16 lanes[8] = {};
-      lanes[rank_] = to_bf16(mine.value);
-      for (int d = 0; d < 3; ++d)
-        lanes[2 + rank_ * 3 + d] = to_bf16(static_cast<float>((mine.index >> (8 * d)) & 0xFF));
-      be_.upload(lanes_.data(), lanes, sizeof lanes);
-      comm_->all_reduce_sum(lanes_.data(), lanes_.data(), 8);
-      wait_comm();
-      be_.download(lanes, lanes_.data(), sizeof lanes);
-      // `>=`: the lower rank (lower token ids) wins a tie, identically on both ranks.
-      const int win = to_float(lanes[0]) >= to_float(lanes[1]) ? 0 : 1;
-      int32_t idx = 0;
-      for (int d = 0; d < 3; ++d) idx += static_cast<int32_t>(to_float(lanes[2 + win * 3 + d])) << (8 * d);
-      be_.upload(token_out, &idx, sizeof idx);
-      break;
-    }
-  }
+  exchange_pick(be_, *comm_, opt_.exchange, vocab_, *xchg_, token_out);
   mark_end(Phase::exchange, draft_index);
 }
 

@@ -28,6 +28,7 @@
 
 #include "dist/communicator.hpp"
 #include "drafter/block.hpp"
+#include "drafter/exchange.hpp"
 #include "drafter/options.hpp"
 #include "model/config.hpp"
 #include "ops/ops.hpp"
@@ -149,13 +150,11 @@ class MtpDrafter {
   PhaseTimer* timer_ = nullptr;
 
   // Scratch in backend memory.
-  ops::Array<bf16> concat_, x_, y_, hidden_in_, logits_, gathered_logits_;
+  ops::Array<bf16> concat_, x_, y_, hidden_in_;
   ops::Array<int32_t> tokens_;      // [1 + max_draft]: the input token, then each draft
   ops::Array<int32_t> positions_;   // [max_draft] propose positions (base + i)
   ops::Array<int32_t> pos_base_;    // [1]
-  ops::Array<ops::ArgMax> local_max_, gathered_max_;
-  ops::Array<uint64_t> key_;
-  ops::Array<bf16> lanes_;          // [8] for bf16_lanes
+  std::unique_ptr<ExchangeBuffers> xchg_;  // the head's (max, argmax) and the pick's buffers
   ops::Array<int32_t> row_tokens_, row_positions_;  // context-row staging
   ops::Array<bf16> row_hiddens_;
   int row_chunk_ = 0;
