@@ -71,14 +71,9 @@ int cmd_trace(const Args& args) {
                     "\nnew_tokens: ", new_tokens, "\nseed: ", seed, "\nweight_seed: ", weight_seed,
                     "\nlayers: ", layers, "\nbackend: ", backend, "\n");
   io::TraceWriter writer(out, cfg.hidden, cfg.vocab, prov);
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x1234567ull;
+  drafter::PromptGenerator prompts(seed, cfg.vocab);
   for (int s = 0; s < sequences; ++s) {
-    std::vector<int32_t> prompt(prompt_len);
-    for (auto& t : prompt) {
-      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-      t = static_cast<int32_t>(state % static_cast<uint64_t>(cfg.vocab));
-    }
-    const io::TraceSequence seq = target.generate(prompt, new_tokens);
+    const io::TraceSequence seq = target.generate(prompts.next(prompt_len), new_tokens);
     writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
     log_info("trace: sequence ", s + 1, "/", sequences, " (", seq.tokens.size(), " positions)");
   }

@@ -66,4 +66,24 @@ io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, 
   return seq;
 }
 
+std::vector<int32_t> PromptGenerator::next(int length) {
+  std::vector<int32_t> prompt(static_cast<size_t>(length));
+  for (auto& t : prompt) {
+    state_ ^= state_ << 13, state_ ^= state_ >> 7, state_ ^= state_ << 17;
+    t = static_cast<int32_t>(state_ % static_cast<uint64_t>(vocab_));
+  }
+  return prompt;
+}
+
+std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
+                                               int new_tokens, uint64_t seed) {
+  PromptGenerator prompts(seed, vocab);
+  std::vector<io::TraceSequence> out;
+  for (int s = 0; s < count; ++s) {
+    out.push_back(target.generate(prompts.next(prompt_len), new_tokens));
+    out.back().index = s;
+  }
+  return out;
+}
+
 }  // namespace mtplab::drafter

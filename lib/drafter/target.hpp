@@ -38,4 +38,21 @@ class SyntheticTarget {
   ops::Array<ops::ArgMax> arg_;
 };
 
+/// Seeded random prompts (xorshift64 over token ids): the one generator every synthetic trace uses
+/// (mtplab trace, the harness, the tests), so the same seed gives the same prompts everywhere.
+class PromptGenerator {
+ public:
+  PromptGenerator(uint64_t seed, int vocab) : state_(seed * 0x9E3779B97F4A7C15ull + 1), vocab_(vocab) {}
+  std::vector<int32_t> next(int length);
+
+ private:
+  uint64_t state_;
+  int vocab_;
+};
+
+/// `count` sequences of `target`: prompts of `prompt_len` tokens from PromptGenerator(seed), then
+/// `new_tokens` greedy tokens each; sequence s gets index s.
+std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
+                                               int new_tokens, uint64_t seed);
+
 }  // namespace mtplab::drafter

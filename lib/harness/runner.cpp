@@ -142,16 +142,8 @@ const std::vector<io::TraceSequence>& trace_for(Context& c, const PointConfig& p
     if (c.rank == 0) {
       const auto t0 = Clock::now();
       drafter::SyntheticTarget target(c.be, cfg, p.trace.layers, p.weights.seed, p.trace.seed);
-      uint64_t state = p.trace.seed * 0x9E3779B97F4A7C15ull + 1;
-      for (int s = 0; s < count; ++s) {
-        std::vector<int32_t> prompt(static_cast<size_t>(p.trace.prompt_len));
-        for (auto& t : prompt) {
-          state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-          t = static_cast<int32_t>(state % static_cast<uint64_t>(cfg.vocab));
-        }
-        c.trace.push_back(target.generate(prompt, p.trace.new_tokens));
-        c.trace.back().index = s;
-      }
+      c.trace = drafter::synthetic_trace(target, cfg.vocab, count, p.trace.prompt_len, p.trace.new_tokens,
+                                         p.trace.seed);
       log_info("synthetic trace: ", count, " sequence(s) of ", p.trace.prompt_len, " + ", p.trace.new_tokens,
                " tokens from a ", p.trace.layers, "-layer target in ",
                format_duration(ms_between(t0, Clock::now()) / 1000));

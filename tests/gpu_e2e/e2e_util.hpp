@@ -31,18 +31,7 @@ inline model::ModelConfig preset(const std::string& name, int max_seq_len) {
 inline std::vector<io::TraceSequence> make_trace(ops::Backend& be, const model::ModelConfig& cfg, int count,
                                                  int prompt, int gen, uint64_t seed) {
   drafter::SyntheticTarget target(be, cfg, 2, 7, seed);
-  std::vector<io::TraceSequence> out;
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (int s = 0; s < count; ++s) {
-    std::vector<int32_t> p(prompt);
-    for (auto& t : p) {
-      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-      t = static_cast<int32_t>(state % static_cast<uint64_t>(cfg.vocab));
-    }
-    out.push_back(target.generate(p, gen));
-    out.back().index = s;
-  }
-  return out;
+  return drafter::synthetic_trace(target, cfg.vocab, count, prompt, gen, seed);
 }
 
 /// One disagreement between the reference (CPU) draft and the other backend's draft, scored
