@@ -12,17 +12,19 @@ SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg
   MTP_REQUIRE(layers >= 1 && layers <= 64, "synthetic target: layers ", layers, " outside 1..64");
   const model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   {
-    model::MtpWeights trunk = model::synthesize_mtp_weights(cfg, plan, weight_seed);
+    model::MtpWeights trunk =
+        model::synthesize_mtp_weights(cfg, plan, weight_seed, model::kEmbedPart | model::kHeadPart);
     embed_ = upload(be, trunk.embed_tokens);
     lm_head_ = upload(be, trunk.lm_head);
   }
   {
-    model::MtpWeights norm_src = model::synthesize_mtp_weights(cfg, plan, target_seed);
+    model::MtpWeights norm_src = model::synthesize_mtp_weights(cfg, plan, target_seed, model::kNormParts);
     final_norm_ = upload(be, norm_src.shared_head_norm);
   }
   const BlockDims dims = block_dims(cfg, 1, 0, ops::KvDtype::bf16);
   for (int i = 0; i < layers; ++i) {
-    model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, target_seed + 1 + static_cast<uint64_t>(i));
+    model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, target_seed + 1 + static_cast<uint64_t>(i),
+                                                        model::kNormParts | model::kLayerPart);
     blocks_.push_back(std::make_unique<Block>(be, nullptr, dims, upload_block_weights(be, w)));
   }
   x_ = ops::Array<bf16>(be, cfg.hidden);

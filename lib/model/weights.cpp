@@ -57,19 +57,26 @@ Block block_of(const Spec& s, const ShardPlan& plan) {
 }
 
 /// Sets every tensor's shape for `plan` and sizes its storage.
-void shape_weights(const ModelConfig& c, const ShardPlan& plan, MtpWeights& w) {
+/// Tensors outside `parts` stay empty (no shape, no storage).
+void shape_weights(const ModelConfig& c, const ShardPlan& plan, MtpWeights& w, unsigned parts = kAllParts) {
   const int64_t H = c.hidden, V = c.vocab, nh = plan.heads.count, ne = plan.experts.count;
   const int64_t I = c.moe_intermediate_size, SI = plan.shared_inter.count;
-  auto set = [](auto& t, std::vector<int64_t> shape) {
+  unsigned part = kLayerPart;  // the category of the tensors set next
+  auto set = [&](auto& t, std::vector<int64_t> shape) {
+    if (!(parts & part)) return;
     t.shape = std::move(shape);
     t.data.assign(static_cast<size_t>(shape_numel(t.shape)), {});
   };
   w.plan = plan;
+  part = kEmbedPart;
   set(w.embed_tokens, {V, H});
+  part = kHeadPart;
   set(w.lm_head, {plan.vocab.count, H});
+  part = kNormParts;
   for (TensorBF16* t :
        {&w.enorm, &w.hnorm, &w.input_layernorm, &w.post_attention_layernorm, &w.shared_head_norm})
     set(*t, {H});
+  part = kLayerPart;
   set(w.eh_proj, {H, 2 * H});
   auto& a = w.attn;
   set(a.q_a_proj, {c.q_lora_rank, H});
@@ -332,11 +339,18 @@ uint64_t synthetic_bits(uint64_t seed, std::string_view name, uint64_t index) {
   return element_bits(tensor_key(seed, name), index);
 }
 
-MtpWeights synthesize_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan, uint64_t seed) {
+MtpWeights synthesize_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan, uint64_t seed, unsigned parts) {
   check_plan(cfg, plan);
+  MTP_REQUIRE(parts != 0 && (parts & ~kAllParts) == 0, "synthesize_mtp_weights: parts ", parts,
+              " is not a non-empty combination of kEmbedPart, kHeadPart, kNormParts, kLayerPart");
   MtpWeights w;
-  shape_weights(cfg, plan, w);
-  for (const Spec& s : build_specs(cfg, plan, w)) synthesize(s, plan, seed);
+  shape_weights(cfg, plan, w, parts);
+  for (const Spec& s : build_specs(cfg, plan, w)) {
+    // Tensors outside `parts` have no storage; a tensor's values never depend on which others
+    // are made (they are a function of seed, name and index only).
+    if ((s.bf && s.bf->data.empty()) || (s.f32 && s.f32->data.empty())) continue;
+    synthesize(s, plan, seed);
+  }
   return w;
 }
 

@@ -111,8 +111,17 @@ struct MtpWeights {
 /// independent of the checkpoint prefixes.
 uint64_t synthetic_bits(uint64_t seed, std::string_view name, uint64_t index);
 
-/// Synthetic weights of `plan`'s shard; see docs/weights.md for the distributions.
-MtpWeights synthesize_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan, uint64_t seed);
+/// Parts of the weights to synthesise (a bitmask): the embedding, this rank's lm_head rows, the
+/// five MTP norms (enorm, hnorm, input / post-attention, shared_head.norm), and the layer (eh_proj,
+/// attention, indexer, MoE). A tensor outside the parts is left empty.
+inline constexpr unsigned kEmbedPart = 1, kHeadPart = 2, kNormParts = 4, kLayerPart = 8;
+inline constexpr unsigned kAllParts = kEmbedPart | kHeadPart | kNormParts | kLayerPart;
+
+/// Synthetic weights of `plan`'s shard; see docs/weights.md for the distributions. Each value
+/// depends only on (seed, tensor, index), so a subset of `parts` holds the same values as the
+/// whole.
+MtpWeights synthesize_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan, uint64_t seed,
+                                  unsigned parts = kAllParts);
 
 /// Reads `plan`'s shard from a checkpoint (a .safetensors file or a directory, see Checkpoint)
 /// with the names of cfg (checkpoint.*). A missing tensor or a wrong shape is an error naming

@@ -254,3 +254,25 @@ TEST(HeadFp8, ErrorWithinTheE4M3Bound) {
   }
   EXPECT_THROW(quantize_rows_fp8(w.enorm), Error);  // 1-D
 }
+
+TEST(SyntheticWeights, PartsHoldTheWholesValuesAndNothingElse) {
+  const ModelConfig c = load_model_preset("tiny");
+  const ShardPlan p = make_shard_plan(c, 0, 1, HeadSharding::none);
+  const MtpWeights whole = synthesize_mtp_weights(c, p, 77);
+  const MtpWeights trunk = synthesize_mtp_weights(c, p, 77, kEmbedPart | kHeadPart);
+  EXPECT_EQ(trunk.embed_tokens.data, whole.embed_tokens.data);
+  EXPECT_EQ(trunk.lm_head.data, whole.lm_head.data);
+  EXPECT_TRUE(trunk.enorm.empty());
+  EXPECT_TRUE(trunk.eh_proj.empty());
+  EXPECT_TRUE(trunk.moe.experts_gate.empty());
+  const MtpWeights layer = synthesize_mtp_weights(c, p, 77, kNormParts | kLayerPart);
+  EXPECT_TRUE(layer.embed_tokens.empty());
+  EXPECT_TRUE(layer.lm_head.empty());
+  EXPECT_EQ(layer.shared_head_norm.data, whole.shared_head_norm.data);
+  EXPECT_EQ(layer.attn.kv_b_proj.data, whole.attn.kv_b_proj.data);
+  EXPECT_EQ(layer.moe.experts_down.data, whole.moe.experts_down.data);
+  EXPECT_EQ(layer.indexer.compress_ape.data, whole.indexer.compress_ape.data);
+  EXPECT_EQ(layer.moe.e_score_correction_bias.data, whole.moe.e_score_correction_bias.data);
+  EXPECT_THROW(synthesize_mtp_weights(c, p, 77, 0), Error);
+  EXPECT_THROW(synthesize_mtp_weights(c, p, 77, 16), Error);
+}
