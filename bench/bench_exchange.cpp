@@ -50,6 +50,7 @@
 #include "drafter/exchange.hpp"
 #include "model/sharding.hpp"
 #include "ops/ops.hpp"
+#include "bench_cli.hpp"
 
 using namespace mtplab;
 
@@ -424,35 +425,22 @@ int run(int argc, char** argv, const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--vocab") {
-      opt.vocab = std::atoll(value().c_str());
-    } else if (a == "--iters") {
-      opt.iters = std::max(1, std::atoi(value().c_str()));
-    } else if (a == "--reps") {
-      opt.reps = std::max(1, std::atoi(value().c_str()));
-    } else if (a == "--warmup") {
-      opt.warmup = std::max(0, std::atoi(value().c_str()));
-    } else if (a == "--out") {
-      opt.out = value();
+  bench::BenchArgs args(argc, argv, "[--vocab V] [--iters N] [--reps R] [--warmup W] [--out DIR]  (under mpirun -np 2)");
+  while (args.next()) {
+    if (args.is("--vocab")) {
+      // bf16_lanes carries a token id in 3 base-256 digits.
+      opt.vocab = args.integer(2, int64_t{1} << 24);
+    } else if (args.is("--iters")) {
+      opt.iters = static_cast<int>(args.integer(1, 1000000));
+    } else if (args.is("--reps")) {
+      opt.reps = static_cast<int>(args.integer(1, 1000000));
+    } else if (args.is("--warmup")) {
+      opt.warmup = static_cast<int>(args.integer(0, 1000000));
+    } else if (args.is("--out")) {
+      opt.out = args.value();
     } else {
-      std::fprintf(stderr, "usage: mpirun -np 2 %s [--vocab V] [--iters N] [--reps R] [--warmup W] [--out DIR]\n",
-                   argv[0]);
-      return 2;
+      args.unknown();
     }
-  }
-  if (opt.vocab < 2 || opt.vocab > (int64_t{1} << 24)) {
-    std::fprintf(stderr, "--vocab %lld outside 2..2^24 (bf16_lanes carries 3 base-256 digits)\n",
-                 static_cast<long long>(opt.vocab));
-    return 2;
   }
   return dist::run_guarded([&] { return run(argc, argv, opt); });
 }

@@ -28,6 +28,7 @@
 #include "core/error.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/ops.hpp"
+#include "bench_cli.hpp"
 
 namespace {
 
@@ -584,29 +585,20 @@ void write_csv(const Bench& b, const std::string& dir, const std::string& device
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--out") {
-      opt.out = value();
-    } else if (a == "--reps") {
-      opt.reps = std::max(1, std::atoi(value().c_str()));
-    } else if (a == "--warmup") {
-      opt.warmup = std::max(0, std::atoi(value().c_str()));
-    } else if (a == "--only") {
-      opt.only = value();
-    } else if (a == "--device") {
-      opt.device = std::atoi(value().c_str());
+  mtplab::bench::BenchArgs args(argc, argv, "[--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D]");
+  while (args.next()) {
+    if (args.is("--out")) {
+      opt.out = args.value();
+    } else if (args.is("--reps")) {
+      opt.reps = static_cast<int>(args.integer(1, 1000000));
+    } else if (args.is("--warmup")) {
+      opt.warmup = static_cast<int>(args.integer(0, 1000000));
+    } else if (args.is("--only")) {
+      opt.only = args.value();
+    } else if (args.is("--device")) {
+      opt.device = static_cast<int>(args.integer(0, 1023));
     } else {
-      std::fprintf(stderr, "usage: %s [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D]\n",
-                   argv[0]);
-      return 2;
+      args.unknown();
     }
   }
   try {

@@ -31,6 +31,7 @@
 #include "core/str.hpp"
 #include "drafter/factory.hpp"
 #include "model/weights.hpp"
+#include "bench_cli.hpp"
 
 using namespace mtplab;
 
@@ -249,31 +250,22 @@ int run(const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--preset") {
-      opt.preset = value();
-    } else if (a == "--context") {
-      opt.context = std::atoi(value().c_str());
-    } else if (a == "--reps") {
-      opt.reps = std::max(1, std::atoi(value().c_str()));
-    } else if (a == "--k") {
-      opt.ks = parse_ks(value());
-    } else if (a == "--out") {
-      opt.out = value();
-    } else if (a == "--device") {
-      opt.device = std::atoi(value().c_str());
+  bench::BenchArgs args(argc, argv, "[--preset NAME] [--context ROWS] [--reps N] [--k 1,4] [--out DIR] [--device D]");
+  while (args.next()) {
+    if (args.is("--preset")) {
+      opt.preset = args.value();
+    } else if (args.is("--context")) {
+      opt.context = static_cast<int>(args.integer(1, 1 << 30));
+    } else if (args.is("--reps")) {
+      opt.reps = static_cast<int>(args.integer(1, 1000000));
+    } else if (args.is("--k")) {
+      opt.ks = parse_ks(args.value());
+    } else if (args.is("--out")) {
+      opt.out = args.value();
+    } else if (args.is("--device")) {
+      opt.device = static_cast<int>(args.integer(0, 1023));
     } else {
-      std::fprintf(stderr, "usage: %s [--preset NAME] [--context ROWS] [--reps N] [--k 1,4] [--out DIR] [--device D]\n",
-                   argv[0]);
-      return 2;
+      args.unknown();
     }
   }
   try {
