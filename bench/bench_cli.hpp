@@ -38,13 +38,13 @@ class BenchArgs {
   }
   /// An unknown option: the usage line, exit status 2.
   [[noreturn]] void unknown() const { fail("unknown option " + name_); }
-
- private:
+  /// Any other bad value: the message, the usage line, exit status 2.
   [[noreturn]] void fail(const std::string& message) const {
     std::fprintf(stderr, "%s: %s\nusage: %s %s\n", argv_[0], message.c_str(), argv_[0], usage_.c_str());
     std::exit(2);
   }
 
+ private:
   int argc_;
   char** argv_;
   std::string usage_;

@@ -2,7 +2,12 @@
 // (default glm5.3-flash) with synthetic weights and a context of --context rows, op by op and as
 // one CUDA graph, BF16 and FP8 heads, against the step's byte floor.
 //
-//   mtplab_bench_step [--preset NAME] [--context ROWS] [--reps N] [--k 1,4] [--out DIR] [--device D]
+//   mtplab_bench_step [--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4]
+//                     [--heads bf16,fp8] [--graphs off,on] [--profile] [--out DIR] [--device D]
+//
+// --heads / --graphs pick a subset of the four drafters. --profile turns the CUDA profiler on
+// (cudaProfilerStart) only around the timed steps, so `ncu --profile-from-start off` sees the
+// drafts' kernels and none of the weight upload or the context prefill.
 //
 // Method (METHOD.md): the byte floor of one draft is every weight the draft must read once
 // (eh_proj, q_a, q_b, kv_a, kv_b, o_proj, the indexer, the router, top_k routed experts and the
@@ -15,6 +20,7 @@
 // experts change from step to step and the 18 GB of weights never sit in the 60 MB L2. Warm-up
 // steps (the first records the graph) are not timed. Prints a table; writes DIR/bench_step.csv.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +31,8 @@
 #include <thread>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -43,8 +51,11 @@ struct Options {
   int reps = 40;
   int warmup = 4;
   std::vector<int> ks = {1, 4};
+  std::array<bool, 2> heads{true, true};   // bf16, fp8
+  std::array<bool, 2> graphs{true, true};  // off, on
   std::string out = "bench-out";
   int device = 0;
+  bool profile = false;
 };
 
 double quantile(std::vector<double> v, double q) {
@@ -139,6 +150,26 @@ std::vector<int> parse_ks(const std::string& s) {
   return out;
 }
 
+/// A comma list of `a` and/or `b` -> {a chosen, b chosen}; anything else is a usage error.
+std::array<bool, 2> parse_pair(const bench::BenchArgs& args, const std::string& s, const char* flag, const char* a,
+                               const char* b) {
+  std::array<bool, 2> on{false, false};
+  size_t p = 0;
+  while (p <= s.size()) {
+    const size_t q = std::min(s.find(',', p), s.size());
+    const std::string item = s.substr(p, q - p);
+    if (item == a) {
+      on[0] = true;
+    } else if (item == b) {
+      on[1] = true;
+    } else {
+      args.fail(str(flag, ": \"", item, "\" is not one of ", a, ", ", b, " (a comma list)"));
+    }
+    p = q + 1;
+  }
+  return on;
+}
+
 int run(const Options& opt) {
   model::ModelConfig cfg = model::load_model_preset(opt.preset);
   const int max_k = *std::max_element(opt.ks.begin(), opt.ks.end());
@@ -180,6 +211,7 @@ int run(const Options& opt) {
   std::vector<Row> rows;
   for (bool fp8 : {false, true}) {
     for (bool graph : {false, true}) {
+      if (!opt.heads[fp8 ? 1 : 0] || !opt.graphs[graph ? 1 : 0]) continue;
       drafter::DrafterOptions dopt;
       dopt.max_draft_len = max_k;
       dopt.head_fp8 = fp8;
@@ -208,9 +240,11 @@ int run(const Options& opt) {
           d->propose(*st, tok(rng), h.data(), k);
           const uint64_t launches = be->kernels_enqueued() - launches_before;
           if (!graph) r.launches_per_draft = static_cast<double>(launches) / k;
+          if (opt.profile && i == opt.warmup) cudaProfilerStart();
           if (i >= opt.warmup) r.us.push_back(timer.last_ms() * 1e3);
           d->after_verify(*st, 0);
         }
+        if (opt.profile) cudaProfilerStop();
         if (graph) {  // the graph holds the kernels the eager run of the same point enqueued
           for (const Row& e : rows)
             if (!e.graph && e.head == r.head && e.k == k) r.launches_per_draft = e.launches_per_draft;
@@ -250,7 +284,9 @@ int run(const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  bench::BenchArgs args(argc, argv, "[--preset NAME] [--context ROWS] [--reps N] [--k 1,4] [--out DIR] [--device D]");
+  bench::BenchArgs args(argc, argv,
+                        "[--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4] [--heads bf16,fp8] "
+                        "[--graphs off,on] [--profile] [--out DIR] [--device D]");
   while (args.next()) {
     if (args.is("--preset")) {
       opt.preset = args.value();
@@ -258,8 +294,16 @@ int main(int argc, char** argv) {
       opt.context = static_cast<int>(args.integer(1, 1 << 30));
     } else if (args.is("--reps")) {
       opt.reps = static_cast<int>(args.integer(1, 1000000));
+    } else if (args.is("--warmup")) {
+      opt.warmup = static_cast<int>(args.integer(0, 1000000));
     } else if (args.is("--k")) {
       opt.ks = parse_ks(args.value());
+    } else if (args.is("--profile")) {
+      opt.profile = true;
+    } else if (args.is("--heads")) {
+      opt.heads = parse_pair(args, args.value(), "--heads", "bf16", "fp8");
+    } else if (args.is("--graphs")) {
+      opt.graphs = parse_pair(args, args.value(), "--graphs", "off", "on");
     } else if (args.is("--out")) {
       opt.out = args.value();
     } else if (args.is("--device")) {

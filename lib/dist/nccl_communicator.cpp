@@ -27,20 +27,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-/// Sleeps a little longer each round: the first polls are quick (a collective of a few bytes
-/// takes microseconds), a long wait costs no CPU.
+/// Waits between polls, by elapsed time: for the first 2 ms it only yields the core (an enqueue
+/// or a small collective completes in microseconds, and a sleep costs ~60 us of timer slack, which
+/// was the whole cost of a host-issued collective when this slept after 64 rounds), then sleeps
+/// 20 us until 100 ms have passed, then 500 us, so a long wait costs no CPU.
 class Backoff {
  public:
   void pause() {
-    if (rounds_++ < 64) {
+    const auto waited = Clock::now() - start_;
+    if (waited < std::chrono::milliseconds(2)) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(rounds_ < 1024 ? 20 : 500));
+      std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 500));
     }
   }
 
  private:
-  int rounds_ = 0;
+  Clock::time_point start_ = Clock::now();
 };
 
 class NcclCommunicatorImpl final : public NcclCommunicator {
