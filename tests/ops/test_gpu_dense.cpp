@@ -77,6 +77,47 @@ TEST_P(GpuDense, Norms) {
   expect_bf16_close(yl.from_gpu(), yl.from_cpu(), "layernorm");
 }
 
+// Row widths around the register-resident norm kernels' limits: multiples of 8 up to 8192 run
+// the vector kernels (1..4 octets per thread), anything else the scalar ones, and so does a row
+// that is not 16-byte aligned. Same tolerances as Norms.
+TEST(GpuNormWidths, VectorAndScalarPathsMatchTheCpu) {
+  Rng rng(5);
+  for (int n : {8, 100, 512, 2056, 6144, 8192, 8200, 10000}) {
+    for (int offset : {0, 1}) {  // offset 1: every row pointer 2 bytes past a 16-byte boundary
+      SCOPED_TRACE("n " + std::to_string(n) + " offset " + std::to_string(offset));
+      const int rows = 2;
+      const size_t len = static_cast<size_t>(rows) * n + offset;
+      Twin<bf16> x(rng.bf16s(len, -3.0f, 3.0f));
+      Twin<bf16> w(rng.bf16s(static_cast<size_t>(n) + offset, 0.5f, 1.5f));
+      Twin<bf16> b(rng.bf16s(static_cast<size_t>(n) + offset, -0.5f, 0.5f));
+      Twin<float> delta(rng.floats(static_cast<size_t>(n) + offset, -2.0f, 2.0f));
+      auto y = out_twin<bf16>(len);
+      cpu().rmsnorm(x.c.data() + offset, w.c.data() + offset, y.c.data() + offset, rows, n, 1e-5f);
+      gpu().rmsnorm(x.g.data() + offset, w.g.data() + offset, y.g.data() + offset, rows, n, 1e-5f);
+      expect_bf16_close(y.from_gpu(), y.from_cpu(), "rmsnorm");
+      auto yl = out_twin<bf16>(len);
+      cpu().layernorm(x.c.data() + offset, w.c.data() + offset, b.c.data() + offset, yl.c.data() + offset, rows,
+                      n, 1e-6f);
+      gpu().layernorm(x.g.data() + offset, w.g.data() + offset, b.g.data() + offset, yl.g.data() + offset, rows,
+                      n, 1e-6f);
+      expect_bf16_close(yl.from_gpu(), yl.from_cpu(), "layernorm");
+      Twin<int32_t> token(std::vector<int32_t>{1});
+      auto e = out_twin<bf16>(static_cast<size_t>(n) + offset);
+      cpu().embed_rmsnorm(x.c.data() + offset, token.c.data(), w.c.data() + offset, e.c.data() + offset, n, 1e-5f);
+      gpu().embed_rmsnorm(x.g.data() + offset, token.g.data(), w.g.data() + offset, e.g.data() + offset, n, 1e-5f);
+      expect_bf16_close(e.from_gpu(), e.from_cpu(), "embed_rmsnorm");
+      auto ry = out_twin<bf16>(static_cast<size_t>(n) + offset);
+      auto rn = out_twin<bf16>(static_cast<size_t>(n) + offset);
+      cpu().residual_add_rmsnorm(x.c.data() + offset, delta.c.data() + offset, ry.c.data() + offset,
+                                 w.c.data() + offset, rn.c.data() + offset, n, 1e-5f);
+      gpu().residual_add_rmsnorm(x.g.data() + offset, delta.g.data() + offset, ry.g.data() + offset,
+                                 w.g.data() + offset, rn.g.data() + offset, n, 1e-5f);
+      expect_bytes_equal(ry.from_gpu(), ry.from_cpu(), "residual_add_rmsnorm y");
+      expect_bf16_close(rn.from_gpu(), rn.from_cpu(), "residual_add_rmsnorm normed");
+    }
+  }
+}
+
 struct LinearShape {
   const char* name;
   int n_out, k;

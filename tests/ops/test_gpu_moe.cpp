@@ -51,6 +51,19 @@ TEST_P(GpuMoe, Route) {
       expect_f32_close(w.from_gpu(), w.from_cpu(), "route weights n_group " + std::to_string(groups), 1e-5,
                        0);
   }
+  // Exact ties (equal logits, no bias): the lower expert id wins, in the group ranking too.
+  Twin<float> flat(std::vector<float>(static_cast<size_t>(E), 0.25f));
+  for (int groups : {1, n_group}) {
+    auto idx = out_twin<int32_t>(k);
+    auto w = out_twin<float>(k);
+    const int topk_group = groups == 1 ? 1 : groups / 2;
+    cpu().moe_route(flat.c.data(), nullptr, E, k, groups, topk_group, 2.5f, idx.c.data(), w.c.data());
+    gpu().moe_route(flat.g.data(), nullptr, E, k, groups, topk_group, 2.5f, idx.g.data(), w.g.data());
+    const auto gi = idx.from_gpu();
+    EXPECT_EQ(gi, idx.from_cpu()) << "tied scores, n_group " << groups;
+    for (int i = 0; i < k; ++i) EXPECT_EQ(gi[static_cast<size_t>(i)], i) << "tied scores: slot " << i;
+    expect_f32_close(w.from_gpu(), w.from_cpu(), "tied route weights", 1e-6, 0);
+  }
 }
 
 TEST_P(GpuMoe, Experts) {
@@ -74,13 +87,17 @@ TEST_P(GpuMoe, Experts) {
   }
   Twin<int32_t> idx(ids);
   Twin<float> wts(rng.floats(k, 0.1f, 1.0f));
+  // Slot counts: top_k, one (the shared expert's launch: 8 outputs per block in the down
+  // projection), and three (a block of 2 outputs x 3 slots).
+  for (int slots : {k, 1, std::min(3, k)})
   for (int owner_offset : {0, s.experts}) {  // the second pass owns none of the selected experts
     ExpertWeights cw{gate.c.data(), up.c.data(), down.c.data(), first + owner_offset, num_local, H, I};
     ExpertWeights gw{gate.g.data(), up.g.data(), down.g.data(), first + owner_offset, num_local, H, I};
     for (float limit : {10.0f, 0.0f}) {
+      SCOPED_TRACE("slots " + std::to_string(slots));
       auto out = out_twin<float>(H);
-      cpu().moe_experts(x.c.data(), cw, idx.c.data(), wts.c.data(), k, limit, out.c.data());
-      gpu().moe_experts(x.g.data(), gw, idx.g.data(), wts.g.data(), k, limit, out.g.data());
+      cpu().moe_experts(x.c.data(), cw, idx.c.data(), wts.c.data(), slots, limit, out.c.data());
+      gpu().moe_experts(x.g.data(), gw, idx.g.data(), wts.g.data(), slots, limit, out.g.data());
       const auto want = out.from_cpu();
       if (owner_offset != 0) {
         ASSERT_EQ(max_abs(want), 0.0) << "reference: no owned expert must give zeros";

@@ -397,6 +397,57 @@ __global__ void __launch_bounds__(kMoeThreads)
   }
 }
 
+/// moe_down_kernel with the slots of an output spread over warps: a block holds `per_block`
+/// outputs x `slots` warps; warp (o, s) computes bf16(W_down,s[h] . act[s]) for output h of the
+/// block, and one lane per output sums the slots in slot order, as moe_down_kernel does (same
+/// products, same order: the same bits). moe_down_kernel walked the slots one after the other in
+/// one warp, a chain of top_k memory round trips per output; here the whole block's rows are in
+/// flight at once and finished blocks are replaced by new ones.
+__global__ void __launch_bounds__(1024)
+    moe_down_slots_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
+                          const float* weights, int top_k, int per_block, const bf16* act, float* out) {
+  __shared__ float part[32];
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int s = warp % top_k;
+  const int o = warp / top_k;
+  const int h = blockIdx.x * per_block + o;
+  const int n_chunks = I / 8;
+  if (h < H) {
+    const int local = idx[s] - first_expert;
+    float d = 0.0f;
+    if (local >= 0 && local < num_local) {
+      const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
+      const bf16* a = act + static_cast<size_t>(s) * I;
+      for (int c = lane; c < n_chunks; c += kWarp * kUnroll) {
+        uint4 dv[kUnroll];
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int cc = c + q * kWarp;
+          dv[q] = cc < n_chunks ? load_stream(d_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int q = 0; q < kUnroll; ++q) {
+          const int cc = c + q * kWarp;
+          if (cc < n_chunks) d = dot_bf16x8(dv[q], load_cached(a + static_cast<size_t>(cc) * 8), d);
+        }
+      }
+      d = warp_sum(d);
+    }
+    if (lane == 0) part[warp] = d;
+  }
+  __syncthreads();
+  if (s == 0 && lane == 0 && h < H) {
+    float total = 0.0f;
+    for (int t = 0; t < top_k; ++t) {
+      const int local = idx[t] - first_expert;
+      if (local < 0 || local >= num_local) continue;
+      total += weights[t] * round_to_bf16(part[o * top_k + t]);
+    }
+    out[h] = total;
+  }
+}
+
 }  // namespace
 
 int gemv_max_grid(int num_sms) { return num_sms * kMaxBlocksPerSm; }
@@ -549,9 +600,17 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
   moe_gate_up_kernel<<<grid1, kMoeThreads, 0, ctx.stream>>>(x, w.gate, w.up, w.first_expert, w.num_local, H,
                                                             I, idx, top_k, limit, act);
   MTP_CUDA_LAUNCH_CHECK();
-  const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
-  moe_down_kernel<<<grid2, kMoeThreads, 0, ctx.stream>>>(w.down, w.first_expert, w.num_local, H, I, idx,
-                                                         weights, top_k, act, out);
+  if (top_k <= 32) {
+    // One warp per (output, slot); at least 8 warps a block (e.g. 1 output x 8 slots, 8 x 1).
+    const int per_block = std::max(1, warps_per_block / top_k);
+    const int grid2 = (H + per_block - 1) / per_block;
+    moe_down_slots_kernel<<<grid2, per_block * top_k * kWarp, 0, ctx.stream>>>(
+        w.down, w.first_expert, w.num_local, H, I, idx, weights, top_k, per_block, act, out);
+  } else {
+    const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
+    moe_down_kernel<<<grid2, kMoeThreads, 0, ctx.stream>>>(w.down, w.first_expert, w.num_local, H, I, idx,
+                                                           weights, top_k, act, out);
+  }
   MTP_CUDA_LAUNCH_CHECK();
 }
 

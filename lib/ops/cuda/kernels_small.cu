@@ -11,6 +11,8 @@
 //   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
@@ -89,6 +91,184 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 
+// ---- register-resident norms (16-byte loads) ------------------------------------------------------
+//
+// The scalar kernels above walk a row with one 2-byte load per iteration; their loop-carried
+// dependency made a 4096-wide RMSNorm cost ~14 us (16 dependent memory round trips per pass, two
+// passes). These load the whole row into registers with one 16-byte load per 8 elements, all
+// issued before the first use, keep it there for the second pass, and store 16 bytes at a time.
+// Same element-wise arithmetic as the scalar kernels; the sum of squares is taken per thread over
+// its contiguous octets, then over the block (another order of the same sum). Used when n is a
+// multiple of 8, n <= kVecNormThreads * 8 * kMaxNormVecs, and every pointer is 16-byte aligned.
+
+constexpr int kVecNormThreads = 256;
+constexpr int kMaxNormVecs = 4;  // octets per thread: n <= 8192
+
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  f[0] = bf16_lo(u.x), f[1] = bf16_hi(u.x), f[2] = bf16_lo(u.y), f[3] = bf16_hi(u.y);
+  f[4] = bf16_lo(u.z), f[5] = bf16_hi(u.z), f[6] = bf16_lo(u.w), f[7] = bf16_hi(u.w);
+}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return static_cast<uint32_t>(f_to_bf16(lo).bits) | (static_cast<uint32_t>(f_to_bf16(hi).bits) << 16);
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
+}
+
+/// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers.
+template <int V>
+__device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, bf16* y, int nv, int n, float eps) {
+  uint4 xr[V], wr[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    xr[j] = v < nv ? load_cached(x + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+    wr[j] = v < nv ? load_cached(w + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float f[8];
+    unpack8(xr[j], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) ss = fmaf(f[e], f[e], ss);
+  }
+  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    if (v >= nv) continue;
+    float f[8], g[8];
+    unpack8(xr[j], f);
+    unpack8(wr[j], g);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(g[e], __fmul_rn(f[e], r));
+    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(f);
+  }
+}
+
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    rmsnorm_vec_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  rmsnorm_row_vec<V>(x + off, w, y + off, n / 8, n, eps);
+}
+
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    embed_rmsnorm_vec_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps) {
+  rmsnorm_row_vec<V>(table + static_cast<size_t>(token[0]) * n, w, y, n / 8, n, eps);
+}
+
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    layernorm_vec_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  x += off;
+  y += off;
+  const int nv = n / 8;
+  uint4 xr[V], wr[V], br[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    xr[j] = v < nv ? load_cached(x + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+    wr[j] = v < nv ? load_cached(w + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+    br[j] = v < nv ? load_cached(b + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float f[8];
+    unpack8(xr[j], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) s += f[e];
+  }
+  const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
+  float sq = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    if (v >= nv) continue;  // padding octets are zeros, not values: they must not add mean^2
+    float f[8];
+    unpack8(xr[j], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float d = __fsub_rn(f[e], mean);
+      sq = fmaf(d, d, sq);
+    }
+  }
+  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    if (v >= nv) continue;
+    float f[8], g[8], c[8];
+    unpack8(xr[j], f);
+    unpack8(wr[j], g);
+    unpack8(br[j], c);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) f[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(f[e], mean), r), g[e]), c[e]);
+    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(f);
+  }
+}
+
+/// residual_add_rmsnorm_kernel with the row in registers: y = bf16(x + delta) (written), then
+/// normed = bf16(w * (y * r)). Each thread reads its own x / delta before writing y (x, y may alias).
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    residual_add_rmsnorm_vec_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
+                                    int n, float eps) {
+  const int nv = n / 8;
+  uint4 xr[V], wr[V];
+  float4 da[V], db[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    const bool in = v < nv;
+    xr[j] = in ? load_cached(x + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+    wr[j] = in ? load_cached(w + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+    da[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v)) : make_float4(0, 0, 0, 0);
+    db[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v) + 1)
+               : make_float4(0, 0, 0, 0);
+  }
+  float yv[V][8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float f[8];
+    unpack8(xr[j], f);
+    const float d[8] = {da[j].x, da[j].y, da[j].z, da[j].w, db[j].x, db[j].y, db[j].z, db[j].w};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      yv[j][e] = round_to_bf16(__fadd_rn(f[e], d[e]));
+      ss = fmaf(yv[j][e], yv[j][e], ss);
+    }
+  }
+  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
+  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    if (v >= nv) continue;
+    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(yv[j]);
+    float g[8], o[8];
+    unpack8(wr[j], g);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(g[e], __fmul_rn(yv[j][e], r));
+    *reinterpret_cast<uint4*>(normed + static_cast<size_t>(v) * 8) = pack8(o);
+  }
+}
+
+/// Octets per thread for a row of n, or 0 when the vector kernels do not apply.
+int norm_vecs(int n, std::initializer_list<const void*> ptrs) {
+  if (n % 8 != 0 || n > kVecNormThreads * 8 * kMaxNormVecs) return 0;
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  return (n / 8 + kVecNormThreads - 1) / kVecNormThreads;
+}
+
 // ---- elementwise -------------------------------------------------------------------------------
 
 constexpr int kEltThreads = 256;
@@ -141,28 +321,34 @@ int elt_grid(const LaunchCtx& ctx, int n) {
 
 // ---- MoE router ----------------------------------------------------------------------------------
 
-/// One warp. Shared memory: s[E], biased[E], chosen s[top_k], group scores (fp32), taken[E] and
-/// group_kept[n_group] (bytes). Top-k by rounds of a warp argmax on the packed key.
-__global__ void moe_route_kernel(const float* logits, const float* bias, int E, int top_k, int n_group,
-                                 int topk_group, float scaling, int32_t* idx, float* weights) {
-  extern __shared__ float smem[];
-  float* s = smem;
-  float* biased = smem + E;
-  float* chosen_s = smem + 2 * E;                                      // [top_k]
-  float* group_score = chosen_s + top_k;                               // [n_group]
-  uint8_t* taken = reinterpret_cast<uint8_t*>(group_score + n_group);  // [E]
-  uint8_t* group_kept = taken + E;                                     // [n_group]
-  const int lane = threadIdx.x;
-  for (int e = lane; e < E; e += kWarp) {
+/// One block of kRouteThreads. The choices are ranks, not rounds: every expert's packed key
+/// (biased score, lower id wins ties) is compared with all others' in shared memory, and the
+/// expert whose key has rank r < top_k goes to slot r. That is the order the CPU's repeated argmax
+/// (and this kernel's former warp rounds) produce, with no serial chain of top_k reductions. The
+/// group limit ranks the groups' (top1 + top2) scores the same way. Shared memory: s[E], keys[E]
+/// (u64), group scores and flags.
+constexpr int kRouteThreads = 256;
+
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_kernel(const float* logits, const float* bias, int E, int top_k, int n_group, int topk_group,
+                     float scaling, int32_t* idx, float* weights) {
+  extern __shared__ unsigned long long route_smem[];
+  unsigned long long* keys = route_smem;                           // [E]
+  unsigned long long* gkeys = keys + E;                             // [n_group]
+  float* s = reinterpret_cast<float*>(gkeys + n_group);             // [E]
+  float* biased = s + E;                                            // [E]
+  float* chosen_s = biased + E;                                     // [top_k]
+  uint8_t* group_kept = reinterpret_cast<uint8_t*>(chosen_s + top_k);  // [n_group]
+  const int tid = threadIdx.x;
+  for (int e = tid; e < E; e += blockDim.x) {
     const float v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logits[e])));
     s[e] = v;
     biased[e] = __fadd_rn(v, bias ? bias[e] : 0.0f);
-    taken[e] = 0;
   }
-  __syncwarp();
+  __syncthreads();
   if (n_group > 1) {
     const int gs = E / n_group;
-    for (int g = lane; g < n_group; g += kWarp) {
+    for (int g = tid; g < n_group; g += blockDim.x) {
       float top1 = -INFINITY, top2 = -INFINITY;
       for (int e = g * gs; e < (g + 1) * gs; ++e) {
         const float v = biased[e];
@@ -173,45 +359,32 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, int E, 
           top2 = v;
         }
       }
-      group_score[g] = __fadd_rn(top1, top2);
+      gkeys[g] = argmax_key(__fadd_rn(top1, top2), g);
     }
-    __syncwarp();
-    // Keep topk_group groups: rounds of a warp argmax over the groups not yet kept (ties: lower
-    // group id, as the CPU's stable sort).
-    for (int g = lane; g < n_group; g += kWarp) group_kept[g] = 0;
-    __syncwarp();
-    for (int round = 0; round < topk_group; ++round) {
-      unsigned long long best = 0;
-      for (int g = lane; g < n_group; g += kWarp) {
-        if (group_kept[g]) continue;
-        const unsigned long long key = argmax_key(group_score[g], g);
-        best = key > best ? key : best;
-      }
-      best = warp_max_u64(best);
-      if (lane == 0) group_kept[~static_cast<uint32_t>(best & 0xffffffffull)] = 1;
-      __syncwarp();
+    __syncthreads();
+    for (int g = tid; g < n_group; g += blockDim.x) {
+      int rank = 0;
+      for (int o = 0; o < n_group; ++o) rank += gkeys[o] > gkeys[g];
+      group_kept[g] = rank < topk_group;
     }
-    for (int e = lane; e < E; e += kWarp)
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x)
       if (!group_kept[e / gs]) biased[e] = -INFINITY;
-    __syncwarp();
+    __syncthreads();
   }
-  for (int round = 0; round < top_k; ++round) {
-    unsigned long long best = 0;
-    for (int e = lane; e < E; e += kWarp) {
-      if (taken[e]) continue;
-      const unsigned long long key = argmax_key(biased[e], e);
-      best = key > best ? key : best;
+  for (int e = tid; e < E; e += blockDim.x) keys[e] = argmax_key(biased[e], e);
+  __syncthreads();
+  for (int e = tid; e < E; e += blockDim.x) {
+    const unsigned long long mine = keys[e];
+    int rank = 0;
+    for (int o = 0; o < E; ++o) rank += keys[o] > mine;
+    if (rank < top_k) {
+      idx[rank] = e;
+      chosen_s[rank] = s[e];
     }
-    best = warp_max_u64(best);
-    const int e = static_cast<int>(~static_cast<uint32_t>(best & 0xffffffffull));
-    if (lane == 0) {
-      taken[e] = 1;
-      idx[round] = e;
-      chosen_s[round] = s[e];
-    }
-    __syncwarp();
   }
-  if (lane == 0) {
+  __syncthreads();
+  if (tid == 0) {
     float sum = 0.0f;
     for (int i = 0; i < top_k; ++i) sum = __fadd_rn(sum, chosen_s[i]);
     for (int i = 0; i < top_k; ++i) weights[i] = __fmul_rn(__fdiv_rn(chosen_s[i], sum), scaling);
@@ -275,7 +448,15 @@ __global__ void __launch_bounds__(kScoreThreads)
   float* q_s = smem;                                          // [n_heads][D + 4]
   float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads]
   float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
-  for (int i = threadIdx.x; i < n_heads * D; i += blockDim.x) q_s[(i / D) * qstride + i % D] = q[i];
+  // 16-byte loads, unrolled so that many are in flight (a scalar loop here was a chain of
+  // dependent round trips). D % 4 == 0, and q is 16-byte aligned (checked at launch).
+  const int q_vecs = n_heads * D / 4;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(q) + i);
+    const int h = (4 * i) / D, c = (4 * i) % D;
+    *reinterpret_cast<float4*>(q_s + static_cast<size_t>(h) * qstride + c) = v;
+  }
   for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
   __syncthreads();
   const int warp = threadIdx.x / kWarp;
@@ -290,11 +471,17 @@ __global__ void __launch_bounds__(kScoreThreads)
         if (j0 + p < max_pools) scores[j0 + p] = -INFINITY;
       continue;
     }
-    for (int i = lane; i < kPoolsPerWarp * D; i += kWarp) {
-      const int p = i / D;
-      const int c = i % D;
-      my_keys[c * kPoolsPerWarp + p] =
-          (j0 + p < n_cand) ? pool_keys[static_cast<size_t>(j0 + p) * D + c] : 0.0f;
+#pragma unroll 4
+    for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
+      const int p = (4 * i) / D;
+      const int c = (4 * i) % D;
+      const float4 k4 = (j0 + p < n_cand)
+                            ? __ldg(reinterpret_cast<const float4*>(pool_keys + static_cast<size_t>(j0 + p) * D + c))
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      my_keys[(c + 0) * kPoolsPerWarp + p] = k4.x;
+      my_keys[(c + 1) * kPoolsPerWarp + p] = k4.y;
+      my_keys[(c + 2) * kPoolsPerWarp + p] = k4.z;
+      my_keys[(c + 3) * kPoolsPerWarp + p] = k4.w;
     }
     __syncwarp();
     float total[kPoolsPerWarp] = {};
@@ -459,21 +646,39 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
-  rmsnorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, y, n, eps);
+  switch (norm_vecs(n, {x, w, y})) {
+    case 1: rmsnorm_vec_kernel<1><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
+    case 2: rmsnorm_vec_kernel<2><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
+    case 3: rmsnorm_vec_kernel<3><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
+    case 4: rmsnorm_vec_kernel<4><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
+    default: rmsnorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, y, n, eps);
+  }
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token, const bf16* w, bf16* y,
                    int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
-  embed_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps);
+  switch (norm_vecs(n, {table, w, y})) {
+    case 1: embed_rmsnorm_vec_kernel<1><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
+    case 2: embed_rmsnorm_vec_kernel<2><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
+    case 3: embed_rmsnorm_vec_kernel<3><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
+    case 4: embed_rmsnorm_vec_kernel<4><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
+    default: embed_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps);
+  }
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
                float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
-  layernorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps);
+  switch (norm_vecs(n, {x, w, b, y})) {
+    case 1: layernorm_vec_kernel<1><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
+    case 2: layernorm_vec_kernel<2><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
+    case 3: layernorm_vec_kernel<3><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
+    case 4: layernorm_vec_kernel<4><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
+    default: layernorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps);
+  }
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -484,7 +689,13 @@ void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16*
 void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
                           bf16* normed, int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
-  residual_add_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps);
+  switch (norm_vecs(n, {x, delta, y, w, normed})) {
+    case 1: residual_add_rmsnorm_vec_kernel<1><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
+    case 2: residual_add_rmsnorm_vec_kernel<2><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
+    case 3: residual_add_rmsnorm_vec_kernel<3><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
+    case 4: residual_add_rmsnorm_vec_kernel<4><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
+    default: residual_add_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps);
+  }
   MTP_CUDA_LAUNCH_CHECK();
 }
 void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n) {
@@ -518,12 +729,12 @@ void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int
                 "ops::cuda::moe_route: bad group limit (num_experts ", num_experts, ", n_group ", n_group,
                 ", topk_group ", topk_group, ", top_k ", top_k, ")");
   }
-  const size_t smem =
-      sizeof(float) * (2 * static_cast<size_t>(num_experts) + top_k + n_group) + num_experts + n_group;
+  const size_t smem = sizeof(unsigned long long) * (static_cast<size_t>(num_experts) + n_group) +
+                      sizeof(float) * (2 * static_cast<size_t>(num_experts) + top_k) + n_group;
   MTP_REQUIRE(smem <= 48 * 1024, "ops::cuda::moe_route: ", num_experts,
               " experts exceed the router's shared memory");
-  moe_route_kernel<<<1, kWarp, smem, ctx.stream>>>(logits, bias, num_experts, top_k, n_group, topk_group,
-                                                   scaling, idx, weights);
+  moe_route_kernel<<<1, kRouteThreads, smem, ctx.stream>>>(logits, bias, num_experts, top_k, n_group,
+                                                           topk_group, scaling, idx, weights);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -549,6 +760,8 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
     MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
   }
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(pool_keys) % 16 == 0,
+              "ops::cuda::indexer_scores: q and pool_keys must be 16-byte aligned");
   const int pools_per_block = kScoreWarps * kPoolsPerWarp;
   const int grid =
       std::max(1, std::min((max_pools + pools_per_block - 1) / pools_per_block, ctx.num_sms * 4));
