@@ -1,15 +1,30 @@
 // mtplab_bench_kernels: event-timed benchmarks of the CUDA backend's memory-bound ops at the
 // glm5.3-flash shapes, against the measured device-to-device copy bandwidth (the ceiling).
 //
-//   mtplab_bench_kernels [--out DIR] [--reps N] [--only SUBSTRING] [--device D]
+//   mtplab_bench_kernels [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D]
+//                        [--graph-launches R]
 //
-// Method (METHOD.md): inputs are random (never zeros); every op is warmed up, then timed one call
-// at a time between two CUDA events, many times; a spin kernel is queued ahead of each batch so
-// the host has enqueued the whole batch before the GPU reaches it (no launch gaps inside a
-// measurement); each case rotates over enough copies of its inputs (>= 512 MB in all) that L2
-// (60 MB) cannot hold them between calls. Bytes are the fewest the op must move (each input
-// read once, each output written once); bandwidth = bytes / median time. Prints a table and
-// writes DIR/bench_kernels.csv (one row per case) and DIR/bench_kernels_samples.csv (every time).
+// Method (METHOD.md): inputs are random (never zeros); each case rotates over enough copies of its
+// inputs (>= 512 MB in all) that L2 (60 MB) cannot hold them between calls; a spin kernel is
+// queued ahead of each batch of measurements so the host has enqueued the whole batch before the
+// GPU reaches it (no launch gaps inside a measurement). Each op is timed in two modes, N samples
+// each, after a warm-up:
+// - single: one call between two CUDA events. What the op costs on its own, launch included:
+//   for small kernels this carries a fixed event / launch cost of several microseconds (the
+//   figures kept for continuity with the earlier tables).
+// - graph (R > 0, default 20): R consecutive calls, call i on input copy i mod copies as in the
+//   single mode, recorded into one CUDA graph (Backend::begin_capture / end_capture); one replay
+//   between two events, per-call time = elapsed / R (1/R of the graph's own start cost included,
+//   as in a step's graph). What the op costs inside the draft step, which replays its kernels
+//   back to back in a graph; the figure to hold against the copy bandwidth. Graphs cover the
+//   rotation (as many as it takes for the i-th launch to use copy i mod copies across replays);
+//   an op that cannot be captured (it synchronises with the host or allocates) reads "n/a" with
+//   the reason. The copy_d2d ceiling is single large copies and has no graph figure.
+//   --graph-launches 0 turns the mode off.
+// Bytes are the fewest the op must move (each input read once, each output written once);
+// bandwidth = bytes / median time, in each mode. Prints a table with both modes side by side and
+// writes DIR/bench_kernels.csv (one row per case, single then graph columns) and
+// DIR/bench_kernels_samples.csv (every sample, with its mode).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,6 +36,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -94,13 +111,7 @@ struct Options {
   int warmup = 10;
   std::string only;
   int device = 0;
-};
-
-struct Result {
-  std::string name, shape;
-  double bytes = 0;
-  std::vector<double> us;  // per call
-  double median = 0, p10 = 0, p90 = 0, min = 0;
+  int graph_launches = 20;  // R: launches per captured graph in the graph mode; 0 turns the mode off
 };
 
 double quantile(const std::vector<double>& sorted, double q) {
@@ -110,6 +121,32 @@ double quantile(const std::vector<double>& sorted, double q) {
   const double f = pos - static_cast<double>(i);
   return i + 1 < sorted.size() ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[i];
 }
+
+/// The samples of one mode (microseconds per launch of the op) and their summary.
+struct Stats {
+  std::vector<double> us;
+  double median = 0, p10 = 0, p90 = 0, min = 0;
+
+  void summarise() {
+    std::vector<double> sorted = us;
+    std::sort(sorted.begin(), sorted.end());
+    median = quantile(sorted, 0.5);
+    p10 = quantile(sorted, 0.1);
+    p90 = quantile(sorted, 0.9);
+    min = sorted.empty() ? 0 : sorted.front();
+  }
+};
+
+struct Result {
+  std::string name, shape;
+  double bytes = 0;
+  Stats single;          // one launch between two events
+  Stats graph;           // one replay of a graph of R launches between two events, / R (empty: no figure)
+  std::string graph_na;  // why the graph mode has no figure for this case ("" when it has one or is off)
+  bool has_graph() const { return !graph.us.empty(); }
+};
+
+double gbps_of(double bytes, double us) { return us > 0 ? bytes / (us * 1e-6) / 1e9 : 0; }
 
 class Bench {
  public:
@@ -167,63 +204,145 @@ class Bench {
     return opt_.only.empty() || name.find(opt_.only) != std::string::npos;
   }
 
-  /// Times `call(i)` (i = rep index, for rotation) opt_.reps times.
-  void measure(const std::string& name, const std::string& shape, double bytes,
-               const std::function<void(int)>& call) {
+  /// Times `call(i)` (i = launch index, for rotation) in both modes, opt_.reps samples each.
+  /// `period`: call(i) depends on i only through i % period (the number of input copies it rotates
+  /// over; 1 when it has none). `no_graph`: why this case has no graph figure (null: it has one).
+  void measure(const std::string& name, const std::string& shape, double bytes, int period,
+               const std::function<void(int)>& call, const char* no_graph = nullptr) {
+    MTP_REQUIRE(period >= 1, "bench_kernels: ", name, ": rotation period ", period);
     Result r;
     r.name = name;
     r.shape = shape;
     r.bytes = bytes;
+    // Single launches: call(0 .. warmup-1), then call(rep) between two events.
     for (int i = 0; i < opt_.warmup; ++i) call(i);
     MTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    timed_batches([&](int rep) { call(rep); }, 1, r.single);
+    if (opt_.graph_launches > 0) {
+      if (no_graph) {
+        r.graph_na = no_graph;
+      } else {
+        measure_graph(period, call, r);
+      }
+    }
+    results_.push_back(std::move(r));
+    print_row(results_.back());
+  }
+
+  void set_ceiling(double gbps) { copy_gbps_ = gbps; }
+  double ceiling() const { return copy_gbps_; }
+  int graph_launches() const { return opt_.graph_launches; }
+  const std::vector<Result>& results() const { return results_; }
+
+  void print_header() const {
+    if (opt_.graph_launches > 0) {
+      std::printf("single: one launch between two events; graph: a CUDA graph of %d consecutive launches "
+                  "replayed between two events, per launch = replay / %d\n",
+                  opt_.graph_launches, opt_.graph_launches);
+    } else {
+      std::printf("single: one launch between two events; graph mode off (--graph-launches 0)\n");
+    }
+    std::printf("%-34s %-26s %10s %9s %9s %9s %9s %9s %9s %11s %10s %12s %11s\n", "op", "shape", "MB",
+                "single_us", "s_p10", "s_p90", "graph_us", "g_p10", "g_p90", "GB/s_single", "GB/s_graph",
+                "%copy_single", "%copy_graph");
+  }
+  void print_row(const Result& r) const {
+    const double gs = gbps_of(r.bytes, r.single.median);
+    const double gg = r.has_graph() ? gbps_of(r.bytes, r.graph.median) : 0;
+    const char* none = opt_.graph_launches > 0 ? "n/a" : "-";
+    auto num = [&](bool have, const char* fmt, double v) {
+      char buf[32];
+      if (have) {
+        std::snprintf(buf, sizeof buf, fmt, v);
+      } else {
+        std::snprintf(buf, sizeof buf, "%s", none);
+      }
+      return std::string(buf);
+    };
+    const bool g = r.has_graph();
+    std::printf("%-34s %-26s %10.2f %9.2f %9.2f %9.2f %9s %9s %9s %11.0f %10s %11.1f%% %11s", r.name.c_str(),
+                r.shape.c_str(), r.bytes / 1e6, r.single.median, r.single.p10, r.single.p90,
+                num(g, "%.2f", r.graph.median).c_str(), num(g, "%.2f", r.graph.p10).c_str(),
+                num(g, "%.2f", r.graph.p90).c_str(), gs, num(g, "%.0f", gg).c_str(),
+                copy_gbps_ > 0 ? 100.0 * gs / copy_gbps_ : 0.0,
+                num(g, "%.1f%%", copy_gbps_ > 0 ? 100.0 * gg / copy_gbps_ : 0.0).c_str());
+    if (!r.graph_na.empty()) std::printf("  graph n/a: %s", r.graph_na.c_str());
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+ private:
+  /// opt_.reps samples of `one(rep)` between two events, in batches of 50 behind a spin kernel
+  /// (5 ms: the host queues the whole batch meanwhile, so there is no launch gap inside a
+  /// measurement); each sample is the elapsed time / `per`, in microseconds.
+  void timed_batches(const std::function<void(int)>& one, int per, Stats& s) {
     constexpr int kBatch = 50;
     std::vector<cudaEvent_t> ev(2 * kBatch);
     for (auto& e : ev) MTP_CUDA_CHECK(cudaEventCreate(&e));
     for (int done = 0; done < opt_.reps;) {
       const int n = std::min(kBatch, opt_.reps - done);
-      spin_kernel<<<1, 1, 0, stream_>>>(5'000'000);  // 5 ms: the host queues the batch meanwhile
+      spin_kernel<<<1, 1, 0, stream_>>>(5'000'000);
       MTP_CUDA_LAUNCH_CHECK();
       for (int i = 0; i < n; ++i) {
         MTP_CUDA_CHECK(cudaEventRecord(ev[2 * i], stream_));
-        call(done + i);
+        one(done + i);
         MTP_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], stream_));
       }
       MTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
       for (int i = 0; i < n; ++i) {
         float ms = 0;
         MTP_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-        r.us.push_back(ms * 1e3);
+        s.us.push_back(ms * 1e3 / per);
       }
       done += n;
     }
     for (auto& e : ev) cudaEventDestroy(e);
-    std::vector<double> sorted = r.us;
-    std::sort(sorted.begin(), sorted.end());
-    r.median = quantile(sorted, 0.5);
-    r.p10 = quantile(sorted, 0.1);
-    r.p90 = quantile(sorted, 0.9);
-    r.min = sorted.front();
-    results_.push_back(r);
-    print_row(results_.back());
+    s.summarise();
   }
 
-  void set_ceiling(double gbps) { copy_gbps_ = gbps; }
-  double ceiling() const { return copy_gbps_; }
-  const std::vector<Result>& results() const { return results_; }
-
-  static void print_header() {
-    std::printf("%-34s %-26s %10s %9s %9s %9s %9s %7s\n", "op", "shape", "MB", "med_us", "p10_us", "p90_us",
-                "GB/s", "%copy");
+  /// The graph mode. Graph g records the launches call(g*R) .. call(g*R + R-1); G graphs with G*R
+  /// a multiple of `period`, replayed 0, 1, .., G-1, 0, .., so the launches go through the input
+  /// copies in the same order as the single launches do and no copy is reused sooner. A case whose
+  /// capture fails (an op that synchronises with the host or allocates) gets graph_na, not an
+  /// error; a failure while replaying is an error, as in the single mode.
+  void measure_graph(int period, const std::function<void(int)>& call, Result& r) {
+    const int R = opt_.graph_launches;
+    const int G = period / std::gcd(period, R);
+    std::vector<std::unique_ptr<ops::Graph>> graphs;
+    MTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    try {
+      for (int g = 0; g < G; ++g) {
+        be_.begin_capture();
+        try {
+          for (int j = 0; j < R; ++j) call(g * R + j);
+        } catch (...) {
+          try {
+            (void)be_.end_capture();  // closes the (invalidated) capture so the stream is usable again
+          } catch (...) {
+          }
+          throw;
+        }
+        graphs.push_back(be_.end_capture());
+      }
+    } catch (const mtplab::Error& e) {
+      r.graph_na = "not capturable: " + e.message();
+    } catch (const std::exception& e) {
+      r.graph_na = std::string("not capturable: ") + e.what();
+    }
+    if (!r.graph_na.empty()) {
+      cudaGetLastError();  // the capture's error is not sticky: clear it, then check the stream
+      MTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      return;
+    }
+    int next = 0;
+    auto replay = [&](int) { graphs[static_cast<size_t>(next++ % G)]->launch(); };
+    for (int g = 0; g < G; ++g) replay(0);  // the first launch of an executable also uploads it
+    for (int i = 0; i < opt_.warmup; ++i) replay(0);
+    MTP_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    timed_batches(replay, R, r.graph);
+    graphs.clear();
   }
-  void print_row(const Result& r) const {
-    const double gbps = r.bytes / (r.median * 1e-6) / 1e9;
-    std::printf("%-34s %-26s %10.2f %9.2f %9.2f %9.2f %9.0f %6.1f%%\n", r.name.c_str(), r.shape.c_str(),
-                r.bytes / 1e6, r.median, r.p10, r.p90, gbps,
-                copy_gbps_ > 0 ? 100.0 * gbps / copy_gbps_ : 0.0);
-    std::fflush(stdout);
-  }
 
- private:
   const Options& opt_;
   ops::Backend& be_;
   cudaStream_t stream_ = nullptr;
@@ -258,13 +377,15 @@ void run_all(Bench& b, ops::Backend& be) {
     void* src = b.alloc(bytes);
     void* dst = b.alloc(bytes);
     MTP_CUDA_CHECK(cudaMemsetAsync(src, 0x5a, bytes, st));
-    b.measure("copy_d2d (ceiling)", "2 x 1 GiB", 2.0 * bytes,
-              [&](int) { MTP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)); });
+    b.measure(
+        "copy_d2d (ceiling)", "2 x 1 GiB", 2.0 * bytes, 1,
+        [&](int) { MTP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)); },
+        "the ceiling is single large copies");
     const Result& r = b.results().back();
-    b.set_ceiling(r.bytes / (r.median * 1e-6) / 1e9);
+    b.set_ceiling(gbps_of(r.bytes, r.single.median));
     auto* sink = static_cast<unsigned int*>(b.alloc(4));
     if (b.selected("read_only")) {
-      b.measure("read_only (reference)", "1 GiB", static_cast<double>(bytes), [&](int) {
+      b.measure("read_only (reference)", "1 GiB", static_cast<double>(bytes), 1, [&](int) {
         read_sum_kernel<<<4 * 132 * 8, 256, 0, st>>>(static_cast<const uint4*>(src), bytes / 16, sink);
         MTP_CUDA_LAUNCH_CHECK();
       });
@@ -294,7 +415,7 @@ void run_all(Bench& b, ops::Backend& be) {
     bf16* x = b.rand_bf16(l.k);
     const bool f32 = std::string(l.name).find("f32") != std::string::npos;
     void* y = b.alloc(static_cast<size_t>(l.n) * 4);
-    b.measure(l.name, dims({l.n, l.k}), wbytes + 2.0 * l.k + (f32 ? 4.0 : 2.0) * l.n, [&](int i) {
+    b.measure(l.name, dims({l.n, l.k}), wbytes + 2.0 * l.k + (f32 ? 4.0 : 2.0) * l.n, rot, [&](int i) {
       if (f32) {
         be.linear_f32(W[i % rot], x, static_cast<float*>(y), 1, l.n, l.k);
       } else {
@@ -316,7 +437,7 @@ void run_all(Bench& b, ops::Backend& be) {
     for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(n) * k);
     bf16* x = b.rand_bf16(static_cast<size_t>(rows) * k);
     bf16* y = static_cast<bf16*>(b.alloc(static_cast<size_t>(rows) * n * 2));
-    b.measure(name, dims({rows, n, k}), wbytes + 2.0 * rows * (k + n),
+    b.measure(name, dims({rows, n, k}), wbytes + 2.0 * rows * (k + n), rot,
               [&](int i) { be.linear(W[i % rot], x, y, rows, n, k, m.mode); });
     b.release_all();
   }
@@ -345,7 +466,7 @@ void run_all(Bench& b, ops::Backend& be) {
       std::array<void*, 5> y;
       for (int j = 0; j < 5; ++j) y[j] = b.alloc(static_cast<size_t>(ns[j]) * 4);
       if (b.selected(sep)) {
-        b.measure(sep, shape, wbytes + 2.0 * kH + ybytes, [&](int i) {
+        b.measure(sep, shape, wbytes + 2.0 * kH + ybytes, rot, [&](int i) {
           const auto& w = W[i % rot];
           for (int j = 0; j < 5; ++j) {
             if (f32s[j]) {
@@ -358,7 +479,7 @@ void run_all(Bench& b, ops::Backend& be) {
         });
       }
       if (b.selected(grp)) {
-        b.measure(grp, shape, wbytes + 2.0 * kH + ybytes, [&](int i) {
+        b.measure(grp, shape, wbytes + 2.0 * kH + ybytes, rot, [&](int i) {
           const auto& w = W[i % rot];
           ops::LinearOut outs[5];
           for (int j = 0; j < 5; ++j) outs[j] = {w[j], y[j], ns[j], f32s[j], j == 4 ? w_scale : 1.0f};
@@ -376,13 +497,14 @@ void run_all(Bench& b, ops::Backend& be) {
       bf16* nrm = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kH)));
       const double bytes = 2.0 * kH + 4.0 * kH + 2.0 * kH + 2.0 * kH + 2.0 * kH;  // x, delta, w, y, normed
       if (b.selected(rsep)) {
-        b.measure(rsep, dims({kH}), bytes, [&](int) {
+        b.measure(rsep, dims({kH}), bytes, 1, [&](int) {
           be.residual_add(x, delta, y, kH);
           be.rmsnorm(y, w, nrm, 1, kH, 1e-5f);
         });
       }
       if (b.selected(rgrp)) {
-        b.measure(rgrp, dims({kH}), bytes, [&](int) { be.residual_add_rmsnorm(x, delta, y, w, nrm, kH, 1e-5f); });
+        b.measure(rgrp, dims({kH}), bytes, 1,
+                  [&](int) { be.residual_add_rmsnorm(x, delta, y, w, nrm, kH, 1e-5f); });
       }
       b.release_all();
     }
@@ -397,7 +519,7 @@ void run_all(Bench& b, ops::Backend& be) {
     float* scale = b.rand_f32(n, 0.5f / 448, 1.5f / 448);
     bf16* x = b.rand_bf16(k);
     bf16* y = static_cast<bf16*>(b.alloc(static_cast<size_t>(n) * 2));
-    b.measure("linear_fp8 eh_proj", dims({n, k}), wbytes + 2.0 * k + 2.0 * n,
+    b.measure("linear_fp8 eh_proj", dims({n, k}), wbytes + 2.0 * k + 2.0 * n, rot,
               [&](int i) { be.linear_fp8(W[i % rot], scale, x, y, 1, n, k); });
     b.release_all();
   }
@@ -423,7 +545,7 @@ void run_all(Bench& b, ops::Backend& be) {
     bf16* x = b.rand_bf16(kH);
     bf16* logits = with_logits ? static_cast<bf16*>(b.alloc(static_cast<size_t>(kV) * 2)) : nullptr;
     auto* out = static_cast<ops::ArgMax*>(b.alloc(sizeof(ops::ArgMax)));
-    b.measure(names[variant], dims({kV, kH}), wbytes + 2.0 * kH + (with_logits ? 2.0 * kV : 0.0),
+    b.measure(names[variant], dims({kV, kH}), wbytes + 2.0 * kH + (with_logits ? 2.0 * kV : 0.0), rot,
               [&](int i) { be.head_argmax(W[i % rot], W8[i % rot], scale, x, kV, kH, 0, logits, out); });
     b.release_all();
   }
@@ -433,7 +555,7 @@ void run_all(Bench& b, ops::Backend& be) {
     std::vector<bf16*> L(rot);
     for (auto& l : L) l = b.rand_bf16(kV, -10.0f, 10.0f);
     auto* out = static_cast<ops::ArgMax*>(b.alloc(sizeof(ops::ArgMax)));
-    b.measure("argmax logits", dims({kV}), 2.0 * kV, [&](int i) { be.argmax(L[i % rot], kV, 0, out); });
+    b.measure("argmax logits", dims({kV}), 2.0 * kV, rot, [&](int i) { be.argmax(L[i % rot], kV, 0, out); });
     b.release_all();
   }
 
@@ -443,7 +565,7 @@ void run_all(Bench& b, ops::Backend& be) {
     float* bias = b.rand_f32(kExperts, -0.1f, 0.1f);
     auto* idx = static_cast<int32_t*>(b.alloc(4 * kExpertTopK));
     float* w = static_cast<float*>(b.alloc(4 * kExpertTopK));
-    b.measure("moe_route", dims({kExperts}) + " top 8", 8.0 * kExperts,
+    b.measure("moe_route", dims({kExperts}) + " top 8", 8.0 * kExperts, 1,
               [&](int) { be.moe_route(logits, bias, kExperts, kExpertTopK, 1, 1, 2.5f, idx, w); });
     b.release_all();
   }
@@ -471,7 +593,7 @@ void run_all(Bench& b, ops::Backend& be) {
     float* out = static_cast<float*>(b.alloc(4 * kH));
     const ops::ExpertWeights ew{gate, up, down, 0, kExperts, kH, kInter};
     b.measure("moe_experts 8 of 288", dims({kExpertTopK, 3, kInter, kH}),
-              3.0 * kExpertTopK * per * 2 + 2.0 * kH + 4.0 * kH, [&](int i) {
+              3.0 * kExpertTopK * per * 2 + 2.0 * kH + 4.0 * kH, sets, [&](int i) {
                 be.moe_experts(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK, 10.0f, out);
               });
     b.release_all();
@@ -488,7 +610,7 @@ void run_all(Bench& b, ops::Backend& be) {
     float* w = b.rand_f32(kIndexHeads, -0.2f, 0.2f);
     int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
     float* scores = static_cast<float*>(b.alloc(sizeof(float) * pools));
-    b.measure("indexer_scores", dims({pools, kIndexHeads, kIndexDim}), kbytes + 4.0 * pools, [&](int i) {
+    b.measure("indexer_scores", dims({pools, kIndexHeads, kIndexDim}), kbytes + 4.0 * pools, rot, [&](int i) {
       be.indexer_scores(q, w, keys[i % rot], pos, scores, kIndexHeads, kIndexDim, kPool, pools);
     });
     b.release_all();
@@ -499,7 +621,7 @@ void run_all(Bench& b, ops::Backend& be) {
     for (auto& s : scores) s = b.rand_f32(pools);
     int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
     auto* sel = static_cast<int32_t*>(b.alloc(4 * (kTopK + kPool - 1)));
-    b.measure("indexer_select top 512", dims({pools}), 4.0 * pools + 4.0 * (kTopK + kPool - 1),
+    b.measure("indexer_select top 512", dims({pools}), 4.0 * pools + 4.0 * (kTopK + kPool - 1), rot,
               [&](int i) { be.indexer_select(scores[i % rot], pos, sel, kTopK, kPool, pools); });
     b.release_all();
   }
@@ -515,10 +637,10 @@ void run_all(Bench& b, ops::Backend& be) {
     bf16* o = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kHeads) * kHeadDim));
     const double half = 2.0 * kvb_elems / 2;
     if (b.selected("mla_absorb_q"))
-      b.measure("mla_absorb_q", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
+      b.measure("mla_absorb_q", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora), rot,
                 [&](int i) { be.mla_absorb_q(q, W[i % rot], q_abs, kHeads, kHeadDim, kHeadDim, kKvLora); });
     if (b.selected("mla_out_v"))
-      b.measure("mla_out_v", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
+      b.measure("mla_out_v", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora), rot,
                 [&](int i) { be.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
     b.release_all();
   }
@@ -545,7 +667,7 @@ void run_all(Bench& b, ops::Backend& be) {
     bf16* o_lat = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kHeads) * kKvLora));
     const float scale = elem == 2 ? 1.0f : 1.0f / 448;
     b.measure(name, dims({width, kHeads, kKvLora}),
-              static_cast<double>(width) * kKvLora * elem + 4.0 * kHeads * kKvLora, [&](int i) {
+              static_cast<double>(width) * kKvLora * elem + 4.0 * kHeads * kKvLora, rot, [&](int i) {
                 const ops::KvCache cache{caches[i % rot], dtype, scale, num_blocks, block_size, kKvLora};
                 be.mla_decode(q_abs, selection, width, block_table, cache, o_lat, kHeads, 1.0f / 16.0f);
               });
@@ -557,9 +679,16 @@ void run_all(Bench& b, ops::Backend& be) {
     bf16* x = b.rand_bf16(kH);
     bf16* w = b.rand_bf16(kH, 0.5f, 1.5f);
     bf16* y = static_cast<bf16*>(b.alloc(2 * kH));
-    b.measure("rmsnorm", dims({kH}), 6.0 * kH, [&](int) { be.rmsnorm(x, w, y, 1, kH, 1e-5f); });
+    b.measure("rmsnorm", dims({kH}), 6.0 * kH, 1, [&](int) { be.rmsnorm(x, w, y, 1, kH, 1e-5f); });
     b.release_all();
   }
+}
+
+/// A CSV field in double quotes (a quote inside doubled).
+std::string quoted(const std::string& v) {
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + '"';
 }
 
 void write_csv(const Bench& b, const std::string& dir, const std::string& device) {
@@ -567,25 +696,46 @@ void write_csv(const Bench& b, const std::string& dir, const std::string& device
   std::ofstream f(dir + "/bench_kernels.csv");
   MTP_REQUIRE(f, "cannot write ", dir, "/bench_kernels.csv");
   f << "# mtplab_bench_kernels git " << mtplab::git_sha() << (mtplab::git_dirty() ? "-dirty" : "")
-    << " device " << device << " copy_GBps " << b.ceiling() << "\n";
-  f << "op,shape,bytes,reps,median_us,p10_us,p90_us,min_us,GBps,frac_of_copy\n";
+    << " device " << device << " copy_GBps " << b.ceiling() << " graph_launches " << b.graph_launches()
+    << "\n";
+  // The single-launch columns first, as before; the graph columns (per launch) are empty where the
+  // case has no graph figure, and graph_note says why.
+  f << "op,shape,bytes,reps,median_us,p10_us,p90_us,min_us,GBps,frac_of_copy,"
+       "graph_launches,graph_reps,graph_median_us,graph_p10_us,graph_p90_us,graph_min_us,graph_GBps,"
+       "graph_frac_of_copy,graph_note\n";
   for (const Result& r : b.results()) {
-    const double gbps = r.bytes / (r.median * 1e-6) / 1e9;
-    f << '"' << r.name << "\",\"" << r.shape << "\"," << r.bytes << ',' << r.us.size() << ',' << r.median
-      << ',' << r.p10 << ',' << r.p90 << ',' << r.min << ',' << gbps << ','
-      << (b.ceiling() > 0 ? gbps / b.ceiling() : 0) << "\n";
+    const double gbps = gbps_of(r.bytes, r.single.median);
+    f << quoted(r.name) << ',' << quoted(r.shape) << ',' << r.bytes << ',' << r.single.us.size() << ','
+      << r.single.median << ',' << r.single.p10 << ',' << r.single.p90 << ',' << r.single.min << ',' << gbps
+      << ',' << (b.ceiling() > 0 ? gbps / b.ceiling() : 0) << ',' << b.graph_launches() << ',';
+    if (r.has_graph()) {
+      const double g = gbps_of(r.bytes, r.graph.median);
+      f << r.graph.us.size() << ',' << r.graph.median << ',' << r.graph.p10 << ',' << r.graph.p90 << ','
+        << r.graph.min << ',' << g << ',' << (b.ceiling() > 0 ? g / b.ceiling() : 0) << ',';
+    } else {
+      f << "0,,,,,,,";
+    }
+    f << quoted(b.graph_launches() > 0 ? r.graph_na : "off") << "\n";
   }
+  MTP_REQUIRE(f, "cannot write ", dir, "/bench_kernels.csv");
+  // Every sample; mode graph: one replay of graph_launches launches / graph_launches.
   std::ofstream s(dir + "/bench_kernels_samples.csv");
-  s << "op,rep,us\n";
-  for (const Result& r : b.results())
-    for (size_t i = 0; i < r.us.size(); ++i) s << '"' << r.name << "\"," << i << ',' << r.us[i] << "\n";
+  MTP_REQUIRE(s, "cannot write ", dir, "/bench_kernels_samples.csv");
+  s << "op,rep,us,mode\n";
+  for (const Result& r : b.results()) {
+    for (size_t i = 0; i < r.single.us.size(); ++i)
+      s << quoted(r.name) << ',' << i << ',' << r.single.us[i] << ",single\n";
+    for (size_t i = 0; i < r.graph.us.size(); ++i)
+      s << quoted(r.name) << ',' << i << ',' << r.graph.us[i] << ",graph\n";
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Options opt;
-  mtplab::bench::BenchArgs args(argc, argv, "[--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D]");
+  mtplab::bench::BenchArgs args(
+      argc, argv, "[--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D] [--graph-launches R]");
   while (args.next()) {
     if (args.is("--out")) {
       opt.out = args.value();
@@ -597,6 +747,8 @@ int main(int argc, char** argv) {
       opt.only = args.value();
     } else if (args.is("--device")) {
       opt.device = static_cast<int>(args.integer(0, 1023));
+    } else if (args.is("--graph-launches")) {
+      opt.graph_launches = static_cast<int>(args.integer(0, 1000));
     } else {
       args.unknown();
     }
@@ -610,7 +762,7 @@ int main(int argc, char** argv) {
     std::printf("mtplab_bench_kernels on %s (git %s%s), %d reps per op\n", be->device_name().c_str(),
                 mtplab::git_sha(), mtplab::git_dirty() ? "-dirty" : "", opt.reps);
     Bench bench(opt, *be);
-    Bench::print_header();
+    bench.print_header();
     run_all(bench, *be);
     write_csv(bench, opt.out, be->device_name());
     std::printf("wrote %s/bench_kernels.csv\n", opt.out.c_str());
