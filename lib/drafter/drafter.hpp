@@ -18,6 +18,8 @@
 // scratch), later ones replay a CUDA graph of the whole step per (k, sequence caches); only
 // Phase::propose is timed then (the inner phases are inside the graph). The drafter owns the
 // graphs: destroy it, or call release_graphs(), before the communicator it was built with.
+// context_rows full: a chunk of context rows goes through Block::forward_rows (all rows' caches
+// first, then each row's selection and attention), bit-identical to one Block::forward per row.
 // NCCL: every host read after collectives goes through comm->wait() (bounded by the collective
 // timeout) before the download, never a bare stream synchronise.
 #pragma once
@@ -157,6 +159,7 @@ class MtpDrafter {
   std::unique_ptr<ExchangeBuffers> xchg_;  // the head's (max, argmax) and the pick's buffers
   ops::Array<int32_t> row_tokens_, row_positions_;  // context-row staging
   ops::Array<bf16> row_hiddens_;
+  ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk (context_rows full)
   int row_chunk_ = 0;
   int max_rows_ = 0;
   ops::Array<bf16> head_inputs_;  // [max_draft, H] when keep_head_inputs is on
