@@ -5,7 +5,8 @@
 //   a row reads pools and rows <= its own position only, so it must give bit-identical row
 //   outputs, selections and caches to the per-row loop, also across propose / rollback /
 //   catch-up (stale rows past the length) and across chunk boundaries.
-// - The CPU's batched linear computes exactly what the per-row one does: batched gives the same.
+// - The CPU's batched linear computes exactly what the per-row one does, so with batch_qidx the
+//   check must count every context row and find no difference; the drafts equal the other arms'.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "harness/replay.hpp"
 
 using namespace mtplab;
+using drafter::DrafterOptions;
 
 namespace {
 
@@ -220,6 +222,113 @@ TEST(ForwardRowsLimits, RefusesMoreRowsThanReserved) {
   EXPECT_THROW(rig.block.forward_rows(5, x.data(), pos.data(), rig.cache, x.data(), ops::RowsMode::per_row),
                Error);
   EXPECT_THROW(rig.block.shadow_select_rows(4, pos.data(), rig.cache), Error);  // no shadow buffers
+}
+
+// ---- the drafter: arms and the selection check over a replay ------------------------------------
+
+struct Replayed {
+  std::vector<std::vector<int32_t>> drafts;
+  std::vector<bf16> kv, k_rows;  // the sequence's latent and indexer rows after the replay
+  int64_t context_rows = 0;      // rows append_rows wrote (prefill and catch-up)
+  drafter::SelectionCheck check;
+};
+
+// The replay of harness/replay.hpp, keeping the sequence state to read its caches at the end.
+Replayed replay(const DrafterOptions& opt, const model::ModelConfig& cfg, model::MtpWeights& w,
+                const io::TraceSequence& seq, int k) {
+  auto be = ops::make_cpu_backend();
+  auto d = drafter::make_drafter(*be, nullptr, cfg, w, opt);
+  const int H = cfg.hidden, N = static_cast<int>(seq.tokens.size()), P = seq.prompt_length;
+  auto hidden_row = [&](int r) { return seq.hiddens.data() + static_cast<size_t>(r) * H; };
+  Replayed out;
+  auto st = d->new_sequence();
+  d->append_rows(*st, seq.tokens.data() + 1, hidden_row(0), P - 1, 0);
+  out.context_rows += P - 1;
+  int L = P;
+  while (L + k <= N - 1) {
+    out.drafts.push_back(d->propose(*st, seq.tokens[L], hidden_row(L - 1), k));
+    const std::vector<int32_t> targets(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + k);
+    const int a = harness::accepted_prefix(out.drafts.back(), targets);
+    d->after_verify(*st, a);
+    const int from = st->seq_len(), n = L + a - from;
+    d->append_rows(*st, seq.tokens.data() + from + 1, hidden_row(from), n, from, drafter::Phase::catch_up);
+    out.context_rows += n;
+    L += a + 1;
+  }
+  const size_t rows = static_cast<size_t>(st->seq_len());
+  out.kv.resize(rows * cfg.kv_lora_rank);
+  be->download(out.kv.data(), st->cache.kv().data, out.kv.size() * sizeof(bf16));  // identity block table
+  out.k_rows.resize(rows * cfg.index_head_dim);
+  be->download(out.k_rows.data(), st->cache.k_cache.data(), out.k_rows.size() * sizeof(bf16));
+  out.check = d->selection_check();
+  return out;
+}
+
+TEST(BatchQidx, SameDraftsAndCachesAndNoSelectionDifferenceOnTheCpu) {
+  // A prompt of 300 tokens: a prefill of 299 rows is two chunks (256 + 43), far past the dense
+  // range (K + P - 1 = 19 rows), so the selections are sparse.
+  const model::ModelConfig cfg = test::tiny_config(512);
+  auto be = ops::make_cpu_backend();
+  const auto seq = test::make_trace(*be, cfg, 1, 300, 40, 5)[0];
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  const int k = 3;
+  DrafterOptions cache_only, full, batched, unchecked;
+  cache_only.max_draft_len = full.max_draft_len = batched.max_draft_len = unchecked.max_draft_len = k;
+  full.context_rows = batched.context_rows = unchecked.context_rows = drafter::ContextRows::full;
+  batched.batch_qidx = unchecked.batch_qidx = true;
+  unchecked.selection_check = false;
+  const Replayed rc = replay(cache_only, cfg, w, seq, k);
+  const Replayed rf = replay(full, cfg, w, seq, k);
+  const Replayed rb = replay(batched, cfg, w, seq, k);
+  const Replayed ru = replay(unchecked, cfg, w, seq, k);
+  ASSERT_GT(rc.drafts.size(), 5u);
+  EXPECT_EQ(rf.drafts, rc.drafts);
+  EXPECT_EQ(rb.drafts, rc.drafts);
+  EXPECT_EQ(ru.drafts, rc.drafts);
+  ASSERT_FALSE(rc.kv.empty());
+  EXPECT_EQ(rf.kv, rc.kv);
+  EXPECT_EQ(rb.kv, rc.kv);
+  EXPECT_EQ(rf.k_rows, rc.k_rows);
+  EXPECT_EQ(rb.k_rows, rc.k_rows);
+  // Every context row (the prefill's P - 1, then each step's catch-up) is checked once.
+  EXPECT_GE(rb.context_rows, seq.prompt_length - 1);
+  EXPECT_EQ(rb.check.rows_checked, rb.context_rows);
+  EXPECT_EQ(rb.check.rows_differ, 0);
+  EXPECT_EQ(rb.check.entries_differ, 0);
+  EXPECT_GE(rb.check.rows_multi, seq.prompt_length - 1);  // the prefill chunks at least
+  EXPECT_LE(rb.check.rows_multi, rb.check.rows_checked);
+  // No check without batch_qidx, nor with it switched off.
+  EXPECT_EQ(rf.check.rows_checked, 0);
+  EXPECT_EQ(ru.check.rows_checked, 0);
+  EXPECT_EQ(rc.check.rows_checked, 0);
+}
+
+TEST(BatchQidx, CheckCountsOnlyFullContextRows) {
+  const model::ModelConfig cfg = test::tiny_config(128);
+  auto be = ops::make_cpu_backend();
+  const auto seq = test::make_trace(*be, cfg, 1, 24, 20, 3)[0];
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  DrafterOptions opt;
+  opt.batch_qidx = true;  // context_rows cache_only: nothing to batch, nothing checked
+  auto d = drafter::make_drafter(*be, nullptr, cfg, w, opt);
+  EXPECT_FALSE(d->checks_selection());
+  auto st = d->new_sequence();
+  d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), 20, 0);
+  EXPECT_EQ(d->selection_check().rows_checked, 0);
+  opt.context_rows = drafter::ContextRows::full;
+  auto f = drafter::make_drafter(*be, nullptr, cfg, w, opt);
+  EXPECT_TRUE(f->checks_selection());
+  auto sf = f->new_sequence();
+  f->append_rows(*sf, seq.tokens.data() + 1, seq.hiddens.data(), 20, 0);
+  f->append_rows(*sf, seq.tokens.data() + 21, seq.hiddens.data() + 20 * cfg.hidden, 1, 20,
+                 drafter::Phase::catch_up);
+  EXPECT_EQ(f->selection_check().rows_checked, 21);
+  EXPECT_EQ(f->selection_check().rows_multi, 20);  // the one-row catch-up is a GEMV either way
+  EXPECT_EQ(f->selection_check().rows_differ, 0);
+  f->reset_selection_check();
+  EXPECT_EQ(f->selection_check().rows_checked, 0);
 }
 
 }  // namespace
