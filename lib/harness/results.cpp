@@ -170,8 +170,13 @@ void rebuild_index(H5File& f) {
                                                "propose_ms_median",     "wall_s",
                                                "qidx_check_differ_rate"};
   // qidx_check_*: -1 (NaN for the rate) where the point ran no selection check.
-  const std::vector<std::string> int_cols = {"point",           "steps",          "draft_len", "ranks_agree",
-                                             "repeat_mismatches", "qidx_check_rows", "qidx_check_rows_differ"};
+  const std::vector<std::string> int_cols = {"point",
+                                             "steps",
+                                             "draft_len",
+                                             "ranks_agree",
+                                             "repeat_mismatches",
+                                             "qidx_check_rows",
+                                             "qidx_check_rows_differ"};
   // Every other arm and swept axis is a string column; a name is a column once.
   std::vector<std::string> string_cols = {"name", "status", "label"};
   auto taken = [&](const std::string& c) {
