@@ -60,6 +60,19 @@ BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
   be.upload(shared_w.data(), &one, sizeof one);
 }
 
+RowsScratch::RowsScratch(ops::Backend& be, const BlockDims& d, int rows, bool shadow)
+    : max_rows(rows),
+      cq(be, static_cast<size_t>(rows) * d.q_lora),
+      q(be, static_cast<size_t>(rows) * d.n_heads_local * d.qk_nope),
+      w_idx(be, static_cast<size_t>(rows) * d.index_heads),
+      q_idx(be, static_cast<size_t>(rows) * d.index_heads * d.index_dim),
+      selection(be, static_cast<size_t>(rows) * d.selection_width()) {
+  if (shadow) {
+    shadow_q_idx = ops::Array<float>(be, static_cast<size_t>(rows) * d.index_heads * d.index_dim);
+    shadow_selection = ops::Array<int32_t>(be, static_cast<size_t>(rows) * d.selection_width());
+  }
+}
+
 Block::Block(ops::Backend& be, dist::Communicator* comm, BlockDims dims, BlockWeights weights)
     : be_(be), comm_(comm), dims_(dims), w_(std::move(weights)), scratch_(be, dims_) {
   MTP_REQUIRE(dims_.softmax_scale > 0, "block: softmax_scale is not set");
@@ -100,12 +113,10 @@ void Block::write_context_row(const bf16* x, const int32_t* pos, LayerCache& cac
   cache.set_rows(cache.rows() + 1);
 }
 
-void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out) {
+void Block::project_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* cq, bf16* q,
+                        float* w_idx) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
-  MTP_REQUIRE(cache.rows() < d.max_rows, "block: row ", cache.rows(), " is past the capacity of ", d.max_rows,
-              " rows");
-  // ---- attention ----
   be_.rmsnorm(x, w_.input_norm.data(), s.u.data(), 1, d.hidden, d.rms_eps);
   // Every projection of u in one op: q_a, kv_a, indexer wk and gate, and the indexer head weights
   // w = W_w u / sqrt(n_I) (fp32, the scale applied as scale_f32 would: bit-identical).
@@ -114,22 +125,27 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
       {w_.kv_a.data(), s.ckv_pre.data(), d.kv_lora, false, 1.0f},
       {w_.idx_wk.data(), s.k_pre.data(), d.index_dim, false, 1.0f},
       {w_.idx_gate.data(), s.gate.data(), d.index_dim, true, 1.0f},
-      {w_.idx_weights_proj.data(), s.w_idx.data(), d.index_heads, true,
+      {w_.idx_weights_proj.data(), w_idx, d.index_heads, true,
        1.0f / std::sqrt(static_cast<float>(d.index_heads))},
   };
   be_.linear_group(outs, s.u.data(), d.hidden);
-  be_.rmsnorm(s.cq_pre.data(), w_.q_a_norm.data(), s.cq.data(), 1, d.q_lora, d.rms_eps);
-  be_.linear(w_.q_b.data(), s.cq.data(), s.q.data(), 1, d.n_heads_local * d.qk_nope, d.q_lora);
+  be_.rmsnorm(s.cq_pre.data(), w_.q_a_norm.data(), cq, 1, d.q_lora, d.rms_eps);
+  be_.linear(w_.q_b.data(), cq, q, 1, d.n_heads_local * d.qk_nope, d.q_lora);
   write_caches(pos, cache);
-  // Indexer query side: q^I = W_qbI c_q, scores over complete pools.
-  be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
-  be_.indexer_scores(s.q_idx.data(), s.w_idx.data(), cache.pool_keys.data(), pos, s.scores.data(), d.index_heads,
-                     d.index_dim, d.index_kpool, d.max_pools());
-  be_.indexer_select(s.scores.data(), pos, s.selection.data(), d.index_topk, d.index_kpool, d.max_pools());
+}
+
+void Block::finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out, const bf16* q,
+                       const float* w_idx, const float* q_idx, int32_t* selection) {
+  const BlockDims& d = dims_;
+  auto& s = scratch_;
+  // Indexer scores over the complete pools visible at pos, then the top-k selection.
+  be_.indexer_scores(q_idx, w_idx, cache.pool_keys.data(), pos, s.scores.data(), d.index_heads, d.index_dim,
+                     d.index_kpool, d.max_pools());
+  be_.indexer_select(s.scores.data(), pos, selection, d.index_topk, d.index_kpool, d.max_pools());
   // Absorbed sparse MLA over this rank's heads.
   if (d.n_heads_local > 0) {
-    be_.mla_absorb_q(s.q.data(), w_.kv_b.data(), s.q_abs.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
-    be_.mla_decode(s.q_abs.data(), s.selection.data(), d.selection_width(), cache.block_table.data(), cache.kv(),
+    be_.mla_absorb_q(q, w_.kv_b.data(), s.q_abs.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
+    be_.mla_decode(s.q_abs.data(), selection, d.selection_width(), cache.block_table.data(), cache.kv(),
                    s.o_lat.data(), d.n_heads_local, d.softmax_scale);
     be_.mla_out_v(s.o_lat.data(), w_.kv_b.data(), s.o.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
     be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), 1, d.hidden, d.n_heads_local * d.v_head);
@@ -155,7 +171,94 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
   }
   all_reduce(s.moe_partial.data(), d.hidden);
   be_.residual_add(x_out, s.moe_partial.data(), x_out, d.hidden);
+}
+
+void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out) {
+  const BlockDims& d = dims_;
+  auto& s = scratch_;
+  MTP_REQUIRE(cache.rows() < d.max_rows, "block: row ", cache.rows(), " is past the capacity of ", d.max_rows,
+              " rows");
+  project_row(x, pos, cache, s.cq.data(), s.q.data(), s.w_idx.data());
+  // Indexer query side: q^I = W_qbI c_q.
+  be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
+  finish_row(x, pos, cache, x_out, s.q.data(), s.w_idx.data(), s.q_idx.data(), s.selection.data());
   cache.set_rows(cache.rows() + 1);
+}
+
+void Block::reserve_rows(int max_rows, bool shadow) {
+  MTP_REQUIRE(max_rows >= 1, "block: reserve_rows(", max_rows, ")");
+  if (rows_ && rows_->max_rows >= max_rows && (!shadow || rows_->shadow_selection.size() > 0)) return;
+  rows_ = std::make_unique<RowsScratch>(be_, dims_, max_rows, shadow);
+}
+
+// Why all rows' caches may be written (phase A) before any row's selection and attention
+// (phase C), with the same result as one row at a time: row r at position p reads from the
+// caches only through `pos` = p. indexer_scores reads the keys of pools j with jP + P - 1 <= p
+// (a pool key is written when its last row is stored, so rows past p never touch these keys);
+// indexer_select ranks those pools and adds the tail rows up to p; mla_decode reads the latent
+// rows of that selection only, all <= p. The rows p+1 .. of the chunk that phase A wrote early
+// are never read by row r: in the per-row loop those slots held stale rows (or nothing), which
+// row r did not read either. Nothing else row r computes depends on the caches.
+void Block::forward_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
+                         ops::RowsMode qidx_mode) {
+  const BlockDims& d = dims_;
+  MTP_REQUIRE(rows_ && n >= 1 && n <= rows_->max_rows, "block: forward_rows of ", n,
+              " rows, chunk buffers for ", rows_ ? rows_->max_rows : 0, " (reserve_rows first)");
+  MTP_REQUIRE(cache.rows() + n <= d.max_rows, "block: rows ", cache.rows(), "..", cache.rows() + n - 1,
+              " are past the capacity of ", d.max_rows, " rows");
+  RowsScratch& rs = *rows_;
+  const size_t H = static_cast<size_t>(d.hidden);
+  const size_t q_width = static_cast<size_t>(d.n_heads_local) * d.qk_nope;
+  const int qidx_width = d.index_heads * d.index_dim;
+  const size_t width = static_cast<size_t>(d.selection_width());
+  // Phase A: per row, everything up to and including the cache writes.
+  for (int r = 0; r < n; ++r) {
+    project_row(x + r * H, pos + r, cache, rs.cq.data() + static_cast<size_t>(r) * d.q_lora,
+                rs.q.data() + r * q_width, rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads);
+  }
+  // Phase B: the indexer queries q^I = W_qbI c_q of all rows.
+  if (qidx_mode == ops::RowsMode::batched) {
+    be_.linear_f32(w_.idx_wq_b.data(), rs.cq.data(), rs.q_idx.data(), n, qidx_width, d.q_lora,
+                   ops::RowsMode::batched);
+  } else {
+    for (int r = 0; r < n; ++r)
+      be_.linear_f32(w_.idx_wq_b.data(), rs.cq.data() + static_cast<size_t>(r) * d.q_lora,
+                     rs.q_idx.data() + static_cast<size_t>(r) * qidx_width, 1, qidx_width, d.q_lora);
+  }
+  // Phase C: per row, selection, attention and MoE.
+  for (int r = 0; r < n; ++r) {
+    finish_row(x + r * H, pos + r, cache, x_out + r * H, rs.q.data() + r * q_width,
+               rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads,
+               rs.q_idx.data() + static_cast<size_t>(r) * qidx_width, rs.selection.data() + r * width);
+  }
+  cache.set_rows(cache.rows() + n);
+}
+
+void Block::shadow_select_rows(int n, const int32_t* pos, LayerCache& cache) {
+  const BlockDims& d = dims_;
+  MTP_REQUIRE(rows_ && rows_->shadow_selection.size() > 0 && n >= 1 && n <= rows_->max_rows,
+              "block: shadow_select_rows of ", n, " rows needs reserve_rows with the shadow buffers");
+  RowsScratch& rs = *rows_;
+  const int qidx_width = d.index_heads * d.index_dim;
+  const size_t width = static_cast<size_t>(d.selection_width());
+  // The caches now also hold the rows after each row's position (the rest of the chunk); the
+  // selection of a row reads pools and rows <= its position only (see forward_rows), which are
+  // as they were when phase C ran.
+  for (int r = 0; r < n; ++r) {
+    float* q_idx = rs.shadow_q_idx.data() + static_cast<size_t>(r) * qidx_width;
+    be_.linear_f32(w_.idx_wq_b.data(), rs.cq.data() + static_cast<size_t>(r) * d.q_lora, q_idx, 1, qidx_width,
+                   d.q_lora);
+    be_.indexer_scores(q_idx, rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads,
+                       cache.pool_keys.data(), pos + r, scratch_.scores.data(), d.index_heads, d.index_dim,
+                       d.index_kpool, d.max_pools());
+    be_.indexer_select(scratch_.scores.data(), pos + r, rs.shadow_selection.data() + r * width, d.index_topk,
+                       d.index_kpool, d.max_pools());
+  }
+}
+
+const int32_t* Block::rows_selection() const { return rows_ ? rows_->selection.data() : nullptr; }
+const int32_t* Block::rows_shadow_selection() const {
+  return rows_ ? rows_->shadow_selection.data() : nullptr;
 }
 
 }  // namespace mtplab::drafter

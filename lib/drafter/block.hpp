@@ -95,6 +95,20 @@ struct BlockScratch {
   ops::Array<float> expert_w, shared_w;
 };
 
+/// Chunk buffers of Block::forward_rows: what phase A keeps per row for phases B and C, and the
+/// selection each row used; the shadow buffers only when the selection check is on.
+struct RowsScratch {
+  RowsScratch(ops::Backend& be, const BlockDims& dims, int max_rows, bool shadow);
+  int max_rows = 0;
+  ops::Array<bf16> cq;                   // [max_rows, q_lora]
+  ops::Array<bf16> q;                    // [max_rows, nh_local * qk_nope]
+  ops::Array<float> w_idx;               // [max_rows, n_I] indexer head weights (1/sqrt(n_I) applied)
+  ops::Array<float> q_idx;               // [max_rows, n_I * D]
+  ops::Array<int32_t> selection;         // [max_rows, K + P - 1]
+  ops::Array<float> shadow_q_idx;        // [max_rows, n_I * D] per-row GEMV (check only)
+  ops::Array<int32_t> shadow_selection;  // [max_rows, K + P - 1] (check only)
+};
+
 class Block {
  public:
   Block(ops::Backend& be, dist::Communicator* comm, BlockDims dims, BlockWeights weights);
@@ -110,7 +124,33 @@ class Block {
   /// The selection the last forward used (K + P - 1 rows, -1 padded), for tests.
   const int32_t* last_selection() const { return scratch_.selection.data(); }
 
+  /// Allocates the chunk buffers of forward_rows for up to `max_rows` rows per call (with the
+  /// shadow buffers of shadow_select_rows when `shadow`). At glm5.3-flash and 256 rows on one
+  /// rank: q 8 MiB, q_idx 4 MiB, selection 2 MiB, cq 0.75 MiB; the shadow adds 6 MiB.
+  void reserve_rows(int max_rows, bool shadow);
+  /// The full block on n context rows at once: rows x [n, H] at positions pos[0..n) (backend
+  /// memory), pos[r] == cache.rows() + r; x_out [n, H] may alias x. Phase A (per row): input
+  /// norm, the projections, q_a norm, q_b, the cache writes; phase B: q_idx for all n rows, one
+  /// `qidx_mode` linear (batched: one GEMM on CUDA) or, per_row, n GEMVs; phase C (per row):
+  /// scores, selection, absorbed MLA, o_proj, all-reduce, MoE, residual. With per_row it is
+  /// bit-identical to n calls of forward (tested). Advances cache.rows() by n.
+  void forward_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
+                    ops::RowsMode qidx_mode);
+  /// After forward_rows on the same rows: the per-row (GEMV) q_idx of each row from its kept c_q,
+  /// and the selection it gives, into shadow_selection. Writes no cache and no row output.
+  void shadow_select_rows(int n, const int32_t* pos, LayerCache& cache);
+  /// The selections of the rows of the last forward_rows / shadow_select_rows ([n, K + P - 1]).
+  const int32_t* rows_selection() const;
+  const int32_t* rows_shadow_selection() const;
+
  private:
+  /// Phase A of one row: input norm, every projection of u (w_idx to `w_idx`), c_q to `cq`,
+  /// q to `q`, then the latent and indexer cache rows at pos.
+  void project_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* cq, bf16* q, float* w_idx);
+  /// Phase C of one row: scores and selection (into `selection`) from q_idx and w_idx, absorbed
+  /// sparse MLA, o_proj, all-reduce, then the MoE with both residuals.
+  void finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out, const bf16* q,
+                  const float* w_idx, const float* q_idx, int32_t* selection);
   /// Norms and stores the cache row from the projections of u already in scratch (ckv_pre, k_pre,
   /// gate: one linear_group, made by the caller with whatever else it projects from u).
   void write_caches(const int32_t* pos, LayerCache& cache);
@@ -121,6 +161,7 @@ class Block {
   BlockDims dims_;
   BlockWeights w_;
   BlockScratch scratch_;
+  std::unique_ptr<RowsScratch> rows_;
 };
 
 }  // namespace mtplab::drafter

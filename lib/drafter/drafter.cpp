@@ -101,6 +101,14 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
   row_tokens_ = ops::Array<int32_t>(be_, row_chunk_);
   row_positions_ = ops::Array<int32_t>(be_, row_chunk_);
   row_hiddens_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
+  if (opt_.context_rows == ContextRows::full) {
+    row_x_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
+    block_.reserve_rows(row_chunk_, checks_selection());
+  }
+}
+
+bool MtpDrafter::checks_selection() const {
+  return opt_.batch_qidx && opt_.selection_check && opt_.context_rows == ContextRows::full;
 }
 
 MtpDrafter::~MtpDrafter() = default;
@@ -159,6 +167,8 @@ void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, cons
                 row_base + i, " is outside the vocab of ", vocab_);
   mark_begin(phase, 0);
   std::vector<int32_t> pos(row_chunk_);
+  const bool full = opt_.context_rows == ContextRows::full;
+  const ops::RowsMode qidx_mode = opt_.batch_qidx ? ops::RowsMode::batched : ops::RowsMode::per_row;
   for (int c0 = 0; c0 < n; c0 += row_chunk_) {
     const int rows = std::min(row_chunk_, n - c0);
     wait_comm();  // the uploads below synchronise the stream: collectives of full rows go first
@@ -167,16 +177,43 @@ void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, cons
     be_.upload(row_positions_.data(), pos.data(), rows * sizeof(int32_t));
     be_.upload(row_hiddens_.data(), hiddens + static_cast<size_t>(c0) * hidden_,
                static_cast<size_t>(rows) * hidden_ * sizeof(bf16));
-    for (int r = 0; r < rows; ++r) {
-      front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x_.data());
-      if (opt_.context_rows == ContextRows::cache_only)
+    if (!full) {
+      for (int r = 0; r < rows; ++r) {
+        front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x_.data());
         block_.write_context_row(x_.data(), row_positions_.data() + r, st.cache);
-      else
-        block_.forward(x_.data(), row_positions_.data() + r, st.cache, x_.data());
+      }
+      continue;
+    }
+    // The MTP front of a row does not depend on other rows: all of the chunk's, then the block.
+    for (int r = 0; r < rows; ++r) {
+      bf16* x = row_x_.data() + static_cast<size_t>(r) * hidden_;
+      front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x);
+    }
+    block_.forward_rows(rows, row_x_.data(), row_positions_.data(), st.cache, row_x_.data(), qidx_mode);
+    if (checks_selection()) {
+      // Untimed: the phase is closed while the per-row selections are made and compared.
+      mark_end(phase, 0);
+      check_chunk(st, rows);
+      mark_begin(phase, 0);
     }
   }
   st.seq_len_ += n;
   mark_end(phase, 0);
+}
+
+void MtpDrafter::check_chunk(SequenceState& st, int rows) {
+  const size_t width = static_cast<size_t>(block_.dims().selection_width());
+  block_.shadow_select_rows(rows, row_positions_.data(), st.cache);
+  check_batched_.resize(static_cast<size_t>(rows) * width);
+  check_per_row_.resize(static_cast<size_t>(rows) * width);
+  wait_comm();
+  be_.download(check_batched_.data(), block_.rows_selection(), check_batched_.size() * sizeof(int32_t));
+  be_.download(check_per_row_.data(), block_.rows_shadow_selection(),
+               check_per_row_.size() * sizeof(int32_t));
+  SelectionCheck c =
+      compare_selections(check_batched_.data(), check_per_row_.data(), rows, static_cast<int>(width));
+  c.rows_multi = rows >= 2 ? rows : 0;
+  check_ += c;
 }
 
 std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k) {

@@ -18,6 +18,10 @@
 // scratch), later ones replay a CUDA graph of the whole step per (k, sequence caches); only
 // Phase::propose is timed then (the inner phases are inside the graph). The drafter owns the
 // graphs: destroy it, or call release_graphs(), before the communicator it was built with.
+// context_rows full: a chunk of context rows goes through Block::forward_rows (all rows' caches
+// first, then each row's selection and attention). With batch_qidx the chunk's indexer queries
+// are one batched linear; with the selection check on, each chunk's per-row selections are then
+// computed and compared outside the timed phase (the phase's events are closed around it).
 // NCCL: every host read after collectives goes through comm->wait() (bounded by the collective
 // timeout) before the download, never a bare stream synchronise.
 #pragma once
@@ -30,6 +34,7 @@
 #include "drafter/block.hpp"
 #include "drafter/exchange.hpp"
 #include "drafter/options.hpp"
+#include "drafter/selection_check.hpp"
 #include "model/config.hpp"
 #include "ops/ops.hpp"
 
@@ -118,6 +123,14 @@ class MtpDrafter {
   void keep_head_inputs(bool on);
   std::vector<bf16> head_inputs();
 
+  /// The batch_qidx selection check so far (DrafterOptions::selection_check): every context row
+  /// that ran the full block with batch_qidx on, its selection from the batched q_idx against the
+  /// one from the per-row q_idx. All zero when the check is off.
+  const SelectionCheck& selection_check() const { return check_; }
+  void reset_selection_check() { check_ = {}; }
+  /// Whether context rows run the selection check (batch_qidx on, context_rows full, check on).
+  bool checks_selection() const;
+
   const DrafterOptions& options() const { return opt_; }
   const VocabShard& shard() const { return shard_; }
   void set_timer(PhaseTimer* timer) { timer_ = timer; }
@@ -130,6 +143,8 @@ class MtpDrafter {
   /// comm->wait() when collectives may be pending on a multi-rank communicator.
   void wait_comm();
   void head_pick(int draft_index, int32_t* token_out);
+  /// The selection check of the chunk of `rows` context rows forward_rows just ran.
+  void check_chunk(SequenceState& st, int rows);
   void mark_begin(Phase p, int i) {
     if (timer_) timer_->begin(p, i);
   }
@@ -157,7 +172,10 @@ class MtpDrafter {
   std::unique_ptr<ExchangeBuffers> xchg_;  // the head's (max, argmax) and the pick's buffers
   ops::Array<int32_t> row_tokens_, row_positions_;  // context-row staging
   ops::Array<bf16> row_hiddens_;
+  ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk (context_rows full)
   int row_chunk_ = 0;
+  SelectionCheck check_;
+  std::vector<int32_t> check_batched_, check_per_row_;  // host copies of a chunk's selections
   int max_rows_ = 0;
   ops::Array<bf16> head_inputs_;  // [max_draft, H] when keep_head_inputs is on
   bool keep_head_inputs_ = false;

@@ -33,6 +33,16 @@ struct DrafterOptions {
   /// caches) and replay it (drafter/graph.hpp). Needs a backend that records graphs (cuda), and
   /// refuses exchange bf16_lanes on a vocab-sharded head (it synchronises with the host mid-step).
   bool cuda_graph = false;
+  /// `batch_qidx`: with context_rows full, the indexer query projection q_idx = W_qbI c_q of a
+  /// chunk of context rows (prefill, catch-up) is one RowsMode::batched linear (one cuBLASLt
+  /// GEMM on CUDA) instead of one GEMV per row. The GEMM sums in another order, so near-tied pool
+  /// scores can select other pools. No effect with context_rows cache_only (no query rows) or on
+  /// propose (one row at a time).
+  bool batch_qidx = false;
+  /// With batch_qidx (and context_rows full): also compute every context row's per-row (GEMV)
+  /// q_idx and selection, outside the timed phase, and count the rows whose selection differs
+  /// from the batched one (MtpDrafter::selection_check()). Ignored when batch_qidx is off.
+  bool selection_check = true;
 };
 
 const char* to_string(ContextRows v);

@@ -367,6 +367,8 @@ drafter::DrafterOptions Arms::drafter_options() const {
   o.draft_rows = draft_rows;
   o.max_draft_len = draft_len;
   o.cuda_graph = cuda_graph;
+  o.batch_qidx = batch_qidx;
+  o.selection_check = true;  // recorded per point (results: qidx_check_*); untimed
   return o;
 }
 

@@ -163,13 +163,20 @@ void rebuild_index(H5File& f) {
   const Group points = f.open_group("points");
   const std::vector<std::string> names = points.children();
   const std::vector<std::string> axes = string_list_attr(f, "sweep_axes");
-  const std::vector<std::string> float_cols = {"acceptance_rate",   "tau",
-                                               "step_ms_median",    "step_ms_p90",
-                                               "step_ms_p99",       "step_ms_ci95_lo",
-                                               "step_ms_ci95_hi",   "step_ms_rel_spread",
-                                               "propose_ms_median", "wall_s"};
-  const std::vector<std::string> int_cols = {"point", "steps", "draft_len", "ranks_agree",
-                                             "repeat_mismatches"};
+  const std::vector<std::string> float_cols = {"acceptance_rate",       "tau",
+                                               "step_ms_median",        "step_ms_p90",
+                                               "step_ms_p99",           "step_ms_ci95_lo",
+                                               "step_ms_ci95_hi",       "step_ms_rel_spread",
+                                               "propose_ms_median",     "wall_s",
+                                               "qidx_check_differ_rate"};
+  // qidx_check_*: -1 (NaN for the rate) where the point ran no selection check.
+  const std::vector<std::string> int_cols = {"point",
+                                             "steps",
+                                             "draft_len",
+                                             "ranks_agree",
+                                             "repeat_mismatches",
+                                             "qidx_check_rows",
+                                             "qidx_check_rows_differ"};
   // Every other arm and swept axis is a string column; a name is a column once.
   std::vector<std::string> string_cols = {"name", "status", "label"};
   auto taken = [&](const std::string& c) {
@@ -359,6 +366,16 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   g.set_attr("arms_not_applied", r.arms_not_applied);
   g.set_attr("ranks_agree", r.ranks_agree);
   g.set_attr("repeat_mismatches", r.repeat_mismatches);
+  if (r.selection_checked) {
+    // The batch_qidx selection check (drafter/selection_check.hpp), over every context row of
+    // every repeat of the point.
+    const drafter::SelectionCheck& c = r.selection_check;
+    g.set_attr("qidx_check_rows", c.rows_checked);
+    g.set_attr("qidx_check_rows_differ", c.rows_differ);
+    g.set_attr("qidx_check_entries_differ", c.entries_differ);
+    g.set_attr("qidx_check_rows_multi", c.rows_multi);
+    g.set_attr("qidx_check_differ_rate", c.rows_checked ? c.differ_rate() : NAN);
+  }
   // Acceptance (repeat 0; MODEL.md "Acceptance in replay").
   g.set_attr("steps", r.acceptance.steps);
   g.set_attr("drafted", r.acceptance.drafted);

@@ -62,6 +62,10 @@ struct PointResult {
   int64_t repeat_mismatches = 0;  ///< steps of repeats > 0 whose drafts differ from repeat 0's
   bool ranks_agree = true;        ///< every rank produced the same drafts
   std::vector<std::string> arms_not_applied;
+  /// The batch_qidx selection check (drafter::SelectionCheck, rank 0's; the indexer is
+  /// replicated): written as qidx_check_* attributes only when `selection_checked`.
+  bool selection_checked = false;
+  drafter::SelectionCheck selection_check;
   std::string started_at, finished_at;
   double wall_s = 0;
   int64_t rows() const { return static_cast<int64_t>(sequence.size()); }

@@ -51,6 +51,10 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
     std::printf("%s\n", line.c_str());
   }
   std::printf("step latency: max over ranks per step, warm-up excluded; spread = (p90 - p10) / median\n");
+  if (rows[0].back() == "qidx sel differ")
+    std::printf(
+        "qidx sel differ (batch_qidx): context rows whose selection from the batched q_idx differs, as a "
+        "set, from the per-row one: differ / checked (rate)\n");
   std::fflush(stdout);
 }
 }  // namespace
@@ -193,11 +197,16 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   const int k = p.arms.draft_len;
   r.k = k;
   r.timing.assign(timing_columns().size(), {});
-  if (p.arms.batch_qidx) r.arms_not_applied.push_back("batch_qidx");
-  if (!r.arms_not_applied.empty() && c.rank == 0)
-    log_warn(p.name(), ": ", join(r.arms_not_applied, ", "),
-             " recorded but not applied: this drafter has no such option yet (results attribute "
-             "arms_not_applied)");
+  // batch_qidx batches the indexer queries of context rows that run the full block; cache_only
+  // context rows compute no query, so there it has nothing to act on.
+  if (p.arms.batch_qidx && p.arms.context_rows == drafter::ContextRows::cache_only) {
+    r.arms_not_applied.push_back("batch_qidx");
+    if (c.rank == 0)
+      log_warn(p.name(),
+               ": batch_qidx recorded but not applied: context_rows cache_only writes the context "
+               "rows' caches only (no indexer query, no selection), so there are no query rows to batch; it "
+               "applies with context_rows full (results attribute arms_not_applied)");
+  }
 
   const auto& seqs = trace_for(c, p);
   model::MtpWeights& w = weights_for(c, p);
@@ -205,6 +214,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
       drafter::make_drafter(c.be, &c.comm, p.model, w, p.arms.drafter_options(), p.arms.kv_cache_dtype);
   EventPhaseTimer timer(c.be, k);
   drafter->set_timer(&timer);
+  drafter->reset_selection_check();  // a fresh drafter per point; counters are the point's own
 
   int64_t total_positions = 0;
   for (const auto& s : seqs) total_positions += std::max<int64_t>(1, s.length() - 1 - s.prompt_length);
@@ -290,6 +300,8 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
       }
     }
   }
+  r.selection_checked = drafter->checks_selection();
+  r.selection_check = drafter->selection_check();
   drafter.reset();
   if (stopped) return false;
 
@@ -433,6 +445,9 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   Progress progress(rank == 0, to_run);
   std::vector<std::vector<std::string>> table = {
       {"point", "arms", "accept", "tau", "step med ms", "p90 ms", "95% CI of median", "spread"}};
+  // batch_qidx points: context rows whose batched selection differs from the per-row one.
+  std::vector<std::string> qidx_column = {"qidx sel differ"};
+  bool any_qidx = false;
   int ordinal = 0, completed = 0, interrupted = 0;
   for (int i : todo) {
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
@@ -459,7 +474,14 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     table.push_back({str("p", i), p.label(), fixed(r.acceptance.rate(), 3), fixed(r.acceptance.tau(), 3),
                      fixed(s.median, 4), fixed(s.p90, 4), str("[", fixed(s.ci95_lo, 4), ", ", fixed(s.ci95_hi, 4), "]"),
                      fixed(s.rel_spread, 3)});
+    qidx_column.push_back(r.selection_checked
+                              ? str(r.selection_check.rows_differ, "/", r.selection_check.rows_checked, " (",
+                                    fixed(r.selection_check.differ_rate(), 4), ")")
+                              : "-");
+    any_qidx = any_qidx || r.selection_checked;
   }
+  if (any_qidx)
+    for (size_t row = 0; row < table.size(); ++row) table[row].push_back(qidx_column[row]);
   progress.finish_line();
   HARNESS_MPI(MPI_Barrier(c.mpi));
   if (interrupted != 0) {

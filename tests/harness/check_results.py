@@ -4,6 +4,10 @@
     check_results.py FILE --at-most N    a file left by an interrupted run: valid, 1..N-1 points
     check_results.py FILE --points N --sharding-invariant
         also: points that differ only in head_sharding or context_rows have identical drafts
+    check_results.py FILE --points N --qidx
+        also: the batch_qidx selection check (CPU run): counted on every context row where
+        batch_qidx applies (context_rows full), with no difference (the CPU's batched linear is
+        the per-row one); absent, and batch_qidx in arms_not_applied, at context_rows cache_only
 """
 import argparse
 import os
@@ -60,6 +64,39 @@ def check_point(res, name):
     check(mr._s(g.attrs["status"]) == "ok", f"{name}: status")
 
 
+def check_qidx(res, name):
+    g = res.group(name)
+    on = mr._s(g.attrs["batch_qidx"]) == "on"
+    full = mr._s(g.attrs["context_rows"]) == "full"
+    not_applied = [mr._s(x) for x in g.attrs["arms_not_applied"]]
+    row = res.points.loc[int(g.attrs["index"])]
+    if on and full:
+        check("batch_qidx" not in not_applied, f"{name}: batch_qidx applied but listed in arms_not_applied")
+        check("qidx_check_rows" in g.attrs, f"{name}: no qidx_check_rows")
+        if "qidx_check_rows" not in g.attrs:
+            return
+        # Context rows of every repeat (draft_rows rewrite): each sequence's prefill of
+        # prompt_len - 1 rows, then each step's catch-up of `accepted` rows.
+        seqs, steps = g["sequences"], res.steps(name)
+        repeats = int(g.attrs["repeats"])
+        want = repeats * int((seqs["prompt_len"][()] - 1).sum()) + int(steps["accepted"].sum())
+        rows = int(g.attrs["qidx_check_rows"])
+        check(rows == want, f"{name}: qidx_check_rows {rows}, expected {want} context rows")
+        check(int(g.attrs["qidx_check_rows_differ"]) == 0, f"{name}: selections differ on the CPU")
+        check(int(g.attrs["qidx_check_entries_differ"]) == 0, f"{name}: selection entries differ on the CPU")
+        multi = int(g.attrs["qidx_check_rows_multi"])
+        check(repeats * int((seqs["prompt_len"][()] - 1).sum()) <= multi <= rows, f"{name}: qidx_check_rows_multi {multi}")
+        check(float(g.attrs["qidx_check_differ_rate"]) == 0.0, f"{name}: qidx_check_differ_rate")
+        check(int(row["qidx_check_rows"]) == rows, f"{name}: /index qidx_check_rows {row['qidx_check_rows']}")
+        check(int(row["qidx_check_rows_differ"]) == 0, f"{name}: /index qidx_check_rows_differ")
+        check(float(row["qidx_check_differ_rate"]) == 0.0, f"{name}: /index qidx_check_differ_rate")
+    else:
+        check("qidx_check_rows" not in g.attrs, f"{name}: a selection check where batch_qidx does not apply")
+        check(int(row["qidx_check_rows"]) == -1, f"{name}: /index qidx_check_rows should be -1")
+        check(np.isnan(float(row["qidx_check_differ_rate"])), f"{name}: /index qidx_check_differ_rate should be NaN")
+        check(("batch_qidx" in not_applied) == on, f"{name}: arms_not_applied {not_applied}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
@@ -67,6 +104,7 @@ def main():
     ap.add_argument("--at-most", type=int)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--sharding-invariant", action="store_true")
+    ap.add_argument("--qidx", action="store_true")
     a = ap.parse_args()
     res = mr.Results(a.file)
     names = res.point_names
@@ -93,6 +131,14 @@ def main():
         check(len(inv) > 0, "no head_sharding / context_rows pairs to compare")
         check(bool((inv["differ_any"] == 0).all()), f"sharded or full-row drafts differ:\n{inv}")
         check(bool((inv["common_steps"] == inv["steps"]).all()), "steps do not align across invariant arms")
+    if a.qidx:
+        for n in names:
+            check_qidx(res, n)
+        # batch_qidx acts on context rows only, whose outputs are discarded: drafts never change.
+        inv = div[div["axis"] == "batch_qidx"]
+        check(len(inv) == 2, f"{len(inv)} batch_qidx divergence rows, expected 2")
+        check(bool((inv["differ_any"] == 0).all()), f"batch_qidx changed drafts:\n{inv}")
+        check(bool((inv["common_steps"] == inv["steps"]).all()), "steps do not align across batch_qidx")
     print(f"{a.file}: {len(names)} point(s), {len(div)} divergence row(s)")
     if failures:
         print(f"{len(failures)} failure(s)")

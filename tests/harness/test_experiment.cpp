@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "harness/experiment.hpp"
@@ -213,4 +214,24 @@ TEST(Stats, QuantilesAndBootstrap) {
   const Summary e = summarize(std::vector<double>{}, 1);
   EXPECT_EQ(e.n, 0);
   EXPECT_TRUE(std::isnan(e.median));
+}
+
+TEST(Experiment, ShippedBatchQidxExperiment) {
+  // experiments/batch-qidx.yaml: batch_qidx off and on at context_rows full, mapped onto the
+  // drafter's options (the selection check on), sparse selections in the prefill.
+  const char* src = std::getenv("MTPLAB_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "MTPLAB_SOURCE_DIR is not set";
+  const Experiment ex = load_experiment(std::string(src) + "/experiments/batch-qidx.yaml", {}, 1);
+  ASSERT_EQ(ex.points.size(), 2u);
+  for (const PointConfig& p : ex.points) {
+    EXPECT_EQ(p.model.name, "glm5.3-flash");
+    EXPECT_EQ(p.arms.context_rows, drafter::ContextRows::full);
+    EXPECT_EQ(p.backend, "cuda");
+    EXPECT_GT(p.trace.prompt_len - 1, p.model.index_topk + p.model.index_kpool - 1);
+    const drafter::DrafterOptions o = p.arms.drafter_options();
+    EXPECT_EQ(o.batch_qidx, p.arms.batch_qidx);
+    EXPECT_TRUE(o.selection_check);
+  }
+  EXPECT_FALSE(ex.points[0].arms.batch_qidx);
+  EXPECT_TRUE(ex.points[1].arms.batch_qidx);
 }

@@ -7,6 +7,9 @@
 #                                               file holds the completed points; a rerun resumes
 #   test_run.sh sigkill MTPLAB MPIEXEC PYTHON   SIGKILL to the ranks mid-run: the file is still
 #                                               valid; a rerun resumes
+#   test_run.sh qidx    MTPLAB MPIEXEC PYTHON   batch_qidx x context_rows: the selection check's
+#                                               counters where it applies, arms_not_applied and a
+#                                               log line where it does not (cache_only)
 # Exit 77 (skipped) when PYTHON lacks h5py / pandas. MTPLAB_SOURCE_DIR = repository root.
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
@@ -114,8 +117,23 @@ PY
     ((n == done_before)) || fail "resume skipped $n points, the file had $done_before"
     $check "$out" --points 8 --sharding-invariant || fail "results after the resume"
     ;;
+  qidx)
+    out=$work/q.h5
+    # 4 points: context_rows [cache_only, full] x batch_qidx [off, on]; 2 repeats, so that the
+    # counters are seen to cover every repeat.
+    qidx=(--set trace.synthetic.new_tokens=16 --set 'sweep.grid.skip=[none]' --set 'sweep.grid.head_sharding=[none]'
+          --set 'sweep.grid.head_fp8=[off]' --set 'sweep.grid.batch_qidx=[off,on]' --set measure.warmup_steps=1
+          --set measure.repeats=2)
+    run "$work/run.log" "${qidx[@]}" --out "$out" || { fail "run exited $?"; cat "$work/run.log"; }
+    $check "$out" --points 4 --qidx || { fail "results of the batch_qidx run"; cat "$work/run.log"; }
+    grep -q 'batch_qidx recorded but not applied: context_rows cache_only' "$work/run.log" ||
+      { fail "no log line for batch_qidx at context_rows cache_only"; cat "$work/run.log"; }
+    n=$(grep -c 'recorded but not applied' "$work/run.log")
+    ((n == 1)) || { fail "$n 'not applied' lines, expected 1 (the cache_only point)"; cat "$work/run.log"; }
+    grep -q 'qidx sel differ' "$work/run.log" || { fail "no qidx column in the summary table"; cat "$work/run.log"; }
+    ;;
   *)
-    echo "usage: $0 basic|sigterm|sigkill MTPLAB MPIEXEC PYTHON" >&2
+    echo "usage: $0 basic|sigterm|sigkill|qidx MTPLAB MPIEXEC PYTHON" >&2
     exit 2
     ;;
 esac

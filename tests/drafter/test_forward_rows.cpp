@@ -1,0 +1,334 @@
+// Block::forward_rows (context_rows full, chunks of rows) against one Block::forward per row, the
+// batch_qidx selection check of the drafter, and the pure selection comparison, on the CPU.
+//
+// - forward_rows with RowsMode::per_row writes every row's caches before any row's selection;
+//   a row reads pools and rows <= its own position only, so it must give bit-identical row
+//   outputs, selections and caches to the per-row loop, also across propose / rollback /
+//   catch-up (stale rows past the length) and across chunk boundaries.
+// - The CPU's batched linear computes exactly what the per-row one does, so with batch_qidx the
+//   check must count every context row and find no difference; the drafts equal the other arms'.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "drafter/selection_check.hpp"
+#include "drafter_test_util.hpp"
+#include "harness/replay.hpp"
+
+using namespace mtplab;
+using drafter::DrafterOptions;
+
+namespace {
+
+// ---- the pure comparison ------------------------------------------------------------------------
+
+TEST(SelectionCheck, SameSetInAnotherOrderIsNotADifference) {
+  const int width = 7;
+  // Two rows; row 0 the same entries permuted (padding in other places), row 1 identical.
+  const std::vector<int32_t> b = {0, 1, 2, 3, 8, -1, -1, /**/ 4, 5, 6, 7, -1, -1, -1};
+  const std::vector<int32_t> r = {8, -1, 3, 2, 1, 0, -1, /**/ 4, 5, 6, 7, -1, -1, -1};
+  const auto c = drafter::compare_selections(b.data(), r.data(), 2, width);
+  EXPECT_EQ(c.rows_checked, 2);
+  EXPECT_EQ(c.rows_differ, 0);
+  EXPECT_EQ(c.entries_differ, 0);
+}
+
+TEST(SelectionCheck, PlantedDifferencesAreCounted) {
+  const int width = 7;
+  const std::vector<int32_t> b = {
+      0,  1,  2,  3,  8,  9,  -1,  // row 0: pool {0..3} vs {4..7} swapped: 4 entries differ
+      0,  1,  2,  3,  4,  -1, -1,  // row 1: same set
+      12, 13, 14, 15, 16, -1, -1,  // row 2: one entry differs (16 vs 17), other order
+      0,  1,  2,  3,  -1, -1, -1,  // row 3: a strict subset of the per-row set: 1 entry
+  };
+  const std::vector<int32_t> r = {
+      4,  5,  6,  7,  8,  9,  -1,  //
+      4,  3,  2,  1,  0,  -1, -1,  //
+      17, 15, 14, 13, 12, -1, -1,  //
+      0,  1,  2,  3,  5,  -1, -1,  //
+  };
+  const auto c = drafter::compare_selections(b.data(), r.data(), 4, width);
+  EXPECT_EQ(c.rows_checked, 4);
+  EXPECT_EQ(c.rows_differ, 3);
+  EXPECT_EQ(c.entries_differ, 4 + 1 + 1);
+  EXPECT_DOUBLE_EQ(c.differ_rate(), 3.0 / 4);
+  // Symmetric in its arguments.
+  const auto d = drafter::compare_selections(r.data(), b.data(), 4, width);
+  EXPECT_EQ(d.rows_differ, c.rows_differ);
+  EXPECT_EQ(d.entries_differ, c.entries_differ);
+  // No rows: nothing counted, rate 0.
+  EXPECT_EQ(drafter::compare_selections(b.data(), r.data(), 0, width).rows_checked, 0);
+}
+
+// ---- forward_rows vs forward --------------------------------------------------------------------
+
+/// One block on the tiny preset with its own cache.
+struct BlockRig {
+  BlockRig(ops::Backend& be, const model::ModelConfig& cfg, const model::MtpWeights& w)
+      : dims(make_dims(cfg, w)),
+        block(be, nullptr, dims, drafter::upload_block_weights(be, w)),
+        cache(be, dims) {}
+  static drafter::BlockDims make_dims(const model::ModelConfig& cfg, const model::MtpWeights& w) {
+    drafter::BlockDims d = drafter::block_dims(cfg, 1, 0, ops::KvDtype::bf16);
+    d.n_heads_local = static_cast<int>(w.plan.heads.count);
+    d.shared_inter_local = static_cast<int>(w.moe.shared_gate.shape[0]);
+    return d;
+  }
+  drafter::BlockDims dims;
+  drafter::Block block;
+  drafter::LayerCache cache;
+};
+
+template <typename T>
+std::vector<T> fetch(ops::Backend& be, const T* src, size_t n) {
+  std::vector<T> out(n);
+  be.download(out.data(), src, n * sizeof(T));
+  return out;
+}
+
+/// The caches' rows 0 .. rows-1 (and the pools they complete), bit for bit.
+void expect_same_caches(ops::Backend& be, BlockRig& a, BlockRig& b, int rows, const std::string& where) {
+  const auto& d = a.dims;
+  const size_t D = static_cast<size_t>(d.index_dim);
+  const size_t n = static_cast<size_t>(rows);
+  // Identity block table: slot = row.
+  EXPECT_EQ(fetch(be, static_cast<const bf16*>(a.cache.kv().data), n * d.kv_lora),
+            fetch(be, static_cast<const bf16*>(b.cache.kv().data), n * d.kv_lora))
+      << where << ": latent rows";
+  EXPECT_EQ(fetch(be, a.cache.k_cache.data(), n * D), fetch(be, b.cache.k_cache.data(), n * D)) << where;
+  const auto ga = fetch(be, a.cache.gate_cache.data(), n * D),
+             gb = fetch(be, b.cache.gate_cache.data(), n * D);
+  EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float))) << where << ": gate rows";
+  EXPECT_EQ(fetch(be, a.cache.valid.data(), d.max_rows), fetch(be, b.cache.valid.data(), d.max_rows))
+      << where;
+  const size_t pools = n / d.index_kpool;
+  const auto ka = fetch(be, a.cache.pool_keys.data(), pools * D),
+             kb = fetch(be, b.cache.pool_keys.data(), pools * D);
+  EXPECT_EQ(0, std::memcmp(ka.data(), kb.data(), ka.size() * sizeof(float))) << where << ": pool keys";
+}
+
+class ForwardRows : public ::testing::TestWithParam<ops::RowsMode> {};
+
+// A scripted replay on two blocks with the same weights: A runs every row through forward; B
+// runs the context rows (prefill, catch-up) through forward_rows in chunks of 64 and the draft
+// rows through forward, as the drafter does. Inputs are fresh random rows; the script covers
+// several prefill chunks, sparse selections (K + P - 1 = 19 < rows), rollbacks that leave stale
+// rows and pools past the length, and catch-ups of 0 to 3 rows.
+TEST_P(ForwardRows, EqualsOneForwardPerRow) {
+  const ops::RowsMode mode = GetParam();
+  const model::ModelConfig cfg = test::tiny_config(512);
+  auto be = ops::make_cpu_backend();
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  const auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  BlockRig a(*be, cfg, w), b(*be, cfg, w);
+  const int chunk = 64;
+  b.block.reserve_rows(chunk, true);
+  const int H = cfg.hidden;
+  const size_t width = static_cast<size_t>(a.dims.selection_width());
+  std::mt19937 gen(20261207);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random_rows = [&](int n) {
+    std::vector<bf16> v(static_cast<size_t>(n) * H);
+    for (auto& x : v) x = to_bf16(normal(gen));
+    return v;
+  };
+  ops::Array<bf16> xa(*be, static_cast<size_t>(chunk) * H), xb(*be, static_cast<size_t>(chunk) * H);
+  ops::Array<int32_t> pos(*be, chunk);
+  int rows_compared = 0;
+
+  // Context rows base .. base+n-1: A one forward each, B forward_rows per chunk of 64.
+  auto context = [&](int base, int n, const std::string& what) {
+    for (int c0 = 0; c0 < n; c0 += chunk) {
+      const int m = std::min(chunk, n - c0);
+      const auto x = random_rows(m);
+      std::vector<int32_t> p(static_cast<size_t>(m));
+      for (int r = 0; r < m; ++r) p[static_cast<size_t>(r)] = base + c0 + r;
+      be->upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
+      be->upload(xa.data(), x.data(), x.size() * sizeof(bf16));
+      be->upload(xb.data(), x.data(), x.size() * sizeof(bf16));
+      std::vector<int32_t> sel_a;
+      for (int r = 0; r < m; ++r) {
+        a.block.forward(xa.data() + static_cast<size_t>(r) * H, pos.data() + r, a.cache,
+                        xa.data() + static_cast<size_t>(r) * H);
+        const auto s = fetch(*be, a.block.last_selection(), width);
+        sel_a.insert(sel_a.end(), s.begin(), s.end());
+      }
+      b.block.forward_rows(m, xb.data(), pos.data(), b.cache, xb.data(), mode);
+      const std::string where =
+          what + " rows " + std::to_string(base + c0) + ".." + std::to_string(base + c0 + m - 1);
+      EXPECT_EQ(fetch(*be, xa.data(), x.size()), fetch(*be, xb.data(), x.size())) << where << ": row outputs";
+      EXPECT_EQ(sel_a, fetch(*be, b.block.rows_selection(), static_cast<size_t>(m) * width)) << where;
+      // The shadow (per-row GEMV) selection, made after the chunk, is the one A used.
+      b.block.shadow_select_rows(m, pos.data(), b.cache);
+      EXPECT_EQ(sel_a, fetch(*be, b.block.rows_shadow_selection(), static_cast<size_t>(m) * width)) << where;
+      rows_compared += m;
+    }
+    EXPECT_EQ(a.cache.rows(), base + n);
+    EXPECT_EQ(b.cache.rows(), base + n);
+  };
+  // Draft rows (propose): forward on both, from the same inputs.
+  auto drafts = [&](int base, int k) {
+    const auto x = random_rows(k);
+    std::vector<int32_t> p(static_cast<size_t>(k));
+    for (int r = 0; r < k; ++r) p[static_cast<size_t>(r)] = base + r;
+    be->upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
+    be->upload(xa.data(), x.data(), x.size() * sizeof(bf16));
+    be->upload(xb.data(), x.data(), x.size() * sizeof(bf16));
+    for (int r = 0; r < k; ++r) {
+      a.block.forward(xa.data() + static_cast<size_t>(r) * H, pos.data() + r, a.cache,
+                      xa.data() + static_cast<size_t>(r) * H);
+      b.block.forward(xb.data() + static_cast<size_t>(r) * H, pos.data() + r, b.cache,
+                      xb.data() + static_cast<size_t>(r) * H);
+    }
+    EXPECT_EQ(fetch(*be, xa.data(), x.size()), fetch(*be, xb.data(), x.size())) << "draft rows at " << base;
+  };
+
+  int L = 150;
+  context(0, L - 1, "prefill");
+  expect_same_caches(*be, a, b, L - 1, "after the prefill");
+  int high = L - 1;
+  for (int step = 0; step < 12; ++step) {
+    const int k = 3, accepted = (step * 7) % 4;  // 0..3
+    drafts(L - 1, k);
+    high = std::max(high, L - 1 + k);
+    // Rollback (rewrite): keep row L-1; the rows after it stay in the caches, stale.
+    a.cache.set_rows(L);
+    b.cache.set_rows(L);
+    if (accepted > 0) context(L, accepted, "catch-up");
+    L += accepted + 1;
+    expect_same_caches(*be, a, b, high, "step " + std::to_string(step));
+  }
+  EXPECT_GE(rows_compared, 149 + 12);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ForwardRows,
+                         ::testing::Values(ops::RowsMode::per_row, ops::RowsMode::batched),
+                         [](const ::testing::TestParamInfo<ops::RowsMode>& p) {
+                           return std::string(p.param == ops::RowsMode::batched ? "batched" : "per_row");
+                         });
+
+TEST(ForwardRowsLimits, RefusesMoreRowsThanReserved) {
+  const model::ModelConfig cfg = test::tiny_config(128);
+  auto be = ops::make_cpu_backend();
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  const auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  BlockRig rig(*be, cfg, w);
+  ops::Array<bf16> x(*be, static_cast<size_t>(8) * cfg.hidden);
+  ops::Array<int32_t> pos(*be, 8);
+  EXPECT_THROW(rig.block.forward_rows(4, x.data(), pos.data(), rig.cache, x.data(), ops::RowsMode::per_row),
+               Error);
+  rig.block.reserve_rows(4, false);
+  EXPECT_THROW(rig.block.forward_rows(5, x.data(), pos.data(), rig.cache, x.data(), ops::RowsMode::per_row),
+               Error);
+  EXPECT_THROW(rig.block.shadow_select_rows(4, pos.data(), rig.cache), Error);  // no shadow buffers
+}
+
+// ---- the drafter: arms and the selection check over a replay ------------------------------------
+
+struct Replayed {
+  std::vector<std::vector<int32_t>> drafts;
+  std::vector<bf16> kv, k_rows;  // the sequence's latent and indexer rows after the replay
+  int64_t context_rows = 0;      // rows append_rows wrote (prefill and catch-up)
+  drafter::SelectionCheck check;
+};
+
+// The replay of harness/replay.hpp, keeping the sequence state to read its caches at the end.
+Replayed replay(const DrafterOptions& opt, const model::ModelConfig& cfg, model::MtpWeights& w,
+                const io::TraceSequence& seq, int k) {
+  auto be = ops::make_cpu_backend();
+  auto d = drafter::make_drafter(*be, nullptr, cfg, w, opt);
+  const int H = cfg.hidden, N = static_cast<int>(seq.tokens.size()), P = seq.prompt_length;
+  auto hidden_row = [&](int r) { return seq.hiddens.data() + static_cast<size_t>(r) * H; };
+  Replayed out;
+  auto st = d->new_sequence();
+  d->append_rows(*st, seq.tokens.data() + 1, hidden_row(0), P - 1, 0);
+  out.context_rows += P - 1;
+  int L = P;
+  while (L + k <= N - 1) {
+    out.drafts.push_back(d->propose(*st, seq.tokens[L], hidden_row(L - 1), k));
+    const std::vector<int32_t> targets(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + k);
+    const int a = harness::accepted_prefix(out.drafts.back(), targets);
+    d->after_verify(*st, a);
+    const int from = st->seq_len(), n = L + a - from;
+    d->append_rows(*st, seq.tokens.data() + from + 1, hidden_row(from), n, from, drafter::Phase::catch_up);
+    out.context_rows += n;
+    L += a + 1;
+  }
+  const size_t rows = static_cast<size_t>(st->seq_len());
+  out.kv.resize(rows * cfg.kv_lora_rank);
+  be->download(out.kv.data(), st->cache.kv().data, out.kv.size() * sizeof(bf16));  // identity block table
+  out.k_rows.resize(rows * cfg.index_head_dim);
+  be->download(out.k_rows.data(), st->cache.k_cache.data(), out.k_rows.size() * sizeof(bf16));
+  out.check = d->selection_check();
+  return out;
+}
+
+TEST(BatchQidx, SameDraftsAndCachesAndNoSelectionDifferenceOnTheCpu) {
+  // A prompt of 300 tokens: a prefill of 299 rows is two chunks (256 + 43), far past the dense
+  // range (K + P - 1 = 19 rows), so the selections are sparse.
+  const model::ModelConfig cfg = test::tiny_config(512);
+  auto be = ops::make_cpu_backend();
+  const auto seq = test::make_trace(*be, cfg, 1, 300, 40, 5)[0];
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  const int k = 3;
+  DrafterOptions cache_only, full, batched, unchecked;
+  cache_only.max_draft_len = full.max_draft_len = batched.max_draft_len = unchecked.max_draft_len = k;
+  full.context_rows = batched.context_rows = unchecked.context_rows = drafter::ContextRows::full;
+  batched.batch_qidx = unchecked.batch_qidx = true;
+  unchecked.selection_check = false;
+  const Replayed rc = replay(cache_only, cfg, w, seq, k);
+  const Replayed rf = replay(full, cfg, w, seq, k);
+  const Replayed rb = replay(batched, cfg, w, seq, k);
+  const Replayed ru = replay(unchecked, cfg, w, seq, k);
+  ASSERT_GT(rc.drafts.size(), 5u);
+  EXPECT_EQ(rf.drafts, rc.drafts);
+  EXPECT_EQ(rb.drafts, rc.drafts);
+  EXPECT_EQ(ru.drafts, rc.drafts);
+  ASSERT_FALSE(rc.kv.empty());
+  EXPECT_EQ(rf.kv, rc.kv);
+  EXPECT_EQ(rb.kv, rc.kv);
+  EXPECT_EQ(rf.k_rows, rc.k_rows);
+  EXPECT_EQ(rb.k_rows, rc.k_rows);
+  // Every context row (the prefill's P - 1, then each step's catch-up) is checked once.
+  EXPECT_GE(rb.context_rows, seq.prompt_length - 1);
+  EXPECT_EQ(rb.check.rows_checked, rb.context_rows);
+  EXPECT_EQ(rb.check.rows_differ, 0);
+  EXPECT_EQ(rb.check.entries_differ, 0);
+  EXPECT_GE(rb.check.rows_multi, seq.prompt_length - 1);  // the prefill chunks at least
+  EXPECT_LE(rb.check.rows_multi, rb.check.rows_checked);
+  // No check without batch_qidx, nor with it switched off.
+  EXPECT_EQ(rf.check.rows_checked, 0);
+  EXPECT_EQ(ru.check.rows_checked, 0);
+  EXPECT_EQ(rc.check.rows_checked, 0);
+}
+
+TEST(BatchQidx, CheckCountsOnlyFullContextRows) {
+  const model::ModelConfig cfg = test::tiny_config(128);
+  auto be = ops::make_cpu_backend();
+  const auto seq = test::make_trace(*be, cfg, 1, 24, 20, 3)[0];
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  DrafterOptions opt;
+  opt.batch_qidx = true;  // context_rows cache_only: nothing to batch, nothing checked
+  auto d = drafter::make_drafter(*be, nullptr, cfg, w, opt);
+  EXPECT_FALSE(d->checks_selection());
+  auto st = d->new_sequence();
+  d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), 20, 0);
+  EXPECT_EQ(d->selection_check().rows_checked, 0);
+  opt.context_rows = drafter::ContextRows::full;
+  auto f = drafter::make_drafter(*be, nullptr, cfg, w, opt);
+  EXPECT_TRUE(f->checks_selection());
+  auto sf = f->new_sequence();
+  f->append_rows(*sf, seq.tokens.data() + 1, seq.hiddens.data(), 20, 0);
+  f->append_rows(*sf, seq.tokens.data() + 21, seq.hiddens.data() + 20 * cfg.hidden, 1, 20,
+                 drafter::Phase::catch_up);
+  EXPECT_EQ(f->selection_check().rows_checked, 21);
+  EXPECT_EQ(f->selection_check().rows_multi, 20);  // the one-row catch-up is a GEMV either way
+  EXPECT_EQ(f->selection_check().rows_differ, 0);
+  f->reset_selection_check();
+  EXPECT_EQ(f->selection_check().rows_checked, 0);
+}
+
+}  // namespace
