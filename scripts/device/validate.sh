@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One device call on nvidia-h200-x2 after a change to the kernels or the drafter: build
+# build-gpu/ (cuda preset), every GPU test (op tests and the end-to-end ones at 1 and 2 GPUs),
+# compute-sanitizer memcheck / racecheck on the norm, router and expert tests, then the benchmarks:
+# mtplab_bench_kernels (single launches and graph mode) on GPU 0 while experiments/batch-qidx.yaml
+# runs on GPU 1, then mtplab_bench_step, then an ncu per-kernel profile of one eager FP8 draft.
+# Every step has a timeout; a failing step does not stop the later ones.
+#
+#   OUT=/some/dir scripts/device/validate.sh [--no-bench]
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root" || exit 1
+OUT=${OUT:-$root/build-gpu/validate-out}
+mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MTPLAB_SOURCE_DIR=$root
+t0=$(date +%s)
+elapsed() { echo "$(($(date +%s) - t0))s"; }
+bench=1
+[[ ${1:-} == --no-bench ]] && bench=0
+status=0
+{ date -u; nvidia-smi; } >"$OUT/env.txt" 2>&1
+echo "== build ($(elapsed))"
+if ! timeout 60 cmake --preset cuda -B build-gpu -G Ninja -DMTPLAB_WERROR=OFF >"$OUT/configure.log" 2>&1 ||
+   ! timeout 240 cmake --build build-gpu -j "$(nproc)" >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/configure.log" "$OUT/build.log"; exit 1
+fi
+T=build-gpu/tests
+echo "== GPU tests ($(elapsed))"
+(CUDA_VISIBLE_DEVICES=1 timeout 300 $T/test_gpu_e2e >"$OUT/test_gpu_e2e.log" 2>&1; echo $? >"$OUT/test_gpu_e2e.rc") &
+CUDA_VISIBLE_DEVICES=0 timeout 200 $T/test_ops_gpu >"$OUT/test_ops_gpu.log" 2>&1
+echo "test_ops_gpu rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_ops_gpu.log" | tr '\n' ' ')"
+grep -E "^\[  FAILED|Failure|Expected|actual" "$OUT/test_ops_gpu.log" | head -20
+CUDA_VISIBLE_DEVICES=0 timeout 200 $T/test_gpu_qidx >"$OUT/test_gpu_qidx.log" 2>&1
+echo "test_gpu_qidx rc=$?"; grep -iE "differ|PASSED|FAILED" "$OUT/test_gpu_qidx.log" | head -12
+for tool in memcheck racecheck; do
+  CUDA_VISIBLE_DEVICES=0 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $T/test_ops_gpu \
+    --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*' >"$OUT/sanitizer_$tool.log" 2>&1
+  echo "sanitizer $tool rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log")"
+done
+wait
+echo "test_gpu_e2e rc=$(cat "$OUT/test_gpu_e2e.rc")"; grep -E "agree|PASSED|FAILED" "$OUT/test_gpu_e2e.log" | head -20
+timeout 300 mpirun -np 2 --oversubscribe $T/test_gpu_e2e_mpi >"$OUT/test_gpu_e2e_mpi.log" 2>&1
+echo "test_gpu_e2e_mpi rc=$?"; grep -E "^\[  PASSED|^\[  FAILED" "$OUT/test_gpu_e2e_mpi.log" | head -4
+if ((bench)); then
+  echo "== bench_kernels (GPU 0) || batch-qidx experiment (GPU 1) ($(elapsed))"
+  (CUDA_VISIBLE_DEVICES=1 timeout 240 build-gpu/bin/mtplab run experiments/batch-qidx.yaml --out "$OUT/batch-qidx.h5" \
+     >"$OUT/batch-qidx.log" 2>&1; echo $? >"$OUT/batch-qidx.rc") &
+  CUDA_VISIBLE_DEVICES=0 timeout 200 build-gpu/bin/mtplab_bench_kernels --reps 60 --out "$OUT" >"$OUT/bench_kernels.txt" 2>&1
+  echo "bench_kernels rc=$?"; grep -vE "^\s*$" "$OUT/bench_kernels.txt" | tail -40 | cut -c1-200
+  wait
+  echo "batch-qidx rc=$(cat "$OUT/batch-qidx.rc") ($(elapsed))"; tail -8 "$OUT/batch-qidx.log" | cut -c1-220
+  echo "== bench_step ($(elapsed))"
+  CUDA_VISIBLE_DEVICES=0 timeout 200 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 1,4 --out "$OUT" \
+    >"$OUT/bench_step.txt" 2>&1
+  echo "bench_step rc=$?"; tail -11 "$OUT/bench_step.txt"
+  echo "== ncu: one eager FP8 draft ($(elapsed))"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 ncu --clock-control none --profile-from-start off --csv \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+    build-gpu/bin/mtplab_bench_step --heads fp8 --graphs off --k 1 --reps 3 --warmup 2 --profile --out "$OUT/ncu" \
+    >"$OUT/ncu_step.csv" 2>"$OUT/ncu_step.err"
+  echo "ncu rc=$?"
+fi
+echo "== done ($(elapsed))"
