@@ -16,7 +16,9 @@ if(GIT_FOUND)
 endif()
 # Without git metadata (a copied tree, e.g. on a remote build machine) the sha may come from a
 # file .mtplab-git-sha written beside the sources by whoever copied them.
-if(sha STREQUAL "unknown" AND EXISTS ${SRC}/.mtplab-git-sha)
+# MTPLAB_SHA_FROM_FILE=1 in the environment makes the file win over git: a copied tree may carry
+# a stale .git (the scripts in scripts/device/ set it, after scripts/device/stamp.sh wrote the file).
+if(EXISTS ${SRC}/.mtplab-git-sha AND (sha STREQUAL "unknown" OR "$ENV{MTPLAB_SHA_FROM_FILE}" STREQUAL "1"))
   file(STRINGS ${SRC}/.mtplab-git-sha lines LIMIT_COUNT 2)
   list(GET lines 0 sha)
   list(LENGTH lines n)
