@@ -10,8 +10,13 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
-OUT=${OUT:-$root/build-gpu/validate-out}
+FINAL=${OUT:-$root/build-gpu/validate-out}
+# Everything goes to $FINAL/logs and is packed into $FINAL/validate.tgz at the end (the device
+# tool returns only a few files), beside the summary files named in KEEP.
+OUT=$FINAL/logs
 mkdir -p "$OUT"
+pack() { cp "$OUT"/bench_step*.txt "$OUT"/bench_kernels.txt "$FINAL"/ 2>/dev/null; tar -C "$FINAL" -czf "$FINAL/validate.tgz" logs; rm -rf "$OUT"; }
+trap pack EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MTPLAB_SOURCE_DIR=$root MTPLAB_SHA_FROM_FILE=1
 t0=$(date +%s)
 elapsed() { echo "$(($(date +%s) - t0))s"; }
@@ -26,19 +31,24 @@ if ! timeout 60 cmake --preset cuda -B build-gpu -G Ninja -DMTPLAB_WERROR=OFF >"
 fi
 T=build-gpu/tests
 echo "== GPU tests ($(elapsed))"
-(CUDA_VISIBLE_DEVICES=1 timeout 300 $T/test_gpu_e2e >"$OUT/test_gpu_e2e.log" 2>&1; echo $? >"$OUT/test_gpu_e2e.rc") &
+(CUDA_VISIBLE_DEVICES=1 timeout 300 $T/test_gpu_e2e >"$OUT/test_gpu_e2e.log" 2>&1; echo $? >"$OUT/test_gpu_e2e.rc"
+ MTPLAB_CUDA_PDL=0 CUDA_VISIBLE_DEVICES=1 timeout 300 $T/test_gpu_e2e >"$OUT/test_gpu_e2e_nopdl.log" 2>&1
+ echo $? >"$OUT/test_gpu_e2e_nopdl.rc") &
 CUDA_VISIBLE_DEVICES=0 timeout 200 $T/test_ops_gpu >"$OUT/test_ops_gpu.log" 2>&1
 echo "test_ops_gpu rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_ops_gpu.log" | tr '\n' ' ')"
-grep -E "^\[  FAILED|Failure|Expected|actual" "$OUT/test_ops_gpu.log" | head -20
+grep -A8 "Failure" "$OUT/test_ops_gpu.log" | head -40
 CUDA_VISIBLE_DEVICES=0 timeout 200 $T/test_gpu_qidx >"$OUT/test_gpu_qidx.log" 2>&1
 echo "test_gpu_qidx rc=$?"; grep -iE "differ|PASSED|FAILED" "$OUT/test_gpu_qidx.log" | head -12
 for tool in memcheck racecheck; do
   CUDA_VISIBLE_DEVICES=0 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $T/test_ops_gpu \
     --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*' >"$OUT/sanitizer_$tool.log" 2>&1
-  echo "sanitizer $tool rc=$? $(grep -m1 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log")"
+  echo "sanitizer $tool rc=$? $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log")"
 done
 wait
 echo "test_gpu_e2e rc=$(cat "$OUT/test_gpu_e2e.rc")"; grep -E "agree|PASSED|FAILED" "$OUT/test_gpu_e2e.log" | head -20
+echo "test_gpu_e2e (MTPLAB_CUDA_PDL=0) rc=$(cat "$OUT/test_gpu_e2e_nopdl.rc")"
+grep -E "agree" "$OUT/test_gpu_e2e.log" >"$OUT/agree_pdl.txt"; grep -E "agree" "$OUT/test_gpu_e2e_nopdl.log" >"$OUT/agree_nopdl.txt"
+cmp -s "$OUT/agree_pdl.txt" "$OUT/agree_nopdl.txt" && echo "agreement lines identical with and without PDL" || echo "agreement lines DIFFER with and without PDL"
 timeout 300 mpirun -np 2 --oversubscribe $T/test_gpu_e2e_mpi >"$OUT/test_gpu_e2e_mpi.log" 2>&1
 echo "test_gpu_e2e_mpi rc=$?"; grep -E "^\[  PASSED|^\[  FAILED" "$OUT/test_gpu_e2e_mpi.log" | head -4
 if ((bench)); then
@@ -53,6 +63,10 @@ if ((bench)); then
   CUDA_VISIBLE_DEVICES=0 timeout 200 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 1,4 --out "$OUT" \
     >"$OUT/bench_step.txt" 2>&1
   echo "bench_step rc=$?"; tail -11 "$OUT/bench_step.txt"
+  echo "== bench_step with programmatic launch off (MTPLAB_CUDA_PDL=0) ($(elapsed))"
+  MTPLAB_CUDA_PDL=0 CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 4 \
+    --out "$OUT/nopdl" >"$OUT/bench_step_nopdl.txt" 2>&1
+  echo "bench_step (no PDL) rc=$?"; tail -5 "$OUT/bench_step_nopdl.txt"
   echo "== ncu: one eager FP8 draft ($(elapsed))"
   CUDA_VISIBLE_DEVICES=0 timeout 150 ncu --clock-control none --profile-from-start off --csv \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \

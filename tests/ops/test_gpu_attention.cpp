@@ -107,6 +107,26 @@ TEST_P(GpuAttention, IndexerScoresAndSelect) {
   }
 }
 
+// indexer_select keeps the candidates' keys in shared memory up to 40960 pools and reads global
+// memory beyond: both paths, same scores (random, with ties), exact against the CPU.
+TEST(GpuIndexerSelect, SharedAndGlobalKeyPathsMatchTheCpu) {
+  Rng rng(14);
+  const int P = 4, K = 2048;
+  for (int max_pools : {40960, 40961, 50000}) {
+    std::vector<float> scores = rng.floats(static_cast<size_t>(max_pools), -4.0f, 4.0f);
+    for (size_t i = 0; i < scores.size(); i += 7) scores[i] = std::floor(scores[i]);  // ties
+    Twin<float> sc(scores);
+    for (int32_t pos : {P * max_pools - 1, P * 30000 + 1, 1000}) {
+      Twin<int32_t> p(std::vector<int32_t>{pos});
+      auto sel = out_twin<int32_t>(K + P - 1);
+      cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
+      gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
+      expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
+                         "indexer_select max_pools " + std::to_string(max_pools) + " pos " + std::to_string(pos));
+    }
+  }
+}
+
 struct PagedCache {
   int block_size = 64;
   int num_blocks = 0;

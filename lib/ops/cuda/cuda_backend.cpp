@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -119,6 +120,9 @@ class CudaBackend final : public Backend {
     MTP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = prop.name;
     ctx_.num_sms = prop.multiProcessorCount;
+    // Programmatic dependent launch needs sm_90; MTPLAB_CUDA_PDL=0 turns it off (docs/kernels.md).
+    const char* pdl = std::getenv("MTPLAB_CUDA_PDL");
+    ctx_.pdl = prop.major >= 9 && !(pdl && std::string(pdl) == "0");
     MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     MTP_CUBLAS_CHECK(cublasLtCreate(&lt_));
     MTP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
@@ -127,7 +131,8 @@ class CudaBackend final : public Backend {
                               sizeof(unsigned long long) * static_cast<size_t>(argmax_.capacity)));
     MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&argmax_.counter), sizeof(unsigned int)));
     MTP_CUDA_CHECK(cudaMemset(argmax_.counter, 0, sizeof(unsigned int)));
-    log_debug("ops::cuda: device ", device, " (", name_, ", ", ctx_.num_sms, " SMs)");
+    log_debug("ops::cuda: device ", device, " (", name_, ", ", ctx_.num_sms, " SMs), programmatic launch ",
+              ctx_.pdl ? "on" : "off");
   }
 
   ~CudaBackend() override {

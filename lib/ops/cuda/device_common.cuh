@@ -18,6 +18,19 @@
 
 namespace mtplab::ops::cuda {
 
+/// Programmatic dependent launch. Every kernel of lib/ops/cuda calls this before anything else.
+/// The wait returns once the grids this one depends on have completed and their memory writes are
+/// visible (at once when the launch was an ordinary one); then this grid lets the next kernel of
+/// the stream be scheduled, so that kernel's launch and block scheduling overlap this one's run
+/// and tail instead of following them. Correctness never depends on the overlap: a dependent
+/// reads nothing before its own wait.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 constexpr int kWarp = 32;
 
 /// 16-byte load of data read once (weights): skips L1 so the small reused vectors stay there.

@@ -20,6 +20,10 @@ namespace mtplab::ops::cuda {
 struct LaunchCtx {
   cudaStream_t stream = nullptr;
   int num_sms = 1;
+  /// Launch with programmatic stream serialization (device_common.cuh, `launch`): the next
+  /// kernel is scheduled while this one runs and waits at its start for this one's writes.
+  /// MTPLAB_CUDA_PDL=0 turns it off (docs/kernels.md).
+  bool pdl = true;
 };
 
 /// Per-block partial keys plus a self-resetting completion counter: the last block of a

@@ -18,6 +18,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
+#include "ops/cuda/launch.cuh"
 
 namespace mtplab::ops::cuda {
 namespace {
@@ -113,6 +114,7 @@ __device__ void finish_argmax(unsigned long long best, unsigned long long* parti
 
 template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
+  pdl_begin();
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
   constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
   const int warp = threadIdx.x / kWarp;
@@ -185,7 +187,7 @@ void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) 
   const int64_t needed = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
   int64_t grid = std::min<int64_t>(needed, static_cast<int64_t>(blocks_per_sm) * ctx.num_sms);
   if (grid_cap > 0) grid = std::min<int64_t>(grid, grid_cap);
-  gemv_kernel<kFp8, kSplit, kOut, kArgmax><<<static_cast<unsigned>(grid), kGemvThreads, 0, ctx.stream>>>(p);
+  launch(ctx, gemv_kernel<kFp8, kSplit, kOut, kArgmax>, static_cast<unsigned>(grid), kGemvThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -234,6 +236,7 @@ struct GroupParams {
 /// the split (and the barriers of its combine) is uniform over the block. Per row: the same
 /// chunk ranges per part, the same slice_dot, warp_sum and part order as gemv_kernel<kSplit>.
 __global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(GroupParams p) {
+  pdl_begin();
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int n_chunks = p.k / 8;
@@ -281,6 +284,7 @@ constexpr int kArgmaxThreads = 256;
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_kernel(const bf16* x, int n, int64_t index_base, ArgMax* out, unsigned long long* partials,
                   unsigned int* counter) {
+  pdl_begin();
   unsigned long long best = 0;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
     const unsigned long long key = argmax_key(bf16_to_f(x[i]), static_cast<int32_t>(index_base + i));
@@ -289,12 +293,15 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   finish_argmax(best, partials, counter, out);
 }
 
-__global__ void pack_key_kernel(const ArgMax* in, uint64_t* key) { *key = argmax_key(in->value, in->index); }
+__global__ void pack_key_kernel(const ArgMax* in, uint64_t* key) {
+  pdl_begin(); *key = argmax_key(in->value, in->index); }
 __global__ void unpack_key_kernel(const uint64_t* key, int32_t* token) {
+  pdl_begin();
   *token = static_cast<int32_t>(~static_cast<uint32_t>(*key & 0xffffffffull));
 }
 /// Largest value, lowest index on ties (the CPU's comparison, applied to pairs in any order).
 __global__ void pick_kernel(const ArgMax* pairs, int n, int32_t* token) {
+  pdl_begin();
   ArgMax best = pairs[0];
   for (int i = 1; i < n; ++i) {
     const ArgMax p = pairs[i];
@@ -313,6 +320,7 @@ constexpr int kMoeUnroll = 4;
 __global__ void __launch_bounds__(kMoeThreads)
     moe_gate_up_kernel(const bf16* x, const bf16* gate, const bf16* up, int first_expert, int num_local,
                        int H, int I, const int32_t* idx, int top_k, float limit, bf16* act) {
+  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
   const int n_chunks = H / 8;
@@ -366,6 +374,7 @@ __global__ void __launch_bounds__(kMoeThreads)
 __global__ void __launch_bounds__(kMoeThreads)
     moe_down_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
                     const float* weights, int top_k, const bf16* act, float* out) {
+  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int warps_total = gridDim.x * (blockDim.x / kWarp);
   const int n_chunks = I / 8;
@@ -406,6 +415,7 @@ __global__ void __launch_bounds__(kMoeThreads)
 __global__ void __launch_bounds__(1024)
     moe_down_slots_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
                           const float* weights, int top_k, int per_block, const bf16* act, float* out) {
+  pdl_begin();
   __shared__ float part[32];
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -507,7 +517,7 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
     return std::max(1, std::min(b, kMaxBlocksPerSm));
   }();
   const int grid = std::min(blocks, blocks_per_sm * ctx.num_sms);
-  gemv_group_kernel<<<static_cast<unsigned>(grid), kGemvThreads, 0, ctx.stream>>>(p);
+  launch(ctx, gemv_group_kernel, static_cast<unsigned>(grid), kGemvThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -561,24 +571,24 @@ void argmax(const LaunchCtx& ctx, const bf16* x, int n, int64_t index_base, ArgM
   const int per_block = kArgmaxThreads * 16;
   const int grid =
       std::max(1, std::min({(n + per_block - 1) / per_block, 2 * ctx.num_sms, scratch.capacity}));
-  argmax_kernel<<<grid, kArgmaxThreads, 0, ctx.stream>>>(x, n, index_base, out, scratch.partials,
+  launch(ctx, argmax_kernel, grid, kArgmaxThreads, 0, x, n, index_base, out, scratch.partials,
                                                          scratch.counter);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void argmax_pack_key(const LaunchCtx& ctx, const ArgMax* in, uint64_t* key) {
-  pack_key_kernel<<<1, 1, 0, ctx.stream>>>(in, key);
+  launch(ctx, pack_key_kernel, 1, 1, 0, in, key);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void argmax_unpack_key(const LaunchCtx& ctx, const uint64_t* key, int32_t* token) {
-  unpack_key_kernel<<<1, 1, 0, ctx.stream>>>(key, token);
+  launch(ctx, unpack_key_kernel, 1, 1, 0, key, token);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* token) {
   MTP_REQUIRE(n >= 1, "ops::cuda::argmax_pick: n = ", n);
-  pick_kernel<<<1, 1, 0, ctx.stream>>>(pairs, n, token);
+  launch(ctx, pick_kernel, 1, 1, 0, pairs, n, token);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -597,18 +607,18 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
   const int64_t tasks = static_cast<int64_t>(top_k) * I;
   const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
                                                        static_cast<int64_t>(ctx.num_sms) * 8));
-  moe_gate_up_kernel<<<grid1, kMoeThreads, 0, ctx.stream>>>(x, w.gate, w.up, w.first_expert, w.num_local, H,
+  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H,
                                                             I, idx, top_k, limit, act);
   MTP_CUDA_LAUNCH_CHECK();
   if (top_k <= 32) {
     // One warp per (output, slot); at least 8 warps a block (e.g. 1 output x 8 slots, 8 x 1).
     const int per_block = std::max(1, warps_per_block / top_k);
     const int grid2 = (H + per_block - 1) / per_block;
-    moe_down_slots_kernel<<<grid2, per_block * top_k * kWarp, 0, ctx.stream>>>(
+    launch(ctx, moe_down_slots_kernel, grid2, per_block * top_k * kWarp, 0,
         w.down, w.first_expert, w.num_local, H, I, idx, weights, top_k, per_block, act, out);
   } else {
     const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
-    moe_down_kernel<<<grid2, kMoeThreads, 0, ctx.stream>>>(w.down, w.first_expert, w.num_local, H, I, idx,
+    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx,
                                                            weights, top_k, act, out);
   }
   MTP_CUDA_LAUNCH_CHECK();

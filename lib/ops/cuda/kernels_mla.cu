@@ -18,6 +18,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
+#include "ops/cuda/launch.cuh"
 
 namespace mtplab::ops::cuda {
 namespace {
@@ -26,6 +27,7 @@ namespace {
 
 __global__ void kv_write_kernel(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, void* data,
                                 bool fp8, float scale, int block_size, int kv_lora) {
+  pdl_begin();
   const int32_t p = pos[0];
   const int64_t slot = static_cast<int64_t>(block_table[p / block_size]) * block_size + p % block_size;
   const size_t base = static_cast<size_t>(slot) * kv_lora;
@@ -51,6 +53,7 @@ constexpr int kAbsorbUnroll = 8;
 /// groups each stream rows d = g, g+32, ... of the tile with 16-byte loads, then a fixed-order sum.
 __global__ void __launch_bounds__(kAbsorbThreads)
     absorb_q_kernel(const bf16* q, const bf16* W_kvb, bf16* q_abs, int dqk, int dv, int kv_lora) {
+  pdl_begin();
   __shared__ float red[kAbsorbGroups][kAbsorbCols + 1];
   const int h = blockIdx.x;
   const int col8 = threadIdx.x % (kAbsorbCols / 8);
@@ -160,6 +163,7 @@ struct DecodeParams {
 /// kCw = kv_lora / 4 columns per warp.
 template <int kCw, bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams p) {
+  pdl_begin();
   constexpr int kKSteps = kCw / 16;
   constexpr int kNTiles = kCw / 8;
   constexpr int kRowStride = kCw + 8;  // BF16 elements: +16 bytes, conflict-free fragment reads
@@ -373,6 +377,7 @@ constexpr int kCombineThreads = 128;
 /// loads (a serial walk with a branch per split was latency-bound: ~30 us at 65 splits).
 __global__ void __launch_bounds__(kCombineThreads)
     mla_combine_kernel(const float* scratch, int splits, int kv_lora, bf16* o_lat) {
+  pdl_begin();
   extern __shared__ float s_w[];  // [splits]
   __shared__ float s_red[kCombineThreads / kWarp];
   __shared__ float s_max, s_denom;
@@ -421,7 +426,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 template <int kCw, bool kFp8>
 void launch_decode(const LaunchCtx& ctx, const DecodeParams& p) {
   const dim3 grid((p.n_heads + kHeadTile - 1) / kHeadTile, p.splits);
-  mla_decode_kernel<kCw, kFp8><<<grid, kDecodeThreads, 0, ctx.stream>>>(p);
+  launch(ctx, mla_decode_kernel<kCw, kFp8>, grid, kDecodeThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -430,7 +435,7 @@ void launch_decode(const LaunchCtx& ctx, const DecodeParams& p) {
 void kv_write(const LaunchCtx& ctx, const bf16* c_kv, const int32_t* block_table, const int32_t* pos,
               const KvCache& cache) {
   MTP_REQUIRE(cache.data && cache.block_size >= 1 && cache.kv_lora >= 1, "ops::cuda::kv_write: bad cache");
-  kv_write_kernel<<<1, 256, 0, ctx.stream>>>(c_kv, block_table, pos, cache.data, cache.dtype == KvDtype::fp8,
+  launch(ctx, kv_write_kernel, 1, 256, 0, c_kv, block_table, pos, cache.data, cache.dtype == KvDtype::fp8,
                                              cache.scale, cache.block_size, cache.kv_lora);
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -443,7 +448,7 @@ void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* 
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(W_kvb) % 16 == 0,
               "ops::cuda::mla_absorb_q: W_kvb not 16-byte aligned");
   const dim3 grid(n_heads, (kv_lora + kAbsorbCols - 1) / kAbsorbCols);
-  absorb_q_kernel<<<grid, kAbsorbThreads, 0, ctx.stream>>>(q, W_kvb, q_abs, dqk, dv, kv_lora);
+  launch(ctx, absorb_q_kernel, grid, kAbsorbThreads, 0, q, W_kvb, q_abs, dqk, dv, kv_lora);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -486,7 +491,7 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
       break;
   }
   const dim3 combine_grid(n_heads, (L + kCombineThreads - 1) / kCombineThreads);
-  mla_combine_kernel<<<combine_grid, kCombineThreads, sizeof(float) * static_cast<size_t>(splits), ctx.stream>>>(
+  launch(ctx, mla_combine_kernel, combine_grid, kCombineThreads, sizeof(float) * static_cast<size_t>(splits),
       scratch, splits, L, o_lat);
   MTP_CUDA_LAUNCH_CHECK();
 }

@@ -17,6 +17,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
+#include "ops/cuda/launch.cuh"
 
 namespace mtplab::ops::cuda {
 namespace {
@@ -60,18 +61,21 @@ __device__ void rmsnorm_row(const bf16* x, const bf16* w, bf16* y, int n, float 
 
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
+  pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
   rmsnorm_row(x + off, w, y + off, n, eps);
 }
 
 __global__ void __launch_bounds__(kNormThreads)
     embed_rmsnorm_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps) {
+  pdl_begin();
   rmsnorm_row(table + static_cast<size_t>(token[0]) * n, w, y, n, eps);
 }
 
 /// y = bf16(((x - mean) * r) * w + b), two-pass mean / biased variance, as the CPU.
 __global__ void __launch_bounds__(kNormThreads)
     layernorm_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
   x += off;
   y += off;
@@ -151,6 +155,7 @@ __device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, bf
 template <int V>
 __global__ void __launch_bounds__(kVecNormThreads)
     rmsnorm_vec_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
+  pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
   rmsnorm_row_vec<V>(x + off, w, y + off, n / 8, n, eps);
 }
@@ -158,12 +163,14 @@ __global__ void __launch_bounds__(kVecNormThreads)
 template <int V>
 __global__ void __launch_bounds__(kVecNormThreads)
     embed_rmsnorm_vec_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps) {
+  pdl_begin();
   rmsnorm_row_vec<V>(table + static_cast<size_t>(token[0]) * n, w, y, n / 8, n, eps);
 }
 
 template <int V>
 __global__ void __launch_bounds__(kVecNormThreads)
     layernorm_vec_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
   x += off;
   y += off;
@@ -220,6 +227,7 @@ template <int V>
 __global__ void __launch_bounds__(kVecNormThreads)
     residual_add_rmsnorm_vec_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
                                     int n, float eps) {
+  pdl_begin();
   const int nv = n / 8;
   uint4 xr[V], wr[V];
   float4 da[V], db[V];
@@ -274,6 +282,7 @@ int norm_vecs(int n, std::initializer_list<const void*> ptrs) {
 constexpr int kEltThreads = 256;
 
 __global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, int n) {
+  pdl_begin();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
 }
@@ -282,6 +291,7 @@ __global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, 
 __global__ void __launch_bounds__(kNormThreads)
     residual_add_rmsnorm_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
                                 float eps) {
+  pdl_begin();
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const bf16 yi = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
@@ -296,22 +306,27 @@ __global__ void __launch_bounds__(kNormThreads)
   }
 }
 __global__ void add_kernel(const bf16* a, const bf16* b, bf16* y, int n) {
+  pdl_begin();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = f_to_bf16(__fadd_rn(bf16_to_f(a[i]), bf16_to_f(b[i])));
 }
 __global__ void to_bf16_kernel(const float* x, bf16* y, int n) {
+  pdl_begin();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = f_to_bf16(x[i]);
 }
 __global__ void accumulate_f32_kernel(const float* x, float* y, int n) {
+  pdl_begin();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = __fadd_rn(y[i], x[i]);
 }
 __global__ void scale_f32_kernel(float* x, float s, int n) {
+  pdl_begin();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     x[i] = __fmul_rn(x[i], s);
 }
 __global__ void add_i32_kernel(const int32_t* src, int32_t add, int32_t* dst) {
+  pdl_begin();
   dst[0] = static_cast<int32_t>(static_cast<int64_t>(src[0]) + add);
 }
 
@@ -332,6 +347,7 @@ constexpr int kRouteThreads = 256;
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_kernel(const float* logits, const float* bias, int E, int top_k, int n_group, int topk_group,
                      float scaling, int32_t* idx, float* weights) {
+  pdl_begin();
   extern __shared__ unsigned long long route_smem[];
   unsigned long long* keys = route_smem;                           // [E]
   unsigned long long* gkeys = keys + E;                             // [n_group]
@@ -396,6 +412,7 @@ __global__ void __launch_bounds__(kRouteThreads)
 __global__ void indexer_store_kernel(const bf16* k_normed, const float* gate, const float* ape,
                                      const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid,
                                      float* pool_keys, int D, int P) {
+  pdl_begin();
   const int64_t p = pos[0];
   const size_t row = static_cast<size_t>(p) * D;
   for (int c = threadIdx.x; c < D; c += blockDim.x) {
@@ -442,6 +459,7 @@ constexpr int kPoolsPerWarp = 4;
 __global__ void __launch_bounds__(kScoreThreads)
     indexer_scores_kernel(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
                           float* scores, int n_heads, int D, int P, int max_pools) {
+  pdl_begin();
   extern __shared__ float4 smem_vec[];  // float4: the 16-byte reads below need the alignment
   float* smem = reinterpret_cast<float*>(smem_vec);
   const int qstride = D + 4;
@@ -552,7 +570,12 @@ __device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long
 
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_select_kernel(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
-                          int max_pools) {
+                          int max_pools, int cached) {
+  // The candidates' order-preserving keys, loaded once into shared memory when they fit
+  // (`cached`, the dynamic shared memory holds max_pools keys): the five passes below then read
+  // shared memory instead of going back to global memory each time.
+  extern __shared__ uint32_t key_cache[];
+  pdl_begin();
   __shared__ unsigned int hist[256];
   __shared__ unsigned int s_digit;
   __shared__ unsigned int s_need;
@@ -562,6 +585,12 @@ __global__ void __launch_bounds__(kSelectThreads)
   const int n_sel = min(K / P, n_cand);
   const int width = K + P - 1;
   const bool take_all = n_sel == n_cand;
+  if (cached) {
+#pragma unroll 4
+    for (int j = tid; j < n_cand; j += blockDim.x) key_cache[j] = order_preserving_u32(scores[j]);
+    __syncthreads();
+  }
+  auto key_of = [&](int j) { return cached ? key_cache[j] : order_preserving_u32(scores[j]); };
 
   // Radix select, 8 bits at a time from the top: threshold = key of the n_sel-th largest score.
   uint32_t prefix = 0;
@@ -576,7 +605,7 @@ __global__ void __launch_bounds__(kSelectThreads)
       // lanes with the same bin add once (the lowest), which spares the atomics on heavy ties.
       for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
         const int j = j0 + tid;
-        const uint32_t key = j < n_cand ? order_preserving_u32(scores[j]) : 0u;
+        const uint32_t key = j < n_cand ? key_of(j) : 0u;
         const bool match = j < n_cand && (key & high_mask) == prefix;
         const unsigned int bin = (key >> shift) & 0xffu;
         const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
@@ -604,7 +633,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   unsigned long long gt = 0, eq = 0;
   if (!take_all) {
     for (int j = j_begin; j < j_end; ++j) {
-      const uint32_t key = order_preserving_u32(scores[j]);
+      const uint32_t key = key_of(j);
       gt += key > prefix;
       eq += key == prefix;
     }
@@ -620,7 +649,7 @@ __global__ void __launch_bounds__(kSelectThreads)
       take = true;
       out = j;
     } else {
-      const uint32_t key = order_preserving_u32(scores[j]);
+      const uint32_t key = key_of(j);
       out = static_cast<int64_t>(gt_before) + static_cast<int64_t>(eq_before < need ? eq_before : need);
       take = key > prefix || (key == prefix && eq_before < need);
       gt_before += key > prefix;
@@ -647,11 +676,11 @@ __global__ void __launch_bounds__(kSelectThreads)
 void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
   switch (norm_vecs(n, {x, w, y})) {
-    case 1: rmsnorm_vec_kernel<1><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
-    case 2: rmsnorm_vec_kernel<2><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
-    case 3: rmsnorm_vec_kernel<3><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
-    case 4: rmsnorm_vec_kernel<4><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, y, n, eps); break;
-    default: rmsnorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, y, n, eps);
+    case 1: launch(ctx, rmsnorm_vec_kernel<1>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
+    case 2: launch(ctx, rmsnorm_vec_kernel<2>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
+    case 3: launch(ctx, rmsnorm_vec_kernel<3>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
+    case 4: launch(ctx, rmsnorm_vec_kernel<4>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
+    default: launch(ctx, rmsnorm_kernel, rows, kNormThreads, 0, x, w, y, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -660,11 +689,11 @@ void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token
                    int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
   switch (norm_vecs(n, {table, w, y})) {
-    case 1: embed_rmsnorm_vec_kernel<1><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
-    case 2: embed_rmsnorm_vec_kernel<2><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
-    case 3: embed_rmsnorm_vec_kernel<3><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
-    case 4: embed_rmsnorm_vec_kernel<4><<<1, kVecNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps); break;
-    default: embed_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(table, token, w, y, n, eps);
+    case 1: launch(ctx, embed_rmsnorm_vec_kernel<1>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
+    case 2: launch(ctx, embed_rmsnorm_vec_kernel<2>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
+    case 3: launch(ctx, embed_rmsnorm_vec_kernel<3>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
+    case 4: launch(ctx, embed_rmsnorm_vec_kernel<4>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
+    default: launch(ctx, embed_rmsnorm_kernel, 1, kNormThreads, 0, table, token, w, y, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -673,49 +702,49 @@ void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b
                float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
   switch (norm_vecs(n, {x, w, b, y})) {
-    case 1: layernorm_vec_kernel<1><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
-    case 2: layernorm_vec_kernel<2><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
-    case 3: layernorm_vec_kernel<3><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
-    case 4: layernorm_vec_kernel<4><<<rows, kVecNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps); break;
-    default: layernorm_kernel<<<rows, kNormThreads, 0, ctx.stream>>>(x, w, b, y, n, eps);
+    case 1: launch(ctx, layernorm_vec_kernel<1>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
+    case 2: launch(ctx, layernorm_vec_kernel<2>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
+    case 3: launch(ctx, layernorm_vec_kernel<3>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
+    case 4: launch(ctx, layernorm_vec_kernel<4>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
+    default: launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, int n) {
-  residual_add_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, delta, y, n);
+  launch(ctx, residual_add_kernel, elt_grid(ctx, n), kEltThreads, 0, x, delta, y, n);
   MTP_CUDA_LAUNCH_CHECK();
 }
 void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
                           bf16* normed, int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
   switch (norm_vecs(n, {x, delta, y, w, normed})) {
-    case 1: residual_add_rmsnorm_vec_kernel<1><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
-    case 2: residual_add_rmsnorm_vec_kernel<2><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
-    case 3: residual_add_rmsnorm_vec_kernel<3><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
-    case 4: residual_add_rmsnorm_vec_kernel<4><<<1, kVecNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps); break;
-    default: residual_add_rmsnorm_kernel<<<1, kNormThreads, 0, ctx.stream>>>(x, delta, y, w, normed, n, eps);
+    case 1: launch(ctx, residual_add_rmsnorm_vec_kernel<1>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
+    case 2: launch(ctx, residual_add_rmsnorm_vec_kernel<2>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
+    case 3: launch(ctx, residual_add_rmsnorm_vec_kernel<3>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
+    case 4: launch(ctx, residual_add_rmsnorm_vec_kernel<4>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
+    default: launch(ctx, residual_add_rmsnorm_kernel, 1, kNormThreads, 0, x, delta, y, w, normed, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
 void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n) {
-  add_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(a, b, y, n);
+  launch(ctx, add_kernel, elt_grid(ctx, n), kEltThreads, 0, a, b, y, n);
   MTP_CUDA_LAUNCH_CHECK();
 }
 void to_bf16(const LaunchCtx& ctx, const float* x, bf16* y, int n) {
-  to_bf16_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, y, n);
+  launch(ctx, to_bf16_kernel, elt_grid(ctx, n), kEltThreads, 0, x, y, n);
   MTP_CUDA_LAUNCH_CHECK();
 }
 void accumulate_f32(const LaunchCtx& ctx, const float* x, float* y, int n) {
-  accumulate_f32_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, y, n);
+  launch(ctx, accumulate_f32_kernel, elt_grid(ctx, n), kEltThreads, 0, x, y, n);
   MTP_CUDA_LAUNCH_CHECK();
 }
 void scale_f32(const LaunchCtx& ctx, float* x, float s, int n) {
-  scale_f32_kernel<<<elt_grid(ctx, n), kEltThreads, 0, ctx.stream>>>(x, s, n);
+  launch(ctx, scale_f32_kernel, elt_grid(ctx, n), kEltThreads, 0, x, s, n);
   MTP_CUDA_LAUNCH_CHECK();
 }
 void add_i32(const LaunchCtx& ctx, const int32_t* src, int32_t add, int32_t* dst) {
-  add_i32_kernel<<<1, 1, 0, ctx.stream>>>(src, add, dst);
+  launch(ctx, add_i32_kernel, 1, 1, 0, src, add, dst);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -733,7 +762,7 @@ void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int
                       sizeof(float) * (2 * static_cast<size_t>(num_experts) + top_k) + n_group;
   MTP_REQUIRE(smem <= 48 * 1024, "ops::cuda::moe_route: ", num_experts,
               " experts exceed the router's shared memory");
-  moe_route_kernel<<<1, kRouteThreads, smem, ctx.stream>>>(logits, bias, num_experts, top_k, n_group,
+  launch(ctx, moe_route_kernel, 1, kRouteThreads, smem, logits, bias, num_experts, top_k, n_group,
                                                            topk_group, scaling, idx, weights);
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -742,7 +771,7 @@ void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate
                    const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys,
                    int D, int P) {
   MTP_REQUIRE(D >= 1 && P >= 1, "ops::cuda::indexer_store: D ", D, ", P ", P);
-  indexer_store_kernel<<<1, std::min(1024, ((D + 31) / 32) * 32), 0, ctx.stream>>>(
+  launch(ctx, indexer_store_kernel, 1, std::min(1024, ((D + 31) / 32) * 32), 0,
       k_normed, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -765,7 +794,7 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
   const int pools_per_block = kScoreWarps * kPoolsPerWarp;
   const int grid =
       std::max(1, std::min((max_pools + pools_per_block - 1) / pools_per_block, ctx.num_sms * 4));
-  indexer_scores_kernel<<<grid, kScoreThreads, smem, ctx.stream>>>(q, w, pool_keys, pos, scores, n_heads, D,
+  launch(ctx, indexer_scores_kernel, grid, kScoreThreads, smem, q, w, pool_keys, pos, scores, n_heads, D,
                                                                    P, max_pools);
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -774,7 +803,15 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
                     int P, int max_pools) {
   MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select: K ", K, ", P ", P,
               ", max_pools ", max_pools);
-  indexer_select_kernel<<<1, kSelectThreads, 0, ctx.stream>>>(scores, pos, selection, K, P, max_pools);
+  // Keys in shared memory up to 160 KB of them (40960 pools); beyond, the passes read global memory.
+  const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
+  const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
+  const size_t smem = cached ? cache_bytes : 0;
+  if (smem > 48 * 1024) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+  }
+  launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools, cached);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
