@@ -48,17 +48,9 @@ BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
       attn_partial(be, d.hidden),
       router_logits(be, d.num_experts),
       moe_partial(be, d.hidden),
-      shared_partial(be, d.hidden),
       selection(be, d.selection_width()),
       expert_idx(be, d.top_k),
-      shared_idx(be, 1),
-      expert_w(be, d.top_k),
-      shared_w(be, 1) {
-  const int32_t zero = 0;
-  const float one = 1.0f;
-  be.upload(shared_idx.data(), &zero, sizeof zero);
-  be.upload(shared_w.data(), &one, sizeof one);
-}
+      expert_w(be, d.top_k) {}
 
 RowsScratch::RowsScratch(ops::Backend& be, const BlockDims& d, int rows, bool shadow)
     : max_rows(rows),
@@ -160,14 +152,15 @@ void Block::finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf1
                 d.routed_scaling, s.expert_idx.data(), s.expert_w.data());
   ops::ExpertWeights routed{w_.exp_gate.data(), w_.exp_up.data(),   w_.exp_down.data(), w_.first_expert,
                             w_.num_local_experts, d.hidden,         d.moe_inter};
-  be_.moe_experts(s.v.data(), routed, s.expert_idx.data(), s.expert_w.data(), d.top_k, d.swiglu_limit,
-                  s.moe_partial.data());
   if (d.shared_inter_local > 0) {
+    // Routed experts, then the shared expert's slice added last: one op (one pass, two launches).
     ops::ExpertWeights shared{w_.sh_gate.data(), w_.sh_up.data(), w_.sh_down.data(), 0, 1, d.hidden,
                               d.shared_inter_local};
-    be_.moe_experts(s.v.data(), shared, s.shared_idx.data(), s.shared_w.data(), 1, d.swiglu_limit,
-                    s.shared_partial.data());
-    be_.accumulate_f32(s.shared_partial.data(), s.moe_partial.data(), d.hidden);
+    be_.moe_experts_shared(s.v.data(), routed, s.expert_idx.data(), s.expert_w.data(), d.top_k, shared,
+                           d.swiglu_limit, s.moe_partial.data());
+  } else {
+    be_.moe_experts(s.v.data(), routed, s.expert_idx.data(), s.expert_w.data(), d.top_k, d.swiglu_limit,
+                    s.moe_partial.data());
   }
   all_reduce(s.moe_partial.data(), d.hidden);
   be_.residual_add(x_out, s.moe_partial.data(), x_out, d.hidden);

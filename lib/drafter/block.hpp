@@ -90,9 +90,9 @@ class LayerCache {
 struct BlockScratch {
   BlockScratch(ops::Backend& be, const BlockDims& dims);
   ops::Array<bf16> u, cq_pre, cq, q, ckv_pre, ckv, k_pre, k_normed, q_abs, o_lat, o, v;
-  ops::Array<float> gate, q_idx, w_idx, scores, attn_partial, router_logits, moe_partial, shared_partial;
-  ops::Array<int32_t> selection, expert_idx, shared_idx;
-  ops::Array<float> expert_w, shared_w;
+  ops::Array<float> gate, q_idx, w_idx, scores, attn_partial, router_logits, moe_partial;
+  ops::Array<int32_t> selection, expert_idx;
+  ops::Array<float> expert_w;
 };
 
 /// Chunk buffers of Block::forward_rows: what phase A keeps per row for phases B and C, and the

@@ -5,6 +5,7 @@
 // relative + 1e-4 of the largest, as test_gpu_dense's Linear).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -111,6 +112,69 @@ TEST_P(GpuFused, ResidualAddRmsnormIsBitIdenticalToTheTwoOps) {
   gpu().residual_add_rmsnorm(x.g.data(), delta.g.data(), x.g.data(), w.g.data(), n2.g.data(), H, 1e-5f);
   expect_bytes_equal(x.from_gpu(), y_g, "y in place");
   expect_bytes_equal(n2.from_gpu(), n_g, "normed in place");
+}
+
+// moe_experts_shared: the routed experts and the shared expert's slice in one pass. Bit-identical
+// to moe_experts of each plus accumulate_f32 on the GPU (the block's former three ops), and close
+// to the CPU under test_gpu_moe's expert tolerance (2^-7 relative + 2^-8 of the largest). Cases:
+// all routed experts owned, half owned (another rank has the rest), none owned, and the shared
+// slice of 2 ranks (half the intermediate rows).
+TEST_P(GpuFused, MoeExpertsSharedIsBitIdenticalToTheSeparateOps) {
+  const Shape s = GetParam();
+  Rng rng(33);
+  const int H = s.hidden, I = s.moe_inter, k = s.top_k;
+  const int num_local = std::min(s.experts, 12);
+  const size_t per = static_cast<size_t>(I) * H;
+  Twin<bf16> gate(rng.bf16s(per * num_local, -1.0f, 1.0f));
+  Twin<bf16> up(rng.bf16s(per * num_local, -1.0f, 1.0f));
+  Twin<bf16> down(rng.bf16s(per * num_local, -0.1f, 0.1f));
+  Twin<bf16> sg(rng.bf16s(per, -1.0f, 1.0f));
+  Twin<bf16> su(rng.bf16s(per, -1.0f, 1.0f));
+  Twin<bf16> sd(rng.bf16s(per, -0.1f, 0.1f));
+  Twin<bf16> x(rng.bf16s(H, -1.0f, 1.0f));
+  std::vector<int32_t> ids;
+  while (static_cast<int>(ids.size()) < k) {
+    const int id = rng.integer(0, s.experts - 1);
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  }
+  Twin<int32_t> idx(ids);
+  Twin<float> wts(rng.floats(k, 0.1f, 1.0f));
+  Twin<int32_t> zero(std::vector<int32_t>{0});
+  Twin<float> one(std::vector<float>{1.0f});
+  struct Case {
+    const char* name;
+    int first;       // first routed expert this rank owns
+    int shared_rows;  // this rank's slice of the shared expert
+  };
+  const Case cases[] = {{"owned", ids[0] - ids[0] % num_local, I},
+                        {"none owned", s.experts, I},
+                        {"2-rank shared slice", ids[0] - ids[0] % num_local, I / 2}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(s.name) + " " + c.name);
+    // The shared slice of a rank: the first `shared_rows` rows of gate / up, the same columns of down.
+    std::vector<bf16> sd_slice(static_cast<size_t>(H) * c.shared_rows);
+    const auto sd_full = sd.from_cpu();
+    for (int h = 0; h < H; ++h)
+      for (int i = 0; i < c.shared_rows; ++i)
+        sd_slice[static_cast<size_t>(h) * c.shared_rows + i] = sd_full[static_cast<size_t>(h) * I + i];
+    Twin<bf16> sdown(sd_slice);
+    const int num = std::min(num_local, s.experts - c.first);
+    ExpertWeights cr{gate.c.data(), up.c.data(), down.c.data(), c.first, std::max(0, num), H, I};
+    ExpertWeights gr{gate.g.data(), up.g.data(), down.g.data(), c.first, std::max(0, num), H, I};
+    ExpertWeights cs{sg.c.data(), su.c.data(), sdown.c.data(), 0, 1, H, c.shared_rows};
+    ExpertWeights gs{sg.g.data(), su.g.data(), sdown.g.data(), 0, 1, H, c.shared_rows};
+    auto fused = out_twin<float>(H);
+    cpu().moe_experts_shared(x.c.data(), cr, idx.c.data(), wts.c.data(), k, cs, 10.0f, fused.c.data());
+    gpu().moe_experts_shared(x.g.data(), gr, idx.g.data(), wts.g.data(), k, gs, 10.0f, fused.g.data());
+    const auto got = fused.from_gpu();
+    expect_f32_close(got, fused.from_cpu(), "moe_experts_shared vs cpu", 1.0 / 128, 1.0 / 256);
+    auto routed = out_twin<float>(H);
+    auto shared = out_twin<float>(H);
+    gpu().moe_experts(x.g.data(), gr, idx.g.data(), wts.g.data(), k, 10.0f, routed.g.data());
+    gpu().moe_experts(x.g.data(), gs, zero.g.data(), one.g.data(), 1, 10.0f, shared.g.data());
+    gpu().accumulate_f32(shared.g.data(), routed.g.data(), H);
+    expect_bytes_equal(got, routed.from_gpu(), "moe_experts_shared vs moe_experts x2 + accumulate_f32");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFused, ::testing::ValuesIn(kShapes), shape_name);

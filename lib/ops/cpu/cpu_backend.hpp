@@ -82,6 +82,8 @@ class CpuBackend final : public Backend {
                  int topk_group, float scaling, int32_t* idx, float* weights) override;
   void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
                    float limit, float* out) override;
+  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx, const float* weights,
+                          int top_k, const ExpertWeights& shared, float limit, float* out) override;
 
  private:
   /// Y[r] = sum_j W[., j] X[r, j] in fp32 (no rounding), rows at a time; shared by the linears.

@@ -10,6 +10,7 @@
 // - moe_experts overwrites `out`, then adds weight_i * bf16(down_i) for each selected expert in
 //   [first_expert, first_expert + num_local), in idx order; experts other ranks own contribute 0.
 #include <algorithm>
+#include <vector>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -119,6 +120,20 @@ void CpuBackend::moe_experts(const bf16* x, const ExpertWeights& w, const int32_
     const float wi = weights[i];
     for (int h = 0; h < H; ++h) out[h] += wi * round_bf16(dot(Wd + static_cast<size_t>(h) * I, act, I));
   }
+}
+
+void CpuBackend::moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                                    const float* weights, int top_k, const ExpertWeights& shared, float limit,
+                                    float* out) {
+  moe_experts(x, routed, idx, weights, top_k, limit, out);
+  std::vector<float> shared_out(static_cast<size_t>(shared.hidden));
+  const int32_t zero = 0;
+  const float one = 1.0f;
+  ExpertWeights one_expert = shared;
+  one_expert.first_expert = 0;
+  one_expert.num_local = 1;
+  moe_experts(x, one_expert, &zero, &one, 1, limit, shared_out.data());
+  for (int h = 0; h < routed.hidden; ++h) out[h] += shared_out[static_cast<size_t>(h)];
 }
 
 }  // namespace mtplab::ops::cpu

@@ -20,10 +20,12 @@ namespace mtplab::ops::cuda {
 struct LaunchCtx {
   cudaStream_t stream = nullptr;
   int num_sms = 1;
-  /// Launch with programmatic stream serialization (device_common.cuh, `launch`): the next
-  /// kernel is scheduled while this one runs and waits at its start for this one's writes.
-  /// MTPLAB_CUDA_PDL=0 turns it off (docs/kernels.md).
+  /// Launch with programmatic stream serialization (launch.cuh): the next kernel is scheduled
+  /// while this one runs and waits at its start for this one's writes. Eager launches only: in a
+  /// captured graph it measured slower (docs/kernels.md). MTPLAB_CUDA_PDL=0 turns it off.
   bool pdl = true;
+  /// Set between begin_capture and end_capture.
+  bool capturing = false;
 };
 
 /// Per-block partial keys plus a self-resetting completion counter: the last block of a
@@ -68,9 +70,12 @@ void argmax_pack_key(const LaunchCtx& ctx, const ArgMax* in, uint64_t* key);
 void argmax_unpack_key(const LaunchCtx& ctx, const uint64_t* key, int32_t* token);
 void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* token);
 /// Routed experts in two launches (gate/up + activation, then down + weighted combine), expert
-/// ids read on the device. `act` is scratch of top_k * inter BF16.
+/// ids read on the device; with `shared`, the shared expert's rows run in the same two launches
+/// as one more slot of weight 1, added last. `act` is scratch of top_k * inter (+ shared->inter)
+/// BF16.
 void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
-                 const float* weights, int top_k, float limit, bf16* act, float* out);
+                 const float* weights, int top_k, float limit, bf16* act, float* out,
+                 const ExpertWeights* shared = nullptr);
 
 // ---- kernels_mla.cu -----------------------------------------------------------------------------
 void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk,

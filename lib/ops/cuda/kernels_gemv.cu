@@ -315,27 +315,46 @@ __global__ void pick_kernel(const ArgMax* pairs, int n, int32_t* token) {
 constexpr int kMoeThreads = 256;
 constexpr int kMoeUnroll = 4;
 
+/// The shared expert's slice when it runs in the routed experts' launches (moe_experts_shared):
+/// its rows follow the routed slots' (act[top_k * I + i]), with weight 1. inter 0: none.
+struct SharedExpert {
+  const bf16* gate = nullptr;
+  const bf16* up = nullptr;
+  const bf16* down = nullptr;
+  int inter = 0;
+};
+
 /// act[s, i] = bf16(silu(min(g, L)) * clamp(u, -L, L)), g / u the BF16-rounded gate / up rows of
-/// the expert in slot s; zero for slots whose expert another rank owns. One warp per (s, i).
+/// the expert in slot s; zero for slots whose expert another rank owns; then the shared expert's
+/// rows, if any. One warp per (s, i).
 __global__ void __launch_bounds__(kMoeThreads)
     moe_gate_up_kernel(const bf16* x, const bf16* gate, const bf16* up, int first_expert, int num_local,
-                       int H, int I, const int32_t* idx, int top_k, float limit, bf16* act) {
+                       int H, int I, const int32_t* idx, int top_k, float limit, bf16* act, SharedExpert sh) {
   pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
   const int n_chunks = H / 8;
+  const int64_t routed_tasks = static_cast<int64_t>(top_k) * I;
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-       t < static_cast<int64_t>(top_k) * I; t += warps_total) {
-    const int s = static_cast<int>(t / I);
-    const int i = static_cast<int>(t - static_cast<int64_t>(s) * I);
-    const int local = idx[s] - first_expert;
-    if (local < 0 || local >= num_local) {
-      if (lane == 0) act[t] = bf16{0};
-      continue;
+       t < routed_tasks + sh.inter; t += warps_total) {
+    const bf16* g_row;
+    const bf16* u_row;
+    if (t < routed_tasks) {
+      const int s = static_cast<int>(t / I);
+      const int i = static_cast<int>(t - static_cast<int64_t>(s) * I);
+      const int local = idx[s] - first_expert;
+      if (local < 0 || local >= num_local) {
+        if (lane == 0) act[t] = bf16{0};
+        continue;
+      }
+      const size_t row = (static_cast<size_t>(local) * I + i) * H;
+      g_row = gate + row;
+      u_row = up + row;
+    } else {
+      const size_t row = static_cast<size_t>(t - routed_tasks) * H;
+      g_row = sh.gate + row;
+      u_row = sh.up + row;
     }
-    const size_t row = (static_cast<size_t>(local) * I + i) * H;
-    const bf16* g_row = gate + row;
-    const bf16* u_row = up + row;
     float g = 0.0f, u = 0.0f;
     for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
       uint4 gv[kMoeUnroll], uv[kMoeUnroll];
@@ -414,21 +433,34 @@ __global__ void __launch_bounds__(kMoeThreads)
 /// flight at once and finished blocks are replaced by new ones.
 __global__ void __launch_bounds__(1024)
     moe_down_slots_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
-                          const float* weights, int top_k, int per_block, const bf16* act, float* out) {
+                          const float* weights, int top_k, int per_block, const bf16* act, float* out,
+                          SharedExpert sh) {
   pdl_begin();
   __shared__ float part[32];
+  const int slots = top_k + (sh.inter > 0 ? 1 : 0);  // the shared expert is the last slot
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int s = warp % top_k;
-  const int o = warp / top_k;
+  const int s = warp % slots;
+  const int o = warp / slots;
   const int h = blockIdx.x * per_block + o;
-  const int n_chunks = I / 8;
   if (h < H) {
-    const int local = idx[s] - first_expert;
+    const bf16* d_row = nullptr;
+    const bf16* a = nullptr;
+    int n_chunks = 0;
+    if (s < top_k) {
+      const int local = idx[s] - first_expert;
+      if (local >= 0 && local < num_local) {
+        d_row = down + (static_cast<size_t>(local) * H + h) * I;
+        a = act + static_cast<size_t>(s) * I;
+        n_chunks = I / 8;
+      }
+    } else {
+      d_row = sh.down + static_cast<size_t>(h) * sh.inter;
+      a = act + static_cast<size_t>(top_k) * I;
+      n_chunks = sh.inter / 8;
+    }
     float d = 0.0f;
-    if (local >= 0 && local < num_local) {
-      const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
-      const bf16* a = act + static_cast<size_t>(s) * I;
+    if (d_row) {
       for (int c = lane; c < n_chunks; c += kWarp * kUnroll) {
         uint4 dv[kUnroll];
 #pragma unroll
@@ -452,8 +484,10 @@ __global__ void __launch_bounds__(1024)
     for (int t = 0; t < top_k; ++t) {
       const int local = idx[t] - first_expert;
       if (local < 0 || local >= num_local) continue;
-      total += weights[t] * round_to_bf16(part[o * top_k + t]);
+      total += weights[t] * round_to_bf16(part[o * slots + t]);
     }
+    // The shared expert (weight 1) last, one IEEE add: what accumulate_f32 of its own output did.
+    if (sh.inter > 0) total = __fadd_rn(total, round_to_bf16(part[o * slots + top_k]));
     out[h] = total;
   }
 }
@@ -593,33 +627,42 @@ void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* toke
 }
 
 void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
-                 const float* weights, int top_k, float limit, bf16* act, float* out) {
+                 const float* weights, int top_k, float limit, bf16* act, float* out, const ExpertWeights* shared) {
   const int H = w.hidden;
   const int I = w.inter;
   MTP_REQUIRE(H % 8 == 0 && I % 8 == 0, "ops::cuda::moe_experts: hidden ", H, " and inter ", I,
               " must be multiples of 8");
   require_aligned("moe_experts", "x", x);
+  SharedExpert sh;
+  if (shared) {
+    MTP_REQUIRE(shared->hidden == H && shared->inter >= 8 && shared->inter % 8 == 0 && top_k + 1 <= 32 &&
+                    shared->gate && shared->up && shared->down,
+                "ops::cuda::moe_experts: shared expert (hidden ", shared->hidden, ", inter ", shared->inter,
+                ") must match hidden ", H, ", have an inter that is a multiple of 8, and at most 31 routed slots");
+    sh = SharedExpert{shared->gate, shared->up, shared->down, shared->inter};
+  }
   const int warps_per_block = kMoeThreads / kWarp;
-  if (top_k == 0) {
+  if (top_k == 0 && !shared) {
     MTP_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(H), ctx.stream));
     return;
   }
-  const int64_t tasks = static_cast<int64_t>(top_k) * I;
+  const int64_t tasks = static_cast<int64_t>(top_k) * I + sh.inter;
   const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
                                                        static_cast<int64_t>(ctx.num_sms) * 8));
-  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H,
-                                                            I, idx, top_k, limit, act);
+  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H, I, idx,
+         top_k, limit, act, sh);
   MTP_CUDA_LAUNCH_CHECK();
-  if (top_k <= 32) {
+  const int slots = top_k + (shared ? 1 : 0);
+  if (slots <= 32) {
     // One warp per (output, slot); at least 8 warps a block (e.g. 1 output x 8 slots, 8 x 1).
-    const int per_block = std::max(1, warps_per_block / top_k);
+    const int per_block = std::max(1, warps_per_block / slots);
     const int grid2 = (H + per_block - 1) / per_block;
-    launch(ctx, moe_down_slots_kernel, grid2, per_block * top_k * kWarp, 0,
-        w.down, w.first_expert, w.num_local, H, I, idx, weights, top_k, per_block, act, out);
+    launch(ctx, moe_down_slots_kernel, grid2, per_block * slots * kWarp, 0, w.down, w.first_expert, w.num_local,
+           H, I, idx, weights, top_k, per_block, act, out, sh);
   } else {
     const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
-    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx,
-                                                           weights, top_k, act, out);
+    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx, weights,
+           top_k, act, out);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
