@@ -596,6 +596,18 @@ void run_all(Bench& b, ops::Backend& be) {
               3.0 * kExpertTopK * per * 2 + 2.0 * kH + 4.0 * kH, sets, [&](int i) {
                 be.moe_experts(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK, 10.0f, out);
               });
+    // The same routed experts plus the shared expert in one op, as the block runs them
+    // (moe_experts_shared); four copies of the shared expert rotate so L2 cannot keep it.
+    const int sh_copies = 4;
+    std::vector<ops::ExpertWeights> shared;
+    for (int c = 0; c < sh_copies; ++c)
+      shared.push_back({b.rand_bf16(per, -1.0f, 1.0f), b.rand_bf16(per, -1.0f, 1.0f),
+                        b.rand_bf16(per, -0.05f, 0.05f), 0, 1, kH, kInter});
+    b.measure("moe_experts 8 + shared", dims({kExpertTopK + 1, 3, kInter, kH}),
+              3.0 * (kExpertTopK + 1) * per * 2 + 2.0 * kH + 4.0 * kH, sets, [&](int i) {
+                be.moe_experts_shared(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK,
+                                      shared[static_cast<size_t>(i % sh_copies)], 10.0f, out);
+              });
     b.release_all();
   }
 

@@ -336,13 +336,13 @@ int elt_grid(const LaunchCtx& ctx, int n) {
 
 // ---- MoE router ----------------------------------------------------------------------------------
 
-/// One block of kRouteThreads. The choices are ranks, not rounds: every expert's packed key
-/// (biased score, lower id wins ties) is compared with all others' in shared memory, and the
-/// expert whose key has rank r < top_k goes to slot r. That is the order the CPU's repeated argmax
-/// (and this kernel's former warp rounds) produce, with no serial chain of top_k reductions. The
-/// group limit ranks the groups' (top1 + top2) scores the same way. Shared memory: s[E], keys[E]
-/// (u64), group scores and flags.
-constexpr int kRouteThreads = 256;
+/// One block of up to kRouteThreads threads (one per expert). The choices are ranks, not rounds:
+/// every expert's packed key (biased score, lower id wins ties) is compared with all others' in
+/// shared memory, and the expert whose key has rank r < top_k goes to slot r. That is the order
+/// the CPU's repeated argmax (and this kernel's former warp rounds) produce, with no serial chain
+/// of top_k reductions. The group limit ranks the groups' (top1 + top2) scores the same way.
+/// Shared memory: s[E], keys[E] (u64), group scores and flags.
+constexpr int kRouteThreads = 1024;
 
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_kernel(const float* logits, const float* bias, int E, int top_k, int n_group, int topk_group,
@@ -393,6 +393,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   for (int e = tid; e < E; e += blockDim.x) {
     const unsigned long long mine = keys[e];
     int rank = 0;
+#pragma unroll 16
     for (int o = 0; o < E; ++o) rank += keys[o] > mine;
     if (rank < top_k) {
       idx[rank] = e;
@@ -762,7 +763,9 @@ void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int
                       sizeof(float) * (2 * static_cast<size_t>(num_experts) + top_k) + n_group;
   MTP_REQUIRE(smem <= 48 * 1024, "ops::cuda::moe_route: ", num_experts,
               " experts exceed the router's shared memory");
-  launch(ctx, moe_route_kernel, 1, kRouteThreads, smem, logits, bias, num_experts, top_k, n_group,
+  // One thread per expert up to 1024 (each ranks its expert against all others).
+  const int route_threads = std::min(kRouteThreads, std::max(kWarp, (num_experts + kWarp - 1) / kWarp * kWarp));
+  launch(ctx, moe_route_kernel, 1, route_threads, smem, logits, bias, num_experts, top_k, n_group,
                                                            topk_group, scaling, idx, weights);
   MTP_CUDA_LAUNCH_CHECK();
 }
