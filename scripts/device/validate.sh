@@ -57,6 +57,11 @@ if ((bench)); then
      >"$OUT/batch-qidx.log" 2>&1; echo $? >"$OUT/batch-qidx.rc") &
   CUDA_VISIBLE_DEVICES=0 timeout 200 build-gpu/bin/mtplab_bench_kernels --reps 60 --out "$OUT" >"$OUT/bench_kernels.txt" 2>&1
   echo "bench_kernels rc=$?"; grep -vE "^\s*$" "$OUT/bench_kernels.txt" | tail -40 | cut -c1-200
+  for split in 1 4; do
+    MTPLAB_GEMV_SPLIT=$split CUDA_VISIBLE_DEVICES=0 timeout 60 build-gpu/bin/mtplab_bench_kernels --only linear --reps 40 \
+      --out "$OUT/split$split" >"$OUT/bench_kernels_split$split.txt" 2>&1
+    echo "bench_kernels linear, MTPLAB_GEMV_SPLIT=$split: rc=$?"; grep -E "^linear" "$OUT/bench_kernels_split$split.txt" | cut -c1-200
+  done
   wait
   echo "batch-qidx rc=$(cat "$OUT/batch-qidx.rc") ($(elapsed))"; tail -8 "$OUT/batch-qidx.log" | cut -c1-220
   echo "== bench_step ($(elapsed))"

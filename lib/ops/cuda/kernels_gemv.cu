@@ -14,6 +14,7 @@
 //   64-bit key; the last block to finish reduces the per-block keys and resets the counter,
 //   so the op is one launch and needs no memset between calls (CUDA-graph safe).
 #include <algorithm>
+#include <cstdlib>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
@@ -167,8 +168,20 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
   if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out);
 }
 
+/// MTPLAB_GEMV_SPLIT=1|2|4|8 forces the k-split of every GEMV (a tuning experiment for
+/// mtplab_bench_kernels; docs/kernels.md); unset or anything else: chosen by shape below.
+int forced_split() {
+  static const int forced = [] {
+    const char* v = std::getenv("MTPLAB_GEMV_SPLIT");
+    const int s = v ? std::atoi(v) : 0;
+    return (s == 1 || s == 2 || s == 4 || s == 8) ? s : 0;
+  }();
+  return forced;
+}
+
 /// Warps that keep the chip's memory system busy: below that, split each row across warps.
 int choose_split(int64_t n, int n_chunks, int num_sms) {
+  if (forced_split()) return forced_split();
   const int64_t target_warps = static_cast<int64_t>(num_sms) * 32;
   int split = 1;
   while (split < 8 && n * split < target_warps && n_chunks / (split * 2) >= 2 * kWarp) split *= 2;
