@@ -57,11 +57,6 @@ if ((bench)); then
      >"$OUT/batch-qidx.log" 2>&1; echo $? >"$OUT/batch-qidx.rc") &
   CUDA_VISIBLE_DEVICES=0 timeout 200 build-gpu/bin/mtplab_bench_kernels --reps 60 --out "$OUT" >"$OUT/bench_kernels.txt" 2>&1
   echo "bench_kernels rc=$?"; grep -vE "^\s*$" "$OUT/bench_kernels.txt" | tail -40 | cut -c1-200
-  for split in 1 4; do
-    MTPLAB_GEMV_SPLIT=$split CUDA_VISIBLE_DEVICES=0 timeout 60 build-gpu/bin/mtplab_bench_kernels --only linear --reps 40 \
-      --out "$OUT/split$split" >"$OUT/bench_kernels_split$split.txt" 2>&1
-    echo "bench_kernels linear, MTPLAB_GEMV_SPLIT=$split: rc=$?"; grep -E "^linear" "$OUT/bench_kernels_split$split.txt" | cut -c1-200
-  done
   wait
   echo "batch-qidx rc=$(cat "$OUT/batch-qidx.rc") ($(elapsed))"; tail -8 "$OUT/batch-qidx.log" | cut -c1-220
   echo "== bench_step ($(elapsed))"
@@ -72,6 +67,24 @@ if ((bench)); then
   MTPLAB_CUDA_PDL=0 CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 4 \
     --out "$OUT/nopdl" >"$OUT/bench_step_nopdl.txt" 2>&1
   echo "bench_step (no PDL) rc=$?"; tail -5 "$OUT/bench_step_nopdl.txt"
+  echo "== rank-scaling: the draft step on 1 GPU, then on 2 ($(elapsed))"
+  CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
+    --set 'sweep.grid.head_sharding=[none]' --out "$OUT/rank-scaling-1gpu.h5" >"$OUT/rank-scaling-1gpu.log" 2>&1
+  echo "1 GPU rc=$?"
+  timeout 200 mpirun -np 2 --oversubscribe build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
+    --out "$OUT/rank-scaling-2gpu.h5" >"$OUT/rank-scaling-2gpu.log" 2>&1
+  echo "2 GPUs rc=$?"
+  python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/rank-scaling.txt"
+import sys
+sys.path.insert(0, "analysis")
+import mtplab_results as mr
+for name in ("rank-scaling-1gpu", "rank-scaling-2gpu"):
+    r = mr.Results(f"{sys.argv[1]}/{name}.h5")
+    p = r.points
+    print(name)
+    print(p[["label", "steps", "propose_ms_median", "step_ms_median", "step_ms_rel_spread"]].to_string(index=False))
+PY
+  [[ ${NCU:-0} == 1 ]] || { echo "== done ($(elapsed))"; exit $status; }
   echo "== ncu: one eager FP8 draft ($(elapsed))"
   CUDA_VISIBLE_DEVICES=0 timeout 150 ncu --clock-control none --profile-from-start off --csv \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \

@@ -46,19 +46,19 @@ struct GemvParams {
 };
 
 /// This lane's share of a row dot product over 16-byte chunks [c_begin, c_end) of the row.
-template <bool kFp8>
+template <bool kFp8, int kU = kUnroll>
 __device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, int c_begin, int c_end,
                                            int lane) {
   float acc = 0.0f;
-  for (int c = c_begin + lane; c < c_end; c += kWarp * kUnroll) {
-    uint4 wv[kUnroll];
+  for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
+    uint4 wv[kU];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int cc = c + u * kWarp;
       wv[u] = cc < c_end ? load_stream(wrow + static_cast<size_t>(cc) * 16) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kU; ++u) {
       const int cc = c + u * kWarp;
       if (cc < c_end) {
         if constexpr (kFp8) {
@@ -113,7 +113,7 @@ __device__ void finish_argmax(unsigned long long best, unsigned long long* parti
   }
 }
 
-template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax>
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
   pdl_begin();
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
       const int64_t group = r / p.map.rows_per_group;
       const int64_t within = r - group * p.map.rows_per_group;
       const int64_t wrow = group * p.map.group_stride_rows + p.map.row_offset + within;
-      acc = slice_dot<kFp8>(static_cast<const uint8_t*>(p.W) + wrow * row_bytes,
+      acc = slice_dot<kFp8, kU>(static_cast<const uint8_t*>(p.W) + wrow * row_bytes,
                             p.x + group * p.map.x_group_stride, c_begin, c_end, lane);
       acc = warp_sum(acc);
     }
@@ -182,32 +182,40 @@ int forced_split() {
 /// Warps that keep the chip's memory system busy: below that, split each row across warps.
 int choose_split(int64_t n, int n_chunks, int num_sms) {
   if (forced_split()) return forced_split();
-  const int64_t target_warps = static_cast<int64_t>(num_sms) * 32;
+  // Long rows (k >= 8192 BF16: eh_proj, o_proj) aim at two warps per resident slot: measured on
+  // the H200, split 4 instead of 2 took eh_proj 20.9 -> 19.8 us and o_proj 38.3 -> 36.1 us
+  // (docs/performance.md), while shorter rows lost with more splits.
+  const int64_t target_warps = static_cast<int64_t>(num_sms) * 32 * (n_chunks >= 1024 ? 2 : 1);
   int split = 1;
   while (split < 8 && n * split < target_warps && n_chunks / (split * 2) >= 2 * kWarp) split *= 2;
   return split;
 }
 
-template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax>
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
 void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
   static const int blocks_per_sm = [] {
     int b = 0;
-    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel<kFp8, kSplit, kOut, kArgmax>,
-                                                                 kGemvThreads, 0));
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &b, gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>, kGemvThreads, 0));
     return std::max(1, std::min(b, kMaxBlocksPerSm));
   }();
   const int64_t needed = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
   int64_t grid = std::min<int64_t>(needed, static_cast<int64_t>(blocks_per_sm) * ctx.num_sms);
   if (grid_cap > 0) grid = std::min<int64_t>(grid, grid_cap);
-  launch(ctx, gemv_kernel<kFp8, kSplit, kOut, kArgmax>, static_cast<unsigned>(grid), kGemvThreads, 0, p);
+  launch(ctx, gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>, static_cast<unsigned>(grid), kGemvThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 template <bool kFp8, OutKind kOut, bool kArgmax>
 void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
   const int n_chunks = p.k / (kFp8 ? 16 : 8);
-  switch (choose_split(p.n, n_chunks, ctx.num_sms)) {
+  const int split = choose_split(p.n, n_chunks, ctx.num_sms);
+  // Rows of at most 2 chunks per lane (k <= 512 BF16 unsplit: mla_out_v, kv_b) need no 8-deep
+  // unroll; the 2-deep kernel holds fewer registers, so twice the warps (and bytes) are in flight.
+  // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
+  if (split == 1 && n_chunks <= 2 * kWarp) return launch_gemv_split<kFp8, 1, kOut, kArgmax, 2>(ctx, p, grid_cap);
+  switch (split) {
     case 1:
       return launch_gemv_split<kFp8, 1, kOut, kArgmax>(ctx, p, grid_cap);
     case 2:
