@@ -59,17 +59,30 @@ void Progress::point_begin(int ordinal, int index, const std::string& label) {
   index_ = index;
   label_ = label;
   point_start_ = Clock::now();
+  have_first_ = false;
   finish_line();
   log_info("point ", ordinal_ + 1, "/", points_, " (p", index_, ") ", label_);
 }
 
 void Progress::update(double fraction, long steps) {
   if (!enabled_) return;
-  const double elapsed = std::chrono::duration<double>(Clock::now() - point_start_).count();
-  const double point_eta = fraction > 0 ? elapsed / fraction * (1 - fraction) : NAN;
-  // Remaining points are assumed to take as long as the finished ones did on average (or this one).
-  const double per_point =
-      done_points_ > 0 ? done_seconds_ / done_points_ : (fraction > 0 ? elapsed / fraction : NAN);
+  const auto now = Clock::now();
+  if (!have_first_) {
+    have_first_ = true;
+    first_t_ = now;
+    first_fraction_ = fraction;
+    setup_s_ = std::chrono::duration<double>(now - point_start_).count();
+  }
+  // Pace from the first update on; no estimate until half a second and some progress have passed
+  // ("?" is printed), so a slow first step (the setup) does not give an ETA of days.
+  const double dt = std::chrono::duration<double>(now - first_t_).count();
+  const double df = fraction - first_fraction_;
+  const bool paced = dt >= 0.5 && df > 0;
+  const double point_eta = paced ? dt / df * (1 - fraction) : NAN;
+  // Remaining points are assumed to take as long as the finished ones did on average (or this one:
+  // its setup plus its steps at the current pace).
+  const double this_point = paced ? setup_s_ + dt / df * (1 - first_fraction_) : NAN;
+  const double per_point = done_points_ > 0 ? done_seconds_ / done_points_ : this_point;
   const double all_eta = point_eta + per_point * (points_ - ordinal_ - 1);
   emit(str("point ", ordinal_ + 1, "/", points_, " [", label_, "] ", steps, " steps, ",
            std::lround(100 * fraction), "%, point ETA ", format_duration(point_eta), ", run ETA ",

@@ -33,6 +33,12 @@ class Progress {
   std::string label_;
   Clock::time_point run_start_, point_start_, last_emit_;
   double done_seconds_ = 0;  ///< time spent in finished points
+  // The point's rate is measured from its first update on: the first step carries the point's
+  // setup (weights, a synthetic trace, the prefill), which said nothing about the steps' pace.
+  bool have_first_ = false;
+  Clock::time_point first_t_;
+  double first_fraction_ = 0;
+  double setup_s_ = 0;
   bool line_open_ = false;
 };
 
