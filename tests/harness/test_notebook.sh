@@ -34,4 +34,20 @@ for fig in acceptance_tau per_position phase_breakdown fp8_divergence sharding_l
 done
 # The executed notebook carries no error output.
 grep -q '"output_type": "error"' "$work/nb/results.ipynb" && { echo "FAIL: a cell raised"; failures=$((failures + 1)); }
+
+# The same notebook on the GPU run of experiments/seed-ablations.yaml checked into docs/perf/results
+# (60 points, 2 ranks, CUDA): a file written on other machines reads the same way.
+gpu_results=$src/docs/perf/results/2026-11-30-h200x2-seed-ablations.h5
+if [[ -f $gpu_results ]]; then
+  MTPLAB_RESULTS=$gpu_results MTPLAB_FIGURES=$work/figures-gpu PYDEVD_DISABLE_FILE_VALIDATION=1 \
+    timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb-gpu" \
+    >"$work/nb-gpu.log" 2>&1 || { echo "FAIL: the notebook did not execute on $gpu_results"; cat "$work/nb-gpu.log"; exit 1; }
+  n=$(find "$work/figures-gpu" -name '*.png' -size +1k | wc -l)
+  if ((n == 5)) && ! grep -q '"output_type": "error"' "$work/nb-gpu/results.ipynb"; then
+    echo "ok: 5 figures from the seed-ablations GPU results"
+  else
+    echo "FAIL: $n of 5 figures (or a cell raised) on $gpu_results"
+    failures=$((failures + 1))
+  fi
+fi
 ((failures == 0)) || exit 1
