@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
@@ -266,6 +267,17 @@ __global__ void __launch_bounds__(kVecNormThreads)
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(g[e], __fmul_rn(yv[j][e], r));
     *reinterpret_cast<uint4*>(normed + static_cast<size_t>(v) * 8) = pack8(o);
+  }
+}
+
+/// Calls f(std::integral_constant<int, V>{}) for V = v in 1..kMaxNormVecs.
+template <typename F>
+void with_norm_vecs(int v, F&& f) {
+  switch (v) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
   }
 }
 
@@ -676,12 +688,10 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
-  switch (norm_vecs(n, {x, w, y})) {
-    case 1: launch(ctx, rmsnorm_vec_kernel<1>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
-    case 2: launch(ctx, rmsnorm_vec_kernel<2>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
-    case 3: launch(ctx, rmsnorm_vec_kernel<3>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
-    case 4: launch(ctx, rmsnorm_vec_kernel<4>, rows, kVecNormThreads, 0, x, w, y, n, eps); break;
-    default: launch(ctx, rmsnorm_kernel, rows, kNormThreads, 0, x, w, y, n, eps);
+  if (const int v = norm_vecs(n, {x, w, y}); v > 0) {
+    with_norm_vecs(v, [&](auto V) { launch(ctx, rmsnorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, y, n, eps); });
+  } else {
+    launch(ctx, rmsnorm_kernel, rows, kNormThreads, 0, x, w, y, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -689,12 +699,10 @@ void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int ro
 void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token, const bf16* w, bf16* y,
                    int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
-  switch (norm_vecs(n, {table, w, y})) {
-    case 1: launch(ctx, embed_rmsnorm_vec_kernel<1>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
-    case 2: launch(ctx, embed_rmsnorm_vec_kernel<2>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
-    case 3: launch(ctx, embed_rmsnorm_vec_kernel<3>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
-    case 4: launch(ctx, embed_rmsnorm_vec_kernel<4>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); break;
-    default: launch(ctx, embed_rmsnorm_kernel, 1, kNormThreads, 0, table, token, w, y, n, eps);
+  if (const int v = norm_vecs(n, {table, w, y}); v > 0) {
+    with_norm_vecs(v, [&](auto V) { launch(ctx, embed_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); });
+  } else {
+    launch(ctx, embed_rmsnorm_kernel, 1, kNormThreads, 0, table, token, w, y, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -702,12 +710,10 @@ void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token
 void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
                float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
-  switch (norm_vecs(n, {x, w, b, y})) {
-    case 1: launch(ctx, layernorm_vec_kernel<1>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
-    case 2: launch(ctx, layernorm_vec_kernel<2>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
-    case 3: launch(ctx, layernorm_vec_kernel<3>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
-    case 4: launch(ctx, layernorm_vec_kernel<4>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); break;
-    default: launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
+  if (const int v = norm_vecs(n, {x, w, b, y}); v > 0) {
+    with_norm_vecs(v, [&](auto V) { launch(ctx, layernorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); });
+  } else {
+    launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -719,12 +725,10 @@ void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16*
 void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
                           bf16* normed, int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
-  switch (norm_vecs(n, {x, delta, y, w, normed})) {
-    case 1: launch(ctx, residual_add_rmsnorm_vec_kernel<1>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
-    case 2: launch(ctx, residual_add_rmsnorm_vec_kernel<2>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
-    case 3: launch(ctx, residual_add_rmsnorm_vec_kernel<3>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
-    case 4: launch(ctx, residual_add_rmsnorm_vec_kernel<4>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); break;
-    default: launch(ctx, residual_add_rmsnorm_kernel, 1, kNormThreads, 0, x, delta, y, w, normed, n, eps);
+  if (const int v = norm_vecs(n, {x, delta, y, w, normed}); v > 0) {
+    with_norm_vecs(v, [&](auto V) { launch(ctx, residual_add_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); });
+  } else {
+    launch(ctx, residual_add_rmsnorm_kernel, 1, kNormThreads, 0, x, delta, y, w, normed, n, eps);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
