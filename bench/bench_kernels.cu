@@ -41,11 +41,11 @@
 #include <string>
 #include <vector>
 
+#include "bench_cli.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/ops.hpp"
-#include "bench_cli.hpp"
 
 namespace {
 
@@ -236,9 +236,10 @@ class Bench {
 
   void print_header() const {
     if (opt_.graph_launches > 0) {
-      std::printf("single: one launch between two events; graph: a CUDA graph of %d consecutive launches "
-                  "replayed between two events, per launch = replay / %d\n",
-                  opt_.graph_launches, opt_.graph_launches);
+      std::printf(
+          "single: one launch between two events; graph: a CUDA graph of %d consecutive launches "
+          "replayed between two events, per launch = replay / %d\n",
+          opt_.graph_launches, opt_.graph_launches);
     } else {
       std::printf("single: one launch between two events; graph mode off (--graph-launches 0)\n");
     }
@@ -649,11 +650,12 @@ void run_all(Bench& b, ops::Backend& be) {
     bf16* o = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kHeads) * kHeadDim));
     const double half = 2.0 * kvb_elems / 2;
     if (b.selected("mla_absorb_q"))
-      b.measure("mla_absorb_q", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora), rot,
+      b.measure("mla_absorb_q", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
+                rot,
                 [&](int i) { be.mla_absorb_q(q, W[i % rot], q_abs, kHeads, kHeadDim, kHeadDim, kKvLora); });
     if (b.selected("mla_out_v"))
-      b.measure("mla_out_v", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora), rot,
-                [&](int i) { be.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
+      b.measure("mla_out_v", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
+                rot, [&](int i) { be.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
     b.release_all();
   }
   for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {

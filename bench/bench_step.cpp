@@ -19,6 +19,8 @@
 // grows by one row per step and the hidden and token are fresh random values, so the routed
 // experts change from step to step and the 18 GB of weights never sit in the 60 MB L2. Warm-up
 // steps (the first records the graph) are not timed. Prints a table; writes DIR/bench_step.csv.
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -28,18 +30,16 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include <cuda_profiler_api.h>
-
+#include "bench_cli.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/str.hpp"
 #include "drafter/factory.hpp"
 #include "model/weights.hpp"
-#include "bench_cli.hpp"
 
 using namespace mtplab;
 
@@ -151,8 +151,8 @@ std::vector<int> parse_ks(const std::string& s) {
 }
 
 /// A comma list of `a` and/or `b` -> {a chosen, b chosen}; anything else is a usage error.
-std::array<bool, 2> parse_pair(const bench::BenchArgs& args, const std::string& s, const char* flag, const char* a,
-                               const char* b) {
+std::array<bool, 2> parse_pair(const bench::BenchArgs& args, const std::string& s, const char* flag,
+                               const char* a, const char* b) {
   std::array<bool, 2> on{false, false};
   size_t p = 0;
   while (p <= s.size()) {
@@ -284,9 +284,10 @@ int run(const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  bench::BenchArgs args(argc, argv,
-                        "[--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4] [--heads bf16,fp8] "
-                        "[--graphs off,on] [--profile] [--out DIR] [--device D]");
+  bench::BenchArgs args(
+      argc, argv,
+      "[--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4] [--heads bf16,fp8] "
+      "[--graphs off,on] [--profile] [--out DIR] [--device D]");
   while (args.next()) {
     if (args.is("--preset")) {
       opt.preset = args.value();

@@ -38,7 +38,8 @@ class Backoff {
     if (waited < std::chrono::milliseconds(2)) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 500));
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 500));
     }
   }
 

@@ -150,7 +150,7 @@ void Block::finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf1
   be_.linear_f32(w_.router.data(), s.v.data(), s.router_logits.data(), 1, d.num_experts, d.hidden);
   be_.moe_route(s.router_logits.data(), w_.router_bias.data(), d.num_experts, d.top_k, d.n_group, d.topk_group,
                 d.routed_scaling, s.expert_idx.data(), s.expert_w.data());
-  ops::ExpertWeights routed{w_.exp_gate.data(), w_.exp_up.data(),   w_.exp_down.data(), w_.first_expert,
+  ops::ExpertWeights routed{w_.exp_gate.data(),   w_.exp_up.data(), w_.exp_down.data(), w_.first_expert,
                             w_.num_local_experts, d.hidden,         d.moe_inter};
   if (d.shared_inter_local > 0) {
     // Routed experts, then the shared expert's slice added last: one op (one pass, two launches).

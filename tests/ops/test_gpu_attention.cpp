@@ -121,8 +121,9 @@ TEST(GpuIndexerSelect, SharedAndGlobalKeyPathsMatchTheCpu) {
       auto sel = out_twin<int32_t>(K + P - 1);
       cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
       gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
-      expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
-                         "indexer_select max_pools " + std::to_string(max_pools) + " pos " + std::to_string(pos));
+      expect_bytes_equal(
+          sel.from_gpu(), sel.from_cpu(),
+          "indexer_select max_pools " + std::to_string(max_pools) + " pos " + std::to_string(pos));
     }
   }
 }

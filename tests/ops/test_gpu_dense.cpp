@@ -101,15 +101,17 @@ TEST(GpuNormWidths, VectorAndScalarPathsMatchTheCpu) {
       gpu().rmsnorm(x.g.data() + offset, w.g.data() + offset, y.g.data() + offset, rows, n, 1e-5f);
       expect_bf16_close(tail(y.from_gpu(), offset), tail(y.from_cpu(), offset), "rmsnorm");
       auto yl = out_twin<bf16>(len);
-      cpu().layernorm(x.c.data() + offset, w.c.data() + offset, b.c.data() + offset, yl.c.data() + offset, rows,
-                      n, 1e-6f);
-      gpu().layernorm(x.g.data() + offset, w.g.data() + offset, b.g.data() + offset, yl.g.data() + offset, rows,
-                      n, 1e-6f);
+      cpu().layernorm(x.c.data() + offset, w.c.data() + offset, b.c.data() + offset, yl.c.data() + offset,
+                      rows, n, 1e-6f);
+      gpu().layernorm(x.g.data() + offset, w.g.data() + offset, b.g.data() + offset, yl.g.data() + offset,
+                      rows, n, 1e-6f);
       expect_bf16_close(tail(yl.from_gpu(), offset), tail(yl.from_cpu(), offset), "layernorm");
       Twin<int32_t> token(std::vector<int32_t>{1});
       auto e = out_twin<bf16>(static_cast<size_t>(n) + offset);
-      cpu().embed_rmsnorm(x.c.data() + offset, token.c.data(), w.c.data() + offset, e.c.data() + offset, n, 1e-5f);
-      gpu().embed_rmsnorm(x.g.data() + offset, token.g.data(), w.g.data() + offset, e.g.data() + offset, n, 1e-5f);
+      cpu().embed_rmsnorm(x.c.data() + offset, token.c.data(), w.c.data() + offset, e.c.data() + offset, n,
+                          1e-5f);
+      gpu().embed_rmsnorm(x.g.data() + offset, token.g.data(), w.g.data() + offset, e.g.data() + offset, n,
+                          1e-5f);
       expect_bf16_close(tail(e.from_gpu(), offset), tail(e.from_cpu(), offset), "embed_rmsnorm");
       auto ry = out_twin<bf16>(static_cast<size_t>(n) + offset);
       auto rn = out_twin<bf16>(static_cast<size_t>(n) + offset);
@@ -118,7 +120,8 @@ TEST(GpuNormWidths, VectorAndScalarPathsMatchTheCpu) {
       gpu().residual_add_rmsnorm(x.g.data() + offset, delta.g.data() + offset, ry.g.data() + offset,
                                  w.g.data() + offset, rn.g.data() + offset, n, 1e-5f);
       expect_bytes_equal(tail(ry.from_gpu(), offset), tail(ry.from_cpu(), offset), "residual_add_rmsnorm y");
-      expect_bf16_close(tail(rn.from_gpu(), offset), tail(rn.from_cpu(), offset), "residual_add_rmsnorm normed");
+      expect_bf16_close(tail(rn.from_gpu(), offset), tail(rn.from_cpu(), offset),
+                        "residual_add_rmsnorm normed");
     }
   }
 }

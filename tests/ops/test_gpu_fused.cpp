@@ -143,7 +143,7 @@ TEST_P(GpuFused, MoeExpertsSharedIsBitIdenticalToTheSeparateOps) {
   Twin<float> one(std::vector<float>{1.0f});
   struct Case {
     const char* name;
-    int first;       // first routed expert this rank owns
+    int first;        // first routed expert this rank owns
     int shared_rows;  // this rank's slice of the shared expert
   };
   const Case cases[] = {{"owned", ids[0] - ids[0] % num_local, I},

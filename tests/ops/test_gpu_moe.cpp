@@ -90,24 +90,24 @@ TEST_P(GpuMoe, Experts) {
   // Slot counts: top_k, one (the shared expert's launch: 8 outputs per block in the down
   // projection), and three (a block of 2 outputs x 3 slots).
   for (int slots : {k, 1, std::min(3, k)})
-  for (int owner_offset : {0, s.experts}) {  // the second pass owns none of the selected experts
-    ExpertWeights cw{gate.c.data(), up.c.data(), down.c.data(), first + owner_offset, num_local, H, I};
-    ExpertWeights gw{gate.g.data(), up.g.data(), down.g.data(), first + owner_offset, num_local, H, I};
-    for (float limit : {10.0f, 0.0f}) {
-      SCOPED_TRACE("slots " + std::to_string(slots));
-      auto out = out_twin<float>(H);
-      cpu().moe_experts(x.c.data(), cw, idx.c.data(), wts.c.data(), slots, limit, out.c.data());
-      gpu().moe_experts(x.g.data(), gw, idx.g.data(), wts.g.data(), slots, limit, out.g.data());
-      const auto want = out.from_cpu();
-      if (owner_offset != 0) {
-        ASSERT_EQ(max_abs(want), 0.0) << "reference: no owned expert must give zeros";
+    for (int owner_offset : {0, s.experts}) {  // the second pass owns none of the selected experts
+      ExpertWeights cw{gate.c.data(), up.c.data(), down.c.data(), first + owner_offset, num_local, H, I};
+      ExpertWeights gw{gate.g.data(), up.g.data(), down.g.data(), first + owner_offset, num_local, H, I};
+      for (float limit : {10.0f, 0.0f}) {
+        SCOPED_TRACE("slots " + std::to_string(slots));
+        auto out = out_twin<float>(H);
+        cpu().moe_experts(x.c.data(), cw, idx.c.data(), wts.c.data(), slots, limit, out.c.data());
+        gpu().moe_experts(x.g.data(), gw, idx.g.data(), wts.g.data(), slots, limit, out.g.data());
+        const auto want = out.from_cpu();
+        if (owner_offset != 0) {
+          ASSERT_EQ(max_abs(want), 0.0) << "reference: no owned expert must give zeros";
+        }
+        expect_f32_close(
+            out.from_gpu(), want,
+            std::string("moe_experts limit ") + std::to_string(limit) + (owner_offset ? " (none owned)" : ""),
+            1.0 / 128, 1.0 / 256);
       }
-      expect_f32_close(
-          out.from_gpu(), want,
-          std::string("moe_experts limit ") + std::to_string(limit) + (owner_offset ? " (none owned)" : ""),
-          1.0 / 128, 1.0 / 256);
     }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuMoe, ::testing::ValuesIn(kShapes), shape_name);

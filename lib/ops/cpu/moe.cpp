@@ -10,10 +10,10 @@
 // - moe_experts overwrites `out`, then adds weight_i * bf16(down_i) for each selected expert in
 //   [first_expert, first_expert + num_local), in idx order; experts other ranks own contribute 0.
 #include <algorithm>
-#include <vector>
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <vector>
 
 #include "ops/cpu/cpu_backend.hpp"
 #include "ops/cpu/cpu_math.hpp"

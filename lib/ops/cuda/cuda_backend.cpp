@@ -14,8 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -381,17 +381,18 @@ class CudaBackend final : public Backend {
                         "moe_experts"));
     cuda::moe_experts(ctx_, x, w, idx, weights, top_k, limit, act, out);
   }
-  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx, const float* weights,
-                          int top_k, const ExpertWeights& shared, float limit, float* out) override {
-    MTP_REQUIRE(top_k >= 0 && top_k <= 31 && routed.hidden >= 1 && routed.inter >= 1 && routed.num_local >= 0 &&
-                    shared.hidden == routed.hidden && shared.inter >= 1,
-                "ops::cuda::moe_experts_shared: top_k ", top_k, " (at most 31), hidden ", routed.hidden, " / ",
-                shared.hidden, ", inter ", routed.inter, " / ", shared.inter);
+  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                          const float* weights, int top_k, const ExpertWeights& shared, float limit,
+                          float* out) override {
+    MTP_REQUIRE(top_k >= 0 && top_k <= 31 && routed.hidden >= 1 && routed.inter >= 1 &&
+                    routed.num_local >= 0 && shared.hidden == routed.hidden && shared.inter >= 1,
+                "ops::cuda::moe_experts_shared: top_k ", top_k, " (at most 31), hidden ", routed.hidden,
+                " / ", shared.hidden, ", inter ", routed.inter, " / ", shared.inter);
     MTP_REQUIRE(routed.num_local == 0 || (routed.gate && routed.up && routed.down),
                 "ops::cuda::moe_experts_shared: ", routed.num_local, " local experts but null weights");
     bf16* act = static_cast<bf16*>(moe_act_.ensure(
-        sizeof(bf16) * (static_cast<size_t>(top_k) * routed.inter + static_cast<size_t>(shared.inter)), ctx_.stream,
-        "moe_experts_shared"));
+        sizeof(bf16) * (static_cast<size_t>(top_k) * routed.inter + static_cast<size_t>(shared.inter)),
+        ctx_.stream, "moe_experts_shared"));
     cuda::moe_experts(ctx_, x, routed, idx, weights, top_k, limit, act, out, &shared);
   }
 

@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
       const int64_t within = r - group * p.map.rows_per_group;
       const int64_t wrow = group * p.map.group_stride_rows + p.map.row_offset + within;
       acc = slice_dot<kFp8, kU>(static_cast<const uint8_t*>(p.W) + wrow * row_bytes,
-                            p.x + group * p.map.x_group_stride, c_begin, c_end, lane);
+                                p.x + group * p.map.x_group_stride, c_begin, c_end, lane);
       acc = warp_sum(acc);
     }
     if constexpr (kSplit > 1) {
@@ -214,7 +214,8 @@ void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
   // Rows of at most 2 chunks per lane (k <= 512 BF16 unsplit: mla_out_v, kv_b) need no 8-deep
   // unroll; the 2-deep kernel holds fewer registers, so twice the warps (and bytes) are in flight.
   // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
-  if (split == 1 && n_chunks <= 2 * kWarp) return launch_gemv_split<kFp8, 1, kOut, kArgmax, 2>(ctx, p, grid_cap);
+  if (split == 1 && n_chunks <= 2 * kWarp)
+    return launch_gemv_split<kFp8, 1, kOut, kArgmax, 2>(ctx, p, grid_cap);
   switch (split) {
     case 1:
       return launch_gemv_split<kFp8, 1, kOut, kArgmax>(ctx, p, grid_cap);
@@ -315,7 +316,9 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 __global__ void pack_key_kernel(const ArgMax* in, uint64_t* key) {
-  pdl_begin(); *key = argmax_key(in->value, in->index); }
+  pdl_begin();
+  *key = argmax_key(in->value, in->index);
+}
 __global__ void unpack_key_kernel(const uint64_t* key, int32_t* token) {
   pdl_begin();
   *token = static_cast<int32_t>(~static_cast<uint32_t>(*key & 0xffffffffull));
@@ -627,7 +630,7 @@ void argmax(const LaunchCtx& ctx, const bf16* x, int n, int64_t index_base, ArgM
   const int grid =
       std::max(1, std::min({(n + per_block - 1) / per_block, 2 * ctx.num_sms, scratch.capacity}));
   launch(ctx, argmax_kernel, grid, kArgmaxThreads, 0, x, n, index_base, out, scratch.partials,
-                                                         scratch.counter);
+         scratch.counter);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -648,7 +651,8 @@ void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* toke
 }
 
 void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
-                 const float* weights, int top_k, float limit, bf16* act, float* out, const ExpertWeights* shared) {
+                 const float* weights, int top_k, float limit, bf16* act, float* out,
+                 const ExpertWeights* shared) {
   const int H = w.hidden;
   const int I = w.inter;
   MTP_REQUIRE(H % 8 == 0 && I % 8 == 0, "ops::cuda::moe_experts: hidden ", H, " and inter ", I,
@@ -659,7 +663,8 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
     MTP_REQUIRE(shared->hidden == H && shared->inter >= 8 && shared->inter % 8 == 0 && top_k + 1 <= 32 &&
                     shared->gate && shared->up && shared->down,
                 "ops::cuda::moe_experts: shared expert (hidden ", shared->hidden, ", inter ", shared->inter,
-                ") must match hidden ", H, ", have an inter that is a multiple of 8, and at most 31 routed slots");
+                ") must match hidden ", H,
+                ", have an inter that is a multiple of 8, and at most 31 routed slots");
     sh = SharedExpert{shared->gate, shared->up, shared->down, shared->inter};
   }
   const int warps_per_block = kMoeThreads / kWarp;
@@ -670,20 +675,20 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
   const int64_t tasks = static_cast<int64_t>(top_k) * I + sh.inter;
   const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
                                                        static_cast<int64_t>(ctx.num_sms) * 8));
-  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H, I, idx,
-         top_k, limit, act, sh);
+  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H, I,
+         idx, top_k, limit, act, sh);
   MTP_CUDA_LAUNCH_CHECK();
   const int slots = top_k + (shared ? 1 : 0);
   if (slots <= 32) {
     // One warp per (output, slot); at least 8 warps a block (e.g. 1 output x 8 slots, 8 x 1).
     const int per_block = std::max(1, warps_per_block / slots);
     const int grid2 = (H + per_block - 1) / per_block;
-    launch(ctx, moe_down_slots_kernel, grid2, per_block * slots * kWarp, 0, w.down, w.first_expert, w.num_local,
-           H, I, idx, weights, top_k, per_block, act, out, sh);
+    launch(ctx, moe_down_slots_kernel, grid2, per_block * slots * kWarp, 0, w.down, w.first_expert,
+           w.num_local, H, I, idx, weights, top_k, per_block, act, out, sh);
   } else {
     const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
-    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx, weights,
-           top_k, act, out);
+    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx,
+           weights, top_k, act, out);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }

@@ -438,7 +438,7 @@ void kv_write(const LaunchCtx& ctx, const bf16* c_kv, const int32_t* block_table
               const KvCache& cache) {
   MTP_REQUIRE(cache.data && cache.block_size >= 1 && cache.kv_lora >= 1, "ops::cuda::kv_write: bad cache");
   launch(ctx, kv_write_kernel, 1, 256, 0, c_kv, block_table, pos, cache.data, cache.dtype == KvDtype::fp8,
-                                             cache.scale, cache.block_size, cache.kv_lora);
+         cache.scale, cache.block_size, cache.kv_lora);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -494,7 +494,7 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
   }
   const dim3 combine_grid(n_heads, (L + kCombineThreads - 1) / kCombineThreads);
   launch(ctx, mla_combine_kernel, combine_grid, kCombineThreads, sizeof(float) * static_cast<size_t>(splits),
-      scratch, splits, L, o_lat);
+         scratch, splits, L, o_lat);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

@@ -122,7 +122,8 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
 
 /// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers.
 template <int V>
-__device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, bf16* y, int nv, int n, float eps) {
+__device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, bf16* y, int nv, int n,
+                                                float eps) {
   uint4 xr[V], wr[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -163,7 +164,8 @@ __global__ void __launch_bounds__(kVecNormThreads)
 
 template <int V>
 __global__ void __launch_bounds__(kVecNormThreads)
-    embed_rmsnorm_vec_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps) {
+    embed_rmsnorm_vec_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
+                             float eps) {
   pdl_begin();
   rmsnorm_row_vec<V>(table + static_cast<size_t>(token[0]) * n, w, y, n / 8, n, eps);
 }
@@ -238,7 +240,8 @@ __global__ void __launch_bounds__(kVecNormThreads)
     const bool in = v < nv;
     xr[j] = in ? load_cached(x + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
     wr[j] = in ? load_cached(w + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-    da[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v)) : make_float4(0, 0, 0, 0);
+    da[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v))
+               : make_float4(0, 0, 0, 0);
     db[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v) + 1)
                : make_float4(0, 0, 0, 0);
   }
@@ -274,10 +277,14 @@ __global__ void __launch_bounds__(kVecNormThreads)
 template <typename F>
 void with_norm_vecs(int v, F&& f) {
   switch (v) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    default: return f(std::integral_constant<int, 4>{});
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
   }
 }
 
@@ -361,11 +368,11 @@ __global__ void __launch_bounds__(kRouteThreads)
                      float scaling, int32_t* idx, float* weights) {
   pdl_begin();
   extern __shared__ unsigned long long route_smem[];
-  unsigned long long* keys = route_smem;                           // [E]
-  unsigned long long* gkeys = keys + E;                             // [n_group]
-  float* s = reinterpret_cast<float*>(gkeys + n_group);             // [E]
-  float* biased = s + E;                                            // [E]
-  float* chosen_s = biased + E;                                     // [top_k]
+  unsigned long long* keys = route_smem;                               // [E]
+  unsigned long long* gkeys = keys + E;                                // [n_group]
+  float* s = reinterpret_cast<float*>(gkeys + n_group);                // [E]
+  float* biased = s + E;                                               // [E]
+  float* chosen_s = biased + E;                                        // [top_k]
   uint8_t* group_kept = reinterpret_cast<uint8_t*>(chosen_s + top_k);  // [n_group]
   const int tid = threadIdx.x;
   for (int e = tid; e < E; e += blockDim.x) {
@@ -506,9 +513,10 @@ __global__ void __launch_bounds__(kScoreThreads)
     for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
       const int p = (4 * i) / D;
       const int c = (4 * i) % D;
-      const float4 k4 = (j0 + p < n_cand)
-                            ? __ldg(reinterpret_cast<const float4*>(pool_keys + static_cast<size_t>(j0 + p) * D + c))
-                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const float4 k4 =
+          (j0 + p < n_cand)
+              ? __ldg(reinterpret_cast<const float4*>(pool_keys + static_cast<size_t>(j0 + p) * D + c))
+              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       my_keys[(c + 0) * kPoolsPerWarp + p] = k4.x;
       my_keys[(c + 1) * kPoolsPerWarp + p] = k4.y;
       my_keys[(c + 2) * kPoolsPerWarp + p] = k4.z;
@@ -689,7 +697,9 @@ __global__ void __launch_bounds__(kSelectThreads)
 void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
   if (const int v = norm_vecs(n, {x, w, y}); v > 0) {
-    with_norm_vecs(v, [&](auto V) { launch(ctx, rmsnorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, y, n, eps); });
+    with_norm_vecs(v, [&](auto V) {
+      launch(ctx, rmsnorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, y, n, eps);
+    });
   } else {
     launch(ctx, rmsnorm_kernel, rows, kNormThreads, 0, x, w, y, n, eps);
   }
@@ -700,7 +710,10 @@ void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token
                    int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
   if (const int v = norm_vecs(n, {table, w, y}); v > 0) {
-    with_norm_vecs(v, [&](auto V) { launch(ctx, embed_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, table, token, w, y, n, eps); });
+    with_norm_vecs(v, [&](auto V) {
+      launch(ctx, embed_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, table, token, w, y, n,
+             eps);
+    });
   } else {
     launch(ctx, embed_rmsnorm_kernel, 1, kNormThreads, 0, table, token, w, y, n, eps);
   }
@@ -711,7 +724,9 @@ void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b
                float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
   if (const int v = norm_vecs(n, {x, w, b, y}); v > 0) {
-    with_norm_vecs(v, [&](auto V) { launch(ctx, layernorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, b, y, n, eps); });
+    with_norm_vecs(v, [&](auto V) {
+      launch(ctx, layernorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, b, y, n, eps);
+    });
   } else {
     launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
   }
@@ -726,7 +741,10 @@ void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delt
                           bf16* normed, int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
   if (const int v = norm_vecs(n, {x, delta, y, w, normed}); v > 0) {
-    with_norm_vecs(v, [&](auto V) { launch(ctx, residual_add_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, delta, y, w, normed, n, eps); });
+    with_norm_vecs(v, [&](auto V) {
+      launch(ctx, residual_add_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, delta, y, w,
+             normed, n, eps);
+    });
   } else {
     launch(ctx, residual_add_rmsnorm_kernel, 1, kNormThreads, 0, x, delta, y, w, normed, n, eps);
   }
@@ -768,9 +786,10 @@ void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int
   MTP_REQUIRE(smem <= 48 * 1024, "ops::cuda::moe_route: ", num_experts,
               " experts exceed the router's shared memory");
   // One thread per expert up to 1024 (each ranks its expert against all others).
-  const int route_threads = std::min(kRouteThreads, std::max(kWarp, (num_experts + kWarp - 1) / kWarp * kWarp));
-  launch(ctx, moe_route_kernel, 1, route_threads, smem, logits, bias, num_experts, top_k, n_group,
-                                                           topk_group, scaling, idx, weights);
+  const int route_threads =
+      std::min(kRouteThreads, std::max(kWarp, (num_experts + kWarp - 1) / kWarp * kWarp));
+  launch(ctx, moe_route_kernel, 1, route_threads, smem, logits, bias, num_experts, top_k, n_group, topk_group,
+         scaling, idx, weights);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -778,8 +797,8 @@ void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate
                    const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys,
                    int D, int P) {
   MTP_REQUIRE(D >= 1 && P >= 1, "ops::cuda::indexer_store: D ", D, ", P ", P);
-  launch(ctx, indexer_store_kernel, 1, std::min(1024, ((D + 31) / 32) * 32), 0,
-      k_normed, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
+  launch(ctx, indexer_store_kernel, 1, std::min(1024, ((D + 31) / 32) * 32), 0, k_normed, gate, ape, pos,
+         k_cache, gate_cache, valid, pool_keys, D, P);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -801,8 +820,8 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
   const int pools_per_block = kScoreWarps * kPoolsPerWarp;
   const int grid =
       std::max(1, std::min((max_pools + pools_per_block - 1) / pools_per_block, ctx.num_sms * 4));
-  launch(ctx, indexer_scores_kernel, grid, kScoreThreads, smem, q, w, pool_keys, pos, scores, n_heads, D,
-                                                                   P, max_pools);
+  launch(ctx, indexer_scores_kernel, grid, kScoreThreads, smem, q, w, pool_keys, pos, scores, n_heads, D, P,
+         max_pools);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -818,7 +837,8 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
     MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
   }
-  launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools, cached);
+  launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
+         cached);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
