@@ -52,13 +52,21 @@ BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
       expert_idx(be, d.top_k),
       expert_w(be, d.top_k) {}
 
-RowsScratch::RowsScratch(ops::Backend& be, const BlockDims& d, int rows, bool shadow)
+RowsScratch::RowsScratch(ops::Backend& be, const BlockDims& d, int rows, bool shadow, bool with_gemm)
     : max_rows(rows),
+      gemm(with_gemm),
       cq(be, static_cast<size_t>(rows) * d.q_lora),
       q(be, static_cast<size_t>(rows) * d.n_heads_local * d.qk_nope),
       w_idx(be, static_cast<size_t>(rows) * d.index_heads),
       q_idx(be, static_cast<size_t>(rows) * d.index_heads * d.index_dim),
       selection(be, static_cast<size_t>(rows) * d.selection_width()) {
+  if (with_gemm) {
+    u = ops::Array<bf16>(be, static_cast<size_t>(rows) * d.hidden);
+    cq_pre = ops::Array<bf16>(be, static_cast<size_t>(rows) * d.q_lora);
+    ckv_pre = ops::Array<bf16>(be, static_cast<size_t>(rows) * d.kv_lora);
+    k_pre = ops::Array<bf16>(be, static_cast<size_t>(rows) * d.index_dim);
+    gate = ops::Array<float>(be, static_cast<size_t>(rows) * d.index_dim);
+  }
   if (shadow) {
     shadow_q_idx = ops::Array<float>(be, static_cast<size_t>(rows) * d.index_heads * d.index_dim);
     shadow_selection = ops::Array<int32_t>(be, static_cast<size_t>(rows) * d.selection_width());
@@ -77,16 +85,54 @@ void Block::all_reduce(float* partial, int n) {
 }
 
 void Block::write_caches(const int32_t* pos, LayerCache& cache) {
+  auto& s = scratch_;
+  write_caches_from(s.ckv_pre.data(), s.k_pre.data(), s.gate.data(), pos, cache);
+}
+
+void Block::write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const float* gate, const int32_t* pos,
+                              LayerCache& cache) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
   // Latent row: c_kv = RMSNorm_kva(W_kva u), cached at slot pos.
-  be_.rmsnorm(s.ckv_pre.data(), w_.kv_a_norm.data(), s.ckv.data(), 1, d.kv_lora, d.rms_eps);
+  be_.rmsnorm(ckv_pre, w_.kv_a_norm.data(), s.ckv.data(), 1, d.kv_lora, d.rms_eps);
   be_.kv_write(s.ckv.data(), cache.block_table.data(), pos, cache.kv());
   // Indexer row: k_normed = LayerNorm(W_k u) (weight and bias), gate = W_gate u in fp32.
-  be_.layernorm(s.k_pre.data(), w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(), s.k_normed.data(), 1, d.index_dim,
+  be_.layernorm(k_pre, w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(), s.k_normed.data(), 1, d.index_dim,
                 d.index_ln_eps);
-  be_.indexer_store(s.k_normed.data(), s.gate.data(), w_.idx_ape.data(), pos, cache.k_cache.data(),
-                    cache.gate_cache.data(), cache.valid.data(), cache.pool_keys.data(), d.index_dim, d.index_kpool);
+  be_.indexer_store(s.k_normed.data(), gate, w_.idx_ape.data(), pos, cache.k_cache.data(), cache.gate_cache.data(),
+                    cache.valid.data(), cache.pool_keys.data(), d.index_dim, d.index_kpool);
+}
+
+void Block::project_rows_batched(int n, const bf16* x, bool full) {
+  const BlockDims& d = dims_;
+  RowsScratch& rs = *rows_;
+  constexpr ops::RowsMode kBatched = ops::RowsMode::batched;
+  be_.rmsnorm(x, w_.input_norm.data(), rs.u.data(), n, d.hidden, d.rms_eps);
+  be_.linear(w_.kv_a.data(), rs.u.data(), rs.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
+  be_.linear(w_.idx_wk.data(), rs.u.data(), rs.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
+  be_.linear_f32(w_.idx_gate.data(), rs.u.data(), rs.gate.data(), n, d.index_dim, d.hidden, kBatched);
+  if (!full) return;
+  be_.linear(w_.q_a.data(), rs.u.data(), rs.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
+  // w = W_w u / sqrt(n_I): the scale as linear_group folds it (one fp32 multiply per value).
+  be_.linear_f32(w_.idx_weights_proj.data(), rs.u.data(), rs.w_idx.data(), n, d.index_heads, d.hidden, kBatched);
+  be_.scale_f32(rs.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
+  be_.rmsnorm(rs.cq_pre.data(), w_.q_a_norm.data(), rs.cq.data(), n, d.q_lora, d.rms_eps);
+  be_.linear(w_.q_b.data(), rs.cq.data(), rs.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+}
+
+void Block::write_context_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache) {
+  const BlockDims& d = dims_;
+  MTP_REQUIRE(rows_ && rows_->gemm && n >= 1 && n <= rows_->max_rows, "block: write_context_rows of ", n,
+              " rows needs reserve_rows(", n, ", .., gemm = true)");
+  MTP_REQUIRE(cache.rows() + n <= d.max_rows, "block: context rows ", cache.rows(), "..", cache.rows() + n - 1,
+              " are past the capacity of ", d.max_rows, " rows");
+  RowsScratch& rs = *rows_;
+  project_rows_batched(n, x, false);
+  for (int r = 0; r < n; ++r)
+    write_caches_from(rs.ckv_pre.data() + static_cast<size_t>(r) * d.kv_lora,
+                      rs.k_pre.data() + static_cast<size_t>(r) * d.index_dim,
+                      rs.gate.data() + static_cast<size_t>(r) * d.index_dim, pos + r, cache);
+  cache.set_rows(cache.rows() + n);
 }
 
 void Block::write_context_row(const bf16* x, const int32_t* pos, LayerCache& cache) {
@@ -178,10 +224,12 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
   cache.set_rows(cache.rows() + 1);
 }
 
-void Block::reserve_rows(int max_rows, bool shadow) {
+void Block::reserve_rows(int max_rows, bool shadow, bool gemm) {
   MTP_REQUIRE(max_rows >= 1, "block: reserve_rows(", max_rows, ")");
-  if (rows_ && rows_->max_rows >= max_rows && (!shadow || rows_->shadow_selection.size() > 0)) return;
-  rows_ = std::make_unique<RowsScratch>(be_, dims_, max_rows, shadow);
+  if (rows_ && rows_->max_rows >= max_rows && (!shadow || rows_->shadow_selection.size() > 0) &&
+      (!gemm || rows_->gemm))
+    return;
+  rows_ = std::make_unique<RowsScratch>(be_, dims_, max_rows, shadow, gemm);
 }
 
 // Why all rows' caches may be written (phase A) before any row's selection and attention
@@ -193,7 +241,7 @@ void Block::reserve_rows(int max_rows, bool shadow) {
 // are never read by row r: in the per-row loop those slots held stale rows (or nothing), which
 // row r did not read either. Nothing else row r computes depends on the caches.
 void Block::forward_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
-                         ops::RowsMode qidx_mode) {
+                         ops::RowsMode qidx_mode, ops::RowsMode proj_mode) {
   const BlockDims& d = dims_;
   MTP_REQUIRE(rows_ && n >= 1 && n <= rows_->max_rows, "block: forward_rows of ", n,
               " rows, chunk buffers for ", rows_ ? rows_->max_rows : 0, " (reserve_rows first)");
@@ -204,10 +252,19 @@ void Block::forward_rows(int n, const bf16* x, const int32_t* pos, LayerCache& c
   const size_t q_width = static_cast<size_t>(d.n_heads_local) * d.qk_nope;
   const int qidx_width = d.index_heads * d.index_dim;
   const size_t width = static_cast<size_t>(d.selection_width());
-  // Phase A: per row, everything up to and including the cache writes.
-  for (int r = 0; r < n; ++r) {
-    project_row(x + r * H, pos + r, cache, rs.cq.data() + static_cast<size_t>(r) * d.q_lora,
-                rs.q.data() + r * q_width, rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads);
+  // Phase A: everything up to and including the cache writes, per row or batched.
+  if (proj_mode == ops::RowsMode::batched) {
+    MTP_REQUIRE(rs.gemm, "block: forward_rows with batched projections needs reserve_rows(.., gemm = true)");
+    project_rows_batched(n, x, true);
+    for (int r = 0; r < n; ++r)
+      write_caches_from(rs.ckv_pre.data() + static_cast<size_t>(r) * d.kv_lora,
+                        rs.k_pre.data() + static_cast<size_t>(r) * d.index_dim,
+                        rs.gate.data() + static_cast<size_t>(r) * d.index_dim, pos + r, cache);
+  } else {
+    for (int r = 0; r < n; ++r) {
+      project_row(x + r * H, pos + r, cache, rs.cq.data() + static_cast<size_t>(r) * d.q_lora,
+                  rs.q.data() + r * q_width, rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads);
+    }
   }
   // Phase B: the indexer queries q^I = W_qbI c_q of all rows.
   if (qidx_mode == ops::RowsMode::batched) {

@@ -98,8 +98,15 @@ struct BlockScratch {
 /// Chunk buffers of Block::forward_rows: what phase A keeps per row for phases B and C, and the
 /// selection each row used; the shadow buffers only when the selection check is on.
 struct RowsScratch {
-  RowsScratch(ops::Backend& be, const BlockDims& dims, int max_rows, bool shadow);
+  RowsScratch(ops::Backend& be, const BlockDims& dims, int max_rows, bool shadow, bool gemm);
   int max_rows = 0;
+  bool gemm = false;
+  // The batched projections' outputs (context_gemm only).
+  ops::Array<bf16> u;        // [max_rows, H] input-normed rows
+  ops::Array<bf16> cq_pre;   // [max_rows, q_lora]
+  ops::Array<bf16> ckv_pre;  // [max_rows, kv_lora]
+  ops::Array<bf16> k_pre;    // [max_rows, D]
+  ops::Array<float> gate;    // [max_rows, D]
   ops::Array<bf16> cq;                   // [max_rows, q_lora]
   ops::Array<bf16> q;                    // [max_rows, nh_local * qk_nope]
   ops::Array<float> w_idx;               // [max_rows, n_I] indexer head weights (1/sqrt(n_I) applied)
@@ -127,15 +134,24 @@ class Block {
   /// Allocates the chunk buffers of forward_rows for up to `max_rows` rows per call (with the
   /// shadow buffers of shadow_select_rows when `shadow`). At glm5.3-flash and 256 rows on one
   /// rank: q 8 MiB, q_idx 4 MiB, selection 2 MiB, cq 0.75 MiB; the shadow adds 6 MiB.
-  void reserve_rows(int max_rows, bool shadow);
+  /// `gemm`: also the buffers of the batched projections (context_gemm), ~2.5 MiB more.
+  void reserve_rows(int max_rows, bool shadow, bool gemm = false);
+  /// write_context_row on n rows at once (rows x [n, H], pos[r] == cache.rows() + r): the input
+  /// norm and the projections of u (kv_a, indexer wk, gate) as one batched linear each
+  /// (`RowsMode::batched`: one GEMM on CUDA), then each row's cache writes. Needs
+  /// reserve_rows(.., gemm = true). Advances cache.rows() by n.
+  void write_context_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache);
   /// The full block on n context rows at once: rows x [n, H] at positions pos[0..n) (backend
   /// memory), pos[r] == cache.rows() + r; x_out [n, H] may alias x. Phase A (per row): input
   /// norm, the projections, q_a norm, q_b, the cache writes; phase B: q_idx for all n rows, one
   /// `qidx_mode` linear (batched: one GEMM on CUDA) or, per_row, n GEMVs; phase C (per row):
   /// scores, selection, absorbed MLA, o_proj, all-reduce, MoE, residual. With per_row it is
   /// bit-identical to n calls of forward (tested). Advances cache.rows() by n.
+  /// `proj_mode` batched (context_gemm): phase A's projections of u, the q_a norm and q_b are
+  /// one batched linear each over the n rows, then each row's cache writes (needs
+  /// reserve_rows(.., gemm = true)); per_row: project_row per row.
   void forward_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
-                    ops::RowsMode qidx_mode);
+                    ops::RowsMode qidx_mode, ops::RowsMode proj_mode = ops::RowsMode::per_row);
   /// After forward_rows on the same rows: the per-row (GEMV) q_idx of each row from its kept c_q,
   /// and the selection it gives, into shadow_selection. Writes no cache and no row output.
   void shadow_select_rows(int n, const int32_t* pos, LayerCache& cache);
@@ -154,6 +170,11 @@ class Block {
   /// Norms and stores the cache row from the projections of u already in scratch (ckv_pre, k_pre,
   /// gate: one linear_group, made by the caller with whatever else it projects from u).
   void write_caches(const int32_t* pos, LayerCache& cache);
+  /// The same from projections kept elsewhere (one row of the batched buffers).
+  void write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const float* gate, const int32_t* pos,
+                         LayerCache& cache);
+  /// Input norm of n rows into rows_->u, then the batched projections `outs` of those rows.
+  void project_rows_batched(int n, const bf16* x, bool full);
   void all_reduce(float* partial, int n);
 
   ops::Backend& be_;

@@ -101,10 +101,11 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
   row_tokens_ = ops::Array<int32_t>(be_, row_chunk_);
   row_positions_ = ops::Array<int32_t>(be_, row_chunk_);
   row_hiddens_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
-  if (opt_.context_rows == ContextRows::full) {
+  if (opt_.context_rows == ContextRows::full || opt_.context_gemm) {
     row_x_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
-    block_.reserve_rows(row_chunk_, checks_selection());
+    block_.reserve_rows(row_chunk_, checks_selection(), opt_.context_gemm);
   }
+  if (opt_.context_gemm) row_concat_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * 2 * hidden_);
 }
 
 bool MtpDrafter::checks_selection() const {
@@ -149,6 +150,18 @@ void MtpDrafter::front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x
   be_.linear(fw_.eh_proj.data(), concat_.data(), x0, 1, hidden_, 2 * hidden_);
 }
 
+void MtpDrafter::front_rows(int rows) {
+  // [enorm(embed(t_r)); hnorm(h_r)] for every row of the chunk, then eh_proj as one batched linear.
+  for (int r = 0; r < rows; ++r) {
+    bf16* concat = row_concat_.data() + static_cast<size_t>(r) * 2 * hidden_;
+    be_.embed_rmsnorm(fw_.embed.data(), row_tokens_.data() + r, fw_.enorm.data(), concat, hidden_, eps_);
+    be_.rmsnorm(row_hiddens_.data() + static_cast<size_t>(r) * hidden_, fw_.hnorm.data(), concat + hidden_, 1,
+                hidden_, eps_);
+  }
+  be_.linear(fw_.eh_proj.data(), row_concat_.data(), row_x_.data(), rows, hidden_, 2 * hidden_,
+             ops::RowsMode::batched);
+}
+
 void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n, int row_base,
                              Phase phase) {
   if (row_base != st.seq_len_) {
@@ -177,6 +190,11 @@ void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, cons
     be_.upload(row_positions_.data(), pos.data(), rows * sizeof(int32_t));
     be_.upload(row_hiddens_.data(), hiddens + static_cast<size_t>(c0) * hidden_,
                static_cast<size_t>(rows) * hidden_ * sizeof(bf16));
+    if (!full && opt_.context_gemm) {
+      front_rows(rows);
+      block_.write_context_rows(rows, row_x_.data(), row_positions_.data(), st.cache);
+      continue;
+    }
     if (!full) {
       for (int r = 0; r < rows; ++r) {
         front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x_.data());
@@ -185,11 +203,16 @@ void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, cons
       continue;
     }
     // The MTP front of a row does not depend on other rows: all of the chunk's, then the block.
-    for (int r = 0; r < rows; ++r) {
-      bf16* x = row_x_.data() + static_cast<size_t>(r) * hidden_;
-      front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x);
+    if (opt_.context_gemm) {
+      front_rows(rows);
+    } else {
+      for (int r = 0; r < rows; ++r) {
+        bf16* x = row_x_.data() + static_cast<size_t>(r) * hidden_;
+        front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x);
+      }
     }
-    block_.forward_rows(rows, row_x_.data(), row_positions_.data(), st.cache, row_x_.data(), qidx_mode);
+    block_.forward_rows(rows, row_x_.data(), row_positions_.data(), st.cache, row_x_.data(), qidx_mode,
+                        opt_.context_gemm ? ops::RowsMode::batched : ops::RowsMode::per_row);
     if (checks_selection()) {
       // Untimed: the phase is closed while the per-row selections are made and compared.
       mark_end(phase, 0);

@@ -138,6 +138,8 @@ class MtpDrafter {
 
  private:
   void front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x0);
+  /// context_gemm: the front of the `rows` staged context rows into row_x_, eh_proj batched.
+  void front_rows(int rows);
   /// The k drafts of one propose on the backend's stream; returns the rows written.
   int draft_step(SequenceState& st, int k);
   /// comm->wait() when collectives may be pending on a multi-rank communicator.
@@ -172,7 +174,8 @@ class MtpDrafter {
   std::unique_ptr<ExchangeBuffers> xchg_;  // the head's (max, argmax) and the pick's buffers
   ops::Array<int32_t> row_tokens_, row_positions_;  // context-row staging
   ops::Array<bf16> row_hiddens_;
-  ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk (context_rows full)
+  ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk (context_rows full, context_gemm)
+  ops::Array<bf16> row_concat_;  // [row_chunk, 2H]: the fronts' [e; h] rows (context_gemm)
   int row_chunk_ = 0;
   SelectionCheck check_;
   std::vector<int32_t> check_batched_, check_per_row_;  // host copies of a chunk's selections

@@ -43,6 +43,12 @@ struct DrafterOptions {
   /// q_idx and selection, outside the timed phase, and count the rows whose selection differs
   /// from the batched one (MtpDrafter::selection_check()). Ignored when batch_qidx is off.
   bool selection_check = true;
+  /// `context_gemm`: context rows (prefill and catch-up) run each projection of a chunk of rows
+  /// as one batched linear (one cuBLASLt GEMM on the CUDA backend: eh_proj, and the block's
+  /// projections of u: kv_a, indexer wk and gate, plus q_a, weights_proj and q_b with
+  /// context_rows full) instead of one GEMV per row. On the CPU the two compute the same bits; on
+  /// CUDA the GEMM sums in another order, so the caches (and, at near-ties, the drafts) may differ.
+  bool context_gemm = false;
 };
 
 const char* to_string(ContextRows v);

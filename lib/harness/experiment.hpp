@@ -62,6 +62,7 @@ struct Arms {
   bool batch_qidx = false;
   bool cuda_graph = false;
   ops::KvDtype kv_cache_dtype = ops::KvDtype::bf16;
+  bool context_gemm = false;
 
   drafter::DrafterOptions drafter_options() const;
   /// (name, value) of every arm in schema order, values as the YAML spells them ("on", "vocab").

@@ -39,6 +39,8 @@ echo "test_ops_gpu rc=$?: $(grep -E '^\[  PASSED|^\[  FAILED' "$OUT/test_ops_gpu
 grep -A8 "Failure" "$OUT/test_ops_gpu.log" | head -40
 CUDA_VISIBLE_DEVICES=0 timeout 200 $T/test_gpu_qidx >"$OUT/test_gpu_qidx.log" 2>&1
 echo "test_gpu_qidx rc=$?"; grep -iE "differ|PASSED|FAILED" "$OUT/test_gpu_qidx.log" | head -12
+CUDA_VISIBLE_DEVICES=0 timeout 200 $T/test_gpu_context_gemm >"$OUT/test_gpu_context_gemm.log" 2>&1
+echo "test_gpu_context_gemm rc=$?"; grep -E "gpu-context-gemm|PASSED|FAILED" "$OUT/test_gpu_context_gemm.log" | head -8
 for tool in memcheck racecheck; do
   CUDA_VISIBLE_DEVICES=0 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $T/test_ops_gpu \
     --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*' >"$OUT/sanitizer_$tool.log" 2>&1

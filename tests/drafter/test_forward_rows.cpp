@@ -304,6 +304,40 @@ TEST(BatchQidx, SameDraftsAndCachesAndNoSelectionDifferenceOnTheCpu) {
   EXPECT_EQ(rc.check.rows_checked, 0);
 }
 
+// context_gemm: the fronts' eh_proj and the block's projections of a chunk of context rows as one
+// batched linear each. The CPU's batched linear computes the per-row bits, so every arm must give
+// the per-row drafts and caches exactly: a row written to the wrong slot, a wrong row stride or a
+// missing cache write would change them. (On CUDA the GEMM sums in another order;
+// tests/gpu_e2e/test_gpu_context_gemm.cpp measures that.)
+TEST(ContextGemm, SameDraftsAndCachesAsPerRowOnTheCpu) {
+  const model::ModelConfig cfg = test::tiny_config(512);
+  auto be = ops::make_cpu_backend();
+  const auto seq = test::make_trace(*be, cfg, 1, 300, 40, 5)[0];  // a two-chunk prefill (256 + 43)
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  const int k = 3;
+  DrafterOptions base;
+  base.max_draft_len = k;
+  const Replayed ref = replay(base, cfg, w, seq, k);
+  ASSERT_GT(ref.drafts.size(), 5u);
+  ASSERT_FALSE(ref.kv.empty());
+  for (auto rows : {drafter::ContextRows::cache_only, drafter::ContextRows::full}) {
+    for (bool qidx : {false, true}) {
+      if (qidx && rows == drafter::ContextRows::cache_only) continue;
+      DrafterOptions opt = base;
+      opt.context_rows = rows;
+      opt.context_gemm = true;
+      opt.batch_qidx = qidx;
+      SCOPED_TRACE(std::string("context_rows ") + drafter::to_string(rows) + (qidx ? " batch_qidx" : ""));
+      const Replayed r = replay(opt, cfg, w, seq, k);
+      EXPECT_EQ(r.drafts, ref.drafts);
+      EXPECT_EQ(r.kv, ref.kv);
+      EXPECT_EQ(r.k_rows, ref.k_rows);
+      EXPECT_EQ(r.check.rows_differ, 0);
+    }
+  }
+}
+
 TEST(BatchQidx, CheckCountsOnlyFullContextRows) {
   const model::ModelConfig cfg = test::tiny_config(128);
   auto be = ops::make_cpu_backend();

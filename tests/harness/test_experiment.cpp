@@ -186,6 +186,25 @@ TEST(Experiment, CanonicalConfigIgnoresSpelling) {
   EXPECT_NE(ea.points[0].canonical, ec.points[0].canonical);  // the resolved model is part of it
 }
 
+// context_gemm came after the first results files: off, it is absent from the canonical config
+// (so those files' points still match and resume); on, it is there, and it is an arm like the others.
+TEST(Experiment, ContextGemmEntersTheCanonicalConfigOnlyWhenOn) {
+  const Experiment off = parse_experiment(kBase, "exp.yaml", {}, 2);
+  const Experiment on = parse_experiment(kBase, "exp.yaml", {"context_gemm=on"}, 2);
+  ASSERT_EQ(off.points.size(), on.points.size());
+  EXPECT_EQ(off.points[0].canonical.find("context_gemm"), std::string::npos);
+  EXPECT_NE(on.points[0].canonical.find("context_gemm: on"), std::string::npos);
+  EXPECT_NE(off.points[0].canonical, on.points[0].canonical);
+  EXPECT_TRUE(on.points[0].arms.context_gemm);
+  EXPECT_TRUE(on.points[0].arms.drafter_options().context_gemm);
+  EXPECT_FALSE(off.points[0].arms.drafter_options().context_gemm);
+  const Experiment swept = parse_experiment(kBase, "exp.yaml", {"sweep.grid.context_gemm=[off,on]"}, 2);
+  EXPECT_EQ(swept.points.size(), 2 * off.points.size());
+  EXPECT_NE(message_of([] { parse_experiment(kBase, "exp.yaml", {"context_gemm=sometimes"}, 2); })
+                .find("context_gemm"),
+            std::string::npos);
+}
+
 TEST(Stats, QuantilesAndBootstrap) {
   const std::vector<double> x = {5, 1, 4, 2, 3};  // sorted: 1 2 3 4 5
   const Summary s = summarize(x, 42);
