@@ -3,11 +3,14 @@
 // one CUDA graph, BF16 and FP8 heads, against the step's byte floor.
 //
 //   mtplab_bench_step [--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4]
-//                     [--heads bf16,fp8] [--graphs off,on] [--profile] [--out DIR] [--device D]
+//                     [--heads bf16,fp8] [--graphs off,on] [--profile] [--context-gemm] [--out DIR]
+//                     [--device D]
 //
 // --heads / --graphs pick a subset of the four drafters. --profile turns the CUDA profiler on
 // (cudaProfilerStart) only around the timed steps, so `ncu --profile-from-start off` sees the
-// drafts' kernels and none of the weight upload or the context prefill.
+// drafts' kernels and none of the weight upload or the context prefill. --context-gemm prefills
+// the context with the context_gemm arm (one GEMM per projection and chunk of 256 rows): the
+// prefill time printed per drafter is then the batched one.
 //
 // Method (METHOD.md): the byte floor of one draft is every weight the draft must read once
 // (eh_proj, q_a, q_b, kv_a, kv_b, o_proj, the indexer, the router, top_k routed experts and the
@@ -56,6 +59,7 @@ struct Options {
   std::string out = "bench-out";
   int device = 0;
   bool profile = false;
+  bool context_gemm = false;
 };
 
 double quantile(std::vector<double> v, double q) {
@@ -216,6 +220,7 @@ int run(const Options& opt) {
       dopt.max_draft_len = max_k;
       dopt.head_fp8 = fp8;
       dopt.cuda_graph = graph;
+      dopt.context_gemm = opt.context_gemm;
       t0 = Clock::now();
       auto d = drafter::make_drafter(*be, nullptr, cfg, w, dopt);
       const double up_s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -226,8 +231,8 @@ int run(const Options& opt) {
       d->append_rows(*st, ctx_tokens.data(), ctx_hiddens.data(), opt.context, 0);
       be->synchronize();
       const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
-      std::printf("drafter %s head, cuda_graph %s: upload %.1f s, prefill of %d rows %.2f s\n", fp8 ? "fp8" : "bf16",
-                  graph ? "on" : "off", up_s, opt.context, prefill_s);
+      std::printf("drafter %s head, cuda_graph %s%s: upload %.1f s, prefill of %d rows %.2f s\n", fp8 ? "fp8" : "bf16",
+                  graph ? "on" : "off", opt.context_gemm ? ", context_gemm" : "", up_s, opt.context, prefill_s);
       for (int k : opt.ks) {
         Row r;
         r.head = fp8 ? "fp8" : "bf16";
@@ -287,7 +292,7 @@ int main(int argc, char** argv) {
   bench::BenchArgs args(
       argc, argv,
       "[--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4] [--heads bf16,fp8] "
-      "[--graphs off,on] [--profile] [--out DIR] [--device D]");
+      "[--graphs off,on] [--profile] [--context-gemm] [--out DIR] [--device D]");
   while (args.next()) {
     if (args.is("--preset")) {
       opt.preset = args.value();
@@ -299,6 +304,8 @@ int main(int argc, char** argv) {
       opt.warmup = static_cast<int>(args.integer(0, 1000000));
     } else if (args.is("--k")) {
       opt.ks = parse_ks(args.value());
+    } else if (args.is("--context-gemm")) {
+      opt.context_gemm = true;
     } else if (args.is("--profile")) {
       opt.profile = true;
     } else if (args.is("--heads")) {

@@ -69,6 +69,11 @@ if ((bench)); then
   MTPLAB_CUDA_PDL=0 CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 4 \
     --out "$OUT/nopdl" >"$OUT/bench_step_nopdl.txt" 2>&1
   echo "bench_step (no PDL) rc=$?"; tail -5 "$OUT/bench_step_nopdl.txt"
+  echo "== bench_step --context-gemm: the prefill as GEMMs ($(elapsed))"
+  CUDA_VISIBLE_DEVICES=0 timeout 120 build-gpu/bin/mtplab_bench_step --context 4096 --reps 10 --k 1 --heads fp8 \
+    --graphs on --context-gemm --out "$OUT/cgemm" >"$OUT/bench_step_context_gemm.txt" 2>&1
+  echo "bench_step (context_gemm) rc=$?"; grep -h "prefill of" "$OUT/bench_step.txt" "$OUT/bench_step_context_gemm.txt"
+  tail -2 "$OUT/bench_step_context_gemm.txt"
   echo "== rank-scaling: the draft step on 1 GPU, then on 2 ($(elapsed))"
   CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
     --set 'sweep.grid.head_sharding=[none]' --out "$OUT/rank-scaling-1gpu.h5" >"$OUT/rank-scaling-1gpu.log" 2>&1
