@@ -428,21 +428,7 @@ __global__ void __launch_bounds__(kMoeThreads)
       if (local < 0 || local >= num_local) continue;
       const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
       const bf16* a = act + static_cast<size_t>(s) * I;
-      float d = 0.0f;
-      for (int c = lane; c < n_chunks; c += kWarp * kUnroll) {
-        uint4 dv[kUnroll];
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int cc = c + q * kWarp;
-          dv[q] = cc < n_chunks ? load_stream(d_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int cc = c + q * kWarp;
-          if (cc < n_chunks) d = dot_bf16x8(dv[q], load_cached(a + static_cast<size_t>(cc) * 8), d);
-        }
-      }
-      d = warp_sum(d);
+      const float d = warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
       total += weights[s] * round_to_bf16(d);
     }
     if (lane == 0) out[h] = total;
@@ -484,22 +470,7 @@ __global__ void __launch_bounds__(1024)
       n_chunks = sh.inter / 8;
     }
     float d = 0.0f;
-    if (d_row) {
-      for (int c = lane; c < n_chunks; c += kWarp * kUnroll) {
-        uint4 dv[kUnroll];
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int cc = c + q * kWarp;
-          dv[q] = cc < n_chunks ? load_stream(d_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int q = 0; q < kUnroll; ++q) {
-          const int cc = c + q * kWarp;
-          if (cc < n_chunks) d = dot_bf16x8(dv[q], load_cached(a + static_cast<size_t>(cc) * 8), d);
-        }
-      }
-      d = warp_sum(d);
-    }
+    if (d_row) d = warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
     if (lane == 0) part[warp] = d;
   }
   __syncthreads();

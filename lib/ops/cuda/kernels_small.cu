@@ -120,17 +120,24 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
 }
 
+/// This thread's octets j = 0..V-1 of a row of nv octets (octet threadIdx.x + j * kVecNormThreads),
+/// zeros past the row; every load is issued before any is used.
+template <int V>
+__device__ __forceinline__ void load_octets(const bf16* row, int nv, uint4 (&r)[V]) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    r[j] = v < nv ? load_cached(row + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 /// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers.
 template <int V>
 __device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, bf16* y, int nv, int n,
                                                 float eps) {
   uint4 xr[V], wr[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    xr[j] = v < nv ? load_cached(x + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-    wr[j] = v < nv ? load_cached(w + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-  }
+  load_octets<V>(x, nv, xr);
+  load_octets<V>(w, nv, wr);
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -179,13 +186,9 @@ __global__ void __launch_bounds__(kVecNormThreads)
   y += off;
   const int nv = n / 8;
   uint4 xr[V], wr[V], br[V];
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    xr[j] = v < nv ? load_cached(x + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-    wr[j] = v < nv ? load_cached(w + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-    br[j] = v < nv ? load_cached(b + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-  }
+  load_octets<V>(x, nv, xr);
+  load_octets<V>(w, nv, wr);
+  load_octets<V>(b, nv, br);
   float s = 0.0f;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -234,12 +237,12 @@ __global__ void __launch_bounds__(kVecNormThreads)
   const int nv = n / 8;
   uint4 xr[V], wr[V];
   float4 da[V], db[V];
+  load_octets<V>(x, nv, xr);
+  load_octets<V>(w, nv, wr);
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int v = threadIdx.x + j * kVecNormThreads;
     const bool in = v < nv;
-    xr[j] = in ? load_cached(x + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-    wr[j] = in ? load_cached(w + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
     da[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v))
                : make_float4(0, 0, 0, 0);
     db[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v) + 1)
