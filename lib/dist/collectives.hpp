@@ -68,9 +68,10 @@ class MpiCommunicator final : public Communicator {
 /// Device-buffer collectives through NCCL (only when built with NCCL; create() throws otherwise).
 class NcclCommunicator : public Communicator {
  public:
-  /// Collective over `comm`: its rank 0 makes the NCCL unique id and broadcasts it. The NCCL
-  /// communicator is created non-blocking so that it can be aborted; creation itself is bounded
-  /// by `timeout_s`. `stream` is a cudaStream_t (nullptr: the legacy default stream).
+  /// Collective over `comm`: its rank 0 makes the NCCL unique id and broadcasts it. Every host
+  /// call into NCCL, creation included, is bounded by `timeout_s` (a watchdog thread aborts a
+  /// blocking communicator; MTPLAB_NCCL_BLOCKING=0 makes it non-blocking and polled instead).
+  /// `stream` is a cudaStream_t (nullptr: the legacy default stream).
   static std::unique_ptr<NcclCommunicator> create(MPI_Comm comm, void* stream,
                                                   double timeout_s = collective_timeout_s());
   std::string kind() const override { return "nccl"; }

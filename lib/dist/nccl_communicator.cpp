@@ -1,16 +1,33 @@
 // NcclCommunicator: device-buffer collectives that cannot hang forever.
 //
-// The NCCL communicator is created non-blocking (ncclConfig_t::blocking = 0), so creation,
-// enqueue and finalisation return at once (ncclInProgress) and are polled against a deadline;
-// collectives only enqueue on the stream, and wait() polls cudaStreamQuery and
+// The NCCL communicator is blocking by default (ncclConfig_t::blocking = 1): a collective is
+// enqueued by the calling thread and returns, which costs a few microseconds. A blocking call can
+// still wait on a peer (the communicator's creation, the connection setup of a collective's first
+// use, finalisation), so every host call into NCCL runs under a watchdog: a thread of this
+// communicator, asleep unless a call is armed, that aborts the communicator (ncclCommAbort from
+// another thread, which makes the blocked call return an error) when the call has not returned
+// within the collective timeout. Creation has no communicator to abort yet: the watchdog then
+// prints the error and ends the job (fail_job: MPI_Abort, so every rank exits non-zero).
+//
+// MTPLAB_NCCL_BLOCKING=0 creates the communicator non-blocking instead (ncclInProgress settled by
+// polling against the deadline, no watchdog): the design before, kept to compare. Its enqueue
+// costs ~25 us more per collective on an H200 pair (NCCL launches a non-blocking group from a
+// helper thread), which is why blocking is the default (docs/performance.md, exchange).
+//
+// Both modes: collectives only enqueue on the stream; wait() polls cudaStreamQuery and
 // ncclCommGetAsyncError until the stream drains, an error appears, or the timeout passes. On an
 // error or timeout the communicator is aborted (ncclCommAbort: local, it also stops the NCCL
 // kernels spinning on a dead peer) and mtplab::Error is thrown; every later call throws too.
-// Invariant: while any NCCL call is in progress nothing else is issued on the communicator (the
-// NCCL rule for non-blocking communicators), which the synchronous settle() after each call keeps.
+// Invariant: one thread issues calls on the communicator; the watchdog touches it only while that
+// thread is inside an armed NCCL call, and only to abort it.
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -19,6 +36,7 @@
 #include "core/str.hpp"
 #include "dist/check.hpp"
 #include "dist/collectives.hpp"
+#include "dist/guard.hpp"
 
 namespace mtplab::dist {
 
@@ -47,10 +65,78 @@ class Backoff {
   Clock::time_point start_ = Clock::now();
 };
 
+/// MTPLAB_NCCL_BLOCKING: unset or 1 -> blocking communicator (default), 0 -> non-blocking.
+bool blocking_from_env() {
+  const char* v = std::getenv("MTPLAB_NCCL_BLOCKING");
+  if (!v || !*v) return true;
+  const std::string s(v);
+  MTP_REQUIRE(s == "0" || s == "1", "MTPLAB_NCCL_BLOCKING must be 0 or 1 (got \"", s, "\")");
+  return s == "1";
+}
+
+/// Runs `on_expiry` (on its own thread, with the watchdog's lock held) when an armed call has not
+/// been disarmed by its deadline. arm() / disarm() bracket one host call into NCCL; disarm()
+/// returns whether the watchdog fired for it, after on_expiry has returned.
+class Watchdog {
+ public:
+  explicit Watchdog(std::function<void()> on_expiry) : on_expiry_(std::move(on_expiry)) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void arm(Clock::time_point deadline) {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      armed_ = true;
+      fired_ = false;
+      deadline_ = deadline;
+    }
+    cv_.notify_one();
+  }
+  bool disarm() {
+    std::lock_guard<std::mutex> lock(m_);
+    armed_ = false;
+    return fired_;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(m_);
+    while (!stop_) {
+      if (!armed_) {
+        cv_.wait(lock);
+        continue;
+      }
+      cv_.wait_until(lock, deadline_);
+      if (!stop_ && armed_ && Clock::now() >= deadline_) {
+        armed_ = false;
+        fired_ = true;
+        on_expiry_();
+      }
+    }
+  }
+
+  std::function<void()> on_expiry_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool armed_ = false, fired_ = false, stop_ = false;
+  Clock::time_point deadline_{};
+  std::thread thread_;
+};
+
 class NcclCommunicatorImpl final : public NcclCommunicator {
  public:
   NcclCommunicatorImpl(MPI_Comm mpi, void* stream, double timeout_s)
-      : stream_(static_cast<cudaStream_t>(stream)), timeout_s_(timeout_s) {
+      : stream_(static_cast<cudaStream_t>(stream)), timeout_s_(timeout_s), blocking_(blocking_from_env()) {
     MTP_REQUIRE(mpi != MPI_COMM_NULL, "NcclCommunicator over MPI_COMM_NULL");
     MTP_REQUIRE(timeout_s > 0, "NCCL collective timeout must be > 0 s (got ", timeout_s, ")");
     MTP_MPI_CHECK(MPI_Comm_rank(mpi, &rank_));
@@ -78,10 +164,22 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     try {
       MTP_CUDA_CHECK(cudaMemset(barrier_scratch_, 0, sizeof(int)));
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-      config.blocking = 0;
-      const ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, msg.id, rank_, &config);
-      if (rc != ncclSuccess && rc != ncclInProgress) fail_nccl("ncclCommInitRankConfig", rc);
-      settle_or_throw("ncclCommInitRankConfig");
+      config.blocking = blocking_ ? 1 : 0;
+      if (blocking_) {
+        watchdog_ = std::make_unique<Watchdog>([this] { on_watchdog(); });
+        ncclComm_t fresh = nullptr;
+        bool fired = false;
+        const ncclResult_t rc = watched(
+            "ncclCommInitRankConfig",
+            [&] { return ncclCommInitRankConfig(&fresh, size_, msg.id, rank_, &config); }, fired);
+        comm_ = fresh;  // fired: the watchdog has ended the job (nothing to abort yet)
+        if (rc != ncclSuccess) fail_nccl("ncclCommInitRankConfig", rc);
+        live_.store(comm_);
+      } else {
+        const ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, msg.id, rank_, &config);
+        if (rc != ncclSuccess && rc != ncclInProgress) fail_nccl("ncclCommInitRankConfig", rc);
+        settle_or_throw("ncclCommInitRankConfig");
+      }
     } catch (...) {
       // The destructor does not run for a half-built object: release here.
       abort();
@@ -96,9 +194,15 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     } else if (comm_) {
       // Finalise flushes the work still enqueued and waits for the peers to do the same, so it
       // is bounded like a collective; on failure, abort instead.
-      ncclResult_t rc = ncclCommFinalize(comm_);
-      if (rc == ncclInProgress || rc == ncclSuccess) rc = settle(nullptr);
-      if (rc == ncclSuccess) {
+      bool fired = false;
+      ncclResult_t rc = watched(
+          "ncclCommFinalize", [&] { return ncclCommFinalize(comm_); }, fired);
+      if (!blocking_ && (rc == ncclInProgress || rc == ncclSuccess)) rc = settle(nullptr);
+      if (fired) {
+        comm_ = nullptr;  // the watchdog aborted it
+        log_warn("NCCL communicator (rank ", rank_, " of ", size_, ") did not finalise within ", timeout_s_,
+                 " s: aborted");
+      } else if (rc == ncclSuccess) {
         if (ncclCommDestroy(comm_) != ncclSuccess) log_warn("ncclCommDestroy failed");
         comm_ = nullptr;
       } else {
@@ -107,6 +211,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
         abort();
       }
     }
+    watchdog_.reset();  // joins its thread before the members it reads go
     if (barrier_scratch_) cudaFree(barrier_scratch_);
   }
 
@@ -121,6 +226,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   bool aborted() const override { return aborted_; }
 
   void abort() noexcept override {
+    live_.store(nullptr);
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
     aborted_ = true;
@@ -212,11 +318,46 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     if (rc != ncclSuccess) fail_nccl(what, rc);
   }
 
+  /// Runs one host call into NCCL; with a blocking communicator under the watchdog (`fired`: it
+  /// aborted the communicator, or ended the job during creation, before the call returned).
+  template <typename Call>
+  ncclResult_t watched(const char* what, Call&& call, bool& fired) {
+    fired = false;
+    if (!watchdog_) return call();
+    watched_what_ = what;
+    watchdog_->arm(Clock::now() + to_duration(timeout_s_));
+    const ncclResult_t rc = call();
+    fired = watchdog_->disarm();
+    return rc;
+  }
+
+  /// The watchdog's action, on its thread: abort the live communicator, or end the job when the
+  /// creation itself hangs.
+  void on_watchdog() noexcept {
+    const ncclComm_t c = live_.exchange(nullptr);
+    if (!c) {
+      const auto& id = process_identity();
+      const std::string line =
+          str("[rank ", id.rank, "@", id.host, "] NCCL ", watched_what_, " did not complete within ",
+              timeout_s_, " s (", kCollectiveTimeoutEnv, ") on rank ", rank_, " of ", size_,
+              ": a peer rank has probably died; ending the job");
+      fail_job(line.c_str());
+      std::_Exit(1);
+    }
+    cudaSetDevice(device_);  // this thread's first CUDA call: the communicator's device
+    ncclCommAbort(c);
+  }
+
   template <typename Call>
   void issue(std::string what, Call&& call) {
     require_live(what.c_str());
     last_op_ = std::move(what);
-    ncclResult_t rc = call();
+    bool fired = false;
+    ncclResult_t rc = watched("collective enqueue", call, fired);
+    if (fired) {
+      comm_ = nullptr;  // aborted by the watchdog
+      fail_timeout_named(str(last_op_, " (its enqueue)").c_str());
+    }
     if (rc == ncclInProgress) {
       settle_or_throw(last_op_.c_str());
     } else if (rc != ncclSuccess) {
@@ -251,6 +392,10 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   bool aborted_ = false;
   int* barrier_scratch_ = nullptr;
   std::string last_op_ = "(none)";
+  bool blocking_ = true;
+  std::atomic<ncclComm_t> live_{nullptr};  // what the watchdog may abort
+  const char* watched_what_ = "";
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace

@@ -15,7 +15,7 @@ FINAL=${OUT:-$root/build-gpu/validate-out}
 # tool returns only a few files), beside the summary files named in KEEP.
 OUT=$FINAL/logs
 mkdir -p "$OUT"
-pack() { cp "$OUT"/bench_step*.txt "$OUT"/bench_kernels.txt "$FINAL"/ 2>/dev/null; tar -C "$FINAL" -czf "$FINAL/validate.tgz" logs; rm -rf "$OUT"; }
+pack() { cp "$OUT"/bench_step*.txt "$OUT"/bench_kernels.txt "$OUT"/bench_exchange*.txt "$FINAL"/ 2>/dev/null; tar -C "$FINAL" -czf "$FINAL/validate.tgz" logs; rm -rf "$OUT"; }
 trap pack EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MTPLAB_SOURCE_DIR=$root MTPLAB_SHA_FROM_FILE=1
 t0=$(date +%s)
@@ -53,6 +53,17 @@ grep -E "agree" "$OUT/test_gpu_e2e.log" >"$OUT/agree_pdl.txt"; grep -E "agree" "
 cmp -s "$OUT/agree_pdl.txt" "$OUT/agree_nopdl.txt" && echo "agreement lines identical with and without PDL" || echo "agreement lines DIFFER with and without PDL"
 timeout 300 mpirun -np 2 --oversubscribe $T/test_gpu_e2e_mpi >"$OUT/test_gpu_e2e_mpi.log" 2>&1
 echo "test_gpu_e2e_mpi rc=$?"; grep -E "^\[  PASSED|^\[  FAILED" "$OUT/test_gpu_e2e_mpi.log" | head -4
+timeout 180 mpirun -np 2 --oversubscribe $T/test_dist_nccl >"$OUT/test_dist_nccl.log" 2>&1
+echo "test_dist_nccl rc=$?"; grep -E "^\[  PASSED|^\[  FAILED|\[nccl\]" "$OUT/test_dist_nccl.log" | head -6
+if ((bench)); then
+  for blocking in 1 0; do
+    MTPLAB_NCCL_BLOCKING=$blocking timeout 150 mpirun -np 2 --oversubscribe -x MTPLAB_NCCL_BLOCKING \
+      build-gpu/bin/mtplab_bench_exchange --reps 100 --out "$OUT/exchange-blocking$blocking" \
+      >"$OUT/bench_exchange_blocking$blocking.txt" 2>&1
+    echo "bench_exchange (MTPLAB_NCCL_BLOCKING=$blocking) rc=$?"
+    grep -E "^case|^bare_allreduce|^packed_u64|^allgather_pairs|target" "$OUT/bench_exchange_blocking$blocking.txt"
+  done
+fi
 if ((bench)); then
   echo "== bench_kernels (GPU 0) || batch-qidx experiment (GPU 1) ($(elapsed))"
   (CUDA_VISIBLE_DEVICES=1 timeout 240 build-gpu/bin/mtplab run experiments/batch-qidx.yaml --out "$OUT/batch-qidx.h5" \

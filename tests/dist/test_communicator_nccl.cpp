@@ -370,7 +370,7 @@ TEST(Nccl, LeavesTheNcclEnvironmentAlone) {
   EXPECT_EQ(nccl_environment(), before);
 }
 
-// Last: it aborts a communicator on purpose.
+// Last two: they abort a communicator on purpose.
 TEST(Nccl, TimeoutAbortsInsteadOfHanging) {
   Group g = g_rt->world_group();
   auto& c = dynamic_cast<NcclCommunicator&>(g.connect(Transport::nccl, g_stream));
@@ -401,6 +401,44 @@ TEST(Nccl, TimeoutAbortsInsteadOfHanging) {
   MTP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
   if (c.rank() != 0) c.abort();  // its peer's communicator is gone
   // The aborted kernel must not keep the stream busy.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  cudaError_t q = cudaErrorNotReady;
+  while ((q = cudaStreamQuery(g_stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(q, cudaSuccess) << cudaGetErrorName(q);
+}
+
+// Also aborts on purpose. A peer that never joins the FIRST collective of a new communicator:
+// its connection setup can block inside the enqueue itself (a blocking communicator: the
+// watchdog must abort it) or leave the kernel waiting (wait() must time out). Either way the
+// waiting rank gets an mtplab::Error naming the timeout, within the timeout plus slack.
+TEST(Nccl, TimeoutOnAFirstCollectiveAbortsInsteadOfHanging) {
+  Group g = g_rt->world_group();
+  auto& c = dynamic_cast<NcclCommunicator&>(g.connect(Transport::nccl, g_stream));
+  constexpr double timeout = 3.0;
+  c.set_timeout_s(timeout);
+  DeviceBuffer<float> buf(1 << 20);
+  buf.poison(0);
+  if (c.rank() == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      c.all_reduce_sum(buf.get(), buf.get(), 1 << 20);
+      c.wait();
+      ADD_FAILURE() << "the first collective completed although a peer never joined";
+    } catch (const Error& e) {
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      std::printf("[nccl] first collective without its peer: error after %.2f s: %s\n", waited,
+                  e.message().c_str());
+      EXPECT_NE(e.message().find("did not complete within 3 s"), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("aborted"), std::string::npos) << e.message();
+      EXPECT_GE(waited, timeout - 0.1);
+      EXPECT_LT(waited, timeout + 10.0);
+    }
+    EXPECT_TRUE(c.aborted());
+    EXPECT_THROW(c.all_reduce_sum(buf.get(), buf.get(), 1), Error);
+  }
+  MTP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  if (c.rank() != 0) c.abort();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   cudaError_t q = cudaErrorNotReady;
   while ((q = cudaStreamQuery(g_stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)

@@ -8,8 +8,11 @@
 //   <= 1e-2. A summation-order change gives a few flips (~1e-3); a row written to the wrong slot
 //   or with a wrong stride gives values of the same scale that are independent (~1.4);
 // - over a replay of 2 sequences (context_rows cache_only and full), the drafts agree with the
-//   per-row arm at >= 90% of the steps: the GPU-vs-CPU drafts on this preset, which differ by
-//   summation order everywhere, agree at ~96% (test_gpu_e2e); a wrong layout changes most drafts.
+//   per-row arm at >= 90% of the drafts compared, counted as test_gpu_e2e counts them (each step's
+//   drafts up to and including its first difference: the drafts after it chain other tokens).
+//   The GPU-vs-CPU drafts on this preset, which differ by summation order everywhere, agree at
+//   ~96% that way; a wrong layout changes most drafts. Whole steps are printed too: with k = 3 a
+//   single flip spoils a step, so steps agree less often (78 of 90 on the H200) than drafts.
 // Exits 77 (skipped) without a GPU.
 #include <gtest/gtest.h>
 
@@ -90,12 +93,23 @@ TEST(GpuContextGemm, CachesAndDraftsOnTheSmallPreset) {
     const auto db = e2e::replay_drafts(*gemm, trace, k, cfg.hidden);
     ASSERT_GT(da.size(), 20u);
     ASSERT_EQ(da.size(), db.size());
-    size_t same = 0;
-    for (size_t i = 0; i < da.size(); ++i) same += da[i] == db[i];
-    std::printf("[gpu-context-gemm] %s: drafts equal to the per-row arm at %zu of %zu steps\n",
-                drafter::to_string(rows), same, da.size());
+    size_t same_steps = 0, compared = 0, agreed = 0;
+    for (size_t i = 0; i < da.size(); ++i) {
+      ASSERT_EQ(da[i].size(), db[i].size());
+      same_steps += da[i] == db[i];
+      for (size_t j = 0; j < da[i].size(); ++j) {
+        ++compared;
+        if (da[i][j] != db[i][j]) break;
+        ++agreed;
+      }
+    }
+    std::printf(
+        "[gpu-context-gemm] %s: drafts equal to the per-row arm: %zu of %zu compared (%.4f); whole steps "
+        "%zu of %zu\n",
+        drafter::to_string(rows), agreed, compared, static_cast<double>(agreed) / compared, same_steps,
+        da.size());
     std::fflush(stdout);
-    EXPECT_GE(same * 10, da.size() * 9);
+    EXPECT_GE(agreed * 10, compared * 9);
   }
 }
 
