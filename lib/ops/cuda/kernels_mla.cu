@@ -856,9 +856,9 @@ int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
     const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
     return std::max(1, (chunks + per_split - 1) / per_split);
   }
-  // v2: about one block per multiprocessor (each streams its rows kStages chunks ahead, so longer
-  // splits cost compute, not latency), no more clusters than it takes to give every split a chunk,
-  // and at most kMaxSplitChunks chunks per split.
+  // v2: about one block per multiprocessor (each streams its rows kStages - 1 chunks ahead, so a
+  // longer split costs chunk steps, not round trips), no more clusters than it takes to give every
+  // split a chunk, and at most kMaxSplitChunks chunks per split.
   const int per_cluster = kCluster * kMaxSplitChunks;
   int clusters = forced_clusters();
   if (clusters == 0) {
