@@ -39,12 +39,14 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_cli.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/kernels.hpp"
 #include "ops/ops.hpp"
 
 namespace {
@@ -658,9 +660,19 @@ void run_all(Bench& b, ops::Backend& be) {
                 rot, [&](int i) { be.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
     b.release_all();
   }
-  for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
-    const std::string name = std::string("mla_decode ") + (dtype == ops::KvDtype::bf16 ? "bf16" : "fp8");
+  // Both decode paths (the decode and, where it launches one, its combine), each row named by its
+  // path; the process's path (MTPLAB_MLA_DECODE, else v2) is restored afterwards.
+  using ops::cuda::MlaDecodePath;
+  const MlaDecodePath default_path = ops::cuda::mla_decode_path();
+  const std::pair<ops::KvDtype, MlaDecodePath> decode_cases[] = {{ops::KvDtype::bf16, MlaDecodePath::v2},
+                                                                 {ops::KvDtype::bf16, MlaDecodePath::v1},
+                                                                 {ops::KvDtype::fp8, MlaDecodePath::v2},
+                                                                 {ops::KvDtype::fp8, MlaDecodePath::v1}};
+  for (const auto& [dtype, path] : decode_cases) {
+    const std::string name = std::string("mla_decode ") + (dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ") +
+                             ops::cuda::mla_decode_path_name(path);
     if (!b.selected(name)) continue;
+    ops::cuda::set_mla_decode_path(path);
     // A 64k-row paged cache; the selection is 2051 distinct random rows (K + P - 1).
     const int block_size = 64, rows = 65536, num_blocks = rows / block_size;
     const size_t elem = dtype == ops::KvDtype::bf16 ? 2 : 1;
@@ -687,6 +699,7 @@ void run_all(Bench& b, ops::Backend& be) {
               });
     b.release_all();
   }
+  ops::cuda::set_mla_decode_path(default_path);
 
   // ---- small ops (launch-latency bound) ----
   if (b.selected("rmsnorm")) {

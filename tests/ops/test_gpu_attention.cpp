@@ -6,6 +6,12 @@
 // keys and scores are fp32 that differ by the device expf (<= 2 ulp) and summation order, so
 // 1e-5 relative plus 1e-5 of the largest; the selection is exact given identical scores (both
 // backends are fed the same score vector, ties included); BF16 outputs as gpu_test_util.hpp.
+// The MLA decode runs under both of its paths (ops::cuda::MlaDecodePath), each against the same CPU
+// result under gpu_test_util.hpp's BF16 tolerance: both compute the CPU's formula with one BF16
+// rounding of o_lat, differing only by fp32 summation order, the BF16 hi + lo split of the
+// probabilities (~2^-17 relative) and, in the split merge, a product of two fp32 exponentials
+// where the CPU has one (a few 2^-24), all far below the BF16 ulp (2^-8 relative). Each path is
+// also run twice on the same inputs and must give the same bytes (a fixed merge order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +21,7 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
+#include "ops/cuda/kernels.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -143,6 +150,50 @@ PagedCache make_paged(Rng& rng, int rows) {
   return pc;
 }
 
+/// Random cache contents for `slots` latent values: BF16 in [-1, 1), or any finite E4M3 code.
+std::vector<uint8_t> random_cache_bytes(Rng& rng, size_t slots, KvDtype dtype) {
+  std::vector<uint8_t> bytes(slots * (dtype == KvDtype::bf16 ? 2 : 1));
+  if (dtype == KvDtype::bf16) {
+    const auto v = rng.bf16s(slots, -1.0f, 1.0f);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+  } else {
+    const auto v = rng.fp8s(slots);
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+  }
+  return bytes;
+}
+
+constexpr cuda::MlaDecodePath kDecodePaths[] = {cuda::MlaDecodePath::v1, cuda::MlaDecodePath::v2};
+
+/// Restores the process's decode path when a test leaves.
+struct DecodePathGuard {
+  cuda::MlaDecodePath saved = cuda::mla_decode_path();
+  ~DecodePathGuard() { cuda::set_mla_decode_path(saved); }
+};
+
+/// mla_decode on the CPU once, then on the GPU under each path (twice: same bytes), into
+/// poisoned outputs.
+void expect_decode_matches(const Twin<bf16>& q, const Twin<int32_t>& sel, int width,
+                           const Twin<int32_t>& table, const KvCache& cc, const KvCache& gc, int nh,
+                           float softmax_scale, const std::string& what) {
+  DecodePathGuard guard;
+  const size_t n = static_cast<size_t>(nh) * cc.kv_lora;
+  auto ref = out_twin<bf16>(n);
+  cpu().mla_decode(q.c.data(), sel.c.data(), width, table.c.data(), cc, ref.c.data(), nh, softmax_scale);
+  const auto want = ref.from_cpu();
+  for (cuda::MlaDecodePath path : kDecodePaths) {
+    cuda::set_mla_decode_path(path);
+    const std::string name = what + " (" + cuda::mla_decode_path_name(path) + ")";
+    auto first = out_twin<bf16>(n);
+    auto again = out_twin<bf16>(n);
+    gpu().mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, first.g.data(), nh, softmax_scale);
+    gpu().mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, again.g.data(), nh, softmax_scale);
+    const auto got = first.from_gpu();
+    expect_bf16_close(got, want, name);
+    expect_bytes_equal(again.from_gpu(), got, name + ", second run");
+  }
+}
+
 TEST_P(GpuAttention, KvWrite) {
   const Shape s = GetParam();
   Rng rng(13);
@@ -195,18 +246,7 @@ TEST_P(GpuAttention, Mla) {
   const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(dqk));
   for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
     const size_t slots = static_cast<size_t>(pc.num_blocks) * pc.block_size * L;
-    Twin<uint8_t> data(slots * (dtype == KvDtype::bf16 ? 2 : 1));
-    if (dtype == KvDtype::bf16) {
-      const auto v = rng.bf16s(slots, -1.0f, 1.0f);
-      std::vector<uint8_t> bytes(v.size() * 2);
-      std::memcpy(bytes.data(), v.data(), bytes.size());
-      data.set(bytes);
-    } else {
-      const auto v = rng.fp8s(slots);
-      std::vector<uint8_t> bytes(v.size());
-      std::memcpy(bytes.data(), v.data(), bytes.size());
-      data.set(bytes);
-    }
+    Twin<uint8_t> data(random_cache_bytes(rng, slots, dtype));
     const float scale = dtype == KvDtype::bf16 ? 1.0f : 1.0f / 448.0f;
     KvCache cc{data.c.data(), dtype, scale, pc.num_blocks, pc.block_size, L};
     KvCache gc{data.g.data(), dtype, scale, pc.num_blocks, pc.block_size, L};
@@ -219,14 +259,9 @@ TEST_P(GpuAttention, Mla) {
         selection = sel.from_cpu();
       }
       Twin<int32_t> sel(selection);
-      auto o_lat = out_twin<bf16>(static_cast<size_t>(nh) * L);
-      cpu().mla_decode(q_dec.c.data(), sel.c.data(), width, table.c.data(), cc, o_lat.c.data(), nh,
-                       softmax_scale);
-      gpu().mla_decode(q_dec.g.data(), sel.g.data(), width, table.g.data(), gc, o_lat.g.data(), nh,
-                       softmax_scale);
-      expect_bf16_close(o_lat.from_gpu(), o_lat.from_cpu(),
-                        std::string("mla_decode ") + (dtype == KvDtype::bf16 ? "bf16" : "fp8") +
-                            " cache, position " + std::to_string(p));
+      expect_decode_matches(q_dec, sel, width, table, cc, gc, nh, softmax_scale,
+                            std::string("mla_decode ") + (dtype == KvDtype::bf16 ? "bf16" : "fp8") +
+                                " cache, position " + std::to_string(p));
     }
   }
 
@@ -235,6 +270,59 @@ TEST_P(GpuAttention, Mla) {
   cpu().mla_out_v(o_lat.c.data(), W_kvb.c.data(), o.c.data(), nh, dqk, dv, L);
   gpu().mla_out_v(o_lat.g.data(), W_kvb.g.data(), o.g.data(), nh, dqk, dv, L);
   expect_bf16_close(o.from_gpu(), o.from_cpu(), "mla_out_v");
+}
+
+// The decode on selections the indexer does not produce, both paths: shorter than a chunk, one
+// row, width 0, all padding, scattered padding, and long ones (v2: more chunks per split than its
+// ring holds, several clusters per head tile; at the tiny shape, enough rows that the split count
+// is raised to keep each split at its 32-chunk maximum).
+TEST_P(GpuAttention, MlaDecodeSelections) {
+  const Shape s = GetParam();
+  Rng rng(15);
+  const int nh = s.n_heads, L = s.kv_lora;
+  const int rows = s.kv_lora <= 64 ? 80000 : 12288;
+  PagedCache pc = make_paged(rng, rows);
+  Twin<int32_t> table(pc.table);
+  Twin<bf16> q(rng.bf16s(static_cast<size_t>(nh) * L, -4.0f, 4.0f));
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+
+  // Distinct random rows of the cache.
+  std::vector<int32_t> perm(static_cast<size_t>(rows));
+  std::iota(perm.begin(), perm.end(), 0);
+  for (size_t i = perm.size() - 1; i > 0; --i) std::swap(perm[i], perm[rng.next() % (i + 1)]);
+  auto distinct = [&](int n) { return std::vector<int32_t>(perm.begin(), perm.begin() + n); };
+  std::vector<int32_t> holes = distinct(3001);
+  for (auto& v : holes)
+    if (rng.next() % 3 == 0) v = -1;
+  std::vector<int32_t> short_sel = distinct(3);
+  short_sel.insert(short_sel.begin() + 1, -1);
+  short_sel.push_back(-1);
+  struct Case {
+    const char* name;
+    std::vector<int32_t> sel;
+    int width;
+  };
+  const Case cases[] = {
+      {"3 rows of 5", short_sel, 5},
+      {"one row", distinct(1), 1},
+      {"width 0", std::vector<int32_t>{-1}, 0},
+      {"all padding", std::vector<int32_t>(37, -1), 37},
+      {"a third padding", holes, 3001},
+      {"long", distinct(rows), rows},
+  };
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    const size_t slots = static_cast<size_t>(pc.num_blocks) * pc.block_size * L;
+    Twin<uint8_t> data(random_cache_bytes(rng, slots, dtype));
+    const float scale = dtype == KvDtype::bf16 ? 1.0f : 1.0f / 448.0f;
+    KvCache cc{data.c.data(), dtype, scale, pc.num_blocks, pc.block_size, L};
+    KvCache gc{data.g.data(), dtype, scale, pc.num_blocks, pc.block_size, L};
+    for (const Case& c : cases) {
+      Twin<int32_t> sel(c.sel);
+      expect_decode_matches(q, sel, c.width, table, cc, gc, nh, softmax_scale,
+                            std::string("mla_decode ") + (dtype == KvDtype::bf16 ? "bf16" : "fp8") + ", " +
+                                c.name + " (width " + std::to_string(c.width) + ")");
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuAttention, ::testing::ValuesIn(kShapes), shape_name);

@@ -80,7 +80,16 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
 // ---- kernels_mla.cu -----------------------------------------------------------------------------
 void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk,
                   int dv, int kv_lora);
-/// Number of row splits mla_decode uses, and the fp32 scratch it needs for them.
+/// The sparse MLA decode's kernels (docs/kernels.md): v1, a block per two or more chunks of 16 rows
+/// and a combine over every split; v2 (the default), longer splits streamed through cp.async and
+/// merged per cluster of 8 over distributed shared memory. MTPLAB_MLA_DECODE=v1 selects v1 (read
+/// at the first call); set_mla_decode_path overrides it for the process (tests, benchmarks). The
+/// splits, the scratch and mla_decode must be called under the same path.
+enum class MlaDecodePath { v1, v2 };
+MlaDecodePath mla_decode_path();
+void set_mla_decode_path(MlaDecodePath path);
+const char* mla_decode_path_name(MlaDecodePath path);
+/// Number of row splits mla_decode uses, and the fp32 scratch it needs for them (current path).
 int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads);
 size_t mla_decode_scratch_floats(int splits, int n_heads, int kv_lora);
 void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,

@@ -9,11 +9,19 @@
 // - FP8 cache: stored as E4M3(x / scale) with a true division and RNE + satfinite, read back as
 //   float(fp8) * scale: bit-identical to the CPU.
 // - Decode: one block per (16-head tile, row split) on the tensor cores (see "decode" below), an
-//   online softmax in fp32 over chunks of 16 rows, merged across splits with max-rescaling; o_lat
-//   is rounded to BF16 once, after dividing by the softmax denominator, as the CPU does. No
-//   selected rows -> zeros. q_abs rows must be 4-byte aligned (BF16 pairs are read as u32).
+//   online softmax in fp32 over chunks of 16 rows, merged across splits with max-rescaling in a
+//   fixed order (deterministic); o_lat is rounded to BF16 once, after dividing by the softmax
+//   denominator, as the CPU does. No selected rows -> zeros. q_abs rows must be 4-byte aligned
+//   (BF16 pairs are read as u32), cache rows 16-byte aligned. Two paths with the same chunk step
+//   (MlaDecodePath, kernels.hpp): v1 (mla_decode_kernel + mla_combine_kernel over every split)
+//   and v2 (mla_decode_v2_kernel, "decode v2" below), the default.
+#include <cooperative_groups.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
@@ -425,12 +433,381 @@ __global__ void __launch_bounds__(kCombineThreads)
   o_lat[static_cast<size_t>(h) * kv_lora + c] = denom > 0.0f ? f_to_bf16(a / denom) : bf16{0};
 }
 
+// ---- decode v2 -----------------------------------------------------------------------------------------
+//
+// The same chunk step as mla_decode_kernel (head tile of 16, 4 warps each owning kv_lora/4 columns,
+// chunks of 16 rows, the same MMAs, softmax and rounding points), organised for a short critical
+// path and few partials:
+// - Grid (split, head tile), about one block per multiprocessor: split s of S owns chunks
+//   [s*C/S, (s+1)*C/S) of the C chunks (balanced to one chunk), at most kMaxSplitChunks.
+// - The split's row slots (selection -> block table) are resolved once into shared memory, every
+//   thread resolving a few rows in parallel: two round trips per block instead of two per chunk.
+// - Each warp streams its slice of the rows into a ring of kStages chunks with cp.async (16 bytes,
+//   zero-filled for padding: a padded row must be 0, not stale shared memory, as P = 0 times NaN
+//   is NaN), kStages - 1 chunks ahead of the one it computes.
+// - The partial scores go through a double-buffered s_score: one __syncthreads per chunk.
+// - The kCluster splits of a thread-block cluster merge their (max, denominator, sums) over
+//   distributed shared memory, block rank r taking columns [r*L/8, (r+1)*L/8), peers in rank
+//   order (deterministic). One cluster per head tile writes o_lat itself; more write one partial
+//   per cluster, which mla_combine_kernel merges (S / 8 partials per head instead of S).
+
+constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
+constexpr int kStages = 4;           // cp.async ring depth per warp, in chunks
+constexpr int kMaxSplitChunks = 32;  // chunks one split may own (the slot table's size)
+constexpr int kMaxSplitRows = kMaxSplitChunks * kChunk;
+constexpr int kGatherPerThread = kMaxSplitRows / kDecodeThreads;
+static_assert(kMaxSplitRows % kDecodeThreads == 0, "the slot gather must split evenly over the block");
+static_assert(kHeadTile * kCluster == kDecodeThreads, "the cluster merge gives one thread per (head, rank)");
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+/// Waits until at most N of this thread's committed groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/// Dynamic shared memory of mla_decode_v2_kernel (bytes; every region a multiple of 16).
+template <int kCw, bool kFp8>
+struct DecodeV2Smem {
+  static constexpr int kL = kDecodeWarps * kCw;
+  static constexpr int kRowStride = kCw + 8;                             // BF16 rows, as mla_decode_kernel
+  static constexpr int kStageStride = kFp8 ? kCw + 16 : 2 * kRowStride;  // bytes per staged row
+  static constexpr int kStageBytes = kChunk * kStageStride;
+  static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
+  static constexpr int kConvBytes = kFp8 ? kDecodeWarps * kChunk * kRowStride * 2 : 0;
+  // The merge's exchange (after the loop, over the ring): [16][kXStride] sums, then [16][2] (m, l).
+  static constexpr int kXStride = kL + 8;  // floats: conflict-free float2 stores of the fragments
+  static constexpr int kXBytes = (kHeadTile * kXStride + 2 * kHeadTile) * 4;
+  static constexpr int kBytes = (kRingBytes > kXBytes ? kRingBytes : kXBytes) + kConvBytes;
+  static_assert(kStageStride % 16 == 0 && kRingBytes % 16 == 0, "cp.async needs 16-byte rows");
+};
+
+/// Block (split, head tile) of a cluster of kCluster splits; see "decode v2" above. p.splits is S
+/// (a multiple of kCluster); p.scratch holds [n_heads][S / kCluster][2 + kv_lora] when S > kCluster.
+template <int kCw, bool kFp8>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThreads)
+    mla_decode_v2_kernel(DecodeParams p) {
+  pdl_begin();
+  using Smem = DecodeV2Smem<kCw, kFp8>;
+  constexpr int kL = Smem::kL;
+  constexpr int kKSteps = kCw / 16;
+  constexpr int kNTiles = kCw / 8;
+  constexpr int kRowStride = Smem::kRowStride;
+  constexpr int kElem = kFp8 ? 1 : 2;
+  constexpr int kVecPerRow = kCw * kElem / 16;  // 16-byte copies per row slice
+  constexpr int kColsPerRank = kL / kCluster;
+  static_assert(kVecPerRow >= 1 && kL % kCluster == 0, "row slices must be whole 16-byte copies");
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int64_t s_slot[kMaxSplitRows];  // cache slot of the split's row r, -1: padding
+  __shared__ float s_score[2][kDecodeWarps][kHeadTile][kChunk + 1];
+  __shared__ float s_w[kHeadTile][kCluster];   // merge weights e^{m_k - M} per (head, rank)
+  __shared__ float s_lw[kHeadTile][kCluster];  // l_k e^{m_k - M}
+  __shared__ float s_m[kHeadTile];             // M per head
+
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int h0 = blockIdx.y * kHeadTile;
+  const int split = blockIdx.x;
+  const int col0 = warp * kCw;
+  const int chunks = (p.width + kChunk - 1) / kChunk;
+  const int c_begin = static_cast<int>(static_cast<int64_t>(split) * chunks / p.splits);
+  const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * chunks / p.splits);
+  const int n_chunks = c_end - c_begin;  // <= kMaxSplitChunks (checked on the host)
+  const int i0 = c_begin * kChunk;
+  const int i1 = min(p.width, c_end * kChunk);
+  const bool lo_ok = h0 + g < p.n_heads;
+  const bool hi_ok = h0 + g + 8 < p.n_heads;
+
+  // Q as the A operand, this warp's columns (as mla_decode_kernel).
+  uint32_t qa[kKSteps][4];
+  {
+    const uint32_t* q_lo =
+        reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g) * kL + col0);
+    const uint32_t* q_hi =
+        reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g + 8) * kL + col0);
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int c2 = (ks * 16 + 2 * t) / 2;
+      qa[ks][0] = lo_ok ? q_lo[c2] : 0u;
+      qa[ks][1] = hi_ok ? q_hi[c2] : 0u;
+      qa[ks][2] = lo_ok ? q_lo[c2 + 4] : 0u;
+      qa[ks][3] = hi_ok ? q_hi[c2 + 4] : 0u;
+    }
+  }
+
+  // Slots of the split's rows, all selection loads first, then all block-table loads. Rows past
+  // i1 up to the last chunk's end are padding.
+  {
+    int32_t ts[kGatherPerThread];
+#pragma unroll
+    for (int u = 0; u < kGatherPerThread; ++u) {
+      const int ii = i0 + static_cast<int>(threadIdx.x) + u * kDecodeThreads;
+      ts[u] = ii < i1 ? p.selection[ii] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherPerThread; ++u) {
+      int64_t slot = -1;
+      if (ts[u] >= 0)
+        slot =
+            static_cast<int64_t>(p.block_table[ts[u] / p.block_size]) * p.block_size + ts[u] % p.block_size;
+      s_slot[threadIdx.x + u * kDecodeThreads] = slot;
+    }
+  }
+  __syncthreads();
+
+  unsigned char* ring = smem + warp * kStages * Smem::kStageBytes;  // this warp's stages
+  uint16_t* conv = reinterpret_cast<uint16_t*>(smem + (Smem::kBytes - Smem::kConvBytes)) +
+                   warp * kChunk * kRowStride;  // FP8: the chunk widened to BF16
+  const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
+  // Chunk k of the split (this warp's slice) into stage k % kStages; always one commit group, empty
+  // past the last chunk, so the group count is the chunk count.
+  auto issue = [&](int k) {
+    if (k < n_chunks) {
+      unsigned char* stage = ring + (k % kStages) * Smem::kStageBytes;
+      for (int v = lane; v < kChunk * kVecPerRow; v += kWarp) {
+        const int r = v / kVecPerRow;
+        const int64_t slot = s_slot[k * kChunk + r];
+        const unsigned char* src =
+            slot >= 0 ? cache + (static_cast<size_t>(slot) * kL + col0) * kElem + (v % kVecPerRow) * 16
+                      : cache;
+        cp_async16(stage + r * Smem::kStageStride + (v % kVecPerRow) * 16, src, slot >= 0 ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY;
+  float l_lo = 0.0f, l_hi = 0.0f;  // this thread's score columns only; summed over the quad at the end
+
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) issue(k);
+  for (int k = 0; k < n_chunks; ++k) {
+    // Refill the stage chunk k - 1 used (released by the __syncwarp ending that iteration), then
+    // wait for chunk k: groups 0 .. k of the k + kStages committed.
+    issue(k + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's copies of chunk k are visible to the warp
+    const uint16_t* rows;
+    if constexpr (kFp8) {
+      const unsigned char* stage = ring + (k % kStages) * Smem::kStageBytes;
+      for (int v = lane; v < kChunk * (kCw / 8); v += kWarp) {
+        const int r = v / (kCw / 8), c8 = v % (kCw / 8);
+        const uint2 f = *reinterpret_cast<const uint2*>(stage + r * Smem::kStageStride + c8 * 8);
+        *reinterpret_cast<uint4*>(conv + r * kRowStride + c8 * 8) = fp8x8_to_bf16x8(f);
+      }
+      __syncwarp();
+      rows = conv;
+    } else {
+      rows = reinterpret_cast<const uint16_t*>(ring + (k % kStages) * Smem::kStageBytes);
+    }
+    const unsigned valid_rows =
+        __ballot_sync(0xffffffffu, lane < kChunk && s_slot[k * kChunk + (lane % kChunk)] >= 0);
+
+    float sc[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const uint16_t* rb = rows + (8 * j + g) * kRowStride + ks * 16 + 2 * t;
+        mma_16816(sc[j], qa[ks], *reinterpret_cast<const uint32_t*>(rb),
+                  *reinterpret_cast<const uint32_t*>(rb + 8));
+      }
+    }
+    // s_score[k & 1] was last read in chunk k - 2, before every warp passed chunk k - 1's barrier.
+    float(*score)[kHeadTile][kChunk + 1] = s_score[k & 1];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      score[warp][g][8 * j + 2 * t] = sc[j][0];
+      score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
+      score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
+      score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
+    }
+    __syncthreads();
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = g + (e >= 2 ? 8 : 0);
+        const int col = 8 * j + 2 * t + (e & 1);
+        float sum = score[0][row][col];
+#pragma unroll
+        for (int w = 1; w < kDecodeWarps; ++w) sum += score[w][row][col];
+        const bool valid = (valid_rows >> col) & 1u;
+        if constexpr (kFp8) sum *= p.cache_scale;
+        s[j][e] = valid ? p.softmax_scale * sum : -INFINITY;
+      }
+    }
+
+    // Online softmax per head row (quad-wide max), then rescale the running sums.
+    float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+    const float mn_lo = fmaxf(m_lo, mx_lo);
+    const float mn_hi = fmaxf(m_hi, mx_hi);
+    const float corr_lo = mn_lo == -INFINITY ? 1.0f : expf(m_lo - mn_lo);
+    const float corr_hi = mn_hi == -INFINITY ? 1.0f : expf(m_hi - mn_hi);
+    float pr[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mn = e >= 2 ? mn_hi : mn_lo;
+        pr[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
+      }
+    }
+    l_lo = l_lo * corr_lo + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
+    l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
+    m_lo = mn_lo;
+    m_hi = mn_hi;
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      o[n][0] *= corr_lo;
+      o[n][1] *= corr_lo;
+      o[n][2] *= corr_hi;
+      o[n][3] *= corr_hi;
+    }
+
+    // O += P C (P split into BF16 hi + lo, as mla_decode_kernel).
+    uint32_t ah[4], al[4];
+    split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
+    split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
+    split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
+    split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int col = n * 8 + g;
+      const uint32_t b0 = static_cast<uint32_t>(rows[(2 * t) * kRowStride + col]) |
+                          (static_cast<uint32_t>(rows[(2 * t + 1) * kRowStride + col]) << 16);
+      const uint32_t b1 = static_cast<uint32_t>(rows[(2 * t + 8) * kRowStride + col]) |
+                          (static_cast<uint32_t>(rows[(2 * t + 9) * kRowStride + col]) << 16);
+      mma_16816(o[n], ah, b0, b1);
+      mma_16816(o[n], al, b0, b1);
+    }
+    __syncwarp();  // this stage (and conv) is rewritten by the next iteration
+  }
+
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
+  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
+  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+
+  // The block's (m, l, sums) into the exchange, over the ring: every copy has landed (only empty
+  // groups can be pending) and every warp is done with its stages.
+  cp_async_wait<0>();
+  __syncthreads();
+  float* x_o = reinterpret_cast<float*>(smem);     // [kHeadTile][kXStride]
+  float* x_ml = x_o + kHeadTile * Smem::kXStride;  // [kHeadTile][2]
+  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    const int c = col0 + n * 8 + 2 * t;
+    *reinterpret_cast<float2*>(x_o + g * Smem::kXStride + c) =
+        make_float2(o[n][0] * out_scale, o[n][1] * out_scale);
+    *reinterpret_cast<float2*>(x_o + (g + 8) * Smem::kXStride + c) =
+        make_float2(o[n][2] * out_scale, o[n][3] * out_scale);
+  }
+  if (warp == 0 && t == 0) {
+    x_ml[2 * g] = m_lo;
+    x_ml[2 * g + 1] = l_lo;
+    x_ml[2 * (g + 8)] = m_hi;
+    x_ml[2 * (g + 8) + 1] = l_hi;
+  }
+  cluster.sync();  // the cluster's exchanges are written and visible
+
+  // Merge weights: thread (head h, rank k); the max over the 8 ranks is over 8 adjacent lanes.
+  {
+    const int h = threadIdx.x / kCluster, k = threadIdx.x % kCluster;
+    const float* peer_ml = cluster.map_shared_rank(x_ml, k);
+    const float mk = peer_ml[2 * h], lk = peer_ml[2 * h + 1];
+    float M = mk;
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 1));
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 2));
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 4));
+    const float w = mk == -INFINITY ? 0.0f : expf(mk - M);  // 0 for an empty split (l_k = 0, sums 0)
+    s_w[h][k] = w;
+    s_lw[h][k] = lk * w;
+    if (k == 0) s_m[h] = M;
+  }
+  __syncthreads();
+
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int clusters = p.splits / kCluster;
+  const int cl = split / kCluster;
+  const float* peer_o[kCluster];
+#pragma unroll
+  for (int k = 0; k < kCluster; ++k) peer_o[k] = cluster.map_shared_rank(x_o, k);
+  for (int e = threadIdx.x; e < kHeadTile * kColsPerRank; e += kDecodeThreads) {
+    const int h = e / kColsPerRank;
+    const int c = rank * kColsPerRank + e % kColsPerRank;
+    if (h0 + h >= p.n_heads) continue;
+    float a = 0.0f, d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) {
+      a = fmaf(peer_o[k][h * Smem::kXStride + c], s_w[h][k], a);
+      d += s_lw[h][k];
+    }
+    if (clusters == 1) {
+      p.o_lat[static_cast<size_t>(h0 + h) * kL + c] = d > 0.0f ? f_to_bf16(a / d) : bf16{0};
+    } else {
+      float* out = p.scratch + (static_cast<size_t>(h0 + h) * clusters + cl) * (2 + kL);
+      out[2 + c] = a;
+      if (c == 0) {  // rank 0's first column
+        out[0] = s_m[h];
+        out[1] = d;
+      }
+    }
+  }
+  cluster.sync();  // no block leaves while a peer may still read its exchange
+}
+
 template <int kCw, bool kFp8>
 void launch_decode(const LaunchCtx& ctx, const DecodeParams& p) {
   const dim3 grid((p.n_heads + kHeadTile - 1) / kHeadTile, p.splits);
   launch(ctx, mla_decode_kernel<kCw, kFp8>, grid, kDecodeThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
+
+template <int kCw, bool kFp8>
+void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p) {
+  constexpr int kBytes = DecodeV2Smem<kCw, kFp8>::kBytes;
+  // Above the 48 KB default at kv_lora 512; a host-side attribute, allowed while capturing.
+  MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_v2_kernel<kCw, kFp8>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  const dim3 grid(p.splits, (p.n_heads + kHeadTile - 1) / kHeadTile);
+  launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, grid, kDecodeThreads, static_cast<size_t>(kBytes), p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+/// MTPLAB_MLA_CLUSTERS=n forces n clusters of kCluster splits per head tile (a tuning experiment
+/// for mtplab_bench_kernels; raised where a split would own more than kMaxSplitChunks chunks);
+/// unset or not a positive number: chosen by shape in mla_decode_splits.
+int forced_clusters() {
+  static const int forced = [] {
+    const char* v = std::getenv("MTPLAB_MLA_CLUSTERS");
+    const int n = v ? std::atoi(v) : 0;
+    return n >= 1 && n <= 1024 ? n : 0;
+  }();
+  return forced;
+}
+
+/// -1 until the first mla_decode_path() (or a set_mla_decode_path) fixes it.
+std::atomic<int> g_decode_path{-1};
 
 }  // namespace
 
@@ -454,17 +831,48 @@ void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+MlaDecodePath mla_decode_path() {
+  int v = g_decode_path.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* env = std::getenv("MTPLAB_MLA_DECODE");
+    const int from_env =
+        static_cast<int>(env && std::string_view(env) == "v1" ? MlaDecodePath::v1 : MlaDecodePath::v2);
+    g_decode_path.compare_exchange_strong(v, from_env);  // a concurrent set wins
+    v = g_decode_path.load(std::memory_order_relaxed);
+  }
+  return static_cast<MlaDecodePath>(v);
+}
+
+void set_mla_decode_path(MlaDecodePath path) { g_decode_path.store(static_cast<int>(path)); }
+
+const char* mla_decode_path_name(MlaDecodePath path) { return path == MlaDecodePath::v1 ? "v1" : "v2"; }
+
 int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
-  // Two chunks of 16 rows per block at least (the combine reads splits x kv_lora per head), and
-  // about two blocks per multiprocessor.
   const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
-  const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
-  return std::max(1, (chunks + per_split - 1) / per_split);
+  if (mla_decode_path() == MlaDecodePath::v1) {
+    // Two chunks of 16 rows per block at least (the combine reads splits x kv_lora per head), and
+    // about two blocks per multiprocessor.
+    const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
+    return std::max(1, (chunks + per_split - 1) / per_split);
+  }
+  // v2: about one block per multiprocessor (each streams its rows kStages - 1 chunks ahead, so a
+  // longer split costs chunk steps, not round trips), no more clusters than it takes to give every
+  // split a chunk, and at most kMaxSplitChunks chunks per split.
+  const int per_cluster = kCluster * kMaxSplitChunks;
+  int clusters = forced_clusters();
+  if (clusters == 0) {
+    clusters = std::max(1, (ctx.num_sms + tiles * kCluster / 2) / (tiles * kCluster));
+    clusters = std::min(clusters, (chunks + kCluster - 1) / kCluster);
+  }
+  clusters = std::max(clusters, (chunks + per_cluster - 1) / per_cluster);
+  return clusters * kCluster;
 }
 
 size_t mla_decode_scratch_floats(int splits, int n_heads, int kv_lora) {
-  return static_cast<size_t>(splits) * n_heads * (2 + static_cast<size_t>(kv_lora));
+  // v2 keeps one partial per cluster (none is read when there is one cluster per head tile).
+  const int partials = mla_decode_path() == MlaDecodePath::v1 ? splits : std::max(1, splits / kCluster);
+  return static_cast<size_t>(partials) * n_heads * (2 + static_cast<size_t>(kv_lora));
 }
 
 void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
@@ -478,6 +886,36 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
   DecodeParams p{q_abs, selection, width,         block_table, cache.data, cache.scale, cache.block_size,
                  L,     n_heads,   softmax_scale, splits,      scratch,    o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
+  if (mla_decode_path() == MlaDecodePath::v2) {
+    const int chunks = (width + kChunk - 1) / kChunk;
+    MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks,
+                "ops::cuda::mla_decode: ", splits, " splits for ", chunks,
+                " chunks (v2 needs a multiple of 8 and at most 32 chunks per split: use mla_decode_splits)");
+    MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
+                "ops::cuda::mla_decode: cache not 16-byte aligned");
+    switch (L) {
+      case 64:
+        fp8 ? launch_decode_v2<16, true>(ctx, p) : launch_decode_v2<16, false>(ctx, p);
+        break;
+      case 128:
+        fp8 ? launch_decode_v2<32, true>(ctx, p) : launch_decode_v2<32, false>(ctx, p);
+        break;
+      case 256:
+        fp8 ? launch_decode_v2<64, true>(ctx, p) : launch_decode_v2<64, false>(ctx, p);
+        break;
+      default:
+        fp8 ? launch_decode_v2<128, true>(ctx, p) : launch_decode_v2<128, false>(ctx, p);
+        break;
+    }
+    const int clusters = splits / kCluster;
+    if (clusters > 1) {
+      const dim3 combine_grid(n_heads, (L + kCombineThreads - 1) / kCombineThreads);
+      launch(ctx, mla_combine_kernel, combine_grid, kCombineThreads,
+             sizeof(float) * static_cast<size_t>(clusters), scratch, clusters, L, o_lat);
+      MTP_CUDA_LAUNCH_CHECK();
+    }
+    return;
+  }
   switch (L) {
     case 64:
       fp8 ? launch_decode<16, true>(ctx, p) : launch_decode<16, false>(ctx, p);
