@@ -493,6 +493,9 @@ __global__ void __launch_bounds__(kScoreThreads)
   float* q_s = smem;                                          // [n_heads][D + 4]
   float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads]
   float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
+  // The position is loaded before the query rows, so its round trip overlaps theirs instead of
+  // following the barrier (the pool keys' loads wait for it).
+  const int64_t p = pos[0];
   // 16-byte loads, unrolled so that many are in flight (a scalar loop here was a chain of
   // dependent round trips). D % 4 == 0, and q is 16-byte aligned (checked at launch).
   const int q_vecs = n_heads * D / 4;
@@ -506,7 +509,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   __syncthreads();
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int n_cand = min(static_cast<int>((static_cast<int64_t>(pos[0]) + 1) / P), max_pools);
+  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
   const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
   float* my_keys = key_s + static_cast<size_t>(warp) * D * kPoolsPerWarp;
   const int stride = gridDim.x * kScoreWarps * kPoolsPerWarp;
@@ -534,6 +537,7 @@ __global__ void __launch_bounds__(kScoreThreads)
     for (int h = lane; h < n_heads; h += kWarp) {
       float dot[kPoolsPerWarp] = {};
       const float* qh = q_s + static_cast<size_t>(h) * qstride;
+#pragma unroll 4
       for (int c = 0; c < D; c += 4) {
         const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
         const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
