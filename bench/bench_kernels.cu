@@ -615,30 +615,41 @@ void run_all(Bench& b, ops::Backend& be) {
   }
 
   // ---- indexer ----
-  const int pools = 16384;
-  if (b.selected("indexer_scores")) {
-    const double kbytes = 4.0 * pools * kIndexDim;
-    const int rot = b.rotations(kbytes);
-    std::vector<float*> keys(rot);
-    for (auto& k : keys) k = b.rand_f32(static_cast<size_t>(pools) * kIndexDim);
-    float* q = b.rand_f32(static_cast<size_t>(kIndexHeads) * kIndexDim);
-    float* w = b.rand_f32(kIndexHeads, -0.2f, 0.2f);
-    int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
-    float* scores = static_cast<float*>(b.alloc(sizeof(float) * pools));
-    b.measure("indexer_scores", dims({pools, kIndexHeads, kIndexDim}), kbytes + 4.0 * pools, rot, [&](int i) {
-      be.indexer_scores(q, w, keys[i % rot], pos, scores, kIndexHeads, kIndexDim, kPool, pools);
-    });
-    b.release_all();
-  }
-  if (b.selected("indexer_select")) {
-    const int rot = 16;
-    std::vector<float*> scores(rot);
-    for (auto& s : scores) s = b.rand_f32(pools);
-    int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
-    auto* sel = static_cast<int32_t*>(b.alloc(4 * (kTopK + kPool - 1)));
-    b.measure("indexer_select top 512", dims({pools}), 4.0 * pools + 4.0 * (kTopK + kPool - 1), rot,
-              [&](int i) { be.indexer_select(scores[i % rot], pos, sel, kTopK, kPool, pools); });
-    b.release_all();
+  // 1024 pools: the draft step at a context of 4096 rows; 16384: a long context.
+  for (const int pools : {1024, 16384}) {
+    if (b.selected("indexer_scores")) {
+      const double kbytes = 4.0 * pools * kIndexDim;
+      const int rot = b.rotations(kbytes);
+      std::vector<float*> keys(rot);
+      for (auto& k : keys) k = b.rand_f32(static_cast<size_t>(pools) * kIndexDim);
+      float* q = b.rand_f32(static_cast<size_t>(kIndexHeads) * kIndexDim);
+      float* w = b.rand_f32(kIndexHeads, -0.2f, 0.2f);
+      int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
+      float* scores = static_cast<float*>(b.alloc(sizeof(float) * pools));
+      b.measure("indexer_scores", dims({pools, kIndexHeads, kIndexDim}), kbytes + 4.0 * pools, rot,
+                [&](int i) {
+                  be.indexer_scores(q, w, keys[i % rot], pos, scores, kIndexHeads, kIndexDim, kPool, pools);
+                });
+      b.release_all();
+    }
+    // Both kernels, named in the row (v2 is the default; MTPLAB_INDEXER_SELECT=v1 picks v1 in the
+    // drafter). Top kTopK / kPool = 512 pools.
+    if (b.selected("indexer_select")) {
+      const int rot = 16;
+      std::vector<float*> scores(rot);
+      for (auto& s : scores) s = b.rand_f32(pools);
+      int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
+      auto* sel = static_cast<int32_t*>(b.alloc(4 * (kTopK + kPool - 1)));
+      const auto default_path = ops::cuda::indexer_select_path();
+      for (const auto path : {ops::cuda::IndexerSelectPath::v1, ops::cuda::IndexerSelectPath::v2}) {
+        ops::cuda::set_indexer_select_path(path);
+        b.measure(std::string("indexer_select ") + ops::cuda::indexer_select_path_name(path) + " top 512",
+                  dims({pools}), 4.0 * pools + 4.0 * (kTopK + kPool - 1), rot,
+                  [&](int i) { be.indexer_select(scores[i % rot], pos, sel, kTopK, kPool, pools); });
+      }
+      ops::cuda::set_indexer_select_path(default_path);
+      b.release_all();
+    }
   }
 
   // ---- MLA ----

@@ -120,6 +120,16 @@ void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate
                    int D, int P);
 void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const float* pool_keys,
                     const int32_t* pos, float* scores, int n_heads, int D, int P, int max_pools);
+/// indexer_select's kernels, same selection: v2 (the default) an 11/11/10-bit radix select that
+/// stops at the first digit whose bin is taken whole; v1 the former one, four 8-bit passes
+/// (docs/kernels.md), kept so that a device failure of v2 can be switched off without a rebuild.
+enum class IndexerSelectPath { v1, v2 };
+/// The kernel indexer_select launches: MTPLAB_INDEXER_SELECT=v1 picks v1 (read once, at the first
+/// call), anything else v2; set_indexer_select_path overrides it for the whole process (the GPU
+/// op tests and mtplab_bench_kernels run both).
+IndexerSelectPath indexer_select_path();
+void set_indexer_select_path(IndexerSelectPath path);
+const char* indexer_select_path_name(IndexerSelectPath path);
 void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
                     int P, int max_pools);
 

@@ -8,10 +8,14 @@
 //   only through the reduction order and the device expf.
 // - The selection is exact: a block-wide radix select on the order-preserving 32-bit score key
 //   finds the K/P-th largest score; all larger ones are taken, and the lowest-index equals fill
-//   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does.
+//   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does. Both
+//   selection kernels (v2, the default, and v1; MTPLAB_INDEXER_SELECT) write the same selection.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 
@@ -489,6 +493,9 @@ __global__ void __launch_bounds__(kScoreThreads)
   float* q_s = smem;                                          // [n_heads][D + 4]
   float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads]
   float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
+  // The position is loaded before the query rows, so its round trip overlaps theirs instead of
+  // following the barrier (the pool keys' loads wait for it).
+  const int64_t p = pos[0];
   // 16-byte loads, unrolled so that many are in flight (a scalar loop here was a chain of
   // dependent round trips). D % 4 == 0, and q is 16-byte aligned (checked at launch).
   const int q_vecs = n_heads * D / 4;
@@ -502,7 +509,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   __syncthreads();
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int n_cand = min(static_cast<int>((static_cast<int64_t>(pos[0]) + 1) / P), max_pools);
+  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
   const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
   float* my_keys = key_s + static_cast<size_t>(warp) * D * kPoolsPerWarp;
   const int stride = gridDim.x * kScoreWarps * kPoolsPerWarp;
@@ -530,6 +537,7 @@ __global__ void __launch_bounds__(kScoreThreads)
     for (int h = lane; h < n_heads; h += kWarp) {
       float dot[kPoolsPerWarp] = {};
       const float* qh = q_s + static_cast<size_t>(h) * qstride;
+#pragma unroll 4
       for (int c = 0; c < D; c += 4) {
         const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
         const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
@@ -695,6 +703,229 @@ __global__ void __launch_bounds__(kSelectThreads)
   for (int64_t i = base + n_tail + tid; i < width; i += blockDim.x) selection[i] = -1;
 }
 
+// ---- indexer: selection, radix kernel (the default; docs/kernels.md) ----------------------------------
+
+// Three digits of the 32-bit key: bits 31..21, 20..10 (11 bits each), then 9..0.
+constexpr int kRadixBins = 2048;
+constexpr int kRadixLoad = 8;           // keys in flight per thread in the first pass (16 spill)
+constexpr int kRadixCandidates = 4096;  // the first digit's bin is kept for the last pass up to this
+static_assert(kSelectThreads == kWarp * kWarp, "32 warps: lane l of a warp reads warp l's total");
+static_assert(2 * kSelectThreads == kRadixBins, "every thread reads two bins");
+
+/// Adds one to hist[bin] for each lane with `counted`. Lanes in a run of equal bins (consecutive
+/// lanes) add once, at the run's first lane, so heavy ties do not pile atomics onto one address.
+/// All 32 lanes must call it together.
+__device__ __forceinline__ void radix_count(unsigned int* hist, bool counted, unsigned int bin) {
+  const int lane = threadIdx.x % kWarp;
+  const unsigned int b = counted ? bin : 0xffffffffu;  // never a bin: uncounted lanes form their own runs
+  const unsigned int left = __shfl_up_sync(0xffffffffu, b, 1);
+  const bool head = lane == 0 || left != b;
+  const unsigned int heads = __ballot_sync(0xffffffffu, head);
+  const unsigned int later = heads & ~((2u << lane) - 1u);  // heads above this lane (2u << 31 == 0)
+  const int next = later ? __ffs(later) - 1 : kWarp;
+  if (counted && head) atomicAdd(&hist[bin], static_cast<unsigned int>(next - lane));
+}
+
+struct RadixDigit {
+  unsigned int digit;  ///< the bin holding the need-th largest counted key
+  unsigned int need;   ///< how many of that bin's keys are still to take (1 .. count)
+  unsigned int count;  ///< that bin's count
+};
+
+/// Called by the whole block once `hist` (nbins <= 2048 counts, bins in ascending key order) is
+/// complete and visible to every thread. `need` is >= 1 and at most the number of counted keys.
+/// Thread t holds the bins of descending rank 2t and 2t + 1; a warp scan, then each warp's offset
+/// from the other warps' totals, finds the one bin where the count from the top reaches `need`.
+/// Two barriers; `hist` is zeroed between them (every read of it is done by the first) and stays
+/// zero for the next pass. Every thread returns the same digit.
+__device__ __forceinline__ RadixDigit radix_digit(unsigned int* hist, int nbins, unsigned int need) {
+  __shared__ unsigned int s_warp[kWarp];
+  __shared__ RadixDigit s_found;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int r = 2 * static_cast<int>(threadIdx.x);
+  const unsigned int c0 = r < nbins ? hist[nbins - 1 - r] : 0u;
+  const unsigned int c1 = r + 1 < nbins ? hist[nbins - 2 - r] : 0u;
+  unsigned int incl = c0 + c1;
+#pragma unroll
+  for (int o = 1; o < kWarp; o <<= 1) {
+    const unsigned int up = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += up;
+  }
+  if (lane == kWarp - 1) s_warp[warp] = incl;
+  __syncthreads();
+  for (int i = threadIdx.x; i < kRadixBins; i += blockDim.x) hist[i] = 0;
+  unsigned int warp_before = lane < warp ? s_warp[lane] : 0u;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) warp_before += __shfl_xor_sync(0xffffffffu, warp_before, o);
+  const unsigned int before = warp_before + incl - c0 - c1;  // counted keys in higher bins
+  if (c0 > 0 && before < need && before + c0 >= need) {
+    s_found = {static_cast<unsigned int>(nbins - 1 - r), need - before, c0};
+  } else if (c1 > 0 && before + c0 < need && before + c0 + c1 >= need) {
+    s_found = {static_cast<unsigned int>(nbins - 2 - r), need - before - c0, c1};
+  }
+  __syncthreads();
+  return s_found;
+}
+
+/// The same selection as indexer_select_kernel in fewer barriers. The first pass counts the top
+/// digit while loading the keys (loads issued before `pos` is known: the buffer holds max_pools
+/// scores); each further pass counts only the keys whose digits so far equal the threshold's
+/// (after the first, only the first digit's bin, kept in `cand` when it fits). A pass whose bin is
+/// taken whole (need == count) ends the search: the threshold is then compared under the mask of
+/// the digits found, and every key in its bin is taken. Then warp w owns pools
+/// [w * span, (w + 1) * span): ballots count the keys above / equal to the threshold, the warps'
+/// totals give each warp its offsets, and a second walk writes each taken pool at its rank in
+/// pool order (equal keys: the lowest pools first, `need` of them).
+__global__ void __launch_bounds__(kSelectThreads)
+    indexer_select_radix_kernel(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
+                                int max_pools, int cached, int cand_cap) {
+  extern __shared__ uint32_t radix_smem[];
+  unsigned int* hist = radix_smem;           // [kRadixBins], zero outside a pass
+  uint32_t* cand = radix_smem + kRadixBins;  // [cand_cap]
+  uint32_t* key_cache = cand + cand_cap;     // [max_pools] when `cached`
+  __shared__ unsigned int s_cand_count;
+  __shared__ unsigned int s_gt[kWarp];
+  __shared__ unsigned int s_eq[kWarp];
+  pdl_begin();
+  const int tid = threadIdx.x;
+  const int warp = tid / kWarp;
+  const int lane = tid % kWarp;
+  const int64_t p = pos[0];
+  uint32_t k[kRadixLoad];
+#pragma unroll
+  for (int u = 0; u < kRadixLoad; ++u) {
+    const int j = u * kSelectThreads + tid;
+    k[u] = j < max_pools ? order_preserving_u32(scores[j]) : 0u;
+  }
+  for (int i = tid; i < kRadixBins; i += blockDim.x) hist[i] = 0;
+  if (tid == 0) s_cand_count = 0;
+  __syncthreads();
+  const int n_cand = static_cast<int>(min(static_cast<int64_t>(max_pools), (p + 1) / P));
+  const int n_sel = min(K / P, n_cand);
+  const int width = K + P - 1;
+  auto key_of = [&](int j) { return cached ? key_cache[j] : order_preserving_u32(scores[j]); };
+
+  if (n_sel > 0 && n_sel < n_cand) {
+    // Pass 1: bits 31..21 of every candidate, kRadixLoad keys per thread at a time.
+    for (int j0 = 0;;) {
+#pragma unroll
+      for (int u = 0; u < kRadixLoad; ++u) {
+        if (j0 + u * kSelectThreads >= n_cand) break;  // uniform: the rest of the chunk is past the end
+        const int j = j0 + u * kSelectThreads + tid;
+        if (cached && j < n_cand) key_cache[j] = k[u];
+        radix_count(hist, j < n_cand, k[u] >> 21);
+      }
+      j0 += kRadixLoad * kSelectThreads;
+      if (j0 >= n_cand) break;
+#pragma unroll
+      for (int u = 0; u < kRadixLoad; ++u) {
+        const int j = j0 + u * kSelectThreads + tid;
+        k[u] = j < max_pools ? order_preserving_u32(scores[j]) : 0u;
+      }
+    }
+    __syncthreads();
+    // Invariant: the keys with (key & mask) > prefix are taken (n_sel - need of them), and `need`
+    // of those with (key & mask) == prefix.
+    RadixDigit d = radix_digit(hist, kRadixBins, static_cast<unsigned int>(n_sel));
+    uint32_t mask = 0xffe00000u;
+    uint32_t prefix = d.digit << 21;
+    unsigned int need = d.need;
+    if (d.count != need) {
+      // Pass 2: bits 20..10 of the first digit's bin; its keys go to `cand` when they fit.
+      const bool compact = d.count <= static_cast<unsigned int>(cand_cap);
+      for (int j0 = 0; j0 < n_cand; j0 += kSelectThreads) {
+        const int j = j0 + tid;
+        const uint32_t key = j < n_cand ? key_of(j) : 0u;
+        const bool in_bin = j < n_cand && (key & mask) == prefix;
+        radix_count(hist, in_bin, (key >> 10) & 0x7ffu);
+        if (compact) {
+          const unsigned int ballot = __ballot_sync(0xffffffffu, in_bin);
+          if (ballot) {  // warp-uniform
+            const int leader = __ffs(ballot) - 1;
+            unsigned int base = 0;
+            if (lane == leader) base = atomicAdd(&s_cand_count, static_cast<unsigned int>(__popc(ballot)));
+            base = __shfl_sync(0xffffffffu, base, leader);
+            if (in_bin) cand[base + __popc(ballot & ((1u << lane) - 1u))] = key;
+          }
+        }
+      }
+      __syncthreads();
+      d = radix_digit(hist, kRadixBins, need);
+      mask = 0xfffffc00u;
+      prefix |= d.digit << 10;
+      need = d.need;
+      if (d.count != need) {
+        // Pass 3: bits 9..0 of the second digit's bin, from `cand` (all of the first digit's
+        // bin) or, when it did not fit, from every candidate.
+        const int len = compact ? static_cast<int>(s_cand_count) : n_cand;
+        for (int i0 = 0; i0 < len; i0 += kSelectThreads) {
+          const int i = i0 + tid;
+          const uint32_t key = i < len ? (compact ? cand[i] : key_of(i)) : 0u;
+          radix_count(hist, i < len && (key & mask) == prefix, key & 0x3ffu);
+        }
+        __syncthreads();
+        d = radix_digit(hist, kRadixBins / 2, need);
+        mask = 0xffffffffu;
+        prefix |= d.digit;
+        need = d.need;
+      }
+    }
+
+    // Output: warp w's pools, counted, then written at their rank in pool order.
+    const int span = (n_cand + kSelectThreads - 1) / kSelectThreads * kWarp;
+    const int first = warp * span;
+    unsigned int gt = 0, eq = 0;
+    for (int c = 0; c < span; c += kWarp) {
+      const int j = first + c + lane;
+      const uint32_t key = j < n_cand ? key_of(j) & mask : 0u;
+      gt += __popc(__ballot_sync(0xffffffffu, j < n_cand && key > prefix));
+      eq += __popc(__ballot_sync(0xffffffffu, j < n_cand && key == prefix));
+    }
+    if (lane == 0) {
+      s_gt[warp] = gt;
+      s_eq[warp] = eq;
+    }
+    __syncthreads();
+    unsigned int gt_before = lane < warp ? s_gt[lane] : 0u;
+    unsigned int eq_before = lane < warp ? s_eq[lane] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      gt_before += __shfl_xor_sync(0xffffffffu, gt_before, o);
+      eq_before += __shfl_xor_sync(0xffffffffu, eq_before, o);
+    }
+    const unsigned int below = (1u << lane) - 1u;
+    for (int c = 0; c < span; c += kWarp) {
+      const int j = first + c + lane;
+      const uint32_t key = j < n_cand ? key_of(j) & mask : 0u;
+      const unsigned int gt_bits = __ballot_sync(0xffffffffu, j < n_cand && key > prefix);
+      const unsigned int eq_bits = __ballot_sync(0xffffffffu, j < n_cand && key == prefix);
+      const unsigned int g = gt_before + __popc(gt_bits & below);
+      const unsigned int e = eq_before + __popc(eq_bits & below);
+      if (j < n_cand && (key > prefix || (key == prefix && e < need))) {
+        const int64_t out = static_cast<int64_t>(g) + static_cast<int64_t>(min(e, need));
+        for (int m = 0; m < P; ++m)
+          selection[out * P + m] = static_cast<int32_t>(static_cast<int64_t>(j) * P + m);
+      }
+      gt_before += __popc(gt_bits);
+      eq_before += __popc(eq_bits);
+    }
+  } else if (n_sel == n_cand) {
+    // Every candidate is taken: pool j at slot j, i.e. rows 0 .. n_cand * P - 1 in order.
+    for (int64_t i = tid; i < static_cast<int64_t>(n_cand) * P; i += blockDim.x)
+      selection[i] = static_cast<int32_t>(i);
+  }
+  // The incomplete tail, then padding.
+  const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
+  const int64_t base = static_cast<int64_t>(n_sel) * P;
+  int64_t n_tail = p + 1 - tail_first;
+  if (n_tail > width - base) n_tail = width - base;
+  if (n_tail < 0) n_tail = 0;
+  for (int64_t i = tid; i < n_tail; i += blockDim.x)
+    selection[base + i] = static_cast<int32_t>(tail_first + i);
+  for (int64_t i = base + n_tail + tid; i < width; i += blockDim.x) selection[i] = -1;
+}
+
 }  // namespace
 
 void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
@@ -828,6 +1059,27 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+std::atomic<int> g_select_path_override{-1};
+}  // namespace
+
+IndexerSelectPath indexer_select_path() {
+  static const IndexerSelectPath from_env = [] {
+    const char* v = std::getenv("MTPLAB_INDEXER_SELECT");
+    return v && std::strcmp(v, "v1") == 0 ? IndexerSelectPath::v1 : IndexerSelectPath::v2;
+  }();
+  const int forced = g_select_path_override.load(std::memory_order_relaxed);
+  return forced < 0 ? from_env : static_cast<IndexerSelectPath>(forced);
+}
+
+void set_indexer_select_path(IndexerSelectPath path) {
+  g_select_path_override.store(static_cast<int>(path), std::memory_order_relaxed);
+}
+
+const char* indexer_select_path_name(IndexerSelectPath path) {
+  return path == IndexerSelectPath::v1 ? "v1" : "v2";
+}
+
 void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
                     int P, int max_pools) {
   MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select: K ", K, ", P ", P,
@@ -835,13 +1087,27 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
   // Keys in shared memory up to 160 KB of them (40960 pools); beyond, the passes read global memory.
   const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
   const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
-  const size_t smem = cached ? cache_bytes : 0;
-  if (smem > 48 * 1024) {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
+  if (indexer_select_path() == IndexerSelectPath::v1) {
+    const size_t smem = cached ? cache_bytes : 0;
+    if (smem > 48 * 1024) {
+      MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(smem)));
+    }
+    launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
+           cached);
+  } else {
+    // The histogram, the candidate buffer (never more than the pools), then the cached keys: at most
+    // 8 + 16 + 160 KB. Without the opt-in, static (400 bytes) plus dynamic must fit in 48 KB.
+    const int cand_cap = std::min(max_pools, kRadixCandidates);
+    const size_t smem =
+        sizeof(uint32_t) * (static_cast<size_t>(kRadixBins) + cand_cap) + (cached ? cache_bytes : 0);
+    if (smem > 47 * 1024) {
+      MTP_CUDA_CHECK(cudaFuncSetAttribute(
+          indexer_select_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    launch(ctx, indexer_select_radix_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
+           cached, cand_cap);
   }
-  launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
-         cached);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
