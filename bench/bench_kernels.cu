@@ -1,9 +1,11 @@
 // mtplab_bench_kernels: event-timed benchmarks of the CUDA backend's memory-bound ops at the
 // glm5.3-flash shapes, against the measured device-to-device copy bandwidth (the ceiling).
 //
-//   mtplab_bench_kernels [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D]
-//                        [--graph-launches R]
+//   mtplab_bench_kernels [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING[,SUBSTRING..]]
+//                        [--device D] [--graph-launches R]
 //
+// --only runs the cases whose name contains any of the comma-separated substrings. The GEMV kernel
+// variant (MTPLAB_GEMV_VARIANT, docs/kernels.md) is printed in the first line and in the CSV's.
 // Method (METHOD.md): inputs are random (never zeros); each case rotates over enough copies of its
 // inputs (>= 512 MB in all) that L2 (60 MB) cannot hold them between calls; a spin kernel is
 // queued ahead of each batch of measurements so the host has enqueued the whole batch before the
@@ -202,8 +204,16 @@ class Bench {
     return std::max(2, std::min(cap, static_cast<int>(std::ceil(want / std::max(set_bytes, 1.0)))));
   }
 
+  /// Whether --only (comma-separated substrings) names this case; every case without --only.
   bool selected(const std::string& name) const {
-    return opt_.only.empty() || name.find(opt_.only) != std::string::npos;
+    if (opt_.only.empty()) return true;
+    for (size_t start = 0; start <= opt_.only.size();) {
+      const size_t end = std::min(opt_.only.find(',', start), opt_.only.size());
+      const std::string part = opt_.only.substr(start, end - start);
+      if (!part.empty() && name.find(part) != std::string::npos) return true;
+      start = end + 1;
+    }
+    return false;
   }
 
   /// Times `call(i)` (i = launch index, for rotation) in both modes, opt_.reps samples each.
@@ -722,6 +732,12 @@ void run_all(Bench& b, ops::Backend& be) {
   }
 }
 
+/// The GEMV kernel variant the GEMV cases run (MTPLAB_GEMV_VARIANT; "auto": chosen per shape).
+const char* gemv_variant_label() {
+  namespace cu = mtplab::ops::cuda;
+  return cu::gemv_variant_name(cu::gemv_variant());
+}
+
 /// A CSV field in double quotes (a quote inside doubled).
 std::string quoted(const std::string& v) {
   std::string q = "\"";
@@ -735,7 +751,7 @@ void write_csv(const Bench& b, const std::string& dir, const std::string& device
   MTP_REQUIRE(f, "cannot write ", dir, "/bench_kernels.csv");
   f << "# mtplab_bench_kernels git " << mtplab::git_sha() << (mtplab::git_dirty() ? "-dirty" : "")
     << " device " << device << " copy_GBps " << b.ceiling() << " graph_launches " << b.graph_launches()
-    << "\n";
+    << " gemv_variant " << gemv_variant_label() << "\n";
   // The single-launch columns first, as before; the graph columns (per launch) are empty where the
   // case has no graph figure, and graph_note says why.
   f << "op,shape,bytes,reps,median_us,p10_us,p90_us,min_us,GBps,frac_of_copy,"
@@ -772,8 +788,9 @@ void write_csv(const Bench& b, const std::string& dir, const std::string& device
 
 int main(int argc, char** argv) {
   Options opt;
-  mtplab::bench::BenchArgs args(
-      argc, argv, "[--out DIR] [--reps N] [--warmup N] [--only SUBSTRING] [--device D] [--graph-launches R]");
+  mtplab::bench::BenchArgs args(argc, argv,
+                                "[--out DIR] [--reps N] [--warmup N] [--only SUBSTRING[,SUBSTRING..]] "
+                                "[--device D] [--graph-launches R]");
   while (args.next()) {
     if (args.is("--out")) {
       opt.out = args.value();
@@ -797,8 +814,9 @@ int main(int argc, char** argv) {
       return 77;
     }
     auto be = ops::make_cuda_backend(opt.device);
-    std::printf("mtplab_bench_kernels on %s (git %s%s), %d reps per op\n", be->device_name().c_str(),
-                mtplab::git_sha(), mtplab::git_dirty() ? "-dirty" : "", opt.reps);
+    std::printf("mtplab_bench_kernels on %s (git %s%s), %d reps per op, GEMV variant %s\n",
+                be->device_name().c_str(), mtplab::git_sha(), mtplab::git_dirty() ? "-dirty" : "", opt.reps,
+                gemv_variant_label());
     Bench bench(opt, *be);
     bench.print_header();
     run_all(bench, *be);

@@ -49,6 +49,23 @@ struct GemvRowMap {
 // ---- kernels_gemv.cu ----------------------------------------------------------------------------
 /// Largest grid any GEMV / argmax launch uses (so ArgmaxScratch::capacity can be sized once).
 int gemv_max_grid(int num_sms);
+
+/// The kernel variants of gemv_bf16, gemv_fp8 and head_argmax (docs/kernels.md), for tuning sweeps.
+/// automatic: chosen per shape (a table in kernels_gemv.cu; every shape takes v1 until measurements
+/// pick otherwise). v1: one row per warp, 8 loads in flight per lane. rows2 / rows4: 2 or 4 rows per
+/// warp, all their loads issued before the first use. occ: one row per warp, at most 32 registers
+/// (8 blocks per SM) and 2 loads per lane in flight. rows2, rows4 and occ give the same bits as v1 (same
+/// k-split, each lane's chunks of a row summed in ascending order); shapes a variant does not cover
+/// run v1. fp8split: FP8 rows take the k-split of BF16 rows of the same length (not v1's bits);
+/// BF16 runs v1. linear_group is not affected by the variant.
+enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };
+/// The variant of the GEMV launches that follow. Initially MTPLAB_GEMV_VARIANT (read once at the
+/// first GEMV launch or query; unset: automatic; an unknown name is an Error). Host-side state of
+/// the process: set it between ops, not while another thread launches.
+void set_gemv_variant(GemvVariant v);
+GemvVariant gemv_variant();
+/// "auto", "v1", "rows2", "rows4", "occ", "fp8split".
+const char* gemv_variant_name(GemvVariant v);
 /// y[r] = sum_j W[row(r), j] x[j]; y BF16 (rounded) or fp32. k % 8 == 0, 16-byte aligned rows.
 void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
                const GemvRowMap& map);

@@ -10,11 +10,17 @@
 // - The grid is capped at what is resident at once (a persistent grid-stride loop over rows),
 //   so a [154880, 4096] head and a [512, 4096] projection both fill the chip; small-n shapes
 //   split k across warps instead of leaving multiprocessors idle.
+// - The kernel variants (GemvVariant) that keep the v1 split give v1's bits: every lane adds its
+//   chunks of a row in ascending order with one accumulator per row, and the parts of a split row
+//   are summed in part order.
 // - The fused argmax compares the BF16-rounded logits (as the CPU does) through the packed
 //   64-bit key; the last block to finish reduces the per-block keys and resets the counter,
 //   so the op is one launch and needs no memset between calls (CUDA-graph safe).
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
@@ -168,6 +174,141 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
   if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out);
 }
 
+// ---- variants: several rows per warp, or more resident warps -------------------------------------
+
+/// slice_dot over kRows rows of the same activation x at once: the weight loads of every row (kU
+/// per row and lane) are issued before the first FMA, and each activation chunk is read once for
+/// all rows. acc[j] gets row j's chunks in ascending order, as slice_dot's single accumulator does
+/// (the same bits); rows with !ok[j] (past n) load and add nothing.
+template <bool kFp8, int kRows, int kU>
+__device__ __forceinline__ void slice_dot_rows(const uint8_t* const (&wrow)[kRows], const bf16* x,
+                                               const bool (&ok)[kRows], int c_begin, int c_end, int lane,
+                                               float (&acc)[kRows]) {
+  for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
+    uint4 wv[kRows][kU];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int cc = c + u * kWarp;
+        wv[j][u] = ok[j] && cc < c_end ? load_stream(wrow[j] + static_cast<size_t>(cc) * 16)
+                                       : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int cc = c + u * kWarp;
+      if (cc < c_end) {
+        if constexpr (kFp8) {
+          const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
+          const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            if (ok[j]) acc[j] = dot_fp8x16(wv[j][u], xa, xb, acc[j]);
+        } else {
+          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], xv, acc[j]);
+        }
+      }
+    }
+  }
+}
+
+/// Barrier among the `threads` threads of the warps that share one output row (named barrier `id`,
+/// 1..8; 0 is __syncthreads'): the row groups of a block do not wait for each other.
+__device__ __forceinline__ void row_group_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// gemv_kernel with kRows rows per warp and iteration, and kMinBlocks resident blocks per SM asked of
+/// the register allocator (occ: 8, i.e. at most 32 registers). An iteration of a block covers
+/// kRows x (kGemvWarps / kSplit) rows; warp (local_row, part) takes rows
+/// base + j * (kGemvWarps / kSplit) + local_row, j < kRows, so a partial last iteration still spreads
+/// over every row group. The parts of a row meet in shared memory behind a barrier of their own row
+/// group only; the partials alternate between two buffers, so one barrier per iteration suffices (a
+/// buffer is rewritten two iterations later, after every part has passed the next barrier, which
+/// part 0 reaches only after reading it). Same chunk ranges, per-row order and part order as
+/// gemv_kernel<kSplit>: the same bits.
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kU, int kMinBlocks>
+__global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_rows_kernel(GemvParams p) {
+  pdl_begin();
+  constexpr int kRowsPerBlock = kGemvWarps / kSplit;
+  constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int part = warp % kSplit;
+  const int local_row = warp / kSplit;
+  const int n_chunks = p.k / kElemsPerChunk;
+  const int c_begin = static_cast<int>(static_cast<int64_t>(part) * n_chunks / kSplit);
+  const int c_end = static_cast<int>(static_cast<int64_t>(part + 1) * n_chunks / kSplit);
+  const size_t row_bytes = static_cast<size_t>(p.k) * (kFp8 ? 1 : 2);
+  __shared__ float partial[2][kRows][kGemvWarps];
+  int buf = 0;
+  unsigned long long best = 0;
+
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock * kRows; base < p.n;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock * kRows) {
+    // Every row of this warp is in the group of its first (plan_gemv: kRows == 1, or groups that
+    // are whole multiples of a block's iteration, or one group for all rows).
+    const int64_t first = base + local_row;
+    const int64_t group = first < p.n ? first / p.map.rows_per_group : 0;
+    const int64_t group_row0 = group * p.map.rows_per_group;
+    const uint8_t* wrow[kRows];
+    bool ok[kRows];
+    float acc[kRows];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int64_t r = base + j * kRowsPerBlock + local_row;
+      ok[j] = r < p.n;
+      const int64_t w_index = group * p.map.group_stride_rows + p.map.row_offset + (r - group_row0);
+      wrow[j] = static_cast<const uint8_t*>(p.W) + (ok[j] ? w_index : 0) * row_bytes;
+      acc[j] = 0.0f;
+    }
+    slice_dot_rows<kFp8, kRows, kU>(wrow, p.x + group * p.map.x_group_stride, ok, c_begin, c_end, lane, acc);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j)
+      if (ok[j]) acc[j] = warp_sum(acc[j]);
+    if constexpr (kSplit > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < kRows; ++j) partial[buf][j][warp] = acc[j];
+      }
+      row_group_sync(1 + local_row, kSplit * kWarp);
+      if (part == 0) {
+#pragma unroll
+        for (int j = 0; j < kRows; ++j) {
+          acc[j] = partial[buf][j][warp];
+#pragma unroll
+          for (int s = 1; s < kSplit; ++s) acc[j] += partial[buf][j][warp + s];
+        }
+      }
+      buf ^= 1;
+    }
+    if (part == 0 && lane == 0) {
+#pragma unroll
+      for (int j = 0; j < kRows; ++j) {
+        if (!ok[j]) continue;
+        const int64_t r = base + j * kRowsPerBlock + local_row;
+        float v = acc[j];
+        if constexpr (kFp8) v = p.row_scale[r] * v;
+        if constexpr (kOut == OutKind::f32) {
+          static_cast<float*>(p.y)[r] = v;
+        } else {
+          const bf16 b = f_to_bf16(v);
+          if (p.y) static_cast<bf16*>(p.y)[r] = b;
+          if constexpr (kArgmax) {
+            const unsigned long long key = argmax_key(bf16_to_f(b), static_cast<int32_t>(p.index_base + r));
+            best = key > best ? key : best;
+          }
+        }
+      }
+    }
+  }
+  if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out);
+}
+
 /// MTPLAB_GEMV_SPLIT=1|2|4|8 forces the k-split of every GEMV (a tuning experiment for
 /// mtplab_bench_kernels; docs/kernels.md); unset or anything else: chosen by shape below.
 int forced_split() {
@@ -207,16 +348,195 @@ void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-template <bool kFp8, OutKind kOut, bool kArgmax>
-void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  const int n_chunks = p.k / (kFp8 ? 16 : 8);
-  const int split = choose_split(p.n, n_chunks, ctx.num_sms);
+// ---- variant selection ------------------------------------------------------------------------------
+
+struct VariantName {
+  GemvVariant variant;
+  const char* name;
+};
+constexpr VariantName kVariantNames[] = {
+    {GemvVariant::automatic, "auto"}, {GemvVariant::v1, "v1"},   {GemvVariant::rows2, "rows2"},
+    {GemvVariant::rows4, "rows4"},    {GemvVariant::occ, "occ"}, {GemvVariant::fp8split, "fp8split"}};
+
+/// The current variant: MTPLAB_GEMV_VARIANT until set_gemv_variant is called.
+std::atomic<GemvVariant>& variant_state() {
+  static std::atomic<GemvVariant> state{[] {
+    const char* v = std::getenv("MTPLAB_GEMV_VARIANT");
+    if (!v || !*v) return GemvVariant::automatic;
+    for (const VariantName& n : kVariantNames)
+      if (std::strcmp(v, n.name) == 0) return n.variant;
+    MTP_REQUIRE(false, "MTPLAB_GEMV_VARIANT=", v,
+                " is not a GEMV variant (auto, v1, rows2, rows4, occ, fp8split)");
+    return GemvVariant::automatic;
+  }()};
+  return state;
+}
+
+/// The automatic variant per shape: the first rule whose kind and ranges hold wins; none: v1.
+/// Filled from scripts/device/gemv_sweep.sh (docs/kernels.md), e.g.
+/// {false, 8192, int64_t{1} << 40, 512, 2048, GemvVariant::rows2} for BF16 rows of k 512..2048 and
+/// n >= 8192.
+struct AutoRule {
+  bool fp8;
+  int64_t n_min, n_max;
+  int k_min, k_max;
+  GemvVariant variant;
+};
+constexpr std::array<AutoRule, 0> kAutoRules{};
+
+GemvVariant automatic_variant(bool fp8, int64_t n, int k) {
+  for (const AutoRule& r : kAutoRules)
+    if (r.fp8 == fp8 && n >= r.n_min && n <= r.n_max && k >= r.k_min && k <= r.k_max) return r.variant;
+  return GemvVariant::v1;
+}
+
+/// What one GEMV launch runs: the kernel (v1 = gemv_kernel; rows2, rows4, occ = gemv_rows_kernel),
+/// the k-split and the loads per lane and row in flight.
+struct GemvPlan {
+  GemvVariant kernel = GemvVariant::v1;
+  int split = 1;
+  int unroll = kUnroll;
+};
+
+/// The smallest of 2, 4, 8 that covers `per_lane` chunks, at most `cap`.
+int unroll_for(int per_lane, int cap) {
+  int u = 2;
+  while (u < per_lane && u < cap) u *= 2;
+  return u;
+}
+
+/// The instances that exist (launch_gemv): the rows kernels for splits 1, 2, 4 and occ for every
+/// split, with the argmax only unsplit (the head's shapes), no fp32 output (router-sized GEMVs);
+/// rows2 / rows4 only where every resident warp has its rows (n x split >= rows x 16 warps per SM)
+/// and the rows of a block's iteration share their activation (one group, or groups of a multiple
+/// of its rows: mla_out_v's 256). Anything else runs v1.
+GemvPlan plan_gemv(bool fp8, bool argmax, bool f32_out, int64_t n, int k, int rows_per_group, int num_sms) {
+  const int n_chunks = k / (fp8 ? 16 : 8);
+  GemvVariant v = gemv_variant();
+  if (v == GemvVariant::automatic) v = automatic_variant(fp8, n, k);
+  GemvPlan plan;
+  plan.split = choose_split(n, n_chunks, num_sms);
   // Rows of at most 2 chunks per lane (k <= 512 BF16 unsplit: mla_out_v, kv_b) need no 8-deep
   // unroll; the 2-deep kernel holds fewer registers, so twice the warps (and bytes) are in flight.
   // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
-  if (split == 1 && n_chunks <= 2 * kWarp)
+  if (plan.split == 1 && n_chunks <= 2 * kWarp) plan.unroll = 2;
+  if (v == GemvVariant::v1) return plan;
+  if (v == GemvVariant::fp8split) {
+    if (!fp8) return plan;
+    // The split BF16 rows of k elements take (k / 8 chunks): for k >= 8192 two warps per resident
+    // slot, so FP8 eh_proj runs 4 parts of 128 chunks instead of 2 of 256.
+    plan.split = choose_split(n, k / 8, num_sms);
+    const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
+    plan.unroll = unroll_for(per_lane, kUnroll);
+    return plan;
+  }
+  if (f32_out || (argmax && plan.split != 1)) return plan;
+  const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
+  if (v == GemvVariant::occ) {
+    // 2 loads per lane: at 4 the 32-register bound spills (ptxas, sm_90).
+    plan.kernel = v;
+    plan.unroll = 2;
+    return plan;
+  }
+  const int rows = v == GemvVariant::rows2 ? 2 : 4;
+  const int block_rows = kGemvWarps / std::min(plan.split, kGemvWarps) * rows;
+  if (plan.split > 4 || n * plan.split < static_cast<int64_t>(rows) * num_sms * 16) return plan;
+  if (rows_per_group < n && rows_per_group % block_rows != 0) return plan;
+  plan.kernel = v;
+  plan.unroll = unroll_for(per_lane, rows == 2 ? kUnroll : 4);
+  return plan;
+}
+
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kU, int kMinBlocks>
+void launch_rows(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  constexpr int kRowsPerIteration = kGemvWarps / kSplit * kRows;
+  constexpr auto kernel = gemv_rows_kernel<kFp8, kSplit, kOut, kArgmax, kRows, kU, kMinBlocks>;
+  static const int blocks_per_sm = [] {
+    int b = 0;
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGemvThreads, 0));
+    return std::max(1, std::min(b, kMaxBlocksPerSm));
+  }();
+  const int64_t needed = (p.n + kRowsPerIteration - 1) / kRowsPerIteration;
+  int64_t grid = std::min<int64_t>(needed, static_cast<int64_t>(blocks_per_sm) * ctx.num_sms);
+  if (grid_cap > 0) grid = std::min<int64_t>(grid, grid_cap);
+  launch(ctx, kernel, static_cast<unsigned>(grid), kGemvThreads, 0, p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+/// gemv_rows_kernel by unroll (2, 4, 8; at most kMaxU).
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU>
+void launch_rows_unroll(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, int unroll) {
+  if constexpr (kMaxU >= 4) {
+    if constexpr (kMaxU >= 8) {
+      if (unroll > 4) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 8, kMinBlocks>(ctx, p, grid_cap);
+    }
+    if (unroll > 2) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 4, kMinBlocks>(ctx, p, grid_cap);
+  }
+  return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 2, kMinBlocks>(ctx, p, grid_cap);
+}
+
+/// gemv_rows_kernel by split (1, 2, 4, and 8 when kSplit8; the argmax only unsplit).
+template <bool kFp8, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU, bool kSplit8>
+void launch_rows_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, const GemvPlan& plan) {
+  if constexpr (kArgmax) {
+    return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                plan.unroll);
+  } else {
+    switch (plan.split) {
+      case 1:
+        return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      case 2:
+        return launch_rows_unroll<kFp8, 2, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      case 4:
+        return launch_rows_unroll<kFp8, 4, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      default:
+        if constexpr (kSplit8) {
+          return launch_rows_unroll<kFp8, 8, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                      plan.unroll);
+        } else {
+          MTP_REQUIRE(false, "ops::cuda::gemv: no rows kernel for split ", plan.split);
+        }
+    }
+  }
+}
+
+template <bool kFp8, OutKind kOut, bool kArgmax>
+void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  const GemvPlan plan =
+      plan_gemv(kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group, ctx.num_sms);
+  if constexpr (kOut != OutKind::f32) {
+    switch (plan.kernel) {
+      case GemvVariant::rows2:
+        return launch_rows_split<kFp8, kOut, kArgmax, 2, 1, 8, false>(ctx, p, grid_cap, plan);
+      case GemvVariant::rows4:
+        return launch_rows_split<kFp8, kOut, kArgmax, 4, 1, 4, false>(ctx, p, grid_cap, plan);
+      case GemvVariant::occ:
+        return launch_rows_split<kFp8, kOut, kArgmax, 1, kMaxBlocksPerSm, 2, true>(ctx, p, grid_cap, plan);
+      default:
+        break;
+    }
+  }
+  if (plan.split == 1 && plan.unroll == 2)
     return launch_gemv_split<kFp8, 1, kOut, kArgmax, 2>(ctx, p, grid_cap);
-  switch (split) {
+  if constexpr (kFp8) {
+    // fp8split: parts of at most 4 chunks per lane.
+    if (plan.unroll == 4) {
+      switch (plan.split) {
+        case 1:
+          return launch_gemv_split<kFp8, 1, kOut, kArgmax, 4>(ctx, p, grid_cap);
+        case 2:
+          return launch_gemv_split<kFp8, 2, kOut, kArgmax, 4>(ctx, p, grid_cap);
+        case 4:
+          return launch_gemv_split<kFp8, 4, kOut, kArgmax, 4>(ctx, p, grid_cap);
+        default:
+          return launch_gemv_split<kFp8, 8, kOut, kArgmax, 4>(ctx, p, grid_cap);
+      }
+    }
+  }
+  switch (plan.split) {
     case 1:
       return launch_gemv_split<kFp8, 1, kOut, kArgmax>(ctx, p, grid_cap);
     case 2:
@@ -490,6 +810,14 @@ __global__ void __launch_bounds__(1024)
 }  // namespace
 
 int gemv_max_grid(int num_sms) { return num_sms * kMaxBlocksPerSm; }
+
+void set_gemv_variant(GemvVariant v) { variant_state().store(v); }
+GemvVariant gemv_variant() { return variant_state().load(); }
+const char* gemv_variant_name(GemvVariant v) {
+  for (const VariantName& n : kVariantNames)
+    if (n.variant == v) return n.name;
+  return "?";
+}
 
 void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
                const GemvRowMap& map) {
