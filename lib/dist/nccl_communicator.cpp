@@ -20,6 +20,7 @@
 // kernels spinning on a dead peer) and mtplab::Error is thrown; every later call throws too.
 // Invariant: one thread issues calls on the communicator; the watchdog touches it only while that
 // thread is inside an armed NCCL call, and only to abort it.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -74,12 +75,15 @@ bool blocking_from_env() {
   return s == "1";
 }
 
-/// Runs `on_expiry` (on its own thread, with the watchdog's lock held) when an armed call has not
-/// been disarmed by its deadline. arm() / disarm() bracket one host call into NCCL; disarm()
-/// returns whether the watchdog fired for it, after on_expiry has returned.
+/// Runs `on_expiry` (on its own thread) when an armed call has not been disarmed by its deadline.
+/// arm() / disarm() bracket one host call into NCCL and cost two atomic operations: no lock, no
+/// wake-up (the enqueue they bracket takes a few microseconds). The thread checks the armed
+/// deadline every `period` instead, so it acts up to one period late. disarm() returns whether the
+/// watchdog fired for this call, after on_expiry has returned.
 class Watchdog {
  public:
-  explicit Watchdog(std::function<void()> on_expiry) : on_expiry_(std::move(on_expiry)) {
+  Watchdog(std::function<void()> on_expiry, Clock::duration period)
+      : on_expiry_(std::move(on_expiry)), period_(period) {
     thread_ = std::thread([this] { loop(); });
   }
   ~Watchdog() {
@@ -94,43 +98,48 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
 
   void arm(Clock::time_point deadline) {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      armed_ = true;
-      fired_ = false;
-      deadline_ = deadline;
-    }
-    cv_.notify_one();
+    armed_ = std::max<int64_t>(kFired + 1, deadline.time_since_epoch().count());
+    state_.store(armed_, std::memory_order_release);
   }
   bool disarm() {
-    std::lock_guard<std::mutex> lock(m_);
-    armed_ = false;
-    return fired_;
+    int64_t expected = armed_;
+    if (state_.compare_exchange_strong(expected, kIdle, std::memory_order_acq_rel)) return false;
+    while (state_.load(std::memory_order_acquire) != kFired) std::this_thread::yield();  // on_expiry runs
+    state_.store(kIdle, std::memory_order_release);
+    return true;
   }
 
  private:
+  static constexpr int64_t kIdle = 0, kFiring = 1, kFired = 2;  // else: the armed deadline (ticks)
+
   void loop() {
     std::unique_lock<std::mutex> lock(m_);
-    while (!stop_) {
-      if (!armed_) {
-        cv_.wait(lock);
-        continue;
-      }
-      cv_.wait_until(lock, deadline_);
-      if (!stop_ && armed_ && Clock::now() >= deadline_) {
-        armed_ = false;
-        fired_ = true;
-        on_expiry_();
-      }
+    while (!cv_.wait_for(lock, period_, [this] { return stop_; })) {
+      int64_t d = state_.load(std::memory_order_acquire);
+      if (d <= kFired || Clock::now().time_since_epoch().count() < d) continue;
+      if (!state_.compare_exchange_strong(d, kFiring, std::memory_order_acq_rel)) continue;  // disarmed
+      on_expiry_();
+      state_.store(kFired, std::memory_order_release);
     }
   }
 
   std::function<void()> on_expiry_;
-  std::mutex m_;
+  Clock::duration period_;
+  std::atomic<int64_t> state_{kIdle};
+  int64_t armed_ = kIdle;  // the value arm() stored (the issuing thread's own copy)
+  std::mutex m_;  // for the stop flag and the sleep only
   std::condition_variable cv_;
-  bool armed_ = false, fired_ = false, stop_ = false;
-  Clock::time_point deadline_{};
+  bool stop_ = false;
   std::thread thread_;
+};
+
+/// A collective's name, formatted only when an error needs it (a host-issued collective must
+/// not pay for a string): op, then the count and its unit.
+struct OpName {
+  const char* op;
+  size_t n;
+  const char* unit;
+  std::string text() const { return *unit ? str(op, n, unit) : std::string(op); }
 };
 
 class NcclCommunicatorImpl final : public NcclCommunicator {
@@ -166,7 +175,9 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = blocking_ ? 1 : 0;
       if (blocking_) {
-        watchdog_ = std::make_unique<Watchdog>([this] { on_watchdog(); });
+        // Checked every tenth of the timeout, between 10 ms and 1 s.
+        const auto period = std::clamp(to_duration(timeout_s_ / 10), to_duration(0.01), to_duration(1.0));
+        watchdog_ = std::make_unique<Watchdog>([this] { on_watchdog(); }, period);
         ncclComm_t fresh = nullptr;
         bool fired = false;
         const ncclResult_t rc = watched(
@@ -233,29 +244,29 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
 
   void all_reduce_sum(const float* send, float* recv, size_t count) override {
-    issue(str("all_reduce_sum(f32, ", count, ")"),
+    issue({"all_reduce_sum(f32, ", count, ")"},
           [&] { return ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, comm_, stream_); });
   }
   void all_reduce_sum(const bf16* send, bf16* recv, size_t count) override {
-    issue(str("all_reduce_sum(bf16, ", count, ")"),
+    issue({"all_reduce_sum(bf16, ", count, ")"},
           [&] { return ncclAllReduce(send, recv, count, ncclBfloat16, ncclSum, comm_, stream_); });
   }
   void all_reduce_max(const uint64_t* send, uint64_t* recv, size_t count) override {
-    issue(str("all_reduce_max(u64, ", count, ")"),
+    issue({"all_reduce_max(u64, ", count, ")"},
           [&] { return ncclAllReduce(send, recv, count, ncclUint64, ncclMax, comm_, stream_); });
   }
   void all_gather(const void* send, void* recv, size_t bytes) override {
-    issue(str("all_gather(", bytes, " bytes)"),
+    issue({"all_gather(", bytes, " bytes)"},
           [&] { return ncclAllGather(send, recv, bytes, ncclUint8, comm_, stream_); });
   }
   void broadcast(void* buf, size_t bytes, int root) override {
     MTP_REQUIRE(root >= 0 && root < size_, "broadcast: root ", root, " outside [0, ", size_, ")");
-    issue(str("broadcast(", bytes, " bytes, root ", root, ")"),
+    issue({"broadcast(", bytes, " bytes)"},
           [&] { return ncclBroadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_); });
   }
   void barrier() override {
     // NCCL has no barrier: a one-element all-reduce that every rank must join, then wait.
-    issue("barrier", [&] {
+    issue({"barrier", 0, ""}, [&] {
       return ncclAllReduce(barrier_scratch_, barrier_scratch_, 1, ncclInt32, ncclSum, comm_, stream_);
     });
     wait();
@@ -273,11 +284,11 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
       ncclResult_t state = ncclSuccess;
       const ncclResult_t get = ncclCommGetAsyncError(comm_, &state);
       if (get != ncclSuccess) fail_nccl("ncclCommGetAsyncError", get);
-      if (state != ncclSuccess && state != ncclInProgress) fail_nccl(last_op_.c_str(), state);
+      if (state != ncclSuccess && state != ncclInProgress) fail_nccl(last_op_.text().c_str(), state);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) {
         const std::string what =
-            str("the stream of the NCCL communicator failed after ", last_op_, ": ", cudaGetErrorName(q),
+            str("the stream of the NCCL communicator failed after ", last_op_.text(), ": ", cudaGetErrorName(q),
                 ": ", cudaGetErrorString(q), "; NCCL communicator aborted");
         abort();
         MTP_FAIL(what);
@@ -349,19 +360,19 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
 
   template <typename Call>
-  void issue(std::string what, Call&& call) {
-    require_live(what.c_str());
-    last_op_ = std::move(what);
+  void issue(OpName what, Call&& call) {
+    require_live(what.op);
+    last_op_ = what;
     bool fired = false;
     ncclResult_t rc = watched("collective enqueue", call, fired);
     if (fired) {
       comm_ = nullptr;  // aborted by the watchdog
-      fail_timeout_named(str(last_op_, " (its enqueue)").c_str());
+      fail_timeout_named(str(last_op_.text(), " (its enqueue)").c_str());
     }
     if (rc == ncclInProgress) {
-      settle_or_throw(last_op_.c_str());
+      settle_or_throw(last_op_.text().c_str());
     } else if (rc != ncclSuccess) {
-      fail_nccl(last_op_.c_str(), rc);
+      fail_nccl(last_op_.text().c_str(), rc);
     }
   }
 
@@ -381,7 +392,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     abort();
     MTP_FAIL(text);
   }
-  [[noreturn]] void fail_timeout() { fail_timeout_named(str("collectives up to ", last_op_).c_str()); }
+  [[noreturn]] void fail_timeout() { fail_timeout_named(str("collectives up to ", last_op_.text()).c_str()); }
 
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
@@ -391,7 +402,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   int device_ = -1;
   bool aborted_ = false;
   int* barrier_scratch_ = nullptr;
-  std::string last_op_ = "(none)";
+  OpName last_op_{"(none)", 0, ""};
   bool blocking_ = true;
   std::atomic<ncclComm_t> live_{nullptr};  // what the watchdog may abort
   const char* watched_what_ = "";
