@@ -10,6 +10,8 @@
 //   non-blocking issue path), from a rank's local (max, index) or its padded BF16 logits shard
 //   (allgather_logits). head_argmax itself is not included. bf16_lanes includes its host
 //   synchronisations (download, upload, wait) and cannot be captured in a CUDA graph.
+// - packed_u64_head_key is packed_u64 as the drafter runs it: the head already wrote the key
+//   (ops::HeadExtras), so the row is the all-reduce and the unpack; the target compares this row.
 // - A bare row is one raw 8-byte NCCL call on a blocking communicator of its own (nccl-tests
 //   style), the floor the protocols are compared with.
 // - "host": N iterations issued back to back from the host between two CUDA events; "graph": the
@@ -298,6 +300,27 @@ int run(int argc, char** argv, const Options& opt) {
     cases.push_back(std::move(c));
   }
   {
+    // What the drafter runs: the head wrote the key (ops::HeadExtras), so only the all-reduce and
+    // the unpack follow it. The key is packed once per input here, outside the timed loop.
+    Case c;
+    c.name = "packed_u64_head_key";
+    c.issue = [&] {
+      drafter::exchange_pick(*be, comm, drafter::Exchange::packed_u64, V, xb, token.data(),
+                             /*key_from_head=*/true);
+    };
+    c.check = [&]() -> long {
+      const long wrong = token_wrong();
+      be->argmax_pack_key(xb.local_max.data(), xb.key.data());  // the all-reduce overwrote it
+      return wrong;
+    };
+    c.set_inputs = [&](uint64_t s) {
+      set_logits(s);
+      be->argmax_pack_key(xb.local_max.data(), xb.key.data());
+      be->synchronize();
+    };
+    cases.push_back(std::move(c));
+  }
+  {
     Case c;
     c.name = "allgather_pairs";
     c.issue = [&] {
@@ -388,10 +411,15 @@ int run(int argc, char** argv, const Options& opt) {
         if (r.name == name && r.mode == mode && !r.us.empty()) return quantile(r.us, 0.5);
       return -1.0;
     };
+    // The target is on the drafter's path (the head writes the key); the row with its own pack
+    // launch is printed for comparison.
     for (const char* mode : {"host", "graph"}) {
-      const double bare = median_of("bare_allreduce_u64_max", mode), packed = median_of("packed_u64", mode);
-      std::printf("packed_u64 - bare all-reduce (%s): %+.2f us (target <= 5 us: %s)\n", mode, packed - bare,
-                  packed - bare <= 5.0 ? "met" : "MISSED");
+      const double bare = median_of("bare_allreduce_u64_max", mode);
+      const double packed = median_of("packed_u64", mode), head_key = median_of("packed_u64_head_key", mode);
+      std::printf(
+          "packed_u64 - bare all-reduce (%s): %+.2f us with the key from the head, the drafter's path "
+          "(target <= 5 us: %s); %+.2f us with its own pack launch\n",
+          mode, head_key - bare, head_key - bare <= 5.0 ? "met" : "MISSED", packed - bare);
     }
     std::printf("wrong tokens over all rows and ranks: %ld\n", total_wrong);
 

@@ -337,13 +337,18 @@ void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
   const float* scale = opt_.head_fp8 ? fw_.lm_head_scale.data() : nullptr;
   const int n = static_cast<int>(shard_.n);
   bf16* logits = (sharded && opt_.exchange == Exchange::allgather_logits) ? xchg_->logits.data() : nullptr;
-  be_.head_argmax(W, W8, scale, y_.data(), n, hidden_, shard_.v0, logits, xchg_->local_max.data());
-  if (!sharded) {
-    be_.argmax_pick(xchg_->local_max.data(), 1, token_out);
-    return;
+  // Unsharded, the head writes the token itself; sharded, what the protocol starts from (the
+  // packed key for packed_u64), so no launch sits between the head and the collective.
+  ops::HeadExtras extras;
+  if (sharded) {
+    extras = head_extras_for(opt_.exchange, *xchg_);
+  } else {
+    extras.token = token_out;
   }
+  be_.head_argmax(W, W8, scale, y_.data(), n, hidden_, shard_.v0, logits, xchg_->local_max.data(), extras);
+  if (!sharded) return;
   mark_begin(Phase::exchange, draft_index);
-  exchange_pick(be_, *comm_, opt_.exchange, vocab_, *xchg_, token_out);
+  exchange_pick(be_, *comm_, opt_.exchange, vocab_, *xchg_, token_out, /*key_from_head=*/true);
   mark_end(Phase::exchange, draft_index);
 }
 

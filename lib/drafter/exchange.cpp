@@ -18,14 +18,20 @@ ExchangeBuffers::ExchangeBuffers(ops::Backend& be, int world, int64_t stride_row
   }
 }
 
+ops::HeadExtras head_extras_for(Exchange protocol, ExchangeBuffers& buf) {
+  ops::HeadExtras extras;
+  if (protocol == Exchange::packed_u64) extras.key = buf.key.data();
+  return extras;
+}
+
 void exchange_pick(ops::Backend& be, dist::Communicator& comm, Exchange protocol, int64_t vocab,
-                   ExchangeBuffers& buf, int32_t* token_out) {
+                   ExchangeBuffers& buf, int32_t* token_out, bool key_from_head) {
   const int world = comm.size();
   const int rank = comm.rank();
   switch (protocol) {
     case Exchange::packed_u64:
       // Key: order-preserving bits of the value << 32 | ~index; one MAX all-reduce of 8 bytes.
-      be.argmax_pack_key(buf.local_max.data(), buf.key.data());
+      if (!key_from_head) be.argmax_pack_key(buf.local_max.data(), buf.key.data());
       comm.all_reduce_max(buf.key.data(), buf.key.data(), 1);
       be.argmax_unpack_key(buf.key.data(), token_out);
       break;

@@ -28,7 +28,13 @@ struct ExchangeBuffers {
 
 /// Writes the global draft token to `token_out` (backend memory) from every rank's local_max
 /// (and, for allgather_logits, logits). Collective over `comm`. bf16_lanes needs world 2.
+/// `key_from_head`: packed_u64 only: buf.key already holds local_max's key (the head wrote it,
+/// ops::HeadExtras::key), so the pack op is skipped.
 void exchange_pick(ops::Backend& be, dist::Communicator& comm, Exchange protocol, int64_t vocab,
-                   ExchangeBuffers& buf, int32_t* token_out);
+                   ExchangeBuffers& buf, int32_t* token_out, bool key_from_head = false);
+
+/// The ops::HeadExtras the head writes for `protocol` (the packed key for packed_u64, nothing
+/// for the others): pass them to head_argmax, then exchange_pick with key_from_head = true.
+ops::HeadExtras head_extras_for(Exchange protocol, ExchangeBuffers& buf);
 
 }  // namespace mtplab::drafter

@@ -33,6 +33,14 @@ struct ArgMax {
   float value;
   int32_t index;
 };
+
+/// Optional outputs of head_argmax beside its (max, index): `key` the pair's packed_u64 key
+/// (exactly argmax_pack_key of it), `token` its index as the draft token (exactly argmax_pick of
+/// the one pair). Null: not written.
+struct HeadExtras {
+  uint64_t* key = nullptr;
+  int32_t* token = nullptr;
+};
 static_assert(sizeof(ArgMax) == 8);
 
 /// The latent KV cache of one layer: [num_blocks, block_size, kv_lora] rows, BF16 or FP8 E4M3
@@ -168,9 +176,10 @@ class Backend {
 
   /// The draft head: logits = W x over the rows [0, n) of this rank's shard (BF16 W, or FP8 W
   /// with row scales when W_fp8 is given), logits rounded to BF16, then the (max, argmax) with
-  /// `index_base` added. `logits` may be null when the caller does not need them.
-  virtual void head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
-                           int n, int k, int64_t index_base, bf16* logits, ArgMax* out) = 0;
+  /// `index_base` added. `logits` may be null when the caller does not need them. `extras`: what
+  /// the op also writes from the pair, when given (on CUDA the head's last block, no launch more).
+  virtual void head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x, int n,
+                           int k, int64_t index_base, bf16* logits, ArgMax* out, HeadExtras extras = {}) = 0;
   /// Argmax of BF16 values; ties to the lowest index; `index_base` added to the index.
   virtual void argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) = 0;
 

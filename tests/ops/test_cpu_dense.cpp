@@ -327,6 +327,16 @@ TEST_F(CpuDense, HeadArgmaxRoundsLogitsAndPicksLowestIndexOfTheMax) {
   auto out2 = poisoned<ArgMax>(*be, 1);
   be->head_argmax(dW.data(), nullptr, nullptr, dx.data(), n, k, base, nullptr, out2.data());
   EXPECT_EQ(download(*be, out2)[0].index, base + 77);
+  // The extras: the packed key of the pair (as argmax_pack_key writes it) and the token.
+  auto out3 = poisoned<ArgMax>(*be, 1);
+  auto key = poisoned<uint64_t>(*be, 1), packed = poisoned<uint64_t>(*be, 1);
+  auto token = poisoned<int32_t>(*be, 1);
+  be->head_argmax(dW.data(), nullptr, nullptr, dx.data(), n, k, base, nullptr, out3.data(),
+                  HeadExtras{key.data(), token.data()});
+  be->argmax_pack_key(out3.data(), packed.data());
+  EXPECT_EQ(download(*be, out3)[0].index, base + 77);
+  EXPECT_EQ(download(*be, key)[0], download(*be, packed)[0]);
+  EXPECT_EQ(download(*be, token)[0], base + 77);
 }
 
 TEST_F(CpuDense, HeadArgmaxComparesBf16LogitsNotFp32Sums) {

@@ -209,6 +209,24 @@ TEST_P(GpuDense, HeadArgmax) {
   const ArgMax got2 = out_nologits.from_gpu()[0];
   EXPECT_EQ(got2.index, got.index) << "head_argmax without logits; " << seed_note();
   EXPECT_EQ(got2.value, got.value);
+  // The extras, written by the head's last block: the pair's key exactly as argmax_pack_key
+  // packs it (on either backend: the key is a function of the pair) and the token.
+  {
+    auto out3 = out_twin<ArgMax>(1);
+    auto key = out_twin<uint64_t>(1), packed = out_twin<uint64_t>(1);
+    auto token = out_twin<int32_t>(1);
+    gpu().head_argmax(W.g.data(), nullptr, nullptr, x.g.data(), V, H, base, nullptr, out3.g.data(),
+                      HeadExtras{key.g.data(), token.g.data()});
+    gpu().argmax_pack_key(out3.g.data(), packed.g.data());
+    cpu().argmax_pack_key(out.c.data(), packed.c.data());
+    const ArgMax got3 = out3.from_gpu()[0];
+    EXPECT_EQ(got3.index, got.index) << "head_argmax with extras; " << seed_note();
+    EXPECT_EQ(key.from_gpu()[0], packed.from_gpu()[0]) << "head key vs argmax_pack_key; " << seed_note();
+    EXPECT_EQ(token.from_gpu()[0], got3.index) << seed_note();
+    if (got.index == want.index && got.value == want.value) {
+      EXPECT_EQ(key.from_gpu()[0], packed.from_cpu()[0]) << "GPU head key vs the CPU's; " << seed_note();
+    }
+  }
 
   // Plant an exact tie on the winner: copy its row to a lower row (or the lowest row to the top),
   // so two rows give bit-identical logits on each backend; the lower index must win.
@@ -237,10 +255,16 @@ TEST_P(GpuDense, HeadArgmax) {
   logits.poison(0xFF);
   out.poison(0xFF);
   cpu().head_argmax(nullptr, W8.c.data(), S.c.data(), x.c.data(), V, H, base, logits.c.data(), out.c.data());
-  gpu().head_argmax(nullptr, W8.g.data(), S.g.data(), x.g.data(), V, H, base, logits.g.data(), out.g.data());
+  auto key8 = out_twin<uint64_t>(1), packed8 = out_twin<uint64_t>(1);
+  auto token8 = out_twin<int32_t>(1);
+  gpu().head_argmax(nullptr, W8.g.data(), S.g.data(), x.g.data(), V, H, base, logits.g.data(), out.g.data(),
+                    HeadExtras{key8.g.data(), token8.g.data()});
   const auto gl8 = logits.from_gpu(), cl8 = logits.from_cpu();
   expect_bf16_close(gl8, cl8, "fp8 head logits");
   expect_argmax_matches(out.from_gpu()[0], out.from_cpu()[0], gl8, cl8, base, "head_argmax fp8");
+  gpu().argmax_pack_key(out.g.data(), packed8.g.data());
+  EXPECT_EQ(key8.from_gpu()[0], packed8.from_gpu()[0]) << "FP8 head key vs argmax_pack_key; " << seed_note();
+  EXPECT_EQ(token8.from_gpu()[0], out.from_gpu()[0].index) << seed_note();
 }
 
 TEST_P(GpuDense, ArgmaxFamily) {

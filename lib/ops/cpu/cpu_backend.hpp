@@ -47,7 +47,7 @@ class CpuBackend final : public Backend {
                   int k) override;
 
   void head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x, int n, int k,
-                   int64_t index_base, bf16* logits, ArgMax* out) override;
+                   int64_t index_base, bf16* logits, ArgMax* out, HeadExtras extras = {}) override;
   void argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) override;
 
   void argmax_pack_key(const ArgMax* in, uint64_t* key) override;

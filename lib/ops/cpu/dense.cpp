@@ -167,7 +167,7 @@ int32_t global_index(const char* op, int64_t index_base, int64_t local) {
 }  // namespace
 
 void CpuBackend::head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
-                             int n, int k, int64_t index_base, bf16* logits, ArgMax* out) {
+                             int n, int k, int64_t index_base, bf16* logits, ArgMax* out, HeadExtras extras) {
   require_size("head_argmax", "n", n);
   require_size("head_argmax", "k", k);
   require_ptr("head_argmax", "out", out);
@@ -193,6 +193,8 @@ void CpuBackend::head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* r
     }
   }
   *out = ArgMax{best, global_index("head_argmax", index_base, best_i)};
+  if (extras.key) argmax_pack_key(out, extras.key);
+  if (extras.token) *extras.token = out->index;
 }
 
 void CpuBackend::argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) {

@@ -299,7 +299,7 @@ class CudaBackend final : public Backend {
   }
 
   void head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x, int n, int k,
-                   int64_t index_base, bf16* logits, ArgMax* out) override {
+                   int64_t index_base, bf16* logits, ArgMax* out, HeadExtras extras = {}) override {
     require_index_range("head_argmax", index_base, n);
     MTP_REQUIRE(out, "ops::cuda::head_argmax: out is null");
     if (W_fp8) {
@@ -307,7 +307,7 @@ class CudaBackend final : public Backend {
     } else {
       MTP_REQUIRE(W, "ops::cuda::head_argmax: W is null");
     }
-    cuda::head_argmax(ctx_, W, W_fp8, row_scale, x, n, k, index_base, logits, out, argmax_);
+    cuda::head_argmax(ctx_, W, W_fp8, row_scale, x, n, k, index_base, logits, out, extras, argmax_);
   }
   void argmax(const bf16* x, int n, int64_t index_base, ArgMax* out) override {
     require_index_range("argmax", index_base, n);

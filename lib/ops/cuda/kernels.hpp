@@ -80,7 +80,7 @@ void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, co
 /// BF16-rounded logits; one launch (last-block reduction).
 void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
                  const bf16* x, int n, int k, int64_t index_base, bf16* logits, ArgMax* out,
-                 const ArgmaxScratch& scratch);
+                 HeadExtras extras, const ArgmaxScratch& scratch);
 void argmax(const LaunchCtx& ctx, const bf16* x, int n, int64_t index_base, ArgMax* out,
             const ArgmaxScratch& scratch);
 void argmax_pack_key(const LaunchCtx& ctx, const ArgMax* in, uint64_t* key);

@@ -47,6 +47,7 @@ struct GemvParams {
   GemvRowMap map;
   int64_t index_base = 0;
   ArgMax* out = nullptr;
+  HeadExtras extras;  // written with out by the last block (head_argmax)
   unsigned long long* partials = nullptr;
   unsigned int* counter = nullptr;
 };
@@ -82,7 +83,7 @@ __device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, i
 
 /// Block-wide MAX of the packed keys, then the last block reduces all blocks' keys into `out`.
 __device__ void finish_argmax(unsigned long long best, unsigned long long* partials, unsigned int* counter,
-                              ArgMax* out) {
+                              ArgMax* out, HeadExtras extras = {}) {
   __shared__ unsigned long long warp_best[32];
   __shared__ bool is_last;
   const int warp = threadIdx.x / kWarp;
@@ -115,6 +116,10 @@ __device__ void finish_argmax(unsigned long long best, unsigned long long* parti
     for (int w = 0; w < n_warps; ++w) b = warp_best[w] > b ? warp_best[w] : b;
     out->value = from_order_preserving_u32(static_cast<uint32_t>(b >> 32));
     out->index = static_cast<int32_t>(~static_cast<uint32_t>(b & 0xffffffffull));
+    // b is argmax_key(value, index) of the pair just written (the key is a bijection on the
+    // values that occur: -0 is keyed as +0 and comes back as +0), so this is argmax_pack_key's.
+    if (extras.key) *extras.key = b;
+    if (extras.token) *extras.token = out->index;
     *counter = 0;  // ready for the next launch (stream order)
   }
 }
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
       }
     }
   }
-  if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out);
+  if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out, p.extras);
 }
 
 // ---- variants: several rows per warp, or more resident warps -------------------------------------
@@ -306,7 +311,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_rows_kernel(Gem
       }
     }
   }
-  if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out);
+  if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out, p.extras);
 }
 
 /// MTPLAB_GEMV_SPLIT=1|2|4|8 forces the k-split of every GEMV (a tuning experiment for
@@ -382,7 +387,20 @@ struct AutoRule {
   int k_min, k_max;
   GemvVariant variant;
 };
-constexpr std::array<AutoRule, 0> kAutoRules{};
+// From the sweep on one H200 (docs/performance.md, 2026-11-30 session 3; graph mode, % of copy):
+// the heads gain from 4 rows per warp (one activation load feeds 4 rows: FP8 head 89.9 -> 95.1%,
+// BF16 100.9 -> 102.1%); the FP8 eh_proj (56.4 -> 68.4%), q_b (76.8 -> 84.5%) and the k >= 8192
+// BF16 GEMVs (eh_proj 80.7 -> 81.8%, o_proj 88.3 -> 88.7%) from the 64-warp occ kernel; kv_b and
+// mla_out_v stay on v1 (every variant was slower or equal). All of these give v1's bits.
+constexpr int64_t kAnyN = int64_t{1} << 40;
+constexpr int kAnyK = 1 << 30;
+constexpr std::array<AutoRule, 5> kAutoRules{{
+    {false, 65536, kAnyN, 1, kAnyK, GemvVariant::rows4},  // the BF16 head
+    {true, 65536, kAnyN, 1, kAnyK, GemvVariant::rows4},   // the FP8 head
+    {true, 1, 65535, 1, kAnyK, GemvVariant::occ},         // FP8 eh_proj
+    {false, 8192, 65535, 1024, 2048, GemvVariant::occ},   // q_b
+    {false, 1, 16384, 8192, kAnyK, GemvVariant::occ},     // eh_proj, o_proj
+}};
 
 GemvVariant automatic_variant(bool fp8, int64_t n, int k) {
   for (const AutoRule& r : kAutoRules)
@@ -897,7 +915,7 @@ void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, co
 
 void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
                  const bf16* x, int n, int k, int64_t index_base, bf16* logits, ArgMax* out,
-                 const ArgmaxScratch& scratch) {
+                 HeadExtras extras, const ArgmaxScratch& scratch) {
   const bool fp8 = W_fp8 != nullptr;
   MTP_REQUIRE(n >= 1 && k >= 1 && k % (fp8 ? 16 : 8) == 0, "ops::cuda::head_argmax: n = ", n, ", k = ", k,
               " (k must be a positive multiple of ", fp8 ? 16 : 8, ")");
@@ -913,6 +931,7 @@ void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, cons
   p.map = GemvRowMap{n, 0, 0, 0};
   p.index_base = index_base;
   p.out = out;
+  p.extras = extras;
   p.partials = scratch.partials;
   p.counter = scratch.counter;
   if (fp8) {
