@@ -173,7 +173,7 @@ void Block::project_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf
 }
 
 void Block::finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out, const bf16* q,
-                       const float* w_idx, const float* q_idx, int32_t* selection) {
+                       const float* w_idx, const float* q_idx, int32_t* selection, const OutNorm* out_norm) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
   // Indexer scores over the complete pools visible at pos, then the top-k selection.
@@ -209,10 +209,16 @@ void Block::finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf1
                     s.moe_partial.data());
   }
   all_reduce(s.moe_partial.data(), d.hidden);
-  be_.residual_add(x_out, s.moe_partial.data(), x_out, d.hidden);
+  if (out_norm) {
+    be_.residual_add_rmsnorm(x_out, s.moe_partial.data(), x_out, out_norm->w, out_norm->normed, d.hidden,
+                             out_norm->eps);
+  } else {
+    be_.residual_add(x_out, s.moe_partial.data(), x_out, d.hidden);
+  }
 }
 
-void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out) {
+void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
+                    const OutNorm* out_norm) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
   MTP_REQUIRE(cache.rows() < d.max_rows, "block: row ", cache.rows(), " is past the capacity of ", d.max_rows,
@@ -220,7 +226,7 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
   project_row(x, pos, cache, s.cq.data(), s.q.data(), s.w_idx.data());
   // Indexer query side: q^I = W_qbI c_q.
   be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
-  finish_row(x, pos, cache, x_out, s.q.data(), s.w_idx.data(), s.q_idx.data(), s.selection.data());
+  finish_row(x, pos, cache, x_out, s.q.data(), s.w_idx.data(), s.q_idx.data(), s.selection.data(), out_norm);
   cache.set_rows(cache.rows() + 1);
 }
 

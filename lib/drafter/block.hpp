@@ -125,9 +125,17 @@ class Block {
   /// The cache-only context row: input norm, latent write, indexer row (no query, selection,
   /// attention, MoE). Advances cache.rows() by one.
   void write_context_row(const bf16* x, const int32_t* pos, LayerCache& cache);
-  /// The full block on one row at `pos`: x_out = x + Attn(norm(x)); x_out += MoE(norm(x_out)).
-  /// x and x_out may alias. Advances cache.rows() by one.
-  void forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out);
+  /// An RMSNorm of the block's output, fused into its last residual add (residual_add_rmsnorm:
+  /// the same bits as the add then the norm): normed = rmsnorm(x_out; w, eps).
+  struct OutNorm {
+    const bf16* w = nullptr;
+    bf16* normed = nullptr;
+    float eps = 0.0f;
+  };
+  /// The full block on one row at `pos`: x_out = x + Attn(norm(x)); x_out += MoE(norm(x_out)),
+  /// and with `out_norm` also its norm of x_out. x and x_out may alias. Advances cache.rows().
+  void forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
+               const OutNorm* out_norm = nullptr);
   /// The selection the last forward used (K + P - 1 rows, -1 padded), for tests.
   const int32_t* last_selection() const { return scratch_.selection.data(); }
 
@@ -166,7 +174,8 @@ class Block {
   /// Phase C of one row: scores and selection (into `selection`) from q_idx and w_idx, absorbed
   /// sparse MLA, o_proj, all-reduce, then the MoE with both residuals.
   void finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out, const bf16* q,
-                  const float* w_idx, const float* q_idx, int32_t* selection);
+                  const float* w_idx, const float* q_idx, int32_t* selection,
+                  const OutNorm* out_norm = nullptr);
   /// Norms and stores the cache row from the projections of u already in scratch (ckv_pre, k_pre,
   /// gate: one linear_group, made by the caller with whatever else it projects from u).
   void write_caches(const int32_t* pos, LayerCache& cache);
