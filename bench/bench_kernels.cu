@@ -47,6 +47,7 @@
 #include "bench_cli.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "core/str.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/ops.hpp"
@@ -96,6 +97,21 @@ __global__ void read_sum_kernel(const uint4* p, size_t n, unsigned int* sink) {
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const uint4 v = __ldcs(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+/// A streaming read of n 16-byte vectors with 4 loads in flight per thread: what the GEMVs' weight
+/// reads could reach at the same size (the reference rows next to them).
+__global__ void read_ref_kernel(const uint4* p, size_t n, unsigned int* sink) {
+  constexpr int kU = 4;
+  unsigned int acc = 0;
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride * kU) {
+    uint4 v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u] = i + u * stride < n ? __ldcs(p + i + u * stride) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
   if (acc == 0x12345678u) *sink = acc;
 }
@@ -404,6 +420,34 @@ void run_all(Bench& b, ops::Backend& be) {
       });
     }
     b.release_all();
+  }
+  // ---- what a pure read reaches at the GEMVs' sizes (the mid-size ceiling: ramp and tail) ----
+  {
+    struct Ref {
+      const char* what;
+      double mb;
+    };
+    const Ref refs[] = {{"eh_proj", 67.1}, {"q_b", 50.3}, {"kv_b", 33.6}, {"mla_out_v", 16.8}, {"q_a", 12.6},
+                        {"kv_a", 4.2}};
+    for (const Ref& ref : refs) {
+      const std::string name = std::string("read_only at ") + ref.what + " size";
+      if (!b.selected(name)) continue;
+      const size_t vecs = static_cast<size_t>(ref.mb * 1e6) / 16;
+      const int rot = b.rotations(16.0 * vecs);
+      std::vector<const uint4*> src(rot);
+      for (auto& s : src) {
+        void* p = b.alloc(vecs * 16);
+        MTP_CUDA_CHECK(cudaMemsetAsync(p, 0x5a, vecs * 16, st));
+        s = static_cast<const uint4*>(p);
+      }
+      auto* sink = static_cast<unsigned int*>(b.alloc(4));
+      const unsigned grid = static_cast<unsigned>(std::min<size_t>((vecs + 1023) / 1024, 132 * 8));
+      b.measure(name, mtplab::str(ref.mb, " MB"), 16.0 * vecs, rot, [&](int i) {
+        read_ref_kernel<<<grid, 256, 0, st>>>(src[i % rot], vecs, sink);
+        MTP_CUDA_LAUNCH_CHECK();
+      });
+      b.release_all();
+    }
   }
 
   // ---- GEMVs (linear, one row) ----

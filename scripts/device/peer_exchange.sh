@@ -2,7 +2,7 @@
 # One device call (nvidia-h200-x2, under 5 minutes): the exchange-protocol benchmark on 2 GPUs and
 # the PyTorch peer's draft step next to mtplab's, on the same weights.
 #
-#   OUT=/some/dir scripts/device/peer_exchange.sh
+#   OUT=/some/dir [BUDGET=s] [SKIP_EXCHANGE=1] scripts/device/peer_exchange.sh
 #
 # Steps, each under `timeout`, each with its own log in $OUT/logs (tarred at the end):
 #   1. configure + build (cuda preset, build-gpu/, no -Werror) of mtplab_bench_exchange,
@@ -54,12 +54,16 @@ BIN=build-gpu/bin
 echo "built ($(secs)s)"
 
 # ---- 2. exchange protocols on 2 GPUs ----------------------------------------------------------------
-echo "== mtplab_bench_exchange, 2 ranks ($(secs)s)"
-timeout 60 mpirun -np 2 --oversubscribe --bind-to none "$BIN/mtplab_bench_exchange" --out "$OUT" \
-  >"$OUT/bench_exchange.txt" 2>&1
-rc=$?
-echo "bench_exchange rc=$rc ($(secs)s)"
-[[ $rc -ne 0 ]] && status=1 && tail -20 "$OUT/bench_exchange.txt"
+if [[ ${SKIP_EXCHANGE:-0} == 1 ]]; then
+  echo "== mtplab_bench_exchange skipped (SKIP_EXCHANGE=1)"
+else
+  echo "== mtplab_bench_exchange, 2 ranks ($(secs)s)"
+  timeout 60 mpirun -np 2 --oversubscribe --bind-to none "$BIN/mtplab_bench_exchange" --out "$OUT" \
+    >"$OUT/bench_exchange.txt" 2>&1
+  rc=$?
+  echo "bench_exchange rc=$rc ($(secs)s)"
+  [[ $rc -ne 0 ]] && status=1 && tail -20 "$OUT/bench_exchange.txt"
+fi
 
 # ---- 3. weights ------------------------------------------------------------------------------------
 if [[ -n ${PEER_EXPERTS:-} ]]; then

@@ -6,7 +6,11 @@
 # runs on GPU 1, then mtplab_bench_step, then an ncu per-kernel profile of one eager FP8 draft.
 # Every step has a timeout; a failing step does not stop the later ones.
 #
-#   OUT=/some/dir scripts/device/validate.sh [--no-bench]
+#   OUT=/some/dir [SKIP="qidx nopdl cgemm rank"] scripts/device/validate.sh [--no-bench]
+#
+# SKIP leaves out benchmark steps (to fit a call with other work): qidx (the batch-qidx experiment),
+# nopdl (bench_step with programmatic launch off), cgemm (bench_step --context-gemm), rank (the
+# rank-scaling experiment on 1 and 2 GPUs).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
@@ -22,6 +26,7 @@ t0=$(date +%s)
 elapsed() { echo "$(($(date +%s) - t0))s"; }
 bench=1
 [[ ${1:-} == --no-bench ]] && bench=0
+skip() { [[ " ${SKIP:-} " == *" $1 "* ]]; }
 status=0
 { date -u; nvidia-smi; } >"$OUT/env.txt" 2>&1
 echo "== build ($(elapsed))"
@@ -66,33 +71,38 @@ if ((bench)); then
 fi
 if ((bench)); then
   echo "== bench_kernels (GPU 0) || batch-qidx experiment (GPU 1) ($(elapsed))"
-  (CUDA_VISIBLE_DEVICES=1 timeout 240 build-gpu/bin/mtplab run experiments/batch-qidx.yaml --out "$OUT/batch-qidx.h5" \
-     >"$OUT/batch-qidx.log" 2>&1; echo $? >"$OUT/batch-qidx.rc") &
+  skip qidx || (CUDA_VISIBLE_DEVICES=1 timeout 240 build-gpu/bin/mtplab run experiments/batch-qidx.yaml \
+     --out "$OUT/batch-qidx.h5" >"$OUT/batch-qidx.log" 2>&1; echo $? >"$OUT/batch-qidx.rc") &
   CUDA_VISIBLE_DEVICES=0 timeout 200 build-gpu/bin/mtplab_bench_kernels --reps 60 --out "$OUT" >"$OUT/bench_kernels.txt" 2>&1
   echo "bench_kernels rc=$?"; grep -vE "^\s*$" "$OUT/bench_kernels.txt" | tail -40 | cut -c1-200
   wait
-  echo "batch-qidx rc=$(cat "$OUT/batch-qidx.rc") ($(elapsed))"; tail -8 "$OUT/batch-qidx.log" | cut -c1-220
+  skip qidx || { echo "batch-qidx rc=$(cat "$OUT/batch-qidx.rc") ($(elapsed))"; tail -8 "$OUT/batch-qidx.log" | cut -c1-220; }
   echo "== bench_step ($(elapsed))"
   CUDA_VISIBLE_DEVICES=0 timeout 200 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 1,4 --out "$OUT" \
     >"$OUT/bench_step.txt" 2>&1
   echo "bench_step rc=$?"; tail -11 "$OUT/bench_step.txt"
-  echo "== bench_step with programmatic launch off (MTPLAB_CUDA_PDL=0) ($(elapsed))"
-  MTPLAB_CUDA_PDL=0 CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 4 \
-    --out "$OUT/nopdl" >"$OUT/bench_step_nopdl.txt" 2>&1
-  echo "bench_step (no PDL) rc=$?"; tail -5 "$OUT/bench_step_nopdl.txt"
-  echo "== bench_step --context-gemm: the prefill as GEMMs ($(elapsed))"
-  CUDA_VISIBLE_DEVICES=0 timeout 120 build-gpu/bin/mtplab_bench_step --context 4096 --reps 10 --k 1 --heads fp8 \
-    --graphs on --context-gemm --out "$OUT/cgemm" >"$OUT/bench_step_context_gemm.txt" 2>&1
-  echo "bench_step (context_gemm) rc=$?"; grep -h "prefill of" "$OUT/bench_step.txt" "$OUT/bench_step_context_gemm.txt"
-  tail -2 "$OUT/bench_step_context_gemm.txt"
-  echo "== rank-scaling: the draft step on 1 GPU, then on 2 ($(elapsed))"
-  CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
-    --set 'sweep.grid.head_sharding=[none]' --out "$OUT/rank-scaling-1gpu.h5" >"$OUT/rank-scaling-1gpu.log" 2>&1
-  echo "1 GPU rc=$?"
-  timeout 200 mpirun -np 2 --oversubscribe build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
-    --out "$OUT/rank-scaling-2gpu.h5" >"$OUT/rank-scaling-2gpu.log" 2>&1
-  echo "2 GPUs rc=$?"
-  python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/rank-scaling.txt"
+  if ! skip nopdl; then
+    echo "== bench_step with programmatic launch off (MTPLAB_CUDA_PDL=0) ($(elapsed))"
+    MTPLAB_CUDA_PDL=0 CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab_bench_step --context 4096 --reps 30 --k 4 \
+      --out "$OUT/nopdl" >"$OUT/bench_step_nopdl.txt" 2>&1
+    echo "bench_step (no PDL) rc=$?"; tail -5 "$OUT/bench_step_nopdl.txt"
+  fi
+  if ! skip cgemm; then
+    echo "== bench_step --context-gemm: the prefill as GEMMs ($(elapsed))"
+    CUDA_VISIBLE_DEVICES=0 timeout 120 build-gpu/bin/mtplab_bench_step --context 4096 --reps 10 --k 1 --heads fp8 \
+      --graphs on --context-gemm --out "$OUT/cgemm" >"$OUT/bench_step_context_gemm.txt" 2>&1
+    echo "bench_step (context_gemm) rc=$?"; grep -h "prefill of" "$OUT/bench_step.txt" "$OUT/bench_step_context_gemm.txt"
+    tail -2 "$OUT/bench_step_context_gemm.txt"
+  fi
+  if ! skip rank; then
+    echo "== rank-scaling: the draft step on 1 GPU, then on 2 ($(elapsed))"
+    CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
+      --set 'sweep.grid.head_sharding=[none]' --out "$OUT/rank-scaling-1gpu.h5" >"$OUT/rank-scaling-1gpu.log" 2>&1
+    echo "1 GPU rc=$?"
+    timeout 200 mpirun -np 2 --oversubscribe build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
+      --out "$OUT/rank-scaling-2gpu.h5" >"$OUT/rank-scaling-2gpu.log" 2>&1
+    echo "2 GPUs rc=$?"
+    python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/rank-scaling.txt"
 import sys
 sys.path.insert(0, "analysis")
 import mtplab_results as mr
@@ -102,6 +112,7 @@ for name in ("rank-scaling-1gpu", "rank-scaling-2gpu"):
     print(name)
     print(p[["label", "steps", "propose_ms_median", "step_ms_median", "step_ms_rel_spread"]].to_string(index=False))
 PY
+  fi
   [[ ${NCU:-0} == 1 ]] || { echo "== done ($(elapsed))"; exit $status; }
   echo "== ncu: one eager FP8 draft ($(elapsed))"
   CUDA_VISIBLE_DEVICES=0 timeout 150 ncu --clock-control none --profile-from-start off --csv \
