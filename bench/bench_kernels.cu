@@ -565,6 +565,63 @@ void run_all(Bench& b, ops::Backend& be) {
       }
       b.release_all();
     }
+    // The cache writes of a row: at position 4095 of a 4096-row cache, which completes pool 1023
+    // (the indexer store computes its key); BF16 latent cache.
+    const std::string ksep = "fused rmsnorm + kv_write", kgrp = "fused kv_norm_write";
+    const std::string isep = "fused layernorm + indexer_store", igrp = "fused indexer_norm_store";
+    if (b.selected(ksep) || b.selected(kgrp) || b.selected(isep) || b.selected(igrp)) {
+      const int rows = 4096, block_size = 64, num_blocks = rows / block_size;
+      std::vector<int32_t> table(num_blocks);
+      std::iota(table.begin(), table.end(), 0);
+      int32_t* block_table = b.upload(table);
+      int32_t* pos = b.upload(std::vector<int32_t>{rows - 1});
+      const ops::KvCache cache{b.rand_bf16(static_cast<size_t>(rows) * kKvLora),
+                               ops::KvDtype::bf16,
+                               1.0f,
+                               num_blocks,
+                               block_size,
+                               kKvLora};
+      bf16* ckv_pre = b.rand_bf16(kKvLora, -3.0f, 3.0f);
+      bf16* kv_norm = b.rand_bf16(kKvLora, 0.5f, 1.5f);
+      bf16* c_kv = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kKvLora)));
+      const double kv_bytes = 6.0 * kKvLora;  // x, w, the cache row
+      if (b.selected(ksep)) {
+        b.measure(ksep, dims({kKvLora}), kv_bytes, 1, [&](int) {
+          be.rmsnorm(ckv_pre, kv_norm, c_kv, 1, kKvLora, 1e-6f);
+          be.kv_write(c_kv, block_table, pos, cache);
+        });
+      }
+      if (b.selected(kgrp)) {
+        b.measure(kgrp, dims({kKvLora}), kv_bytes, 1,
+                  [&](int) { be.kv_norm_write(ckv_pre, kv_norm, 1e-6f, block_table, pos, cache); });
+      }
+      bf16* k_pre = b.rand_bf16(kIndexDim, -2.0f, 3.0f);
+      bf16* ln_w = b.rand_bf16(kIndexDim, 0.5f, 1.5f);
+      bf16* ln_b = b.rand_bf16(kIndexDim, -0.5f, 0.5f);
+      float* gate = b.rand_f32(kIndexDim, -3.0f, 3.0f);
+      float* ape = b.rand_f32(static_cast<size_t>(kPool) * kIndexDim);
+      bf16* k_cache = b.rand_bf16(static_cast<size_t>(rows) * kIndexDim);
+      float* gate_cache = b.rand_f32(static_cast<size_t>(rows) * kIndexDim, -3.0f, 3.0f);
+      auto* valid = static_cast<uint8_t*>(b.alloc(rows));
+      be.fill_bytes(valid, 1, rows);
+      float* pool_keys = static_cast<float*>(b.alloc(4 * static_cast<size_t>(rows / kPool) * kIndexDim));
+      bf16* k_normed = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(kIndexDim)));
+      // x, w, b, gate; the k and gate rows; the pool's other rows, ape and the key.
+      const double idx_bytes = (6.0 + 4.0 + 2.0 + 4.0 + 6.0 * (kPool - 1) + 4.0 * kPool + 4.0) * kIndexDim;
+      if (b.selected(isep)) {
+        b.measure(isep, dims({kIndexDim}) + " P 4", idx_bytes, 1, [&](int) {
+          be.layernorm(k_pre, ln_w, ln_b, k_normed, 1, kIndexDim, 1e-6f);
+          be.indexer_store(k_normed, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, kIndexDim, kPool);
+        });
+      }
+      if (b.selected(igrp)) {
+        b.measure(igrp, dims({kIndexDim}) + " P 4", idx_bytes, 1, [&](int) {
+          be.indexer_norm_store(k_pre, ln_w, ln_b, 1e-6f, gate, ape, pos, k_cache, gate_cache, valid,
+                                pool_keys, kIndexDim, kPool);
+        });
+      }
+      b.release_all();
+    }
   }
 
   if (b.selected("linear_fp8 eh_proj")) {

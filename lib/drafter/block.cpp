@@ -34,9 +34,7 @@ BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
       cq(be, d.q_lora),
       q(be, static_cast<size_t>(d.n_heads_local) * d.qk_nope),
       ckv_pre(be, d.kv_lora),
-      ckv(be, d.kv_lora),
       k_pre(be, d.index_dim),
-      k_normed(be, d.index_dim),
       q_abs(be, static_cast<size_t>(d.n_heads_local) * d.kv_lora),
       o_lat(be, static_cast<size_t>(d.n_heads_local) * d.kv_lora),
       o(be, static_cast<size_t>(d.n_heads_local) * d.v_head),
@@ -92,15 +90,14 @@ void Block::write_caches(const int32_t* pos, LayerCache& cache) {
 void Block::write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const float* gate, const int32_t* pos,
                               LayerCache& cache) {
   const BlockDims& d = dims_;
-  auto& s = scratch_;
-  // Latent row: c_kv = RMSNorm_kva(W_kva u), cached at slot pos.
-  be_.rmsnorm(ckv_pre, w_.kv_a_norm.data(), s.ckv.data(), 1, d.kv_lora, d.rms_eps);
-  be_.kv_write(s.ckv.data(), cache.block_table.data(), pos, cache.kv());
-  // Indexer row: k_normed = LayerNorm(W_k u) (weight and bias), gate = W_gate u in fp32.
-  be_.layernorm(k_pre, w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(), s.k_normed.data(), 1, d.index_dim,
-                d.index_ln_eps);
-  be_.indexer_store(s.k_normed.data(), gate, w_.idx_ape.data(), pos, cache.k_cache.data(), cache.gate_cache.data(),
-                    cache.valid.data(), cache.pool_keys.data(), d.index_dim, d.index_kpool);
+  // Latent row: c_kv = RMSNorm_kva(W_kva u), cached at slot pos (the norm and the write in one op;
+  // c_kv is read from the cache only, so it is not kept elsewhere).
+  be_.kv_norm_write(ckv_pre, w_.kv_a_norm.data(), d.rms_eps, cache.block_table.data(), pos, cache.kv());
+  // Indexer row: k_normed = LayerNorm(W_k u) (weight and bias), gate = W_gate u in fp32, stored
+  // with the pool key when the row completes a pool (one op).
+  be_.indexer_norm_store(k_pre, w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(), d.index_ln_eps, gate,
+                         w_.idx_ape.data(), pos, cache.k_cache.data(), cache.gate_cache.data(),
+                         cache.valid.data(), cache.pool_keys.data(), d.index_dim, d.index_kpool);
 }
 
 void Block::project_rows_batched(int n, const bf16* x, bool full) {

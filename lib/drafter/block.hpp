@@ -89,7 +89,7 @@ class LayerCache {
 /// Scratch buffers of one block forward (one row at a time).
 struct BlockScratch {
   BlockScratch(ops::Backend& be, const BlockDims& dims);
-  ops::Array<bf16> u, cq_pre, cq, q, ckv_pre, ckv, k_pre, k_normed, q_abs, o_lat, o, v;
+  ops::Array<bf16> u, cq_pre, cq, q, ckv_pre, k_pre, q_abs, o_lat, o, v;
   ops::Array<float> gate, q_idx, w_idx, scores, attn_partial, router_logits, moe_partial;
   ops::Array<int32_t> selection, expert_idx;
   ops::Array<float> expert_w;

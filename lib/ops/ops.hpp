@@ -217,6 +217,13 @@ class Backend {
   virtual void indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
                              bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
                              int P) = 0;
+  /// k_normed = layernorm(k_pre; w, b, eps) (one row of D), then exactly indexer_store(k_normed, ...):
+  /// bit-identical to layernorm into a buffer from allocate() followed by indexer_store on the same
+  /// backend, in one op (one launch on CUDA). The normed row is written to k_cache[pos] only. On
+  /// CUDA k_cache must be 16-byte aligned (as allocate() returns it).
+  virtual void indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps,
+                                  const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
+                                  float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P) = 0;
   /// Scores of the complete pools visible at `pos[0]` (pools j with jP + P - 1 <= pos):
   /// I_j = sum_h w[h] * relu(q[h] . K_j / sqrt(D)), fp32. Entries past the last candidate are
   /// set to -inf. `w` already carries the 1/sqrt(n_I) factor.
@@ -231,6 +238,12 @@ class Backend {
   // ---- absorbed sparse MLA over the paged latent cache ----------------------------------------
   /// Writes the latent row `c_kv` [kv_lora] to slot pos[0] of the cache through `block_table`.
   virtual void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) = 0;
+  /// c_kv = rmsnorm(ckv_pre; w, eps) (one row of cache.kv_lora), written to slot pos[0] as kv_write
+  /// writes it: bit-identical to rmsnorm into a buffer from allocate() followed by kv_write on the
+  /// same backend, in one op (one launch on CUDA). The normed row goes to the cache only (an FP8
+  /// cache holds its quantised value). On CUDA cache.data must be 16-byte aligned.
+  virtual void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
+                             const int32_t* pos, KvCache cache) = 0;
   /// q_abs[h] = bf16(W_k,h^T q[h]) where W_k,h is rows h*(dqk+dv) .. +dqk of W_kvb [., kv_lora].
   virtual void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
                             int kv_lora) = 0;

@@ -1,11 +1,14 @@
-// CPU reference of the fused ops (linear_group, residual_add_rmsnorm): each must equal, bit for
-// bit, the separate ops it replaces on the same backend (that is its whole contract), and the
-// separate ops are checked against exact double arithmetic here once more so equality with a
-// wrong pair could not pass. Bad arguments are refused with a message naming the op.
+// CPU reference of the fused ops (linear_group, residual_add_rmsnorm, kv_norm_write,
+// indexer_norm_store): each must equal, bit for bit, the separate ops it replaces on the same
+// backend (that is its whole contract), and the separate ops are checked against exact double
+// arithmetic here once more so equality with a wrong pair could not pass. Bad arguments are
+// refused with a message naming the op (the fused cache writes: the op that refuses them).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <string>
 #include <vector>
 
 #include "cpu_test_util.hpp"
@@ -139,6 +142,154 @@ TEST_F(CpuFused, ResidualAddRmsnormEqualsTheTwoOpsBitForBit) {
   EXPECT_TRUE(same_bits(download(*be, na), normed)) << seed_note();
   // normed overlapping y is refused.
   EXPECT_THROW(be->residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), y1.data(), n, eps), Error);
+}
+
+// kv_norm_write: the cache after each fused write equals the cache after rmsnorm + kv_write of the
+// same row (both caches start with the same poison, so a stray or missing write shows), BF16 and
+// FP8, kv_lora a multiple of the 8 lanes and not, positions across block boundaries of a shuffled
+// block table; the BF16 rows against the double formula, the FP8 codes against to_fp8e4m3.
+TEST_F(CpuFused, KvNormWriteEqualsTheTwoOpsBitForBit) {
+  Rng rng(103);
+  const float eps = 1e-6f, scale = 0.0123f;
+  const int block_size = 4, num_blocks = 5;
+  const std::vector<int32_t> table_h = {3, 0, 4, 1, 2};
+  const std::vector<int32_t> positions = {0, 1, 3, 4, 7, 8, 19, 5, 4};  // 4 again: a rewrite
+  auto table = upload(*be, table_h);
+  for (const int L : {64, 37}) {
+    const auto w_h = rng.bf16s(static_cast<size_t>(L), 0.5f, 1.5f);
+    auto w = upload(*be, w_h);
+    std::vector<std::vector<bf16>> rows;  // the BF16 run's normed row per position
+    for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+      SCOPED_TRACE(std::string(dtype == KvDtype::bf16 ? "bf16" : "fp8") + " L=" + std::to_string(L));
+      const size_t elem = dtype == KvDtype::bf16 ? 2 : 1;
+      const size_t bytes = static_cast<size_t>(num_blocks) * block_size * L * elem;
+      auto fused = poisoned<uint8_t>(*be, bytes), separate = poisoned<uint8_t>(*be, bytes);
+      const KvCache fc{fused.data(), dtype, scale, num_blocks, block_size, L};
+      const KvCache sc{separate.data(), dtype, scale, num_blocks, block_size, L};
+      Rng inputs(104 + L);  // the same rows for both dtypes
+      for (size_t t = 0; t < positions.size(); ++t) {
+        const int32_t p = positions[t];
+        const auto x_h = inputs.bf16s(static_cast<size_t>(L), -3.0f, 3.0f);
+        auto x = upload(*be, x_h);
+        auto pos = upload(*be, std::vector<int32_t>{p});
+        auto c_kv = poisoned<bf16>(*be, static_cast<size_t>(L));
+        be->kv_norm_write(x.data(), w.data(), eps, table.data(), pos.data(), fc);
+        be->rmsnorm(x.data(), w.data(), c_kv.data(), 1, L, eps);
+        be->kv_write(c_kv.data(), table.data(), pos.data(), sc);
+        const auto got = download(*be, fused);
+        ASSERT_TRUE(same_bits(got, download(*be, separate))) << "position " << p << "; " << seed_note();
+        const size_t at =
+            (static_cast<size_t>(table_h[p / block_size]) * block_size + p % block_size) * L * elem;
+        if (dtype == KvDtype::bf16) {
+          std::vector<bf16> row(static_cast<size_t>(L));
+          std::memcpy(row.data(), got.data() + at, L * elem);
+          rows.push_back(row);
+          double ss = 0;
+          for (int i = 0; i < L; ++i) ss += static_cast<double>(to_float(x_h[i])) * to_float(x_h[i]);
+          const double inv = 1.0 / std::sqrt(ss / L + eps);
+          for (int i = 0; i < L; ++i) {
+            const double exact = to_float(w_h[i]) * to_float(x_h[i]) * inv;
+            ASSERT_TRUE(bf16_near(to_float(row[i]), exact, (L + 4) * kU32 * std::fabs(exact)))
+                << "position " << p << " i=" << i << "; " << seed_note();
+          }
+        } else {
+          for (int i = 0; i < L; ++i) {
+            ASSERT_EQ(got[at + i], to_fp8e4m3(to_float(rows[t][i]) / scale).bits)
+                << "position " << p << " i=" << i << "; " << seed_note();
+          }
+        }
+      }
+    }
+  }
+  // A block id outside the cache is refused, as by kv_write.
+  auto bad_table = upload(*be, std::vector<int32_t>{0, 9, 0, 0, 0});
+  auto x = poisoned<bf16>(*be, 64, 0);
+  auto w = poisoned<bf16>(*be, 64, 0);
+  auto pos = upload(*be, std::vector<int32_t>{5});
+  auto data = poisoned<uint8_t>(*be, static_cast<size_t>(num_blocks) * block_size * 64 * 2);
+  EXPECT_THROW(be->kv_norm_write(x.data(), w.data(), eps, bad_table.data(), pos.data(),
+                                 KvCache{data.data(), KvDtype::bf16, 1.0f, num_blocks, block_size, 64}),
+               Error);
+}
+
+// indexer_norm_store: k cache, gate cache, valid flags and pool keys after each fused store equal
+// those after layernorm + indexer_store (same poison on both sides; valid starts at 0 as in a
+// LayerCache), D a multiple of the 8 lanes and not, rows in order over three pools, then a pool's
+// last row stored again with new values (after a rollback: the key is recomputed). The k rows
+// against the double formula; a pool completed with a row missing is refused.
+TEST_F(CpuFused, IndexerNormStoreEqualsTheTwoOpsBitForBit) {
+  Rng rng(105);
+  const float eps = 1e-6f;
+  const int P = 4, rows = 3 * P;
+  for (const int D : {32, 37}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    const auto w_h = rng.bf16s(static_cast<size_t>(D), 0.5f, 1.5f),
+               b_h = rng.bf16s(static_cast<size_t>(D), -0.5f, 0.5f);
+    auto w = upload(*be, w_h), b = upload(*be, b_h);
+    auto ape = upload(*be, rng.floats(static_cast<size_t>(P) * D, -1.0f, 1.0f));
+    struct Caches {
+      Array<bf16> k;
+      Array<float> gate, keys;
+      Array<uint8_t> valid;
+    };
+    auto make = [&] {
+      return Caches{poisoned<bf16>(*be, static_cast<size_t>(rows) * D),
+                    poisoned<float>(*be, static_cast<size_t>(rows) * D),
+                    poisoned<float>(*be, static_cast<size_t>(rows / P) * D), poisoned<uint8_t>(*be, rows, 0)};
+    };
+    Caches fused = make(), separate = make();
+    std::vector<int32_t> positions(rows);
+    std::iota(positions.begin(), positions.end(), 0);
+    positions.push_back(2 * P - 1);
+    for (const int32_t p : positions) {
+      const auto x_h = rng.bf16s(static_cast<size_t>(D), -2.0f, 3.0f);  // non-zero mean
+      auto x = upload(*be, x_h);
+      auto gate = upload(*be, rng.floats(static_cast<size_t>(D), -3.0f, 3.0f));
+      auto pos = upload(*be, std::vector<int32_t>{p});
+      auto k_normed = poisoned<bf16>(*be, static_cast<size_t>(D));
+      be->indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
+                             fused.k.data(), fused.gate.data(), fused.valid.data(), fused.keys.data(), D, P);
+      be->layernorm(x.data(), w.data(), b.data(), k_normed.data(), 1, D, eps);
+      be->indexer_store(k_normed.data(), gate.data(), ape.data(), pos.data(), separate.k.data(),
+                        separate.gate.data(), separate.valid.data(), separate.keys.data(), D, P);
+      const auto k = download(*be, fused.k);
+      ASSERT_TRUE(same_bits(k, download(*be, separate.k)))
+          << "k cache, position " << p << "; " << seed_note();
+      ASSERT_TRUE(same_bits(download(*be, fused.gate), download(*be, separate.gate)))
+          << "gate cache, position " << p << "; " << seed_note();
+      ASSERT_TRUE(same_bits(download(*be, fused.valid), download(*be, separate.valid)))
+          << "valid, position " << p << "; " << seed_note();
+      ASSERT_TRUE(same_bits(download(*be, fused.keys), download(*be, separate.keys)))
+          << "pool keys, position " << p << "; " << seed_note();
+      double mean = 0, var = 0;
+      for (int i = 0; i < D; ++i) mean += to_float(x_h[i]);
+      mean /= D;
+      for (int i = 0; i < D; ++i) var += std::pow(to_float(x_h[i]) - mean, 2);
+      var /= D;
+      for (int i = 0; i < D; ++i) {
+        const double z = (to_float(x_h[i]) - mean) / std::sqrt(var + eps);
+        const double exact = z * to_float(w_h[i]) + to_float(b_h[i]);
+        // As test_cpu_dense's layernorm: ~D u relative to the normalised value's scale, plus the bias.
+        const double err = (D + 8) * kU32 *
+                           ((std::fabs(z) + std::fabs(mean) / std::sqrt(var)) * to_float(w_h[i]) +
+                            std::fabs(to_float(b_h[i])));
+        ASSERT_TRUE(bf16_near(to_float(k[static_cast<size_t>(p) * D + i]), exact, err))
+            << "position " << p << " i=" << i << "; " << seed_note();
+      }
+    }
+  }
+  // Row 7 completes pool 1, whose rows 4..6 were never stored: refused, as by indexer_store.
+  const int D = 8;
+  auto x = upload(*be, rng.bf16s(D, -1.0f, 1.0f));
+  auto w = upload(*be, rng.bf16s(D, 0.5f, 1.5f)), b = upload(*be, rng.bf16s(D, -0.5f, 0.5f));
+  auto gate = upload(*be, rng.floats(D, -1.0f, 1.0f)), ape = upload(*be, rng.floats(P * D, -1.0f, 1.0f));
+  auto pos = upload(*be, std::vector<int32_t>{7});
+  auto k = poisoned<bf16>(*be, 8 * D);
+  auto g = poisoned<float>(*be, 8 * D), keys = poisoned<float>(*be, 2 * D);
+  auto valid = poisoned<uint8_t>(*be, 8, 0);
+  EXPECT_THROW(be->indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
+                                      k.data(), g.data(), valid.data(), keys.data(), D, P),
+               Error);
 }
 
 }  // namespace

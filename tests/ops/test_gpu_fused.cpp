@@ -1,13 +1,17 @@
-// CUDA fused ops (linear_group, residual_add_rmsnorm) at the tiny, small and glm5.3-flash
-// shapes: each must be bit-identical to the separate CUDA ops it replaces (same per-row
-// reduction order: that is the contract that keeps the drafter's numerics unchanged), and close
-// to the CPU reference under the usual tolerances (gpu_test_util.hpp; fp32 outputs 1e-5
-// relative + 1e-4 of the largest, as test_gpu_dense's Linear).
+// CUDA fused ops (linear_group, residual_add_rmsnorm, moe_experts_shared, kv_norm_write,
+// indexer_norm_store) at the tiny, small and glm5.3-flash shapes: each must be bit-identical to
+// the separate CUDA ops it replaces (same per-row reduction order: that is the contract that keeps
+// the drafter's numerics unchanged), and close to the CPU reference under the usual tolerances
+// (gpu_test_util.hpp; fp32 outputs 1e-5 relative + 1e-4 of the largest, as test_gpu_dense's
+// Linear).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_util.hpp"
@@ -174,6 +178,175 @@ TEST_P(GpuFused, MoeExpertsSharedIsBitIdenticalToTheSeparateOps) {
     gpu().moe_experts(x.g.data(), gs, zero.g.data(), one.g.data(), 1, 10.0f, shared.g.data());
     gpu().accumulate_f32(shared.g.data(), routed.g.data(), H);
     expect_bytes_equal(got, routed.from_gpu(), "moe_experts_shared vs moe_experts x2 + accumulate_f32");
+  }
+}
+
+// The fused cache writes run the standalone norm kernel's code (the register-resident one, or the
+// scalar one for rows that are not a multiple of 8 or inputs that are not 16-byte aligned, the
+// same test as the norm's) and store each rounded element as the second op would: so the caches
+// must be byte-identical to the two GPU ops. Each is run at the shape's size (register path), an
+// odd size and the shape's size with the input one element off alignment (both scalar). Against
+// the CPU: BF16 rows under gpu_test_util.hpp's tolerance, FP8 codes within one E4M3 step (a BF16
+// ulp of difference in c_kv can move the quantised code by one, 2^-3 relative), flags and copied
+// gates exact, pool keys 2^-7 relative + 2^-8 of the largest (k rows that differ by a BF16 ulp,
+// 2^-8 relative, weighted by a softmax that sums to 1).
+struct NormCase {
+  std::string name;
+  int n;
+  int offset;  // elements the input row starts past an aligned allocation
+};
+std::vector<NormCase> norm_cases(int n) {
+  return {{"n=" + std::to_string(n), n, 0}, {"n=37", 37, 0}, {"n=" + std::to_string(n) + " unaligned", n, 1}};
+}
+
+/// The cache elements of logical row p (its slot through `table`), `row_elems` per row.
+template <typename T>
+std::vector<T> cache_row(const std::vector<T>& all, const std::vector<int32_t>& table, int block_size, int p,
+                         size_t row_elems) {
+  const size_t slot = static_cast<size_t>(table[p / block_size]) * block_size + p % block_size;
+  return std::vector<T>(all.begin() + slot * row_elems, all.begin() + (slot + 1) * row_elems);
+}
+
+TEST_P(GpuFused, KvNormWriteIsBitIdenticalToTheTwoOps) {
+  const Shape s = GetParam();
+  Rng rng(34);
+  const float eps = 1e-6f, scale = 0.0123f;
+  const int block_size = 64, rows = 200, num_blocks = rows / block_size + 2;
+  std::vector<int32_t> table_h(num_blocks);
+  std::iota(table_h.begin(), table_h.end(), 0);
+  for (size_t i = table_h.size() - 1; i > 0; --i) std::swap(table_h[i], table_h[rng.next() % (i + 1)]);
+  Twin<int32_t> table(table_h);
+  // Block boundaries, a rewrite of a row (a rollback), the last row.
+  const std::vector<int32_t> positions = {0, 1, 63, 64, 65, 127, 128, 64, rows - 1};
+  Twin<int32_t> pos(positions);
+  for (const NormCase& c : norm_cases(s.kv_lora)) {
+    const int L = c.n;
+    Twin<bf16> x(rng.bf16s(positions.size() * L + c.offset, -3.0f, 3.0f));
+    Twin<bf16> w(rng.bf16s(static_cast<size_t>(L), 0.5f, 1.5f));
+    for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+      const std::string what =
+          std::string(s.name) + " " + c.name + (dtype == KvDtype::bf16 ? " bf16" : " fp8") + " kv_norm_write";
+      const size_t elem = dtype == KvDtype::bf16 ? 2 : 1;
+      const size_t bytes = static_cast<size_t>(num_blocks) * block_size * L * elem;
+      auto fused = out_twin<uint8_t>(bytes);
+      auto separate = out_twin<uint8_t>(bytes);
+      auto c_kv = out_twin<bf16>(static_cast<size_t>(L));
+      const KvCache fc{fused.c.data(), dtype, scale, num_blocks, block_size, L};
+      const KvCache fg{fused.g.data(), dtype, scale, num_blocks, block_size, L};
+      const KvCache sg{separate.g.data(), dtype, scale, num_blocks, block_size, L};
+      for (size_t t = 0; t < positions.size(); ++t) {
+        const size_t off = c.offset + t * L;
+        cpu().kv_norm_write(x.c.data() + off, w.c.data(), eps, table.c.data(), pos.c.data() + t, fc);
+        gpu().kv_norm_write(x.g.data() + off, w.g.data(), eps, table.g.data(), pos.g.data() + t, fg);
+        gpu().rmsnorm(x.g.data() + off, w.g.data(), c_kv.g.data(), 1, L, eps);
+        gpu().kv_write(c_kv.g.data(), table.g.data(), pos.g.data() + t, sg);
+      }
+      const auto got = fused.from_gpu();
+      expect_bytes_equal(got, separate.from_gpu(), what + " fused vs rmsnorm + kv_write (gpu)");
+      const auto want = fused.from_cpu();
+      std::vector<bf16> got_bf16, want_bf16;
+      std::vector<float> got_fp8, want_fp8;
+      size_t same_codes = 0, n_codes = 0;
+      for (int32_t p : positions) {
+        const auto g = cache_row(got, table_h, block_size, p, L * elem);
+        const auto w_row = cache_row(want, table_h, block_size, p, L * elem);
+        if (dtype == KvDtype::bf16) {
+          std::vector<bf16> gb(L), wb(L);
+          std::memcpy(gb.data(), g.data(), L * elem);
+          std::memcpy(wb.data(), w_row.data(), L * elem);
+          got_bf16.insert(got_bf16.end(), gb.begin(), gb.end());
+          want_bf16.insert(want_bf16.end(), wb.begin(), wb.end());
+        } else {
+          for (int i = 0; i < L; ++i) {
+            got_fp8.push_back(to_float(fp8e4m3{g[i]}) * scale);
+            want_fp8.push_back(to_float(fp8e4m3{w_row[i]}) * scale);
+            same_codes += g[i] == w_row[i];
+            ++n_codes;
+          }
+        }
+      }
+      if (dtype == KvDtype::bf16) {
+        expect_bf16_close(got_bf16, want_bf16, what + " vs cpu");
+      } else {
+        expect_f32_close(got_fp8, want_fp8, what + " vs cpu (one E4M3 step)", 1.0 / 8, 1.0 / 4096);
+        EXPECT_GE(static_cast<double>(same_codes) / n_codes, 0.9)
+            << what << " vs cpu: identical codes; " << seed_note();
+      }
+      // The slots no position maps to keep their poison on both backends.
+      std::vector<bool> written(static_cast<size_t>(num_blocks) * block_size, false);
+      for (int32_t p : positions)
+        written[static_cast<size_t>(table_h[p / block_size]) * block_size + p % block_size] = true;
+      size_t touched = 0;
+      for (size_t slot = 0; slot < written.size(); ++slot) {
+        if (written[slot]) continue;
+        for (size_t i = slot * L * elem; i < (slot + 1) * L * elem; ++i)
+          touched += got[i] != 0xFF || want[i] != 0xFF;
+      }
+      EXPECT_EQ(touched, 0u) << what << ": bytes written outside the rows' slots";
+    }
+  }
+}
+
+TEST_P(GpuFused, IndexerNormStoreIsBitIdenticalToTheTwoOps) {
+  const Shape s = GetParam();
+  Rng rng(35);
+  const float eps = 1e-6f;
+  const int P = s.index_kpool, rows = 4 * P;
+  // Rows in order over four pools, then a pool's last row stored again (after a rollback: its key
+  // is recomputed) and a row inside a pool.
+  std::vector<int32_t> positions(rows);
+  std::iota(positions.begin(), positions.end(), 0);
+  positions.push_back(2 * P - 1);
+  positions.push_back(P + 1);
+  Twin<int32_t> pos(positions);
+  const size_t n_pos = positions.size();
+  for (const NormCase& c : norm_cases(s.index_dim)) {
+    const int D = c.n;
+    const std::string what = std::string(s.name) + " " + c.name + " indexer_norm_store";
+    Twin<bf16> x(rng.bf16s(n_pos * D + c.offset, -2.0f, 3.0f));
+    Twin<float> gate(rng.floats(n_pos * D, -3.0f, 3.0f));
+    Twin<bf16> w(rng.bf16s(static_cast<size_t>(D), 0.5f, 1.5f));
+    Twin<bf16> b(rng.bf16s(static_cast<size_t>(D), -0.5f, 0.5f));
+    Twin<float> ape(rng.floats(static_cast<size_t>(P) * D, -1.0f, 1.0f));
+    struct Caches {
+      Twin<bf16> k;
+      Twin<float> gate, keys;
+      Twin<uint8_t> valid;
+    };
+    auto make = [&] {
+      return Caches{out_twin<bf16>(static_cast<size_t>(rows) * D),
+                    out_twin<float>(static_cast<size_t>(rows) * D),
+                    out_twin<float>(static_cast<size_t>(rows / P) * D),
+                    Twin<uint8_t>(std::vector<uint8_t>(static_cast<size_t>(rows), 0))};
+    };
+    Caches fused = make(), separate = make();
+    auto k_normed = out_twin<bf16>(static_cast<size_t>(D));
+    for (size_t t = 0; t < n_pos; ++t) {
+      const size_t off = c.offset + t * D;
+      const float* g_c = gate.c.data() + t * D;
+      const float* g_g = gate.g.data() + t * D;
+      cpu().indexer_norm_store(x.c.data() + off, w.c.data(), b.c.data(), eps, g_c, ape.c.data(),
+                               pos.c.data() + t, fused.k.c.data(), fused.gate.c.data(), fused.valid.c.data(),
+                               fused.keys.c.data(), D, P);
+      gpu().indexer_norm_store(x.g.data() + off, w.g.data(), b.g.data(), eps, g_g, ape.g.data(),
+                               pos.g.data() + t, fused.k.g.data(), fused.gate.g.data(), fused.valid.g.data(),
+                               fused.keys.g.data(), D, P);
+      gpu().layernorm(x.g.data() + off, w.g.data(), b.g.data(), k_normed.g.data(), 1, D, eps);
+      gpu().indexer_store(k_normed.g.data(), g_g, ape.g.data(), pos.g.data() + t, separate.k.g.data(),
+                          separate.gate.g.data(), separate.valid.g.data(), separate.keys.g.data(), D, P);
+    }
+    const auto k = fused.k.from_gpu();
+    const auto keys = fused.keys.from_gpu();
+    expect_bytes_equal(k, separate.k.from_gpu(), what + " k cache fused vs layernorm + indexer_store (gpu)");
+    expect_bytes_equal(fused.gate.from_gpu(), separate.gate.from_gpu(),
+                       what + " gate cache fused vs separate (gpu)");
+    expect_bytes_equal(fused.valid.from_gpu(), separate.valid.from_gpu(),
+                       what + " valid fused vs separate (gpu)");
+    expect_bytes_equal(keys, separate.keys.from_gpu(), what + " pool keys fused vs separate (gpu)");
+    expect_bf16_close(k, fused.k.from_cpu(), what + " k cache vs cpu");
+    expect_bytes_equal(fused.gate.from_gpu(), fused.gate.from_cpu(), what + " gate cache vs cpu");
+    expect_bytes_equal(fused.valid.from_gpu(), fused.valid.from_cpu(), what + " valid vs cpu");
+    expect_f32_close(keys, fused.keys.from_cpu(), what + " pool keys vs cpu", 1.0 / 128, 1.0 / 256);
   }
 }
 

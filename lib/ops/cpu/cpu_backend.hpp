@@ -65,12 +65,17 @@ class CpuBackend final : public Backend {
   void indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
                      bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
                      int P) override;
+  void indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
+                          const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
+                          uint8_t* valid, float* pool_keys, int D, int P) override;
   void indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
                       float* scores, int n_heads, int D, int P, int max_pools) override;
   void indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
                       int max_pools) override;
 
   void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) override;
+  void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
+                     const int32_t* pos, KvCache cache) override;
   void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
                     int kv_lora) override;
   void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
@@ -95,6 +100,7 @@ class CpuBackend final : public Backend {
   std::vector<float> xf_;
   std::vector<float> tmp_;
   std::vector<float> tmp2_;
+  std::vector<bf16> row_;  ///< the normed row of the fused cache writes (kv_norm_write, indexer_norm_store)
 };
 
 }  // namespace mtplab::ops::cpu

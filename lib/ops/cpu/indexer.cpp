@@ -73,6 +73,16 @@ void CpuBackend::indexer_store(const bf16* k_normed, const float* gate, const fl
   }
 }
 
+// The norm, then the store, through a scratch row: the fused op's contract is these two ops.
+void CpuBackend::indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps,
+                                    const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
+                                    float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P) {
+  require_size("indexer_norm_store", "D", D);
+  row_.resize(static_cast<size_t>(D));
+  layernorm(k_pre, w, b, row_.data(), 1, D, eps);
+  indexer_store(row_.data(), gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
+}
+
 void CpuBackend::indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
                                 float* scores, int n_heads, int D, int P, int max_pools) {
   require_size("indexer_scores", "n_heads", n_heads);

@@ -56,6 +56,15 @@ void CpuBackend::kv_write(const bf16* c_kv, const int32_t* block_table, const in
   }
 }
 
+// The norm, then the write, through a scratch row: the fused op's contract is these two ops.
+void CpuBackend::kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
+                               const int32_t* pos, KvCache cache) {
+  check_cache("kv_norm_write", cache);
+  row_.resize(static_cast<size_t>(cache.kv_lora));
+  rmsnorm(ckv_pre, w, row_.data(), 1, cache.kv_lora, eps);
+  kv_write(row_.data(), block_table, pos, cache);
+}
+
 void CpuBackend::mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
                               int kv_lora) {
   require_size("mla_absorb_q", "n_heads", n_heads);

@@ -327,6 +327,12 @@ class CudaBackend final : public Backend {
                      int P) override {
     cuda::indexer_store(ctx_, k_normed, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
   }
+  void indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
+                          const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
+                          uint8_t* valid, float* pool_keys, int D, int P) override {
+    cuda::indexer_norm_store(ctx_, k_pre, w, b, eps, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D,
+                             P);
+  }
   void indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
                       float* scores, int n_heads, int D, int P, int max_pools) override {
     cuda::indexer_scores(ctx_, q, w, pool_keys, pos, scores, n_heads, D, P, max_pools);
@@ -340,6 +346,11 @@ class CudaBackend final : public Backend {
   void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) override {
     require_cache("kv_write", cache);
     cuda::kv_write(ctx_, c_kv, block_table, pos, cache);
+  }
+  void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
+                     const int32_t* pos, KvCache cache) override {
+    require_cache("kv_norm_write", cache);
+    cuda::kv_norm_write(ctx_, ckv_pre, w, eps, block_table, pos, cache);
   }
   void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
                     int kv_lora) override {

@@ -129,4 +129,15 @@ __device__ __forceinline__ bf16 f_to_bf16(float f) {
 }
 __device__ __forceinline__ float round_to_bf16(float f) { return bf16_to_f(f_to_bf16(f)); }
 
+/// Slot of logical row p of a paged latent cache: block_table[p / block_size] * block_size +
+/// p % block_size (the CPU's cache_slot, unchecked: a kernel cannot throw).
+__device__ __forceinline__ int64_t kv_slot(const int32_t* block_table, int32_t p, int block_size) {
+  return static_cast<int64_t>(block_table[p / block_size]) * block_size + p % block_size;
+}
+/// The FP8 latent cache's code of a (BF16-valued) v: E4M3(v / scale), a true division, RNE and
+/// satfinite, as the CPU's to_fp8e4m3(v / scale). Every writer of an FP8 cache row uses this.
+__device__ __forceinline__ uint8_t kv_fp8_code(float v, float scale) {
+  return __nv_cvt_float_to_fp8(v / scale, __NV_SATFINITE, __NV_E4M3);
+}
+
 }  // namespace mtplab::ops::cuda

@@ -137,6 +137,17 @@ void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate
                    int D, int P);
 void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const float* pool_keys,
                     const int32_t* pos, float* scores, int n_heads, int D, int P, int max_pools);
+/// rmsnorm of one row of cache.kv_lora, stored as kv_write stores it; one block. The norm's path
+/// (register-resident or scalar) is the one rmsnorm takes for the same x, w and an aligned output,
+/// so the cache bytes are rmsnorm + kv_write's. cache.data 16-byte aligned.
+void kv_norm_write(const LaunchCtx& ctx, const bf16* x, const bf16* w, float eps, const int32_t* block_table,
+                   const int32_t* pos, const KvCache& cache);
+/// layernorm of one row of D into k_cache row pos[0], then the rest of indexer_store; one block.
+/// The norm's path is layernorm's for the same x, w, b and an aligned output (the same bits as
+/// layernorm + indexer_store). k_cache 16-byte aligned.
+void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, float eps,
+                        const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
+                        float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P);
 /// indexer_select's kernels, same selection: v2 (the default) an 11/11/10-bit radix select that
 /// stops at the first digit whose bin is taken whole; v1 the former one, four 8-bit passes
 /// (docs/kernels.md), kept so that a device failure of v2 can be switched off without a rebuild.

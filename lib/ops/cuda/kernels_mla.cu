@@ -36,14 +36,10 @@ namespace {
 __global__ void kv_write_kernel(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, void* data,
                                 bool fp8, float scale, int block_size, int kv_lora) {
   pdl_begin();
-  const int32_t p = pos[0];
-  const int64_t slot = static_cast<int64_t>(block_table[p / block_size]) * block_size + p % block_size;
-  const size_t base = static_cast<size_t>(slot) * kv_lora;
+  const size_t base = static_cast<size_t>(kv_slot(block_table, pos[0], block_size)) * kv_lora;
   for (int c = threadIdx.x; c < kv_lora; c += blockDim.x) {
     if (fp8) {
-      const __nv_fp8_storage_t v =
-          __nv_cvt_float_to_fp8(bf16_to_f(c_kv[c]) / scale, __NV_SATFINITE, __NV_E4M3);
-      static_cast<uint8_t*>(data)[base + c] = v;
+      static_cast<uint8_t*>(data)[base + c] = kv_fp8_code(bf16_to_f(c_kv[c]), scale);
     } else {
       static_cast<bf16*>(data)[base + c] = c_kv[c];
     }

@@ -1,6 +1,7 @@
 // Small kernels: norms (one block per row), elementwise ops, device-side scalars, the MoE
-// router (one warp), and the pooled lightning indexer (row store + pool key, pool scores, the
-// top-k pool selection).
+// router (one warp), the pooled lightning indexer (row store + pool key, pool scores, the
+// top-k pool selection), and the fused cache writes (a norm and its row's store in one block:
+// kv_norm_write, indexer_norm_store).
 //
 // Invariants:
 // - Elementwise arithmetic after a reduction uses the CPU reference's operation order with
@@ -49,9 +50,12 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-/// y = bf16(w * (x * r)), r = 1 / sqrt(mean(x^2) + eps). x and y may alias (all reads of x for the
-/// sum finish at the barrier inside block_sum; each thread then rewrites only its own elements).
-__device__ void rmsnorm_row(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
+/// y_i = bf16(w * (x * r)), r = 1 / sqrt(mean(x^2) + eps), handed to store(i, y_i) by the thread
+/// that owns element i (i = threadIdx.x + k * blockDim.x). A store may overwrite x (rmsnorm's x and
+/// y may alias): all reads of x for the sum finish at the barrier inside block_sum, and each thread
+/// then reads only x[i] before its own store(i).
+template <typename Store>
+__device__ __forceinline__ void rmsnorm_row(const bf16* x, const bf16* w, int n, float eps, Store&& store) {
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = bf16_to_f(x[i]);
@@ -60,7 +64,7 @@ __device__ void rmsnorm_row(const bf16* x, const bf16* w, bf16* y, int n, float 
   const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    y[i] = f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(x[i]), r)));
+    store(i, f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(x[i]), r))));
   }
 }
 
@@ -68,22 +72,22 @@ __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
   pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  rmsnorm_row(x + off, w, y + off, n, eps);
+  bf16* yr = y + off;
+  rmsnorm_row(x + off, w, n, eps, [&](int i, bf16 v) { yr[i] = v; });
 }
 
 __global__ void __launch_bounds__(kNormThreads)
     embed_rmsnorm_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps) {
   pdl_begin();
-  rmsnorm_row(table + static_cast<size_t>(token[0]) * n, w, y, n, eps);
+  rmsnorm_row(table + static_cast<size_t>(token[0]) * n, w, n, eps, [&](int i, bf16 v) { y[i] = v; });
 }
 
-/// y = bf16(((x - mean) * r) * w + b), two-pass mean / biased variance, as the CPU.
-__global__ void __launch_bounds__(kNormThreads)
-    layernorm_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
-  pdl_begin();
-  const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  x += off;
-  y += off;
+/// y_i = bf16(((x - mean) * r) * w + b), two-pass mean / biased variance, as the CPU; handed to
+/// store(i, y_i) by the thread that owns element i, as rmsnorm_row (after the last barrier each
+/// thread reads only x[i] before its own store(i)).
+template <typename Store>
+__device__ __forceinline__ void layernorm_row(const bf16* x, const bf16* w, const bf16* b, int n, float eps,
+                                              Store&& store) {
   float s = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) s += bf16_to_f(x[i]);
   const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
@@ -96,8 +100,16 @@ __global__ void __launch_bounds__(kNormThreads)
   const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float d = __fsub_rn(bf16_to_f(x[i]), mean);
-    y[i] = f_to_bf16(__fadd_rn(__fmul_rn(__fmul_rn(d, r), bf16_to_f(w[i])), bf16_to_f(b[i])));
+    store(i, f_to_bf16(__fadd_rn(__fmul_rn(__fmul_rn(d, r), bf16_to_f(w[i])), bf16_to_f(b[i]))));
   }
+}
+
+__global__ void __launch_bounds__(kNormThreads)
+    layernorm_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  pdl_begin();
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  bf16* yr = y + off;
+  layernorm_row(x + off, w, b, n, eps, [&](int i, bf16 v) { yr[i] = v; });
 }
 
 // ---- register-resident norms (16-byte loads) ------------------------------------------------------
@@ -135,10 +147,11 @@ __device__ __forceinline__ void load_octets(const bf16* row, int nv, uint4 (&r)[
   }
 }
 
-/// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers.
-template <int V>
-__device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, bf16* y, int nv, int n,
-                                                float eps) {
+/// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers; octet v of y
+/// (elements 8v .. 8v+7, packed BF16) is handed to store(v, octet) by the thread that loaded it.
+template <int V, typename Store>
+__device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, int nv, int n, float eps,
+                                                Store&& store) {
   uint4 xr[V], wr[V];
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
@@ -161,16 +174,24 @@ __device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, bf
     unpack8(wr[j], g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(g[e], __fmul_rn(f[e], r));
-    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(f);
+    store(v, pack8(f));
   }
 }
+
+/// The octet store of a BF16 row y (16-byte aligned).
+struct StoreOctets {
+  bf16* y;
+  __device__ __forceinline__ void operator()(int v, const uint4& octet) const {
+    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = octet;
+  }
+};
 
 template <int V>
 __global__ void __launch_bounds__(kVecNormThreads)
     rmsnorm_vec_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
   pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  rmsnorm_row_vec<V>(x + off, w, y + off, n / 8, n, eps);
+  rmsnorm_row_vec<V>(x + off, w, n / 8, n, eps, StoreOctets{y + off});
 }
 
 template <int V>
@@ -178,17 +199,14 @@ __global__ void __launch_bounds__(kVecNormThreads)
     embed_rmsnorm_vec_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
                              float eps) {
   pdl_begin();
-  rmsnorm_row_vec<V>(table + static_cast<size_t>(token[0]) * n, w, y, n / 8, n, eps);
+  rmsnorm_row_vec<V>(table + static_cast<size_t>(token[0]) * n, w, n / 8, n, eps, StoreOctets{y});
 }
 
-template <int V>
-__global__ void __launch_bounds__(kVecNormThreads)
-    layernorm_vec_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
-  pdl_begin();
-  const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  x += off;
-  y += off;
-  const int nv = n / 8;
+/// layernorm_row with the row in registers: octet v of y is handed to store(v, octet) by the thread
+/// that loaded it.
+template <int V, typename Store>
+__device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, const bf16* b, int nv, int n,
+                                                  float eps, Store&& store) {
   uint4 xr[V], wr[V], br[V];
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
@@ -227,8 +245,16 @@ __global__ void __launch_bounds__(kVecNormThreads)
     unpack8(br[j], c);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(f[e], mean), r), g[e]), c[e]);
-    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(f);
+    store(v, pack8(f));
   }
+}
+
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    layernorm_vec_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  pdl_begin();
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  layernorm_row_vec<V>(x + off, w, b, n / 8, n, eps, StoreOctets{y + off});
 }
 
 /// residual_add_rmsnorm_kernel with the row in registers: y = bf16(x + delta) (written), then
@@ -436,6 +462,34 @@ __global__ void __launch_bounds__(kRouteThreads)
 
 // ---- indexer: store + pool key ----------------------------------------------------------------------
 
+/// Pool key column c of the pool whose rows are first .. first + P - 1:
+/// K[c] = sum_m softmax_m(gate[first+m, c] + ape[m, c]) * k[first+m, c], the earlier rows' gate and k
+/// from the caches, the last row's from g_last / k_last. Column c depends on nothing else, so the
+/// thread layout does not change the bits.
+__device__ __forceinline__ float pool_key_column(const bf16* k_cache, const float* gate_cache,
+                                                 const float* ape, bf16 k_last, float g_last, int64_t first,
+                                                 int c, int D, int P) {
+  float max_logit = -INFINITY;
+  for (int m = 0; m < P; ++m) {
+    const float g = (m == P - 1) ? g_last : gate_cache[static_cast<size_t>(first + m) * D + c];
+    max_logit = fmaxf(max_logit, __fadd_rn(g, ape[static_cast<size_t>(m) * D + c]));
+  }
+  float denom = 0.0f;
+  for (int m = 0; m < P; ++m) {
+    const float g = (m == P - 1) ? g_last : gate_cache[static_cast<size_t>(first + m) * D + c];
+    denom = __fadd_rn(denom, expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit)));
+  }
+  float acc = 0.0f;
+  for (int m = 0; m < P; ++m) {
+    const float g = (m == P - 1) ? g_last : gate_cache[static_cast<size_t>(first + m) * D + c];
+    const float e = expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit));
+    const float k =
+        (m == P - 1) ? bf16_to_f(k_last) : bf16_to_f(k_cache[static_cast<size_t>(first + m) * D + c]);
+    acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(e, denom), k));
+  }
+  return acc;
+}
+
 __global__ void indexer_store_kernel(const bf16* k_normed, const float* gate, const float* ape,
                                      const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid,
                                      float* pool_keys, int D, int P) {
@@ -451,27 +505,102 @@ __global__ void indexer_store_kernel(const bf16* k_normed, const float* gate, co
   const int64_t j = p / P;
   const int64_t first = j * P;
   // Row p's own values come from the inputs, the pool's earlier rows from the cache.
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    float max_logit = -INFINITY;
-    for (int m = 0; m < P; ++m) {
-      const float g = (m == P - 1) ? gate[c] : gate_cache[static_cast<size_t>(first + m) * D + c];
-      max_logit = fmaxf(max_logit, __fadd_rn(g, ape[static_cast<size_t>(m) * D + c]));
-    }
-    float denom = 0.0f;
-    for (int m = 0; m < P; ++m) {
-      const float g = (m == P - 1) ? gate[c] : gate_cache[static_cast<size_t>(first + m) * D + c];
-      denom = __fadd_rn(denom, expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit)));
-    }
-    float acc = 0.0f;
-    for (int m = 0; m < P; ++m) {
-      const float g = (m == P - 1) ? gate[c] : gate_cache[static_cast<size_t>(first + m) * D + c];
-      const float e = expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit));
-      const float k =
-          (m == P - 1) ? bf16_to_f(k_normed[c]) : bf16_to_f(k_cache[static_cast<size_t>(first + m) * D + c]);
-      acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(e, denom), k));
-    }
-    pool_keys[static_cast<size_t>(j) * D + c] = acc;
+  for (int c = threadIdx.x; c < D; c += blockDim.x)
+    pool_keys[static_cast<size_t>(j) * D + c] =
+        pool_key_column(k_cache, gate_cache, ape, k_normed[c], gate[c], first, c, D, P);
+}
+
+/// indexer_store once row p's k is in k_cache (written by this block, any thread layout): the gate
+/// row, the valid flag and, when p completes its pool, the pool key. The barrier makes the k row
+/// visible to the threads that read it for the key; every thread of the block must call this.
+__device__ __forceinline__ void indexer_store_after_k(const float* gate, const float* ape, int64_t p,
+                                                      bf16* k_cache, float* gate_cache, uint8_t* valid,
+                                                      float* pool_keys, int D, int P) {
+  const size_t row = static_cast<size_t>(p) * D;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) gate_cache[row + c] = gate[c];
+  if (threadIdx.x == 0) valid[p] = 1;
+  if (p % P != P - 1) return;  // uniform over the block
+  __syncthreads();
+  const int64_t j = p / P;
+  const int64_t first = j * P;
+  for (int c = threadIdx.x; c < D; c += blockDim.x)
+    pool_keys[static_cast<size_t>(j) * D + c] =
+        pool_key_column(k_cache, gate_cache, ape, k_cache[row + c], gate[c], first, c, D, P);
+}
+
+// ---- fused cache writes: a norm and the store of its row in one launch -----------------------------
+//
+// Each kernel runs the norm code of the standalone norm kernel it replaces (rmsnorm_row[_vec],
+// layernorm_row[_vec]: the same thread layout, reduction order and rounding), picked by the same
+// test (norm_vecs of the input and the weights; the standalone norm's output is a buffer from
+// allocate(), always 16-byte aligned), and hands each rounded element to the store the second op
+// would have made of it: kv_write's copy or kv_fp8_code, indexer_store's k row. So the cache bytes
+// are those of the two ops.
+
+/// kv_norm_write, row in registers: octet v of c_kv to the cache slot of pos[0] (BF16: one 16-byte
+/// store; FP8: 8 codes in one 8-byte store; the row is 16- / 8-byte aligned as n % 8 == 0).
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    kv_norm_write_vec_kernel(const bf16* x, const bf16* w, float eps, const int32_t* block_table,
+                             const int32_t* pos, void* data, bool fp8, float scale, int block_size, int n) {
+  pdl_begin();
+  const size_t base = static_cast<size_t>(kv_slot(block_table, pos[0], block_size)) * n;
+  if (fp8) {
+    uint8_t* row = static_cast<uint8_t*>(data) + base;
+    rmsnorm_row_vec<V>(x, w, n / 8, n, eps, [&](int v, const uint4& octet) {
+      float f[8];
+      unpack8(octet, f);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        lo |= static_cast<uint32_t>(kv_fp8_code(f[e], scale)) << (8 * e);
+        hi |= static_cast<uint32_t>(kv_fp8_code(f[e + 4], scale)) << (8 * e);
+      }
+      *reinterpret_cast<uint2*>(row + static_cast<size_t>(v) * 8) = make_uint2(lo, hi);
+    });
+  } else {
+    rmsnorm_row_vec<V>(x, w, n / 8, n, eps, StoreOctets{static_cast<bf16*>(data) + base});
   }
+}
+
+/// kv_norm_write, scalar norm: element i of c_kv to the cache slot of pos[0].
+__global__ void __launch_bounds__(kNormThreads)
+    kv_norm_write_kernel(const bf16* x, const bf16* w, float eps, const int32_t* block_table,
+                         const int32_t* pos, void* data, bool fp8, float scale, int block_size, int n) {
+  pdl_begin();
+  const size_t base = static_cast<size_t>(kv_slot(block_table, pos[0], block_size)) * n;
+  if (fp8) {
+    uint8_t* row = static_cast<uint8_t*>(data) + base;
+    rmsnorm_row(x, w, n, eps, [&](int i, bf16 v) { row[i] = kv_fp8_code(bf16_to_f(v), scale); });
+  } else {
+    bf16* row = static_cast<bf16*>(data) + base;
+    rmsnorm_row(x, w, n, eps, [&](int i, bf16 v) { row[i] = v; });
+  }
+}
+
+/// indexer_norm_store, row in registers: k_normed's octets to k_cache row pos[0], then the rest of
+/// indexer_store.
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    indexer_norm_store_vec_kernel(const bf16* x, const bf16* w, const bf16* b, float eps, const float* gate,
+                                  const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
+                                  uint8_t* valid, float* pool_keys, int D, int P) {
+  pdl_begin();
+  const int64_t p = pos[0];
+  layernorm_row_vec<V>(x, w, b, D / 8, D, eps, StoreOctets{k_cache + static_cast<size_t>(p) * D});
+  indexer_store_after_k(gate, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
+}
+
+/// indexer_norm_store, scalar norm.
+__global__ void __launch_bounds__(kNormThreads)
+    indexer_norm_store_kernel(const bf16* x, const bf16* w, const bf16* b, float eps, const float* gate,
+                              const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
+                              uint8_t* valid, float* pool_keys, int D, int P) {
+  pdl_begin();
+  const int64_t p = pos[0];
+  bf16* row = k_cache + static_cast<size_t>(p) * D;
+  layernorm_row(x, w, b, D, eps, [&](int i, bf16 v) { row[i] = v; });
+  indexer_store_after_k(gate, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
 }
 
 // ---- indexer: pool scores ----------------------------------------------------------------------------
@@ -1033,6 +1162,45 @@ void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate
   MTP_REQUIRE(D >= 1 && P >= 1, "ops::cuda::indexer_store: D ", D, ", P ", P);
   launch(ctx, indexer_store_kernel, 1, std::min(1024, ((D + 31) / 32) * 32), 0, k_normed, gate, ape, pos,
          k_cache, gate_cache, valid, pool_keys, D, P);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void kv_norm_write(const LaunchCtx& ctx, const bf16* x, const bf16* w, float eps, const int32_t* block_table,
+                   const int32_t* pos, const KvCache& cache) {
+  const int n = cache.kv_lora;
+  MTP_REQUIRE(cache.data && cache.block_size >= 1 && n >= 1, "ops::cuda::kv_norm_write: bad cache");
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
+              "ops::cuda::kv_norm_write: the cache must be 16-byte aligned");
+  const bool fp8 = cache.dtype == KvDtype::fp8;
+  // The path rmsnorm(x, w, y) takes for an allocate()d y (fused kernels above).
+  if (const int v = norm_vecs(n, {x, w}); v > 0) {
+    with_norm_vecs(v, [&](auto V) {
+      launch(ctx, kv_norm_write_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, w, eps, block_table,
+             pos, cache.data, fp8, cache.scale, cache.block_size, n);
+    });
+  } else {
+    launch(ctx, kv_norm_write_kernel, 1, kNormThreads, 0, x, w, eps, block_table, pos, cache.data, fp8,
+           cache.scale, cache.block_size, n);
+  }
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, float eps,
+                        const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
+                        float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P) {
+  MTP_REQUIRE(D >= 1 && P >= 1, "ops::cuda::indexer_norm_store: D ", D, ", P ", P);
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(k_cache) % 16 == 0,
+              "ops::cuda::indexer_norm_store: k_cache must be 16-byte aligned");
+  // The path layernorm(x, w, b, y) takes for an allocate()d y (fused kernels above).
+  if (const int v = norm_vecs(D, {x, w, b}); v > 0) {
+    with_norm_vecs(v, [&](auto V) {
+      launch(ctx, indexer_norm_store_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, w, b, eps,
+             gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
+    });
+  } else {
+    launch(ctx, indexer_norm_store_kernel, 1, kNormThreads, 0, x, w, b, eps, gate, ape, pos, k_cache,
+           gate_cache, valid, pool_keys, D, P);
+  }
   MTP_CUDA_LAUNCH_CHECK();
 }
 
