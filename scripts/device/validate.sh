@@ -50,6 +50,11 @@ for tool in memcheck racecheck; do
   CUDA_VISIBLE_DEVICES=0 timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 $T/test_ops_gpu \
     --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*' >"$OUT/sanitizer_$tool.log" 2>&1
   echo "sanitizer $tool rc=$? $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_$tool.log")"
+  # The decode (both paths: cp.async ring, cluster merge) and the indexer (both select kernels).
+  CUDA_VISIBLE_DEVICES=0 timeout 60 compute-sanitizer --tool $tool --error-exitcode 9 $T/test_ops_gpu \
+    --gtest_filter='Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny' \
+    >"$OUT/sanitizer_${tool}_attention.log" 2>&1
+  echo "sanitizer $tool (MLA, indexer) rc=$? $(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer_${tool}_attention.log")"
 done
 wait
 echo "test_gpu_e2e rc=$(cat "$OUT/test_gpu_e2e.rc")"; grep -E "agree|PASSED|FAILED" "$OUT/test_gpu_e2e.log" | head -20
