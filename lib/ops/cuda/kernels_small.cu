@@ -865,8 +865,10 @@ struct RadixDigit {
 /// complete and visible to every thread. `need` is >= 1 and at most the number of counted keys.
 /// Thread t holds the bins of descending rank 2t and 2t + 1; a warp scan, then each warp's offset
 /// from the other warps' totals, finds the one bin where the count from the top reaches `need`.
-/// Two barriers; `hist` is zeroed between them (every read of it is done by the first) and stays
-/// zero for the next pass. Every thread returns the same digit.
+/// Three barriers; `hist` is zeroed between the first two (every read of it is done by the first)
+/// and stays zero for the next pass; the third orders every read of the result before the
+/// caller's next shared-memory writes (compute-sanitizer racecheck reported the result's read
+/// against the output phase's writes without it). Every thread returns the same digit.
 __device__ __forceinline__ RadixDigit radix_digit(unsigned int* hist, int nbins, unsigned int need) {
   __shared__ unsigned int s_warp[kWarp];
   __shared__ RadixDigit s_found;
@@ -894,7 +896,9 @@ __device__ __forceinline__ RadixDigit radix_digit(unsigned int* hist, int nbins,
     s_found = {static_cast<unsigned int>(nbins - 2 - r), need - before - c0, c1};
   }
   __syncthreads();
-  return s_found;
+  const RadixDigit found = s_found;
+  __syncthreads();  // every thread has read s_found before any thread goes on to write shared memory
+  return found;
 }
 
 /// The same selection as indexer_select_kernel in fewer barriers. The first pass counts the top
