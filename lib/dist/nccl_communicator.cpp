@@ -10,9 +10,9 @@
 // prints the error and ends the job (fail_job: MPI_Abort, so every rank exits non-zero).
 //
 // MTPLAB_NCCL_BLOCKING=0 creates the communicator non-blocking instead (ncclInProgress settled by
-// polling against the deadline, no watchdog): the design before, kept to compare. Its enqueue
-// costs ~25 us more per collective on an H200 pair (NCCL launches a non-blocking group from a
-// helper thread), which is why blocking is the default (docs/performance.md, exchange).
+// polling against the deadline, no watchdog): the design before, kept to compare. A host-issued
+// collective costs ~25 us more through it on an H200 pair, which is why blocking is the default
+// (docs/performance.md, exchange).
 //
 // Both modes: collectives only enqueue on the stream; wait() polls cudaStreamQuery and
 // ncclCommGetAsyncError until the stream drains, an error appears, or the timeout passes. On an
