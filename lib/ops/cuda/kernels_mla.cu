@@ -165,6 +165,50 @@ struct DecodeParams {
 /// Block (head tile, split): an online softmax over the split's rows, 16 at a time; the block's
 /// (max, denominator, unnormalised sum) per head goes to scratch for mla_combine_kernel.
 /// kCw = kv_lora / 4 columns per warp.
+/// One chunk's online-softmax step of the decode (both paths): the quad-wide row max of the
+/// chunk's scores s (the m16n8 accumulator layout: [0..1] row g, [2..3] row g + 8), the rescale of
+/// the running max m, denominator l and output accumulators o, and P = exp(s - m) split into BF16
+/// hi / lo A fragments for O += P C. -inf scores (padding) give P = 0.
+template <int kNTiles>
+__device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], float& m_lo, float& m_hi, float& l_lo,
+                                                    float& l_hi, float (&o)[kNTiles][4], uint32_t (&ah)[4],
+                                                    uint32_t (&al)[4]) {
+  float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+  float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
+  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
+  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
+  const float mn_lo = fmaxf(m_lo, mx_lo);
+  const float mn_hi = fmaxf(m_hi, mx_hi);
+  const float corr_lo = mn_lo == -INFINITY ? 1.0f : expf(m_lo - mn_lo);
+  const float corr_hi = mn_hi == -INFINITY ? 1.0f : expf(m_hi - mn_hi);
+  float pr[2][4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float mn = e >= 2 ? mn_hi : mn_lo;
+      pr[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
+    }
+  }
+  l_lo = l_lo * corr_lo + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
+  l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
+  m_lo = mn_lo;
+  m_hi = mn_hi;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    o[n][0] *= corr_lo;
+    o[n][1] *= corr_lo;
+    o[n][2] *= corr_hi;
+    o[n][3] *= corr_hi;
+  }
+  split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
+  split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
+  split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
+  split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
+}
+
 template <int kCw, bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams p) {
   pdl_begin();
@@ -300,44 +344,10 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
     }
     __syncthreads();  // s_score is rewritten by the next chunk
 
-    // Online softmax per head row (quad-wide max), then rescale the running sums.
-    float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-    const float mn_lo = fmaxf(m_lo, mx_lo);
-    const float mn_hi = fmaxf(m_hi, mx_hi);
-    const float corr_lo = mn_lo == -INFINITY ? 1.0f : expf(m_lo - mn_lo);
-    const float corr_hi = mn_hi == -INFINITY ? 1.0f : expf(m_hi - mn_hi);
-    float pr[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float mn = e >= 2 ? mn_hi : mn_lo;
-        pr[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
-      }
-    }
-    l_lo = l_lo * corr_lo + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
-    l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      o[n][0] *= corr_lo;
-      o[n][1] *= corr_lo;
-      o[n][2] *= corr_hi;
-      o[n][3] *= corr_hi;
-    }
-
-    // O += P C: S's accumulator layout is P's A layout (k = chunk row).
+    // Online softmax per head row (quad-wide max), then rescale the running sums; P's fragments.
     uint32_t ah[4], al[4];
-    split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
-    split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
-    split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
-    split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
+    online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
+    // O += P C: S's accumulator layout is P's A layout (k = chunk row).
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
       const int col = n * 8 + g;
@@ -647,44 +657,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
       }
     }
 
-    // Online softmax per head row (quad-wide max), then rescale the running sums.
-    float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-    mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-    mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-    const float mn_lo = fmaxf(m_lo, mx_lo);
-    const float mn_hi = fmaxf(m_hi, mx_hi);
-    const float corr_lo = mn_lo == -INFINITY ? 1.0f : expf(m_lo - mn_lo);
-    const float corr_hi = mn_hi == -INFINITY ? 1.0f : expf(m_hi - mn_hi);
-    float pr[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float mn = e >= 2 ? mn_hi : mn_lo;
-        pr[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
-      }
-    }
-    l_lo = l_lo * corr_lo + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
-    l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
-    m_lo = mn_lo;
-    m_hi = mn_hi;
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      o[n][0] *= corr_lo;
-      o[n][1] *= corr_lo;
-      o[n][2] *= corr_hi;
-      o[n][3] *= corr_hi;
-    }
-
-    // O += P C (P split into BF16 hi + lo, as mla_decode_kernel).
+    // Online softmax per head row (quad-wide max), then rescale the running sums; P's fragments.
     uint32_t ah[4], al[4];
-    split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
-    split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
-    split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
-    split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
+    online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
+    // O += P C (P split into BF16 hi + lo, as mla_decode_kernel).
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
       const int col = n * 8 + g;

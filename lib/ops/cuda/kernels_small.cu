@@ -729,6 +729,20 @@ __device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long
   return v;
 }
 
+/// The selection's end (both select kernels, whole block): after the n_sel selected pools, the
+/// rows of the incomplete tail pool(s) up to p, then -1 to `width`.
+__device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64_t p, int n_cand, int n_sel, int P,
+                                                       int width) {
+  const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
+  const int64_t base = static_cast<int64_t>(n_sel) * P;
+  int64_t n_tail = p + 1 - tail_first;
+  if (n_tail > width - base) n_tail = width - base;
+  if (n_tail < 0) n_tail = 0;
+  for (int64_t i = threadIdx.x; i < n_tail; i += blockDim.x)
+    selection[base + i] = static_cast<int32_t>(tail_first + i);
+  for (int64_t i = base + n_tail + threadIdx.x; i < width; i += blockDim.x) selection[i] = -1;
+}
+
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_select_kernel(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
                           int max_pools, int cached) {
@@ -821,15 +835,7 @@ __global__ void __launch_bounds__(kSelectThreads)
         selection[out * P + m] = static_cast<int32_t>(static_cast<int64_t>(j) * P + m);
     }
   }
-  // The incomplete tail, then padding.
-  const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
-  const int64_t base = static_cast<int64_t>(n_sel) * P;
-  int64_t n_tail = p + 1 - tail_first;
-  if (n_tail > width - base) n_tail = width - base;
-  if (n_tail < 0) n_tail = 0;
-  for (int64_t i = tid; i < n_tail; i += blockDim.x)
-    selection[base + i] = static_cast<int32_t>(tail_first + i);
-  for (int64_t i = base + n_tail + tid; i < width; i += blockDim.x) selection[i] = -1;
+  write_tail_and_padding(selection, p, n_cand, n_sel, P, width);
 }
 
 // ---- indexer: selection, radix kernel (the default; docs/kernels.md) ----------------------------------
@@ -1048,15 +1054,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     for (int64_t i = tid; i < static_cast<int64_t>(n_cand) * P; i += blockDim.x)
       selection[i] = static_cast<int32_t>(i);
   }
-  // The incomplete tail, then padding.
-  const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
-  const int64_t base = static_cast<int64_t>(n_sel) * P;
-  int64_t n_tail = p + 1 - tail_first;
-  if (n_tail > width - base) n_tail = width - base;
-  if (n_tail < 0) n_tail = 0;
-  for (int64_t i = tid; i < n_tail; i += blockDim.x)
-    selection[base + i] = static_cast<int32_t>(tail_first + i);
-  for (int64_t i = base + n_tail + tid; i < width; i += blockDim.x) selection[i] = -1;
+  write_tail_and_padding(selection, p, n_cand, n_sel, P, width);
 }
 
 }  // namespace
