@@ -170,9 +170,9 @@ struct DecodeParams {
 /// the running max m, denominator l and output accumulators o, and P = exp(s - m) split into BF16
 /// hi / lo A fragments for O += P C. -inf scores (padding) give P = 0.
 template <int kNTiles>
-__device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], float& m_lo, float& m_hi, float& l_lo,
-                                                    float& l_hi, float (&o)[kNTiles][4], uint32_t (&ah)[4],
-                                                    uint32_t (&al)[4]) {
+__device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], float& m_lo, float& m_hi,
+                                                    float& l_lo, float& l_hi, float (&o)[kNTiles][4],
+                                                    uint32_t (&ah)[4], uint32_t (&al)[4]) {
   float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
   float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
   mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));

@@ -731,8 +731,8 @@ __device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long
 
 /// The selection's end (both select kernels, whole block): after the n_sel selected pools, the
 /// rows of the incomplete tail pool(s) up to p, then -1 to `width`.
-__device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64_t p, int n_cand, int n_sel, int P,
-                                                       int width) {
+__device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64_t p, int n_cand, int n_sel,
+                                                       int P, int width) {
   const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
   const int64_t base = static_cast<int64_t>(n_sel) * P;
   int64_t n_tail = p + 1 - tail_first;
