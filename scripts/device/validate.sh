@@ -65,6 +65,9 @@ timeout 300 mpirun -np 2 --oversubscribe $T/test_gpu_e2e_mpi >"$OUT/test_gpu_e2e
 echo "test_gpu_e2e_mpi rc=$?"; grep -E "^\[  PASSED|^\[  FAILED" "$OUT/test_gpu_e2e_mpi.log" | head -4
 timeout 180 mpirun -np 2 --oversubscribe $T/test_dist_nccl >"$OUT/test_dist_nccl.log" 2>&1
 echo "test_dist_nccl rc=$?"; grep -E "^\[  PASSED|^\[  FAILED|\[nccl\]" "$OUT/test_dist_nccl.log" | head -6
+# A rank dies while its peer waits in NCCL (and the MPI failure modes): every job must end non-zero.
+timeout 200 ctest --test-dir build-gpu -R '^dist_failure' --output-on-failure >"$OUT/dist_failure.log" 2>&1
+echo "dist_failure rc=$? $(grep -E 'tests passed|tests failed' "$OUT/dist_failure.log")"
 if ((bench)); then
   for blocking in 1 0; do
     MTPLAB_NCCL_BLOCKING=$blocking timeout 150 mpirun -np 2 --oversubscribe -x MTPLAB_NCCL_BLOCKING \

@@ -1,14 +1,18 @@
 // dist rules that need neither MPI nor a GPU: the device choice and its refusals, the timeout
-// setting, version strings, and run_guarded without MPI.
+// setting, version strings, run_guarded without MPI, and the NCCL communicator's watchdog.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "dist/versions.hpp"
+#include "dist/watchdog.hpp"
 
 using namespace mtplab;
 using namespace mtplab::dist;
@@ -107,4 +111,85 @@ TEST(Guard, ReturnsTheBodyCodeOrOneWithoutMpi) {
   testing::internal::CaptureStderr();
   EXPECT_EQ(run_guarded([]() -> int { throw 42; }), 1);
   EXPECT_TRUE(has(testing::internal::GetCapturedStderr(), "unknown exception"));
+}
+
+// ---- the NCCL communicator's watchdog (dist/watchdog.hpp), alone --------------------------------
+
+namespace {
+using WClock = Watchdog::Clock;
+using namespace std::chrono_literals;
+
+/// Polls `pred` every millisecond for up to 5 s (a loaded CI machine can be slow to schedule the
+/// watchdog's thread; only correctness is asserted, never a speed).
+template <typename Pred>
+bool eventually(Pred pred) {
+  const auto until = WClock::now() + 5s;
+  while (!pred()) {
+    if (WClock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+}  // namespace
+
+TEST(Watchdog, DoesNotFireForACallDisarmedInTime) {
+  std::atomic<int> fired{0};
+  Watchdog w([&] { ++fired; }, 2ms);
+  for (int i = 0; i < 100; ++i) {
+    w.arm(WClock::now() + 10s);
+    EXPECT_FALSE(w.disarm());
+  }
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(fired.load(), 0);
+}
+
+TEST(Watchdog, FiresOnceAfterTheDeadlineAndDisarmSaysSo) {
+  std::atomic<int> fired{0};
+  std::atomic<int64_t> fired_at{0};
+  Watchdog w(
+      [&] {
+        fired_at = WClock::now().time_since_epoch().count();
+        ++fired;
+      },
+      2ms);
+  const auto deadline = WClock::now() + 30ms;
+  w.arm(deadline);
+  ASSERT_TRUE(eventually([&] { return fired.load() == 1; }));
+  EXPECT_GE(fired_at.load(), deadline.time_since_epoch().count()) << "fired before its deadline";
+  std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(fired.load(), 1) << "a fired call fires once";
+  EXPECT_TRUE(w.disarm());
+  // Re-armed after firing: disarmed in time it stays quiet, overrun it fires again.
+  w.arm(WClock::now() + 10s);
+  EXPECT_FALSE(w.disarm());
+  w.arm(WClock::now());
+  ASSERT_TRUE(eventually([&] { return fired.load() == 2; }));
+  EXPECT_TRUE(w.disarm());
+}
+
+TEST(Watchdog, DisarmReturnsOnlyAfterTheCallbackHasReturned) {
+  // The communicator relies on this: after disarm() says "fired", the abort is complete.
+  std::atomic<bool> started{false}, finished{false};
+  Watchdog w(
+      [&] {
+        started = true;
+        std::this_thread::sleep_for(100ms);
+        finished = true;
+      },
+      1ms);
+  w.arm(WClock::now());
+  ASSERT_TRUE(eventually([&] { return started.load(); }));
+  EXPECT_TRUE(w.disarm());
+  EXPECT_TRUE(finished.load());
+}
+
+TEST(Watchdog, StopsPromptlyWhileACallIsArmed) {
+  std::atomic<int> fired{0};
+  const auto t0 = WClock::now();
+  {
+    Watchdog w([&] { ++fired; }, 1s);
+    w.arm(WClock::now() + 60s);
+  }  // the destructor wakes the thread instead of waiting out its period
+  EXPECT_LT(WClock::now() - t0, 900ms);
+  EXPECT_EQ(fired.load(), 0);
 }
