@@ -32,6 +32,7 @@
 #include <string>
 #include <thread>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/str.hpp"
@@ -68,13 +69,7 @@ class Backoff {
 };
 
 /// MTPLAB_NCCL_BLOCKING: unset or 1 -> blocking communicator (default), 0 -> non-blocking.
-bool blocking_from_env() {
-  const char* v = std::getenv("MTPLAB_NCCL_BLOCKING");
-  if (!v || !*v) return true;
-  const std::string s(v);
-  MTP_REQUIRE(s == "0" || s == "1", "MTPLAB_NCCL_BLOCKING must be 0 or 1 (got \"", s, "\")");
-  return s == "1";
-}
+bool blocking_from_env() { return env_choice("MTPLAB_NCCL_BLOCKING", {"0", "1"}).value_or("1") == "1"; }
 
 /// A collective's name, formatted only when an error needs it (a host-issued collective must
 /// not pay for a string): op, then the count and its unit.

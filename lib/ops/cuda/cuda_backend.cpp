@@ -20,6 +20,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/env.hpp"
 #include "core/log.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
@@ -121,8 +122,7 @@ class CudaBackend final : public Backend {
     name_ = prop.name;
     ctx_.num_sms = prop.multiProcessorCount;
     // Programmatic dependent launch needs sm_90; MTPLAB_CUDA_PDL=0 turns it off (docs/kernels.md).
-    const char* pdl = std::getenv("MTPLAB_CUDA_PDL");
-    ctx_.pdl = prop.major >= 9 && !(pdl && std::string(pdl) == "0");
+    ctx_.pdl = prop.major >= 9 && env_choice("MTPLAB_CUDA_PDL", {"0", "1"}).value_or("1") == "1";
     MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     MTP_CUBLAS_CHECK(cublasLtCreate(&lt_));
     MTP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -315,12 +316,11 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_rows_kernel(Gem
 }
 
 /// MTPLAB_GEMV_SPLIT=1|2|4|8 forces the k-split of every GEMV (a tuning experiment for
-/// mtplab_bench_kernels; docs/kernels.md); unset or anything else: chosen by shape below.
+/// mtplab_bench_kernels; docs/kernels.md); unset: chosen by shape below; anything else: an error.
 int forced_split() {
   static const int forced = [] {
-    const char* v = std::getenv("MTPLAB_GEMV_SPLIT");
-    const int s = v ? std::atoi(v) : 0;
-    return (s == 1 || s == 2 || s == 4 || s == 8) ? s : 0;
+    const auto v = env_choice("MTPLAB_GEMV_SPLIT", {"1", "2", "4", "8"});
+    return v ? std::stoi(*v) : 0;
   }();
   return forced;
 }
@@ -366,12 +366,10 @@ constexpr VariantName kVariantNames[] = {
 /// The current variant: MTPLAB_GEMV_VARIANT until set_gemv_variant is called.
 std::atomic<GemvVariant>& variant_state() {
   static std::atomic<GemvVariant> state{[] {
-    const char* v = std::getenv("MTPLAB_GEMV_VARIANT");
-    if (!v || !*v) return GemvVariant::automatic;
+    const auto v = env_choice("MTPLAB_GEMV_VARIANT", {"auto", "v1", "rows2", "rows4", "occ", "fp8split"});
+    if (!v) return GemvVariant::automatic;
     for (const VariantName& n : kVariantNames)
-      if (std::strcmp(v, n.name) == 0) return n.variant;
-    MTP_REQUIRE(false, "MTPLAB_GEMV_VARIANT=", v,
-                " is not a GEMV variant (auto, v1, rows2, rows4, occ, fp8split)");
+      if (*v == n.name) return n.variant;
     return GemvVariant::automatic;
   }()};
   return state;

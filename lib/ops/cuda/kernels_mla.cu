@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -771,9 +772,7 @@ void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p) {
 /// unset or not a positive number: chosen by shape in mla_decode_splits.
 int forced_clusters() {
   static const int forced = [] {
-    const char* v = std::getenv("MTPLAB_MLA_CLUSTERS");
-    const int n = v ? std::atoi(v) : 0;
-    return n >= 1 && n <= 1024 ? n : 0;
+    return static_cast<int>(env_int("MTPLAB_MLA_CLUSTERS", 1, 1024).value_or(0));
   }();
   return forced;
 }
@@ -806,9 +805,8 @@ void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* 
 MlaDecodePath mla_decode_path() {
   int v = g_decode_path.load(std::memory_order_relaxed);
   if (v < 0) {
-    const char* env = std::getenv("MTPLAB_MLA_DECODE");
-    const int from_env =
-        static_cast<int>(env && std::string_view(env) == "v1" ? MlaDecodePath::v1 : MlaDecodePath::v2);
+    const auto env = env_choice("MTPLAB_MLA_DECODE", {"v1", "v2"});
+    const int from_env = static_cast<int>(env && *env == "v1" ? MlaDecodePath::v1 : MlaDecodePath::v2);
     g_decode_path.compare_exchange_strong(v, from_env);  // a concurrent set wins
     v = g_decode_path.load(std::memory_order_relaxed);
   }

@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -1235,8 +1236,8 @@ std::atomic<int> g_select_path_override{-1};
 
 IndexerSelectPath indexer_select_path() {
   static const IndexerSelectPath from_env = [] {
-    const char* v = std::getenv("MTPLAB_INDEXER_SELECT");
-    return v && std::strcmp(v, "v1") == 0 ? IndexerSelectPath::v1 : IndexerSelectPath::v2;
+    const auto v = env_choice("MTPLAB_INDEXER_SELECT", {"v1", "v2"});
+    return v && *v == "v1" ? IndexerSelectPath::v1 : IndexerSelectPath::v2;
   }();
   const int forced = g_select_path_override.load(std::memory_order_relaxed);
   return forced < 0 ? from_env : static_cast<IndexerSelectPath>(forced);
