@@ -23,12 +23,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
 
