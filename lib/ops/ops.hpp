@@ -84,6 +84,41 @@ struct LinearOut {
 /// Most outputs one linear_group takes.
 inline constexpr int kMaxLinearGroup = 8;
 
+// ---- batched rows: the caches of a pool of sequence slots -------------------------------------
+//
+// A batched op runs `rows` rows at once, one per sequence of the decode batch (docs/drafter.md,
+// "Batched drafting"). Everything that varies per step is backend memory: per row its sequence
+// slot `slot[b]`, its position `pos[b]`, its token; the caches of every slot live in one
+// allocation per kind, addressed by (slot, position), so one launch reaches every row's caches
+// and one captured graph per batch size serves every step. slot[b] < 0 marks a padded row (a
+// batch padded up to its graph's bucket): it reads nothing and writes nothing.
+
+/// The paged latent KV caches of a pool of slots: one block pool shared by all of them (`cache`,
+/// num_blocks counting every slot's blocks) and one block table of `max_blocks` entries per slot.
+/// Row t of slot s lives in physical block block_tables[s * max_blocks + t / block_size], at
+/// t % block_size inside it, exactly as kv_write addresses one sequence through its own table.
+struct KvSlots {
+  KvCache cache;
+  const int32_t* block_tables = nullptr;  ///< [slots, max_blocks], backend memory
+  int slots = 0;
+  int max_blocks = 0;
+};
+
+/// The indexer caches of a pool of slots, slot-major: slot s's arrays are the single-sequence
+/// arrays of indexer_store at these offsets (k_cache + s * max_rows * D, valid + s * max_rows,
+/// pool_keys + s * max_pools() * D, ...).
+struct IndexerSlots {
+  bf16* k_cache = nullptr;      ///< [slots, max_rows, D]
+  float* gate_cache = nullptr;  ///< [slots, max_rows, D]
+  uint8_t* valid = nullptr;     ///< [slots, max_rows]
+  float* pool_keys = nullptr;   ///< [slots, max_rows / P, D]
+  int slots = 0;
+  int max_rows = 0;  ///< rows per slot, a whole number of pools
+  int D = 0;
+  int P = 0;
+  int max_pools() const { return P > 0 ? max_rows / P : 0; }
+};
+
 class Event {
  public:
   virtual ~Event() = default;
@@ -274,6 +309,90 @@ class Backend {
   virtual void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                                   const float* weights, int top_k, const ExpertWeights& shared, float limit,
                                   float* out) = 0;
+
+  // ---- batched rows (B sequences per op; KvSlots / IndexerSlots above) ------------------------
+  //
+  // Row b of a per-row buffer starts at b times its row size (given per op; `ld_*` arguments are
+  // row strides in elements). Two kinds of op:
+  // - row ops (no `slot` argument) compute every row, padded ones included, each from its own
+  //   input row into its own output row, and touch nothing else;
+  // - slot ops (a `slot` [rows] argument) skip padded rows (slot[b] < 0) entirely: nothing of
+  //   such a row is read (its token, position or inputs may be anything) and nothing is written
+  //   (its output rows and every cache keep their bytes). A live slot must be < the pool's slots.
+  // On the CPU backend every row is bit-identical to the single-row op it names on the same
+  // inputs (same rounding points, same summation order), whatever the batch: a sequence's drafts
+  // do not depend on B. On CUDA a batched kernel may sum in another order (GEMM vs GEMV).
+
+  /// Slot op: y[b * ld_y .. + n) = embed_rmsnorm of token tokens[b] (tokens [rows]). y rows must
+  /// not overlap the table.
+  virtual void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const int32_t* slot,
+                                   const bf16* w, bf16* y, int ld_y, int rows, int n, float eps) = 0;
+  /// Row op: y[b * ld_y ..] = rmsnorm(x[b * ld_x .. + n)); the strided rows of rmsnorm (e.g. the
+  /// second half of each [e ; h] row of the MTP front). Rows of x and y must not overlap unless
+  /// they are the same rows (ld_x == ld_y, x == y).
+  virtual void rmsnorm_strided(const bf16* x, int ld_x, const bf16* w, bf16* y, int ld_y, int rows, int n,
+                               float eps) = 0;
+  /// Row op: residual_add_rmsnorm of each row of n (x, delta, y, normed [rows, n]); x and y may
+  /// alias, normed overlaps neither.
+  virtual void residual_add_rmsnorm_rows(const bf16* x, const float* delta, bf16* y, const bf16* w,
+                                         bf16* normed, int rows, int n, float eps) = 0;
+
+  /// Slot op: head_argmax of each row x [rows, k] over the same shard W (BF16, or FP8 with row
+  /// scales): out[b], logits [b * ld_logits .. + n) when logits is given (entries n .. ld_logits
+  /// of a row are not written), extras.key[b] / extras.token[b] when given. Every weight row is
+  /// read once for all rows (on the CPU too); ties to the lowest index per row.
+  virtual void head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
+                                 const int32_t* slot, int rows, int n, int k, int64_t index_base,
+                                 bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras = {}) = 0;
+  /// Row op: out[b] = argmax of x[b * ld_x .. + n) with index_base added.
+  virtual void argmax_batch(const bf16* x, int ld_x, int rows, int n, int64_t index_base, ArgMax* out) = 0;
+  /// Row op: token[b] = argmax_unpack_key(key[b]).
+  virtual void argmax_unpack_key_batch(const uint64_t* key, int32_t* token, int rows) = 0;
+  /// Row op: token[b] = argmax_pick of the n pairs of row b, candidate-major: pair i of row b is
+  /// pairs[i * rows + b] (the layout of an all-gather of every rank's [rows] pairs).
+  virtual void argmax_pick_batch(const ArgMax* pairs, int n, int rows, int32_t* token) = 0;
+
+  /// Slot op: kv_norm_write of ckv_pre [rows, kv_lora] to row pos[b] of slot slot[b], through that
+  /// slot's block table. Live rows must name distinct slots (the CPU refuses a repeat).
+  virtual void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
+                                   const int32_t* pos, int rows, KvSlots kv) = 0;
+  /// Slot op: indexer_norm_store of k_pre [rows, D] and gate [rows, D] to row pos[b] of slot
+  /// slot[b] (its pool key when the row completes a pool). Live rows must name distinct slots.
+  virtual void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps,
+                                        const float* gate, const float* ape, const int32_t* slot,
+                                        const int32_t* pos, int rows, IndexerSlots idx) = 0;
+  /// Slot op: indexer_scores of q [rows, n_heads * D] and w [rows, n_heads] over slot slot[b]'s
+  /// pool keys at pos[b], into scores [rows, idx.max_pools()].
+  virtual void indexer_scores_batch(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
+                                    int rows, IndexerSlots idx, float* scores, int n_heads) = 0;
+  /// Slot op: indexer_select of scores [rows, max_pools] at pos[b] into selection [rows, K + P - 1].
+  virtual void indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
+                                    int32_t* selection, int K, int P, int max_pools) = 0;
+  /// Row op: mla_absorb_q of each row: q [rows, n_heads * dqk] -> q_abs [rows, n_heads * kv_lora].
+  virtual void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads,
+                                  int dqk, int dv, int kv_lora) = 0;
+  /// Slot op: mla_decode of q_abs [rows, n_heads * kv_lora] over selection [rows, width] (row
+  /// ids of slot slot[b], read through its block table) into o_lat [rows, n_heads * kv_lora].
+  /// Selected rows must lie inside the slot's table (< max_blocks * block_size).
+  virtual void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot,
+                                int rows, KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) = 0;
+  /// Row op: mla_out_v of each row: o_lat [rows, n_heads * kv_lora] -> o [rows, n_heads * dv].
+  virtual void mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads, int dqk,
+                               int dv, int kv_lora) = 0;
+
+  /// Slot op: moe_route of logits [rows, num_experts] into idx / weights [rows, top_k].
+  virtual void moe_route_batch(const float* logits, const float* bias, const int32_t* slot, int rows,
+                               int num_experts, int top_k, int n_group, int topk_group, float scaling,
+                               int32_t* idx, float* weights) = 0;
+  /// Slot op, the routed experts grouped over the batch: out [rows, H] (fp32), row b exactly
+  /// moe_experts(x[b], routed, idx[b], weights[b]) (idx / weights [rows, top_k]), or with `shared`
+  /// exactly moe_experts_shared of that row. Each owned expert that any live row routes to is
+  /// read once and applied to all its rows (the union of the batch's experts, not rows x top_k
+  /// reads); each row still sums its experts in its own idx order, so the bits match. A row
+  /// routed to no local expert gets 0 (plus the shared expert). Duplicates are allowed.
+  virtual void moe_experts_grouped(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                                   const float* weights, const int32_t* slot, int rows, int top_k,
+                                   const ExpertWeights* shared, float limit, float* out) = 0;
 };
 
 /// The CPU reference backend (always built).

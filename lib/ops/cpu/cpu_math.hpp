@@ -84,4 +84,33 @@ inline void require_ptr(const char* op, const char* what, const void* p) {
   MTP_REQUIRE(p != nullptr, "ops::", op, ": ", what, " is null");
 }
 
+// ---- batched rows -------------------------------------------------------------------------------
+
+/// Whether row b of a slot op is live (slot[b] >= 0); a live slot must be < `slots` (when the op
+/// knows the pool: slots > 0).
+inline bool live_row(const char* op, const int32_t* slot, int b, int slots = 0) {
+  const int32_t s = slot[b];
+  if (s < 0) return false;
+  MTP_REQUIRE(slots <= 0 || s < slots, "ops::", op, ": row ", b, " names slot ", s, " of a pool of ", slots,
+              " slots");
+  return true;
+}
+
+/// The checks every slot op shares: rows >= 1 and a slot array.
+inline void require_rows(const char* op, const int32_t* slot, int rows) {
+  require_size(op, "rows", rows);
+  require_ptr(op, "slot", slot);
+}
+
+/// Live rows that write caches must name distinct slots: two rows of one slot in one op would
+/// race on a GPU (and their order would be unspecified).
+inline void require_distinct_slots(const char* op, const int32_t* slot, int rows) {
+  for (int b = 0; b < rows; ++b) {
+    if (slot[b] < 0) continue;
+    for (int c = 0; c < b; ++c)
+      MTP_REQUIRE(slot[c] != slot[b], "ops::", op, ": rows ", c, " and ", b, " both write slot ", slot[b],
+                  " (the rows of one op must name distinct slots)");
+  }
+}
+
 }  // namespace mtplab::ops::cpu

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "ops/cpu/cpu_backend.hpp"
 #include "ops/cpu/cpu_math.hpp"
@@ -235,6 +236,113 @@ void CpuBackend::argmax_pick(const ArgMax* pairs, int n, int32_t* token) {
     if (p.value > best.value || (p.value == best.value && p.index < best.index)) best = p;
   }
   *token = best.index;
+}
+
+// ---- batched rows -------------------------------------------------------------------------------
+
+void CpuBackend::embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const int32_t* slot,
+                                     const bf16* w, bf16* y, int ld_y, int rows, int n, float eps) {
+  require_rows("embed_rmsnorm_batch", slot, rows);
+  require_size("embed_rmsnorm_batch", "n", n);
+  require_size("embed_rmsnorm_batch", "ld_y", ld_y, n);
+  require_ptr("embed_rmsnorm_batch", "tokens", tokens);
+  for (int b = 0; b < rows; ++b) {
+    if (!live_row("embed_rmsnorm_batch", slot, b)) continue;
+    embed_rmsnorm(table, tokens + b, w, y + static_cast<size_t>(b) * ld_y, n, eps);
+  }
+}
+
+void CpuBackend::rmsnorm_strided(const bf16* x, int ld_x, const bf16* w, bf16* y, int ld_y, int rows, int n,
+                                 float eps) {
+  require_size("rmsnorm_strided", "rows", rows);
+  require_size("rmsnorm_strided", "n", n);
+  require_size("rmsnorm_strided", "ld_x", ld_x, n);
+  require_size("rmsnorm_strided", "ld_y", ld_y, n);
+  for (int b = 0; b < rows; ++b)
+    rmsnorm_row(x + static_cast<size_t>(b) * ld_x, w, y + static_cast<size_t>(b) * ld_y, n, eps);
+}
+
+void CpuBackend::residual_add_rmsnorm_rows(const bf16* x, const float* delta, bf16* y, const bf16* w,
+                                           bf16* normed, int rows, int n, float eps) {
+  require_size("residual_add_rmsnorm_rows", "rows", rows);
+  require_size("residual_add_rmsnorm_rows", "n", n);
+  const size_t all = static_cast<size_t>(rows) * n;
+  MTP_REQUIRE(normed + all <= y || y + all <= normed, "ops::residual_add_rmsnorm_rows: normed overlaps y");
+  for (int b = 0; b < rows; ++b) {
+    const size_t off = static_cast<size_t>(b) * n;
+    residual_add_rmsnorm(x + off, delta + off, y + off, w, normed + off, n, eps);
+  }
+}
+
+// The weight rows outside, the batch's rows inside: each row's logit is the same dot product (same
+// widened x, same lanes) as head_argmax computes, and each row keeps its own running best with the
+// same strict comparison, so every row's result is head_argmax's.
+void CpuBackend::head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
+                                   const int32_t* slot, int rows, int n, int k, int64_t index_base,
+                                   bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras) {
+  require_rows("head_argmax_batch", slot, rows);
+  require_size("head_argmax_batch", "n", n);
+  require_size("head_argmax_batch", "k", k);
+  require_ptr("head_argmax_batch", "out", out);
+  if (logits) require_size("head_argmax_batch", "ld_logits", ld_logits, n);
+  global_index("head_argmax_batch", index_base, n - 1);
+  if (W_fp8) {
+    require_ptr("head_argmax_batch", "row_scale (FP8 head)", row_scale);
+  } else {
+    require_ptr("head_argmax_batch", "W", W);
+  }
+  std::vector<int> live;
+  for (int b = 0; b < rows; ++b)
+    if (live_row("head_argmax_batch", slot, b)) live.push_back(b);
+  if (live.empty()) return;
+  const size_t L = live.size();
+  xf_.resize(L * k);
+  for (size_t j = 0; j < L; ++j) widen(x + static_cast<size_t>(live[j]) * k, xf_.data() + j * k, k);
+  std::vector<float> best(L, 0.0f);
+  std::vector<int> best_i(L, -1);
+  for (int i = 0; i < n; ++i) {
+    const size_t row = static_cast<size_t>(i) * k;
+    for (size_t j = 0; j < L; ++j) {
+      const float* xj = xf_.data() + j * k;
+      const float acc = W_fp8 ? row_scale[i] * dot(W_fp8 + row, xj, k) : dot(W + row, xj, k);
+      const bf16 logit = mtplab::to_bf16(acc);
+      if (logits) logits[static_cast<size_t>(live[j]) * ld_logits + i] = logit;
+      const float v = to_float(logit);
+      if (best_i[j] < 0 || v > best[j]) {
+        best[j] = v;
+        best_i[j] = i;
+      }
+    }
+  }
+  for (size_t j = 0; j < L; ++j) {
+    const int b = live[j];
+    out[b] = ArgMax{best[j], global_index("head_argmax_batch", index_base, best_i[j])};
+    if (extras.key) argmax_pack_key(out + b, extras.key + b);
+    if (extras.token) extras.token[b] = out[b].index;
+  }
+}
+
+void CpuBackend::argmax_batch(const bf16* x, int ld_x, int rows, int n, int64_t index_base, ArgMax* out) {
+  require_size("argmax_batch", "rows", rows);
+  require_size("argmax_batch", "n", n);
+  require_size("argmax_batch", "ld_x", ld_x, n);
+  for (int b = 0; b < rows; ++b) argmax(x + static_cast<size_t>(b) * ld_x, n, index_base, out + b);
+}
+
+void CpuBackend::argmax_unpack_key_batch(const uint64_t* key, int32_t* token, int rows) {
+  require_size("argmax_unpack_key_batch", "rows", rows);
+  for (int b = 0; b < rows; ++b) argmax_unpack_key(key + b, token + b);
+}
+
+void CpuBackend::argmax_pick_batch(const ArgMax* pairs, int n, int rows, int32_t* token) {
+  require_size("argmax_pick_batch", "rows", rows);
+  require_size("argmax_pick_batch", "n", n);
+  require_ptr("argmax_pick_batch", "pairs", pairs);
+  std::vector<ArgMax> row(static_cast<size_t>(n));
+  for (int b = 0; b < rows; ++b) {
+    for (int i = 0; i < n; ++i) row[static_cast<size_t>(i)] = pairs[static_cast<size_t>(i) * rows + b];
+    argmax_pick(row.data(), n, token + b);
+  }
 }
 
 }  // namespace mtplab::ops::cpu

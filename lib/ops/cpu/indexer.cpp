@@ -137,4 +137,82 @@ void CpuBackend::indexer_select(const float* scores, const int32_t* pos, int32_t
   for (; out < width; ++out) selection[out] = -1;
 }
 
+// ---- batched rows: each live row is the single-row op on its slot's arrays -----------------------
+
+namespace {
+
+void check_indexer_slots(const char* op, const IndexerSlots& idx) {
+  require_size(op, "idx.slots", idx.slots);
+  require_size(op, "idx.D", idx.D);
+  require_size(op, "idx.P", idx.P);
+  require_size(op, "idx.max_rows", idx.max_rows);
+  MTP_REQUIRE(idx.max_rows % idx.P == 0, "ops::", op, ": idx.max_rows ", idx.max_rows,
+              " is not a whole number of pools of ", idx.P);
+}
+
+/// Row b's position, checked against the slot's capacity.
+int32_t slot_pos(const char* op, const int32_t* pos, int b, int max_rows) {
+  const int32_t p = pos[b];
+  MTP_REQUIRE(p >= 0 && p < max_rows, "ops::", op, ": row ", b, " is at position ", p,
+              ", outside its slot's ", max_rows, " rows");
+  return p;
+}
+
+}  // namespace
+
+void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps,
+                                          const float* gate, const float* ape, const int32_t* slot,
+                                          const int32_t* pos, int rows, IndexerSlots idx) {
+  const char* op = "indexer_norm_store_batch";
+  require_rows(op, slot, rows);
+  require_ptr(op, "pos", pos);
+  check_indexer_slots(op, idx);
+  require_distinct_slots(op, slot, rows);
+  const size_t D = static_cast<size_t>(idx.D);
+  const size_t rows_per_slot = static_cast<size_t>(idx.max_rows);
+  const size_t pools_per_slot = static_cast<size_t>(idx.max_pools());
+  for (int r = 0; r < rows; ++r) {
+    if (!live_row(op, slot, r, idx.slots)) continue;
+    slot_pos(op, pos, r, idx.max_rows);
+    const size_t s = static_cast<size_t>(slot[r]);
+    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, pos + r,
+                       idx.k_cache + s * rows_per_slot * D, idx.gate_cache + s * rows_per_slot * D,
+                       idx.valid + s * rows_per_slot, idx.pool_keys + s * pools_per_slot * D, idx.D, idx.P);
+  }
+}
+
+void CpuBackend::indexer_scores_batch(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
+                                      int rows, IndexerSlots idx, float* scores, int n_heads) {
+  const char* op = "indexer_scores_batch";
+  require_rows(op, slot, rows);
+  require_ptr(op, "pos", pos);
+  check_indexer_slots(op, idx);
+  require_size(op, "n_heads", n_heads);
+  const size_t D = static_cast<size_t>(idx.D);
+  const size_t max_pools = static_cast<size_t>(idx.max_pools());
+  for (int r = 0; r < rows; ++r) {
+    if (!live_row(op, slot, r, idx.slots)) continue;
+    slot_pos(op, pos, r, idx.max_rows);
+    const size_t s = static_cast<size_t>(slot[r]);
+    indexer_scores(q + r * n_heads * D, w + static_cast<size_t>(r) * n_heads,
+                   idx.pool_keys + s * max_pools * D, pos + r, scores + r * max_pools, n_heads, idx.D, idx.P,
+                   idx.max_pools());
+  }
+}
+
+void CpuBackend::indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
+                                      int32_t* selection, int K, int P, int max_pools) {
+  const char* op = "indexer_select_batch";
+  require_rows(op, slot, rows);
+  require_ptr(op, "pos", pos);
+  require_size(op, "K", K);
+  require_size(op, "P", P);
+  const size_t width = static_cast<size_t>(K) + P - 1;
+  for (int r = 0; r < rows; ++r) {
+    if (!live_row(op, slot, r)) continue;
+    indexer_select(scores + static_cast<size_t>(r) * max_pools, pos + r, selection + r * width, K, P,
+                   max_pools);
+  }
+}
+
 }  // namespace mtplab::ops::cpu

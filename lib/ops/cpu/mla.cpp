@@ -161,4 +161,70 @@ void CpuBackend::mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_
   }
 }
 
+// ---- batched rows: each live row is the single-row op through its slot's block table -------------
+
+namespace {
+
+void check_kv_slots(const char* op, const KvSlots& kv) {
+  check_cache(op, kv.cache);
+  require_ptr(op, "kv.block_tables", kv.block_tables);
+  require_size(op, "kv.slots", kv.slots);
+  require_size(op, "kv.max_blocks", kv.max_blocks);
+}
+
+}  // namespace
+
+void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
+                                     const int32_t* pos, int rows, KvSlots kv) {
+  const char* op = "kv_norm_write_batch";
+  require_rows(op, slot, rows);
+  require_ptr(op, "pos", pos);
+  check_kv_slots(op, kv);
+  require_distinct_slots(op, slot, rows);
+  const size_t L = static_cast<size_t>(kv.cache.kv_lora);
+  const int64_t capacity = static_cast<int64_t>(kv.max_blocks) * kv.cache.block_size;
+  for (int r = 0; r < rows; ++r) {
+    if (!live_row(op, slot, r, kv.slots)) continue;
+    MTP_REQUIRE(pos[r] >= 0 && pos[r] < capacity, "ops::", op, ": row ", r, " is at position ", pos[r],
+                ", outside its slot's ", capacity, " rows (", kv.max_blocks, " blocks)");
+    kv_norm_write(ckv_pre + r * L, w, eps, kv.block_tables + static_cast<size_t>(slot[r]) * kv.max_blocks,
+                  pos + r, kv.cache);
+  }
+}
+
+void CpuBackend::mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads,
+                                    int dqk, int dv, int kv_lora) {
+  require_size("mla_absorb_q_batch", "rows", rows);
+  const size_t q_row = static_cast<size_t>(n_heads) * dqk, out_row = static_cast<size_t>(n_heads) * kv_lora;
+  for (int r = 0; r < rows; ++r)
+    mla_absorb_q(q + r * q_row, W_kvb, q_abs + r * out_row, n_heads, dqk, dv, kv_lora);
+}
+
+void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot,
+                                  int rows, KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) {
+  const char* op = "mla_decode_batch";
+  require_rows(op, slot, rows);
+  check_kv_slots(op, kv);
+  require_size(op, "width", width, 0);
+  const size_t row = static_cast<size_t>(n_heads) * kv.cache.kv_lora;
+  const int64_t capacity = static_cast<int64_t>(kv.max_blocks) * kv.cache.block_size;
+  for (int r = 0; r < rows; ++r) {
+    if (!live_row(op, slot, r, kv.slots)) continue;
+    const int32_t* sel = selection + static_cast<size_t>(r) * width;
+    for (int i = 0; i < width; ++i)
+      MTP_REQUIRE(sel[i] < capacity, "ops::", op, ": row ", r, " selects row ", sel[i],
+                  ", outside its slot's ", capacity, " rows");
+    mla_decode(q_abs + r * row, sel, width, kv.block_tables + static_cast<size_t>(slot[r]) * kv.max_blocks,
+               kv.cache, o_lat + r * row, n_heads, softmax_scale);
+  }
+}
+
+void CpuBackend::mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads,
+                                 int dqk, int dv, int kv_lora) {
+  require_size("mla_out_v_batch", "rows", rows);
+  const size_t in_row = static_cast<size_t>(n_heads) * kv_lora, out_row = static_cast<size_t>(n_heads) * dv;
+  for (int r = 0; r < rows; ++r)
+    mla_out_v(o_lat + r * in_row, W_kvb, o + r * out_row, n_heads, dqk, dv, kv_lora);
+}
+
 }  // namespace mtplab::ops::cpu

@@ -136,4 +136,154 @@ void CpuBackend::moe_experts_shared(const bf16* x, const ExpertWeights& routed, 
   for (int h = 0; h < routed.hidden; ++h) out[h] += shared_out[static_cast<size_t>(h)];
 }
 
+// ---- batched rows -------------------------------------------------------------------------------
+
+void CpuBackend::moe_route_batch(const float* logits, const float* bias, const int32_t* slot, int rows,
+                                 int num_experts, int top_k, int n_group, int topk_group, float scaling,
+                                 int32_t* idx, float* weights) {
+  require_rows("moe_route_batch", slot, rows);
+  require_size("moe_route_batch", "top_k", top_k);
+  for (int b = 0; b < rows; ++b) {
+    if (!live_row("moe_route_batch", slot, b)) continue;
+    const size_t k_off = static_cast<size_t>(b) * top_k;
+    moe_route(logits + static_cast<size_t>(b) * num_experts, bias, num_experts, top_k, n_group, topk_group,
+              scaling, idx + k_off, weights + k_off);
+  }
+}
+
+namespace {
+
+/// One (row, route slot) pair that an expert applies to: its input row and where its output goes.
+struct ExpertPair {
+  int64_t expert;  ///< local expert index
+  int row;         ///< position of the row among the live rows
+  int route;       ///< row * top_k + slot: the output's index in the per-pair buffer
+};
+
+/// Applies one expert (gate, up, down at these pointers) to the rows `xs` (fp32 widened, [.., H])
+/// of `pairs`, writing bf16(W_down a) of pair p to d + pairs[p].route * H. The weights are read
+/// once for all pairs; each pair's numbers are moe_experts' for that row, op for op: g and u
+/// rounded, clamped, a rounded, d rounded.
+void apply_expert(const bf16* Wg, const bf16* Wu, const bf16* Wd, int H, int I, float limit,
+                  const std::vector<const float*>& xs, const std::vector<int>& routes,
+                  std::vector<float>& act, float* d) {
+  const size_t n = xs.size();
+  act.resize(n * I);
+  const bool clamp = limit > 0.0f;
+  for (int r = 0; r < I; ++r) {
+    const bf16* gate_row = Wg + static_cast<size_t>(r) * H;
+    const bf16* up_row = Wu + static_cast<size_t>(r) * H;
+    for (size_t p = 0; p < n; ++p) {
+      float g = round_bf16(dot(gate_row, xs[p], H));
+      float u = round_bf16(dot(up_row, xs[p], H));
+      if (clamp) {
+        g = std::min(g, limit);
+        u = std::clamp(u, -limit, limit);
+      }
+      act[p * I + r] = round_bf16(g / (1.0f + std::exp(-g)) * u);
+    }
+  }
+  for (int h = 0; h < H; ++h) {
+    const bf16* down_row = Wd + static_cast<size_t>(h) * I;
+    for (size_t p = 0; p < n; ++p)
+      d[static_cast<size_t>(routes[p]) * H + h] = round_bf16(dot(down_row, act.data() + p * I, I));
+  }
+}
+
+}  // namespace
+
+// Expert by expert over the union of the batch's routes (ascending local id), each applied to all
+// its (row, slot) pairs at once; the rounded down-projections are kept per pair, then every row
+// sums its own experts in its idx order, as moe_experts does, so the fp32 sums are the same.
+void CpuBackend::moe_experts_grouped(const bf16* x, const ExpertWeights& w, const int32_t* idx,
+                                     const float* weights, const int32_t* slot, int rows, int top_k,
+                                     const ExpertWeights* shared, float limit, float* out) {
+  const char* op = "moe_experts_grouped";
+  require_rows(op, slot, rows);
+  require_size(op, "top_k", top_k, 0);
+  require_size(op, "hidden", w.hidden);
+  require_size(op, "inter", w.inter);
+  require_size(op, "num_local", w.num_local, 0);
+  if (shared) {
+    MTP_REQUIRE(shared->hidden == w.hidden, "ops::", op, ": the shared expert's hidden ", shared->hidden,
+                " is not the routed experts' ", w.hidden);
+    require_size(op, "shared inter", shared->inter);
+    MTP_REQUIRE(shared->gate && shared->up && shared->down, "ops::", op,
+                ": the shared expert's weights are null");
+  }
+  const int H = w.hidden;
+  const int I = w.inter;
+  std::vector<int> live;
+  for (int b = 0; b < rows; ++b)
+    if (live_row(op, slot, b)) live.push_back(b);
+  if (live.empty()) return;
+  const size_t L = live.size();
+  xf_.resize(L * H);
+  for (size_t j = 0; j < L; ++j) widen(x + static_cast<size_t>(live[j]) * H, xf_.data() + j * H, H);
+
+  std::vector<ExpertPair> pairs;
+  for (size_t j = 0; j < L; ++j) {
+    for (int i = 0; i < top_k; ++i) {
+      const int32_t e = idx[static_cast<size_t>(live[j]) * top_k + i];
+      const int64_t local = static_cast<int64_t>(e) - w.first_expert;
+      if (local < 0 || local >= w.num_local) continue;  // another rank owns it
+      MTP_REQUIRE(w.gate && w.up && w.down, "ops::", op, ": expert ", e,
+                  " is owned but its weights are null");
+      pairs.push_back({local, static_cast<int>(j), static_cast<int>(j) * top_k + i});
+    }
+  }
+  std::stable_sort(pairs.begin(), pairs.end(),
+                   [](const ExpertPair& a, const ExpertPair& b) { return a.expert < b.expert; });
+  std::vector<float> d(L * std::max(top_k, 1) * H);  // per (row, slot): bf16(W_down a), as floats
+  std::vector<float> act;
+  std::vector<const float*> xs;
+  std::vector<int> routes;
+  for (size_t p0 = 0; p0 < pairs.size();) {
+    size_t p1 = p0;
+    xs.clear();
+    routes.clear();
+    for (; p1 < pairs.size() && pairs[p1].expert == pairs[p0].expert; ++p1) {
+      xs.push_back(xf_.data() + static_cast<size_t>(pairs[p1].row) * H);
+      routes.push_back(pairs[p1].route);
+    }
+    const size_t expert_off = static_cast<size_t>(pairs[p0].expert) * I * H;
+    apply_expert(w.gate + expert_off, w.up + expert_off, w.down + expert_off, H, I, limit, xs, routes, act,
+                 d.data());
+    p0 = p1;
+  }
+
+  // Each row: 0, then weight_i * d_i in idx order over the owned slots (moe_experts' sum).
+  for (size_t j = 0; j < L; ++j) {
+    float* o = out + static_cast<size_t>(live[j]) * H;
+    std::fill(o, o + H, 0.0f);
+    for (int i = 0; i < top_k; ++i) {
+      const int64_t local =
+          static_cast<int64_t>(idx[static_cast<size_t>(live[j]) * top_k + i]) - w.first_expert;
+      if (local < 0 || local >= w.num_local) continue;
+      const float wi = weights[static_cast<size_t>(live[j]) * top_k + i];
+      const float* di = d.data() + (j * top_k + i) * H;
+      for (int h = 0; h < H; ++h) o[h] += wi * di[h];
+    }
+  }
+  if (!shared) return;
+  // The shared expert on every live row at once, then added as moe_experts_shared adds it: its
+  // own moe_experts output (0 + 1 * d) with one fp32 add.
+  xs.clear();
+  routes.clear();
+  for (size_t j = 0; j < L; ++j) {
+    xs.push_back(xf_.data() + j * H);
+    routes.push_back(static_cast<int>(j));
+  }
+  std::vector<float> sh(L * H);
+  apply_expert(shared->gate, shared->up, shared->down, H, shared->inter, limit, xs, routes, act, sh.data());
+  for (size_t j = 0; j < L; ++j) {
+    float* o = out + static_cast<size_t>(live[j]) * H;
+    const float* dj = sh.data() + j * H;
+    for (int h = 0; h < H; ++h) {
+      const float shared_out = 0.0f + 1.0f * dj[h];
+      o[h] += shared_out;
+    }
+  }
+}
+
 }  // namespace mtplab::ops::cpu

@@ -407,7 +407,99 @@ class CudaBackend final : public Backend {
     cuda::moe_experts(ctx_, x, routed, idx, weights, top_k, limit, act, out, &shared);
   }
 
+  // ---- batched rows (ops.hpp, "batched rows") -------------------------------------------------
+  // Interim: the row ops loop over the single-row launchers (correct, one launch per row); the
+  // slot ops, whose padded rows can only be told apart on the device, refuse until their kernels
+  // land (the CPU reference in lib/ops/cpu/ and tests/ops/test_cpu_batch.cpp define them).
+  void embed_rmsnorm_batch(const bf16*, const int32_t*, const int32_t*, const bf16*, bf16*, int, int, int,
+                           float) override {
+    batch_not_implemented("embed_rmsnorm_batch");
+  }
+  void rmsnorm_strided(const bf16* x, int ld_x, const bf16* w, bf16* y, int ld_y, int rows, int n,
+                       float eps) override {
+    MTP_REQUIRE(rows >= 1 && n >= 1 && ld_x >= n && ld_y >= n, "ops::cuda::rmsnorm_strided: rows ", rows,
+                ", n ", n, ", ld_x ", ld_x, ", ld_y ", ld_y);
+    for (int b = 0; b < rows; ++b)
+      rmsnorm(x + static_cast<size_t>(b) * ld_x, w, y + static_cast<size_t>(b) * ld_y, 1, n, eps);
+  }
+  void residual_add_rmsnorm_rows(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
+                                 int rows, int n, float eps) override {
+    MTP_REQUIRE(rows >= 1, "ops::cuda::residual_add_rmsnorm_rows: rows = ", rows);
+    for (int b = 0; b < rows; ++b) {
+      const size_t off = static_cast<size_t>(b) * n;
+      residual_add_rmsnorm(x + off, delta + off, y + off, w, normed + off, n, eps);
+    }
+  }
+  void head_argmax_batch(const bf16*, const fp8e4m3*, const float*, const bf16*, const int32_t*, int, int,
+                         int, int64_t, bf16*, int, ArgMax*, HeadExtras = {}) override {
+    batch_not_implemented("head_argmax_batch");
+  }
+  void argmax_batch(const bf16* x, int ld_x, int rows, int n, int64_t index_base, ArgMax* out) override {
+    MTP_REQUIRE(rows >= 1 && ld_x >= n, "ops::cuda::argmax_batch: rows ", rows, ", n ", n, ", ld_x ", ld_x);
+    for (int b = 0; b < rows; ++b) argmax(x + static_cast<size_t>(b) * ld_x, n, index_base, out + b);
+  }
+  void argmax_unpack_key_batch(const uint64_t* key, int32_t* token, int rows) override {
+    MTP_REQUIRE(rows >= 1, "ops::cuda::argmax_unpack_key_batch: rows = ", rows);
+    for (int b = 0; b < rows; ++b) argmax_unpack_key(key + b, token + b);
+  }
+  void argmax_pick_batch(const ArgMax* pairs, int n, int rows, int32_t* token) override {
+    // One row's pairs are contiguous only at rows = 1.
+    if (rows != 1) batch_rows_not_implemented("argmax_pick_batch");
+    argmax_pick(pairs, n, token);
+  }
+  void kv_norm_write_batch(const bf16*, const bf16*, float, const int32_t*, const int32_t*, int,
+                           KvSlots) override {
+    batch_not_implemented("kv_norm_write_batch");
+  }
+  void indexer_norm_store_batch(const bf16*, const bf16*, const bf16*, float, const float*, const float*,
+                                const int32_t*, const int32_t*, int, IndexerSlots) override {
+    batch_not_implemented("indexer_norm_store_batch");
+  }
+  void indexer_scores_batch(const float*, const float*, const int32_t*, const int32_t*, int, IndexerSlots,
+                            float*, int) override {
+    batch_not_implemented("indexer_scores_batch");
+  }
+  void indexer_select_batch(const float*, const int32_t*, const int32_t*, int, int32_t*, int, int,
+                            int) override {
+    batch_not_implemented("indexer_select_batch");
+  }
+  void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
+                          int dv, int kv_lora) override {
+    MTP_REQUIRE(rows >= 1, "ops::cuda::mla_absorb_q_batch: rows = ", rows);
+    for (int b = 0; b < rows; ++b)
+      mla_absorb_q(q + static_cast<size_t>(b) * n_heads * dqk, W_kvb,
+                   q_abs + static_cast<size_t>(b) * n_heads * kv_lora, n_heads, dqk, dv, kv_lora);
+  }
+  void mla_decode_batch(const bf16*, const int32_t*, int, const int32_t*, int, KvSlots, bf16*, int,
+                        float) override {
+    batch_not_implemented("mla_decode_batch");
+  }
+  void mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads, int dqk, int dv,
+                       int kv_lora) override {
+    MTP_REQUIRE(rows >= 1, "ops::cuda::mla_out_v_batch: rows = ", rows);
+    for (int b = 0; b < rows; ++b)
+      mla_out_v(o_lat + static_cast<size_t>(b) * n_heads * kv_lora, W_kvb,
+                o + static_cast<size_t>(b) * n_heads * dv, n_heads, dqk, dv, kv_lora);
+  }
+  void moe_route_batch(const float*, const float*, const int32_t*, int, int, int, int, int, float, int32_t*,
+                       float*) override {
+    batch_not_implemented("moe_route_batch");
+  }
+  void moe_experts_grouped(const bf16*, const ExpertWeights&, const int32_t*, const float*, const int32_t*,
+                           int, int, const ExpertWeights*, float, float*) override {
+    batch_not_implemented("moe_experts_grouped");
+  }
+
  private:
+  [[noreturn]] static void batch_not_implemented(const char* op) {
+    MTP_FAIL(
+        "ops::cuda: ", op,
+        " (batched rows addressed by sequence slot) is not implemented yet; batched drafting runs on the cpu "
+        "backend until its kernels land");
+  }
+  [[noreturn]] static void batch_rows_not_implemented(const char* op) {
+    MTP_FAIL("ops::cuda: ", op, " for B > 1 rows is not implemented yet");
+  }
   void require_not_capturing(const char* op) const {
     MTP_REQUIRE(!capturing_, "ops::cuda::", op,
                 " while a graph is being captured: it would synchronise the stream; do it before "
