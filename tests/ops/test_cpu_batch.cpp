@@ -1,0 +1,660 @@
+// CPU reference of the batched ops (ops.hpp, "batched rows"): each live row must equal, bit for bit,
+// the single-row op it names on the same inputs, whatever the batch (B = 1, 3, 16, 64, 128), with
+// the rows' sequences at different positions; a padded row (slot -1) must read nothing (its token,
+// position or selection is set to what would be refused if it were read) and write nothing (every
+// output and cache is poisoned first, and the reference buffers carry the same poison, so a stray
+// write shows as a difference); and the pool addressing (slot-major indexer arrays, one block
+// table per slot into a shuffled shared block pool) must reach each row's own caches only.
+//
+// The single-row ops themselves are tested against exact arithmetic in the other test_cpu_*
+// files; equality with them is the whole contract here, so every comparison is of raw bytes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "cpu_test_util.hpp"
+
+namespace mtplab::ops::test {
+namespace {
+
+constexpr int kBatches[] = {1, 3, 16, 64, 128};
+
+struct CpuBatch : ::testing::Test {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+};
+
+template <typename T>
+::testing::AssertionResult same_bytes(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  const auto* a = reinterpret_cast<const uint8_t*>(got.data());
+  const auto* b = reinterpret_cast<const uint8_t*>(want.data());
+  const size_t bytes = got.size() * sizeof(T);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (a[i] != b[i])
+      return ::testing::AssertionFailure()
+             << "first differing byte " << i << " (element " << i / sizeof(T) << " of " << got.size()
+             << "): " << int(a[i]) << " vs " << int(b[i]);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::string where(int rows) { return "B = " + std::to_string(rows) + "; " + seed_note(); }
+
+/// The rows' slots: distinct slots of a pool of `slots` in shuffled order; with `pad`, rows 1, the
+/// last and every 5th are padded (-1) when B >= 3, so padded rows sit between live ones.
+std::vector<int32_t> make_slots(Rng& rng, int rows, int slots, bool pad = true) {
+  std::vector<int32_t> all(static_cast<size_t>(slots));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng.engine());
+  std::vector<int32_t> s(all.begin(), all.begin() + rows);
+  if (pad && rows >= 3) {
+    for (int b = 0; b < rows; ++b)
+      if (b == 1 || b == rows - 1 || b % 5 == 4) s[static_cast<size_t>(b)] = -1;
+  }
+  return s;
+}
+
+// ---- norms ----------------------------------------------------------------------------------------
+
+TEST_F(CpuBatch, EmbedRmsnormEqualsTheSingleRowOpAndSkipsPaddedRows) {
+  Rng rng(701);
+  const int V = 64, n = 44, ld = 2 * n;  // ld: the [e ; h] rows of the MTP front
+  auto table = upload(*be, rng.bf16s(static_cast<size_t>(V) * n, -2, 2));
+  auto w = upload(*be, rng.bf16s(n, 0.5f, 1.5f));
+  for (int B : kBatches) {
+    const auto slots_h = make_slots(rng, B, B + 2);
+    std::vector<int32_t> tok_h(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b)
+      tok_h[b] = slots_h[b] < 0 ? -7 : rng.integer(0, V - 1);  // -7: refused if read
+    auto slots = upload(*be, slots_h), tok = upload(*be, tok_h);
+    auto y = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
+    auto ref = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
+    be->embed_rmsnorm_batch(table.data(), tok.data(), slots.data(), w.data(), y.data(), ld, B, n, 1e-5f);
+    for (int b = 0; b < B; ++b)
+      if (slots_h[b] >= 0)
+        be->embed_rmsnorm(table.data(), tok.data() + b, w.data(), ref.data() + b * ld, n, 1e-5f);
+    EXPECT_TRUE(same_bytes(download(*be, y), download(*be, ref))) << where(B);
+  }
+}
+
+TEST_F(CpuBatch, RmsnormStridedEqualsTheSingleRowOp) {
+  Rng rng(702);
+  const int n = 44, ld_x = n + 5, ld_y = 2 * n;
+  auto w = upload(*be, rng.bf16s(n, 0.5f, 1.5f));
+  for (int B : kBatches) {
+    auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * ld_x, -3, 3));
+    auto y = poisoned<bf16>(*be, static_cast<size_t>(B) * ld_y);
+    auto ref = poisoned<bf16>(*be, static_cast<size_t>(B) * ld_y);
+    // Into the second half of each row, as the front's hidden norm writes [e ; h].
+    be->rmsnorm_strided(x.data(), ld_x, w.data(), y.data() + n, ld_y, B, n, 1e-5f);
+    for (int b = 0; b < B; ++b)
+      be->rmsnorm(x.data() + b * ld_x, w.data(), ref.data() + b * ld_y + n, 1, n, 1e-5f);
+    EXPECT_TRUE(same_bytes(download(*be, y), download(*be, ref))) << where(B);
+    // In place, rows of one stride.
+    auto xi = download(*be, x);
+    be->rmsnorm_strided(x.data(), ld_x, w.data(), x.data(), ld_x, B, n, 1e-5f);
+    auto xr = upload(*be, xi);
+    for (int b = 0; b < B; ++b)
+      be->rmsnorm(xr.data() + b * ld_x, w.data(), xr.data() + b * ld_x, 1, n, 1e-5f);
+    EXPECT_TRUE(same_bytes(download(*be, x), download(*be, xr))) << "in place, " << where(B);
+  }
+}
+
+TEST_F(CpuBatch, ResidualAddRmsnormRowsEqualsTheSingleRowOp) {
+  Rng rng(703);
+  const int n = 52;
+  auto w = upload(*be, rng.bf16s(n, 0.5f, 1.5f));
+  for (int B : kBatches) {
+    const size_t all = static_cast<size_t>(B) * n;
+    const auto x_h = rng.bf16s(all, -2, 2);
+    auto delta = upload(*be, rng.floats(all, -1, 1));
+    auto x = upload(*be, x_h), x_ref = upload(*be, x_h);
+    auto normed = poisoned<bf16>(*be, all), normed_ref = poisoned<bf16>(*be, all);
+    // x and y alias, as the block's residual does.
+    be->residual_add_rmsnorm_rows(x.data(), delta.data(), x.data(), w.data(), normed.data(), B, n, 1e-5f);
+    for (int b = 0; b < B; ++b)
+      be->residual_add_rmsnorm(x_ref.data() + b * n, delta.data() + b * n, x_ref.data() + b * n, w.data(),
+                               normed_ref.data() + b * n, n, 1e-5f);
+    EXPECT_TRUE(same_bytes(download(*be, x), download(*be, x_ref))) << where(B);
+    EXPECT_TRUE(same_bytes(download(*be, normed), download(*be, normed_ref))) << where(B);
+  }
+  auto a = poisoned<bf16>(*be, 2 * n);
+  auto d = poisoned<float>(*be, 2 * n);
+  EXPECT_THROW(
+      be->residual_add_rmsnorm_rows(a.data(), d.data(), a.data(), w.data(), a.data() + n, 2, n, 1e-5f),
+      Error);
+}
+
+// ---- the head and the argmax family -----------------------------------------------------------
+
+struct HeadCase {
+  bool fp8;
+  bool logits;
+  bool extras;
+};
+
+TEST_F(CpuBatch, HeadArgmaxEqualsTheSingleRowOpBf16AndFp8) {
+  Rng rng(704);
+  const int n = 300, k = 72, ld = n + 20;
+  const int64_t base = 1000;
+  auto W_h = rng.bf16s(static_cast<size_t>(n) * k, -1, 1);
+  // Duplicate rows, so equal logits occur at several places of the sweep.
+  std::copy_n(W_h.begin() + 17 * k, k, W_h.begin() + 250 * k);
+  std::copy_n(W_h.begin() + 3 * k, k, W_h.begin() + 200 * k);
+  auto W = upload(*be, W_h);
+  auto W8 = upload(*be, rng.fp8s(static_cast<size_t>(n) * k));
+  auto scale = upload(*be, rng.floats(n, 0.001f, 0.01f));
+  for (const HeadCase c : {HeadCase{false, true, true}, HeadCase{true, true, true},
+                           HeadCase{false, false, false}, HeadCase{true, false, true}}) {
+    for (int B : kBatches) {
+      const auto slots_h = make_slots(rng, B, B);
+      auto slots = upload(*be, slots_h);
+      auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * k, -1, 1));
+      auto out = poisoned<ArgMax>(*be, B), out_ref = poisoned<ArgMax>(*be, B);
+      auto logits = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
+      auto logits_ref = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
+      auto key = poisoned<uint64_t>(*be, B), key_ref = poisoned<uint64_t>(*be, B);
+      auto token = poisoned<int32_t>(*be, B), token_ref = poisoned<int32_t>(*be, B);
+      const fp8e4m3* w8 = c.fp8 ? W8.data() : nullptr;
+      const bf16* w16 = c.fp8 ? nullptr : W.data();
+      const float* sc = c.fp8 ? scale.data() : nullptr;
+      HeadExtras extras;
+      if (c.extras) extras = {key.data(), token.data()};
+      be->head_argmax_batch(w16, w8, sc, x.data(), slots.data(), B, n, k, base,
+                            c.logits ? logits.data() : nullptr, ld, out.data(), extras);
+      for (int b = 0; b < B; ++b) {
+        if (slots_h[b] < 0) continue;
+        HeadExtras e1;
+        if (c.extras) e1 = {key_ref.data() + b, token_ref.data() + b};
+        be->head_argmax(w16, w8, sc, x.data() + b * k, n, k, base,
+                        c.logits ? logits_ref.data() + b * ld : nullptr, out_ref.data() + b, e1);
+      }
+      const std::string what = std::string(c.fp8 ? "FP8" : "BF16") + (c.logits ? " with logits" : "") +
+                               (c.extras ? " with extras" : "") + ", " + where(B);
+      EXPECT_TRUE(same_bytes(download(*be, out), download(*be, out_ref))) << what;
+      EXPECT_TRUE(same_bytes(download(*be, logits), download(*be, logits_ref))) << what;
+      EXPECT_TRUE(same_bytes(download(*be, key), download(*be, key_ref))) << what;
+      EXPECT_TRUE(same_bytes(download(*be, token), download(*be, token_ref))) << what;
+    }
+  }
+}
+
+TEST_F(CpuBatch, HeadArgmaxTiesGoToTheLowestRowInEveryRow) {
+  // Rows 7 and 40 of W are the same large positive row, row 90 a little smaller: with positive
+  // inputs every row's maximum is the tie of rows 7 and 40, and row 7 must win in each.
+  Rng rng(705);
+  const int n = 128, k = 32, B = 16;
+  auto W_h = rng.bf16s(static_cast<size_t>(n) * k, -0.05f, 0.05f);
+  for (int j = 0; j < k; ++j) {
+    W_h[7 * k + j] = to_bf16(1.0f);
+    W_h[40 * k + j] = to_bf16(1.0f);
+    W_h[90 * k + j] = to_bf16(0.875f);
+  }
+  auto W = upload(*be, W_h);
+  auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * k, 0.5f, 1.0f));
+  std::vector<int32_t> slots_h(B);
+  std::iota(slots_h.begin(), slots_h.end(), 0);
+  auto slots = upload(*be, slots_h);
+  auto out = poisoned<ArgMax>(*be, B);
+  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), slots.data(), B, n, k, 5, nullptr, 0,
+                        out.data());
+  for (const ArgMax& a : download(*be, out)) EXPECT_EQ(a.index, 5 + 7);
+}
+
+TEST_F(CpuBatch, ArgmaxFamilyEqualsTheSingleRowOps) {
+  Rng rng(706);
+  const int n = 37, ld = 50, world = 3;
+  for (int B : kBatches) {
+    // Values from a small set, so ties are common.
+    std::vector<bf16> x_h(static_cast<size_t>(B) * ld);
+    for (auto& v : x_h) v = to_bf16(static_cast<float>(rng.integer(-4, 4)) * 0.25f);
+    auto x = upload(*be, x_h);
+    auto out = poisoned<ArgMax>(*be, B), out_ref = poisoned<ArgMax>(*be, B);
+    be->argmax_batch(x.data(), ld, B, n, 500, out.data());
+    for (int b = 0; b < B; ++b) be->argmax(x.data() + b * ld, n, 500, out_ref.data() + b);
+    EXPECT_TRUE(same_bytes(download(*be, out), download(*be, out_ref))) << where(B);
+
+    std::vector<ArgMax> pairs_h(static_cast<size_t>(world) * B);
+    for (auto& p : pairs_h) p = ArgMax{static_cast<float>(rng.integer(0, 2)), rng.integer(0, 1000)};
+    auto pairs = upload(*be, pairs_h);
+    auto tok = poisoned<int32_t>(*be, B), tok_ref = poisoned<int32_t>(*be, B);
+    be->argmax_pick_batch(pairs.data(), world, B, tok.data());
+    for (int b = 0; b < B; ++b) {
+      std::vector<ArgMax> row;
+      for (int i = 0; i < world; ++i) row.push_back(pairs_h[static_cast<size_t>(i) * B + b]);
+      auto row_dev = upload(*be, row);
+      be->argmax_pick(row_dev.data(), world, tok_ref.data() + b);
+    }
+    EXPECT_TRUE(same_bytes(download(*be, tok), download(*be, tok_ref))) << "pick, " << where(B);
+
+    auto keys = poisoned<uint64_t>(*be, B);
+    for (int b = 0; b < B; ++b) be->argmax_pack_key(pairs.data() + b, keys.data() + b);
+    auto unpacked = poisoned<int32_t>(*be, B), unpacked_ref = poisoned<int32_t>(*be, B);
+    be->argmax_unpack_key_batch(keys.data(), unpacked.data(), B);
+    for (int b = 0; b < B; ++b) be->argmax_unpack_key(keys.data() + b, unpacked_ref.data() + b);
+    const auto u = download(*be, unpacked);
+    EXPECT_TRUE(same_bytes(u, download(*be, unpacked_ref))) << "unpack, " << where(B);
+    for (int b = 0; b < B; ++b) EXPECT_EQ(u[b], pairs_h[b].index);
+  }
+}
+
+// ---- the slot pool ---------------------------------------------------------------------------------
+
+/// A pool of `slots` sequences: the latent KV block pool (one table per slot, blocks shuffled over
+/// the whole pool) and the slot-major indexer arrays, all poisoned.
+struct Pool {
+  static constexpr int kBlockSize = 8, kMaxBlocks = 5, kMaxRows = 40, kD = 20, kP = 4, kLora = 36;
+  Pool(Backend& be, Rng& rng, int num_slots, KvDtype dtype) : slots(num_slots) {
+    const size_t blocks = static_cast<size_t>(slots) * kMaxBlocks;
+    std::vector<int32_t> t(blocks);
+    std::iota(t.begin(), t.end(), 0);
+    std::shuffle(t.begin(), t.end(), rng.engine());
+    tables_h = t;
+    tables = upload(be, t);
+    const size_t elem = dtype == KvDtype::bf16 ? 2 : 1;
+    kv_data = poisoned<uint8_t>(be, blocks * kBlockSize * kLora * elem);
+    kv.cache = KvCache{kv_data.data(), dtype, 0.05f, static_cast<int>(blocks), kBlockSize, kLora};
+    kv.block_tables = tables.data();
+    kv.slots = slots;
+    kv.max_blocks = kMaxBlocks;
+    k_cache = poisoned<bf16>(be, static_cast<size_t>(slots) * kMaxRows * kD);
+    gate_cache = poisoned<float>(be, static_cast<size_t>(slots) * kMaxRows * kD);
+    valid = poisoned<uint8_t>(be, static_cast<size_t>(slots) * kMaxRows, 0);
+    pool_keys = poisoned<float>(be, static_cast<size_t>(slots) * (kMaxRows / kP) * kD);
+    idx = IndexerSlots{k_cache.data(), gate_cache.data(), valid.data(), pool_keys.data(),
+                       slots,          kMaxRows,          kD,           kP};
+  }
+  /// Slot s's block table, as the single-row ops take it.
+  const int32_t* table(int s) const { return tables.data() + static_cast<size_t>(s) * kMaxBlocks; }
+  int slots;
+  std::vector<int32_t> tables_h;
+  Array<int32_t> tables;
+  Array<uint8_t> kv_data;
+  KvSlots kv;
+  Array<bf16> k_cache;
+  Array<float> gate_cache;
+  Array<uint8_t> valid;
+  Array<float> pool_keys;
+  IndexerSlots idx;
+};
+
+/// Positions of live rows, different per row (0 .. capacity - 1), and for padded rows `pad_pos`.
+std::vector<int32_t> make_positions(Rng& rng, const std::vector<int32_t>& slots, int capacity,
+                                    int32_t pad_pos) {
+  std::vector<int32_t> pos(slots.size());
+  for (size_t b = 0; b < slots.size(); ++b) pos[b] = slots[b] < 0 ? pad_pos : rng.integer(0, capacity - 1);
+  return pos;
+}
+
+TEST_F(CpuBatch, KvNormWriteWritesEachRowToItsOwnSlotOnly) {
+  Rng rng(707);
+  const int L = Pool::kLora;
+  auto w = upload(*be, rng.bf16s(L, 0.5f, 1.5f));
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    for (int B : kBatches) {
+      const int slots = B + 3;
+      Pool pool(*be, rng, slots, dtype), ref(*be, rng, slots, dtype);
+      be->upload(ref.tables.data(), pool.tables_h.data(), pool.tables.bytes());  // the same tables
+      const auto slots_h = make_slots(rng, B, slots);
+      // A padded row at a position past every slot: refused if it were written.
+      const auto pos_h = make_positions(rng, slots_h, Pool::kMaxBlocks * Pool::kBlockSize, 1 << 20);
+      auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+      auto ckv = upload(*be, rng.bf16s(static_cast<size_t>(B) * L, -3, 3));
+      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, s.data(), pos.data(), B, pool.kv);
+      for (int b = 0; b < B; ++b)
+        if (slots_h[b] >= 0)
+          be->kv_norm_write(ckv.data() + b * L, w.data(), 1e-5f, ref.table(slots_h[b]), pos.data() + b,
+                            ref.kv.cache);
+      EXPECT_TRUE(same_bytes(download(*be, pool.kv_data), download(*be, ref.kv_data)))
+          << (dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") << where(B);
+    }
+  }
+  // Refusals: a repeated slot, a slot past the pool, a position past the slot's blocks.
+  Pool pool(*be, rng, 4, KvDtype::bf16);
+  auto ckv = upload(*be, rng.bf16s(2 * L, -1, 1));
+  auto twice = upload(*be, std::vector<int32_t>{2, 2}), past = upload(*be, std::vector<int32_t>{1, 4});
+  auto p0 = upload(*be, std::vector<int32_t>{0, 1}), far = upload(*be, std::vector<int32_t>{0, 40});
+  auto ok = upload(*be, std::vector<int32_t>{0, 1});
+  EXPECT_THROW(be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, twice.data(), p0.data(), 2, pool.kv),
+               Error);
+  EXPECT_THROW(be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, past.data(), p0.data(), 2, pool.kv),
+               Error);
+  EXPECT_THROW(be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, ok.data(), far.data(), 2, pool.kv),
+               Error);
+}
+
+TEST_F(CpuBatch, IndexerNormStoreWritesEachRowToItsOwnSlotAndCompletesPools) {
+  Rng rng(708);
+  const int D = Pool::kD, P = Pool::kP;
+  auto lw = upload(*be, rng.bf16s(D, 0.5f, 1.5f)), lb = upload(*be, rng.bf16s(D, -0.2f, 0.2f));
+  auto ape = upload(*be, rng.floats(static_cast<size_t>(P) * D, -1, 1));
+  for (int B : kBatches) {
+    const int slots = B + 2;
+    Pool pool(*be, rng, slots, KvDtype::bf16);
+    const auto slots_h = make_slots(rng, B, slots);
+    // Each live row's slot holds rows 0 .. pos-1 already (stored row by row with the single op);
+    // half the rows complete a pool (pos % P == P - 1).
+    std::vector<int32_t> pos_h(static_cast<size_t>(B), -3);  // -3: refused if a padded row were read
+    for (int b = 0; b < B; ++b) {
+      if (slots_h[b] < 0) continue;
+      const int pools = rng.integer(0, Pool::kMaxRows / P - 1);
+      pos_h[b] = pools * P + (b % 2 ? P - 1 : rng.integer(0, P - 2));
+      const size_t so = static_cast<size_t>(slots_h[b]);
+      for (int32_t t = 0; t < pos_h[b]; ++t) {
+        auto k_pre = upload(*be, rng.bf16s(D, -2, 2));
+        auto gate = upload(*be, rng.floats(D, -2, 2));
+        auto tp = upload(*be, std::vector<int32_t>{t});
+        be->indexer_norm_store(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), tp.data(),
+                               pool.k_cache.data() + so * Pool::kMaxRows * D,
+                               pool.gate_cache.data() + so * Pool::kMaxRows * D,
+                               pool.valid.data() + so * Pool::kMaxRows,
+                               pool.pool_keys.data() + so * (Pool::kMaxRows / P) * D, D, P);
+      }
+    }
+    // The reference: a byte copy of the pool, then the single op per live row.
+    Pool ref(*be, rng, slots, KvDtype::bf16);
+    be->copy(ref.k_cache.data(), pool.k_cache.data(), pool.k_cache.bytes());
+    be->copy(ref.gate_cache.data(), pool.gate_cache.data(), pool.gate_cache.bytes());
+    be->copy(ref.valid.data(), pool.valid.data(), pool.valid.bytes());
+    be->copy(ref.pool_keys.data(), pool.pool_keys.data(), pool.pool_keys.bytes());
+    auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+    auto k_pre = upload(*be, rng.bf16s(static_cast<size_t>(B) * D, -2, 2));
+    auto gate = upload(*be, rng.floats(static_cast<size_t>(B) * D, -2, 2));
+    be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), s.data(),
+                                 pos.data(), B, pool.idx);
+    for (int b = 0; b < B; ++b) {
+      if (slots_h[b] < 0) continue;
+      const size_t so = static_cast<size_t>(slots_h[b]);
+      be->indexer_norm_store(
+          k_pre.data() + b * D, lw.data(), lb.data(), 1e-6f, gate.data() + b * D, ape.data(), pos.data() + b,
+          ref.k_cache.data() + so * Pool::kMaxRows * D, ref.gate_cache.data() + so * Pool::kMaxRows * D,
+          ref.valid.data() + so * Pool::kMaxRows, ref.pool_keys.data() + so * (Pool::kMaxRows / P) * D, D, P);
+    }
+    EXPECT_TRUE(same_bytes(download(*be, pool.k_cache), download(*be, ref.k_cache))) << where(B);
+    EXPECT_TRUE(same_bytes(download(*be, pool.gate_cache), download(*be, ref.gate_cache))) << where(B);
+    EXPECT_TRUE(same_bytes(download(*be, pool.valid), download(*be, ref.valid))) << where(B);
+    EXPECT_TRUE(same_bytes(download(*be, pool.pool_keys), download(*be, ref.pool_keys))) << where(B);
+  }
+  Pool pool(*be, rng, 3, KvDtype::bf16);
+  auto k_pre = upload(*be, rng.bf16s(2 * D, -1, 1));
+  auto gate = upload(*be, rng.floats(2 * D, -1, 1));
+  auto twice = upload(*be, std::vector<int32_t>{1, 1}), p0 = upload(*be, std::vector<int32_t>{0, 0});
+  auto two = upload(*be, std::vector<int32_t>{0, 1}),
+       past = upload(*be, std::vector<int32_t>{0, Pool::kMaxRows});
+  EXPECT_THROW(be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(),
+                                            ape.data(), twice.data(), p0.data(), 2, pool.idx),
+               Error);
+  EXPECT_THROW(be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(),
+                                            ape.data(), two.data(), past.data(), 2, pool.idx),
+               Error);
+}
+
+TEST_F(CpuBatch, IndexerScoresReadEachRowsOwnPoolKeys) {
+  Rng rng(709);
+  const int D = Pool::kD, P = Pool::kP, nh = 3;
+  for (int B : kBatches) {
+    const int slots = B + 2;
+    Pool pool(*be, rng, slots, KvDtype::bf16);
+    const auto keys = rng.floats(pool.pool_keys.size(), -1, 1);
+    be->upload(pool.pool_keys.data(), keys.data(), pool.pool_keys.bytes());
+    const auto slots_h = make_slots(rng, B, slots);
+    const auto pos_h = make_positions(rng, slots_h, Pool::kMaxRows, 1 << 20);
+    auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+    auto q = upload(*be, rng.floats(static_cast<size_t>(B) * nh * D, -1, 1));
+    auto w = upload(*be, rng.floats(static_cast<size_t>(B) * nh, 0, 1));
+    const int mp = pool.idx.max_pools();
+    auto scores = poisoned<float>(*be, static_cast<size_t>(B) * mp),
+         ref = poisoned<float>(*be, scores.size());
+    be->indexer_scores_batch(q.data(), w.data(), s.data(), pos.data(), B, pool.idx, scores.data(), nh);
+    for (int b = 0; b < B; ++b) {
+      if (slots_h[b] < 0) continue;
+      be->indexer_scores(q.data() + b * nh * D, w.data() + b * nh,
+                         pool.pool_keys.data() + static_cast<size_t>(slots_h[b]) * mp * D, pos.data() + b,
+                         ref.data() + b * mp, nh, D, P, mp);
+    }
+    EXPECT_TRUE(same_bytes(download(*be, scores), download(*be, ref))) << where(B);
+  }
+}
+
+TEST_F(CpuBatch, IndexerSelectEqualsTheSingleRowOp) {
+  Rng rng(710);
+  const int P = 4, K = 12, max_pools = 30, width = K + P - 1;
+  for (int B : kBatches) {
+    std::vector<float> sc(static_cast<size_t>(B) * max_pools);
+    for (auto& v : sc) v = static_cast<float>(rng.integer(0, 5));  // many ties
+    auto scores = upload(*be, sc);
+    const auto slots_h = make_slots(rng, B, B + 1);
+    const auto pos_h = make_positions(rng, slots_h, max_pools * P, -3);  // -3: refused if read
+    auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+    auto sel = poisoned<int32_t>(*be, static_cast<size_t>(B) * width, 0x7B);
+    auto ref = poisoned<int32_t>(*be, sel.size(), 0x7B);
+    be->indexer_select_batch(scores.data(), s.data(), pos.data(), B, sel.data(), K, P, max_pools);
+    for (int b = 0; b < B; ++b)
+      if (slots_h[b] >= 0)
+        be->indexer_select(scores.data() + b * max_pools, pos.data() + b, ref.data() + b * width, K, P,
+                           max_pools);
+    EXPECT_TRUE(same_bytes(download(*be, sel), download(*be, ref))) << where(B);
+  }
+}
+
+// ---- MLA -------------------------------------------------------------------------------------------
+
+TEST_F(CpuBatch, MlaAbsorbAndOutVEqualTheSingleRowOps) {
+  Rng rng(711);
+  const int nh = 3, dqk = 20, dv = 12, L = 28;
+  auto W = upload(*be, rng.bf16s(static_cast<size_t>(nh) * (dqk + dv) * L, -1, 1));
+  for (int B : kBatches) {
+    auto q = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * dqk, -1, 1));
+    auto qa = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * L), qa_ref = poisoned<bf16>(*be, qa.size());
+    be->mla_absorb_q_batch(q.data(), W.data(), qa.data(), B, nh, dqk, dv, L);
+    for (int b = 0; b < B; ++b)
+      be->mla_absorb_q(q.data() + b * nh * dqk, W.data(), qa_ref.data() + b * nh * L, nh, dqk, dv, L);
+    EXPECT_TRUE(same_bytes(download(*be, qa), download(*be, qa_ref))) << "absorb, " << where(B);
+
+    auto o_lat = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * L, -1, 1));
+    auto o = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * dv), o_ref = poisoned<bf16>(*be, o.size());
+    be->mla_out_v_batch(o_lat.data(), W.data(), o.data(), B, nh, dqk, dv, L);
+    for (int b = 0; b < B; ++b)
+      be->mla_out_v(o_lat.data() + b * nh * L, W.data(), o_ref.data() + b * nh * dv, nh, dqk, dv, L);
+    EXPECT_TRUE(same_bytes(download(*be, o), download(*be, o_ref))) << "out_v, " << where(B);
+  }
+}
+
+TEST_F(CpuBatch, MlaDecodeReadsEachRowsOwnCacheThroughItsBlockTable) {
+  Rng rng(712);
+  const int nh = 3, L = Pool::kLora, width = 11;
+  const int capacity = Pool::kMaxBlocks * Pool::kBlockSize;
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    for (int B : kBatches) {
+      const int slots = B + 2;
+      Pool pool(*be, rng, slots, dtype);
+      // Fresh random latent rows in every slot (FP8: random finite codes).
+      if (dtype == KvDtype::bf16) {
+        const auto rows = rng.bf16s(pool.kv_data.size() / 2, -1, 1);
+        be->upload(pool.kv_data.data(), rows.data(), pool.kv_data.bytes());
+      } else {
+        const auto rows = rng.fp8s(pool.kv_data.size());
+        be->upload(pool.kv_data.data(), rows.data(), pool.kv_data.bytes());
+      }
+      const auto slots_h = make_slots(rng, B, slots);
+      // Each live row selects up to `width` distinct rows below its own position (some -1),
+      // a padded row an entry that would be refused if read.
+      std::vector<int32_t> sel_h(static_cast<size_t>(B) * width, -1);
+      for (int b = 0; b < B; ++b) {
+        int32_t* row = sel_h.data() + static_cast<size_t>(b) * width;
+        if (slots_h[b] < 0) {
+          row[0] = -9;
+          continue;
+        }
+        const int pos = rng.integer(0, capacity - 1);
+        for (int i = 0; i < width; ++i) row[i] = rng.integer(0, 5) == 0 ? -1 : rng.integer(0, pos);
+      }
+      if (B >= 3) std::fill_n(sel_h.begin(), width, -1);  // a live row with no rows at all: zeros
+      auto sel = upload(*be, sel_h), s = upload(*be, slots_h);
+      auto q_abs = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * L, -1, 1));
+      auto o = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * L), o_ref = poisoned<bf16>(*be, o.size());
+      be->mla_decode_batch(q_abs.data(), sel.data(), width, s.data(), B, pool.kv, o.data(), nh, 0.3f);
+      for (int b = 0; b < B; ++b) {
+        if (slots_h[b] < 0) continue;
+        be->mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width, pool.table(slots_h[b]),
+                       pool.kv.cache, o_ref.data() + b * nh * L, nh, 0.3f);
+      }
+      EXPECT_TRUE(same_bytes(download(*be, o), download(*be, o_ref)))
+          << (dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") << where(B);
+    }
+  }
+  Pool pool(*be, rng, 2, KvDtype::bf16);
+  auto q_abs = upload(*be, rng.bf16s(static_cast<size_t>(nh) * L, -1, 1));
+  auto o = poisoned<bf16>(*be, static_cast<size_t>(nh) * L);
+  auto s = upload(*be, std::vector<int32_t>{1});
+  auto past = upload(*be, std::vector<int32_t>{capacity});  // inside the pool, outside the slot's table
+  EXPECT_THROW(be->mla_decode_batch(q_abs.data(), past.data(), 1, s.data(), 1, pool.kv, o.data(), nh, 0.3f),
+               Error);
+}
+
+// ---- MoE -------------------------------------------------------------------------------------------
+
+TEST_F(CpuBatch, MoeRouteEqualsTheSingleRowOp) {
+  Rng rng(713);
+  struct Shape {
+    int E, top_k, n_group, topk_group;
+  };
+  for (const Shape sh : {Shape{8, 2, 1, 1}, Shape{64, 4, 8, 3}}) {
+    auto bias = upload(*be, rng.floats(sh.E, -0.3f, 0.3f));
+    for (int B : kBatches) {
+      const auto slots_h = make_slots(rng, B, B);
+      auto logits_h = rng.floats(static_cast<size_t>(B) * sh.E, -4, 4);
+      for (int b = 0; b < B; ++b)  // a padded row's logits are NaN: they must not be read
+        if (slots_h[b] < 0) std::fill_n(logits_h.begin() + b * sh.E, sh.E, std::nanf(""));
+      auto logits = upload(*be, logits_h);
+      auto s = upload(*be, slots_h);
+      const size_t n = static_cast<size_t>(B) * sh.top_k;
+      auto idx = poisoned<int32_t>(*be, n), idx_ref = poisoned<int32_t>(*be, n);
+      auto w = poisoned<float>(*be, n), w_ref = poisoned<float>(*be, n);
+      be->moe_route_batch(logits.data(), bias.data(), s.data(), B, sh.E, sh.top_k, sh.n_group, sh.topk_group,
+                          2.5f, idx.data(), w.data());
+      for (int b = 0; b < B; ++b)
+        if (slots_h[b] >= 0)
+          be->moe_route(logits.data() + b * sh.E, bias.data(), sh.E, sh.top_k, sh.n_group, sh.topk_group,
+                        2.5f, idx_ref.data() + b * sh.top_k, w_ref.data() + b * sh.top_k);
+      EXPECT_TRUE(same_bytes(download(*be, idx), download(*be, idx_ref))) << "E " << sh.E << ", " << where(B);
+      EXPECT_TRUE(same_bytes(download(*be, w), download(*be, w_ref))) << "E " << sh.E << ", " << where(B);
+    }
+  }
+}
+
+struct ExpertSet {
+  ExpertSet(Backend& be, Rng& rng, int count, int H, int I, float scale)
+      : gate(upload(be, rng.bf16s(static_cast<size_t>(count) * I * H, -scale, scale))),
+        up(upload(be, rng.bf16s(static_cast<size_t>(count) * I * H, -scale, scale))),
+        down(upload(be, rng.bf16s(static_cast<size_t>(count) * H * I, -0.2f, 0.2f))) {}
+  ExpertWeights weights(int first, int num_local, int H, int I) const {
+    return ExpertWeights{gate.data(), up.data(), down.data(), first, num_local, H, I};
+  }
+  Array<bf16> gate, up, down;
+};
+
+struct GroupedCase {
+  const char* name;
+  int first_expert, num_local;  ///< the local experts (EP when fewer than all)
+  bool shared;
+  float limit;
+  bool crowded;  ///< every row routes to experts of a small set: many duplicates across rows
+};
+
+TEST_F(CpuBatch, MoeExpertsGroupedEqualsTheSingleRowOpsPerRow) {
+  Rng rng(714);
+  const int E = 8, H = 44, I = 36, Is = 20, top_k = 3;
+  // Gate/up weights large enough that the limit 10 clamps some values.
+  const ExpertSet routed(*be, rng, E, H, I, 3.0f), shared_set(*be, rng, 1, H, Is, 3.0f);
+  const ExpertWeights shared = shared_set.weights(0, 1, H, Is);
+  const GroupedCase cases[] = {
+      {"all local, shared, clamp", 0, E, true, 10.0f, false},
+      {"all local, no shared, no clamp", 0, E, false, 0.0f, false},
+      {"EP experts 3..5, shared", 3, 3, true, 10.0f, false},
+      {"EP experts 3..5, no shared", 3, 3, false, 10.0f, true},
+      {"crowded, shared", 0, E, true, 10.0f, true},
+  };
+  for (const GroupedCase& c : cases) {
+    // The local experts start at the first one's weights, as a rank holds only its own.
+    const size_t off = static_cast<size_t>(c.first_expert) * I * H;
+    const ExpertWeights w{routed.gate.data() + off,
+                          routed.up.data() + off,
+                          routed.down.data() + off,
+                          c.first_expert,
+                          c.num_local,
+                          H,
+                          I};
+    for (int B : kBatches) {
+      const auto slots_h = make_slots(rng, B, B);
+      std::vector<int32_t> idx_h(static_cast<size_t>(B) * top_k);
+      for (int b = 0; b < B; ++b) {
+        int32_t* row = idx_h.data() + static_cast<size_t>(b) * top_k;
+        for (int i = 0; i < top_k; ++i) row[i] = c.crowded ? rng.integer(2, 4) : rng.integer(0, E - 1);
+        if (b == 0) {
+          row[0] = 4;  // a repeated expert inside one row
+          row[1] = 4;
+        }
+        if (b == 2 && c.num_local < E) {  // a row routed to no local expert
+          row[0] = 0;
+          row[1] = 1;
+          row[2] = 7;
+        }
+        // A padded row routes to an owned expert: were it applied, its output row would be written.
+        if (slots_h[b] < 0) row[0] = c.first_expert;
+      }
+      auto idx = upload(*be, idx_h), s = upload(*be, slots_h);
+      auto rw = upload(*be, rng.floats(static_cast<size_t>(B) * top_k, 0.1f, 1.0f));
+      auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * H, -1, 1));
+      auto out = poisoned<float>(*be, static_cast<size_t>(B) * H), ref = poisoned<float>(*be, out.size());
+      be->moe_experts_grouped(x.data(), w, idx.data(), rw.data(), s.data(), B, top_k,
+                              c.shared ? &shared : nullptr, c.limit, out.data());
+      for (int b = 0; b < B; ++b) {
+        if (slots_h[b] < 0) continue;
+        if (c.shared) {
+          be->moe_experts_shared(x.data() + b * H, w, idx.data() + b * top_k, rw.data() + b * top_k, top_k,
+                                 shared, c.limit, ref.data() + b * H);
+        } else {
+          be->moe_experts(x.data() + b * H, w, idx.data() + b * top_k, rw.data() + b * top_k, top_k, c.limit,
+                          ref.data() + b * H);
+        }
+      }
+      const auto got = download(*be, out);
+      EXPECT_TRUE(same_bytes(got, download(*be, ref))) << c.name << ", " << where(B);
+      if (B >= 3 && c.num_local < E && !c.shared && slots_h[2] >= 0) {
+        for (int h = 0; h < H; ++h) EXPECT_EQ(got[2 * H + h], 0.0f) << "row 2 owns no expert, " << where(B);
+      }
+    }
+  }
+}
+
+TEST_F(CpuBatch, AllRowsPaddedWritesNothing) {
+  Rng rng(715);
+  const int B = 4, H = 16, I = 8, top_k = 2;
+  const ExpertSet routed(*be, rng, 4, H, I, 1.0f);
+  const std::vector<int32_t> none(B, -1);
+  auto s = upload(*be, none);
+  auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * H, -1, 1));
+  auto idx = upload(*be, std::vector<int32_t>(static_cast<size_t>(B) * top_k, 0));
+  auto rw = upload(*be, rng.floats(static_cast<size_t>(B) * top_k, 0, 1));
+  auto out = poisoned<float>(*be, static_cast<size_t>(B) * H);
+  const auto before = download(*be, out);
+  be->moe_experts_grouped(x.data(), routed.weights(0, 4, H, I), idx.data(), rw.data(), s.data(), B, top_k,
+                          nullptr, 0.0f, out.data());
+  EXPECT_TRUE(same_bytes(download(*be, out), before));
+  auto head_out = poisoned<ArgMax>(*be, B);
+  const auto head_before = download(*be, head_out);
+  auto W = upload(*be, rng.bf16s(static_cast<size_t>(10) * H, -1, 1));
+  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), s.data(), B, 10, H, 0, nullptr, 0,
+                        head_out.data());
+  EXPECT_TRUE(same_bytes(download(*be, head_out), head_before));
+}
+
+}  // namespace
+}  // namespace mtplab::ops::test
