@@ -28,6 +28,94 @@ LayerCache::LayerCache(ops::Backend& be, const BlockDims& d) {
   be.fill_bytes(valid.data(), 0, valid.bytes());
 }
 
+CacheView LayerCache::view() {
+  return CacheView{block_table.data(), kv_,          k_cache.data(),
+                   gate_cache.data(),  valid.data(), pool_keys.data()};
+}
+
+SlotCaches::SlotCaches(ops::Backend& be, const BlockDims& d, int slots) : dims_(d), slots_(slots) {
+  MTP_REQUIRE(slots >= 1, "slot caches: ", slots, " slots");
+  MTP_REQUIRE(d.max_rows > 0 && d.max_rows % d.index_kpool == 0, "slot caches: capacity ", d.max_rows,
+              " is not a positive whole number of pools of ", d.index_kpool);
+  max_blocks_ = (d.max_rows + d.block_size - 1) / d.block_size;
+  const size_t S = static_cast<size_t>(slots);
+  const size_t blocks = S * max_blocks_;
+  // Slot s's logical block j is physical block j * slots + s: the slots' blocks interleave in
+  // the pool, so nothing can work by assuming a slot's rows are contiguous.
+  std::vector<int32_t> tables(blocks);
+  for (size_t s = 0; s < S; ++s)
+    for (int j = 0; j < max_blocks_; ++j) tables[s * max_blocks_ + j] = static_cast<int32_t>(j * S + s);
+  block_tables = ops::Array<int32_t>(be, blocks);
+  be.upload(block_tables.data(), tables.data(), tables.size() * sizeof(int32_t));
+  const size_t elem = d.kv_dtype == ops::KvDtype::bf16 ? 2 : 1;
+  kv_data_ = ops::Array<uint8_t>(be, blocks * d.block_size * d.kv_lora * elem);
+  kv_ = ops::KvCache{kv_data_.data(),          d.kv_dtype,   d.kv_scale,
+                     static_cast<int>(blocks), d.block_size, d.kv_lora};
+  const size_t rows = S * d.max_rows;
+  k_cache = ops::Array<bf16>(be, rows * d.index_dim);
+  gate_cache = ops::Array<float>(be, rows * d.index_dim);
+  valid = ops::Array<uint8_t>(be, rows);
+  pool_keys = ops::Array<float>(be, S * d.max_pools() * d.index_dim);
+  be.fill_bytes(valid.data(), 0, valid.bytes());
+}
+
+CacheView SlotCaches::view(int slot) {
+  MTP_REQUIRE(slot >= 0 && slot < slots_, "slot caches: slot ", slot, " of ", slots_);
+  const size_t s = static_cast<size_t>(slot);
+  const size_t rows = static_cast<size_t>(dims_.max_rows);
+  const size_t D = static_cast<size_t>(dims_.index_dim);
+  return CacheView{block_tables.data() + s * max_blocks_,
+                   kv_,
+                   k_cache.data() + s * rows * D,
+                   gate_cache.data() + s * rows * D,
+                   valid.data() + s * rows,
+                   pool_keys.data() + s * dims_.max_pools() * D};
+}
+
+ops::KvSlots SlotCaches::kv_slots() { return ops::KvSlots{kv_, block_tables.data(), slots_, max_blocks_}; }
+
+ops::IndexerSlots SlotCaches::indexer_slots() {
+  return ops::IndexerSlots{k_cache.data(), gate_cache.data(), valid.data(),    pool_keys.data(),
+                           slots_,         dims_.max_rows,    dims_.index_dim, dims_.index_kpool};
+}
+
+void SlotCaches::clear(ops::Backend& be, int slot) {
+  be.fill_bytes(view(slot).valid, 0, static_cast<size_t>(dims_.max_rows));
+}
+
+BatchScratch::BatchScratch(ops::Backend& be, const BlockDims& d, int n)
+    : rows(n),
+      u(be, static_cast<size_t>(n) * d.hidden),
+      cq_pre(be, static_cast<size_t>(n) * d.q_lora),
+      cq(be, static_cast<size_t>(n) * d.q_lora),
+      q(be, static_cast<size_t>(n) * d.n_heads_local * d.qk_nope),
+      ckv_pre(be, static_cast<size_t>(n) * d.kv_lora),
+      k_pre(be, static_cast<size_t>(n) * d.index_dim),
+      q_abs(be, static_cast<size_t>(n) * d.n_heads_local * d.kv_lora),
+      o_lat(be, static_cast<size_t>(n) * d.n_heads_local * d.kv_lora),
+      o(be, static_cast<size_t>(n) * d.n_heads_local * d.v_head),
+      v(be, static_cast<size_t>(n) * d.hidden),
+      gate(be, static_cast<size_t>(n) * d.index_dim),
+      w_idx(be, static_cast<size_t>(n) * d.index_heads),
+      q_idx(be, static_cast<size_t>(n) * d.index_heads * d.index_dim),
+      scores(be, static_cast<size_t>(n) * d.max_pools()),
+      attn_partial(be, static_cast<size_t>(n) * d.hidden),
+      router_logits(be, static_cast<size_t>(n) * d.num_experts),
+      moe_partial(be, static_cast<size_t>(n) * d.hidden),
+      expert_w(be, static_cast<size_t>(n) * d.top_k),
+      selection(be, static_cast<size_t>(n) * d.selection_width()),
+      expert_idx(be, static_cast<size_t>(n) * d.top_k) {
+  // Padded rows of the row ops compute on whatever their rows hold: start from zeros, not from
+  // uninitialised memory.
+  for (ops::Array<bf16>* a : {&u, &cq_pre, &cq, &q, &ckv_pre, &k_pre, &q_abs, &o_lat, &o, &v})
+    be.fill_bytes(a->data(), 0, a->bytes());
+  for (ops::Array<float>* a :
+       {&gate, &w_idx, &q_idx, &scores, &attn_partial, &router_logits, &moe_partial, &expert_w})
+    be.fill_bytes(a->data(), 0, a->bytes());
+  be.fill_bytes(selection.data(), 0xFF, selection.bytes());
+  be.fill_bytes(expert_idx.data(), 0, expert_idx.bytes());
+}
+
 BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
     : u(be, d.hidden),
       cq_pre(be, d.q_lora),
@@ -82,22 +170,22 @@ void Block::all_reduce(float* partial, int n) {
   if (comm_ && comm_->size() > 1) comm_->all_reduce_sum(partial, partial, static_cast<size_t>(n));
 }
 
-void Block::write_caches(const int32_t* pos, LayerCache& cache) {
+void Block::write_caches(const int32_t* pos, const CacheView& cache) {
   auto& s = scratch_;
   write_caches_from(s.ckv_pre.data(), s.k_pre.data(), s.gate.data(), pos, cache);
 }
 
 void Block::write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const float* gate, const int32_t* pos,
-                              LayerCache& cache) {
+                              const CacheView& cache) {
   const BlockDims& d = dims_;
   // Latent row: c_kv = RMSNorm_kva(W_kva u), cached at slot pos (the norm and the write in one op;
   // c_kv is read from the cache only, so it is not kept elsewhere).
-  be_.kv_norm_write(ckv_pre, w_.kv_a_norm.data(), d.rms_eps, cache.block_table.data(), pos, cache.kv());
+  be_.kv_norm_write(ckv_pre, w_.kv_a_norm.data(), d.rms_eps, cache.block_table, pos, cache.kv);
   // Indexer row: k_normed = LayerNorm(W_k u) (weight and bias), gate = W_gate u in fp32, stored
   // with the pool key when the row completes a pool (one op).
   be_.indexer_norm_store(k_pre, w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(), d.index_ln_eps, gate,
-                         w_.idx_ape.data(), pos, cache.k_cache.data(), cache.gate_cache.data(),
-                         cache.valid.data(), cache.pool_keys.data(), d.index_dim, d.index_kpool);
+                         w_.idx_ape.data(), pos, cache.k_cache, cache.gate_cache, cache.valid,
+                         cache.pool_keys, d.index_dim, d.index_kpool);
 }
 
 void Block::project_rows_batched(int n, const bf16* x, bool full) {
@@ -118,10 +206,15 @@ void Block::project_rows_batched(int n, const bf16* x, bool full) {
 }
 
 void Block::write_context_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache) {
+  write_context_rows(n, x, pos, cache.view(), cache.rows());
+  cache.set_rows(cache.rows() + n);
+}
+
+void Block::write_context_rows(int n, const bf16* x, const int32_t* pos, const CacheView& cache, int rows) {
   const BlockDims& d = dims_;
   MTP_REQUIRE(rows_ && rows_->gemm && n >= 1 && n <= rows_->max_rows, "block: write_context_rows of ", n,
               " rows needs reserve_rows(", n, ", .., gemm = true)");
-  MTP_REQUIRE(cache.rows() + n <= d.max_rows, "block: context rows ", cache.rows(), "..", cache.rows() + n - 1,
+  MTP_REQUIRE(rows + n <= d.max_rows, "block: context rows ", rows, "..", rows + n - 1,
               " are past the capacity of ", d.max_rows, " rows");
   RowsScratch& rs = *rows_;
   project_rows_batched(n, x, false);
@@ -129,12 +222,16 @@ void Block::write_context_rows(int n, const bf16* x, const int32_t* pos, LayerCa
     write_caches_from(rs.ckv_pre.data() + static_cast<size_t>(r) * d.kv_lora,
                       rs.k_pre.data() + static_cast<size_t>(r) * d.index_dim,
                       rs.gate.data() + static_cast<size_t>(r) * d.index_dim, pos + r, cache);
-  cache.set_rows(cache.rows() + n);
 }
 
 void Block::write_context_row(const bf16* x, const int32_t* pos, LayerCache& cache) {
-  MTP_REQUIRE(cache.rows() < dims_.max_rows, "block: context row ", cache.rows(), " is past the capacity of ",
-              dims_.max_rows, " rows");
+  write_context_row(x, pos, cache.view(), cache.rows());
+  cache.set_rows(cache.rows() + 1);
+}
+
+void Block::write_context_row(const bf16* x, const int32_t* pos, const CacheView& cache, int rows) {
+  MTP_REQUIRE(rows < dims_.max_rows, "block: context row ", rows, " is past the capacity of ", dims_.max_rows,
+              " rows");
   auto& s = scratch_;
   be_.rmsnorm(x, w_.input_norm.data(), s.u.data(), 1, dims_.hidden, dims_.rms_eps);
   // The cache-side projections of u (kv_a, indexer wk, gate) in one op.
@@ -145,10 +242,9 @@ void Block::write_context_row(const bf16* x, const int32_t* pos, LayerCache& cac
   };
   be_.linear_group(outs, s.u.data(), dims_.hidden);
   write_caches(pos, cache);
-  cache.set_rows(cache.rows() + 1);
 }
 
-void Block::project_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* cq, bf16* q,
+void Block::project_row(const bf16* x, const int32_t* pos, const CacheView& cache, bf16* cq, bf16* q,
                         float* w_idx) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
@@ -169,18 +265,18 @@ void Block::project_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf
   write_caches(pos, cache);
 }
 
-void Block::finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out, const bf16* q,
+void Block::finish_row(const bf16* x, const int32_t* pos, const CacheView& cache, bf16* x_out, const bf16* q,
                        const float* w_idx, const float* q_idx, int32_t* selection, const OutNorm* out_norm) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
   // Indexer scores over the complete pools visible at pos, then the top-k selection.
-  be_.indexer_scores(q_idx, w_idx, cache.pool_keys.data(), pos, s.scores.data(), d.index_heads, d.index_dim,
+  be_.indexer_scores(q_idx, w_idx, cache.pool_keys, pos, s.scores.data(), d.index_heads, d.index_dim,
                      d.index_kpool, d.max_pools());
   be_.indexer_select(s.scores.data(), pos, selection, d.index_topk, d.index_kpool, d.max_pools());
   // Absorbed sparse MLA over this rank's heads.
   if (d.n_heads_local > 0) {
     be_.mla_absorb_q(q, w_.kv_b.data(), s.q_abs.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
-    be_.mla_decode(s.q_abs.data(), selection, d.selection_width(), cache.block_table.data(), cache.kv(),
+    be_.mla_decode(s.q_abs.data(), selection, d.selection_width(), cache.block_table, cache.kv,
                    s.o_lat.data(), d.n_heads_local, d.softmax_scale);
     be_.mla_out_v(s.o_lat.data(), w_.kv_b.data(), s.o.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
     be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), 1, d.hidden, d.n_heads_local * d.v_head);
@@ -220,10 +316,11 @@ void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* 
   auto& s = scratch_;
   MTP_REQUIRE(cache.rows() < d.max_rows, "block: row ", cache.rows(), " is past the capacity of ", d.max_rows,
               " rows");
-  project_row(x, pos, cache, s.cq.data(), s.q.data(), s.w_idx.data());
+  const CacheView view = cache.view();
+  project_row(x, pos, view, s.cq.data(), s.q.data(), s.w_idx.data());
   // Indexer query side: q^I = W_qbI c_q.
   be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
-  finish_row(x, pos, cache, x_out, s.q.data(), s.w_idx.data(), s.q_idx.data(), s.selection.data(), out_norm);
+  finish_row(x, pos, view, x_out, s.q.data(), s.w_idx.data(), s.q_idx.data(), s.selection.data(), out_norm);
   cache.set_rows(cache.rows() + 1);
 }
 
@@ -245,11 +342,17 @@ void Block::reserve_rows(int max_rows, bool shadow, bool gemm) {
 // row r did not read either. Nothing else row r computes depends on the caches.
 void Block::forward_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
                          ops::RowsMode qidx_mode, ops::RowsMode proj_mode) {
+  forward_rows(n, x, pos, cache.view(), cache.rows(), x_out, qidx_mode, proj_mode);
+  cache.set_rows(cache.rows() + n);
+}
+
+void Block::forward_rows(int n, const bf16* x, const int32_t* pos, const CacheView& cache, int rows,
+                         bf16* x_out, ops::RowsMode qidx_mode, ops::RowsMode proj_mode) {
   const BlockDims& d = dims_;
   MTP_REQUIRE(rows_ && n >= 1 && n <= rows_->max_rows, "block: forward_rows of ", n,
               " rows, chunk buffers for ", rows_ ? rows_->max_rows : 0, " (reserve_rows first)");
-  MTP_REQUIRE(cache.rows() + n <= d.max_rows, "block: rows ", cache.rows(), "..", cache.rows() + n - 1,
-              " are past the capacity of ", d.max_rows, " rows");
+  MTP_REQUIRE(rows + n <= d.max_rows, "block: rows ", rows, "..", rows + n - 1, " are past the capacity of ",
+              d.max_rows, " rows");
   RowsScratch& rs = *rows_;
   const size_t H = static_cast<size_t>(d.hidden);
   const size_t q_width = static_cast<size_t>(d.n_heads_local) * d.qk_nope;
@@ -284,10 +387,13 @@ void Block::forward_rows(int n, const bf16* x, const int32_t* pos, LayerCache& c
                rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads,
                rs.q_idx.data() + static_cast<size_t>(r) * qidx_width, rs.selection.data() + r * width);
   }
-  cache.set_rows(cache.rows() + n);
 }
 
 void Block::shadow_select_rows(int n, const int32_t* pos, LayerCache& cache) {
+  shadow_select_rows(n, pos, cache.view());
+}
+
+void Block::shadow_select_rows(int n, const int32_t* pos, const CacheView& cache) {
   const BlockDims& d = dims_;
   MTP_REQUIRE(rows_ && rows_->shadow_selection.size() > 0 && n >= 1 && n <= rows_->max_rows,
               "block: shadow_select_rows of ", n, " rows needs reserve_rows with the shadow buffers");
@@ -301,11 +407,94 @@ void Block::shadow_select_rows(int n, const int32_t* pos, LayerCache& cache) {
     float* q_idx = rs.shadow_q_idx.data() + static_cast<size_t>(r) * qidx_width;
     be_.linear_f32(w_.idx_wq_b.data(), rs.cq.data() + static_cast<size_t>(r) * d.q_lora, q_idx, 1, qidx_width,
                    d.q_lora);
-    be_.indexer_scores(q_idx, rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads,
-                       cache.pool_keys.data(), pos + r, scratch_.scores.data(), d.index_heads, d.index_dim,
-                       d.index_kpool, d.max_pools());
+    be_.indexer_scores(q_idx, rs.w_idx.data() + static_cast<size_t>(r) * d.index_heads, cache.pool_keys,
+                       pos + r, scratch_.scores.data(), d.index_heads, d.index_dim, d.index_kpool,
+                       d.max_pools());
     be_.indexer_select(scratch_.scores.data(), pos + r, rs.shadow_selection.data() + r * width, d.index_topk,
                        d.index_kpool, d.max_pools());
+  }
+}
+
+// ---- batched: one row per sequence ------------------------------------------------------------
+
+bool Block::reserve_batch(int rows) {
+  MTP_REQUIRE(rows >= 1, "block: reserve_batch(", rows, ")");
+  if (batch_ && batch_->rows >= rows) return false;
+  batch_ = std::make_unique<BatchScratch>(be_, dims_, rows);
+  return true;
+}
+
+// The single-row forward, op for op, with every op over the n rows at once. On the CPU each row is
+// bit-identical to forward(): the batched linears compute exactly the per-row GEMVs of
+// linear_group (the 1/sqrt(n_I) scale applied as the group applies it), the batched ops are the
+// single-row ops per row, and the all-reduces sum elementwise (an element's sum does not depend on
+// the other elements of the call at 2 ranks; at more ranks an implementation may pick its
+// algorithm by message size).
+void Block::forward_batch(int n, const bf16* x, const int32_t* slot, const int32_t* pos, SlotCaches& caches,
+                          bf16* x_out, const OutNorm* out_norm) {
+  const BlockDims& d = dims_;
+  MTP_REQUIRE(batch_ && n >= 1 && n <= batch_->rows, "block: forward_batch of ", n, " rows, buffers for ",
+              batch_ ? batch_->rows : 0, " (reserve_batch first)");
+  BatchScratch& bs = *batch_;
+  constexpr ops::RowsMode kBatched = ops::RowsMode::batched;
+  const ops::KvSlots kv = caches.kv_slots();
+  const ops::IndexerSlots idx = caches.indexer_slots();
+  const int qidx_width = d.index_heads * d.index_dim;
+  // ---- projections of u, every weight once for the n rows ----
+  be_.rmsnorm(x, w_.input_norm.data(), bs.u.data(), n, d.hidden, d.rms_eps);
+  be_.linear(w_.q_a.data(), bs.u.data(), bs.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
+  be_.linear(w_.kv_a.data(), bs.u.data(), bs.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
+  be_.linear(w_.idx_wk.data(), bs.u.data(), bs.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
+  be_.linear_f32(w_.idx_gate.data(), bs.u.data(), bs.gate.data(), n, d.index_dim, d.hidden, kBatched);
+  be_.linear_f32(w_.idx_weights_proj.data(), bs.u.data(), bs.w_idx.data(), n, d.index_heads, d.hidden,
+                 kBatched);
+  be_.scale_f32(bs.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
+  be_.rmsnorm(bs.cq_pre.data(), w_.q_a_norm.data(), bs.cq.data(), n, d.q_lora, d.rms_eps);
+  be_.linear(w_.q_b.data(), bs.cq.data(), bs.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+  // ---- each row's cache rows at (slot, pos) ----
+  be_.kv_norm_write_batch(bs.ckv_pre.data(), w_.kv_a_norm.data(), d.rms_eps, slot, pos, n, kv);
+  be_.indexer_norm_store_batch(bs.k_pre.data(), w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(),
+                               d.index_ln_eps, bs.gate.data(), w_.idx_ape.data(), slot, pos, n, idx);
+  // ---- indexer over each row's own pool keys, then the selection ----
+  be_.linear_f32(w_.idx_wq_b.data(), bs.cq.data(), bs.q_idx.data(), n, qidx_width, d.q_lora, kBatched);
+  be_.indexer_scores_batch(bs.q_idx.data(), bs.w_idx.data(), slot, pos, n, idx, bs.scores.data(),
+                           d.index_heads);
+  be_.indexer_select_batch(bs.scores.data(), slot, pos, n, bs.selection.data(), d.index_topk, d.index_kpool,
+                           d.max_pools());
+  // ---- absorbed sparse MLA over this rank's heads, each row on its own latent rows ----
+  if (d.n_heads_local > 0) {
+    be_.mla_absorb_q_batch(bs.q.data(), w_.kv_b.data(), bs.q_abs.data(), n, d.n_heads_local, d.qk_nope,
+                           d.v_head, d.kv_lora);
+    be_.mla_decode_batch(bs.q_abs.data(), bs.selection.data(), d.selection_width(), slot, n, kv,
+                         bs.o_lat.data(), d.n_heads_local, d.softmax_scale);
+    be_.mla_out_v_batch(bs.o_lat.data(), w_.kv_b.data(), bs.o.data(), n, d.n_heads_local, d.qk_nope, d.v_head,
+                        d.kv_lora);
+    be_.linear_f32(w_.o_proj.data(), bs.o.data(), bs.attn_partial.data(), n, d.hidden,
+                   d.n_heads_local * d.v_head, kBatched);
+  } else {
+    be_.fill_bytes(bs.attn_partial.data(), 0, static_cast<size_t>(n) * d.hidden * sizeof(float));
+  }
+  all_reduce(bs.attn_partial.data(), n * d.hidden);
+  // ---- MoE: the router per row, the routed experts grouped over the rows ----
+  be_.residual_add_rmsnorm_rows(x, bs.attn_partial.data(), x_out, w_.post_norm.data(), bs.v.data(), n,
+                                d.hidden, d.rms_eps);
+  be_.linear_f32(w_.router.data(), bs.v.data(), bs.router_logits.data(), n, d.num_experts, d.hidden,
+                 kBatched);
+  be_.moe_route_batch(bs.router_logits.data(), w_.router_bias.data(), slot, n, d.num_experts, d.top_k,
+                      d.n_group, d.topk_group, d.routed_scaling, bs.expert_idx.data(), bs.expert_w.data());
+  const ops::ExpertWeights routed{w_.exp_gate.data(),   w_.exp_up.data(), w_.exp_down.data(), w_.first_expert,
+                                  w_.num_local_experts, d.hidden,         d.moe_inter};
+  const ops::ExpertWeights shared{w_.sh_gate.data(), w_.sh_up.data(),     w_.sh_down.data(), 0, 1,
+                                  d.hidden,          d.shared_inter_local};
+  be_.moe_experts_grouped(bs.v.data(), routed, bs.expert_idx.data(), bs.expert_w.data(), slot, n, d.top_k,
+                          d.shared_inter_local > 0 ? &shared : nullptr, d.swiglu_limit,
+                          bs.moe_partial.data());
+  all_reduce(bs.moe_partial.data(), n * d.hidden);
+  if (out_norm) {
+    be_.residual_add_rmsnorm_rows(x_out, bs.moe_partial.data(), x_out, out_norm->w, out_norm->normed, n,
+                                  d.hidden, out_norm->eps);
+  } else {
+    be_.residual_add(x_out, bs.moe_partial.data(), x_out, n * d.hidden);
   }
 }
 

@@ -66,6 +66,17 @@ struct BlockWeights {
   ops::Array<bf16> sh_gate, sh_up, sh_down;            // shared expert slice [Is, H], [Is, H], [H, Is]
 };
 
+/// Where one sequence's caches of a block live, as the single-sequence ops address them: its own
+/// LayerCache, or its slot of a SlotCaches pool. The block's row functions work on either.
+struct CacheView {
+  const int32_t* block_table = nullptr;  ///< this sequence's logical -> physical blocks
+  ops::KvCache kv;                       ///< the block pool the table points into
+  bf16* k_cache = nullptr;               ///< [max_rows, D]
+  float* gate_cache = nullptr;           ///< [max_rows, D]
+  uint8_t* valid = nullptr;              ///< [max_rows]
+  float* pool_keys = nullptr;            ///< [max_pools, D]
+};
+
 /// Per-sequence caches of one block: the paged latent KV cache and the indexer rows.
 class LayerCache {
  public:
@@ -74,6 +85,7 @@ class LayerCache {
   int rows() const { return rows_; }
   void set_rows(int rows) { rows_ = rows; }
   ops::KvCache kv() { return kv_; }
+  CacheView view();
   ops::Array<int32_t> block_table;
   ops::Array<bf16> k_cache;     // [max_rows, D]
   ops::Array<float> gate_cache; // [max_rows, D]
@@ -84,6 +96,38 @@ class LayerCache {
   ops::Array<uint8_t> kv_data_;
   ops::KvCache kv_;
   int rows_ = 0;
+};
+
+/// The caches of a pool of sequence slots (batched drafting): one allocation per cache kind,
+/// addressed by slot, so one op reaches every row's caches through (slot, position) in backend
+/// memory (docs/drafter.md, "Batched drafting"). Slot s has its own block table (max_blocks
+/// entries) into one shared block pool; its blocks are spread over the pool (logical block j of
+/// slot s is physical block j * slots + s), and every access goes through the table, as with
+/// blocks a paged allocator hands out. The indexer arrays are slot-major.
+class SlotCaches {
+ public:
+  SlotCaches(ops::Backend& be, const BlockDims& dims, int slots);
+  int slots() const { return slots_; }
+  int max_blocks() const { return max_blocks_; }
+  /// Slot s's caches, as the single-sequence ops (context rows) address them.
+  CacheView view(int slot);
+  /// The whole pool, as the batched ops address it.
+  ops::KvSlots kv_slots();
+  ops::IndexerSlots indexer_slots();
+  /// Clears slot s's valid flags (a new sequence takes the slot).
+  void clear(ops::Backend& be, int slot);
+  ops::Array<int32_t> block_tables;  // [slots, max_blocks]
+  ops::Array<bf16> k_cache;          // [slots, max_rows, D]
+  ops::Array<float> gate_cache;      // [slots, max_rows, D]
+  ops::Array<uint8_t> valid;         // [slots, max_rows]
+  ops::Array<float> pool_keys;       // [slots, max_pools, D]
+
+ private:
+  BlockDims dims_;
+  int slots_ = 0;
+  int max_blocks_ = 0;
+  ops::Array<uint8_t> kv_data_;  // [slots * max_blocks, block_size, kv_lora]
+  ops::KvCache kv_;
 };
 
 /// Scratch buffers of one block forward (one row at a time).
@@ -114,6 +158,15 @@ struct RowsScratch {
   ops::Array<int32_t> selection;         // [max_rows, K + P - 1]
   ops::Array<float> shadow_q_idx;        // [max_rows, n_I * D] per-row GEMV (check only)
   ops::Array<int32_t> shadow_selection;  // [max_rows, K + P - 1] (check only)
+};
+
+/// Buffers of Block::forward_batch for up to `rows` rows (one per sequence of the batch).
+struct BatchScratch {
+  BatchScratch(ops::Backend& be, const BlockDims& dims, int rows);
+  int rows = 0;
+  ops::Array<bf16> u, cq_pre, cq, q, ckv_pre, k_pre, q_abs, o_lat, o, v;
+  ops::Array<float> gate, w_idx, q_idx, scores, attn_partial, router_logits, moe_partial, expert_w;
+  ops::Array<int32_t> selection, expert_idx;
 };
 
 class Block {
@@ -167,21 +220,47 @@ class Block {
   const int32_t* rows_selection() const;
   const int32_t* rows_shadow_selection() const;
 
+  // ---- the same on any CacheView (a slot of a SlotCaches pool): `rows` is the rows the view's
+  // sequence holds (the caller keeps the count; the LayerCache versions above advance theirs).
+  void write_context_row(const bf16* x, const int32_t* pos, const CacheView& cache, int rows);
+  void write_context_rows(int n, const bf16* x, const int32_t* pos, const CacheView& cache, int rows);
+  void forward_rows(int n, const bf16* x, const int32_t* pos, const CacheView& cache, int rows, bf16* x_out,
+                    ops::RowsMode qidx_mode, ops::RowsMode proj_mode);
+  void shadow_select_rows(int n, const int32_t* pos, const CacheView& cache);
+
+  // ---- batched: one row per sequence of a decode batch ---------------------------------------
+  /// Allocates the buffers of forward_batch for up to `rows` rows (a no-op when they exist).
+  /// Returns true when it (re)allocated them (their addresses changed).
+  bool reserve_batch(int rows);
+  /// The full block on n rows x [n, H], row b of sequence slot slot[b] at position pos[b] (both
+  /// backend memory, [n]; slot -1: a padded row, which writes no cache), each with its own caches
+  /// in `caches`: the dense projections as one batched linear over the n rows (every weight read
+  /// once), the cache writes, indexer scores / selection and sparse MLA over each row's own
+  /// caches (one op each), the router per row and the routed experts grouped over the rows
+  /// (moe_experts_grouped), two all-reduces of [n, H]. Row b's output equals forward() of that
+  /// row on its sequence's caches, bit for bit on the CPU. x and x_out may alias; with out_norm,
+  /// out_norm->normed is [n, H]. The caller checks positions and advances its row counts.
+  void forward_batch(int n, const bf16* x, const int32_t* slot, const int32_t* pos, SlotCaches& caches,
+                     bf16* x_out, const OutNorm* out_norm = nullptr);
+  /// The selections of the rows of the last forward_batch ([n, K + P - 1]).
+  const int32_t* batch_selection() const { return batch_ ? batch_->selection.data() : nullptr; }
+
  private:
   /// Phase A of one row: input norm, every projection of u (w_idx to `w_idx`), c_q to `cq`,
   /// q to `q`, then the latent and indexer cache rows at pos.
-  void project_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* cq, bf16* q, float* w_idx);
+  void project_row(const bf16* x, const int32_t* pos, const CacheView& cache, bf16* cq, bf16* q,
+                   float* w_idx);
   /// Phase C of one row: scores and selection (into `selection`) from q_idx and w_idx, absorbed
   /// sparse MLA, o_proj, all-reduce, then the MoE with both residuals.
-  void finish_row(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out, const bf16* q,
+  void finish_row(const bf16* x, const int32_t* pos, const CacheView& cache, bf16* x_out, const bf16* q,
                   const float* w_idx, const float* q_idx, int32_t* selection,
                   const OutNorm* out_norm = nullptr);
   /// Norms and stores the cache row from the projections of u already in scratch (ckv_pre, k_pre,
   /// gate: one linear_group, made by the caller with whatever else it projects from u).
-  void write_caches(const int32_t* pos, LayerCache& cache);
+  void write_caches(const int32_t* pos, const CacheView& cache);
   /// The same from projections kept elsewhere (one row of the batched buffers).
   void write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const float* gate, const int32_t* pos,
-                         LayerCache& cache);
+                         const CacheView& cache);
   /// Input norm of n rows into rows_->u, then the batched projections `outs` of those rows.
   void project_rows_batched(int n, const bf16* x, bool full);
   void all_reduce(float* partial, int n);
@@ -192,6 +271,7 @@ class Block {
   BlockWeights w_;
   BlockScratch scratch_;
   std::unique_ptr<RowsScratch> rows_;
+  std::unique_ptr<BatchScratch> batch_;
 };
 
 }  // namespace mtplab::drafter

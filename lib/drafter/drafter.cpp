@@ -164,14 +164,20 @@ void MtpDrafter::front_rows(int rows) {
 
 void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n, int row_base,
                              Phase phase) {
-  if (row_base != st.seq_len_) {
-    ++st.refused_writes_;
-    MTP_FAIL("drafter: context rows written at row ", row_base, " but the sequence holds ", st.seq_len_,
+  append_rows_to(st.rc_, st.cache.view(), next_tokens, hiddens, n, row_base, phase);
+  st.cache.set_rows(st.rc_.seq_len);
+}
+
+void MtpDrafter::append_rows_to(RowCounters& rc, const CacheView& view, const int32_t* next_tokens,
+                                const bf16* hiddens, int n, int row_base, Phase phase) {
+  if (row_base != rc.seq_len) {
+    ++rc.refused_writes;
+    MTP_FAIL("drafter: context rows written at row ", row_base, " but the sequence holds ", rc.seq_len,
              " rows; rows are dense and must append at the current length");
   }
   MTP_REQUIRE(n >= 0, "drafter: negative row count ", n);
   if (row_base + n > max_rows_) {
-    ++st.refused_writes_;
+    ++rc.refused_writes;
     MTP_FAIL("drafter: rows ", row_base, "..", row_base + n - 1, " are past the capacity of ", max_rows_,
              " rows (max_seq_len rounded down to whole pools)");
   }
@@ -184,21 +190,22 @@ void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, cons
   const ops::RowsMode qidx_mode = opt_.batch_qidx ? ops::RowsMode::batched : ops::RowsMode::per_row;
   for (int c0 = 0; c0 < n; c0 += row_chunk_) {
     const int rows = std::min(row_chunk_, n - c0);
+    const int held = row_base + c0;  // rows the sequence holds before this chunk
     wait_comm();  // the uploads below synchronise the stream: collectives of full rows go first
-    for (int r = 0; r < rows; ++r) pos[r] = row_base + c0 + r;
+    for (int r = 0; r < rows; ++r) pos[r] = held + r;
     be_.upload(row_tokens_.data(), next_tokens + c0, rows * sizeof(int32_t));
     be_.upload(row_positions_.data(), pos.data(), rows * sizeof(int32_t));
     be_.upload(row_hiddens_.data(), hiddens + static_cast<size_t>(c0) * hidden_,
                static_cast<size_t>(rows) * hidden_ * sizeof(bf16));
     if (!full && opt_.context_gemm) {
       front_rows(rows);
-      block_.write_context_rows(rows, row_x_.data(), row_positions_.data(), st.cache);
+      block_.write_context_rows(rows, row_x_.data(), row_positions_.data(), view, held);
       continue;
     }
     if (!full) {
       for (int r = 0; r < rows; ++r) {
         front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x_.data());
-        block_.write_context_row(x_.data(), row_positions_.data() + r, st.cache);
+        block_.write_context_row(x_.data(), row_positions_.data() + r, view, held + r);
       }
       continue;
     }
@@ -211,22 +218,22 @@ void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, cons
         front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x);
       }
     }
-    block_.forward_rows(rows, row_x_.data(), row_positions_.data(), st.cache, row_x_.data(), qidx_mode,
+    block_.forward_rows(rows, row_x_.data(), row_positions_.data(), view, held, row_x_.data(), qidx_mode,
                         opt_.context_gemm ? ops::RowsMode::batched : ops::RowsMode::per_row);
     if (checks_selection()) {
       // Untimed: the phase is closed while the per-row selections are made and compared.
       mark_end(phase, 0);
-      check_chunk(st, rows);
+      check_chunk(view, rows);
       mark_begin(phase, 0);
     }
   }
-  st.seq_len_ += n;
+  rc.seq_len += n;
   mark_end(phase, 0);
 }
 
-void MtpDrafter::check_chunk(SequenceState& st, int rows) {
+void MtpDrafter::check_chunk(const CacheView& view, int rows) {
   const size_t width = static_cast<size_t>(block_.dims().selection_width());
-  block_.shadow_select_rows(rows, row_positions_.data(), st.cache);
+  block_.shadow_select_rows(rows, row_positions_.data(), view);
   check_batched_.resize(static_cast<size_t>(rows) * width);
   check_per_row_.resize(static_cast<size_t>(rows) * width);
   wait_comm();
@@ -242,16 +249,16 @@ void MtpDrafter::check_chunk(SequenceState& st, int rows) {
 std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k) {
   MTP_REQUIRE(k >= 1 && k <= opt_.max_draft_len, "drafter: draft length ", k, " outside 1..", opt_.max_draft_len);
   MTP_REQUIRE(token >= 0 && token < vocab_, "drafter: token id ", token, " is outside the vocab of ", vocab_);
-  MTP_REQUIRE(st.propose_start_ < 0, "drafter: propose called twice without after_verify");
-  if (st.seq_len_ + k > max_rows_)
-    MTP_FAIL("drafter: a propose of ", k, " drafts at row ", st.seq_len_, " would pass the capacity of ", max_rows_,
-             " rows");
-  const int32_t base = st.seq_len_;
+  MTP_REQUIRE(st.rc_.propose_start < 0, "drafter: propose called twice without after_verify");
+  if (st.rc_.seq_len + k > max_rows_)
+    MTP_FAIL("drafter: a propose of ", k, " drafts at row ", st.rc_.seq_len, " would pass the capacity of ",
+             max_rows_, " rows");
+  const int32_t base = st.rc_.seq_len;
   be_.upload(tokens_.data(), &token, sizeof token);
   be_.upload(hidden_in_.data(), hidden, static_cast<size_t>(hidden_) * sizeof(bf16));
   be_.upload(pos_base_.data(), &base, sizeof base);
-  st.propose_start_ = base;
-  st.last_drafted_ = k;
+  st.rc_.propose_start = base;
+  st.rc_.last_drafted = k;
   last_k_ = k;
   int written = 0;
   mark_begin(Phase::propose, 0);
@@ -274,7 +281,7 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
       graph.launch();
     } catch (...) {
       timer_ = timer;
-      st.propose_start_ = -1;
+      st.rc_.propose_start = -1;
       throw;
     }
     timer_ = timer;
@@ -293,8 +300,8 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
     written = draft_step(st, k);
   }
   mark_end(Phase::propose, 0);
-  st.rows_written_by_propose_ = written;
-  st.seq_len_ += written;
+  st.rc_.rows_written_by_propose = written;
+  st.rc_.seq_len += written;
   std::vector<int32_t> drafts(k);
   wait_comm();
   be_.download(drafts.data(), tokens_.data() + 1, k * sizeof(int32_t));
@@ -358,20 +365,268 @@ void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
 }
 
 void MtpDrafter::after_verify(SequenceState& st, int accepted) {
-  MTP_REQUIRE(st.propose_start_ >= 0, "drafter: after_verify without a propose");
-  MTP_REQUIRE(accepted >= 0 && accepted <= st.last_drafted_, "drafter: accepted ", accepted, " of ",
-              st.last_drafted_, " drafts");
+  require_verify(st.rc_, accepted);
   mark_begin(Phase::after_verify, 0);
-  const int written = st.rows_written_by_propose_;
-  const int keep = opt_.draft_rows == DraftRows::rewrite ? std::min(1, written) : std::min(accepted, written);
-  const int new_len = st.propose_start_ + keep;
   // Rewinding the host-side length is enough: rows past it are rewritten before any read (the
   // indexer reads pools whose last row is <= pos, and a pool's key is rewritten with its last row).
-  st.cache.set_rows(new_len);
-  st.seq_len_ = new_len;
-  st.propose_start_ = -1;
-  st.rows_written_by_propose_ = 0;
+  st.cache.set_rows(trim_rows(st.rc_, accepted));
   mark_end(Phase::after_verify, 0);
+}
+
+void MtpDrafter::require_verify(const RowCounters& rc, int accepted) const {
+  MTP_REQUIRE(rc.propose_start >= 0, "drafter: after_verify without a propose");
+  MTP_REQUIRE(accepted >= 0 && accepted <= rc.last_drafted, "drafter: accepted ", accepted, " of ",
+              rc.last_drafted, " drafts");
+}
+
+int MtpDrafter::trim_rows(RowCounters& rc, int accepted) {
+  const int written = rc.rows_written_by_propose;
+  const int keep = opt_.draft_rows == DraftRows::rewrite ? std::min(1, written) : std::min(accepted, written);
+  const int new_len = rc.propose_start + keep;
+  rc.seq_len = new_len;
+  rc.propose_start = -1;
+  rc.rows_written_by_propose = 0;
+  return new_len;
+}
+
+// ---- batched drafting ------------------------------------------------------------------------
+
+int batch_bucket(int rows) {
+  MTP_REQUIRE(rows >= 1 && rows <= kMaxBatch, "drafter: a batch of ", rows, " rows (1 .. ", kMaxBatch, ")");
+  int bucket = 1;
+  while (bucket < rows) bucket *= 2;
+  return bucket;
+}
+
+int BatchState::live_count() const { return static_cast<int>(std::count(live_.begin(), live_.end(), 1)); }
+
+const RowCounters& BatchState::at(int slot) const {
+  MTP_REQUIRE(live(slot), "drafter: slot ", slot, " of the batch's ", slots(), " holds no sequence");
+  return rows_[static_cast<size_t>(slot)];
+}
+
+std::unique_ptr<BatchState> MtpDrafter::new_batch(int slots, std::optional<BatchPadding> padding) {
+  MTP_REQUIRE(slots >= 1, "drafter: a batch of ", slots, " slots");
+  const BatchPadding pad = padding.value_or(opt_.cuda_graph ? BatchPadding::bucket : BatchPadding::exact);
+  auto batch = std::make_unique<BatchState>(be_, block_.dims(), slots, pad);
+  const int most = std::min(slots, kMaxBatch);
+  reserve_batch(pad == BatchPadding::bucket ? batch_bucket(most) : most);
+  return batch;
+}
+
+void MtpDrafter::reserve_batch(int rows) {
+  if (rows <= batch_rows_) return;
+  block_.reserve_batch(rows);
+  batch_rows_ = rows;
+  const size_t R = static_cast<size_t>(rows), H = static_cast<size_t>(hidden_);
+  const size_t k = static_cast<size_t>(opt_.max_draft_len);
+  batch_slot_ = ops::Array<int32_t>(be_, R);
+  batch_pos_ = ops::Array<int32_t>(be_, k * R);
+  batch_tokens_ = ops::Array<int32_t>(be_, (k + 1) * R);
+  batch_hidden_ = ops::Array<bf16>(be_, R * H);
+  batch_concat_ = ops::Array<bf16>(be_, R * 2 * H);
+  batch_x_ = ops::Array<bf16>(be_, R * H);
+  batch_y_ = ops::Array<bf16>(be_, R * H);
+  // Padded rows of the row ops compute on what their rows hold: zeros, not uninitialised bytes.
+  be_.fill_bytes(batch_slot_.data(), 0xFF, batch_slot_.bytes());
+  for (ops::Array<int32_t>* a : {&batch_pos_, &batch_tokens_}) be_.fill_bytes(a->data(), 0, a->bytes());
+  for (ops::Array<bf16>* a : {&batch_hidden_, &batch_concat_, &batch_x_, &batch_y_})
+    be_.fill_bytes(a->data(), 0, a->bytes());
+  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
+  batch_xchg_ = std::make_unique<ExchangeBuffers>(
+      be_, world_, shard_.stride, sharded && opt_.exchange == Exchange::allgather_logits, rows);
+  // Recorded steps bake the old buffers' addresses in.
+  release_graphs();
+  batch_warm_.clear();
+}
+
+int MtpDrafter::new_sequence(BatchState& batch) {
+  for (int s = 0; s < batch.slots(); ++s) {
+    if (batch.live_[static_cast<size_t>(s)]) continue;
+    batch.caches.clear(be_, s);
+    batch.rows_[static_cast<size_t>(s)] = RowCounters{};
+    batch.live_[static_cast<size_t>(s)] = 1;
+    return s;
+  }
+  MTP_FAIL("drafter: every one of the batch's ", batch.slots(), " slots holds a sequence; release one first");
+}
+
+void MtpDrafter::release(BatchState& batch, int slot) {
+  batch.at(slot);  // checks the slot is live
+  batch.live_[static_cast<size_t>(slot)] = 0;
+  batch.rows_[static_cast<size_t>(slot)] = RowCounters{};
+}
+
+void MtpDrafter::append_rows(BatchState& batch, int slot, const int32_t* next_tokens, const bf16* hiddens,
+                             int n, int row_base, Phase phase) {
+  append_rows_to(batch.at(slot), batch.caches.view(slot), next_tokens, hiddens, n, row_base, phase);
+}
+
+void MtpDrafter::after_verify(BatchState& batch, int slot, int accepted) {
+  RowCounters& rc = batch.at(slot);
+  require_verify(rc, accepted);
+  mark_begin(Phase::after_verify, 0);
+  trim_rows(rc, accepted);
+  mark_end(Phase::after_verify, 0);
+}
+
+std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k) {
+  const int B = static_cast<int>(rows.size());
+  MTP_REQUIRE(B >= 1 && B <= kMaxBatch, "drafter: a batched propose of ", B, " rows (1 .. ", kMaxBatch, ")");
+  MTP_REQUIRE(k >= 1 && k <= opt_.max_draft_len, "drafter: draft length ", k, " outside 1..",
+              opt_.max_draft_len);
+  std::vector<uint8_t> seen(static_cast<size_t>(batch.slots()), 0);
+  for (int b = 0; b < B; ++b) {
+    const BatchRow& row = rows[static_cast<size_t>(b)];
+    MTP_REQUIRE(batch.live(row.slot), "drafter: batch row ", b, " names slot ", row.slot,
+                ", which holds no sequence");
+    MTP_REQUIRE(!seen[static_cast<size_t>(row.slot)], "drafter: slot ", row.slot, " is in the batch twice");
+    seen[static_cast<size_t>(row.slot)] = 1;
+    const RowCounters& rc = batch.at(row.slot);
+    MTP_REQUIRE(rc.propose_start < 0, "drafter: propose on slot ", row.slot, " twice without after_verify");
+    MTP_REQUIRE(row.token >= 0 && row.token < vocab_, "drafter: token id ", row.token, " of slot ", row.slot,
+                " is outside the vocab of ", vocab_);
+    MTP_REQUIRE(row.hidden, "drafter: batch row ", b, " has no hidden");
+    if (rc.seq_len + k > max_rows_)
+      MTP_FAIL("drafter: a propose of ", k, " drafts at row ", rc.seq_len, " of slot ", row.slot,
+               " would pass the capacity of ", max_rows_, " rows");
+  }
+  const int n = batch.padding() == BatchPadding::bucket ? batch_bucket(B) : B;
+  reserve_batch(n);
+  // Everything that varies per step goes to fixed backend buffers before the step: per row its
+  // slot (-1 for padded rows), input token, hidden and each draft's position.
+  const size_t H = static_cast<size_t>(hidden_);
+  std::vector<int32_t> slot_h(static_cast<size_t>(n), -1), tok_h(static_cast<size_t>(n), 0);
+  std::vector<int32_t> pos_h(static_cast<size_t>(k) * n, 0);
+  std::vector<bf16> hid_h(static_cast<size_t>(B) * H);
+  for (int b = 0; b < B; ++b) {
+    const BatchRow& row = rows[static_cast<size_t>(b)];
+    slot_h[static_cast<size_t>(b)] = row.slot;
+    tok_h[static_cast<size_t>(b)] = row.token;
+    for (int i = 0; i < k; ++i) pos_h[static_cast<size_t>(i) * n + b] = batch.at(row.slot).seq_len + i;
+    std::copy(row.hidden, row.hidden + H, hid_h.begin() + static_cast<ptrdiff_t>(b * H));
+  }
+  wait_comm();
+  be_.upload(batch_slot_.data(), slot_h.data(), slot_h.size() * sizeof(int32_t));
+  be_.upload(batch_tokens_.data(), tok_h.data(), tok_h.size() * sizeof(int32_t));
+  be_.upload(batch_pos_.data(), pos_h.data(), pos_h.size() * sizeof(int32_t));
+  be_.upload(batch_hidden_.data(), hid_h.data(), hid_h.size() * sizeof(bf16));
+  for (const BatchRow& row : rows) {
+    RowCounters& rc = batch.at(row.slot);
+    rc.propose_start = rc.seq_len;
+    rc.last_drafted = k;
+  }
+  int written = 0;
+  PhaseTimer* const timer = timer_;
+  try {
+    mark_begin(Phase::propose, 0);
+    const bool warm = std::find(batch_warm_.begin(), batch_warm_.end(), n) != batch_warm_.end();
+    if (graphs_ && warm) {
+      // As propose: only Phase::propose is timed, the inner phases run inside the graph.
+      timer_ = nullptr;
+      SlotCaches& c = batch.caches;
+      const StepGraphs::Key key{k,
+                                {c.block_tables.data(), c.kv_slots().cache.data, c.k_cache.data(),
+                                 c.gate_cache.data(), c.valid.data(), c.pool_keys.data()},
+                                n};
+      bool recorded = false;
+      ops::Graph& graph = graphs_->get(
+          key, [&] { written = draft_step_batch(batch, n, k); }, recorded);
+      if (!recorded) written = opt_.skip == Skip::block ? 0 : k;
+      graph.launch();
+    } else if (graphs_) {
+      timer_ = nullptr;  // the op-by-op step that sizes the backend's scratch for this row count
+      written = draft_step_batch(batch, n, k);
+      batch_warm_.push_back(n);
+    } else {
+      written = draft_step_batch(batch, n, k);
+    }
+    timer_ = timer;
+    mark_end(Phase::propose, 0);
+  } catch (...) {
+    timer_ = timer;
+    for (const BatchRow& row : rows) batch.at(row.slot).propose_start = -1;
+    throw;
+  }
+  for (const BatchRow& row : rows) {
+    RowCounters& rc = batch.at(row.slot);
+    rc.rows_written_by_propose = written;
+    rc.seq_len += written;
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(k) * n);
+  wait_comm();
+  be_.download(tokens.data(), batch_tokens_.data() + n, tokens.size() * sizeof(int32_t));
+  std::vector<int32_t> drafts(static_cast<size_t>(B) * k);
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < k; ++i)
+      drafts[static_cast<size_t>(b) * k + i] = tokens[static_cast<size_t>(i) * n + b];
+  return drafts;
+}
+
+void MtpDrafter::front_batch(int n, const int32_t* tokens_dev, const bf16* hiddens_dev) {
+  // [enorm(embed(t_b)); hnorm(h_b)] per row (the single front's two norms, strided into the
+  // [e ; h] rows), then eh_proj once for the n rows.
+  be_.embed_rmsnorm_batch(fw_.embed.data(), tokens_dev, batch_slot_.data(), fw_.enorm.data(),
+                          batch_concat_.data(), 2 * hidden_, n, hidden_, eps_);
+  be_.rmsnorm_strided(hiddens_dev, hidden_, fw_.hnorm.data(), batch_concat_.data() + hidden_, 2 * hidden_, n,
+                      hidden_, eps_);
+  be_.linear(fw_.eh_proj.data(), batch_concat_.data(), batch_x_.data(), n, hidden_, 2 * hidden_,
+             ops::RowsMode::batched);
+}
+
+int MtpDrafter::draft_step_batch(BatchState& batch, int n, int k) {
+  int written = 0;
+  const size_t H = static_cast<size_t>(hidden_);
+  for (int i = 0; i < k; ++i) {
+    const int32_t* pos = batch_pos_.data() + static_cast<size_t>(i) * n;
+    front_batch(n, batch_tokens_.data() + static_cast<size_t>(i) * n,
+                i == 0 ? batch_hidden_.data() : batch_y_.data());
+    mark_begin(Phase::block, i);
+    const bool norm_in_block = opt_.skip == Skip::none;
+    if (opt_.skip != Skip::block) {
+      const Block::OutNorm head_norm{fw_.shared_head_norm.data(), batch_y_.data(), eps_};
+      block_.forward_batch(n, batch_x_.data(), batch_slot_.data(), pos, batch.caches, batch_x_.data(),
+                           norm_in_block ? &head_norm : nullptr);
+      ++written;
+    }
+    mark_end(Phase::block, i);
+    int32_t* tokens_out = batch_tokens_.data() + static_cast<size_t>(i + 1) * n;
+    if (opt_.skip == Skip::head) {
+      // As propose: draft 0 for every row, the block output recycled as the next hidden.
+      be_.fill_bytes(tokens_out, 0, static_cast<size_t>(n) * sizeof(int32_t));
+      be_.copy(batch_y_.data(), batch_x_.data(), static_cast<size_t>(n) * H * sizeof(bf16));
+      continue;
+    }
+    mark_begin(Phase::head, i);
+    if (!norm_in_block)
+      be_.rmsnorm(batch_x_.data(), fw_.shared_head_norm.data(), batch_y_.data(), n, hidden_, eps_);
+    head_pick_batch(i, n, tokens_out);
+    mark_end(Phase::head, i);
+  }
+  return written;
+}
+
+void MtpDrafter::head_pick_batch(int draft_index, int n, int32_t* tokens_out) {
+  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
+  const bf16* W = fw_.lm_head.data();
+  const fp8e4m3* W8 = opt_.head_fp8 ? fw_.lm_head_fp8.data() : nullptr;
+  const float* scale = opt_.head_fp8 ? fw_.lm_head_scale.data() : nullptr;
+  ExchangeBuffers& xb = *batch_xchg_;
+  bf16* logits = (sharded && opt_.exchange == Exchange::allgather_logits) ? xb.logits.data() : nullptr;
+  // As head_pick: unsharded, the head writes each row's token; sharded, what the protocol starts
+  // from, and then ONE collective carries every row's.
+  ops::HeadExtras extras;
+  if (sharded) {
+    extras = head_extras_for(opt_.exchange, xb);
+  } else {
+    extras.token = tokens_out;
+  }
+  be_.head_argmax_batch(W, W8, scale, batch_y_.data(), batch_slot_.data(), n, static_cast<int>(shard_.n),
+                        hidden_, shard_.v0, logits, static_cast<int>(xb.stride), xb.local_max.data(), extras);
+  if (!sharded) return;
+  mark_begin(Phase::exchange, draft_index);
+  exchange_pick_rows(be_, *comm_, opt_.exchange, vocab_, xb, n, tokens_out, /*key_from_head=*/true);
+  mark_end(Phase::exchange, draft_index);
 }
 
 }  // namespace mtplab::drafter

@@ -24,10 +24,18 @@
 // computed and compared outside the timed phase (the phase's events are closed around it).
 // NCCL: every host read after collectives goes through comm->wait() (bounded by the collective
 // timeout) before the download, never a bare stream synchronise.
+//
+// Batched drafting (docs/drafter.md): a BatchState is a pool of sequence slots whose caches live
+// in one allocation per kind (SlotCaches); propose_batch drafts for B of them in one step, every
+// op over the B rows at once, each row at its own position through (slot, pos) in backend memory.
+// Context rows (append_rows) and rollback (after_verify) stay per sequence. A sequence's drafts do
+// not depend on the batch it is drafted in (bit for bit on the CPU).
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "dist/communicator.hpp"
@@ -70,25 +78,79 @@ struct FrontWeights {
   ops::Array<float> lm_head_scale;  // [n] one fp32 scale per row
 };
 
+/// The host-side row bookkeeping of one sequence (single or in a batch's slot).
+struct RowCounters {
+  int seq_len = 0;
+  int propose_start = -1;  ///< row the pending propose started at; -1: none pending
+  int last_drafted = 0;
+  int rows_written_by_propose = 0;
+  int refused_writes = 0;
+};
+
 /// Per-sequence drafter state: its block caches and its row count.
 class SequenceState {
  public:
   SequenceState(ops::Backend& be, const BlockDims& dims) : cache(be, dims) {}
-  int seq_len() const { return seq_len_; }
+  int seq_len() const { return rc_.seq_len; }
   /// Rows the last propose started at and how many it wrote (after_verify needs both).
-  int propose_start() const { return propose_start_; }
-  int last_drafted() const { return last_drafted_; }
+  int propose_start() const { return rc_.propose_start; }
+  int last_drafted() const { return rc_.last_drafted; }
   /// Writes that were refused because they were not at the current length.
-  int refused_writes() const { return refused_writes_; }
+  int refused_writes() const { return rc_.refused_writes; }
   LayerCache cache;
 
  private:
   friend class MtpDrafter;
-  int seq_len_ = 0;
-  int propose_start_ = -1;
-  int last_drafted_ = 0;
-  int rows_written_by_propose_ = 0;
-  int refused_writes_ = 0;
+  RowCounters rc_;
+};
+
+/// Largest decode batch one propose_batch drafts for.
+inline constexpr int kMaxBatch = 128;
+/// The CUDA graph bucket of a batch of B rows: the smallest of 1, 2, 4, ..., 128 that holds B.
+int batch_bucket(int rows);
+
+/// How propose_batch lays out B rows: exactly B, or padded up to batch_bucket(B) with padded
+/// rows (slot -1, which read and write nothing), so one recorded graph serves every B of a bucket.
+enum class BatchPadding { exact, bucket };
+
+/// The state of a batch of sequences: a pool of sequence slots, each with its own caches (in one
+/// SlotCaches allocation per kind) and its own row bookkeeping. A slot holds one sequence from
+/// MtpDrafter::new_sequence(batch) until release(batch, slot); a released slot takes the next
+/// sequence (continuous batching).
+class BatchState {
+ public:
+  BatchState(ops::Backend& be, const BlockDims& dims, int slots, BatchPadding padding)
+      : caches(be, dims, slots),
+        rows_(static_cast<size_t>(slots)),
+        live_(static_cast<size_t>(slots), 0),
+        padding_(padding) {}
+  int slots() const { return caches.slots(); }
+  BatchPadding padding() const { return padding_; }
+  /// Whether slot s holds a sequence, and how many do.
+  bool live(int slot) const { return slot >= 0 && slot < slots() && live_[static_cast<size_t>(slot)]; }
+  int live_count() const;
+  /// The sequence in slot s (as SequenceState's accessors; a live slot only).
+  int seq_len(int slot) const { return at(slot).seq_len; }
+  int propose_start(int slot) const { return at(slot).propose_start; }
+  int last_drafted(int slot) const { return at(slot).last_drafted; }
+  int refused_writes(int slot) const { return at(slot).refused_writes; }
+  SlotCaches caches;
+
+ private:
+  friend class MtpDrafter;
+  const RowCounters& at(int slot) const;
+  RowCounters& at(int slot) { return const_cast<RowCounters&>(std::as_const(*this).at(slot)); }
+  std::vector<RowCounters> rows_;
+  std::vector<uint8_t> live_;
+  BatchPadding padding_;
+};
+
+/// One row of a batched propose: the sequence's slot, its input token t_L and the target's
+/// hidden h_{L-1} (host, BF16 [H]).
+struct BatchRow {
+  int slot = -1;
+  int32_t token = 0;
+  const bf16* hidden = nullptr;
 };
 
 class StepGraphs;
@@ -111,6 +173,29 @@ class MtpDrafter {
   /// Trims the rows of the last propose that must not stay: keeps the first (true-hidden) row
   /// under DraftRows::rewrite, the `accepted` rows of accepted drafts under DraftRows::keep.
   void after_verify(SequenceState& st, int accepted);
+
+  // ---- batched drafting (docs/drafter.md, "Batched drafting") --------------------------------
+  /// A pool of `slots` sequence slots (1 .. any; a step drafts for up to kMaxBatch of them).
+  /// padding: by default bucket when cuda_graph is on (one graph per bucket), else exact.
+  std::unique_ptr<BatchState> new_batch(int slots, std::optional<BatchPadding> padding = std::nullopt);
+  /// Takes the lowest free slot for a new sequence (empty: no rows) and returns it; an Error
+  /// when every slot is live.
+  int new_sequence(BatchState& batch);
+  /// Frees slot s (its sequence is finished; a pending propose is dropped).
+  void release(BatchState& batch, int slot);
+  /// append_rows for the sequence in `slot` (one sequence at a time, as the single-sequence
+  /// call: the same rules, arms and row chunks).
+  void append_rows(BatchState& batch, int slot, const int32_t* next_tokens, const bf16* hiddens, int n,
+                   int row_base, Phase phase = Phase::prefill);
+  /// k drafts for each of the B = rows.size() sequences (1 .. kMaxBatch, distinct live slots, none
+  /// with a pending propose), each at its own position seq_len(slot), in one batched step: every
+  /// op of a draft runs once for all B rows (docs/drafter.md). Returns drafts [B, k] row-major
+  /// (row b's drafts at b * k). Row b's drafts equal propose() of that sequence alone, bit for bit
+  /// on the CPU backend. Writes k rows per sequence (none with skip: block). Phases are timed as
+  /// propose's, once per batched step.
+  std::vector<int32_t> propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k);
+  /// after_verify for the sequence in `slot`.
+  void after_verify(BatchState& batch, int slot, int accepted);
 
   /// Destroys the recorded CUDA graphs (they are re-recorded when needed). Call before the
   /// communicator goes if the drafter outlives it.
@@ -142,11 +227,25 @@ class MtpDrafter {
   void front_rows(int rows);
   /// The k drafts of one propose on the backend's stream; returns the rows written.
   int draft_step(SequenceState& st, int k);
+  /// append_rows on any sequence's caches: rc's rules and counts, `view` the caches it writes
+  /// (LayerCache or a slot); the rows are appended at rc.seq_len.
+  void append_rows_to(RowCounters& rc, const CacheView& view, const int32_t* next_tokens, const bf16* hiddens,
+                      int n, int row_base, Phase phase);
+  /// after_verify's checks, and its trim of rc (returns the new length).
+  void require_verify(const RowCounters& rc, int accepted) const;
+  int trim_rows(RowCounters& rc, int accepted);
+  /// The selection check of the chunk of `rows` context rows forward_rows just ran on `view`.
+  void check_chunk(const CacheView& view, int rows);
+  /// Sizes the batched step's buffers for `rows` padded rows (drops the graphs when they move).
+  void reserve_batch(int rows);
+  /// The MTP front of n batched rows: tokens [n], hiddens [n, H] -> batch_x_.
+  void front_batch(int n, const int32_t* tokens_dev, const bf16* hiddens_dev);
+  /// The k drafts of a batched step of n (padded) rows; returns the rows written per sequence.
+  int draft_step_batch(BatchState& batch, int n, int k);
+  void head_pick_batch(int draft_index, int n, int32_t* tokens_out);
   /// comm->wait() when collectives may be pending on a multi-rank communicator.
   void wait_comm();
   void head_pick(int draft_index, int32_t* token_out);
-  /// The selection check of the chunk of `rows` context rows forward_rows just ran.
-  void check_chunk(SequenceState& st, int rows);
   void mark_begin(Phase p, int i) {
     if (timer_) timer_->begin(p, i);
   }
@@ -184,6 +283,16 @@ class MtpDrafter {
   bool keep_head_inputs_ = false;
   int last_k_ = 0;
   bool graph_warm_ = false;             // an op-by-op propose has sized the backend's scratch
+  // The batched step's buffers, [batch_rows_] rows (padded rows included).
+  int batch_rows_ = 0;
+  ops::Array<int32_t> batch_slot_;      // [rows]: slot per row, -1 padded
+  ops::Array<int32_t> batch_pos_;       // [max_draft, rows]: draft i's positions at i * rows
+  ops::Array<int32_t> batch_tokens_;    // [1 + max_draft, rows]: input tokens, then each draft's
+  ops::Array<bf16> batch_hidden_;       // [rows, H]
+  ops::Array<bf16> batch_concat_;       // [rows, 2H]
+  ops::Array<bf16> batch_x_, batch_y_;  // [rows, H]
+  std::unique_ptr<ExchangeBuffers> batch_xchg_;
+  std::vector<int32_t> batch_warm_;     // padded row counts an op-by-op step has run at (cuda_graph)
   std::unique_ptr<StepGraphs> graphs_;  // last member: destroyed first
 };
 

@@ -7,13 +7,25 @@
 
 namespace mtplab::drafter {
 
-ExchangeBuffers::ExchangeBuffers(ops::Backend& be, int world, int64_t stride_rows, bool with_logits)
-    : local_max(be, 1), gathered_max(be, world), key(be, 1), lanes(be, 8), stride(stride_rows) {
+ExchangeBuffers::ExchangeBuffers(ops::Backend& be, int world, int64_t stride_rows, bool with_logits,
+                                 int n_rows)
+    : local_max(be, static_cast<size_t>(n_rows)),
+      gathered_max(be, static_cast<size_t>(world) * n_rows),
+      key(be, static_cast<size_t>(n_rows)),
+      lanes(be, static_cast<size_t>(n_rows) * 8),
+      stride(stride_rows),
+      rows(n_rows) {
+  MTP_REQUIRE(n_rows >= 1, "exchange buffers for ", n_rows, " rows");
+  if (n_rows > 1) {
+    // Rows of a batch that no head has written yet (padded rows) hold zeros, not uninitialised bytes.
+    be.fill_bytes(local_max.data(), 0, local_max.bytes());
+    be.fill_bytes(key.data(), 0, key.bytes());
+  }
   if (with_logits) {
-    logits = ops::Array<bf16>(be, stride);
-    gathered_logits = ops::Array<bf16>(be, static_cast<size_t>(stride) * world);
+    logits = ops::Array<bf16>(be, static_cast<size_t>(stride) * n_rows);
+    gathered_logits = ops::Array<bf16>(be, static_cast<size_t>(stride) * world * n_rows);
     // -inf past this rank's shard, so a padded row never wins.
-    std::vector<bf16> pad(stride, bf16{0xFF80});
+    std::vector<bf16> pad(static_cast<size_t>(stride) * n_rows, bf16{0xFF80});
     be.upload(logits.data(), pad.data(), pad.size() * sizeof(bf16));
   }
 }
@@ -74,6 +86,66 @@ void exchange_pick(ops::Backend& be, dist::Communicator& comm, Exchange protocol
       int32_t idx = 0;
       for (int d = 0; d < 3; ++d) idx += static_cast<int32_t>(to_float(lanes[2 + win * 3 + d])) << (8 * d);
       be.upload(token_out, &idx, sizeof idx);
+      break;
+    }
+  }
+}
+
+void exchange_pick_rows(ops::Backend& be, dist::Communicator& comm, Exchange protocol, int64_t vocab,
+                        ExchangeBuffers& buf, int rows, int32_t* token_out, bool key_from_head) {
+  MTP_REQUIRE(rows >= 1 && rows <= buf.rows, "exchange: ", rows, " rows with buffers for ", buf.rows);
+  const int world = comm.size();
+  const int rank = comm.rank();
+  const size_t n = static_cast<size_t>(rows);
+  switch (protocol) {
+    case Exchange::packed_u64:
+      if (!key_from_head)
+        for (int b = 0; b < rows; ++b) be.argmax_pack_key(buf.local_max.data() + b, buf.key.data() + b);
+      comm.all_reduce_max(buf.key.data(), buf.key.data(), n);
+      be.argmax_unpack_key_batch(buf.key.data(), token_out, rows);
+      break;
+    case Exchange::allgather_pairs:
+      // [world, rows]: rank r's pair of row b at r * rows + b, the layout argmax_pick_batch reads.
+      comm.all_gather(buf.local_max.data(), buf.gathered_max.data(), n * sizeof(ops::ArgMax));
+      be.argmax_pick_batch(buf.gathered_max.data(), world, rows, token_out);
+      break;
+    case Exchange::allgather_logits: {
+      MTP_REQUIRE(buf.logits.size() > 0, "exchange allgather_logits: the logit buffers were not allocated");
+      const size_t per_rank = n * static_cast<size_t>(buf.stride);
+      comm.all_gather(buf.logits.data(), buf.gathered_logits.data(), per_rank * sizeof(bf16));
+      for (int r = 0; r < world; ++r) {
+        const model::Range seg = model::split_range(vocab, r, world);
+        be.argmax_batch(buf.gathered_logits.data() + static_cast<size_t>(r) * per_rank,
+                        static_cast<int>(buf.stride), rows, static_cast<int>(seg.count), seg.begin,
+                        buf.gathered_max.data() + r * n);
+      }
+      be.argmax_pick_batch(buf.gathered_max.data(), world, rows, token_out);
+      break;
+    }
+    case Exchange::bf16_lanes: {
+      // Row b's 8 lanes at 8 * b: one SUM all-reduce carries every row's (as exchange_pick).
+      MTP_REQUIRE(world == 2, "exchange bf16_lanes runs on exactly 2 ranks, not ", world);
+      std::vector<ops::ArgMax> mine(n);
+      comm.wait();
+      be.download(mine.data(), buf.local_max.data(), n * sizeof(ops::ArgMax));
+      std::vector<bf16> lanes(n * 8);
+      for (size_t b = 0; b < n; ++b) {
+        bf16* l = lanes.data() + 8 * b;
+        l[rank] = to_bf16(mine[b].value);
+        for (int d = 0; d < 3; ++d)
+          l[2 + rank * 3 + d] = to_bf16(static_cast<float>((mine[b].index >> (8 * d)) & 0xFF));
+      }
+      be.upload(buf.lanes.data(), lanes.data(), lanes.size() * sizeof(bf16));
+      comm.all_reduce_sum(buf.lanes.data(), buf.lanes.data(), n * 8);
+      comm.wait();
+      be.download(lanes.data(), buf.lanes.data(), lanes.size() * sizeof(bf16));
+      std::vector<int32_t> idx(n, 0);
+      for (size_t b = 0; b < n; ++b) {
+        const bf16* l = lanes.data() + 8 * b;
+        const int win = to_float(l[0]) >= to_float(l[1]) ? 0 : 1;
+        for (int d = 0; d < 3; ++d) idx[b] += static_cast<int32_t>(to_float(l[2 + win * 3 + d])) << (8 * d);
+      }
+      be.upload(token_out, idx.data(), n * sizeof(int32_t));
       break;
     }
   }

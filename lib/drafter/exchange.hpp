@@ -13,17 +13,19 @@
 
 namespace mtplab::drafter {
 
-/// The protocol's buffers, in backend memory.
+/// The protocol's buffers, in backend memory, for up to `rows` rows (one per sequence of a
+/// batch; 1 for the single-sequence drafter). Per-row buffers hold row b at b * (row size).
 struct ExchangeBuffers {
   /// `stride`: the largest shard's row count; the logit buffers exist only when with_logits.
-  ExchangeBuffers(ops::Backend& be, int world, int64_t stride, bool with_logits);
-  ops::Array<ops::ArgMax> local_max;     ///< [1]: this rank's (max, global index), input
-  ops::Array<ops::ArgMax> gathered_max;  ///< [world]
-  ops::Array<uint64_t> key;              ///< [1]
-  ops::Array<bf16> lanes;                ///< [8]
-  ops::Array<bf16> logits;               ///< [stride]: this rank's logits, -inf past its shard (input)
-  ops::Array<bf16> gathered_logits;      ///< [world * stride]
+  ExchangeBuffers(ops::Backend& be, int world, int64_t stride, bool with_logits, int rows = 1);
+  ops::Array<ops::ArgMax> local_max;     ///< [rows]: this rank's (max, global index), input
+  ops::Array<ops::ArgMax> gathered_max;  ///< [world, rows]
+  ops::Array<uint64_t> key;              ///< [rows]
+  ops::Array<bf16> lanes;                ///< [rows, 8]
+  ops::Array<bf16> logits;               ///< [rows, stride]: this rank's logits, -inf past its shard (input)
+  ops::Array<bf16> gathered_logits;      ///< [world, rows, stride]
   int64_t stride = 0;
+  int rows = 1;
 };
 
 /// Writes the global draft token to `token_out` (backend memory) from every rank's local_max
@@ -32,6 +34,14 @@ struct ExchangeBuffers {
 /// ops::HeadExtras::key), so the pack op is skipped.
 void exchange_pick(ops::Backend& be, dist::Communicator& comm, Exchange protocol, int64_t vocab,
                    ExchangeBuffers& buf, int32_t* token_out, bool key_from_head = false);
+
+/// exchange_pick for the first `rows` rows of `buf` at once, in ONE collective whatever the rows
+/// (the keys, pairs, logits or lanes of every row travel together): token_out[b] is row b's global
+/// draft token. Each row's token equals exchange_pick's on that row's inputs. The rows of the
+/// call must be the buffers' rows (buf.rows >= rows); the per-row picks after the collective are
+/// row ops (ops.hpp), so a padded row yields a token nobody reads.
+void exchange_pick_rows(ops::Backend& be, dist::Communicator& comm, Exchange protocol, int64_t vocab,
+                        ExchangeBuffers& buf, int rows, int32_t* token_out, bool key_from_head = false);
 
 /// The ops::HeadExtras the head writes for `protocol` (the packed key for packed_u64, nothing
 /// for the others): pass them to head_argmax, then exchange_pick with key_from_head = true.

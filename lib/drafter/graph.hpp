@@ -4,8 +4,9 @@
 // Invariants:
 // - A graph bakes in device addresses and host scalars: it is keyed by the draft count k and the
 //   addresses of the sequence's caches (a new SequenceState at new addresses gets a new graph;
-//   one at reused addresses reuses the graph, which is then exactly right). The drafter's own
-//   scratch and weights never move.
+//   one at reused addresses reuses the graph, which is then exactly right), and for a batched
+//   step by the slot pool's addresses and the padded row count (one graph per batch bucket). The
+//   drafter's own scratch and weights never move (growing the batch scratch drops the graphs).
 // - Everything that changes per step is read on the device: the position base, the input token
 //   and hidden are uploaded into fixed buffers before the launch, the drafts downloaded after.
 // - Recording does not run the work: the caller launches the graph it gets back.
@@ -30,6 +31,7 @@ class StepGraphs {
   struct Key {
     int k = 0;
     std::array<const void*, 6> cache{};
+    int rows = 1;  ///< the batch's padded row count (batched drafting: one graph per bucket)
     bool operator==(const Key&) const = default;
   };
 
