@@ -72,11 +72,13 @@ struct BatchedReplay {
 /// The same sequences through propose_batch with `slots` slots: each step drafts for every live
 /// sequence at once (rows in an order that changes from step to step), then each verifies, rolls
 /// back and catches up on its own; a finished sequence releases its slot and the next sequence
-/// takes it. `on_step` (may be empty) runs after each batched step with its row count.
+/// takes it. `before_step` / `after_step` (either may be empty) run right before and right after
+/// each propose_batch, with its row count.
 inline BatchedReplay replay_batched(drafter::MtpDrafter& d, const std::vector<io::TraceSequence>& trace,
                                     const std::vector<int>& prompts, int k, int H, int slots,
                                     std::optional<drafter::BatchPadding> padding = std::nullopt,
-                                    const std::function<void(int)>& on_step = {}) {
+                                    const std::function<void(int)>& before_step = {},
+                                    const std::function<void(int)>& after_step = {}) {
   BatchedReplay out;
   out.drafts.resize(trace.size());
   auto batch = d.new_batch(slots, padding);
@@ -120,10 +122,11 @@ inline BatchedReplay replay_batched(drafter::MtpDrafter& d, const std::vector<io
       const io::TraceSequence& t = trace[static_cast<size_t>(c.seq)];
       rows.push_back({slot, t.tokens[static_cast<size_t>(c.L)], hidden_row(t, c.L - 1, H)});
     }
+    if (before_step) before_step(static_cast<int>(rows.size()));
     const auto drafts = d.propose_batch(*batch, rows, k);
+    if (after_step) after_step(static_cast<int>(rows.size()));
     ++out.batched_steps;
     out.max_rows = std::max(out.max_rows, static_cast<int>(rows.size()));
-    if (on_step) on_step(static_cast<int>(rows.size()));
     for (size_t b = 0; b < rows.size(); ++b) {
       const int slot = rows[b].slot;
       ReplayCursor& c = *live[static_cast<size_t>(slot)];
