@@ -217,7 +217,7 @@ int run(const Options& opt) {
     for (bool graph : {false, true}) {
       if (!opt.heads[fp8 ? 1 : 0] || !opt.graphs[graph ? 1 : 0]) continue;
       drafter::DrafterOptions dopt;
-      dopt.max_draft_len = max_k;
+      dopt.draft_len = max_k;
       dopt.head_fp8 = fp8;
       dopt.cuda_graph = graph;
       dopt.context_gemm = opt.context_gemm;

@@ -85,7 +85,7 @@ int cmd_list(const Args& args) {
   }
   for (const auto& p : ex.points) {
     std::vector<std::string> arms;
-    for (const auto& [k, v] : p.arms.named()) arms.push_back(str(k, "=", v));
+    for (const auto& [k, v] : harness::named(p.arms)) arms.push_back(str(k, "=", v));
     std::printf("%4d  %s\n      model %s, %s\n", p.index, p.label().c_str(), p.model.name.c_str(),
                 join(arms, " ").c_str());
   }

@@ -169,11 +169,11 @@ const std::vector<io::TraceSequence>& trace_for(Context& c, const PointConfig& p
 model::MtpWeights& weights_for(Context& c, const PointConfig& p) {
   const std::string key =
       str(model_key(p), "\n", p.weights.synthetic ? str("seed ", p.weights.seed) : p.weights.checkpoint, "\n",
-          model::to_string(p.arms.head_sharding));
+          model::to_string(p.arms.drafter.head_sharding));
   if (key == c.weights_key) return c.weights;
   c.weights_key.clear();
   c.weights = model::MtpWeights{};
-  const auto plan = model::make_shard_plan(p.model, c.rank, c.world, p.arms.head_sharding);
+  const auto plan = model::make_shard_plan(p.model, c.rank, c.world, p.arms.drafter.head_sharding);
   c.weights = p.weights.synthetic ? model::synthesize_mtp_weights(p.model, plan, p.weights.seed)
                                   : model::load_mtp_weights(p.model, plan, p.weights.checkpoint);
   c.weights_key = key;
@@ -194,12 +194,12 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   const auto wall0 = Clock::now();
   r = PointResult{};
   r.started_at = utc_now();
-  const int k = p.arms.draft_len;
+  const int k = p.arms.drafter.draft_len;
   r.k = k;
   r.timing.assign(timing_columns().size(), {});
   // batch_qidx batches the indexer queries of context rows that run the full block; cache_only
   // context rows compute no query, so there it has nothing to act on.
-  if (p.arms.batch_qidx && p.arms.context_rows == drafter::ContextRows::cache_only) {
+  if (p.arms.drafter.batch_qidx && p.arms.drafter.context_rows == drafter::ContextRows::cache_only) {
     r.arms_not_applied.push_back("batch_qidx");
     if (c.rank == 0)
       log_warn(p.name(),
@@ -211,7 +211,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   const auto& seqs = trace_for(c, p);
   model::MtpWeights& w = weights_for(c, p);
   auto drafter =
-      drafter::make_drafter(c.be, &c.comm, p.model, w, p.arms.drafter_options(), p.arms.kv_cache_dtype);
+      drafter::make_drafter(c.be, &c.comm, p.model, w, p.arms.drafter);
   EventPhaseTimer timer(c.be, k);
   drafter->set_timer(&timer);
   drafter->reset_selection_check();  // a fresh drafter per point; counters are the point's own

@@ -54,7 +54,7 @@ TEST(DrafterMpi, AllArmsGiveTheSameDrafts) {
   const auto trace = test::make_trace(*be, cfg, 2, 20, 60, 3);
   const int k = 3;
   drafter::DrafterOptions ref_opt;
-  ref_opt.max_draft_len = k;
+  ref_opt.draft_len = k;
   const auto reference = run_arm(cfg, comm, trace, ref_opt, k);
   ASSERT_FALSE(reference.empty());
   for (auto hs : {model::HeadSharding::none, model::HeadSharding::vocab}) {

@@ -42,7 +42,7 @@ void check_arms(const char* preset, int max_seq_len, int prompt, int gen) {
   }
   const int k = 3;
   drafter::DrafterOptions ref_opt;
-  ref_opt.max_draft_len = k;
+  ref_opt.draft_len = k;
   const auto reference = run_arm(cfg, comm, trace, ref_opt, k);
   ASSERT_FALSE(reference.empty());
   int arms = 0;
