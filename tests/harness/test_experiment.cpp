@@ -3,16 +3,13 @@
 // - --set overrides (arms, measure keys, grid axes, model keys on a preset) and strictness
 //   (unknown keys, bad values, the file:line:col of a grid value);
 // - points that cannot run at the given world size are reported together, unless excluded;
-// - canonical configs ignore spelling (on / true) but not values;
-// - quantiles against hand-computed values and a bootstrap CI that brackets the median.
+// - canonical configs ignore spelling (on / true) but not values.
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdlib>
-#include <random>
 
+#include "common/error_of.hpp"
 #include "harness/experiment.hpp"
-#include "harness/stats.hpp"
 
 using namespace mtplab;
 using namespace mtplab::harness;
@@ -35,14 +32,7 @@ sweep:
     skip: [none, head, block]
 )";
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+std::string message_of(const std::function<void()>& f) { return mtplab::test::error_of(f); }
 
 }  // namespace
 
@@ -203,36 +193,6 @@ TEST(Experiment, ContextGemmEntersTheCanonicalConfigOnlyWhenOn) {
   EXPECT_NE(message_of([] { parse_experiment(kBase, "exp.yaml", {"context_gemm=sometimes"}, 2); })
                 .find("context_gemm"),
             std::string::npos);
-}
-
-TEST(Stats, QuantilesAndBootstrap) {
-  const std::vector<double> x = {5, 1, 4, 2, 3};  // sorted: 1 2 3 4 5
-  const Summary s = summarize(x, 42);
-  EXPECT_EQ(s.n, 5);
-  EXPECT_DOUBLE_EQ(s.median, 3.0);
-  EXPECT_DOUBLE_EQ(s.p10, 1.4);   // h = 0.4
-  EXPECT_DOUBLE_EQ(s.p90, 4.6);   // h = 3.6
-  EXPECT_DOUBLE_EQ(s.p99, 4.96);  // h = 3.96
-  EXPECT_DOUBLE_EQ(s.mean, 3.0);
-  EXPECT_DOUBLE_EQ(s.rel_spread, (4.6 - 1.4) / 3.0);
-  EXPECT_LE(s.ci95_lo, s.median);
-  EXPECT_GE(s.ci95_hi, s.median);
-  // Seeded: the same seed gives the same interval; a large sample gives a tight one.
-  std::mt19937_64 gen(7);
-  std::lognormal_distribution<double> dist(0.0, 0.3);
-  std::vector<double> big(4000);
-  for (auto& v : big) v = dist(gen);
-  const Summary a = summarize(big, 9), b = summarize(big, 9);
-  EXPECT_EQ(a.ci95_lo, b.ci95_lo);
-  EXPECT_EQ(a.ci95_hi, b.ci95_hi);
-  EXPECT_LT(a.ci95_lo, a.median);
-  EXPECT_GT(a.ci95_hi, a.median);
-  // The true median of lognormal(0, 0.3) is 1; 4000 samples put it well inside +-5%.
-  EXPECT_NEAR(a.median, 1.0, 0.05);
-  EXPECT_LT(a.ci95_hi - a.ci95_lo, 0.05);
-  const Summary e = summarize(std::vector<double>{}, 1);
-  EXPECT_EQ(e.n, 0);
-  EXPECT_TRUE(std::isnan(e.median));
 }
 
 TEST(Experiment, ShippedBatchQidxExperiment) {
