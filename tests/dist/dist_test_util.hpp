@@ -12,16 +12,13 @@
 #include <random>
 #include <string>
 
+#include "common/seed.hpp"
+#include "core/hash.hpp"
 #include "core/numeric.hpp"
 
 namespace mtplab::dist::test {
 
-inline uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+inline uint64_t mix(uint64_t x) { return splitmix64_mix(x + kSplitmix64Gamma); }
 
 /// 64 random bits for (seed, stream, rank, index); `stream` separates the tests' draws.
 inline uint64_t draw(uint64_t seed, uint64_t stream, int rank, uint64_t index) {
@@ -48,11 +45,7 @@ inline uint64_t shared_seed(MPI_Comm comm) {
   unsigned long long seed = 0;
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  if (rank == 0) {
-    const char* env = std::getenv("MTPLAB_TEST_SEED");
-    seed = env ? std::strtoull(env, nullptr, 0)
-               : (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }
+  if (rank == 0) seed = ::mtplab::test::env_seed_or_fresh();
   MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
   return seed;
 }

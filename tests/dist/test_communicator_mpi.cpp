@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mpi.hpp"
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
@@ -326,13 +327,10 @@ int main(int argc, char** argv) {
     Runtime rt(&argc, &argv);
     g_rt = &rt;
     ::testing::InitGoogleTest(&argc, argv);
-    test::report_from_rank0_only(rt.rank());
-    g_seed = test::shared_seed(MPI_COMM_WORLD);
+    dist::test::report_from_rank0_only(rt.rank());
+    g_seed = dist::test::shared_seed(MPI_COMM_WORLD);
     if (rt.rank() == 0)
-      std::printf("seed %llu (MTPLAB_TEST_SEED to replay)\n", static_cast<unsigned long long>(g_seed));
-    const int failed = RUN_ALL_TESTS() != 0;
-    int any = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    return any;
+      std::printf("%s\n", mtplab::test::seed_note(g_seed).c_str());
+    return mtplab::test::run_all_tests_on_every_rank(rt);
   });
 }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mpi.hpp"
 #include "core/error.hpp"
 #include "dist/check.hpp"
 #include "dist/collectives.hpp"
@@ -460,16 +461,14 @@ int main(int argc, char** argv) {
     }
     g_rt = &rt;
     ::testing::InitGoogleTest(&argc, argv);
-    test::report_from_rank0_only(rt.rank());
+    dist::test::report_from_rank0_only(rt.rank());
     const auto& dev = rt.bind_device();
-    g_seed = test::shared_seed(MPI_COMM_WORLD);
+    g_seed = dist::test::shared_seed(MPI_COMM_WORLD);
     std::printf("rank %d on GPU %d (%s, %s), seed %llu\n", rt.rank(), dev.device, dev.name.c_str(),
                 dev.pci_bus_id.c_str(), static_cast<unsigned long long>(g_seed));
     MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-    const int failed = RUN_ALL_TESTS() != 0;
-    int any = 0;
-    MTP_MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    const int failed = mtplab::test::run_all_tests_on_every_rank(rt);
     MTP_CUDA_CHECK(cudaStreamDestroy(g_stream));
-    return any;
+    return failed;
   });
 }

@@ -1,5 +1,5 @@
 // dist rules that need neither MPI nor a GPU: the device choice and its refusals, the timeout
-// setting, version strings, run_guarded without MPI, and the NCCL communicator's watchdog.
+// setting, run_guarded without MPI, and the NCCL communicator's watchdog.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,7 +11,6 @@
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
-#include "dist/versions.hpp"
 #include "dist/watchdog.hpp"
 
 using namespace mtplab;
@@ -88,15 +87,6 @@ TEST(Timeout, FromEnvironment) {
   setenv(kCollectiveTimeoutEnv, "soon", 1);
   EXPECT_THROW(collective_timeout_s(), Error);
   unsetenv(kCollectiveTimeoutEnv);
-}
-
-TEST(Versions, Strings) {
-  EXPECT_EQ(cuda_version_string(13000), "13.0");
-  EXPECT_EQ(cuda_version_string(12040), "12.4");
-  EXPECT_EQ(cuda_version_string(0), "-");
-  EXPECT_EQ(nccl_version_string(22809), "2.28.9");
-  EXPECT_EQ(nccl_version_string(2708), "2.7.8");
-  EXPECT_EQ(nccl_version_string(0), "-");
 }
 
 TEST(Guard, ReturnsTheBodyCodeOrOneWithoutMpi) {
