@@ -127,7 +127,8 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
 /// Canonical text of a scalar value: booleans as on/off, everything else as written.
 std::string canonical_value(const YamlNode& node);
 
-/// 64-bit FNV-1a of `text`, as 16 hex digits.
+/// FNV-1a 64 of `text` from mtplab's historical basis (fnv1a64_mtplab_v1, core/hash.hpp), as 16 hex
+/// digits: the experiment_identity of schema-v1 results files.
 std::string fnv1a_hex(const std::string& text);
 
 }  // namespace mtplab::harness

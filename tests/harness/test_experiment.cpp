@@ -214,3 +214,10 @@ TEST(Experiment, ShippedBatchQidxExperiment) {
   EXPECT_FALSE(ex.points[0].arms.batch_qidx);
   EXPECT_TRUE(ex.points[1].arms.batch_qidx);
 }
+
+TEST(Experiment, IdentityHashIsTheSchemaV1One) {
+  // Values computed independently (a Python loop over FNV-1a from mtplab's historical basis):
+  // the identities of existing results files must keep resuming.
+  EXPECT_EQ(fnv1a_hex(""), "14650fb0739d0383");
+  EXPECT_EQ(fnv1a_hex("model: tiny\nworld=2"), "807f5f3645a24289");
+}
