@@ -14,48 +14,34 @@
 namespace mtplab::dist {
 namespace {
 
-MPI_Datatype mpi_type(Elem e) {
+// One row per element type: its name, its MPI datatype and the bytes of one element.
+struct ElemInfo {
+  const char* name;
+  MPI_Datatype type;
+  size_t size;
+};
+ElemInfo info_of(Elem e) {
   switch (e) {
     case Elem::i8:
-      return MPI_INT8_T;
+      return {"int8", MPI_INT8_T, 1};
     case Elem::u8:
-      return MPI_UINT8_T;
+      return {"uint8", MPI_UINT8_T, 1};
     case Elem::i16:
-      return MPI_INT16_T;
+      return {"int16", MPI_INT16_T, 2};
     case Elem::u16:
-      return MPI_UINT16_T;
+      return {"uint16", MPI_UINT16_T, 2};
     case Elem::i32:
-      return MPI_INT32_T;
+      return {"int32", MPI_INT32_T, 4};
     case Elem::u32:
-      return MPI_UINT32_T;
+      return {"uint32", MPI_UINT32_T, 4};
     case Elem::i64:
-      return MPI_INT64_T;
+      return {"int64", MPI_INT64_T, 8};
     case Elem::u64:
-      return MPI_UINT64_T;
+      return {"uint64", MPI_UINT64_T, 8};
     case Elem::f32:
-      return MPI_FLOAT;
+      return {"float32", MPI_FLOAT, 4};
     case Elem::f64:
-      return MPI_DOUBLE;
-  }
-  MTP_FAIL("unknown dist::Elem ", static_cast<int>(e));
-}
-
-size_t elem_size(Elem e) {
-  switch (e) {
-    case Elem::i8:
-    case Elem::u8:
-      return 1;
-    case Elem::i16:
-    case Elem::u16:
-      return 2;
-    case Elem::i32:
-    case Elem::u32:
-    case Elem::f32:
-      return 4;
-    case Elem::i64:
-    case Elem::u64:
-    case Elem::f64:
-      return 8;
+      return {"float64", MPI_DOUBLE, 8};
   }
   MTP_FAIL("unknown dist::Elem ", static_cast<int>(e));
 }
@@ -108,38 +94,14 @@ const char* to_string(ReduceOp op) {
   return "?";
 }
 
-const char* to_string(Elem e) {
-  switch (e) {
-    case Elem::i8:
-      return "int8";
-    case Elem::u8:
-      return "uint8";
-    case Elem::i16:
-      return "int16";
-    case Elem::u16:
-      return "uint16";
-    case Elem::i32:
-      return "int32";
-    case Elem::u32:
-      return "uint32";
-    case Elem::i64:
-      return "int64";
-    case Elem::u64:
-      return "uint64";
-    case Elem::f32:
-      return "float32";
-    case Elem::f64:
-      return "float64";
-  }
-  return "?";
-}
+const char* to_string(Elem e) { return info_of(e).name; }
 
 void broadcast_elems(const Group& g, void* data, size_t count, Elem elem, int root, size_t chunk) {
   check_call(g, "broadcast", root, chunk);
   const std::string call = str(count, " x ", to_string(elem), " from rank ", root);
   auto* bytes = static_cast<char*>(data);
-  chunked(count, chunk, elem_size(elem), [&](size_t off, int n) {
-    check_rc(MPI_Bcast(bytes + off, n, mpi_type(elem), root, g.mpi()), "MPI_Bcast", "broadcast", call);
+  chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
+    check_rc(MPI_Bcast(bytes + off, n, info_of(elem).type, root, g.mpi()), "MPI_Bcast", "broadcast", call);
   });
 }
 
@@ -147,8 +109,8 @@ void all_reduce_elems(const Group& g, void* data, size_t count, Elem elem, Reduc
   check_call(g, "all_reduce", 0, chunk);
   const std::string call = str(to_string(op), " of ", count, " x ", to_string(elem));
   auto* bytes = static_cast<char*>(data);
-  chunked(count, chunk, elem_size(elem), [&](size_t off, int n) {
-    check_rc(MPI_Allreduce(MPI_IN_PLACE, bytes + off, n, mpi_type(elem), mpi_op(op), g.mpi()),
+  chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
+    check_rc(MPI_Allreduce(MPI_IN_PLACE, bytes + off, n, info_of(elem).type, mpi_op(op), g.mpi()),
              "MPI_Allreduce", "all_reduce", call);
   });
 }
@@ -158,10 +120,10 @@ void reduce_elems(const Group& g, void* data, size_t count, Elem elem, ReduceOp 
   const std::string call = str(to_string(op), " of ", count, " x ", to_string(elem), " to rank ", root);
   auto* bytes = static_cast<char*>(data);
   const bool at_root = g.rank() == root;
-  chunked(count, chunk, elem_size(elem), [&](size_t off, int n) {
+  chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
     // MPI_IN_PLACE is the root's send buffer only; the others send theirs and receive nothing.
     check_rc(MPI_Reduce(at_root ? MPI_IN_PLACE : bytes + off, at_root ? bytes + off : nullptr, n,
-                        mpi_type(elem), mpi_op(op), root, g.mpi()),
+                        info_of(elem).type, mpi_op(op), root, g.mpi()),
              "MPI_Reduce", "reduce", call);
   });
 }

@@ -2,7 +2,6 @@
 // what actually ran.
 #include "provenance/versions.hpp"
 
-#include <hdf5.h>
 #include <mpi.h>
 
 #if defined(MTPLAB_HAVE_CUDA)
@@ -13,6 +12,7 @@
 #endif
 
 #include "core/str.hpp"
+#include "io/hdf5.hpp"
 
 #ifndef MTPLAB_YAML_CPP_VERSION
 #define MTPLAB_YAML_CPP_VERSION "unknown"
@@ -55,8 +55,7 @@ LibraryVersions library_versions() {
   } else {
     v.mpi = "-";
   }
-  unsigned major = 0, minor = 0, release = 0;
-  v.hdf5 = H5get_libversion(&major, &minor, &release) >= 0 ? str(major, ".", minor, ".", release) : "-";
+  v.hdf5 = io::hdf5_library_version();
   v.yaml_cpp = MTPLAB_YAML_CPP_VERSION;
   return v;
 }
