@@ -278,20 +278,20 @@ int run(int argc, char** argv, const Options& opt) {
     };
     cases.push_back(std::move(c));
   }
-  {
+  // A protocol row: drafter::exchange_pick on set_logits' shard, checked against the expected token.
+  auto protocol = [&](drafter::Exchange ex) {
     Case c;
-    c.name = "packed_u64";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::packed_u64, V, xb, token.data());
-    };
+    c.name = drafter::to_string(ex);
+    c.issue = [&, ex] { drafter::exchange_pick(*be, comm, ex, V, xb, token.data()); };
     c.check = token_wrong;
     c.set_inputs = set_logits;
-    cases.push_back(std::move(c));
-  }
+    return c;
+  };
+  cases.push_back(protocol(drafter::Exchange::packed_u64));
   {
     // What the drafter runs: the head wrote the key (ops::HeadExtras), so only the all-reduce and
     // the unpack follow it. The key is packed once per input here, outside the timed loop.
-    Case c;
+    Case c = protocol(drafter::Exchange::packed_u64);
     c.name = "packed_u64_head_key";
     c.issue = [&] {
       drafter::exchange_pick(*be, comm, drafter::Exchange::packed_u64, V, xb, token.data(),
@@ -309,36 +309,12 @@ int run(int argc, char** argv, const Options& opt) {
     };
     cases.push_back(std::move(c));
   }
-  {
-    Case c;
-    c.name = "allgather_pairs";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::allgather_pairs, V, xb, token.data());
-    };
-    c.check = token_wrong;
-    c.set_inputs = set_logits;
-    cases.push_back(std::move(c));
-  }
-  {
-    Case c;
-    c.name = "allgather_logits";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::allgather_logits, V, xb, token.data());
-    };
-    c.check = token_wrong;
-    c.set_inputs = set_logits;
-    cases.push_back(std::move(c));
-  }
+  cases.push_back(protocol(drafter::Exchange::allgather_pairs));
+  cases.push_back(protocol(drafter::Exchange::allgather_logits));
   if (world == 2) {
-    Case c;
-    c.name = "bf16_lanes";
+    Case c = protocol(drafter::Exchange::bf16_lanes);
     c.capturable = false;
     c.not_capturable_why = "host synchronisations inside (download, upload): cannot be captured";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::bf16_lanes, V, xb, token.data());
-    };
-    c.check = token_wrong;
-    c.set_inputs = set_logits;
     cases.push_back(std::move(c));
   }
 

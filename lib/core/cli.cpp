@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
 
 #include "core/error.hpp"
@@ -12,25 +13,11 @@
 namespace mtplab::cli {
 namespace {
 
-const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::flag:
-      return "a flag";
-    case Kind::text:
-      return "a text";
-    case Kind::integer:
-      return "an integer";
-    case Kind::number:
-      return "a number";
-    case Kind::integer_list:
-      return "a list of integers";
-    case Kind::choice:
-      return "a choice";
-    case Kind::choice_list:
-      return "a list of choices";
-  }
-  return "?";
-}
+// Indexed by Kind, in its declaration order.
+constexpr const char* kKindNames[] = {
+    "a flag", "a text", "an integer", "a number", "a list of integers", "a choice", "a list of choices"};
+static_assert(std::size(kKindNames) == static_cast<size_t>(Kind::choice_list) + 1);
+const char* kind_name(Kind kind) { return kKindNames[static_cast<size_t>(kind)]; }
 
 std::vector<std::string> items_of(const std::string& value) { return split(value, ','); }
 
@@ -217,42 +204,33 @@ const OptionSpec* Parser::find(const std::string& name) const {
 }
 
 void Parser::check_value(const OptionSpec& s, const std::string& value) const {
-  const std::string opt = "--" + s.name;
+  const std::string opt = program_ + ": --" + s.name;
+  // `item` of `value` read by `read`, else "expects <what>"; then within [lo, hi].
+  auto in_range = [&](const std::string& item, auto read, auto lo, auto hi, const char* what) {
+    const auto v = read(item);
+    MTP_REQUIRE(v, opt, " expects ", what, ", got \"", value, "\"");
+    MTP_REQUIRE(*v >= lo && *v <= hi, opt, " ", item, " is out of range [", lo, ", ", hi, "]");
+  };
+  auto allowed = [&](const std::string& item, const char* note) {
+    MTP_REQUIRE(std::find(s.allowed.begin(), s.allowed.end(), item) != s.allowed.end(), opt, " \"", item,
+                "\" is not one of ", join(s.allowed, ", "), note);
+  };
   switch (s.kind) {
     case Kind::flag:
     case Kind::text:
       return;
-    case Kind::integer: {
-      const auto v = parse_int64(value);
-      MTP_REQUIRE(v, program_, ": ", opt, " expects an integer, got \"", value, "\"");
-      MTP_REQUIRE(*v >= s.int_min && *v <= s.int_max, program_, ": ", opt, " ", value, " is out of range [",
-                  s.int_min, ", ", s.int_max, "]");
-      return;
-    }
-    case Kind::number: {
-      const auto v = parse_double(value);
-      MTP_REQUIRE(v, program_, ": ", opt, " expects a number, got \"", value, "\"");
-      MTP_REQUIRE(*v >= s.num_min && *v <= s.num_max, program_, ": ", opt, " ", value, " is out of range [",
-                  s.num_min, ", ", s.num_max, "]");
-      return;
-    }
+    case Kind::integer:
+      return in_range(value, parse_int64, s.int_min, s.int_max, "an integer");
+    case Kind::number:
+      return in_range(value, parse_double, s.num_min, s.num_max, "a number");
     case Kind::integer_list:
-      for (const auto& item : items_of(value)) {
-        const auto v = parse_int64(item);
-        MTP_REQUIRE(v, program_, ": ", opt, " expects a comma list of integers (e.g. 1,2,4), got \"", value,
-                    "\"");
-        MTP_REQUIRE(*v >= s.int_min && *v <= s.int_max, program_, ": ", opt, " ", item, " is out of range [",
-                    s.int_min, ", ", s.int_max, "]");
-      }
+      for (const auto& item : items_of(value))
+        in_range(item, parse_int64, s.int_min, s.int_max, "a comma list of integers (e.g. 1,2,4)");
       return;
     case Kind::choice:
-      MTP_REQUIRE(std::find(s.allowed.begin(), s.allowed.end(), value) != s.allowed.end(), program_, ": ",
-                  opt, " \"", value, "\" is not one of ", join(s.allowed, ", "));
-      return;
+      return allowed(value, "");
     case Kind::choice_list:
-      for (const auto& item : items_of(value))
-        MTP_REQUIRE(std::find(s.allowed.begin(), s.allowed.end(), item) != s.allowed.end(), program_, ": ",
-                    opt, " \"", item, "\" is not one of ", join(s.allowed, ", "), " (a comma list of them)");
+      for (const auto& item : items_of(value)) allowed(item, " (a comma list of them)");
       return;
   }
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <iterator>
 
 #include "core/error.hpp"
 #include "core/str.hpp"
@@ -14,48 +15,36 @@
 namespace mtplab::dist {
 namespace {
 
-// One row per element type: its name, its MPI datatype and the bytes of one element.
+// One row per element type, indexed by Elem in its declaration order: its name, its MPI
+// datatype and the bytes of one element.
 struct ElemInfo {
   const char* name;
   MPI_Datatype type;
   size_t size;
 };
-ElemInfo info_of(Elem e) {
-  switch (e) {
-    case Elem::i8:
-      return {"int8", MPI_INT8_T, 1};
-    case Elem::u8:
-      return {"uint8", MPI_UINT8_T, 1};
-    case Elem::i16:
-      return {"int16", MPI_INT16_T, 2};
-    case Elem::u16:
-      return {"uint16", MPI_UINT16_T, 2};
-    case Elem::i32:
-      return {"int32", MPI_INT32_T, 4};
-    case Elem::u32:
-      return {"uint32", MPI_UINT32_T, 4};
-    case Elem::i64:
-      return {"int64", MPI_INT64_T, 8};
-    case Elem::u64:
-      return {"uint64", MPI_UINT64_T, 8};
-    case Elem::f32:
-      return {"float32", MPI_FLOAT, 4};
-    case Elem::f64:
-      return {"float64", MPI_DOUBLE, 8};
-  }
-  MTP_FAIL("unknown dist::Elem ", static_cast<int>(e));
+const ElemInfo& info_of(Elem e) {
+  static const ElemInfo table[] = {{"int8", MPI_INT8_T, 1},   {"uint8", MPI_UINT8_T, 1},
+                                   {"int16", MPI_INT16_T, 2}, {"uint16", MPI_UINT16_T, 2},
+                                   {"int32", MPI_INT32_T, 4}, {"uint32", MPI_UINT32_T, 4},
+                                   {"int64", MPI_INT64_T, 8}, {"uint64", MPI_UINT64_T, 8},
+                                   {"float32", MPI_FLOAT, 4}, {"float64", MPI_DOUBLE, 8}};
+  static_assert(std::size(table) == static_cast<size_t>(Elem::f64) + 1);
+  const auto i = static_cast<size_t>(e);
+  MTP_REQUIRE(i < std::size(table), "unknown dist::Elem ", i);
+  return table[i];
 }
 
-MPI_Op mpi_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::min:
-      return MPI_MIN;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::sum:
-      return MPI_SUM;
-  }
-  MTP_FAIL("unknown dist::ReduceOp ", static_cast<int>(op));
+// Indexed by ReduceOp in its declaration order.
+struct OpInfo {
+  const char* name;
+  MPI_Op op;
+};
+const OpInfo& info_of(ReduceOp op) {
+  static const OpInfo table[] = {{"min", MPI_MIN}, {"max", MPI_MAX}, {"sum", MPI_SUM}};
+  static_assert(std::size(table) == static_cast<size_t>(ReduceOp::sum) + 1);
+  const auto i = static_cast<size_t>(op);
+  MTP_REQUIRE(i < std::size(table), "unknown dist::ReduceOp ", i);
+  return table[i];
 }
 
 /// Checks the group, the root and the chunk before any MPI call, so a misuse is named too.
@@ -82,18 +71,7 @@ void chunked(size_t count, size_t chunk, size_t bytes_per_elem, Fn&& fn) {
 
 }  // namespace
 
-const char* to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::min:
-      return "min";
-    case ReduceOp::max:
-      return "max";
-    case ReduceOp::sum:
-      return "sum";
-  }
-  return "?";
-}
-
+const char* to_string(ReduceOp op) { return info_of(op).name; }
 const char* to_string(Elem e) { return info_of(e).name; }
 
 void broadcast_elems(const Group& g, void* data, size_t count, Elem elem, int root, size_t chunk) {
@@ -110,7 +88,7 @@ void all_reduce_elems(const Group& g, void* data, size_t count, Elem elem, Reduc
   const std::string call = str(to_string(op), " of ", count, " x ", to_string(elem));
   auto* bytes = static_cast<char*>(data);
   chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
-    check_rc(MPI_Allreduce(MPI_IN_PLACE, bytes + off, n, info_of(elem).type, mpi_op(op), g.mpi()),
+    check_rc(MPI_Allreduce(MPI_IN_PLACE, bytes + off, n, info_of(elem).type, info_of(op).op, g.mpi()),
              "MPI_Allreduce", "all_reduce", call);
   });
 }
@@ -123,7 +101,7 @@ void reduce_elems(const Group& g, void* data, size_t count, Elem elem, ReduceOp 
   chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
     // MPI_IN_PLACE is the root's send buffer only; the others send theirs and receive nothing.
     check_rc(MPI_Reduce(at_root ? MPI_IN_PLACE : bytes + off, at_root ? bytes + off : nullptr, n,
-                        info_of(elem).type, mpi_op(op), root, g.mpi()),
+                        info_of(elem).type, info_of(op).op, root, g.mpi()),
              "MPI_Reduce", "reduce", call);
   });
 }

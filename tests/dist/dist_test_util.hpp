@@ -15,6 +15,8 @@
 #include "common/seed.hpp"
 #include "core/hash.hpp"
 #include "core/numeric.hpp"
+#include "dist/runtime.hpp"
+#include "dist/world_ops.hpp"
 
 namespace mtplab::dist::test {
 
@@ -40,36 +42,14 @@ inline bf16 draw_bf16(uint64_t seed, uint64_t stream, int rank, uint64_t index) 
   return to_bf16(v);
 }
 
-/// The run's seed: MTPLAB_TEST_SEED when set, else random; identical on every rank of `comm`.
-inline uint64_t shared_seed(MPI_Comm comm) {
-  unsigned long long seed = 0;
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  if (rank == 0) seed = ::mtplab::test::env_seed_or_fresh();
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
+/// The run's seed, identical on every rank: MTPLAB_TEST_SEED when set, else a fresh one drawn
+/// at rank 0, which prints it (collective).
+inline uint64_t shared_seed(const Runtime& rt) {
+  uint64_t seed = rt.rank() == 0 ? ::mtplab::test::env_seed_or_fresh() : 0;
+  const Group world = rt.world_group();
+  broadcast(world, seed);
+  if (rt.rank() == 0) std::printf("%s\n", ::mtplab::test::seed_note(seed).c_str());
   return seed;
-}
-
-/// Prints failures as `[rank r] file:line` + message; replaces gtest's printer on ranks != 0 so
-/// that a passing run shows one report, not one per rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
-                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
-  }
-
- private:
-  int rank_;
-};
-
-inline void report_from_rank0_only(int rank) {
-  if (rank == 0) return;
-  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-  delete listeners.Release(listeners.default_result_printer());
-  listeners.Append(new RankFailurePrinter(rank));
 }
 
 }  // namespace mtplab::dist::test

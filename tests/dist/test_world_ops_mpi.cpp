@@ -203,13 +203,9 @@ TEST(WorldOps, MisuseIsNamedBeforeAnyMpiCall) {
 }
 
 int main(int argc, char** argv) {
-  return run_guarded([&] {
-    Runtime rt(&argc, &argv);
+  return mtplab::test::mpi_test_main(argc, argv, [](Runtime& rt) {
     g_rt = &rt;
-    ::testing::InitGoogleTest(&argc, argv);
-    dist::test::report_from_rank0_only(rt.rank());
-    g_seed = dist::test::shared_seed(MPI_COMM_WORLD);
-    if (rt.rank() == 0) std::printf("%s\n", mtplab::test::seed_note(g_seed).c_str());
+    g_seed = dist::test::shared_seed(rt);
     return mtplab::test::run_all_tests_on_every_rank(rt);
   });
 }

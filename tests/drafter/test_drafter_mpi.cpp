@@ -91,11 +91,8 @@ TEST(DrafterMpi, AllArmsGiveTheSameDrafts) {
 }
 
 int main(int argc, char** argv) {
-  return dist::run_guarded([&] {
-    dist::Runtime runtime(&argc, &argv);
+  return test::mpi_test_main(argc, argv, [](dist::Runtime& runtime) {
     g_runtime = &runtime;
-    ::testing::InitGoogleTest(&argc, argv);
-    if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
     return test::run_all_tests_on_every_rank(runtime);
   });
 }

@@ -79,11 +79,8 @@ TEST(GpuE2eMpi, SmallAllArmsGiveTheSameDrafts) { check_arms("small", 1024, 540, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dist::run_guarded([&] {
-    dist::Runtime runtime(&argc, &argv);
+  return test::mpi_test_main(argc, argv, [](dist::Runtime& runtime) {
     g_runtime = &runtime;
-    ::testing::InitGoogleTest(&argc, argv);
-    if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
     const int gpus = runtime.min_visible_gpus();  // collective: called once, on every rank
     if (gpus < runtime.local_size()) {
       if (runtime.rank() == 0)

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,6 +58,11 @@ class Rng : public ::mtplab::test::RandomVectors<Rng> {
 inline std::string seed_note() { return ::mtplab::test::seed_note(test_seed()); }
 
 // ---- backend buffers ----------------------------------------------------------------------------
+
+/// A test fixture with its own CPU backend, `be`.
+struct CpuBackendTest : ::testing::Test {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+};
 
 template <typename T>
 Array<T> upload(Backend& be, const std::vector<T>& host) {
