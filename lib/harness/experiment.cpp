@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -398,17 +399,7 @@ std::string canonical_value(const YamlNode& node) {
   return e.c_str();
 }
 
-std::string fnv1a_hex(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  static const char* digits = "0123456789abcdef";
-  std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<size_t>(i)] = digits[h & 0xf];
-  return out;
-}
+std::string identity_hash(const std::string& text) { return hex16(fnv1a64(text)); }
 
 void check_point_runnable(const PointConfig& p, int world, const std::string& backend) {
   const model::ModelConfig& c = p.model;
@@ -597,7 +588,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     without_output.remove("output");
     YAML::Emitter e2;
     e2 << without_output;
-    ex.identity = fnv1a_hex(str(e2.c_str(), "\nworld=", world));
+    ex.identity = identity_hash(str(e2.c_str(), "\nworld=", world));
   }
   return ex;
 }

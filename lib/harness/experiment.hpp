@@ -118,7 +118,8 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
 /// Canonical text of a scalar value: booleans as on/off, everything else as written.
 std::string canonical_value(const YamlNode& node);
 
-/// 64-bit FNV-1a of `text`, as 16 hex digits.
-std::string fnv1a_hex(const std::string& text);
+/// The experiment identity of `text`: the standard FNV-1a 64 (core/hash.hpp) as 16 hex digits
+/// (results schema v2; schema-v1 files used fnv1a64_mtplab_v1, docs/results-schema.md).
+std::string identity_hash(const std::string& text);
 
 }  // namespace mtplab::harness

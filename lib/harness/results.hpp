@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "core/stats.hpp"
 #include "harness/experiment.hpp"
 #include "harness/replay.hpp"
-#include "harness/stats.hpp"
 #include "io/hdf5.hpp"
 
 namespace mtplab::harness {

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <gtest/gtest.h>
 
-#include "drafter_test_util.hpp"
+#include "common/trace.hpp"
+#include "drafter/factory.hpp"
 #include "harness/replay.hpp"
+#include "model/weights.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;

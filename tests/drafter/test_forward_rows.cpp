@@ -12,9 +12,11 @@
 #include <cstring>
 #include <random>
 
+#include "common/trace.hpp"
+#include "drafter/factory.hpp"
 #include "drafter/selection_check.hpp"
-#include "drafter_test_util.hpp"
 #include "harness/replay.hpp"
+#include "model/weights.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;

@@ -3,18 +3,15 @@
 // - --set overrides (arms, measure keys, grid axes, model keys on a preset) and strictness
 //   (unknown keys, bad values, the file:line:col of a grid value);
 // - points that cannot run at the given world size are reported together, unless excluded;
-// - canonical configs ignore spelling (on / true) but not values;
-// - quantiles against hand-computed values and a bootstrap CI that brackets the median.
+// - canonical configs ignore spelling (on / true) but not values.
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <functional>
-#include <random>
 
+#include "common/error_of.hpp"
 #include "harness/experiment.hpp"
-#include "harness/stats.hpp"
 
 using namespace mtplab;
 using namespace mtplab::harness;
@@ -47,14 +44,7 @@ trace:
 output: out.h5
 )";
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+std::string message_of(const std::function<void()>& f) { return mtplab::test::error_of(f); }
 
 }  // namespace
 
@@ -274,36 +264,6 @@ TEST(ArmRegistry, RulesAreCheckedAtExpansion) {
   EXPECT_THROW(drafter::check_options(o, {2, int64_t{1} << 25, 1}), Error);
 }
 
-TEST(Stats, QuantilesAndBootstrap) {
-  const std::vector<double> x = {5, 1, 4, 2, 3};  // sorted: 1 2 3 4 5
-  const Summary s = summarize(x, 42);
-  EXPECT_EQ(s.n, 5);
-  EXPECT_DOUBLE_EQ(s.median, 3.0);
-  EXPECT_DOUBLE_EQ(s.p10, 1.4);   // h = 0.4
-  EXPECT_DOUBLE_EQ(s.p90, 4.6);   // h = 3.6
-  EXPECT_DOUBLE_EQ(s.p99, 4.96);  // h = 3.96
-  EXPECT_DOUBLE_EQ(s.mean, 3.0);
-  EXPECT_DOUBLE_EQ(s.rel_spread, (4.6 - 1.4) / 3.0);
-  EXPECT_LE(s.ci95_lo, s.median);
-  EXPECT_GE(s.ci95_hi, s.median);
-  // Seeded: the same seed gives the same interval; a large sample gives a tight one.
-  std::mt19937_64 gen(7);
-  std::lognormal_distribution<double> dist(0.0, 0.3);
-  std::vector<double> big(4000);
-  for (auto& v : big) v = dist(gen);
-  const Summary a = summarize(big, 9), b = summarize(big, 9);
-  EXPECT_EQ(a.ci95_lo, b.ci95_lo);
-  EXPECT_EQ(a.ci95_hi, b.ci95_hi);
-  EXPECT_LT(a.ci95_lo, a.median);
-  EXPECT_GT(a.ci95_hi, a.median);
-  // The true median of lognormal(0, 0.3) is 1; 4000 samples put it well inside +-5%.
-  EXPECT_NEAR(a.median, 1.0, 0.05);
-  EXPECT_LT(a.ci95_hi - a.ci95_lo, 0.05);
-  const Summary e = summarize(std::vector<double>{}, 1);
-  EXPECT_EQ(e.n, 0);
-  EXPECT_TRUE(std::isnan(e.median));
-}
-
 TEST(Experiment, ShippedBatchQidxExperiment) {
   // experiments/batch-qidx.yaml: batch_qidx off and on at context_rows full, mapped onto the
   // drafter's options (the selection check on), sparse selections in the prefill.
@@ -322,4 +282,14 @@ TEST(Experiment, ShippedBatchQidxExperiment) {
   }
   EXPECT_FALSE(ex.points[0].arms.drafter.batch_qidx);
   EXPECT_TRUE(ex.points[1].arms.drafter.batch_qidx);
+}
+
+TEST(Experiment, IdentityHashIsStandardFnv1a) {
+  // Schema v2 identities are the standard FNV-1a 64 (values from a Python loop over its definition),
+  // and an experiment's identity is that hash of its resolved text and world size.
+  EXPECT_EQ(identity_hash(""), "cbf29ce484222325");
+  EXPECT_EQ(identity_hash("model: tiny\nworld=2"), "45f53a297b0f6467");
+  const Experiment ex = parse_experiment(kBase, "exp.yaml", {}, 2);
+  EXPECT_EQ(ex.identity.size(), 16u);
+  EXPECT_NE(ex.identity, parse_experiment(kBase, "exp.yaml", {}, 1).identity);
 }
