@@ -1,4 +1,4 @@
-"""Reader for mtplab results files ("mtplab-results", schema v1; docs/results-schema.md).
+"""Reader for mtplab results files ("mtplab-results", schema v2 and v1; docs/results-schema.md).
 
     import mtplab_results as mr
     res = mr.Results("results/quickstart.h5")
@@ -15,7 +15,10 @@ import numpy as np
 import pandas as pd
 
 SCHEMA = "mtplab-results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions this reader reads: 2 (typed assignment: assignment_index and sweep.<axis> attributes,
+# typed /index columns) and 1 (the assignment as "axis=value" strings).
+READABLE_VERSIONS = (1, 2)
 TIMING_COLUMNS = ["step_ms", "propose_ms", "block_ms", "head_ms", "exchange_ms", "after_verify_ms", "catch_up_ms"]
 
 
@@ -47,8 +50,9 @@ class Results:
         if schema != SCHEMA:
             raise ValueError(f"{path}: not an mtplab results file (schema {schema!r})")
         version = int(self.file.attrs["schema_version"])
-        if version != SCHEMA_VERSION:
-            raise ValueError(f"{path}: results schema version {version}, this reader knows {SCHEMA_VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise ValueError(f"{path}: results schema version {version}, this reader knows {READABLE_VERSIONS}")
+        self.version = version
         self.attrs = {k: _s(v) for k, v in self.file.attrs.items()}
         self.axes = list(self.attrs.get("sweep_axes", []))
         self.axis_values = {a: list(self.attrs.get(f"sweep_values.{a}", [])) for a in self.axes}
@@ -67,20 +71,32 @@ class Results:
     def _name(point):
         return point if isinstance(point, str) else f"p{int(point):04d}"
 
+    def assignment(self, point):
+        """{axis: value} of one point. Version 2: typed as the file records the axis (int, float or
+        str); version 1: the canonical strings."""
+        g = self.group(point)
+        if self.version == 1:
+            return dict(x.split("=", 1) for x in _s(g.attrs["assignment"]))
+        return {a: _s(g.attrs[f"sweep.{a}"]) for a in self.axes}
+
+    def assignment_index(self, point):
+        """{axis: index of the point's value among the axis' values} (0 = the reference value)."""
+        g = self.group(point)
+        if self.version == 1:
+            a = self.assignment(point)
+            return {ax: self.axis_values[ax].index(a[ax]) for ax in self.axes}
+        return dict(zip(self.axes, (int(x) for x in g.attrs["assignment_index"])))
+
     @property
     def points(self):
-        """One row per point: the index table, plus the assignment of every sweep axis."""
+        """One row per point: the index table (typed columns in version 2), with every sweep axis."""
         df = _table(self.file["index"]) if "index" in self.file else pd.DataFrame()
-        for name in df.get("name", []):
-            pass
-        rows = []
-        for name in self.point_names:
-            a = dict(x.split("=", 1) for x in _s(self.group(name).attrs["assignment"]))
-            rows.append(a)
-        assign = pd.DataFrame(rows, columns=self.axes)
-        for c in assign.columns:
-            if c not in df.columns:
-                df[c] = assign[c].values
+        if self.version == 1:
+            rows = [self.assignment(name) for name in self.point_names]
+            assign = pd.DataFrame(rows, columns=self.axes)
+            for c in assign.columns:
+                if c not in df.columns:
+                    df[c] = assign[c].values
         return df.set_index("point", drop=False).sort_index()
 
     def steps(self, point):
@@ -119,8 +135,7 @@ class Results:
         pts = {}
         for name in self.point_names:
             g = self.group(name)
-            a = dict(x.split("=", 1) for x in _s(g.attrs["assignment"]))
-            pts[name] = (int(g.attrs["index"]), a)
+            pts[name] = (int(g.attrs["index"]), self.assignment_index(name))
         by_key = {tuple(sorted(a.items())): name for name, (_, a) in pts.items()}
         cache = {}
 
@@ -135,15 +150,15 @@ class Results:
 
         rows = []
         for name, (idx, a) in pts.items():
-            for axis, value in a.items():
-                first = self.axis_values.get(axis, [value])[0]
-                if value == first:
+            for axis, at in a.items():
+                if at == 0:
                     continue
                 ref_a = dict(a)
-                ref_a[axis] = first
+                ref_a[axis] = 0
                 ref = by_key.get(tuple(sorted(ref_a.items())))
                 if ref is None:
                     continue
+                value, first = self.axis_values[axis][at], self.axis_values[axis][0]
                 mine, theirs = repeat0(name), repeat0(ref)
                 common = [k for k in mine if k in theirs]
                 any_, first_ = 0, 0

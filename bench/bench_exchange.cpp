@@ -42,17 +42,20 @@
 #include <vector>
 
 #include "core/build_info.hpp"
+#include "core/cli.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/numeric.hpp"
+#include "core/stats.hpp"
 #include "core/str.hpp"
 #include "dist/check.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
-#include "dist/versions.hpp"
+#include "dist/world_ops.hpp"
 #include "drafter/exchange.hpp"
 #include "model/sharding.hpp"
 #include "ops/ops.hpp"
-#include "bench_cli.hpp"
+#include "provenance/versions.hpp"
 
 using namespace mtplab;
 
@@ -66,21 +69,8 @@ struct Options {
   std::string out = "bench-out";
 };
 
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t i = static_cast<size_t>(pos);
-  const double f = pos - static_cast<double>(i);
-  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
-}
-
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+/// splitmix64 from state z: one well-mixed 64-bit value per input (core/hash.hpp).
+uint64_t mix64(uint64_t z) { return splitmix64_mix(z + kSplitmix64Gamma); }
 
 /// Logit of global token `id` under `seed`: uniform in [-8, 8) rounded to BF16. BF16 has 8 bits
 /// of mantissa, so among 154880 draws the maximum is usually shared by several ids.
@@ -148,7 +138,8 @@ struct Case {
 
 class Bench {
  public:
-  Bench(ops::Backend& be, dist::Communicator& comm, const Options& opt) : be_(be), comm_(comm), opt_(opt) {}
+  Bench(ops::Backend& be, dist::Communicator& comm, const dist::Group& world, const Options& opt)
+      : be_(be), comm_(comm), world_(world), opt_(opt) {}
 
   /// Per-rep microseconds per iteration (largest over ranks) and the host's issue time.
   Result time(const Case& c, bool graph) {
@@ -168,7 +159,7 @@ class Bench {
     std::vector<double> us;
     std::vector<double> enqueue;
     for (int rep = 0; rep < opt_.warmup + opt_.reps; ++rep) {
-      MTP_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+      dist::barrier(world_);
       e0->record();
       const auto t0 = std::chrono::steady_clock::now();
       if (graph) {
@@ -187,19 +178,17 @@ class Bench {
     }
     exec.reset();  // before any communicator goes
     // The slower rank decides when the token is known everywhere.
-    MTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, us.data(), static_cast<int>(us.size()), MPI_DOUBLE, MPI_MAX,
-                                MPI_COMM_WORLD));
+    dist::all_reduce(world_, std::span<double>(us), dist::ReduceOp::max);
     r.us = std::move(us);
     r.enqueue_us = quantile(enqueue, 0.5);
-    long wrong = c.check();
-    MTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
-    r.wrong = wrong;
+    r.wrong = dist::all_reduce(world_, c.check(), dist::ReduceOp::sum);
     return r;
   }
 
  private:
   ops::Backend& be_;
   dist::Communicator& comm_;
+  const dist::Group& world_;
   const Options& opt_;
 };
 
@@ -221,7 +210,7 @@ int run(int argc, char** argv, const Options& opt) {
   const int64_t stride = (V + world - 1) / world;  // the drafter's padding: the largest shard
   MTP_REQUIRE(mine.count > 0, "rank ", rank, " holds no vocab rows of ", V);
 
-  const auto versions = dist::library_versions();
+  const auto versions = provenance::library_versions();
   if (rank == 0)
     std::printf("mtplab_bench_exchange (git %s%s): world %d, %s, NCCL %s, CUDA %s; vocab %lld split %lld per rank "
                 "(padded), %d iterations per rep, %d reps after %d warm-up\n",
@@ -289,20 +278,20 @@ int run(int argc, char** argv, const Options& opt) {
     };
     cases.push_back(std::move(c));
   }
-  {
+  // A protocol row: drafter::exchange_pick on set_logits' shard, checked against the expected token.
+  auto protocol = [&](drafter::Exchange ex) {
     Case c;
-    c.name = "packed_u64";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::packed_u64, V, xb, token.data());
-    };
+    c.name = drafter::to_string(ex);
+    c.issue = [&, ex] { drafter::exchange_pick(*be, comm, ex, V, xb, token.data()); };
     c.check = token_wrong;
     c.set_inputs = set_logits;
-    cases.push_back(std::move(c));
-  }
+    return c;
+  };
+  cases.push_back(protocol(drafter::Exchange::packed_u64));
   {
     // What the drafter runs: the head wrote the key (ops::HeadExtras), so only the all-reduce and
     // the unpack follow it. The key is packed once per input here, outside the timed loop.
-    Case c;
+    Case c = protocol(drafter::Exchange::packed_u64);
     c.name = "packed_u64_head_key";
     c.issue = [&] {
       drafter::exchange_pick(*be, comm, drafter::Exchange::packed_u64, V, xb, token.data(),
@@ -320,36 +309,12 @@ int run(int argc, char** argv, const Options& opt) {
     };
     cases.push_back(std::move(c));
   }
-  {
-    Case c;
-    c.name = "allgather_pairs";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::allgather_pairs, V, xb, token.data());
-    };
-    c.check = token_wrong;
-    c.set_inputs = set_logits;
-    cases.push_back(std::move(c));
-  }
-  {
-    Case c;
-    c.name = "allgather_logits";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::allgather_logits, V, xb, token.data());
-    };
-    c.check = token_wrong;
-    c.set_inputs = set_logits;
-    cases.push_back(std::move(c));
-  }
+  cases.push_back(protocol(drafter::Exchange::allgather_pairs));
+  cases.push_back(protocol(drafter::Exchange::allgather_logits));
   if (world == 2) {
-    Case c;
-    c.name = "bf16_lanes";
+    Case c = protocol(drafter::Exchange::bf16_lanes);
     c.capturable = false;
     c.not_capturable_why = "host synchronisations inside (download, upload): cannot be captured";
-    c.issue = [&] {
-      drafter::exchange_pick(*be, comm, drafter::Exchange::bf16_lanes, V, xb, token.data());
-    };
-    c.check = token_wrong;
-    c.set_inputs = set_logits;
     cases.push_back(std::move(c));
   }
 
@@ -365,11 +330,10 @@ int run(int argc, char** argv, const Options& opt) {
       pre_wrong[i] += c.check();
     }
   }
-  MTP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pre_wrong.data(), static_cast<int>(pre_wrong.size()), MPI_LONG, MPI_SUM,
-                              MPI_COMM_WORLD));
+  dist::all_reduce(group, std::span<long>(pre_wrong), dist::ReduceOp::sum);
 
   // ---- timing -------------------------------------------------------------------------------------
-  Bench bench(*be, comm, opt);
+  Bench bench(*be, comm, group, opt);
   std::vector<Result> results;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
@@ -453,22 +417,23 @@ int run(int argc, char** argv, const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  bench::BenchArgs args(argc, argv, "[--vocab V] [--iters N] [--reps R] [--warmup W] [--out DIR]  (under mpirun -np 2)");
-  while (args.next()) {
-    if (args.is("--vocab")) {
+  cli::Parser p(
+      "mtplab_bench_exchange",
+      "mpirun -np 2 mtplab_bench_exchange [--vocab V] [--iters N] [--reps R] [--warmup W] [--out DIR]");
+  p.about("The draft-token exchange protocols against bare 8-byte NCCL calls, host-issued and in a graph.\n")
       // bf16_lanes carries a token id in 3 base-256 digits.
-      opt.vocab = args.integer(2, int64_t{1} << 24);
-    } else if (args.is("--iters")) {
-      opt.iters = static_cast<int>(args.integer(1, 1000000));
-    } else if (args.is("--reps")) {
-      opt.reps = static_cast<int>(args.integer(1, 1000000));
-    } else if (args.is("--warmup")) {
-      opt.warmup = static_cast<int>(args.integer(0, 1000000));
-    } else if (args.is("--out")) {
-      opt.out = args.value();
-    } else {
-      args.unknown();
-    }
-  }
+      .integer("vocab", "V", "vocab rows split over the ranks (default 154880, glm5.3-flash)", 2,
+               int64_t{1} << 24)
+      .integer("iters", "N", "iterations per rep (default 50)", 1, 1000000)
+      .integer("reps", "R", "timed reps (default 300)", 1, 1000000)
+      .integer("warmup", "W", "untimed reps first (default 20)", 0, 1000000)
+      .text("out", "DIR", "where bench_exchange.csv goes (default bench-out)");
+  p.run_main(argc, argv, [&](const cli::Args& a) {
+    opt.vocab = a.integer("vocab", opt.vocab);
+    opt.iters = static_cast<int>(a.integer("iters", opt.iters));
+    opt.reps = static_cast<int>(a.integer("reps", opt.reps));
+    opt.warmup = static_cast<int>(a.integer("warmup", opt.warmup));
+    opt.out = a.text("out", opt.out);
+  });
   return dist::run_guarded([&] { return run(argc, argv, opt); });
 }

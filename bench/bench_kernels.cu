@@ -44,9 +44,12 @@
 #include <utility>
 #include <vector>
 
-#include "bench_cli.hpp"
+#include "bench_main.hpp"
 #include "core/build_info.hpp"
+#include "core/cli.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
+#include "core/stats.hpp"
 #include "core/str.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
@@ -60,24 +63,21 @@ namespace ops = mtplab::ops;
 
 // ---- device-side fills and the spin kernel --------------------------------------------------------
 
-__device__ uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+// core's splitmix64 finaliser (constexpr, so device code calls it too).
+__device__ uint64_t mix(uint64_t z) { return mtplab::splitmix64_mix(z); }
 
 /// Uniform [lo, hi) BF16 from a counter-based hash: any size, no host traffic.
 __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed, float lo, float hi) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float u = static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * (1.0f / 16777216.0f);
+    const float u = static_cast<float>(mix(seed * mtplab::kSplitmix64Gamma + i) >> 40) * (1.0f / 16777216.0f);
     p[i] = static_cast<uint16_t>(__float_as_uint(lo + (hi - lo) * u) >> 16);
   }
 }
 __global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed, float lo, float hi) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float u = static_cast<float>(mix(seed * 0x9e3779b97f4a7c15ull + i) >> 40) * (1.0f / 16777216.0f);
+    const float u = static_cast<float>(mix(seed * mtplab::kSplitmix64Gamma + i) >> 40) * (1.0f / 16777216.0f);
     p[i] = lo + (hi - lo) * u;
   }
 }
@@ -85,7 +85,7 @@ __global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed, float lo, flo
 __global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint8_t c = static_cast<uint8_t>(mix(seed * 0x9e3779b97f4a7c15ull + i));
+    uint8_t c = static_cast<uint8_t>(mix(seed * mtplab::kSplitmix64Gamma + i));
     if ((c & 0x7f) == 0x7f) c ^= 1;
     p[i] = c;
   }
@@ -134,26 +134,19 @@ struct Options {
   int graph_launches = 20;  // R: launches per captured graph in the graph mode; 0 turns the mode off
 };
 
-double quantile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const size_t i = static_cast<size_t>(pos);
-  const double f = pos - static_cast<double>(i);
-  return i + 1 < sorted.size() ? sorted[i] * (1 - f) + sorted[i + 1] * f : sorted[i];
-}
-
 /// The samples of one mode (microseconds per launch of the op) and their summary.
 struct Stats {
   std::vector<double> us;
   double median = 0, p10 = 0, p90 = 0, min = 0;
 
   void summarise() {
+    if (us.empty()) return;  // a mode without samples keeps its zeros
     std::vector<double> sorted = us;
     std::sort(sorted.begin(), sorted.end());
-    median = quantile(sorted, 0.5);
-    p10 = quantile(sorted, 0.1);
-    p90 = quantile(sorted, 0.9);
-    min = sorted.empty() ? 0 : sorted.front();
+    median = mtplab::quantile_sorted(sorted, 0.5);
+    p10 = mtplab::quantile_sorted(sorted, 0.1);
+    p90 = mtplab::quantile_sorted(sorted, 0.9);
+    min = sorted.front();
   }
 };
 
@@ -889,27 +882,27 @@ void write_csv(const Bench& b, const std::string& dir, const std::string& device
 
 int main(int argc, char** argv) {
   Options opt;
-  mtplab::bench::BenchArgs args(argc, argv,
-                                "[--out DIR] [--reps N] [--warmup N] [--only SUBSTRING[,SUBSTRING..]] "
-                                "[--device D] [--graph-launches R]");
-  while (args.next()) {
-    if (args.is("--out")) {
-      opt.out = args.value();
-    } else if (args.is("--reps")) {
-      opt.reps = static_cast<int>(args.integer(1, 1000000));
-    } else if (args.is("--warmup")) {
-      opt.warmup = static_cast<int>(args.integer(0, 1000000));
-    } else if (args.is("--only")) {
-      opt.only = args.value();
-    } else if (args.is("--device")) {
-      opt.device = static_cast<int>(args.integer(0, 1023));
-    } else if (args.is("--graph-launches")) {
-      opt.graph_launches = static_cast<int>(args.integer(0, 1000));
-    } else {
-      args.unknown();
-    }
-  }
-  try {
+  mtplab::cli::Parser p(
+      "mtplab_bench_kernels",
+      "mtplab_bench_kernels [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING[,SUBSTRING..]] "
+      "[--device D] [--graph-launches R]");
+  p.about("The CUDA backend's memory-bound ops at the glm5.3-flash shapes, against the copy bandwidth.\n")
+      .text("out", "DIR", "where bench_kernels.csv and bench_kernels_samples.csv go (default bench-out)")
+      .integer("reps", "N", "samples per op and mode (default 200)", 1, 1000000)
+      .integer("warmup", "N", "untimed calls first (default 10)", 0, 1000000)
+      .text("only", "SUBSTRING[,..]", "run only the cases whose name contains one of them")
+      .integer("device", "D", "CUDA device (default 0)", 0, 1023)
+      .integer("graph-launches", "R", "launches per captured graph; 0 turns the graph mode off (default 20)",
+               0, 1000);
+  p.run_main(argc, argv, [&](const mtplab::cli::Args& a) {
+    opt.out = a.text("out", opt.out);
+    opt.reps = static_cast<int>(a.integer("reps", opt.reps));
+    opt.warmup = static_cast<int>(a.integer("warmup", opt.warmup));
+    opt.only = a.text("only", opt.only);
+    opt.device = static_cast<int>(a.integer("device", opt.device));
+    opt.graph_launches = static_cast<int>(a.integer("graph-launches", opt.graph_launches));
+  });
+  return mtplab::bench::guarded_main([&] {
     if (!ops::cuda_backend_available()) {
       std::printf("SKIPPED: no CUDA device is visible\n");
       return 77;
@@ -923,12 +916,6 @@ int main(int argc, char** argv) {
     run_all(bench, *be);
     write_csv(bench, opt.out, be->device_name());
     std::printf("wrote %s/bench_kernels.csv\n", opt.out.c_str());
-  } catch (const mtplab::Error& e) {
-    std::fprintf(stderr, "%s\n", e.describe().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    return 0;
+  });
 }

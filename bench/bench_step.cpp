@@ -37,9 +37,11 @@
 #include <thread>
 #include <vector>
 
-#include "bench_cli.hpp"
+#include "bench_main.hpp"
 #include "core/build_info.hpp"
+#include "core/cli.hpp"
 #include "core/error.hpp"
+#include "core/stats.hpp"
 #include "core/str.hpp"
 #include "drafter/factory.hpp"
 #include "model/weights.hpp"
@@ -61,15 +63,6 @@ struct Options {
   bool profile = false;
   bool context_gemm = false;
 };
-
-double quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const size_t i = static_cast<size_t>(pos);
-  const double f = pos - static_cast<double>(i);
-  return i + 1 < v.size() ? v[i] * (1 - f) + v[i + 1] * f : v[i];
-}
 
 /// Records the Phase::propose events of each step.
 class StepTimer final : public drafter::PhaseTimer {
@@ -141,37 +134,10 @@ double copy_bandwidth(ops::Backend& be) {
   return quantile(gbps, 0.5);
 }
 
-std::vector<int> parse_ks(const std::string& s) {
-  std::vector<int> out;
-  size_t p = 0;
-  while (p < s.size()) {
-    const size_t q = s.find(',', p);
-    out.push_back(std::atoi(s.substr(p, q == std::string::npos ? std::string::npos : q - p).c_str()));
-    if (q == std::string::npos) break;
-    p = q + 1;
-  }
-  for (int k : out) MTP_REQUIRE(k >= 1 && k <= 16, "--k: draft length ", k, " outside 1..16");
-  return out;
-}
-
-/// A comma list of `a` and/or `b` -> {a chosen, b chosen}; anything else is a usage error.
-std::array<bool, 2> parse_pair(const bench::BenchArgs& args, const std::string& s, const char* flag,
-                               const char* a, const char* b) {
-  std::array<bool, 2> on{false, false};
-  size_t p = 0;
-  while (p <= s.size()) {
-    const size_t q = std::min(s.find(',', p), s.size());
-    const std::string item = s.substr(p, q - p);
-    if (item == a) {
-      on[0] = true;
-    } else if (item == b) {
-      on[1] = true;
-    } else {
-      args.fail(str(flag, ": \"", item, "\" is not one of ", a, ", ", b, " (a comma list)"));
-    }
-    p = q + 1;
-  }
-  return on;
+/// {a chosen, b chosen} of a comma list of `a` and / or `b` (checked by the command line).
+std::array<bool, 2> pair_of(const std::vector<std::string>& items, const char* a, const char* b) {
+  return {std::find(items.begin(), items.end(), a) != items.end(),
+          std::find(items.begin(), items.end(), b) != items.end()};
 }
 
 int run(const Options& opt) {
@@ -217,7 +183,7 @@ int run(const Options& opt) {
     for (bool graph : {false, true}) {
       if (!opt.heads[fp8 ? 1 : 0] || !opt.graphs[graph ? 1 : 0]) continue;
       drafter::DrafterOptions dopt;
-      dopt.max_draft_len = max_k;
+      dopt.draft_len = max_k;
       dopt.head_fp8 = fp8;
       dopt.cuda_graph = graph;
       dopt.context_gemm = opt.context_gemm;
@@ -298,48 +264,40 @@ int run(const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  bench::BenchArgs args(
-      argc, argv,
-      "[--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4] [--heads bf16,fp8] "
-      "[--graphs off,on] [--profile] [--context-gemm] [--out DIR] [--device D]");
-  while (args.next()) {
-    if (args.is("--preset")) {
-      opt.preset = args.value();
-    } else if (args.is("--context")) {
-      opt.context = static_cast<int>(args.integer(1, 1 << 30));
-    } else if (args.is("--reps")) {
-      opt.reps = static_cast<int>(args.integer(1, 1000000));
-    } else if (args.is("--warmup")) {
-      opt.warmup = static_cast<int>(args.integer(0, 1000000));
-    } else if (args.is("--k")) {
-      opt.ks = parse_ks(args.value());
-    } else if (args.is("--context-gemm")) {
-      opt.context_gemm = true;
-    } else if (args.is("--profile")) {
-      opt.profile = true;
-    } else if (args.is("--heads")) {
-      opt.heads = parse_pair(args, args.value(), "--heads", "bf16", "fp8");
-    } else if (args.is("--graphs")) {
-      opt.graphs = parse_pair(args, args.value(), "--graphs", "off", "on");
-    } else if (args.is("--out")) {
-      opt.out = args.value();
-    } else if (args.is("--device")) {
-      opt.device = static_cast<int>(args.integer(0, 1023));
-    } else {
-      args.unknown();
-    }
-  }
-  try {
+  cli::Parser p("mtplab_bench_step",
+                "mtplab_bench_step [--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4] "
+                "[--heads bf16,fp8] [--graphs off,on] [--profile] [--context-gemm] [--out DIR] [--device D]");
+  p.about("The whole draft step at a preset's shape, op by op and as a CUDA graph, against its byte floor.\n")
+      .text("preset", "NAME", "model preset or config file (default glm5.3-flash)")
+      .integer("context", "ROWS", "context rows before the timed steps (default 4096)", 1, 1 << 30)
+      .integer("reps", "N", "timed steps per drafter (default 40)", 1, 1000000)
+      .integer("warmup", "N", "untimed steps first (default 4)", 0, 1000000)
+      .integer_list("k", "1,4", "draft lengths (default 1,4)", 1, 16)
+      .choice_list("heads", {"bf16", "fp8"}, "head variants (default both)")
+      .choice_list("graphs", {"off", "on"}, "eager launches and / or one CUDA graph (default both)")
+      .flag("profile", "CUDA profiler on around the timed steps only")
+      .flag("context-gemm", "prefill the context with the context_gemm arm")
+      .text("out", "DIR", "where bench_step.csv goes (default bench-out)")
+      .integer("device", "D", "CUDA device (default 0)", 0, 1023);
+  p.run_main(argc, argv, [&](const cli::Args& a) {
+    opt.preset = a.text("preset", opt.preset);
+    opt.context = static_cast<int>(a.integer("context", opt.context));
+    opt.reps = static_cast<int>(a.integer("reps", opt.reps));
+    opt.warmup = static_cast<int>(a.integer("warmup", opt.warmup));
+    opt.ks.clear();
+    for (const int64_t k : a.integers("k", {1, 4})) opt.ks.push_back(static_cast<int>(k));
+    opt.heads = pair_of(a.choices("heads", {"bf16", "fp8"}), "bf16", "fp8");
+    opt.graphs = pair_of(a.choices("graphs", {"off", "on"}), "off", "on");
+    opt.profile = a.flag("profile");
+    opt.context_gemm = a.flag("context-gemm");
+    opt.out = a.text("out", opt.out);
+    opt.device = static_cast<int>(a.integer("device", opt.device));
+  });
+  return bench::guarded_main([&] {
     if (!ops::cuda_backend_available()) {
       std::printf("SKIPPED: no CUDA device is visible\n");
       return 77;
     }
     return run(opt);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.describe().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

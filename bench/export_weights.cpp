@@ -11,10 +11,12 @@
 // e_score_correction_bias and index_kpool_compress_ape are F32, every other tensor BF16.
 // The default seed, 11, is the one mtplab_bench_step synthesises with.
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
+#include "bench_main.hpp"
+#include "core/cli.hpp"
 #include "core/error.hpp"
 #include "model/weights.hpp"
 
@@ -24,31 +26,21 @@ int main(int argc, char** argv) {
   std::string preset = "glm5.3-flash", out;
   uint64_t seed = 11;
   double max_file_gb = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "usage: %s [--preset NAME|PATH] [--seed S] [--max-file-gb G] --out PATH\n", argv[0]);
-      return 2;
-    }
-    const std::string v = argv[++i];
-    if (a == "--preset") {
-      preset = v;
-    } else if (a == "--seed") {
-      seed = std::strtoull(v.c_str(), nullptr, 10);
-    } else if (a == "--max-file-gb") {
-      max_file_gb = std::atof(v.c_str());
-    } else if (a == "--out") {
-      out = v;
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (out.empty()) {
-    std::fprintf(stderr, "--out PATH is required\n");
-    return 2;
-  }
-  try {
+  cli::Parser p("mtplab_export_weights",
+                "mtplab_export_weights [--preset NAME|PATH] [--seed S] [--max-file-gb G] --out PATH");
+  p.about("Writes the synthetic MTP weights of a preset (world 1) as a safetensors checkpoint.\n")
+      .text("preset", "NAME|PATH", "model preset or config file (default glm5.3-flash)")
+      .integer("seed", "S", "weight seed (default 11, the one mtplab_bench_step uses)", 0, INT64_MAX)
+      .number("max-file-gb", "G", "largest file; 0 writes one file (default 0)", 0, 1e6)
+      .text("out", "PATH", "the file, or the directory when --max-file-gb splits (required)");
+  p.run_main(argc, argv, [&](const cli::Args& a) {
+    preset = a.text("preset", preset);
+    seed = static_cast<uint64_t>(a.integer("seed", static_cast<int64_t>(seed)));
+    max_file_gb = a.number("max-file-gb", max_file_gb);
+    out = a.text("out");
+    MTP_REQUIRE(!out.empty(), "mtplab_export_weights: --out PATH is required");
+  });
+  return bench::guarded_main([&] {
     using Clock = std::chrono::steady_clock;
     const model::ModelConfig cfg = model::load_model_preset(preset);
     const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
@@ -62,11 +54,5 @@ int main(int argc, char** argv) {
                 cfg.summary().c_str(), static_cast<unsigned long long>(seed), w.bytes() / 1e9, synth_s, write_s,
                 out.c_str());
     return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.describe().c_str());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

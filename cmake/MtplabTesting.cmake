@@ -4,6 +4,7 @@
 #   mtplab_unit_test(NAME SOURCES a.cpp b.cpp LIBS mtplab_core [LABELS x])
 #   mtplab_mpi_test(NAME NP 2 SOURCES ... LIBS ... [ARGS ...])   # one ctest entry per NP
 #   mtplab_gpu_test(NAME SOURCES ... LIBS ... [NP 2])
+# Every test executable sees tests/ on its include path, for the shared helpers in tests/common/.
 set(MTPLAB_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe")
 set(MTPLAB_MPIEXEC_FLAGS --oversubscribe --bind-to none)
 
@@ -12,6 +13,8 @@ function(_mtplab_test_exe name)
   if(NOT TARGET ${name})
     add_executable(${name} ${T_SOURCES})
     target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest mtplab_warnings)
+    # tests/common/ (seeds, error_of, random vectors, traces): #include "common/<name>.hpp".
+    target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   endif()
 endfunction()

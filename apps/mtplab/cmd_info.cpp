@@ -8,54 +8,37 @@
 
 #include "commands.hpp"
 #include "core/build_info.hpp"
+#include "core/cli.hpp"
 #include "core/error.hpp"
 #include "core/str.hpp"
 #include "dist/collectives.hpp"
 #include "dist/runtime.hpp"
-#include "dist/versions.hpp"
+#include "provenance/versions.hpp"
 
 namespace mtplab::app {
 namespace {
 
 constexpr char kFieldSep = '\x1f';  // never in a host name, device name or version string
 
-const char* kInfoHelp =
-    "usage: mtplab info [--backend auto|cpu|cuda]\n\n"
-    "Prints, for every rank: host, rank, local rank, device and PCI bus id, CUDA runtime and\n"
-    "driver, NCCL, MPI, HDF5 and yaml-cpp versions, and the git commit of the binary.\n"
-    "  --backend auto  cuda when built with CUDA and every rank sees a GPU, else cpu (default)\n"
-    "  --backend cpu   no GPU binding\n"
-    "  --backend cuda  bind each rank to its GPU as an experiment would (refusals included)\n";
-
-std::string parse_backend(const Args& args, bool& help) {
-  std::string backend = "auto";
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      help = true;
-    } else if (a == "--backend") {
-      MTP_REQUIRE(i + 1 < args.size(), "mtplab info: --backend needs a value (auto, cpu or cuda)");
-      backend = args[++i];
-    } else if (starts_with(a, "--backend=")) {
-      backend = a.substr(10);
-    } else {
-      MTP_FAIL("mtplab info: unknown argument \"", a, "\" (see mtplab info --help)");
-    }
-  }
-  MTP_REQUIRE(backend == "auto" || backend == "cpu" || backend == "cuda", "mtplab info: --backend \"",
-              backend, "\" is not one of auto, cpu, cuda");
-  return backend;
+cli::Parser info_cli() {
+  cli::Parser p("mtplab info", "mtplab info [--backend auto|cpu|cuda]");
+  p.about(
+       "Prints, for every rank: host, rank, local rank, device and PCI bus id, CUDA runtime and\n"
+       "driver, NCCL, MPI, HDF5 and yaml-cpp versions, and the git commit of the binary.\n")
+      .choice("backend", {"auto", "cpu", "cuda"},
+              "where the ranks run (default auto):\n"
+              "auto  cuda when built with CUDA and every rank sees a GPU, else cpu\n"
+              "cpu   no GPU binding\n"
+              "cuda  bind each rank to its GPU as an experiment would (refusals included)");
+  return p;
 }
 
 }  // namespace
 
 int cmd_info(const Args& args) {
-  bool help = false;
-  std::string backend = parse_backend(args, help);
-  if (help) {
-    std::fputs(kInfoHelp, stdout);
-    return 0;
-  }
+  const auto cli = parse_or_help(info_cli(), args);
+  if (!cli) return 0;
+  std::string backend = cli->choice("backend", "auto");
 
   dist::Runtime rt;
   if (backend == "auto") backend = rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
@@ -66,7 +49,7 @@ int cmd_info(const Args& args) {
     pci = bound.pci_bus_id;
   }
 
-  const dist::LibraryVersions v = dist::library_versions();
+  const provenance::LibraryVersions v = provenance::library_versions();
   const std::string git = str(git_sha(), git_dirty() ? "-dirty" : "");
   const std::vector<std::string> mine = {
       rt.host(), str(rt.rank()), str(rt.local_rank()), device, pci,  v.cuda_runtime, v.cuda_driver,

@@ -13,53 +13,29 @@
 namespace mtplab::app {
 namespace {
 
-const char* kListHelp =
-    "usage: mtplab list EXP.yaml [--ranks N] [--set key=value ...] [--count]\n\n"
-    "Prints the points of the experiment, numbered from 0, with their sweep values and arms.\n"
-    "Points that cannot run with N ranks are reported as errors (exit 1).\n"
-    "  --ranks N        the world size to check the points for (default: this job's ranks)\n"
-    "  --set key=value  override a key (dotted path, YAML value), e.g. --set measure.sequences=2,\n"
-    "                   --set sweep.grid.head_fp8=[off,on]; may be repeated\n"
-    "  --count          print only the number of points (for scripts)\n";
+cli::Parser list_cli() {
+  cli::Parser p("mtplab list", "mtplab list EXP.yaml [--ranks N] [--set key=value ...] [--count]");
+  p.about(
+       "Prints the points of the experiment, numbered from 0, with their sweep values and arms.\n"
+       "Points that cannot run with N ranks are reported as errors (exit 1).\n")
+      .integer("ranks", "N", "the world size to check the points for (default: this job's ranks)", 1, 65536)
+      .repeatable_text("set", "key=value",
+                       "override a key (dotted path, YAML value), e.g. --set measure.sequences=2,\n"
+                       "--set sweep.grid.head_fp8=[off,on]; may be repeated")
+      .flag("count", "print only the number of points (for scripts)")
+      .positionals("one experiment file", 1, 1);
+  return p;
+}
 
 }  // namespace
 
 int cmd_list(const Args& args) {
-  std::string file;
-  std::vector<std::string> sets;
-  int ranks = 0;
-  bool count_only = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&](const char* flag) {
-      MTP_REQUIRE(i + 1 < args.size(), "mtplab list: ", flag, " needs a value");
-      return args[++i];
-    };
-    if (a == "--help" || a == "-h") {
-      std::fputs(kListHelp, stdout);
-      return 0;
-    } else if (a == "--ranks") {
-      const std::string v = value("--ranks");
-      try {
-        ranks = std::stoi(v);
-      } catch (const std::exception&) {
-        MTP_FAIL("mtplab list: --ranks \"", v, "\" is not a number");
-      }
-      MTP_REQUIRE(ranks >= 1 && ranks <= 65536, "mtplab list: --ranks ", ranks, " outside 1..65536");
-    } else if (a == "--set") {
-      sets.push_back(value("--set"));
-    } else if (starts_with(a, "--set=")) {
-      sets.push_back(a.substr(6));
-    } else if (a == "--count") {
-      count_only = true;
-    } else if (starts_with(a, "-")) {
-      MTP_FAIL("mtplab list: unknown option \"", a, "\" (see mtplab list --help)");
-    } else {
-      MTP_REQUIRE(file.empty(), "mtplab list: one experiment file, got \"", file, "\" and \"", a, "\"");
-      file = a;
-    }
-  }
-  MTP_REQUIRE(!file.empty(), "mtplab list: no experiment file (see mtplab list --help)");
+  const auto cli = parse_or_help(list_cli(), args);
+  if (!cli) return 0;
+  const std::string file = cli->positional().front();
+  const std::vector<std::string> sets = cli->texts("set");
+  int ranks = static_cast<int>(cli->integer("ranks", 0));
+  const bool count_only = cli->flag("count");
 
   // Without --ranks the world of this job decides (1 when started without a launcher).
   std::unique_ptr<dist::Runtime> rt;
@@ -85,7 +61,7 @@ int cmd_list(const Args& args) {
   }
   for (const auto& p : ex.points) {
     std::vector<std::string> arms;
-    for (const auto& [k, v] : p.arms.named()) arms.push_back(str(k, "=", v));
+    for (const auto& [k, v] : harness::named(p.arms)) arms.push_back(str(k, "=", v));
     std::printf("%4d  %s\n      model %s, %s\n", p.index, p.label().c_str(), p.model.name.c_str(),
                 join(arms, " ").c_str());
   }

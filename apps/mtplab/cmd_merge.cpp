@@ -2,6 +2,7 @@
 // array job into one. The inputs must be of one experiment (same identity); a point found in
 // several inputs must have the same configuration there (kept once), otherwise nothing is
 // written. /index and /divergence are rebuilt. No MPI: run it anywhere.
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -14,32 +15,24 @@
 namespace mtplab::app {
 namespace {
 
-const char* kMergeHelp =
-    "usage: mtplab merge OUT.h5 IN1.h5 [IN2.h5 ...] [--force]\n\n"
-    "Joins results files of one experiment (e.g. the tasks of a Slurm array) into OUT.h5.\n"
-    "Points present in several inputs must have the same configuration; a missing point is\n"
-    "reported but not an error.\n"
-    "  --force   replace OUT.h5 when it exists\n";
+cli::Parser merge_cli() {
+  cli::Parser p("mtplab merge", "mtplab merge OUT.h5 IN1.h5 [IN2.h5 ...] [--force]");
+  p.about(
+       "Joins results files of one experiment (e.g. the tasks of a Slurm array) into OUT.h5.\n"
+       "Points present in several inputs must have the same configuration; a missing point is\n"
+       "reported but not an error.\n")
+      .flag("force", "replace OUT.h5 when it exists")
+      .positionals("OUT.h5 and at least one input", 2, SIZE_MAX);
+  return p;
+}
 
 }  // namespace
 
 int cmd_merge(const Args& args) {
-  std::vector<std::string> files;
-  bool force = false;
-  for (const auto& a : args) {
-    if (a == "--help" || a == "-h") {
-      std::fputs(kMergeHelp, stdout);
-      return 0;
-    } else if (a == "--force") {
-      force = true;
-    } else if (starts_with(a, "-")) {
-      MTP_FAIL("mtplab merge: unknown option \"", a, "\" (see mtplab merge --help)");
-    } else {
-      files.push_back(a);
-    }
-  }
-  MTP_REQUIRE(files.size() >= 2,
-              "mtplab merge: expected OUT.h5 and at least one input (see mtplab merge --help)");
+  const auto cli = parse_or_help(merge_cli(), args);
+  if (!cli) return 0;
+  const std::vector<std::string>& files = cli->positional();
+  const bool force = cli->flag("force");
   const std::string out = files.front();
   const std::vector<std::string> inputs(files.begin() + 1, files.end());
   std::vector<std::string> argv = {"mtplab", "merge"};

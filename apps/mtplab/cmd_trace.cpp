@@ -2,10 +2,10 @@
 // norm and the lm_head, decoding greedily from seeded random prompts). Rank 0 writes the file;
 // other ranks (if any) wait. The embedding and lm_head are the MTP weights' own (--weight-seed),
 // so the drafter replaying the trace uses the same trunk the target did.
+#include <cstdint>
 #include <cstdio>
 #include <ctime>
 
-#include "cli.hpp"
 #include "commands.hpp"
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -17,43 +17,41 @@
 
 namespace mtplab::app {
 namespace {
-const char* kTraceHelp =
-    "usage: mtplab trace --out FILE.h5 [options]\n\n"
-    "Writes a trace (docs/trace-format.md) by greedy decoding of mtplab's synthetic target.\n"
-    "  --model NAME|PATH     model preset or config file (default tiny)\n"
-    "  --sequences N         sequences (default 8)\n"
-    "  --prompt-len N        prompt tokens per sequence (default 32)\n"
-    "  --new-tokens N        generated tokens per sequence (default 96)\n"
-    "  --seed N              seed of the prompts and of the target's layers (default 1)\n"
-    "  --weight-seed N       seed of the synthetic MTP weights whose embedding and lm_head the\n"
-    "                        target shares (default 1; use the experiment's weights seed)\n"
-    "  --layers N            target layers (default 2)\n"
-    "  --backend cpu|cuda    where the target runs (default cpu)\n";
+cli::Parser trace_cli() {
+  cli::Parser p("mtplab trace", "mtplab trace --out FILE.h5 [options]");
+  p.about("Writes a trace (docs/trace-format.md) by greedy decoding of mtplab's synthetic target.\n")
+      .text("out", "FILE.h5", "the trace file to write (required)")
+      .text("model", "NAME|PATH", "model preset or config file (default tiny)")
+      .integer("sequences", "N", "sequences (default 8)", 1, 1 << 20)
+      .integer("prompt-len", "N", "prompt tokens per sequence (default 32)", 2, 1 << 20)
+      .integer("new-tokens", "N", "generated tokens per sequence (default 96)", 1, 1 << 20)
+      .integer("seed", "N", "seed of the prompts and of the target's layers (default 1)", 0, INT64_MAX)
+      .integer("weight-seed", "N",
+               "seed of the synthetic MTP weights whose embedding and lm_head the\n"
+               "target shares (default 1; use the experiment's weights seed)",
+               0, INT64_MAX)
+      .integer("layers", "N", "target layers (default 2)", 1, 64)
+      .choice("backend", {"cpu", "cuda"}, "where the target runs (default cpu)");
+  return p;
+}
 }  // namespace
 
 int cmd_trace(const Args& args) {
-  Cli cli("trace", args,
-          {"out", "model", "sequences", "prompt-len", "new-tokens", "seed", "weight-seed", "layers", "backend"});
-  if (cli.flag("help")) {
-    std::fputs(kTraceHelp, stdout);
-    return 0;
-  }
-  MTP_REQUIRE(cli.positional().empty(), "mtplab trace: unexpected argument \"", cli.positional().front(), "\"");
-  MTP_REQUIRE(cli.has("out"), "mtplab trace: --out FILE.h5 is required");
-  const std::string out = *cli.get("out");
-  const int sequences = static_cast<int>(cli.get_int("sequences", 8, 1, 1 << 20));
-  const int prompt_len = static_cast<int>(cli.get_int("prompt-len", 32, 2, 1 << 20));
-  const int new_tokens = static_cast<int>(cli.get_int("new-tokens", 96, 1, 1 << 20));
-  const uint64_t seed = static_cast<uint64_t>(cli.get_int("seed", 1, 0, INT64_MAX));
-  const uint64_t weight_seed = static_cast<uint64_t>(cli.get_int("weight-seed", 1, 0, INT64_MAX));
-  const int layers = static_cast<int>(cli.get_int("layers", 2, 1, 64));
-  const std::string backend = cli.get_or("backend", "cpu");
-  MTP_REQUIRE(backend == "cpu" || backend == "cuda", "mtplab trace: --backend \"", backend,
-              "\" is not one of cpu, cuda");
+  const auto cli = parse_or_help(trace_cli(), args);
+  if (!cli) return 0;
+  MTP_REQUIRE(cli->has("out"), "mtplab trace: --out FILE.h5 is required");
+  const std::string out = cli->text("out");
+  const int sequences = static_cast<int>(cli->integer("sequences", 8));
+  const int prompt_len = static_cast<int>(cli->integer("prompt-len", 32));
+  const int new_tokens = static_cast<int>(cli->integer("new-tokens", 96));
+  const uint64_t seed = static_cast<uint64_t>(cli->integer("seed", 1));
+  const uint64_t weight_seed = static_cast<uint64_t>(cli->integer("weight-seed", 1));
+  const int layers = static_cast<int>(cli->integer("layers", 2));
+  const std::string backend = cli->choice("backend", "cpu");
 
   dist::Runtime rt;
   if (rt.rank() != 0) return 0;
-  model::ModelConfig cfg = model::load_model_preset(cli.get_or("model", "tiny"));
+  model::ModelConfig cfg = model::load_model_preset(cli->text("model", "tiny"));
   MTP_REQUIRE(prompt_len + new_tokens <= cfg.max_seq_len, "mtplab trace: ", prompt_len, " + ", new_tokens,
               " positions exceed the model's max_seq_len ", cfg.max_seq_len);
   std::unique_ptr<ops::Backend> be;

@@ -1,6 +1,8 @@
 // The command table and the guard every command runs under.
 #include "commands.hpp"
 
+#include <cstdio>
+
 #include "dist/guard.hpp"
 
 namespace mtplab::app {
@@ -14,6 +16,13 @@ const std::vector<Command>& commands() {
       {"merge", "join the results files of an array job", cmd_merge},
   };
   return table;
+}
+
+std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& args) {
+  cli::Args parsed = parser.parse(args);
+  if (!parsed.help()) return parsed;
+  std::fputs(parser.help().c_str(), stdout);
+  return std::nullopt;
 }
 
 // Creates nothing itself (each command owns its dist::Runtime): on an exception dist::run_guarded

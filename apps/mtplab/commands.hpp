@@ -1,7 +1,10 @@
 // The sub-commands of mtplab. Each lives in its own cmd_<name>.cpp.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "core/cli.hpp"
 
 namespace mtplab::app {
 
@@ -18,6 +21,11 @@ const std::vector<Command>& commands();
 /// Runs a command; any exception becomes `[rank r@host] message` on stderr, and with more than
 /// one rank an MPI_Abort, so the whole job exits non-zero instead of hanging.
 int run_guarded(const Command& command, int argc, char** argv, const Args& args);
+
+/// Parses a command's arguments with its declared options (core/cli.hpp). Asked for --help, it
+/// prints the help on stdout and returns nothing (the command then returns 0); a bad command
+/// line throws mtplab::Error naming the option.
+std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& args);
 
 int cmd_info(const Args& args);
 int cmd_trace(const Args& args);

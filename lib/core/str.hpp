@@ -1,5 +1,10 @@
-// String building without a formatting library: str(a, b, c) streams its arguments.
+// String building without a formatting library (str(a, b, c) streams its arguments), strict
+// number parsing for command lines and files, and the closest-name suggestion of error messages.
 #pragma once
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -31,5 +36,27 @@ std::string join(const Range& items, std::string_view sep) {
 std::vector<std::string> split(std::string_view s, char sep);
 std::string trim(std::string_view s);
 bool starts_with(std::string_view s, std::string_view prefix);
+
+/// The whole of `text` as a base-10 integer (strtoll syntax); nullopt when anything is left over,
+/// nothing is read, or the value does not fit.
+std::optional<int64_t> parse_int64(std::string_view text);
+/// The whole of `text` as a finite number (strtod syntax); nullopt otherwise (overflow included).
+std::optional<double> parse_double(std::string_view text);
+
+/// Levenshtein distance (insertions, deletions, substitutions of single characters).
+size_t edit_distance(std::string_view a, std::string_view b);
+
+/// The first of `candidates` nearest to `name` by edit distance when at most `max_distance`
+/// away, else "": what a typo most likely meant.
+template <typename Range>
+std::string closest_match(std::string_view name, const Range& candidates, size_t max_distance = 2) {
+  std::string best;
+  size_t best_d = std::numeric_limits<size_t>::max();
+  for (const auto& c : candidates) {
+    const size_t d = edit_distance(name, c);
+    if (d < best_d) best_d = d, best = std::string(c);
+  }
+  return best_d <= max_distance ? best : std::string();
+}
 
 }  // namespace mtplab

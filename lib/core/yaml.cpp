@@ -69,13 +69,9 @@ int64_t YamlNode::as_int() const {
 
 double YamlNode::as_double() const {
   if (!node_ || !node_.IsScalar()) fail("expected a number, got " + quoted(node_));
-  const std::string& s = node_.Scalar();
-  errno = 0;
-  char* end = nullptr;
-  double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v))
-    fail("expected a finite number, got " + quoted(node_));
-  return v;
+  const std::optional<double> v = parse_double(node_.Scalar());
+  if (!v) fail("expected a finite number, got " + quoted(node_));
+  return *v;
 }
 
 bool YamlNode::as_bool() const {
@@ -187,29 +183,12 @@ void MapReader::finish() {
   for (auto it = node_.raw().begin(); it != node_.raw().end(); ++it) {
     const std::string key = it->first.Scalar();
     if (taken_.count(key)) continue;
-    std::string best;
-    size_t best_d = std::numeric_limits<size_t>::max();
-    for (const auto& k : taken_) {
-      size_t d = edit_distance(key, k);
-      if (d < best_d) best_d = d, best = k;
-    }
-    std::string hint = (best_d <= 2 && !best.empty()) ? str(" (did you mean \"", best, "\"?)") : "";
+    const std::string best = closest_match(key, taken_);
+    std::string hint = best.empty() ? "" : str(" (did you mean \"", best, "\"?)");
     std::string known = taken_.empty() ? "" : str("; known keys: ", join(taken_, ", "));
     YamlNode(it->first, std::make_shared<const std::string>(node_.file()), child_path(node_.path(), key))
         .fail(str("unknown key \"", key, "\"", hint, known));
   }
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 }  // namespace mtplab

@@ -95,7 +95,4 @@ class MapReader {
   std::set<std::string> taken_;
 };
 
-/// Edit distance, used to suggest the key a typo meant.
-size_t edit_distance(const std::string& a, const std::string& b);
-
 }  // namespace mtplab

@@ -68,26 +68,14 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
       fw_(std::move(front)),
       block_(be, comm, dims, std::move(block)),
       max_rows_(dims.max_rows) {
+  check_options(opt_, OptionsContext{world_, vocab_, be_.supports_graphs() ? 1 : 0});
   const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
-  if (sharded && opt_.exchange == Exchange::bf16_lanes && world_ != 2)
-    MTP_FAIL("exchange bf16_lanes packs two ranks' values into 8 BF16 lanes and runs on exactly 2 ranks, not ",
-             world_, "; use packed_u64, allgather_pairs or allgather_logits");
-  if (sharded && opt_.exchange == Exchange::bf16_lanes && vocab_ > (int64_t{1} << 24))
-    MTP_FAIL("exchange bf16_lanes carries a token id in three base-256 digits: vocab ", vocab_, " is too large");
-  MTP_REQUIRE(opt_.max_draft_len >= 1, "max_draft_len must be >= 1");
   if (opt_.cuda_graph) {
-    if (!be_.supports_graphs())
-      MTP_FAIL("cuda_graph: on needs a backend that records CUDA graphs (cuda); backend ",
-               ops::to_string(be_.kind()), " runs every op at once");
-    if (sharded && opt_.exchange == Exchange::bf16_lanes)
-      MTP_FAIL("cuda_graph: on cannot record exchange bf16_lanes: it downloads each rank's (max, index) and "
-               "uploads the packed lanes on the host in the middle of every draft; use cuda_graph: off, or "
-               "exchange packed_u64, allgather_pairs or allgather_logits");
     graphs_ = std::make_unique<StepGraphs>(be_);
   }
   MTP_REQUIRE(!opt_.head_fp8 || fw_.lm_head_fp8.size() == static_cast<size_t>(shard_.n) * hidden_,
               "head_fp8 is on but the FP8 copy of the head shard is missing");
-  const int k = opt_.max_draft_len;
+  const int k = opt_.draft_len;
   concat_ = ops::Array<bf16>(be_, 2 * static_cast<size_t>(hidden_));
   x_ = ops::Array<bf16>(be_, hidden_);
   y_ = ops::Array<bf16>(be_, hidden_);
@@ -123,7 +111,7 @@ int MtpDrafter::graph_recordings() const { return graphs_ ? graphs_->recordings(
 void MtpDrafter::keep_head_inputs(bool on) {
   keep_head_inputs_ = on;
   if (on && head_inputs_.size() == 0)
-    head_inputs_ = ops::Array<bf16>(be_, static_cast<size_t>(opt_.max_draft_len) * hidden_);
+    head_inputs_ = ops::Array<bf16>(be_, static_cast<size_t>(opt_.draft_len) * hidden_);
   // A recorded step does (or does not) copy the head inputs: record again.
   release_graphs();
 }
@@ -247,7 +235,7 @@ void MtpDrafter::check_chunk(const CacheView& view, int rows) {
 }
 
 std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k) {
-  MTP_REQUIRE(k >= 1 && k <= opt_.max_draft_len, "drafter: draft length ", k, " outside 1..", opt_.max_draft_len);
+  MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
   MTP_REQUIRE(token >= 0 && token < vocab_, "drafter: token id ", token, " is outside the vocab of ", vocab_);
   MTP_REQUIRE(st.rc_.propose_start < 0, "drafter: propose called twice without after_verify");
   if (st.rc_.seq_len + k > max_rows_)

@@ -36,15 +36,14 @@ BlockWeights upload_block_weights(ops::Backend& be, const model::MtpWeights& w) 
 }
 
 std::unique_ptr<MtpDrafter> make_drafter(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
-                                         model::MtpWeights& w, const DrafterOptions& options,
-                                         ops::KvDtype kv_dtype) {
+                                         model::MtpWeights& w, const DrafterOptions& options) {
   const int world = comm ? comm->size() : 1;
   const int rank = comm ? comm->rank() : 0;
   MTP_REQUIRE(w.plan.world == world && w.plan.rank == rank, "drafter: weights were sharded for rank ", w.plan.rank,
               " of ", w.plan.world, " but this is rank ", rank, " of ", world);
   MTP_REQUIRE(w.plan.head_sharding == options.head_sharding, "drafter: weights were sharded for head_sharding ",
               model::to_string(w.plan.head_sharding), " but the options say ", model::to_string(options.head_sharding));
-  BlockDims dims = block_dims(cfg, world, rank, kv_dtype);
+  BlockDims dims = block_dims(cfg, world, rank, options.kv_cache_dtype);
   dims.n_heads_local = static_cast<int>(w.plan.heads.count);
   dims.shared_inter_local = static_cast<int>(w.moe.shared_gate.shape.empty() ? 0 : w.moe.shared_gate.shape[0]);
   const VocabShard shard = vocab_shard(w.plan);

@@ -1,10 +1,16 @@
 // The drafter's arms: every switch of the seed's environment variables, as values an experiment
-// sets and the results record.
+// sets and the results record. DrafterOptions is the one options struct that crosses from the
+// harness to the drafter: the harness's arm registry (harness/arms.hpp) reads each arm from the
+// experiment straight into its field here, and check_options() is the one place where the rules
+// between arms (and between an arm and the world size, vocab or backend) are checked, by the
+// sweep expansion before anything runs and by the drafter's constructor.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "model/sharding.hpp"
+#include "ops/ops.hpp"
 
 namespace mtplab::drafter {
 
@@ -28,7 +34,11 @@ struct DrafterOptions {
   Skip skip = Skip::none;
   Exchange exchange = Exchange::packed_u64;
   DraftRows draft_rows = DraftRows::rewrite;
-  int max_draft_len = 4;
+  /// `draft_len`: k, the drafts of one propose (a propose may ask for fewer; the scratch and the
+  /// recorded graphs are sized for this many).
+  int draft_len = 3;
+  /// `kv_cache_dtype`: the latent KV cache in BF16 or FP8 E4M3 (one fp32 scale per cache).
+  ops::KvDtype kv_cache_dtype = ops::KvDtype::bf16;
   /// `cuda_graph`: record the whole propose of k drafts as one CUDA graph per (k, sequence
   /// caches) and replay it (drafter/graph.hpp). Needs a backend that records graphs (cuda), and
   /// refuses exchange bf16_lanes on a vocab-sharded head (it synchronises with the host mid-step).
@@ -51,14 +61,38 @@ struct DrafterOptions {
   bool context_gemm = false;
 };
 
+/// What check_options() checks the options against.
+struct OptionsContext {
+  int world = 1;      ///< ranks the drafter runs on
+  int64_t vocab = 0;  ///< the model's vocab (0: not known, vocab rules skipped)
+  /// Whether the backend records CUDA graphs: 1 yes, 0 no, -1 not known yet (rules on it skipped).
+  int backend_graphs = -1;
+};
+
+/// The rules between the arms and their context, in one place: exchange bf16_lanes on a
+/// vocab-sharded head runs on exactly 2 ranks and carries token ids below 2^24, and cannot be
+/// captured in a graph (it synchronises with the host mid-step); cuda_graph needs a backend that
+/// records graphs; draft_len >= 1. Throws an Error naming the arm (its YAML key) that is wrong.
+void check_options(const DrafterOptions& o, const OptionsContext& ctx);
+
+/// The YAML spelling of every value of each enum, in enum order (the arm registry's choices).
+inline constexpr const char* kContextRowsNames[] = {"cache_only", "full"};
+inline constexpr const char* kSkipNames[] = {"none", "head", "block"};
+inline constexpr const char* kExchangeNames[] = {"bf16_lanes", "packed_u64", "allgather_pairs",
+                                                 "allgather_logits"};
+inline constexpr const char* kDraftRowsNames[] = {"rewrite", "keep"};
+inline constexpr const char* kKvDtypeNames[] = {"bf16", "fp8"};
+
 const char* to_string(ContextRows v);
 const char* to_string(Skip v);
 const char* to_string(Exchange v);
 const char* to_string(DraftRows v);
+const char* to_string(ops::KvDtype v);
 /// Parsers; an unknown value is an Error listing the choices.
 ContextRows parse_context_rows(const std::string& s);
 Skip parse_skip(const std::string& s);
 Exchange parse_exchange(const std::string& s);
 DraftRows parse_draft_rows(const std::string& s);
+ops::KvDtype parse_kv_dtype(const std::string& s);
 
 }  // namespace mtplab::drafter

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -13,19 +14,17 @@
 #include <sstream>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 
 namespace mtplab::harness {
 namespace {
 
 const std::vector<std::string> kBackends = {"auto", "cpu", "cuda"};
-const std::vector<std::string> kOnOff = {"off", "on"};
 
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
 }
-
-const char* on_off(bool v) { return v ? "on" : "off"; }
 
 // A copy of `n` without source marks (values from the command line have no file position).
 YAML::Node strip_marks(const YAML::Node& n) {
@@ -100,9 +99,9 @@ std::vector<Override> parse_overrides(const std::vector<std::string>& overrides)
   return out;
 }
 
-bool is_arm(const std::string& k) {
-  const auto& names = arm_names();
-  return std::find(names.begin(), names.end(), k) != names.end();
+bool is_sweepable_arm(const std::string& k) {
+  const ArmSpec* a = find_arm(k);
+  return a && a->sweepable;
 }
 
 // Reads the keys shared by the document root and one point.
@@ -205,25 +204,6 @@ struct DocReader {
     return cfg;
   }
 
-  Arms arms(MapReader& m) {
-    Arms a;
-    a.head_sharding = model::parse_head_sharding(m.opt_choice("head_sharding", "none", {"none", "vocab"}));
-    a.head_fp8 = m.opt_bool("head_fp8", false);
-    a.context_rows =
-        drafter::parse_context_rows(m.opt_choice("context_rows", "cache_only", {"cache_only", "full"}));
-    a.skip = drafter::parse_skip(m.opt_choice("skip", "none", {"none", "head", "block"}));
-    a.draft_len = static_cast<int>(m.opt_int("draft_len", 3, 1, 16));
-    a.exchange = drafter::parse_exchange(m.opt_choice(
-        "exchange", "packed_u64", {"bf16_lanes", "packed_u64", "allgather_pairs", "allgather_logits"}));
-    a.draft_rows = drafter::parse_draft_rows(m.opt_choice("draft_rows", "rewrite", {"rewrite", "keep"}));
-    a.batch_qidx = m.opt_bool("batch_qidx", false);
-    a.cuda_graph = m.opt_bool("cuda_graph", false);
-    a.kv_cache_dtype = m.opt_choice("kv_cache_dtype", "bf16", {"bf16", "fp8"}) == "fp8" ? ops::KvDtype::fp8
-                                                                                        : ops::KvDtype::bf16;
-    a.context_gemm = m.opt_bool("context_gemm", false);
-    return a;
-  }
-
   // Reads everything but `sweep` (taken, not read: the root reads it separately).
   PointConfig point(const YamlNode& root, std::string* output) {
     PointConfig p;
@@ -235,7 +215,7 @@ struct DocReader {
     const std::string out = m.opt_string("output", "");
     if (output) *output = out;
     p.backend = m.opt_choice("backend", "auto", kBackends);
-    p.arms = arms(m);
+    p.arms = read_arms(m);
     (void)m.opt("sweep");
     m.finish();
     return p;
@@ -310,12 +290,7 @@ std::string canonical_text(const PointConfig& p) {
   e << YAML::Key << "repeats" << YAML::Value << str(p.measure.repeats);
   e << YAML::EndMap;
   e << YAML::Key << "backend" << YAML::Value << p.backend;
-  for (const auto& [k, v] : p.arms.named()) {
-    // Arms added after the first results files were written enter the canonical text only when
-    // they leave their default, so those files' points still match and resume.
-    if (k == "context_gemm" && v == "off") continue;
-    e << YAML::Key << k << YAML::Value << v;
-  }
+  emit_canonical(p.arms, e);
   e << YAML::EndMap;
   return e.c_str();
 }
@@ -329,7 +304,7 @@ std::string origin_of(const YamlNode& n) {
 }
 
 bool axis_allowed(const std::string& a) {
-  if (is_arm(a) || a == "model" || a == "backend") return true;
+  if (is_sweepable_arm(a) || a == "model" || a == "backend") return true;
   for (const char* prefix : {"model.", "measure.", "weights.", "trace."})
     if (starts_with(a, prefix) && a.size() > std::string(prefix).size()) return true;
   return false;
@@ -356,41 +331,41 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
-const std::vector<std::string>& arm_names() {
-  static const std::vector<std::string> names = {
-      "head_sharding", "head_fp8",   "context_rows", "skip",       "draft_len",
-      "exchange",      "draft_rows", "batch_qidx",   "cuda_graph", "kv_cache_dtype", "context_gemm"};
-  return names;
+const char* to_string(ValueType t) {
+  switch (t) {
+    case ValueType::integer:
+      return "int";
+    case ValueType::floating:
+      return "float";
+    case ValueType::text:
+      return "str";
+  }
+  return "str";
 }
 
-drafter::DrafterOptions Arms::drafter_options() const {
-  drafter::DrafterOptions o;
-  o.head_sharding = head_sharding;
-  o.head_fp8 = head_fp8;
-  o.context_rows = context_rows;
-  o.skip = skip;
-  o.exchange = exchange;
-  o.draft_rows = draft_rows;
-  o.max_draft_len = draft_len;
-  o.cuda_graph = cuda_graph;
-  o.batch_qidx = batch_qidx;
-  o.context_gemm = context_gemm;
-  o.selection_check = true;  // recorded per point (results: qidx_check_*); untimed
-  return o;
+ValueType parse_value_type(const std::string& s) {
+  if (s == "int") return ValueType::integer;
+  if (s == "float") return ValueType::floating;
+  MTP_REQUIRE(s == "str", "value type \"", s, "\" is not one of {int, float, str}");
+  return ValueType::text;
 }
 
-std::vector<std::pair<std::string, std::string>> Arms::named() const {
-  return {{"head_sharding", model::to_string(head_sharding)},
-          {"head_fp8", on_off(head_fp8)},
-          {"context_rows", drafter::to_string(context_rows)},
-          {"skip", drafter::to_string(skip)},
-          {"draft_len", str(draft_len)},
-          {"exchange", drafter::to_string(exchange)},
-          {"draft_rows", drafter::to_string(draft_rows)},
-          {"batch_qidx", on_off(batch_qidx)},
-          {"cuda_graph", on_off(cuda_graph)},
-          {"kv_cache_dtype", kv_cache_dtype == ops::KvDtype::fp8 ? "fp8" : "bf16"},
-          {"context_gemm", on_off(context_gemm)}};
+ValueType axis_value_type(const std::string& name, const std::vector<std::string>& values) {
+  if (const ArmSpec* a = find_arm(name))
+    return a->type == ArmType::integer ? ValueType::integer : ValueType::text;
+  auto all = [&](auto pred) { return std::all_of(values.begin(), values.end(), pred); };
+  auto parses = [](const std::string& v, bool integer) {
+    if (v.empty()) return false;
+    char* end = nullptr;
+    if (integer)
+      (void)std::strtoll(v.c_str(), &end, 10);
+    else
+      (void)std::strtod(v.c_str(), &end);
+    return end == v.c_str() + v.size();
+  };
+  if (all([&](const std::string& v) { return parses(v, true); })) return ValueType::integer;
+  if (all([&](const std::string& v) { return parses(v, false); })) return ValueType::floating;
+  return ValueType::text;
 }
 
 std::string PointConfig::name() const {
@@ -424,17 +399,7 @@ std::string canonical_value(const YamlNode& node) {
   return e.c_str();
 }
 
-std::string fnv1a_hex(const std::string& text) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  static const char* digits = "0123456789abcdef";
-  std::string out(16, '0');
-  for (int i = 15; i >= 0; --i, h >>= 4) out[static_cast<size_t>(i)] = digits[h & 0xf];
-  return out;
-}
+std::string identity_hash(const std::string& text) { return hex16(fnv1a64(text)); }
 
 void check_point_runnable(const PointConfig& p, int world, const std::string& backend) {
   const model::ModelConfig& c = p.model;
@@ -442,24 +407,14 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
   c.validate(world, world);
   MTP_REQUIRE(c.vocab >= world, "model.vocab ", c.vocab, " is smaller than the ", world,
               " ranks it is split over");
-  const bool sharded = p.arms.head_sharding == drafter::HeadSharding::vocab && world > 1;
-  if (sharded && p.arms.exchange == drafter::Exchange::bf16_lanes) {
-    MTP_REQUIRE(world == 2, "exchange: bf16_lanes with head_sharding: vocab runs on exactly 2 ranks, not ",
-                world);
-    MTP_REQUIRE(c.vocab <= (1 << 24), "exchange: bf16_lanes carries token ids below 2^24; vocab is ",
-                c.vocab);
-    MTP_REQUIRE(!p.arms.cuda_graph,
-                "exchange: bf16_lanes synchronises with the host mid-step and cannot be captured with cuda_graph: on");
-  }
-  if (backend == "cpu") {
-    MTP_REQUIRE(!p.arms.cuda_graph, "cuda_graph: on needs the cuda backend (the cpu backend has no graphs)");
-  }
+  check_arms(p.arms, world, backend, c);
   if (p.trace.synthetic) {
     const int total = p.trace.prompt_len + p.trace.new_tokens;
     MTP_REQUIRE(total <= c.max_seq_len, "trace.synthetic: prompt_len + new_tokens = ", total,
                 " exceeds model.max_seq_len ", c.max_seq_len);
-    MTP_REQUIRE(p.trace.new_tokens >= p.arms.draft_len + 1, "trace.synthetic.new_tokens ", p.trace.new_tokens,
-                " leaves no step for draft_len ", p.arms.draft_len, " (needs at least draft_len + 1)");
+    MTP_REQUIRE(p.trace.new_tokens >= p.arms.drafter.draft_len + 1, "trace.synthetic.new_tokens ",
+                p.trace.new_tokens, " leaves no step for draft_len ", p.arms.drafter.draft_len,
+                " (needs at least draft_len + 1)");
     MTP_REQUIRE(
         p.weights.synthetic,
         "trace.synthetic needs weights.synthetic (the synthetic target shares the drafter's embedding and "
@@ -507,6 +462,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
             a.nodes.push_back(v);
           }
           if (a.values.empty()) values.fail("an axis needs at least one value");
+          a.type = axis_value_type(a.name, a.values);
           ex.axes.push_back(std::move(a));
         }
       }
@@ -580,6 +536,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
         p = reader.point(doc, nullptr);
         p.index = static_cast<int>(ex.points.size());
         p.assignment = assignment;
+        for (size_t a = 0; a < idx.size(); ++a) p.assignment_index.push_back(static_cast<int64_t>(idx[a]));
         check_point_runnable(p, world, p.backend);
         p.canonical = canonical_text(p);
         ex.points.push_back(std::move(p));
@@ -631,7 +588,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     without_output.remove("output");
     YAML::Emitter e2;
     e2 << without_output;
-    ex.identity = fnv1a_hex(str(e2.c_str(), "\nworld=", world));
+    ex.identity = identity_hash(str(e2.c_str(), "\nworld=", world));
   }
   return ex;
 }

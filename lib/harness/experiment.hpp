@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/yaml.hpp"
-#include "drafter/options.hpp"
+#include "harness/arms.hpp"
 #include "model/config.hpp"
 #include "ops/ops.hpp"
 
@@ -50,41 +50,21 @@ struct MeasureSpec {
   int repeats = 1;       ///< replays of the same sequences (timing only; acceptance from repeat 0)
 };
 
-/// The arms of one point (docs/experiments.md lists values and defaults).
-struct Arms {
-  drafter::HeadSharding head_sharding = drafter::HeadSharding::none;
-  bool head_fp8 = false;
-  drafter::ContextRows context_rows = drafter::ContextRows::cache_only;
-  drafter::Skip skip = drafter::Skip::none;
-  int draft_len = 3;
-  drafter::Exchange exchange = drafter::Exchange::packed_u64;
-  drafter::DraftRows draft_rows = drafter::DraftRows::rewrite;
-  bool batch_qidx = false;
-  bool cuda_graph = false;
-  ops::KvDtype kv_cache_dtype = ops::KvDtype::bf16;
-  bool context_gemm = false;
-
-  drafter::DrafterOptions drafter_options() const;
-  /// (name, value) of every arm in schema order, values as the YAML spells them ("on", "vocab").
-  std::vector<std::pair<std::string, std::string>> named() const;
-};
-
-/// The names of the arms, in schema order.
-const std::vector<std::string>& arm_names();
-
 /// One point of the sweep, fully resolved.
 struct PointConfig {
   int index = 0;
   /// The sweep coordinates: (axis, canonical value) in axis order.
   std::vector<std::pair<std::string, std::string>> assignment;
+  /// The same as the index of each value among its axis' values (0 = the axis' first value).
+  std::vector<int64_t> assignment_index;
   std::string model_spec;  ///< the preset name or path, or "inline"
   model::ModelConfig model;
   WeightsSpec weights;
   TraceSpec trace;
   MeasureSpec measure;
   std::string backend = "auto";  ///< auto | cpu | cuda
-  Arms arms;
-  std::string canonical;  ///< resolved YAML of this point (its identity)
+  Arms arms;                     ///< every arm (harness/arms.hpp)
+  std::string canonical;         ///< resolved YAML of this point (its identity)
 
   /// "p0003".
   std::string name() const;
@@ -92,10 +72,21 @@ struct PointConfig {
   std::string label() const;
 };
 
+/// How an axis' values are stored in the results (typed attributes and /index columns):
+/// integer arms and axes whose every value is an integer as int64, other all-numeric axes as f64,
+/// everything else as text.
+enum class ValueType { integer, floating, text };
+const char* to_string(ValueType t);
+ValueType parse_value_type(const std::string& s);
+/// The type of an axis named `name` with canonical `values`: an arm's from the registry, else
+/// inferred from the values.
+ValueType axis_value_type(const std::string& name, const std::vector<std::string>& values);
+
 struct Axis {
   std::string name;                 ///< "head_fp8", "measure.sequences", "model.max_seq_len"
   std::vector<std::string> values;  ///< canonical value text
   std::vector<YamlNode> nodes;      ///< the values as written (for locations)
+  ValueType type = ValueType::text;
 };
 
 struct Experiment {
@@ -127,7 +118,8 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
 /// Canonical text of a scalar value: booleans as on/off, everything else as written.
 std::string canonical_value(const YamlNode& node);
 
-/// 64-bit FNV-1a of `text`, as 16 hex digits.
-std::string fnv1a_hex(const std::string& text);
+/// The experiment identity of `text`: the standard FNV-1a 64 (core/hash.hpp) as 16 hex digits
+/// (results schema v2; schema-v1 files used fnv1a64_mtplab_v1, docs/results-schema.md).
+std::string identity_hash(const std::string& text);
 
 }  // namespace mtplab::harness

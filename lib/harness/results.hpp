@@ -1,4 +1,4 @@
-// The results file ("mtplab-results", schema v1; docs/results-schema.md): provenance at the
+// The results file ("mtplab-results", schema v2; docs/results-schema.md): provenance at the
 // root, one group per point, an /index table and a /divergence table.
 //
 // Invariants:
@@ -15,15 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "core/stats.hpp"
 #include "harness/experiment.hpp"
 #include "harness/replay.hpp"
-#include "harness/stats.hpp"
 #include "io/hdf5.hpp"
 
 namespace mtplab::harness {
 
 inline constexpr const char* kResultsSchema = "mtplab-results";
-inline constexpr int64_t kResultsSchemaVersion = 1;
+inline constexpr int64_t kResultsSchemaVersion = 2;
 
 /// Who ran, where, with what: the root attributes (and per-point copies of argv / hosts).
 struct RunProvenance {

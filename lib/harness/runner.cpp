@@ -2,17 +2,16 @@
 // each point, the per-point reduction over ranks and the hand-off to the results writer.
 #include "harness/runner.hpp"
 
-#include <mpi.h>
-
 #include <chrono>
 #include <csignal>
 #include <cstring>
 #include <map>
 
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/collectives.hpp"
-#include "dist/versions.hpp"
+#include "dist/world_ops.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
 #include "harness/progress.hpp"
@@ -20,17 +19,7 @@
 #include "harness/timer.hpp"
 #include "io/trace.hpp"
 #include "model/weights.hpp"
-
-#define HARNESS_MPI(call)                                                             \
-  do {                                                                                \
-    const int harness_mpi_rc_ = (call);                                               \
-    if (harness_mpi_rc_ != MPI_SUCCESS) {                                             \
-      char harness_mpi_text_[MPI_MAX_ERROR_STRING] = {};                              \
-      int harness_mpi_len_ = 0;                                                       \
-      MPI_Error_string(harness_mpi_rc_, harness_mpi_text_, &harness_mpi_len_);        \
-      MTP_FAIL(#call, " failed: ", std::string(harness_mpi_text_, harness_mpi_len_)); \
-    }                                                                                 \
-  } while (0)
+#include "provenance/versions.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -77,7 +66,7 @@ struct Context {
   dist::Runtime& rt;
   ops::Backend& be;
   dist::Communicator& comm;
-  MPI_Comm mpi;
+  const dist::Group& world_group;  ///< the run loop's host collectives go over it (dist/world_ops.hpp)
   int rank = 0;
   int world = 1;
   // One cached trace and one cached weight set: consecutive points usually share them.
@@ -88,11 +77,8 @@ struct Context {
 };
 
 // Whether any rank saw a stop signal (collective over the world).
-int agreed_stop(MPI_Comm comm) {
-  int mine = static_cast<int>(g_stop_signal);
-  int any = 0;
-  HARNESS_MPI(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, comm));
-  return any;
+int agreed_stop(const dist::Group& world) {
+  return dist::all_reduce(world, static_cast<int>(g_stop_signal), dist::ReduceOp::max);
 }
 
 // The model part of a point's canonical text: the key of the caches.
@@ -101,13 +87,13 @@ std::string model_key(const PointConfig& p) {
   return p.canonical.substr(0, cut);
 }
 
-void broadcast_trace(std::vector<io::TraceSequence>& seqs, int hidden, MPI_Comm comm, int rank) {
+void broadcast_trace(std::vector<io::TraceSequence>& seqs, int hidden, const dist::Group& world, int rank) {
   int64_t count = static_cast<int64_t>(seqs.size());
-  HARNESS_MPI(MPI_Bcast(&count, 1, MPI_INT64_T, 0, comm));
+  dist::broadcast(world, count);
   if (rank != 0) seqs.assign(static_cast<size_t>(count), io::TraceSequence{});
   for (auto& s : seqs) {
     int64_t meta[3] = {s.index, s.prompt_length, s.length()};
-    HARNESS_MPI(MPI_Bcast(meta, 3, MPI_INT64_T, 0, comm));
+    dist::broadcast(world, std::span<int64_t>(meta));
     if (rank != 0) {
       s.index = meta[0];
       s.prompt_length = static_cast<int32_t>(meta[1]);
@@ -115,14 +101,8 @@ void broadcast_trace(std::vector<io::TraceSequence>& seqs, int hidden, MPI_Comm 
       s.tokens.resize(static_cast<size_t>(meta[2]));
       s.hiddens.resize(static_cast<size_t>(meta[2]) * static_cast<size_t>(hidden));
     }
-    HARNESS_MPI(MPI_Bcast(s.tokens.data(), static_cast<int>(s.tokens.size()), MPI_INT32_T, 0, comm));
-    // Hiddens in slices below 2^31 bytes (MPI counts are int).
-    const size_t total = s.hiddens.size();
-    const size_t slice = size_t{1} << 28;
-    for (size_t off = 0; off < total; off += slice) {
-      const int n = static_cast<int>(std::min(slice, total - off));
-      HARNESS_MPI(MPI_Bcast(s.hiddens.data() + off, n, MPI_UINT16_T, 0, comm));
-    }
+    dist::broadcast(world, std::span<int32_t>(s.tokens));
+    dist::broadcast(world, std::span<bf16>(s.hiddens));  // split below MPI's int counts by dist
   }
 }
 
@@ -152,7 +132,7 @@ const std::vector<io::TraceSequence>& trace_for(Context& c, const PointConfig& p
                " tokens from a ", p.trace.layers, "-layer target in ",
                format_duration(ms_between(t0, Clock::now()) / 1000));
     }
-    broadcast_trace(c.trace, cfg.hidden, c.mpi, c.rank);
+    broadcast_trace(c.trace, cfg.hidden, c.world_group, c.rank);
   } else {
     io::TraceReader reader(p.trace.path, cfg.hidden, cfg.vocab);
     const int64_t n = want > 0 ? std::min<int64_t>(want, reader.num_sequences()) : reader.num_sequences();
@@ -169,37 +149,30 @@ const std::vector<io::TraceSequence>& trace_for(Context& c, const PointConfig& p
 model::MtpWeights& weights_for(Context& c, const PointConfig& p) {
   const std::string key =
       str(model_key(p), "\n", p.weights.synthetic ? str("seed ", p.weights.seed) : p.weights.checkpoint, "\n",
-          model::to_string(p.arms.head_sharding));
+          model::to_string(p.arms.drafter.head_sharding));
   if (key == c.weights_key) return c.weights;
   c.weights_key.clear();
   c.weights = model::MtpWeights{};
-  const auto plan = model::make_shard_plan(p.model, c.rank, c.world, p.arms.head_sharding);
+  const auto plan = model::make_shard_plan(p.model, c.rank, c.world, p.arms.drafter.head_sharding);
   c.weights = p.weights.synthetic ? model::synthesize_mtp_weights(p.model, plan, p.weights.seed)
                                   : model::load_mtp_weights(p.model, plan, p.weights.checkpoint);
   c.weights_key = key;
   return c.weights;
 }
 
-uint64_t fnv_ints(const std::vector<int32_t>& v) {
-  uint64_t h = 1469598103934665603ull;
-  for (int32_t x : v) {
-    h ^= static_cast<uint32_t>(x);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+uint64_t fnv_ints(const std::vector<int32_t>& v) { return fnv1a64_words_mtplab_v1(v); }
 
 // Measures one point. Returns false when a stop signal interrupted it (the result is then partial).
 bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult& r) {
   const auto wall0 = Clock::now();
   r = PointResult{};
   r.started_at = utc_now();
-  const int k = p.arms.draft_len;
+  const int k = p.arms.drafter.draft_len;
   r.k = k;
   r.timing.assign(timing_columns().size(), {});
   // batch_qidx batches the indexer queries of context rows that run the full block; cache_only
   // context rows compute no query, so there it has nothing to act on.
-  if (p.arms.batch_qidx && p.arms.context_rows == drafter::ContextRows::cache_only) {
+  if (p.arms.drafter.batch_qidx && p.arms.drafter.context_rows == drafter::ContextRows::cache_only) {
     r.arms_not_applied.push_back("batch_qidx");
     if (c.rank == 0)
       log_warn(p.name(),
@@ -211,7 +184,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   const auto& seqs = trace_for(c, p);
   model::MtpWeights& w = weights_for(c, p);
   auto drafter =
-      drafter::make_drafter(c.be, &c.comm, p.model, w, p.arms.drafter_options(), p.arms.kv_cache_dtype);
+      drafter::make_drafter(c.be, &c.comm, p.model, w, p.arms.drafter);
   EventPhaseTimer timer(c.be, k);
   drafter->set_timer(&timer);
   drafter->reset_selection_check();  // a fresh drafter per point; counters are the point's own
@@ -278,7 +251,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
         if (p.measure.max_steps > 0)
           frac = std::max(frac, static_cast<double>(steps_in_repeat) / p.measure.max_steps);
         progress.update((rep + std::min(frac, 1.0)) / p.measure.repeats, static_cast<long>(global_step));
-        if (agreed_stop(c.mpi) != 0) {
+        if (agreed_stop(c.world_group) != 0) {
           stopped = true;
           return false;
         }
@@ -307,15 +280,10 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
 
   // Every rank took the same steps (the collectives inside the drafter keep them in lockstep);
   // check it, then reduce the timings to their max over ranks at rank 0.
-  int64_t rows = r.rows(), rows_min = 0, rows_max = 0;
-  HARNESS_MPI(MPI_Allreduce(&rows, &rows_min, 1, MPI_INT64_T, MPI_MIN, c.mpi));
-  HARNESS_MPI(MPI_Allreduce(&rows, &rows_max, 1, MPI_INT64_T, MPI_MAX, c.mpi));
-  MTP_REQUIRE(rows_min == rows_max, p.name(), ": ranks replayed different step counts (", rows_min, " to ",
-              rows_max, ")");
-  uint64_t h = fnv_ints(r.drafts), h_min = 0, h_max = 0;
-  HARNESS_MPI(MPI_Allreduce(&h, &h_min, 1, MPI_UINT64_T, MPI_MIN, c.mpi));
-  HARNESS_MPI(MPI_Allreduce(&h, &h_max, 1, MPI_UINT64_T, MPI_MAX, c.mpi));
-  r.ranks_agree = h_min == h_max;
+  const auto rows = dist::min_max(c.world_group, static_cast<int64_t>(r.rows()));
+  MTP_REQUIRE(rows.agree(), p.name(), ": ranks replayed different step counts (", rows.min, " to ", rows.max,
+              ")");
+  r.ranks_agree = dist::all_agree(c.world_group, fnv_ints(r.drafts));
   if (!r.ranks_agree && c.rank == 0)
     log_warn(p.name(), ": the ranks' drafts differ (recorded as ranks_agree = 0)");
 
@@ -325,12 +293,8 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   packed.insert(packed.end(), r.head_ms.begin(), r.head_ms.end());
   packed.insert(packed.end(), r.exchange_ms.begin(), r.exchange_ms.end());
   packed.insert(packed.end(), r.seq_prefill_ms.begin(), r.seq_prefill_ms.end());
-  std::vector<double> reduced(packed.size());
-  const size_t slice = size_t{1} << 27;
-  for (size_t off = 0; off < packed.size(); off += slice) {
-    const int n = static_cast<int>(std::min(slice, packed.size() - off));
-    HARNESS_MPI(MPI_Reduce(packed.data() + off, reduced.data() + off, n, MPI_DOUBLE, MPI_MAX, 0, c.mpi));
-  }
+  dist::reduce_max_to_root(c.world_group, packed);
+  const std::vector<double>& reduced = packed;
   if (c.rank == 0) {
     size_t off = 0;
     auto take = [&](std::vector<double>& v) {
@@ -409,7 +373,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   prov.devices = rt.gather_strings(describe_device(rt, backend));
   prov.started_at = utc_now();
   if (rank == 0) {
-    const dist::LibraryVersions v = dist::library_versions();
+    const provenance::LibraryVersions v = provenance::library_versions();
     // MPI_Get_library_version's text may carry its terminating NUL inside the string.
     auto clean = [](const std::string& s) { return s.substr(0, s.find('\0')); };
     prov.versions = {{"cuda_runtime", clean(v.cuda_runtime)},
@@ -427,7 +391,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   std::vector<char> done(static_cast<size_t>(n), 0);
   if (rank == 0)
     for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
-  HARNESS_MPI(MPI_Bcast(done.data(), n, MPI_CHAR, 0, world.mpi()));
+  dist::broadcast(world, std::span<char>(done));
 
   std::vector<int> todo;
   for (int i = 0; i < n; ++i)
@@ -441,7 +405,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
                                                  : str(" (", todo.size() - to_run, " already in the file)")),
         " on ", rt.world(), " rank(s), backend ", backend, ", output ", options.output);
 
-  Context c{rt, *be, comm, world.mpi(), rank, rt.world(), {}, {}, {}, {}};
+  Context c{rt, *be, comm, world, rank, rt.world(), {}, {}, {}, {}};
   Progress progress(rank == 0, to_run);
   std::vector<std::vector<std::string>> table = {
       {"point", "arms", "accept", "tau", "step med ms", "p90 ms", "95% CI of median", "spread"}};
@@ -455,11 +419,11 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
       progress.skipped(i, p.label());
       continue;
     }
-    if ((interrupted = agreed_stop(c.mpi)) != 0) break;
+    if ((interrupted = agreed_stop(c.world_group)) != 0) break;
     progress.point_begin(ordinal++, i, p.label());
     PointResult r;
     if (!run_point(c, p, progress, r)) {
-      interrupted = agreed_stop(c.mpi);
+      interrupted = agreed_stop(c.world_group);
       if (interrupted == 0) interrupted = SIGTERM;  // a rank saw it; the flag may have been read late
       break;
     }
@@ -483,7 +447,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   if (any_qidx)
     for (size_t row = 0; row < table.size(); ++row) table[row].push_back(qidx_column[row]);
   progress.finish_line();
-  HARNESS_MPI(MPI_Barrier(c.mpi));
+  dist::barrier(c.world_group);
   if (interrupted != 0) {
     if (rank == 0)
       log_error("interrupted by signal ", interrupted, " (", strsignal(interrupted), ") after ", completed,

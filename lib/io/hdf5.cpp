@@ -136,71 +136,39 @@ hid_t live(const Node& n) {
 
 std::string z(std::string_view s) { return std::string(s); }
 
-hid_t file_type_of(DType t) {
+// One row per element type: its name, its type in the file (little-endian) and in memory, and
+// the bytes of one element (a string element is a char*). bf16 is stored as uint16.
+struct DTypeInfo {
+  const char* name;
+  hid_t file_type, mem_type;
+  std::size_t size;
+};
+DTypeInfo info_of(DType t) {
   switch (t) {
     case DType::i8:
-      return H5T_STD_I8LE;
+      return {"int8", H5T_STD_I8LE, H5T_NATIVE_INT8, 1};
     case DType::u8:
-      return H5T_STD_U8LE;
+      return {"uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8, 1};
     case DType::u16:
-      return H5T_STD_U16LE;
+      return {"uint16", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2};
     case DType::bf16:
-      return H5T_STD_U16LE;
+      return {"bf16", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2};
     case DType::i32:
-      return H5T_STD_I32LE;
+      return {"int32", H5T_STD_I32LE, H5T_NATIVE_INT32, 4};
     case DType::i64:
-      return H5T_STD_I64LE;
+      return {"int64", H5T_STD_I64LE, H5T_NATIVE_INT64, 8};
     case DType::f32:
-      return H5T_IEEE_F32LE;
+      return {"float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4};
     case DType::f64:
-      return H5T_IEEE_F64LE;
+      return {"float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 8};
     case DType::string:
-      break;
+      return {"string", -1, -1, sizeof(char*)};
   }
-  return -1;
+  return {"?", -1, -1, 1};
 }
-hid_t mem_type_of(DType t) {
-  switch (t) {
-    case DType::i8:
-      return H5T_NATIVE_INT8;
-    case DType::u8:
-      return H5T_NATIVE_UINT8;
-    case DType::u16:
-      return H5T_NATIVE_UINT16;
-    case DType::bf16:
-      return H5T_NATIVE_UINT16;
-    case DType::i32:
-      return H5T_NATIVE_INT32;
-    case DType::i64:
-      return H5T_NATIVE_INT64;
-    case DType::f32:
-      return H5T_NATIVE_FLOAT;
-    case DType::f64:
-      return H5T_NATIVE_DOUBLE;
-    case DType::string:
-      break;
-  }
-  return -1;
-}
-std::size_t size_of(DType t) {
-  switch (t) {
-    case DType::i8:
-    case DType::u8:
-      return 1;
-    case DType::u16:
-    case DType::bf16:
-      return 2;
-    case DType::i32:
-    case DType::f32:
-      return 4;
-    case DType::i64:
-    case DType::f64:
-      return 8;
-    case DType::string:
-      return sizeof(char*);
-  }
-  return 1;
-}
+hid_t file_type_of(DType t) { return info_of(t).file_type; }
+hid_t mem_type_of(DType t) { return info_of(t).mem_type; }
+std::size_t size_of(DType t) { return info_of(t).size; }
 
 // Strings are written fixed-length (UTF-8, NUL-padded to the longest value). Variable-length
 // strings would live in HDF5's global heap, which has no checksum: HDF5 crashes (memcpy out of
@@ -392,33 +360,11 @@ void validate_name(std::string_view name, const Node& at) {
 
 }  // namespace
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::i8:
-      return "int8";
-    case DType::u8:
-      return "uint8";
-    case DType::u16:
-      return "uint16";
-    case DType::i32:
-      return "int32";
-    case DType::i64:
-      return "int64";
-    case DType::f32:
-      return "float32";
-    case DType::f64:
-      return "float64";
-    case DType::bf16:
-      return "bf16";
-    case DType::string:
-      return "string";
-  }
-  return "?";
-}
+const char* dtype_name(DType t) { return info_of(t).name; }
 
 std::string hdf5_library_version() {
   unsigned maj = 0, min = 0, rel = 0;
-  if (H5get_libversion(&maj, &min, &rel) < 0) return "unknown";
+  if (H5get_libversion(&maj, &min, &rel) < 0) return "-";
   return str(maj, ".", min, ".", rel);
 }
 

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.hpp"
@@ -34,37 +35,21 @@ const char* dtype_name(DType t);
 template <typename T>
 struct DTypeOf;  // maps a C++ element type to its DType
 template <>
-struct DTypeOf<std::int8_t> {
-  static constexpr DType value = DType::i8;
-};
+struct DTypeOf<std::int8_t> : std::integral_constant<DType, DType::i8> {};
 template <>
-struct DTypeOf<std::uint8_t> {
-  static constexpr DType value = DType::u8;
-};
+struct DTypeOf<std::uint8_t> : std::integral_constant<DType, DType::u8> {};
 template <>
-struct DTypeOf<std::uint16_t> {
-  static constexpr DType value = DType::u16;
-};
+struct DTypeOf<std::uint16_t> : std::integral_constant<DType, DType::u16> {};
 template <>
-struct DTypeOf<std::int32_t> {
-  static constexpr DType value = DType::i32;
-};
+struct DTypeOf<std::int32_t> : std::integral_constant<DType, DType::i32> {};
 template <>
-struct DTypeOf<std::int64_t> {
-  static constexpr DType value = DType::i64;
-};
+struct DTypeOf<std::int64_t> : std::integral_constant<DType, DType::i64> {};
 template <>
-struct DTypeOf<float> {
-  static constexpr DType value = DType::f32;
-};
+struct DTypeOf<float> : std::integral_constant<DType, DType::f32> {};
 template <>
-struct DTypeOf<double> {
-  static constexpr DType value = DType::f64;
-};
+struct DTypeOf<double> : std::integral_constant<DType, DType::f64> {};
 template <>
-struct DTypeOf<bf16> {
-  static constexpr DType value = DType::bf16;
-};
+struct DTypeOf<bf16> : std::integral_constant<DType, DType::bf16> {};
 
 template <typename T>
 concept Element = requires {
@@ -315,7 +300,8 @@ class H5File : public Group {
   bool committed_ = false;
 };
 
-/// The version of the HDF5 library linked, e.g. "1.10.8" (for results provenance).
+/// The version of the HDF5 library linked, e.g. "1.10.8"; "-" when HDF5 cannot say (the
+/// provenance of results and `mtplab info`, provenance/versions.hpp).
 std::string hdf5_library_version();
 
 }  // namespace mtplab::io

@@ -49,26 +49,16 @@ class Reader {
       : map_(node), cfg_(cfg), prefix_(std::move(prefix)) {}
 
   void req_int(const std::string& key, int& dst, int64_t lo, int64_t hi) {
-    YamlNode n = map_.req(key);
-    dst = static_cast<int>(n.as_int(lo, hi));
-    note(key, n);
+    take(key, map_.req(key), dst, lo, hi);
   }
   void opt_int(const std::string& key, int& dst, int64_t lo, int64_t hi) {
-    if (auto n = map_.opt(key)) {
-      dst = static_cast<int>(n->as_int(lo, hi));
-      note(key, *n);
-    }
+    if (auto n = map_.opt(key)) take(key, *n, dst, lo, hi);
   }
   void req_float(const std::string& key, float& dst, double lo, double hi) {
-    YamlNode n = map_.req(key);
-    dst = static_cast<float>(n.as_double(lo, hi));
-    note(key, n);
+    take(key, map_.req(key), dst, lo, hi);
   }
   void opt_float(const std::string& key, float& dst, double lo, double hi) {
-    if (auto n = map_.opt(key)) {
-      dst = static_cast<float>(n->as_double(lo, hi));
-      note(key, *n);
-    }
+    if (auto n = map_.opt(key)) take(key, *n, dst, lo, hi);
   }
   bool opt_string(const std::string& key, std::string& dst) {
     if (auto n = map_.opt(key)) {
@@ -83,6 +73,14 @@ class Reader {
 
  private:
   void note(const std::string& key, const YamlNode& n) { cfg_.key_locations[prefix_ + key] = n.where(); }
+  void take(const std::string& key, const YamlNode& n, int& dst, int64_t lo, int64_t hi) {
+    dst = static_cast<int>(n.as_int(lo, hi));
+    note(key, n);
+  }
+  void take(const std::string& key, const YamlNode& n, float& dst, double lo, double hi) {
+    dst = static_cast<float>(n.as_double(lo, hi));
+    note(key, n);
+  }
 
   MapReader map_;
   ModelConfig& cfg_;

@@ -79,21 +79,34 @@ class JsonParser {
     return true;
   }
 
+  /// At an opening bracket: `item` for each comma-separated item up to `close` (an empty list is
+  /// fine).
+  template <typename Item>
+  void parse_items(char close, Item&& item) {
+    ++pos_;
+    skip_ws();
+    if (peek() == close) {
+      ++pos_;
+      return;
+    }
+    for (;;) {
+      skip_ws();
+      item();
+      skip_ws();
+      if (peek() != ',') break;
+      ++pos_;
+    }
+    expect(close);
+  }
+
   Json parse_value(int depth) {
     if (depth > 32) fail("nesting too deep");
     Json v;
     const char c = peek();
     if (c == '{') {
       v.kind = Json::Kind::object;
-      ++pos_;
-      skip_ws();
       std::set<std::string> seen;
-      if (peek() == '}') {
-        ++pos_;
-        return v;
-      }
-      for (;;) {
-        skip_ws();
+      parse_items('}', [&] {
         if (peek() != '"') fail("expected a string key");
         std::string key = parse_string();
         if (!seen.insert(key).second) fail(str("duplicate key \"", key, "\""));
@@ -101,34 +114,13 @@ class JsonParser {
         expect(':');
         skip_ws();
         v.members.emplace_back(std::move(key), parse_value(depth + 1));
-        skip_ws();
-        if (peek() == ',') {
-          ++pos_;
-          continue;
-        }
-        expect('}');
-        return v;
-      }
+      });
+      return v;
     }
     if (c == '[') {
       v.kind = Json::Kind::array;
-      ++pos_;
-      skip_ws();
-      if (peek() == ']') {
-        ++pos_;
-        return v;
-      }
-      for (;;) {
-        skip_ws();
-        v.items.push_back(parse_value(depth + 1));
-        skip_ws();
-        if (peek() == ',') {
-          ++pos_;
-          continue;
-        }
-        expect(']');
-        return v;
-      }
+      parse_items(']', [&] { v.items.push_back(parse_value(depth + 1)); });
+      return v;
     }
     if (c == '"') {
       v.kind = Json::Kind::string;

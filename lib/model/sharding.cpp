@@ -5,7 +5,7 @@
 
 namespace mtplab::model {
 
-const char* to_string(HeadSharding s) { return s == HeadSharding::vocab ? "vocab" : "none"; }
+const char* to_string(HeadSharding s) { return kHeadShardingNames[static_cast<int>(s)]; }
 
 HeadSharding parse_head_sharding(const std::string& s) {
   if (s == "none") return HeadSharding::none;

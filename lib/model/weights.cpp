@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include "core/hash.hpp"
+
 namespace mtplab::model {
 namespace {
 
@@ -241,25 +243,12 @@ void parallel_rows(int64_t rows, int64_t cols, F fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+// The standard FNV-1a 64 of the name, mixed with the seed by the splitmix64 finaliser
+// (core/hash.hpp); element i is the finaliser of key + (i + 1) * gamma.
+uint64_t tensor_key(uint64_t seed, std::string_view name) {
+  return splitmix64_mix(seed ^ splitmix64_mix(fnv1a64(name)));
 }
-
-uint64_t fnv1a64(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char ch : s) {
-    h ^= static_cast<unsigned char>(ch);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-uint64_t tensor_key(uint64_t seed, std::string_view name) { return mix64(seed ^ mix64(fnv1a64(name))); }
-uint64_t element_bits(uint64_t key, uint64_t index) {
-  return mix64(key + (index + 1) * 0x9e3779b97f4a7c15ULL);
-}
+uint64_t element_bits(uint64_t key, uint64_t index) { return splitmix64_mix(key + (index + 1) * kSplitmix64Gamma); }
 
 /// Uniform in (-1, 1), symmetric, from the top 24 bits.
 double uniform_pm1(uint64_t bits) {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The binary's front door: no command and an unknown command are usage errors (exit 2, usage on
-# stderr); --help is not (exit 0, usage on stdout). Usage: test_cli.sh path/to/mtplab
+# stderr); --help is not (exit 0, usage on stdout). A sub-command's bad option is an error (exit 1)
+# that names it: an unknown one with the option it most likely meant, a repeated one, a number
+# out of range. Usage: test_cli.sh path/to/mtplab
 set -uo pipefail
 mtplab=$1
 tmp=$(mktemp -d)
@@ -30,5 +32,32 @@ expect 2 "no command" -- || true
 if expect 0 "--help" -- --help; then
   grep -q '^  info ' "$tmp/out" || { echo "FAIL: --help does not list info"; failures=$((failures + 1)); }
 fi
+
+# has_err TEXT: stderr of the last command holds TEXT (fixed string).
+has_err() { grep -qF -- "$1" "$tmp/err" || { echo "FAIL: stderr lacks: $1"; cat "$tmp/err"; failures=$((failures + 1)); }; }
+
+if expect 1 "a misspelt option" -- run --pont 1 exp.yaml; then
+  has_err 'mtplab run: unknown option "--pont", did you mean --point?'
+fi
+if expect 1 "an option given twice" -- run exp.yaml --out a.h5 --out=b.h5; then
+  has_err 'mtplab run: --out is given more than once'
+fi
+if expect 1 "a number out of range" -- trace --out t.h5 --sequences 0; then
+  has_err 'mtplab trace: --sequences 0 is out of range [1, 1048576]'
+fi
+if expect 1 "not a number" -- list exp.yaml --ranks=two; then
+  has_err 'mtplab list: --ranks expects an integer, got "two"'
+fi
+if expect 1 "a value not among the choices" -- info --backend tpu; then
+  has_err 'mtplab info: --backend "tpu" is not one of auto, cpu, cuda'
+fi
+if expect 1 "two experiment files" -- run a.yaml b.yaml; then
+  has_err 'mtplab run: expected one experiment file, got 2 arguments: "a.yaml", "b.yaml"'
+fi
+for cmd in info trace list run merge; do
+  if expect 0 "$cmd --help" -- "$cmd" --help; then
+    grep -q "^usage: mtplab $cmd" "$tmp/out" || { echo "FAIL: $cmd --help has no usage line"; failures=$((failures + 1)); }
+  fi
+done
 
 ((failures == 0)) || { echo "$failures failure(s)"; exit 1; }

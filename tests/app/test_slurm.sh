@@ -10,25 +10,13 @@ src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 # shellcheck source=tests/app/info_rows.sh
 source "$src/tests/app/info_rows.sh"
 
-skip() { echo "SKIPPED: $*"; exit 77; }
-[[ $(id -u) -eq 0 ]] || skip "needs root to start slurmctld, slurmd and munged"
-for t in munged slurmctld slurmd sbatch srun sinfo scontrol; do
-  command -v "$t" >/dev/null 2>&1 || skip "$t not found (scripts/install-deps.sh installs slurm-wlm and munge)"
-done
+# shellcheck source=tests/common/slurm.sh
+source "$src/tests/common/slurm.sh"
+require_slurm
 if [[ -n "${2:-}" ]]; then PATH=$(dirname "$2"):$PATH; fi
 command -v mpirun >/dev/null 2>&1 || skip "mpirun not found"
 
-# A cluster of our own, so that a `slurm-local.sh start` by hand or a second test run is untouched.
-work=$(mktemp -d /tmp/mtplab-slurm-test.XXXXXX)
-export MTPLAB_SLURM_DIR=$work/slurm
-cleanup() {
-  "$src/scripts/slurm-local.sh" stop >/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-"$src/scripts/slurm-local.sh" start || { echo "FAIL: local Slurm did not start"; exit 1; }
-eval "$("$src/scripts/slurm-local.sh" env)"
+start_own_slurm mtplab-slurm-test
 echo "srun --mpi=list: $(srun --mpi=list 2>&1 | tr -s '\n\t' ' ')"
 
 # Both jobs at once (the node has at least 4 CPUs): sbatch --wait polls slowly, so this halves

@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "common/error_of.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
 
@@ -13,14 +14,7 @@ using namespace mtplab;
 namespace {
 constexpr const char* kVar = "MTPLAB_TEST_ENV_SWITCH";
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "";
-}
+using mtplab::test::error_of;
 }  // namespace
 
 TEST(Env, ChoiceUnsetOrEmptyIsTheDefault) {

@@ -1,19 +1,13 @@
 // Strict YAML helpers: every error names the file, key path, line and column.
 #include <gtest/gtest.h>
 
+#include "common/error_of.hpp"
 #include "core/yaml.hpp"
 
 using namespace mtplab;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "<no error>";
-}
+using mtplab::test::error_of;
 }  // namespace
 
 TEST(Yaml, UnknownKeyNamesFileLineColumnAndSuggestion) {

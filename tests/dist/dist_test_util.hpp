@@ -12,16 +12,15 @@
 #include <random>
 #include <string>
 
+#include "common/seed.hpp"
+#include "core/hash.hpp"
 #include "core/numeric.hpp"
+#include "dist/runtime.hpp"
+#include "dist/world_ops.hpp"
 
 namespace mtplab::dist::test {
 
-inline uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+inline uint64_t mix(uint64_t x) { return splitmix64_mix(x + kSplitmix64Gamma); }
 
 /// 64 random bits for (seed, stream, rank, index); `stream` separates the tests' draws.
 inline uint64_t draw(uint64_t seed, uint64_t stream, int rank, uint64_t index) {
@@ -43,40 +42,14 @@ inline bf16 draw_bf16(uint64_t seed, uint64_t stream, int rank, uint64_t index) 
   return to_bf16(v);
 }
 
-/// The run's seed: MTPLAB_TEST_SEED when set, else random; identical on every rank of `comm`.
-inline uint64_t shared_seed(MPI_Comm comm) {
-  unsigned long long seed = 0;
-  int rank = 0;
-  MPI_Comm_rank(comm, &rank);
-  if (rank == 0) {
-    const char* env = std::getenv("MTPLAB_TEST_SEED");
-    seed = env ? std::strtoull(env, nullptr, 0)
-               : (static_cast<unsigned long long>(std::random_device{}()) << 32) ^ std::random_device{}();
-  }
-  MPI_Bcast(&seed, 1, MPI_UNSIGNED_LONG_LONG, 0, comm);
+/// The run's seed, identical on every rank: MTPLAB_TEST_SEED when set, else a fresh one drawn
+/// at rank 0, which prints it (collective).
+inline uint64_t shared_seed(const Runtime& rt) {
+  uint64_t seed = rt.rank() == 0 ? ::mtplab::test::env_seed_or_fresh() : 0;
+  const Group world = rt.world_group();
+  broadcast(world, seed);
+  if (rt.rank() == 0) std::printf("%s\n", ::mtplab::test::seed_note(seed).c_str());
   return seed;
-}
-
-/// Prints failures as `[rank r] file:line` + message; replaces gtest's printer on ranks != 0 so
-/// that a passing run shows one report, not one per rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
-                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
-  }
-
- private:
-  int rank_;
-};
-
-inline void report_from_rank0_only(int rank) {
-  if (rank == 0) return;
-  auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-  delete listeners.Release(listeners.default_result_printer());
-  listeners.Append(new RankFailurePrinter(rank));
 }
 
 }  // namespace mtplab::dist::test

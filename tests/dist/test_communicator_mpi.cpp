@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mpi.hpp"
 #include "core/error.hpp"
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
@@ -322,17 +323,9 @@ TEST(Factory, PicksByTransport) {
 }
 
 int main(int argc, char** argv) {
-  return run_guarded([&] {
-    Runtime rt(&argc, &argv);
+  return mtplab::test::mpi_test_main(argc, argv, [](Runtime& rt) {
     g_rt = &rt;
-    ::testing::InitGoogleTest(&argc, argv);
-    test::report_from_rank0_only(rt.rank());
-    g_seed = test::shared_seed(MPI_COMM_WORLD);
-    if (rt.rank() == 0)
-      std::printf("seed %llu (MTPLAB_TEST_SEED to replay)\n", static_cast<unsigned long long>(g_seed));
-    const int failed = RUN_ALL_TESTS() != 0;
-    int any = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    return any;
+    g_seed = dist::test::shared_seed(rt);
+    return mtplab::test::run_all_tests_on_every_rank(rt);
   });
 }

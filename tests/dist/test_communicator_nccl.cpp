@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/mpi.hpp"
 #include "core/error.hpp"
 #include "dist/check.hpp"
 #include "dist/collectives.hpp"
@@ -452,24 +453,19 @@ int main(int argc, char** argv) {
     std::printf("SKIP: test_dist_nccl needs 2 GPUs on one node, %d visible\n", visible);
     return 77;
   }
-  return run_guarded([&] {
-    Runtime rt(&argc, &argv);
+  return mtplab::test::mpi_test_main(argc, argv, [](Runtime& rt) {
     if (rt.world() < 2) {
       std::printf("SKIP: test_dist_nccl runs under `mpiexec -n 2`\n");
       return 77;
     }
     g_rt = &rt;
-    ::testing::InitGoogleTest(&argc, argv);
-    test::report_from_rank0_only(rt.rank());
     const auto& dev = rt.bind_device();
-    g_seed = test::shared_seed(MPI_COMM_WORLD);
-    std::printf("rank %d on GPU %d (%s, %s), seed %llu\n", rt.rank(), dev.device, dev.name.c_str(),
-                dev.pci_bus_id.c_str(), static_cast<unsigned long long>(g_seed));
+    g_seed = dist::test::shared_seed(rt);
+    std::printf("rank %d on GPU %d (%s, %s)\n", rt.rank(), dev.device, dev.name.c_str(),
+                dev.pci_bus_id.c_str());
     MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
-    const int failed = RUN_ALL_TESTS() != 0;
-    int any = 0;
-    MTP_MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    const int failed = mtplab::test::run_all_tests_on_every_rank(rt);
     MTP_CUDA_CHECK(cudaStreamDestroy(g_stream));
-    return any;
+    return failed;
   });
 }

@@ -1,5 +1,6 @@
 // dist rules that need neither MPI nor a GPU: the device choice and its refusals, the timeout
-// setting, version strings, run_guarded without MPI, and the NCCL communicator's watchdog.
+// setting, run_guarded without MPI, the element types of the host collectives, and the NCCL
+// communicator's watchdog.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,8 +12,8 @@
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
-#include "dist/versions.hpp"
 #include "dist/watchdog.hpp"
+#include "dist/world_ops.hpp"
 
 using namespace mtplab;
 using namespace mtplab::dist;
@@ -90,13 +91,24 @@ TEST(Timeout, FromEnvironment) {
   unsetenv(kCollectiveTimeoutEnv);
 }
 
-TEST(Versions, Strings) {
-  EXPECT_EQ(cuda_version_string(13000), "13.0");
-  EXPECT_EQ(cuda_version_string(12040), "12.4");
-  EXPECT_EQ(cuda_version_string(0), "-");
-  EXPECT_EQ(nccl_version_string(22809), "2.28.9");
-  EXPECT_EQ(nccl_version_string(2708), "2.7.8");
-  EXPECT_EQ(nccl_version_string(0), "-");
+TEST(WorldOps, ElementTypesAndNames) {
+  using detail::elem_of;
+  static_assert(elem_of<int8_t>() == Elem::i8 && elem_of<uint8_t>() == Elem::u8);
+  static_assert(elem_of<int16_t>() == Elem::i16 && elem_of<uint16_t>() == Elem::u16);
+  static_assert(elem_of<int32_t>() == Elem::i32 && elem_of<uint32_t>() == Elem::u32);
+  static_assert(elem_of<int64_t>() == Elem::i64 && elem_of<uint64_t>() == Elem::u64);
+  static_assert(elem_of<long>() == Elem::i64 && elem_of<const int>() == Elem::i32);
+  static_assert(elem_of<float>() == Elem::f32 && elem_of<double>() == Elem::f64);
+  static_assert(elem_of<bf16>() == Elem::u16, "BF16 travels as its bits");
+  static_assert(!detail::reducible<bf16>() && detail::reducible<double>());
+  // The names come from one table per enum, in the enum's order: check every entry.
+  const char* names[] = {"int8",   "uint8", "int16",  "uint16",  "int32",
+                         "uint32", "int64", "uint64", "float32", "float64"};
+  for (int i = 0; i <= static_cast<int>(Elem::f64); ++i)
+    EXPECT_STREQ(to_string(static_cast<Elem>(i)), names[i]) << i;
+  EXPECT_STREQ(to_string(ReduceOp::min), "min");
+  EXPECT_STREQ(to_string(ReduceOp::max), "max");
+  EXPECT_STREQ(to_string(ReduceOp::sum), "sum");
 }
 
 TEST(Guard, ReturnsTheBodyCodeOrOneWithoutMpi) {

@@ -1,9 +1,12 @@
 // The drafter on one rank with the CPU backend: row-space rules, rollback, context-row arms,
 // skip arms, and the synthetic target.
+#include <algorithm>
 #include <gtest/gtest.h>
 
-#include "drafter_test_util.hpp"
+#include "common/trace.hpp"
+#include "drafter/factory.hpp"
 #include "harness/replay.hpp"
+#include "model/weights.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -16,6 +19,7 @@ struct Fixture {
   model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
   std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt) {
+    opt.draft_len = std::max(opt.draft_len, 4);  // these tests propose up to 4 drafts
     return drafter::make_drafter(*be, nullptr, cfg, w, opt);
   }
 };

@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "common/mpi.hpp"
+#include "common/trace.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
-#include "drafter_test_util.hpp"
+#include "drafter/factory.hpp"
 #include "harness/replay.hpp"
+#include "model/weights.hpp"
 
 using namespace mtplab;
 
@@ -54,7 +57,7 @@ TEST(DrafterMpi, AllArmsGiveTheSameDrafts) {
   const auto trace = test::make_trace(*be, cfg, 2, 20, 60, 3);
   const int k = 3;
   drafter::DrafterOptions ref_opt;
-  ref_opt.max_draft_len = k;
+  ref_opt.draft_len = k;
   const auto reference = run_arm(cfg, comm, trace, ref_opt, k);
   ASSERT_FALSE(reference.empty());
   for (auto hs : {model::HeadSharding::none, model::HeadSharding::vocab}) {
@@ -88,14 +91,8 @@ TEST(DrafterMpi, AllArmsGiveTheSameDrafts) {
 }
 
 int main(int argc, char** argv) {
-  return dist::run_guarded([&] {
-    dist::Runtime runtime(&argc, &argv);
+  return test::mpi_test_main(argc, argv, [](dist::Runtime& runtime) {
     g_runtime = &runtime;
-    ::testing::InitGoogleTest(&argc, argv);
-    if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
-    int rc = RUN_ALL_TESTS();
-    int any = 0;
-    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    return any;
+    return test::run_all_tests_on_every_rank(runtime);
   });
 }

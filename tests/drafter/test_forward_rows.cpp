@@ -12,9 +12,11 @@
 #include <cstring>
 #include <random>
 
+#include "common/trace.hpp"
+#include "drafter/factory.hpp"
 #include "drafter/selection_check.hpp"
-#include "drafter_test_util.hpp"
 #include "harness/replay.hpp"
+#include "model/weights.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -274,7 +276,7 @@ TEST(BatchQidx, SameDraftsAndCachesAndNoSelectionDifferenceOnTheCpu) {
   auto w = model::synthesize_mtp_weights(cfg, plan, 11);
   const int k = 3;
   DrafterOptions cache_only, full, batched, unchecked;
-  cache_only.max_draft_len = full.max_draft_len = batched.max_draft_len = unchecked.max_draft_len = k;
+  cache_only.draft_len = full.draft_len = batched.draft_len = unchecked.draft_len = k;
   full.context_rows = batched.context_rows = unchecked.context_rows = drafter::ContextRows::full;
   batched.batch_qidx = unchecked.batch_qidx = true;
   unchecked.selection_check = false;
@@ -317,7 +319,7 @@ TEST(ContextGemm, SameDraftsAndCachesAsPerRowOnTheCpu) {
   auto w = model::synthesize_mtp_weights(cfg, plan, 11);
   const int k = 3;
   DrafterOptions base;
-  base.max_draft_len = k;
+  base.draft_len = k;
   const Replayed ref = replay(base, cfg, w, seq, k);
   ASSERT_GT(ref.drafts.size(), 5u);
   ASSERT_FALSE(ref.kv.empty());

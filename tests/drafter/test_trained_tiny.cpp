@@ -54,7 +54,7 @@ TEST(TrainedTiny, CpuDrafterReproducesTheOracleAcceptance) {
     const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
     auto w = model::load_mtp_weights(cfg, plan, dir + "/model.safetensors");
     drafter::DrafterOptions opt;
-    opt.max_draft_len = k;
+    opt.draft_len = k;
     auto d = drafter::make_drafter(*be, nullptr, cfg, w, opt);
     harness::AcceptanceStats stats;
     for (const auto& seq : seqs) harness::replay_sequence(*d, seq, static_cast<int>(seq.index), k, cfg.hidden, stats);

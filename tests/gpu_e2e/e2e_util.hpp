@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/trace.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
 #include "harness/replay.hpp"
@@ -21,18 +22,8 @@
 
 namespace mtplab::e2e {
 
-inline model::ModelConfig preset(const std::string& name, int max_seq_len) {
-  model::ModelConfig cfg = model::load_model_preset(name);
-  cfg.set_max_seq_len(max_seq_len);
-  return cfg;
-}
-
-/// `count` sequences of the synthetic target (2 layers): random prompts, then greedy tokens.
-inline std::vector<io::TraceSequence> make_trace(ops::Backend& be, const model::ModelConfig& cfg, int count,
-                                                 int prompt, int gen, uint64_t seed) {
-  drafter::SyntheticTarget target(be, cfg, 2, 7, seed);
-  return drafter::synthetic_trace(target, cfg.vocab, count, prompt, gen, seed);
-}
+using test::make_trace;
+using test::preset;
 
 /// One disagreement between the reference (CPU) draft and the other backend's draft, scored
 /// with the reference's own logits.

@@ -62,7 +62,7 @@ TEST(GpuContextGemm, CachesAndDraftsOnTheSmallPreset) {
   for (auto rows : {drafter::ContextRows::cache_only, drafter::ContextRows::full}) {
     SCOPED_TRACE(drafter::to_string(rows));
     drafter::DrafterOptions opt;
-    opt.max_draft_len = k;
+    opt.draft_len = k;
     opt.context_rows = rows;
     auto per_row = drafter::make_drafter(*g_gpu, nullptr, cfg, w, opt);
     opt.context_gemm = true;

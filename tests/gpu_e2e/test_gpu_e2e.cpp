@@ -48,7 +48,7 @@ TEST_P(GpuE2e, CudaMatchesCpu) {
     const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
     auto w = model::synthesize_mtp_weights(cfg, plan, 11);
     drafter::DrafterOptions opt;
-    opt.max_draft_len = c.k;
+    opt.draft_len = c.k;
     opt.head_fp8 = fp8;
     auto ref = drafter::make_drafter(*cpu, nullptr, cfg, w, opt);
     auto dev = drafter::make_drafter(gpu(), nullptr, cfg, w, opt);
@@ -89,7 +89,7 @@ TEST_P(GpuE2e, GraphMatchesEager) {
     const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
     auto w = model::synthesize_mtp_weights(cfg, plan, 11);
     drafter::DrafterOptions opt;
-    opt.max_draft_len = c.k;
+    opt.draft_len = c.k;
     opt.context_rows = cr;
     auto eager = drafter::make_drafter(gpu(), nullptr, cfg, w, opt);
     opt.cuda_graph = true;

@@ -8,7 +8,7 @@
 
 #include <cstdio>
 
-#include "dist/check.hpp"
+#include "common/mpi.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "e2e_util.hpp"
@@ -36,13 +36,12 @@ void check_arms(const char* preset, int max_seq_len, int prompt, int gen) {
   // the inputs are identical by construction.
   auto trace = e2e::make_trace(*g_gpu, cfg, 2, prompt, gen, 3);
   for (auto& seq : trace) {
-    MTP_MPI_CHECK(MPI_Bcast(seq.tokens.data(), static_cast<int>(seq.tokens.size()), MPI_INT32_T, 0, MPI_COMM_WORLD));
-    MTP_MPI_CHECK(MPI_Bcast(seq.hiddens.data(), static_cast<int>(seq.hiddens.size() * sizeof(bf16)), MPI_BYTE, 0,
-                            MPI_COMM_WORLD));
+    dist::broadcast(group, std::span<int32_t>(seq.tokens));
+    dist::broadcast(group, std::span<bf16>(seq.hiddens));
   }
   const int k = 3;
   drafter::DrafterOptions ref_opt;
-  ref_opt.max_draft_len = k;
+  ref_opt.draft_len = k;
   const auto reference = run_arm(cfg, comm, trace, ref_opt, k);
   ASSERT_FALSE(reference.empty());
   int arms = 0;
@@ -80,11 +79,8 @@ TEST(GpuE2eMpi, SmallAllArmsGiveTheSameDrafts) { check_arms("small", 1024, 540, 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return dist::run_guarded([&] {
-    dist::Runtime runtime(&argc, &argv);
+  return test::mpi_test_main(argc, argv, [](dist::Runtime& runtime) {
     g_runtime = &runtime;
-    ::testing::InitGoogleTest(&argc, argv);
-    if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
     const int gpus = runtime.min_visible_gpus();  // collective: called once, on every rank
     if (gpus < runtime.local_size()) {
       if (runtime.rank() == 0)
@@ -94,10 +90,8 @@ int main(int argc, char** argv) {
     const auto& dev = runtime.bind_device();
     auto be = ops::make_cuda_backend(dev.device);
     g_gpu = be.get();
-    int rc = RUN_ALL_TESTS();
-    int any = 0;
-    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    const int failed = test::run_all_tests_on_every_rank(runtime);
     g_gpu = nullptr;
-    return any;
+    return failed;
   });
 }

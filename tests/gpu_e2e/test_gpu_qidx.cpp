@@ -55,7 +55,7 @@ TEST(GpuBatchQidx, SelectionCheckOnTheSmallPreset) {
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   auto w = model::synthesize_mtp_weights(cfg, plan, 11);
   drafter::DrafterOptions opt;
-  opt.max_draft_len = k;
+  opt.draft_len = k;
   opt.context_rows = drafter::ContextRows::full;
   auto off = drafter::make_drafter(*g_gpu, nullptr, cfg, w, opt);
   opt.batch_qidx = true;

@@ -3,16 +3,15 @@
 // - --set overrides (arms, measure keys, grid axes, model keys on a preset) and strictness
 //   (unknown keys, bad values, the file:line:col of a grid value);
 // - points that cannot run at the given world size are reported together, unless excluded;
-// - canonical configs ignore spelling (on / true) but not values;
-// - quantiles against hand-computed values and a bootstrap CI that brackets the median.
+// - canonical configs ignore spelling (on / true) but not values.
 #include <gtest/gtest.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstdlib>
-#include <random>
+#include <functional>
 
+#include "common/error_of.hpp"
 #include "harness/experiment.hpp"
-#include "harness/stats.hpp"
 
 using namespace mtplab;
 using namespace mtplab::harness;
@@ -35,14 +34,17 @@ sweep:
     skip: [none, head, block]
 )";
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "(no error)";
-}
+// One point, no sweep, backend auto: every arm value can run there at 2 ranks.
+const char* kSingle = R"(model:
+  preset: tiny
+  max_seq_len: 128
+weights: {synthetic: {seed: 3}}
+trace:
+  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1}
+output: out.h5
+)";
+
+std::string message_of(const std::function<void()>& f) { return mtplab::test::error_of(f); }
 
 }  // namespace
 
@@ -58,11 +60,11 @@ TEST(Experiment, DefaultsAndProductOrder) {
   const PointConfig& p = ex.points[11];
   EXPECT_EQ(p.index, 11);
   EXPECT_EQ(p.name(), "p0011");
-  EXPECT_EQ(p.arms.head_sharding, drafter::HeadSharding::vocab);
-  EXPECT_TRUE(p.arms.head_fp8);
-  EXPECT_EQ(p.arms.skip, drafter::Skip::block);
-  EXPECT_EQ(p.arms.draft_len, 3);  // default
-  EXPECT_EQ(p.arms.exchange, drafter::Exchange::packed_u64);
+  EXPECT_EQ(p.arms.drafter.head_sharding, drafter::HeadSharding::vocab);
+  EXPECT_TRUE(p.arms.drafter.head_fp8);
+  EXPECT_EQ(p.arms.drafter.skip, drafter::Skip::block);
+  EXPECT_EQ(p.arms.drafter.draft_len, 3);  // default
+  EXPECT_EQ(p.arms.drafter.exchange, drafter::Exchange::packed_u64);
   EXPECT_EQ(p.model.name, "tiny");
   EXPECT_EQ(p.model.max_seq_len, 128);  // preset 4096, overridden
   EXPECT_EQ(p.weights.seed, 3u);
@@ -84,7 +86,8 @@ TEST(Experiment, ExcludeRemovesPartialAssignments) {
   const Experiment ex = parse_experiment(text, "exp.yaml", {}, 2);
   EXPECT_EQ(ex.points.size(), 12u - 4u);
   for (const auto& p : ex.points)
-    EXPECT_FALSE(p.arms.head_sharding == drafter::HeadSharding::none && p.arms.skip != drafter::Skip::none)
+    EXPECT_FALSE(p.arms.drafter.head_sharding == drafter::HeadSharding::none &&
+                 p.arms.drafter.skip != drafter::Skip::none)
         << p.label();
   // Numbering is dense after exclusion.
   for (size_t i = 0; i < ex.points.size(); ++i) EXPECT_EQ(ex.points[i].index, static_cast<int>(i));
@@ -104,12 +107,12 @@ TEST(Experiment, OverridesFromTheCommandLine) {
                                          2);
   ASSERT_EQ(ex.points.size(), 6u);
   for (const auto& p : ex.points) {
-    EXPECT_EQ(p.arms.draft_len, 5);
-    EXPECT_TRUE(p.arms.head_fp8);
+    EXPECT_EQ(p.arms.drafter.draft_len, 5);
+    EXPECT_TRUE(p.arms.drafter.head_fp8);
     EXPECT_EQ(p.measure.sequences, 1);
     EXPECT_EQ(p.model.index_topk, 8);
     EXPECT_EQ(p.model.max_seq_len, 128);  // the file's override survives a --set of another key
-    EXPECT_EQ(p.arms.exchange, drafter::Exchange::allgather_pairs);
+    EXPECT_EQ(p.arms.drafter.exchange, drafter::Exchange::allgather_pairs);
   }
   // A model key on a plain preset name works too.
   std::string plain = kBase;
@@ -186,53 +189,79 @@ TEST(Experiment, CanonicalConfigIgnoresSpelling) {
   EXPECT_NE(ea.points[0].canonical, ec.points[0].canonical);  // the resolved model is part of it
 }
 
-// context_gemm came after the first results files: off, it is absent from the canonical config
-// (so those files' points still match and resume); on, it is there, and it is an arm like the others.
-TEST(Experiment, ContextGemmEntersTheCanonicalConfigOnlyWhenOn) {
-  const Experiment off = parse_experiment(kBase, "exp.yaml", {}, 2);
-  const Experiment on = parse_experiment(kBase, "exp.yaml", {"context_gemm=on"}, 2);
-  ASSERT_EQ(off.points.size(), on.points.size());
-  EXPECT_EQ(off.points[0].canonical.find("context_gemm"), std::string::npos);
-  EXPECT_NE(on.points[0].canonical.find("context_gemm: on"), std::string::npos);
-  EXPECT_NE(off.points[0].canonical, on.points[0].canonical);
-  EXPECT_TRUE(on.points[0].arms.context_gemm);
-  EXPECT_TRUE(on.points[0].arms.drafter_options().context_gemm);
-  EXPECT_FALSE(off.points[0].arms.drafter_options().context_gemm);
-  const Experiment swept = parse_experiment(kBase, "exp.yaml", {"sweep.grid.context_gemm=[off,on]"}, 2);
-  EXPECT_EQ(swept.points.size(), 2 * off.points.size());
-  EXPECT_NE(message_of([] { parse_experiment(kBase, "exp.yaml", {"context_gemm=sometimes"}, 2); })
-                .find("context_gemm"),
-            std::string::npos);
+// The arm registry: every arm reads from the YAML, sweeps, and appears in the canonical config
+// with every value it allows; a bad value names the arm and its values. Walks the registry, so a
+// new arm is covered by adding its entry.
+std::vector<std::string> sample_values(const ArmSpec& a) {
+  if (a.type != ArmType::integer) return a.choices;
+  return {str(a.min), str((a.min + a.max) / 2), str(a.max)};
 }
 
-TEST(Stats, QuantilesAndBootstrap) {
-  const std::vector<double> x = {5, 1, 4, 2, 3};  // sorted: 1 2 3 4 5
-  const Summary s = summarize(x, 42);
-  EXPECT_EQ(s.n, 5);
-  EXPECT_DOUBLE_EQ(s.median, 3.0);
-  EXPECT_DOUBLE_EQ(s.p10, 1.4);   // h = 0.4
-  EXPECT_DOUBLE_EQ(s.p90, 4.6);   // h = 3.6
-  EXPECT_DOUBLE_EQ(s.p99, 4.96);  // h = 3.96
-  EXPECT_DOUBLE_EQ(s.mean, 3.0);
-  EXPECT_DOUBLE_EQ(s.rel_spread, (4.6 - 1.4) / 3.0);
-  EXPECT_LE(s.ci95_lo, s.median);
-  EXPECT_GE(s.ci95_hi, s.median);
-  // Seeded: the same seed gives the same interval; a large sample gives a tight one.
-  std::mt19937_64 gen(7);
-  std::lognormal_distribution<double> dist(0.0, 0.3);
-  std::vector<double> big(4000);
-  for (auto& v : big) v = dist(gen);
-  const Summary a = summarize(big, 9), b = summarize(big, 9);
-  EXPECT_EQ(a.ci95_lo, b.ci95_lo);
-  EXPECT_EQ(a.ci95_hi, b.ci95_hi);
-  EXPECT_LT(a.ci95_lo, a.median);
-  EXPECT_GT(a.ci95_hi, a.median);
-  // The true median of lognormal(0, 0.3) is 1; 4000 samples put it well inside +-5%.
-  EXPECT_NEAR(a.median, 1.0, 0.05);
-  EXPECT_LT(a.ci95_hi - a.ci95_lo, 0.05);
-  const Summary e = summarize(std::vector<double>{}, 1);
-  EXPECT_EQ(e.n, 0);
-  EXPECT_TRUE(std::isnan(e.median));
+TEST(ArmRegistry, EveryArmEveryValue) {
+  ASSERT_FALSE(arm_registry().empty());
+  for (const ArmSpec& a : arm_registry()) {
+    SCOPED_TRACE(a.name);
+    ASSERT_EQ(find_arm(a.name), &a);
+    for (const std::string& v : sample_values(a)) {
+      Arms arms;
+      a.set(arms, v);
+      EXPECT_EQ(a.get(arms), v);
+      // Set through the YAML (--set), read back through the point and its canonical text.
+      const Experiment ex = parse_experiment(kSingle, "exp.yaml", {str(a.name, "=", v)}, 2);
+      for (const auto& p : ex.points) {
+        const auto n = named(p.arms);
+        const auto it = std::find_if(n.begin(), n.end(), [&](const auto& kv) { return kv.first == a.name; });
+        ASSERT_NE(it, n.end());
+        EXPECT_EQ(it->second, v);
+        if (a.block().empty()) {
+          EXPECT_NE(p.canonical.find(str("\n", a.name, ": ", v)), std::string::npos);
+        }
+      }
+    }
+    // A value outside the arm's values is refused, naming the arm.
+    const std::string bad = a.type == ArmType::integer ? str(a.max + 1) : "sometimes";
+    const std::string msg =
+        message_of([&] { parse_experiment(kSingle, "exp.yaml", {str(a.name, "=", bad)}, 2); });
+    EXPECT_NE(msg.find(a.key()), std::string::npos) << msg;
+    // Sweepable arms sweep: one axis of two values doubles the points.
+    if (a.sweepable) {
+      const auto vals = sample_values(a);
+      const Experiment one = parse_experiment(kSingle, "exp.yaml", {}, 2);
+      const Experiment swept = parse_experiment(
+          kSingle, "exp.yaml", {str("sweep.grid.", a.name, "=[", vals.front(), ",", vals.back(), "]")}, 2);
+      EXPECT_EQ(swept.points.size(), 2 * one.points.size());
+    }
+  }
+}
+
+TEST(ArmRegistry, DefaultsComeFromTheOptionStructs) {
+  const drafter::DrafterOptions d;
+  EXPECT_EQ(find_arm("draft_len")->default_value(), str(d.draft_len));
+  EXPECT_EQ(find_arm("head_fp8")->default_value(), d.head_fp8 ? "on" : "off");
+  EXPECT_EQ(find_arm("exchange")->default_value(), drafter::to_string(d.exchange));
+  const Experiment ex = parse_experiment(kBase, "exp.yaml", {}, 2);
+  EXPECT_EQ(ex.points[0].arms.drafter.draft_len, d.draft_len);
+}
+
+// The rules between arms live in one function (drafter::check_options), which the expansion
+// runs for every point and the drafter's constructor runs again.
+TEST(ArmRegistry, RulesAreCheckedAtExpansion) {
+  const std::string bf16 = message_of([] {
+    parse_experiment(kBase, "exp.yaml", {"exchange=bf16_lanes", "sweep.grid.head_sharding=[vocab]"}, 4);
+  });
+  EXPECT_NE(bf16.find("exactly 2 ranks"), std::string::npos) << bf16;
+  const std::string graph = message_of([] {
+    parse_experiment(kBase, "exp.yaml", {"cuda_graph=on", "backend=cpu"}, 1);
+  });
+  EXPECT_NE(graph.find("cuda_graph"), std::string::npos) << graph;
+  drafter::DrafterOptions o;
+  o.head_sharding = drafter::HeadSharding::vocab;
+  o.exchange = drafter::Exchange::bf16_lanes;
+  o.cuda_graph = true;
+  EXPECT_THROW(drafter::check_options(o, {2, 4096, 1}), Error);
+  o.cuda_graph = false;
+  EXPECT_NO_THROW(drafter::check_options(o, {2, 4096, 1}));
+  EXPECT_THROW(drafter::check_options(o, {2, int64_t{1} << 25, 1}), Error);
 }
 
 TEST(Experiment, ShippedBatchQidxExperiment) {
@@ -244,13 +273,23 @@ TEST(Experiment, ShippedBatchQidxExperiment) {
   ASSERT_EQ(ex.points.size(), 2u);
   for (const PointConfig& p : ex.points) {
     EXPECT_EQ(p.model.name, "glm5.3-flash");
-    EXPECT_EQ(p.arms.context_rows, drafter::ContextRows::full);
+    EXPECT_EQ(p.arms.drafter.context_rows, drafter::ContextRows::full);
     EXPECT_EQ(p.backend, "cuda");
     EXPECT_GT(p.trace.prompt_len - 1, p.model.index_topk + p.model.index_kpool - 1);
-    const drafter::DrafterOptions o = p.arms.drafter_options();
-    EXPECT_EQ(o.batch_qidx, p.arms.batch_qidx);
+    const drafter::DrafterOptions o = p.arms.drafter;
+    EXPECT_EQ(o.batch_qidx, p.arms.drafter.batch_qidx);
     EXPECT_TRUE(o.selection_check);
   }
-  EXPECT_FALSE(ex.points[0].arms.batch_qidx);
-  EXPECT_TRUE(ex.points[1].arms.batch_qidx);
+  EXPECT_FALSE(ex.points[0].arms.drafter.batch_qidx);
+  EXPECT_TRUE(ex.points[1].arms.drafter.batch_qidx);
+}
+
+TEST(Experiment, IdentityHashIsStandardFnv1a) {
+  // Schema v2 identities are the standard FNV-1a 64 (values from a Python loop over its definition),
+  // and an experiment's identity is that hash of its resolved text and world size.
+  EXPECT_EQ(identity_hash(""), "cbf29ce484222325");
+  EXPECT_EQ(identity_hash("model: tiny\nworld=2"), "45f53a297b0f6467");
+  const Experiment ex = parse_experiment(kBase, "exp.yaml", {}, 2);
+  EXPECT_EQ(ex.identity.size(), 16u);
+  EXPECT_NE(ex.identity, parse_experiment(kBase, "exp.yaml", {}, 1).identity);
 }

@@ -89,7 +89,7 @@ PY
   sigterm | sigkill)
     out=$work/q.h5
     # Longer sequences, so that the run is still going when the signal comes.
-    long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]' --set measure.repeats=20)
+    long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]' --set measure.repeats=4)
     "${launch[@]}" run "$exp" "${long[@]}" --out "$out" >"$work/run.log" 2>&1 &
     pid=$!
     wait_for_point "$work/run.log" "$pid" || { fail "no point finished"; cat "$work/run.log"; }

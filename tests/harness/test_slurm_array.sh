@@ -7,22 +7,12 @@
 set -uo pipefail
 mtplab=$1 python=$2
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-skip() { echo "SKIPPED: $*"; exit 77; }
-[[ $(id -u) -eq 0 ]] || skip "needs root to start slurmctld, slurmd and munged"
-for t in munged slurmctld slurmd sbatch srun sinfo scontrol; do
-  command -v "$t" >/dev/null 2>&1 || skip "$t not found (scripts/install-deps.sh installs slurm-wlm and munge)"
-done
+# shellcheck source=tests/common/slurm.sh
+source "$src/tests/common/slurm.sh"
+require_slurm
 "$python" -c "import h5py, pandas" 2>/dev/null || skip "$python lacks h5py or pandas"
 
-work=$(mktemp -d /tmp/mtplab-slurm-array.XXXXXX)
-export MTPLAB_SLURM_DIR=$work/slurm
-cleanup() {
-  "$src/scripts/slurm-local.sh" stop >/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-"$src/scripts/slurm-local.sh" start || { echo "FAIL: local Slurm did not start"; exit 1; }
-eval "$("$src/scripts/slurm-local.sh" env)"
+start_own_slurm mtplab-slurm-array
 
 cd "$work" || exit 1
 # 2 points (head_fp8 off / on, a vocab-sharded head), short sequences.

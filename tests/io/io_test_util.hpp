@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "common/error_of.hpp"
+#include "common/seed.hpp"
 #include "core/error.hpp"
 
 namespace mtplab::io::testing_util {
@@ -25,14 +27,11 @@ class TempDirTest : public ::testing::Test {
     std::string templ = (std::filesystem::path(base) / "mtplab_io_XXXXXX").string();
     ASSERT_NE(::mkdtemp(templ.data()), nullptr) << "cannot create a temporary directory under " << base;
     dir_ = templ;
-    // MTPLAB_TEST_SEED replays a failing draw.
-    const char* fixed = std::getenv("MTPLAB_TEST_SEED");
-    seed_ =
-        fixed ? std::stoull(fixed) : (std::uint64_t{std::random_device{}()} << 32 | std::random_device{}());
+    seed_ = mtplab::test::env_seed_or_fresh();  // MTPLAB_TEST_SEED replays a failing draw
     rng_.seed(seed_);
   }
   void TearDown() override {
-    if (HasFailure()) std::cerr << "[ seed     ] MTPLAB_TEST_SEED=" << seed_ << "\n";
+    if (HasFailure()) std::cerr << "[ seed     ] " << mtplab::test::seed_note(seed_) << "\n";
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
@@ -51,19 +50,6 @@ class TempDirTest : public ::testing::Test {
   std::mt19937_64 rng_;
 };
 
-/// Runs `fn`, expects an mtplab::Error, and returns its message ("" and a test failure otherwise).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const mtplab::Error& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected mtplab::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected mtplab::Error, nothing was thrown";
-  return "";
-}
+using mtplab::test::error_of;
 
 }  // namespace mtplab::io::testing_util

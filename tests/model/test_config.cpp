@@ -6,6 +6,7 @@
 #include <functional>
 #include <sstream>
 
+#include "common/error_of.hpp"
 #include "model/config.hpp"
 
 using namespace mtplab;
@@ -13,14 +14,7 @@ using namespace mtplab::model;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "<no error>";
-}
+using mtplab::test::error_of;
 
 /// The directory holding configs/ (MTPLAB_SOURCE_DIR, else the tree the library was built from).
 std::string source_dir() {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <random>
 
+#include "common/error_of.hpp"
 #include "model/safetensors.hpp"
 #include "model/weights.hpp"
 #include "weights_compare.hpp"
@@ -20,14 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.message();
-  }
-  return "<no error>";
-}
+using mtplab::test::error_of;
 
 void expect_has(const std::string& msg, const std::string& part) {
   EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg << "\nexpected to contain: " << part;

@@ -10,10 +10,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/random.hpp"
+#include "common/seed.hpp"
+#include "core/hash.hpp"
 #include "core/numeric.hpp"
 #include "ops/ops.hpp"
 
@@ -23,30 +27,17 @@ namespace mtplab::ops::test {
 inline constexpr double kU32 = 1.0 / (1 << 24);
 
 inline uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("MTPLAB_TEST_SEED");
-    return env ? std::strtoull(env, nullptr, 10) : uint64_t{20261201};
-  }();
+  static const uint64_t seed = ::mtplab::test::env_seed_or(20261201);
   return seed;
 }
 
 /// A generator for one test: the global seed mixed with a per-test salt.
-class Rng {
+class Rng : public ::mtplab::test::RandomVectors<Rng> {
  public:
-  explicit Rng(uint64_t salt) : gen_(test_seed() * 0x9e3779b97f4a7c15ull + salt) {}
+  explicit Rng(uint64_t salt) : gen_(test_seed() * kSplitmix64Gamma + salt) {}
   float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
   float normal(float stddev) { return std::normal_distribution<float>(0.0f, stddev)(gen_); }
   int integer(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen_); }
-  std::vector<float> floats(size_t n, float lo, float hi) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = uniform(lo, hi);
-    return v;
-  }
-  std::vector<bf16> bf16s(size_t n, float lo, float hi) {
-    std::vector<bf16> v(n);
-    for (auto& x : v) x = to_bf16(uniform(lo, hi));
-    return v;
-  }
   /// Random finite E4M3 codes (0x7f / 0xff are NaN and excluded).
   std::vector<fp8e4m3> fp8s(size_t n) {
     std::vector<fp8e4m3> v(n);
@@ -64,9 +55,14 @@ class Rng {
   std::mt19937_64 gen_;
 };
 
-inline std::string seed_note() { return "seed " + std::to_string(test_seed()) + " (MTPLAB_TEST_SEED)"; }
+inline std::string seed_note() { return ::mtplab::test::seed_note(test_seed()); }
 
 // ---- backend buffers ----------------------------------------------------------------------------
+
+/// A test fixture with its own CPU backend, `be`.
+struct CpuBackendTest : ::testing::Test {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+};
 
 template <typename T>
 Array<T> upload(Backend& be, const std::vector<T>& host) {

@@ -26,6 +26,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/random.hpp"
+#include "common/seed.hpp"
+#include "core/hash.hpp"
 #include "core/numeric.hpp"
 #include "ops/ops.hpp"
 
@@ -50,35 +53,18 @@ Backend& cpu();
 Backend& gpu();
 
 uint64_t run_seed();
-inline std::string seed_note() {
-  return "seed " + std::to_string(run_seed()) + " (rerun with MTPLAB_TEST_SEED)";
-}
+inline std::string seed_note() { return ::mtplab::test::seed_note(run_seed()); }
 
 /// splitmix64: fast enough to fill a [154880, 4096] head in about a second.
-class Rng {
+class Rng : public ::mtplab::test::RandomVectors<Rng> {
  public:
-  explicit Rng(uint64_t salt) : s_(run_seed() ^ (salt * 0x9e3779b97f4a7c15ull)) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  explicit Rng(uint64_t salt) : s_(run_seed() ^ (salt * kSplitmix64Gamma)) {}
+  uint64_t next() { return splitmix64_next(s_); }
   /// Uniform in [lo, hi).
   float uniform(float lo, float hi) {
     return lo + (hi - lo) * static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
   }
   int integer(int lo, int hi) { return lo + static_cast<int>(next() % static_cast<uint64_t>(hi - lo + 1)); }
-  std::vector<float> floats(size_t n, float lo, float hi) {
-    std::vector<float> v(n);
-    for (auto& x : v) x = uniform(lo, hi);
-    return v;
-  }
-  std::vector<bf16> bf16s(size_t n, float lo, float hi) {
-    std::vector<bf16> v(n);
-    for (auto& x : v) x = to_bf16(uniform(lo, hi));
-    return v;
-  }
   /// Finite E4M3 codes of both signs (0x7f / 0xff are NaN and avoided).
   std::vector<fp8e4m3> fp8s(size_t n) {
     std::vector<fp8e4m3> v(n);

@@ -21,9 +21,7 @@ using namespace mtplab::ops::test;
 
 namespace {
 
-struct Fixture : ::testing::Test {
-  std::unique_ptr<Backend> be = make_cpu_backend();
-};
+struct Fixture : CpuBackendTest {};
 
 // y = W x in double, with the sum of |terms| for the tolerance.
 struct Dot {

@@ -16,9 +16,7 @@
 namespace mtplab::ops::test {
 namespace {
 
-struct CpuFused : ::testing::Test {
-  std::unique_ptr<Backend> be = make_cpu_backend();
-};
+struct CpuFused : CpuBackendTest {};
 
 template <typename T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {

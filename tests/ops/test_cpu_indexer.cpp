@@ -20,8 +20,7 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct CpuIndexer : ::testing::Test {
-  std::unique_ptr<Backend> be = make_cpu_backend();
+struct CpuIndexer : CpuBackendTest {
   // Tiny preset geometry: index dim 32, pool 4, top-K 16.
   static constexpr int D = 32, P = 4, K = 16, kRows = 64, kPools = kRows / P;
 };

@@ -25,8 +25,7 @@ using namespace mtplab::ops::test;
 
 namespace {
 
-struct CpuMla : ::testing::Test {
-  std::unique_ptr<Backend> be = make_cpu_backend();
+struct CpuMla : CpuBackendTest {
   // Tiny preset: 8 heads x 32 (qk_nope = v_head), kv_lora 64.
   static constexpr int H = 8, DQK = 32, DV = 32, L = 64;
   static constexpr int kBlocks = 6, kBlockSize = 4;

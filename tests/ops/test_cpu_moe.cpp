@@ -21,9 +21,7 @@ using namespace mtplab::ops::test;
 
 namespace {
 
-struct CpuMoe : ::testing::Test {
-  std::unique_ptr<Backend> be = make_cpu_backend();
-};
+struct CpuMoe : CpuBackendTest {};
 
 struct Route {
   std::vector<int32_t> idx;

@@ -20,12 +20,7 @@ Backend& cpu() { return *g_cpu; }
 Backend& gpu() { return *g_gpu; }
 
 uint64_t run_seed() {
-  static const uint64_t seed = [] {
-    if (const char* env = std::getenv("MTPLAB_TEST_SEED"))
-      return static_cast<uint64_t>(std::strtoull(env, nullptr, 10));
-    std::random_device rd;
-    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  }();
+  static const uint64_t seed = ::mtplab::test::env_seed_or_fresh();
   return seed;
 }
 

@@ -857,7 +857,7 @@ TEST(Reference, DrafterMatchesTransformers) {
     model::MtpWeights w = R.w;
     drafter::DrafterOptions opt;
     opt.context_rows = arm;
-    opt.max_draft_len = 1 + R.chain;
+    opt.draft_len = 1 + R.chain;
     auto d = drafter::make_drafter(be, nullptr, c, w, opt);
     auto st = d->new_sequence();
     be.fill_bytes(st->cache.kv().data, 0xFF, static_cast<size_t>(c.max_seq_len) * L * sizeof(bf16));

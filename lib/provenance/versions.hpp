@@ -1,10 +1,10 @@
-// Versions of the libraries this process runs with, for `mtplab info` and for the provenance
-// the harness writes next to results. Every field is a printable string; "-" when absent
-// (no CUDA in the build, no driver on the machine, ...).
+// Versions of the libraries this process runs with, for `mtplab info`, the benchmarks' headers
+// and the provenance the harness writes next to results. Every field is a printable string;
+// "-" when absent (no CUDA in the build, no driver on the machine, ...).
 #pragma once
 #include <string>
 
-namespace mtplab::dist {
+namespace mtplab::provenance {
 
 struct LibraryVersions {
   std::string cuda_runtime;  ///< cudaRuntimeGetVersion, "13.0"
@@ -23,4 +23,4 @@ std::string cuda_version_string(int encoded);
 /// minor*100 + patch before).
 std::string nccl_version_string(int encoded);
 
-}  // namespace mtplab::dist
+}  // namespace mtplab::provenance

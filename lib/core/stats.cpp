@@ -1,11 +1,13 @@
-#include "harness/stats.hpp"
+#include "core/stats.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
-namespace mtplab::harness {
+#include "core/hash.hpp"
+
+namespace mtplab {
 
 double quantile_sorted(std::span<const double> sorted, double p) {
   if (sorted.empty()) return std::numeric_limits<double>::quiet_NaN();
@@ -15,15 +17,11 @@ double quantile_sorted(std::span<const double> sorted, double p) {
   return sorted[lo] + (h - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-namespace {
-// splitmix64: a small, well-mixed generator whose stream depends only on the seed.
-uint64_t next(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+double quantile(std::span<const double> values, double p) {
+  std::vector<double> sorted(values.begin(), values.end());
+  std::sort(sorted.begin(), sorted.end());
+  return quantile_sorted(sorted, p);
 }
-}  // namespace
 
 Summary summarize(std::span<const double> values, uint64_t seed, int resamples) {
   Summary s;
@@ -43,11 +41,11 @@ Summary summarize(std::span<const double> values, uint64_t seed, int resamples) 
   s.min = x.front();
   s.max = x.back();
   s.rel_spread = s.median != 0 ? (s.p90 - s.p10) / s.median : std::numeric_limits<double>::quiet_NaN();
-  uint64_t state = seed;
+  uint64_t state = seed;  // splitmix64: the resamples depend on the seed alone
   std::vector<double> medians(static_cast<size_t>(std::max(resamples, 1)));
   std::vector<double> r(x.size());
   for (auto& m : medians) {
-    for (auto& v : r) v = x[next(state) % x.size()];
+    for (auto& v : r) v = x[splitmix64_next(state) % x.size()];
     // The median by selection (linear time): the upper middle, and for an even count the
     // largest value below it.
     const size_t mid = r.size() / 2;
@@ -62,4 +60,4 @@ Summary summarize(std::span<const double> values, uint64_t seed, int resamples) 
   return s;
 }
 
-}  // namespace mtplab::harness
+}  // namespace mtplab

@@ -1,18 +1,24 @@
 // Library versions at run time (not the headers compiled against), so that a result records
 // what actually ran.
-#include "dist/versions.hpp"
+#include "provenance/versions.hpp"
 
-#include <hdf5.h>
 #include <mpi.h>
 
+#if defined(MTPLAB_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+#if defined(MTPLAB_HAVE_NCCL)
+#include <nccl.h>
+#endif
+
 #include "core/str.hpp"
-#include "dist/check.hpp"
+#include "io/hdf5.hpp"
 
 #ifndef MTPLAB_YAML_CPP_VERSION
 #define MTPLAB_YAML_CPP_VERSION "unknown"
 #endif
 
-namespace mtplab::dist {
+namespace mtplab::provenance {
 
 std::string cuda_version_string(int encoded) {
   if (encoded <= 0) return "-";
@@ -49,10 +55,9 @@ LibraryVersions library_versions() {
   } else {
     v.mpi = "-";
   }
-  unsigned major = 0, minor = 0, release = 0;
-  v.hdf5 = H5get_libversion(&major, &minor, &release) >= 0 ? str(major, ".", minor, ".", release) : "-";
+  v.hdf5 = io::hdf5_library_version();
   v.yaml_cpp = MTPLAB_YAML_CPP_VERSION;
   return v;
 }
 
-}  // namespace mtplab::dist
+}  // namespace mtplab::provenance

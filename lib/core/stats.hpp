@@ -1,5 +1,6 @@
 // Summaries of latency samples: order statistics, a bootstrap confidence interval of the median
-// and a noise figure, so that every reported time says how noisy it was.
+// and a noise figure, so that every reported time says how noisy it was. One definition for the
+// results files (harness) and the benchmarks (bench/), so their medians and percentiles agree.
 //
 // Definitions (docs/results-schema.md): quantiles interpolate linearly between order statistics
 // (numpy's default, "linear"): q(p) = x[floor(h)] + (h - floor(h)) (x[floor(h)+1] - x[floor(h)]),
@@ -11,7 +12,7 @@
 #include <span>
 #include <vector>
 
-namespace mtplab::harness {
+namespace mtplab {
 
 struct Summary {
   int64_t n = 0;
@@ -20,9 +21,11 @@ struct Summary {
   double rel_spread = 0;            ///< (p90 - p10) / median
 };
 
-/// Quantile p in [0, 1] of sorted values (linear interpolation).
+/// Quantile p in [0, 1] of sorted values (linear interpolation); NaN when empty.
 double quantile_sorted(std::span<const double> sorted, double p);
+/// The same quantile of values in any order (sorts a copy).
+double quantile(std::span<const double> values, double p);
 /// The summary of `values` (any order); `seed` makes the bootstrap reproducible.
 Summary summarize(std::span<const double> values, uint64_t seed, int resamples = 1000);
 
-}  // namespace mtplab::harness
+}  // namespace mtplab

@@ -1,0 +1,72 @@
+// The hashes of mtplab: FNV-1a 64 for identities and names, the splitmix64 mixer for seeded
+// streams. One definition each, so that a value computed in one module is the value another
+// recomputes.
+//
+// Two FNV-1a 64 variants exist, on purpose:
+// - fnv1a64: the standard function (offset basis 14695981039346656037, prime 1099511628211).
+//   Use it for anything new.
+// - fnv1a64_mtplab_v1: the same loop from mtplab's historical offset basis 1469598103934665603,
+//   which lacks the standard basis's last digit. The `experiment_identity` of every schema-v1
+//   results file was computed with it (docs/results-schema.md), so it stays, under a name that
+//   says so, for as long as those files must be readable and resumable. It is not FNV-1a: a
+//   value from it matches no other implementation.
+// fnv1a64_words_mtplab_v1 is the historical basis over 32-bit words (one XOR per word, not per
+// byte), which the run loop uses to compare the ranks' drafts.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace mtplab {
+
+inline constexpr uint64_t kFnv1a64Prime = 1099511628211ull;
+inline constexpr uint64_t kFnv1a64OffsetBasis = 14695981039346656037ull;
+/// mtplab's historical basis (schema v1 identities); see the file comment.
+inline constexpr uint64_t kFnv1a64MtplabV1Basis = 1469598103934665603ull;
+
+/// FNV-1a 64 of `bytes` from offset basis `basis`.
+constexpr uint64_t fnv1a64_from(uint64_t basis, std::string_view bytes) {
+  uint64_t h = basis;
+  for (const char c : bytes) {
+    h ^= static_cast<unsigned char>(c);
+    h *= kFnv1a64Prime;
+  }
+  return h;
+}
+
+/// Standard FNV-1a 64: "" -> cbf29ce484222325, "a" -> af63dc4c8601ec8c.
+constexpr uint64_t fnv1a64(std::string_view bytes) { return fnv1a64_from(kFnv1a64OffsetBasis, bytes); }
+
+/// FNV-1a 64 from mtplab's historical basis (schema v1 `experiment_identity`).
+constexpr uint64_t fnv1a64_mtplab_v1(std::string_view bytes) {
+  return fnv1a64_from(kFnv1a64MtplabV1Basis, bytes);
+}
+
+/// The historical basis over 32-bit words: h ^= uint32(word); h *= prime, once per word.
+constexpr uint64_t fnv1a64_words_mtplab_v1(std::span<const int32_t> words) {
+  uint64_t h = kFnv1a64MtplabV1Basis;
+  for (const int32_t w : words) {
+    h ^= static_cast<uint32_t>(w);
+    h *= kFnv1a64Prime;
+  }
+  return h;
+}
+
+/// `value` as 16 lower-case hex digits, most significant first.
+std::string hex16(uint64_t value);
+
+inline constexpr uint64_t kSplitmix64Gamma = 0x9e3779b97f4a7c15ull;
+
+/// The splitmix64 finaliser: a bijection of 64-bit values that mixes every input bit into every
+/// output bit.
+constexpr uint64_t splitmix64_mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/// One step of the splitmix64 generator: advances `state` by the gamma, returns its mix.
+constexpr uint64_t splitmix64_next(uint64_t& state) { return splitmix64_mix(state += kSplitmix64Gamma); }
+
+}  // namespace mtplab

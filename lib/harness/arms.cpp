@@ -1,0 +1,248 @@
+// The arm registry (arms.hpp): one entry per arm, and the readers and writers that walk it.
+#include "harness/arms.hpp"
+
+#include <algorithm>
+#include <iterator>
+#include <map>
+
+#include "core/error.hpp"
+
+namespace mtplab::harness {
+namespace {
+
+const std::vector<std::string> kOffOn = {"off", "on"};
+
+template <size_t N>
+std::vector<std::string> names(const char* const (&list)[N]) {
+  return std::vector<std::string>(std::begin(list), std::end(list));
+}
+
+// An enum arm: the field at `field` of Arms, spelt by `to_str`, parsed by `parse`.
+template <typename E>
+ArmSpec choice_arm(std::string name, std::vector<std::string> choices, E drafter::DrafterOptions::*field,
+                   const char* (*to_str)(E), E (*parse)(const std::string&), std::string summary) {
+  ArmSpec a;
+  a.name = std::move(name);
+  a.type = ArmType::choice;
+  a.choices = std::move(choices);
+  a.layer = ArmLayer::drafter;
+  a.summary = std::move(summary);
+  a.get = [field, to_str](const Arms& x) { return std::string(to_str(x.drafter.*field)); };
+  a.set = [field, parse](Arms& x, const std::string& v) { x.drafter.*field = parse(v); };
+  return a;
+}
+
+ArmSpec bool_arm(std::string name, bool drafter::DrafterOptions::*field, std::string summary) {
+  ArmSpec a;
+  a.name = std::move(name);
+  a.type = ArmType::boolean;
+  a.choices = kOffOn;
+  a.layer = ArmLayer::drafter;
+  a.summary = std::move(summary);
+  a.get = [field](const Arms& x) { return std::string(x.drafter.*field ? "on" : "off"); };
+  a.set = [field](Arms& x, const std::string& v) { x.drafter.*field = v == "on"; };
+  return a;
+}
+
+ArmSpec int_arm(std::string name, int drafter::DrafterOptions::*field, int64_t lo, int64_t hi,
+                std::string summary) {
+  ArmSpec a;
+  a.name = std::move(name);
+  a.type = ArmType::integer;
+  a.min = lo;
+  a.max = hi;
+  a.layer = ArmLayer::drafter;
+  a.summary = std::move(summary);
+  a.get = [field](const Arms& x) { return str(x.drafter.*field); };
+  a.set = [field](Arms& x, const std::string& v) { x.drafter.*field = static_cast<int>(std::stoll(v)); };
+  return a;
+}
+
+std::vector<ArmSpec> build_registry() {
+  using drafter::DrafterOptions;
+  std::vector<ArmSpec> r;
+  r.push_back(choice_arm<drafter::HeadSharding>(
+      "head_sharding", names(model::kHeadShardingNames), &DrafterOptions::head_sharding, &model::to_string,
+      &model::parse_head_sharding, "the lm_head replicated (none) or its vocab rows split over the ranks"));
+  r.push_back(
+      bool_arm("head_fp8", &DrafterOptions::head_fp8, "the draft head sweeps an E4M3 copy with row scales"));
+  r.push_back(choice_arm<drafter::ContextRows>(
+      "context_rows", names(drafter::kContextRowsNames), &DrafterOptions::context_rows,
+      static_cast<const char* (*)(drafter::ContextRows)>(&drafter::to_string), &drafter::parse_context_rows,
+      "prefill / catch-up rows write only the caches, or run the full block"));
+  r.push_back(choice_arm<drafter::Skip>(
+      "skip", names(drafter::kSkipNames), &DrafterOptions::skip,
+      static_cast<const char* (*)(drafter::Skip)>(&drafter::to_string), &drafter::parse_skip,
+      "timing arms: stop after the block (head), or run only the head (block)"));
+  r.push_back(int_arm("draft_len", &DrafterOptions::draft_len, 1, 16, "k, the drafts of each propose"));
+  r.push_back(choice_arm<drafter::Exchange>(
+      "exchange", names(drafter::kExchangeNames), &DrafterOptions::exchange,
+      static_cast<const char* (*)(drafter::Exchange)>(&drafter::to_string), &drafter::parse_exchange,
+      "the cross-rank pick of the draft token of a vocab-sharded head"));
+  r.push_back(choice_arm<drafter::DraftRows>(
+      "draft_rows", names(drafter::kDraftRowsNames), &DrafterOptions::draft_rows,
+      static_cast<const char* (*)(drafter::DraftRows)>(&drafter::to_string), &drafter::parse_draft_rows,
+      "after verification, rewrite the drafted rows from the true hiddens, or keep the accepted ones"));
+  r.push_back(bool_arm("batch_qidx", &DrafterOptions::batch_qidx,
+                       "context rows' indexer queries as one batched linear (context_rows full)"));
+  r.push_back(bool_arm("cuda_graph", &DrafterOptions::cuda_graph, "record each propose as one CUDA graph"));
+  r.push_back(choice_arm<ops::KvDtype>("kv_cache_dtype", names(drafter::kKvDtypeNames),
+                                       &DrafterOptions::kv_cache_dtype,
+                                       static_cast<const char* (*)(ops::KvDtype)>(&drafter::to_string),
+                                       &drafter::parse_kv_dtype, "the latent KV cache in BF16 or FP8 E4M3"));
+  r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
+                       "context rows' projections as one batched linear per chunk"));
+  return r;
+}
+
+// Whether `v` is an allowed canonical value of `a`.
+bool allowed_value(const ArmSpec& a, const std::string& v) {
+  if (a.type != ArmType::integer) return std::find(a.choices.begin(), a.choices.end(), v) != a.choices.end();
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    return used == v.size() && x >= a.min && x <= a.max;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+const char* to_string(ArmLayer layer) {
+  switch (layer) {
+    case ArmLayer::drafter:
+      return "drafter";
+    case ArmLayer::harness:
+      return "harness";
+    case ArmLayer::backend:
+      return "backend";
+  }
+  return "?";
+}
+
+std::string ArmSpec::default_value() const { return get(Arms{}); }
+
+std::string ArmSpec::block() const {
+  const auto dot = name.find('.');
+  return dot == std::string::npos ? std::string() : name.substr(0, dot);
+}
+
+std::string ArmSpec::key() const {
+  const auto dot = name.find('.');
+  return dot == std::string::npos ? name : name.substr(dot + 1);
+}
+
+std::string ArmSpec::allowed() const {
+  if (type == ArmType::integer) return str("[", min, ", ", max, "]");
+  return str("{", join(choices, ", "), "}");
+}
+
+const std::vector<ArmSpec>& arm_registry() {
+  static const std::vector<ArmSpec> registry = [] {
+    std::vector<ArmSpec> r = build_registry();
+    // The registry's own consistency: names unique, every default allowed, get(set(v)) == v.
+    for (size_t i = 0; i < r.size(); ++i) {
+      for (size_t j = 0; j < i; ++j)
+        MTP_REQUIRE(r[i].name != r[j].name, "arm registry: ", r[i].name, " twice");
+      MTP_REQUIRE(allowed_value(r[i], r[i].default_value()), "arm registry: ", r[i].name, "'s default \"",
+                  r[i].default_value(), "\" is not among its values ", r[i].allowed());
+    }
+    return r;
+  }();
+  return registry;
+}
+
+const ArmSpec* find_arm(const std::string& name) {
+  for (const auto& a : arm_registry())
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+const std::vector<std::string>& arm_names() {
+  static const std::vector<std::string> list = [] {
+    std::vector<std::string> n;
+    for (const auto& a : arm_registry()) n.push_back(a.name);
+    return n;
+  }();
+  return list;
+}
+
+Arms read_arms(MapReader& m) {
+  Arms arms;
+  // Arms of nested blocks, read from their block's own strict reader.
+  std::map<std::string, std::unique_ptr<MapReader>> blocks;
+  std::vector<std::string> block_order;
+  for (const auto& a : arm_registry()) {
+    const std::string block = a.block();
+    MapReader* reader = &m;
+    if (!block.empty()) {
+      auto it = blocks.find(block);
+      if (it == blocks.end()) {
+        std::unique_ptr<MapReader> r;
+        if (auto node = m.opt(block)) {
+          if (!node->is_map()) node->fail(str("expected a mapping of ", block, " keys"));
+          r = std::make_unique<MapReader>(*node);
+        }
+        it = blocks.emplace(block, std::move(r)).first;
+        block_order.push_back(block);
+      }
+      reader = it->second.get();
+      if (!reader) continue;  // the block is absent: every arm of it at its default
+    }
+    const std::string fallback = a.default_value();
+    std::string value;
+    switch (a.type) {
+      case ArmType::boolean:
+        value = reader->opt_bool(a.key(), fallback == "on") ? "on" : "off";
+        break;
+      case ArmType::choice:
+        value = reader->opt_choice(a.key(), fallback, a.choices);
+        break;
+      case ArmType::integer:
+        value = str(reader->opt_int(a.key(), std::stoll(fallback), a.min, a.max));
+        break;
+    }
+    a.set(arms, value);
+  }
+  for (const auto& b : block_order)
+    if (blocks[b]) blocks[b]->finish();
+  return arms;
+}
+
+std::vector<std::pair<std::string, std::string>> named(const Arms& arms) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& a : arm_registry()) out.emplace_back(a.name, a.get(arms));
+  return out;
+}
+
+void emit_canonical(const Arms& arms, YAML::Emitter& e) {
+  // Top-level arms in registry order, then each nested block as one mapping.
+  std::vector<std::string> blocks;
+  for (const auto& a : arm_registry()) {
+    const std::string v = a.get(arms);
+    if (a.omit_at_default && v == a.default_value()) continue;
+    if (!a.block().empty()) {
+      if (std::find(blocks.begin(), blocks.end(), a.block()) == blocks.end()) blocks.push_back(a.block());
+      continue;
+    }
+    e << YAML::Key << a.name << YAML::Value << v;
+  }
+  for (const auto& b : blocks) {
+    e << YAML::Key << b << YAML::Value << YAML::BeginMap;
+    for (const auto& a : arm_registry()) {
+      if (a.block() != b) continue;
+      const std::string v = a.get(arms);
+      if (a.omit_at_default && v == a.default_value()) continue;
+      e << YAML::Key << a.key() << YAML::Value << v;
+    }
+    e << YAML::EndMap;
+  }
+}
+
+void check_arms(const Arms& arms, int world, const std::string& backend, const model::ModelConfig& model) {
+  const int graphs = backend == "cpu" ? 0 : backend == "cuda" ? 1 : -1;
+  drafter::check_options(arms.drafter, drafter::OptionsContext{world, model.vocab, graphs});
+}
+
+}  // namespace mtplab::harness

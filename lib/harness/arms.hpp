@@ -1,0 +1,86 @@
+// The arm registry: every arm of an experiment described once. The YAML reader, the canonical
+// text (a point's identity), `mtplab list`, the results attributes and /index columns, the
+// divergence table and the tests all walk this one table; none of them spells an arm by hand.
+//
+// Adding an arm is one entry in arm_registry() (arms.cpp) plus its implementation in the layer
+// that consumes it (docs/architecture.md, "Adding an arm", walks through one).
+//
+// Invariants:
+// - An arm's default is the value of its field in a default-constructed Arms: defaults live in
+//   the option structs (drafter::DrafterOptions, ...), nowhere else.
+// - Canonical values are the YAML spellings: booleans as off/on, choices as listed, integers in
+//   decimal. get(set(v)) == v for every allowed v (tested over the whole registry).
+// - The rules between arms are checked in one function, check_arms(), which the sweep expansion
+//   calls for every point before anything runs (it defers to drafter::check_options for the
+//   drafter's arms, which the drafter's constructor also calls).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/yaml.hpp"
+#include "drafter/options.hpp"
+#include "model/config.hpp"
+
+namespace mtplab::harness {
+
+/// Every arm's value for one point. The drafter's arms live in the drafter's own options struct,
+/// which crosses to the drafter as it is; arms that other layers consume sit beside it.
+struct Arms {
+  drafter::DrafterOptions drafter;
+};
+
+enum class ArmType { choice, boolean, integer };
+/// The layer whose code reads the arm's value.
+enum class ArmLayer { drafter, harness, backend };
+const char* to_string(ArmLayer layer);
+
+struct ArmSpec {
+  /// The YAML key, the results attribute and the /index column. An arm of a nested block of the
+  /// experiment (e.g. `kernels:`) is named "block.key".
+  std::string name;
+  ArmType type = ArmType::choice;
+  std::vector<std::string> choices;  ///< canonical spellings (choice; boolean: off, on)
+  int64_t min = 0, max = 0;          ///< integer range, inclusive
+  bool sweepable = true;
+  ArmLayer layer = ArmLayer::drafter;
+  std::string summary;  ///< one line: what the arm switches
+  /// The canonical text (identity) carries the arm only when it leaves its default, so that
+  /// results files written before the arm existed still match a rerun and resume. Arms added
+  /// after schema version 2 set it.
+  bool omit_at_default = false;
+  std::function<std::string(const Arms&)> get;               ///< canonical text of the value
+  std::function<void(Arms&, const std::string& value)> set;  ///< from canonical text
+
+  /// The canonical default (get of a default-constructed Arms).
+  std::string default_value() const;
+  /// The YAML block the arm sits in ("" for the top level) and its key within it.
+  std::string block() const;
+  std::string key() const;
+  /// The allowed values as text for messages: "{none, vocab}" or "[1, 16]".
+  std::string allowed() const;
+};
+
+/// Every arm, in schema order (the order of the canonical text and the results columns).
+const std::vector<ArmSpec>& arm_registry();
+/// The arm named `name`, or nullptr.
+const ArmSpec* find_arm(const std::string& name);
+/// The names of the arms, in schema order.
+const std::vector<std::string>& arm_names();
+
+/// Reads every arm from the point's mapping `m` (arms of a nested block from that block, which is
+/// then finished: unknown keys in it are errors). Values are checked against the registry.
+Arms read_arms(MapReader& m);
+/// (name, canonical value) of every arm in schema order.
+std::vector<std::pair<std::string, std::string>> named(const Arms& arms);
+/// The arms as canonical YAML mapping entries (nested blocks as sub-mappings), for the point's
+/// canonical text. Arms with omit_at_default are left out at their default.
+void emit_canonical(const Arms& arms, YAML::Emitter& e);
+
+/// The rules between a point's arms and its context: the world size, the backend ("cpu",
+/// "cuda", or "auto" when not yet known) and the model. Throws naming the arm that is wrong.
+void check_arms(const Arms& arms, int world, const std::string& backend, const model::ModelConfig& model);
+
+}  // namespace mtplab::harness

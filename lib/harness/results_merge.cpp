@@ -1,0 +1,174 @@
+// `mtplab merge`: joins the per-task results files of one experiment (a Slurm array) into one,
+// copying the point groups as they are and rebuilding the derived tables.
+#include <filesystem>
+#include <map>
+
+#include "core/error.hpp"
+#include "core/log.hpp"
+#include "harness/results.hpp"
+#include "harness/results_format.hpp"
+
+namespace mtplab::harness {
+namespace {
+
+using io::DType;
+using io::Group;
+using io::H5File;
+
+void copy_attrs(const io::Object& src, io::Object& dst) {
+  for (const auto& name : src.attr_names()) {
+    const io::AttrInfo info = src.attr_info(name);
+    switch (info.kind) {
+      case io::AttrKind::integer:
+        if (info.scalar)
+          dst.set_attr(name, src.attr_int(name));
+        else
+          dst.set_attr(name, src.attr_ints(name));
+        break;
+      case io::AttrKind::floating:
+        if (info.scalar)
+          dst.set_attr(name, src.attr_double(name));
+        else
+          dst.set_attr(name, src.attr_doubles(name));
+        break;
+      case io::AttrKind::string:
+        if (info.scalar)
+          dst.set_attr(name, src.attr_string(name));
+        else
+          dst.set_attr(name, src.attr_strings(name));
+        break;
+      case io::AttrKind::other:
+        MTP_FAIL(src.file_name(), ": ", src.path(), ": attribute '", name,
+                 "' has a type merge does not copy");
+    }
+  }
+}
+
+template <typename T>
+void copy_typed(const io::Dataset& d, Group& dst, const std::string& name) {
+  const auto data = d.read<T>();
+  io::Dataset out = d.rank() == 2
+                        ? dst.write(name, data, d.rows(), d.cols(), results_format::column_options())
+                        : dst.write(name, data, results_format::column_options());
+  copy_attrs(d, out);
+}
+
+void copy_group(const Group& src, Group& dst) {
+  copy_attrs(src, dst);
+  for (const auto& name : src.children()) {
+    switch (src.kind(name)) {
+      case io::NodeKind::group: {
+        Group g = dst.create_group(name);
+        copy_group(src.open_group(name), g);
+        break;
+      }
+      case io::NodeKind::dataset: {
+        const io::Dataset d = src.open_dataset(name);
+        switch (d.dtype()) {
+          case DType::i8:
+            copy_typed<int8_t>(d, dst, name);
+            break;
+          case DType::u8:
+            copy_typed<uint8_t>(d, dst, name);
+            break;
+          case DType::u16:
+            copy_typed<uint16_t>(d, dst, name);
+            break;
+          case DType::i32:
+            copy_typed<int32_t>(d, dst, name);
+            break;
+          case DType::i64:
+            copy_typed<int64_t>(d, dst, name);
+            break;
+          case DType::f32:
+            copy_typed<float>(d, dst, name);
+            break;
+          case DType::f64:
+            copy_typed<double>(d, dst, name);
+            break;
+          case DType::bf16:
+            copy_typed<bf16>(d, dst, name);
+            break;
+          case DType::string: {
+            const auto v = d.read_strings();
+            io::Dataset out = dst.write_strings(name, v);
+            copy_attrs(d, out);
+            break;
+          }
+        }
+        break;
+      }
+      case io::NodeKind::other:
+        MTP_FAIL(src.file_name(), ": ", src.path(), "/", name,
+                 ": not a group or dataset; merge does not copy it");
+    }
+  }
+}
+
+}  // namespace
+
+int merge_results(const std::string& out, const std::vector<std::string>& inputs, bool overwrite,
+                  const std::vector<std::string>& argv) {
+  MTP_REQUIRE(!inputs.empty(), "merge: no input files");
+  for (const auto& in : inputs)
+    MTP_REQUIRE(std::filesystem::absolute(in) != std::filesystem::absolute(out), "merge: the output ", out,
+                " is also an input; write the merge to a new file");
+  MTP_REQUIRE(overwrite || !std::filesystem::exists(out), "merge: ", out,
+              " exists; remove it or pass --force to replace it");
+  std::vector<H5File> files;
+  for (const auto& in : inputs) {
+    files.push_back(H5File::open_read(in));
+    const H5File& f = files.back();
+    MTP_REQUIRE(f.has_attr("schema") && f.attr_string("schema") == kResultsSchema, in,
+                ": not an mtplab results file");
+    MTP_REQUIRE(f.attr_int("schema_version") == kResultsSchemaVersion, in, ": results schema version ",
+                f.attr_int("schema_version"), ", expected ", kResultsSchemaVersion);
+    MTP_REQUIRE(f.attr_string("experiment_identity") == files.front().attr_string("experiment_identity"), in,
+                ": a different experiment configuration (identity ", f.attr_string("experiment_identity"),
+                ") than ", inputs.front(), " (", files.front().attr_string("experiment_identity"),
+                "); only task files of one experiment can be merged");
+  }
+  // Which input provides each point; conflicting configs are refused before anything is written.
+  std::map<std::string, std::pair<size_t, std::string>> chosen;  // point name -> (input, config)
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Group points = files[i].open_group("points");
+    for (const auto& name : points.children()) {
+      const Group g = points.open_group(name);
+      const std::string config = g.attr_string("config");
+      auto it = chosen.find(name);
+      if (it == chosen.end()) {
+        chosen[name] = {i, config};
+      } else if (it->second.second != config) {
+        MTP_FAIL("merge: point ", name, " has different configurations in ", inputs[it->second.first],
+                 " and ", inputs[i], "; refusing to merge conflicting points");
+      } else {
+        log_warn("merge: point ", name, " is in both ", inputs[it->second.first], " and ", inputs[i],
+                 " with the same configuration; keeping the first");
+      }
+    }
+  }
+  H5File o = H5File::create(out);
+  copy_attrs(files.front(), o);
+  o.set_attr("merged_from", inputs);
+  o.set_attr("merge_argv", argv);
+  o.set_attr("merged_at", utc_now());
+  Group points = o.create_group("points");
+  for (const auto& [name, src] : chosen) {
+    Group g = points.create_group(name);
+    copy_group(files[src.first].open_group("points").open_group(name), g);
+  }
+  const int64_t expected = files.front().attr_int("num_points");
+  std::vector<std::string> missing;
+  for (int64_t i = 0; i < expected; ++i) {
+    PointConfig tmp;
+    tmp.index = static_cast<int>(i);
+    if (!chosen.count(tmp.name())) missing.push_back(tmp.name());
+  }
+  results_format::rebuild_derived_tables(o);
+  o.commit();
+  if (!missing.empty())
+    log_warn("merge: ", out, " lacks ", missing.size(), " of ", expected, " points: ", join(missing, " "));
+  return static_cast<int>(chosen.size());
+}
+
+}  // namespace mtplab::harness

@@ -1,0 +1,52 @@
+// core/hash: the standard FNV-1a 64 against published test vectors, the historical mtplab
+// variant against values computed independently (a Python loop over the same definition), and
+// the splitmix64 mixer against its published first outputs.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/hash.hpp"
+
+using namespace mtplab;
+
+TEST(Hash, StandardFnv1a64TestVectors) {
+  EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a64("foobar"), 0x85944171f73967e8ull);
+  static_assert(fnv1a64("a") == 0xaf63dc4c8601ec8cull, "usable at compile time");
+}
+
+TEST(Hash, HistoricalVariantKeepsSchemaV1Identities) {
+  // The basis itself is the empty string's hash; it differs from the standard one.
+  EXPECT_EQ(fnv1a64_mtplab_v1(""), 0x14650fb0739d0383ull);
+  EXPECT_NE(fnv1a64_mtplab_v1(""), fnv1a64(""));
+  EXPECT_EQ(fnv1a64_mtplab_v1("a"), 0x44bd8ad473cd9906ull);
+  EXPECT_EQ(fnv1a64_mtplab_v1("foobar"), 0x88fad7c0a8ff07f2ull);
+  // The shape of an experiment identity's input: resolved YAML, then the world size.
+  EXPECT_EQ(hex16(fnv1a64_mtplab_v1("model: tiny\nworld=2")), "807f5f3645a24289");
+}
+
+TEST(Hash, HistoricalWordsVariant) {
+  EXPECT_EQ(fnv1a64_words_mtplab_v1({}), kFnv1a64MtplabV1Basis);
+  const std::vector<int32_t> w = {1, -2, 70000};
+  EXPECT_EQ(fnv1a64_words_mtplab_v1(w), 0x8a4decc1cc1fada8ull);
+  // One XOR per word, not per byte: differs from hashing the words' bytes.
+  const std::vector<int32_t> swapped = {-2, 1, 70000};
+  EXPECT_NE(fnv1a64_words_mtplab_v1(swapped), fnv1a64_words_mtplab_v1(w));
+}
+
+TEST(Hash, Hex16) {
+  EXPECT_EQ(hex16(0), "0000000000000000");
+  EXPECT_EQ(hex16(0xcbf29ce484222325ull), "cbf29ce484222325");
+  EXPECT_EQ(hex16(0xf), "000000000000000f");
+}
+
+TEST(Hash, Splitmix64) {
+  // The first outputs of splitmix64 seeded with 0 (Vigna's reference implementation).
+  uint64_t state = 0;
+  EXPECT_EQ(splitmix64_next(state), 0xe220a8397b1dcdafull);
+  EXPECT_EQ(splitmix64_next(state), 0x6e789e6aa1b965f4ull);
+  EXPECT_EQ(splitmix64_next(state), 0x06c45d188009454full);
+  EXPECT_EQ(state, 3 * kSplitmix64Gamma);
+  EXPECT_EQ(splitmix64_mix(0), 0u);
+}
