@@ -407,7 +407,7 @@ void MtpDrafter::reserve_batch(int rows) {
   block_.reserve_batch(rows);
   batch_rows_ = rows;
   const size_t R = static_cast<size_t>(rows), H = static_cast<size_t>(hidden_);
-  const size_t k = static_cast<size_t>(opt_.max_draft_len);
+  const size_t k = static_cast<size_t>(opt_.draft_len);
   batch_slot_ = ops::Array<int32_t>(be_, R);
   batch_pos_ = ops::Array<int32_t>(be_, k * R);
   batch_tokens_ = ops::Array<int32_t>(be_, (k + 1) * R);
@@ -461,8 +461,8 @@ void MtpDrafter::after_verify(BatchState& batch, int slot, int accepted) {
 std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k) {
   const int B = static_cast<int>(rows.size());
   MTP_REQUIRE(B >= 1 && B <= kMaxBatch, "drafter: a batched propose of ", B, " rows (1 .. ", kMaxBatch, ")");
-  MTP_REQUIRE(k >= 1 && k <= opt_.max_draft_len, "drafter: draft length ", k, " outside 1..",
-              opt_.max_draft_len);
+  MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..",
+              opt_.draft_len);
   std::vector<uint8_t> seen(static_cast<size_t>(batch.slots()), 0);
   for (int b = 0; b < B; ++b) {
     const BatchRow& row = rows[static_cast<size_t>(b)];

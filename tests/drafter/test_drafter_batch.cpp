@@ -11,7 +11,7 @@
 #include <map>
 
 #include "batch_replay.hpp"
-#include "drafter_test_util.hpp"
+#include "common/trace.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -26,8 +26,9 @@ struct Fixture {
   model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
   std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt, ops::KvDtype kv = ops::KvDtype::bf16) {
-    opt.max_draft_len = kDraft;
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt, kv);
+    opt.draft_len = kDraft;
+    opt.kv_cache_dtype = kv;
+    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
   }
 };
 
@@ -204,7 +205,7 @@ TEST(DrafterBatch, BadBatchesAreRefused) {
   EXPECT_THROW(d->propose_batch(*batch, Rows{{0, 1, h}, {0, 2, h}}, 2), Error);  // slot 0 twice
   EXPECT_THROW(d->propose_batch(*batch, Rows{{0, 4096, h}}, 2), Error);          // token outside the vocab
   EXPECT_THROW(d->propose_batch(*batch, Rows{{0, 1, nullptr}}, 2), Error);       // no hidden
-  EXPECT_THROW(d->propose_batch(*batch, Rows{{0, 1, h}}, kDraft + 1), Error);    // k > max_draft_len
+  EXPECT_THROW(d->propose_batch(*batch, Rows{{0, 1, h}}, kDraft + 1), Error);    // k > draft_len
   EXPECT_THROW(d->propose_batch(*batch, Rows{}, 2), Error);                      // no rows
   // Refused calls leave no propose pending: a correct batch goes through.
   const auto drafts = d->propose_batch(*batch, Rows{{2, 5, h}, {0, 6, h}}, 2);

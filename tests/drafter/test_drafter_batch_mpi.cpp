@@ -16,7 +16,7 @@
 #include "batch_replay.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
-#include "drafter_test_util.hpp"
+#include "common/trace.hpp"
 
 using namespace mtplab;
 
@@ -151,7 +151,7 @@ TEST(DrafterBatchMpi, BatchedDraftsAndCollectivesMatchTheSingleSequenceDrafter) 
   };
   for (const Case& c : cases) {
     drafter::DrafterOptions opt;
-    opt.max_draft_len = kDraft;
+    opt.draft_len = kDraft;
     opt.head_sharding = c.sharding;
     opt.exchange = c.exchange;
     opt.context_rows = c.context;
