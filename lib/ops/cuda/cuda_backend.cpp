@@ -9,19 +9,24 @@
 //   growth of a scratch buffer, which are refused while the stream is being captured
 //   (begin_capture .. end_capture): run an op once before capturing it so its scratch is sized.
 // - RowsMode::batched with rows > 1 goes through cuBLASLt (BF16 in, fp32 accumulate, BF16 or
-//   fp32 out); one handle and one workspace per backend, one cached plan per shape. Everything
-//   else is a GEMV launch per row.
+//   fp32 out; one handle and one workspace per backend, one cached plan per shape), or through
+//   the small-M tensor-core GEMM (cuda::rows_gemm) for the shapes cuda::rows_gemm_path picks.
+//   Everything else is a GEMV launch per row.
+// - The batched-rows ops (B sequences per op) run the kernels of batch_kernels.hpp, one launch
+//   per op for all rows.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <tuple>
 
 #include "core/env.hpp"
 #include "core/log.hpp"
+#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/ops.hpp"
@@ -148,6 +153,8 @@ class CudaBackend final : public Backend {
     cudaFree(workspace_);
     cudaFree(argmax_.partials);
     cudaFree(argmax_.counter);
+    cudaFree(head_batch_.best);
+    cudaFree(head_batch_.counter);
     cudaStreamDestroy(ctx_.stream);
   }
 
@@ -407,98 +414,238 @@ class CudaBackend final : public Backend {
     cuda::moe_experts(ctx_, x, routed, idx, weights, top_k, limit, act, out, &shared);
   }
 
-  // ---- batched rows (ops.hpp, "batched rows") -------------------------------------------------
-  // Interim: the row ops loop over the single-row launchers (correct, one launch per row); the
-  // slot ops, whose padded rows can only be told apart on the device, refuse until their kernels
-  // land (the CPU reference in lib/ops/cpu/ and tests/ops/test_cpu_batch.cpp define them).
-  void embed_rmsnorm_batch(const bf16*, const int32_t*, const int32_t*, const bf16*, bf16*, int, int, int,
-                           float) override {
-    batch_not_implemented("embed_rmsnorm_batch");
+  // ---- batched rows (ops.hpp, "batched rows"; the kernels: batch_kernels.hpp) ----------------
+  // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs and the
+  // grouped experts take up to cuda::kMaxBatchRows rows per launch, larger batches run in groups of
+  // that many. The host checks sizes and pointers; slots, positions, tokens and selections are read
+  // on the device only (a padded row, slot < 0, is skipped there), so the distinct-slot and
+  // in-range rules the CPU reference enforces are the caller's here.
+  void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const int32_t* slot, const bf16* w,
+                           bf16* y, int ld_y, int rows, int n, float eps) override {
+    const char* op = "embed_rmsnorm_batch";
+    require_rows(op, slot, rows);
+    MTP_REQUIRE(n >= 1 && ld_y >= n, "ops::cuda::", op, ": n ", n, ", ld_y ", ld_y);
+    require_ptrs(op, {table, tokens, w, y});
+    cuda::embed_rmsnorm_batch(ctx_, table, tokens, slot, w, y, ld_y, rows, n, eps);
   }
   void rmsnorm_strided(const bf16* x, int ld_x, const bf16* w, bf16* y, int ld_y, int rows, int n,
                        float eps) override {
     MTP_REQUIRE(rows >= 1 && n >= 1 && ld_x >= n && ld_y >= n, "ops::cuda::rmsnorm_strided: rows ", rows,
                 ", n ", n, ", ld_x ", ld_x, ", ld_y ", ld_y);
-    for (int b = 0; b < rows; ++b)
-      rmsnorm(x + static_cast<size_t>(b) * ld_x, w, y + static_cast<size_t>(b) * ld_y, 1, n, eps);
+    require_ptrs("rmsnorm_strided", {x, w, y});
+    cuda::rmsnorm_strided(ctx_, x, ld_x, w, y, ld_y, rows, n, eps);
   }
   void residual_add_rmsnorm_rows(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
                                  int rows, int n, float eps) override {
-    MTP_REQUIRE(rows >= 1, "ops::cuda::residual_add_rmsnorm_rows: rows = ", rows);
-    for (int b = 0; b < rows; ++b) {
-      const size_t off = static_cast<size_t>(b) * n;
-      residual_add_rmsnorm(x + off, delta + off, y + off, w, normed + off, n, eps);
-    }
+    MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::residual_add_rmsnorm_rows: rows ", rows, ", n ", n);
+    require_ptrs("residual_add_rmsnorm_rows", {x, delta, y, w, normed});
+    const size_t all = static_cast<size_t>(rows) * n;
+    MTP_REQUIRE(normed + all <= y || y + all <= normed,
+                "ops::cuda::residual_add_rmsnorm_rows: normed overlaps y");
+    cuda::residual_add_rmsnorm_rows(ctx_, x, delta, y, w, normed, rows, n, eps);
   }
-  void head_argmax_batch(const bf16*, const fp8e4m3*, const float*, const bf16*, const int32_t*, int, int,
-                         int, int64_t, bf16*, int, ArgMax*, HeadExtras = {}) override {
-    batch_not_implemented("head_argmax_batch");
+  void head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
+                         const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits,
+                         int ld_logits, ArgMax* out, HeadExtras extras = {}) override {
+    const char* op = "head_argmax_batch";
+    require_rows(op, slot, rows);
+    require_index_range(op, index_base, n);
+    require_ptrs(op, {x, out});
+    if (W_fp8) {
+      MTP_REQUIRE(row_scale, "ops::cuda::head_argmax_batch: row_scale (FP8 head) is null");
+    } else {
+      MTP_REQUIRE(W, "ops::cuda::head_argmax_batch: W is null");
+    }
+    if (logits)
+      MTP_REQUIRE(ld_logits >= n, "ops::cuda::head_argmax_batch: ld_logits ", ld_logits, " < n ", n);
+    const cuda::HeadBatchScratch s = head_batch_scratch();
+    for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
+      const int r = std::min(cuda::kMaxBatchRows, rows - b0);
+      const HeadExtras e{extras.key ? extras.key + b0 : nullptr, extras.token ? extras.token + b0 : nullptr};
+      cuda::head_argmax_batch(ctx_, W, W_fp8, row_scale, x + static_cast<size_t>(b0) * k, slot + b0, r, n, k,
+                              index_base, logits ? logits + static_cast<size_t>(b0) * ld_logits : nullptr,
+                              ld_logits, out + b0, e, s);
+    }
   }
   void argmax_batch(const bf16* x, int ld_x, int rows, int n, int64_t index_base, ArgMax* out) override {
     MTP_REQUIRE(rows >= 1 && ld_x >= n, "ops::cuda::argmax_batch: rows ", rows, ", n ", n, ", ld_x ", ld_x);
-    for (int b = 0; b < rows; ++b) argmax(x + static_cast<size_t>(b) * ld_x, n, index_base, out + b);
+    require_index_range("argmax_batch", index_base, n);
+    require_ptrs("argmax_batch", {x, out});
+    cuda::argmax_batch(ctx_, x, ld_x, rows, n, index_base, out, argmax_);
   }
   void argmax_unpack_key_batch(const uint64_t* key, int32_t* token, int rows) override {
     MTP_REQUIRE(rows >= 1, "ops::cuda::argmax_unpack_key_batch: rows = ", rows);
-    for (int b = 0; b < rows; ++b) argmax_unpack_key(key + b, token + b);
+    require_ptrs("argmax_unpack_key_batch", {key, token});
+    cuda::argmax_unpack_key_batch(ctx_, key, token, rows);
   }
   void argmax_pick_batch(const ArgMax* pairs, int n, int rows, int32_t* token) override {
-    // One row's pairs are contiguous only at rows = 1.
-    if (rows != 1) batch_rows_not_implemented("argmax_pick_batch");
-    argmax_pick(pairs, n, token);
+    MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::argmax_pick_batch: rows ", rows, ", n ", n);
+    require_ptrs("argmax_pick_batch", {pairs, token});
+    cuda::argmax_pick_batch(ctx_, pairs, n, rows, token);
   }
-  void kv_norm_write_batch(const bf16*, const bf16*, float, const int32_t*, const int32_t*, int,
-                           KvSlots) override {
-    batch_not_implemented("kv_norm_write_batch");
+  void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
+                           const int32_t* pos, int rows, KvSlots kv) override {
+    const char* op = "kv_norm_write_batch";
+    require_rows(op, slot, rows);
+    require_kv_slots(op, kv);
+    require_ptrs(op, {ckv_pre, w, pos});
+    cuda::kv_norm_write_batch(ctx_, ckv_pre, w, eps, slot, pos, rows, kv);
   }
-  void indexer_norm_store_batch(const bf16*, const bf16*, const bf16*, float, const float*, const float*,
-                                const int32_t*, const int32_t*, int, IndexerSlots) override {
-    batch_not_implemented("indexer_norm_store_batch");
+  void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
+                                const float* ape, const int32_t* slot, const int32_t* pos, int rows,
+                                IndexerSlots idx) override {
+    const char* op = "indexer_norm_store_batch";
+    require_rows(op, slot, rows);
+    require_indexer_slots(op, idx);
+    require_ptrs(op, {k_pre, w, b, gate, ape, pos});
+    MTP_REQUIRE(reinterpret_cast<uintptr_t>(idx.k_cache) % 16 == 0,
+                "ops::cuda::indexer_norm_store_batch: k_cache must be 16-byte aligned");
+    cuda::indexer_norm_store_batch(ctx_, k_pre, w, b, eps, gate, ape, slot, pos, rows, idx);
   }
-  void indexer_scores_batch(const float*, const float*, const int32_t*, const int32_t*, int, IndexerSlots,
-                            float*, int) override {
-    batch_not_implemented("indexer_scores_batch");
+  void indexer_scores_batch(const float* q, const float* w, const int32_t* slot, const int32_t* pos, int rows,
+                            IndexerSlots idx, float* scores, int n_heads) override {
+    const char* op = "indexer_scores_batch";
+    require_rows(op, slot, rows);
+    require_indexer_slots(op, idx);
+    require_ptrs(op, {q, w, pos, scores});
+    MTP_REQUIRE(n_heads >= 1 && idx.D >= 4 && idx.D % 4 == 0, "ops::cuda::indexer_scores_batch: n_heads ",
+                n_heads, ", D ", idx.D, " (a multiple of 4)");
+    MTP_REQUIRE(
+        reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(idx.pool_keys) % 16 == 0,
+        "ops::cuda::indexer_scores_batch: q and pool_keys must be 16-byte aligned");
+    MTP_REQUIRE(rows <= 65535, "ops::cuda::indexer_scores_batch: ", rows, " rows (at most 65535)");
+    cuda::indexer_scores_batch(ctx_, q, w, slot, pos, rows, idx, scores, n_heads);
   }
-  void indexer_select_batch(const float*, const int32_t*, const int32_t*, int, int32_t*, int, int,
-                            int) override {
-    batch_not_implemented("indexer_select_batch");
+  void indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
+                            int32_t* selection, int K, int P, int max_pools) override {
+    const char* op = "indexer_select_batch";
+    require_rows(op, slot, rows);
+    MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select_batch: K ", K, ", P ", P,
+                ", max_pools ", max_pools);
+    require_ptrs(op, {scores, pos, selection});
+    cuda::indexer_select_batch(ctx_, scores, slot, pos, rows, selection, K, P, max_pools);
   }
   void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
                           int dv, int kv_lora) override {
-    MTP_REQUIRE(rows >= 1, "ops::cuda::mla_absorb_q_batch: rows = ", rows);
-    for (int b = 0; b < rows; ++b)
-      mla_absorb_q(q + static_cast<size_t>(b) * n_heads * dqk, W_kvb,
-                   q_abs + static_cast<size_t>(b) * n_heads * kv_lora, n_heads, dqk, dv, kv_lora);
+    MTP_REQUIRE(rows >= 1 && rows <= 65535 * 32, "ops::cuda::mla_absorb_q_batch: rows = ", rows);
+    require_ptrs("mla_absorb_q_batch", {q, W_kvb, q_abs});
+    cuda::mla_absorb_q_batch(ctx_, q, W_kvb, q_abs, rows, n_heads, dqk, dv, kv_lora);
   }
-  void mla_decode_batch(const bf16*, const int32_t*, int, const int32_t*, int, KvSlots, bf16*, int,
-                        float) override {
-    batch_not_implemented("mla_decode_batch");
+  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot, int rows,
+                        KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) override {
+    const char* op = "mla_decode_batch";
+    require_rows(op, slot, rows);
+    require_kv_slots(op, kv);
+    require_ptrs(op, {q_abs, o_lat});
+    MTP_REQUIRE(n_heads >= 1 && width >= 0 && rows <= 65535, "ops::cuda::mla_decode_batch: n_heads ", n_heads,
+                ", width ", width, ", rows ", rows, " (at most 65535)");
+    MTP_REQUIRE(width == 0 || selection, "ops::cuda::mla_decode_batch: selection is null");
+    const int splits = cuda::mla_decode_batch_splits(ctx_, width, n_heads, rows);
+    const size_t floats = cuda::mla_decode_batch_scratch_floats(splits, n_heads, kv.cache.kv_lora, rows);
+    float* scratch =
+        floats ? static_cast<float*>(mla_batch_scratch_.ensure(sizeof(float) * floats, ctx_.stream, op))
+               : nullptr;
+    cuda::mla_decode_batch(ctx_, q_abs, selection, width, slot, rows, kv, o_lat, n_heads, softmax_scale,
+                           splits, scratch);
   }
   void mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads, int dqk, int dv,
                        int kv_lora) override {
-    MTP_REQUIRE(rows >= 1, "ops::cuda::mla_out_v_batch: rows = ", rows);
-    for (int b = 0; b < rows; ++b)
-      mla_out_v(o_lat + static_cast<size_t>(b) * n_heads * kv_lora, W_kvb,
-                o + static_cast<size_t>(b) * n_heads * dv, n_heads, dqk, dv, kv_lora);
+    MTP_REQUIRE(rows >= 1 && n_heads >= 1 && dqk >= 0 && dv >= 1 && kv_lora >= 1,
+                "ops::cuda::mla_out_v_batch: rows ", rows, ", n_heads ", n_heads, ", dqk ", dqk, ", dv ", dv,
+                ", kv_lora ", kv_lora);
+    require_ptrs("mla_out_v_batch", {o_lat, W_kvb, o});
+    const size_t in_row = static_cast<size_t>(n_heads) * kv_lora, out_row = static_cast<size_t>(n_heads) * dv;
+    for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows)
+      cuda::mla_out_v_batch(ctx_, o_lat + b0 * in_row, W_kvb, o + b0 * out_row,
+                            std::min(cuda::kMaxBatchRows, rows - b0), n_heads, dqk, dv, kv_lora);
   }
-  void moe_route_batch(const float*, const float*, const int32_t*, int, int, int, int, int, float, int32_t*,
-                       float*) override {
-    batch_not_implemented("moe_route_batch");
+  void moe_route_batch(const float* logits, const float* bias, const int32_t* slot, int rows, int num_experts,
+                       int top_k, int n_group, int topk_group, float scaling, int32_t* idx,
+                       float* weights) override {
+    const char* op = "moe_route_batch";
+    require_rows(op, slot, rows);
+    require_ptrs(op, {logits, idx, weights});
+    MTP_REQUIRE(num_experts >= 1 && top_k >= 1 && top_k <= num_experts && n_group >= 1,
+                "ops::cuda::moe_route_batch: num_experts ", num_experts, ", top_k ", top_k, ", n_group ",
+                n_group);
+    if (n_group > 1) {
+      MTP_REQUIRE(num_experts % n_group == 0 && num_experts / n_group >= 2 && topk_group >= 1 &&
+                      topk_group <= n_group && top_k <= topk_group * (num_experts / n_group),
+                  "ops::cuda::moe_route_batch: bad group limit (num_experts ", num_experts, ", n_group ",
+                  n_group, ", topk_group ", topk_group, ", top_k ", top_k, ")");
+    }
+    cuda::moe_route_batch(ctx_, logits, bias, slot, rows, num_experts, top_k, n_group, topk_group, scaling,
+                          idx, weights);
   }
-  void moe_experts_grouped(const bf16*, const ExpertWeights&, const int32_t*, const float*, const int32_t*,
-                           int, int, const ExpertWeights*, float, float*) override {
-    batch_not_implemented("moe_experts_grouped");
+  void moe_experts_grouped(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                           const float* weights, const int32_t* slot, int rows, int top_k,
+                           const ExpertWeights* shared, float limit, float* out) override {
+    const char* op = "moe_experts_grouped";
+    require_rows(op, slot, rows);
+    require_ptrs(op, {x, out});
+    MTP_REQUIRE(top_k >= 0 && routed.hidden >= 1 && routed.inter >= 1 && routed.num_local >= 0,
+                "ops::cuda::moe_experts_grouped: top_k ", top_k, ", hidden ", routed.hidden, ", inter ",
+                routed.inter, ", num_local ", routed.num_local);
+    MTP_REQUIRE(top_k == 0 || (idx && weights), "ops::cuda::moe_experts_grouped: idx or weights is null");
+    MTP_REQUIRE(routed.num_local == 0 || (routed.gate && routed.up && routed.down), "ops::cuda::", op, ": ",
+                routed.num_local, " local experts but null weights");
+    if (shared) {
+      MTP_REQUIRE(
+          shared->hidden == routed.hidden && shared->inter >= 1 && shared->gate && shared->up && shared->down,
+          "ops::cuda::moe_experts_grouped: the shared expert (hidden ", shared->hidden, ", inter ",
+          shared->inter, ") must match hidden ", routed.hidden, " and have weights");
+    }
+    const int chunk = std::min(rows, cuda::kMaxBatchRows);
+    bf16* act = static_cast<bf16*>(moe_batch_act_.ensure(
+        sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_act_elems(chunk, top_k, routed.inter,
+                                                                       shared ? shared->inter : 0)),
+        ctx_.stream, op));
+    const size_t H = static_cast<size_t>(routed.hidden);
+    for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
+      const int r = std::min(cuda::kMaxBatchRows, rows - b0);
+      cuda::moe_experts_grouped(ctx_, x + b0 * H, routed, top_k ? idx + static_cast<size_t>(b0) * top_k : idx,
+                                top_k ? weights + static_cast<size_t>(b0) * top_k : weights, slot + b0, r,
+                                top_k, shared, limit, act, out + b0 * H);
+    }
   }
 
  private:
-  [[noreturn]] static void batch_not_implemented(const char* op) {
-    MTP_FAIL(
-        "ops::cuda: ", op,
-        " (batched rows addressed by sequence slot) is not implemented yet; batched drafting runs on the cpu "
-        "backend until its kernels land");
+  static void require_rows(const char* op, const int32_t* slot, int rows) {
+    MTP_REQUIRE(rows >= 1, "ops::cuda::", op, ": rows = ", rows);
+    MTP_REQUIRE(slot, "ops::cuda::", op, ": slot is null");
   }
-  [[noreturn]] static void batch_rows_not_implemented(const char* op) {
-    MTP_FAIL("ops::cuda: ", op, " for B > 1 rows is not implemented yet");
+  static void require_ptrs(const char* op, std::initializer_list<const void*> ptrs) {
+    int i = 0;
+    for (const void* p : ptrs) {
+      MTP_REQUIRE(p, "ops::cuda::", op, ": pointer argument ", i, " is null");
+      ++i;
+    }
+  }
+  static void require_kv_slots(const char* op, const KvSlots& kv) {
+    require_cache(op, kv.cache);
+    MTP_REQUIRE(kv.block_tables && kv.slots >= 1 && kv.max_blocks >= 1, "ops::cuda::", op,
+                ": KvSlots has no block tables, ", kv.slots, " slots, ", kv.max_blocks, " blocks per slot");
+  }
+  static void require_indexer_slots(const char* op, const IndexerSlots& idx) {
+    MTP_REQUIRE(idx.k_cache && idx.gate_cache && idx.valid && idx.pool_keys, "ops::cuda::", op,
+                ": IndexerSlots has a null array");
+    MTP_REQUIRE(
+        idx.slots >= 1 && idx.D >= 1 && idx.P >= 1 && idx.max_rows >= idx.P && idx.max_rows % idx.P == 0,
+        "ops::cuda::", op, ": IndexerSlots of ", idx.slots, " slots, D ", idx.D, ", P ", idx.P, ", max_rows ",
+        idx.max_rows, " (a whole number of pools)");
+  }
+  /// The head's per-row keys and counter: zero when allocated, reset by every launch's last block.
+  cuda::HeadBatchScratch head_batch_scratch() {
+    if (!head_batch_.best) {
+      require_not_capturing("head_argmax_batch (first call: allocates its scratch)");
+      MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_batch_.best),
+                                sizeof(unsigned long long) * cuda::kMaxBatchRows));
+      MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_batch_.counter), sizeof(unsigned int)));
+      MTP_CUDA_CHECK(cudaMemsetAsync(head_batch_.best, 0, sizeof(unsigned long long) * cuda::kMaxBatchRows,
+                                     ctx_.stream));
+      MTP_CUDA_CHECK(cudaMemsetAsync(head_batch_.counter, 0, sizeof(unsigned int), ctx_.stream));
+    }
+    return head_batch_;
   }
   void require_not_capturing(const char* op) const {
     MTP_REQUIRE(!capturing_, "ops::cuda::", op,
@@ -526,7 +673,13 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(rows >= 1 && n_out >= 1 && k >= 1, "ops::cuda::", op, ": rows ", rows, ", n_out ", n_out,
                 ", k ", k);
     if (rows > 1 && mode == RowsMode::batched) {
-      gemm(W, X, Y, f32_out, rows, n_out, k);
+      // cuBLASLt, or the small-M tensor-core GEMM where cuda::rows_gemm_path picks it for the shape.
+      if (cuda::rows_gemm_wanted(rows, n_out, k, f32_out) && pointer_alignment(W) >= 16 &&
+          pointer_alignment(X) >= 16) {
+        cuda::rows_gemm(ctx_, W, X, k, Y, f32_out, n_out, rows, n_out, k, GemvRowMap{n_out, 0, 0, 0});
+      } else {
+        gemm(W, X, Y, f32_out, rows, n_out, k);
+      }
       return;
     }
     const size_t out_elem = f32_out ? sizeof(float) : sizeof(bf16);
@@ -595,6 +748,9 @@ class CudaBackend final : public Backend {
   ArgmaxScratch argmax_;
   Scratch moe_act_;
   Scratch mla_scratch_;
+  Scratch mla_batch_scratch_;
+  Scratch moe_batch_act_;
+  cuda::HeadBatchScratch head_batch_;
   std::map<std::tuple<int, int, int, bool, uint32_t>, GemmPlan> plans_;
 };
 

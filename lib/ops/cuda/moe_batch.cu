@@ -1,0 +1,635 @@
+// Batched MoE: the router per row, and the routed experts grouped over the batch.
+//
+// moe_route_batch: block b routes row b (one thread per expert, up to 1024): sigmoid, bias, group
+// limit, then every expert's packed key (biased score, lower id first on ties) is ranked against all
+// others and the rank-r expert goes to slot r: the CPU's stable-sort order. Padded rows: nothing.
+//
+// moe_experts_grouped, two launches, nothing on the host:
+// 1. The plan, in shared memory, built by every block of both launches from idx / slot alone (so no
+//    launch waits on another for it): the (row, route) pairs of the live rows whose expert this rank
+//    owns, counted per local expert, placed by expert (a counting sort: counts, a block scan, then
+//    each pair at its expert's offset), the experts with pairs listed in ascending id ("active"),
+//    and the shared expert as one more active entry whose pairs are the live rows.
+// 2. gate_up: each warp takes work items (active expert, 16 rows of its gate and up, a group of up
+//    to 16 pairs) and computes both projections of those rows for the group's input rows on the
+//    tensor cores (the weights read once, by the warp whose fragments hold them, the input rows
+//    gathered through a per-warp cp.async ring), then act = bf16(silu(min(g, L)) * clamp(u, -L, L))
+//    with g, u rounded, into act[route].
+// 3. down + combine: block = 16 output columns h of every row. Its warps take (active expert, pair
+//    group) items: d = bf16(W_down[h] . act[route]) for the block's 16 h, kept in shared memory per
+//    route; then each live row sums its own routes in idx order, out = 0, out += w_i * d_i for the
+//    owned ones, then + (0 + 1 * d_shared), each one fp32 operation as on the CPU.
+// Items of one expert sit next to each other, so an expert whose pairs span several groups is read
+// from memory once and from L2 by the neighbouring groups. Each pair's numbers depend on nothing but
+// its own row (an MMA column is independent of the others), so the order pairs are placed in
+// within an expert does not change any bit.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cuda/batch_common.cuh"
+#include "ops/cuda/batch_kernels.hpp"
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/device_common.cuh"
+#include "ops/cuda/launch.cuh"
+
+namespace mtplab::ops::cuda {
+namespace {
+
+using batch::kChunkK;
+
+// ---- router --------------------------------------------------------------------------------------------
+
+constexpr int kRouteThreads = 1024;
+
+/// Block b: moe_route of row b (see the file comment). Shared memory: keys[E], group keys, s[E],
+/// biased[E], the chosen s[top_k], group flags.
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_batch_kernel(const float* logits, const float* bias, const int32_t* slot, int E, int top_k,
+                           int n_group, int topk_group, float scaling, int32_t* idx_out, float* weights_out) {
+  pdl_begin();
+  extern __shared__ unsigned long long route_smem[];
+  const int row = blockIdx.x;
+  if (slot[row] < 0) return;                                           // padded row
+  unsigned long long* keys = route_smem;                               // [E]
+  unsigned long long* gkeys = keys + E;                                // [n_group]
+  float* s = reinterpret_cast<float*>(gkeys + n_group);                // [E]
+  float* biased = s + E;                                               // [E]
+  float* chosen_s = biased + E;                                        // [top_k]
+  uint8_t* group_kept = reinterpret_cast<uint8_t*>(chosen_s + top_k);  // [n_group]
+  const float* lg = logits + static_cast<size_t>(row) * E;
+  int32_t* idx = idx_out + static_cast<size_t>(row) * top_k;
+  float* weights = weights_out + static_cast<size_t>(row) * top_k;
+  const int tid = threadIdx.x;
+  for (int e = tid; e < E; e += blockDim.x) {
+    const float v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-lg[e])));
+    s[e] = v;
+    biased[e] = __fadd_rn(v, bias ? bias[e] : 0.0f);
+  }
+  __syncthreads();
+  if (n_group > 1) {
+    const int gs = E / n_group;
+    for (int g = tid; g < n_group; g += blockDim.x) {
+      float top1 = -INFINITY, top2 = -INFINITY;
+      for (int e = g * gs; e < (g + 1) * gs; ++e) {
+        const float v = biased[e];
+        if (v > top1) {
+          top2 = top1;
+          top1 = v;
+        } else if (v > top2) {
+          top2 = v;
+        }
+      }
+      gkeys[g] = argmax_key(__fadd_rn(top1, top2), g);
+    }
+    __syncthreads();
+    for (int g = tid; g < n_group; g += blockDim.x) {
+      int rank = 0;
+      for (int o = 0; o < n_group; ++o) rank += gkeys[o] > gkeys[g];
+      group_kept[g] = rank < topk_group;
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x)
+      if (!group_kept[e / gs]) biased[e] = -INFINITY;
+    __syncthreads();
+  }
+  for (int e = tid; e < E; e += blockDim.x) keys[e] = argmax_key(biased[e], e);
+  __syncthreads();
+  for (int e = tid; e < E; e += blockDim.x) {
+    const unsigned long long mine = keys[e];
+    int rank = 0;
+#pragma unroll 16
+    for (int o = 0; o < E; ++o) rank += keys[o] > mine;
+    if (rank < top_k) {
+      idx[rank] = e;
+      chosen_s[rank] = s[e];
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < top_k; ++i) sum = __fadd_rn(sum, chosen_s[i]);
+    for (int i = 0; i < top_k; ++i) weights[i] = __fmul_rn(__fdiv_rn(chosen_s[i], sum), scaling);
+  }
+}
+
+// ---- grouped experts: the plan ---------------------------------------------------------------------------
+
+constexpr int kMoeWarps = 8;
+constexpr int kMoeThreads = kMoeWarps * kWarp;
+constexpr int kMoeNT = 2;                 // column tiles of a work item
+constexpr int kPairGroup = 8 * kMoeNT;    // pairs per work item
+constexpr int kMoeStages = 3;             // per-warp cp.async ring of input-row chunks
+constexpr int kMoeXStride = kChunkK + 8;  // BF16 per staged row (144 bytes)
+constexpr int kMoeWBuf = 2;               // weight chunks in registers: one ahead
+constexpr int kDownCols = 16;             // output columns per down block (the MMA's M)
+constexpr int kMaxLocalExperts = 4096;
+
+struct GroupedParams {
+  const bf16* x = nullptr;  // [rows][H]
+  const bf16* gate = nullptr;
+  const bf16* up = nullptr;
+  const bf16* down = nullptr;
+  int first_expert = 0;
+  int num_local = 0;
+  int H = 0;
+  int I = 0;
+  const bf16* sh_gate = nullptr;
+  const bf16* sh_up = nullptr;
+  const bf16* sh_down = nullptr;
+  int Is = 0;  // 0: no shared expert
+  const int32_t* idx = nullptr;
+  const float* weights = nullptr;
+  const int32_t* slot = nullptr;
+  int rows = 0;
+  int top_k = 0;
+  float limit = 0.0f;
+  bf16* act = nullptr;  // [rows * top_k + rows][act_ld]
+  int act_ld = 0;
+  float* out = nullptr;
+};
+
+/// The plan's arrays in dynamic shared memory (ints), and the sizes that fix them.
+struct PlanLayout {
+  int nl, pairs, rows, a_max;
+  __host__ __device__ size_t ints() const {
+    return 2 * static_cast<size_t>(nl) + 128 + 2 * static_cast<size_t>(pairs + rows) +
+           4 * static_cast<size_t>(a_max) + 1;
+  }
+};
+
+struct Plan {
+  int* counts;    // [nl] pairs per local expert, then the placement counters
+  int* offsets;   // [nl] first pair of each expert
+  int* live;      // [128] the live rows, ascending
+  int* pr_row;    // [pairs + rows] row of each placed pair
+  int* pr_route;  // [pairs + rows] route: b * top_k + i, or pairs + b for the shared expert
+  int* a_expert;  // [a_max] local expert id of active entry a, or -1 for the shared expert
+  int* a_off;     // [a_max]
+  int* a_cnt;     // [a_max]
+  int* a_items;   // [a_max + 1] exclusive prefix of each entry's work items
+};
+
+__device__ __forceinline__ Plan carve_plan(int* base, const PlanLayout& l) {
+  Plan p;
+  p.counts = base;
+  p.offsets = p.counts + l.nl;
+  p.live = p.offsets + l.nl;
+  p.pr_row = p.live + 128;
+  p.pr_route = p.pr_row + l.pairs + l.rows;
+  p.a_expert = p.pr_route + l.pairs + l.rows;
+  p.a_off = p.a_expert + l.a_max;
+  p.a_cnt = p.a_off + l.a_max;
+  p.a_items = p.a_cnt + l.a_max;
+  return p;
+}
+
+/// Exclusive prefix over values v(i), i < n, in index order, into out(i); returns the total. Each
+/// thread sums a contiguous segment, a block scan gives the segments' offsets.
+template <typename Get, typename Put>
+__device__ __forceinline__ unsigned long long segment_scan(int n, Get&& get, Put&& put) {
+  const int per = (n + blockDim.x - 1) / blockDim.x;
+  const int i0 = min(n, static_cast<int>(threadIdx.x) * per);
+  const int i1 = min(n, i0 + per);
+  unsigned long long sum = 0;
+  for (int i = i0; i < i1; ++i) sum += get(i);
+  unsigned long long total;
+  unsigned long long run = batch::block_exclusive_scan(sum, &total);
+  for (int i = i0; i < i1; ++i) {
+    const unsigned long long v = get(i);
+    put(i, run, v);
+    run += v;
+  }
+  return total;
+}
+
+/// Work items of active entry a: gate_up: 16-row tiles of its inter x pair groups; down: pair groups.
+__device__ __forceinline__ int entry_items(const GroupedParams& p, int expert, int cnt, bool gate_up) {
+  const int groups = (cnt + kPairGroup - 1) / kPairGroup;
+  if (!gate_up) return groups;
+  return (expert < 0 ? p.Is : p.I) / 16 * groups;
+}
+
+/// Builds the plan (see the file comment); every thread of the block must call it. Returns the
+/// number of active entries (block-uniform).
+__device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) {
+  __shared__ int s_n_live, s_n_active, s_pairs_owned;
+  const int P = p.rows * p.top_k;
+  const int NL = p.num_local;
+  for (int e = threadIdx.x; e < NL; e += blockDim.x) pl.counts[e] = 0;
+  // The live rows, ascending (rows <= 128 <= blockDim).
+  {
+    const int b = threadIdx.x;
+    const bool is_live = b < p.rows && p.slot[b] >= 0;
+    unsigned long long total;
+    const unsigned long long before = batch::block_exclusive_scan(is_live ? 1ull : 0ull, &total);
+    if (is_live) pl.live[before] = b;
+    if (threadIdx.x == 0) s_n_live = static_cast<int>(total);
+  }
+  __syncthreads();
+  auto owned = [&](int q, int& e) {  // pair q = b * top_k + i of a live row, its expert local?
+    const int b = q / p.top_k;
+    if (p.slot[b] < 0) return false;
+    e = p.idx[q] - p.first_expert;
+    return e >= 0 && e < NL;
+  };
+  for (int q = threadIdx.x; q < P; q += blockDim.x) {
+    int e;
+    if (owned(q, e)) atomicAdd(&pl.counts[e], 1);
+  }
+  __syncthreads();
+  // Offsets and the active list in one scan: low half pairs, high half active experts.
+  const unsigned long long total = segment_scan(
+      NL,
+      [&](int e) {
+        return static_cast<unsigned long long>(pl.counts[e]) | (pl.counts[e] > 0 ? 1ull << 32 : 0ull);
+      },
+      [&](int e, unsigned long long before, unsigned long long v) {
+        const int off = static_cast<int>(before & 0xffffffffull);
+        const int a = static_cast<int>(before >> 32);
+        pl.offsets[e] = off;
+        if (v != 0) {
+          pl.a_expert[a] = e;
+          pl.a_off[a] = off;
+          pl.a_cnt[a] = static_cast<int>(v & 0xffffffffull);
+        }
+        pl.counts[e] = 0;  // the placement counter from here on (each thread resets its own entries)
+      });
+  if (threadIdx.x == 0) {
+    const int owned_pairs = static_cast<int>(total & 0xffffffffull);
+    int active = static_cast<int>(total >> 32);
+    if (p.Is > 0 && s_n_live > 0) {
+      pl.a_expert[active] = -1;
+      pl.a_off[active] = owned_pairs;
+      pl.a_cnt[active] = s_n_live;
+      ++active;
+    }
+    s_n_active = active;
+    s_pairs_owned = owned_pairs;
+  }
+  __syncthreads();
+  for (int q = threadIdx.x; q < P; q += blockDim.x) {
+    int e;
+    if (!owned(q, e)) continue;
+    const int at = pl.offsets[e] + atomicAdd(&pl.counts[e], 1);
+    pl.pr_row[at] = q / p.top_k;
+    pl.pr_route[at] = q;
+  }
+  if (p.Is > 0) {
+    for (int j = threadIdx.x; j < s_n_live; j += blockDim.x) {
+      pl.pr_row[s_pairs_owned + j] = pl.live[j];
+      pl.pr_route[s_pairs_owned + j] = P + pl.live[j];
+    }
+  }
+  const int n_active = s_n_active;
+  const unsigned long long items = segment_scan(
+      n_active,
+      [&](int a) {
+        return static_cast<unsigned long long>(entry_items(p, pl.a_expert[a], pl.a_cnt[a], gate_up));
+      },
+      [&](int a, unsigned long long before, unsigned long long) {
+        pl.a_items[a] = static_cast<int>(before);
+      });
+  if (threadIdx.x == 0) pl.a_items[n_active] = static_cast<int>(items);
+  __syncthreads();
+  return n_active;
+}
+
+/// The active entry holding work item w: the last a with a_items[a] <= w.
+__device__ __forceinline__ int find_entry(const Plan& pl, int n_active, int w) {
+  int lo = 0, hi = n_active - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (pl.a_items[mid] <= w) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// ---- grouped experts: one warp's small GEMM ------------------------------------------------------------
+//
+// acc[m][j] += W_m (16 rows: row g at wrow[m][0], row g + 8 at wrow[m][1], K columns) x the group's
+// input rows (n_rows <= kPairGroup, row r at brow(r)), kMats weight matrices against the same
+// rows (gate and up). The weights stream into registers one chunk ahead; the rows' chunks go
+// through this warp's own cp.async ring (zero-filled past n_rows and past K). Warp-synchronous:
+// no block barrier.
+template <int kMats, typename RowPtr>
+__device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], int K, int n_rows,
+                                          RowPtr&& brow, bf16* ring, float (&acc)[kMats][kMoeNT][4]) {
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  const int nchunks = (K + kChunkK - 1) / kChunkK;
+  const int n_tiles = (n_rows + 7) / 8;
+  // The rows this lane stages: r = lane / 8 + 4i (each row is 8 vectors of 16 bytes).
+  constexpr int kStageRows = kPairGroup / 4;
+  const bf16* src_row[kStageRows];
+#pragma unroll
+  for (int i = 0; i < kStageRows; ++i) {
+    const int r = lane / 8 + 4 * i;
+    src_row[i] = r < n_rows ? brow(r) : nullptr;
+  }
+  auto stage = [&](int c, int st) {
+    bf16* dst = ring + static_cast<size_t>(st) * kPairGroup * kMoeXStride;
+    const int c8 = (lane % 8) * 8;
+    const int col = c * kChunkK + c8;
+#pragma unroll
+    for (int i = 0; i < kStageRows; ++i) {
+      const int r = lane / 8 + 4 * i;
+      if (r >= 8 * n_tiles) continue;
+      const bool ok = src_row[i] != nullptr && col < K;
+      batch::cp_async16(dst + r * kMoeXStride + c8, ok ? src_row[i] + col : wrow[0][0], ok ? 16 : 0);
+    }
+  };
+  auto load_w = [&](uint4(&dst)[kMats][4], int c) {
+    const int col = c * kChunkK + 16 * t;
+    const bool in = col < K;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        dst[m][2 * h] = in ? load_stream(wrow[m][h] + col) : make_uint4(0, 0, 0, 0);
+        dst[m][2 * h + 1] = in ? load_stream(wrow[m][h] + col + 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+#pragma unroll
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int j = 0; j < kMoeNT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+  for (int s = 0; s < kMoeStages - 1; ++s) {
+    if (s < nchunks) stage(s, s);
+    batch::cp_async_commit();
+  }
+  uint4 wr[kMoeWBuf][kMats][4];
+  load_w(wr[0], 0);
+  for (int c0 = 0; c0 < nchunks; c0 += kMoeWBuf) {
+#pragma unroll
+    for (int u = 0; u < kMoeWBuf; ++u) {
+      const int c = c0 + u;
+      if (c >= nchunks) break;
+      if (c + 1 < nchunks) load_w(wr[(u + 1) % kMoeWBuf], c + 1);
+      if (c + kMoeStages - 1 < nchunks) stage(c + kMoeStages - 1, (c + kMoeStages - 1) % kMoeStages);
+      batch::cp_async_commit();
+      batch::cp_async_wait<kMoeStages - 1>();
+      __syncwarp();  // every lane's copies of chunk c are visible to the warp
+      const bf16* st = ring + static_cast<size_t>(c % kMoeStages) * kPairGroup * kMoeXStride;
+      uint32_t a[kMats][4][4];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        uint32_t w0[8], w1[8];
+        batch::words8(wr[u][m][0], wr[u][m][1], w0);
+        batch::words8(wr[u][m][2], wr[u][m][3], w1);
+        batch::a_frags(w0, w1, a[m]);
+      }
+#pragma unroll
+      for (int j = 0; j < kMoeNT; ++j) {
+        if (j >= n_tiles) break;  // uniform over the warp
+        const bf16* xr = st + (8 * j + g) * kMoeXStride + 16 * t;
+        uint32_t bw[8];
+        batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
+#pragma unroll
+        for (int m = 0; m < kMats; ++m) batch::mma_chunk(acc[m][j], a[m], bw);
+      }
+      __syncwarp();  // the stage is refilled by a later iteration's copies
+    }
+  }
+}
+
+// ---- grouped experts: the kernels -----------------------------------------------------------------------
+
+/// Launch 1: act for every (active entry, 16 inter rows, pair group) item, one warp per item.
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_gate_up_grouped_kernel(GroupedParams p, PlanLayout layout) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  bf16* rings = reinterpret_cast<bf16*>(moe_smem);  // [warps][stages][kPairGroup][kMoeXStride]
+  constexpr size_t kRingElems = static_cast<size_t>(kMoeStages) * kPairGroup * kMoeXStride;
+  const Plan pl = carve_plan(reinterpret_cast<int*>(rings + kMoeWarps * kRingElems), layout);
+  const int n_active = build_plan(p, pl, true);
+  if (n_active == 0) return;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  bf16* ring = rings + warp * kRingElems;
+  const int total = pl.a_items[n_active];
+  for (int w = blockIdx.x * kMoeWarps + warp; w < total; w += gridDim.x * kMoeWarps) {
+    const int a = find_entry(pl, n_active, w);
+    const int expert = pl.a_expert[a];
+    const bool shared = expert < 0;
+    const int groups = (pl.a_cnt[a] + kPairGroup - 1) / kPairGroup;
+    const int rem = w - pl.a_items[a];
+    const int tile = rem / groups;
+    const int grp = rem - tile * groups;
+    const int first = pl.a_off[a] + grp * kPairGroup;
+    const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
+    const size_t eo = shared ? 0 : static_cast<size_t>(expert) * p.I * p.H;
+    const bf16* Wg = (shared ? p.sh_gate : p.gate + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
+    const bf16* Wu = (shared ? p.sh_up : p.up + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
+    const bf16* const wrow[2][2] = {{Wg, Wg + 8 * static_cast<size_t>(p.H)},
+                                    {Wu, Wu + 8 * static_cast<size_t>(p.H)}};
+    float acc[2][kMoeNT][4];
+    warp_gemm<2>(
+        wrow, p.H, n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, ring,
+        acc);
+    const bool clamp = p.limit > 0.0f;
+#pragma unroll
+    for (int j = 0; j < kMoeNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = 8 * j + 2 * t + (e & 1);
+        if (q >= n_rows) continue;
+        const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
+        float gv = round_to_bf16(acc[0][j][e]);
+        float uv = round_to_bf16(acc[1][j][e]);
+        if (clamp) {
+          gv = fminf(gv, p.limit);
+          uv = fminf(fmaxf(uv, -p.limit), p.limit);
+        }
+        const float av = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+        p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] = f_to_bf16(av);
+      }
+    }
+  }
+}
+
+/// Launch 2: block = output columns [16 * blockIdx.x, + 16) of every live row.
+__global__ void __launch_bounds__(kMoeThreads) moe_down_grouped_kernel(GroupedParams p, PlanLayout layout) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  bf16* rings = reinterpret_cast<bf16*>(moe_smem);
+  constexpr size_t kRingElems = static_cast<size_t>(kMoeStages) * kPairGroup * kMoeXStride;
+  bf16* d_s = rings + kMoeWarps * kRingElems;  // [pairs + rows][kDownCols]: bf16(d) per route
+  const int routes = p.rows * p.top_k + p.rows;
+  // routes * 16 BF16 = a multiple of 16 bytes: the plan after it stays aligned.
+  const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
+  const int n_active = build_plan(p, pl, false);
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  const int h0 = blockIdx.x * kDownCols;
+  bf16* ring = rings + warp * kRingElems;
+  const int total = n_active > 0 ? pl.a_items[n_active] : 0;
+  for (int w = warp; w < total; w += kMoeWarps) {
+    const int a = find_entry(pl, n_active, w);
+    const int expert = pl.a_expert[a];
+    const bool shared = expert < 0;
+    const int K = shared ? p.Is : p.I;
+    const int grp = w - pl.a_items[a];
+    const int first = pl.a_off[a] + grp * kPairGroup;
+    const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
+    const bf16* Wd = (shared ? p.sh_down : p.down + static_cast<size_t>(expert) * p.H * p.I) +
+                     static_cast<size_t>(h0 + g) * K;
+    const bf16* const wrow[1][2] = {{Wd, Wd + 8 * static_cast<size_t>(K)}};
+    float acc[1][kMoeNT][4];
+    warp_gemm<1>(
+        wrow, K, n_rows,
+        [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; }, ring, acc);
+#pragma unroll
+    for (int j = 0; j < kMoeNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = 8 * j + 2 * t + (e & 1);
+        if (q >= n_rows) continue;
+        const int hh = g + (e >= 2 ? 8 : 0);
+        d_s[static_cast<size_t>(pl.pr_route[first + q]) * kDownCols + hh] = f_to_bf16(acc[0][j][e]);
+      }
+    }
+  }
+  __syncthreads();
+  // Each live row: its routes in idx order, as moe_experts sums them, then the shared expert.
+  const int P = p.rows * p.top_k;
+  __shared__ int s_live_count;
+  if (threadIdx.x == 0) {
+    int c = 0;
+    for (int b = 0; b < p.rows; ++b) c += p.slot[b] >= 0;
+    s_live_count = c;
+  }
+  __syncthreads();
+  for (int v = threadIdx.x; v < s_live_count * kDownCols; v += blockDim.x) {
+    const int b = pl.live[v / kDownCols];
+    const int hh = v % kDownCols;
+    float o = 0.0f;
+    for (int i = 0; i < p.top_k; ++i) {
+      const int q = b * p.top_k + i;
+      const int e = p.idx[q] - p.first_expert;
+      if (e < 0 || e >= p.num_local) continue;
+      o = __fadd_rn(o, __fmul_rn(p.weights[q], bf16_to_f(d_s[static_cast<size_t>(q) * kDownCols + hh])));
+    }
+    if (p.Is > 0) {
+      const float sh =
+          __fadd_rn(0.0f, __fmul_rn(1.0f, bf16_to_f(d_s[static_cast<size_t>(P + b) * kDownCols + hh])));
+      o = __fadd_rn(o, sh);
+    }
+    p.out[static_cast<size_t>(b) * p.H + h0 + hh] = o;
+  }
+}
+
+size_t ring_bytes() { return sizeof(bf16) * kMoeWarps * kMoeStages * kPairGroup * kMoeXStride; }
+
+}  // namespace
+
+void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bias, const int32_t* slot,
+                     int rows, int num_experts, int top_k, int n_group, int topk_group, float scaling,
+                     int32_t* idx, float* weights) {
+  const size_t smem = sizeof(unsigned long long) * (static_cast<size_t>(num_experts) + n_group) +
+                      sizeof(float) * (2 * static_cast<size_t>(num_experts) + top_k) + n_group;
+  MTP_REQUIRE(smem <= 48 * 1024, "ops::cuda::moe_route_batch: ", num_experts,
+              " experts exceed the router's shared memory");
+  const int threads = std::min(kRouteThreads, std::max(kWarp, (num_experts + kWarp - 1) / kWarp * kWarp));
+  launch(ctx, moe_route_batch_kernel, rows, threads, smem, logits, bias, slot, num_experts, top_k, n_group,
+         topk_group, scaling, idx, weights);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter) {
+  return static_cast<size_t>(rows) * (top_k + 1) * static_cast<size_t>(std::max(inter, shared_inter));
+}
+
+void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                         const float* weights, const int32_t* slot, int rows, int top_k,
+                         const ExpertWeights* shared, float limit, bf16* act, float* out) {
+  const int H = routed.hidden, I = routed.inter;
+  const int Is = shared ? shared->inter : 0;
+  MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && top_k >= 0 && top_k <= 32,
+              "ops::cuda::moe_experts_grouped: rows ", rows, " (1 .. ", kMaxBatchRows, " per launch), top_k ",
+              top_k, " (at most 32)");
+  MTP_REQUIRE(H % 16 == 0 && I % 16 == 0 && Is % 16 == 0, "ops::cuda::moe_experts_grouped: hidden ", H,
+              ", inter ", I, " and shared inter ", Is, " must be multiples of 16");
+  MTP_REQUIRE(routed.num_local >= 0 && routed.num_local <= kMaxLocalExperts,
+              "ops::cuda::moe_experts_grouped: ", routed.num_local, " local experts (at most ",
+              kMaxLocalExperts, ")");
+  for (const void* ptr : {static_cast<const void*>(x), static_cast<const void*>(routed.gate),
+                          static_cast<const void*>(routed.up), static_cast<const void*>(routed.down),
+                          static_cast<const void*>(act)}) {
+    MTP_REQUIRE(
+        reinterpret_cast<uintptr_t>(ptr) % 16 == 0,
+        "ops::cuda::moe_experts_grouped: x, the expert weights and the scratch must be 16-byte aligned");
+  }
+  GroupedParams p;
+  p.x = x;
+  p.gate = routed.gate;
+  p.up = routed.up;
+  p.down = routed.down;
+  p.first_expert = routed.first_expert;
+  p.num_local = routed.num_local;
+  p.H = H;
+  p.I = I;
+  if (shared) {
+    p.sh_gate = shared->gate;
+    p.sh_up = shared->up;
+    p.sh_down = shared->down;
+    p.Is = Is;
+  }
+  p.idx = idx;
+  p.weights = weights;
+  p.slot = slot;
+  p.rows = rows;
+  p.top_k = top_k;
+  p.limit = limit;
+  p.act = act;
+  p.act_ld = std::max(I, Is);
+  p.out = out;
+  const int pairs = rows * top_k;
+  PlanLayout layout{routed.num_local, pairs, rows, std::min(routed.num_local, pairs) + 1};
+  const size_t plan_bytes = sizeof(int) * layout.ints();
+  const size_t routes = static_cast<size_t>(pairs) + rows;
+  const size_t d_bytes = sizeof(bf16) * routes * kDownCols;
+  const size_t smem1 = ring_bytes() + plan_bytes;
+  const size_t smem2 = ring_bytes() + d_bytes + plan_bytes;
+  MTP_REQUIRE(smem2 <= 220 * 1024, "ops::cuda::moe_experts_grouped: ", rows, " rows x ", top_k,
+              " routes and ", routed.num_local, " local experts need ", smem2, " bytes of shared memory");
+  static size_t opted1 = 48 * 1024, opted2 = 48 * 1024;
+  if (smem1 > opted1) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(
+        moe_gate_up_grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem1)));
+    opted1 = smem1;
+  }
+  if (smem2 > opted2) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(moe_down_grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem2)));
+    opted2 = smem2;
+  }
+  // Launch 1: enough warps for the most items this batch can have, at most what is resident.
+  const int64_t active_max = std::min(routed.num_local, pairs);
+  const int64_t groups_max = active_max + pairs / kPairGroup;
+  const int64_t shared_items =
+      Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
+  const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
+  if (items_max > 0) {
+    int per_sm = 0;
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_grouped_kernel,
+                                                                 kMoeThreads, smem1));
+    const int64_t grid1 =
+        std::max<int64_t>(1, std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps,
+                                               static_cast<int64_t>(std::max(1, per_sm)) * ctx.num_sms));
+    launch(ctx, moe_gate_up_grouped_kernel, static_cast<unsigned>(grid1), kMoeThreads, smem1, p, layout);
+    MTP_CUDA_LAUNCH_CHECK();
+  }
+  launch(ctx, moe_down_grouped_kernel, H / kDownCols, kMoeThreads, smem2, p, layout);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace mtplab::ops::cuda
