@@ -619,12 +619,10 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
   if (items_max > 0) {
-    int per_sm = 0;
-    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_grouped_kernel,
-                                                                 kMoeThreads, smem1));
-    const int64_t grid1 =
-        std::max<int64_t>(1, std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps,
-                                               static_cast<int64_t>(std::max(1, per_sm)) * ctx.num_sms));
+    // Two blocks per multiprocessor are resident (about 128 registers a thread); the rest of a
+    // large batch's items are walked by the persistent loop.
+    const int64_t grid1 = std::max<int64_t>(
+        1, std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps, 2 * static_cast<int64_t>(ctx.num_sms)));
     launch(ctx, moe_gate_up_grouped_kernel, static_cast<unsigned>(grid1), kMoeThreads, smem1, p, layout);
     MTP_CUDA_LAUNCH_CHECK();
   }
