@@ -1,7 +1,7 @@
 // KernelPolicy (ops/kernel_policy.hpp): every value of every field prints and parses back to
 // itself, a bad value is an Error naming the field, the value and the choices, the defaults are
-// what runs with nothing configured, and env_overrides takes each MTPLAB_* variable strictly and
-// says what it took.
+// what runs with nothing configured, env_overrides takes each MTPLAB_* variable strictly and says
+// what it took, and the CPU backend stores the policy it is given (and refuses a malformed one).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -14,6 +14,7 @@
 
 #include "core/error.hpp"
 #include "ops/kernel_policy.hpp"
+#include "ops/ops.hpp"
 
 namespace mtplab::ops {
 namespace {
@@ -202,6 +203,21 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   KernelPolicy variant;
   variant.gemv_variant = static_cast<GemvVariant>(17);
   EXPECT_TRUE(contains(error_of([&] { validate(variant); }), "gemv_variant"));
+}
+
+TEST(KernelPolicy, CpuBackendStoresThePolicyAndRefusesAMalformedOne) {
+  auto be = make_cpu_backend();
+  EXPECT_EQ(be->kernel_policy(), KernelPolicy{});
+  KernelPolicy p;
+  p.gemv_variant = GemvVariant::occ;
+  p.mla_decode = MlaDecode::v1;
+  p.nccl_blocking = false;
+  be->set_kernel_policy(p);
+  EXPECT_EQ(be->kernel_policy(), p);
+  KernelPolicy bad = p;
+  bad.gemv_split = 5;
+  EXPECT_THROW(be->set_kernel_policy(bad), Error);
+  EXPECT_EQ(be->kernel_policy(), p) << "a refused policy must leave the backend's as it was";
 }
 
 using KernelPolicyEnv = CleanEnv;

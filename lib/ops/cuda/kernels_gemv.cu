@@ -18,11 +18,9 @@
 //   so the op is one launch and needs no memset between calls (CUDA-graph safe).
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -315,19 +313,11 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_rows_kernel(Gem
   if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out, p.extras);
 }
 
-/// MTPLAB_GEMV_SPLIT=1|2|4|8 forces the k-split of every GEMV (a tuning experiment for
-/// mtplab_bench_kernels; docs/kernels.md); unset: chosen by shape below; anything else: an error.
-int forced_split() {
-  static const int forced = [] {
-    const auto v = env_choice("MTPLAB_GEMV_SPLIT", {"1", "2", "4", "8"});
-    return v ? std::stoi(*v) : 0;
-  }();
-  return forced;
-}
-
-/// Warps that keep the chip's memory system busy: below that, split each row across warps.
-int choose_split(int64_t n, int n_chunks, int num_sms) {
-  if (forced_split()) return forced_split();
+/// Warps that keep the chip's memory system busy: below that, split each row across warps. The
+/// policy's gemv_split, when not 0, forces the split (a tuning experiment; docs/kernels.md).
+int choose_split(int64_t n, int n_chunks, const LaunchCtx& ctx) {
+  if (ctx.policy.gemv_split != 0) return ctx.policy.gemv_split;
+  const int num_sms = ctx.num_sms;
   // Long rows (k >= 8192 BF16: eh_proj, o_proj) aim at two warps per resident slot: measured on
   // the H200, split 4 instead of 2 took eh_proj 20.9 -> 19.8 us and o_proj 38.3 -> 36.1 us
   // (docs/performance.md), while shorter rows lost with more splits.
@@ -354,26 +344,6 @@ void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) 
 }
 
 // ---- variant selection ------------------------------------------------------------------------------
-
-struct VariantName {
-  GemvVariant variant;
-  const char* name;
-};
-constexpr VariantName kVariantNames[] = {
-    {GemvVariant::automatic, "auto"}, {GemvVariant::v1, "v1"},   {GemvVariant::rows2, "rows2"},
-    {GemvVariant::rows4, "rows4"},    {GemvVariant::occ, "occ"}, {GemvVariant::fp8split, "fp8split"}};
-
-/// The current variant: MTPLAB_GEMV_VARIANT until set_gemv_variant is called.
-std::atomic<GemvVariant>& variant_state() {
-  static std::atomic<GemvVariant> state{[] {
-    const auto v = env_choice("MTPLAB_GEMV_VARIANT", {"auto", "v1", "rows2", "rows4", "occ", "fp8split"});
-    if (!v) return GemvVariant::automatic;
-    for (const VariantName& n : kVariantNames)
-      if (*v == n.name) return n.variant;
-    return GemvVariant::automatic;
-  }()};
-  return state;
-}
 
 /// The automatic variant per shape: the first rule whose kind and ranges hold wins; none: v1.
 /// Filled from scripts/device/gemv_sweep.sh (docs/kernels.md), e.g.
@@ -426,12 +396,14 @@ int unroll_for(int per_lane, int cap) {
 /// rows2 / rows4 only where every resident warp has its rows (n x split >= rows x 16 warps per SM)
 /// and the rows of a block's iteration share their activation (one group, or groups of a multiple
 /// of its rows: mla_out_v's 256). Anything else runs v1.
-GemvPlan plan_gemv(bool fp8, bool argmax, bool f32_out, int64_t n, int k, int rows_per_group, int num_sms) {
+GemvPlan plan_gemv(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k,
+                   int rows_per_group) {
   const int n_chunks = k / (fp8 ? 16 : 8);
-  GemvVariant v = gemv_variant();
+  const int num_sms = ctx.num_sms;
+  GemvVariant v = ctx.policy.gemv_variant;
   if (v == GemvVariant::automatic) v = automatic_variant(fp8, n, k);
   GemvPlan plan;
-  plan.split = choose_split(n, n_chunks, num_sms);
+  plan.split = choose_split(n, n_chunks, ctx);
   // Rows of at most 2 chunks per lane (k <= 512 BF16 unsplit: mla_out_v, kv_b) need no 8-deep
   // unroll; the 2-deep kernel holds fewer registers, so twice the warps (and bytes) are in flight.
   // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
@@ -441,7 +413,7 @@ GemvPlan plan_gemv(bool fp8, bool argmax, bool f32_out, int64_t n, int k, int ro
     if (!fp8) return plan;
     // The split BF16 rows of k elements take (k / 8 chunks): for k >= 8192 two warps per resident
     // slot, so FP8 eh_proj runs 4 parts of 128 chunks instead of 2 of 256.
-    plan.split = choose_split(n, k / 8, num_sms);
+    plan.split = choose_split(n, k / 8, ctx);
     const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
     plan.unroll = unroll_for(per_lane, kUnroll);
     return plan;
@@ -521,8 +493,7 @@ void launch_rows_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, 
 
 template <bool kFp8, OutKind kOut, bool kArgmax>
 void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  const GemvPlan plan =
-      plan_gemv(kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group, ctx.num_sms);
+  const GemvPlan plan = plan_gemv(ctx, kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group);
   if constexpr (kOut != OutKind::f32) {
     switch (plan.kernel) {
       case GemvVariant::rows2:
@@ -764,7 +735,8 @@ __global__ void __launch_bounds__(kMoeThreads)
       if (local < 0 || local >= num_local) continue;
       const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
       const bf16* a = act + static_cast<size_t>(s) * I;
-      const float d = warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
+      const float d =
+          warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
       total += weights[s] * round_to_bf16(d);
     }
     if (lane == 0) out[h] = total;
@@ -827,14 +799,6 @@ __global__ void __launch_bounds__(1024)
 
 int gemv_max_grid(int num_sms) { return num_sms * kMaxBlocksPerSm; }
 
-void set_gemv_variant(GemvVariant v) { variant_state().store(v); }
-GemvVariant gemv_variant() { return variant_state().load(); }
-const char* gemv_variant_name(GemvVariant v) {
-  for (const VariantName& n : kVariantNames)
-    if (n.variant == v) return n.name;
-  return "?";
-}
-
 void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
                const GemvRowMap& map) {
   MTP_REQUIRE(n >= 1 && k >= 1 && k % 8 == 0, "ops::cuda::gemv_bf16: n = ", n, ", k = ", k,
@@ -856,9 +820,10 @@ void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool
 }
 
 void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int k) {
-  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::cuda::linear_group: ",
-              outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
-  MTP_REQUIRE(k >= 1 && k % 8 == 0, "ops::cuda::linear_group: k = ", k, " (k must be a positive multiple of 8)");
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
+              "ops::cuda::linear_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  MTP_REQUIRE(k >= 1 && k % 8 == 0, "ops::cuda::linear_group: k = ", k,
+              " (k must be a positive multiple of 8)");
   require_aligned("linear_group", "x", x);
   GroupParams p;
   p.x = x;
@@ -867,8 +832,8 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
   int blocks = 0;
   for (int i = 0; i < p.count; ++i) {
     const LinearOut& o = outs[static_cast<size_t>(i)];
-    MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_group: output ", i, " has W ", o.W, ", y ", o.y,
-                ", n_out ", o.n_out);
+    MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_group: output ", i, " has W ", o.W, ", y ",
+                o.y, ", n_out ", o.n_out);
     MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::linear_group: output ", i,
                 " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
     require_aligned("linear_group", "W", o.W);
@@ -876,7 +841,7 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
     g.W = reinterpret_cast<const uint8_t*>(o.W);
     g.y = o.y;
     g.n = o.n_out;
-    g.split = choose_split(o.n_out, k / 8, ctx.num_sms);
+    g.split = choose_split(o.n_out, k / 8, ctx);
     g.block_begin = blocks;
     g.f32_out = o.f32_out ? 1 : 0;
     g.scale = o.f32_scale;

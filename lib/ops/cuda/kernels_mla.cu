@@ -13,17 +13,14 @@
 //   fixed order (deterministic); o_lat is rounded to BF16 once, after dividing by the softmax
 //   denominator, as the CPU does. No selected rows -> zeros. q_abs rows must be 4-byte aligned
 //   (BF16 pairs are read as u32), cache rows 16-byte aligned. Two paths with the same chunk step
-//   (MlaDecodePath, kernels.hpp): v1 (mla_decode_kernel + mla_combine_kernel over every split)
-//   and v2 (mla_decode_v2_kernel, "decode v2" below), the default.
+//   (the policy's mla_decode, ops/kernel_policy.hpp): v1 (mla_decode_kernel + mla_combine_kernel
+//   over every split) and v2 (mla_decode_v2_kernel, "decode v2" below), the default.
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <string_view>
 
-#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -144,7 +141,8 @@ __device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, u
 __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 f) {
   const float2 a = fp8x2_to_float2(f.x), b = fp8x2_to_float2(f.x >> 16);
   const float2 c = fp8x2_to_float2(f.y), d = fp8x2_to_float2(f.y >> 16);
-  return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y), pack_bf16x2(d.x, d.y));
+  return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y),
+                    pack_bf16x2(d.x, d.y));
 }
 
 struct DecodeParams {
@@ -218,7 +216,8 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
   constexpr int kRowStride = kCw + 8;  // BF16 elements: +16 bytes, conflict-free fragment reads
   constexpr int kVecPerRow = kCw / 8;  // 16-byte vectors of a row slice (8 values)
   constexpr int kLoads = kChunk * kVecPerRow / kWarp;
-  static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0, "a chunk's slice must split evenly over a warp");
+  static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0,
+                "a chunk's slice must split evenly over a warp");
   __shared__ __align__(16) uint16_t s_rows[kDecodeWarps][kChunk][kRowStride];
   __shared__ float s_score[kDecodeWarps][kHeadTile][kChunk + 1];
 
@@ -240,7 +239,8 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
   // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
   uint32_t qa[kKSteps][4];
   {
-    const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g) * L + col0);
+    const uint32_t* q_lo =
+        reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g) * L + col0);
     const uint32_t* q_hi =
         reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g + 8) * L + col0);
 #pragma unroll
@@ -265,12 +265,13 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
     if (lane < kChunk) {
       const int ii = c0 + lane;
       const int32_t ts = ii < i1 ? p.selection[ii] : -1;
-      if (ts >= 0) slot = static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
+      if (ts >= 0)
+        slot = static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
     }
     return slot;
   };
   // This warp's slice of the chunk's rows into registers (FP8: 8 bytes per vector, in .x/.y).
-  auto fetch = [&](int64_t my_slot, uint4 (&dst)[kLoads]) {
+  auto fetch = [&](int64_t my_slot, uint4(&dst)[kLoads]) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int v = lane + u * kWarp;
@@ -767,19 +768,6 @@ void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p) {
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-/// MTPLAB_MLA_CLUSTERS=n forces n clusters of kCluster splits per head tile (a tuning experiment
-/// for mtplab_bench_kernels; raised where a split would own more than kMaxSplitChunks chunks);
-/// unset or not a positive number: chosen by shape in mla_decode_splits.
-int forced_clusters() {
-  static const int forced = [] {
-    return static_cast<int>(env_int("MTPLAB_MLA_CLUSTERS", 1, 1024).value_or(0));
-  }();
-  return forced;
-}
-
-/// -1 until the first mla_decode_path() (or a set_mla_decode_path) fixes it.
-std::atomic<int> g_decode_path{-1};
-
 }  // namespace
 
 void kv_write(const LaunchCtx& ctx, const bf16* c_kv, const int32_t* block_table, const int32_t* pos,
@@ -802,25 +790,10 @@ void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-MlaDecodePath mla_decode_path() {
-  int v = g_decode_path.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const auto env = env_choice("MTPLAB_MLA_DECODE", {"v1", "v2"});
-    const int from_env = static_cast<int>(env && *env == "v1" ? MlaDecodePath::v1 : MlaDecodePath::v2);
-    g_decode_path.compare_exchange_strong(v, from_env);  // a concurrent set wins
-    v = g_decode_path.load(std::memory_order_relaxed);
-  }
-  return static_cast<MlaDecodePath>(v);
-}
-
-void set_mla_decode_path(MlaDecodePath path) { g_decode_path.store(static_cast<int>(path)); }
-
-const char* mla_decode_path_name(MlaDecodePath path) { return path == MlaDecodePath::v1 ? "v1" : "v2"; }
-
 int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
   const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
-  if (mla_decode_path() == MlaDecodePath::v1) {
+  if (ctx.policy.mla_decode == MlaDecode::v1) {
     // Two chunks of 16 rows per block at least (the combine reads splits x kv_lora per head), and
     // about two blocks per multiprocessor.
     const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
@@ -828,9 +801,10 @@ int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
   }
   // v2: about one block per multiprocessor (each streams its rows kStages - 1 chunks ahead, so a
   // longer split costs chunk steps, not round trips), no more clusters than it takes to give every
-  // split a chunk, and at most kMaxSplitChunks chunks per split.
+  // split a chunk, and at most kMaxSplitChunks chunks per split. The policy's mla_clusters, when not
+  // 0, forces the clusters per head tile (a tuning experiment; still raised to that chunk limit).
   const int per_cluster = kCluster * kMaxSplitChunks;
-  int clusters = forced_clusters();
+  int clusters = ctx.policy.mla_clusters;
   if (clusters == 0) {
     clusters = std::max(1, (ctx.num_sms + tiles * kCluster / 2) / (tiles * kCluster));
     clusters = std::min(clusters, (chunks + kCluster - 1) / kCluster);
@@ -839,9 +813,9 @@ int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
   return clusters * kCluster;
 }
 
-size_t mla_decode_scratch_floats(int splits, int n_heads, int kv_lora) {
+size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora) {
   // v2 keeps one partial per cluster (none is read when there is one cluster per head tile).
-  const int partials = mla_decode_path() == MlaDecodePath::v1 ? splits : std::max(1, splits / kCluster);
+  const int partials = ctx.policy.mla_decode == MlaDecode::v1 ? splits : std::max(1, splits / kCluster);
   return static_cast<size_t>(partials) * n_heads * (2 + static_cast<size_t>(kv_lora));
 }
 
@@ -849,14 +823,16 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
                 const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
                 float softmax_scale, int splits, float* scratch) {
   const int L = cache.kv_lora;
-  MTP_REQUIRE(L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
-              " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
-  MTP_REQUIRE(cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
-              "ops::cuda::mla_decode: bad arguments");
+  MTP_REQUIRE(
+      L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
+      " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
+  MTP_REQUIRE(
+      cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
+      "ops::cuda::mla_decode: bad arguments");
   DecodeParams p{q_abs, selection, width,         block_table, cache.data, cache.scale, cache.block_size,
                  L,     n_heads,   softmax_scale, splits,      scratch,    o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  if (mla_decode_path() == MlaDecodePath::v2) {
+  if (ctx.policy.mla_decode == MlaDecode::v2) {
     const int chunks = (width + kChunk - 1) / kChunk;
     MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks,
                 "ops::cuda::mla_decode: ", splits, " splits for ", chunks,

@@ -10,9 +10,8 @@
 // - The selection is exact: a block-wide radix select on the order-preserving 32-bit score key
 //   finds the K/P-th largest score; all larger ones are taken, and the lowest-index equals fill
 //   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does. Both
-//   selection kernels (v2, the default, and v1; MTPLAB_INDEXER_SELECT) write the same selection.
+//   selection kernels (v2, the default, and v1; the policy's indexer_select) write the same selection.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -20,7 +19,6 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -342,8 +340,8 @@ __global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, 
 /// residual_add_kernel's y, then rmsnorm_row over it with the same block layout. Each thread
 /// re-reads only the y elements it wrote itself (x and y may alias).
 __global__ void __launch_bounds__(kNormThreads)
-    residual_add_rmsnorm_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
-                                float eps) {
+    residual_add_rmsnorm_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
+                                int n, float eps) {
   pdl_begin();
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -1230,27 +1228,6 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-namespace {
-std::atomic<int> g_select_path_override{-1};
-}  // namespace
-
-IndexerSelectPath indexer_select_path() {
-  static const IndexerSelectPath from_env = [] {
-    const auto v = env_choice("MTPLAB_INDEXER_SELECT", {"v1", "v2"});
-    return v && *v == "v1" ? IndexerSelectPath::v1 : IndexerSelectPath::v2;
-  }();
-  const int forced = g_select_path_override.load(std::memory_order_relaxed);
-  return forced < 0 ? from_env : static_cast<IndexerSelectPath>(forced);
-}
-
-void set_indexer_select_path(IndexerSelectPath path) {
-  g_select_path_override.store(static_cast<int>(path), std::memory_order_relaxed);
-}
-
-const char* indexer_select_path_name(IndexerSelectPath path) {
-  return path == IndexerSelectPath::v1 ? "v1" : "v2";
-}
-
 void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
                     int P, int max_pools) {
   MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select: K ", K, ", P ", P,
@@ -1258,7 +1235,7 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
   // Keys in shared memory up to 160 KB of them (40960 pools); beyond, the passes read global memory.
   const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
   const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
-  if (indexer_select_path() == IndexerSelectPath::v1) {
+  if (ctx.policy.indexer_select == IndexerSelect::v1) {
     const size_t smem = cached ? cache_bytes : 0;
     if (smem > 48 * 1024) {
       MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
