@@ -49,6 +49,14 @@ __device__ float block_sum(float v) {
   return total;
 }
 
+/// 1 / sqrt(sum / n + eps) in IEEE-rounded steps, the sum over the block of each thread's `part`
+/// (block_sum: every thread of the block calls this): the scale of RMSNorm (from the sum of
+/// squares) and of LayerNorm (from the sum of squared deviations).
+__device__ __forceinline__ float inv_root_mean(float part, int n, float eps) {
+  const float mean = __fdiv_rn(block_sum(part), static_cast<float>(n));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
 /// y_i = bf16(w * (x * r)), r = 1 / sqrt(mean(x^2) + eps), handed to store(i, y_i) by the thread
 /// that owns element i (i = threadIdx.x + k * blockDim.x). A store may overwrite x (rmsnorm's x and
 /// y may alias): all reads of x for the sum finish at the barrier inside block_sum, and each thread
@@ -60,8 +68,7 @@ __device__ __forceinline__ void rmsnorm_row(const bf16* x, const bf16* w, int n,
     const float v = bf16_to_f(x[i]);
     ss = fmaf(v, v, ss);
   }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+  const float r = inv_root_mean(ss, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     store(i, f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(x[i]), r))));
   }
@@ -95,8 +102,7 @@ __device__ __forceinline__ void layernorm_row(const bf16* x, const bf16* w, cons
     const float d = __fsub_rn(bf16_to_f(x[i]), mean);
     sq = fmaf(d, d, sq);
   }
-  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  const float r = inv_root_mean(sq, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float d = __fsub_rn(bf16_to_f(x[i]), mean);
     store(i, f_to_bf16(__fadd_rn(__fmul_rn(__fmul_rn(d, r), bf16_to_f(w[i])), bf16_to_f(b[i]))));
@@ -146,6 +152,32 @@ __device__ __forceinline__ void load_octets(const bf16* row, int nv, uint4 (&r)[
   }
 }
 
+/// acc = add(acc, value) over every element of this thread's octets, in octet then element order
+/// (padding octets are zeros and take part): this thread's share of a row sum.
+template <int V, typename Add>
+__device__ __forceinline__ float octets_sum(const uint4 (&r)[V], Add&& add) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float f[8];
+    unpack8(r[j], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = add(acc, f[e]);
+  }
+  return acc;
+}
+
+/// f(j, v) for each of this thread's octets j = 0..V-1 inside the row: octet v = threadIdx.x +
+/// j * kVecNormThreads < nv (load_octets' layout), in ascending j.
+template <int V, typename F>
+__device__ __forceinline__ void for_octets(int nv, F&& f) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    if (v < nv) f(j, v);
+  }
+}
+
 /// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers; octet v of y
 /// (elements 8v .. 8v+7, packed BF16) is handed to store(v, octet) by the thread that loaded it.
 template <int V, typename Store>
@@ -154,27 +186,16 @@ __device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, in
   uint4 xr[V], wr[V];
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(xr[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss = fmaf(f[e], f[e], ss);
-  }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;
+  const float ss = octets_sum<V>(xr, [](float acc, float v) { return fmaf(v, v, acc); });
+  const float r = inv_root_mean(ss, n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     float f[8], g[8];
     unpack8(xr[j], f);
     unpack8(wr[j], g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(g[e], __fmul_rn(f[e], r));
     store(v, pack8(f));
-  }
+  });
 }
 
 /// The octet store of a BF16 row y (16-byte aligned).
@@ -210,20 +231,11 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
   load_octets<V>(b, nv, br);
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(xr[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) s += f[e];
-  }
+  const float s = octets_sum<V>(xr, [](float acc, float v) { return acc + v; });
   const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
   float sq = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;  // padding octets are zeros, not values: they must not add mean^2
+  // Only the row's octets: padding octets are zeros, not values, and must not add mean^2.
+  for_octets<V>(nv, [&](int j, int) {
     float f[8];
     unpack8(xr[j], f);
 #pragma unroll
@@ -231,13 +243,9 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
       const float d = __fsub_rn(f[e], mean);
       sq = fmaf(d, d, sq);
     }
-  }
-  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;
+  });
+  const float r = inv_root_mean(sq, n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     float f[8], g[8], c[8];
     unpack8(xr[j], f);
     unpack8(wr[j], g);
@@ -245,7 +253,7 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(f[e], mean), r), g[e]), c[e]);
     store(v, pack8(f));
-  }
+  });
 }
 
 template <int V>
@@ -290,19 +298,15 @@ __global__ void __launch_bounds__(kVecNormThreads)
       ss = fmaf(yv[j][e], yv[j][e], ss);
     }
   }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;
+  const float r = inv_root_mean(ss, n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(yv[j]);
     float g[8], o[8];
     unpack8(wr[j], g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(g[e], __fmul_rn(yv[j][e], r));
     *reinterpret_cast<uint4*>(normed + static_cast<size_t>(v) * 8) = pack8(o);
-  }
+  });
 }
 
 /// Calls f(std::integral_constant<int, V>{}) for V = v in 1..kMaxNormVecs.
@@ -350,8 +354,7 @@ __global__ void __launch_bounds__(kNormThreads)
     const float v = bf16_to_f(yi);
     ss = fmaf(v, v, ss);
   }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+  const float r = inv_root_mean(ss, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     normed[i] = f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(y[i]), r)));
   }
