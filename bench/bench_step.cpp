@@ -22,6 +22,8 @@
 // grows by one row per step and the hidden and token are fresh random values, so the routed
 // experts change from step to step and the 18 GB of weights never sit in the 60 MB L2. Warm-up
 // steps (the first records the graph) are not timed. Prints a table; writes DIR/bench_step.csv.
+// The backend runs the default kernel policy with the MTPLAB_* overrides of the environment applied
+// (ops::env_overrides, e.g. MTPLAB_CUDA_PDL=0), printed first and in the CSV's first line.
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -45,6 +47,7 @@
 #include "core/str.hpp"
 #include "drafter/factory.hpp"
 #include "model/weights.hpp"
+#include "ops/kernel_policy.hpp"
 
 using namespace mtplab;
 
@@ -146,9 +149,13 @@ int run(const Options& opt) {
   const int steps_per_drafter = static_cast<int>(opt.ks.size()) * (opt.reps + opt.warmup);
   cfg.set_max_seq_len(opt.context + steps_per_drafter + max_k + 64);
   auto be = ops::make_cuda_backend(opt.device);
+  std::vector<std::string> overridden;
+  be->set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
   std::printf("mtplab_bench_step on %s (git %s%s): %s, context %d rows, %d timed steps per point\n",
               be->device_name().c_str(), git_sha(), git_dirty() ? "-dirty" : "", opt.preset.c_str(), opt.context,
               opt.reps);
+  std::printf("kernel policy %s%s%s\n", ops::to_string(be->kernel_policy()).c_str(),
+              overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
   const double copy_gbps = copy_bandwidth(*be);
   std::printf("copy_d2d %.0f GB/s (bytes read + written)\n", copy_gbps);
 
@@ -243,8 +250,9 @@ int run(const Options& opt) {
   std::filesystem::create_directories(opt.out);
   std::ofstream csv(opt.out + "/bench_step.csv");
   MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_step.csv");
-  csv << "# mtplab_bench_step git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device " << be->device_name()
-      << " preset " << opt.preset << " context " << opt.context << " copy_GBps " << copy_gbps << "\n";
+  csv << "# mtplab_bench_step git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
+      << be->device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps "
+      << copy_gbps << " kernel_policy " << ops::to_string(be->kernel_policy()) << "\n";
   csv << "head,cuda_graph,k,reps,median_us,p10_us,p90_us,floor_bytes,floor_us,x_floor,per_draft_us,"
          "launches_per_draft\n";
   for (const Row& r : rows) {

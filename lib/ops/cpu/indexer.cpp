@@ -30,6 +30,22 @@ int32_t read_pos(const char* op, const int32_t* pos) {
 /// Pools whose last row is at or before `p`.
 int64_t candidate_pools(int64_t p, int P) { return (p + 1) / P; }
 
+/// The position pos[0] and its candidate pools for an op over a score buffer of max_pools (scores,
+/// select): P and max_pools checked, and the candidates checked to fit the buffer.
+struct Candidates {
+  int64_t pos;
+  int64_t pools;
+};
+Candidates read_candidates(const char* op, const int32_t* pos, int P, int max_pools) {
+  require_size(op, "P", P);
+  require_size(op, "max_pools", max_pools);
+  const int64_t p = read_pos(op, pos);
+  const int64_t n_cand = candidate_pools(p, P);
+  MTP_REQUIRE(n_cand <= max_pools, "ops::", op, ": position ", p, " has ", n_cand,
+              " complete pools but the score buffer holds ", max_pools);
+  return Candidates{p, n_cand};
+}
+
 }  // namespace
 
 void CpuBackend::indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
@@ -87,12 +103,7 @@ void CpuBackend::indexer_scores(const float* q, const float* w, const float* poo
                                 float* scores, int n_heads, int D, int P, int max_pools) {
   require_size("indexer_scores", "n_heads", n_heads);
   require_size("indexer_scores", "D", D);
-  require_size("indexer_scores", "P", P);
-  require_size("indexer_scores", "max_pools", max_pools);
-  const int64_t p = read_pos("indexer_scores", pos);
-  const int64_t n_cand = candidate_pools(p, P);
-  MTP_REQUIRE(n_cand <= max_pools, "ops::indexer_scores: position ", p, " has ", n_cand,
-              " complete pools but the score buffer holds ", max_pools);
+  const int64_t n_cand = read_candidates("indexer_scores", pos, P, max_pools).pools;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t j = 0; j < n_cand; ++j) {
     const float* key = pool_keys + static_cast<size_t>(j) * D;
@@ -109,12 +120,7 @@ void CpuBackend::indexer_scores(const float* q, const float* w, const float* poo
 void CpuBackend::indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
                                 int max_pools) {
   require_size("indexer_select", "K", K);
-  require_size("indexer_select", "P", P);
-  require_size("indexer_select", "max_pools", max_pools);
-  const int64_t p = read_pos("indexer_select", pos);
-  const int64_t n_cand = candidate_pools(p, P);
-  MTP_REQUIRE(n_cand <= max_pools, "ops::indexer_select: position ", p, " has ", n_cand,
-              " complete pools but the score buffer holds ", max_pools);
+  const auto [p, n_cand] = read_candidates("indexer_select", pos, P, max_pools);
   const int64_t n_sel = std::min<int64_t>(K / P, n_cand);
   const int64_t width = static_cast<int64_t>(K) + P - 1;
 
