@@ -183,6 +183,10 @@ class MtpDrafter {
   int new_sequence(BatchState& batch);
   /// Frees slot s (its sequence is finished; a pending propose is dropped).
   void release(BatchState& batch, int slot);
+  /// A new sequence whose rows are a copy of the sequence in slot `from` (its caches and row
+  /// count; no pending propose): a shared prefix, e.g. one prefilled context for every slot of a
+  /// benchmark. Returns its slot; an Error when every slot is live or `from` has a pending propose.
+  int fork_sequence(BatchState& batch, int from);
   /// append_rows for the sequence in `slot` (one sequence at a time, as the single-sequence
   /// call: the same rules, arms and row chunks).
   void append_rows(BatchState& batch, int slot, const int32_t* next_tokens, const bf16* hiddens, int n,

@@ -2,10 +2,12 @@
 #include "harness/arms.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <iterator>
 #include <map>
 
 #include "core/error.hpp"
+#include "drafter/drafter.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -58,6 +60,35 @@ ArmSpec int_arm(std::string name, int drafter::DrafterOptions::*field, int64_t l
   return a;
 }
 
+// The replay's batch size.
+ArmSpec batch_size_arm() {
+  ArmSpec a;
+  a.name = "batch_size";
+  a.type = ArmType::integer;
+  a.min = 1;
+  a.max = drafter::kMaxBatch;
+  a.layer = ArmLayer::harness;
+  a.summary = "trace sequences drafted together in one batched step (continuous batching)";
+  a.omit_at_default = true;  // added after the first schema-v2 files
+  a.get = [](const Arms& x) { return str(x.replay.batch_size); };
+  a.set = [](Arms& x, const std::string& v) { x.replay.batch_size = static_cast<int>(std::stoll(v)); };
+  return a;
+}
+
+// One field of the backend's kernel policy, as `kernels.<field>`.
+ArmSpec kernel_arm(const std::string& field) {
+  ArmSpec a;
+  a.name = "kernels." + field;
+  a.type = ArmType::text;
+  a.text_values = ops::field_choices(field);
+  a.layer = ArmLayer::backend;
+  a.summary = "kernel policy: " + field + " (docs/kernels.md)";
+  a.omit_at_default = true;  // added after the first schema-v2 files
+  a.get = [field](const Arms& x) { return ops::field_text(x.kernels, field); };
+  a.set = [field](Arms& x, const std::string& v) { ops::parse_field(x.kernels, field, v); };
+  return a;
+}
+
 std::vector<ArmSpec> build_registry() {
   using drafter::DrafterOptions;
   std::vector<ArmSpec> r;
@@ -92,11 +123,22 @@ std::vector<ArmSpec> build_registry() {
                                        &drafter::parse_kv_dtype, "the latent KV cache in BF16 or FP8 E4M3"));
   r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
                        "context rows' projections as one batched linear per chunk"));
+  r.push_back(batch_size_arm());
+  for (const auto field : ops::kernel_policy_fields()) r.push_back(kernel_arm(std::string(field)));
   return r;
 }
 
 // Whether `v` is an allowed canonical value of `a`.
 bool allowed_value(const ArmSpec& a, const std::string& v) {
+  if (a.type == ArmType::text) {
+    try {
+      Arms scratch;
+      a.set(scratch, v);
+      return a.get(scratch) == v;
+    } catch (const Error&) {
+      return false;
+    }
+  }
   if (a.type != ArmType::integer) return std::find(a.choices.begin(), a.choices.end(), v) != a.choices.end();
   try {
     size_t used = 0;
@@ -105,6 +147,17 @@ bool allowed_value(const ArmSpec& a, const std::string& v) {
   } catch (const std::exception&) {
     return false;
   }
+}
+
+// A text arm's value as written: YAML booleans spelt as on / off (the canonical switch values).
+std::string text_value(const YamlNode& node) {
+  std::string v = node.as_string();
+  std::string l = v;
+  std::transform(l.begin(), l.end(), l.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (l == "true" || l == "yes") return "on";
+  if (l == "false" || l == "no") return "off";
+  return v;
 }
 
 }  // namespace
@@ -135,6 +188,7 @@ std::string ArmSpec::key() const {
 
 std::string ArmSpec::allowed() const {
   if (type == ArmType::integer) return str("[", min, ", ", max, "]");
+  if (type == ArmType::text) return str("{", text_values, "}");
   return str("{", join(choices, ", "), "}");
 }
 
@@ -202,6 +256,16 @@ Arms read_arms(MapReader& m) {
       case ArmType::integer:
         value = str(reader->opt_int(a.key(), std::stoll(fallback), a.min, a.max));
         break;
+      case ArmType::text:
+        if (auto node = reader->opt(a.key())) {
+          if (!node->is_scalar()) node->fail(str("expected one of ", a.allowed()));
+          try {
+            a.set(arms, text_value(*node));
+          } catch (const Error& e) {
+            node->fail(e.message());
+          }
+        }
+        continue;
     }
     a.set(arms, value);
   }
@@ -243,6 +307,7 @@ void emit_canonical(const Arms& arms, YAML::Emitter& e) {
 void check_arms(const Arms& arms, int world, const std::string& backend, const model::ModelConfig& model) {
   const int graphs = backend == "cpu" ? 0 : backend == "cuda" ? 1 : -1;
   drafter::check_options(arms.drafter, drafter::OptionsContext{world, model.vocab, graphs});
+  ops::validate(arms.kernels);
 }
 
 }  // namespace mtplab::harness
