@@ -209,22 +209,31 @@ void Block::write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const floa
                          cache.pool_keys, d.index_dim, d.index_kpool);
 }
 
-void Block::project_rows_batched(int n, const bf16* x, bool full) {
-  const BlockDims& d = dims_;
-  RowsScratch& rs = *rows_;
+namespace {
+// The projections of u for n rows, each weight read once for all of them (RowsMode::batched):
+// the input norm, kv_a, indexer wk and gate, and with `full` also q_a, weights_proj (scaled by
+// 1/sqrt(n_I) as linear_group folds it: one fp32 multiply per value), the q_a norm and q_b. Context
+// rows (RowsScratch) and the batched draft step (BatchScratch) share it; the outputs are
+// independent, so their order does not change a bit.
+template <typename Scratch>
+void project_rows(ops::Backend& be, const BlockWeights& w, const BlockDims& d, int n, const bf16* x,
+                  Scratch& s, bool full) {
   constexpr ops::RowsMode kBatched = ops::RowsMode::batched;
-  be_.rmsnorm(x, w_.input_norm.data(), rs.u.data(), n, d.hidden, d.rms_eps);
-  be_.linear(w_.kv_a.data(), rs.u.data(), rs.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
-  be_.linear(w_.idx_wk.data(), rs.u.data(), rs.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
-  be_.linear_f32(w_.idx_gate.data(), rs.u.data(), rs.gate.data(), n, d.index_dim, d.hidden, kBatched);
+  be.rmsnorm(x, w.input_norm.data(), s.u.data(), n, d.hidden, d.rms_eps);
+  be.linear(w.kv_a.data(), s.u.data(), s.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
+  be.linear(w.idx_wk.data(), s.u.data(), s.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
+  be.linear_f32(w.idx_gate.data(), s.u.data(), s.gate.data(), n, d.index_dim, d.hidden, kBatched);
   if (!full) return;
-  be_.linear(w_.q_a.data(), rs.u.data(), rs.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
-  // w = W_w u / sqrt(n_I): the scale as linear_group folds it (one fp32 multiply per value).
-  be_.linear_f32(w_.idx_weights_proj.data(), rs.u.data(), rs.w_idx.data(), n, d.index_heads, d.hidden,
-                 kBatched);
-  be_.scale_f32(rs.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
-  be_.rmsnorm(rs.cq_pre.data(), w_.q_a_norm.data(), rs.cq.data(), n, d.q_lora, d.rms_eps);
-  be_.linear(w_.q_b.data(), rs.cq.data(), rs.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+  be.linear(w.q_a.data(), s.u.data(), s.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
+  be.linear_f32(w.idx_weights_proj.data(), s.u.data(), s.w_idx.data(), n, d.index_heads, d.hidden, kBatched);
+  be.scale_f32(s.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
+  be.rmsnorm(s.cq_pre.data(), w.q_a_norm.data(), s.cq.data(), n, d.q_lora, d.rms_eps);
+  be.linear(w.q_b.data(), s.cq.data(), s.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+}
+}  // namespace
+
+void Block::project_rows_batched(int n, const bf16* x, bool full) {
+  project_rows(be_, w_, dims_, n, x, *rows_, full);
 }
 
 void Block::write_context_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache) {
@@ -466,16 +475,7 @@ void Block::forward_batch(int n, const bf16* x, const int32_t* slot, const int32
   const ops::IndexerSlots idx = caches.indexer_slots();
   const int qidx_width = d.index_heads * d.index_dim;
   // ---- projections of u, every weight once for the n rows ----
-  be_.rmsnorm(x, w_.input_norm.data(), bs.u.data(), n, d.hidden, d.rms_eps);
-  be_.linear(w_.q_a.data(), bs.u.data(), bs.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
-  be_.linear(w_.kv_a.data(), bs.u.data(), bs.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
-  be_.linear(w_.idx_wk.data(), bs.u.data(), bs.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
-  be_.linear_f32(w_.idx_gate.data(), bs.u.data(), bs.gate.data(), n, d.index_dim, d.hidden, kBatched);
-  be_.linear_f32(w_.idx_weights_proj.data(), bs.u.data(), bs.w_idx.data(), n, d.index_heads, d.hidden,
-                 kBatched);
-  be_.scale_f32(bs.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
-  be_.rmsnorm(bs.cq_pre.data(), w_.q_a_norm.data(), bs.cq.data(), n, d.q_lora, d.rms_eps);
-  be_.linear(w_.q_b.data(), bs.cq.data(), bs.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+  project_rows(be_, w_, d, n, x, bs, /*full=*/true);
   // ---- each row's cache rows at (slot, pos) ----
   be_.kv_norm_write_batch(bs.ckv_pre.data(), w_.kv_a_norm.data(), d.rms_eps, slot, pos, n, kv);
   be_.indexer_norm_store_batch(bs.k_pre.data(), w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(),

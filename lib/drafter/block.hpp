@@ -248,6 +248,8 @@ class Block {
                      bf16* x_out, const OutNorm* out_norm = nullptr);
   /// The selections of the rows of the last forward_batch ([n, K + P - 1]).
   const int32_t* batch_selection() const { return batch_ ? batch_->selection.data() : nullptr; }
+  /// The routed experts (global ids, [n, top_k]) of the rows of the last forward_batch.
+  const int32_t* batch_experts() const { return batch_ ? batch_->expert_idx.data() : nullptr; }
 
  private:
   /// Phase A of one row: input norm, every projection of u (w_idx to `w_idx`), c_q to `cq`,

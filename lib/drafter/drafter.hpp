@@ -200,6 +200,10 @@ class MtpDrafter {
   std::vector<int32_t> propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k);
   /// after_verify for the sequence in `slot`.
   void after_verify(BatchState& batch, int slot, int accepted);
+  /// The distinct routed experts of the last draft of the last propose_batch over its first
+  /// `rows` rows (downloads the router's choice: for benchmarks, outside any timed phase; 0 with
+  /// skip: block or before any batched step).
+  int last_batch_distinct_experts(int rows);
 
   /// Destroys the recorded CUDA graphs (they are re-recorded when needed). Call before the
   /// communicator goes if the drafter outlives it.

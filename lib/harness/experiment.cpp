@@ -339,15 +339,8 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 const char* to_string(ValueType t) {
-  switch (t) {
-    case ValueType::integer:
-      return "int";
-    case ValueType::floating:
-      return "float";
-    case ValueType::text:
-      return "str";
-  }
-  return "str";
+  static const char* const names[] = {"int", "float", "str"};
+  return names[static_cast<size_t>(t)];
 }
 
 ValueType parse_value_type(const std::string& s) {

@@ -356,3 +356,22 @@ TEST(ArmRegistry, KernelsBlock) {
   EXPECT_NE(q.canonical.find("gemv_split: 4"), std::string::npos) << q.canonical;
   EXPECT_NE(q.canonical, p.canonical);
 }
+
+TEST(Experiment, ShippedBatchScalingExperiment) {
+  // experiments/batch-scaling.yaml: batch_size 1 .. 128 x head_fp8 x cuda_graph at the glm5.3-flash
+  // shape, a trace with enough sequences to fill B = 128.
+  const char* src = std::getenv("MTPLAB_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "MTPLAB_SOURCE_DIR is not set";
+  const Experiment ex = load_experiment(std::string(src) + "/experiments/batch-scaling.yaml", {}, 1);
+  ASSERT_EQ(ex.points.size(), 32u);
+  int largest = 0;
+  for (const PointConfig& p : ex.points) {
+    EXPECT_EQ(p.model.name, "glm5.3-flash");
+    EXPECT_EQ(p.backend, "cuda");
+    largest = std::max(largest, p.arms.replay.batch_size);
+    EXPECT_GE(p.trace.sequences, p.arms.replay.batch_size);
+  }
+  EXPECT_EQ(largest, 128);
+  EXPECT_EQ(ex.axes.at(0).name, "batch_size");
+  EXPECT_EQ(ex.axes.at(0).type, ValueType::integer);
+}

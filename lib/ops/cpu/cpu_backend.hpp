@@ -91,8 +91,9 @@ class CpuBackend final : public Backend {
                  int topk_group, float scaling, int32_t* idx, float* weights) override;
   void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
                    float limit, float* out) override;
-  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx, const float* weights,
-                          int top_k, const ExpertWeights& shared, float limit, float* out) override;
+  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                          const float* weights, int top_k, const ExpertWeights& shared, float limit,
+                          float* out) override;
 
   // ---- batched rows: each row through the single-row code above (bit-identical by construction),
   // except the head and the grouped experts, which read each weight row once for all rows.

@@ -157,6 +157,20 @@ void check_indexer_slots(const char* op, const IndexerSlots& idx) {
 }
 
 /// Row b's position, checked against the slot's capacity.
+// Slot s's arrays in the pool.
+struct SlotArrays {
+  bf16* k_cache;
+  float* gate_cache;
+  uint8_t* valid;
+  float* pool_keys;
+};
+SlotArrays slot_arrays(const IndexerSlots& idx, int32_t slot) {
+  const size_t s = static_cast<size_t>(slot), D = static_cast<size_t>(idx.D);
+  const size_t rows = static_cast<size_t>(idx.max_rows), pools = static_cast<size_t>(idx.max_pools());
+  return {idx.k_cache + s * rows * D, idx.gate_cache + s * rows * D, idx.valid + s * rows,
+          idx.pool_keys + s * pools * D};
+}
+
 int32_t slot_pos(const char* op, const int32_t* pos, int b, int max_rows) {
   const int32_t p = pos[b];
   MTP_REQUIRE(p >= 0 && p < max_rows, "ops::", op, ": row ", b, " is at position ", p,
@@ -170,20 +184,15 @@ void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, cons
                                           const float* gate, const float* ape, const int32_t* slot,
                                           const int32_t* pos, int rows, IndexerSlots idx) {
   const char* op = "indexer_norm_store_batch";
-  require_rows(op, slot, rows);
-  require_ptr(op, "pos", pos);
+  require_cache_write_rows(op, slot, pos, rows);
   check_indexer_slots(op, idx);
-  require_distinct_slots(op, slot, rows);
   const size_t D = static_cast<size_t>(idx.D);
-  const size_t rows_per_slot = static_cast<size_t>(idx.max_rows);
-  const size_t pools_per_slot = static_cast<size_t>(idx.max_pools());
   for (int r = 0; r < rows; ++r) {
     if (!live_row(op, slot, r, idx.slots)) continue;
     slot_pos(op, pos, r, idx.max_rows);
-    const size_t s = static_cast<size_t>(slot[r]);
-    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, pos + r,
-                       idx.k_cache + s * rows_per_slot * D, idx.gate_cache + s * rows_per_slot * D,
-                       idx.valid + s * rows_per_slot, idx.pool_keys + s * pools_per_slot * D, idx.D, idx.P);
+    const SlotArrays a = slot_arrays(idx, slot[r]);
+    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, pos + r, a.k_cache, a.gate_cache, a.valid,
+                       a.pool_keys, idx.D, idx.P);
   }
 }
 
@@ -199,10 +208,9 @@ void CpuBackend::indexer_scores_batch(const float* q, const float* w, const int3
   for (int r = 0; r < rows; ++r) {
     if (!live_row(op, slot, r, idx.slots)) continue;
     slot_pos(op, pos, r, idx.max_rows);
-    const size_t s = static_cast<size_t>(slot[r]);
     indexer_scores(q + r * n_heads * D, w + static_cast<size_t>(r) * n_heads,
-                   idx.pool_keys + s * max_pools * D, pos + r, scores + r * max_pools, n_heads, idx.D, idx.P,
-                   idx.max_pools());
+                   slot_arrays(idx, slot[r]).pool_keys, pos + r, scores + r * max_pools, n_heads, idx.D,
+                   idx.P, idx.max_pools());
   }
 }
 
