@@ -189,5 +189,45 @@ class Results:
         return pd.DataFrame(rows).set_index("point").sort_index()
 
 
+def config_dict(text):
+    """A point's canonical config (the YAML mtplab writes: one key per line) as {dotted key: text}."""
+    out, stack = {}, []
+    for line in _s(text).splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        key, _, value = line.strip().partition(":")
+        stack = stack[:depth] + [key]
+        if value.strip():
+            out[".".join(stack)] = value.strip()
+    return out
+
+
+# The copy bandwidth of an H200 measured by mtplab_bench_step (docs/performance.md), for floors
+# drawn from a results file, which records no bandwidth.
+H200_COPY_GBPS = 4230.0
+
+
+def draft_byte_floor(config, batch, context, head_fp8=False, distinct_experts=None):
+    """The fewest bytes one batched draft step reads at the point's model sizes (world 1): the dense
+    weights and the head once, each distinct routed expert once (by default the expected number
+    under uniform routing, E (1 - (1 - k/E)^B)), the shared expert, and per sequence its selected
+    latent rows and pool keys at `context` rows. As mtplab_bench_step --batch counts it."""
+    c = {k.split(".", 1)[1]: float(v) for k, v in config_dict(config).items() if k.startswith("model.") and
+         v.replace(".", "", 1).replace("e-", "", 1).isdigit()}
+    H, V = c["hidden"], c["vocab"]
+    nh, qk, v, ql, kvl = c["n_heads"], c["qk_nope_head_dim"], c["v_head_dim"], c["q_lora_rank"], c["kv_lora_rank"]
+    nI, D, E, k, inter = c["index_n_heads"], c["index_head_dim"], c["n_routed_experts"], c["num_experts_per_tok"], \
+        c["moe_intermediate_size"]
+    dense = 2 * (H * 2 * H + ql * H + nh * qk * ql + kvl * H + nh * (qk + v) * kvl + H * nh * v + nI * D * ql +
+                 2 * D * H + nI * H + E * H + 3 * c["n_shared_experts"] * inter * H + 8 * H)
+    if distinct_experts is None:
+        distinct_experts = E * (1 - (1 - k / E) ** batch)
+    head = V * H + 4 * V if head_fp8 else 2 * V * H
+    width = c["index_topk"] + c["index_kpool"] - 1
+    per_seq = 2 * min(width, context) * kvl + 4 * (context // c["index_kpool"]) * D
+    return dense + distinct_experts * 2 * 3 * inter * H + head + batch * per_seq
+
+
 def open_results(path):
     return Results(path)

@@ -26,6 +26,9 @@
 //   expected token (largest logit, lowest id on ties); each protocol is checked on several seeds
 //   before timing and again after it. `wrong` counts mismatches over all ranks; any makes the
 //   exit status 1.
+// - The backend and the protocols' communicator run the default kernel policy with the MTPLAB_*
+//   overrides of the environment applied (ops::env_overrides): MTPLAB_NCCL_BLOCKING=0 creates that
+//   communicator non-blocking (dist::NcclMode), printed in the first line.
 // Invariant: every graph executable is destroyed before either NCCL communicator.
 #include <mpi.h>
 #include <nccl.h>
@@ -200,8 +203,12 @@ int run(int argc, char** argv, const Options& opt) {
               world, ")");
   const auto& bound = rt.bind_device();
   auto be = ops::make_cuda_backend(bound.device);
+  std::vector<std::string> overridden;
+  be->set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
+  const dist::NcclMode nccl_mode =
+      be->kernel_policy().nccl_blocking ? dist::NcclMode::blocking : dist::NcclMode::non_blocking;
   auto group = rt.world_group();
-  auto& comm = group.connect(dist::Transport::nccl, be->native_stream());
+  auto& comm = group.connect(dist::Transport::nccl, be->native_stream(), nccl_mode);
   auto raw = std::make_unique<RawNccl>(MPI_COMM_WORLD);
   auto stream = static_cast<cudaStream_t>(be->native_stream());
 
@@ -212,11 +219,15 @@ int run(int argc, char** argv, const Options& opt) {
 
   const auto versions = provenance::library_versions();
   if (rank == 0)
-    std::printf("mtplab_bench_exchange (git %s%s): world %d, %s, NCCL %s, CUDA %s; vocab %lld split %lld per rank "
-                "(padded), %d iterations per rep, %d reps after %d warm-up\n",
-                git_sha(), git_dirty() ? "-dirty" : "", world, bound.name.c_str(), versions.nccl.c_str(),
-                versions.cuda_runtime.c_str(), static_cast<long long>(V), static_cast<long long>(stride), opt.iters,
-                opt.reps, opt.warmup);
+    std::printf(
+        "mtplab_bench_exchange (git %s%s): world %d, %s, NCCL %s (%s communicator), CUDA %s; vocab %lld "
+        "split %lld per rank (padded), %d iterations per rep, %d reps after %d warm-up; kernel policy "
+        "%s%s%s\n",
+        git_sha(), git_dirty() ? "-dirty" : "", world, bound.name.c_str(), versions.nccl.c_str(),
+        dist::to_string(nccl_mode), versions.cuda_runtime.c_str(), static_cast<long long>(V),
+        static_cast<long long>(stride), opt.iters, opt.reps, opt.warmup,
+        ops::to_string(be->kernel_policy()).c_str(),
+        overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
 
   // ---- buffers, as MtpDrafter allocates them ------------------------------------------------------
   // The drafter's own exchange buffers and code (drafter/exchange.hpp): what is timed is what runs.

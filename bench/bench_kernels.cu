@@ -4,8 +4,11 @@
 //   mtplab_bench_kernels [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING[,SUBSTRING..]]
 //                        [--device D] [--graph-launches R]
 //
-// --only runs the cases whose name contains any of the comma-separated substrings. The GEMV kernel
-// variant (MTPLAB_GEMV_VARIANT, docs/kernels.md) is printed in the first line and in the CSV's.
+// --only runs the cases whose name contains any of the comma-separated substrings. The backend runs
+// the default kernel policy with the MTPLAB_* overrides of the environment applied
+// (ops::env_overrides, docs/kernels.md), e.g. MTPLAB_GEMV_VARIANT=rows2; the policy and what the
+// environment set are printed first, and the policy and the GEMV variant are in the CSV's first line.
+// The indexer_select and mla_decode cases run each kernel, named in the row, through the policy.
 // Method (METHOD.md): inputs are random (never zeros); each case rotates over enough copies of its
 // inputs (>= 512 MB in all) that L2 (60 MB) cannot hold them between calls; a spin kernel is
 // queued ahead of each batch of measurements so the host has enqueued the whole batch before the
@@ -52,7 +55,7 @@
 #include "core/stats.hpp"
 #include "core/str.hpp"
 #include "ops/cuda/cuda_check.hpp"
-#include "ops/cuda/kernels.hpp"
+#include "ops/kernel_policy.hpp"
 #include "ops/ops.hpp"
 
 namespace {
@@ -60,6 +63,31 @@ namespace {
 using mtplab::bf16;
 using mtplab::fp8e4m3;
 namespace ops = mtplab::ops;
+
+/// The backend's kernel policy with `edit` applied for one scope; the one before is restored at its
+/// end (cases that time one kernel of a choice: the policy is set before their graphs are recorded).
+class PolicyScope {
+ public:
+  template <typename Edit>
+  PolicyScope(ops::Backend& be, Edit&& edit) : be_(be), previous_(be.kernel_policy()) {
+    ops::KernelPolicy p = previous_;
+    edit(p);
+    be_.set_kernel_policy(p);
+  }
+  ~PolicyScope() {
+    try {
+      be_.set_kernel_policy(previous_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "restoring the kernel policy: %s\n", e.what());
+    }
+  }
+  PolicyScope(const PolicyScope&) = delete;
+  PolicyScope& operator=(const PolicyScope&) = delete;
+
+ private:
+  ops::Backend& be_;
+  ops::KernelPolicy previous_;
+};
 
 // ---- device-side fills and the spin kernel --------------------------------------------------------
 
@@ -109,7 +137,8 @@ __global__ void read_ref_kernel(const uint4* p, size_t n, unsigned int* sink) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += stride * kU) {
     uint4 v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = i + u * stride < n ? __ldcs(p + i + u * stride) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kU; ++u)
+      v[u] = i + u * stride < n ? __ldcs(p + i + u * stride) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < kU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
@@ -420,8 +449,8 @@ void run_all(Bench& b, ops::Backend& be) {
       const char* what;
       double mb;
     };
-    const Ref refs[] = {{"eh_proj", 67.1}, {"q_b", 50.3}, {"kv_b", 33.6}, {"mla_out_v", 16.8}, {"q_a", 12.6},
-                        {"kv_a", 4.2}};
+    const Ref refs[] = {{"eh_proj", 67.1},   {"q_b", 50.3}, {"kv_b", 33.6},
+                        {"mla_out_v", 16.8}, {"q_a", 12.6}, {"kv_a", 4.2}};
     for (const Ref& ref : refs) {
       const std::string name = std::string("read_only at ") + ref.what + " size";
       if (!b.selected(name)) continue;
@@ -736,22 +765,20 @@ void run_all(Bench& b, ops::Backend& be) {
                 });
       b.release_all();
     }
-    // Both kernels, named in the row (v2 is the default; MTPLAB_INDEXER_SELECT=v1 picks v1 in the
-    // drafter). Top kTopK / kPool = 512 pools.
+    // Both kernels, named in the row (v2 is the default; kernels.indexer_select = v1 picks v1 in an
+    // experiment). Top kTopK / kPool = 512 pools.
     if (b.selected("indexer_select")) {
       const int rot = 16;
       std::vector<float*> scores(rot);
       for (auto& s : scores) s = b.rand_f32(pools);
       int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
       auto* sel = static_cast<int32_t*>(b.alloc(4 * (kTopK + kPool - 1)));
-      const auto default_path = ops::cuda::indexer_select_path();
-      for (const auto path : {ops::cuda::IndexerSelectPath::v1, ops::cuda::IndexerSelectPath::v2}) {
-        ops::cuda::set_indexer_select_path(path);
-        b.measure(std::string("indexer_select ") + ops::cuda::indexer_select_path_name(path) + " top 512",
-                  dims({pools}), 4.0 * pools + 4.0 * (kTopK + kPool - 1), rot,
+      for (const auto path : {ops::IndexerSelect::v1, ops::IndexerSelect::v2}) {
+        const PolicyScope use(be, [path](ops::KernelPolicy& p) { p.indexer_select = path; });
+        b.measure(std::string("indexer_select ") + ops::to_string(path) + " top 512", dims({pools}),
+                  4.0 * pools + 4.0 * (kTopK + kPool - 1), rot,
                   [&](int i) { be.indexer_select(scores[i % rot], pos, sel, kTopK, kPool, pools); });
       }
-      ops::cuda::set_indexer_select_path(default_path);
       b.release_all();
     }
   }
@@ -776,18 +803,19 @@ void run_all(Bench& b, ops::Backend& be) {
     b.release_all();
   }
   // Both decode paths (the decode and, where it launches one, its combine), each row named by its
-  // path; the process's path (MTPLAB_MLA_DECODE, else v2) is restored afterwards.
-  using ops::cuda::MlaDecodePath;
-  const MlaDecodePath default_path = ops::cuda::mla_decode_path();
-  const std::pair<ops::KvDtype, MlaDecodePath> decode_cases[] = {{ops::KvDtype::bf16, MlaDecodePath::v2},
-                                                                 {ops::KvDtype::bf16, MlaDecodePath::v1},
-                                                                 {ops::KvDtype::fp8, MlaDecodePath::v2},
-                                                                 {ops::KvDtype::fp8, MlaDecodePath::v1}};
+  // path, through the backend's policy (the rest of it, mla_clusters included, as it is); the policy
+  // is restored after each.
+  using ops::MlaDecode;
+  const std::pair<ops::KvDtype, MlaDecode> decode_cases[] = {{ops::KvDtype::bf16, MlaDecode::v2},
+                                                             {ops::KvDtype::bf16, MlaDecode::v1},
+                                                             {ops::KvDtype::fp8, MlaDecode::v2},
+                                                             {ops::KvDtype::fp8, MlaDecode::v1}};
   for (const auto& [dtype, path] : decode_cases) {
-    const std::string name = std::string("mla_decode ") + (dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ") +
-                             ops::cuda::mla_decode_path_name(path);
+    const std::string name =
+        std::string("mla_decode ") + (dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ") + ops::to_string(path);
     if (!b.selected(name)) continue;
-    ops::cuda::set_mla_decode_path(path);
+    const MlaDecode decode = path;
+    const PolicyScope use(be, [decode](ops::KernelPolicy& p) { p.mla_decode = decode; });
     // A 64k-row paged cache; the selection is 2051 distinct random rows (K + P - 1).
     const int block_size = 64, rows = 65536, num_blocks = rows / block_size;
     const size_t elem = dtype == ops::KvDtype::bf16 ? 2 : 1;
@@ -814,7 +842,6 @@ void run_all(Bench& b, ops::Backend& be) {
               });
     b.release_all();
   }
-  ops::cuda::set_mla_decode_path(default_path);
 
   // ---- small ops (launch-latency bound) ----
   if (b.selected("rmsnorm")) {
@@ -826,12 +853,6 @@ void run_all(Bench& b, ops::Backend& be) {
   }
 }
 
-/// The GEMV kernel variant the GEMV cases run (MTPLAB_GEMV_VARIANT; "auto": chosen per shape).
-const char* gemv_variant_label() {
-  namespace cu = mtplab::ops::cuda;
-  return cu::gemv_variant_name(cu::gemv_variant());
-}
-
 /// A CSV field in double quotes (a quote inside doubled).
 std::string quoted(const std::string& v) {
   std::string q = "\"";
@@ -839,13 +860,15 @@ std::string quoted(const std::string& v) {
   return q + '"';
 }
 
-void write_csv(const Bench& b, const std::string& dir, const std::string& device) {
+void write_csv(const Bench& b, const std::string& dir, const std::string& device,
+               const ops::KernelPolicy& policy) {
   std::filesystem::create_directories(dir);
   std::ofstream f(dir + "/bench_kernels.csv");
   MTP_REQUIRE(f, "cannot write ", dir, "/bench_kernels.csv");
   f << "# mtplab_bench_kernels git " << mtplab::git_sha() << (mtplab::git_dirty() ? "-dirty" : "")
     << " device " << device << " copy_GBps " << b.ceiling() << " graph_launches " << b.graph_launches()
-    << " gemv_variant " << gemv_variant_label() << "\n";
+    << " gemv_variant " << ops::to_string(policy.gemv_variant) << " kernel_policy " << ops::to_string(policy)
+    << "\n";
   // The single-launch columns first, as before; the graph columns (per launch) are empty where the
   // case has no graph figure, and graph_note says why.
   f << "op,shape,bytes,reps,median_us,p10_us,p90_us,min_us,GBps,frac_of_copy,"
@@ -908,13 +931,19 @@ int main(int argc, char** argv) {
       return 77;
     }
     auto be = ops::make_cuda_backend(opt.device);
+    // The override path for tuning runs: the environment's MTPLAB_* choices, printed.
+    std::vector<std::string> overridden;
+    be->set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
+    const ops::KernelPolicy policy = be->kernel_policy();
     std::printf("mtplab_bench_kernels on %s (git %s%s), %d reps per op, GEMV variant %s\n",
                 be->device_name().c_str(), mtplab::git_sha(), mtplab::git_dirty() ? "-dirty" : "", opt.reps,
-                gemv_variant_label());
+                ops::to_string(policy.gemv_variant));
+    std::printf("kernel policy %s%s%s\n", ops::to_string(policy).c_str(),
+                overridden.empty() ? "" : "; from the environment: ", mtplab::join(overridden, ", ").c_str());
     Bench bench(opt, *be);
     bench.print_header();
     run_all(bench, *be);
-    write_csv(bench, opt.out, be->device_name());
+    write_csv(bench, opt.out, be->device_name(), policy);
     std::printf("wrote %s/bench_kernels.csv\n", opt.out.c_str());
     return 0;
   });

@@ -4,7 +4,13 @@
 //
 //   mtplab_bench_step [--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4]
 //                     [--heads bf16,fp8] [--graphs off,on] [--profile] [--context-gemm] [--out DIR]
-//                     [--device D]
+//                     [--device D] [--batch 1,2,4,8,16,32,64,128]
+//
+// --batch B1,B2,...: the batched step instead (MtpDrafter::propose_batch) at each B: B sequences
+// of --context rows each (one prefill, forked into every slot), per-step and per-sequence time,
+// and the byte floor at B: the dense weights, the distinct routed experts of the step (counted
+// from the router's choice of the step's last draft, outside the timed phase), the shared expert,
+// the head, and B x (selected latent rows + pool keys). Writes DIR/bench_step_batch.csv.
 //
 // --heads / --graphs pick a subset of the four drafters. --profile turns the CUDA profiler on
 // (cudaProfilerStart) only around the timed steps, so `ncu --profile-from-start off` sees the
@@ -22,6 +28,8 @@
 // grows by one row per step and the hidden and token are fresh random values, so the routed
 // experts change from step to step and the 18 GB of weights never sit in the 60 MB L2. Warm-up
 // steps (the first records the graph) are not timed. Prints a table; writes DIR/bench_step.csv.
+// The backend runs the default kernel policy with the MTPLAB_* overrides of the environment applied
+// (ops::env_overrides, e.g. MTPLAB_CUDA_PDL=0), printed first and in the CSV's first line.
 #include <cuda_profiler_api.h>
 
 #include <algorithm>
@@ -45,6 +53,7 @@
 #include "core/str.hpp"
 #include "drafter/factory.hpp"
 #include "model/weights.hpp"
+#include "ops/kernel_policy.hpp"
 
 using namespace mtplab;
 
@@ -62,6 +71,7 @@ struct Options {
   int device = 0;
   bool profile = false;
   bool context_gemm = false;
+  std::vector<int> batches;  ///< --batch: the batched step at these B
 };
 
 /// Records the Phase::propose events of each step.
@@ -84,23 +94,26 @@ class StepTimer final : public drafter::PhaseTimer {
 /// The fewest bytes one draft must read (MODEL.md shapes; world 1).
 struct Floor {
   double weights_no_head = 0, head_bf16 = 0, head_fp8 = 0, kv_rows = 0, pool_keys = 0;
-  double total(bool fp8) const { return weights_no_head + (fp8 ? head_fp8 : head_bf16) + kv_rows + pool_keys; }
+  double total(bool fp8) const {
+    return weights_no_head + (fp8 ? head_fp8 : head_bf16) + kv_rows + pool_keys;
+  }
 };
 
 Floor byte_floor(const model::ModelConfig& c, int context) {
   const double H = c.hidden, b = 2.0;
   const double nh = c.n_heads, qk = c.qk_nope_head_dim, v = c.v_head_dim;
   Floor f;
-  f.weights_no_head = b * (H * 2 * H                                   // eh_proj
-                           + c.q_lora_rank * H + nh * qk * c.q_lora_rank  // q_a, q_b
-                           + c.kv_lora_rank * H + nh * (qk + v) * c.kv_lora_rank  // kv_a, kv_b
-                           + H * nh * v                                       // o_proj
-                           + double(c.index_n_heads) * c.index_head_dim * c.q_lora_rank  // indexer wq_b
-                           + 2.0 * c.index_head_dim * H + double(c.index_n_heads) * H    // wk, gate, weights_proj
-                           + double(c.n_routed_experts) * H                              // router
-                           + 3.0 * c.num_experts_per_tok * c.moe_intermediate_size * H   // routed experts
-                           + 3.0 * c.shared_intermediate() * H                          // shared expert
-                           + 8.0 * H);                                                  // norms, embedding row
+  f.weights_no_head =
+      b * (H * 2 * H                                                     // eh_proj
+           + c.q_lora_rank * H + nh * qk * c.q_lora_rank                 // q_a, q_b
+           + c.kv_lora_rank * H + nh * (qk + v) * c.kv_lora_rank         // kv_a, kv_b
+           + H * nh * v                                                  // o_proj
+           + double(c.index_n_heads) * c.index_head_dim * c.q_lora_rank  // indexer wq_b
+           + 2.0 * c.index_head_dim * H + double(c.index_n_heads) * H    // wk, gate, weights_proj
+           + double(c.n_routed_experts) * H                              // router
+           + 3.0 * c.num_experts_per_tok * c.moe_intermediate_size * H   // routed experts
+           + 3.0 * c.shared_intermediate() * H                           // shared expert
+           + 8.0 * H);                                                   // norms, embedding row
   f.head_bf16 = b * double(c.vocab) * H;
   f.head_fp8 = double(c.vocab) * H + 4.0 * c.vocab;
   const int pools = context / c.index_kpool;
@@ -140,15 +153,122 @@ std::array<bool, 2> pair_of(const std::vector<std::string>& items, const char* a
           std::find(items.begin(), items.end(), b) != items.end()};
 }
 
+/// The batched step at each B of opt.batches (see the file comment).
+int run_batched(const Options& opt) {
+  model::ModelConfig cfg = model::load_model_preset(opt.preset);
+  const int max_k = *std::max_element(opt.ks.begin(), opt.ks.end());
+  const int max_b = *std::max_element(opt.batches.begin(), opt.batches.end());
+  const int steps = static_cast<int>(opt.ks.size() * opt.batches.size()) * (opt.reps + opt.warmup);
+  cfg.set_max_seq_len(opt.context + steps * (max_k + 1) + 64);
+  auto be = ops::make_cuda_backend(opt.device);
+  std::vector<std::string> overridden;
+  be->set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
+  std::printf(
+      "mtplab_bench_step --batch on %s (git %s%s): %s, context %d rows per sequence, %d timed steps\n",
+      be->device_name().c_str(), git_sha(), git_dirty() ? "-dirty" : "", opt.preset.c_str(), opt.context,
+      opt.reps);
+  std::printf("kernel policy %s%s%s\n", ops::to_string(be->kernel_policy()).c_str(),
+              overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
+  const double copy_gbps = copy_bandwidth(*be);
+  std::printf("copy_d2d %.0f GB/s (bytes read + written)\n", copy_gbps);
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  model::quantize_head_fp8(w);
+  std::mt19937_64 rng(1234);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab - 1));
+  std::normal_distribution<float> nrm(0.0f, 1.0f);
+  const int H = cfg.hidden;
+  auto random_hiddens = [&](size_t n) {
+    std::vector<bf16> h(n * static_cast<size_t>(H));
+    for (auto& x : h) x = to_bf16(nrm(rng));
+    return h;
+  };
+  std::vector<int32_t> ctx_tokens(static_cast<size_t>(opt.context));
+  for (auto& t : ctx_tokens) t = tok(rng);
+  const std::vector<bf16> ctx_hiddens = random_hiddens(static_cast<size_t>(opt.context));
+  const Floor floor = byte_floor(cfg, opt.context);
+  const double expert_bytes = 2.0 * 3.0 * cfg.moe_intermediate_size * H;
+  const double routed_top_k = cfg.num_experts_per_tok * expert_bytes;
+  std::filesystem::create_directories(opt.out);
+  std::ofstream csv(opt.out + "/bench_step_batch.csv");
+  MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_step_batch.csv");
+  csv << "# mtplab_bench_step --batch git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
+      << be->device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps "
+      << copy_gbps << " kernel_policy " << ops::to_string(be->kernel_policy()) << "\n";
+  csv << "head,cuda_graph,k,B,reps,median_us,p10_us,p90_us,per_seq_us,distinct_experts,floor_bytes,floor_us,"
+         "x_floor,launches_per_draft\n";
+  std::printf("%-5s %-6s %2s %4s %11s %9s %9s %10s %8s %10s %8s %9s\n", "head", "graph", "k", "B",
+              "step_med_us", "p10_us", "p90_us", "per_seq_us", "experts", "floor_us", "x_floor", "launches");
+  for (bool fp8 : {false, true}) {
+    for (bool graph : {false, true}) {
+      if (!opt.heads[fp8 ? 1 : 0] || !opt.graphs[graph ? 1 : 0]) continue;
+      drafter::DrafterOptions dopt;
+      dopt.draft_len = max_k;
+      dopt.head_fp8 = fp8;
+      dopt.cuda_graph = graph;
+      dopt.context_gemm = opt.context_gemm;
+      auto d = drafter::make_drafter(*be, nullptr, cfg, w, dopt);
+      StepTimer timer(*be);
+      d->set_timer(&timer);
+      auto batch = d->new_batch(max_b);
+      const int first = d->new_sequence(*batch);
+      d->append_rows(*batch, first, ctx_tokens.data(), ctx_hiddens.data(), opt.context, 0);
+      for (int s = 1; s < max_b; ++s) d->fork_sequence(*batch, first);
+      for (int B : opt.batches) {
+        for (int k : opt.ks) {
+          std::vector<double> us, experts;
+          double launches_per_draft = 0;
+          for (int i = 0; i < opt.warmup + opt.reps; ++i) {
+            const std::vector<bf16> h = random_hiddens(static_cast<size_t>(B));
+            std::vector<drafter::BatchRow> rows(static_cast<size_t>(B));
+            for (int b = 0; b < B; ++b)
+              rows[static_cast<size_t>(b)] = {b, tok(rng), h.data() + static_cast<size_t>(b) * H};
+            const uint64_t before = be->kernels_enqueued();
+            d->propose_batch(*batch, rows, k);
+            if (!graph) launches_per_draft = static_cast<double>(be->kernels_enqueued() - before) / k;
+            if (i >= opt.warmup) {
+              us.push_back(timer.last_ms() * 1e3);
+              experts.push_back(d->last_batch_distinct_experts(B));
+            }
+            for (int b = 0; b < B; ++b) d->after_verify(*batch, b, 0);
+          }
+          const double med = quantile(us, 0.5), p10 = quantile(us, 0.1), p90 = quantile(us, 0.9);
+          const double distinct = quantile(experts, 0.5);
+          const double per_draft_bytes = floor.weights_no_head - routed_top_k + distinct * expert_bytes +
+                                         (fp8 ? floor.head_fp8 : floor.head_bf16) +
+                                         B * (floor.kv_rows + floor.pool_keys);
+          const double floor_bytes = k * per_draft_bytes;
+          const double floor_us = floor_bytes / (copy_gbps * 1e9) * 1e6;
+          std::printf("%-5s %-6s %2d %4d %11.1f %9.1f %9.1f %10.1f %8.1f %10.1f %8.2f %9.1f\n",
+                      fp8 ? "fp8" : "bf16", graph ? "on" : "off", k, B, med, p10, p90, med / B, distinct,
+                      floor_us, med / floor_us, launches_per_draft);
+          csv << (fp8 ? "fp8" : "bf16") << ',' << (graph ? "on" : "off") << ',' << k << ',' << B << ','
+              << us.size() << ',' << med << ',' << p10 << ',' << p90 << ',' << med / B << ',' << distinct
+              << ',' << floor_bytes << ',' << floor_us << ',' << med / floor_us << ',' << launches_per_draft
+              << "\n";
+        }
+      }
+    }
+  }
+  std::printf(
+      "graph on: launches as the eager run of the same point enqueues them; experts: distinct routed "
+      "experts of the step's last draft (median over steps), counted into the floor\n");
+  return 0;
+}
+
 int run(const Options& opt) {
   model::ModelConfig cfg = model::load_model_preset(opt.preset);
   const int max_k = *std::max_element(opt.ks.begin(), opt.ks.end());
   const int steps_per_drafter = static_cast<int>(opt.ks.size()) * (opt.reps + opt.warmup);
   cfg.set_max_seq_len(opt.context + steps_per_drafter + max_k + 64);
   auto be = ops::make_cuda_backend(opt.device);
+  std::vector<std::string> overridden;
+  be->set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
   std::printf("mtplab_bench_step on %s (git %s%s): %s, context %d rows, %d timed steps per point\n",
-              be->device_name().c_str(), git_sha(), git_dirty() ? "-dirty" : "", opt.preset.c_str(), opt.context,
-              opt.reps);
+              be->device_name().c_str(), git_sha(), git_dirty() ? "-dirty" : "", opt.preset.c_str(),
+              opt.context, opt.reps);
+  std::printf("kernel policy %s%s%s\n", ops::to_string(be->kernel_policy()).c_str(),
+              overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
   const double copy_gbps = copy_bandwidth(*be);
   std::printf("copy_d2d %.0f GB/s (bytes read + written)\n", copy_gbps);
 
@@ -160,8 +280,8 @@ int run(const Options& opt) {
   t0 = Clock::now();
   model::quantize_head_fp8(w);
   const double quant_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("synthesize_mtp_weights: %.2f GB in %.1f s (%u threads); quantize_head_fp8 %.1f s\n", w.bytes() / 1e9,
-              synth_s, std::thread::hardware_concurrency(), quant_s);
+  std::printf("synthesize_mtp_weights: %.2f GB in %.1f s (%u threads); quantize_head_fp8 %.1f s\n",
+              w.bytes() / 1e9, synth_s, std::thread::hardware_concurrency(), quant_s);
 
   // Context: random tokens and hiddens (target-like scale: post-norm hiddens are O(1)).
   std::mt19937_64 rng(1234);
@@ -234,28 +354,30 @@ int run(const Options& opt) {
     }
   }
 
-  std::printf("\nbyte floor of one draft at context %d: %.1f MB (BF16 head) / %.1f MB (FP8 head); weights without "
-              "the head %.1f MB, head %.1f / %.1f MB, latent rows %.2f MB, pool keys %.2f MB\n",
-              opt.context, floor.total(false) / 1e6, floor.total(true) / 1e6, floor.weights_no_head / 1e6,
-              floor.head_bf16 / 1e6, floor.head_fp8 / 1e6, floor.kv_rows / 1e6, floor.pool_keys / 1e6);
-  std::printf("%-5s %-6s %3s %12s %10s %10s %10s %10s %12s %8s %9s\n", "head", "graph", "k", "step_med_us", "p10_us",
-              "p90_us", "per_draft", "floor_us", "GB/s", "x_floor", "launches");
+  std::printf(
+      "\nbyte floor of one draft at context %d: %.1f MB (BF16 head) / %.1f MB (FP8 head); weights without "
+      "the head %.1f MB, head %.1f / %.1f MB, latent rows %.2f MB, pool keys %.2f MB\n",
+      opt.context, floor.total(false) / 1e6, floor.total(true) / 1e6, floor.weights_no_head / 1e6,
+      floor.head_bf16 / 1e6, floor.head_fp8 / 1e6, floor.kv_rows / 1e6, floor.pool_keys / 1e6);
+  std::printf("%-5s %-6s %3s %12s %10s %10s %10s %10s %12s %8s %9s\n", "head", "graph", "k", "step_med_us",
+              "p10_us", "p90_us", "per_draft", "floor_us", "GB/s", "x_floor", "launches");
   std::filesystem::create_directories(opt.out);
   std::ofstream csv(opt.out + "/bench_step.csv");
   MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_step.csv");
-  csv << "# mtplab_bench_step git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device " << be->device_name()
-      << " preset " << opt.preset << " context " << opt.context << " copy_GBps " << copy_gbps << "\n";
+  csv << "# mtplab_bench_step git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
+      << be->device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps "
+      << copy_gbps << " kernel_policy " << ops::to_string(be->kernel_policy()) << "\n";
   csv << "head,cuda_graph,k,reps,median_us,p10_us,p90_us,floor_bytes,floor_us,x_floor,per_draft_us,"
          "launches_per_draft\n";
   for (const Row& r : rows) {
     const double med = quantile(r.us, 0.5), p10 = quantile(r.us, 0.1), p90 = quantile(r.us, 0.9);
     const double floor_us = r.floor_bytes / (copy_gbps * 1e9) * 1e6;
     std::printf("%-5s %-6s %3d %12.1f %10.1f %10.1f %10.1f %10.1f %12.0f %8.2f %9.1f\n", r.head.c_str(),
-                r.graph ? "on" : "off", r.k, med, p10, p90, med / r.k, floor_us, r.floor_bytes / (med * 1e-6) / 1e9,
-                med / floor_us, r.launches_per_draft);
-    csv << r.head << ',' << (r.graph ? "on" : "off") << ',' << r.k << ',' << r.us.size() << ',' << med << ',' << p10
-        << ',' << p90 << ',' << r.floor_bytes << ',' << floor_us << ',' << med / floor_us << ',' << med / r.k << ','
-        << r.launches_per_draft << "\n";
+                r.graph ? "on" : "off", r.k, med, p10, p90, med / r.k, floor_us,
+                r.floor_bytes / (med * 1e-6) / 1e9, med / floor_us, r.launches_per_draft);
+    csv << r.head << ',' << (r.graph ? "on" : "off") << ',' << r.k << ',' << r.us.size() << ',' << med << ','
+        << p10 << ',' << p90 << ',' << r.floor_bytes << ',' << floor_us << ',' << med / floor_us << ','
+        << med / r.k << ',' << r.launches_per_draft << "\n";
   }
   return 0;
 }
@@ -278,7 +400,8 @@ int main(int argc, char** argv) {
       .flag("profile", "CUDA profiler on around the timed steps only")
       .flag("context-gemm", "prefill the context with the context_gemm arm")
       .text("out", "DIR", "where bench_step.csv goes (default bench-out)")
-      .integer("device", "D", "CUDA device (default 0)", 0, 1023);
+      .integer("device", "D", "CUDA device (default 0)", 0, 1023)
+      .integer_list("batch", "1,8,64", "the batched step at these batch sizes (1 .. 128)", 1, 128);
   p.run_main(argc, argv, [&](const cli::Args& a) {
     opt.preset = a.text("preset", opt.preset);
     opt.context = static_cast<int>(a.integer("context", opt.context));
@@ -292,12 +415,13 @@ int main(int argc, char** argv) {
     opt.context_gemm = a.flag("context-gemm");
     opt.out = a.text("out", opt.out);
     opt.device = static_cast<int>(a.integer("device", opt.device));
+    for (const int64_t b : a.integers("batch", {})) opt.batches.push_back(static_cast<int>(b));
   });
   return bench::guarded_main([&] {
     if (!ops::cuda_backend_available()) {
       std::printf("SKIPPED: no CUDA device is visible\n");
       return 77;
     }
-    return run(opt);
+    return opt.batches.empty() ? run(opt) : run_batched(opt);
   });
 }

@@ -38,7 +38,7 @@ function(mtplab_mpi_test name)
     add_test(NAME ${name}.np${np}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MTPLAB_MPIEXEC_FLAGS}
                      $<TARGET_FILE:${name}> ${T_ARGS})
-    set_tests_properties(${name}.np${np} PROPERTIES LABELS "mpi;${T_LABELS}" TIMEOUT 120
+    set_tests_properties(${name}.np${np} PROPERTIES LABELS "mpi;${T_LABELS}" TIMEOUT 300
                          ENVIRONMENT "${MTPLAB_MPI_ENV};MTPLAB_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
                          PROCESSORS ${np})
   endforeach()

@@ -21,16 +21,15 @@ namespace {
 constexpr char kFieldSep = '\x1f';  // never in a host name, device name or version string
 
 cli::Parser info_cli() {
-  cli::Parser p("mtplab info", "mtplab info [--backend auto|cpu|cuda]");
-  p.about(
-       "Prints, for every rank: host, rank, local rank, device and PCI bus id, CUDA runtime and\n"
-       "driver, NCCL, MPI, HDF5 and yaml-cpp versions, and the git commit of the binary.\n")
+  return command_parser(
+             "info", "[--backend auto|cpu|cuda]",
+             "Prints, for every rank: host, rank, local rank, device and PCI bus id, CUDA runtime and\n"
+             "driver, NCCL, MPI, HDF5 and yaml-cpp versions, and the git commit of the binary.\n")
       .choice("backend", {"auto", "cpu", "cuda"},
               "where the ranks run (default auto):\n"
               "auto  cuda when built with CUDA and every rank sees a GPU, else cpu\n"
               "cpu   no GPU binding\n"
               "cuda  bind each rank to its GPU as an experiment would (refusals included)");
-  return p;
 }
 
 }  // namespace

@@ -14,17 +14,16 @@ namespace mtplab::app {
 namespace {
 
 cli::Parser list_cli() {
-  cli::Parser p("mtplab list", "mtplab list EXP.yaml [--ranks N] [--set key=value ...] [--count]");
-  p.about(
-       "Prints the points of the experiment, numbered from 0, with their sweep values and arms.\n"
-       "Points that cannot run with N ranks are reported as errors (exit 1).\n")
+  return command_parser(
+             "list", "EXP.yaml [--ranks N] [--set key=value ...] [--count]",
+             "Prints the points of the experiment, numbered from 0, with their sweep values and arms.\n"
+             "Points that cannot run with N ranks are reported as errors (exit 1).\n")
       .integer("ranks", "N", "the world size to check the points for (default: this job's ranks)", 1, 65536)
       .repeatable_text("set", "key=value",
                        "override a key (dotted path, YAML value), e.g. --set measure.sequences=2,\n"
                        "--set sweep.grid.head_fp8=[off,on]; may be repeated")
       .flag("count", "print only the number of points (for scripts)")
       .positionals("one experiment file", 1, 1);
-  return p;
 }
 
 }  // namespace

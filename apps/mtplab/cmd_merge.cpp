@@ -16,14 +16,13 @@ namespace mtplab::app {
 namespace {
 
 cli::Parser merge_cli() {
-  cli::Parser p("mtplab merge", "mtplab merge OUT.h5 IN1.h5 [IN2.h5 ...] [--force]");
-  p.about(
-       "Joins results files of one experiment (e.g. the tasks of a Slurm array) into OUT.h5.\n"
-       "Points present in several inputs must have the same configuration; a missing point is\n"
-       "reported but not an error.\n")
+  return command_parser(
+             "merge", "OUT.h5 IN1.h5 [IN2.h5 ...] [--force]",
+             "Joins results files of one experiment (e.g. the tasks of a Slurm array) into OUT.h5.\n"
+             "Points present in several inputs must have the same configuration; a missing point is\n"
+             "reported but not an error.\n")
       .flag("force", "replace OUT.h5 when it exists")
       .positionals("OUT.h5 and at least one input", 2, SIZE_MAX);
-  return p;
 }
 
 }  // namespace

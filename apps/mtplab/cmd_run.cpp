@@ -17,11 +17,10 @@ namespace mtplab::app {
 namespace {
 
 cli::Parser run_cli() {
-  cli::Parser p("mtplab run", "mtplab run EXP.yaml [--point i] [--set key=value ...] [--out results.h5]");
-  p.about(
-       "Runs every point of the experiment (or one), one process per rank:\n"
-       "  mpirun -np 2 mtplab run experiments/quickstart.yaml\n"
-       "  srun --mpi=pmix mtplab run EXP.yaml --point $SLURM_ARRAY_TASK_ID --out task.h5\n")
+  return command_parser("run", "EXP.yaml [--point i] [--set key=value ...] [--out results.h5]",
+                        "Runs every point of the experiment (or one), one process per rank:\n"
+                        "  mpirun -np 2 mtplab run experiments/quickstart.yaml\n"
+                        "  srun --mpi=pmix mtplab run EXP.yaml --point $SLURM_ARRAY_TASK_ID --out task.h5\n")
       .integer("point", "i", "run only point i (see mtplab list)", 0, INT32_MAX)
       .repeatable_text("set", "key=value", "override a key (dotted path, YAML value); may be repeated")
       .text("out", "FILE", "results file (default: the experiment's output:)")
@@ -29,7 +28,6 @@ cli::Parser run_cli() {
       .epilogue(
           "Points already in the results file with the same configuration are skipped. SIGTERM or\n"
           "SIGINT stops at the next step boundary; completed points stay in the file (exit 128+signal).\n");
-  return p;
 }
 
 }  // namespace

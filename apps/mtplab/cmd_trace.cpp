@@ -18,8 +18,9 @@
 namespace mtplab::app {
 namespace {
 cli::Parser trace_cli() {
-  cli::Parser p("mtplab trace", "mtplab trace --out FILE.h5 [options]");
-  p.about("Writes a trace (docs/trace-format.md) by greedy decoding of mtplab's synthetic target.\n")
+  return command_parser(
+             "trace", "--out FILE.h5 [options]",
+             "Writes a trace (docs/trace-format.md) by greedy decoding of mtplab's synthetic target.\n")
       .text("out", "FILE.h5", "the trace file to write (required)")
       .text("model", "NAME|PATH", "model preset or config file (default tiny)")
       .integer("sequences", "N", "sequences (default 8)", 1, 1 << 20)
@@ -32,7 +33,6 @@ cli::Parser trace_cli() {
                0, INT64_MAX)
       .integer("layers", "N", "target layers (default 2)", 1, 64)
       .choice("backend", {"cpu", "cuda"}, "where the target runs (default cpu)");
-  return p;
 }
 }  // namespace
 

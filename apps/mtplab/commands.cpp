@@ -18,6 +18,12 @@ const std::vector<Command>& commands() {
   return table;
 }
 
+cli::Parser command_parser(const std::string& name, const std::string& synopsis, const std::string& about) {
+  cli::Parser p("mtplab " + name, "mtplab " + name + " " + synopsis);
+  p.about(about);
+  return p;
+}
+
 std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& args) {
   cli::Args parsed = parser.parse(args);
   if (!parsed.help()) return parsed;

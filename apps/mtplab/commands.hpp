@@ -22,6 +22,10 @@ const std::vector<Command>& commands();
 /// one rank an MPI_Abort, so the whole job exits non-zero instead of hanging.
 int run_guarded(const Command& command, int argc, char** argv, const Args& args);
 
+/// The option reader of `mtplab <name>`: its usage line is "mtplab <name> <synopsis>", and
+/// `about` opens its help text.
+cli::Parser command_parser(const std::string& name, const std::string& synopsis, const std::string& about);
+
 /// Parses a command's arguments with its declared options (core/cli.hpp). Asked for --help, it
 /// prints the help on stdout and returns nothing (the command then returns 0); a bad command
 /// line throws mtplab::Error naming the option.

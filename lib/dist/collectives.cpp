@@ -33,6 +33,8 @@ int as_count(size_t count, const char* what) {
 
 const char* to_string(Transport transport) { return transport == Transport::nccl ? "nccl" : "mpi"; }
 
+const char* to_string(NcclMode mode) { return mode == NcclMode::blocking ? "blocking" : "non_blocking"; }
+
 Transport transport_for_backend(std::string_view backend_kind) {
   if (backend_kind == "cpu") return Transport::mpi;
   if (backend_kind == "cuda") return Transport::nccl;
@@ -101,9 +103,10 @@ void MpiCommunicator::barrier() { MTP_MPI_CHECK(MPI_Barrier(comm_)); }
 
 // ---- factory -----------------------------------------------------------------------------------
 
-std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Transport transport, void* stream) {
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Transport transport, void* stream,
+                                                NcclMode mode) {
   if (transport == Transport::mpi) return std::make_unique<MpiCommunicator>(comm);
-  return NcclCommunicator::create(comm, stream);
+  return NcclCommunicator::create(comm, stream, collective_timeout_s(), mode);
 }
 
 }  // namespace mtplab::dist

@@ -9,7 +9,7 @@
 // within the collective timeout. Creation has no communicator to abort yet: the watchdog then
 // prints the error and ends the job (fail_job: MPI_Abort, so every rank exits non-zero).
 //
-// MTPLAB_NCCL_BLOCKING=0 creates the communicator non-blocking instead (ncclInProgress settled by
+// NcclMode::non_blocking creates the communicator non-blocking instead (ncclInProgress settled by
 // polling against the deadline, no watchdog): the design before, kept to compare. A host-issued
 // collective costs ~25 us more through it on an H200 pair, which is why blocking is the default
 // (docs/performance.md, exchange).
@@ -29,7 +29,6 @@
 #include <string>
 #include <thread>
 
-#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/str.hpp"
@@ -65,9 +64,6 @@ class Backoff {
   Clock::time_point start_ = Clock::now();
 };
 
-/// MTPLAB_NCCL_BLOCKING: unset or 1 -> blocking communicator (default), 0 -> non-blocking.
-bool blocking_from_env() { return env_choice("MTPLAB_NCCL_BLOCKING", {"0", "1"}).value_or("1") == "1"; }
-
 /// A collective's name, formatted only when an error needs it (a host-issued collective must
 /// not pay for a string): op, then the count and its unit.
 struct OpName {
@@ -79,8 +75,10 @@ struct OpName {
 
 class NcclCommunicatorImpl final : public NcclCommunicator {
  public:
-  NcclCommunicatorImpl(MPI_Comm mpi, void* stream, double timeout_s)
-      : stream_(static_cast<cudaStream_t>(stream)), timeout_s_(timeout_s), blocking_(blocking_from_env()) {
+  NcclCommunicatorImpl(MPI_Comm mpi, void* stream, double timeout_s, NcclMode mode)
+      : stream_(static_cast<cudaStream_t>(stream)),
+        timeout_s_(timeout_s),
+        blocking_(mode == NcclMode::blocking) {
     MTP_REQUIRE(mpi != MPI_COMM_NULL, "NcclCommunicator over MPI_COMM_NULL");
     MTP_REQUIRE(timeout_s > 0, "NCCL collective timeout must be > 0 s (got ", timeout_s, ")");
     MTP_MPI_CHECK(MPI_Comm_rank(mpi, &rank_));
@@ -164,6 +162,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void* stream() const override { return stream_; }
+  NcclMode mode() const override { return blocking_ ? NcclMode::blocking : NcclMode::non_blocking; }
   double timeout_s() const override { return timeout_s_; }
   void set_timeout_s(double seconds) override {
     MTP_REQUIRE(seconds > 0, "NCCL collective timeout must be > 0 s (got ", seconds, ")");
@@ -348,8 +347,9 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
 
 bool nccl_available() { return true; }
 
-std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, void* stream, double timeout_s) {
-  return std::make_unique<NcclCommunicatorImpl>(comm, stream, timeout_s);
+std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, void* stream, double timeout_s,
+                                                           NcclMode mode) {
+  return std::make_unique<NcclCommunicatorImpl>(comm, stream, timeout_s, mode);
 }
 
 #else  // built without NCCL
@@ -357,7 +357,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm comm, void* 
 bool nccl_available() { return false; }
 
 std::unique_ptr<NcclCommunicator> NcclCommunicator::create(MPI_Comm /*comm*/, void* /*stream*/,
-                                                           double /*timeout_s*/) {
+                                                           double /*timeout_s*/, NcclMode /*mode*/) {
   MTP_FAIL("an NCCL communicator was asked for, but this mtplab was built without CUDA / NCCL");
 }
 

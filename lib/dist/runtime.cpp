@@ -73,10 +73,10 @@ void Group::reset() noexcept {
   }
 }
 
-Communicator& Group::connect(Transport transport, void* stream) {
+Communicator& Group::connect(Transport transport, void* stream, NcclMode mode) {
   MTP_REQUIRE(comm_ != MPI_COMM_NULL, "Group::connect on an empty group");
   collective_.reset();
-  collective_ = make_communicator(comm_, transport, stream);
+  collective_ = make_communicator(comm_, transport, stream, mode);
   return *collective_;
 }
 

@@ -43,8 +43,9 @@ class Group {
   MPI_Comm mpi() const { return comm_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  /// Builds the group's Communicator (collective over the group); replaces any earlier one.
-  Communicator& connect(Transport transport, void* stream = nullptr);
+  /// Builds the group's Communicator (collective over the group); replaces any earlier one. `mode`
+  /// is how an NCCL communicator is created (ignored for MPI).
+  Communicator& connect(Transport transport, void* stream = nullptr, NcclMode mode = NcclMode::blocking);
   bool connected() const { return collective_ != nullptr; }
   /// The Communicator made by connect(); throws when there is none.
   Communicator& comm() const;

@@ -9,8 +9,8 @@
 namespace mtplab::drafter {
 
 LayerCache::LayerCache(ops::Backend& be, const BlockDims& d) {
-  MTP_REQUIRE(d.max_rows > 0 && d.max_rows % d.index_kpool == 0,
-              "layer cache: capacity ", d.max_rows, " is not a positive whole number of pools of ", d.index_kpool);
+  MTP_REQUIRE(d.max_rows > 0 && d.max_rows % d.index_kpool == 0, "layer cache: capacity ", d.max_rows,
+              " is not a positive whole number of pools of ", d.index_kpool);
   const int num_blocks = (d.max_rows + d.block_size - 1) / d.block_size;
   block_table = ops::Array<int32_t>(be, num_blocks);
   // One sequence owns its blocks; the table maps logical to physical blocks (identity here, but
@@ -81,6 +81,27 @@ ops::IndexerSlots SlotCaches::indexer_slots() {
 
 void SlotCaches::clear(ops::Backend& be, int slot) {
   be.fill_bytes(view(slot).valid, 0, static_cast<size_t>(dims_.max_rows));
+}
+
+void SlotCaches::copy_slot(ops::Backend& be, int from, int to, int rows) {
+  MTP_REQUIRE(rows >= 0 && rows <= dims_.max_rows, "slot caches: copy of ", rows, " rows, capacity ",
+              dims_.max_rows);
+  MTP_REQUIRE(from != to, "slot caches: copy of slot ", from, " onto itself");
+  const CacheView src = view(from), dst = view(to);
+  const size_t elem = dims_.kv_dtype == ops::KvDtype::bf16 ? 2 : 1;
+  const size_t block_bytes = static_cast<size_t>(dims_.block_size) * dims_.kv_lora * elem;
+  auto* kv = static_cast<uint8_t*>(kv_.data);
+  const size_t S = static_cast<size_t>(slots_);
+  for (int j = 0; j * dims_.block_size < rows; ++j)  // logical block j of a slot: physical j * slots + slot
+    be.copy(kv + (static_cast<size_t>(j) * S + static_cast<size_t>(to)) * block_bytes,
+            kv + (static_cast<size_t>(j) * S + static_cast<size_t>(from)) * block_bytes, block_bytes);
+  const size_t D = static_cast<size_t>(dims_.index_dim);
+  const size_t n = static_cast<size_t>(rows);
+  be.copy(dst.k_cache, src.k_cache, n * D * sizeof(bf16));
+  be.copy(dst.gate_cache, src.gate_cache, n * D * sizeof(float));
+  be.fill_bytes(dst.valid, 0, static_cast<size_t>(dims_.max_rows));
+  be.copy(dst.valid, src.valid, n);
+  be.copy(dst.pool_keys, src.pool_keys, (n / static_cast<size_t>(dims_.index_kpool)) * D * sizeof(float));
 }
 
 BatchScratch::BatchScratch(ops::Backend& be, const BlockDims& d, int n)
@@ -188,21 +209,31 @@ void Block::write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const floa
                          cache.pool_keys, d.index_dim, d.index_kpool);
 }
 
-void Block::project_rows_batched(int n, const bf16* x, bool full) {
-  const BlockDims& d = dims_;
-  RowsScratch& rs = *rows_;
+namespace {
+// The projections of u for n rows, each weight read once for all of them (RowsMode::batched):
+// the input norm, kv_a, indexer wk and gate, and with `full` also q_a, weights_proj (scaled by
+// 1/sqrt(n_I) as linear_group folds it: one fp32 multiply per value), the q_a norm and q_b. Context
+// rows (RowsScratch) and the batched draft step (BatchScratch) share it; the outputs are
+// independent, so their order does not change a bit.
+template <typename Scratch>
+void project_rows(ops::Backend& be, const BlockWeights& w, const BlockDims& d, int n, const bf16* x,
+                  Scratch& s, bool full) {
   constexpr ops::RowsMode kBatched = ops::RowsMode::batched;
-  be_.rmsnorm(x, w_.input_norm.data(), rs.u.data(), n, d.hidden, d.rms_eps);
-  be_.linear(w_.kv_a.data(), rs.u.data(), rs.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
-  be_.linear(w_.idx_wk.data(), rs.u.data(), rs.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
-  be_.linear_f32(w_.idx_gate.data(), rs.u.data(), rs.gate.data(), n, d.index_dim, d.hidden, kBatched);
+  be.rmsnorm(x, w.input_norm.data(), s.u.data(), n, d.hidden, d.rms_eps);
+  be.linear(w.kv_a.data(), s.u.data(), s.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
+  be.linear(w.idx_wk.data(), s.u.data(), s.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
+  be.linear_f32(w.idx_gate.data(), s.u.data(), s.gate.data(), n, d.index_dim, d.hidden, kBatched);
   if (!full) return;
-  be_.linear(w_.q_a.data(), rs.u.data(), rs.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
-  // w = W_w u / sqrt(n_I): the scale as linear_group folds it (one fp32 multiply per value).
-  be_.linear_f32(w_.idx_weights_proj.data(), rs.u.data(), rs.w_idx.data(), n, d.index_heads, d.hidden, kBatched);
-  be_.scale_f32(rs.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
-  be_.rmsnorm(rs.cq_pre.data(), w_.q_a_norm.data(), rs.cq.data(), n, d.q_lora, d.rms_eps);
-  be_.linear(w_.q_b.data(), rs.cq.data(), rs.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+  be.linear(w.q_a.data(), s.u.data(), s.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
+  be.linear_f32(w.idx_weights_proj.data(), s.u.data(), s.w_idx.data(), n, d.index_heads, d.hidden, kBatched);
+  be.scale_f32(s.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
+  be.rmsnorm(s.cq_pre.data(), w.q_a_norm.data(), s.cq.data(), n, d.q_lora, d.rms_eps);
+  be.linear(w.q_b.data(), s.cq.data(), s.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+}
+}  // namespace
+
+void Block::project_rows_batched(int n, const bf16* x, bool full) {
+  project_rows(be_, w_, dims_, n, x, *rows_, full);
 }
 
 void Block::write_context_rows(int n, const bf16* x, const int32_t* pos, LayerCache& cache) {
@@ -278,23 +309,26 @@ void Block::finish_row(const bf16* x, const int32_t* pos, const CacheView& cache
     be_.mla_absorb_q(q, w_.kv_b.data(), s.q_abs.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
     be_.mla_decode(s.q_abs.data(), selection, d.selection_width(), cache.block_table, cache.kv,
                    s.o_lat.data(), d.n_heads_local, d.softmax_scale);
-    be_.mla_out_v(s.o_lat.data(), w_.kv_b.data(), s.o.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
-    be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), 1, d.hidden, d.n_heads_local * d.v_head);
+    be_.mla_out_v(s.o_lat.data(), w_.kv_b.data(), s.o.data(), d.n_heads_local, d.qk_nope, d.v_head,
+                  d.kv_lora);
+    be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), 1, d.hidden,
+                   d.n_heads_local * d.v_head);
   } else {
     be_.fill_bytes(s.attn_partial.data(), 0, s.attn_partial.bytes());
   }
   all_reduce(s.attn_partial.data(), d.hidden);
   // ---- MoE ---- (x_out = x + attn, v = RMSNorm_post(x_out): one op)
-  be_.residual_add_rmsnorm(x, s.attn_partial.data(), x_out, w_.post_norm.data(), s.v.data(), d.hidden, d.rms_eps);
+  be_.residual_add_rmsnorm(x, s.attn_partial.data(), x_out, w_.post_norm.data(), s.v.data(), d.hidden,
+                           d.rms_eps);
   be_.linear_f32(w_.router.data(), s.v.data(), s.router_logits.data(), 1, d.num_experts, d.hidden);
-  be_.moe_route(s.router_logits.data(), w_.router_bias.data(), d.num_experts, d.top_k, d.n_group, d.topk_group,
-                d.routed_scaling, s.expert_idx.data(), s.expert_w.data());
+  be_.moe_route(s.router_logits.data(), w_.router_bias.data(), d.num_experts, d.top_k, d.n_group,
+                d.topk_group, d.routed_scaling, s.expert_idx.data(), s.expert_w.data());
   ops::ExpertWeights routed{w_.exp_gate.data(),   w_.exp_up.data(), w_.exp_down.data(), w_.first_expert,
                             w_.num_local_experts, d.hidden,         d.moe_inter};
   if (d.shared_inter_local > 0) {
     // Routed experts, then the shared expert's slice added last: one op (one pass, two launches).
-    ops::ExpertWeights shared{w_.sh_gate.data(), w_.sh_up.data(), w_.sh_down.data(), 0, 1, d.hidden,
-                              d.shared_inter_local};
+    ops::ExpertWeights shared{w_.sh_gate.data(), w_.sh_up.data(),     w_.sh_down.data(), 0, 1,
+                              d.hidden,          d.shared_inter_local};
     be_.moe_experts_shared(s.v.data(), routed, s.expert_idx.data(), s.expert_w.data(), d.top_k, shared,
                            d.swiglu_limit, s.moe_partial.data());
   } else {
@@ -441,16 +475,7 @@ void Block::forward_batch(int n, const bf16* x, const int32_t* slot, const int32
   const ops::IndexerSlots idx = caches.indexer_slots();
   const int qidx_width = d.index_heads * d.index_dim;
   // ---- projections of u, every weight once for the n rows ----
-  be_.rmsnorm(x, w_.input_norm.data(), bs.u.data(), n, d.hidden, d.rms_eps);
-  be_.linear(w_.q_a.data(), bs.u.data(), bs.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
-  be_.linear(w_.kv_a.data(), bs.u.data(), bs.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
-  be_.linear(w_.idx_wk.data(), bs.u.data(), bs.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
-  be_.linear_f32(w_.idx_gate.data(), bs.u.data(), bs.gate.data(), n, d.index_dim, d.hidden, kBatched);
-  be_.linear_f32(w_.idx_weights_proj.data(), bs.u.data(), bs.w_idx.data(), n, d.index_heads, d.hidden,
-                 kBatched);
-  be_.scale_f32(bs.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
-  be_.rmsnorm(bs.cq_pre.data(), w_.q_a_norm.data(), bs.cq.data(), n, d.q_lora, d.rms_eps);
-  be_.linear(w_.q_b.data(), bs.cq.data(), bs.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+  project_rows(be_, w_, d, n, x, bs, /*full=*/true);
   // ---- each row's cache rows at (slot, pos) ----
   be_.kv_norm_write_batch(bs.ckv_pre.data(), w_.kv_a_norm.data(), d.rms_eps, slot, pos, n, kv);
   be_.indexer_norm_store_batch(bs.k_pre.data(), w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(),

@@ -116,6 +116,10 @@ class SlotCaches {
   ops::IndexerSlots indexer_slots();
   /// Clears slot s's valid flags (a new sequence takes the slot).
   void clear(ops::Backend& be, int slot);
+  /// Copies slot `from`'s first `rows` rows (latent KV rows through both block tables, indexer
+  /// rows, valid flags, the complete pools' keys) into slot `to`, in stream order; `to`'s rows past
+  /// them are marked invalid.
+  void copy_slot(ops::Backend& be, int from, int to, int rows);
   ops::Array<int32_t> block_tables;  // [slots, max_blocks]
   ops::Array<bf16> k_cache;          // [slots, max_rows, D]
   ops::Array<float> gate_cache;      // [slots, max_rows, D]
@@ -244,6 +248,8 @@ class Block {
                      bf16* x_out, const OutNorm* out_norm = nullptr);
   /// The selections of the rows of the last forward_batch ([n, K + P - 1]).
   const int32_t* batch_selection() const { return batch_ ? batch_->selection.data() : nullptr; }
+  /// The routed experts (global ids, [n, top_k]) of the rows of the last forward_batch.
+  const int32_t* batch_experts() const { return batch_ ? batch_->expert_idx.data() : nullptr; }
 
  private:
   /// Phase A of one row: input norm, every projection of u (w_idx to `w_idx`), c_q to `cq`,

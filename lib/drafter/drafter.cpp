@@ -11,7 +11,8 @@
 namespace mtplab::drafter {
 
 const char* to_string(Phase p) {
-  static const char* names[] = {"prefill", "propose", "block", "head", "exchange", "after_verify", "catch_up"};
+  static const char* names[] = {"prefill",  "propose",      "block",   "head",
+                                "exchange", "after_verify", "catch_up"};
   return names[static_cast<int>(p)];
 }
 
@@ -54,8 +55,9 @@ BlockDims block_dims(const model::ModelConfig& cfg, int world, int rank, ops::Kv
   return d;
 }
 
-MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg, BlockDims dims,
-                       FrontWeights front, BlockWeights block, VocabShard shard, DrafterOptions options)
+MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
+                       BlockDims dims, FrontWeights front, BlockWeights block, VocabShard shard,
+                       DrafterOptions options)
     : be_(be),
       comm_(comm),
       world_(comm ? comm->size() : 1),
@@ -150,8 +152,8 @@ void MtpDrafter::front_rows(int rows) {
              ops::RowsMode::batched);
 }
 
-void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n, int row_base,
-                             Phase phase) {
+void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n,
+                             int row_base, Phase phase) {
   append_rows_to(st.rc_, st.cache.view(), next_tokens, hiddens, n, row_base, phase);
   st.cache.set_rows(st.rc_.seq_len);
 }
@@ -170,8 +172,8 @@ void MtpDrafter::append_rows_to(RowCounters& rc, const CacheView& view, const in
              " rows (max_seq_len rounded down to whole pools)");
   }
   for (int i = 0; i < n; ++i)
-    MTP_REQUIRE(next_tokens[i] >= 0 && next_tokens[i] < vocab_, "drafter: token id ", next_tokens[i], " at row ",
-                row_base + i, " is outside the vocab of ", vocab_);
+    MTP_REQUIRE(next_tokens[i] >= 0 && next_tokens[i] < vocab_, "drafter: token id ", next_tokens[i],
+                " at row ", row_base + i, " is outside the vocab of ", vocab_);
   mark_begin(phase, 0);
   std::vector<int32_t> pos(row_chunk_);
   const bool full = opt_.context_rows == ContextRows::full;
@@ -260,7 +262,8 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
                                st.cache.gate_cache.data(), st.cache.valid.data(), st.cache.pool_keys.data()}};
     bool recorded = false;
     try {
-      ops::Graph& graph = graphs_->get(key, [&] { written = draft_step(st, k); }, recorded);
+      ops::Graph& graph = graphs_->get(
+          key, [&] { written = draft_step(st, k); }, recorded);
       if (!recorded) {
         // A replay: apply the host-side effects the recording applied once.
         written = opt_.skip == Skip::block ? 0 : k;
@@ -439,6 +442,28 @@ int MtpDrafter::new_sequence(BatchState& batch) {
   MTP_FAIL("drafter: every one of the batch's ", batch.slots(), " slots holds a sequence; release one first");
 }
 
+int MtpDrafter::last_batch_distinct_experts(int rows) {
+  const int32_t* dev = block_.batch_experts();
+  if (!dev || rows <= 0 || opt_.skip == Skip::block) return 0;
+  const int top_k = block_.dims().top_k;
+  std::vector<int32_t> ids(static_cast<size_t>(rows) * top_k);
+  wait_comm();
+  be_.download(ids.data(), dev, ids.size() * sizeof(int32_t));
+  std::sort(ids.begin(), ids.end());
+  return static_cast<int>(std::unique(ids.begin(), ids.end()) - ids.begin());
+}
+
+int MtpDrafter::fork_sequence(BatchState& batch, int from) {
+  const RowCounters src = batch.at(from);  // checks the slot is live
+  MTP_REQUIRE(src.propose_start < 0, "drafter: slot ", from,
+              " has a pending propose; verify it before forking the sequence");
+  const int to = new_sequence(batch);
+  batch.caches.copy_slot(be_, from, to, src.seq_len);
+  RowCounters& dst = batch.at(to);
+  dst.seq_len = src.seq_len;
+  return to;
+}
+
 void MtpDrafter::release(BatchState& batch, int slot) {
   batch.at(slot);  // checks the slot is live
   batch.live_[static_cast<size_t>(slot)] = 0;
@@ -461,8 +486,7 @@ void MtpDrafter::after_verify(BatchState& batch, int slot, int accepted) {
 std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k) {
   const int B = static_cast<int>(rows.size());
   MTP_REQUIRE(B >= 1 && B <= kMaxBatch, "drafter: a batched propose of ", B, " rows (1 .. ", kMaxBatch, ")");
-  MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..",
-              opt_.draft_len);
+  MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
   std::vector<uint8_t> seen(static_cast<size_t>(batch.slots()), 0);
   for (int b = 0; b < B; ++b) {
     const BatchRow& row = rows[static_cast<size_t>(b)];

@@ -183,6 +183,10 @@ class MtpDrafter {
   int new_sequence(BatchState& batch);
   /// Frees slot s (its sequence is finished; a pending propose is dropped).
   void release(BatchState& batch, int slot);
+  /// A new sequence whose rows are a copy of the sequence in slot `from` (its caches and row
+  /// count; no pending propose): a shared prefix, e.g. one prefilled context for every slot of a
+  /// benchmark. Returns its slot; an Error when every slot is live or `from` has a pending propose.
+  int fork_sequence(BatchState& batch, int from);
   /// append_rows for the sequence in `slot` (one sequence at a time, as the single-sequence
   /// call: the same rules, arms and row chunks).
   void append_rows(BatchState& batch, int slot, const int32_t* next_tokens, const bf16* hiddens, int n,
@@ -196,6 +200,10 @@ class MtpDrafter {
   std::vector<int32_t> propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k);
   /// after_verify for the sequence in `slot`.
   void after_verify(BatchState& batch, int slot, int accepted);
+  /// The distinct routed experts of the last draft of the last propose_batch over its first
+  /// `rows` rows (downloads the router's choice: for benchmarks, outside any timed phase; 0 with
+  /// skip: block or before any batched step).
+  int last_batch_distinct_experts(int rows);
 
   /// Destroys the recorded CUDA graphs (they are re-recorded when needed). Call before the
   /// communicator goes if the drafter outlives it.

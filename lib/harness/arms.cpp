@@ -6,6 +6,8 @@
 #include <map>
 
 #include "core/error.hpp"
+#include "drafter/drafter.hpp"
+#include "harness/experiment.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -17,18 +19,23 @@ std::vector<std::string> names(const char* const (&list)[N]) {
   return std::vector<std::string>(std::begin(list), std::end(list));
 }
 
-// An enum arm: the field at `field` of Arms, spelt by `to_str`, parsed by `parse`.
-template <typename E>
-ArmSpec choice_arm(std::string name, std::vector<std::string> choices, E drafter::DrafterOptions::*field,
-                   const char* (*to_str)(E), E (*parse)(const std::string&), std::string summary) {
+// An enum arm: the field at `field` of the drafter's options, spelt as `list` spells its values
+// (the enum's own name table, in enum order).
+template <typename E, size_t N>
+ArmSpec choice_arm(std::string name, const char* const (&list)[N], E drafter::DrafterOptions::*field,
+                   std::string summary) {
   ArmSpec a;
   a.name = std::move(name);
   a.type = ArmType::choice;
-  a.choices = std::move(choices);
+  a.choices = names(list);
   a.layer = ArmLayer::drafter;
   a.summary = std::move(summary);
-  a.get = [field, to_str](const Arms& x) { return std::string(to_str(x.drafter.*field)); };
-  a.set = [field, parse](Arms& x, const std::string& v) { x.drafter.*field = parse(v); };
+  a.get = [field, &list](const Arms& x) { return std::string(list[static_cast<size_t>(x.drafter.*field)]); };
+  a.set = [field, choices = a.choices](Arms& x, const std::string& v) {
+    const auto it = std::find(choices.begin(), choices.end(), v);
+    MTP_REQUIRE(it != choices.end(), "\"", v, "\" is not one of {", join(choices, ", "), "}");
+    x.drafter.*field = static_cast<E>(it - choices.begin());
+  };
   return a;
 }
 
@@ -58,45 +65,75 @@ ArmSpec int_arm(std::string name, int drafter::DrafterOptions::*field, int64_t l
   return a;
 }
 
+// The replay's batch size.
+ArmSpec batch_size_arm() {
+  ArmSpec a;
+  a.name = "batch_size";
+  a.type = ArmType::integer;
+  a.min = 1;
+  a.max = drafter::kMaxBatch;
+  a.layer = ArmLayer::harness;
+  a.summary = "trace sequences drafted together in one batched step (continuous batching)";
+  a.omit_at_default = true;  // added after the first schema-v2 files
+  a.get = [](const Arms& x) { return str(x.replay.batch_size); };
+  a.set = [](Arms& x, const std::string& v) { x.replay.batch_size = static_cast<int>(std::stoll(v)); };
+  return a;
+}
+
+// One field of the backend's kernel policy, as `kernels.<field>`.
+ArmSpec kernel_arm(const std::string& field) {
+  ArmSpec a;
+  a.name = "kernels." + field;
+  a.type = ArmType::text;
+  a.text_values = ops::field_choices(field);
+  a.layer = ArmLayer::backend;
+  a.summary = "kernel policy: " + field + " (docs/kernels.md)";
+  a.omit_at_default = true;  // added after the first schema-v2 files
+  a.get = [field](const Arms& x) { return ops::field_text(x.kernels, field); };
+  a.set = [field](Arms& x, const std::string& v) { ops::parse_field(x.kernels, field, v); };
+  return a;
+}
+
 std::vector<ArmSpec> build_registry() {
   using drafter::DrafterOptions;
   std::vector<ArmSpec> r;
-  r.push_back(choice_arm<drafter::HeadSharding>(
-      "head_sharding", names(model::kHeadShardingNames), &DrafterOptions::head_sharding, &model::to_string,
-      &model::parse_head_sharding, "the lm_head replicated (none) or its vocab rows split over the ranks"));
+  r.push_back(choice_arm("head_sharding", model::kHeadShardingNames, &DrafterOptions::head_sharding,
+                         "the lm_head replicated (none) or its vocab rows split over the ranks"));
   r.push_back(
       bool_arm("head_fp8", &DrafterOptions::head_fp8, "the draft head sweeps an E4M3 copy with row scales"));
-  r.push_back(choice_arm<drafter::ContextRows>(
-      "context_rows", names(drafter::kContextRowsNames), &DrafterOptions::context_rows,
-      static_cast<const char* (*)(drafter::ContextRows)>(&drafter::to_string), &drafter::parse_context_rows,
-      "prefill / catch-up rows write only the caches, or run the full block"));
-  r.push_back(choice_arm<drafter::Skip>(
-      "skip", names(drafter::kSkipNames), &DrafterOptions::skip,
-      static_cast<const char* (*)(drafter::Skip)>(&drafter::to_string), &drafter::parse_skip,
-      "timing arms: stop after the block (head), or run only the head (block)"));
+  r.push_back(choice_arm("context_rows", drafter::kContextRowsNames, &DrafterOptions::context_rows,
+                         "prefill / catch-up rows write only the caches, or run the full block"));
+  r.push_back(choice_arm("skip", drafter::kSkipNames, &DrafterOptions::skip,
+                         "timing arms: stop after the block (head), or run only the head (block)"));
   r.push_back(int_arm("draft_len", &DrafterOptions::draft_len, 1, 16, "k, the drafts of each propose"));
-  r.push_back(choice_arm<drafter::Exchange>(
-      "exchange", names(drafter::kExchangeNames), &DrafterOptions::exchange,
-      static_cast<const char* (*)(drafter::Exchange)>(&drafter::to_string), &drafter::parse_exchange,
-      "the cross-rank pick of the draft token of a vocab-sharded head"));
-  r.push_back(choice_arm<drafter::DraftRows>(
-      "draft_rows", names(drafter::kDraftRowsNames), &DrafterOptions::draft_rows,
-      static_cast<const char* (*)(drafter::DraftRows)>(&drafter::to_string), &drafter::parse_draft_rows,
+  r.push_back(choice_arm("exchange", drafter::kExchangeNames, &DrafterOptions::exchange,
+                         "the cross-rank pick of the draft token of a vocab-sharded head"));
+  r.push_back(choice_arm(
+      "draft_rows", drafter::kDraftRowsNames, &DrafterOptions::draft_rows,
       "after verification, rewrite the drafted rows from the true hiddens, or keep the accepted ones"));
   r.push_back(bool_arm("batch_qidx", &DrafterOptions::batch_qidx,
                        "context rows' indexer queries as one batched linear (context_rows full)"));
   r.push_back(bool_arm("cuda_graph", &DrafterOptions::cuda_graph, "record each propose as one CUDA graph"));
-  r.push_back(choice_arm<ops::KvDtype>("kv_cache_dtype", names(drafter::kKvDtypeNames),
-                                       &DrafterOptions::kv_cache_dtype,
-                                       static_cast<const char* (*)(ops::KvDtype)>(&drafter::to_string),
-                                       &drafter::parse_kv_dtype, "the latent KV cache in BF16 or FP8 E4M3"));
+  r.push_back(choice_arm("kv_cache_dtype", drafter::kKvDtypeNames, &DrafterOptions::kv_cache_dtype,
+                         "the latent KV cache in BF16 or FP8 E4M3"));
   r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
                        "context rows' projections as one batched linear per chunk"));
+  r.push_back(batch_size_arm());
+  for (const auto field : ops::kernel_policy_fields()) r.push_back(kernel_arm(std::string(field)));
   return r;
 }
 
 // Whether `v` is an allowed canonical value of `a`.
 bool allowed_value(const ArmSpec& a, const std::string& v) {
+  if (a.type == ArmType::text) {
+    try {
+      Arms scratch;
+      a.set(scratch, v);
+      return a.get(scratch) == v;
+    } catch (const Error&) {
+      return false;
+    }
+  }
   if (a.type != ArmType::integer) return std::find(a.choices.begin(), a.choices.end(), v) != a.choices.end();
   try {
     size_t used = 0;
@@ -110,15 +147,8 @@ bool allowed_value(const ArmSpec& a, const std::string& v) {
 }  // namespace
 
 const char* to_string(ArmLayer layer) {
-  switch (layer) {
-    case ArmLayer::drafter:
-      return "drafter";
-    case ArmLayer::harness:
-      return "harness";
-    case ArmLayer::backend:
-      return "backend";
-  }
-  return "?";
+  static const char* const names[] = {"drafter", "harness", "backend"};
+  return names[static_cast<size_t>(layer)];
 }
 
 std::string ArmSpec::default_value() const { return get(Arms{}); }
@@ -135,6 +165,7 @@ std::string ArmSpec::key() const {
 
 std::string ArmSpec::allowed() const {
   if (type == ArmType::integer) return str("[", min, ", ", max, "]");
+  if (type == ArmType::text) return str("{", text_values, "}");
   return str("{", join(choices, ", "), "}");
 }
 
@@ -202,6 +233,16 @@ Arms read_arms(MapReader& m) {
       case ArmType::integer:
         value = str(reader->opt_int(a.key(), std::stoll(fallback), a.min, a.max));
         break;
+      case ArmType::text:
+        if (auto node = reader->opt(a.key())) {
+          if (!node->is_scalar()) node->fail(str("expected one of ", a.allowed()));
+          try {
+            a.set(arms, canonical_value(*node));  // YAML booleans as on / off
+          } catch (const Error& e) {
+            node->fail(e.message());
+          }
+        }
+        continue;
     }
     a.set(arms, value);
   }
@@ -243,6 +284,7 @@ void emit_canonical(const Arms& arms, YAML::Emitter& e) {
 void check_arms(const Arms& arms, int world, const std::string& backend, const model::ModelConfig& model) {
   const int graphs = backend == "cpu" ? 0 : backend == "cuda" ? 1 : -1;
   drafter::check_options(arms.drafter, drafter::OptionsContext{world, model.vocab, graphs});
+  ops::validate(arms.kernels);
 }
 
 }  // namespace mtplab::harness

@@ -23,16 +23,32 @@
 #include "core/yaml.hpp"
 #include "drafter/options.hpp"
 #include "model/config.hpp"
+#include "ops/kernel_policy.hpp"
 
 namespace mtplab::harness {
 
-/// Every arm's value for one point. The drafter's arms live in the drafter's own options struct,
-/// which crosses to the drafter as it is; arms that other layers consume sit beside it.
-struct Arms {
-  drafter::DrafterOptions drafter;
+/// The replay's own arms (harness/replay.hpp).
+struct ReplayOptions {
+  /// `batch_size`: B trace sequences stepped together, one batched propose for all of them
+  /// (continuous batching); 1 replays one sequence at a time through the single-sequence path.
+  int batch_size = 1;
+  friend bool operator==(const ReplayOptions&, const ReplayOptions&) = default;
 };
 
-enum class ArmType { choice, boolean, integer };
+/// Every arm's value for one point. The drafter's arms live in the drafter's own options struct,
+/// which crosses to the drafter as it is; the replay's and the backend's kernel policy sit beside
+/// it, each the struct its layer consumes.
+struct Arms {
+  drafter::DrafterOptions drafter;
+  ReplayOptions replay;
+  /// The `kernels:` block: the backend's kernel choices (ops/kernel_policy.hpp). After expansion
+  /// it holds the effective policy, MTPLAB_* environment overrides applied.
+  ops::KernelPolicy kernels;
+};
+
+/// choice / boolean / integer: values the reader checks itself; text: a value the consuming layer
+/// parses (`set` throws naming the key and the choices), e.g. the kernel policy's fields.
+enum class ArmType { choice, boolean, integer, text };
 /// The layer whose code reads the arm's value.
 enum class ArmLayer { drafter, harness, backend };
 const char* to_string(ArmLayer layer);
@@ -43,6 +59,7 @@ struct ArmSpec {
   std::string name;
   ArmType type = ArmType::choice;
   std::vector<std::string> choices;  ///< canonical spellings (choice; boolean: off, on)
+  std::string text_values;           ///< text: the accepted values, for messages
   int64_t min = 0, max = 0;          ///< integer range, inclusive
   bool sweepable = true;
   ArmLayer layer = ArmLayer::drafter;

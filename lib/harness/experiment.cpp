@@ -43,8 +43,15 @@ YAML::Node strip_marks(const YAML::Node& n) {
 // Writes `value` at the dotted `path` of `root`, creating mappings on the way. A scalar `model:`
 // met on the way becomes {preset: <scalar>} so that model.<key> overrides a preset's key.
 void set_path(YAML::Node root, const std::string& path, const YAML::Node& value, const std::string& origin) {
-  const std::vector<std::string> parts = split(path, '.');
+  std::vector<std::string> parts = split(path, '.');
   for (const auto& p : parts) MTP_REQUIRE(!p.empty(), origin, ": empty component in key path \"", path, "\"");
+  // A sweep axis is one key of sweep.grid, dots and all ("sweep.grid.kernels.pdl" sets the axis
+  // "kernels.pdl", as `kernels.pdl: [...]` under grid: does in the file).
+  if (parts.size() > 3 && parts[0] == "sweep" && parts[1] == "grid") {
+    std::vector<std::string> axis(parts.begin() + 2, parts.end());
+    parts.resize(2);
+    parts.push_back(join(axis, "."));
+  }
   YAML::Node cur;
   cur.reset(root);
   MTP_REQUIRE(cur.IsMap(), origin, ": the document is not a mapping");
@@ -332,15 +339,8 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 const char* to_string(ValueType t) {
-  switch (t) {
-    case ValueType::integer:
-      return "int";
-    case ValueType::floating:
-      return "float";
-    case ValueType::text:
-      return "str";
-  }
-  return "str";
+  static const char* const names[] = {"int", "float", "str"};
+  return names[static_cast<size_t>(t)];
 }
 
 ValueType parse_value_type(const std::string& s) {
@@ -534,6 +534,9 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
           where += str(where.empty() ? "" : ", ", ex.axes[a].name, " from ", origin_of(v));
         }
         p = reader.point(doc, nullptr);
+        // The environment overrides the kernel policy (benchmarks, tuning): applied here, so that
+        // the effective policy is the point's configuration and identity, recorded and compared.
+        p.arms.kernels = ops::env_overrides(p.arms.kernels, &p.kernel_env_overrides);
         p.index = static_cast<int>(ex.points.size());
         p.assignment = assignment;
         for (size_t a = 0; a < idx.size(); ++a) p.assignment_index.push_back(static_cast<int64_t>(idx[a]));

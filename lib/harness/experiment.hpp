@@ -29,6 +29,7 @@ struct WeightsSpec {
   bool synthetic = true;
   uint64_t seed = 1;
   std::string checkpoint;
+  friend bool operator==(const WeightsSpec&, const WeightsSpec&) = default;
 };
 
 /// `trace:` {path: file.h5} or {synthetic: {sequences, prompt_len, new_tokens, seed, layers}}.
@@ -40,6 +41,7 @@ struct TraceSpec {
   int new_tokens = 64;
   uint64_t seed = 1;
   int layers = 2;
+  friend bool operator==(const TraceSpec&, const TraceSpec&) = default;
 };
 
 /// `measure:` how much of the trace a point replays and how its time is summarised.
@@ -64,7 +66,10 @@ struct PointConfig {
   MeasureSpec measure;
   std::string backend = "auto";  ///< auto | cpu | cuda
   Arms arms;                     ///< every arm (harness/arms.hpp)
-  std::string canonical;         ///< resolved YAML of this point (its identity)
+  /// The kernel-policy fields that MTPLAB_* variables overrode at expansion, as
+  /// "field=value (VARIABLE)" (ops::env_overrides); arms.kernels holds the result.
+  std::vector<std::string> kernel_env_overrides;
+  std::string canonical;  ///< resolved YAML of this point (its identity)
 
   /// "p0003".
   std::string name() const;

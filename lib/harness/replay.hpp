@@ -10,9 +10,16 @@
 //     L += a + 1                                        a accepted + the target's bonus token
 // Sequences end when fewer than k targets remain, so every step drafts exactly k tokens and
 // per-position rates compare across steps.
+//
+// At batch B (replay_batched), B sequences are stepped together: one batched propose drafts for
+// every live slot, then each row verifies, trims and catches up on its own, exactly as above. A
+// finished sequence releases its slot and the next sequence of the trace takes it (continuous
+// batching, in trace order), so a step drafts for min(B, sequences left) rows. Each sequence's
+// steps are those of replay_sequence: the same positions, the same verification.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "core/numeric.hpp"
@@ -21,11 +28,12 @@
 
 namespace mtplab::harness {
 
-/// One propose / verify step.
+/// One propose / verify step of one sequence.
 struct StepRecord {
   int32_t sequence = 0;
   int32_t position = 0;  ///< L: the drafts predict t_{L+1}..t_{L+k}
   int32_t accepted = 0;
+  int32_t batch_rows = 1;  ///< sequences the batched step that drafted this row drafted for
   std::vector<int32_t> drafts;
   std::vector<int32_t> targets;
 };
@@ -46,8 +54,10 @@ struct AcceptanceStats {
 /// Longest prefix of drafts equal to targets.
 int accepted_prefix(const std::vector<int32_t>& drafts, const std::vector<int32_t>& targets);
 
-/// Hooks around each step of a replay (either may be empty).
+/// Hooks around each step of a replay (any may be empty).
 struct ReplayHooks {
+  /// After the sequence's prefill rows.
+  std::function<void()> after_prefill;
   /// Called before each propose (after the prefill for the first step).
   std::function<void()> before_step;
   /// Called after each step's catch-up rows; returning false ends the replay after this step.
@@ -58,6 +68,25 @@ struct ReplayHooks {
 std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,
                                         int sequence_index, int k, int hidden, AcceptanceStats& stats,
                                         const ReplayHooks& hooks);
+
+/// Hooks around each batched step of replay_batched (any may be empty).
+struct BatchReplayHooks {
+  /// After the prefill of a sequence that takes a slot (`sequence_index` into the span).
+  std::function<void(int sequence_index)> after_prefill;
+  /// Before each batched propose (after the prefills of the sequences that joined).
+  std::function<void()> before_step;
+  /// After every row of a batched step verified and caught up; the rows in slot order. Returning
+  /// false ends the replay after this step.
+  std::function<bool(const std::vector<StepRecord>&)> after_step;
+  /// When a sequence leaves its slot: its index and the steps it took.
+  std::function<void(int sequence_index, int steps)> after_sequence;
+};
+
+/// Replays `seqs` at batch `batch_size` (1 .. drafter::kMaxBatch) through the drafter's batched
+/// step (MtpDrafter::propose_batch), continuous batching in trace order. StepRecord::sequence is
+/// each sequence's TraceSequence::index. Returns the batched steps done.
+int64_t replay_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSequence> seqs, int batch_size,
+                       int k, int hidden, const BatchReplayHooks& hooks);
 
 /// Replays one sequence; calls on_step after every step (may be empty). Returns the steps.
 std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,

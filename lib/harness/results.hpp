@@ -50,8 +50,12 @@ const std::vector<std::string>& timing_columns();
 struct PointResult {
   int k = 0;
   std::vector<int32_t> repeat, sequence, position, accepted;
+  /// The batched step each row belongs to (0, 1, ... over the point's repeats) and how many
+  /// sequences that step drafted for; at batch_size 1 every row is its own step.
+  std::vector<int32_t> batch_step, batch_rows;
   std::vector<uint8_t> warmup;
-  /// timing[c][row] for c over timing_columns().
+  /// timing[c][row] for c over timing_columns(): the row's batched step's time (every row of a
+  /// step carries the same values).
   std::vector<std::vector<double>> timing;
   std::vector<double> block_ms, head_ms, exchange_ms;  ///< [rows, k] per draft, max over ranks
   std::vector<int32_t> drafts, targets;                ///< [rows, k]

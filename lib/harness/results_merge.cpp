@@ -64,37 +64,17 @@ void copy_group(const Group& src, Group& dst) {
       }
       case io::NodeKind::dataset: {
         const io::Dataset d = src.open_dataset(name);
-        switch (d.dtype()) {
-          case DType::i8:
-            copy_typed<int8_t>(d, dst, name);
-            break;
-          case DType::u8:
-            copy_typed<uint8_t>(d, dst, name);
-            break;
-          case DType::u16:
-            copy_typed<uint16_t>(d, dst, name);
-            break;
-          case DType::i32:
-            copy_typed<int32_t>(d, dst, name);
-            break;
-          case DType::i64:
-            copy_typed<int64_t>(d, dst, name);
-            break;
-          case DType::f32:
-            copy_typed<float>(d, dst, name);
-            break;
-          case DType::f64:
-            copy_typed<double>(d, dst, name);
-            break;
-          case DType::bf16:
-            copy_typed<bf16>(d, dst, name);
-            break;
-          case DType::string: {
-            const auto v = d.read_strings();
-            io::Dataset out = dst.write_strings(name, v);
-            copy_attrs(d, out);
-            break;
-          }
+        using CopyFn = void (*)(const io::Dataset&, Group&, const std::string&);
+        static const std::map<DType, CopyFn> copy_of = {
+            {DType::i8, &copy_typed<int8_t>},    {DType::u8, &copy_typed<uint8_t>},
+            {DType::u16, &copy_typed<uint16_t>}, {DType::i32, &copy_typed<int32_t>},
+            {DType::i64, &copy_typed<int64_t>},  {DType::f32, &copy_typed<float>},
+            {DType::f64, &copy_typed<double>},   {DType::bf16, &copy_typed<bf16>}};
+        if (d.dtype() == DType::string) {
+          io::Dataset out = dst.write_strings(name, d.read_strings());
+          copy_attrs(d, out);
+        } else {
+          copy_of.at(d.dtype())(d, dst, name);
         }
         break;
       }

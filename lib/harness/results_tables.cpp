@@ -38,7 +38,7 @@ using results_format::string_list_attr;
 
 // /index: one row per point, from the point groups' attributes. Fixed metric columns, then every
 // arm (typed as the registry says) and every other sweep axis (typed as the root records it).
-void rebuild_index(H5File& f) {
+void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
   if (f.exists("index")) f.remove("index");
   Group idx = f.create_group("index");
   const Group points = f.open_group("points");
@@ -95,6 +95,17 @@ void rebuild_index(H5File& f) {
       i[c].push_back(g.has_attr(a) && g.attr_info(a).kind == io::AttrKind::integer ? g.attr_int(a) : -1);
     }
   }
+  // batch_draft_mismatches: the divergence of a point against its batch_size reference (the point
+  // with the same assignment at the axis' first value, normally batch_size 1): steps whose drafts
+  // differ (docs/results-schema.md); -1 where the point has no such reference.
+  {
+    std::map<int64_t, int64_t> mismatches;
+    for (const auto& dv : divergence)
+      if (dv.axis == "batch_size") mismatches[dv.point] = dv.differ_any;
+    std::vector<int64_t>& col = i["batch_draft_mismatches"];
+    for (int64_t point : i["point"]) col.push_back(mismatches.count(point) ? mismatches[point] : -1);
+    int_cols.push_back("batch_draft_mismatches");
+  }
   for (const auto& c : int_cols) idx.write(c, i[c]);
   for (const auto& c : string_cols) idx.write_strings(c, s[c]);
   for (const auto& c : float_cols) idx.write(c, d[c]);
@@ -139,8 +150,9 @@ void write_divergence(H5File& f, const std::vector<Divergence>& rows) {
 }  // namespace
 
 void results_format::rebuild_derived_tables(H5File& f) {
-  rebuild_index(f);
-  write_divergence(f, compute_divergence(f));
+  const std::vector<Divergence> divergence = compute_divergence(f);
+  rebuild_index(f, divergence);
+  write_divergence(f, divergence);
 }
 
 std::vector<Divergence> compute_divergence(const Group& root) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <map>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
@@ -45,6 +46,45 @@ void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
   }
   f.set_attr("sweep_axes", axes);
   f.create_group("points");
+}
+
+// The keys whose values differ between two YAML documents (mappings, flattened to dotted key
+// paths), as "key: A (in the file) vs B (this run)".
+void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (n.IsMap()) {
+    for (auto it = n.begin(); it != n.end(); ++it)
+      flatten(it->second, prefix.empty() ? it->first.Scalar() : prefix + "." + it->first.Scalar(), out);
+    return;
+  }
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  out[prefix] = e.c_str();
+}
+
+std::vector<std::string> config_differences(const std::string& in_file, const std::string& this_run) {
+  std::map<std::string, std::string> a, b;
+  try {
+    flatten(YAML::Load(in_file), "", a);
+    flatten(YAML::Load(this_run), "", b);
+  } catch (const YAML::Exception&) {
+    return {"(the stored configuration is not readable YAML)"};
+  }
+  // An arm that the canonical text leaves out at its default reads as its default.
+  for (const auto& arm : arm_registry())
+    if (arm.omit_at_default)
+      for (auto* m : {&a, &b})
+        if (!m->count(arm.name)) (*m)[arm.name] = arm.default_value();
+  std::vector<std::string> out;
+  for (const auto& [key, v] : a) {
+    auto it = b.find(key);
+    if (it == b.end())
+      out.push_back(str(key, ": ", v, " (in the file) vs absent (this run)"));
+    else if (it->second != v)
+      out.push_back(str(key, ": ", v, " (in the file) vs ", it->second, " (this run)"));
+  }
+  for (const auto& [key, v] : b)
+    if (!a.count(key)) out.push_back(str(key, ": absent (in the file) vs ", v, " (this run)"));
+  return out;
 }
 
 }  // namespace
@@ -99,9 +139,14 @@ std::set<int> prepare_results_file(const std::string& path, const Experiment& ex
               ", this mtplab writes ", kResultsSchemaVersion, "; choose another output (--out)");
   const std::string identity = f.attr_string("experiment_identity");
   if (identity != ex.identity) {
+    std::vector<std::string> diffs = config_differences(f.attr_string("experiment_yaml"), ex.resolved_yaml);
+    std::erase_if(diffs, [](const std::string& d) { return d.starts_with("output:"); });
+    if (f.attr_int("world_size") != ex.world)
+      diffs.push_back(
+          str("world size: ", f.attr_int("world_size"), " (in the file) vs ", ex.world, " (this run)"));
     MTP_FAIL(path, ": holds results of a different experiment configuration (",
-             f.attr_string("experiment_file"), ", ", f.attr_int("world_size"), " rank(s), identity ",
-             identity, "); this run is ", ex.file, " with ", ex.world, " rank(s), identity ", ex.identity,
+             f.attr_string("experiment_file"), "); it differs from this run (", ex.file, ") in: ",
+             diffs.empty() ? std::string("(no key: a different mtplab wrote it)") : join(diffs, "; "),
              ". A results file holds one configuration: choose another output (--out) or delete the file");
   }
   const Group points = f.open_group("points");
@@ -111,8 +156,12 @@ std::set<int> prepare_results_file(const std::string& path, const Experiment& ex
     MTP_REQUIRE(i >= 0 && i < static_cast<int64_t>(ex.points.size()), path, ": ", g.path(), ": point index ",
                 i, " is not a point of this experiment");
     const auto& p = ex.points[static_cast<size_t>(i)];
-    MTP_REQUIRE(g.attr_string("config") == p.canonical, path, ": ", g.path(),
-                ": its configuration differs from point ", i, " of this run; refusing to mix them");
+    if (g.attr_string("config") != p.canonical)
+      MTP_FAIL(
+          path, ": ", g.path(), ": its configuration differs from point ", i,
+          " of this run in: ", join(config_differences(g.attr_string("config"), p.canonical), "; "),
+          "; refusing to mix them (a kernel choice set by an MTPLAB_* variable counts: the point records "
+          "kernel_env_overrides)");
     if (g.attr_string("status") == "ok") done.insert(static_cast<int>(i));
   }
   return done;
@@ -170,6 +219,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   g.set_attr("warmup_steps", static_cast<int64_t>(point.measure.warmup_steps));
   g.set_attr("repeats", static_cast<int64_t>(point.measure.repeats));
   g.set_attr("arms_not_applied", r.arms_not_applied);
+  g.set_attr("kernel_env_overrides", point.kernel_env_overrides);
   g.set_attr("ranks_agree", r.ranks_agree);
   g.set_attr("repeat_mismatches", r.repeat_mismatches);
   if (r.selection_checked) {
@@ -201,6 +251,8 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   steps.write("position", r.position, results_format::column_options());
   steps.write("accepted", r.accepted, results_format::column_options());
   steps.write("warmup", r.warmup, results_format::column_options());
+  steps.write("batch_step", r.batch_step, results_format::column_options());
+  steps.write("batch_rows", r.batch_rows, results_format::column_options());
   for (size_t c = 0; c < timing_columns().size(); ++c)
     steps.write(timing_columns()[c], r.timing[c], results_format::column_options());
   g.write("drafts", r.drafts, n, k, results_format::column_options());
@@ -223,8 +275,10 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   std::vector<double> mean, median, p10, p90, p99, mn, mx, lo, hi, spread;
   for (size_t c = 0; c < timing_columns().size(); ++c) {
     std::vector<double> x;
+    // Each (batched) step once: its first row (every row of a step carries the step's times).
     for (size_t row = 0; row < n; ++row)
-      if (!r.warmup[row]) x.push_back(r.timing[c][row]);
+      if (!r.warmup[row] && (row == 0 || r.batch_step[row] != r.batch_step[row - 1]))
+        x.push_back(r.timing[c][row]);
     const Summary s = summarize(x, 0x5EED0000ull + static_cast<uint64_t>(point.index) * 64 + c);
     metric.push_back(timing_columns()[c]);
     count.push_back(s.n);

@@ -51,28 +51,15 @@ PhaseTimes EventPhaseTimer::collect() {
       MTP_REQUIRE(c.index >= 0 && i < v.size(), "timer: draft index ", c.index, " outside 0..", v.size() - 1);
       v[i] += ms;
     };
-    switch (c.phase) {
-      case drafter::Phase::prefill:
-        t.prefill += ms;
-        break;
-      case drafter::Phase::propose:
-        t.propose += ms;
-        break;
-      case drafter::Phase::block:
-        per_draft(t.block);
-        break;
-      case drafter::Phase::head:
-        per_draft(t.head);
-        break;
-      case drafter::Phase::exchange:
-        per_draft(t.exchange);
-        break;
-      case drafter::Phase::after_verify:
-        t.after_verify += ms;
-        break;
-      case drafter::Phase::catch_up:
-        t.catch_up += ms;
-        break;
+    using drafter::Phase;
+    if (c.phase == Phase::block || c.phase == Phase::head || c.phase == Phase::exchange) {
+      per_draft(c.phase == Phase::block ? t.block : c.phase == Phase::head ? t.head : t.exchange);
+    } else {
+      double& total = c.phase == Phase::prefill        ? t.prefill
+                      : c.phase == Phase::propose      ? t.propose
+                      : c.phase == Phase::after_verify ? t.after_verify
+                                                       : t.catch_up;
+      total += ms;
     }
   }
   closed_.clear();

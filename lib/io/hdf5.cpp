@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <set>
 #include <type_traits>
 
@@ -483,17 +484,10 @@ AttrKind attr_kind_of(hid_t type) {
   }
 }
 const char* attr_kind_name(AttrKind k) {
-  switch (k) {
-    case AttrKind::integer:
-      return "an integer";
-    case AttrKind::floating:
-      return "a float";
-    case AttrKind::string:
-      return "a string";
-    case AttrKind::other:
-      return "of another type";
-  }
-  return "?";
+  static constexpr const char* kNames[] = {"an integer", "a float", "a string",
+                                           "of another type"};  // AttrKind order
+  static_assert(std::size(kNames) == static_cast<std::size_t>(AttrKind::other) + 1);
+  return kNames[static_cast<std::size_t>(k)];
 }
 
 void require_attr(const Node& at, std::string_view name, const OpenAttr& a, AttrKind want, bool scalar) {

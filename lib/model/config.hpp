@@ -99,6 +99,10 @@ struct ModelConfig {
 
   /// Locations of the keys read from YAML (key path -> "file:line:col: path").
   std::map<std::string, std::string> key_locations;
+
+  /// Field by field (key_locations included: two configs read from different places compare
+  /// unequal, which costs a cache reload at worst).
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
 };
 
 /// Reads a ModelConfig from a mapping (a preset file's root, or a `model:` mapping inlined in

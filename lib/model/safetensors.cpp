@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <limits>
 #include <set>
 
@@ -30,21 +31,10 @@ struct Json {
   std::vector<std::pair<std::string, Json>> members;
 
   const char* kind_name() const {
-    switch (kind) {
-      case Kind::null:
-        return "null";
-      case Kind::boolean:
-        return "a boolean";
-      case Kind::number:
-        return "a number";
-      case Kind::string:
-        return "a string";
-      case Kind::array:
-        return "an array";
-      case Kind::object:
-        return "an object";
-    }
-    return "?";
+    static constexpr const char* kNames[] = {"null",     "a boolean", "a number",
+                                             "a string", "an array",  "an object"};  // Kind order
+    static_assert(std::size(kNames) == static_cast<size_t>(Kind::object) + 1);
+    return kNames[static_cast<size_t>(kind)];
   }
 };
 

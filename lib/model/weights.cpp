@@ -119,17 +119,7 @@ std::vector<Spec> build_specs(const ModelConfig& c, const ShardPlan& plan, MtpWe
   std::vector<Spec> specs;
   auto layer = [&](const std::string& rel, std::vector<int64_t> full, float mean, float sd, TensorBF16* bf,
                    TensorF32* f32 = nullptr, Split split = Split::whole, int64_t unit = 0) {
-    Spec s;
-    s.canonical = rel;
-    s.ckpt = c.mtp_prefix + rel;
-    s.full = std::move(full);
-    s.split = split;
-    s.unit = unit;
-    s.mean = mean;
-    s.stddev = sd;
-    s.bf = bf;
-    s.f32 = f32;
-    specs.push_back(std::move(s));
+    specs.push_back(Spec{rel, c.mtp_prefix + rel, std::move(full), split, unit, mean, sd, bf, f32, 0});
   };
   auto proj = [&](const std::string& rel, std::vector<int64_t> full, TensorBF16* bf,
                   Split split = Split::whole, int64_t unit = 0) {

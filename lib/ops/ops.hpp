@@ -21,6 +21,7 @@
 
 #include "core/error.hpp"
 #include "core/numeric.hpp"
+#include "ops/kernel_policy.hpp"
 
 namespace mtplab::ops {
 
@@ -128,7 +129,10 @@ class Event {
 /// A recorded sequence of ops (a CUDA graph executable), replayed on the backend's stream by
 /// launch(). Its device pointers and host scalars are those seen while recording; values read
 /// from backend memory (positions, tokens) are read afresh at every launch. A graph that recorded
-/// NCCL collectives must be destroyed before the communicator (dist/collectives.hpp).
+/// NCCL collectives must be destroyed before the communicator (dist/collectives.hpp). The kernels
+/// are those of the backend's kernel policy while recording: launching a graph after the policy
+/// changed is refused with an Error (record it again under the new policy). A graph must not
+/// outlive the backend that recorded it.
 class Graph {
  public:
   virtual ~Graph() = default;
@@ -156,6 +160,18 @@ class Backend {
   virtual void synchronize() = 0;
   /// The native stream (cudaStream_t) for communicators; nullptr on the CPU.
   virtual void* native_stream() { return nullptr; }
+
+  // ---- kernel choices -------------------------------------------------------------------------
+  /// The kernel choices of the ops that follow (ops/kernel_policy.hpp). CUDA: every launcher reads
+  /// its choice from the backend's launch context, nothing from the process; the CPU reference
+  /// stores the policy and computes the same function under any. Default: KernelPolicy{} (what runs
+  /// with nothing configured). A field outside its choices is an Error naming it.
+  /// Rule: set the policy before recording a graph. The CUDA backend refuses a change while a
+  /// capture is open, and a graph recorded under one policy refuses to launch under another, so a
+  /// point never replays another point's kernels (the drafter is rebuilt, and its graphs recorded
+  /// again, per point). Not while another thread enqueues ops on this backend.
+  virtual void set_kernel_policy(const KernelPolicy& policy) = 0;
+  virtual const KernelPolicy& kernel_policy() const = 0;
 
   // ---- timing ---------------------------------------------------------------------------------
   /// CUDA events on the GPU, steady clock on the CPU.

@@ -98,6 +98,7 @@ TEST(Nccl, Basics) {
   auto* nc = dynamic_cast<NcclCommunicator*>(&p.nccl);
   ASSERT_NE(nc, nullptr);
   EXPECT_EQ(nc->stream(), static_cast<void*>(g_stream));
+  EXPECT_EQ(nc->mode(), NcclMode::blocking);  // the default of Group::connect
   EXPECT_FALSE(nc->aborted());
   EXPECT_THROW(nc->set_timeout_s(0), Error);
 }
@@ -136,6 +137,44 @@ TEST(Nccl, AllReduceSumF32) {
   p.nccl.all_reduce_sum(send.get(), send.get(), n);
   p.nccl.wait();
   EXPECT_EQ(send.download(), got);
+}
+
+// The mode is a parameter of the communicator's creation: a non-blocking one (polled, no watchdog)
+// gives the blocking one's sums, bit for bit, in the same process.
+TEST(Nccl, NonBlockingModeGivesTheBlockingSums) {
+  Group blocking_group = g_rt->world_group();
+  Group polled_group = g_rt->world_group();
+  auto& blocking = dynamic_cast<NcclCommunicator&>(blocking_group.connect(Transport::nccl, g_stream));
+  auto& polled = dynamic_cast<NcclCommunicator&>(
+      polled_group.connect(Transport::nccl, g_stream, NcclMode::non_blocking));
+  EXPECT_EQ(blocking.mode(), NcclMode::blocking);
+  EXPECT_EQ(polled.mode(), NcclMode::non_blocking);
+  constexpr size_t n = 4099;
+  std::vector<float> host(n);
+  for (size_t i = 0; i < n; ++i) host[i] = draw_unit(g_seed, 29, blocking.rank(), i) * 10.0f;
+  DeviceBuffer<float> send(n), a(n), b(n);
+  send.upload(host);
+  a.poison(0xff);
+  b.poison(0xff);
+  blocking.all_reduce_sum(send.get(), a.get(), n);
+  blocking.wait();
+  polled.all_reduce_sum(send.get(), b.get(), n);
+  polled.wait();
+  const auto got_a = a.download();
+  const auto got_b = b.download();
+  ASSERT_EQ(got_a.size(), got_b.size());
+  EXPECT_EQ(std::memcmp(got_a.data(), got_b.data(), n * sizeof(float)), 0);
+  // Both are the sum (not two untouched, equally poisoned buffers): as AllReduceSumF32's bound.
+  const int size = blocking.size();
+  const float tol = 2.0f * static_cast<float>(size) * std::ldexp(1.0f, -24);
+  for (size_t i = 0; i < n; ++i) {
+    float expect = 0.0f, bound = 0.0f;
+    for (int r = 0; r < size; ++r) {
+      expect += draw_unit(g_seed, 29, r, i) * 10.0f;
+      bound += std::fabs(draw_unit(g_seed, 29, r, i) * 10.0f);
+    }
+    ASSERT_NEAR(got_b[i], expect, tol * bound + 1e-30f) << "element " << i;
+  }
 }
 
 TEST(Nccl, AllReduceSumBf16) {

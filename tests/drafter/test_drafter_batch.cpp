@@ -12,6 +12,8 @@
 
 #include "batch_replay.hpp"
 #include "common/trace.hpp"
+#include "drafter/factory.hpp"
+#include "model/weights.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -254,4 +256,39 @@ TEST(DrafterBatch, PhasesAreTimedOncePerBatchedStep) {
   EXPECT_EQ(c.begins[drafter::Phase::head], kDraft);
   EXPECT_EQ(c.begins.count(drafter::Phase::exchange), 0u);  // one rank: no exchange
   EXPECT_EQ(c.begins, c.ends);
+}
+
+// fork_sequence copies a slot's rows: the forks draft exactly as the original, and as the
+// single-sequence drafter after the same prefill; a fork then diverges on its own.
+TEST(DrafterBatch, ForkedSequencesDraftAsTheirOrigin) {
+  Fixture f;
+  const auto& seq = shared_trace().at(3);
+  const int H = f.cfg.hidden;
+  const int P = 40;  // past the dense window: sparse selections, complete pools copied
+  auto single = f.make({});
+  auto st = single->new_sequence();
+  single->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), P - 1, 0);
+  const auto want =
+      single->propose(*st, seq.tokens[P], seq.hiddens.data() + static_cast<size_t>(P - 1) * H, kDraft);
+
+  auto d = f.make({});
+  auto batch = d->new_batch(3);
+  const int s0 = d->new_sequence(*batch);
+  d->append_rows(*batch, s0, seq.tokens.data() + 1, seq.hiddens.data(), P - 1, 0);
+  const int s1 = d->fork_sequence(*batch, s0);
+  const int s2 = d->fork_sequence(*batch, s0);
+  EXPECT_EQ(batch->seq_len(s1), P - 1);
+  EXPECT_EQ(batch->seq_len(s2), P - 1);
+  const bf16* h = seq.hiddens.data() + static_cast<size_t>(P - 1) * H;
+  const std::vector<drafter::BatchRow> rows = {
+      {s2, seq.tokens[P], h}, {s0, seq.tokens[P], h}, {s1, seq.tokens[P], h}};
+  const auto got = d->propose_batch(*batch, rows, kDraft);
+  for (size_t b = 0; b < rows.size(); ++b)
+    EXPECT_EQ(std::vector<int32_t>(got.begin() + b * kDraft, got.begin() + (b + 1) * kDraft), want)
+        << "row " << b;
+  // A fork with a pending propose is refused (with a free slot to take).
+  d->release(*batch, s2);
+  EXPECT_THROW(d->fork_sequence(*batch, s0), Error);
+  d->after_verify(*batch, s0, 0);
+  EXPECT_EQ(d->fork_sequence(*batch, s0), s2);
 }

@@ -17,6 +17,8 @@
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "common/trace.hpp"
+#include "drafter/factory.hpp"
+#include "model/weights.hpp"
 
 using namespace mtplab;
 

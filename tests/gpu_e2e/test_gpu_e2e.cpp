@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "e2e_util.hpp"
 
@@ -130,7 +131,13 @@ int main(int argc, char** argv) {
     return 77;
   }
   g_gpu = ops::make_cuda_backend(0);
-  std::printf("end-to-end GPU tests on %s\n", g_gpu->device_name().c_str());
+  // The default kernel policy with the environment's MTPLAB_* overrides (MTPLAB_CUDA_PDL=0 in
+  // scripts/device/validate.sh's run without programmatic launch).
+  std::vector<std::string> overridden;
+  g_gpu->set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
+  std::printf("end-to-end GPU tests on %s, kernel policy %s%s%s\n", g_gpu->device_name().c_str(),
+              ops::to_string(g_gpu->kernel_policy()).c_str(),
+              overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
   const int rc = RUN_ALL_TESTS();
   g_gpu.reset();
   return rc;

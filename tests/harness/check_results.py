@@ -55,13 +55,47 @@ def check_point(res, name):
     want = np.array([(acc >= i + 1).mean() for i in range(k)])
     check(np.allclose(pp, want), f"{name}: per_position {pp} vs {want}")
     # The summary median is the median of the measured (non-warm-up) steps.
-    m = df[df["warmup"] == 0]["step_ms"].values
+    # Summaries count each (batched) step once: its first row (every row of a step has its times).
+    first_rows = np.concatenate([[True], np.diff(df["batch_step"].values) != 0]) if len(df) else np.array([], bool)
+    m = df[(df["warmup"] == 0).values & first_rows]["step_ms"].values
     summ = res.summary(name)
     check(len(m) == 0 or abs(summ.loc["step_ms", "median"] - np.median(m)) < 1e-9, f"{name}: step_ms median")
     check(len(m) == 0 or summ.loc["step_ms", "ci95_lo"] <= summ.loc["step_ms", "median"] <= summ.loc["step_ms", "ci95_hi"],
           f"{name}: CI does not bracket the median")
     check(int(g.attrs["ranks_agree"]) == 1, f"{name}: ranks disagree on drafts")
     check(mr._s(g.attrs["status"]) == "ok", f"{name}: status")
+    # Rows of one batched step share a batch_step; batch_rows counts them.
+    bs, rows = df["batch_step"].values, df["batch_rows"].values
+    check(bool((np.diff(bs) >= 0).all()), f"{name}: batch_step decreases")
+    _, first, counts = np.unique(bs, return_index=True, return_counts=True)
+    check(bool((rows[first] == counts).all()), f"{name}: batch_rows is not the rows of its batched step")
+    check(int(rows.max(initial=1)) <= int(g.attrs["batch_size"]), f"{name}: a step drafted for more than batch_size")
+
+
+def check_batch(res, names):
+    """batch_size: drafts per (sequence, position) equal at every B (the CPU batched step is the
+    single-row one row by row), every sequence replayed whole, continuous batching."""
+    div = res.divergence()
+    inv = div[div["axis"] == "batch_size"]
+    pts = res.points
+    batched = [n for n in names if int(res.group(n).attrs["batch_size"]) > 1]
+    check(len(batched) > 0, "no point with batch_size > 1")
+    check(len(inv) == len(batched), f"{len(inv)} batch_size divergence rows for {len(batched)} batched points")
+    check(bool((inv["differ_any"] == 0).all()), f"drafts differ across batch sizes:\n{inv}")
+    check(bool((inv["common_steps"] == inv["steps"]).all()), "steps do not align across batch sizes")
+    for n in names:
+        g = res.group(n)
+        b = int(g.attrs["batch_size"])
+        row = pts.loc[int(g.attrs["index"])]
+        want = 0 if b > 1 else -1
+        check(int(row["batch_draft_mismatches"]) == want, f"{n}: /index batch_draft_mismatches {row['batch_draft_mismatches']}")
+        s = res.steps(n)
+        nseq = len(g["sequences"]["sequence"][()])
+        rows = s["batch_rows"].values
+        check(int(rows.max()) == min(b, nseq), f"{n}: widest step {rows.max()} rows, expected min({b}, {nseq})")
+        # Continuous batching: a step drafts for min(B, sequences not yet finished).
+        if b > 1:
+            check(int(rows[0]) == min(b, nseq), f"{n}: the first step drafts for {rows[0]} rows")
 
 
 def check_qidx(res, name):
@@ -105,6 +139,7 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--sharding-invariant", action="store_true")
     ap.add_argument("--qidx", action="store_true")
+    ap.add_argument("--batch", action="store_true")
     a = ap.parse_args()
     res = mr.Results(a.file)
     names = res.point_names
@@ -139,6 +174,8 @@ def main():
         check(len(inv) == 2, f"{len(inv)} batch_qidx divergence rows, expected 2")
         check(bool((inv["differ_any"] == 0).all()), f"batch_qidx changed drafts:\n{inv}")
         check(bool((inv["common_steps"] == inv["steps"]).all()), "steps do not align across batch_qidx")
+    if a.batch:
+        check_batch(res, names)
     print(f"{a.file}: {len(names)} point(s), {len(div)} divergence row(s)")
     if failures:
         print(f"{len(failures)} failure(s)")

@@ -193,6 +193,25 @@ TEST(Experiment, CanonicalConfigIgnoresSpelling) {
 // with every value it allows; a bad value names the arm and its values. Walks the registry, so a
 // new arm is covered by adding its entry.
 std::vector<std::string> sample_values(const ArmSpec& a) {
+  if (a.type == ArmType::text) {
+    // The words of the listed values that are canonical values themselves ("auto (or 0), 1 .. 1024"
+    // gives auto, 1 and 1024).
+    std::vector<std::string> out;
+    std::string words = a.text_values;
+    for (char& c : words)
+      if (c == ',' || c == '(' || c == ')') c = ' ';
+    for (const auto& w : split(words, ' ')) {
+      if (w.empty() || std::find(out.begin(), out.end(), w) != out.end()) continue;
+      Arms scratch;
+      try {
+        a.set(scratch, w);
+      } catch (const Error&) {
+        continue;
+      }
+      if (a.get(scratch) == w) out.push_back(w);
+    }
+    return out;
+  }
   if (a.type != ArmType::integer) return a.choices;
   return {str(a.min), str((a.min + a.max) / 2), str(a.max)};
 }
@@ -213,13 +232,19 @@ TEST(ArmRegistry, EveryArmEveryValue) {
         const auto it = std::find_if(n.begin(), n.end(), [&](const auto& kv) { return kv.first == a.name; });
         ASSERT_NE(it, n.end());
         EXPECT_EQ(it->second, v);
-        if (a.block().empty()) {
-          EXPECT_NE(p.canonical.find(str("\n", a.name, ": ", v)), std::string::npos);
-        }
+        // In the canonical text as `key: value` (a nested block's key indented under it), except
+        // an arm added after schema v2 at its default, which stays out (old files resume).
+        const std::string entry =
+            a.block().empty() ? str("\n", a.name, ": ", v) : str("\n  ", a.key(), ": ", v);
+        if (a.omit_at_default && v == a.default_value())
+          EXPECT_EQ(p.canonical.find(str(a.key(), ":")), std::string::npos) << p.canonical;
+        else
+          EXPECT_NE(p.canonical.find(entry), std::string::npos) << p.canonical;
       }
     }
     // A value outside the arm's values is refused, naming the arm.
     const std::string bad = a.type == ArmType::integer ? str(a.max + 1) : "sometimes";
+    ASSERT_FALSE(sample_values(a).empty());
     const std::string msg =
         message_of([&] { parse_experiment(kSingle, "exp.yaml", {str(a.name, "=", bad)}, 2); });
     EXPECT_NE(msg.find(a.key()), std::string::npos) << msg;
@@ -292,4 +317,61 @@ TEST(Experiment, IdentityHashIsStandardFnv1a) {
   const Experiment ex = parse_experiment(kBase, "exp.yaml", {}, 2);
   EXPECT_EQ(ex.identity.size(), 16u);
   EXPECT_NE(ex.identity, parse_experiment(kBase, "exp.yaml", {}, 1).identity);
+}
+
+// The `kernels:` block: read strictly into the point's kernel policy, part of its canonical
+// config (so of the resume check); an MTPLAB_* variable overrides a field and is recorded.
+TEST(ArmRegistry, KernelsBlock) {
+  const std::string text = std::string(kSingle) + "kernels:\n  gemv_variant: rows2\n  pdl: false\n";
+  const Experiment ex = parse_experiment(text, "exp.yaml", {}, 1);
+  const PointConfig& p = ex.points.at(0);
+  EXPECT_EQ(p.arms.kernels.gemv_variant, ops::GemvVariant::rows2);
+  EXPECT_FALSE(p.arms.kernels.pdl);
+  EXPECT_NE(p.canonical.find("kernels:\n  gemv_variant: rows2\n  pdl: off"), std::string::npos)
+      << p.canonical;
+  EXPECT_TRUE(p.kernel_env_overrides.empty());
+  // At the defaults the block stays out of the canonical text.
+  EXPECT_EQ(parse_experiment(kSingle, "exp.yaml", {}, 1).points[0].canonical.find("kernels"),
+            std::string::npos);
+  // A typo in the block, and a bad value, name the key.
+  const std::string typo = message_of(
+      [] { parse_experiment(std::string(kSingle) + "kernels: {gemv_varient: rows2}\n", "exp.yaml", {}, 1); });
+  EXPECT_NE(typo.find("gemv_variant"), std::string::npos) << typo;
+  const std::string bad = message_of(
+      [] { parse_experiment(std::string(kSingle) + "kernels: {mla_decode: v3}\n", "exp.yaml", {}, 1); });
+  EXPECT_NE(bad.find("mla_decode"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("v1, v2"), std::string::npos) << bad;
+  // Swept like any arm.
+  EXPECT_EQ(
+      parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.indexer_select=[v1,v2]"}, 1).points.size(),
+      2u);
+  // The environment overrides a field, and the point records it.
+  ASSERT_EQ(setenv("MTPLAB_GEMV_SPLIT", "4", 1), 0);
+  const Experiment env = parse_experiment(text, "exp.yaml", {}, 1);
+  unsetenv("MTPLAB_GEMV_SPLIT");
+  const PointConfig& q = env.points.at(0);
+  EXPECT_EQ(q.arms.kernels.gemv_split, 4);
+  ASSERT_EQ(q.kernel_env_overrides.size(), 1u);
+  EXPECT_NE(q.kernel_env_overrides[0].find("MTPLAB_GEMV_SPLIT"), std::string::npos);
+  EXPECT_NE(q.canonical.find("gemv_split: 4"), std::string::npos) << q.canonical;
+  EXPECT_NE(q.canonical, p.canonical);
+}
+
+TEST(Experiment, ShippedBatchScalingExperiment) {
+  // experiments/batch-scaling.yaml: batch_size 1 .. 128 x head_fp8 x cuda_graph at the glm5.3-flash
+  // shape, a trace with enough sequences to fill B = 128.
+  const char* src = std::getenv("MTPLAB_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "MTPLAB_SOURCE_DIR is not set";
+  const Experiment ex = load_experiment(std::string(src) + "/experiments/batch-scaling.yaml", {}, 1);
+  ASSERT_EQ(ex.points.size(), 32u);
+  int largest = 0;
+  for (const PointConfig& p : ex.points) {
+    EXPECT_EQ(p.model.name, "glm5.3-flash");
+    EXPECT_EQ(p.backend, "cuda");
+    largest = std::max(largest, p.arms.replay.batch_size);
+    EXPECT_GE(p.trace.sequences, p.arms.replay.batch_size);
+  }
+  EXPECT_EQ(largest, 128);
+  EXPECT_EQ(ex.axes.at(0).name, "batch_size");
+  EXPECT_EQ(ex.axes.at(0).type, ValueType::integer);
 }

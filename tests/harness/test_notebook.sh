@@ -23,7 +23,7 @@ MTPLAB_RESULTS=$work/q.h5 MTPLAB_FIGURES=$work/figures PYDEVD_DISABLE_FILE_VALID
   >"$work/nb.log" 2>&1 || { echo "FAIL: the notebook did not execute"; cat "$work/nb.log"; exit 1; }
 
 failures=0
-for fig in acceptance_tau per_position phase_breakdown fp8_divergence sharding_latency; do
+for fig in acceptance_tau per_position phase_breakdown fp8_divergence sharding_latency batch_scaling; do
   f=$work/figures/$fig.png
   if [[ -s $f ]] && [[ $(head -c 8 "$f" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]]; then
     echo "ok: $fig.png ($(stat -c %s "$f") bytes)"
@@ -43,11 +43,27 @@ if [[ -f $gpu_results ]]; then
     timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb-gpu" \
     >"$work/nb-gpu.log" 2>&1 || { echo "FAIL: the notebook did not execute on $gpu_results"; cat "$work/nb-gpu.log"; exit 1; }
   n=$(find "$work/figures-gpu" -name '*.png' -size +1k | wc -l)
-  if ((n == 5)) && ! grep -q '"output_type": "error"' "$work/nb-gpu/results.ipynb"; then
-    echo "ok: 5 figures from the seed-ablations GPU results"
+  if ((n == 6)) && ! grep -q '"output_type": "error"' "$work/nb-gpu/results.ipynb"; then
+    echo "ok: 6 figures from the seed-ablations GPU results (schema v1)"
   else
-    echo "FAIL: $n of 5 figures (or a cell raised) on $gpu_results"
+    echo "FAIL: $n of 6 figures (or a cell raised) on $gpu_results"
     failures=$((failures + 1))
   fi
+fi
+
+# A batch_size sweep: the batch-scaling figure has lines to draw (and the other cells cope).
+"$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab" run "$src/tests/harness/synthetic-quickstart.yaml" \
+  --set trace.synthetic.sequences=5 --set trace.synthetic.new_tokens=12 --set measure.warmup_steps=1 \
+  --set 'sweep.grid.skip=[none]' --set 'sweep.grid.context_rows=[cache_only]' --set 'sweep.grid.batch_size=[1,2,4]' \
+  --out "$work/b.h5" >"$work/run-b.log" 2>&1 || { echo "FAIL: the batch_size run exited $?"; cat "$work/run-b.log"; exit 1; }
+MTPLAB_RESULTS=$work/b.h5 MTPLAB_FIGURES=$work/figures-b PYDEVD_DISABLE_FILE_VALIDATION=1 \
+  timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb-b" \
+  >"$work/nb-b.log" 2>&1 || { echo "FAIL: the notebook did not execute on the batch_size run"; cat "$work/nb-b.log"; exit 1; }
+if [[ -s $work/figures-b/batch_scaling.png ]] && ! grep -q '"output_type": "error"' "$work/nb-b/results.ipynb" &&
+   grep -q 'batch scaling: [1-9]' "$work/nb-b/results.ipynb"; then
+  echo "ok: batch_scaling.png from a batch_size sweep"
+else
+  echo "FAIL: no batch-scaling figure from the batch_size sweep (or a cell raised)"
+  failures=$((failures + 1))
 fi
 ((failures == 0)) || exit 1

@@ -7,6 +7,8 @@
 #                                               file holds the completed points; a rerun resumes
 #   test_run.sh sigkill MTPLAB MPIEXEC PYTHON   SIGKILL to the ranks mid-run: the file is still
 #                                               valid; a rerun resumes
+#   test_run.sh batch   MTPLAB MPIEXEC PYTHON   batch_size 1, 2, 4: the same drafts per (sequence,
+#                                               position) at every B, continuous batching
 #   test_run.sh qidx    MTPLAB MPIEXEC PYTHON   batch_qidx x context_rows: the selection check's
 #                                               counters where it applies, arms_not_applied and a
 #                                               log line where it does not (cache_only)
@@ -62,6 +64,22 @@ case $mode in
     grep -q 'holds results of a different experiment configuration' "$work/run3.log" ||
       { fail "no clear refusal message"; cat "$work/run3.log"; }
     $check "$out" --points 8 || fail "results after the refused run"
+    # A kernel choice made by the environment is the point's configuration: a rerun into the same
+    # file with another one is refused, naming the key (the cpu backend records the policy too).
+    if MTPLAB_GEMV_SPLIT=2 run "$work/run4.log" "${small[@]}" --out "$out"; then
+      fail "a rerun with another kernel choice (MTPLAB_GEMV_SPLIT=2) was accepted into $out"
+    fi
+    grep -q 'kernels.gemv_split: auto (in the file) vs 2 (this run)' "$work/run4.log" ||
+      { fail "the kernel-choice refusal does not name kernels.gemv_split"; cat "$work/run4.log"; }
+    MTPLAB_GEMV_SPLIT=2 run "$work/run5.log" "${small[@]}" --point 0 --out "$work/split2.h5" ||
+      { fail "a run with MTPLAB_GEMV_SPLIT=2 exited $?"; cat "$work/run5.log"; }
+    "$python" - "$work/split2.h5" <<'PY' || fail "the environment override is not recorded per point"
+import sys, h5py
+g = h5py.File(sys.argv[1], "r")["points"]["p0000"]
+dec = lambda v: v.decode() if isinstance(v, bytes) else v
+assert dec(g.attrs["kernels.gemv_split"]) == "2", g.attrs["kernels.gemv_split"]
+assert [dec(x) for x in g.attrs["kernel_env_overrides"]] == ["gemv_split=2 (MTPLAB_GEMV_SPLIT)"], g.attrs["kernel_env_overrides"]
+PY
     # Two array tasks and a merge.
     run "$work/t0.log" "${small[@]}" --point 0 --out "$work/task0.h5" || fail "--point 0 exited $?"
     run "$work/t5.log" "${small[@]}" --point 5 --out "$work/task5.h5" || fail "--point 5 exited $?"
@@ -116,6 +134,15 @@ PY
     n=$(grep -c 'already in the results file, skipped' "$work/resume.log")
     ((n == done_before)) || fail "resume skipped $n points, the file had $done_before"
     $check "$out" --points 8 --sharding-invariant || fail "results after the resume"
+    ;;
+  batch)
+    out=$work/q.h5
+    # batch_size 1, 2, 4 over 5 sequences (continuous batching: slots are refilled), 2 ranks with
+    # the head replicated and vocab-sharded, cache-only and full context rows: 12 points.
+    batch=(--set trace.synthetic.sequences=5 --set trace.synthetic.new_tokens=16 --set 'sweep.grid.skip=[none]'
+           --set 'sweep.grid.head_fp8=[off]' --set 'sweep.grid.batch_size=[1,2,4]' --set measure.warmup_steps=1)
+    run "$work/run.log" "${batch[@]}" --out "$out" || { fail "run exited $?"; cat "$work/run.log"; }
+    $check "$out" --points 12 --batch --sharding-invariant || { fail "results of the batch_size run"; cat "$work/run.log"; }
     ;;
   qidx)
     out=$work/q.h5

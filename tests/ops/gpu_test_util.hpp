@@ -7,6 +7,9 @@
 //   MTPLAB_TEST_SEED=<n> reproduces a run.
 // - Poison is 0xFF for floats (NaN: no tolerance accepts it) and 0x7F for integers (0x7F7F7F7F is
 //   no valid index, position or padding value), so an output a kernel forgot to write fails.
+// - Kernel choices go through the GPU backend's policy (PolicyScope), never process state; main
+//   starts from KernelPolicy{} with the MTPLAB_* overrides applied (ops/kernel_policy.hpp), so a
+//   tuning run can run every test under, say, MTPLAB_GEMV_VARIANT=rows2.
 // - BF16 tolerance: the two backends round the same fp32 function at the same points and differ
 //   only by fp32 summation order (relative error ~ sqrt(k) * 2^-24 before rounding), which can
 //   flip a BF16 rounding by one ulp; allow 2 ulps of the reference plus an absolute floor for
@@ -30,6 +33,7 @@
 #include "common/seed.hpp"
 #include "core/hash.hpp"
 #include "core/numeric.hpp"
+#include "ops/kernel_policy.hpp"
 #include "ops/ops.hpp"
 
 namespace mtplab::ops::gputest {
@@ -54,6 +58,30 @@ Backend& gpu();
 
 uint64_t run_seed();
 inline std::string seed_note() { return ::mtplab::test::seed_note(run_seed()); }
+
+/// The GPU backend's kernel policy for one scope: the current policy with `edit` applied; the one
+/// before is restored when the scope ends.
+class PolicyScope {
+ public:
+  template <typename Edit>
+  explicit PolicyScope(Edit&& edit) : previous_(gpu().kernel_policy()) {
+    KernelPolicy p = previous_;
+    edit(p);
+    gpu().set_kernel_policy(p);
+  }
+  ~PolicyScope() {
+    try {
+      gpu().set_kernel_policy(previous_);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "restoring the kernel policy: " << e.what();
+    }
+  }
+  PolicyScope(const PolicyScope&) = delete;
+  PolicyScope& operator=(const PolicyScope&) = delete;
+
+ private:
+  KernelPolicy previous_;
+};
 
 /// splitmix64: fast enough to fill a [154880, 4096] head in about a second.
 class Rng : public ::mtplab::test::RandomVectors<Rng> {

@@ -6,12 +6,13 @@
 // keys and scores are fp32 that differ by the device expf (<= 2 ulp) and summation order, so
 // 1e-5 relative plus 1e-5 of the largest; the selection is exact given identical scores (both
 // backends are fed the same score vector, ties included); BF16 outputs as gpu_test_util.hpp.
-// The MLA decode runs under both of its paths (ops::cuda::MlaDecodePath), each against the same CPU
-// result under gpu_test_util.hpp's BF16 tolerance: both compute the CPU's formula with one BF16
-// rounding of o_lat, differing only by fp32 summation order, the BF16 hi + lo split of the
-// probabilities (~2^-17 relative) and, in the split merge, a product of two fp32 exponentials
-// where the CPU has one (a few 2^-24), all far below the BF16 ulp (2^-8 relative). Each path is
-// also run twice on the same inputs and must give the same bytes (a fixed merge order).
+// The MLA decode runs under both of its paths (ops::MlaDecode, set through the GPU backend's kernel
+// policy), each against the same CPU result under gpu_test_util.hpp's BF16 tolerance: both compute
+// the CPU's formula with one BF16 rounding of o_lat, differing only by fp32 summation order, the
+// BF16 hi + lo split of the probabilities (~2^-17 relative) and, in the split merge, a product of
+// two fp32 exponentials where the CPU has one (a few 2^-24), all far below the BF16 ulp (2^-8
+// relative). Each path is also run twice on the same inputs and must give the same bytes (a fixed
+// merge order).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,27 +22,22 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
-#include "ops/cuda/kernels.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
 
 class GpuAttention : public ::testing::TestWithParam<Shape> {};
 
-/// Runs indexer_select on one kernel for its lifetime (both are tested; the default is v2).
+/// Runs indexer_select on one kernel for its lifetime, through the GPU backend's kernel policy (both
+/// are tested; the default is v2).
 class SelectPath {
  public:
-  explicit SelectPath(cuda::IndexerSelectPath path) : prev_(cuda::indexer_select_path()) {
-    cuda::set_indexer_select_path(path);
-  }
-  ~SelectPath() { cuda::set_indexer_select_path(prev_); }
-  SelectPath(const SelectPath&) = delete;
-  SelectPath& operator=(const SelectPath&) = delete;
+  explicit SelectPath(IndexerSelect path) : scope_([path](KernelPolicy& p) { p.indexer_select = path; }) {}
 
  private:
-  cuda::IndexerSelectPath prev_;
+  PolicyScope scope_;
 };
-constexpr cuda::IndexerSelectPath kSelectPaths[] = {cuda::IndexerSelectPath::v2, cuda::IndexerSelectPath::v1};
+constexpr IndexerSelect kSelectPaths[] = {IndexerSelect::v2, IndexerSelect::v1};
 
 /// Pools the score / selection tests sweep: the bench's 16384 at glm5.3-flash.
 int max_pools_for(const Shape& s) {
@@ -126,9 +122,9 @@ TEST_P(GpuAttention, IndexerScoresAndSelect) {
       auto sel = out_twin<int32_t>(width);
       cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
       gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
-      expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
-                         std::string("indexer_select ") + cuda::indexer_select_path_name(path) + " " +
-                             c.name + " pos " + std::to_string(c.pos));
+      expect_bytes_equal(
+          sel.from_gpu(), sel.from_cpu(),
+          std::string("indexer_select ") + to_string(path) + " " + c.name + " pos " + std::to_string(c.pos));
     }
   }
 }
@@ -151,8 +147,8 @@ TEST(GpuIndexerSelect, SharedAndGlobalKeyPathsMatchTheCpu) {
         cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
         gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
         expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
-                           std::string("indexer_select ") + cuda::indexer_select_path_name(path) +
-                               " max_pools " + std::to_string(max_pools) + " pos " + std::to_string(pos));
+                           std::string("indexer_select ") + to_string(path) + " max_pools " +
+                               std::to_string(max_pools) + " pos " + std::to_string(pos));
       }
     }
   }
@@ -190,9 +186,9 @@ TEST(GpuIndexerSelect, BothKernelsMatchTheCpuAcrossPoolCountsAndTies) {
             cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
             gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
             expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
-                               std::string("indexer_select ") + cuda::indexer_select_path_name(path) +
-                                   " max_pools " + std::to_string(max_pools) + " " + kinds[kind] + " K " +
-                                   std::to_string(K) + " pos " + std::to_string(pos));
+                               std::string("indexer_select ") + to_string(path) + " max_pools " +
+                                   std::to_string(max_pools) + " " + kinds[kind] + " K " + std::to_string(K) +
+                                   " pos " + std::to_string(pos));
           }
         }
       }
@@ -228,27 +224,20 @@ std::vector<uint8_t> random_cache_bytes(Rng& rng, size_t slots, KvDtype dtype) {
   return bytes;
 }
 
-constexpr cuda::MlaDecodePath kDecodePaths[] = {cuda::MlaDecodePath::v1, cuda::MlaDecodePath::v2};
-
-/// Restores the process's decode path when a test leaves.
-struct DecodePathGuard {
-  cuda::MlaDecodePath saved = cuda::mla_decode_path();
-  ~DecodePathGuard() { cuda::set_mla_decode_path(saved); }
-};
+constexpr MlaDecode kDecodePaths[] = {MlaDecode::v1, MlaDecode::v2};
 
 /// mla_decode on the CPU once, then on the GPU under each path (twice: same bytes), into
 /// poisoned outputs.
 void expect_decode_matches(const Twin<bf16>& q, const Twin<int32_t>& sel, int width,
                            const Twin<int32_t>& table, const KvCache& cc, const KvCache& gc, int nh,
                            float softmax_scale, const std::string& what) {
-  DecodePathGuard guard;
   const size_t n = static_cast<size_t>(nh) * cc.kv_lora;
   auto ref = out_twin<bf16>(n);
   cpu().mla_decode(q.c.data(), sel.c.data(), width, table.c.data(), cc, ref.c.data(), nh, softmax_scale);
   const auto want = ref.from_cpu();
-  for (cuda::MlaDecodePath path : kDecodePaths) {
-    cuda::set_mla_decode_path(path);
-    const std::string name = what + " (" + cuda::mla_decode_path_name(path) + ")";
+  for (MlaDecode path : kDecodePaths) {
+    const PolicyScope scope([path](KernelPolicy& p) { p.mla_decode = path; });
+    const std::string name = what + " (" + to_string(path) + ")";
     auto first = out_twin<bf16>(n);
     auto again = out_twin<bf16>(n);
     gpu().mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, first.g.data(), nh, softmax_scale);

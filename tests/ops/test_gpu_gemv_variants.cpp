@@ -1,5 +1,5 @@
-// Every GEMV kernel variant (ops/cuda/kernels.hpp GemvVariant, selected here through
-// set_gemv_variant) against the CPU reference and, where the variant keeps v1's k-split, against
+// Every GEMV kernel variant (ops::GemvVariant, selected here through the GPU backend's kernel
+// policy) against the CPU reference and, where the variant keeps v1's k-split, against
 // v1's bits: BF16 GEMVs with BF16 and fp32 outputs, FP8 GEMVs with row scales, the row map
 // (mla_out_v), the head with its fused argmax, and linear_group (v1's kernel) against the separate
 // GEMVs of each variant. The shapes give every k-split the GPU picks (1 .. 8 at 132 SMs), 2 to 8
@@ -13,26 +13,21 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
-#include "ops/cuda/kernels.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
 
-using cuda::GemvVariant;
-
 constexpr GemvVariant kVariants[] = {GemvVariant::v1,  GemvVariant::rows2,    GemvVariant::rows4,
                                      GemvVariant::occ, GemvVariant::fp8split, GemvVariant::automatic};
 
-/// The variant for one scope; the previous one is restored at its end.
+/// The variant for one scope (the rest of the policy as it is); the previous policy is restored at
+/// its end.
 class VariantScope {
  public:
-  explicit VariantScope(GemvVariant v) : previous_(cuda::gemv_variant()) { cuda::set_gemv_variant(v); }
-  ~VariantScope() { cuda::set_gemv_variant(previous_); }
-  VariantScope(const VariantScope&) = delete;
-  VariantScope& operator=(const VariantScope&) = delete;
+  explicit VariantScope(GemvVariant v) : scope_([v](KernelPolicy& p) { p.gemv_variant = v; }) {}
 
  private:
-  GemvVariant previous_;
+  PolicyScope scope_;
 };
 
 /// Whether the variant promises v1's bits for this kind of weight (fp8split changes the FP8 split;
@@ -41,7 +36,7 @@ bool keeps_v1_bits(GemvVariant v, bool fp8) {
   return !(fp8 && (v == GemvVariant::fp8split || v == GemvVariant::automatic));
 }
 
-std::string label(GemvVariant v) { return std::string("variant ") + cuda::gemv_variant_name(v); }
+std::string label(GemvVariant v) { return std::string("variant ") + to_string(v); }
 
 struct GemvShape {
   const char* name;

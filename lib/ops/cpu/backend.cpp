@@ -78,6 +78,11 @@ void CpuBackend::fill_bytes(void* dst, uint8_t value, size_t bytes) {
   std::memset(dst, value, bytes);
 }
 
+void CpuBackend::set_kernel_policy(const KernelPolicy& policy) {
+  validate(policy);
+  policy_ = policy;
+}
+
 // ---- timing -------------------------------------------------------------------------------------
 
 std::unique_ptr<Event> CpuBackend::make_event() { return std::make_unique<CpuEvent>(); }

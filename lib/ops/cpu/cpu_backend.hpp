@@ -30,6 +30,10 @@ class CpuBackend final : public Backend {
   void fill_bytes(void* dst, uint8_t value, size_t bytes) override;
   void synchronize() override {}
 
+  /// Stored (validated) and reported; the reference computes the same function under any policy.
+  void set_kernel_policy(const KernelPolicy& policy) override;
+  const KernelPolicy& kernel_policy() const override { return policy_; }
+
   std::unique_ptr<Event> make_event() override;
   double elapsed_ms(const Event& start, const Event& end) override;
 
@@ -87,8 +91,9 @@ class CpuBackend final : public Backend {
                  int topk_group, float scaling, int32_t* idx, float* weights) override;
   void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
                    float limit, float* out) override;
-  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx, const float* weights,
-                          int top_k, const ExpertWeights& shared, float limit, float* out) override;
+  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                          const float* weights, int top_k, const ExpertWeights& shared, float limit,
+                          float* out) override;
 
   // ---- batched rows: each row through the single-row code above (bit-identical by construction),
   // except the head and the grouped experts, which read each weight row once for all rows.
@@ -137,6 +142,7 @@ class CpuBackend final : public Backend {
   std::vector<float> tmp_;
   std::vector<float> tmp2_;
   std::vector<bf16> row_;  ///< the normed row of the fused cache writes (kv_norm_write, indexer_norm_store)
+  KernelPolicy policy_;
 };
 
 }  // namespace mtplab::ops::cpu

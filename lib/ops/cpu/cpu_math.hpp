@@ -113,4 +113,12 @@ inline void require_distinct_slots(const char* op, const int32_t* slot, int rows
   }
 }
 
+/// The checks of a slot op that writes caches at (slot, pos): require_rows, a position array,
+/// distinct slots.
+inline void require_cache_write_rows(const char* op, const int32_t* slot, const int32_t* pos, int rows) {
+  require_rows(op, slot, rows);
+  require_ptr(op, "pos", pos);
+  require_distinct_slots(op, slot, rows);
+}
+
 }  // namespace mtplab::ops::cpu

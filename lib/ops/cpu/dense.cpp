@@ -117,14 +117,14 @@ void CpuBackend::linear_f32(const bf16* W, const bf16* X, float* Y, int rows, in
 }
 
 void CpuBackend::linear_group(std::span<const LinearOut> outs, const bf16* x, int k) {
-  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::linear_group: ",
-              outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
+              "ops::linear_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
   require_ptr("linear_group", "x", x);
   for (size_t i = 0; i < outs.size(); ++i) {
     const LinearOut& o = outs[i];
     MTP_REQUIRE(o.W && o.y, "ops::linear_group: output ", i, " has a null ", o.W ? "y" : "W");
-    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::linear_group: output ", i, " is BF16 but has f32_scale ",
-                o.f32_scale, " (only fp32 outputs are scaled)");
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::linear_group: output ", i,
+                " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
   }
   // The separate ops themselves: the group's contract is "bit-identical to them".
   for (const LinearOut& o : outs) {

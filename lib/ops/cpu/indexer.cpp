@@ -30,6 +30,22 @@ int32_t read_pos(const char* op, const int32_t* pos) {
 /// Pools whose last row is at or before `p`.
 int64_t candidate_pools(int64_t p, int P) { return (p + 1) / P; }
 
+/// The position pos[0] and its candidate pools for an op over a score buffer of max_pools (scores,
+/// select): P and max_pools checked, and the candidates checked to fit the buffer.
+struct Candidates {
+  int64_t pos;
+  int64_t pools;
+};
+Candidates read_candidates(const char* op, const int32_t* pos, int P, int max_pools) {
+  require_size(op, "P", P);
+  require_size(op, "max_pools", max_pools);
+  const int64_t p = read_pos(op, pos);
+  const int64_t n_cand = candidate_pools(p, P);
+  MTP_REQUIRE(n_cand <= max_pools, "ops::", op, ": position ", p, " has ", n_cand,
+              " complete pools but the score buffer holds ", max_pools);
+  return Candidates{p, n_cand};
+}
+
 }  // namespace
 
 void CpuBackend::indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
@@ -87,12 +103,7 @@ void CpuBackend::indexer_scores(const float* q, const float* w, const float* poo
                                 float* scores, int n_heads, int D, int P, int max_pools) {
   require_size("indexer_scores", "n_heads", n_heads);
   require_size("indexer_scores", "D", D);
-  require_size("indexer_scores", "P", P);
-  require_size("indexer_scores", "max_pools", max_pools);
-  const int64_t p = read_pos("indexer_scores", pos);
-  const int64_t n_cand = candidate_pools(p, P);
-  MTP_REQUIRE(n_cand <= max_pools, "ops::indexer_scores: position ", p, " has ", n_cand,
-              " complete pools but the score buffer holds ", max_pools);
+  const int64_t n_cand = read_candidates("indexer_scores", pos, P, max_pools).pools;
   const float inv_sqrt_d = 1.0f / std::sqrt(static_cast<float>(D));
   for (int64_t j = 0; j < n_cand; ++j) {
     const float* key = pool_keys + static_cast<size_t>(j) * D;
@@ -109,12 +120,7 @@ void CpuBackend::indexer_scores(const float* q, const float* w, const float* poo
 void CpuBackend::indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
                                 int max_pools) {
   require_size("indexer_select", "K", K);
-  require_size("indexer_select", "P", P);
-  require_size("indexer_select", "max_pools", max_pools);
-  const int64_t p = read_pos("indexer_select", pos);
-  const int64_t n_cand = candidate_pools(p, P);
-  MTP_REQUIRE(n_cand <= max_pools, "ops::indexer_select: position ", p, " has ", n_cand,
-              " complete pools but the score buffer holds ", max_pools);
+  const auto [p, n_cand] = read_candidates("indexer_select", pos, P, max_pools);
   const int64_t n_sel = std::min<int64_t>(K / P, n_cand);
   const int64_t width = static_cast<int64_t>(K) + P - 1;
 
@@ -151,6 +157,20 @@ void check_indexer_slots(const char* op, const IndexerSlots& idx) {
 }
 
 /// Row b's position, checked against the slot's capacity.
+// Slot s's arrays in the pool.
+struct SlotArrays {
+  bf16* k_cache;
+  float* gate_cache;
+  uint8_t* valid;
+  float* pool_keys;
+};
+SlotArrays slot_arrays(const IndexerSlots& idx, int32_t slot) {
+  const size_t s = static_cast<size_t>(slot), D = static_cast<size_t>(idx.D);
+  const size_t rows = static_cast<size_t>(idx.max_rows), pools = static_cast<size_t>(idx.max_pools());
+  return {idx.k_cache + s * rows * D, idx.gate_cache + s * rows * D, idx.valid + s * rows,
+          idx.pool_keys + s * pools * D};
+}
+
 int32_t slot_pos(const char* op, const int32_t* pos, int b, int max_rows) {
   const int32_t p = pos[b];
   MTP_REQUIRE(p >= 0 && p < max_rows, "ops::", op, ": row ", b, " is at position ", p,
@@ -164,20 +184,15 @@ void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, cons
                                           const float* gate, const float* ape, const int32_t* slot,
                                           const int32_t* pos, int rows, IndexerSlots idx) {
   const char* op = "indexer_norm_store_batch";
-  require_rows(op, slot, rows);
-  require_ptr(op, "pos", pos);
+  require_cache_write_rows(op, slot, pos, rows);
   check_indexer_slots(op, idx);
-  require_distinct_slots(op, slot, rows);
   const size_t D = static_cast<size_t>(idx.D);
-  const size_t rows_per_slot = static_cast<size_t>(idx.max_rows);
-  const size_t pools_per_slot = static_cast<size_t>(idx.max_pools());
   for (int r = 0; r < rows; ++r) {
     if (!live_row(op, slot, r, idx.slots)) continue;
     slot_pos(op, pos, r, idx.max_rows);
-    const size_t s = static_cast<size_t>(slot[r]);
-    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, pos + r,
-                       idx.k_cache + s * rows_per_slot * D, idx.gate_cache + s * rows_per_slot * D,
-                       idx.valid + s * rows_per_slot, idx.pool_keys + s * pools_per_slot * D, idx.D, idx.P);
+    const SlotArrays a = slot_arrays(idx, slot[r]);
+    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, pos + r, a.k_cache, a.gate_cache, a.valid,
+                       a.pool_keys, idx.D, idx.P);
   }
 }
 
@@ -193,10 +208,9 @@ void CpuBackend::indexer_scores_batch(const float* q, const float* w, const int3
   for (int r = 0; r < rows; ++r) {
     if (!live_row(op, slot, r, idx.slots)) continue;
     slot_pos(op, pos, r, idx.max_rows);
-    const size_t s = static_cast<size_t>(slot[r]);
     indexer_scores(q + r * n_heads * D, w + static_cast<size_t>(r) * n_heads,
-                   idx.pool_keys + s * max_pools * D, pos + r, scores + r * max_pools, n_heads, idx.D, idx.P,
-                   idx.max_pools());
+                   slot_arrays(idx, slot[r]).pool_keys, pos + r, scores + r * max_pools, n_heads, idx.D,
+                   idx.P, idx.max_pools());
   }
 }
 

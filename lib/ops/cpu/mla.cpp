@@ -19,6 +19,14 @@ namespace mtplab::ops::cpu {
 
 namespace {
 
+// A row op: row r of the [rows, in_row] input through `one` into row r of the [rows, out_row] output.
+template <typename F>
+void per_row(const char* op, int rows, const bf16* in, size_t in_row, bf16* out, size_t out_row, F&& one) {
+  require_size(op, "rows", rows);
+  for (int r = 0; r < rows; ++r)
+    one(in + static_cast<size_t>(r) * in_row, out + static_cast<size_t>(r) * out_row);
+}
+
 void check_cache(const char* op, const KvCache& cache) {
   require_ptr(op, "cache.data", cache.data);
   require_size(op, "cache.num_blocks", cache.num_blocks);
@@ -177,10 +185,8 @@ void check_kv_slots(const char* op, const KvSlots& kv) {
 void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
                                      const int32_t* pos, int rows, KvSlots kv) {
   const char* op = "kv_norm_write_batch";
-  require_rows(op, slot, rows);
-  require_ptr(op, "pos", pos);
+  require_cache_write_rows(op, slot, pos, rows);
   check_kv_slots(op, kv);
-  require_distinct_slots(op, slot, rows);
   const size_t L = static_cast<size_t>(kv.cache.kv_lora);
   const int64_t capacity = static_cast<int64_t>(kv.max_blocks) * kv.cache.block_size;
   for (int r = 0; r < rows; ++r) {
@@ -194,10 +200,9 @@ void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float e
 
 void CpuBackend::mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads,
                                     int dqk, int dv, int kv_lora) {
-  require_size("mla_absorb_q_batch", "rows", rows);
-  const size_t q_row = static_cast<size_t>(n_heads) * dqk, out_row = static_cast<size_t>(n_heads) * kv_lora;
-  for (int r = 0; r < rows; ++r)
-    mla_absorb_q(q + r * q_row, W_kvb, q_abs + r * out_row, n_heads, dqk, dv, kv_lora);
+  per_row("mla_absorb_q_batch", rows, q, static_cast<size_t>(n_heads) * dqk, q_abs,
+          static_cast<size_t>(n_heads) * kv_lora,
+          [&](const bf16* in, bf16* out) { mla_absorb_q(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
 }
 
 void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot,
@@ -221,10 +226,9 @@ void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, i
 
 void CpuBackend::mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads,
                                  int dqk, int dv, int kv_lora) {
-  require_size("mla_out_v_batch", "rows", rows);
-  const size_t in_row = static_cast<size_t>(n_heads) * kv_lora, out_row = static_cast<size_t>(n_heads) * dv;
-  for (int r = 0; r < rows; ++r)
-    mla_out_v(o_lat + r * in_row, W_kvb, o + r * out_row, n_heads, dqk, dv, kv_lora);
+  per_row("mla_out_v_batch", rows, o_lat, static_cast<size_t>(n_heads) * kv_lora, o,
+          static_cast<size_t>(n_heads) * dv,
+          [&](const bf16* in, bf16* out) { mla_out_v(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
 }
 
 }  // namespace mtplab::ops::cpu

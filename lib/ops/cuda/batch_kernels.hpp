@@ -54,15 +54,9 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
 /// aligned, ldx and x_group_stride multiples of 8.
 void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, void* y, bool f32_out,
                int64_t ldy, int rows, int n, int k, const GemvRowMap& map);
-/// Which path a batched linear (RowsMode::batched, rows >= 2) takes on CUDA: cuBLASLt or rows_gemm.
-/// automatic: a per-shape table (dense_batch.cu, from the measured comparison in docs/kernels.md).
-/// Initially MTPLAB_ROWS_GEMM (auto, cublaslt or mma; read at the first query); the setter
-/// overrides it for the process (tests, benchmarks).
-enum class RowsGemmPath { automatic, cublaslt, mma };
-void set_rows_gemm_path(RowsGemmPath path);
-RowsGemmPath rows_gemm_path();
-const char* rows_gemm_path_name(RowsGemmPath path);
-/// Whether the batched linear of this shape runs rows_gemm under the current path.
+/// Whether the batched linear of this shape (RowsMode::batched, rows >= 2) runs rows_gemm instead of
+/// cuBLASLt: a fixed per-shape table (dense_batch.cu) from the measured comparison in
+/// docs/kernels.md, so the choice is part of the code, not of the process.
 bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
 /// out[b] = argmax of row b (x + b * ld_x, n values): one block per row (rows = 1: the single-row
 /// multi-block kernel).

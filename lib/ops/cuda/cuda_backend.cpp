@@ -10,10 +10,13 @@
 //   (begin_capture .. end_capture): run an op once before capturing it so its scratch is sized.
 // - RowsMode::batched with rows > 1 goes through cuBLASLt (BF16 in, fp32 accumulate, BF16 or
 //   fp32 out; one handle and one workspace per backend, one cached plan per shape), or through
-//   the small-M tensor-core GEMM (cuda::rows_gemm) for the shapes cuda::rows_gemm_path picks.
-//   Everything else is a GEMV launch per row.
+//   the small-M tensor-core GEMM (cuda::rows_gemm) for the shapes its table picks
+//   (cuda::rows_gemm_wanted). Everything else is a GEMV launch per row.
 // - The batched-rows ops (B sequences per op) run the kernels of batch_kernels.hpp, one launch
 //   per op for all rows.
+// - The kernel choices are the backend's KernelPolicy, kept in ctx_ (the launchers read them
+//   there): never changed while a capture is open, and a graph launches only under the policy it
+//   was recorded with.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,7 +27,6 @@
 #include <map>
 #include <tuple>
 
-#include "core/env.hpp"
 #include "core/log.hpp"
 #include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
@@ -56,18 +58,27 @@ class CudaEvent final : public Event {
   bool recorded_ = false;
 };
 
-/// A CUDA graph executable; launched on the backend's stream.
+/// A CUDA graph executable; launched on the backend's stream, only while the backend's policy
+/// (`current`, the backend's own, which outlives its graphs) is the one it was recorded under.
 class CudaGraph final : public Graph {
  public:
-  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream) : exec_(exec), stream_(stream) {}
+  CudaGraph(cudaGraphExec_t exec, cudaStream_t stream, const KernelPolicy& current)
+      : exec_(exec), stream_(stream), current_(current), recorded_(current) {}
   ~CudaGraph() override { cudaGraphExecDestroy(exec_); }
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
-  void launch() override { MTP_CUDA_CHECK(cudaGraphLaunch(exec_, stream_)); }
+  void launch() override {
+    MTP_REQUIRE(current_ == recorded_, "ops::cuda: a graph recorded under the kernel policy ",
+                to_string(recorded_), " launched under ", to_string(current_),
+                "; record it again after changing the policy");
+    MTP_CUDA_CHECK(cudaGraphLaunch(exec_, stream_));
+  }
 
  private:
   cudaGraphExec_t exec_;
   cudaStream_t stream_;
+  const KernelPolicy& current_;
+  KernelPolicy recorded_;
 };
 
 /// Device scratch that only grows, and never while the stream is being captured.
@@ -126,8 +137,8 @@ class CudaBackend final : public Backend {
     MTP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = prop.name;
     ctx_.num_sms = prop.multiProcessorCount;
-    // Programmatic dependent launch needs sm_90; MTPLAB_CUDA_PDL=0 turns it off (docs/kernels.md).
-    ctx_.pdl = prop.major >= 9 && env_choice("MTPLAB_CUDA_PDL", {"0", "1"}).value_or("1") == "1";
+    // Programmatic dependent launch needs sm_90; the policy's pdl = off turns it off (docs/kernels.md).
+    ctx_.pdl_capable = prop.major >= 9;
     MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
     MTP_CUBLAS_CHECK(cublasLtCreate(&lt_));
     MTP_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
@@ -137,7 +148,7 @@ class CudaBackend final : public Backend {
     MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&argmax_.counter), sizeof(unsigned int)));
     MTP_CUDA_CHECK(cudaMemset(argmax_.counter, 0, sizeof(unsigned int)));
     log_debug("ops::cuda: device ", device, " (", name_, ", ", ctx_.num_sms, " SMs), programmatic launch ",
-              ctx_.pdl ? "on" : "off");
+              ctx_.pdl_capable ? "supported" : "not supported");
   }
 
   ~CudaBackend() override {
@@ -207,6 +218,17 @@ class CudaBackend final : public Backend {
   }
   void* native_stream() override { return ctx_.stream; }
 
+  // ---- kernel choices -------------------------------------------------------------------------
+  void set_kernel_policy(const KernelPolicy& policy) override {
+    MTP_REQUIRE(!capturing_,
+                "ops::cuda::set_kernel_policy while a graph is being captured: set the policy "
+                "before begin_capture (the recorded kernels would follow the old one)");
+    validate(policy);
+    ctx_.policy = policy;
+    log_debug("ops::cuda: kernel policy ", to_string(policy));
+  }
+  const KernelPolicy& kernel_policy() const override { return ctx_.policy; }
+
   // ---- timing ---------------------------------------------------------------------------------
   std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(ctx_.stream); }
   double elapsed_ms(const Event& start, const Event& end) override {
@@ -241,7 +263,7 @@ class CudaBackend final : public Backend {
     const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     MTP_CUDA_CHECK(err);
-    return std::make_unique<CudaGraph>(exec, ctx_.stream);
+    return std::make_unique<CudaGraph>(exec, ctx_.stream, ctx_.policy);
   }
 
   // ---- scalars, norms, elementwise ------------------------------------------------------------
@@ -368,9 +390,9 @@ class CudaBackend final : public Backend {
     require_cache("mla_decode", cache);
     MTP_REQUIRE(n_heads >= 1 && width >= 0, "ops::cuda::mla_decode: n_heads ", n_heads, ", width ", width);
     const int splits = cuda::mla_decode_splits(ctx_, width, n_heads);
-    float* scratch = static_cast<float*>(
-        mla_scratch_.ensure(sizeof(float) * cuda::mla_decode_scratch_floats(splits, n_heads, cache.kv_lora),
-                            ctx_.stream, "mla_decode"));
+    float* scratch = static_cast<float*>(mla_scratch_.ensure(
+        sizeof(float) * cuda::mla_decode_scratch_floats(ctx_, splits, n_heads, cache.kv_lora), ctx_.stream,
+        "mla_decode"));
     cuda::mla_decode(ctx_, q_abs, selection, width, block_table, cache, o_lat, n_heads, softmax_scale, splits,
                      scratch);
   }
@@ -673,7 +695,7 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(rows >= 1 && n_out >= 1 && k >= 1, "ops::cuda::", op, ": rows ", rows, ", n_out ", n_out,
                 ", k ", k);
     if (rows > 1 && mode == RowsMode::batched) {
-      // cuBLASLt, or the small-M tensor-core GEMM where cuda::rows_gemm_path picks it for the shape.
+      // cuBLASLt, or the small-M tensor-core GEMM for the shapes its table picks (rows_gemm_wanted).
       if (cuda::rows_gemm_wanted(rows, n_out, k, f32_out) && pointer_alignment(W) >= 16 &&
           pointer_alignment(X) >= 16) {
         cuda::rows_gemm(ctx_, W, X, k, Y, f32_out, n_out, rows, n_out, k, GemvRowMap{n_out, 0, 0, 0});

@@ -19,10 +19,8 @@
 //   scale multiplies the finished sum, as the CPU does. Ties go to the lowest index (the key).
 // - Nothing of a padded row (slot[b] < 0) is read or written.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
-#include "core/env.hpp"
 #include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
@@ -338,8 +336,6 @@ __global__ void pick_rows_kernel(const ArgMax* pairs, int n, int rows, int32_t* 
   token[b] = best.index;
 }
 
-std::atomic<int> g_rows_gemm_path{-1};
-
 }  // namespace
 
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
@@ -406,45 +402,12 @@ void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, 
   }
 }
 
-void set_rows_gemm_path(RowsGemmPath path) { g_rows_gemm_path.store(static_cast<int>(path)); }
-
-RowsGemmPath rows_gemm_path() {
-  int v = g_rows_gemm_path.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const auto env = env_choice("MTPLAB_ROWS_GEMM", {"auto", "cublaslt", "mma"});
-    const RowsGemmPath from_env = !env || *env == "auto" ? RowsGemmPath::automatic
-                                  : *env == "mma"        ? RowsGemmPath::mma
-                                                         : RowsGemmPath::cublaslt;
-    g_rows_gemm_path.compare_exchange_strong(v, static_cast<int>(from_env));  // a concurrent set wins
-    v = g_rows_gemm_path.load(std::memory_order_relaxed);
-  }
-  return static_cast<RowsGemmPath>(v);
-}
-
-const char* rows_gemm_path_name(RowsGemmPath path) {
-  switch (path) {
-    case RowsGemmPath::automatic:
-      return "auto";
-    case RowsGemmPath::cublaslt:
-      return "cublaslt";
-    default:
-      return "mma";
-  }
-}
-
 bool rows_gemm_wanted(int rows, int n, int k, bool f32_out) {
   (void)n;
   (void)f32_out;
   if (rows < 2 || rows > kMaxBatchRows || k % 16 != 0) return false;
-  switch (rows_gemm_path()) {
-    case RowsGemmPath::mma:
-      return true;
-    case RowsGemmPath::cublaslt:
-      return false;
-    default:
-      // The measured table (docs/kernels.md, "Batched kernels"): cuBLASLt until rows_gemm wins a shape.
-      return false;
-  }
+  // The measured table (docs/kernels.md, "Batched kernels"): cuBLASLt until rows_gemm wins a shape.
+  return false;
 }
 
 void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n, int64_t index_base,

@@ -13,19 +13,26 @@
 #include <cstdint>
 #include <span>
 
+#include "ops/kernel_policy.hpp"
 #include "ops/ops.hpp"
 
 namespace mtplab::ops::cuda {
 
+/// What every launcher reads: the stream, the device's size, the backend's kernel policy (the only
+/// source of a launcher's kernel choice) and whether a graph is being recorded.
 struct LaunchCtx {
   cudaStream_t stream = nullptr;
   int num_sms = 1;
-  /// Launch with programmatic stream serialization (launch.cuh): the next kernel is scheduled
-  /// while this one runs and waits at its start for this one's writes. Eager launches only: in a
-  /// captured graph it measured slower (docs/kernels.md). MTPLAB_CUDA_PDL=0 turns it off.
-  bool pdl = true;
+  /// The backend's kernel choices (Backend::set_kernel_policy).
+  KernelPolicy policy;
+  /// The device supports programmatic dependent launch (sm_90 and later).
+  bool pdl_capable = false;
   /// Set between begin_capture and end_capture.
   bool capturing = false;
+  /// Launch with programmatic stream serialization (launch.cuh): the next kernel is scheduled
+  /// while this one runs and waits at its start for this one's writes. Eager launches only: in a
+  /// captured graph it measured slower (docs/kernels.md). policy.pdl = off turns it off.
+  bool pdl() const { return policy.pdl && pdl_capable && !capturing; }
 };
 
 /// Per-block partial keys plus a self-resetting completion counter: the last block of a
@@ -50,22 +57,14 @@ struct GemvRowMap {
 /// Largest grid any GEMV / argmax launch uses (so ArgmaxScratch::capacity can be sized once).
 int gemv_max_grid(int num_sms);
 
-/// The kernel variants of gemv_bf16, gemv_fp8 and head_argmax (docs/kernels.md), for tuning sweeps.
-/// automatic: chosen per shape (a table in kernels_gemv.cu; every shape takes v1 until measurements
-/// pick otherwise). v1: one row per warp, 8 loads in flight per lane. rows2 / rows4: 2 or 4 rows per
-/// warp, all their loads issued before the first use. occ: one row per warp, at most 32 registers
-/// (8 blocks per SM) and 2 loads per lane in flight. rows2, rows4 and occ give the same bits as v1 (same
-/// k-split, each lane's chunks of a row summed in ascending order); shapes a variant does not cover
-/// run v1. fp8split: FP8 rows take the k-split of BF16 rows of the same length (not v1's bits);
-/// BF16 runs v1. linear_group is not affected by the variant.
-enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };
-/// The variant of the GEMV launches that follow. Initially MTPLAB_GEMV_VARIANT (read once at the
-/// first GEMV launch or query; unset: automatic; an unknown name is an Error). Host-side state of
-/// the process: set it between ops, not while another thread launches.
-void set_gemv_variant(GemvVariant v);
-GemvVariant gemv_variant();
-/// "auto", "v1", "rows2", "rows4", "occ", "fp8split".
-const char* gemv_variant_name(GemvVariant v);
+// The GEMV launchers take their kernel from ctx.policy.gemv_variant (ops::GemvVariant,
+// ops/kernel_policy.hpp): automatic is chosen per shape (a table in kernels_gemv.cu); rows2, rows4
+// and occ give the same bits as v1 (same k-split, each lane's chunks of a row summed in ascending
+// order) and run v1 on shapes they do not cover; fp8split gives FP8 rows the k-split of BF16 rows of
+// the same length (not v1's bits) and runs v1 for BF16. ctx.policy.gemv_split, when not 0, forces
+// the k-split of every GEMV and of linear_group's outputs. linear_group is not affected by the
+// variant.
+
 /// y[r] = sum_j W[row(r), j] x[j]; y BF16 (rounded) or fp32. k % 8 == 0, 16-byte aligned rows.
 void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
                const GemvRowMap& map);
@@ -97,18 +96,14 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
 // ---- kernels_mla.cu -----------------------------------------------------------------------------
 void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk,
                   int dv, int kv_lora);
-/// The sparse MLA decode's kernels (docs/kernels.md): v1, a block per two or more chunks of 16 rows
-/// and a combine over every split; v2 (the default), longer splits streamed through cp.async and
-/// merged per cluster of 8 over distributed shared memory. MTPLAB_MLA_DECODE=v1 selects v1 (read
-/// at the first call); set_mla_decode_path overrides it for the process (tests, benchmarks). The
-/// splits, the scratch and mla_decode must be called under the same path.
-enum class MlaDecodePath { v1, v2 };
-MlaDecodePath mla_decode_path();
-void set_mla_decode_path(MlaDecodePath path);
-const char* mla_decode_path_name(MlaDecodePath path);
-/// Number of row splits mla_decode uses, and the fp32 scratch it needs for them (current path).
+/// The sparse MLA decode's kernels (docs/kernels.md), by ctx.policy.mla_decode: v1, a block per two
+/// or more chunks of 16 rows and a combine over every split; v2 (the default), longer splits
+/// streamed through cp.async and merged per cluster of 8 over distributed shared memory
+/// (ctx.policy.mla_clusters, when not 0, forces the clusters per head tile). The splits, the scratch
+/// and mla_decode must be computed under the same policy.
+/// Number of row splits mla_decode uses, and the fp32 scratch it needs for them.
 int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads);
-size_t mla_decode_scratch_floats(int splits, int n_heads, int kv_lora);
+size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora);
 void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
                 const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
                 float softmax_scale, int splits, float* scratch);
@@ -148,16 +143,10 @@ void kv_norm_write(const LaunchCtx& ctx, const bf16* x, const bf16* w, float eps
 void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, float eps,
                         const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
                         float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P);
-/// indexer_select's kernels, same selection: v2 (the default) an 11/11/10-bit radix select that
-/// stops at the first digit whose bin is taken whole; v1 the former one, four 8-bit passes
-/// (docs/kernels.md), kept so that a device failure of v2 can be switched off without a rebuild.
-enum class IndexerSelectPath { v1, v2 };
-/// The kernel indexer_select launches: MTPLAB_INDEXER_SELECT=v1 picks v1 (read once, at the first
-/// call), anything else v2; set_indexer_select_path overrides it for the whole process (the GPU
-/// op tests and mtplab_bench_kernels run both).
-IndexerSelectPath indexer_select_path();
-void set_indexer_select_path(IndexerSelectPath path);
-const char* indexer_select_path_name(IndexerSelectPath path);
+/// indexer_select's kernels, by ctx.policy.indexer_select, same selection: v2 (the default) an
+/// 11/11/10-bit radix select that stops at the first digit whose bin is taken whole; v1 the former
+/// one, four 8-bit passes (docs/kernels.md), kept so that a device failure of v2 can be switched off
+/// without a rebuild.
 void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
                     int P, int max_pools);
 

@@ -18,11 +18,9 @@
 //   so the op is one launch and needs no memset between calls (CUDA-graph safe).
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -53,17 +51,25 @@ struct GemvParams {
   unsigned int* counter = nullptr;
 };
 
-/// This lane's share of a row dot product over 16-byte chunks [c_begin, c_end) of the row.
-template <bool kFp8, int kU = kUnroll>
-__device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, int c_begin, int c_end,
-                                           int lane) {
-  float acc = 0.0f;
+/// This lane's share of the dot products of kRows rows with the same activation x over 16-byte
+/// chunks [c_begin, c_end) of each row, kU loads per row and lane in flight: the weight loads of
+/// every row are issued before the first FMA, and each activation chunk is read once for all rows.
+/// acc[j] gets row j's chunks in ascending order (one accumulator per row: a row's bits do not
+/// depend on kRows or kU); rows with !ok[j] (past n) load and add nothing.
+template <bool kFp8, int kRows, int kU>
+__device__ __forceinline__ void slice_dot_rows(const uint8_t* const (&wrow)[kRows], const bf16* x,
+                                               const bool (&ok)[kRows], int c_begin, int c_end, int lane,
+                                               float (&acc)[kRows]) {
   for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
-    uint4 wv[kU];
+    uint4 wv[kRows][kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int cc = c + u * kWarp;
-      wv[u] = cc < c_end ? load_stream(wrow + static_cast<size_t>(cc) * 16) : make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int cc = c + u * kWarp;
+        wv[j][u] = ok[j] && cc < c_end ? load_stream(wrow[j] + static_cast<size_t>(cc) * 16)
+                                       : make_uint4(0, 0, 0, 0);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -72,13 +78,58 @@ __device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, i
         if constexpr (kFp8) {
           const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
           const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
-          acc = dot_fp8x16(wv[u], xa, xb, acc);
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            if (ok[j]) acc[j] = dot_fp8x16(wv[j][u], xa, xb, acc[j]);
         } else {
-          acc = dot_bf16x8(wv[u], load_cached(x + static_cast<size_t>(cc) * 8), acc);
+          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], xv, acc[j]);
         }
       }
     }
   }
+}
+
+/// slice_dot_rows of one row: this lane's share of a row dot product over chunks [c_begin, c_end).
+template <bool kFp8, int kU = kUnroll>
+__device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, int c_begin, int c_end,
+                                           int lane) {
+  const uint8_t* const rows[1] = {wrow};
+  const bool ok[1] = {true};
+  float acc[1] = {0.0f};
+  slice_dot_rows<kFp8, 1, kU>(rows, x, ok, c_begin, c_end, lane, acc);
+  return acc[0];
+}
+
+/// This thread's warp and lane in a GEMV block, and the part of a row the warp computes when rows
+/// are split across `split` warps: part warp % split of the block's row warp / split, chunks
+/// [c_begin, c_end) of the row's n_chunks.
+struct WarpPart {
+  int warp;
+  int lane;
+  int part;
+  int local_row;
+  int c_begin;
+  int c_end;
+};
+__device__ __forceinline__ WarpPart warp_part(int split, int n_chunks) {
+  const int warp = threadIdx.x / kWarp;
+  const int part = warp % split;
+  return WarpPart{warp,
+                  static_cast<int>(threadIdx.x % kWarp),
+                  part,
+                  warp / split,
+                  static_cast<int>(static_cast<int64_t>(part) * n_chunks / split),
+                  static_cast<int>(static_cast<int64_t>(part + 1) * n_chunks / split)};
+}
+
+/// A split row's parts summed in part order, parts[0] first: the combine of every GEMV kernel.
+__device__ __forceinline__ float sum_parts(const float* parts, int split) {
+  float acc = parts[0];
+#pragma unroll
+  for (int s = 1; s < split; ++s) acc += parts[s];
   return acc;
 }
 
@@ -125,18 +176,31 @@ __device__ void finish_argmax(unsigned long long best, unsigned long long* parti
   }
 }
 
+/// The end of output row r once its sum is complete: the FP8 row scale, the store (fp32, or rounded
+/// to BF16; the head's logits may be null) and, for the head, the row's argmax key of the rounded
+/// logit into this lane's running best.
+template <bool kFp8, OutKind kOut, bool kArgmax>
+__device__ __forceinline__ void finish_row(const GemvParams& p, int64_t r, float acc,
+                                           unsigned long long& best) {
+  if constexpr (kFp8) acc = p.row_scale[r] * acc;
+  if constexpr (kOut == OutKind::f32) {
+    static_cast<float*>(p.y)[r] = acc;
+  } else {
+    const bf16 v = f_to_bf16(acc);
+    if (p.y) static_cast<bf16*>(p.y)[r] = v;
+    if constexpr (kArgmax) {
+      const unsigned long long key = argmax_key(bf16_to_f(v), static_cast<int32_t>(p.index_base + r));
+      best = key > best ? key : best;
+    }
+  }
+}
+
 template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
 __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
   pdl_begin();
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
   constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int part = warp % kSplit;
-  const int local_row = warp / kSplit;
-  const int n_chunks = p.k / kElemsPerChunk;
-  const int c_begin = static_cast<int>(static_cast<int64_t>(part) * n_chunks / kSplit);
-  const int c_end = static_cast<int>(static_cast<int64_t>(part + 1) * n_chunks / kSplit);
+  const auto [warp, lane, part, local_row, c_begin, c_end] = warp_part(kSplit, p.k / kElemsPerChunk);
   const size_t row_bytes = static_cast<size_t>(p.k) * (kFp8 ? 1 : 2);
   __shared__ float partial[kGemvWarps];
   unsigned long long best = 0;
@@ -156,71 +220,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
     if constexpr (kSplit > 1) {
       if (lane == 0) partial[warp] = acc;
       __syncthreads();
-      if (part == 0) {
-        acc = partial[warp];
-#pragma unroll
-        for (int s = 1; s < kSplit; ++s) acc += partial[warp + s];
-      }
+      if (part == 0) acc = sum_parts(&partial[warp], kSplit);
       __syncthreads();
     }
-    if (part == 0 && lane == 0 && r < p.n) {
-      if constexpr (kFp8) acc = p.row_scale[r] * acc;
-      if constexpr (kOut == OutKind::f32) {
-        static_cast<float*>(p.y)[r] = acc;
-      } else {
-        const bf16 v = f_to_bf16(acc);
-        if (p.y) static_cast<bf16*>(p.y)[r] = v;
-        if constexpr (kArgmax) {
-          const unsigned long long key = argmax_key(bf16_to_f(v), static_cast<int32_t>(p.index_base + r));
-          best = key > best ? key : best;
-        }
-      }
-    }
+    if (part == 0 && lane == 0 && r < p.n) finish_row<kFp8, kOut, kArgmax>(p, r, acc, best);
   }
   if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out, p.extras);
 }
 
 // ---- variants: several rows per warp, or more resident warps -------------------------------------
-
-/// slice_dot over kRows rows of the same activation x at once: the weight loads of every row (kU
-/// per row and lane) are issued before the first FMA, and each activation chunk is read once for
-/// all rows. acc[j] gets row j's chunks in ascending order, as slice_dot's single accumulator does
-/// (the same bits); rows with !ok[j] (past n) load and add nothing.
-template <bool kFp8, int kRows, int kU>
-__device__ __forceinline__ void slice_dot_rows(const uint8_t* const (&wrow)[kRows], const bf16* x,
-                                               const bool (&ok)[kRows], int c_begin, int c_end, int lane,
-                                               float (&acc)[kRows]) {
-  for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
-    uint4 wv[kRows][kU];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int cc = c + u * kWarp;
-        wv[j][u] = ok[j] && cc < c_end ? load_stream(wrow[j] + static_cast<size_t>(cc) * 16)
-                                       : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int cc = c + u * kWarp;
-      if (cc < c_end) {
-        if constexpr (kFp8) {
-          const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
-          const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
-#pragma unroll
-          for (int j = 0; j < kRows; ++j)
-            if (ok[j]) acc[j] = dot_fp8x16(wv[j][u], xa, xb, acc[j]);
-        } else {
-          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
-#pragma unroll
-          for (int j = 0; j < kRows; ++j)
-            if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], xv, acc[j]);
-        }
-      }
-    }
-  }
-}
 
 /// Barrier among the `threads` threads of the warps that share one output row (named barrier `id`,
 /// 1..8; 0 is __syncthreads'): the row groups of a block do not wait for each other.
@@ -242,13 +250,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_rows_kernel(Gem
   pdl_begin();
   constexpr int kRowsPerBlock = kGemvWarps / kSplit;
   constexpr int kElemsPerChunk = kFp8 ? 16 : 8;
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int part = warp % kSplit;
-  const int local_row = warp / kSplit;
-  const int n_chunks = p.k / kElemsPerChunk;
-  const int c_begin = static_cast<int>(static_cast<int64_t>(part) * n_chunks / kSplit);
-  const int c_end = static_cast<int>(static_cast<int64_t>(part + 1) * n_chunks / kSplit);
+  const auto [warp, lane, part, local_row, c_begin, c_end] = warp_part(kSplit, p.k / kElemsPerChunk);
   const size_t row_bytes = static_cast<size_t>(p.k) * (kFp8 ? 1 : 2);
   __shared__ float partial[2][kRows][kGemvWarps];
   int buf = 0;
@@ -284,50 +286,24 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_rows_kernel(Gem
       row_group_sync(1 + local_row, kSplit * kWarp);
       if (part == 0) {
 #pragma unroll
-        for (int j = 0; j < kRows; ++j) {
-          acc[j] = partial[buf][j][warp];
-#pragma unroll
-          for (int s = 1; s < kSplit; ++s) acc[j] += partial[buf][j][warp + s];
-        }
+        for (int j = 0; j < kRows; ++j) acc[j] = sum_parts(&partial[buf][j][warp], kSplit);
       }
       buf ^= 1;
     }
     if (part == 0 && lane == 0) {
 #pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        if (!ok[j]) continue;
-        const int64_t r = base + j * kRowsPerBlock + local_row;
-        float v = acc[j];
-        if constexpr (kFp8) v = p.row_scale[r] * v;
-        if constexpr (kOut == OutKind::f32) {
-          static_cast<float*>(p.y)[r] = v;
-        } else {
-          const bf16 b = f_to_bf16(v);
-          if (p.y) static_cast<bf16*>(p.y)[r] = b;
-          if constexpr (kArgmax) {
-            const unsigned long long key = argmax_key(bf16_to_f(b), static_cast<int32_t>(p.index_base + r));
-            best = key > best ? key : best;
-          }
-        }
-      }
+      for (int j = 0; j < kRows; ++j)
+        if (ok[j]) finish_row<kFp8, kOut, kArgmax>(p, base + j * kRowsPerBlock + local_row, acc[j], best);
     }
   }
   if constexpr (kArgmax) finish_argmax(best, p.partials, p.counter, p.out, p.extras);
 }
 
-/// MTPLAB_GEMV_SPLIT=1|2|4|8 forces the k-split of every GEMV (a tuning experiment for
-/// mtplab_bench_kernels; docs/kernels.md); unset: chosen by shape below; anything else: an error.
-int forced_split() {
-  static const int forced = [] {
-    const auto v = env_choice("MTPLAB_GEMV_SPLIT", {"1", "2", "4", "8"});
-    return v ? std::stoi(*v) : 0;
-  }();
-  return forced;
-}
-
-/// Warps that keep the chip's memory system busy: below that, split each row across warps.
-int choose_split(int64_t n, int n_chunks, int num_sms) {
-  if (forced_split()) return forced_split();
+/// Warps that keep the chip's memory system busy: below that, split each row across warps. The
+/// policy's gemv_split, when not 0, forces the split (a tuning experiment; docs/kernels.md).
+int choose_split(int64_t n, int n_chunks, const LaunchCtx& ctx) {
+  if (ctx.policy.gemv_split != 0) return ctx.policy.gemv_split;
+  const int num_sms = ctx.num_sms;
   // Long rows (k >= 8192 BF16: eh_proj, o_proj) aim at two warps per resident slot: measured on
   // the H200, split 4 instead of 2 took eh_proj 20.9 -> 19.8 us and o_proj 38.3 -> 36.1 us
   // (docs/performance.md), while shorter rows lost with more splits.
@@ -337,43 +313,36 @@ int choose_split(int64_t n, int n_chunks, int num_sms) {
   return split;
 }
 
-template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
-void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  constexpr int kRowsPerBlock = kGemvWarps / kSplit;
-  static const int blocks_per_sm = [] {
+/// Blocks of kKernel (kGemvThreads threads) resident per SM, at most kMaxBlocksPerSm: asked of the
+/// occupancy calculator once per kernel.
+template <auto kKernel>
+int resident_blocks_per_sm() {
+  static const int blocks = [] {
     int b = 0;
-    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &b, gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>, kGemvThreads, 0));
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kKernel, kGemvThreads, 0));
     return std::max(1, std::min(b, kMaxBlocksPerSm));
   }();
-  const int64_t needed = (p.n + kRowsPerBlock - 1) / kRowsPerBlock;
-  int64_t grid = std::min<int64_t>(needed, static_cast<int64_t>(blocks_per_sm) * ctx.num_sms);
+  return blocks;
+}
+
+/// One persistent GEMV launch: the blocks resident at once (no more than the rows need at
+/// rows_per_iteration rows per block and iteration, at most grid_cap when > 0), looping over rows.
+template <auto kKernel>
+void launch_persistent(const LaunchCtx& ctx, const GemvParams& p, int rows_per_iteration, int grid_cap) {
+  const int64_t needed = (p.n + rows_per_iteration - 1) / rows_per_iteration;
+  int64_t grid =
+      std::min<int64_t>(needed, static_cast<int64_t>(resident_blocks_per_sm<kKernel>()) * ctx.num_sms);
   if (grid_cap > 0) grid = std::min<int64_t>(grid, grid_cap);
-  launch(ctx, gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>, static_cast<unsigned>(grid), kGemvThreads, 0, p);
+  launch(ctx, kKernel, static_cast<unsigned>(grid), kGemvThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-// ---- variant selection ------------------------------------------------------------------------------
-
-struct VariantName {
-  GemvVariant variant;
-  const char* name;
-};
-constexpr VariantName kVariantNames[] = {
-    {GemvVariant::automatic, "auto"}, {GemvVariant::v1, "v1"},   {GemvVariant::rows2, "rows2"},
-    {GemvVariant::rows4, "rows4"},    {GemvVariant::occ, "occ"}, {GemvVariant::fp8split, "fp8split"}};
-
-/// The current variant: MTPLAB_GEMV_VARIANT until set_gemv_variant is called.
-std::atomic<GemvVariant>& variant_state() {
-  static std::atomic<GemvVariant> state{[] {
-    const auto v = env_choice("MTPLAB_GEMV_VARIANT", {"auto", "v1", "rows2", "rows4", "occ", "fp8split"});
-    if (!v) return GemvVariant::automatic;
-    for (const VariantName& n : kVariantNames)
-      if (*v == n.name) return n.variant;
-    return GemvVariant::automatic;
-  }()};
-  return state;
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
+void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  launch_persistent<gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>>(ctx, p, kGemvWarps / kSplit, grid_cap);
 }
+
+// ---- variant selection ------------------------------------------------------------------------------
 
 /// The automatic variant per shape: the first rule whose kind and ranges hold wins; none: v1.
 /// Filled from scripts/device/gemv_sweep.sh (docs/kernels.md), e.g.
@@ -426,12 +395,14 @@ int unroll_for(int per_lane, int cap) {
 /// rows2 / rows4 only where every resident warp has its rows (n x split >= rows x 16 warps per SM)
 /// and the rows of a block's iteration share their activation (one group, or groups of a multiple
 /// of its rows: mla_out_v's 256). Anything else runs v1.
-GemvPlan plan_gemv(bool fp8, bool argmax, bool f32_out, int64_t n, int k, int rows_per_group, int num_sms) {
+GemvPlan plan_gemv(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k,
+                   int rows_per_group) {
   const int n_chunks = k / (fp8 ? 16 : 8);
-  GemvVariant v = gemv_variant();
+  const int num_sms = ctx.num_sms;
+  GemvVariant v = ctx.policy.gemv_variant;
   if (v == GemvVariant::automatic) v = automatic_variant(fp8, n, k);
   GemvPlan plan;
-  plan.split = choose_split(n, n_chunks, num_sms);
+  plan.split = choose_split(n, n_chunks, ctx);
   // Rows of at most 2 chunks per lane (k <= 512 BF16 unsplit: mla_out_v, kv_b) need no 8-deep
   // unroll; the 2-deep kernel holds fewer registers, so twice the warps (and bytes) are in flight.
   // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
@@ -441,7 +412,7 @@ GemvPlan plan_gemv(bool fp8, bool argmax, bool f32_out, int64_t n, int k, int ro
     if (!fp8) return plan;
     // The split BF16 rows of k elements take (k / 8 chunks): for k >= 8192 two warps per resident
     // slot, so FP8 eh_proj runs 4 parts of 128 chunks instead of 2 of 256.
-    plan.split = choose_split(n, k / 8, num_sms);
+    plan.split = choose_split(n, k / 8, ctx);
     const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
     plan.unroll = unroll_for(per_lane, kUnroll);
     return plan;
@@ -465,18 +436,8 @@ GemvPlan plan_gemv(bool fp8, bool argmax, bool f32_out, int64_t n, int k, int ro
 
 template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kU, int kMinBlocks>
 void launch_rows(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  constexpr int kRowsPerIteration = kGemvWarps / kSplit * kRows;
-  constexpr auto kernel = gemv_rows_kernel<kFp8, kSplit, kOut, kArgmax, kRows, kU, kMinBlocks>;
-  static const int blocks_per_sm = [] {
-    int b = 0;
-    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGemvThreads, 0));
-    return std::max(1, std::min(b, kMaxBlocksPerSm));
-  }();
-  const int64_t needed = (p.n + kRowsPerIteration - 1) / kRowsPerIteration;
-  int64_t grid = std::min<int64_t>(needed, static_cast<int64_t>(blocks_per_sm) * ctx.num_sms);
-  if (grid_cap > 0) grid = std::min<int64_t>(grid, grid_cap);
-  launch(ctx, kernel, static_cast<unsigned>(grid), kGemvThreads, 0, p);
-  MTP_CUDA_LAUNCH_CHECK();
+  launch_persistent<gemv_rows_kernel<kFp8, kSplit, kOut, kArgmax, kRows, kU, kMinBlocks>>(
+      ctx, p, kGemvWarps / kSplit * kRows, grid_cap);
 }
 
 /// gemv_rows_kernel by unroll (2, 4, 8; at most kMaxU).
@@ -521,8 +482,7 @@ void launch_rows_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, 
 
 template <bool kFp8, OutKind kOut, bool kArgmax>
 void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  const GemvPlan plan =
-      plan_gemv(kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group, ctx.num_sms);
+  const GemvPlan plan = plan_gemv(ctx, kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group);
   if constexpr (kOut != OutKind::f32) {
     switch (plan.kernel) {
       case GemvVariant::rows2:
@@ -569,6 +529,26 @@ void require_aligned(const char* op, const char* what, const void* p) {
               " is not 16-byte aligned (the GEMV kernels load 16-byte vectors)");
 }
 
+/// The checked parameters of one GEMV launch of the launcher `op`: n >= 1, k a positive multiple of
+/// a chunk (8 BF16 or 16 FP8 weights), W and x 16-byte aligned.
+GemvParams gemv_params(const char* op, bool fp8, const void* W, const float* row_scale, const bf16* x,
+                       void* y, int n, int k, const GemvRowMap& map) {
+  const int chunk = fp8 ? 16 : 8;
+  MTP_REQUIRE(n >= 1 && k >= 1 && k % chunk == 0, "ops::cuda::", op, ": n = ", n, ", k = ", k,
+              " (k must be a positive multiple of ", chunk, ")");
+  require_aligned(op, "W", W);
+  require_aligned(op, "x", x);
+  GemvParams p;
+  p.W = W;
+  p.row_scale = row_scale;
+  p.x = x;
+  p.y = y;
+  p.n = n;
+  p.k = k;
+  p.map = map;
+  return p;
+}
+
 // ---- several GEMVs of one x in one launch (linear_group) -----------------------------------------
 
 /// One output of the group: its rows occupy virtual blocks [block_begin, block_begin + blocks).
@@ -595,8 +575,6 @@ struct GroupParams {
 /// chunk ranges per part, the same slice_dot, warp_sum and part order as gemv_kernel<kSplit>.
 __global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(GroupParams p) {
   pdl_begin();
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
   const int n_chunks = p.k / 8;
   const size_t row_bytes = static_cast<size_t>(p.k) * 2;
   __shared__ float partial[kGemvWarps];
@@ -607,10 +585,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(GroupParams p)
       if (i < p.count && vb >= p.seg[i].block_begin) s = i;
     const GroupSegment& g = p.seg[s];
     const int split = g.split;
-    const int part = warp % split;
-    const int c_begin = static_cast<int>(static_cast<int64_t>(part) * n_chunks / split);
-    const int c_end = static_cast<int>(static_cast<int64_t>(part + 1) * n_chunks / split);
-    const int64_t r = static_cast<int64_t>(vb - g.block_begin) * (kGemvWarps / split) + warp / split;
+    const auto [warp, lane, part, local_row, c_begin, c_end] = warp_part(split, n_chunks);
+    const int64_t r = static_cast<int64_t>(vb - g.block_begin) * (kGemvWarps / split) + local_row;
     float acc = 0.0f;
     if (r < g.n) {
       acc = slice_dot<false>(g.W + r * row_bytes, p.x, c_begin, c_end, lane);
@@ -619,10 +595,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(GroupParams p)
     if (split > 1) {
       if (lane == 0) partial[warp] = acc;
       __syncthreads();
-      if (part == 0) {
-        acc = partial[warp];
-        for (int q = 1; q < split; ++q) acc += partial[warp + q];
-      }
+      if (part == 0) acc = sum_parts(&partial[warp], split);
       __syncthreads();
     }
     if (part == 0 && lane == 0 && r < g.n) {
@@ -764,7 +737,8 @@ __global__ void __launch_bounds__(kMoeThreads)
       if (local < 0 || local >= num_local) continue;
       const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
       const bf16* a = act + static_cast<size_t>(s) * I;
-      const float d = warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
+      const float d =
+          warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
       total += weights[s] * round_to_bf16(d);
     }
     if (lane == 0) out[h] = total;
@@ -827,27 +801,9 @@ __global__ void __launch_bounds__(1024)
 
 int gemv_max_grid(int num_sms) { return num_sms * kMaxBlocksPerSm; }
 
-void set_gemv_variant(GemvVariant v) { variant_state().store(v); }
-GemvVariant gemv_variant() { return variant_state().load(); }
-const char* gemv_variant_name(GemvVariant v) {
-  for (const VariantName& n : kVariantNames)
-    if (n.variant == v) return n.name;
-  return "?";
-}
-
 void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
                const GemvRowMap& map) {
-  MTP_REQUIRE(n >= 1 && k >= 1 && k % 8 == 0, "ops::cuda::gemv_bf16: n = ", n, ", k = ", k,
-              " (k must be a positive multiple of 8)");
-  require_aligned("gemv_bf16", "W", W);
-  require_aligned("gemv_bf16", "x", x);
-  GemvParams p;
-  p.W = W;
-  p.x = x;
-  p.y = y;
-  p.n = n;
-  p.k = k;
-  p.map = map;
+  const GemvParams p = gemv_params("gemv_bf16", false, W, nullptr, x, y, n, k, map);
   if (f32_out) {
     launch_gemv<false, OutKind::f32, false>(ctx, p, 0);
   } else {
@@ -856,9 +812,10 @@ void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool
 }
 
 void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int k) {
-  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::cuda::linear_group: ",
-              outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
-  MTP_REQUIRE(k >= 1 && k % 8 == 0, "ops::cuda::linear_group: k = ", k, " (k must be a positive multiple of 8)");
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
+              "ops::cuda::linear_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  MTP_REQUIRE(k >= 1 && k % 8 == 0, "ops::cuda::linear_group: k = ", k,
+              " (k must be a positive multiple of 8)");
   require_aligned("linear_group", "x", x);
   GroupParams p;
   p.x = x;
@@ -867,8 +824,8 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
   int blocks = 0;
   for (int i = 0; i < p.count; ++i) {
     const LinearOut& o = outs[static_cast<size_t>(i)];
-    MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_group: output ", i, " has W ", o.W, ", y ", o.y,
-                ", n_out ", o.n_out);
+    MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_group: output ", i, " has W ", o.W, ", y ",
+                o.y, ", n_out ", o.n_out);
     MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::linear_group: output ", i,
                 " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
     require_aligned("linear_group", "W", o.W);
@@ -876,7 +833,7 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
     g.W = reinterpret_cast<const uint8_t*>(o.W);
     g.y = o.y;
     g.n = o.n_out;
-    g.split = choose_split(o.n_out, k / 8, ctx.num_sms);
+    g.split = choose_split(o.n_out, k / 8, ctx);
     g.block_begin = blocks;
     g.f32_out = o.f32_out ? 1 : 0;
     g.scale = o.f32_scale;
@@ -884,30 +841,14 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
     blocks += (o.n_out + rows_per_block - 1) / rows_per_block;
   }
   p.total_blocks = blocks;
-  static const int blocks_per_sm = [] {
-    int b = 0;
-    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_group_kernel, kGemvThreads, 0));
-    return std::max(1, std::min(b, kMaxBlocksPerSm));
-  }();
-  const int grid = std::min(blocks, blocks_per_sm * ctx.num_sms);
+  const int grid = std::min(blocks, resident_blocks_per_sm<gemv_group_kernel>() * ctx.num_sms);
   launch(ctx, gemv_group_kernel, static_cast<unsigned>(grid), kGemvThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,
               int k) {
-  MTP_REQUIRE(n >= 1 && k >= 1 && k % 16 == 0, "ops::cuda::gemv_fp8: n = ", n, ", k = ", k,
-              " (k must be a positive multiple of 16)");
-  require_aligned("gemv_fp8", "W", W);
-  require_aligned("gemv_fp8", "x", x);
-  GemvParams p;
-  p.W = W;
-  p.row_scale = row_scale;
-  p.x = x;
-  p.y = y;
-  p.n = n;
-  p.k = k;
-  p.map = GemvRowMap{n, 0, 0, 0};
+  const GemvParams p = gemv_params("gemv_fp8", true, W, row_scale, x, y, n, k, GemvRowMap{n, 0, 0, 0});
   launch_gemv<true, OutKind::bf16, false>(ctx, p, 0);
 }
 
@@ -915,18 +856,9 @@ void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, cons
                  const bf16* x, int n, int k, int64_t index_base, bf16* logits, ArgMax* out,
                  HeadExtras extras, const ArgmaxScratch& scratch) {
   const bool fp8 = W_fp8 != nullptr;
-  MTP_REQUIRE(n >= 1 && k >= 1 && k % (fp8 ? 16 : 8) == 0, "ops::cuda::head_argmax: n = ", n, ", k = ", k,
-              " (k must be a positive multiple of ", fp8 ? 16 : 8, ")");
-  require_aligned("head_argmax", "W", fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W));
-  require_aligned("head_argmax", "x", x);
-  GemvParams p;
-  p.W = fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W);
-  p.row_scale = row_scale;
-  p.x = x;
-  p.y = logits;
-  p.n = n;
-  p.k = k;
-  p.map = GemvRowMap{n, 0, 0, 0};
+  GemvParams p =
+      gemv_params("head_argmax", fp8, fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W),
+                  row_scale, x, logits, n, k, GemvRowMap{n, 0, 0, 0});
   p.index_base = index_base;
   p.out = out;
   p.extras = extras;

@@ -13,17 +13,14 @@
 //   fixed order (deterministic); o_lat is rounded to BF16 once, after dividing by the softmax
 //   denominator, as the CPU does. No selected rows -> zeros. q_abs rows must be 4-byte aligned
 //   (BF16 pairs are read as u32), cache rows 16-byte aligned. Two paths with the same chunk step
-//   (MlaDecodePath, kernels.hpp): v1 (mla_decode_kernel + mla_combine_kernel over every split)
-//   and v2 (mla_decode_v2_kernel, "decode v2" below), the default.
+//   (the policy's mla_decode, ops/kernel_policy.hpp): v1 (mla_decode_kernel + mla_combine_kernel
+//   over every split) and v2 (mla_decode_v2_kernel, "decode v2" below), the default.
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <string_view>
 
-#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -144,7 +141,8 @@ __device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, u
 __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 f) {
   const float2 a = fp8x2_to_float2(f.x), b = fp8x2_to_float2(f.x >> 16);
   const float2 c = fp8x2_to_float2(f.y), d = fp8x2_to_float2(f.y >> 16);
-  return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y), pack_bf16x2(d.x, d.y));
+  return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y),
+                    pack_bf16x2(d.x, d.y));
 }
 
 struct DecodeParams {
@@ -163,9 +161,82 @@ struct DecodeParams {
   bf16* o_lat;
 };
 
-/// Block (head tile, split): an online softmax over the split's rows, 16 at a time; the block's
-/// (max, denominator, unnormalised sum) per head goes to scratch for mla_combine_kernel.
-/// kCw = kv_lora / 4 columns per warp.
+// The chunk step both decode kernels share: the warp's Q fragments, its partial scores S = Q C^T,
+// their exchange and fixed-order sum over the 4 warps, the online softmax, and O += P C. Both
+// kernels run exactly these helpers on a chunk, so their arithmetic per chunk is the same.
+
+/// Q as the MMA's A operand (row-major heads x columns): this warp's kKSteps x 16 columns from col0
+/// of q_abs rows h0 + g (lo) and h0 + g + 8 (hi), row stride L; zeros for heads past n_heads.
+template <int kKSteps>
+__device__ __forceinline__ void load_q_fragments(const bf16* q_abs, int h0, int g, int t, int L, int col0,
+                                                 bool lo_ok, bool hi_ok, uint32_t (&qa)[kKSteps][4]) {
+  const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(q_abs + static_cast<size_t>(h0 + g) * L + col0);
+  const uint32_t* q_hi =
+      reinterpret_cast<const uint32_t*>(q_abs + static_cast<size_t>(h0 + g + 8) * L + col0);
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+    const int c2 = (ks * 16 + 2 * t) / 2;
+    qa[ks][0] = lo_ok ? q_lo[c2] : 0u;
+    qa[ks][1] = hi_ok ? q_hi[c2] : 0u;
+    qa[ks][2] = lo_ok ? q_lo[c2 + 4] : 0u;
+    qa[ks][3] = hi_ok ? q_hi[c2 + 4] : 0u;
+  }
+}
+
+/// This warp's partial S over its columns for one chunk, added into sc: `rows` is the warp's staged
+/// BF16 slice of the chunk's 16 rows, kRowStride elements apart; tile j holds rows 8j .. 8j+7.
+template <int kKSteps, int kRowStride>
+__device__ __forceinline__ void chunk_scores(const uint16_t* rows, const uint32_t (&qa)[kKSteps][4], int g,
+                                             int t, float (&sc)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint16_t* rb = rows + (8 * j + g) * kRowStride + ks * 16 + 2 * t;
+      mma_16816(sc[j], qa[ks], *reinterpret_cast<const uint32_t*>(rb),
+                *reinterpret_cast<const uint32_t*>(rb + 8));
+    }
+  }
+}
+
+/// The warps' partial scores of one chunk, [warp][head row][chunk row] (+1: conflict-free).
+using ScoreExchange = float[kDecodeWarps][kHeadTile][kChunk + 1];
+
+/// This warp's partial scores (the m16n8 accumulator layout: [0..1] row g, [2..3] row g + 8) into
+/// its slot of the exchange; a barrier must follow before sum_scores reads them.
+__device__ __forceinline__ void stage_scores(ScoreExchange& score, int warp, int g, int t,
+                                             const float (&sc)[2][4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    score[warp][g][8 * j + 2 * t] = sc[j][0];
+    score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
+    score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
+    score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
+  }
+}
+
+/// The chunk's full scores in this thread's accumulator positions: the 4 warps' partials summed in
+/// warp order, times the FP8 cache scale, times softmax_scale; -inf for rows not selected (bit r of
+/// valid_rows: chunk row r).
+template <bool kFp8>
+__device__ __forceinline__ void sum_scores(const ScoreExchange& score, int g, int t, unsigned valid_rows,
+                                           float cache_scale, float softmax_scale, float (&s)[2][4]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + (e >= 2 ? 8 : 0);
+      const int col = 8 * j + 2 * t + (e & 1);
+      float sum = score[0][row][col];
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) sum += score[w][row][col];
+      const bool valid = (valid_rows >> col) & 1u;
+      if constexpr (kFp8) sum *= cache_scale;
+      s[j][e] = valid ? softmax_scale * sum : -INFINITY;
+    }
+  }
+}
+
 /// One chunk's online-softmax step of the decode (both paths): the quad-wide row max of the
 /// chunk's scores s (the m16n8 accumulator layout: [0..1] row g, [2..3] row g + 8), the rescale of
 /// the running max m, denominator l and output accumulators o, and P = exp(s - m) split into BF16
@@ -210,6 +281,34 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], floa
   split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
 }
 
+/// O += P C over this warp's kNTiles column tiles: S's accumulator layout is P's A layout (k = chunk
+/// row), in two MMAs (P's BF16 hi, then lo parts), B from the staged rows as in chunk_scores.
+template <int kNTiles, int kRowStride>
+__device__ __forceinline__ void accumulate_pv(const uint16_t* rows, const uint32_t (&ah)[4],
+                                              const uint32_t (&al)[4], int g, int t, float (&o)[kNTiles][4]) {
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    const int col = n * 8 + g;
+    const uint32_t b0 = static_cast<uint32_t>(rows[(2 * t) * kRowStride + col]) |
+                        (static_cast<uint32_t>(rows[(2 * t + 1) * kRowStride + col]) << 16);
+    const uint32_t b1 = static_cast<uint32_t>(rows[(2 * t + 8) * kRowStride + col]) |
+                        (static_cast<uint32_t>(rows[(2 * t + 9) * kRowStride + col]) << 16);
+    mma_16816(o[n], ah, b0, b1);
+    mma_16816(o[n], al, b0, b1);
+  }
+}
+
+/// Sum over the 4 lanes of a quad (the MMA's t), the same on each of them.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+/// Block (head tile, split): an online softmax over the split's rows, 16 at a time; the block's
+/// (max, denominator, unnormalised sum) per head goes to scratch for mla_combine_kernel.
+/// kCw = kv_lora / 4 columns per warp.
+
 template <int kCw, bool kFp8>
 __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams p) {
   pdl_begin();
@@ -218,9 +317,10 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
   constexpr int kRowStride = kCw + 8;  // BF16 elements: +16 bytes, conflict-free fragment reads
   constexpr int kVecPerRow = kCw / 8;  // 16-byte vectors of a row slice (8 values)
   constexpr int kLoads = kChunk * kVecPerRow / kWarp;
-  static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0, "a chunk's slice must split evenly over a warp");
+  static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0,
+                "a chunk's slice must split evenly over a warp");
   __shared__ __align__(16) uint16_t s_rows[kDecodeWarps][kChunk][kRowStride];
-  __shared__ float s_score[kDecodeWarps][kHeadTile][kChunk + 1];
+  __shared__ ScoreExchange s_score;
 
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -239,19 +339,7 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
 
   // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
   uint32_t qa[kKSteps][4];
-  {
-    const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g) * L + col0);
-    const uint32_t* q_hi =
-        reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g + 8) * L + col0);
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const int c2 = (ks * 16 + 2 * t) / 2;
-      qa[ks][0] = lo_ok ? q_lo[c2] : 0u;
-      qa[ks][1] = hi_ok ? q_hi[c2] : 0u;
-      qa[ks][2] = lo_ok ? q_lo[c2 + 4] : 0u;
-      qa[ks][3] = hi_ok ? q_hi[c2 + 4] : 0u;
-    }
-  }
+  load_q_fragments<kKSteps>(p.q_abs, h0, g, t, L, col0, lo_ok, hi_ok, qa);
 
   float o[kNTiles][4];
 #pragma unroll
@@ -265,12 +353,13 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
     if (lane < kChunk) {
       const int ii = c0 + lane;
       const int32_t ts = ii < i1 ? p.selection[ii] : -1;
-      if (ts >= 0) slot = static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
+      if (ts >= 0)
+        slot = static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
     }
     return slot;
   };
   // This warp's slice of the chunk's rows into registers (FP8: 8 bytes per vector, in .x/.y).
-  auto fetch = [&](int64_t my_slot, uint4 (&dst)[kLoads]) {
+  auto fetch = [&](int64_t my_slot, uint4(&dst)[kLoads]) {
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int v = lane + u * kWarp;
@@ -309,63 +398,25 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams
       next_valid = __ballot_sync(0xffffffffu, next_slot >= 0);
     }
 
-    // Partial S over this warp's columns: tile j holds rows 8j .. 8j+7 of the chunk.
+    // Partial S over this warp's columns, summed over the warps after the barrier.
+    const uint16_t* rows = &s_rows[warp][0][0];
     float sc[2][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint16_t* rb = &s_rows[warp][8 * j + g][ks * 16 + 2 * t];
-        mma_16816(sc[j], qa[ks], *reinterpret_cast<const uint32_t*>(rb),
-                  *reinterpret_cast<const uint32_t*>(rb + 8));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      s_score[warp][g][8 * j + 2 * t] = sc[j][0];
-      s_score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
-      s_score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
-      s_score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
-    }
+    chunk_scores<kKSteps, kRowStride>(rows, qa, g, t, sc);
+    stage_scores(s_score, warp, g, t, sc);
     __syncthreads();
     float s[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = g + (e >= 2 ? 8 : 0);
-        const int col = 8 * j + 2 * t + (e & 1);
-        float sum = s_score[0][row][col];
-#pragma unroll
-        for (int w = 1; w < kDecodeWarps; ++w) sum += s_score[w][row][col];
-        const bool valid = (valid_rows >> col) & 1u;
-        if constexpr (kFp8) sum *= p.cache_scale;
-        s[j][e] = valid ? p.softmax_scale * sum : -INFINITY;
-      }
-    }
+    sum_scores<kFp8>(s_score, g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
     __syncthreads();  // s_score is rewritten by the next chunk
 
     // Online softmax per head row (quad-wide max), then rescale the running sums; P's fragments.
     uint32_t ah[4], al[4];
     online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
-    // O += P C: S's accumulator layout is P's A layout (k = chunk row).
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      const int col = n * 8 + g;
-      const uint32_t b0 = static_cast<uint32_t>(s_rows[warp][2 * t][col]) |
-                          (static_cast<uint32_t>(s_rows[warp][2 * t + 1][col]) << 16);
-      const uint32_t b1 = static_cast<uint32_t>(s_rows[warp][2 * t + 8][col]) |
-                          (static_cast<uint32_t>(s_rows[warp][2 * t + 9][col]) << 16);
-      mma_16816(o[n], ah, b0, b1);
-      mma_16816(o[n], al, b0, b1);
-    }
+    accumulate_pv<kNTiles, kRowStride>(rows, ah, al, g, t, o);
     __syncwarp();  // s_rows is restaged by the next chunk
   }
 
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
   const float out_scale = kFp8 ? p.cache_scale : 1.0f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -511,7 +562,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   static_assert(kVecPerRow >= 1 && kL % kCluster == 0, "row slices must be whole 16-byte copies");
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ int64_t s_slot[kMaxSplitRows];  // cache slot of the split's row r, -1: padding
-  __shared__ float s_score[2][kDecodeWarps][kHeadTile][kChunk + 1];
+  __shared__ ScoreExchange s_score[2];
   __shared__ float s_w[kHeadTile][kCluster];   // merge weights e^{m_k - M} per (head, rank)
   __shared__ float s_lw[kHeadTile][kCluster];  // l_k e^{m_k - M}
   __shared__ float s_m[kHeadTile];             // M per head
@@ -536,20 +587,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
 
   // Q as the A operand, this warp's columns (as mla_decode_kernel).
   uint32_t qa[kKSteps][4];
-  {
-    const uint32_t* q_lo =
-        reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g) * kL + col0);
-    const uint32_t* q_hi =
-        reinterpret_cast<const uint32_t*>(p.q_abs + static_cast<size_t>(h0 + g + 8) * kL + col0);
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const int c2 = (ks * 16 + 2 * t) / 2;
-      qa[ks][0] = lo_ok ? q_lo[c2] : 0u;
-      qa[ks][1] = hi_ok ? q_hi[c2] : 0u;
-      qa[ks][2] = lo_ok ? q_lo[c2 + 4] : 0u;
-      qa[ks][3] = hi_ok ? q_hi[c2 + 4] : 0u;
-    }
-  }
+  load_q_fragments<kKSteps>(p.q_abs, h0, g, t, kL, col0, lo_ok, hi_ok, qa);
 
   // Slots of the split's rows, all selection loads first, then all block-table loads. Rows past
   // i1 up to the last chunk's end are padding.
@@ -623,62 +661,23 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
         __ballot_sync(0xffffffffu, lane < kChunk && s_slot[k * kChunk + (lane % kChunk)] >= 0);
 
     float sc[2][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint16_t* rb = rows + (8 * j + g) * kRowStride + ks * 16 + 2 * t;
-        mma_16816(sc[j], qa[ks], *reinterpret_cast<const uint32_t*>(rb),
-                  *reinterpret_cast<const uint32_t*>(rb + 8));
-      }
-    }
+    chunk_scores<kKSteps, kRowStride>(rows, qa, g, t, sc);
     // s_score[k & 1] was last read in chunk k - 2, before every warp passed chunk k - 1's barrier.
-    float(*score)[kHeadTile][kChunk + 1] = s_score[k & 1];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      score[warp][g][8 * j + 2 * t] = sc[j][0];
-      score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
-      score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
-      score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
-    }
+    ScoreExchange& score = s_score[k & 1];
+    stage_scores(score, warp, g, t, sc);
     __syncthreads();
     float s[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = g + (e >= 2 ? 8 : 0);
-        const int col = 8 * j + 2 * t + (e & 1);
-        float sum = score[0][row][col];
-#pragma unroll
-        for (int w = 1; w < kDecodeWarps; ++w) sum += score[w][row][col];
-        const bool valid = (valid_rows >> col) & 1u;
-        if constexpr (kFp8) sum *= p.cache_scale;
-        s[j][e] = valid ? p.softmax_scale * sum : -INFINITY;
-      }
-    }
+    sum_scores<kFp8>(score, g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
 
     // Online softmax per head row (quad-wide max), then rescale the running sums; P's fragments.
     uint32_t ah[4], al[4];
     online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
-    // O += P C (P split into BF16 hi + lo, as mla_decode_kernel).
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      const int col = n * 8 + g;
-      const uint32_t b0 = static_cast<uint32_t>(rows[(2 * t) * kRowStride + col]) |
-                          (static_cast<uint32_t>(rows[(2 * t + 1) * kRowStride + col]) << 16);
-      const uint32_t b1 = static_cast<uint32_t>(rows[(2 * t + 8) * kRowStride + col]) |
-                          (static_cast<uint32_t>(rows[(2 * t + 9) * kRowStride + col]) << 16);
-      mma_16816(o[n], ah, b0, b1);
-      mma_16816(o[n], al, b0, b1);
-    }
+    accumulate_pv<kNTiles, kRowStride>(rows, ah, al, g, t, o);
     __syncwarp();  // this stage (and conv) is rewritten by the next iteration
   }
 
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
 
   // The block's (m, l, sums) into the exchange, over the ring: every copy has landed (only empty
   // groups can be pending) and every warp is done with its stages.
@@ -749,36 +748,45 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   cluster.sync();  // no block leaves while a peer may still read its exchange
 }
 
+/// The decode kernel of one path (v1: mla_decode_kernel, v2: mla_decode_v2_kernel) for kCw = kv_lora / 4
+/// columns per warp and the cache type.
 template <int kCw, bool kFp8>
-void launch_decode(const LaunchCtx& ctx, const DecodeParams& p) {
-  const dim3 grid((p.n_heads + kHeadTile - 1) / kHeadTile, p.splits);
-  launch(ctx, mla_decode_kernel<kCw, kFp8>, grid, kDecodeThreads, 0, p);
+void launch_decode(const LaunchCtx& ctx, const DecodeParams& p, MlaDecode path) {
+  const int tiles = (p.n_heads + kHeadTile - 1) / kHeadTile;
+  if (path == MlaDecode::v1) {
+    launch(ctx, mla_decode_kernel<kCw, kFp8>, dim3(tiles, p.splits), kDecodeThreads, 0, p);
+  } else {
+    constexpr int kBytes = DecodeV2Smem<kCw, kFp8>::kBytes;
+    // Above the 48 KB default at kv_lora 512; a host-side attribute, allowed while capturing.
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_v2_kernel<kCw, kFp8>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+    launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, dim3(p.splits, tiles), kDecodeThreads,
+           static_cast<size_t>(kBytes), p);
+  }
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-template <int kCw, bool kFp8>
-void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p) {
-  constexpr int kBytes = DecodeV2Smem<kCw, kFp8>::kBytes;
-  // Above the 48 KB default at kv_lora 512; a host-side attribute, allowed while capturing.
-  MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_v2_kernel<kCw, kFp8>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-  const dim3 grid(p.splits, (p.n_heads + kHeadTile - 1) / kHeadTile);
-  launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, grid, kDecodeThreads, static_cast<size_t>(kBytes), p);
+/// launch_decode for the kv_lora of p (64, 128, 256 or 512; checked by mla_decode).
+void launch_decode_for(const LaunchCtx& ctx, const DecodeParams& p, bool fp8, MlaDecode path) {
+  switch (p.kv_lora) {
+    case 64:
+      return fp8 ? launch_decode<16, true>(ctx, p, path) : launch_decode<16, false>(ctx, p, path);
+    case 128:
+      return fp8 ? launch_decode<32, true>(ctx, p, path) : launch_decode<32, false>(ctx, p, path);
+    case 256:
+      return fp8 ? launch_decode<64, true>(ctx, p, path) : launch_decode<64, false>(ctx, p, path);
+    default:
+      return fp8 ? launch_decode<128, true>(ctx, p, path) : launch_decode<128, false>(ctx, p, path);
+  }
+}
+
+/// mla_combine_kernel over `partials` partials per head (v1: every split, v2: every cluster).
+void launch_combine(const LaunchCtx& ctx, const DecodeParams& p, int partials) {
+  const dim3 grid(p.n_heads, (p.kv_lora + kCombineThreads - 1) / kCombineThreads);
+  launch(ctx, mla_combine_kernel, grid, kCombineThreads, sizeof(float) * static_cast<size_t>(partials),
+         p.scratch, partials, p.kv_lora, p.o_lat);
   MTP_CUDA_LAUNCH_CHECK();
 }
-
-/// MTPLAB_MLA_CLUSTERS=n forces n clusters of kCluster splits per head tile (a tuning experiment
-/// for mtplab_bench_kernels; raised where a split would own more than kMaxSplitChunks chunks);
-/// unset or not a positive number: chosen by shape in mla_decode_splits.
-int forced_clusters() {
-  static const int forced = [] {
-    return static_cast<int>(env_int("MTPLAB_MLA_CLUSTERS", 1, 1024).value_or(0));
-  }();
-  return forced;
-}
-
-/// -1 until the first mla_decode_path() (or a set_mla_decode_path) fixes it.
-std::atomic<int> g_decode_path{-1};
 
 }  // namespace
 
@@ -802,25 +810,10 @@ void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-MlaDecodePath mla_decode_path() {
-  int v = g_decode_path.load(std::memory_order_relaxed);
-  if (v < 0) {
-    const auto env = env_choice("MTPLAB_MLA_DECODE", {"v1", "v2"});
-    const int from_env = static_cast<int>(env && *env == "v1" ? MlaDecodePath::v1 : MlaDecodePath::v2);
-    g_decode_path.compare_exchange_strong(v, from_env);  // a concurrent set wins
-    v = g_decode_path.load(std::memory_order_relaxed);
-  }
-  return static_cast<MlaDecodePath>(v);
-}
-
-void set_mla_decode_path(MlaDecodePath path) { g_decode_path.store(static_cast<int>(path)); }
-
-const char* mla_decode_path_name(MlaDecodePath path) { return path == MlaDecodePath::v1 ? "v1" : "v2"; }
-
 int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
   const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
-  if (mla_decode_path() == MlaDecodePath::v1) {
+  if (ctx.policy.mla_decode == MlaDecode::v1) {
     // Two chunks of 16 rows per block at least (the combine reads splits x kv_lora per head), and
     // about two blocks per multiprocessor.
     const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
@@ -828,9 +821,10 @@ int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
   }
   // v2: about one block per multiprocessor (each streams its rows kStages - 1 chunks ahead, so a
   // longer split costs chunk steps, not round trips), no more clusters than it takes to give every
-  // split a chunk, and at most kMaxSplitChunks chunks per split.
+  // split a chunk, and at most kMaxSplitChunks chunks per split. The policy's mla_clusters, when not
+  // 0, forces the clusters per head tile (a tuning experiment; still raised to that chunk limit).
   const int per_cluster = kCluster * kMaxSplitChunks;
-  int clusters = forced_clusters();
+  int clusters = ctx.policy.mla_clusters;
   if (clusters == 0) {
     clusters = std::max(1, (ctx.num_sms + tiles * kCluster / 2) / (tiles * kCluster));
     clusters = std::min(clusters, (chunks + kCluster - 1) / kCluster);
@@ -839,9 +833,9 @@ int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
   return clusters * kCluster;
 }
 
-size_t mla_decode_scratch_floats(int splits, int n_heads, int kv_lora) {
+size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora) {
   // v2 keeps one partial per cluster (none is read when there is one cluster per head tile).
-  const int partials = mla_decode_path() == MlaDecodePath::v1 ? splits : std::max(1, splits / kCluster);
+  const int partials = ctx.policy.mla_decode == MlaDecode::v1 ? splits : std::max(1, splits / kCluster);
   return static_cast<size_t>(partials) * n_heads * (2 + static_cast<size_t>(kv_lora));
 }
 
@@ -849,61 +843,29 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
                 const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
                 float softmax_scale, int splits, float* scratch) {
   const int L = cache.kv_lora;
-  MTP_REQUIRE(L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
-              " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
-  MTP_REQUIRE(cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
-              "ops::cuda::mla_decode: bad arguments");
+  MTP_REQUIRE(
+      L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
+      " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
+  MTP_REQUIRE(
+      cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
+      "ops::cuda::mla_decode: bad arguments");
   DecodeParams p{q_abs, selection, width,         block_table, cache.data, cache.scale, cache.block_size,
                  L,     n_heads,   softmax_scale, splits,      scratch,    o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  if (mla_decode_path() == MlaDecodePath::v2) {
+  const MlaDecode path = ctx.policy.mla_decode;
+  if (path == MlaDecode::v2) {
     const int chunks = (width + kChunk - 1) / kChunk;
     MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks,
                 "ops::cuda::mla_decode: ", splits, " splits for ", chunks,
                 " chunks (v2 needs a multiple of 8 and at most 32 chunks per split: use mla_decode_splits)");
     MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
                 "ops::cuda::mla_decode: cache not 16-byte aligned");
-    switch (L) {
-      case 64:
-        fp8 ? launch_decode_v2<16, true>(ctx, p) : launch_decode_v2<16, false>(ctx, p);
-        break;
-      case 128:
-        fp8 ? launch_decode_v2<32, true>(ctx, p) : launch_decode_v2<32, false>(ctx, p);
-        break;
-      case 256:
-        fp8 ? launch_decode_v2<64, true>(ctx, p) : launch_decode_v2<64, false>(ctx, p);
-        break;
-      default:
-        fp8 ? launch_decode_v2<128, true>(ctx, p) : launch_decode_v2<128, false>(ctx, p);
-        break;
-    }
-    const int clusters = splits / kCluster;
-    if (clusters > 1) {
-      const dim3 combine_grid(n_heads, (L + kCombineThreads - 1) / kCombineThreads);
-      launch(ctx, mla_combine_kernel, combine_grid, kCombineThreads,
-             sizeof(float) * static_cast<size_t>(clusters), scratch, clusters, L, o_lat);
-      MTP_CUDA_LAUNCH_CHECK();
-    }
-    return;
   }
-  switch (L) {
-    case 64:
-      fp8 ? launch_decode<16, true>(ctx, p) : launch_decode<16, false>(ctx, p);
-      break;
-    case 128:
-      fp8 ? launch_decode<32, true>(ctx, p) : launch_decode<32, false>(ctx, p);
-      break;
-    case 256:
-      fp8 ? launch_decode<64, true>(ctx, p) : launch_decode<64, false>(ctx, p);
-      break;
-    default:
-      fp8 ? launch_decode<128, true>(ctx, p) : launch_decode<128, false>(ctx, p);
-      break;
-  }
-  const dim3 combine_grid(n_heads, (L + kCombineThreads - 1) / kCombineThreads);
-  launch(ctx, mla_combine_kernel, combine_grid, kCombineThreads, sizeof(float) * static_cast<size_t>(splits),
-         scratch, splits, L, o_lat);
-  MTP_CUDA_LAUNCH_CHECK();
+  launch_decode_for(ctx, p, fp8, path);
+  // v1 merges every split in the combine; v2 merges within each cluster, then the clusters' partials
+  // (none to merge with one cluster per head tile: the cluster wrote o_lat).
+  const int partials = path == MlaDecode::v1 ? splits : splits / kCluster;
+  if (path == MlaDecode::v1 || partials > 1) launch_combine(ctx, p, partials);
 }
 
 }  // namespace mtplab::ops::cuda

@@ -10,9 +10,8 @@
 // - The selection is exact: a block-wide radix select on the order-preserving 32-bit score key
 //   finds the K/P-th largest score; all larger ones are taken, and the lowest-index equals fill
 //   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does. Both
-//   selection kernels (v2, the default, and v1; MTPLAB_INDEXER_SELECT) write the same selection.
+//   selection kernels (v2, the default, and v1; the policy's indexer_select) write the same selection.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -20,7 +19,6 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "core/env.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -51,6 +49,14 @@ __device__ float block_sum(float v) {
   return total;
 }
 
+/// 1 / sqrt(sum / n + eps) in IEEE-rounded steps, the sum over the block of each thread's `part`
+/// (block_sum: every thread of the block calls this): the scale of RMSNorm (from the sum of
+/// squares) and of LayerNorm (from the sum of squared deviations).
+__device__ __forceinline__ float inv_root_mean(float part, int n, float eps) {
+  const float mean = __fdiv_rn(block_sum(part), static_cast<float>(n));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
 /// y_i = bf16(w * (x * r)), r = 1 / sqrt(mean(x^2) + eps), handed to store(i, y_i) by the thread
 /// that owns element i (i = threadIdx.x + k * blockDim.x). A store may overwrite x (rmsnorm's x and
 /// y may alias): all reads of x for the sum finish at the barrier inside block_sum, and each thread
@@ -62,8 +68,7 @@ __device__ __forceinline__ void rmsnorm_row(const bf16* x, const bf16* w, int n,
     const float v = bf16_to_f(x[i]);
     ss = fmaf(v, v, ss);
   }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+  const float r = inv_root_mean(ss, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     store(i, f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(x[i]), r))));
   }
@@ -97,8 +102,7 @@ __device__ __forceinline__ void layernorm_row(const bf16* x, const bf16* w, cons
     const float d = __fsub_rn(bf16_to_f(x[i]), mean);
     sq = fmaf(d, d, sq);
   }
-  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  const float r = inv_root_mean(sq, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float d = __fsub_rn(bf16_to_f(x[i]), mean);
     store(i, f_to_bf16(__fadd_rn(__fmul_rn(__fmul_rn(d, r), bf16_to_f(w[i])), bf16_to_f(b[i]))));
@@ -148,6 +152,32 @@ __device__ __forceinline__ void load_octets(const bf16* row, int nv, uint4 (&r)[
   }
 }
 
+/// acc = add(acc, value) over every element of this thread's octets, in octet then element order
+/// (padding octets are zeros and take part): this thread's share of a row sum.
+template <int V, typename Add>
+__device__ __forceinline__ float octets_sum(const uint4 (&r)[V], Add&& add) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float f[8];
+    unpack8(r[j], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = add(acc, f[e]);
+  }
+  return acc;
+}
+
+/// f(j, v) for each of this thread's octets j = 0..V-1 inside the row: octet v = threadIdx.x +
+/// j * kVecNormThreads < nv (load_octets' layout), in ascending j.
+template <int V, typename F>
+__device__ __forceinline__ void for_octets(int nv, F&& f) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kVecNormThreads;
+    if (v < nv) f(j, v);
+  }
+}
+
 /// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers; octet v of y
 /// (elements 8v .. 8v+7, packed BF16) is handed to store(v, octet) by the thread that loaded it.
 template <int V, typename Store>
@@ -156,27 +186,16 @@ __device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, in
   uint4 xr[V], wr[V];
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(xr[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss = fmaf(f[e], f[e], ss);
-  }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;
+  const float ss = octets_sum<V>(xr, [](float acc, float v) { return fmaf(v, v, acc); });
+  const float r = inv_root_mean(ss, n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     float f[8], g[8];
     unpack8(xr[j], f);
     unpack8(wr[j], g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(g[e], __fmul_rn(f[e], r));
     store(v, pack8(f));
-  }
+  });
 }
 
 /// The octet store of a BF16 row y (16-byte aligned).
@@ -212,20 +231,11 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
   load_octets<V>(b, nv, br);
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(xr[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) s += f[e];
-  }
+  const float s = octets_sum<V>(xr, [](float acc, float v) { return acc + v; });
   const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
   float sq = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;  // padding octets are zeros, not values: they must not add mean^2
+  // Only the row's octets: padding octets are zeros, not values, and must not add mean^2.
+  for_octets<V>(nv, [&](int j, int) {
     float f[8];
     unpack8(xr[j], f);
 #pragma unroll
@@ -233,13 +243,9 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
       const float d = __fsub_rn(f[e], mean);
       sq = fmaf(d, d, sq);
     }
-  }
-  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;
+  });
+  const float r = inv_root_mean(sq, n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     float f[8], g[8], c[8];
     unpack8(xr[j], f);
     unpack8(wr[j], g);
@@ -247,7 +253,7 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(f[e], mean), r), g[e]), c[e]);
     store(v, pack8(f));
-  }
+  });
 }
 
 template <int V>
@@ -292,19 +298,15 @@ __global__ void __launch_bounds__(kVecNormThreads)
       ss = fmaf(yv[j][e], yv[j][e], ss);
     }
   }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v >= nv) continue;
+  const float r = inv_root_mean(ss, n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(yv[j]);
     float g[8], o[8];
     unpack8(wr[j], g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(g[e], __fmul_rn(yv[j][e], r));
     *reinterpret_cast<uint4*>(normed + static_cast<size_t>(v) * 8) = pack8(o);
-  }
+  });
 }
 
 /// Calls f(std::integral_constant<int, V>{}) for V = v in 1..kMaxNormVecs.
@@ -342,8 +344,8 @@ __global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, 
 /// residual_add_kernel's y, then rmsnorm_row over it with the same block layout. Each thread
 /// re-reads only the y elements it wrote itself (x and y may alias).
 __global__ void __launch_bounds__(kNormThreads)
-    residual_add_rmsnorm_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
-                                float eps) {
+    residual_add_rmsnorm_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
+                                int n, float eps) {
   pdl_begin();
   float ss = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -352,8 +354,7 @@ __global__ void __launch_bounds__(kNormThreads)
     const float v = bf16_to_f(yi);
     ss = fmaf(v, v, ss);
   }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+  const float r = inv_root_mean(ss, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     normed[i] = f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(y[i]), r)));
   }
@@ -1230,27 +1231,6 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-namespace {
-std::atomic<int> g_select_path_override{-1};
-}  // namespace
-
-IndexerSelectPath indexer_select_path() {
-  static const IndexerSelectPath from_env = [] {
-    const auto v = env_choice("MTPLAB_INDEXER_SELECT", {"v1", "v2"});
-    return v && *v == "v1" ? IndexerSelectPath::v1 : IndexerSelectPath::v2;
-  }();
-  const int forced = g_select_path_override.load(std::memory_order_relaxed);
-  return forced < 0 ? from_env : static_cast<IndexerSelectPath>(forced);
-}
-
-void set_indexer_select_path(IndexerSelectPath path) {
-  g_select_path_override.store(static_cast<int>(path), std::memory_order_relaxed);
-}
-
-const char* indexer_select_path_name(IndexerSelectPath path) {
-  return path == IndexerSelectPath::v1 ? "v1" : "v2";
-}
-
 void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
                     int P, int max_pools) {
   MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select: K ", K, ", P ", P,
@@ -1258,7 +1238,7 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
   // Keys in shared memory up to 160 KB of them (40960 pools); beyond, the passes read global memory.
   const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
   const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
-  if (indexer_select_path() == IndexerSelectPath::v1) {
+  if (ctx.policy.indexer_select == IndexerSelect::v1) {
     const size_t smem = cached ? cache_bytes : 0;
     if (smem > 48 * 1024) {
       MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -1,8 +1,8 @@
 // One launch path for every kernel of lib/ops/cuda: cudaLaunchKernelEx with programmatic stream
-// serialization when LaunchCtx::pdl is set and no graph is being captured (the kernel itself
-// starts with pdl_begin(), device_common.cuh). Measured on the H200 at glm5.3-flash
-// (docs/performance.md): eager draft steps 16-19 us faster, graph replays ~6 us slower with the
-// programmatic edges, so captures record ordinary launches.
+// serialization when LaunchCtx::pdl() holds: the policy's pdl, on a device that has it, and no
+// graph being captured (the kernel itself starts with pdl_begin(), device_common.cuh). Measured on
+// the H200 at glm5.3-flash (docs/performance.md): eager draft steps 16-19 us faster, graph replays
+// ~6 us slower with the programmatic edges, so captures record ordinary launches.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -25,7 +25,7 @@ void launch(const LaunchCtx& ctx, void (*kernel)(Params...), dim3 grid, dim3 blo
   cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = ctx.stream;
   cfg.attrs = attr;
-  cfg.numAttrs = ctx.pdl && !ctx.capturing ? 1 : 0;
+  cfg.numAttrs = ctx.pdl() ? 1 : 0;
   MTP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

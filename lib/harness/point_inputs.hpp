@@ -1,0 +1,63 @@
+// The inputs a point reads, cached across points: its trace and its weight shard. Consecutive
+// points usually share both (a sweep of arms over one model and trace), and loading them (or
+// synthesising a trace at the glm5.3-flash shape) costs more than many points' replays.
+//
+// Invariants:
+// - A cache entry is keyed by a struct of everything that determines it (the resolved model, the
+//   trace or weights spec, the sequences taken, the head sharding), compared field by field.
+// - The trace is identical on every rank: a synthetic trace is generated on rank 0 and broadcast.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "dist/runtime.hpp"
+#include "harness/experiment.hpp"
+#include "io/trace.hpp"
+#include "model/weights.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::harness {
+
+/// What a point's trace depends on.
+struct TraceKey {
+  model::ModelConfig model;
+  TraceSpec trace;
+  uint64_t weights_seed = 0;  ///< a synthetic trace's target shares the drafter's weights seed
+  int take = 0;               ///< measure.sequences
+  friend bool operator==(const TraceKey&, const TraceKey&) = default;
+};
+
+/// What a point's weight shard depends on.
+struct WeightsKey {
+  model::ModelConfig model;
+  WeightsSpec weights;
+  model::HeadSharding head_sharding = model::HeadSharding::none;
+  friend bool operator==(const WeightsKey&, const WeightsKey&) = default;
+};
+
+TraceKey trace_key(const PointConfig& p);
+WeightsKey weights_key(const PointConfig& p);
+
+/// One cached trace and one cached weight shard, for the points of one run.
+class PointInputs {
+ public:
+  PointInputs(ops::Backend& be, const dist::Group& world, int rank, int world_size)
+      : be_(be), world_(world), rank_(rank), world_size_(world_size) {}
+  /// The point's sequences (the first measure.sequences of the trace), identical on every rank.
+  /// Collective over the world when the trace is synthetic and not cached.
+  const std::vector<io::TraceSequence>& trace(const PointConfig& p);
+  /// This rank's weight shard for the point.
+  model::MtpWeights& weights(const PointConfig& p);
+
+ private:
+  ops::Backend& be_;
+  const dist::Group& world_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  std::optional<TraceKey> trace_key_;
+  std::vector<io::TraceSequence> trace_;
+  std::optional<WeightsKey> weights_key_;
+  model::MtpWeights weights_;
+};
+
+}  // namespace mtplab::harness

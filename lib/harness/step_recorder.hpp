@@ -1,0 +1,70 @@
+// The step recorder: turns the replay's steps, as they happen on this rank, into the rows of a
+// PointResult (steps, drafts, per-draft phases, per-sequence rows, repeat-0 acceptance), timing
+// each (batched) step with the host clock and the backend's phase events.
+//
+// Invariants:
+// - Every row of one batched step carries that step's timings (one propose for all its rows);
+//   `batch_step` tells the rows of one step apart, and summaries count each step once.
+// - Acceptance and the per-sequence table come from repeat 0; later repeats only time and check
+//   that their drafts equal repeat 0's at the same (sequence, position).
+// - The recorder is rank-local: reduce_over_ranks (runner.cpp) makes the point's figures.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "harness/experiment.hpp"
+#include "harness/replay.hpp"
+#include "harness/results.hpp"
+#include "harness/timer.hpp"
+#include "io/trace.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::harness {
+
+class StepRecorder {
+ public:
+  StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p,
+               const std::vector<io::TraceSequence>& seqs, PointResult& r);
+
+  /// Starts repeat `rep` (0-based).
+  void begin_repeat(int rep);
+  /// The prefill of trace sequence `i` (an index into the point's sequences) just ran.
+  void after_prefill(int i);
+  /// A (batched) step starts.
+  void before_step();
+  /// The rows of the step that just finished (verify and catch-up included).
+  void after_step(const std::vector<StepRecord>& rows);
+  /// Trace sequence `i` left the replay after `steps` steps.
+  void after_sequence(int i, int steps);
+  /// Ends the repeat: in repeat 0, the per-sequence rows in trace order.
+  void end_repeat();
+
+  int64_t steps_in_repeat() const { return steps_in_repeat_; }
+  /// Fraction of the point done (repeats and positions), for the progress line.
+  double progress() const;
+  int64_t steps() const { return global_step_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  ops::Backend& be_;
+  EventPhaseTimer& timer_;
+  const PointConfig& p_;
+  const std::vector<io::TraceSequence>& seqs_;
+  PointResult& r_;
+  int k_ = 0;
+  int rep_ = 0;
+  int64_t global_step_ = 0, steps_in_repeat_ = 0;
+  Clock::time_point t0_;
+  std::map<std::pair<int32_t, int32_t>, size_t> repeat0_row_;  // (sequence, position) -> row
+  std::map<int32_t, int> by_trace_index_;                      // TraceSequence::index -> i
+  // Per sequence of the current repeat: prefill time, steps, positions advanced.
+  std::vector<double> prefill_ms_;
+  std::vector<int32_t> seq_steps_;
+  std::vector<int64_t> advanced_;
+  std::vector<uint8_t> started_;  // prefilled in this repeat (a step limit may stop before some)
+  int64_t total_positions_ = 0, positions_done_ = 0;
+};
+
+}  // namespace mtplab::harness

@@ -1,0 +1,102 @@
+// The kernel choices of a run, as one value: which GEMV variant and k-split, which MLA decode and
+// indexer selection kernel, how many decode clusters, programmatic dependent launch, and whether
+// the NCCL communicators block. A Backend carries the policy it launches under
+// (Backend::set_kernel_policy, ops.hpp); the experiment records it per point and keys the point's
+// identity on it, so a resumed results file cannot mix kernel paths.
+//
+// Invariants:
+// - The default-constructed policy is what runs when nothing is configured (and no MTPLAB_*
+//   variable is set): automatic GEMV variant and split, decode v2 with the automatic cluster count,
+//   selection v2, programmatic launch on, blocking NCCL communicators.
+// - Every field has one canonical text (its YAML spelling, field_text); parse_field accepts that
+//   text (and the number 0 for the automatic counts), so a value prints and parses back to itself.
+// - The environment only overrides (env_overrides), for the benchmarks and tuning runs; what it
+//   overrode is reported so the caller can record it.
+//
+// What each field changes, for the record (every field is recorded per point regardless):
+// - gemv_variant: auto, v1, rows2, rows4 and occ give the same bits (same k-split, each lane's
+//   chunks summed in ascending order, parts summed in part order); fp8split gives FP8 GEMVs
+//   another split, so other bits for FP8 weights. Otherwise timing only.
+// - gemv_split: a forced k-split changes the summation order of every GEMV, hence the bits.
+// - mla_decode: v1 and v2 split and merge the selected rows differently: other summation order,
+//   other bits (within the usual tolerances).
+// - mla_clusters (v2 only): the split count fixes the merge order: other bits.
+// - indexer_select: v1 and v2 compute the same exact selection: the same bits, other timing.
+// - pdl, nccl_blocking: the same bits, other timing.
+#pragma once
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace mtplab::ops {
+
+/// The kernels of gemv_bf16, gemv_fp8 and head_argmax (docs/kernels.md, "Variants"). automatic:
+/// per shape from the table in kernels_gemv.cu; v1: one row (or part) per warp, 8 loads per lane in
+/// flight; rows2 / rows4: 2 or 4 rows per warp; occ: one row per warp at <= 32 registers; fp8split:
+/// FP8 rows take the k-split of BF16 rows of the same length. linear_group keeps its own kernel.
+enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };
+/// The sparse MLA decode: v2 (the default) streams longer splits and merges them per cluster of 8
+/// over distributed shared memory; v1 is the former kernel with a combine over every split.
+enum class MlaDecode { v1, v2 };
+/// indexer_select's kernel: v2 (the default) the 11/11/10-bit radix select; v1 four 8-bit passes.
+enum class IndexerSelect { v1, v2 };
+
+/// Largest forced cluster count of the v2 decode (8 splits each: 8192 splits, the kernel's limit).
+inline constexpr int kMaxMlaClusters = 1024;
+
+struct KernelPolicy {
+  GemvVariant gemv_variant = GemvVariant::automatic;
+  /// k-split of every GEMV (and of linear_group's outputs): 0 = chosen per shape, else 1, 2, 4, 8.
+  int gemv_split = 0;
+  MlaDecode mla_decode = MlaDecode::v2;
+  /// Clusters of 8 splits per head tile of the v2 decode: 0 = chosen per shape, else
+  /// 1 .. kMaxMlaClusters (raised where a split would own more than 32 chunks). v1 ignores it.
+  int mla_clusters = 0;
+  IndexerSelect indexer_select = IndexerSelect::v2;
+  /// Programmatic dependent launch for eager launches (sm_90 and later; captures never use it).
+  bool pdl = true;
+  /// NCCL communicators created blocking (host calls under a watchdog) or non-blocking (polled).
+  /// Read by whoever creates the communicators (dist::Group::connect); the backends ignore it.
+  bool nccl_blocking = true;
+
+  friend bool operator==(const KernelPolicy&, const KernelPolicy&) = default;
+};
+
+const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "occ", "fp8split"
+const char* to_string(MlaDecode d);      ///< "v1", "v2"
+const char* to_string(IndexerSelect s);  ///< "v1", "v2"
+
+/// The field names in their fixed order: gemv_variant, gemv_split, mla_decode, mla_clusters,
+/// indexer_select, pdl, nccl_blocking (the order of named()).
+const std::vector<std::string_view>& kernel_policy_fields();
+
+/// The canonical text of one field of `p` (its YAML spelling: "auto", "rows2", "4", "on", ...).
+/// An unknown field is an Error listing the fields.
+std::string field_text(const KernelPolicy& p, std::string_view field);
+/// Sets one field of `p` from its text. A bad value is an Error naming the field, the value and
+/// the choices; an unknown field, one listing the fields.
+void parse_field(KernelPolicy& p, std::string_view field, std::string_view text);
+/// The accepted values of a field, as a message lists them ("auto, v1, rows2, ...").
+std::string field_choices(std::string_view field);
+
+/// (field, canonical text) for every field, in kernel_policy_fields() order.
+std::vector<std::pair<std::string, std::string>> named(const KernelPolicy& p);
+/// "gemv_variant=auto gemv_split=auto ..." (named() joined), for logs and messages.
+std::string to_string(const KernelPolicy& p);
+
+/// Throws an Error naming the field when a field holds a value outside its choices (a policy
+/// built by hand); set_kernel_policy calls it.
+void validate(const KernelPolicy& p);
+
+/// `base` with each field whose MTPLAB_* variable is set (and not empty) taken from it, parsed
+/// strictly (core/env.hpp: a value outside the variable's choices is an Error naming it):
+/// MTPLAB_GEMV_VARIANT (auto|v1|rows2|rows4|occ|fp8split), MTPLAB_GEMV_SPLIT (1|2|4|8),
+/// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
+/// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1). Every variable that is set is reported in
+/// `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the canonical
+/// value, also when it equals base's: the environment decided that field. For benchmarks and tuning
+/// runs; an experiment records the result and the list.
+KernelPolicy env_overrides(const KernelPolicy& base, std::vector<std::string>* overridden);
+
+}  // namespace mtplab::ops

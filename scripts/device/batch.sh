@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One device call (one H200, under 10 minutes) for batched drafting: the GPU tests, the B = 1
+# draft step (against its earlier figures), mtplab_bench_step --batch over B = 1 .. 128 and, when
+# the PyTorch peer script is given (PEER=path/to/torch_graph_peer_batched.py), the peer in the same
+# call, then the side-by-side table (bench/peer/batch_ratio.py).
+#
+#   OUT=/some/dir [PEER=file.py] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] scripts/device/batch.sh
+#
+# $OUT: build.log, gpu_tests.log, bench_step.txt (B = 1), bench_step_batch.txt / .csv, peer.txt /
+# torch_graph_peer_batched.json, batch_ratio.txt.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root" || exit 1
+OUT=${OUT:-$root/build-gpu/batch-out}
+BATCHES=${BATCHES:-1,2,4,8,16,32,64,128}
+REPS=${REPS:-20}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 MTPLAB_SHA_FROM_FILE=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+step() { echo "== $1 ($(date +%T))"; }
+step build
+{ cmake --preset cuda -B build-gpu -DMTPLAB_WERROR=OFF && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1 ||
+  { tail -40 "$OUT/build.log"; exit 1; }
+step "GPU tests"
+timeout 240 ctest --test-dir build-gpu -L gpu -LE mpi --output-on-failure --timeout 200 >"$OUT/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu_tests.log" | head -20
+step "draft step, B = 1"
+timeout 120 build-gpu/bin/mtplab_bench_step --k 1,4 --graphs on --reps 30 --out "$OUT" >"$OUT/bench_step.txt" 2>&1
+echo "rc=$?"; tail -6 "$OUT/bench_step.txt"
+step "batched draft step"
+timeout 240 build-gpu/bin/mtplab_bench_step --batch "$BATCHES" --k 1 --graphs on --reps "$REPS" --out "$OUT" \
+  >"$OUT/bench_step_batch.txt" 2>&1
+echo "rc=$?"; tail -20 "$OUT/bench_step_batch.txt"
+if [[ -n ${PEER:-} && -f $PEER ]]; then
+  step "PyTorch peer"
+  OUT=$OUT BATCHES=$BATCHES REPS=$REPS PYTHONUNBUFFERED=1 timeout 180 python3 "$PEER" >"$OUT/peer.txt" 2>&1
+  echo "rc=$?"; tail -20 "$OUT/peer.txt"
+  python3 bench/peer/batch_ratio.py "$OUT/bench_step_batch.csv" "$OUT/torch_graph_peer_batched.json" \
+    >"$OUT/batch_ratio.txt" 2>&1
+  cat "$OUT/batch_ratio.txt"
+fi

@@ -1,0 +1,321 @@
+// KernelPolicy (ops/kernel_policy.hpp): every value of every field prints and parses back to
+// itself, a bad value is an Error naming the field, the value and the choices, the defaults are
+// what runs with nothing configured, env_overrides takes each MTPLAB_* variable strictly and says
+// what it took, and the CPU backend stores the policy it is given (and refuses a malformed one).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.hpp"
+#include "ops/kernel_policy.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::ops {
+namespace {
+
+/// The message of the Error `f` throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+/// Every field with every text it accepts as canonical (the first is the default's).
+const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical = {
+    {"gemv_variant", {"auto", "v1", "rows2", "rows4", "occ", "fp8split"}},
+    {"gemv_split", {"auto", "1", "2", "4", "8"}},
+    {"mla_decode", {"v2", "v1"}},
+    {"mla_clusters", {"auto", "1", "2", "7", "1024"}},
+    {"indexer_select", {"v2", "v1"}},
+    {"pdl", {"on", "off"}},
+    {"nccl_blocking", {"on", "off"}},
+};
+
+/// The MTPLAB_* variables env_overrides reads, in field order.
+const std::vector<std::pair<std::string, std::string>> kVariables = {
+    {"gemv_variant", "MTPLAB_GEMV_VARIANT"},     {"gemv_split", "MTPLAB_GEMV_SPLIT"},
+    {"mla_decode", "MTPLAB_MLA_DECODE"},         {"mla_clusters", "MTPLAB_MLA_CLUSTERS"},
+    {"indexer_select", "MTPLAB_INDEXER_SELECT"}, {"pdl", "MTPLAB_CUDA_PDL"},
+    {"nccl_blocking", "MTPLAB_NCCL_BLOCKING"},
+};
+
+/// Unsets every policy variable for the test's lifetime and restores the values found before.
+class CleanEnv : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const auto& [field, var] : kVariables) {
+      const char* v = std::getenv(var.c_str());
+      if (v) saved_[var] = v;
+      unsetenv(var.c_str());
+    }
+  }
+  void TearDown() override {
+    for (const auto& [field, var] : kVariables) {
+      const auto it = saved_.find(var);
+      if (it != saved_.end()) {
+        setenv(var.c_str(), it->second.c_str(), 1);
+      } else {
+        unsetenv(var.c_str());
+      }
+    }
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
+  const KernelPolicy p;
+  EXPECT_EQ(p.gemv_variant, GemvVariant::automatic);
+  EXPECT_EQ(p.gemv_split, 0);
+  EXPECT_EQ(p.mla_decode, MlaDecode::v2);
+  EXPECT_EQ(p.mla_clusters, 0);
+  EXPECT_EQ(p.indexer_select, IndexerSelect::v2);
+  EXPECT_TRUE(p.pdl);
+  EXPECT_TRUE(p.nccl_blocking);
+  for (const auto& [field, texts] : kCanonical) EXPECT_EQ(field_text(p, field), texts.front()) << field;
+  EXPECT_EQ(to_string(p),
+            "gemv_variant=auto gemv_split=auto mla_decode=v2 mla_clusters=auto indexer_select=v2 pdl=on "
+            "nccl_blocking=on");
+}
+
+TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
+  const std::vector<std::string_view>& fields = kernel_policy_fields();
+  ASSERT_EQ(fields.size(), kCanonical.size());
+  KernelPolicy p;
+  p.gemv_variant = GemvVariant::rows4;
+  p.mla_clusters = 16;
+  p.pdl = false;
+  const auto n = named(p);
+  ASSERT_EQ(n.size(), kCanonical.size());
+  for (size_t i = 0; i < n.size(); ++i) {
+    EXPECT_EQ(fields[i], kCanonical[i].first);
+    EXPECT_EQ(n[i].first, kCanonical[i].first);
+    EXPECT_EQ(n[i].second, field_text(p, n[i].first));
+  }
+  EXPECT_EQ(n[0].second, "rows4");
+  EXPECT_EQ(n[3].second, "16");
+  EXPECT_EQ(n[5].second, "off");
+}
+
+TEST(KernelPolicy, EveryValueRoundTripsAndChangesOnlyItsField) {
+  for (const auto& [field, texts] : kCanonical) {
+    for (const std::string& text : texts) {
+      SCOPED_TRACE(field + " = " + text);
+      KernelPolicy p;
+      parse_field(p, field, text);
+      EXPECT_EQ(field_text(p, field), text);
+      KernelPolicy again;
+      parse_field(again, field, field_text(p, field));
+      EXPECT_EQ(again, p);
+      EXPECT_EQ(p == KernelPolicy{}, text == texts.front());
+      for (const auto& [other, other_texts] : kCanonical)
+        if (other != field) {
+          EXPECT_EQ(field_text(p, other), other_texts.front()) << other;
+        }
+    }
+  }
+}
+
+TEST(KernelPolicy, ZeroIsTheAutomaticCount) {
+  KernelPolicy p;
+  p.gemv_split = 4;
+  p.mla_clusters = 8;
+  parse_field(p, "gemv_split", "0");
+  parse_field(p, "mla_clusters", "0");
+  EXPECT_EQ(p, KernelPolicy{});
+  EXPECT_EQ(field_text(p, "gemv_split"), "auto");
+  EXPECT_EQ(field_text(p, "mla_clusters"), "auto");
+}
+
+TEST(KernelPolicy, EqualityComparesEveryField) {
+  const KernelPolicy base;
+  for (const auto& [field, texts] : kCanonical) {
+    KernelPolicy p;
+    parse_field(p, field, texts.back());
+    EXPECT_NE(p, base) << field;
+    EXPECT_FALSE(p == base) << field;
+  }
+}
+
+TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"gemv_variant", "rows3"}, {"gemv_variant", "V1"},   {"gemv_variant", ""},
+      {"gemv_split", "3"},       {"gemv_split", "16"},     {"gemv_split", "-1"},
+      {"gemv_split", "2x"},      {"gemv_split", " 2"},     {"mla_decode", "v3"},
+      {"mla_decode", "auto"},    {"mla_clusters", "1025"}, {"mla_clusters", "-2"},
+      {"mla_clusters", "many"},  {"indexer_select", "v0"}, {"pdl", "1"},
+      {"pdl", "true"},           {"nccl_blocking", "0"},   {"nccl_blocking", "ON"},
+  };
+  for (const auto& [field, text] : bad) {
+    SCOPED_TRACE(field + " = \"" + text + "\"");
+    KernelPolicy p;
+    const std::string msg = error_of([&] { parse_field(p, field, text); });
+    EXPECT_TRUE(contains(msg, field)) << msg;
+    EXPECT_TRUE(contains(msg, "\"" + text + "\"")) << msg;
+    EXPECT_TRUE(contains(msg, field_choices(field))) << msg;
+    EXPECT_EQ(p, KernelPolicy{}) << "a refused value must leave the policy as it was";
+  }
+  // The choices a message lists are the canonical texts (mla_clusters: a range, "1 .. 1024").
+  for (const auto& [field, texts] : kCanonical) {
+    const std::string choices = field_choices(field);
+    for (const std::string& t : texts) {
+      if (field == "mla_clusters" && (t == "2" || t == "7")) continue;
+      EXPECT_TRUE(contains(choices, t)) << field << ": " << choices;
+    }
+  }
+}
+
+TEST(KernelPolicy, AnUnknownFieldListsTheFields) {
+  KernelPolicy p;
+  for (const auto& f : std::vector<std::function<void()>>{[&] { parse_field(p, "gemv_varient", "v1"); },
+                                                          [&] { (void)field_text(p, "split"); },
+                                                          [&] { (void)field_choices("pdl_on"); }}) {
+    const std::string msg = error_of(f);
+    EXPECT_TRUE(contains(msg, "unknown field")) << msg;
+    for (const auto& [field, texts] : kCanonical) EXPECT_TRUE(contains(msg, field)) << msg;
+  }
+}
+
+TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
+  EXPECT_NO_THROW(validate(KernelPolicy{}));
+  KernelPolicy split;
+  split.gemv_split = 3;
+  const std::string msg = error_of([&] { validate(split); });
+  EXPECT_TRUE(contains(msg, "gemv_split")) << msg;
+  EXPECT_TRUE(contains(msg, field_choices("gemv_split"))) << msg;
+  KernelPolicy clusters;
+  clusters.mla_clusters = kMaxMlaClusters + 1;
+  EXPECT_TRUE(contains(error_of([&] { validate(clusters); }), "mla_clusters"));
+  clusters.mla_clusters = -1;
+  EXPECT_TRUE(contains(error_of([&] { validate(clusters); }), "mla_clusters"));
+  KernelPolicy variant;
+  variant.gemv_variant = static_cast<GemvVariant>(17);
+  EXPECT_TRUE(contains(error_of([&] { validate(variant); }), "gemv_variant"));
+}
+
+TEST(KernelPolicy, CpuBackendStoresThePolicyAndRefusesAMalformedOne) {
+  auto be = make_cpu_backend();
+  EXPECT_EQ(be->kernel_policy(), KernelPolicy{});
+  KernelPolicy p;
+  p.gemv_variant = GemvVariant::occ;
+  p.mla_decode = MlaDecode::v1;
+  p.nccl_blocking = false;
+  be->set_kernel_policy(p);
+  EXPECT_EQ(be->kernel_policy(), p);
+  KernelPolicy bad = p;
+  bad.gemv_split = 5;
+  EXPECT_THROW(be->set_kernel_policy(bad), Error);
+  EXPECT_EQ(be->kernel_policy(), p) << "a refused policy must leave the backend's as it was";
+}
+
+using KernelPolicyEnv = CleanEnv;
+
+TEST_F(KernelPolicyEnv, NothingSetLeavesTheBaseAndReportsNothing) {
+  KernelPolicy base;
+  base.gemv_variant = GemvVariant::v1;
+  base.mla_clusters = 4;
+  base.pdl = false;
+  std::vector<std::string> overridden;
+  EXPECT_EQ(env_overrides(base, &overridden), base);
+  EXPECT_TRUE(overridden.empty());
+  // Empty values count as unset (core/env.hpp).
+  for (const auto& [field, var] : kVariables) setenv(var.c_str(), "", 1);
+  EXPECT_EQ(env_overrides(base, &overridden), base);
+  EXPECT_TRUE(overridden.empty());
+  EXPECT_EQ(env_overrides(KernelPolicy{}, nullptr), KernelPolicy{});
+}
+
+TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
+  struct Case {
+    std::string var, value, field, text;
+  };
+  const std::vector<Case> cases = {
+      {"MTPLAB_GEMV_VARIANT", "rows2", "gemv_variant", "rows2"},
+      {"MTPLAB_GEMV_VARIANT", "auto", "gemv_variant", "auto"},
+      {"MTPLAB_GEMV_SPLIT", "4", "gemv_split", "4"},
+      {"MTPLAB_MLA_DECODE", "v1", "mla_decode", "v1"},
+      {"MTPLAB_MLA_CLUSTERS", "16", "mla_clusters", "16"},
+      {"MTPLAB_INDEXER_SELECT", "v1", "indexer_select", "v1"},
+      {"MTPLAB_CUDA_PDL", "0", "pdl", "off"},
+      {"MTPLAB_CUDA_PDL", "1", "pdl", "on"},
+      {"MTPLAB_NCCL_BLOCKING", "0", "nccl_blocking", "off"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.var + "=" + c.value);
+    setenv(c.var.c_str(), c.value.c_str(), 1);
+    KernelPolicy base;
+    base.mla_clusters = 2;  // a non-default base: the fields left alone keep their values
+    if (c.field == "mla_clusters") base.gemv_split = 8;
+    std::vector<std::string> overridden;
+    const KernelPolicy got = env_overrides(base, &overridden);
+    EXPECT_EQ(field_text(got, c.field), c.text);
+    for (const auto& [field, texts] : kCanonical)
+      if (field != c.field) {
+        EXPECT_EQ(field_text(got, field), field_text(base, field)) << field;
+      }
+    // Reported even where the value equals the base's (MTPLAB_CUDA_PDL=1, MTPLAB_GEMV_VARIANT=auto):
+    // the environment decided the field.
+    ASSERT_EQ(overridden.size(), 1u);
+    EXPECT_EQ(overridden[0], c.field + "=" + c.text + " (" + c.var + ")");
+    unsetenv(c.var.c_str());
+  }
+}
+
+TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
+  setenv("MTPLAB_NCCL_BLOCKING", "0", 1);
+  setenv("MTPLAB_GEMV_VARIANT", "fp8split", 1);
+  setenv("MTPLAB_MLA_CLUSTERS", "1024", 1);
+  setenv("MTPLAB_CUDA_PDL", "0", 1);
+  setenv("MTPLAB_GEMV_SPLIT", "1", 1);
+  setenv("MTPLAB_INDEXER_SELECT", "v1", 1);
+  setenv("MTPLAB_MLA_DECODE", "v1", 1);
+  std::vector<std::string> overridden;
+  const KernelPolicy got = env_overrides(KernelPolicy{}, &overridden);
+  KernelPolicy want;
+  want.gemv_variant = GemvVariant::fp8split;
+  want.gemv_split = 1;
+  want.mla_decode = MlaDecode::v1;
+  want.mla_clusters = 1024;
+  want.indexer_select = IndexerSelect::v1;
+  want.pdl = false;
+  want.nccl_blocking = false;
+  EXPECT_EQ(got, want) << to_string(got);
+  const std::vector<std::string> expected = {
+      "gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)", "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
+      "mla_decode=v1 (MTPLAB_MLA_DECODE)",           "mla_clusters=1024 (MTPLAB_MLA_CLUSTERS)",
+      "indexer_select=v1 (MTPLAB_INDEXER_SELECT)",   "pdl=off (MTPLAB_CUDA_PDL)",
+      "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)"};
+  EXPECT_EQ(overridden, expected);
+}
+
+TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"MTPLAB_GEMV_VARIANT", "rows3"}, {"MTPLAB_GEMV_SPLIT", "3"},   {"MTPLAB_GEMV_SPLIT", "auto"},
+      {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},  {"MTPLAB_MLA_CLUSTERS", "0"},
+      {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"}, {"MTPLAB_INDEXER_SELECT", "v0"},
+      {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},     {"MTPLAB_NCCL_BLOCKING", "on"},
+  };
+  for (const auto& [var, value] : bad) {
+    SCOPED_TRACE(var + "=" + value);
+    setenv(var.c_str(), value.c_str(), 1);
+    std::vector<std::string> overridden;
+    const std::string msg = error_of([&] { (void)env_overrides(KernelPolicy{}, &overridden); });
+    EXPECT_TRUE(contains(msg, var + "=" + value)) << msg;
+    unsetenv(var.c_str());
+  }
+}
+
+}  // namespace
+}  // namespace mtplab::ops
