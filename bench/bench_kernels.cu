@@ -54,6 +54,7 @@
 #include "core/hash.hpp"
 #include "core/stats.hpp"
 #include "core/str.hpp"
+#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/kernel_policy.hpp"
 #include "ops/ops.hpp"
@@ -853,6 +854,198 @@ void run_all(Bench& b, ops::Backend& be) {
   }
 }
 
+// ---- batched kernels (--only batch): the ops of a batched draft step at B rows -------------------------
+//
+// Bytes are the fewest each op must move at B: every weight row once (not B times), each row's
+// inputs, outputs and cache rows once. "batch linear ... cublaslt" and "... mma" time the same
+// batched linear through cuBLASLt (what the backend runs) and through the small-M tensor-core
+// GEMM (ops::cuda::rows_gemm), side by side, for docs/kernels.md's per-shape choice.
+void run_batched(Bench& b, ops::Backend& be) {
+  auto live_slots = [&](int B) {
+    std::vector<int32_t> s(static_cast<size_t>(B));
+    std::iota(s.begin(), s.end(), 0);
+    return b.upload(s);
+  };
+  const int batches[] = {1, 4, 16, 64, 128};
+  // The head with its fused argmax, BF16 and FP8 (row-scaled).
+  for (bool fp8 : {false, true}) {
+    for (int B : batches) {
+      const std::string name = mtplab::str("batch head_argmax ", fp8 ? "fp8" : "bf16", " B=", B);
+      if (!b.selected(name)) continue;
+      const double wbytes = fp8 ? (1.0 * kV * kH + 4.0 * kV) : 2.0 * kV * kH;
+      const int rot = b.rotations(wbytes, 2);
+      std::vector<bf16*> W(rot, nullptr);
+      std::vector<fp8e4m3*> W8(rot, nullptr);
+      for (int r = 0; r < rot; ++r) {
+        if (fp8) {
+          W8[r] = b.rand_fp8(static_cast<size_t>(kV) * kH);
+        } else {
+          W[r] = b.rand_bf16(static_cast<size_t>(kV) * kH);
+        }
+      }
+      float* scale = fp8 ? b.rand_f32(kV, 0.5f / 448, 1.5f / 448) : nullptr;
+      bf16* x = b.rand_bf16(static_cast<size_t>(B) * kH);
+      int32_t* slots = live_slots(B);
+      auto* out = static_cast<ops::ArgMax*>(b.alloc(sizeof(ops::ArgMax) * B));
+      auto* tok = static_cast<int32_t*>(b.alloc(sizeof(int32_t) * B));
+      b.measure(name, dims({B, kV, kH}), wbytes + 2.0 * B * kH + 12.0 * B, rot, [&](int i) {
+        be.head_argmax_batch(W[i % rot], W8[i % rot], scale, x, slots, B, kV, kH, 0, nullptr, 0, out,
+                             ops::HeadExtras{nullptr, tok});
+      });
+      b.release_all();
+    }
+  }
+  // The batched linears of the step: cuBLASLt against the small-M tensor-core GEMM.
+  struct Lin {
+    const char* name;
+    int n, k;
+    bool f32;
+  };
+  const Lin lins[] = {{"eh_proj", kH, 2 * kH, false},
+                      {"q_b", kHeads * kHeadDim, kQLora, false},
+                      {"kv_a", kKvLora, kH, false},
+                      {"o_proj", kH, kHeads * kHeadDim, true},
+                      {"router", kExperts, kH, true}};
+  int dev = 0;
+  MTP_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop{};
+  MTP_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  ops::cuda::LaunchCtx ctx;
+  ctx.stream = b.stream();
+  ctx.num_sms = prop.multiProcessorCount;
+  ctx.policy = be.kernel_policy();
+  ctx.pdl_capable = false;  // no programmatic launch: as cuBLASLt's kernels, in both modes
+  for (const Lin& l : lins) {
+    for (int B : {2, 8, 32, 128}) {
+      for (bool mma : {false, true}) {
+        const std::string name = mtplab::str("batch linear ", l.name, " B=", B, mma ? " mma" : " cublaslt");
+        if (!b.selected(name)) continue;
+        const double wbytes = 2.0 * l.n * l.k;
+        const int rot = b.rotations(wbytes);
+        std::vector<bf16*> W(rot);
+        for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(l.n) * l.k);
+        bf16* x = b.rand_bf16(static_cast<size_t>(B) * l.k);
+        void* y = b.alloc(static_cast<size_t>(B) * l.n * 4);
+        b.measure(name, dims({B, l.n, l.k}), wbytes + 2.0 * B * l.k + (l.f32 ? 4.0 : 2.0) * B * l.n, rot,
+                  [&](int i) {
+                    if (mma) {
+                      ops::cuda::rows_gemm(ctx, W[i % rot], x, l.k, y, l.f32, l.n, B, l.n, l.k,
+                                           ops::cuda::GemvRowMap{l.n, 0, 0, 0});
+                      MTP_CUDA_CHECK(cudaGetLastError());
+                    } else if (l.f32) {
+                      be.linear_f32(W[i % rot], x, static_cast<float*>(y), B, l.n, l.k,
+                                    ops::RowsMode::batched);
+                    } else {
+                      be.linear(W[i % rot], x, static_cast<bf16*>(y), B, l.n, l.k, ops::RowsMode::batched);
+                    }
+                  });
+        b.release_all();
+      }
+    }
+  }
+  // The grouped experts, every expert resident (the union grows with B: bytes = the union's weights).
+  if (b.selected("batch moe_experts_grouped")) {
+    const size_t per = static_cast<size_t>(kInter) * kH;
+    bf16* gate = b.rand_bf16(per * kExperts);
+    bf16* up = b.rand_bf16(per * kExperts);
+    bf16* down = b.rand_bf16(per * kExperts, -0.1f, 0.1f);
+    bf16* sg = b.rand_bf16(per);
+    bf16* su = b.rand_bf16(per);
+    bf16* sd = b.rand_bf16(per, -0.1f, 0.1f);
+    const ops::ExpertWeights routed{gate, up, down, 0, kExperts, kH, kInter};
+    const ops::ExpertWeights shared{sg, su, sd, 0, 1, kH, kInter};
+    for (int B : batches) {
+      const std::string name = mtplab::str("batch moe_experts_grouped B=", B);
+      if (!b.selected(name)) continue;
+      std::vector<int32_t> idx_h(static_cast<size_t>(B) * kExpertTopK);
+      std::vector<uint8_t> used(kExperts, 0);
+      uint64_t r = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(B + 1);
+      for (int row = 0; row < B; ++row) {
+        for (int i = 0; i < kExpertTopK; ++i) {  // distinct experts per row, uniform over the 288
+          int e;
+          bool again;
+          do {
+            r = mtplab::splitmix64_mix(r + 1);
+            e = static_cast<int>(r % kExperts);
+            again = false;
+            for (int j = 0; j < i; ++j) again |= idx_h[static_cast<size_t>(row) * kExpertTopK + j] == e;
+          } while (again);
+          idx_h[static_cast<size_t>(row) * kExpertTopK + i] = e;
+          used[static_cast<size_t>(e)] = 1;
+        }
+      }
+      const int distinct = static_cast<int>(std::count(used.begin(), used.end(), 1));
+      int32_t* idx = b.upload(idx_h);
+      float* wts = b.rand_f32(static_cast<size_t>(B) * kExpertTopK, 0.1f, 1.0f);
+      bf16* x = b.rand_bf16(static_cast<size_t>(B) * kH);
+      int32_t* slots = live_slots(B);
+      float* out = static_cast<float*>(b.alloc(sizeof(float) * B * kH));
+      const double bytes = 2.0 * 3.0 * per * (distinct + 1) + 2.0 * B * kH + 4.0 * B * kH;
+      b.measure(name, mtplab::str(dims({B, kExpertTopK, 3, kInter, kH}), " ", distinct, " experts"), bytes, 1,
+                [&](int) {
+                  be.moe_experts_grouped(x, routed, idx, wts, slots, B, kExpertTopK, &shared, 10.0f, out);
+                });
+    }
+    b.release_all();
+  }
+  // The sparse decode: each row at position 4095 of its own slot (2051 selected rows: K pool rows
+  // plus the tail), slots' blocks interleaved in one pool.
+  for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
+    for (int B : {1, 16, 128}) {
+      const std::string name =
+          mtplab::str("batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16" : "fp8", " B=", B);
+      if (!b.selected(name)) continue;
+      const int block_size = 64, rows = 4096, max_blocks = rows / block_size, width = kTopK + kPool - 1;
+      const size_t elem = dtype == ops::KvDtype::bf16 ? 2 : 1;
+      const size_t values = static_cast<size_t>(B) * rows * kKvLora;
+      void* cache =
+          elem == 2 ? static_cast<void*>(b.rand_bf16(values)) : static_cast<void*>(b.rand_fp8(values));
+      std::vector<int32_t> tables(static_cast<size_t>(B) * max_blocks), sel(static_cast<size_t>(B) * width);
+      for (int s = 0; s < B; ++s)
+        for (int j = 0; j < max_blocks; ++j) tables[static_cast<size_t>(s) * max_blocks + j] = j * B + s;
+      for (int s = 0; s < B; ++s)
+        for (int i = 0; i < width; ++i) sel[static_cast<size_t>(s) * width + i] = (i * 2 + s) % rows;
+      int32_t* table = b.upload(tables);
+      int32_t* selection = b.upload(sel);
+      int32_t* slots = live_slots(B);
+      bf16* q_abs = b.rand_bf16(static_cast<size_t>(B) * kHeads * kKvLora, -2.0f, 2.0f);
+      bf16* o_lat = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(B) * kHeads * kKvLora));
+      const ops::KvSlots kv{
+          ops::KvCache{cache, dtype, elem == 2 ? 1.0f : 1.0f / 448, B * max_blocks, block_size, kKvLora},
+          table, B, max_blocks};
+      b.measure(name, dims({B, width, kHeads, kKvLora}),
+                static_cast<double>(B) * (width * kKvLora * elem + 4.0 * kHeads * kKvLora), 1, [&](int) {
+                  be.mla_decode_batch(q_abs, selection, width, slots, B, kv, o_lat, kHeads, 1.0f / 16.0f);
+                });
+      b.release_all();
+    }
+  }
+  // Absorb and out_v over W_kvb (once for all rows).
+  for (int B : {16, 128}) {
+    const std::string absorb = mtplab::str("batch mla_absorb_q B=", B),
+                      outv = mtplab::str("batch mla_out_v B=", B);
+    if (!b.selected(absorb) && !b.selected(outv)) continue;
+    const size_t kvb = static_cast<size_t>(kHeads) * 2 * kHeadDim * kKvLora;
+    const int rot = b.rotations(2.0 * kvb);
+    std::vector<bf16*> W(rot);
+    for (auto& w : W) w = b.rand_bf16(kvb, -0.05f, 0.05f);
+    bf16* q = b.rand_bf16(static_cast<size_t>(B) * kHeads * kHeadDim);
+    bf16* q_abs = b.rand_bf16(static_cast<size_t>(B) * kHeads * kKvLora);
+    bf16* o = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(B) * kHeads * kHeadDim));
+    bf16* qa_out = static_cast<bf16*>(b.alloc(2 * static_cast<size_t>(B) * kHeads * kKvLora));
+    const double half = 2.0 * kvb / 2, io = 2.0 * B * kHeads * (kHeadDim + kKvLora);
+    if (b.selected(absorb))
+      b.measure(absorb, dims({B, kHeads, kHeadDim, kKvLora}), half + io, rot, [&](int i) {
+        be.mla_absorb_q_batch(q, W[i % rot], qa_out, B, kHeads, kHeadDim, kHeadDim, kKvLora);
+      });
+    if (b.selected(outv))
+      b.measure(outv, dims({B, kHeads, kHeadDim, kKvLora}), half + io, rot, [&](int i) {
+        be.mla_out_v_batch(q_abs, W[i % rot], o, B, kHeads, kHeadDim, kHeadDim, kKvLora);
+      });
+    b.release_all();
+  }
+}
+
 /// A CSV field in double quotes (a quote inside doubled).
 std::string quoted(const std::string& v) {
   std::string q = "\"";
@@ -943,6 +1136,7 @@ int main(int argc, char** argv) {
     Bench bench(opt, *be);
     bench.print_header();
     run_all(bench, *be);
+    run_batched(bench, *be);
     write_csv(bench, opt.out, be->device_name(), policy);
     std::printf("wrote %s/bench_kernels.csv\n", opt.out.c_str());
     return 0;
