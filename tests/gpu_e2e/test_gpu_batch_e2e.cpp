@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -82,44 +83,25 @@ struct Fixture {
     return drafter::make_drafter(be, nullptr, cfg, w, opt);
   }
 
-  /// The CPU reference's head at draft i of step `step` of sequence s: its top-2 margin and the
-  /// tolerance, by replaying that sequence alone (replay_single's script) up to the step.
-  struct Margin {
-    float margin = 0, tolerance = 0;
-    int32_t token = -1;
-  };
-  Margin cpu_margin(size_t s, int step, int i) {
+  /// The CPU reference's head inputs of sequence s, per step (k rows of H each): the sequence
+  /// replayed alone on a CPU single-sequence drafter with replay_single's script (which drafts
+  /// exactly what the CPU batched drafter drafts); once per sequence, on its first disagreement.
+  const std::vector<std::vector<bf16>>& cpu_head_inputs(size_t s) {
+    auto it = head_inputs.find(s);
+    if (it != head_inputs.end()) return it->second;
     auto d = make(*cpu, false);
     d->keep_head_inputs(true);
     const io::TraceSequence& t = trace[s];
     const int H = cfg.hidden;
+    const int N = static_cast<int>(t.tokens.size());
     const auto p = prompts(c, trace.size());
     auto st = d->new_sequence();
     d->append_rows(*st, t.tokens.data() + 1, test::hidden_row(t, 0, H), p[s] - 1, 0);
-    int L = p[s];
-    for (int k = 0;; ++k) {
-      const auto drafts =
-          d->propose(*st, t.tokens[static_cast<size_t>(L)], test::hidden_row(t, L - 1, H), kDraft);
-      if (k == step) {
-        const std::vector<bf16> y = d->head_inputs();
-        const int64_t V = w.lm_head.dim(0);
-        std::vector<bf16> logits(static_cast<size_t>(V));
-        ops::ArgMax am{};
-        cpu->head_argmax(w.lm_head.data.data(), nullptr, nullptr, y.data() + static_cast<size_t>(i) * H,
-                         static_cast<int>(V), H, 0, logits.data(), &am);
-        float top2 = -INFINITY, largest = 0;
-        for (int64_t v = 0; v < V; ++v) {
-          const float x = to_float(logits[static_cast<size_t>(v)]);
-          largest = std::max(largest, std::fabs(x));
-          if (v != am.index) top2 = std::max(top2, x);
-        }
-        Margin m;
-        m.margin = am.value - top2;
-        m.tolerance = kTolUlps * e2e::bf16_ulp(largest);
-        m.token = drafts[static_cast<size_t>(i)];
-        return m;
-      }
-      const int a = test::scripted_accepted(static_cast<int>(s), k, kDraft);
+    std::vector<std::vector<bf16>> steps;
+    for (int L = p[s], step = 0; L + kDraft <= N - 1; ++step) {
+      d->propose(*st, t.tokens[static_cast<size_t>(L)], test::hidden_row(t, L - 1, H), kDraft);
+      steps.push_back(d->head_inputs());
+      const int a = test::scripted_accepted(static_cast<int>(s), step, kDraft);
       d->after_verify(*st, a);
       const int next_L = L + a + 1;
       const int from = st->seq_len();
@@ -127,7 +109,37 @@ struct Fixture {
                      drafter::Phase::catch_up);
       L = next_L;
     }
+    return head_inputs.emplace(s, std::move(steps)).first->second;
   }
+
+  /// The CPU reference's head at draft i of step `step` of sequence s: its pick, its top-2 margin
+  /// and the tolerance (kTolUlps BF16 ulps of the largest |logit|).
+  struct Margin {
+    float margin = 0, tolerance = 0;
+    int32_t token = -1;
+  };
+  Margin cpu_margin(size_t s, int step, int i) {
+    const std::vector<bf16>& y = cpu_head_inputs(s).at(static_cast<size_t>(step));
+    const int H = cfg.hidden;
+    const int64_t V = w.lm_head.dim(0);
+    std::vector<bf16> logits(static_cast<size_t>(V));
+    ops::ArgMax am{};
+    cpu->head_argmax(w.lm_head.data.data(), nullptr, nullptr, y.data() + static_cast<size_t>(i) * H,
+                     static_cast<int>(V), H, 0, logits.data(), &am);
+    float top2 = -INFINITY, largest = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const float x = to_float(logits[static_cast<size_t>(v)]);
+      largest = std::max(largest, std::fabs(x));
+      if (v != am.index) top2 = std::max(top2, x);
+    }
+    Margin m;
+    m.margin = am.value - top2;
+    m.tolerance = kTolUlps * e2e::bf16_ulp(largest);
+    m.token = am.index;
+    return m;
+  }
+
+  std::map<size_t, std::vector<std::vector<bf16>>> head_inputs;
 };
 
 /// Compares `other` with the CPU reference `ref` step by step (k drafts a step) under the rules of
@@ -136,7 +148,7 @@ void expect_agree_but_near_ties(Fixture& f, const test::SequenceDrafts& ref,
                                 const test::SequenceDrafts& other, const test::SequenceDrafts& cpu_drafts,
                                 const std::string& what) {
   ASSERT_EQ(ref.size(), other.size()) << what;
-  int compared = 0, agreed = 0, near = 0, upstream = 0, checked = 0;
+  int compared = 0, agreed = 0, near = 0, upstream = 0;
   for (size_t s = 0; s < ref.size(); ++s) {
     ASSERT_EQ(ref[s].size(), other[s].size())
         << what << ": sequence " << s << " drafted a different number of steps";
@@ -148,7 +160,6 @@ void expect_agree_but_near_ties(Fixture& f, const test::SequenceDrafts& ref,
           ++agreed;
           continue;
         }
-        ASSERT_LT(++checked, 25) << what << ": too many disagreements to be near-ties";
         const Fixture::Margin m = f.cpu_margin(s, static_cast<int>(step), i);
         EXPECT_EQ(m.token, cpu_drafts[s][at])
             << "the CPU single-sequence replay disagrees with the CPU batched drafter";
