@@ -13,7 +13,10 @@
 //   (recomputed by replaying the sequence alone on a CPU single-sequence drafter, which drafts
 //   exactly what the CPU batched drafter drafts, and keeping its head inputs) within 8 BF16 ulps of
 //   the largest |logit|. A disagreement that is not a head near-tie is allowed only on a chained
-//   draft (its input went through earlier discrete choices, the router's and the indexer's top-k)
+//   draft (its input went through earlier discrete choices, the router's and the indexer's top-k),
+//   or, against the CPU, on a first draft where the CUDA single-sequence drafter drafts what the
+//   batched one does (the CUDA backend as a whole diverged upstream: a discrete near-tie on
+//   context rows whose rounding differs from the CPU's; seen on the H200 with the tiny preset),
 //   and rarely; at least 95% of the compared drafts agree.
 // - cuda_graph on vs off, the same padding (bucket): the same drafts bit for bit (the graph replays
 //   the kernels the op-by-op step launches).
@@ -146,7 +149,7 @@ struct Fixture {
 /// the file comment; `what` names the pair.
 void expect_agree_but_near_ties(Fixture& f, const test::SequenceDrafts& ref,
                                 const test::SequenceDrafts& other, const test::SequenceDrafts& cpu_drafts,
-                                const std::string& what) {
+                                const std::string& what, const test::SequenceDrafts* cuda_single = nullptr) {
   ASSERT_EQ(ref.size(), other.size()) << what;
   int compared = 0, agreed = 0, near = 0, upstream = 0;
   for (size_t s = 0; s < ref.size(); ++s) {
@@ -172,8 +175,13 @@ void expect_agree_but_near_ties(Fixture& f, const test::SequenceDrafts& ref,
           ++near;
         } else {
           ++upstream;
-          EXPECT_GE(i, 1) << what << ": seq " << s << " step " << step
-                          << ": a first draft (true hidden) disagrees and is no near-tie";
+          // A first draft reads only the true hidden and the caches: unless the CUDA single-sequence
+          // drafter drafts the same token (the CUDA backend as a whole diverged upstream, through a
+          // discrete near-tie of the router or the indexer on rows whose rounding differs from the
+          // CPU's), the batched kernels are wrong.
+          const bool cuda_agrees = cuda_single && (*cuda_single)[s][at] == other[s][at];
+          EXPECT_TRUE(i >= 1 || cuda_agrees) << what << ": seq " << s << " step " << step
+                                             << ": a first draft (true hidden) disagrees and is no near-tie";
         }
         break;  // later drafts of this step chain different tokens
       }
@@ -203,10 +211,10 @@ TEST_P(GpuBatchE2e, CudaBatchedMatchesCpuBatchedAndCudaSingle) {
     auto dev = f.make(gpu(), false);
     const test::BatchedReplay cuda = test::replay_batched(*dev, f.trace, p, kDraft, H, B);
     EXPECT_EQ(cuda.max_rows, B) << tag;
-    expect_agree_but_near_ties(f, cpu_batched, cuda.drafts, cpu_batched,
-                               tag + ", cuda batched vs cpu batched");
     auto single = f.make(gpu(), false);
     const auto cuda_single = test::replay_single(*single, f.trace, p, kDraft, H);
+    expect_agree_but_near_ties(f, cpu_batched, cuda.drafts, cpu_batched,
+                               tag + ", cuda batched vs cpu batched", &cuda_single);
     expect_agree_but_near_ties(f, cuda_single, cuda.drafts, cpu_batched,
                                tag + ", cuda batched vs cuda single");
 
@@ -222,10 +230,10 @@ TEST_P(GpuBatchE2e, CudaBatchedMatchesCpuBatchedAndCudaSingle) {
     EXPECT_GE(graphed->graph_recordings(), 1) << tag;
     std::printf("[gpu-batch-e2e] %s: %d batched steps, %d graph recordings\n", tag.c_str(), g.batched_steps,
                 graphed->graph_recordings());
-    expect_agree_but_near_ties(f, cpu_batched, g.drafts, cpu_batched,
-                               tag + ", cuda batched graph vs cpu batched");
     auto single_graph = f.make(gpu(), true);
     const auto cuda_single_graph = test::replay_single(*single_graph, f.trace, p, kDraft, H);
+    expect_agree_but_near_ties(f, cpu_batched, g.drafts, cpu_batched,
+                               tag + ", cuda batched graph vs cpu batched", &cuda_single_graph);
     expect_agree_but_near_ties(f, cuda_single_graph, g.drafts, cpu_batched,
                                tag + ", cuda batched graph vs cuda single graph");
   }
