@@ -12,9 +12,11 @@
 // - A disagreement must be a near-tie at the head: the CPU's top-2 logit margin at that draft
 //   (recomputed by replaying the sequence alone on a CPU single-sequence drafter, which drafts
 //   exactly what the CPU batched drafter drafts, and keeping its head inputs) within 8 BF16 ulps of
-//   the largest |logit|. A disagreement that is not a head near-tie is allowed only on a chained
-//   draft (its input went through earlier discrete choices, the router's and the indexer's top-k)
-//   and rarely; at least 95% of the compared drafts agree.
+//   the largest |logit|, or, rarely (at most 1 in 50 compared drafts), an upstream near-tie: the
+//   router's or the indexer's top-k flips on another summation order (a first draft too: its
+//   block runs the same discrete choices; seen on the H200 at tiny, one first draft whose CUDA
+//   single-sequence drafter disagrees with the CPU the same way); at least 95% of the compared
+//   drafts agree.
 // - cuda_graph on vs off, the same padding (bucket): the same drafts bit for bit (the graph replays
 //   the kernels the op-by-op step launches).
 // Exits 77 (skipped) without a GPU.
@@ -160,9 +162,10 @@ void expect_agree_but_near_ties(Fixture& f, const test::SequenceDrafts& ref,
         if (m.margin <= m.tolerance) {
           ++near;
         } else {
+          // Not a head near-tie: an upstream one (the router's top-k or the indexer's pool choice
+          // flips on another summation order, and the block output moves by more than a head
+          // margin), also possible on a first draft; bounded below, as test_gpu_e2e bounds it.
           ++upstream;
-          EXPECT_GE(i, 1) << what << ": seq " << s << " step " << step
-                          << ": a first draft (true hidden) disagrees and is no near-tie";
         }
         break;  // later drafts of this step chain different tokens
       }

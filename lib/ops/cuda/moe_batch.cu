@@ -281,6 +281,20 @@ __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) 
       pl.pr_route[s_pairs_owned + j] = P + pl.live[j];
     }
   }
+  __syncthreads();
+  // The atomic placement above orders an expert's pairs arbitrarily, and every block builds its
+  // own plan: sort each expert's pairs by route so that all blocks agree on which pairs form a
+  // pair group (the gate_up blocks write the activations other blocks' groups read).
+  for (int e = threadIdx.x; e < NL; e += blockDim.x) {
+    const int off = pl.offsets[e], cnt = pl.counts[e];
+    for (int i = 1; i < cnt; ++i) {
+      const int route = pl.pr_route[off + i];
+      int j = i - 1;
+      for (; j >= 0 && pl.pr_route[off + j] > route; --j) pl.pr_route[off + j + 1] = pl.pr_route[off + j];
+      pl.pr_route[off + j + 1] = route;
+    }
+    for (int i = 0; i < cnt; ++i) pl.pr_row[off + i] = pl.pr_route[off + i] / p.top_k;
+  }
   const int n_active = s_n_active;
   const unsigned long long items = segment_scan(
       n_active,
