@@ -7,7 +7,7 @@
 // moe_experts_grouped, two launches, nothing on the host:
 // 1. The plan, in shared memory, built by every block of both launches from idx / slot alone (so no
 //    launch waits on another for it): the (row, route) pairs of the live rows whose expert this rank
-//    owns, counted per local expert, placed by expert (a counting sort: counts, a block scan, then
+//    owns, counted per local expert, placed by expert (a stable counting sort: counts, a block scan, then
 //    each pair at its expert's offset), the experts with pairs listed in ascending id ("active"),
 //    and the shared expert as one more active entry whose pairs are the live rows.
 // 2. gate_up: each warp takes work items (active expert, 16 rows of its gate and up, a group of up
@@ -21,8 +21,8 @@
 //    owned ones, then + (0 + 1 * d_shared), each one fp32 operation as on the CPU.
 // Items of one expert sit next to each other, so an expert whose pairs span several groups is read
 // from memory once and from L2 by the neighbouring groups. Each pair's numbers depend on nothing but
-// its own row (an MMA column is independent of the others), so the order pairs are placed in
-// within an expert does not change any bit.
+// its own row (an MMA column is independent of the others); the placement is stable (ascending pair
+// index within an expert), so every block cuts an expert's pairs into the same work groups.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -268,32 +268,38 @@ __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) 
     s_pairs_owned = owned_pairs;
   }
   __syncthreads();
-  for (int q = threadIdx.x; q < P; q += blockDim.x) {
-    int e;
-    if (!owned(q, e)) continue;
-    const int at = pl.offsets[e] + atomicAdd(&pl.counts[e], 1);
-    pl.pr_row[at] = q / p.top_k;
-    pl.pr_route[at] = q;
+  // Placement, stable: within an expert the pairs keep ascending q, so every block of both
+  // launches cuts an expert's pairs into the same groups (an item's group must be the same set of
+  // routes in every block that computes a piece of it). Warp 0 walks the pairs 32 at a time; the
+  // lanes of one expert take consecutive places after that expert's count so far.
+  if (threadIdx.x < kWarp) {
+    const int lane = threadIdx.x;
+    for (int q0 = 0; q0 < P; q0 += kWarp) {
+      const int q = q0 + lane;
+      int e = -1;
+      if (q < P) {
+        int local = -1;
+        if (owned(q, local)) e = local;
+      }
+      const unsigned int peers = __match_any_sync(0xffffffffu, e);
+      const int leader = __ffs(peers) - 1;
+      int base = (e >= 0 && lane == leader) ? pl.counts[e] : 0;
+      base = __shfl_sync(0xffffffffu, base, leader);
+      if (e >= 0) {
+        const int at = pl.offsets[e] + base + __popc(peers & ((1u << lane) - 1u));
+        pl.pr_row[at] = q / p.top_k;
+        pl.pr_route[at] = q;
+      }
+      __syncwarp();
+      if (e >= 0 && lane == leader) pl.counts[e] = base + __popc(peers);
+      __syncwarp();
+    }
   }
   if (p.Is > 0) {
     for (int j = threadIdx.x; j < s_n_live; j += blockDim.x) {
       pl.pr_row[s_pairs_owned + j] = pl.live[j];
       pl.pr_route[s_pairs_owned + j] = P + pl.live[j];
     }
-  }
-  __syncthreads();
-  // The atomic placement above orders an expert's pairs arbitrarily, and every block builds its
-  // own plan: sort each expert's pairs by route so that all blocks agree on which pairs form a
-  // pair group (the gate_up blocks write the activations other blocks' groups read).
-  for (int e = threadIdx.x; e < NL; e += blockDim.x) {
-    const int off = pl.offsets[e], cnt = pl.counts[e];
-    for (int i = 1; i < cnt; ++i) {
-      const int route = pl.pr_route[off + i];
-      int j = i - 1;
-      for (; j >= 0 && pl.pr_route[off + j] > route; --j) pl.pr_route[off + j + 1] = pl.pr_route[off + j];
-      pl.pr_route[off + j + 1] = route;
-    }
-    for (int i = 0; i < cnt; ++i) pl.pr_row[off + i] = pl.pr_route[off + i] / p.top_k;
   }
   const int n_active = s_n_active;
   const unsigned long long items = segment_scan(
