@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -28,6 +29,13 @@
 
 namespace mtplab::ops::cuda {
 namespace {
+
+// The device helpers the batched kernels share (ops/cuda/batch_common.cuh).
+using batch::cp_async16;
+using batch::cp_async_commit;
+using batch::cp_async_wait;
+using batch::mma_16816;
+using batch::pack_bf16x2;
 
 // ---- kv_write -----------------------------------------------------------------------------------------
 
@@ -116,20 +124,6 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * kWarp;
 constexpr int kHeadTile = 16;  // heads per block: the MMA's M
 constexpr int kChunk = 16;     // selected rows per step: two n8 tiles of S, one k16 step of P C
-
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// Two floats as a BF16 pair (RNE), the first in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 /// a ~= hi + lo with hi = bf16(a), lo = bf16(a - hi), for a pair of values.
 __device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, uint32_t& lo) {
@@ -516,18 +510,6 @@ constexpr int kMaxSplitRows = kMaxSplitChunks * kChunk;
 constexpr int kGatherPerThread = kMaxSplitRows / kDecodeThreads;
 static_assert(kMaxSplitRows % kDecodeThreads == 0, "the slot gather must split evenly over the block");
 static_assert(kHeadTile * kCluster == kDecodeThreads, "the cluster merge gives one thread per (head, rank)");
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-/// Waits until at most N of this thread's committed groups are pending.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 /// Dynamic shared memory of mla_decode_v2_kernel (bytes; every region a multiple of 16).
 template <int kCw, bool kFp8>

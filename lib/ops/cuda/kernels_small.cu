@@ -19,6 +19,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
@@ -26,6 +27,11 @@
 
 namespace mtplab::ops::cuda {
 namespace {
+
+// The device helpers the batched kernels share (ops/cuda/batch_common.cuh).
+using batch::pack2;
+using batch::pack8;
+using batch::unpack8;
 
 constexpr int kNormThreads = 256;
 
@@ -129,17 +135,6 @@ __global__ void __launch_bounds__(kNormThreads)
 
 constexpr int kVecNormThreads = 256;
 constexpr int kMaxNormVecs = 4;  // octets per thread: n <= 8192
-
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
-  f[0] = bf16_lo(u.x), f[1] = bf16_hi(u.x), f[2] = bf16_lo(u.y), f[3] = bf16_hi(u.y);
-  f[4] = bf16_lo(u.z), f[5] = bf16_hi(u.z), f[6] = bf16_lo(u.w), f[7] = bf16_hi(u.w);
-}
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  return static_cast<uint32_t>(f_to_bf16(lo).bits) | (static_cast<uint32_t>(f_to_bf16(hi).bits) << 16);
-}
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  return make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]), pack2(f[6], f[7]));
-}
 
 /// This thread's octets j = 0..V-1 of a row of nv octets (octet threadIdx.x + j * kVecNormThreads),
 /// zeros past the row; every load is issued before any is used.
