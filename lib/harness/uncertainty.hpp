@@ -1,0 +1,72 @@
+// What a reader needs beside an acceptance figure to judge it: the accepted-length histogram, a
+// bootstrap confidence interval over the independent units (sequences), and the resolution of a
+// BF16 logit, against which a draft's top-1 minus top-2 margin tells a near-tie from a real flip.
+//
+// Invariants:
+// - The units of a bootstrap are sequences, not steps: the steps of one sequence share its
+//   prompt and topic and are correlated, so a steps bootstrap understates the spread whenever
+//   sequences differ (tests/harness/test_uncertainty.cpp shows one case).
+// - Intervals are percentile bootstraps of the ratio estimator sum(numerators) / sum(denominators),
+//   recomputed on each resample; the resamples depend on the seed alone (splitmix64), so a rerun
+//   of a point reproduces its interval bit for bit.
+// - Units with a zero denominator (a sequence too short for a step) carry no information about the
+//   ratio and are left out of the resampling.
+#pragma once
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+namespace mtplab::harness {
+
+/// Steps with exactly j accepted drafts, j = 0..k ([k + 1]). An accepted count outside 0..k is an
+/// Error.
+std::vector<int64_t> accepted_histogram(std::span<const int32_t> accepted, int k);
+
+/// A two-sided interval; NaN bounds when there was nothing to resample.
+struct Interval {
+  double lo = std::numeric_limits<double>::quiet_NaN();
+  double hi = std::numeric_limits<double>::quiet_NaN();
+};
+
+/// Default resamples of the acceptance intervals (docs/results-schema.md).
+inline constexpr int kBootstrapResamples = 2000;
+
+/// Percentile bootstrap intervals of several ratios over the same units: ratio q is
+/// sum_u numerators[q][u] / sum_u denominators[u]. Each resample draws units.size() units with
+/// replacement (the same draws for every ratio), and the interval of ratio q is the
+/// ((1 - level) / 2, (1 + level) / 2) quantiles of its resampled values (linear interpolation,
+/// core/stats.hpp). numerators[q].size() must equal denominators.size(); denominators >= 0. A
+/// resample whose denominator sum is 0 cannot occur (zero-denominator units are left out).
+std::vector<Interval> bootstrap_ratio_intervals(std::span<const double> denominators,
+                                                const std::vector<std::vector<double>>& numerators,
+                                                uint64_t seed, int resamples = kBootstrapResamples,
+                                                double level = 0.95);
+
+/// The seed of a point's acceptance intervals: fixed by the point's index, so a rerun reproduces
+/// them (below 2^63).
+uint64_t acceptance_bootstrap_seed(int64_t point_index);
+
+/// Per sequence (the bootstrap's unit) the sums of its steps, in the order first seen.
+struct SequenceSums {
+  std::vector<int32_t> sequence;  ///< TraceSequence::index
+  std::vector<double> steps;      ///< steps of the sequence
+  std::vector<double> accepted;   ///< sum of accepted drafts over its steps
+};
+/// Groups step rows (parallel spans: sequence index, accepted count) by sequence.
+SequenceSums sums_by_sequence(std::span<const int32_t> sequence, std::span<const int32_t> accepted);
+
+/// The 95% intervals of acceptance rate (accepted / (k steps)) and tau (1 + accepted / steps),
+/// from one bootstrap of accepted / steps over sequences (the two are affine maps of that ratio).
+struct AcceptanceIntervals {
+  Interval acceptance_rate, tau;
+};
+AcceptanceIntervals acceptance_intervals(const SequenceSums& s, int k, uint64_t seed,
+                                         int resamples = kBootstrapResamples);
+
+/// The spacing of BF16 values at the magnitude of v: 2^(e - 7) for |v| in [2^e, 2^(e + 1))
+/// (BF16 keeps 7 fraction bits), 2^-133 (the subnormal spacing) below the smallest normal, NaN for
+/// a non-finite v. A margin of two BF16 logits in the same binade is a multiple of it.
+double bf16_spacing(double v);
+
+}  // namespace mtplab::harness
