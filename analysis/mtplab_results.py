@@ -7,6 +7,8 @@
     res.summary("p0003")  # one row per timing metric: median, p90, p99, ci95, rel_spread
     res.drafts("p0003")   # [steps, k] int32, rows aligned with res.steps(...)
     res.divergence()      # drafts of each point vs its reference point (recomputed here)
+    res.accepted_hist("p0003"), res.interval("p0003", "tau")   # accepted lengths, bootstrap CI
+    res.draft_margins("p0003")  # [steps, k] top-1 minus top-2 logit (None in older files)
 
 Only h5py, numpy and pandas are needed. Strings are returned as str.
 """
@@ -19,7 +21,10 @@ SCHEMA_VERSION = 2
 # Versions this reader reads: 2 (typed assignment: assignment_index and sweep.<axis> attributes,
 # typed /index columns) and 1 (the assignment as "axis=value" strings).
 READABLE_VERSIONS = (1, 2)
-TIMING_COLUMNS = ["step_ms", "propose_ms", "block_ms", "head_ms", "exchange_ms", "after_verify_ms", "catch_up_ms"]
+TIMING_COLUMNS = ["step_ms", "propose_ms", "block_ms", "head_ms", "exchange_ms", "after_verify_ms", "catch_up_ms",
+                  "stats_ms"]
+# Timing columns added after the first files of a schema version (absent in older files).
+LATER_TIMING_COLUMNS = ["stats_ms"]
 
 
 def _s(v):
@@ -120,6 +125,91 @@ class Results:
     def per_position(self, point):
         return np.asarray(self.group(point).attrs["per_position"], dtype=float)
 
+    def accepted_hist(self, point):
+        """[k + 1] int: repeat-0 steps with exactly j accepted drafts. Files written before the
+        attribute existed: recomputed from the steps (the same definition)."""
+        g = self.group(point)
+        if "accepted_hist" in g.attrs:
+            return np.asarray(g.attrs["accepted_hist"], dtype=np.int64)
+        k = int(g.attrs["draft_len"])
+        s = self.steps(point)
+        acc = s["accepted"].values[s["repeat"].values == 0]
+        return np.bincount(acc, minlength=k + 1).astype(np.int64)
+
+    def interval(self, point, figure):
+        """(lo, hi) of the 95% bootstrap interval over sequences of `figure` (acceptance_rate, tau,
+        expected_acceptance_rate, expected_tau); (nan, nan) where the file has none (older files,
+        or a figure the point did not measure)."""
+        g = self.group(point)
+        v = g.attrs.get(f"{figure}_ci")
+        return (float(v[0]), float(v[1])) if v is not None else (np.nan, np.nan)
+
+    def acceptance_intervals(self, point):
+        """{"acceptance_rate": (lo, hi), "tau": (lo, hi)}: the 95% bootstrap intervals over
+        sequences as the file records them, or, in files written before them, recomputed from the
+        steps with mtplab's algorithm and seed (the same numbers mtplab would have written)."""
+        g = self.group(point)
+        if "tau_ci" in g.attrs:
+            return {f: self.interval(point, f) for f in ("acceptance_rate", "tau")}
+        k = int(g.attrs["draft_len"])
+        s = self.steps(point)
+        r0 = s[s["repeat"] == 0]
+        steps, accepted = {}, {}
+        for q, a in zip(r0["sequence"].values, r0["accepted"].values):
+            steps[q] = steps.get(q, 0.0) + 1
+            accepted[q] = accepted.get(q, 0.0) + float(a)
+        units = list(steps)
+        [(lo, hi)] = bootstrap_ratio_intervals([steps[u] for u in units], [[accepted[u] for u in units]],
+                                               acceptance_bootstrap_seed(int(g.attrs["index"])))
+        return {"acceptance_rate": (lo / k, hi / k), "tau": (1 + lo, 1 + hi)}
+
+    def draft_margins(self, point):
+        """[steps, k] f32: each draft's top-1 minus top-2 logit (raw BF16 logits), rows aligned
+        with steps(); None where the point recorded none (older files, skip: head)."""
+        g = self.group(point)
+        return g["draft_margin"][()] if "draft_margin" in g else None
+
+    def draft_logprobs(self, point):
+        """[steps, k] f32: log q of each draft under the point's transform; None where absent."""
+        g = self.group(point)
+        return g["draft_logprob"][()] if "draft_logprob" in g else None
+
+    def flips(self, point, reference):
+        """The steps where `point`'s drafts differ from `reference`'s (repeat 0, same sequence and
+        position), one row each: the first differing draft (the flip; later ones follow from its
+        token), both tokens, and the reference's margin and log-probability at it (NaN where the
+        reference recorded none)."""
+        rows = []
+        d_p, d_r = self.drafts(point), self.drafts(reference)
+        m_r, l_r = self.draft_margins(reference), self.draft_logprobs(reference)
+        s_p, s_r = self.steps(point), self.steps(reference)
+        at = {(q, p): i for i, (q, p, rep) in enumerate(zip(s_r["sequence"], s_r["position"], s_r["repeat"])) if rep == 0}
+        for i, (q, p, rep) in enumerate(zip(s_p["sequence"], s_p["position"], s_p["repeat"])):
+            j = at.get((q, p)) if rep == 0 else None
+            if j is None:
+                continue
+            n = min(d_p.shape[1], d_r.shape[1])
+            differ = np.flatnonzero(d_p[i, :n] != d_r[j, :n])
+            if len(differ) == 0:
+                continue
+            x = int(differ[0])
+            rows.append(dict(sequence=int(q), position=int(p), draft=x, token=int(d_p[i, x]),
+                             reference_token=int(d_r[j, x]),
+                             reference_margin=float(m_r[j, x]) if m_r is not None else np.nan,
+                             reference_logprob=float(l_r[j, x]) if l_r is not None else np.nan))
+        cols = ["sequence", "position", "draft", "token", "reference_token", "reference_margin", "reference_logprob"]
+        return pd.DataFrame(rows, columns=cols)
+
+    def teacher_forced_rate(self, point):
+        """[k] per-depth accuracy of a `replay: teacher_forced` point, with its interval
+        ([k] lo, [k] hi); None for other points and older files."""
+        g = self.group(point)
+        if "teacher_forced_rate" not in g.attrs:
+            return None
+        return (np.asarray(g.attrs["teacher_forced_rate"], dtype=float),
+                np.asarray(g.attrs["teacher_forced_rate_ci_lo"], dtype=float),
+                np.asarray(g.attrs["teacher_forced_rate_ci_hi"], dtype=float))
+
     def per_draft(self, point, phase):
         """[steps, k] milliseconds of `phase` (block_ms, head_ms, exchange_ms) per draft."""
         return self.group(point)["per_draft"][phase][()]
@@ -131,6 +221,10 @@ class Results:
         with P's assignment except A at its first value. Compared: repeat-0 steps of both at the
         same (sequence, position); over the first min(k_P, k_ref) drafts. rate_any: fraction of
         those steps whose drafts differ anywhere; rate_first: whose first draft differs.
+        differ_with_margin: differing steps where the reference recorded draft margins;
+        differ_near_tie: of those, the ones whose first differing draft had a reference margin
+        below one BF16 step (an exact tie: the margin alone decides only that case,
+        docs/numerics.md); near_tie_rate = differ_near_tie / differ_with_margin.
         """
         pts = {}
         for name in self.point_names:
@@ -143,9 +237,11 @@ class Results:
             if name not in cache:
                 s = self.steps(name)
                 d = self.drafts(name)
+                m = self.draft_margins(name)
                 keep = s["repeat"].values == 0
                 keys = list(zip(s["sequence"].values[keep], s["position"].values[keep]))
-                cache[name] = dict(zip(keys, d[keep]))
+                margins = dict(zip(keys, m[keep])) if m is not None else None
+                cache[name] = (dict(zip(keys, d[keep])), margins)
             return cache[name]
 
         rows = []
@@ -159,19 +255,27 @@ class Results:
                 if ref is None:
                     continue
                 value, first = self.axis_values[axis][at], self.axis_values[axis][0]
-                mine, theirs = repeat0(name), repeat0(ref)
+                (mine, _), (theirs, ref_margins) = repeat0(name), repeat0(ref)
                 common = [k for k in mine if k in theirs]
-                any_, first_ = 0, 0
+                any_, first_, with_margin, near_tie = 0, 0, 0, 0
                 for k in common:
                     n = min(len(mine[k]), len(theirs[k]))
-                    any_ += bool(np.any(mine[k][:n] != theirs[k][:n]))
-                    first_ += bool(n > 0 and mine[k][0] != theirs[k][0])
+                    differ = np.flatnonzero(mine[k][:n] != theirs[k][:n])
+                    if len(differ) == 0:
+                        continue
+                    any_ += 1
+                    first_ += bool(differ[0] == 0)
+                    if ref_margins is not None:
+                        with_margin += 1
+                        near_tie += bool(ref_margins[k][differ[0]] == 0)
                 rows.append(dict(point=idx, reference=pts[ref][0], axis=axis, value=value, reference_value=first,
                                  steps=len(mine), common_steps=len(common), differ_any=any_, differ_first=first_,
                                  rate_any=any_ / len(common) if common else np.nan,
-                                 rate_first=first_ / len(common) if common else np.nan))
+                                 rate_first=first_ / len(common) if common else np.nan,
+                                 differ_with_margin=with_margin, differ_near_tie=near_tie,
+                                 near_tie_rate=near_tie / with_margin if with_margin else np.nan))
         cols = ["point", "reference", "axis", "value", "reference_value", "steps", "common_steps", "differ_any",
-                "differ_first", "rate_any", "rate_first"]
+                "differ_first", "rate_any", "rate_first", "differ_with_margin", "differ_near_tie", "near_tie_rate"]
         return pd.DataFrame(rows, columns=cols).sort_values(["point", "axis"]).reset_index(drop=True)
 
     def stored_divergence(self):
@@ -187,6 +291,70 @@ class Results:
             row.update({m: s.loc[m, "median"] for m in s.index})
             rows.append(row)
         return pd.DataFrame(rows).set_index("point").sort_index()
+
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64_mix(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _quantile_sorted(x, p):
+    """core/stats.hpp's quantile: linear interpolation between order statistics."""
+    h = (len(x) - 1) * p
+    lo = int(np.floor(h))
+    hi = min(lo + 1, len(x) - 1)
+    return x[lo] + (h - lo) * (x[hi] - x[lo])
+
+
+def bootstrap_ratio_intervals(denominators, numerators, seed, resamples=2000, level=0.95):
+    """mtplab's bootstrap over units (lib/harness/uncertainty.hpp), step for step: units with a zero
+    denominator left out; each resample draws len(units) units with splitmix64 (the i-th draw is
+    unit next() % len(units)); ratio q = sum(numerators[q]) / sum(denominators) of the drawn units;
+    the interval the ((1 - level) / 2, (1 + level) / 2) quantiles. Returns [(lo, hi)] per ratio."""
+    units = [u for u, d in enumerate(denominators) if d > 0]
+    if not units:
+        return [(np.nan, np.nan) for _ in numerators]
+    n, state = len(units), seed
+    values = [[] for _ in numerators]
+    for _ in range(resamples):
+        den, num = 0.0, [0.0] * len(numerators)
+        for _ in range(n):
+            state = (state + 0x9E3779B97F4A7C15) & _M64
+            u = units[_splitmix64_mix(state) % n]
+            den += denominators[u]
+            for q, nums in enumerate(numerators):
+                num[q] += nums[u]
+        for q in range(len(numerators)):
+            values[q].append(num[q] / den)
+    tail = (1 - level) / 2
+    out = []
+    for v in values:
+        v = sorted(v)
+        out.append((_quantile_sorted(v, tail), _quantile_sorted(v, 1 - tail)))
+    return out
+
+
+def _fnv1a64(text):
+    h = 14695981039346656037
+    for b in text.encode():
+        h = ((h ^ b) * 1099511628211) & _M64
+    return h
+
+
+def acceptance_bootstrap_seed(point_index):
+    """The seed of a point's acceptance intervals (harness::acceptance_bootstrap_seed)."""
+    return _splitmix64_mix(_fnv1a64("acceptance bootstrap") ^ (point_index & _M64)) >> 1
+
+
+def bf16_spacing(v):
+    """The BF16 spacing at the magnitude of v: 2^(e - 7) for |v| in [2^e, 2^(e + 1))."""
+    a = np.abs(np.asarray(v, dtype=float))
+    e = np.floor(np.log2(np.where(a < 2.0 ** -126, 2.0 ** -126, a)))
+    return np.where(a < 2.0 ** -126, 2.0 ** -133, 2.0 ** (e - 7))
 
 
 def config_dict(text):

@@ -80,6 +80,39 @@ ArmSpec batch_size_arm() {
   return a;
 }
 
+// The replay mode (ReplayOptions::replay).
+ArmSpec replay_mode_arm() {
+  ArmSpec a;
+  a.name = "replay";
+  a.type = ArmType::choice;
+  a.choices = names(kReplayModeNames);
+  a.layer = ArmLayer::harness;
+  a.summary = "speculative steps (serving acceptance) or teacher-forced drafts at every position";
+  a.omit_at_default = true;  // added after the first schema-v2 files
+  a.get = [](const Arms& x) { return std::string(kReplayModeNames[static_cast<size_t>(x.replay.replay)]); };
+  a.set = [choices = a.choices](Arms& x, const std::string& v) {
+    const auto it = std::find(choices.begin(), choices.end(), v);
+    MTP_REQUIRE(it != choices.end(), "\"", v, "\" is not one of {", join(choices, ", "), "}");
+    x.replay.replay = static_cast<ReplayMode>(it - choices.begin());
+  };
+  return a;
+}
+
+// Whether the replay records each draft's DraftStats (ReplayOptions::record_margins).
+ArmSpec record_margins_arm() {
+  ArmSpec a;
+  a.name = "record_margins";
+  a.type = ArmType::boolean;
+  a.choices = kOffOn;
+  a.layer = ArmLayer::harness;
+  a.summary =
+      "record each draft's top-1 minus top-2 logit margin and log-probability (a stats pass per step)";
+  a.omit_at_default = true;  // added after the first schema-v2 files
+  a.get = [](const Arms& x) { return std::string(x.replay.record_margins ? "on" : "off"); };
+  a.set = [](Arms& x, const std::string& v) { x.replay.record_margins = v == "on"; };
+  return a;
+}
+
 // One field of the backend's kernel policy, as `kernels.<field>`.
 ArmSpec kernel_arm(const std::string& field) {
   ArmSpec a;
@@ -119,6 +152,8 @@ std::vector<ArmSpec> build_registry() {
   r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
                        "context rows' projections as one batched linear per chunk"));
   r.push_back(batch_size_arm());
+  r.push_back(replay_mode_arm());
+  r.push_back(record_margins_arm());
   for (const auto field : ops::kernel_policy_fields()) r.push_back(kernel_arm(std::string(field)));
   return r;
 }

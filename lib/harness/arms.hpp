@@ -27,11 +27,24 @@
 
 namespace mtplab::harness {
 
+/// `replay`: what a replay estimates (docs/experiments.md, "Replay modes"). speculative: serving
+/// steps, each starting where the previous one ended (harness/replay.hpp); teacher_forced: k
+/// drafts at every position of the trace, the chain fed the trace's tokens
+/// (harness/replay_teacher.hpp).
+enum class ReplayMode { speculative, teacher_forced };
+inline constexpr const char* kReplayModeNames[] = {"speculative", "teacher_forced"};
+
 /// The replay's own arms (harness/replay.hpp).
 struct ReplayOptions {
   /// `batch_size`: B trace sequences stepped together, one batched propose for all of them
   /// (continuous batching); 1 replays one sequence at a time through the single-sequence path.
   int batch_size = 1;
+  /// `replay`: speculative steps or teacher-forced positions.
+  ReplayMode replay = ReplayMode::speculative;
+  /// `record_margins`: every propose also computes each draft's DraftStats (the head's top-1 minus
+  /// top-2 logit margin and the draft's log-probability), recorded as draft_margin /
+  /// draft_logprob. Off saves the stats pass (on the CPU at the tiny preset about half a propose).
+  bool record_margins = true;
   friend bool operator==(const ReplayOptions&, const ReplayOptions&) = default;
 };
 

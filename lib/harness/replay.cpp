@@ -68,7 +68,9 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
     StepRecord rec;
     rec.sequence = sequence_index;
     rec.position = L;
-    rec.drafts = drafter.propose(*st, seq.tokens[L], hidden_row(L - 1), k);
+    drafter::ProposeExtras extras;
+    if (hooks.draft_stats) extras.stats = &rec.stats;
+    rec.drafts = drafter.propose(*st, seq.tokens[L], hidden_row(L - 1), k, extras);
     rec.targets.assign(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + k);
     rec.accepted = accepted_prefix(rec.drafts, rec.targets);
     drafter.after_verify(*st, rec.accepted);
@@ -145,7 +147,10 @@ int64_t replay_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSe
     }
     if (rows.empty()) break;
     if (hooks.before_step) hooks.before_step();
-    const std::vector<int32_t> drafts = drafter.propose_batch(*batch, rows, k);
+    drafter::ProposeExtras extras;
+    std::vector<drafter::DraftStats> stats;
+    if (hooks.draft_stats) extras.stats = &stats;
+    const std::vector<int32_t> drafts = drafter.propose_batch(*batch, rows, k, extras);
     std::vector<StepRecord> recs(rows.size());
     for (size_t b = 0; b < rows.size(); ++b) {
       const int s = row_slot[b];
@@ -158,6 +163,9 @@ int64_t replay_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSe
       rec.drafts.assign(drafts.begin() + static_cast<std::ptrdiff_t>(b * k),
                         drafts.begin() + static_cast<std::ptrdiff_t>((b + 1) * k));
       rec.targets.assign(seq.tokens.begin() + l.L + 1, seq.tokens.begin() + l.L + 1 + k);
+      if (hooks.draft_stats)
+        rec.stats.assign(stats.begin() + static_cast<std::ptrdiff_t>(b * k),
+                         stats.begin() + static_cast<std::ptrdiff_t>((b + 1) * k));
       rec.accepted = accepted_prefix(rec.drafts, rec.targets);
       drafter.after_verify(*batch, s, rec.accepted);
       const int next_L = l.L + rec.accepted + 1;

@@ -36,6 +36,8 @@ struct StepRecord {
   int32_t batch_rows = 1;  ///< sequences the batched step that drafted this row drafted for
   std::vector<int32_t> drafts;
   std::vector<int32_t> targets;
+  /// [k] the head's figures of each draft when the replay requested them (draft_stats), else empty.
+  std::vector<drafter::DraftStats> stats;
 };
 
 /// Acceptance as vLLM defines it: rate = accepted / drafted; tau = 1 + mean accepted per step
@@ -62,6 +64,8 @@ struct ReplayHooks {
   std::function<void()> before_step;
   /// Called after each step's catch-up rows; returning false ends the replay after this step.
   std::function<bool(const StepRecord&)> after_step;
+  /// Request DraftStats on every propose (StepRecord::stats).
+  bool draft_stats = false;
 };
 
 /// Replays one sequence with hooks around every step. Returns the steps done.
@@ -80,6 +84,8 @@ struct BatchReplayHooks {
   std::function<bool(const std::vector<StepRecord>&)> after_step;
   /// When a sequence leaves its slot: its index and the steps it took.
   std::function<void(int sequence_index, int steps)> after_sequence;
+  /// Request DraftStats on every propose (StepRecord::stats).
+  bool draft_stats = false;
 };
 
 /// Replays `seqs` at batch `batch_size` (1 .. drafter::kMaxBatch) through the drafter's batched

@@ -59,6 +59,9 @@ struct PointResult {
   std::vector<std::vector<double>> timing;
   std::vector<double> block_ms, head_ms, exchange_ms;  ///< [rows, k] per draft, max over ranks
   std::vector<int32_t> drafts, targets;                ///< [rows, k]
+  /// [rows, k] the head's top-1 minus top-2 logit and log q of each draft (drafter::DraftStats),
+  /// rank 0's (every rank computes the same); empty when the point did not record them.
+  std::vector<float> draft_margin, draft_logprob;
   // Per sequence (repeat 0).
   std::vector<int32_t> seq_index, seq_prompt_len, seq_length, seq_steps;
   std::vector<double> seq_prefill_ms;
@@ -96,6 +99,10 @@ struct Divergence {
   int64_t point = 0, reference = 0;
   std::string axis, value, reference_value;
   int64_t steps = 0, common_steps = 0, differ_any = 0, differ_first = 0;
+  /// Of the differ_any steps, those where the reference recorded draft margins (draft_margin), and
+  /// of these the ones whose first differing draft had a reference margin below one BF16 step
+  /// (margin_below_bf16_step, harness/uncertainty.hpp): a near-tie that any rounding may flip.
+  int64_t differ_with_margin = 0, differ_near_tie = 0;
 };
 /// The divergence rows of every point against its reference points (same assignment except one
 /// axis at that axis' first value).

@@ -9,6 +9,7 @@
 #include "harness/experiment.hpp"
 #include "harness/results.hpp"
 #include "harness/results_format.hpp"
+#include "harness/uncertainty.hpp"
 
 namespace mtplab::harness {
 namespace results_format {
@@ -118,9 +119,9 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
 void write_divergence(H5File& f, const std::vector<Divergence>& rows) {
   if (f.exists("divergence")) f.remove("divergence");
   Group g = f.create_group("divergence");
-  std::vector<int64_t> point, reference, steps, common, any, first;
+  std::vector<int64_t> point, reference, steps, common, any, first, with_margin, near_tie;
   std::vector<std::string> axis, value, ref_value;
-  std::vector<double> rate_any, rate_first;
+  std::vector<double> rate_any, rate_first, near_tie_rate;
   for (const auto& r : rows) {
     point.push_back(r.point);
     reference.push_back(r.reference);
@@ -133,6 +134,10 @@ void write_divergence(H5File& f, const std::vector<Divergence>& rows) {
     first.push_back(r.differ_first);
     rate_any.push_back(r.common_steps ? static_cast<double>(r.differ_any) / r.common_steps : NAN);
     rate_first.push_back(r.common_steps ? static_cast<double>(r.differ_first) / r.common_steps : NAN);
+    with_margin.push_back(r.differ_with_margin);
+    near_tie.push_back(r.differ_near_tie);
+    near_tie_rate.push_back(
+        r.differ_with_margin ? static_cast<double>(r.differ_near_tie) / r.differ_with_margin : NAN);
   }
   g.write("point", point);
   g.write("reference", reference);
@@ -145,6 +150,9 @@ void write_divergence(H5File& f, const std::vector<Divergence>& rows) {
   g.write("differ_first", first);
   g.write("rate_any", rate_any);
   g.write("rate_first", rate_first);
+  g.write("differ_with_margin", with_margin);
+  g.write("differ_near_tie", near_tie);
+  g.write("near_tie_rate", near_tie_rate);
 }
 
 }  // namespace
@@ -183,8 +191,13 @@ std::vector<Divergence> compute_divergence(const Group& root) {
     by_assignment[p.at] = ps.size();
     ps.push_back(std::move(p));
   }
-  // Repeat-0 steps of a point: (sequence, position) -> drafts.
+  // Repeat-0 steps of a point: (sequence, position) -> drafts, and the drafts' margins where the
+  // point recorded them (draft_margin; empty otherwise).
   using StepKey = std::pair<int32_t, int32_t>;
+  struct Step {
+    std::vector<int32_t> drafts;
+    std::vector<float> margins;
+  };
   auto load = [&](size_t i) {
     const Group g = points.open_group(names[i]);
     const Group s = g.open_group("steps");
@@ -194,11 +207,18 @@ std::vector<Divergence> compute_divergence(const Group& root) {
     const io::Dataset dd = g.open_dataset("drafts");
     const auto drafts = dd.read<int32_t>();
     const size_t k = static_cast<size_t>(dd.cols());
-    std::map<StepKey, std::vector<int32_t>> m;
-    for (size_t r = 0; r < rep.size(); ++r)
-      if (rep[r] == 0)
-        m[{seq[r], pos[r]}] = std::vector<int32_t>(drafts.begin() + static_cast<std::ptrdiff_t>(r * k),
-                                                   drafts.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+    const std::vector<float> margins =
+        g.exists("draft_margin") ? g.open_dataset("draft_margin").read<float>() : std::vector<float>{};
+    MTP_REQUIRE(margins.empty() || margins.size() == drafts.size(), root.file_name(), ": ", g.path(),
+                ": draft_margin has ", margins.size(), " values for ", drafts.size(), " drafts");
+    std::map<StepKey, Step> m;
+    for (size_t r = 0; r < rep.size(); ++r) {
+      if (rep[r] != 0) continue;
+      const auto at = static_cast<std::ptrdiff_t>(r * k), end = static_cast<std::ptrdiff_t>((r + 1) * k);
+      Step& st = m[{seq[r], pos[r]}];
+      st.drafts.assign(drafts.begin() + at, drafts.begin() + end);
+      if (!margins.empty()) st.margins.assign(margins.begin() + at, margins.begin() + end);
+    }
     return m;
   };
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -217,15 +237,22 @@ std::vector<Divergence> compute_divergence(const Group& root) {
       d.value = values[a][static_cast<size_t>(ps[i].at[a])];
       d.reference_value = values[a][0];
       d.steps = static_cast<int64_t>(mine.size());
-      for (const auto& [sk, drafts] : mine) {
+      for (const auto& [sk, step] : mine) {
         auto r = ref.find(sk);
         if (r == ref.end()) continue;
         ++d.common_steps;
-        const size_t k = std::min(drafts.size(), r->second.size());
-        bool any = false;
-        for (size_t j = 0; j < k; ++j) any = any || drafts[j] != r->second[j];
-        d.differ_any += any;
-        d.differ_first += k > 0 && drafts[0] != r->second[0];
+        const std::vector<int32_t>& drafts = step.drafts;
+        const std::vector<int32_t>& theirs = r->second.drafts;
+        const size_t k = std::min(drafts.size(), theirs.size());
+        size_t first_diff = k;  // the first differing draft: the flip (later ones follow from it)
+        for (size_t j = 0; j < k && first_diff == k; ++j)
+          if (drafts[j] != theirs[j]) first_diff = j;
+        if (first_diff == k) continue;
+        ++d.differ_any;
+        d.differ_first += first_diff == 0;
+        if (r->second.margins.empty()) continue;
+        ++d.differ_with_margin;
+        d.differ_near_tie += margin_below_bf16_step(r->second.margins[first_diff]);
       }
       out.push_back(d);
     }

@@ -4,13 +4,16 @@
 #include <cmath>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <map>
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "harness/replay_teacher.hpp"
 #include "harness/results.hpp"
 #include "harness/results_format.hpp"
+#include "harness/uncertainty.hpp"
 
 extern char** environ;
 
@@ -87,6 +90,54 @@ std::vector<std::string> config_differences(const std::string& in_file, const st
   return out;
 }
 
+// What a reader needs to judge the point's acceptance (repeat 0, as the figures above): the
+// accepted-length histogram, 95% intervals of acceptance rate and tau by a bootstrap over
+// sequences, and for teacher-forced points the per-depth accuracy with its intervals.
+void write_uncertainty(Group& g, const PointConfig& point, const PointResult& r) {
+  const int k = r.k;
+  std::vector<int32_t> seq0, acc0;
+  std::vector<uint8_t> rep0(r.sequence.size(), 0);
+  for (size_t row = 0; row < r.sequence.size(); ++row) {
+    if (r.repeat[row] != 0) continue;
+    rep0[row] = 1;
+    seq0.push_back(r.sequence[row]);
+    acc0.push_back(r.accepted[row]);
+  }
+  g.set_attr("accepted_hist", accepted_histogram(acc0, k));
+  const uint64_t seed = acceptance_bootstrap_seed(point.index);
+  const SequenceSums sums = sums_by_sequence(seq0, acc0);
+  const AcceptanceIntervals ci = acceptance_intervals(sums, k, seed);
+  g.set_attr("acceptance_rate_ci", std::vector<double>{ci.acceptance_rate.lo, ci.acceptance_rate.hi});
+  g.set_attr("tau_ci", std::vector<double>{ci.tau.lo, ci.tau.hi});
+  g.set_attr("bootstrap_units", "sequences");
+  g.set_attr("bootstrap_resamples", static_cast<int64_t>(kBootstrapResamples));
+  g.set_attr("bootstrap_seed", static_cast<int64_t>(seed));
+  if (point.arms.replay.replay != ReplayMode::teacher_forced) return;
+  // Per depth j: positions whose draft j equals its target, over positions; the interval from the
+  // same bootstrap over sequences (one numerator per depth, the same resamples).
+  std::vector<double> rate = depth_hit_rates(r.drafts, r.targets, k, rep0);
+  rate.resize(static_cast<size_t>(k), std::numeric_limits<double>::quiet_NaN());
+  std::vector<std::vector<double>> hits(static_cast<size_t>(k),
+                                        std::vector<double>(sums.sequence.size(), 0.0));
+  std::map<int32_t, size_t> unit;
+  for (size_t u = 0; u < sums.sequence.size(); ++u) unit[sums.sequence[u]] = u;
+  for (size_t row = 0; row < r.sequence.size(); ++row) {
+    if (!rep0[row]) continue;
+    const size_t u = unit.at(r.sequence[row]);
+    for (size_t j = 0; j < static_cast<size_t>(k); ++j)
+      hits[j][u] += r.drafts[row * static_cast<size_t>(k) + j] == r.targets[row * static_cast<size_t>(k) + j];
+  }
+  const std::vector<Interval> depth_ci = bootstrap_ratio_intervals(sums.steps, hits, seed);
+  std::vector<double> lo, hi;
+  for (const Interval& i : depth_ci) {
+    lo.push_back(i.lo);
+    hi.push_back(i.hi);
+  }
+  g.set_attr("teacher_forced_rate", rate);
+  g.set_attr("teacher_forced_rate_ci_lo", lo);
+  g.set_attr("teacher_forced_rate_ci_hi", hi);
+}
+
 }  // namespace
 
 std::string utc_now() {
@@ -115,8 +166,8 @@ std::vector<std::string> provenance_environment() {
 }
 
 const std::vector<std::string>& timing_columns() {
-  static const std::vector<std::string> cols = {"step_ms",     "propose_ms",      "block_ms",   "head_ms",
-                                                "exchange_ms", "after_verify_ms", "catch_up_ms"};
+  static const std::vector<std::string> cols = {"step_ms",     "propose_ms",      "block_ms",    "head_ms",
+                                                "exchange_ms", "after_verify_ms", "catch_up_ms", "stats_ms"};
   return cols;
 }
 
@@ -241,6 +292,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   std::vector<double> per_pos = r.acceptance.per_position();
   per_pos.resize(static_cast<size_t>(r.k), 0.0);
   g.set_attr("per_position", per_pos);
+  write_uncertainty(g, point, r);
 
   // Steps: one row per step of every repeat.
   const uint64_t n = static_cast<uint64_t>(r.rows());
@@ -257,6 +309,12 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
     steps.write(timing_columns()[c], r.timing[c], results_format::column_options());
   g.write("drafts", r.drafts, n, k, results_format::column_options());
   g.write("targets", r.targets, n, k, results_format::column_options());
+  if (!r.draft_margin.empty()) {
+    MTP_REQUIRE(r.draft_margin.size() == n * k && r.draft_logprob.size() == n * k, point.name(), ": ",
+                r.draft_margin.size(), " draft margins for ", n, " steps of ", k, " drafts");
+    g.write("draft_margin", r.draft_margin, n, k, results_format::column_options());
+    g.write("draft_logprob", r.draft_logprob, n, k, results_format::column_options());
+  }
   Group per_draft = g.create_group("per_draft");
   per_draft.write("block_ms", r.block_ms, n, k, results_format::column_options());
   per_draft.write("head_ms", r.head_ms, n, k, results_format::column_options());

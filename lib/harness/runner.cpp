@@ -16,6 +16,7 @@
 #include "drafter/target.hpp"
 #include "harness/point_inputs.hpp"
 #include "harness/progress.hpp"
+#include "harness/replay_teacher.hpp"
 #include "harness/results.hpp"
 #include "harness/step_recorder.hpp"
 #include "harness/timer.hpp"
@@ -148,6 +149,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
     return true;
   };
   const int batch = p.arms.replay.batch_size;
+  const bool teacher_forced = p.arms.replay.replay == ReplayMode::teacher_forced;
   for (int rep = 0; rep < p.measure.repeats && !stopped; ++rep) {
     rec.begin_repeat(rep);
     limit = false;
@@ -162,8 +164,12 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
           rec.after_step({one});
           return go_on();
         };
-        const auto steps = replay_sequence(*drafter, seqs[i], static_cast<int>(seqs[i].index), k,
-                                           p.model.hidden, unused, hooks);
+        hooks.draft_stats = records_draft_stats(p);
+        const auto steps = teacher_forced
+                               ? replay_teacher_forced(*drafter, seqs[i], static_cast<int>(seqs[i].index), k,
+                                                       p.model.hidden, hooks)
+                               : replay_sequence(*drafter, seqs[i], static_cast<int>(seqs[i].index), k,
+                                                 p.model.hidden, unused, hooks);
         rec.after_sequence(static_cast<int>(i), static_cast<int>(steps.size()));
       }
     } else {
@@ -175,7 +181,11 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
         return go_on();
       };
       hooks.after_sequence = [&](int i, int steps) { rec.after_sequence(i, steps); };
-      replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
+      hooks.draft_stats = records_draft_stats(p);
+      if (teacher_forced)
+        replay_teacher_forced_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
+      else
+        replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
     }
     rec.end_repeat();
   }

@@ -16,9 +16,20 @@ int64_t positions_of(const io::TraceSequence& s) {
 }
 }  // namespace
 
+bool records_draft_stats(const PointConfig& p) {
+  return p.arms.replay.record_margins && p.arms.drafter.skip != drafter::Skip::head;
+}
+
 StepRecorder::StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p,
                            const std::vector<io::TraceSequence>& seqs, PointResult& r)
-    : be_(be), timer_(timer), p_(p), seqs_(seqs), r_(r), k_(p.arms.drafter.draft_len) {
+    : be_(be),
+      timer_(timer),
+      p_(p),
+      seqs_(seqs),
+      r_(r),
+      k_(p.arms.drafter.draft_len),
+      draft_stats_(records_draft_stats(p)),
+      teacher_forced_(p.arms.replay.replay == ReplayMode::teacher_forced) {
   r_.k = k_;
   r_.timing.assign(timing_columns().size(), {});
   for (size_t i = 0; i < seqs_.size(); ++i) {
@@ -52,8 +63,8 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
   const auto t1 = Clock::now();
   const PhaseTimes ph = timer_.collect();
   const double cols[] = {ms_between(t0_, t1), ph.propose,      ph.block_total(), ph.head_total(),
-                         ph.exchange_total(), ph.after_verify, ph.catch_up};
-  static_assert(std::size(cols) == 7);
+                         ph.exchange_total(), ph.after_verify, ph.catch_up,      ph.stats};
+  static_assert(std::size(cols) == 8);
   MTP_REQUIRE(r_.timing.size() == std::size(cols), "step recorder: ", r_.timing.size(), " timing columns");
   for (const StepRecord& rec : rows) {
     const size_t row = r_.sequence.size();
@@ -72,6 +83,14 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
     }
     r_.drafts.insert(r_.drafts.end(), rec.drafts.begin(), rec.drafts.end());
     r_.targets.insert(r_.targets.end(), rec.targets.begin(), rec.targets.end());
+    if (draft_stats_) {
+      MTP_REQUIRE(rec.stats.size() == static_cast<size_t>(k_), "step recorder: ", rec.stats.size(),
+                  " draft stats for ", k_, " drafts at sequence ", rec.sequence, ", position ", rec.position);
+      for (const drafter::DraftStats& d : rec.stats) {
+        r_.draft_margin.push_back(d.margin);
+        r_.draft_logprob.push_back(d.logprob);
+      }
+    }
     if (rep_ == 0) {
       r_.acceptance.add(k_, rec.accepted);
       repeat0_row_[{rec.sequence, rec.position}] = row;
@@ -87,7 +106,9 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
                 ", which the point does not replay");
     const size_t i = static_cast<size_t>(at->second);
     ++seq_steps_[i];
-    advanced_[i] = rec.position + rec.accepted + 1 - seqs_[i].prompt_length;
+    // Positions walked: a speculative step moves past its accepted drafts and the bonus token, a
+    // teacher-forced position by one.
+    advanced_[i] = rec.position + (teacher_forced_ ? 0 : rec.accepted) + 1 - seqs_[i].prompt_length;
   }
   ++global_step_;
   ++steps_in_repeat_;

@@ -23,6 +23,11 @@
 
 namespace mtplab::harness {
 
+/// Whether a point's replay requests the head's figures of every draft (DraftStats: margins and
+/// log-probabilities, PointResult::draft_margin / draft_logprob): with record_margins on, wherever
+/// the head runs (skip: head has no logits).
+bool records_draft_stats(const PointConfig& p);
+
 class StepRecorder {
  public:
   StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p,
@@ -54,6 +59,8 @@ class StepRecorder {
   const std::vector<io::TraceSequence>& seqs_;
   PointResult& r_;
   int k_ = 0;
+  bool draft_stats_ = false;
+  bool teacher_forced_ = false;
   int rep_ = 0;
   int64_t global_step_ = 0, steps_in_repeat_ = 0;
   Clock::time_point t0_;

@@ -101,4 +101,9 @@ double bf16_spacing(double v) {
   return std::ldexp(1.0, e - 1 - 7);
 }
 
+bool margin_below_bf16_step(double margin, double top_logit) {
+  if (std::isnan(top_logit)) return margin == 0;
+  return margin < bf16_spacing(top_logit);
+}
+
 }  // namespace mtplab::harness

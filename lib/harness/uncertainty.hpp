@@ -69,4 +69,13 @@ AcceptanceIntervals acceptance_intervals(const SequenceSums& s, int k, uint64_t 
 /// a non-finite v. A margin of two BF16 logits in the same binade is a multiple of it.
 double bf16_spacing(double v);
 
+/// Whether a top-1 minus top-2 margin of BF16 logits is below one BF16 step at the top-1 logit's
+/// magnitude (bf16_spacing(top_logit)): the two logits are then too close for BF16 to order them.
+/// With the top-1 logit unknown (NaN; drafter::DraftStats carries the margin only) the rule is
+/// decided from the margin alone: two BF16 values closer than the spacing at the larger one are
+/// either equal (margin 0: below) or, when the larger is exactly a power of two and the other its
+/// BF16 predecessor, half a step apart; that case cannot be told from a margin of one step at a
+/// smaller magnitude, so a positive margin then counts as not below (docs/numerics.md).
+bool margin_below_bf16_step(double margin, double top_logit = std::numeric_limits<double>::quiet_NaN());
+
 }  // namespace mtplab::harness

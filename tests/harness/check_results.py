@@ -37,7 +37,8 @@ def check_point(res, name):
     check(len(df) == len(s) and len(df) > 0, f"{name}: steps table has {len(df)} rows")
     for c in mr.TIMING_COLUMNS:
         check(c in df.columns, f"{name}: steps/{c} missing")
-        check(bool((df[c] >= 0).all()), f"{name}: negative {c}")
+        if c in df.columns:
+            check(bool((df[c] >= 0).all()), f"{name}: negative {c}")
     k = int(g.attrs["draft_len"])
     drafts, targets = res.drafts(name), res.targets(name)
     check(drafts.shape == (len(df), k) and targets.shape == (len(df), k), f"{name}: drafts {drafts.shape}")
@@ -70,6 +71,90 @@ def check_point(res, name):
     _, first, counts = np.unique(bs, return_index=True, return_counts=True)
     check(bool((rows[first] == counts).all()), f"{name}: batch_rows is not the rows of its batched step")
     check(int(rows.max(initial=1)) <= int(g.attrs["batch_size"]), f"{name}: a step drafted for more than batch_size")
+    check_uncertainty(res, name, df, k)
+    check_draft_stats(res, name, df, k)
+    check_replay_mode(res, name, df, k)
+
+
+def attr_str(g, key, default):
+    return mr._s(g.attrs[key]) if key in g.attrs else default
+
+
+def check_uncertainty(res, name, df, k):
+    """accepted_hist and the bootstrap intervals over sequences, recomputed here with the documented
+    algorithm (mtplab_results.bootstrap_ratio_intervals reproduces mtplab's resamples)."""
+    g = res.group(name)
+    r0 = df[df["repeat"] == 0]
+    acc = r0["accepted"].values
+    check("accepted_hist" in g.attrs, f"{name}: accepted_hist missing")
+    hist = res.accepted_hist(name)
+    check(hist.shape == (k + 1,) and bool((hist == np.bincount(acc, minlength=k + 1)).all()),
+          f"{name}: accepted_hist {hist} vs the steps' {np.bincount(acc, minlength=k + 1)}")
+    for key in ("acceptance_rate_ci", "tau_ci", "bootstrap_seed", "bootstrap_resamples"):
+        check(key in g.attrs, f"{name}: {key} missing")
+    if "tau_ci" not in g.attrs:
+        return
+    check(int(g.attrs["bootstrap_seed"]) == mr.acceptance_bootstrap_seed(int(g.attrs["index"])),
+          f"{name}: bootstrap_seed {g.attrs['bootstrap_seed']} is not the point's documented seed")
+    steps, accepted = {}, {}
+    for q, a in zip(r0["sequence"].values, acc):
+        steps[q] = steps.get(q, 0.0) + 1
+        accepted[q] = accepted.get(q, 0.0) + float(a)
+    units = list(steps)
+    [(lo, hi)] = mr.bootstrap_ratio_intervals([steps[u] for u in units], [[accepted[u] for u in units]],
+                                              int(g.attrs["bootstrap_seed"]), int(g.attrs["bootstrap_resamples"]))
+    rate, tau = res.interval(name, "acceptance_rate"), res.interval(name, "tau")
+    check(np.allclose(rate, (lo / k, hi / k), rtol=0, atol=1e-12), f"{name}: acceptance_rate_ci {rate} vs {(lo / k, hi / k)}")
+    check(np.allclose(tau, (1 + lo, 1 + hi), rtol=0, atol=1e-12), f"{name}: tau_ci {tau} vs {(1 + lo, 1 + hi)}")
+    check(tau[0] - 1e-12 <= float(g.attrs["tau"]) <= tau[1] + 1e-12, f"{name}: tau {g.attrs['tau']} outside tau_ci {tau}")
+    check(1 <= tau[0] <= tau[1] <= k + 1, f"{name}: tau_ci {tau} outside [1, {k + 1}]")
+
+
+def check_draft_stats(res, name, df, k):
+    """draft_margin / draft_logprob: present exactly where the point recorded them, [steps, k],
+    margins >= 0, log-probabilities <= 0, and every repeat equal to repeat 0 at the same step."""
+    g = res.group(name)
+    want = attr_str(g, "record_margins", "on") == "on" and attr_str(g, "skip", "none") != "head"
+    m, lp = res.draft_margins(name), res.draft_logprobs(name)
+    check((m is not None) == want and (lp is not None) == want, f"{name}: draft_margin present {m is not None}, expected {want}")
+    if m is None or lp is None:
+        return
+    check(m.shape == (len(df), k) and lp.shape == (len(df), k), f"{name}: draft_margin {m.shape}, draft_logprob {lp.shape}")
+    check(m.dtype == np.float32 and lp.dtype == np.float32, f"{name}: draft stats are not f32")
+    check(bool(np.isfinite(m).all() and (m >= 0).all()), f"{name}: a margin is negative or not finite")
+    check(bool(np.isfinite(lp).all() and (lp <= 0).all()), f"{name}: a log-probability is positive or not finite")
+    # Draft 1's head input is the same in every arm that leaves the block alone; here only the
+    # repeats' agreement is checked (the CPU is deterministic).
+    first = {}
+    for i, (q, p, rep) in enumerate(zip(df["sequence"].values, df["position"].values, df["repeat"].values)):
+        if rep == 0:
+            first[(q, p)] = i
+        elif (q, p) in first:
+            j = first[(q, p)]
+            check(bool((m[i] == m[j]).all() and (lp[i] == lp[j]).all()), f"{name}: repeat {rep} stats differ at {(q, p)}")
+
+
+def check_replay_mode(res, name, df, k):
+    """replay: teacher_forced: every position of every sequence once per repeat, per-depth accuracy
+    from the drafts, depth 1 equal to P(accepted >= 1) and every depth at least P(accepted >= j)."""
+    g = res.group(name)
+    teacher = attr_str(g, "replay", "speculative") == "teacher_forced"
+    tf = res.teacher_forced_rate(name)
+    check((tf is not None) == teacher, f"{name}: teacher_forced_rate present {tf is not None}, replay teacher_forced {teacher}")
+    if not teacher or tf is None:
+        return
+    rate, lo, hi = tf
+    r0 = df[df["repeat"] == 0]
+    for q, pos in r0.groupby("sequence")["position"]:
+        pos = pos.values
+        check(bool((np.diff(pos) == 1).all()), f"{name}: sequence {q}: positions {pos[:5]}... are not consecutive")
+    keep = df["repeat"].values == 0
+    hits = (res.drafts(name)[keep] == res.targets(name)[keep]).mean(axis=0)
+    check(np.allclose(rate, hits, rtol=0, atol=1e-12), f"{name}: teacher_forced_rate {rate} vs {hits}")
+    pp = res.per_position(name)
+    check(abs(rate[0] - pp[0]) < 1e-12, f"{name}: depth-1 accuracy {rate[0]} vs P(accepted >= 1) {pp[0]}")
+    check(bool((rate >= pp - 1e-12).all()), f"{name}: a depth's accuracy {rate} below P(accepted >= j) {pp}")
+    check(bool((lo <= rate + 1e-12).all() and (rate <= hi + 1e-12).all()), f"{name}: teacher_forced_rate outside its CI")
 
 
 def check_batch(res, names):
@@ -161,6 +246,12 @@ def main():
     check(len(div) == len(stored), f"/divergence has {len(stored)} rows, the reader computes {len(div)}")
     if len(div) and len(stored):
         check(np.allclose(div["rate_any"].values, stored["rate_any"].values, equal_nan=True), "/divergence rates")
+        for c in ("differ_with_margin", "differ_near_tie"):
+            check(c in stored.columns and bool((div[c].values == stored[c].values).all()), f"/divergence {c}")
+        check(np.allclose(div["near_tie_rate"].values, stored["near_tie_rate"].values, equal_nan=True),
+              "/divergence near_tie_rate")
+        check(bool((stored["differ_near_tie"] <= stored["differ_with_margin"]).all() and
+                   (stored["differ_with_margin"] <= stored["differ_any"]).all()), "/divergence near-tie counts")
     if a.sharding_invariant:
         inv = div[div["axis"].isin(["head_sharding", "context_rows"])]
         check(len(inv) > 0, "no head_sharding / context_rows pairs to compare")

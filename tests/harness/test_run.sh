@@ -12,6 +12,11 @@
 #   test_run.sh qidx    MTPLAB MPIEXEC PYTHON   batch_qidx x context_rows: the selection check's
 #                                               counters where it applies, arms_not_applied and a
 #                                               log line where it does not (cache_only)
+#   test_run.sh teacher MTPLAB MPIEXEC PYTHON   replay speculative x teacher_forced on the trained
+#                                               tiny model (vocab-sharded head, BF16 and FP8, B = 1
+#                                               and 3): every speculative step is the teacher-forced
+#                                               row at its position up to its first miss; margins,
+#                                               intervals, per-depth accuracy; record_margins off
 # Exit 77 (skipped) when PYTHON lacks h5py / pandas. MTPLAB_SOURCE_DIR = repository root.
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
@@ -159,8 +164,63 @@ PY
     ((n == 1)) || { fail "$n 'not applied' lines, expected 1 (the cache_only point)"; cat "$work/run.log"; }
     grep -q 'qidx sel differ' "$work/run.log" || { fail "no qidx column in the summary table"; cat "$work/run.log"; }
     ;;
+  teacher)
+    out=$work/t.h5
+    tiny=$src/experiments/quickstart.yaml
+    [[ -f $src/data/trained-tiny/meta.json ]] || { echo "SKIPPED: no data/trained-tiny"; exit 77; }
+    # 8 points: replay x head_fp8 x batch_size, the head vocab-sharded over the 2 ranks (the stats'
+    # cross-rank combine), 3 sequences of the trained tiny trace.
+    teach=(--set measure.sequences=3 --set measure.warmup_steps=1 --set 'sweep.grid.skip=[none]'
+           --set 'sweep.grid.context_rows=[cache_only]' --set 'sweep.grid.head_sharding=[vocab]'
+           --set 'sweep.grid.replay=[speculative,teacher_forced]' --set 'sweep.grid.batch_size=[1,3]')
+    "${launch[@]}" run "$tiny" "${teach[@]}" --out "$out" >"$work/run.log" 2>&1 ||
+      { fail "run exited $?"; cat "$work/run.log"; }
+    $check "$out" --points 8 --batch || { fail "results of the replay run"; cat "$work/run.log"; }
+    "$python" - "$out" "$src/analysis" <<'PY' || fail "teacher-forced rows against the speculative steps"
+import sys
+sys.path.insert(0, sys.argv[2])
+import numpy as np
+import mtplab_results as mr
+res = mr.Results(sys.argv[1])
+div = res.stored_divergence()
+pairs = div[div["axis"] == "replay"]
+assert len(pairs) == 4, pairs
+for t, s_ in zip(pairs["point"], pairs["reference"]):
+    st, ss = res.steps(t), res.steps(s_)
+    dt, ds = res.drafts(t), res.drafts(s_)
+    k = dt.shape[1]
+    at = {(q, p): i for i, (q, p) in enumerate(zip(st["sequence"], st["position"]))}
+    g = res.group(t)["sequences"]
+    want = int(sum(n - 1 - k - pl + 1 for n, pl in zip(g["length"][()], g["prompt_len"][()])))
+    assert len(st) == want, f"p{t}: {len(st)} teacher-forced rows, {want} positions"
+    for i, (q, p, a) in enumerate(zip(ss["sequence"], ss["position"], ss["accepted"])):
+        j = at[(q, p)]
+        assert st["accepted"].values[j] == a, f"p{t} at {(q, p)}: accepted {st['accepted'].values[j]} vs {a}"
+        n = min(a + 1, k)
+        assert (dt[j, :n] == ds[i, :n]).all(), f"p{t} at {(q, p)}: drafts {dt[j]} vs {ds[i]} (accepted {a})"
+    rate, lo, hi = res.teacher_forced_rate(t)
+    # The trained model drafts its own greedy text about a third of the time at depth 1.
+    assert 0.2 < rate[0] < 0.6, rate
+    print(f"p{t}: teacher-forced per-depth {np.round(rate, 3)} [{np.round(lo, 3)}, {np.round(hi, 3)}], "
+          f"speculative p{s_} tau {float(res.group(s_).attrs['tau']):.3f} {res.interval(s_, 'tau')}")
+fp8 = div[div["axis"] == "head_fp8"]
+assert len(fp8) == 4 and (fp8["differ_with_margin"] == fp8["differ_any"]).all(), fp8
+PY
+    # record_margins off: no draft statistics, the same drafts.
+    "${launch[@]}" run "$tiny" "${teach[@]}" --set record_margins=off --point 1 --out "$work/off.h5" >"$work/off.log" 2>&1 ||
+      { fail "record_margins off exited $?"; cat "$work/off.log"; }
+    $check "$work/off.h5" --points 1 || fail "results with record_margins off"
+    "$python" - "$work/off.h5" "$out" <<'PY' || fail "record_margins off changed the drafts or kept the datasets"
+import sys, h5py
+off, on = h5py.File(sys.argv[1], "r")["points"]["p0001"], h5py.File(sys.argv[2], "r")["points"]["p0001"]
+assert "draft_margin" not in off and "draft_logprob" not in off and "draft_margin" in on
+assert (off["drafts"][()] == on["drafts"][()]).all()
+dec = lambda v: v.decode() if isinstance(v, bytes) else v
+assert dec(off.attrs["record_margins"]) == "off", off.attrs["record_margins"]
+PY
+    ;;
   *)
-    echo "usage: $0 basic|sigterm|sigkill|qidx MTPLAB MPIEXEC PYTHON" >&2
+    echo "usage: $0 basic|sigterm|sigkill|batch|qidx|teacher MTPLAB MPIEXEC PYTHON" >&2
     exit 2
     ;;
 esac

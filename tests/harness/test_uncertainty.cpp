@@ -198,3 +198,32 @@ TEST(Uncertainty, Bf16SpacingIsTheDistanceToTheNextBf16Value) {
     EXPECT_EQ(round_bf16(b + static_cast<float>(std::copysign(bf16_spacing(b) / 4, b))), b) << b;
   }
 }
+
+TEST(Uncertainty, MarginBelowOneBf16Step) {
+  // Known top-1 logit: against the spacing at its magnitude.
+  EXPECT_TRUE(margin_below_bf16_step(0.0, 10.0));
+  EXPECT_FALSE(margin_below_bf16_step(0x1p-4, 10.0));  // one step in [8, 16)
+  EXPECT_TRUE(margin_below_bf16_step(0x1p-5, 8.0));    // 8 - 2^-5 is 8's BF16 predecessor: half a step
+  EXPECT_FALSE(margin_below_bf16_step(0x1p-5, 7.0));   // one step in [4, 8)
+  // Unknown top-1 logit: only an exact tie is decided as below.
+  EXPECT_TRUE(margin_below_bf16_step(0.0));
+  EXPECT_FALSE(margin_below_bf16_step(0x1p-5));
+  EXPECT_FALSE(margin_below_bf16_step(0.75));
+  // Every pair of BF16 values: a margin below the spacing at the larger one is 0, or half a step
+  // with the larger a power of two, so the margin-only rule never calls a pair below that is not.
+  std::mt19937_64 gen(8);
+  std::uniform_real_distribution<float> u(-40.0f, 40.0f);
+  for (int i = 0; i < 5000; ++i) {
+    const float a = round_bf16(u(gen));
+    bf16 bits = to_bf16(a);
+    bits.bits = static_cast<uint16_t>(bits.bits + (i % 3 == 0 ? 0 : i % 3 == 1 ? 1 : 3));
+    const float b = to_float(bits);
+    const double hi = std::max(a, b), margin = std::fabs(static_cast<double>(a) - b);
+    if (margin_below_bf16_step(margin)) {
+      EXPECT_TRUE(margin_below_bf16_step(margin, hi)) << a << " " << b;
+    }
+    if (margin_below_bf16_step(margin, hi) && margin > 0) {
+      EXPECT_EQ(margin * 2, bf16_spacing(hi)) << a << " " << b;
+    }
+  }
+}
