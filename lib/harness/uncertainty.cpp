@@ -65,9 +65,12 @@ uint64_t acceptance_bootstrap_seed(int64_t point_index) {
   return splitmix64_mix(fnv1a64("acceptance bootstrap") ^ static_cast<uint64_t>(point_index)) >> 1;
 }
 
-SequenceSums sums_by_sequence(std::span<const int32_t> sequence, std::span<const int32_t> accepted) {
+SequenceSums sums_by_sequence(std::span<const int32_t> sequence, std::span<const int32_t> accepted,
+                              std::span<const double> expected) {
   MTP_REQUIRE(sequence.size() == accepted.size(), "sums_by_sequence: ", sequence.size(), " sequence ids for ",
               accepted.size(), " accepted counts");
+  MTP_REQUIRE(expected.empty() || expected.size() == sequence.size(), "sums_by_sequence: ", expected.size(),
+              " expected lengths for ", sequence.size(), " steps");
   SequenceSums s;
   std::map<int32_t, size_t> at;
   for (size_t i = 0; i < sequence.size(); ++i) {
@@ -76,19 +79,39 @@ SequenceSums sums_by_sequence(std::span<const int32_t> sequence, std::span<const
       s.sequence.push_back(sequence[i]);
       s.steps.push_back(0);
       s.accepted.push_back(0);
+      if (!expected.empty()) s.expected.push_back(0);
     }
     s.steps[it->second] += 1;
     s.accepted[it->second] += accepted[i];
+    if (!expected.empty()) s.expected[it->second] += expected[i];
   }
   return s;
 }
 
+double expected_accepted(std::span<const float> accept_prob) {
+  double prefix = 1, sum = 0;
+  for (const float a : accept_prob) {
+    MTP_REQUIRE(a >= 0 && a <= 1, "expected_accepted: acceptance probability ", a, " outside [0, 1]");
+    prefix *= a;
+    sum += prefix;
+  }
+  return sum;
+}
+
 AcceptanceIntervals acceptance_intervals(const SequenceSums& s, int k, uint64_t seed, int resamples) {
   MTP_REQUIRE(k >= 1, "acceptance_intervals: k ", k);
-  const Interval per_step = bootstrap_ratio_intervals(s.steps, {s.accepted}, seed, resamples)[0];
+  std::vector<std::vector<double>> numerators = {s.accepted};
+  if (!s.expected.empty()) numerators.push_back(s.expected);
+  const std::vector<Interval> per_step = bootstrap_ratio_intervals(s.steps, numerators, seed, resamples);
   AcceptanceIntervals out;
-  out.acceptance_rate = {per_step.lo / k, per_step.hi / k};
-  out.tau = {1 + per_step.lo, 1 + per_step.hi};
+  auto rate = [k](const Interval& i) { return Interval{i.lo / k, i.hi / k}; };
+  auto tau = [](const Interval& i) { return Interval{1 + i.lo, 1 + i.hi}; };
+  out.acceptance_rate = rate(per_step[0]);
+  out.tau = tau(per_step[0]);
+  if (per_step.size() > 1) {
+    out.expected_acceptance_rate = rate(per_step[1]);
+    out.expected_tau = tau(per_step[1]);
+  }
   return out;
 }
 

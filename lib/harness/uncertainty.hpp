@@ -52,14 +52,26 @@ struct SequenceSums {
   std::vector<int32_t> sequence;  ///< TraceSequence::index
   std::vector<double> steps;      ///< steps of the sequence
   std::vector<double> accepted;   ///< sum of accepted drafts over its steps
+  /// Sum of the steps' expected accepted lengths (sampling verification: sum_i prod_{j<=i} a_j of
+  /// each step, expected_accepted()); empty when the point has none.
+  std::vector<double> expected;
 };
-/// Groups step rows (parallel spans: sequence index, accepted count) by sequence.
-SequenceSums sums_by_sequence(std::span<const int32_t> sequence, std::span<const int32_t> accepted);
+/// Groups step rows (parallel spans: sequence index, accepted count, and optionally each step's
+/// expected accepted length) by sequence.
+SequenceSums sums_by_sequence(std::span<const int32_t> sequence, std::span<const int32_t> accepted,
+                              std::span<const double> expected = {});
+
+/// The expected accepted length of one step from its per-draft acceptance probabilities a_1..a_k
+/// (the chance the verifier accepts draft i given drafts 1..i-1 were): sum_i prod_{j<=i} a_j.
+double expected_accepted(std::span<const float> accept_prob);
 
 /// The 95% intervals of acceptance rate (accepted / (k steps)) and tau (1 + accepted / steps),
-/// from one bootstrap of accepted / steps over sequences (the two are affine maps of that ratio).
+/// from one bootstrap of accepted / steps over sequences (the two are affine maps of that ratio),
+/// and, when the sums have expected lengths, of the expected rate and tau from the same resamples
+/// (NaN otherwise).
 struct AcceptanceIntervals {
   Interval acceptance_rate, tau;
+  Interval expected_acceptance_rate, expected_tau;
 };
 AcceptanceIntervals acceptance_intervals(const SequenceSums& s, int k, uint64_t seed,
                                          int resamples = kBootstrapResamples);

@@ -227,3 +227,35 @@ TEST(Uncertainty, MarginBelowOneBf16Step) {
     }
   }
 }
+
+// The expected accepted length of a step, and its intervals beside the realised ones: greedy
+// probabilities (0 / 1) give the realised figures exactly, and the same resamples serve both.
+TEST(Uncertainty, ExpectedLengthsShareTheResamples) {
+  EXPECT_DOUBLE_EQ(expected_accepted(std::vector<float>{1, 1, 0}), 2.0);
+  EXPECT_DOUBLE_EQ(expected_accepted(std::vector<float>{0.5f, 0.5f, 1}), 0.5 + 0.25 + 0.25);
+  EXPECT_DOUBLE_EQ(expected_accepted(std::vector<float>{0, 1, 1}), 0.0);
+  EXPECT_NE(error_of([] { expected_accepted(std::vector<float>{1.5f}); }).find("outside [0, 1]"),
+            std::string::npos);
+  std::mt19937_64 gen(21);
+  std::uniform_int_distribution<int> len(3, 30), acc(0, 2);
+  std::vector<int32_t> seq, accepted;
+  std::vector<double> greedy, half;
+  for (int q = 0; q < 12; ++q)
+    for (int i = 0, n = len(gen); i < n; ++i) {
+      seq.push_back(q);
+      accepted.push_back(acc(gen) * (q % 2));
+      greedy.push_back(accepted.back());  // a_i in {0, 1}: the expected length is the realised one
+      half.push_back(0.5 * accepted.back());
+    }
+  const AcceptanceIntervals plain = acceptance_intervals(sums_by_sequence(seq, accepted), 2, 7);
+  EXPECT_TRUE(std::isnan(plain.expected_tau.lo));
+  const AcceptanceIntervals g = acceptance_intervals(sums_by_sequence(seq, accepted, greedy), 2, 7);
+  EXPECT_EQ(g.expected_tau.lo, g.tau.lo);
+  EXPECT_EQ(g.expected_tau.hi, g.tau.hi);
+  EXPECT_EQ(g.expected_acceptance_rate.lo, g.acceptance_rate.lo);
+  EXPECT_EQ(g.tau.lo, plain.tau.lo);  // adding a numerator leaves the resamples as they were
+  // Half of every accepted length: the same resamples, so exactly half of (tau - 1) at both ends.
+  const AcceptanceIntervals h = acceptance_intervals(sums_by_sequence(seq, accepted, half), 2, 7);
+  EXPECT_DOUBLE_EQ(h.expected_tau.lo - 1, 0.5 * (h.tau.lo - 1));
+  EXPECT_DOUBLE_EQ(h.expected_tau.hi - 1, 0.5 * (h.tau.hi - 1));
+}
