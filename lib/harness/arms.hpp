@@ -43,7 +43,7 @@ struct ReplayOptions {
   ReplayMode replay = ReplayMode::speculative;
   /// `record_margins`: every propose also computes each draft's DraftStats (the head's top-1 minus
   /// top-2 logit margin and the draft's log-probability), recorded as draft_margin /
-  /// draft_logprob. Off saves the stats pass (on the CPU at the tiny preset about half a propose).
+  /// draft_logprob. Off saves the stats pass (on the CPU at the tiny preset about 75% of a step).
   bool record_margins = true;
   friend bool operator==(const ReplayOptions&, const ReplayOptions&) = default;
 };

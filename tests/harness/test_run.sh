@@ -168,6 +168,7 @@ PY
     out=$work/t.h5
     tiny=$src/experiments/quickstart.yaml
     [[ -f $src/data/trained-tiny/meta.json ]] || { echo "SKIPPED: no data/trained-tiny"; exit 77; }
+    cd "$src" || exit 1  # the experiment names its model, weights and trace relative to the repository root
     # 8 points: replay x head_fp8 x batch_size, the head vocab-sharded over the 2 ranks (the stats'
     # cross-rank combine), 3 sequences of the trained tiny trace.
     teach=(--set measure.sequences=3 --set measure.warmup_steps=1 --set 'sweep.grid.skip=[none]'
