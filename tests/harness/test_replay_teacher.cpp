@@ -1,7 +1,9 @@
 // Teacher-forced replay (harness/replay_teacher.hpp) on the CPU backend: every position once, the
 // drafter's state at each position that of a fresh prefill of the trace's rows, the chain fed the
 // trace's tokens, the accepted prefix that of a speculative step at the same position, batched
-// rows equal to single ones, and per-depth accuracy on a trace whose first drafts are right.
+// rows equal to single ones, and per-depth accuracy on a trace whose first drafts are right. Also
+// the speculative replay's draft_stats hook (harness/replay.hpp): the stats of every step are
+// those of a propose with stats from the same state, at batch 1 and 3.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -212,4 +214,60 @@ TEST(TeacherForced, DepthHitRatesCountSelectedRows) {
   EXPECT_EQ(harness::depth_hit_rates(drafts, targets, 3, only_second), (std::vector<double>{1.0, 1.0, 0.0}));
   const std::vector<uint8_t> none = {0, 0};
   EXPECT_TRUE(harness::depth_hit_rates(drafts, targets, 3, none).empty());
+}
+
+TEST(ReplayStats, SpeculativeStepsRecordTheStatsOfTheirPropose) {
+  Fixture f;
+  auto d = f.make();
+  const auto& trace = shared_trace();
+  std::vector<StepRecord> single;
+  for (const auto& s : trace) {
+    harness::AcceptanceStats unused;
+    harness::ReplayHooks hooks;
+    hooks.draft_stats = true;
+    hooks.after_step = [&](const StepRecord& r) {
+      single.push_back(r);
+      return true;
+    };
+    const auto plain = harness::replay_sequence(*d, s, static_cast<int>(s.index), kDrafts, kHidden, unused);
+    const auto with =
+        harness::replay_sequence(*d, s, static_cast<int>(s.index), kDrafts, kHidden, unused, hooks);
+    ASSERT_EQ(plain.size(), with.size());
+    for (size_t i = 0; i < with.size(); ++i) {
+      EXPECT_EQ(with[i].drafts, plain[i].drafts);  // stats change nothing else
+      EXPECT_TRUE(plain[i].stats.empty());
+      ASSERT_EQ(with[i].stats.size(), static_cast<size_t>(kDrafts));
+      // The same state (the trace's rows up to L - 1, draft_rows rewrite), a propose with stats.
+      auto st = d->new_sequence();
+      const int L = with[i].position;
+      d->append_rows(*st, s.tokens.data() + 1, row(s, 0), L - 1, 0);
+      std::vector<drafter::DraftStats> want;
+      drafter::ProposeExtras x;
+      x.stats = &want;
+      d->propose(*st, s.tokens[static_cast<size_t>(L)], row(s, L - 1), kDrafts, x);
+      for (int j = 0; j < kDrafts; ++j) {
+        EXPECT_EQ(with[i].stats[static_cast<size_t>(j)].margin, want[static_cast<size_t>(j)].margin);
+        EXPECT_EQ(with[i].stats[static_cast<size_t>(j)].logprob, want[static_cast<size_t>(j)].logprob);
+      }
+    }
+  }
+  std::vector<StepRecord> batched;
+  harness::BatchReplayHooks hooks;
+  hooks.draft_stats = true;
+  hooks.after_step = [&](const std::vector<StepRecord>& rows) {
+    batched.insert(batched.end(), rows.begin(), rows.end());
+    return true;
+  };
+  harness::replay_batched(*d, trace, 3, kDrafts, kHidden, hooks);
+  ASSERT_EQ(batched.size(), single.size());
+  auto key = [](const StepRecord& r) { return std::make_pair(r.sequence, r.position); };
+  std::sort(batched.begin(), batched.end(), [&](auto& x, auto& y) { return key(x) < key(y); });
+  std::sort(single.begin(), single.end(), [&](auto& x, auto& y) { return key(x) < key(y); });
+  for (size_t i = 0; i < single.size(); ++i) {
+    ASSERT_EQ(key(batched[i]), key(single[i]));
+    ASSERT_EQ(batched[i].stats.size(), static_cast<size_t>(kDrafts));
+    for (int j = 0; j < kDrafts; ++j)
+      EXPECT_EQ(batched[i].stats[static_cast<size_t>(j)].margin,
+                single[i].stats[static_cast<size_t>(j)].margin);
+  }
 }
