@@ -18,24 +18,22 @@ using io::H5File;
 void copy_attrs(const io::Object& src, io::Object& dst) {
   for (const auto& name : src.attr_names()) {
     const io::AttrInfo info = src.attr_info(name);
+    // One attribute of a kind, scalar or array, through the reader pair of that kind.
+    auto copy = [&](auto one, auto many) {
+      if (info.scalar)
+        dst.set_attr(name, (src.*one)(name));
+      else
+        dst.set_attr(name, (src.*many)(name));
+    };
     switch (info.kind) {
       case io::AttrKind::integer:
-        if (info.scalar)
-          dst.set_attr(name, src.attr_int(name));
-        else
-          dst.set_attr(name, src.attr_ints(name));
+        copy(&io::Object::attr_int, &io::Object::attr_ints);
         break;
       case io::AttrKind::floating:
-        if (info.scalar)
-          dst.set_attr(name, src.attr_double(name));
-        else
-          dst.set_attr(name, src.attr_doubles(name));
+        copy(&io::Object::attr_double, &io::Object::attr_doubles);
         break;
       case io::AttrKind::string:
-        if (info.scalar)
-          dst.set_attr(name, src.attr_string(name));
-        else
-          dst.set_attr(name, src.attr_strings(name));
+        copy(&io::Object::attr_string, &io::Object::attr_strings);
         break;
       case io::AttrKind::other:
         MTP_FAIL(src.file_name(), ": ", src.path(), ": attribute '", name,
