@@ -156,6 +156,20 @@ struct GroupedParams {
   float* out = nullptr;
 };
 
+/// f(j, e, q) for each of this lane's accumulator elements (n-tile j, element e of the m16n8
+/// layout; lane = 4g + t) whose batch column q = 8j + 2t + (e & 1) is one of the n_rows live ones.
+template <typename F>
+__device__ __forceinline__ void for_live_acc(int t, int n_rows, F&& f) {
+#pragma unroll
+  for (int j = 0; j < kMoeNT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int q = 8 * j + 2 * t + (e & 1);
+      if (q < n_rows) f(j, e, q);
+    }
+  }
+}
+
 /// The plan's arrays in dynamic shared memory (ints), and the sizes that fix them.
 struct PlanLayout {
   int nl, pairs, rows, a_max;
@@ -462,23 +476,17 @@ __global__ void __launch_bounds__(kMoeThreads)
         wrow, p.H, n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, ring,
         acc);
     const bool clamp = p.limit > 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMoeNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = 8 * j + 2 * t + (e & 1);
-        if (q >= n_rows) continue;
-        const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
-        float gv = round_to_bf16(acc[0][j][e]);
-        float uv = round_to_bf16(acc[1][j][e]);
-        if (clamp) {
-          gv = fminf(gv, p.limit);
-          uv = fminf(fmaxf(uv, -p.limit), p.limit);
-        }
-        const float av = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
-        p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] = f_to_bf16(av);
+    for_live_acc(t, n_rows, [&](int j, int e, int q) {
+      const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
+      float gv = round_to_bf16(acc[0][j][e]);
+      float uv = round_to_bf16(acc[1][j][e]);
+      if (clamp) {
+        gv = fminf(gv, p.limit);
+        uv = fminf(fmaxf(uv, -p.limit), p.limit);
       }
-    }
+      const float av = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+      p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] = f_to_bf16(av);
+    });
   }
 }
 
@@ -515,16 +523,10 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_grouped_kernel(GroupedPa
     warp_gemm<1>(
         wrow, K, n_rows,
         [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; }, ring, acc);
-#pragma unroll
-    for (int j = 0; j < kMoeNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = 8 * j + 2 * t + (e & 1);
-        if (q >= n_rows) continue;
-        const int hh = g + (e >= 2 ? 8 : 0);
-        d_s[static_cast<size_t>(pl.pr_route[first + q]) * kDownCols + hh] = f_to_bf16(acc[0][j][e]);
-      }
-    }
+    for_live_acc(t, n_rows, [&](int j, int e, int q) {
+      const int hh = g + (e >= 2 ? 8 : 0);
+      d_s[static_cast<size_t>(pl.pr_route[first + q]) * kDownCols + hh] = f_to_bf16(acc[0][j][e]);
+    });
   }
   __syncthreads();
   // Each live row: its routes in idx order, as moe_experts sums them, then the shared expert.
