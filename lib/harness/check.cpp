@@ -856,10 +856,9 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
         // The nearest existing directory above the file must let us create it (and the
         // directories between).
         fs::path dir = fs::path(options.output).parent_path();
-        if (dir.empty()) dir = ".";
         std::vector<std::string> to_create;
         std::error_code ec;
-        while (!fs::exists(dir, ec) && dir.has_parent_path() && dir != dir.parent_path()) {
+        while (!dir.empty() && !fs::exists(dir, ec)) {
           to_create.push_back(dir.filename().string());
           dir = dir.parent_path();
         }
