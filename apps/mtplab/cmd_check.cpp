@@ -29,9 +29,11 @@ cli::Parser check_cli() {
                "every rank's checkpoint shard in turn",
                1, 65536)
       .text("out", "PATH", "the results file to check (default: the experiment's output:)")
-      .repeatable_text("set", "key=value", "override a key (dotted path, YAML value), as run takes it; may be repeated")
+      .repeatable_text("set", "key=value",
+                       "override a key (dotted path, YAML value), as run takes it; may be repeated")
       .positionals("one experiment file", 1, 1)
-      .epilogue("Under mpirun every rank opens its own copies of the traces and checkpoints; rank 0 prints.\n");
+      .epilogue(
+          "Under mpirun every rank opens its own copies of the traces and checkpoints; rank 0 prints.\n");
 }
 
 }  // namespace

@@ -238,7 +238,8 @@ std::string stat_key(const std::string& path) {
   auto one = [](const std::string& p) {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) return str(p, ":missing");
-    return str(p, ":", st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
+    return str(p, ":", st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".",
+               st.st_mtim.tv_nsec);
   };
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return one(path);
@@ -301,8 +302,8 @@ std::string checkpoint_header_digest(const model::ModelConfig& cfg, const model:
 }
 
 std::string describe_trace_spec(const TraceSpec& t, uint64_t weights_seed) {
-  return str(t.sequences, " sequence(s) of ", t.prompt_len, " + ", t.new_tokens, " tokens, seed ", t.seed, ", ",
-             t.layers, " layer(s), weights seed ", weights_seed);
+  return str(t.sequences, " sequence(s) of ", t.prompt_len, " + ", t.new_tokens, " tokens, seed ", t.seed,
+             ", ", t.layers, " layer(s), weights seed ", weights_seed);
 }
 
 // What one process checks for one trace file: its copy, opened; then per model reading it, the
@@ -339,7 +340,7 @@ void check_trace_file(const std::string& path, const std::vector<int>& users, co
     const int want = p.measure.sequences;
     if (want > n) {
       problems.add(str("measure.sequences ", want, " exceeds the trace's ", n,
-                       " sequence(s); the points would replay fewer sequences than they record"),
+                       " sequence(s): the points would replay ", n, " and record ", want),
                    i);
       continue;
     }
@@ -359,20 +360,21 @@ void check_trace_file(const std::string& path, const std::vector<int>& users, co
       }
     }
     if (too_long > 0)
-      problems.add(str(too_long, " of the ", take, " sequence(s) read exceed model.max_seq_len ", m.max_seq_len,
-                       " (first: sequence ", first_long, ", ", t.sequence_length(first_long), " positions)"),
-                   i);
+      problems.add(
+          str(too_long, " of the ", take, " sequence(s) read exceed model.max_seq_len ", m.max_seq_len,
+              " (first: sequence ", first_long, ", ", t.sequence_length(first_long), " positions)"),
+          i);
     if (too_short > 0) {
       const std::string why = str("a step needs prompt_length + draft_len + 1 positions; first: sequence ",
                                   first_short, ", prompt ", t.prompt_length(first_short), " of ",
                                   t.sequence_length(first_short), " positions");
       if (too_short == take)
-        problems.add(str("no sequence of the ", take, " read is long enough for one step at draft_len ", k, " (",
-                         why, ")"),
+        problems.add(str("no sequence of the ", take, " read is long enough for one step at draft_len ", k,
+                         " (", why, ")"),
                      i);
       else
-        warnings.add(str(too_short, " of the ", take, " sequence(s) read have no step at draft_len ", k, " (", why,
-                         "): they are prefilled and measured for nothing"),
+        warnings.add(str(too_short, " of the ", take, " sequence(s) read have no step at draft_len ", k, " (",
+                         why, "): they are prefilled and measured for nothing"),
                      i);
     }
   }
@@ -397,11 +399,27 @@ void check_trace_file(const std::string& path, const std::vector<int>& users, co
       content = str("hiddens finite; fingerprint ", scan.fingerprint);
     }
     identity.emplace_back(str("trace ", path),
-                          str("fnv1a64 ", scan.fingerprint, " (", scan.sequences, " sequences, ", scan.positions,
-                              " positions, hidden ", t.hidden(), ", vocab ", t.vocab(), ")"));
+                          str("fnv1a64 ", scan.fingerprint, " (", scan.sequences, " sequences, ",
+                              scan.positions, " positions, hidden ", t.hidden(), ", vocab ", t.vocab(), ")"));
   }
   r.summary = str(n, " sequence(s) of ", min_len, "..", max_len, " positions (", t.total_positions(),
                   " in all), hidden ", t.hidden(), ", vocab ", t.vocab(), "; token ids < vocab; ", content);
+}
+
+// Whether `problem` says something `problems` does not already: the same text, or another message
+// about the same tensor of the same file (the scan and the loader both name it), is not news.
+bool is_news(const std::vector<std::string>& problems, const std::string& problem) {
+  // `tensor "NAME" in FILE`, the subject of both messages.
+  auto subject = [](const std::string& m) -> std::string {
+    if (!m.starts_with("tensor \"")) return m;
+    const auto q = m.find('"', 8);
+    if (q == std::string::npos || m.compare(q + 1, 4, " in ") != 0) return m;
+    const auto end = m.find(' ', q + 5);
+    return end == std::string::npos ? m : m.substr(0, end);
+  };
+  const std::string mine = subject(problem);
+  return std::none_of(problems.begin(), problems.end(),
+                      [&](const std::string& p) { return subject(p) == mine; });
 }
 
 // The ranks whose shards this process loads: its own under a launcher, every rank alone.
@@ -417,8 +435,9 @@ std::string rank_range(const std::vector<int>& ranks) {
   return str("ranks ", ranks.front(), "-", ranks.back());
 }
 
-void check_checkpoint(dist::Runtime& rt, const std::string& path, const model::ModelConfig& cfg, bool several_models,
-                      InputReport& r, std::string& local_digest, IdentityInputs& identity) {
+void check_checkpoint(dist::Runtime& rt, const std::string& path, const model::ModelConfig& cfg,
+                      bool several_models, InputReport& r, std::string& local_digest,
+                      IdentityInputs& identity) {
   std::unique_ptr<model::Checkpoint> ckpt;
   try {
     ckpt = std::make_unique<model::Checkpoint>(path);
@@ -449,17 +468,19 @@ void check_checkpoint(dist::Runtime& rt, const std::string& path, const model::M
                   scan.problems.empty() ? "dtypes readable, values finite" : "bad tensors", "; fingerprint ",
                   scan.fingerprint);
     if (scan.tensors == 0)
-      r.problems.push_back(str(path, ": no tensor under checkpoint.mtp_prefix \"", cfg.mtp_prefix, "\" (model ",
-                               cfg.name, "): the prefix or the mtp_layer_index is wrong"));
-    identity.emplace_back(several_models ? str("checkpoint ", path, " [model ", cfg.name, "]") : str("checkpoint ", path),
-                          str("fnv1a64 ", scan.fingerprint, " (", scan.tensors, " tensors, ", scan.bytes, " bytes)"));
+      r.problems.push_back(str(path, ": no tensor under checkpoint.mtp_prefix \"", cfg.mtp_prefix,
+                               "\" (model ", cfg.name, "): the prefix or the mtp_layer_index is wrong"));
+    identity.emplace_back(
+        several_models ? str("checkpoint ", path, " [model ", cfg.name, "]") : str("checkpoint ", path),
+        str("fnv1a64 ", scan.fingerprint, " (", scan.tensors, " tensors, ", scan.bytes, " bytes)"));
   }
 
   r.summary = content;
 }
 
-// Names, shapes and the values a shard reads, through the loader itself: one point per
-// head_sharding among those this run loads (the lm_head slice depends on it).
+// Names, shapes and the values a shard reads, through the loader itself, for one point of those
+// this run loads: one with the head replicated when there is one, since its whole lm_head covers
+// the rows of any vocab-sharded head (every other tensor's slice does not depend on the point).
 void load_checkpoint_shards(dist::Runtime& rt, const Experiment& ex, const CheckOptions& options,
                             const std::string& path, const std::vector<int>& users, const std::set<int>& done,
                             InputReport& r) {
@@ -470,14 +491,16 @@ void load_checkpoint_shards(dist::Runtime& rt, const Experiment& ex, const Check
       continue;
     if (options.skip_done && done.count(i)) continue;
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
-    if (std::none_of(to_load.begin(), to_load.end(), [&](const PointConfig* q) {
-          return q->arms.drafter.head_sharding == p.arms.drafter.head_sharding;
-        }))
+    if (to_load.empty())
       to_load.push_back(&p);
+    else if (to_load.front()->arms.drafter.head_sharding != model::HeadSharding::none &&
+             p.arms.drafter.head_sharding == model::HeadSharding::none)
+      to_load.front() = &p;
   }
   std::string loaded = "no point to run loads it";
   if (!to_load.empty()) {
-    const std::vector<int> ranks = options.load_weights ? std::vector<int>{rt.rank()} : ranks_to_load(rt, ex.world);
+    const std::vector<int> ranks =
+        options.load_weights ? std::vector<int>{rt.rank()} : ranks_to_load(rt, ex.world);
     bool failed = false;
     for (const PointConfig* p : to_load) {
       for (int rank : ranks) {
@@ -489,16 +512,19 @@ void load_checkpoint_shards(dist::Runtime& rt, const Experiment& ex, const Check
             (void)model::load_mtp_weights(p->model, plan, path);
           }
         } catch (const Error& e) {
-          r.problems.push_back(str(ranks.size() > 1 ? str("rank ", rank, "'s shard: ") : std::string(), e.message()));
+          if (is_news(r.problems, e.message()))
+            r.problems.push_back(
+                str(ranks.size() > 1 ? str("rank ", rank, "'s shard: ") : std::string(), e.message()));
           failed = true;
           break;
         }
       }
       if (failed) break;
     }
-    loaded = failed           ? "a shard does not load"
-             : rt.world() > 1 ? "every rank's shard loads (names, shapes, finite values)"
-                              : str("the shards of ", rank_range(ranks), " load (names, shapes, finite values)");
+    loaded = failed ? "a shard does not load"
+             : rt.world() > 1
+                 ? "every rank's shard loads (names, shapes, finite values)"
+                 : str("the shards of ", rank_range(ranks), " load (names, shapes, finite values)");
   }
   r.summary += str("; ", loaded);
 }
@@ -521,8 +547,8 @@ std::string CheckReport::text() const {
   std::string out;
   for (const auto& i : inputs) {
     const char* status = !i.problems.empty() ? "PROBLEM" : !i.warnings.empty() ? "warning" : "ok";
-    out += str(status, std::string(9 - std::strlen(status), ' '), i.label, i.summary.empty() ? "" : ": ", i.summary,
-               "\n");
+    out += str(status, std::string(9 - std::strlen(status), ' '), i.label, i.summary.empty() ? "" : ": ",
+               i.summary, "\n");
     for (const auto& p : i.problems) out += str("           problem: ", p, "\n");
     for (const auto& w : i.warnings) out += str("           warning: ", w, "\n");
   }
@@ -573,7 +599,8 @@ CheckpointScan scan_checkpoint(const model::ModelConfig& cfg, const std::string&
   // Largest first over the threads; each tensor's digest and first bad element on its own.
   std::vector<size_t> order(items.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return items[a].info.nbytes > items[b].info.nbytes; });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return items[a].info.nbytes > items[b].info.nbytes; });
   std::atomic<size_t> next{0};
   std::atomic<uint64_t> scanned{0};
   std::atomic<size_t> finished{0};
@@ -592,17 +619,19 @@ CheckpointScan scan_checkpoint(const model::ModelConfig& cfg, const std::string&
           const int64_t bad = first_nonfinite(it.info.dtype, it.bytes + off, n, what);
           if (bad >= 0) {
             const int64_t flat = static_cast<int64_t>(off / esize) + bad;
-            it.problem = str("tensor \"", it.name, "\" in ", it.file, " (", model::dtype_name(it.info.dtype), " ",
-                             model::shape_str(it.info.shape), "): element ", element_at(flat, it.info.shape),
-                             " (flat index ", flat, ") is ", what, ", the first non-finite value");
+            it.problem =
+                str("tensor \"", it.name, "\" in ", it.file, " (", model::dtype_name(it.info.dtype), " ",
+                    model::shape_str(it.info.shape), "): element ", element_at(flat, it.info.shape),
+                    " (flat index ", flat, ") is ", what, ", the first non-finite value");
             found = true;
           }
         }
         scanned.fetch_add(n);
       }
       if (!readable_weight_dtype(it.info.dtype))
-        it.problem = str("tensor \"", it.name, "\" in ", it.file, ": dtype ", model::dtype_name(it.info.dtype),
-                         " cannot be read as a weight (BF16, F16, F32 or F8_E4M3)");
+        it.problem =
+            str("tensor \"", it.name, "\" in ", it.file, ": dtype ", model::dtype_name(it.info.dtype),
+                " cannot be read as a weight (BF16, F16, F32 or F8_E4M3)");
       it.digest = d.h;
       finished.fetch_add(1);
     }
@@ -633,9 +662,10 @@ TraceScan scan_trace(const std::string& path) {
   const io::TraceReader r(path);
   out.sequences = r.num_sequences();
   out.positions = r.total_positions();
-  std::string lines = str("hidden ", r.hidden(), " vocab ", r.vocab(), " sequences ", r.num_sequences(), "\n");
-  ScanProgress progress(str("trace ", path),
-                        static_cast<uint64_t>(r.total_positions()) * static_cast<uint64_t>(r.hidden()) * sizeof(bf16));
+  std::string lines =
+      str("hidden ", r.hidden(), " vocab ", r.vocab(), " sequences ", r.num_sequences(), "\n");
+  ScanProgress progress(str("trace ", path), static_cast<uint64_t>(r.total_positions()) *
+                                                 static_cast<uint64_t>(r.hidden()) * sizeof(bf16));
   std::vector<bf16> buf;
   uint64_t done = 0;
   for (int64_t s = 0; s < r.num_sequences(); ++s) {
@@ -665,14 +695,14 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
   std::vector<std::string> local_digests;
   std::vector<size_t> digest_input;  ///< the input (index into rep.inputs) of each digest
 
-  rep.inputs.push_back(InputReport{str("experiment ", ex.file),
-                                   str(ex.points.size(), " point(s) for ", ex.world, " rank(s), backend ",
-                                       options.backend),
-                                   {},
-                                   {}});
+  rep.inputs.push_back(
+      InputReport{str("experiment ", ex.file),
+                  str(ex.points.size(), " point(s) for ", ex.world, " rank(s), backend ", options.backend),
+                  {},
+                  {}});
   if (rt.world() > 1 && rt.world() != ex.world)
-    rep.inputs.back().problems.push_back(
-        str("expanded for ", ex.world, " rank(s) but the job has ", rt.world(), "; leave out --ranks under a launcher"));
+    rep.inputs.back().problems.push_back(str("expanded for ", ex.world, " rank(s) but the job has ",
+                                             rt.world(), "; leave out --ranks under a launcher"));
 
   {
     // What the expansion could not know: the resolved backend.
@@ -705,12 +735,14 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
   }
   for (const auto& [m, users] : models) {
     const PointConfig& first = ex.points[static_cast<size_t>(users.front())];
-    rep.inputs.push_back(InputReport{
-        str("model ", m->name, first.model_spec == m->name ? std::string() : str(" (", first.model_spec, ")")),
-        str("hidden ", m->hidden, ", vocab ", m->vocab, ", ", m->n_heads, " heads, ", m->n_routed_experts,
-            " experts, max_seq_len ", m->max_seq_len, "; valid for ", ex.world, " rank(s) (", point_list(users), ")"),
-        {},
-        {}});
+    rep.inputs.push_back(
+        InputReport{str("model ", m->name,
+                        first.model_spec == m->name ? std::string() : str(" (", first.model_spec, ")")),
+                    str("hidden ", m->hidden, ", vocab ", m->vocab, ", ", m->n_heads, " heads, ",
+                        m->n_routed_experts, " experts, max_seq_len ", m->max_seq_len, "; valid for ",
+                        ex.world, " rank(s) (", point_list(users), ")"),
+                    {},
+                    {}});
   }
 
   IdentityInputs identity;
@@ -739,7 +771,8 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
     std::vector<std::tuple<std::string, const model::ModelConfig*, std::vector<int>>> ckpts;
     for (const auto& p : ex.points) {
       if (p.weights.synthetic) {
-        auto it = std::find_if(seeds.begin(), seeds.end(), [&](const auto& s) { return s.first == p.weights.seed; });
+        auto it = std::find_if(seeds.begin(), seeds.end(),
+                               [&](const auto& s) { return s.first == p.weights.seed; });
         if (it == seeds.end()) {
           seeds.push_back({p.weights.seed, {}});
           it = seeds.end() - 1;
@@ -759,13 +792,15 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
     std::vector<std::string> seed_texts;
     for (const auto& [seed, users] : seeds) {
       rep.inputs.push_back(InputReport{str("weights synthetic seed ", seed),
-                                       str("generated from the seed (", point_list(users), ")"), {}, {}});
+                                       str("generated from the seed (", point_list(users), ")"),
+                                       {},
+                                       {}});
       seed_texts.push_back(str("seed ", seed));
     }
     if (!seed_texts.empty()) identity.emplace_back("weights synthetic", join(seed_texts, "; "));
     for (const auto& [path, cfg, users] : ckpts) {
-      const bool several =
-          std::count_if(ckpts.begin(), ckpts.end(), [&](const auto& c) { return std::get<0>(c) == path; }) > 1;
+      const bool several = std::count_if(ckpts.begin(), ckpts.end(),
+                                         [&](const auto& c) { return std::get<0>(c) == path; }) > 1;
       InputReport r;
       r.label = several ? str("checkpoint ", path, " [model ", cfg->name, "]") : str("checkpoint ", path);
       std::string digest;
@@ -785,18 +820,22 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
     for (const auto& p : ex.points) {
       if (p.trace.synthetic) {
         const std::string d = describe_trace_spec(p.trace, p.weights.seed);
-        auto it = std::find_if(synthetic.begin(), synthetic.end(), [&](const auto& s) { return s.first == d; });
+        auto it =
+            std::find_if(synthetic.begin(), synthetic.end(), [&](const auto& s) { return s.first == d; });
         if (it == synthetic.end()) {
           synthetic.push_back({d, {}});
           it = synthetic.end() - 1;
         }
         it->second.push_back(p.index);
         if (p.measure.sequences > p.trace.sequences)
-          synthetic_problems.add(str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
-                                     p.trace.sequences, "; the points would replay fewer sequences than they record"),
-                                 p.index);
+          synthetic_problems.add(
+              str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
+                  p.trace.sequences, ": the points would replay ", p.trace.sequences, " and record ",
+                  p.measure.sequences),
+              p.index);
       } else {
-        auto it = std::find_if(files.begin(), files.end(), [&](const auto& f) { return f.first == p.trace.path; });
+        auto it =
+            std::find_if(files.begin(), files.end(), [&](const auto& f) { return f.first == p.trace.path; });
         if (it == files.end()) {
           files.push_back({p.trace.path, {}});
           it = files.end() - 1;
@@ -806,8 +845,10 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
     }
     std::vector<std::string> synthetic_texts;
     for (const auto& [d, users] : synthetic) {
-      InputReport r{str("trace synthetic (", d, ")"), str("generated by the synthetic target (", point_list(users), ")"),
-                    {}, {}};
+      InputReport r{str("trace synthetic (", d, ")"),
+                    str("generated by the synthetic target (", point_list(users), ")"),
+                    {},
+                    {}};
       for (const auto& m : synthetic_problems.order) {
         std::vector<int> mine;
         for (int i : synthetic_problems.points.at(m))
@@ -848,10 +889,12 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
       r.problems.insert(r.problems.end(), rep.resume.problems.begin(), rep.resume.problems.end());
       if (rep.resume.exists) {
         if (rep.resume.problems.empty())
-          r.summary = str("exists, same configuration and inputs: ", rep.resume.done.size(), " of ", ex.points.size(),
-                          " point(s) done, a run adds the other ", ex.points.size() - rep.resume.done.size());
+          r.summary =
+              str("exists, same configuration and inputs: ", rep.resume.done.size(), " of ", ex.points.size(),
+                  " point(s) done, a run adds the other ", ex.points.size() - rep.resume.done.size());
         else
-          r.summary = str("exists, ", rep.resume.points_in_file, " point(s) in it; cannot take this run's points");
+          r.summary =
+              str("exists, ", rep.resume.points_in_file, " point(s) in it; cannot take this run's points");
       } else {
         // The nearest existing directory above the file must let us create it (and the
         // directories between).
@@ -864,15 +907,16 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
         }
         if (dir.empty()) dir = ".";
         if (!fs::is_directory(dir, ec))
-          r.problems.push_back(str(dir.string(), " is not a directory, so ", options.output, " cannot be created"));
+          r.problems.push_back(
+              str(dir.string(), " is not a directory, so ", options.output, " cannot be created"));
         else if (::access(dir.c_str(), W_OK | X_OK) != 0)
-          r.problems.push_back(str("directory ", dir.string(), " is not writable (", std::strerror(errno), "), so ",
-                                   options.output, " cannot be created"));
+          r.problems.push_back(str("directory ", dir.string(), " is not writable (", std::strerror(errno),
+                                   "), so ", options.output, " cannot be created"));
         else
-          r.summary = to_create.empty()
-                          ? str("new file in ", dir.string(), " (writable)")
-                          : str("new file; ", to_create.size(), " director", to_create.size() == 1 ? "y" : "ies",
-                                " to create under ", dir.string(), " (writable)");
+          r.summary = to_create.empty() ? str("new file in ", dir.string(), " (writable)")
+                                        : str("new file; ", to_create.size(), " director",
+                                              to_create.size() == 1 ? "y" : "ies", " to create under ",
+                                              dir.string(), " (writable)");
       }
     }
     rep.inputs.push_back(std::move(r));
@@ -909,12 +953,12 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
           const std::string text = line.substr(sep + 1);
           if (line[0] == 'P' && idx < rep.inputs.size()) {
             auto& probs = rep.inputs[idx].problems;
-            if (std::find(probs.begin(), probs.end(), text) == probs.end())
-              probs.push_back(str("rank ", r, " (", hosts[r], "): ", text));
-          } else if (line[0] == 'D' && idx < local_digests.size() &&
-                     text != local_digests[idx] && text != "unreadable" && local_digests[idx] != "unreadable") {
+            if (is_news(probs, text)) probs.push_back(str("rank ", r, " (", hosts[r], "): ", text));
+          } else if (line[0] == 'D' && idx < local_digests.size() && text != local_digests[idx] &&
+                     text != "unreadable" && local_digests[idx] != "unreadable") {
             rep.inputs[digest_input[idx]].problems.push_back(
-                str("rank ", r, " (", hosts[r], ") opens a different file there (its names, shapes, tokens or "
+                str("rank ", r, " (", hosts[r],
+                    ") opens a different file there (its names, shapes, tokens or "
                     "offsets differ from rank 0's copy): every rank must read the same input"));
           }
         }

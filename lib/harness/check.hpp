@@ -52,7 +52,7 @@ struct CheckReport {
 };
 
 struct CheckOptions {
-  std::string output;  ///< the results file ("" is a problem: nothing to write to)
+  std::string output;           ///< the results file ("" is a problem: nothing to write to)
   std::string backend = "cpu";  ///< resolved: cpu | cuda
   /// Only these points' checkpoints are loaded (empty: every point's). Every input of the
   /// experiment is still opened and fingerprinted: the identity covers them all, so that the task

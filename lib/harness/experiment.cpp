@@ -453,8 +453,9 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
           if (!axis_allowed(axis))
             values.fail(str("\"", axis, "\" cannot be swept; axes are the arms (", join(arm_names(), ", "),
                             "), model, model.<key>, measure.<key>, weights.<key> and trace.<key>",
-                            axis == "backend" ? " (one run uses one backend: run each backend into its own output)"
-                                              : ""));
+                            axis == "backend"
+                                ? " (one run uses one backend: run each backend into its own output)"
+                                : ""));
           if (!values.is_sequence()) values.fail("expected a list of values, e.g. [off, on]");
           Axis a;
           a.name = axis;

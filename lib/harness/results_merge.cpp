@@ -106,13 +106,13 @@ int merge_results(const std::string& out, const std::vector<std::string>& inputs
     MTP_REQUIRE(f.attr_int("schema_version") == kResultsSchemaVersion, in, ": results schema version ",
                 f.attr_int("schema_version"), ", expected ", kResultsSchemaVersion);
     if (f.attr_string("experiment_identity") != files.front().attr_string("experiment_identity")) {
-      const std::vector<std::string> diffs =
-          results_format::identity_differences(results_format::identity_parts(files.front()),
-                                               results_format::identity_parts(f), str("in ", inputs.front()),
-                                               str("in ", in));
-      MTP_FAIL(in, ": a different experiment configuration than ", inputs.front(), "; they differ in: ",
-               diffs.empty() ? std::string("(no key: different mtplab versions wrote them)") : join(diffs, "; "),
-               ". Only task files of one experiment on the same inputs can be merged");
+      const std::vector<std::string> diffs = results_format::identity_differences(
+          results_format::identity_parts(files.front()), results_format::identity_parts(f),
+          str("in ", inputs.front()), str("in ", in));
+      MTP_FAIL(
+          in, ": a different experiment configuration than ", inputs.front(), "; they differ in: ",
+          diffs.empty() ? std::string("(no key: different mtplab versions wrote them)") : join(diffs, "; "),
+          ". Only task files of one experiment on the same inputs can be merged");
     }
   }
   // Which input provides each point; conflicting configs are refused before anything is written.

@@ -79,8 +79,8 @@ void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::strin
 
 // The differences between two key -> value maps, each side named by its label.
 std::vector<std::string> map_differences(const std::map<std::string, std::string>& a,
-                                         const std::map<std::string, std::string>& b, const std::string& a_label,
-                                         const std::string& b_label) {
+                                         const std::map<std::string, std::string>& b,
+                                         const std::string& a_label, const std::string& b_label) {
   std::vector<std::string> out;
   for (const auto& [key, v] : a) {
     auto it = b.find(key);
@@ -149,9 +149,10 @@ std::vector<std::string> identity_differences(const IdentityParts& a, const Iden
   std::vector<std::string> inputs = map_differences(ia, ib, a_label, b_label);
   for (const auto* p : {&a, &b})
     if (!p->has_inputs)
-      inputs.push_back(str("(", p == &a ? a_label : b_label,
-                           ": written before results files recorded their inputs' fingerprints, the backend "
-                           "and the kernel choices; such a file resumes and merges only with files of its kind)"));
+      inputs.push_back(
+          str("(", p == &a ? a_label : b_label,
+              ": written before results files recorded their inputs' fingerprints, the backend "
+              "and the kernel choices; such a file resumes and merges only with files of its kind)"));
   diffs.insert(diffs.end(), inputs.begin(), inputs.end());
   return diffs;
 }
@@ -195,7 +196,8 @@ std::string results_identity(const std::string& configuration_identity, const Id
   return identity_hash(text);
 }
 
-ResumeState inspect_results_file(const std::string& path, const Experiment& ex, const IdentityInputs& inputs) {
+ResumeState inspect_results_file(const std::string& path, const Experiment& ex,
+                                 const IdentityInputs& inputs) {
   ResumeState st;
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
@@ -208,7 +210,8 @@ ResumeState inspect_results_file(const std::string& path, const Experiment& ex, 
   try {
     const H5File f = H5File::open_read(path);
     if (!(f.has_attr("schema") && f.attr_string("schema") == kResultsSchema)) {
-      st.problems.push_back(str(path, ": exists and is not an mtplab results file; choose another output (--out)"));
+      st.problems.push_back(
+          str(path, ": exists and is not an mtplab results file; choose another output (--out)"));
       return st;
     }
     const int64_t version = f.attr_int("schema_version");
@@ -222,22 +225,23 @@ ResumeState inspect_results_file(const std::string& path, const Experiment& ex, 
     st.points_in_file = static_cast<int64_t>(names.size());
     if (f.attr_string("experiment_identity") != results_identity(ex.identity, inputs)) {
       results_format::IdentityParts run{ex.resolved_yaml, ex.world, inputs, true};
-      const std::vector<std::string> diffs =
-          results_format::identity_differences(results_format::identity_parts(f), run, "in the file", "this run");
-      st.problems.push_back(
-          str(path, ": holds results of a different experiment configuration (", f.attr_string("experiment_file"),
-              "); it differs from this run (", ex.file, ") in: ",
-              diffs.empty() ? std::string("(no key: a different mtplab wrote it)") : join(diffs, "; "),
-              ". A results file holds one configuration on one set of inputs: choose another output (--out) "
-              "or delete the file",
-              names.empty() ? " (it holds no point: deleting it loses nothing)" : ""));
+      const std::vector<std::string> diffs = results_format::identity_differences(
+          results_format::identity_parts(f), run, "in the file", "this run");
+      st.problems.push_back(str(
+          path, ": holds results of a different experiment configuration (", f.attr_string("experiment_file"),
+          "); it differs from this run (", ex.file,
+          ") in: ", diffs.empty() ? std::string("(no key: a different mtplab wrote it)") : join(diffs, "; "),
+          ". A results file holds one configuration on one set of inputs: choose another output (--out) "
+          "or delete the file",
+          names.empty() ? " (it holds no point: deleting it loses nothing)" : ""));
       return st;
     }
     for (const auto& name : names) {
       const Group g = points.open_group(name);
       const int64_t i = g.attr_int("index");
       if (i < 0 || i >= static_cast<int64_t>(ex.points.size())) {
-        st.problems.push_back(str(path, ": ", g.path(), ": point index ", i, " is not a point of this experiment"));
+        st.problems.push_back(
+            str(path, ": ", g.path(), ": point index ", i, " is not a point of this experiment"));
         continue;
       }
       const auto& p = ex.points[static_cast<size_t>(i)];
@@ -252,8 +256,8 @@ ResumeState inspect_results_file(const std::string& path, const Experiment& ex, 
       if (g.attr_string("status") == "ok") st.done.insert(static_cast<int>(i));
     }
   } catch (const Error& e) {
-    st.problems.push_back(str(path, ": cannot be read as a results file: ", e.message(),
-                              "; choose another output (--out)"));
+    st.problems.push_back(
+        str(path, ": cannot be read as a results file: ", e.message(), "; choose another output (--out)"));
   }
   return st;
 }
@@ -309,8 +313,8 @@ std::set<int> prepare_results_file(const std::string& path, const Experiment& ex
 void append_point(const std::string& path, const Experiment& ex, const PointConfig& point,
                   const PointResult& r, const RunProvenance& prov) {
   H5File f = H5File::open_append(path);
-  MTP_REQUIRE(f.attr_string("experiment_identity") == results_identity(ex.identity, prov.identity_inputs), path,
-              ": was replaced by a file of another experiment while this run was going");
+  MTP_REQUIRE(f.attr_string("experiment_identity") == results_identity(ex.identity, prov.identity_inputs),
+              path, ": was replaced by a file of another experiment while this run was going");
   Group points = f.open_group("points");
   if (points.exists(point.name())) points.remove(point.name());
   Group g = points.create_group(point.name());

@@ -298,9 +298,10 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   if (report.total_problems > 0) {
     if (rank == 0) {
       std::fputs(report.text().c_str(), stderr);
-      log_error(ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
-                report.resume.exists ? str(options.output, " is unchanged") : str("no results file was created"),
-                ". `mtplab check ", ex.file, "` repeats these checks without running");
+      log_error(
+          ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
+          report.resume.exists ? str(options.output, " is unchanged") : str("no results file was created"),
+          ". `mtplab check ", ex.file, "` repeats these checks without running");
     }
     dist::barrier(world);
     return 2;

@@ -351,11 +351,13 @@ MtpWeights load_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan,
       const int64_t cols = b.cols.count < 0 ? ncols - b.cols.begin : b.cols.count;
       const int64_t row = b.rows.begin + static_cast<int64_t>(i) / cols;
       const int64_t col = b.cols.begin + static_cast<int64_t>(i) % cols;
-      const std::string at = s.full.size() <= 1 ? str("[", row, "]") : str("[", row, ", ", col, "] of the [", nrows,
-                                                                             ", ", ncols, "] view");
-      MTP_FAIL("tensor \"", s.ckpt, "\" in ", ckpt.file_of(s.ckpt), " ", shape_str(s.full), ": element ", at,
-               " (flat index ", row * ncols + col, ") is ", std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"),
-               " as loaded, the first non-finite value this rank reads; a checkpoint's weights must be finite");
+      const std::string at = s.full.size() <= 1
+                                 ? str("[", row, "]")
+                                 : str("[", row, ", ", col, "] of the [", nrows, ", ", ncols, "] view");
+      MTP_FAIL(
+          "tensor \"", s.ckpt, "\" in ", ckpt.file_of(s.ckpt), " ", shape_str(s.full), ": element ", at,
+          " (flat index ", row * ncols + col, ") is ", std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"),
+          " as loaded, the first non-finite value this rank reads; a checkpoint's weights must be finite");
     }
   };
   for (const Spec& s : build_specs(cfg, plan, w)) {

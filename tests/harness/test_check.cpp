@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "common/error_of.hpp"
@@ -97,8 +98,8 @@ void write_trace(const std::string& path, int hidden, int vocab, int count, int 
 }
 
 std::string experiment_text(const TempDir& dir, const std::string& extra = "") {
-  return str("model: {preset: tiny, max_seq_len: 128}\n", "weights: {checkpoint: ", dir / "ckpt.safetensors", "}\n",
-             "trace: {path: ", dir / "trace.h5", "}\n", "measure: {warmup_steps: 1, sequences: 0}\n",
+  return str("model: {preset: tiny, max_seq_len: 128}\n", "weights: {checkpoint: ", dir / "ckpt.safetensors",
+             "}\n", "trace: {path: ", dir / "trace.h5", "}\n", "measure: {warmup_steps: 1, sequences: 0}\n",
              "output: ", dir / "out.h5", "\n", "backend: cpu\n", extra);
 }
 
@@ -135,9 +136,10 @@ TEST(Check, CleanInputsPass) {
   // The identity's inputs: the files' fingerprints, the backend, the bit-changing kernel fields.
   std::vector<std::string> keys;
   for (const auto& [k, v] : rep.identity) keys.push_back(k);
-  EXPECT_EQ(keys, (std::vector<std::string>{"backend", "checkpoint " + (in.dir / "ckpt.safetensors"),
-                                            "kernels.gemv_split", "kernels.gemv_variant", "kernels.mla_clusters",
-                                            "kernels.mla_decode", "trace " + (in.dir / "trace.h5")}));
+  EXPECT_EQ(keys,
+            (std::vector<std::string>{"backend", "checkpoint " + (in.dir / "ckpt.safetensors"),
+                                      "kernels.gemv_split", "kernels.gemv_variant", "kernels.mla_clusters",
+                                      "kernels.mla_decode", "trace " + (in.dir / "trace.h5")}));
   EXPECT_FALSE(fs::exists(in.dir / "out.h5")) << "the check must not create the output";
 }
 
@@ -149,11 +151,11 @@ TEST(Check, CheckpointFingerprintFollowsTheBytes) {
   const CheckpointScan a = scan_checkpoint(tiny(), dir / "a.safetensors");
   EXPECT_TRUE(a.problems.empty());
   EXPECT_EQ(a.fingerprint.size(), 16u);
-  EXPECT_EQ(a.tensors, model::checkpoint_views(tiny(), model::synthesize_mtp_weights(
-                                                         tiny(), model::make_shard_plan(tiny(), 0, 1,
-                                                                                        model::HeadSharding::none),
-                                                         11))
-                           .size());
+  EXPECT_EQ(a.tensors,
+            model::checkpoint_views(
+                tiny(), model::synthesize_mtp_weights(
+                            tiny(), model::make_shard_plan(tiny(), 0, 1, model::HeadSharding::none), 11))
+                .size());
   // Same bytes in another file: same fingerprint; another seed, or one bit of one weight: another.
   EXPECT_EQ(scan_checkpoint(tiny(), dir / "b.safetensors").fingerprint, a.fingerprint);
   EXPECT_NE(scan_checkpoint(tiny(), dir / "c.safetensors").fingerprint, a.fingerprint);
@@ -169,12 +171,13 @@ TEST(Check, NonFiniteWeightsAreNamedAndRefusedAtLoad) {
   write_checkpoint(path, 11);
   const model::ModelConfig cfg = tiny();
   const std::string hnorm = cfg.mtp_prefix + "hnorm.weight", eh = cfg.mtp_prefix + "eh_proj.weight";
-  poke_bf16(path, hnorm, 5, 0x7FC0);                        // NaN at [5]
+  poke_bf16(path, hnorm, 5, 0x7FC0);                       // NaN at [5]
   poke_bf16(path, eh, 3 * (2 * cfg.hidden) + 17, 0xFF80);  // -Inf at [3, 17]
   const CheckpointScan scan = scan_checkpoint(cfg, path);
   ASSERT_EQ(scan.problems.size(), 2u);
   const std::string all = join(scan.problems, "\n");
-  expect_has(all, str("tensor \"", hnorm, "\" in ", path, " (BF16 [", cfg.hidden, "]): element [5] (flat index 5) is NaN"));
+  expect_has(all, str("tensor \"", hnorm, "\" in ", path, " (BF16 [", cfg.hidden,
+                      "]): element [5] (flat index 5) is NaN"));
   expect_has(all, str("tensor \"", eh, "\" in ", path, " (BF16 [", cfg.hidden, ", ", 2 * cfg.hidden,
                       "]): element [3, 17] (flat index ", 3 * 2 * cfg.hidden + 17, ") is -Inf"));
   // The loader refuses the first bad tensor it reads, whatever the shard.
@@ -202,23 +205,27 @@ TEST(Check, TraceProblemsNameThePoints) {
     const Experiment ex = parse_experiment(exp, "exp.yaml", {"measure.sequences=9"}, 1);
     const CheckReport rep = check(ex, in.dir / "out.h5");
     EXPECT_GE(rep.total_problems, 1u);
-    expect_has(rep.text(), "measure.sequences 9 exceeds the trace's 4 sequence(s); the points would replay fewer "
-                           "sequences than they record (points p0000-p0001)");
+    expect_has(rep.text(),
+               "measure.sequences 9 exceeds the trace's 4 sequence(s): the points would replay 4 and record "
+               "9 (points "
+               "p0000-p0001)");
   }
   {
     // 24 positions, prompt 8: draft_len 16 has no step (8 + 16 > 23); 3 has.
     const Experiment ex = parse_experiment(exp, "exp.yaml", {}, 1);
     const CheckReport rep = check(ex, in.dir / "out.h5");
     EXPECT_EQ(rep.total_problems, 1u) << rep.text();
-    expect_has(rep.text(), "no sequence of the 4 read is long enough for one step at draft_len 16 (a step needs "
-                           "prompt_length + draft_len + 1 positions; first: sequence 0, prompt 8 of 24 positions) "
-                           "(point p0001)");
+    expect_has(rep.text(),
+               "no sequence of the 4 read is long enough for one step at draft_len 16 (a step needs "
+               "prompt_length + draft_len + 1 positions; first: sequence 0, prompt 8 of 24 positions) "
+               "(point p0001)");
   }
   {
     // A sequence longer than max_seq_len.
     const Experiment ex = parse_experiment(experiment_text(in.dir), "exp.yaml", {"model.max_seq_len=20"}, 1);
     const CheckReport rep = check(ex, in.dir / "out.h5");
-    expect_has(rep.text(), "4 of the 4 sequence(s) read exceed model.max_seq_len 20 (first: sequence 0, 24 positions)");
+    expect_has(rep.text(),
+               "4 of the 4 sequence(s) read exceed model.max_seq_len 20 (first: sequence 0, 24 positions)");
   }
   {
     // A trace of another model.
@@ -292,11 +299,13 @@ TEST(Check, AnOutputOfOtherInputsIsRefusedNamingTheKeys) {
   for (const auto& [k, v] : other.identity)
     if (k.starts_with("trace ")) new_fp = v;
   ASSERT_NE(old_fp, new_fp);
-  expect_has(other.text(), str("trace ", in.dir / "trace.h5", ": ", old_fp, " (in the file) vs ", new_fp, " (this run)"));
+  expect_has(other.text(),
+             str("trace ", in.dir / "trace.h5", ": ", old_fp, " (in the file) vs ", new_fp, " (this run)"));
   expect_has(other.text(), "(it holds no point: deleting it loses nothing)");
   // prepare_results_file refuses the same way, and leaves the file as it was.
   prov.identity_inputs = other.identity;
-  expect_has(test::error_of([&] { (void)prepare_results_file(out, ex, prov); }), "(in the file) vs " + new_fp);
+  expect_has(test::error_of([&] { (void)prepare_results_file(out, ex, prov); }),
+             "(in the file) vs " + new_fp);
 }
 
 TEST(ResultsIdentity, CoversEveryInputAndNamesTheKeys) {
@@ -314,7 +323,8 @@ TEST(ResultsIdentity, CoversEveryInputAndNamesTheKeys) {
   const results_format::IdentityParts pb{"model: tiny\noutput: b.h5\n", 1, b, true};
   const std::string d = join(results_format::identity_differences(pa, pb, "in A", "in B"), "; ");
   EXPECT_EQ(d,
-            "world size: 2 (in A) vs 1 (in B); kernels.gemv_split: auto (in A) vs 2 (in B); weights synthetic: absent "
+            "world size: 2 (in A) vs 1 (in B); kernels.gemv_split: auto (in A) vs 2 (in B); weights "
+            "synthetic: absent "
             "(in A) vs seed 1 (in B)");
   // A file written before the identity held its inputs says so.
   const results_format::IdentityParts old{"model: tiny\n", 2, {}, false};
@@ -346,7 +356,30 @@ TEST(Check, StaleTemporariesAreThoseOfDeadWriters) {
 TEST(Check, AnExperimentThatDoesNotLoadIsOneProblem) {
   const CheckReport rep = experiment_failed("exp.yaml", "exp.yaml:3:1: unknown key \"trac\"");
   EXPECT_EQ(rep.total_problems, 1u);
-  EXPECT_EQ(rep.text(),
-            "PROBLEM  experiment exp.yaml: does not load\n           problem: exp.yaml:3:1: unknown key \"trac\"\n"
-            "1 problem(s)\n");
+  EXPECT_EQ(
+      rep.text(),
+      "PROBLEM  experiment exp.yaml: does not load\n           problem: exp.yaml:3:1: unknown key \"trac\"\n"
+      "1 problem(s)\n");
+}
+
+TEST(Check, SyntheticInputsAreTheirSettings) {
+  TempDir dir;
+  const std::string exp =
+      str("model: {preset: tiny, max_seq_len: 128}\nweights: {synthetic: {seed: 3}}\n"
+          "trace: {synthetic: {sequences: 2, prompt_len: 8, new_tokens: 16, seed: 5, layers: 1}}\n"
+          "output: ",
+          dir / "out.h5", "\nbackend: cpu\nsweep:\n  grid:\n    measure.sequences: [0, 9]\n");
+  const Experiment ex = parse_experiment(exp, "exp.yaml", {}, 1);
+  const CheckReport rep = check(ex, dir / "out.h5");
+  EXPECT_EQ(rep.total_problems, 1u) << rep.text();
+  expect_has(rep.text(),
+             "PROBLEM  trace synthetic (2 sequence(s) of 8 + 16 tokens, seed 5, 1 layer(s), weights seed 3): "
+             "generated "
+             "by the synthetic target (points p0000-p0001)\n           problem: measure.sequences 9 exceeds "
+             "trace.synthetic.sequences 2: the points would replay 2 and record 9 (point p0001)");
+  std::map<std::string, std::string> id(rep.identity.begin(), rep.identity.end());
+  EXPECT_EQ(id["trace synthetic"], "2 sequence(s) of 8 + 16 tokens, seed 5, 1 layer(s), weights seed 3");
+  EXPECT_EQ(id["weights synthetic"], "seed 3");
+  EXPECT_EQ(id["backend"], "cpu");
+  EXPECT_EQ(id["kernels.gemv_split"], "auto");
 }
