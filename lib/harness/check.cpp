@@ -687,279 +687,306 @@ TraceScan scan_trace(const std::string& path) {
   return out;
 }
 
-CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOptions& options) {
+namespace {
+
+// The checks of one experiment, in the order the report lists them. Every rank runs the same
+// steps in the same order, so that the inputs' reports line up across ranks and the collectives
+// (the done set, the gathers, the verdict) match.
+struct Checker {
+  dist::Runtime& rt;
+  const Experiment& ex;
+  const CheckOptions& options;
+  const int rank;
+  const dist::Group world;
   CheckReport rep;
-  const int rank = rt.rank();
-  const dist::Group world = rt.world_group();
-  // The same inputs in the same order on every rank, so that their reports line up.
-  std::vector<std::string> local_digests;
-  std::vector<size_t> digest_input;  ///< the input (index into rep.inputs) of each digest
-
-  rep.inputs.push_back(
-      InputReport{str("experiment ", ex.file),
-                  str(ex.points.size(), " point(s) for ", ex.world, " rank(s), backend ", options.backend),
-                  {},
-                  {}});
-  if (rt.world() > 1 && rt.world() != ex.world)
-    rep.inputs.back().problems.push_back(str("expanded for ", ex.world, " rank(s) but the job has ",
-                                             rt.world(), "; leave out --ranks under a launcher"));
-
-  {
-    // What the expansion could not know: the resolved backend.
-    Grouped unrunnable;
-    for (const auto& p : ex.points) {
-      try {
-        check_point_runnable(p, ex.world, options.backend);
-      } catch (const Error& e) {
-        unrunnable.add(str("cannot run on the ", options.backend, " backend: ", e.message()), p.index);
-      }
-    }
-    unrunnable.into(rep.inputs.back().problems);
-    if (options.backend == "cuda") {
-      if (!ops::cuda_backend_available())
-        rep.inputs.back().problems.push_back("backend cuda: this mtplab was built without the CUDA backend");
-      else if (rt.min_visible_gpus() == 0)  // collective; the branch is the same on every rank
-        rep.inputs.back().problems.push_back("backend cuda: a rank sees no GPU");
-    }
-  }
-
-  // Models (checked for the world size at expansion; listed so that the report says which).
-  std::vector<std::pair<const model::ModelConfig*, std::vector<int>>> models;
-  for (const auto& p : ex.points) {
-    auto it = std::find_if(models.begin(), models.end(), [&](const auto& m) { return *m.first == p.model; });
-    if (it == models.end()) {
-      models.push_back({&p.model, {}});
-      it = models.end() - 1;
-    }
-    it->second.push_back(p.index);
-  }
-  for (const auto& [m, users] : models) {
-    const PointConfig& first = ex.points[static_cast<size_t>(users.front())];
-    rep.inputs.push_back(
-        InputReport{str("model ", m->name,
-                        first.model_spec == m->name ? std::string() : str(" (", first.model_spec, ")")),
-                    str("hidden ", m->hidden, ", vocab ", m->vocab, ", ", m->n_heads, " heads, ",
-                        m->n_routed_experts, " experts, max_seq_len ", m->max_seq_len, "; valid for ",
-                        ex.world, " rank(s) (", point_list(users), ")"),
-                    {},
-                    {}});
-  }
-
   IdentityInputs identity;
-  identity.emplace_back("backend", options.backend);
-  for (const auto& field : kBitKernelFields) {
-    const ArmSpec* arm = find_arm(field);
-    MTP_REQUIRE(arm, "the arm registry has no ", field);
-    std::vector<std::string> values;
-    for (const auto& p : ex.points) {
-      const std::string v = arm->get(p.arms);
-      if (std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
-    }
-    identity.emplace_back(field, join(values, ", "));
-  }
-
-  // Weights: synthetic ones by seed; checkpoints by (path, model), since the model names the
-  // tensors read.
+  std::vector<std::string> local_digests;  ///< this rank's digest of each file input
+  std::vector<size_t> digest_input;        ///< the input (index into rep.inputs) of each digest
   struct ToLoad {
     size_t input;
     std::string path;
     std::vector<int> users;
   };
-  std::vector<ToLoad> to_load;
-  {
-    std::vector<std::pair<uint64_t, std::vector<int>>> seeds;
-    std::vector<std::tuple<std::string, const model::ModelConfig*, std::vector<int>>> ckpts;
-    for (const auto& p : ex.points) {
-      if (p.weights.synthetic) {
-        auto it = std::find_if(seeds.begin(), seeds.end(),
-                               [&](const auto& s) { return s.first == p.weights.seed; });
-        if (it == seeds.end()) {
-          seeds.push_back({p.weights.seed, {}});
-          it = seeds.end() - 1;
-        }
-        it->second.push_back(p.index);
-      } else {
-        auto it = std::find_if(ckpts.begin(), ckpts.end(), [&](const auto& c) {
-          return std::get<0>(c) == p.weights.checkpoint && *std::get<1>(c) == p.model;
-        });
-        if (it == ckpts.end()) {
-          ckpts.emplace_back(p.weights.checkpoint, &p.model, std::vector<int>{});
-          it = ckpts.end() - 1;
-        }
-        std::get<2>(*it).push_back(p.index);
-      }
-    }
-    std::vector<std::string> seed_texts;
-    for (const auto& [seed, users] : seeds) {
-      rep.inputs.push_back(InputReport{str("weights synthetic seed ", seed),
-                                       str("generated from the seed (", point_list(users), ")"),
-                                       {},
-                                       {}});
-      seed_texts.push_back(str("seed ", seed));
-    }
-    if (!seed_texts.empty()) identity.emplace_back("weights synthetic", join(seed_texts, "; "));
-    for (const auto& [path, cfg, users] : ckpts) {
-      const bool several = std::count_if(ckpts.begin(), ckpts.end(),
-                                         [&](const auto& c) { return std::get<0>(c) == path; }) > 1;
-      InputReport r;
-      r.label = several ? str("checkpoint ", path, " [model ", cfg->name, "]") : str("checkpoint ", path);
-      std::string digest;
-      check_checkpoint(rt, path, *cfg, several, r, digest, identity);
-      local_digests.push_back(digest);
-      digest_input.push_back(rep.inputs.size());
-      if (digest != "unreadable") to_load.push_back({rep.inputs.size(), path, users});
-      rep.inputs.push_back(std::move(r));
-    }
-  }
+  std::vector<ToLoad> to_load;  ///< the checkpoints that opened, to load after the output is known
 
-  // Traces: synthetic ones by their generator settings, files by path.
-  {
-    std::vector<std::pair<std::string, std::vector<int>>> synthetic;
-    std::vector<std::pair<std::string, std::vector<int>>> files;
-    Grouped synthetic_problems;
-    for (const auto& p : ex.points) {
-      if (p.trace.synthetic) {
-        const std::string d = describe_trace_spec(p.trace, p.weights.seed);
-        auto it =
-            std::find_if(synthetic.begin(), synthetic.end(), [&](const auto& s) { return s.first == d; });
-        if (it == synthetic.end()) {
-          synthetic.push_back({d, {}});
-          it = synthetic.end() - 1;
-        }
-        it->second.push_back(p.index);
-        if (p.measure.sequences > p.trace.sequences)
-          synthetic_problems.add(
-              str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
-                  p.trace.sequences, ": the points would replay ", p.trace.sequences, " and record ",
-                  p.measure.sequences),
-              p.index);
-      } else {
-        auto it =
-            std::find_if(files.begin(), files.end(), [&](const auto& f) { return f.first == p.trace.path; });
-        if (it == files.end()) {
-          files.push_back({p.trace.path, {}});
-          it = files.end() - 1;
-        }
-        it->second.push_back(p.index);
-      }
-    }
-    std::vector<std::string> synthetic_texts;
-    for (const auto& [d, users] : synthetic) {
-      InputReport r{str("trace synthetic (", d, ")"),
-                    str("generated by the synthetic target (", point_list(users), ")"),
+  Checker(dist::Runtime& r, const Experiment& e, const CheckOptions& o)
+      : rt(r), ex(e), options(o), rank(r.rank()), world(r.world_group()) {}
+
+  // The experiment, and what the expansion could not know: the resolved backend.
+  void experiment() {
+    rep.inputs.push_back(
+        InputReport{str("experiment ", ex.file),
+                    str(ex.points.size(), " point(s) for ", ex.world, " rank(s), backend ", options.backend),
                     {},
-                    {}};
-      for (const auto& m : synthetic_problems.order) {
-        std::vector<int> mine;
-        for (int i : synthetic_problems.points.at(m))
-          if (std::find(users.begin(), users.end(), i) != users.end()) mine.push_back(i);
-        if (!mine.empty()) r.problems.push_back(str(m, " (", point_list(mine), ")"));
-      }
-      rep.inputs.push_back(std::move(r));
-      synthetic_texts.push_back(d);
-    }
-    if (!synthetic_texts.empty()) identity.emplace_back("trace synthetic", join(synthetic_texts, "; "));
-    for (const auto& [path, users] : files) {
-      InputReport r;
-      r.label = str("trace ", path);
-      std::string digest;
-      check_trace_file(path, users, ex, rank, r, digest, identity);
-      if (!r.summary.empty()) r.summary += str(" (", point_list(users), ")");
-      local_digests.push_back(digest);
-      digest_input.push_back(rep.inputs.size());
-      rep.inputs.push_back(std::move(r));
-    }
-  }
-  std::sort(identity.begin(), identity.end());
-  rep.identity = identity;
+                    {}});
+    if (rt.world() > 1 && rt.world() != ex.world)
+      rep.inputs.back().problems.push_back(str("expanded for ", ex.world, " rank(s) but the job has ",
+                                               rt.world(), "; leave out --ranks under a launcher"));
 
-  // The output and its resume state (rank 0 writes it).
-  if (rank == 0) {
-    InputReport r;
-    r.label = str("output ", options.output.empty() ? std::string("(none)") : options.output);
-    if (options.output.empty()) {
-      r.problems.push_back(str(ex.file, ": no output: key and no --out"));
-    } else {
-      namespace fs = std::filesystem;
-      const auto stale = stale_temporaries(options.output);
-      if (!stale.empty())
-        r.warnings.push_back(str(stale.size(), " temporary file(s) of a killed writer (", join(stale, ", "),
-                                 "): the next run into this output removes them"));
-      rep.resume = inspect_results_file(options.output, ex, rep.identity);
-      r.problems.insert(r.problems.end(), rep.resume.problems.begin(), rep.resume.problems.end());
-      if (rep.resume.exists) {
-        if (rep.resume.problems.empty())
-          r.summary =
-              str("exists, same configuration and inputs: ", rep.resume.done.size(), " of ", ex.points.size(),
-                  " point(s) done, a run adds the other ", ex.points.size() - rep.resume.done.size());
-        else
-          r.summary =
-              str("exists, ", rep.resume.points_in_file, " point(s) in it; cannot take this run's points");
-      } else {
-        // The nearest existing directory above the file must let us create it (and the
-        // directories between).
-        fs::path dir = fs::path(options.output).parent_path();
-        std::vector<std::string> to_create;
-        std::error_code ec;
-        while (!dir.empty() && !fs::exists(dir, ec)) {
-          to_create.push_back(dir.filename().string());
-          dir = dir.parent_path();
+    {
+      Grouped unrunnable;
+      for (const auto& p : ex.points) {
+        try {
+          check_point_runnable(p, ex.world, options.backend);
+        } catch (const Error& e) {
+          unrunnable.add(str("cannot run on the ", options.backend, " backend: ", e.message()), p.index);
         }
-        if (dir.empty()) dir = ".";
-        if (!fs::is_directory(dir, ec))
-          r.problems.push_back(
-              str(dir.string(), " is not a directory, so ", options.output, " cannot be created"));
-        else if (::access(dir.c_str(), W_OK | X_OK) != 0)
-          r.problems.push_back(str("directory ", dir.string(), " is not writable (", std::strerror(errno),
-                                   "), so ", options.output, " cannot be created"));
-        else
-          r.summary = to_create.empty() ? str("new file in ", dir.string(), " (writable)")
-                                        : str("new file; ", to_create.size(), " director",
-                                              to_create.size() == 1 ? "y" : "ies", " to create under ",
-                                              dir.string(), " (writable)");
+      }
+      unrunnable.into(rep.inputs.back().problems);
+      if (options.backend == "cuda") {
+        if (!ops::cuda_backend_available())
+          rep.inputs.back().problems.push_back(
+              "backend cuda: this mtplab was built without the CUDA backend");
+        else if (rt.min_visible_gpus() == 0)  // collective; the branch is the same on every rank
+          rep.inputs.back().problems.push_back("backend cuda: a rank sees no GPU");
       }
     }
-    rep.inputs.push_back(std::move(r));
   }
 
-  // The points already in the output need no load (rank 0 read the file; every rank learns it).
-  {
-    std::vector<int32_t> done(rep.resume.done.begin(), rep.resume.done.end());
-    dist::broadcast(world, done);
-    std::set<int> done_set(done.begin(), done.end());
-    for (const ToLoad& l : to_load) {
-      load_checkpoint_shards(rt, ex, options, l.path, l.users, done_set, rep.inputs[l.input]);
-      rep.inputs[l.input].summary += str(" (", point_list(l.users), ")");
+  void models() {
+    // Models (checked for the world size at expansion; listed so that the report says which).
+    std::vector<std::pair<const model::ModelConfig*, std::vector<int>>> models;
+    for (const auto& p : ex.points) {
+      auto it =
+          std::find_if(models.begin(), models.end(), [&](const auto& m) { return *m.first == p.model; });
+      if (it == models.end()) {
+        models.push_back({&p.model, {}});
+        it = models.end() - 1;
+      }
+      it->second.push_back(p.index);
+    }
+    for (const auto& [m, users] : models) {
+      const PointConfig& first = ex.points[static_cast<size_t>(users.front())];
+      rep.inputs.push_back(
+          InputReport{str("model ", m->name,
+                          first.model_spec == m->name ? std::string() : str(" (", first.model_spec, ")")),
+                      str("hidden ", m->hidden, ", vocab ", m->vocab, ", ", m->n_heads, " heads, ",
+                          m->n_routed_experts, " experts, max_seq_len ", m->max_seq_len, "; valid for ",
+                          ex.world, " rank(s) (", point_list(users), ")"),
+                      {},
+                      {}});
     }
   }
 
-  // Every rank's findings to rank 0: its problems per input, and its copies' digests, which must
-  // equal rank 0's.
-  if (rt.world() > 1) {
-    constexpr char kSep = '\x1f', kLine = '\x1e';
-    std::vector<std::string> lines;
-    for (size_t i = 0; i < rep.inputs.size(); ++i)
-      for (const auto& p : rep.inputs[i].problems) lines.push_back(str("P", i, kSep, p));
-    for (size_t d = 0; d < local_digests.size(); ++d) lines.push_back(str("D", d, kSep, local_digests[d]));
-    const auto all = rt.gather_strings(join(lines, std::string(1, kLine)));
-    const auto hosts = rt.gather_strings(rt.host());
+  // The identity inputs that are not files: the backend and the bit-changing kernel fields.
+  void backend_and_kernels() {
+    identity.emplace_back("backend", options.backend);
+    for (const auto& field : kBitKernelFields) {
+      const ArmSpec* arm = find_arm(field);
+      MTP_REQUIRE(arm, "the arm registry has no ", field);
+      std::vector<std::string> values;
+      for (const auto& p : ex.points) {
+        const std::string v = arm->get(p.arms);
+        if (std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
+      }
+      identity.emplace_back(field, join(values, ", "));
+    }
+  }
+
+  void weights() {
+    // Weights: synthetic ones by seed; checkpoints by (path, model), since the model names the
+    // tensors read.
+    {
+      std::vector<std::pair<uint64_t, std::vector<int>>> seeds;
+      std::vector<std::tuple<std::string, const model::ModelConfig*, std::vector<int>>> ckpts;
+      for (const auto& p : ex.points) {
+        if (p.weights.synthetic) {
+          auto it = std::find_if(seeds.begin(), seeds.end(),
+                                 [&](const auto& s) { return s.first == p.weights.seed; });
+          if (it == seeds.end()) {
+            seeds.push_back({p.weights.seed, {}});
+            it = seeds.end() - 1;
+          }
+          it->second.push_back(p.index);
+        } else {
+          auto it = std::find_if(ckpts.begin(), ckpts.end(), [&](const auto& c) {
+            return std::get<0>(c) == p.weights.checkpoint && *std::get<1>(c) == p.model;
+          });
+          if (it == ckpts.end()) {
+            ckpts.emplace_back(p.weights.checkpoint, &p.model, std::vector<int>{});
+            it = ckpts.end() - 1;
+          }
+          std::get<2>(*it).push_back(p.index);
+        }
+      }
+      std::vector<std::string> seed_texts;
+      for (const auto& [seed, users] : seeds) {
+        rep.inputs.push_back(InputReport{str("weights synthetic seed ", seed),
+                                         str("generated from the seed (", point_list(users), ")"),
+                                         {},
+                                         {}});
+        seed_texts.push_back(str("seed ", seed));
+      }
+      if (!seed_texts.empty()) identity.emplace_back("weights synthetic", join(seed_texts, "; "));
+      for (const auto& [path, cfg, users] : ckpts) {
+        const bool several = std::count_if(ckpts.begin(), ckpts.end(),
+                                           [&](const auto& c) { return std::get<0>(c) == path; }) > 1;
+        InputReport r;
+        r.label = several ? str("checkpoint ", path, " [model ", cfg->name, "]") : str("checkpoint ", path);
+        std::string digest;
+        check_checkpoint(rt, path, *cfg, several, r, digest, identity);
+        local_digests.push_back(digest);
+        digest_input.push_back(rep.inputs.size());
+        if (digest != "unreadable") to_load.push_back({rep.inputs.size(), path, users});
+        rep.inputs.push_back(std::move(r));
+      }
+    }
+  }
+
+  void traces() {
+    // Traces: synthetic ones by their generator settings, files by path.
+    {
+      std::vector<std::pair<std::string, std::vector<int>>> synthetic;
+      std::vector<std::pair<std::string, std::vector<int>>> files;
+      Grouped synthetic_problems;
+      for (const auto& p : ex.points) {
+        if (p.trace.synthetic) {
+          const std::string d = describe_trace_spec(p.trace, p.weights.seed);
+          auto it =
+              std::find_if(synthetic.begin(), synthetic.end(), [&](const auto& s) { return s.first == d; });
+          if (it == synthetic.end()) {
+            synthetic.push_back({d, {}});
+            it = synthetic.end() - 1;
+          }
+          it->second.push_back(p.index);
+          if (p.measure.sequences > p.trace.sequences)
+            synthetic_problems.add(
+                str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
+                    p.trace.sequences, ": the points would replay ", p.trace.sequences, " and record ",
+                    p.measure.sequences),
+                p.index);
+        } else {
+          auto it = std::find_if(files.begin(), files.end(),
+                                 [&](const auto& f) { return f.first == p.trace.path; });
+          if (it == files.end()) {
+            files.push_back({p.trace.path, {}});
+            it = files.end() - 1;
+          }
+          it->second.push_back(p.index);
+        }
+      }
+      std::vector<std::string> synthetic_texts;
+      for (const auto& [d, users] : synthetic) {
+        InputReport r{str("trace synthetic (", d, ")"),
+                      str("generated by the synthetic target (", point_list(users), ")"),
+                      {},
+                      {}};
+        for (const auto& m : synthetic_problems.order) {
+          std::vector<int> mine;
+          for (int i : synthetic_problems.points.at(m))
+            if (std::find(users.begin(), users.end(), i) != users.end()) mine.push_back(i);
+          if (!mine.empty()) r.problems.push_back(str(m, " (", point_list(mine), ")"));
+        }
+        rep.inputs.push_back(std::move(r));
+        synthetic_texts.push_back(d);
+      }
+      if (!synthetic_texts.empty()) identity.emplace_back("trace synthetic", join(synthetic_texts, "; "));
+      for (const auto& [path, users] : files) {
+        InputReport r;
+        r.label = str("trace ", path);
+        std::string digest;
+        check_trace_file(path, users, ex, rank, r, digest, identity);
+        if (!r.summary.empty()) r.summary += str(" (", point_list(users), ")");
+        local_digests.push_back(digest);
+        digest_input.push_back(rep.inputs.size());
+        rep.inputs.push_back(std::move(r));
+      }
+    }
+  }
+
+  void output() {
+    // The output and its resume state (rank 0 writes it).
     if (rank == 0) {
-      for (size_t r = 1; r < all.size(); ++r) {
-        if (all[r].empty()) continue;
-        for (const auto& line : split(all[r], kLine)) {
-          const auto sep = line.find(kSep);
-          if (sep == std::string::npos || sep < 2) continue;
-          const size_t idx = std::stoul(line.substr(1, sep - 1));
-          const std::string text = line.substr(sep + 1);
-          if (line[0] == 'P' && idx < rep.inputs.size()) {
-            auto& probs = rep.inputs[idx].problems;
-            if (is_news(probs, text)) probs.push_back(str("rank ", r, " (", hosts[r], "): ", text));
-          } else if (line[0] == 'D' && idx < local_digests.size() && text != local_digests[idx] &&
-                     text != "unreadable" && local_digests[idx] != "unreadable") {
-            rep.inputs[digest_input[idx]].problems.push_back(
-                str("rank ", r, " (", hosts[r],
-                    ") opens a different file there (its names, shapes, tokens or "
-                    "offsets differ from rank 0's copy): every rank must read the same input"));
+      InputReport r;
+      r.label = str("output ", options.output.empty() ? std::string("(none)") : options.output);
+      if (options.output.empty()) {
+        r.problems.push_back(str(ex.file, ": no output: key and no --out"));
+      } else {
+        namespace fs = std::filesystem;
+        const auto stale = stale_temporaries(options.output);
+        if (!stale.empty())
+          r.warnings.push_back(str(stale.size(), " temporary file(s) of a killed writer (", join(stale, ", "),
+                                   "): the next run into this output removes them"));
+        rep.resume = inspect_results_file(options.output, ex, rep.identity);
+        r.problems.insert(r.problems.end(), rep.resume.problems.begin(), rep.resume.problems.end());
+        if (rep.resume.exists) {
+          if (rep.resume.problems.empty())
+            r.summary = str("exists, same configuration and inputs: ", rep.resume.done.size(), " of ",
+                            ex.points.size(), " point(s) done, a run adds the other ",
+                            ex.points.size() - rep.resume.done.size());
+          else
+            r.summary =
+                str("exists, ", rep.resume.points_in_file, " point(s) in it; cannot take this run's points");
+        } else {
+          // The nearest existing directory above the file must let us create it (and the
+          // directories between).
+          fs::path dir = fs::path(options.output).parent_path();
+          std::vector<std::string> to_create;
+          std::error_code ec;
+          while (!dir.empty() && !fs::exists(dir, ec)) {
+            to_create.push_back(dir.filename().string());
+            dir = dir.parent_path();
+          }
+          if (dir.empty()) dir = ".";
+          if (!fs::is_directory(dir, ec))
+            r.problems.push_back(
+                str(dir.string(), " is not a directory, so ", options.output, " cannot be created"));
+          else if (::access(dir.c_str(), W_OK | X_OK) != 0)
+            r.problems.push_back(str("directory ", dir.string(), " is not writable (", std::strerror(errno),
+                                     "), so ", options.output, " cannot be created"));
+          else
+            r.summary = to_create.empty() ? str("new file in ", dir.string(), " (writable)")
+                                          : str("new file; ", to_create.size(), " director",
+                                                to_create.size() == 1 ? "y" : "ies", " to create under ",
+                                                dir.string(), " (writable)");
+        }
+      }
+      rep.inputs.push_back(std::move(r));
+    }
+  }
+
+  void loads() {
+    // The points already in the output need no load (rank 0 read the file; every rank learns it).
+    {
+      std::vector<int32_t> done(rep.resume.done.begin(), rep.resume.done.end());
+      dist::broadcast(world, done);
+      std::set<int> done_set(done.begin(), done.end());
+      for (const ToLoad& l : to_load) {
+        load_checkpoint_shards(rt, ex, options, l.path, l.users, done_set, rep.inputs[l.input]);
+        rep.inputs[l.input].summary += str(" (", point_list(l.users), ")");
+      }
+    }
+  }
+
+  void gather() {
+    // Every rank's findings to rank 0: its problems per input, and its copies' digests, which must
+    // equal rank 0's.
+    if (rt.world() > 1) {
+      constexpr char kSep = '\x1f', kLine = '\x1e';
+      std::vector<std::string> lines;
+      for (size_t i = 0; i < rep.inputs.size(); ++i)
+        for (const auto& p : rep.inputs[i].problems) lines.push_back(str("P", i, kSep, p));
+      for (size_t d = 0; d < local_digests.size(); ++d) lines.push_back(str("D", d, kSep, local_digests[d]));
+      const auto all = rt.gather_strings(join(lines, std::string(1, kLine)));
+      const auto hosts = rt.gather_strings(rt.host());
+      if (rank == 0) {
+        for (size_t r = 1; r < all.size(); ++r) {
+          if (all[r].empty()) continue;
+          for (const auto& line : split(all[r], kLine)) {
+            const auto sep = line.find(kSep);
+            if (sep == std::string::npos || sep < 2) continue;
+            const size_t idx = std::stoul(line.substr(1, sep - 1));
+            const std::string text = line.substr(sep + 1);
+            if (line[0] == 'P' && idx < rep.inputs.size()) {
+              auto& probs = rep.inputs[idx].problems;
+              if (is_news(probs, text)) probs.push_back(str("rank ", r, " (", hosts[r], "): ", text));
+            } else if (line[0] == 'D' && idx < local_digests.size() && text != local_digests[idx] &&
+                       text != "unreadable" && local_digests[idx] != "unreadable") {
+              rep.inputs[digest_input[idx]].problems.push_back(
+                  str("rank ", r, " (", hosts[r],
+                      ") opens a different file there (its names, shapes, tokens or "
+                      "offsets differ from rank 0's copy): every rank must read the same input"));
+            }
           }
         }
       }
@@ -967,10 +994,29 @@ CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOpt
   }
 
   // The verdict, on every rank.
-  int64_t total = static_cast<int64_t>(rep.problems());
-  dist::broadcast(world, total);
-  rep.total_problems = static_cast<size_t>(total);
-  return rep;
+  CheckReport verdict() {
+    int64_t total = static_cast<int64_t>(rep.problems());
+    dist::broadcast(world, total);
+    rep.total_problems = static_cast<size_t>(total);
+    return std::move(rep);
+  }
+};
+
+}  // namespace
+
+CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOptions& options) {
+  Checker c(rt, ex, options);
+  c.experiment();
+  c.models();
+  c.backend_and_kernels();
+  c.weights();
+  c.traces();
+  std::sort(c.identity.begin(), c.identity.end());
+  c.rep.identity = c.identity;
+  c.output();  // needs the identity (rank 0)
+  c.loads();   // after the output: points already in it load nothing
+  c.gather();
+  return c.verdict();
 }
 
 }  // namespace mtplab::harness
