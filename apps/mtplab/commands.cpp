@@ -12,6 +12,7 @@ const std::vector<Command>& commands() {
       {"info", "per-rank host, device, and library versions", cmd_info},
       {"trace", "write a trace from the synthetic target", cmd_trace},
       {"list", "print the numbered points of an experiment", cmd_list},
+      {"check", "check every input of an experiment without running it", cmd_check},
       {"run", "run an experiment's points (all, or --point i)", cmd_run},
       {"merge", "join the results files of an array job", cmd_merge},
   };

@@ -34,6 +34,7 @@ std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& ar
 int cmd_info(const Args& args);
 int cmd_trace(const Args& args);
 int cmd_list(const Args& args);
+int cmd_check(const Args& args);
 int cmd_run(const Args& args);
 int cmd_merge(const Args& args);
 

@@ -311,7 +311,9 @@ std::string origin_of(const YamlNode& n) {
 }
 
 bool axis_allowed(const std::string& a) {
-  if (is_sweepable_arm(a) || a == "model" || a == "backend") return true;
+  // Not `backend`: one process runs every point on one backend (the run resolves and binds it
+  // once, and a results file records one); compare backends with one run into one file each.
+  if (is_sweepable_arm(a) || a == "model") return true;
   for (const char* prefix : {"model.", "measure.", "weights.", "trace."})
     if (starts_with(a, prefix) && a.size() > std::string(prefix).size()) return true;
   return false;
@@ -450,7 +452,10 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
         for (const auto& [axis, values] : grid->entries()) {
           if (!axis_allowed(axis))
             values.fail(str("\"", axis, "\" cannot be swept; axes are the arms (", join(arm_names(), ", "),
-                            "), model, model.<key>, measure.<key>, weights.<key>, trace.<key> and backend"));
+                            "), model, model.<key>, measure.<key>, weights.<key> and trace.<key>",
+                            axis == "backend"
+                                ? " (one run uses one backend: run each backend into its own output)"
+                                : ""));
           if (!values.is_sequence()) values.fail("expected a list of values, e.g. [off, on]");
           Axis a;
           a.name = axis;

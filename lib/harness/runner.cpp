@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -14,6 +15,7 @@
 #include "dist/world_ops.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
+#include "harness/check.hpp"
 #include "harness/point_inputs.hpp"
 #include "harness/progress.hpp"
 #include "harness/results.hpp"
@@ -261,22 +263,9 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   const int n = static_cast<int>(ex.points.size());
   MTP_REQUIRE(options.point < n, ex.file, ": --point ", options.point,
               " is out of range: the experiment has ", n, " point(s), 0..", n - 1);
-  std::vector<char> done(static_cast<size_t>(n), 0);
-  if (rank == 0)
-    for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
-  dist::broadcast(world, std::span<char>(done));
-
   std::vector<int> todo;
   for (int i = 0; i < n; ++i)
     if (options.point < 0 || options.point == i) todo.push_back(i);
-  int to_run = 0;
-  for (int i : todo) to_run += done[static_cast<size_t>(i)] ? 0 : 1;
-  if (rank == 0)
-    log_info(
-        ex.file, ": ", n, " point(s); running ", to_run,
-        (to_run == static_cast<int>(todo.size()) ? ""
-                                                 : str(" (", todo.size() - to_run, " already in the file)")),
-        " on ", rt.world(), " rank(s), backend ", backend, ", output ", options.output);
 
   Context c{rt,
             *be,
@@ -286,6 +275,59 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
             rank,
             rt.world(),
             PointInputs(*be, world, rank, rt.world())};
+
+  // Every input checked before the output exists (harness/check.hpp): a run that fails on its
+  // inputs leaves no results file behind. The first checkpoint shard loads into the run's cache,
+  // so the check's load is the run's own.
+  CheckOptions check;
+  check.output = options.output;
+  check.backend = backend;
+  check.load_points = todo;
+  check.skip_done = true;
+  bool cached_once = false;
+  check.load_weights = [&](const PointConfig& p) {
+    if (!cached_once) {
+      cached_once = true;
+      (void)c.inputs.weights(p);
+      return;
+    }
+    const auto plan = model::make_shard_plan(p.model, rank, rt.world(), p.arms.drafter.head_sharding);
+    (void)model::load_mtp_weights(p.model, plan, p.weights.checkpoint);
+  };
+  const CheckReport report = check_inputs(rt, ex, check);
+  if (report.total_problems > 0) {
+    if (rank == 0) {
+      std::fputs(report.text().c_str(), stderr);
+      log_error(
+          ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
+          report.resume.exists ? str(options.output, " is unchanged") : str("no results file was created"),
+          ". `mtplab check ", ex.file, "` repeats these checks without running");
+    }
+    dist::barrier(world);
+    return 2;
+  }
+  if (rank == 0) {
+    for (const auto& in : report.inputs) {
+      log_info("input ", in.label, ": ", in.summary);
+      for (const auto& w : in.warnings) log_warn(in.label, ": ", w);
+    }
+  }
+  prov.identity_inputs = report.identity;
+
+  std::vector<char> done(static_cast<size_t>(n), 0);
+  if (rank == 0)
+    for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+  dist::broadcast(world, std::span<char>(done));
+
+  int to_run = 0;
+  for (int i : todo) to_run += done[static_cast<size_t>(i)] ? 0 : 1;
+  if (rank == 0)
+    log_info(
+        ex.file, ": ", n, " point(s); running ", to_run,
+        (to_run == static_cast<int>(todo.size()) ? ""
+                                                 : str(" (", todo.size() - to_run, " already in the file)")),
+        " on ", rt.world(), " rank(s), backend ", backend, ", output ", options.output);
+
   Progress progress(rank == 0, to_run);
   std::vector<std::vector<std::string>> table = {
       {"point", "arms", "accept", "tau", "step med ms", "p90 ms", "95% CI of median", "spread"}};

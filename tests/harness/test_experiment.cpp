@@ -147,6 +147,18 @@ TEST(Experiment, StrictKeysWithLocations) {
   msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
   EXPECT_NE(msg.find("\"output\" cannot be swept"), std::string::npos) << msg;
 
+  // backend neither: one run resolves and binds one backend (docs/experiments.md, Sweeps). A
+  // swept backend used to expand into points that all ran on the first point's backend.
+  text = std::string(kBase) + "    backend: [cpu, cuda]\n";
+  msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("exp.yaml:15:14: sweep.grid.backend: \"backend\" cannot be swept"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("(one run uses one backend: run each backend into its own output)"), std::string::npos)
+      << msg;
+  msg = message_of([&] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.backend=[cpu]"}, 2); });
+  EXPECT_NE(msg.find("\"backend\" cannot be swept"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(from --set sweep.grid.backend=[cpu])"), std::string::npos) << msg;
+
   msg = message_of([&] { parse_experiment("model: tiny\n", "exp.yaml", {}, 2); });
   EXPECT_NE(msg.find("missing required key \"trace\""), std::string::npos) << msg;
 }
