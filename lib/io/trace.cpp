@@ -100,8 +100,8 @@ TraceWriter::TraceWriter(const std::string& path, std::int64_t hidden, std::int6
   hidden_opts.extendable = true;
   hidden_opts.deflate = options.deflate;
   if (options.chunk_rows > 0) hidden_opts.chunk = {options.chunk_rows, static_cast<std::uint64_t>(hidden)};
-  hiddens_ = file_.create_dataset("hiddens", f32_ ? DType::f32 : DType::bf16, 0, static_cast<std::uint64_t>(hidden),
-                                  hidden_opts);
+  hiddens_ = file_.create_dataset("hiddens", f32_ ? DType::f32 : DType::bf16, 0,
+                                  static_cast<std::uint64_t>(hidden), hidden_opts);
   if (f32_) hiddens_.set_attr(kDtypeAttr, "f32");
 }
 
@@ -238,11 +238,12 @@ TraceReader::TraceReader(const std::string& path, std::int64_t expected_hidden, 
   hiddens_ = file_.open_dataset("hiddens");
   MTP_REQUIRE(hiddens_.rank() == 2, path, ": /hiddens must be 2-D, it has rank ", hiddens_.rank());
   hiddens_f32_ = hiddens_.dtype() == DType::f32;
-  MTP_REQUIRE(hiddens_.dtype() == DType::bf16 || hiddens_f32_, path,
-              ": /hiddens must be uint16 with attribute dtype=\"bf16\" or float32 with dtype=\"f32\", it holds ",
-              dtype_name(hiddens_.dtype()));
-  MTP_REQUIRE(!hiddens_f32_ || (hiddens_.has_attr(kDtypeAttr) && hiddens_.attr_string(kDtypeAttr) == "f32"), path,
-              ": /hiddens is float32 but lacks the attribute dtype=\"f32\" (docs/trace-format.md)");
+  MTP_REQUIRE(
+      hiddens_.dtype() == DType::bf16 || hiddens_f32_, path,
+      ": /hiddens must be uint16 with attribute dtype=\"bf16\" or float32 with dtype=\"f32\", it holds ",
+      dtype_name(hiddens_.dtype()));
+  MTP_REQUIRE(!hiddens_f32_ || (hiddens_.has_attr(kDtypeAttr) && hiddens_.attr_string(kDtypeAttr) == "f32"),
+              path, ": /hiddens is float32 but lacks the attribute dtype=\"f32\" (docs/trace-format.md)");
   MTP_REQUIRE(hiddens_.cols() == static_cast<std::uint64_t>(hidden_), path, ": /hiddens has ",
               hiddens_.cols(), " columns, the trace's hidden is ", hidden_);
   MTP_REQUIRE(hiddens_.rows() == total, path, ": /hiddens has ", hiddens_.rows(),

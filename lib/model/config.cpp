@@ -59,7 +59,8 @@ int prefix_layer_index(const std::string& prefix) {
   const std::string tail = "layers.";
   if (prefix.size() < tail.size() + 2 || prefix.back() != '.') return -1;
   size_t digits_end = prefix.size() - 1, digits_begin = digits_end;
-  while (digits_begin > 0 && std::isdigit(static_cast<unsigned char>(prefix[digits_begin - 1]))) --digits_begin;
+  while (digits_begin > 0 && std::isdigit(static_cast<unsigned char>(prefix[digits_begin - 1])))
+    --digits_begin;
   if (digits_begin == digits_end || digits_end - digits_begin > 7 || digits_begin < tail.size()) return -1;
   if (prefix.compare(digits_begin - tail.size(), tail.size(), tail) != 0) return -1;
   return std::stoi(prefix.substr(digits_begin, digits_end - digits_begin));
@@ -262,10 +263,10 @@ ModelConfig parse_model_config(const YamlNode& node) {
     } else {
       const int named = prefix_layer_index(c.mtp_prefix);
       if (has_index) {
-        MTP_REQUIRE(named == c.mtp_layer_index, c.where("checkpoint.mtp_prefix"), ": mtp_prefix \"", c.mtp_prefix,
-                    "\" and mtp_layer_index ", c.mtp_layer_index, " (", c.where("checkpoint.mtp_layer_index"),
-                    ") disagree: the prefix must end with \"layers.", c.mtp_layer_index,
-                    ".\" (or give only one of the two)");
+        MTP_REQUIRE(named == c.mtp_layer_index, c.where("checkpoint.mtp_prefix"), ": mtp_prefix \"",
+                    c.mtp_prefix, "\" and mtp_layer_index ", c.mtp_layer_index, " (",
+                    c.where("checkpoint.mtp_layer_index"), ") disagree: the prefix must end with \"layers.",
+                    c.mtp_layer_index, ".\" (or give only one of the two)");
       } else {
         c.mtp_layer_index = named;  // -1: the prefix names no numbered layer
       }
@@ -356,7 +357,8 @@ YAML::Node to_preset_yaml(const ModelConfig& c) {
   YAML::Node ck(YAML::NodeType::Map);
   // The index only where the prefix does not say it (an override of either key alone then
   // follows the rules of a preset file: the two must agree when both are given).
-  if (prefix_layer_index(c.mtp_prefix) < 0 && c.mtp_layer_index >= 0) ck["mtp_layer_index"] = str(c.mtp_layer_index);
+  if (prefix_layer_index(c.mtp_prefix) < 0 && c.mtp_layer_index >= 0)
+    ck["mtp_layer_index"] = str(c.mtp_layer_index);
   ck["embed_tokens"] = c.embed_tokens_name;
   ck["lm_head"] = c.lm_head_name;
   ck["mtp_prefix"] = c.mtp_prefix;

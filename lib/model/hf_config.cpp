@@ -58,28 +58,71 @@ const std::set<std::string>& ignored_text_fields() {
 // transformers' PreTrainedConfig fields, at any level: bookkeeping, output switches, dtype (the
 // loader converts each tensor from the dtype its file records) and legacy generation defaults.
 const std::set<std::string>& ignored_generic_fields() {
-  static const std::set<std::string> s = {
-      "transformers_version", "_name_or_path", "_commit_hash", "auto_map", "dtype", "torch_dtype",
-      "use_bfloat16", "return_dict", "output_hidden_states", "output_attentions", "torchscript",
-      "tf_legacy_loss", "pruned_heads", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder",
-      "cross_attention_hidden_size", "add_cross_attention", "tie_encoder_decoder", "finetuning_task",
-      "id2label", "label2id", "num_labels", "task_specific_params", "problem_type", "tokenizer_class",
-      "prefix", "_attn_implementation", "_experts_implementation", "_attn_implementation_autoset",
-      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
-      "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
-      "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
-      "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-      "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
-      "begin_suppress_tokens"};
+  static const std::set<std::string> s = {"transformers_version",
+                                          "_name_or_path",
+                                          "_commit_hash",
+                                          "auto_map",
+                                          "dtype",
+                                          "torch_dtype",
+                                          "use_bfloat16",
+                                          "return_dict",
+                                          "output_hidden_states",
+                                          "output_attentions",
+                                          "torchscript",
+                                          "tf_legacy_loss",
+                                          "pruned_heads",
+                                          "chunk_size_feed_forward",
+                                          "is_encoder_decoder",
+                                          "is_decoder",
+                                          "cross_attention_hidden_size",
+                                          "add_cross_attention",
+                                          "tie_encoder_decoder",
+                                          "finetuning_task",
+                                          "id2label",
+                                          "label2id",
+                                          "num_labels",
+                                          "task_specific_params",
+                                          "problem_type",
+                                          "tokenizer_class",
+                                          "prefix",
+                                          "_attn_implementation",
+                                          "_experts_implementation",
+                                          "_attn_implementation_autoset",
+                                          "max_length",
+                                          "min_length",
+                                          "do_sample",
+                                          "early_stopping",
+                                          "num_beams",
+                                          "num_beam_groups",
+                                          "diversity_penalty",
+                                          "temperature",
+                                          "top_k",
+                                          "top_p",
+                                          "typical_p",
+                                          "repetition_penalty",
+                                          "length_penalty",
+                                          "no_repeat_ngram_size",
+                                          "encoder_no_repeat_ngram_size",
+                                          "bad_words_ids",
+                                          "num_return_sequences",
+                                          "output_scores",
+                                          "return_dict_in_generate",
+                                          "forced_bos_token_id",
+                                          "forced_eos_token_id",
+                                          "remove_invalid_values",
+                                          "exponential_decay_length_penalty",
+                                          "suppress_tokens",
+                                          "begin_suppress_tokens"};
   return s;
 }
 
 // Fields of the composite (multimodal) config outside text_config: the vision tower and its
 // special tokens.
 const std::set<std::string>& ignored_composite_fields() {
-  static const std::set<std::string> s = {"vision_config",        "image_token_id",        "video_token_id",
-                                          "image_start_token_id", "image_end_token_id",    "video_start_token_id",
-                                          "video_end_token_id",   "image_token_index",     "video_token_index"};
+  static const std::set<std::string> s = {
+      "vision_config",        "image_token_id",     "video_token_id",
+      "image_start_token_id", "image_end_token_id", "video_start_token_id",
+      "video_end_token_id",   "image_token_index",  "video_token_index"};
   return s;
 }
 
@@ -124,10 +167,11 @@ class Fields {
   YamlNode req(const std::string& key, const char* why = nullptr) {
     auto n = get(key);
     if (!n)
-      node_.fail(str("missing field \"", key, "\"",
-                     why ? str(" (", why, ")")
-                         : std::string(" (mtplab needs it; transformers would fill in a default that has changed "
-                                       "between releases, so it must be written)")));
+      node_.fail(
+          str("missing field \"", key, "\"",
+              why ? str(" (", why, ")")
+                  : std::string(" (mtplab needs it; transformers would fill in a default that has changed "
+                                "between releases, so it must be written)")));
     if (n->is_null()) n->fail(str("is null; mtplab needs a value"));
     return *n;
   }
@@ -172,7 +216,8 @@ class Fields {
       if (read_.count(k)) continue;
       v.fail(str("field \"", k, "\" (value ", value_text(v), ") is not known to mtplab's ", what,
                  " reader: it is neither read nor ignored on purpose (docs/model-config.md, \"Hugging Face "
-                 "configs\", lists both); if it does not change the MTP layer, add it to the ignored fields"));
+                 "configs\", lists both); a field that does not change the MTP layer belongs in the ignored "
+                 "lists of lib/model/hf_config.cpp (until then, remove it from a copy of the config)"));
     }
   }
 
@@ -197,7 +242,8 @@ void check_quantization(const YamlNode& q) {
   if (auto b = f.get("weight_block_size"); b && !b->is_null()) {
     const auto items = b->items();
     if (items.size() != 2 || items[0].as_int() != 128 || items[1].as_int() != 128)
-      b->fail(str("value ", value_text(*b), " is not supported: the loader's FP8 block scales are 128 x 128"));
+      b->fail(
+          str("value ", value_text(*b), " is not supported: the loader's FP8 block scales are 128 x 128"));
   }
   f.opt_string_must_be("fmt", "e4m3", "the loader reads FP8 E4M3 weights");
   // activation_scheme: the drafter runs activations in BF16 whatever the engine quantised them to;
@@ -230,9 +276,10 @@ ModelConfig load_hf_config(const std::string& path) {
   const YamlNode model_type = top.req("model_type", "which transformers model the config describes");
   const std::string type = model_type.as_string();
   if (type != "glm5_next" && type != "glm5_next_text")
-    model_type.fail(str("value ", value_text(model_type),
-                        " is not supported: mtplab reads the GLM-5.x MTP layer of glm5_next (or glm5_next_text) "
-                        "configs, the pooled-indexer DSA attention with MoE"));
+    model_type.fail(
+        str("value ", value_text(model_type),
+            " is not supported: mtplab reads the GLM-5.x MTP layer of glm5_next (or glm5_next_text) "
+            "configs, the pooled-indexer DSA attention with MoE"));
 
   // The text fields: nested under text_config, or at the top (a flat glm5_next or a text config).
   std::optional<YamlNode> nested;
@@ -242,7 +289,8 @@ ModelConfig load_hf_config(const std::string& path) {
   Fields text_nested = nested ? Fields(*nested, c) : Fields(root, c);
   Fields& text = nested ? text_nested : top;
   if (nested) {
-    text.opt_string_must_be("model_type", "glm5_next_text", "a glm5_next config's text_config is glm5_next_text");
+    text.opt_string_must_be("model_type", "glm5_next_text",
+                            "a glm5_next config's text_config is glm5_next_text");
     top.ignore(ignored_composite_fields());
   } else if (type == "glm5_next") {
     top.ignore(ignored_composite_fields());  // a flat glm5_next may still describe its vision tower
@@ -270,7 +318,8 @@ ModelConfig load_hf_config(const std::string& path) {
   c.v_head_dim = text.req_int("v_head_dim", "v_head_dim", 1, 4096);
   if (auto q = text.get("qk_head_dim"); q && !q->is_null()) {
     if (q->as_int() != c.qk_head_dim())
-      q->fail(str("value ", value_text(*q), " disagrees with qk_nope_head_dim + qk_rope_head_dim = ", c.qk_head_dim()));
+      q->fail(str("value ", value_text(*q),
+                  " disagrees with qk_nope_head_dim + qk_rope_head_dim = ", c.qk_head_dim()));
   }
   c.q_lora_rank = text.req_int("q_lora_rank", "q_lora_rank", 1, 1 << 20);
   c.kv_lora_rank = text.req_int("kv_lora_rank", "kv_lora_rank", 1, 1 << 20);
@@ -292,7 +341,8 @@ ModelConfig load_hf_config(const std::string& path) {
       text.note("n_routed_experts", *routed);
       c.n_routed_experts = static_cast<int>(routed->as_int(1, 65536));
       if (local && !local->is_null() && local->as_int() != c.n_routed_experts)
-        local->fail(str("value ", value_text(*local), " disagrees with n_routed_experts ", c.n_routed_experts));
+        local->fail(
+            str("value ", value_text(*local), " disagrees with n_routed_experts ", c.n_routed_experts));
     } else if (local && !local->is_null()) {
       text.note("n_routed_experts", *local);
       c.n_routed_experts = static_cast<int>(local->as_int(1, 65536));

@@ -592,7 +592,8 @@ std::string holdings(const std::vector<std::string>& names, const std::string& m
   }
   if (!outside.empty()) {
     const size_t shown = std::min<size_t>(outside.size(), 6);
-    text += str("; outside layers: ", join(std::vector<std::string>(outside.begin(), outside.begin() + shown), ", "));
+    text += str("; outside layers: ",
+                join(std::vector<std::string>(outside.begin(), outside.begin() + shown), ", "));
     if (outside.size() > shown) text += str(" (+", outside.size() - shown, " more)");
   }
   // The missing name's part after its layer (or its last two components) under another prefix.
@@ -602,13 +603,15 @@ std::string holdings(const std::vector<std::string>& names, const std::string& m
     tail = missing.substr(e + 1);
   } else {
     const size_t last = missing.rfind('.');
-    const size_t before = last == std::string::npos || last == 0 ? std::string::npos : missing.rfind('.', last - 1);
+    const size_t before =
+        last == std::string::npos || last == 0 ? std::string::npos : missing.rfind('.', last - 1);
     tail = before == std::string::npos ? missing : missing.substr(before + 1);
   }
   std::vector<std::string> alike;
   for (const std::string& n : names)
-    if (n != missing && (n == tail || (n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0 &&
-                                       n[n.size() - tail.size() - 1] == '.')))
+    if (n != missing &&
+        (n == tail || (n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0 &&
+                       n[n.size() - tail.size() - 1] == '.')))
       alike.push_back(n);
   if (!alike.empty()) {
     const size_t shown = std::min<size_t>(alike.size(), 4);

@@ -19,8 +19,8 @@ int main(int argc, char** argv) {
   try {
     using namespace mtplab::model;
     const ModelConfig cfg = load_model_preset(argv[1]);
-    const MtpWeights w =
-        synthesize_mtp_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), std::strtoull(argv[2], nullptr, 10));
+    const MtpWeights w = synthesize_mtp_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none),
+                                                std::strtoull(argv[2], nullptr, 10));
     export_mtp_weights(cfg, w, argv[3], argc == 5 ? std::strtoull(argv[4], nullptr, 10) : 0);
     std::printf("exported %s (seed %s) to %s\n", cfg.summary().c_str(), argv[2], argv[3]);
     return 0;

@@ -141,7 +141,8 @@ TEST(HfConfig, TinyFixtureIsTheTinyPreset) {
   EXPECT_EQ(hf.lm_head_name, "lm_head.weight");
   // validate() blames the config.json field: the location of num_attention_heads.
   expect_has(error_of([&] { hf.validate(3, 3); }), "config.json:");
-  expect_has(error_of([&] { hf.validate(3, 3); }), "text_config.num_attention_heads: n_heads 8 does not divide");
+  expect_has(error_of([&] { hf.validate(3, 3); }),
+             "text_config.num_attention_heads: n_heads 8 does not divide");
 }
 
 TEST(HfConfig, NestedFlatAndTextOnlyLayouts) {
@@ -173,8 +174,9 @@ TEST(HfConfig, NestedFlatAndTextOnlyLayouts) {
   EXPECT_EQ(load_hf_config(write_config(tmp, "text-only-no-arch", text_only)).mtp_prefix, "model.layers.45.");
   // ... which has no vision tower to ignore.
   text_only["vision_config"] = YAML::Load("{\"depth\": 1}");
-  expect_has(error_of([&] { load_hf_config(write_config(tmp, "text-only-vision", text_only)); }),
-             "vision_config: field \"vision_config\" (value {...}) is not known to mtplab's glm5_next_text reader");
+  expect_has(
+      error_of([&] { load_hf_config(write_config(tmp, "text-only-vision", text_only)); }),
+      "vision_config: field \"vision_config\" (value {...}) is not known to mtplab's glm5_next_text reader");
 }
 
 TEST(HfConfig, DerivedNamesAndValues) {
@@ -228,21 +230,27 @@ TEST(HfConfig, UnsupportedFieldsAreRefusedByName) {
       {"hidden_act", "\"gelu\"", "value \"gelu\" is not supported: the experts' SwiGLU uses SiLU"},
       {"num_key_value_heads", "4", "value \"4\" is not supported: MLA gives every one of the 8 heads"},
       {"norm_topk_prob", "false", "value \"false\" is not supported: mtplab normalises the top-k"},
-      {"index_kpool_always_select_tail", "false", "value \"false\" is not supported: mtplab's selection always"},
+      {"index_kpool_always_select_tail", "false",
+       "value \"false\" is not supported: mtplab's selection always"},
       {"attention_bias", "true", "value \"true\" is not supported: the MLA projections have no biases"},
       {"num_nextn_predict_layers", "2", "value \"2\" is not supported: mtplab drafts with one MTP layer"},
-      {"num_nextn_predict_layers", "0", "value \"0\" is not supported: mtplab drafts with one MTP layer (layer 45), chained; this checkpoint has none"},
+      {"num_nextn_predict_layers", "0",
+       "value \"0\" is not supported: mtplab drafts with one MTP layer (layer 45), chained; this checkpoint "
+       "has none"},
       {"n_group", "3", "n_group 3 does not divide n_routed_experts 8"},
       {"index_topk", "18", "index_topk 18 is not a multiple of index_kpool 4"},
       {"qk_head_dim", "40", "value \"40\" disagrees with qk_nope_head_dim + qk_rope_head_dim = 32"},
       {"q_lora_rank", "null", "is null; mtplab needs a value"},
-      {"scoring_func", "\"softmax\"", "value \"softmax\" is not supported: the router scores experts with a sigmoid"},
+      {"scoring_func", "\"softmax\"",
+       "value \"softmax\" is not supported: the router scores experts with a sigmoid"},
       {"topk_method", "\"greedy\"", "value \"greedy\" is not supported"},
       {"num_local_experts", "16", "value \"16\" disagrees with n_routed_experts 8"},
       {"hidden_size", "128.5", "expected an integer, got \"128.5\""},
       {"rms_norm_eps", "0.5", "value 0.5 is out of range"},
-      {"model_type", "\"glm5_next\"", "value \"glm5_next\" is not supported: a glm5_next config's text_config"},
-      {"foo_bar", "3", "field \"foo_bar\" (value \"3\") is not known to mtplab's glm5_next text_config reader"},
+      {"model_type", "\"glm5_next\"",
+       "value \"glm5_next\" is not supported: a glm5_next config's text_config"},
+      {"foo_bar", "3",
+       "field \"foo_bar\" (value \"3\") is not known to mtplab's glm5_next text_config reader"},
   };
   TempDir tmp;
   for (const Refusal& r : cases) {
@@ -252,7 +260,8 @@ TEST(HfConfig, UnsupportedFieldsAreRefusedByName) {
     expect_has(msg, str("text_config.", r.field, ": ", r.expected));
   }
   // Missing fields that transformers would default.
-  for (const char* field : {"index_kpool", "index_topk", "swiglu_limit", "num_hidden_layers", "n_routed_experts"}) {
+  for (const char* field :
+       {"index_kpool", "index_topk", "swiglu_limit", "num_hidden_layers", "n_routed_experts"}) {
     SCOPED_TRACE(field);
     YAML::Node t = tiny_tree();
     t["text_config"].remove(field);
@@ -266,9 +275,10 @@ TEST(HfConfig, UnsupportedFieldsAreRefusedByName) {
              "model_type: value \"glm_moe_dsa\" is not supported: mtplab reads the GLM-5.x MTP layer");
   t = tiny_tree();
   t["architectures"] = YAML::Load("[\"Glm5NextModel\"]");
-  expect_has(error_of([&] { load_hf_config(write_config(tmp, "other-arch", t)); }),
-             "architectures[0]: architecture \"Glm5NextModel\" is not supported: mtplab knows the tensor names of "
-             "Glm5NextForConditionalGeneration (model.language_model.*)");
+  expect_has(
+      error_of([&] { load_hf_config(write_config(tmp, "other-arch", t)); }),
+      "architectures[0]: architecture \"Glm5NextModel\" is not supported: mtplab knows the tensor names of "
+      "Glm5NextForConditionalGeneration (model.language_model.*)");
   t = tiny_tree();
   t["quantization_config"] = YAML::Load("{\"quant_method\": \"awq\", \"bits\": 4}");
   expect_has(error_of([&] { load_hf_config(write_config(tmp, "awq", t)); }),
@@ -279,7 +289,8 @@ TEST(HfConfig, UnsupportedFieldsAreRefusedByName) {
   t = tiny_tree();
   t["rope_everywhere"] = true;
   expect_has(error_of([&] { load_hf_config(write_config(tmp, "top-unknown", t)); }),
-             "rope_everywhere: field \"rope_everywhere\" (value \"true\") is not known to mtplab's glm5_next reader");
+             "rope_everywhere: field \"rope_everywhere\" (value \"true\") is not known to mtplab's glm5_next "
+             "reader");
   // Not a checkpoint directory; a duplicate field.
   expect_has(error_of([&] { load_hf_config(tmp / "nowhere"); }), "nowhere: no such file");
   const std::string dup = tmp / "dup";
@@ -301,10 +312,11 @@ TEST(HfConfig, LayerIndexAndPrefixMustAgree) {
   auto parse = [&](const std::string& checkpoint) {
     return parse_model_config(YamlNode::load_string(base + "checkpoint:\n" + checkpoint, "tiny-edit.yaml"));
   };
-  const std::string msg = error_of(
-      [&] { parse("  mtp_layer_index: 7\n  mtp_prefix: model.language_model.layers.45.\n"); });
+  const std::string msg =
+      error_of([&] { parse("  mtp_layer_index: 7\n  mtp_prefix: model.language_model.layers.45.\n"); });
   expect_has(msg, "tiny-edit.yaml:");
-  expect_has(msg, "checkpoint.mtp_prefix: mtp_prefix \"model.language_model.layers.45.\" and mtp_layer_index 7");
+  expect_has(msg,
+             "checkpoint.mtp_prefix: mtp_prefix \"model.language_model.layers.45.\" and mtp_layer_index 7");
   expect_has(msg, "disagree: the prefix must end with \"layers.7.\"");
   EXPECT_EQ(parse("  mtp_layer_index: 7\n  mtp_prefix: model.layers.7.\n").mtp_prefix, "model.layers.7.");
   EXPECT_EQ(parse("  mtp_prefix: model.layers.12.\n").mtp_layer_index, 12);
@@ -323,7 +335,8 @@ TEST(HfConfig, PresetYamlRoundTrips) {
   for (const ModelConfig& c : configs) {
     SCOPED_TRACE(c.source);
     const YAML::Node y = to_preset_yaml(c);
-    const ModelConfig back = parse_model_config(YamlNode(y, std::make_shared<const std::string>("generated"), ""));
+    const ModelConfig back =
+        parse_model_config(YamlNode(y, std::make_shared<const std::string>("generated"), ""));
     EXPECT_EQ(sizes_and_names(back), sizes_and_names(c));
     EXPECT_EQ(back.name, c.name);
   }
@@ -372,8 +385,8 @@ TEST(HfConfig, CheckpointDirectoryLoadsItsWeights) {
   YAML::Node t = tiny_tree();
   t["text_config"]["num_hidden_layers"] = 3;
   const ModelConfig wrong = load_hf_config(write_config(tmp, "wrong", t));
-  const std::string msg = error_of(
-      [&] { load_mtp_weights(wrong, make_shard_plan(wrong, 0, 1, HeadSharding::none), dir); });
+  const std::string msg =
+      error_of([&] { load_mtp_weights(wrong, make_shard_plan(wrong, 0, 1, HeadSharding::none), dir); });
   expect_has(msg, "tensor \"model.language_model.layers.3.enorm.weight\" not found");
   expect_has(msg, "layer prefixes it holds: model.language_model.layers.45.");
   expect_has(msg, "outside layers: lm_head.weight, model.language_model.embed_tokens.weight");
@@ -385,11 +398,13 @@ TEST(HfConfig, MissingTensorListsEveryLayerPrefix) {
   // under another: the ranges are compressed per prefix.
   TempDir tmp;
   std::vector<std::string> names = {"model.visual.blocks.0.attn.qkv.weight", "lm_head.weight"};
-  for (int l : {0, 1, 2, 5}) names.push_back(str("model.language_model.layers.", l, ".input_layernorm.weight"));
+  for (int l : {0, 1, 2, 5})
+    names.push_back(str("model.language_model.layers.", l, ".input_layernorm.weight"));
   names.push_back("mtp.layers.7.hnorm.weight");
   std::vector<bf16> one(4, to_bf16(1.0f));
   std::vector<TensorView> views;
-  for (const auto& n : names) views.push_back(TensorView{n, DType::bf16, {4}, one.data(), one.size() * sizeof(bf16)});
+  for (const auto& n : names)
+    views.push_back(TensorView{n, DType::bf16, {4}, one.data(), one.size() * sizeof(bf16)});
   write_safetensors(tmp / "m.safetensors", views);
   const Checkpoint ck(tmp / "m.safetensors");
   const std::string msg = error_of([&] { (void)ck.info("model.language_model.layers.45.hnorm.weight"); });

@@ -908,7 +908,8 @@ TEST(Reference, DrafterMatchesTransformers) {
     } else {
       const bool same_cache = kv == kv_first && kc == k_first;
       tab.check("cache_only and full leave the same cache", same_cache,
-                same_cache ? "bitwise equal" : "differ", "bitwise", "docs/model.md: the arms differ only in time");
+                same_cache ? "bitwise equal" : "differ", "bitwise",
+                "docs/model.md: the arms differ only in time");
       tab.check("cache_only and full draft the same", drafts == drafts_first, join(drafts, " "),
                 join(drafts_first, " "), "same cache, same drafts");
     }
