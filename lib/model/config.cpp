@@ -262,12 +262,13 @@ ModelConfig parse_model_config(const YamlNode& node) {
       c.mtp_prefix = str("model.language_model.layers.", c.mtp_layer_index, ".");
     } else {
       const int named = prefix_layer_index(c.mtp_prefix);
-      if (has_index) {
+      const bool well_formed = c.mtp_prefix.empty() || c.mtp_prefix.back() == '.';  // else validate() says so
+      if (has_index && well_formed) {
         MTP_REQUIRE(named == c.mtp_layer_index, c.where("checkpoint.mtp_prefix"), ": mtp_prefix \"",
                     c.mtp_prefix, "\" and mtp_layer_index ", c.mtp_layer_index, " (",
                     c.where("checkpoint.mtp_layer_index"), ") disagree: the prefix must end with \"layers.",
                     c.mtp_layer_index, ".\" (or give only one of the two)");
-      } else {
+      } else if (!has_index) {
         c.mtp_layer_index = named;  // -1: the prefix names no numbered layer
       }
     }
