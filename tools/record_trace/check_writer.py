@@ -9,8 +9,10 @@ before it imports torch).
 Exits 0 when every check holds, 1 otherwise, 77 (skipped) without h5py / numpy.
 """
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 try:
     import h5py
@@ -23,7 +25,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 import trace_h5  # noqa: E402
 
-tool, workdir = sys.argv[1:3]
+tool = sys.argv[1]
+workdir = tempfile.mkdtemp(prefix="check_writer.", dir=sys.argv[2])  # fresh: nothing from an earlier run
 failures = []
 
 
@@ -118,6 +121,8 @@ expect(r.returncode == 2 and "need --sampling sampling" in r.stderr, f"temperatu
 r = subprocess.run(rec + ["--prompts", bad, "--sampling", "sampling", "--top-p", "0"], capture_output=True, text=True)
 expect(r.returncode == 2 and "--top-p must be in (0, 1]" in r.stderr, f"top-p 0: {r.stderr!r}")
 
+if not failures:
+    shutil.rmtree(workdir, ignore_errors=True)
 for f in failures:
     print("FAIL:", f)
 print(f"check_writer: {'failed' if failures else 'passed'} ({len(failures)} failure(s))")
