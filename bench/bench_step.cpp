@@ -18,7 +18,7 @@
 // the context with the context_gemm arm (one GEMM per projection and chunk of 256 rows): the
 // prefill time printed per drafter is then the batched one.
 //
-// Method (METHOD.md): the byte floor of one draft is every weight the draft must read once
+// Method: the byte floor of one draft is every weight the draft must read once
 // (eh_proj, q_a, q_b, kv_a, kv_b, o_proj, the indexer, the router, top_k routed experts and the
 // shared expert, the head) plus the selected latent rows and the candidate pool keys; its time is
 // bytes / the device-to-device copy bandwidth measured in the same run (bytes read + written, as
@@ -91,7 +91,7 @@ class StepTimer final : public drafter::PhaseTimer {
   std::unique_ptr<ops::Event> start_, end_;
 };
 
-/// The fewest bytes one draft must read (MODEL.md shapes; world 1).
+/// The fewest bytes one draft must read (docs/model.md shapes; world 1).
 struct Floor {
   double weights_no_head = 0, head_bf16 = 0, head_fp8 = 0, kv_rows = 0, pool_keys = 0;
   double total(bool fp8) const {

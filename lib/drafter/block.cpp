@@ -1,4 +1,4 @@
-// The DSA + MoE block's forward, op by op (MODEL.md, "DSA attention", "pooled indexer", "MoE").
+// The DSA + MoE block's forward, op by op (docs/model.md, "DSA attention", "The pooled indexer", "MoE").
 #include "drafter/block.hpp"
 
 #include <cmath>

@@ -50,7 +50,7 @@ struct BlockDims {
   int max_pools() const { return max_rows / index_kpool; }
 };
 
-/// The block's weights in backend memory (this rank's shard). Shapes as in MODEL.md.
+/// The block's weights in backend memory (this rank's shard). Shapes as in docs/model.md.
 struct BlockWeights {
   ops::Array<bf16> input_norm, post_norm;              // [H]
   ops::Array<bf16> q_a, q_a_norm, q_b;                 // [q_lora, H], [q_lora], [nh_local*qk_nope, q_lora]

@@ -1,5 +1,5 @@
 // MtpDrafter: forward_one chained k times, the context rows, rollback, and the cross-rank pick
-// of the draft token (the four exchange protocols of DESIGN.md).
+// of the draft token (the four exchange protocols of docs/model.md, "The head, sharded and in FP8").
 #include "drafter/drafter.hpp"
 
 #include <algorithm>

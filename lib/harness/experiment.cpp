@@ -195,8 +195,10 @@ struct DocReader {
       preset.fail(e.message());
     }
     // The preset's keys without marks (they were checked when the preset loaded), then the
-    // overrides with theirs, read as one mapping so that cross-key checks see both.
-    YAML::Node merged = strip_marks(YamlNode::load_file(base.source).raw());
+    // overrides with theirs, read as one mapping so that cross-key checks see both. A Hugging
+    // Face config's keys are its derived preset keys.
+    YAML::Node merged = base.source_format == "hf" ? model::to_preset_yaml(base)
+                                                   : strip_marks(YamlNode::load_file(base.source).raw());
     for (const auto& [key, value] : node.entries()) {
       if (key == "preset") continue;
       if (key == "checkpoint" && value.is_map() && merged["checkpoint"] && merged["checkpoint"].IsMap()) {
@@ -208,6 +210,7 @@ struct DocReader {
     model::ModelConfig cfg = model::parse_model_config(
         YamlNode(merged, std::make_shared<const std::string>(node.file()), node.path()));
     cfg.source = base.source;
+    cfg.source_format = base.source_format;
     return cfg;
   }
 

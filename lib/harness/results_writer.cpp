@@ -375,7 +375,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
     g.set_attr("qidx_check_rows_multi", c.rows_multi);
     g.set_attr("qidx_check_differ_rate", c.rows_checked ? c.differ_rate() : NAN);
   }
-  // Acceptance (repeat 0; MODEL.md "Acceptance in replay").
+  // Acceptance (repeat 0; docs/model.md, "Acceptance").
   g.set_attr("steps", r.acceptance.steps);
   g.set_attr("drafted", r.acceptance.drafted);
   g.set_attr("accepted", r.acceptance.accepted);

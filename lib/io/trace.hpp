@@ -39,6 +39,7 @@ struct TraceProvenance {
 struct TraceWriterOptions {
   int deflate = 4;               ///< gzip level of /hiddens and /tokens (0 = off)
   std::uint64_t chunk_rows = 0;  ///< rows per /hiddens chunk; 0 = about 256 KiB per chunk
+  bool f32_hiddens = false;      ///< /hiddens as float32 (dtype="f32") instead of BF16 bits
 };
 
 /// One sequence, whole: what TraceReader::sequence() returns and a generator produces.
@@ -89,6 +90,7 @@ class TraceWriter {
   Dataset hiddens_;
   std::int64_t hidden_;
   std::int64_t vocab_;
+  bool f32_ = false;  ///< /hiddens stored as float32
   std::vector<std::int64_t> offsets_{0};
   std::vector<std::int32_t> prompt_lengths_;
 };
@@ -113,10 +115,16 @@ class TraceReader {
   std::int32_t prompt_length(std::int64_t s) const;
   std::span<const std::int32_t> tokens(std::int64_t s) const;
 
-  /// The hiddens of sequence s ([length, hidden] BF16), checked finite.
+  /// "bf16" or "f32": how /hiddens is stored (docs/trace-format.md, "Hidden dtype").
+  const char* hiddens_dtype() const { return hiddens_f32_ ? "f32" : "bf16"; }
+
+  /// The hiddens of sequence s ([length, hidden] BF16), checked finite. An f32 trace's values are
+  /// rounded to BF16 (nearest even), what the drafter reads.
   std::vector<bf16> hiddens(std::int64_t s) const;
   /// As hiddens(s), into a caller's buffer of exactly length * hidden values (reused across sequences).
   void read_hiddens(std::int64_t s, std::span<bf16> out) const;
+  /// The hiddens of sequence s as stored, widened to fp32 (exact for both dtypes), checked finite.
+  void read_hiddens_f32(std::int64_t s, std::span<float> out) const;
   TraceSequence sequence(std::int64_t s) const;
 
   /// Reads every sequence's hiddens and checks them finite (what open does not do).
@@ -129,6 +137,7 @@ class TraceReader {
   std::int64_t hidden_ = 0;
   std::int64_t vocab_ = 0;
   TraceProvenance provenance_;
+  bool hiddens_f32_ = false;
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_;
   std::vector<std::int32_t> prompt_lengths_;

@@ -337,7 +337,7 @@ class Backend {
   /// x[i] *= s in fp32 (e.g. the indexer's 1/sqrt(n_I) on weights_proj's output).
   virtual void scale_f32(float* x, float s, int n) = 0;
 
-  // ---- the pooled lightning indexer (MODEL.md) ------------------------------------------------
+  // ---- the pooled lightning indexer (docs/model.md) -------------------------------------------
   /// Stores row `pos[0]`: k_cache[pos] = k_normed (BF16 [D]), gate_cache[pos] = gate (fp32 [D]),
   /// valid[pos] = 1; when the row completes its pool (pos % P == P-1) the pool key
   /// K_j[c] = sum_m softmax_m(gate[jP+m,c] + ape[m,c]) * k[jP+m,c] is written to pool_keys[j].

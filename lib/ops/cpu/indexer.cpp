@@ -1,4 +1,4 @@
-// CPU reference: the pooled lightning indexer (MODEL.md): row store + pool key, pool scores,
+// CPU reference: the pooled lightning indexer (docs/model.md): row store + pool key, pool scores,
 // and the top-k pool selection.
 //
 // Invariants:

@@ -1,4 +1,4 @@
-// Batched pooled lightning indexer (MODEL.md), every row of the batch in one launch, each row on
+// Batched pooled lightning indexer (docs/model.md), every row of the batch in one launch, each row on
 // its own slot's slot-major arrays (ops::IndexerSlots):
 // - indexer_norm_store_batch: block b layer-norms k_pre row b into k_cache row pos[b] of slot
 //   slot[b], stores the gate row and the valid flag, and when the row completes its pool writes the
