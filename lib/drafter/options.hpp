@@ -62,8 +62,9 @@ struct DrafterOptions {
   /// `index_share`: the chained drafts 2..k of one propose reuse draft 1's indexer pool selection
   /// (vLLM's and SGLang's index_share_for_mtp_iteration): draft 1 scores the pools and selects as
   /// always; drafts 2..k compute no indexer query, scores or selection and attend to draft 1's
-  /// selected pools plus the rows after them up to their own position (docs/drafter.md, "Index
-  /// share"). The indexer key rows are still written for every row. Every other arm works with it.
+  /// selected pools plus the rows from draft 1's tail to their own position (docs/drafter.md,
+  /// "Index share"). The indexer key rows are still written for every row. Every other arm works
+  /// with it.
   bool index_share = false;
 };
 
