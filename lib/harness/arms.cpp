@@ -118,6 +118,10 @@ std::vector<ArmSpec> build_registry() {
                          "the latent KV cache in BF16 or FP8 E4M3"));
   r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
                        "context rows' projections as one batched linear per chunk"));
+  ArmSpec index_share = bool_arm("index_share", &DrafterOptions::index_share,
+                                 "drafts 2..k of a propose reuse draft 1's indexer pool selection");
+  index_share.omit_at_default = true;  // added after the first schema-v2 files
+  r.push_back(std::move(index_share));
   r.push_back(batch_size_arm());
   for (const auto field : ops::kernel_policy_fields()) r.push_back(kernel_arm(std::string(field)));
   return r;

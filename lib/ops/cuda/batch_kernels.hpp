@@ -73,6 +73,10 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads);
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools);
+/// The index_share selection of each row (ops.hpp): block b copies anchor row b's pools, then the
+/// rows from the anchor's tail to pos[b], then -1 up to width.
+void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int32_t* anchor_pos,
+                          const int32_t* pos, int rows, int32_t* selection, int width, int K, int P);
 
 // ---- mla_batch.cu ------------------------------------------------------------------------------------
 void kv_norm_write_batch(const LaunchCtx& ctx, const bf16* ckv_pre, const bf16* w, float eps,

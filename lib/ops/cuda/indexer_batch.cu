@@ -9,6 +9,8 @@
 //   order-preserving score keys finds the n_sel-th largest key; the larger ones and the first equal
 //   ones in pool order are taken (ties to the lower pool index), written at their rank in pool
 //   order by a block scan, then the tail rows and the -1 padding.
+// - indexer_share_select (the index_share arm): block b copies anchor row b's pool entries, then
+//   the rows from the anchor's tail to pos[b], then -1 (integer copies: the CPU's entries).
 //
 // Invariants: a padded row (slot[b] < 0) reads nothing and writes nothing; the arithmetic of the
 // pool key and the scores is the CPU reference's per element (device expf, summation order aside);
@@ -167,6 +169,33 @@ __global__ void __launch_bounds__(kScoreThreads)
 // ---- selection ---------------------------------------------------------------------------------------
 
 constexpr int kSelectThreads = 1024;
+constexpr int kShareThreads = 256;
+
+/// Block b: row b's index_share selection (ops.hpp): the anchor's pool entries, then the rows
+/// from the anchor's tail to pos[b], then -1. Entry e is written by thread e % blockDim.x, every
+/// entry of the row once; nothing is read past the anchor's pool entries (<= K of K + P - 1).
+__global__ void __launch_bounds__(kShareThreads)
+    indexer_share_select_kernel(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos,
+                                int32_t* selection, int width, int K, int P) {
+  pdl_begin();
+  const int b = blockIdx.x;
+  const int64_t a = anchor_pos[b], p = pos[b];
+  const int64_t n_cand = a >= 0 ? (a + 1) / P : 0;
+  const int64_t pool_entries = (n_cand < K / P ? n_cand : static_cast<int64_t>(K / P)) * P;
+  const int64_t first_tail = n_cand * P;
+  const int32_t* src = anchor + static_cast<size_t>(b) * (K + P - 1);
+  int32_t* dst = selection + static_cast<size_t>(b) * width;
+  for (int e = threadIdx.x; e < width; e += blockDim.x) {
+    int32_t v = -1;
+    if (e < pool_entries) {
+      v = src[e];
+    } else {
+      const int64_t t = first_tail + (e - pool_entries);
+      if (t <= p) v = static_cast<int32_t>(t);
+    }
+    dst[e] = v;
+  }
+}
 
 /// Block b: row b's selection (see the file comment). `cached`: the dynamic shared memory holds
 /// max_pools keys.
@@ -318,6 +347,13 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
       1, std::min((max_pools + kPoolsPerBlock - 1) / kPoolsPerBlock, (4 * ctx.num_sms + rows - 1) / rows));
   launch(ctx, indexer_scores_batch_kernel, dim3(per_row, rows), kScoreThreads, smem, q, w, slot, pos, idx,
          scores, n_heads);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int32_t* anchor_pos,
+                          const int32_t* pos, int rows, int32_t* selection, int width, int K, int P) {
+  launch(ctx, indexer_share_select_kernel, rows, kShareThreads, 0, anchor, anchor_pos, pos, selection, width,
+         K, P);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
