@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/error.hpp"
 #include "drafter/graph.hpp"
@@ -11,8 +12,8 @@
 namespace mtplab::drafter {
 
 const char* to_string(Phase p) {
-  static const char* names[] = {"prefill",  "propose",      "block",   "head",
-                                "exchange", "after_verify", "catch_up"};
+  static const char* names[] = {"prefill",  "propose",      "block",    "head",
+                                "exchange", "after_verify", "catch_up", "stats"};
   return names[static_cast<int>(p)];
 }
 
@@ -85,6 +86,7 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
   tokens_ = ops::Array<int32_t>(be_, k + 1);
   positions_ = ops::Array<int32_t>(be_, k);
   pos_base_ = ops::Array<int32_t>(be_, 1);
+  chain_ = ops::Array<int32_t>(be_, static_cast<size_t>(std::max(1, k - 1)));
   xchg_ = std::make_unique<ExchangeBuffers>(be_, world_, shard_.stride,
                                             sharded && opt_.exchange == Exchange::allgather_logits);
   row_chunk_ = 256;
@@ -236,17 +238,129 @@ void MtpDrafter::check_chunk(const CacheView& view, int rows) {
   check_ += c;
 }
 
+namespace {
+
+/// Sets the drafter's per-step extras flags for one call, and clears them however it ends.
+class StepFlags {
+ public:
+  StepFlags(bool& chain, bool& logits, bool chain_on, bool logits_on) : chain_(chain), logits_(logits) {
+    chain_ = chain_on;
+    logits_ = logits_on;
+  }
+  ~StepFlags() { chain_ = logits_ = false; }
+  StepFlags(const StepFlags&) = delete;
+  StepFlags& operator=(const StepFlags&) = delete;
+
+ private:
+  bool& chain_;
+  bool& logits_;
+};
+
+/// The graph key variant of a step with these extras (0: the plain step, the graph of today).
+int step_variant(bool chain, bool logits) { return (chain ? 1 : 0) | (logits ? 2 : 0); }
+
+}  // namespace
+
 std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k) {
+  return propose(st, token, hidden, k, ProposeExtras{});
+}
+
+bool MtpDrafter::check_extras(const ProposeExtras& x, int rows, int k) const {
+  const size_t R = static_cast<size_t>(rows), K = static_cast<size_t>(k);
+  if (!x.chain_tokens.empty()) {
+    MTP_REQUIRE(x.chain_tokens.size() == R * (K - 1), "drafter: chain_tokens holds ", x.chain_tokens.size(),
+                " tokens; a propose of ", rows, " row(s) x ", k,
+                " drafts takes rows * (k - 1) = ", R * (K - 1));
+    for (size_t i = 0; i < x.chain_tokens.size(); ++i)
+      MTP_REQUIRE(x.chain_tokens[i] >= 0 && x.chain_tokens[i] < vocab_, "drafter: chain token ",
+                  x.chain_tokens[i], " (row ", i / (K - 1), ", draft ", i % (K - 1) + 1,
+                  ") is outside the vocab of ", vocab_);
+  }
+  if (!x.requested.empty()) {
+    MTP_REQUIRE(x.stats, "drafter: requested tokens given without a stats vector to report them in");
+    MTP_REQUIRE(x.requested.size() == R * K, "drafter: requested holds ", x.requested.size(),
+                " tokens; a propose of ", rows, " row(s) x ", k, " drafts takes rows * k = ", R * K);
+    for (size_t i = 0; i < x.requested.size(); ++i)
+      MTP_REQUIRE(x.requested[i] >= 0 && x.requested[i] < vocab_, "drafter: requested token ", x.requested[i],
+                  " (row ", i / K, ", draft ", i % K, ") is outside the vocab of ", vocab_);
+  }
+  if (x.stats) {
+    MTP_REQUIRE(opt_.skip != Skip::head,
+                "drafter: stats need the head's logits, and skip: head runs no head");
+    check_transform(x.transform);
+  }
+  return !x.chain_tokens.empty() && k > 1;
+}
+
+void MtpDrafter::reserve_stats(int rows) {
+  const int need = opt_.draft_len * rows;
+  if (stats_ && stats_->rows >= need) return;
+  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
+  stats_ = std::make_unique<StatsBuffers>(be_, world_, shard_.stride, need, sharded);
+  // Recorded steps bake the old buffers' addresses in.
+  release_graphs();
+}
+
+bf16* MtpDrafter::step_logits(int draft_index, int n) {
+  if (!step_logits_) return nullptr;
+  return stats_->logits.data() + static_cast<size_t>(draft_index) * n * static_cast<size_t>(stats_->stride);
+}
+
+void MtpDrafter::stats_pass(int k, int n, int B, bool with_requested, bool truncate,
+                            std::vector<DraftStats>& out) {
+  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
+  const int rows = k * n;
+  auto run = [&] {
+    stats_rows(be_, comm_, sharded, vocab_, shard_.v0, shard_.n, *stats_, rows, with_requested, truncate);
+  };
+  mark_begin(Phase::stats, 0);
+  if (graphs_) {
+    // Its own graph per (k, rows, variant): the parameters, the requested tokens and the logits
+    // are read from fixed buffers, so one recording serves every call.
+    const StepGraphs::Key key{k, {}, n, 4 | (with_requested ? 8 : 0) | (truncate ? 16 : 0)};
+    bool recorded = false;
+    graphs_->get(key, run, recorded).launch();
+  } else {
+    run();
+  }
+  mark_end(Phase::stats, 0);
+  std::vector<ops::TokenStats> dev(static_cast<size_t>(rows));
+  wait_comm();
+  be_.download(dev.data(), stats_->out.data(), dev.size() * sizeof(ops::TokenStats));
+  out.assign(static_cast<size_t>(B) * k, DraftStats{});
+  const float none = std::numeric_limits<float>::quiet_NaN();
+  for (int b = 0; b < B; ++b)
+    for (int i = 0; i < k; ++i) {
+      const ops::TokenStats& t = dev[static_cast<size_t>(i) * n + b];
+      out[static_cast<size_t>(b) * k + i] =
+          DraftStats{t.margin, t.logprob, with_requested ? t.req_logprob : none};
+    }
+}
+
+std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k,
+                                         const ProposeExtras& extras) {
   MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
   MTP_REQUIRE(token >= 0 && token < vocab_, "drafter: token id ", token, " is outside the vocab of ", vocab_);
   MTP_REQUIRE(st.rc_.propose_start < 0, "drafter: propose called twice without after_verify");
   if (st.rc_.seq_len + k > max_rows_)
     MTP_FAIL("drafter: a propose of ", k, " drafts at row ", st.rc_.seq_len, " would pass the capacity of ",
              max_rows_, " rows");
+  const bool chain = check_extras(extras, 1, k);
+  const bool stats = extras.stats != nullptr;
   const int32_t base = st.rc_.seq_len;
+  if (stats) reserve_stats(1);
   be_.upload(tokens_.data(), &token, sizeof token);
   be_.upload(hidden_in_.data(), hidden, static_cast<size_t>(hidden_) * sizeof(bf16));
   be_.upload(pos_base_.data(), &base, sizeof base);
+  if (chain)
+    be_.upload(chain_.data(), extras.chain_tokens.data(), static_cast<size_t>(k - 1) * sizeof(int32_t));
+  if (stats) {
+    const ops::SampleParams p = sample_params(extras.transform);
+    be_.upload(stats_->params.data(), &p, sizeof p);
+    if (!extras.requested.empty())
+      be_.upload(stats_->requested.data(), extras.requested.data(), static_cast<size_t>(k) * sizeof(int32_t));
+  }
+  const StepFlags flags(step_chain_, step_logits_, chain, stats);
   st.rc_.propose_start = base;
   st.rc_.last_drafted = k;
   last_k_ = k;
@@ -259,7 +373,9 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
     const int rows_before = st.cache.rows();
     const StepGraphs::Key key{k,
                               {st.cache.block_table.data(), st.cache.kv().data, st.cache.k_cache.data(),
-                               st.cache.gate_cache.data(), st.cache.valid.data(), st.cache.pool_keys.data()}};
+                               st.cache.gate_cache.data(), st.cache.valid.data(), st.cache.pool_keys.data()},
+                              1,
+                              step_variant(chain, stats)};
     bool recorded = false;
     try {
       ops::Graph& graph = graphs_->get(
@@ -293,6 +409,7 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
   mark_end(Phase::propose, 0);
   st.rc_.rows_written_by_propose = written;
   st.rc_.seq_len += written;
+  if (stats) stats_pass(k, 1, 1, !extras.requested.empty(), truncates(extras.transform), *extras.stats);
   std::vector<int32_t> drafts(k);
   wait_comm();
   be_.download(drafts.data(), tokens_.data() + 1, k * sizeof(int32_t));
@@ -303,7 +420,9 @@ int MtpDrafter::draft_step(SequenceState& st, int k) {
   int written = 0;
   for (int i = 0; i < k; ++i) {
     be_.add_i32(pos_base_.data(), i, positions_.data() + i);
-    front(tokens_.data() + i, i == 0 ? hidden_in_.data() : y_.data(), x_.data());
+    // Draft i's input token: the last draft, or with chain tokens the given one (teacher forcing).
+    const int32_t* in_token = i > 0 && step_chain_ ? chain_.data() + (i - 1) : tokens_.data() + i;
+    front(in_token, i == 0 ? hidden_in_.data() : y_.data(), x_.data());
     mark_begin(Phase::block, i);
     // The head's shared_head.norm rides on the block's last residual add (one launch less; its
     // time counts in Phase::block then).
@@ -339,7 +458,11 @@ void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
   const fp8e4m3* W8 = opt_.head_fp8 ? fw_.lm_head_fp8.data() : nullptr;
   const float* scale = opt_.head_fp8 ? fw_.lm_head_scale.data() : nullptr;
   const int n = static_cast<int>(shard_.n);
-  bf16* logits = (sharded && opt_.exchange == Exchange::allgather_logits) ? xchg_->logits.data() : nullptr;
+  bf16* exchange_logits =
+      (sharded && opt_.exchange == Exchange::allgather_logits) ? xchg_->logits.data() : nullptr;
+  // With stats the head keeps this draft's logits for the stats pass (the exchange reads a copy).
+  bf16* kept = step_logits(draft_index, 1);
+  bf16* logits = kept ? kept : exchange_logits;
   // Unsharded, the head writes the token itself; sharded, what the protocol starts from (the
   // packed key for packed_u64), so no launch sits between the head and the collective.
   ops::HeadExtras extras;
@@ -349,6 +472,8 @@ void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
     extras.token = token_out;
   }
   be_.head_argmax(W, W8, scale, y_.data(), n, hidden_, shard_.v0, logits, xchg_->local_max.data(), extras);
+  if (kept && exchange_logits)
+    be_.copy(exchange_logits, kept, static_cast<size_t>(xchg_->stride) * sizeof(bf16));
   if (!sharded) return;
   mark_begin(Phase::exchange, draft_index);
   exchange_pick(be_, *comm_, opt_.exchange, vocab_, *xchg_, token_out, /*key_from_head=*/true);
@@ -414,13 +539,15 @@ void MtpDrafter::reserve_batch(int rows) {
   batch_slot_ = ops::Array<int32_t>(be_, R);
   batch_pos_ = ops::Array<int32_t>(be_, k * R);
   batch_tokens_ = ops::Array<int32_t>(be_, (k + 1) * R);
+  batch_chain_ = ops::Array<int32_t>(be_, std::max<size_t>(1, k - 1) * R);
   batch_hidden_ = ops::Array<bf16>(be_, R * H);
   batch_concat_ = ops::Array<bf16>(be_, R * 2 * H);
   batch_x_ = ops::Array<bf16>(be_, R * H);
   batch_y_ = ops::Array<bf16>(be_, R * H);
   // Padded rows of the row ops compute on what their rows hold: zeros, not uninitialised bytes.
   be_.fill_bytes(batch_slot_.data(), 0xFF, batch_slot_.bytes());
-  for (ops::Array<int32_t>* a : {&batch_pos_, &batch_tokens_}) be_.fill_bytes(a->data(), 0, a->bytes());
+  for (ops::Array<int32_t>* a : {&batch_pos_, &batch_tokens_, &batch_chain_})
+    be_.fill_bytes(a->data(), 0, a->bytes());
   for (ops::Array<bf16>* a : {&batch_hidden_, &batch_concat_, &batch_x_, &batch_y_})
     be_.fill_bytes(a->data(), 0, a->bytes());
   const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
@@ -484,6 +611,11 @@ void MtpDrafter::after_verify(BatchState& batch, int slot, int accepted) {
 }
 
 std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k) {
+  return propose_batch(batch, rows, k, ProposeExtras{});
+}
+
+std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k,
+                                               const ProposeExtras& extras) {
   const int B = static_cast<int>(rows.size());
   MTP_REQUIRE(B >= 1 && B <= kMaxBatch, "drafter: a batched propose of ", B, " rows (1 .. ", kMaxBatch, ")");
   MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
@@ -503,8 +635,11 @@ std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<cons
       MTP_FAIL("drafter: a propose of ", k, " drafts at row ", rc.seq_len, " of slot ", row.slot,
                " would pass the capacity of ", max_rows_, " rows");
   }
+  const bool chain = check_extras(extras, B, k);
+  const bool stats = extras.stats != nullptr;
   const int n = batch.padding() == BatchPadding::bucket ? batch_bucket(B) : B;
   reserve_batch(n);
+  if (stats) reserve_stats(n);
   // Everything that varies per step goes to fixed backend buffers before the step: per row its
   // slot (-1 for padded rows), input token, hidden and each draft's position.
   const size_t H = static_cast<size_t>(hidden_);
@@ -523,6 +658,26 @@ std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<cons
   be_.upload(batch_tokens_.data(), tok_h.data(), tok_h.size() * sizeof(int32_t));
   be_.upload(batch_pos_.data(), pos_h.data(), pos_h.size() * sizeof(int32_t));
   be_.upload(batch_hidden_.data(), hid_h.data(), hid_h.size() * sizeof(bf16));
+  // The extras go draft-major as the tokens ([k - 1, n] chain, [k, n] requested; padded rows 0).
+  if (chain) {
+    std::vector<int32_t> chain_h(static_cast<size_t>(k - 1) * n, 0);
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i + 1 < k; ++i)
+        chain_h[static_cast<size_t>(i) * n + b] = extras.chain_tokens[static_cast<size_t>(b) * (k - 1) + i];
+    be_.upload(batch_chain_.data(), chain_h.data(), chain_h.size() * sizeof(int32_t));
+  }
+  if (stats) {
+    const ops::SampleParams p = sample_params(extras.transform);
+    be_.upload(stats_->params.data(), &p, sizeof p);
+    if (!extras.requested.empty()) {
+      std::vector<int32_t> req_h(static_cast<size_t>(k) * n, 0);
+      for (int b = 0; b < B; ++b)
+        for (int i = 0; i < k; ++i)
+          req_h[static_cast<size_t>(i) * n + b] = extras.requested[static_cast<size_t>(b) * k + i];
+      be_.upload(stats_->requested.data(), req_h.data(), req_h.size() * sizeof(int32_t));
+    }
+  }
+  const StepFlags flags(step_chain_, step_logits_, chain, stats);
   for (const BatchRow& row : rows) {
     RowCounters& rc = batch.at(row.slot);
     rc.propose_start = rc.seq_len;
@@ -540,7 +695,8 @@ std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<cons
       const StepGraphs::Key key{k,
                                 {c.block_tables.data(), c.kv_slots().cache.data, c.k_cache.data(),
                                  c.gate_cache.data(), c.valid.data(), c.pool_keys.data()},
-                                n};
+                                n,
+                                step_variant(chain, stats)};
       bool recorded = false;
       ops::Graph& graph = graphs_->get(
           key, [&] { written = draft_step_batch(batch, n, k); }, recorded);
@@ -565,6 +721,7 @@ std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<cons
     rc.rows_written_by_propose = written;
     rc.seq_len += written;
   }
+  if (stats) stats_pass(k, n, B, !extras.requested.empty(), truncates(extras.transform), *extras.stats);
   std::vector<int32_t> tokens(static_cast<size_t>(k) * n);
   wait_comm();
   be_.download(tokens.data(), batch_tokens_.data() + n, tokens.size() * sizeof(int32_t));
@@ -591,8 +748,9 @@ int MtpDrafter::draft_step_batch(BatchState& batch, int n, int k) {
   const size_t H = static_cast<size_t>(hidden_);
   for (int i = 0; i < k; ++i) {
     const int32_t* pos = batch_pos_.data() + static_cast<size_t>(i) * n;
-    front_batch(n, batch_tokens_.data() + static_cast<size_t>(i) * n,
-                i == 0 ? batch_hidden_.data() : batch_y_.data());
+    const int32_t* in_tokens = i > 0 && step_chain_ ? batch_chain_.data() + static_cast<size_t>(i - 1) * n
+                                                    : batch_tokens_.data() + static_cast<size_t>(i) * n;
+    front_batch(n, in_tokens, i == 0 ? batch_hidden_.data() : batch_y_.data());
     mark_begin(Phase::block, i);
     const bool norm_in_block = opt_.skip == Skip::none;
     if (opt_.skip != Skip::block) {
@@ -624,7 +782,10 @@ void MtpDrafter::head_pick_batch(int draft_index, int n, int32_t* tokens_out) {
   const fp8e4m3* W8 = opt_.head_fp8 ? fw_.lm_head_fp8.data() : nullptr;
   const float* scale = opt_.head_fp8 ? fw_.lm_head_scale.data() : nullptr;
   ExchangeBuffers& xb = *batch_xchg_;
-  bf16* logits = (sharded && opt_.exchange == Exchange::allgather_logits) ? xb.logits.data() : nullptr;
+  bf16* exchange_logits =
+      (sharded && opt_.exchange == Exchange::allgather_logits) ? xb.logits.data() : nullptr;
+  bf16* kept = step_logits(draft_index, n);  // as head_pick: the stats pass's copy of the logits
+  bf16* logits = kept ? kept : exchange_logits;
   // As head_pick: unsharded, the head writes each row's token; sharded, what the protocol starts
   // from, and then ONE collective carries every row's.
   ops::HeadExtras extras;
@@ -635,10 +796,54 @@ void MtpDrafter::head_pick_batch(int draft_index, int n, int32_t* tokens_out) {
   }
   be_.head_argmax_batch(W, W8, scale, batch_y_.data(), batch_slot_.data(), n, static_cast<int>(shard_.n),
                         hidden_, shard_.v0, logits, static_cast<int>(xb.stride), xb.local_max.data(), extras);
+  if (kept && exchange_logits)
+    be_.copy(exchange_logits, kept, static_cast<size_t>(n) * static_cast<size_t>(xb.stride) * sizeof(bf16));
   if (!sharded) return;
   mark_begin(Phase::exchange, draft_index);
   exchange_pick_rows(be_, *comm_, opt_.exchange, vocab_, xb, n, tokens_out, /*key_from_head=*/true);
   mark_end(Phase::exchange, draft_index);
+}
+
+// ---- the target's log p ----------------------------------------------------------------------
+
+std::vector<float> MtpDrafter::target_logprobs(const bf16* hiddens, const int32_t* tokens, int n,
+                                               const SamplingTransform& transform) {
+  const ops::SampleParams params = sample_params(transform);  // checks the transform
+  MTP_REQUIRE(n >= 0, "drafter: target_logprobs of ", n, " rows");
+  for (int r = 0; r < n; ++r)
+    MTP_REQUIRE(tokens[r] >= 0 && tokens[r] < vocab_, "drafter: target_logprobs: token ", tokens[r],
+                " of row ", r, " is outside the vocab of ", vocab_);
+  std::vector<float> out(static_cast<size_t>(n));
+  if (n == 0) return out;
+  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
+  constexpr int kChunk = 64;  // rows per head call: every head row read once per chunk
+  const size_t H = static_cast<size_t>(hidden_);
+  if (!target_) {
+    target_ = std::make_unique<StatsBuffers>(be_, world_, shard_.stride, kChunk, sharded);
+    target_hidden_ = ops::Array<bf16>(be_, kChunk * H);
+    target_slot_ = ops::Array<int32_t>(be_, kChunk);
+    be_.fill_bytes(target_slot_.data(), 0, target_slot_.bytes());
+    target_max_ = ops::Array<ops::ArgMax>(be_, kChunk);
+  }
+  wait_comm();
+  be_.upload(target_->params.data(), &params, sizeof params);
+  std::vector<ops::TokenStats> st(kChunk);
+  for (int r0 = 0; r0 < n; r0 += kChunk) {
+    const int rows = std::min(kChunk, n - r0);
+    wait_comm();  // the uploads synchronise the stream: the last chunk's collectives go first
+    be_.upload(target_hidden_.data(), hiddens + static_cast<size_t>(r0) * H, rows * H * sizeof(bf16));
+    be_.upload(target_->requested.data(), tokens + r0, static_cast<size_t>(rows) * sizeof(int32_t));
+    // The target's head is the BF16 lm_head (whatever head_fp8 says of the drafter's), no norm:
+    // the trace's hidden is already post-final-norm.
+    be_.head_argmax_batch(fw_.lm_head.data(), nullptr, nullptr, target_hidden_.data(), target_slot_.data(),
+                          rows, static_cast<int>(shard_.n), hidden_, shard_.v0, target_->logits.data(),
+                          static_cast<int>(target_->stride), target_max_.data(), {});
+    stats_rows(be_, comm_, sharded, vocab_, shard_.v0, shard_.n, *target_, rows, true, truncates(transform));
+    wait_comm();
+    be_.download(st.data(), target_->out.data(), static_cast<size_t>(rows) * sizeof(ops::TokenStats));
+    for (int j = 0; j < rows; ++j) out[static_cast<size_t>(r0 + j)] = st[static_cast<size_t>(j)].req_logprob;
+  }
+  return out;
 }
 
 }  // namespace mtplab::drafter

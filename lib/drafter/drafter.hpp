@@ -49,7 +49,9 @@
 namespace mtplab::drafter {
 
 /// Timing hooks: the harness records backend events at these boundaries.
-enum class Phase { prefill, propose, block, head, exchange, after_verify, catch_up };
+/// `stats`: the sampling statistics of a propose with ProposeExtras::stats (after the drafts, once
+/// per propose / propose_batch), so Phase::propose stays comparable with a greedy propose.
+enum class Phase { prefill, propose, block, head, exchange, after_verify, catch_up, stats };
 const char* to_string(Phase p);
 class PhaseTimer {
  public:
@@ -69,13 +71,13 @@ VocabShard vocab_shard(const model::ShardPlan& plan);
 
 /// The head and front weights in backend memory (the block's are in BlockWeights).
 struct FrontWeights {
-  ops::Array<bf16> embed;         // [V, H], whole on every rank
-  ops::Array<bf16> enorm, hnorm;  // [H]
-  ops::Array<bf16> eh_proj;       // [H, 2H]: embedding columns first
+  ops::Array<bf16> embed;             // [V, H], whole on every rank
+  ops::Array<bf16> enorm, hnorm;      // [H]
+  ops::Array<bf16> eh_proj;           // [H, 2H]: embedding columns first
   ops::Array<bf16> shared_head_norm;  // [H]
-  ops::Array<bf16> lm_head;       // [n, H]: this rank's vocab rows
-  ops::Array<fp8e4m3> lm_head_fp8;  // [n, H] E4M3, present when head_fp8 is on
-  ops::Array<float> lm_head_scale;  // [n] one fp32 scale per row
+  ops::Array<bf16> lm_head;           // [n, H]: this rank's vocab rows
+  ops::Array<fp8e4m3> lm_head_fp8;    // [n, H] E4M3, present when head_fp8 is on
+  ops::Array<float> lm_head_scale;    // [n] one fp32 scale per row
 };
 
 /// The host-side row bookkeeping of one sequence (single or in a batch's slot).
@@ -153,6 +155,26 @@ struct BatchRow {
   const bf16* hidden = nullptr;
 };
 
+/// What the head's logits say about one draft, beside its token.
+struct DraftStats {
+  float margin = 0;       ///< top-1 minus top-2 logit (raw BF16 logits, no transform)
+  float logprob = 0;      ///< log q(draft token) under the transform
+  float req_logprob = 0;  ///< log q(requested token) under the transform; -inf outside the support
+                          ///< (NaN when the call gave no requested tokens)
+};
+
+/// Extras of one propose / propose_batch (default: today's behaviour, nothing more computed).
+struct ProposeExtras {
+  /// Row-major [rows, k - 1]: the input token of draft i + 1 is chain_tokens[row][i] instead of
+  /// draft i (teacher forcing, sampling verification). Empty: the drafter's own drafts (today).
+  std::span<const int32_t> chain_tokens;
+  /// Row-major [rows, k]: the token whose req_logprob is reported per draft. Empty: none.
+  std::span<const int32_t> requested;
+  SamplingTransform transform;
+  /// When non-null, resized to rows * k and filled (row-major [rows, k]).
+  std::vector<DraftStats>* stats = nullptr;
+};
+
 class StepGraphs;
 
 class MtpDrafter {
@@ -170,6 +192,13 @@ class MtpDrafter {
                    Phase phase = Phase::prefill);
   /// k drafts from (token, hidden) at position st.seq_len(); writes k rows (none when skip=block).
   std::vector<int32_t> propose(SequenceState& st, int32_t token, const bf16* hidden, int k);
+  /// propose with extras (docs/drafter.md, "Sampling statistics"): chain tokens replace the input
+  /// of drafts 2..k (drafts, rows and rollback are then those of a propose that had drafted them),
+  /// and `stats` gets each draft's DraftStats under the transform (timed in Phase::stats, after the
+  /// drafts). Refused: sizes other than k - 1 / k, tokens outside the vocab, requested without
+  /// stats, stats with skip: head (no head runs). Empty extras: exactly propose(st, token, hidden, k).
+  std::vector<int32_t> propose(SequenceState& st, int32_t token, const bf16* hidden, int k,
+                               const ProposeExtras& extras);
   /// Trims the rows of the last propose that must not stay: keeps the first (true-hidden) row
   /// under DraftRows::rewrite, the `accepted` rows of accepted drafts under DraftRows::keep.
   void after_verify(SequenceState& st, int accepted);
@@ -198,6 +227,16 @@ class MtpDrafter {
   /// on the CPU backend. Writes k rows per sequence (none with skip: block). Phases are timed as
   /// propose's, once per batched step.
   std::vector<int32_t> propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k);
+  /// propose_batch with extras, row b's extras at row b of each array (chain [B, k - 1], requested
+  /// and stats [B, k]); row b's drafts and stats equal propose() of that sequence alone with its
+  /// row of extras (bit for bit on the CPU). One stats pass for all B rows and k drafts.
+  std::vector<int32_t> propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k,
+                                     const ProposeExtras& extras);
+  /// The target's log p(tokens[r]) for n trace rows: lm_head(hiddens[r]) with the BF16 head (no
+  /// norm), the transform, at the requested token. hiddens [n, H] host BF16; vocab-sharded: every
+  /// rank returns the same values (collective). Batches rows internally (e.g. 64 per head call).
+  std::vector<float> target_logprobs(const bf16* hiddens, const int32_t* tokens, int n,
+                                     const SamplingTransform&);
   /// after_verify for the sequence in `slot`.
   void after_verify(BatchState& batch, int slot, int accepted);
   /// The distinct routed experts of the last draft of the last propose_batch over its first
@@ -251,6 +290,15 @@ class MtpDrafter {
   /// The k drafts of a batched step of n (padded) rows; returns the rows written per sequence.
   int draft_step_batch(BatchState& batch, int n, int k);
   void head_pick_batch(int draft_index, int n, int32_t* tokens_out);
+  /// The checks of a call's extras for `rows` rows of k drafts; whether it has chain tokens.
+  bool check_extras(const ProposeExtras& x, int rows, int k) const;
+  /// Sizes stats_ for the k drafts of `rows` rows (drops the graphs when the buffers move).
+  void reserve_stats(int rows);
+  /// The stats pass of the last step over rows = k * n logit rows (Phase::stats), then their
+  /// download into `out` [B, k] (row b draft i from buffer row i * n + b).
+  void stats_pass(int k, int n, int B, bool with_requested, bool truncate, std::vector<DraftStats>& out);
+  /// Where the head writes draft i's logits when the step keeps them (null otherwise).
+  bf16* step_logits(int draft_index, int n);
   /// comm->wait() when collectives may be pending on a multi-rank communicator.
   void wait_comm();
   void head_pick(int draft_index, int32_t* token_out);
@@ -275,10 +323,10 @@ class MtpDrafter {
 
   // Scratch in backend memory.
   ops::Array<bf16> concat_, x_, y_, hidden_in_;
-  ops::Array<int32_t> tokens_;      // [1 + max_draft]: the input token, then each draft
-  ops::Array<int32_t> positions_;   // [max_draft] propose positions (base + i)
-  ops::Array<int32_t> pos_base_;    // [1]
-  std::unique_ptr<ExchangeBuffers> xchg_;  // the head's (max, argmax) and the pick's buffers
+  ops::Array<int32_t> tokens_;                      // [1 + max_draft]: the input token, then each draft
+  ops::Array<int32_t> positions_;                   // [max_draft] propose positions (base + i)
+  ops::Array<int32_t> pos_base_;                    // [1]
+  std::unique_ptr<ExchangeBuffers> xchg_;           // the head's (max, argmax) and the pick's buffers
   ops::Array<int32_t> row_tokens_, row_positions_;  // context-row staging
   ops::Array<bf16> row_hiddens_;
   ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk (context_rows full, context_gemm)
@@ -290,7 +338,7 @@ class MtpDrafter {
   ops::Array<bf16> head_inputs_;  // [max_draft, H] when keep_head_inputs is on
   bool keep_head_inputs_ = false;
   int last_k_ = 0;
-  bool graph_warm_ = false;             // an op-by-op propose has sized the backend's scratch
+  bool graph_warm_ = false;  // an op-by-op propose has sized the backend's scratch
   // The batched step's buffers, [batch_rows_] rows (padded rows included).
   int batch_rows_ = 0;
   ops::Array<int32_t> batch_slot_;      // [rows]: slot per row, -1 padded
@@ -300,8 +348,18 @@ class MtpDrafter {
   ops::Array<bf16> batch_concat_;       // [rows, 2H]
   ops::Array<bf16> batch_x_, batch_y_;  // [rows, H]
   std::unique_ptr<ExchangeBuffers> batch_xchg_;
-  std::vector<int32_t> batch_warm_;     // padded row counts an op-by-op step has run at (cuda_graph)
-  std::unique_ptr<StepGraphs> graphs_;  // last member: destroyed first
+  // Extras of the step being drafted (set per call, read while recording: graph key variants).
+  bool step_chain_ = false;               // drafts 2..k read chain_tokens (chain_ / batch_chain_)
+  bool step_logits_ = false;              // the head keeps every draft's logits in stats_ for the stats pass
+  ops::Array<int32_t> chain_;             // [max_draft - 1] single-sequence chain tokens
+  ops::Array<int32_t> batch_chain_;       // [max_draft - 1, rows] draft-major, as batch_tokens_
+  std::unique_ptr<StatsBuffers> stats_;   // [max_draft * rows] logit rows, draft-major
+  std::unique_ptr<StatsBuffers> target_;  // target_logprobs' chunk of rows
+  ops::Array<bf16> target_hidden_;        // [chunk, H]
+  ops::Array<int32_t> target_slot_;       // [chunk] zeros: every row live
+  ops::Array<ops::ArgMax> target_max_;    // [chunk] (the head's argmax, unused)
+  std::vector<int32_t> batch_warm_;       // padded row counts an op-by-op step has run at (cuda_graph)
+  std::unique_ptr<StepGraphs> graphs_;    // last member: destroyed first
 };
 
 /// Builds BlockDims for this rank from the model config and the world size.

@@ -56,11 +56,12 @@ void exchange_pick(ops::Backend& be, dist::Communicator& comm, Exchange protocol
       // token id, then the pick: what engines that gather the logits do, kept exact for uneven
       // splits (shard r starts at split_range(V, r, world).begin).
       MTP_REQUIRE(buf.logits.size() > 0, "exchange allgather_logits: the logit buffers were not allocated");
-      comm.all_gather(buf.logits.data(), buf.gathered_logits.data(), static_cast<size_t>(buf.stride) * sizeof(bf16));
+      comm.all_gather(buf.logits.data(), buf.gathered_logits.data(),
+                      static_cast<size_t>(buf.stride) * sizeof(bf16));
       for (int r = 0; r < world; ++r) {
         const model::Range seg = model::split_range(vocab, r, world);
-        be.argmax(buf.gathered_logits.data() + static_cast<size_t>(r) * buf.stride, static_cast<int>(seg.count),
-                  seg.begin, buf.gathered_max.data() + r);
+        be.argmax(buf.gathered_logits.data() + static_cast<size_t>(r) * buf.stride,
+                  static_cast<int>(seg.count), seg.begin, buf.gathered_max.data() + r);
       }
       be.argmax_pick(buf.gathered_max.data(), world, token_out);
       break;
@@ -76,7 +77,8 @@ void exchange_pick(ops::Backend& be, dist::Communicator& comm, Exchange protocol
       be.download(&mine, buf.local_max.data(), sizeof mine);
       bf16 lanes[8] = {};
       lanes[rank] = to_bf16(mine.value);
-      for (int d = 0; d < 3; ++d) lanes[2 + rank * 3 + d] = to_bf16(static_cast<float>((mine.index >> (8 * d)) & 0xFF));
+      for (int d = 0; d < 3; ++d)
+        lanes[2 + rank * 3 + d] = to_bf16(static_cast<float>((mine.index >> (8 * d)) & 0xFF));
       be.upload(buf.lanes.data(), lanes, sizeof lanes);
       comm.all_reduce_sum(buf.lanes.data(), buf.lanes.data(), 8);
       comm.wait();
@@ -149,6 +151,76 @@ void exchange_pick_rows(ops::Backend& be, dist::Communicator& comm, Exchange pro
       break;
     }
   }
+}
+
+// ---- sampling statistics ---------------------------------------------------------------------
+
+StatsBuffers::StatsBuffers(ops::Backend& be, int world, int64_t stride_rows, int n_rows, bool sharded)
+    : logits(be, static_cast<size_t>(stride_rows) * n_rows),
+      requested(be, static_cast<size_t>(n_rows)),
+      parts(be, static_cast<size_t>(n_rows)),
+      out(be, static_cast<size_t>(n_rows)),
+      params(be, 1),
+      stride(stride_rows),
+      rows(n_rows) {
+  MTP_REQUIRE(n_rows >= 1 && stride_rows >= 1, "stats buffers for ", n_rows, " rows of ", stride_rows);
+  // -inf everywhere: past a shard (an allgather_logits exchange reads the rows too) and in rows no
+  // head writes (padded batch rows), so every row the row ops read holds defined values.
+  std::vector<bf16> pad(logits.size(), bf16{0xFF80});
+  be.upload(logits.data(), pad.data(), pad.size() * sizeof(bf16));
+  be.fill_bytes(requested.data(), 0, requested.bytes());
+  if (sharded) {
+    gathered_logits = ops::Array<bf16>(be, logits.size() * static_cast<size_t>(world));
+    gathered_parts = ops::Array<ops::LogitStats>(be, parts.size() * static_cast<size_t>(world));
+  }
+}
+
+ops::SampleParams sample_params(const SamplingTransform& t) {
+  check_transform(t);
+  ops::SampleParams p;
+  p.temperature = static_cast<float>(t.temperature);
+  p.top_k = t.top_k;
+  p.top_p = static_cast<float>(t.top_p);
+  return p;
+}
+
+void stats_rows(ops::Backend& be, dist::Communicator* comm, bool sharded, int64_t vocab, int64_t shard_begin,
+                int64_t shard_n, StatsBuffers& buf, int rows, bool with_requested, bool truncate) {
+  MTP_REQUIRE(rows >= 1 && rows <= buf.rows, "stats: ", rows, " rows with buffers for ", buf.rows);
+  const int world = comm ? comm->size() : 1;
+  sharded = sharded && world > 1;
+  const int32_t* requested = with_requested ? buf.requested.data() : nullptr;
+  const ops::SampleParams* params = buf.params.data();
+  ops::LogitRows view;
+  view.data = buf.logits.data();
+  view.rows = rows;
+  view.ld = static_cast<int>(buf.stride);
+  if (!sharded) {
+    view.n = static_cast<int>(shard_n);
+    view.index_base = shard_begin;
+    be.logit_stats_batch(view, requested, params, buf.parts.data());
+    be.logit_stats_combine(buf.parts.data(), 1, rows, params, buf.out.data());
+    return;
+  }
+  MTP_REQUIRE(buf.gathered_parts.size() > 0, "stats: a sharded head's gather buffers were not allocated");
+  const size_t n = static_cast<size_t>(rows);
+  if (!truncate) {
+    view.n = static_cast<int>(shard_n);
+    view.index_base = shard_begin;
+    be.logit_stats_batch(view, requested, params, buf.parts.data());
+    comm->all_gather(buf.parts.data(), buf.gathered_parts.data(), n * sizeof(ops::LogitStats));
+    be.logit_stats_combine(buf.gathered_parts.data(), world, rows, params, buf.out.data());
+    return;
+  }
+  // A threshold over the whole vocab: every rank's rows, then each rank summarises them alone.
+  const size_t per_rank = n * static_cast<size_t>(buf.stride);
+  comm->all_gather(buf.logits.data(), buf.gathered_logits.data(), per_rank * sizeof(bf16));
+  view.data = buf.gathered_logits.data();
+  view.segments = world;
+  view.seg_stride = static_cast<int64_t>(per_rank);
+  view.vocab = vocab;
+  be.logit_stats_batch(view, requested, params, buf.parts.data());
+  be.logit_stats_combine(buf.parts.data(), 1, rows, params, buf.out.data());
 }
 
 }  // namespace mtplab::drafter

@@ -47,4 +47,37 @@ void exchange_pick_rows(ops::Backend& be, dist::Communicator& comm, Exchange pro
 /// for the others): pass them to head_argmax, then exchange_pick with key_from_head = true.
 ops::HeadExtras head_extras_for(Exchange protocol, ExchangeBuffers& buf);
 
+// ---- sampling statistics of logit rows (docs/drafter.md, "Sampling statistics") ----------------
+
+/// The buffers of the sampling statistics of up to `rows` logit rows (the k drafts x B rows of a
+/// step, draft-major, or a chunk of target rows), in backend memory. `stride`: the largest shard's
+/// row count (every rank's rows are padded to it, so an all-gather is one block per rank).
+struct StatsBuffers {
+  /// `sharded`: the head is vocab-sharded over `world` ranks (the gather buffers exist then).
+  StatsBuffers(ops::Backend& be, int world, int64_t stride, int rows, bool sharded);
+  ops::Array<bf16> logits;                     ///< [rows, stride]: this rank's logits, -inf past its shard
+  ops::Array<bf16> gathered_logits;            ///< [world, rows, stride] (sharded)
+  ops::Array<int32_t> requested;               ///< [rows]: global token ids
+  ops::Array<ops::LogitStats> parts;           ///< [rows]: this rank's partials
+  ops::Array<ops::LogitStats> gathered_parts;  ///< [world, rows] (sharded)
+  ops::Array<ops::TokenStats> out;             ///< [rows]
+  ops::Array<ops::SampleParams> params;        ///< [1]
+  int64_t stride = 0;
+  int rows = 0;
+};
+
+/// The ops::SampleParams of a transform (fp32, as the ops read them).
+ops::SampleParams sample_params(const SamplingTransform& t);
+
+/// buf.out[0 .. rows) = the TokenStats of the first `rows` rows of buf.logits under buf.params,
+/// for the tokens buf.requested when `with_requested`. Each row holds this rank's shard, tokens
+/// [shard_begin, shard_begin + shard_n) of `vocab` (the whole vocab when comm is null or of size 1,
+/// or `sharded` is false). Sharded, collective over comm, ONE collective whatever the rows:
+/// - no truncation: every rank's [rows] LogitStats partials in one all-gather, combined per row;
+/// - `truncate` (top_k or top_p active): the logits rows in one all-gather ([rows, stride] BF16
+///   per rank), then every rank summarises the whole rows itself (a global threshold needs them).
+/// Every rank ends with the same values.
+void stats_rows(ops::Backend& be, dist::Communicator* comm, bool sharded, int64_t vocab, int64_t shard_begin,
+                int64_t shard_n, StatsBuffers& buf, int rows, bool with_requested, bool truncate);
+
 }  // namespace mtplab::drafter

@@ -32,6 +32,9 @@ class StepGraphs {
     int k = 0;
     std::array<const void*, 6> cache{};
     int rows = 1;  ///< the batch's padded row count (batched drafting: one graph per bucket)
+    /// What else the recorded work does (MtpDrafter: chain tokens, kept logits, the stats pass);
+    /// 0: the plain step.
+    int variant = 0;
     bool operator==(const Key&) const = default;
   };
 

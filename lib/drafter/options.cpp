@@ -1,5 +1,7 @@
 #include "drafter/options.hpp"
 
+#include <cmath>
+
 #include "core/error.hpp"
 
 namespace mtplab::drafter {
@@ -28,6 +30,18 @@ DraftRows parse_draft_rows(const std::string& s) {
 }
 ops::KvDtype parse_kv_dtype(const std::string& s) {
   return parse<ops::KvDtype>("kv_cache_dtype", s, kKvDtypeNames);
+}
+
+void check_transform(const SamplingTransform& t) {
+  MTP_REQUIRE(std::isfinite(t.temperature) && t.temperature > 0, "temperature: ", t.temperature,
+              " must be finite and > 0 (greedy verification needs no transform)");
+  MTP_REQUIRE(t.top_k >= 0, "top_k: ", t.top_k, " must be >= 0 (0: off)");
+  MTP_REQUIRE(t.top_p > 0 && t.top_p <= 1, "top_p: ", t.top_p, " must be in (0, 1] (1: off)");
+  // The ops read the parameters as fp32: a value that rounds out of its range is refused too.
+  MTP_REQUIRE(static_cast<float>(t.temperature) > 0.0f && std::isfinite(static_cast<float>(t.temperature)),
+              "temperature: ", t.temperature, " is outside the fp32 range the ops read it in");
+  MTP_REQUIRE(static_cast<float>(t.top_p) > 0.0f, "top_p: ", t.top_p,
+              " rounds to 0 in the fp32 the ops read it in");
 }
 
 void check_options(const DrafterOptions& o, const OptionsContext& ctx) {

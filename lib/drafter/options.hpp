@@ -61,6 +61,19 @@ struct DrafterOptions {
   bool context_gemm = false;
 };
 
+/// The distribution a verifier reads from logits: temperature, then top-k (0: off), then top-p (1: off).
+/// (Part of the drafter API, drafter.hpp; here so that the sweep expansion can check it alone.)
+/// Not an arm of the drafter: a verifier's choice, passed per call (ProposeExtras, target_logprobs).
+struct SamplingTransform {
+  double temperature = 1.0;
+  int top_k = 0;
+  double top_p = 1.0;
+};
+/// Whether the transform truncates (top_k or top_p active): the support is then not the whole vocab.
+inline bool truncates(const SamplingTransform& t) { return t.top_k > 0 || t.top_p < 1.0; }
+/// temperature finite and > 0, top_k >= 0, top_p in (0, 1]; an Error naming the key otherwise.
+void check_transform(const SamplingTransform& t);
+
 /// What check_options() checks the options against.
 struct OptionsContext {
   int world = 1;      ///< ranks the drafter runs on

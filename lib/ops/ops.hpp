@@ -120,6 +120,83 @@ struct IndexerSlots {
   int max_pools() const { return P > 0 ? max_rows / P : 0; }
 };
 
+// ---- sampling statistics: the distribution a verifier reads from the head's logits -------------
+//
+// Sampling verification (docs/drafter.md, "Sampling statistics") needs, per row of logits, the
+// distribution q = softmax(transform(l)): divide by the temperature T, keep the top_k largest
+// logits (0: off), then the smallest set of largest ones whose mass reaches top_p (1: off), and
+// renormalise. Ties at a threshold are kept: every entry whose logit equals the k-th largest is in
+// the top-k set, and every entry whose logit equals the value at which the mass reaches top_p is
+// in the top-p set, so the support is always {l >= tau} for one logit value tau. The transform
+// does not reorder logits (T > 0), so tau is a raw BF16 logit value. Mass is computed with the
+// row's max subtracted (fp64 on the CPU, fp32 on CUDA).
+
+/// The transform's parameters in backend memory, read by the ops when they run (one recorded
+/// graph serves every value): temperature > 0, top_k >= 0 (0: off), 0 < top_p <= 1 (1: off).
+struct SampleParams {
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  int32_t reserved = 0;
+};
+static_assert(sizeof(SampleParams) == 16);
+
+/// One row's logits summarised over a shard of the vocab (or the whole row): what the verifier's
+/// numbers are combined from (logit_stats_combine). 16 bytes, identical on host and device.
+struct LogitStats {
+  float max;        ///< largest logit
+  float second;     ///< second largest of the multiset (== max on a tie; -inf with one entry)
+  float sum;        ///< sum over the kept entries (l >= tau) of exp((l - max) / T)
+  float requested;  ///< the requested token's logit when it is in the row's range and kept; else -inf
+};
+static_assert(sizeof(LogitStats) == 16);
+
+/// What a verifier reads per row (drafter::DraftStats has the same fields).
+struct TokenStats {
+  float margin;       ///< top-1 minus top-2 raw logit
+  float logprob;      ///< log q of the top-1 token (the draft): -log(sum), as the max is kept
+  float req_logprob;  ///< log q of the requested token; -inf when it is outside the support
+};
+static_assert(sizeof(TokenStats) == 12);
+
+/// Segment s of `segments` equal-as-possible parts of [0, vocab): the first vocab % segments parts
+/// hold one token more (the rule of model::split_range, which the vocab-sharded head follows).
+struct VocabSegment {
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+MTP_HD constexpr VocabSegment vocab_segment(int64_t vocab, int segments, int s) {
+  const int64_t base = vocab / segments, extra = vocab % segments;
+  return VocabSegment{s * base + (s < extra ? s : extra), base + (s < extra ? 1 : 0)};
+}
+
+/// A 16-bit key whose unsigned order is the order of BF16 values (-0 keyed as +0, so equal values
+/// have equal keys): the stats ops find thresholds on these keys (NaN is outside the contract).
+MTP_HD constexpr uint16_t logit_key(uint16_t bits) {
+  if ((bits & 0x7fffu) == 0) bits = 0;
+  return static_cast<uint16_t>((bits & 0x8000u) ? ~bits : (bits | 0x8000u));
+}
+/// The BF16 bits of a key (the inverse of logit_key on canonical values).
+MTP_HD constexpr uint16_t logit_of_key(uint16_t key) {
+  return static_cast<uint16_t>((key & 0x8000u) ? (key & 0x7fffu) : ~key);
+}
+
+/// Where the logits of `rows` rows lie in backend memory. One segment (segments == 1): row b's n
+/// entries at data + b * ld are the tokens index_base .. index_base + n - 1 (a shard, or the whole
+/// vocab). Several (a vocab-sharded head's logits all-gathered, rank-major): segment s of row b at
+/// data + s * seg_stride + b * ld holds the tokens of vocab_segment(vocab, segments, s); the
+/// entries past a segment's count (padding) are not read.
+struct LogitRows {
+  const bf16* data = nullptr;
+  int rows = 0;
+  int ld = 0;
+  int n = 0;
+  int64_t index_base = 0;
+  int segments = 1;
+  int64_t seg_stride = 0;
+  int64_t vocab = 0;
+};
+
 class Event {
  public:
   virtual ~Event() = default;
@@ -409,6 +486,24 @@ class Backend {
   virtual void moe_experts_grouped(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                                    const float* weights, const int32_t* slot, int rows, int top_k,
                                    const ExpertWeights* shared, float limit, float* out) = 0;
+
+  // ---- sampling statistics (SampleParams, LogitStats above) -----------------------------------
+  /// Row op: the LogitStats of each of view.rows rows under *params (backend memory): max and
+  /// second of every entry, the support threshold tau of the transform (top-k, then top-p, ties
+  /// kept), the sum of exp((l - max) / T) over l >= tau, and the logit of requested[b] (a global
+  /// token id; null: none) when it is one of the row's tokens and l >= tau, else -inf. The
+  /// transform is applied to the row as given: a shard's stats are only right without truncation
+  /// (partials to combine), a truncated transform needs whole rows (one segment of the whole
+  /// vocab, or the gathered segments). Every row in one launch on CUDA (rows up to 65535).
+  virtual void logit_stats_batch(const LogitRows& view, const int32_t* requested, const SampleParams* params,
+                                 LogitStats* out) = 0;
+  /// Row op: out[b] from the n partials of row b, candidate-major (part i of row b at
+  /// parts[i * rows + b], the layout of an all-gather of every rank's [rows] partials):
+  /// M = max of the maxes, margin = M minus the second largest of every part's (max, second),
+  /// Z = sum_i sum_i * exp((max_i - M) / T), logprob = -log Z, req_logprob = (r - M) / T - log Z
+  /// for r the largest requested logit (-inf when every part has -inf). fp64 on both backends.
+  virtual void logit_stats_combine(const LogitStats* parts, int n, int rows, const SampleParams* params,
+                                   TokenStats* out) = 0;
 };
 
 /// The CPU reference backend (always built).

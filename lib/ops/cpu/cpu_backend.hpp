@@ -131,6 +131,12 @@ class CpuBackend final : public Backend {
                            const float* weights, const int32_t* slot, int rows, int top_k,
                            const ExpertWeights* shared, float limit, float* out) override;
 
+  // ---- sampling statistics (cpu/sample_stats.cpp) ---------------------------------------------
+  void logit_stats_batch(const LogitRows& view, const int32_t* requested, const SampleParams* params,
+                         LogitStats* out) override;
+  void logit_stats_combine(const LogitStats* parts, int n, int rows, const SampleParams* params,
+                           TokenStats* out) override;
+
  private:
   /// Y[r] = sum_j W[., j] X[r, j] in fp32 (no rounding), rows at a time; shared by the linears.
   void linear_fp32_rows(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, const char* op);

@@ -631,6 +631,13 @@ class CudaBackend final : public Backend {
     }
   }
 
+  void logit_stats_batch(const LogitRows&, const int32_t*, const SampleParams*, LogitStats*) override {
+    MTP_FAIL("ops::cuda::logit_stats_batch: not built into this revision yet");
+  }
+  void logit_stats_combine(const LogitStats*, int, int, const SampleParams*, TokenStats*) override {
+    MTP_FAIL("ops::cuda::logit_stats_combine: not built into this revision yet");
+  }
+
  private:
   static void require_rows(const char* op, const int32_t* slot, int rows) {
     MTP_REQUIRE(rows >= 1, "ops::cuda::", op, ": rows = ", rows);
