@@ -164,11 +164,13 @@ PY
     grep -q 'qidx sel differ' "$work/run.log" || { fail "no qidx column in the summary table"; cat "$work/run.log"; }
     ;;
   sampling)
-    # A synthetic trace sampled at T = 1; verify greedy / sampling x draft_proposal (the greedy
+    # A synthetic trace sampled at T = 4 (random weights: at T = 1 the drafter and the target
+    # agree on little and most a_i are near 0; at T = 4 they spread over (0, 1)); verify greedy /
+    # sampling x draft_proposal (the greedy
     # verification's sampled-proposal point is the same point as its greedy one: excluded) x
     # head_sharding x batch_size: 12 points.
     smp=(--set trace.synthetic.sequences=5 --set trace.synthetic.new_tokens=24 --set trace.synthetic.sampling=sampling
-         --set trace.synthetic.temperature=1.0 --set trace.synthetic.sampling_seed=3 --set temperature=1.0
+         --set trace.synthetic.temperature=4 --set trace.synthetic.sampling_seed=3 --set temperature=4
          --set sampling_seed=5 --set 'sweep.grid.skip=[none]' --set 'sweep.grid.head_fp8=[off]'
          --set 'sweep.grid.context_rows=[cache_only]' --set 'sweep.grid.verify=[greedy,sampling]'
          --set 'sweep.grid.draft_proposal=[greedy,sampled]' --set 'sweep.grid.batch_size=[1,4]'
@@ -187,12 +189,12 @@ PY
     if run "$work/bad1.log" "${smp[@]}" --set trace.synthetic.sampling=greedy --out "$work/bad1.h5"; then
       fail "a sampling point on a greedy trace ran"
     fi
-    grep -q 'trace.synthetic: verify: sampling (temperature 1, top_k 0, top_p 1) needs a trace sampled' "$work/bad1.log" ||
+    grep -q 'trace.synthetic: verify: sampling (temperature 4, top_k 0, top_p 1) needs a trace sampled' "$work/bad1.log" ||
       { fail "no clear refusal of a greedy trace"; cat "$work/bad1.log"; }
     if run "$work/bad2.log" "${smp[@]}" --set temperature=0.5 --out "$work/bad2.h5"; then
       fail "a sampling point at another temperature ran"
     fi
-    grep -q 'this trace was sampled at temperature 1, top_k 0, top_p 1' "$work/bad2.log" ||
+    grep -q 'this trace was sampled at temperature 4, top_k 0, top_p 1' "$work/bad2.log" ||
       { fail "no clear refusal of a temperature mismatch"; cat "$work/bad2.log"; }
     [[ ! -e $work/bad1.h5 && ! -e $work/bad2.h5 ]] || fail "a refused run left a results file"
     # A trace file: written greedy by `mtplab trace`, then marked as sampled at top_k 1, with the
