@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -454,4 +455,26 @@ TEST(SamplingExperiment, BadValuesNameTheKey) {
     const std::string msg = message_of([&] { parse_experiment(kSampled, "exp.yaml", {c.set}, 1); });
     EXPECT_NE(msg.find(c.key), std::string::npos) << c.set << ": " << msg;
   }
+}
+
+TEST(SamplingExperiment, ShippedTemperatureExperiment) {
+  // experiments/temperature.yaml: 48 points, every sampling point on the trace sampled at its
+  // temperature (the file's attributes agree), greedy points with the sampling arms normalised.
+  const char* src = std::getenv("MTPLAB_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "MTPLAB_SOURCE_DIR is not set";
+  const std::string root(src);
+  const Experiment ex = load_experiment(root + "/experiments/temperature.yaml", {}, 1);
+  ASSERT_EQ(ex.points.size(), 48u);
+  int sampling = 0;
+  for (PointConfig p : ex.points) {
+    p.trace.path = root + "/" + p.trace.path;  // the experiment's paths are relative to the repository root
+    EXPECT_NO_THROW(check_trace_file(p)) << p.label();
+    if (p.arms.replay.verify == Verify::sampling) {
+      ++sampling;
+      EXPECT_NE(p.trace.path.find(p.arms.replay.temperature == 0.7 ? "T0.7" : "T1.0"), std::string::npos);
+    } else {
+      EXPECT_EQ(p.arms.replay, ReplayOptions{});
+    }
+  }
+  EXPECT_EQ(sampling, 32);
 }
