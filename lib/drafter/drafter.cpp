@@ -116,8 +116,26 @@ void MtpDrafter::keep_head_inputs(bool on) {
   keep_head_inputs_ = on;
   if (on && head_inputs_.size() == 0)
     head_inputs_ = ops::Array<bf16>(be_, static_cast<size_t>(opt_.draft_len) * hidden_);
+  if (on && batch_rows_ > 0 && batch_head_inputs_.size() == 0)
+    batch_head_inputs_ = ops::Array<bf16>(
+        be_, static_cast<size_t>(opt_.draft_len) * batch_rows_ * static_cast<size_t>(hidden_));
   // A recorded step does (or does not) copy the head inputs: record again.
   release_graphs();
+}
+
+std::vector<bf16> MtpDrafter::batch_head_inputs() {
+  MTP_REQUIRE(keep_head_inputs_ && batch_head_inputs_.size() > 0,
+              "drafter: batch_head_inputs() needs keep_head_inputs(true) before the propose_batch");
+  std::vector<bf16> dev(static_cast<size_t>(last_batch_k_) * last_batch_n_ * hidden_);
+  wait_comm();
+  be_.download(dev.data(), batch_head_inputs_.data(), dev.size() * sizeof(bf16));
+  // Device layout [k, n, H] (draft-major, as the step's rows) -> [B, k, H].
+  const size_t H = static_cast<size_t>(hidden_), n = static_cast<size_t>(last_batch_n_);
+  std::vector<bf16> out(static_cast<size_t>(last_batch_rows_) * last_batch_k_ * H);
+  for (size_t b = 0; b < static_cast<size_t>(last_batch_rows_); ++b)
+    for (size_t i = 0; i < static_cast<size_t>(last_batch_k_); ++i)
+      std::copy_n(dev.data() + (i * n + b) * H, H, out.data() + (b * last_batch_k_ + i) * H);
+  return out;
 }
 
 std::vector<bf16> MtpDrafter::head_inputs() {
@@ -314,14 +332,15 @@ void MtpDrafter::stats_pass(int k, int n, int B, bool with_requested, bool trunc
     stats_rows(be_, comm_, sharded, vocab_, shard_.v0, shard_.n, *stats_, rows, with_requested, truncate);
   };
   mark_begin(Phase::stats, 0);
-  if (graphs_) {
+  if (graphs_ && stats_warm_) {
     // Its own graph per (k, rows, variant): the parameters, the requested tokens and the logits
     // are read from fixed buffers, so one recording serves every call.
     const StepGraphs::Key key{k, {}, n, 4 | (with_requested ? 8 : 0) | (truncate ? 16 : 0)};
     bool recorded = false;
     graphs_->get(key, run, recorded).launch();
   } else {
-    run();
+    run();  // with cuda_graph: the first pass runs op by op (it sizes the backend's scratch)
+    stats_warm_ = graphs_ != nullptr;
   }
   mark_end(Phase::stats, 0);
   std::vector<ops::TokenStats> dev(static_cast<size_t>(rows));
@@ -544,6 +563,7 @@ void MtpDrafter::reserve_batch(int rows) {
   batch_concat_ = ops::Array<bf16>(be_, R * 2 * H);
   batch_x_ = ops::Array<bf16>(be_, R * H);
   batch_y_ = ops::Array<bf16>(be_, R * H);
+  if (keep_head_inputs_) batch_head_inputs_ = ops::Array<bf16>(be_, k * R * H);
   // Padded rows of the row ops compute on what their rows hold: zeros, not uninitialised bytes.
   be_.fill_bytes(batch_slot_.data(), 0xFF, batch_slot_.bytes());
   for (ops::Array<int32_t>* a : {&batch_pos_, &batch_tokens_, &batch_chain_})
@@ -722,6 +742,9 @@ std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<cons
     rc.seq_len += written;
   }
   if (stats) stats_pass(k, n, B, !extras.requested.empty(), truncates(extras.transform), *extras.stats);
+  last_batch_k_ = k;
+  last_batch_n_ = n;
+  last_batch_rows_ = B;
   std::vector<int32_t> tokens(static_cast<size_t>(k) * n);
   wait_comm();
   be_.download(tokens.data(), batch_tokens_.data() + n, tokens.size() * sizeof(int32_t));
@@ -770,6 +793,9 @@ int MtpDrafter::draft_step_batch(BatchState& batch, int n, int k) {
     mark_begin(Phase::head, i);
     if (!norm_in_block)
       be_.rmsnorm(batch_x_.data(), fw_.shared_head_norm.data(), batch_y_.data(), n, hidden_, eps_);
+    if (keep_head_inputs_)
+      be_.copy(batch_head_inputs_.data() + static_cast<size_t>(i) * n * H, batch_y_.data(),
+               static_cast<size_t>(n) * H * sizeof(bf16));
     head_pick_batch(i, n, tokens_out);
     mark_end(Phase::head, i);
   }

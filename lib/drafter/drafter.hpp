@@ -251,9 +251,12 @@ class MtpDrafter {
   int graph_recordings() const;
 
   /// For tests: keep every draft's head input y (post shared_head.norm) of the last propose,
-  /// readable with head_inputs() as BF16 [k, H] on the host. Off by default (one copy per draft).
+  /// readable with head_inputs() as BF16 [k, H] on the host (of the last propose_batch:
+  /// batch_head_inputs()). Off by default (one copy per draft).
   void keep_head_inputs(bool on);
   std::vector<bf16> head_inputs();
+  /// As head_inputs, of the last propose_batch: BF16 [B, k, H] (row b's draft i at (b * k + i) * H).
+  std::vector<bf16> batch_head_inputs();
 
   /// The batch_qidx selection check so far (DrafterOptions::selection_check): every context row
   /// that ran the full block with batch_qidx on, its selection from the batched q_idx against the
@@ -337,6 +340,8 @@ class MtpDrafter {
   int max_rows_ = 0;
   ops::Array<bf16> head_inputs_;  // [max_draft, H] when keep_head_inputs is on
   bool keep_head_inputs_ = false;
+  ops::Array<bf16> batch_head_inputs_;  // [max_draft, rows, H] when keep_head_inputs is on
+  int last_batch_k_ = 0, last_batch_n_ = 0, last_batch_rows_ = 0;
   int last_k_ = 0;
   bool graph_warm_ = false;  // an op-by-op propose has sized the backend's scratch
   // The batched step's buffers, [batch_rows_] rows (padded rows included).
@@ -354,6 +359,7 @@ class MtpDrafter {
   ops::Array<int32_t> chain_;             // [max_draft - 1] single-sequence chain tokens
   ops::Array<int32_t> batch_chain_;       // [max_draft - 1, rows] draft-major, as batch_tokens_
   std::unique_ptr<StatsBuffers> stats_;   // [max_draft * rows] logit rows, draft-major
+  bool stats_warm_ = false;               // an op-by-op stats pass has sized the backend's scratch
   std::unique_ptr<StatsBuffers> target_;  // target_logprobs' chunk of rows
   ops::Array<bf16> target_hidden_;        // [chunk, H]
   ops::Array<int32_t> target_slot_;       // [chunk] zeros: every row live

@@ -129,7 +129,7 @@ struct IndexerSlots {
 // the top-k set, and every entry whose logit equals the value at which the mass reaches top_p is
 // in the top-p set, so the support is always {l >= tau} for one logit value tau. The transform
 // does not reorder logits (T > 0), so tau is a raw BF16 logit value. Mass is computed with the
-// row's max subtracted (fp64 on the CPU, fp32 on CUDA).
+// row's max subtracted: count x exp of each distinct logit in fp64, on both backends.
 
 /// The transform's parameters in backend memory, read by the ops when they run (one recorded
 /// graph serves every value): temperature > 0, top_k >= 0 (0: off), 0 < top_p <= 1 (1: off).
@@ -494,7 +494,7 @@ class Backend {
   /// token id; null: none) when it is one of the row's tokens and l >= tau, else -inf. The
   /// transform is applied to the row as given: a shard's stats are only right without truncation
   /// (partials to combine), a truncated transform needs whole rows (one segment of the whole
-  /// vocab, or the gathered segments). Every row in one launch on CUDA (rows up to 65535).
+  /// vocab, or the gathered segments). CUDA: two launches per 128 rows (up to 65535 rows).
   virtual void logit_stats_batch(const LogitRows& view, const int32_t* requested, const SampleParams* params,
                                  LogitStats* out) = 0;
   /// Row op: out[b] from the n partials of row b, candidate-major (part i of row b at

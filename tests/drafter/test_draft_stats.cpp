@@ -346,6 +346,8 @@ TEST(DraftStats, BatchedRowsEqualSingleRows) {
       opt.head_fp8 = fp8;
       auto d = f.make(opt);
       auto batch = d->new_batch(3);
+      d->keep_head_inputs(true);
+      std::vector<bf16> single_ys;
       std::vector<drafter::BatchRow> rows;
       std::vector<int32_t> chain, requested;
       std::vector<std::vector<int32_t>> single_drafts;
@@ -372,6 +374,8 @@ TEST(DraftStats, BatchedRowsEqualSingleRows) {
         x.stats = &stats;
         single_drafts.push_back(d->propose(*st, rows.back().token, rows.back().hidden, k, x));
         single_stats.push_back(stats);
+        const auto ys = d->head_inputs();
+        single_ys.insert(single_ys.end(), ys.begin(), ys.end());
       }
       std::vector<DraftStats> stats;
       drafter::ProposeExtras x;
@@ -381,6 +385,7 @@ TEST(DraftStats, BatchedRowsEqualSingleRows) {
       x.stats = &stats;
       const auto drafts = d->propose_batch(*batch, rows, k, x);
       ASSERT_EQ(stats.size(), static_cast<size_t>(3 * k));
+      EXPECT_EQ(d->batch_head_inputs(), single_ys) << "[B, k, H]: row b's draft i at (b * k + i) * H";
       for (int s = 0; s < 3; ++s)
         for (int i = 0; i < k; ++i) {
           const size_t j = static_cast<size_t>(s * k + i);

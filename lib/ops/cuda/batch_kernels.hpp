@@ -102,4 +102,18 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
                          const float* weights, const int32_t* slot, int rows, int top_k,
                          const ExpertWeights* shared, float limit, bf16* act, float* out);
 
+// ---- sample_stats.cu ---------------------------------------------------------------------------------
+/// Rows per launch pair of logit_stats_batch, and the most blocks one row's histogram is split over.
+inline constexpr int kStatsRows = 128;
+inline constexpr int kStatsMaxSplits = 64;
+/// The scratch logit_stats_batch needs: a 65536-bin histogram per row of a launch (zero between
+/// launches: zero it once when allocated, the kernels leave it zero) and the blocks' top-two keys.
+size_t stats_scratch_bytes();
+/// logit_stats_batch in launches of kStatsRows rows: the histogram kernel, then one block per row.
+void logit_stats_batch(const LaunchCtx& ctx, const LogitRows& view, const int32_t* requested,
+                       const SampleParams* params, LogitStats* out, void* scratch);
+/// logit_stats_combine: one thread per row.
+void logit_stats_combine(const LaunchCtx& ctx, const LogitStats* parts, int n, int rows,
+                         const SampleParams* params, TokenStats* out);
+
 }  // namespace mtplab::ops::cuda

@@ -631,11 +631,38 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void logit_stats_batch(const LogitRows&, const int32_t*, const SampleParams*, LogitStats*) override {
-    MTP_FAIL("ops::cuda::logit_stats_batch: not built into this revision yet");
+  // The parameters live in device memory and are not read here: drafter::sample_params checks
+  // them where they are written (the CPU reference checks them at every call).
+  void logit_stats_batch(const LogitRows& v, const int32_t* requested, const SampleParams* params,
+                         LogitStats* out) override {
+    const char* op = "logit_stats_batch";
+    require_ptrs(op, {v.data, params, out});
+    MTP_REQUIRE(v.rows >= 1 && v.rows <= 65535 && v.segments >= 1, "ops::cuda::", op, ": rows ", v.rows,
+                " (1 .. 65535), segments ", v.segments);
+    if (v.segments == 1) {
+      MTP_REQUIRE(v.n >= 1 && v.ld >= v.n, "ops::cuda::", op, ": n ", v.n, ", ld ", v.ld);
+    } else {
+      MTP_REQUIRE(v.vocab >= v.segments && v.ld >= vocab_segment(v.vocab, v.segments, 0).count &&
+                      v.seg_stride >= static_cast<int64_t>(v.rows) * v.ld,
+                  "ops::cuda::", op, ": vocab ", v.vocab, " in ", v.segments, " segments, ld ", v.ld,
+                  ", seg_stride ", v.seg_stride);
+    }
+    // A fixed size, allocated and zeroed on the first call (outside any capture: the first stats
+    // pass runs op by op), left zero by the kernels.
+    const size_t bytes = cuda::stats_scratch_bytes();
+    if (!stats_zeroed_) {
+      void* scratch = stats_scratch_.ensure(bytes, ctx_.stream, op);
+      MTP_CUDA_CHECK(cudaMemsetAsync(scratch, 0, bytes, ctx_.stream));
+      stats_zeroed_ = true;
+    }
+    cuda::logit_stats_batch(ctx_, v, requested, params, out, stats_scratch_.ensure(bytes, ctx_.stream, op));
   }
-  void logit_stats_combine(const LogitStats*, int, int, const SampleParams*, TokenStats*) override {
-    MTP_FAIL("ops::cuda::logit_stats_combine: not built into this revision yet");
+  void logit_stats_combine(const LogitStats* parts, int n, int rows, const SampleParams* params,
+                           TokenStats* out) override {
+    const char* op = "logit_stats_combine";
+    require_ptrs(op, {parts, params, out});
+    MTP_REQUIRE(n >= 1 && rows >= 1, "ops::cuda::", op, ": n ", n, ", rows ", rows);
+    cuda::logit_stats_combine(ctx_, parts, n, rows, params, out);
   }
 
  private:
@@ -779,6 +806,8 @@ class CudaBackend final : public Backend {
   Scratch mla_scratch_;
   Scratch mla_batch_scratch_;
   Scratch moe_batch_act_;
+  Scratch stats_scratch_;  // logit_stats_batch's histograms (zero between launches)
+  bool stats_zeroed_ = false;
   cuda::HeadBatchScratch head_batch_;
   std::map<std::tuple<int, int, int, bool, uint32_t>, GemmPlan> plans_;
 };
