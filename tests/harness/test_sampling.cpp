@@ -462,12 +462,13 @@ TEST(SamplingExperiment, ShippedTemperatureExperiment) {
   // temperature (the file's attributes agree), greedy points with the sampling arms normalised.
   const char* src = std::getenv("MTPLAB_SOURCE_DIR");
   ASSERT_NE(src, nullptr) << "MTPLAB_SOURCE_DIR is not set";
-  const std::string root(src);
-  const Experiment ex = load_experiment(root + "/experiments/temperature.yaml", {}, 1);
+  // The experiment's paths are relative to the repository root, where mtplab runs.
+  const std::filesystem::path was = std::filesystem::current_path();
+  std::filesystem::current_path(src);
+  const Experiment ex = load_experiment("experiments/temperature.yaml", {}, 1);
   ASSERT_EQ(ex.points.size(), 48u);
   int sampling = 0;
-  for (PointConfig p : ex.points) {
-    p.trace.path = root + "/" + p.trace.path;  // the experiment's paths are relative to the repository root
+  for (const PointConfig& p : ex.points) {
     EXPECT_NO_THROW(check_trace_file(p)) << p.label();
     if (p.arms.replay.verify == Verify::sampling) {
       ++sampling;
@@ -477,4 +478,5 @@ TEST(SamplingExperiment, ShippedTemperatureExperiment) {
     }
   }
   EXPECT_EQ(sampling, 32);
+  std::filesystem::current_path(was);
 }
