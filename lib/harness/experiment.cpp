@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "harness/replay.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -153,6 +154,21 @@ struct DocReader {
       t.new_tokens = static_cast<int>(s.opt_int("new_tokens", t.new_tokens, 1, 1 << 24));
       t.seed = static_cast<uint64_t>(s.opt_int("seed", 1, 0, INT64_MAX));
       t.layers = static_cast<int>(s.opt_int("layers", t.layers, 1, 64));
+      io::TraceSampling& smp = t.sampling;
+      smp.sampled = s.opt_choice("sampling", "greedy", {"greedy", "sampling"}) == "sampling";
+      // Read (and checked) either way; not in effect, hence normalised, when greedy.
+      const double temperature = s.opt_double("temperature", smp.temperature, 0.0, 100.0);
+      if (temperature <= 0) s.req("temperature").fail("expected a temperature in (0, 100]");
+      const int64_t top_k = s.opt_int("top_k", smp.top_k, 0, 1 << 24);
+      const double top_p = s.opt_double("top_p", smp.top_p, 0.0, 1.0);
+      if (top_p <= 0) s.req("top_p").fail("expected a value in (0, 1]");
+      const int64_t seed = s.opt_int("sampling_seed", 1, 0, int64_t{1} << 62);
+      if (smp.sampled) {
+        smp.temperature = temperature;
+        smp.top_k = top_k;
+        smp.top_p = top_p;
+        smp.seed = seed;
+      }
       s.finish();
     }
     m.finish();
@@ -288,6 +304,14 @@ std::string canonical_text(const PointConfig& p) {
     e << YAML::Key << "new_tokens" << YAML::Value << str(p.trace.new_tokens);
     e << YAML::Key << "seed" << YAML::Value << str(p.trace.seed);
     e << YAML::Key << "layers" << YAML::Value << str(p.trace.layers);
+    if (p.trace.sampling.sampled) {  // absent when greedy: older results files keep their identity
+      const io::TraceSampling& smp = p.trace.sampling;
+      e << YAML::Key << "sampling" << YAML::Value << "sampling";
+      e << YAML::Key << "temperature" << YAML::Value << real_text(smp.temperature);
+      e << YAML::Key << "top_k" << YAML::Value << str(smp.top_k);
+      e << YAML::Key << "top_p" << YAML::Value << real_text(smp.top_p);
+      e << YAML::Key << "sampling_seed" << YAML::Value << str(smp.seed);
+    }
     e << YAML::EndMap;
   } else {
     e << YAML::Key << "path" << YAML::Value << p.trace.path;
@@ -357,7 +381,9 @@ ValueType parse_value_type(const std::string& s) {
 
 ValueType axis_value_type(const std::string& name, const std::vector<std::string>& values) {
   if (const ArmSpec* a = find_arm(name))
-    return a->type == ArmType::integer ? ValueType::integer : ValueType::text;
+    return a->type == ArmType::integer ? ValueType::integer
+           : a->type == ArmType::real  ? ValueType::floating
+                                       : ValueType::text;
   auto all = [&](auto pred) { return std::all_of(values.begin(), values.end(), pred); };
   auto parses = [](const std::string& v, bool integer) {
     if (v.empty()) return false;
@@ -424,7 +450,15 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
         p.weights.synthetic,
         "trace.synthetic needs weights.synthetic (the synthetic target shares the drafter's embedding and "
         "lm_head); use a recorded trace (trace.path) with checkpoint weights");
+    MTP_REQUIRE(p.trace.sampling.top_k <= c.vocab, "trace.synthetic.top_k ", p.trace.sampling.top_k,
+                " exceeds model.vocab ", c.vocab);
+    check_trace_sampling(p.arms.replay, p.trace.sampling, "trace.synthetic");
   }
+}
+
+void check_trace_file(const PointConfig& p) {
+  if (p.trace.synthetic || p.arms.replay.verify != Verify::sampling) return;
+  check_trace_sampling(p.arms.replay, io::read_trace_sampling(p.trace.path), p.trace.path);
 }
 
 Experiment parse_experiment(const std::string& text, const std::string& name,

@@ -19,6 +19,7 @@
 
 #include "core/yaml.hpp"
 #include "harness/arms.hpp"
+#include "io/trace.hpp"
 #include "model/config.hpp"
 #include "ops/ops.hpp"
 
@@ -32,7 +33,8 @@ struct WeightsSpec {
   friend bool operator==(const WeightsSpec&, const WeightsSpec&) = default;
 };
 
-/// `trace:` {path: file.h5} or {synthetic: {sequences, prompt_len, new_tokens, seed, layers}}.
+/// `trace:` {path: file.h5} or {synthetic: {sequences, prompt_len, new_tokens, seed, layers,
+/// sampling, temperature, top_k, top_p, sampling_seed}}.
 struct TraceSpec {
   bool synthetic = false;
   std::string path;
@@ -41,6 +43,10 @@ struct TraceSpec {
   int new_tokens = 64;
   uint64_t seed = 1;
   int layers = 2;
+  /// A synthetic trace's continuation: greedy (default) or sampled at a temperature / top-k /
+  /// top-p with a seed (`sampling: sampling`; the other keys are ignored, and normalised, when
+  /// greedy). A file's comes from the file (io::TraceReader::sampling).
+  io::TraceSampling sampling;
   friend bool operator==(const TraceSpec&, const TraceSpec&) = default;
 };
 
@@ -117,8 +123,13 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
                             const std::vector<std::string>& overrides, int world);
 
 /// Checks that `p` can run with `world` ranks on `backend` ("cpu", "cuda", or "auto" when not yet
-/// known); throws naming the key that is wrong.
+/// known); throws naming the key that is wrong. A synthetic trace's sampling is checked against
+/// the point's verification here; a trace file's when it is opened (check_trace_file).
 void check_point_runnable(const PointConfig& p, int world, const std::string& backend);
+
+/// The point's verification against its trace file's sampling attributes (reads only the file's
+/// attributes); throws naming the file and both settings. Nothing to check for a synthetic trace.
+void check_trace_file(const PointConfig& p);
 
 /// Canonical text of a scalar value: booleans as on/off, everything else as written.
 std::string canonical_value(const YamlNode& node);

@@ -74,6 +74,8 @@ struct PointResult {
   std::vector<std::vector<double>> timing;
   std::vector<double> block_ms, head_ms, exchange_ms;  ///< [rows, k] per draft, max over ranks
   std::vector<int32_t> drafts, targets;                ///< [rows, k]
+  std::vector<float> accept_prob;                      ///< [rows, k] a_i (StepRecord::accept_prob)
+  std::vector<double> expected_accepted;               ///< [rows] StepRecord::expected_accepted()
   // Per sequence (repeat 0).
   std::vector<int32_t> seq_index, seq_prompt_len, seq_length, seq_steps;
   std::vector<double> seq_prefill_ms;

@@ -185,8 +185,8 @@ std::vector<std::string> provenance_environment() {
 }
 
 const std::vector<std::string>& timing_columns() {
-  static const std::vector<std::string> cols = {"step_ms",     "propose_ms",      "block_ms",   "head_ms",
-                                                "exchange_ms", "after_verify_ms", "catch_up_ms"};
+  static const std::vector<std::string> cols = {"step_ms",     "propose_ms",      "block_ms",    "head_ms",
+                                                "exchange_ms", "after_verify_ms", "catch_up_ms", "stats_ms"};
   return cols;
 }
 
@@ -345,6 +345,8 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   for (const auto& a : arm_registry()) {
     if (a.type == ArmType::integer)
       g.set_attr(a.name, static_cast<int64_t>(std::stoll(a.get(point.arms))));
+    else if (a.type == ArmType::real)
+      g.set_attr(a.name, std::stod(a.get(point.arms)));
     else
       g.set_attr(a.name, a.get(point.arms));
   }
@@ -381,6 +383,10 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   g.set_attr("accepted", r.acceptance.accepted);
   g.set_attr("acceptance_rate", r.acceptance.rate());
   g.set_attr("tau", r.acceptance.tau());
+  // The same with each step's expected accepted count (docs/acceptance.md; equal to the realised
+  // figures under greedy verification).
+  g.set_attr("expected_acceptance_rate", r.acceptance.expected_rate());
+  g.set_attr("expected_tau", r.acceptance.expected_tau());
   std::vector<double> per_pos = r.acceptance.per_position();
   per_pos.resize(static_cast<size_t>(r.k), 0.0);
   g.set_attr("per_position", per_pos);
@@ -396,10 +402,12 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   steps.write("warmup", r.warmup, results_format::column_options());
   steps.write("batch_step", r.batch_step, results_format::column_options());
   steps.write("batch_rows", r.batch_rows, results_format::column_options());
+  steps.write("expected_accepted", r.expected_accepted, results_format::column_options());
   for (size_t c = 0; c < timing_columns().size(); ++c)
     steps.write(timing_columns()[c], r.timing[c], results_format::column_options());
   g.write("drafts", r.drafts, n, k, results_format::column_options());
   g.write("targets", r.targets, n, k, results_format::column_options());
+  g.write("accept_prob", r.accept_prob, n, k, results_format::column_options());
   Group per_draft = g.create_group("per_draft");
   per_draft.write("block_ms", r.block_ms, n, k, results_format::column_options());
   per_draft.write("head_ms", r.head_ms, n, k, results_format::column_options());

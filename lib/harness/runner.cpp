@@ -2,6 +2,7 @@
 // each point, the per-point reduction over ranks and the hand-off to the results writer.
 #include "harness/runner.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -44,6 +45,10 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
     std::printf("%s\n", line.c_str());
   }
   std::printf("step latency: max over ranks per step, warm-up excluded; spread = (p90 - p10) / median\n");
+  if (std::find(rows[0].begin(), rows[0].end(), "E[tau]") != rows[0].end())
+    std::printf(
+        "E[tau] (verify sampling): 1 + the mean over steps of each step's expected accepted count, "
+        "sum_i prod_{j<=i} a_j; tau is the realised figure (docs/acceptance.md)\n");
   if (rows[0].back() == "qidx sel differ")
     std::printf(
         "qidx sel differ (batch_qidx): context rows whose selection from the batched q_idx differs, as a "
@@ -136,6 +141,11 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   model::MtpWeights& w = c.inputs.weights(p);
   apply_kernel_policy(c, p);
   auto drafter = drafter::make_drafter(c.be, c.comm, p.model, w, p.arms.drafter);
+  // Sampling verification: the target's log p of every trace token, before any timer is attached.
+  const bool sampling = p.arms.replay.verify == Verify::sampling;
+  const SamplingVerify verify = sampling_verify(p.arms.replay);
+  const std::vector<std::vector<float>> no_logprobs;
+  const auto& target_logp = sampling ? c.inputs.target_logprobs(p, *drafter) : no_logprobs;
   EventPhaseTimer timer(c.be, k);
   drafter->set_timer(&timer);
   drafter->reset_selection_check();  // a fresh drafter per point; counters are the point's own
@@ -164,8 +174,10 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
           rec.after_step({one});
           return go_on();
         };
-        const auto steps = replay_sequence(*drafter, seqs[i], static_cast<int>(seqs[i].index), k,
-                                           p.model.hidden, unused, hooks);
+        const auto steps =
+            replay_sequence(*drafter, seqs[i], static_cast<int>(seqs[i].index), k, p.model.hidden, unused,
+                            hooks, sampling ? &verify : nullptr,
+                            sampling ? std::span<const float>(target_logp[i]) : std::span<const float>());
         rec.after_sequence(static_cast<int>(i), static_cast<int>(steps.size()));
       }
     } else {
@@ -177,7 +189,8 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
         return go_on();
       };
       hooks.after_sequence = [&](int i, int steps) { rec.after_sequence(i, steps); };
-      replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
+      replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks, sampling ? &verify : nullptr,
+                     target_logp);
     }
     rec.end_repeat();
   }
@@ -225,6 +238,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     for (const auto& p : ex.points) {
       try {
         check_point_runnable(p, rt.world(), backend);
+        check_trace_file(p);  // sampling verification against the trace's sampling attributes
       } catch (const Error& e) {
         problems.push_back(str("  ", p.name(), " {", p.label(), "}: ", e.message()));
       }
@@ -334,6 +348,9 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   // batch_qidx points: context rows whose batched selection differs from the per-row one.
   std::vector<std::string> qidx_column = {"qidx sel differ"};
   bool any_qidx = false;
+  // Sampling points: the expected tau beside the realised one (docs/acceptance.md).
+  std::vector<std::string> expected_column = {"E[tau]"};
+  bool any_sampling = false;
   int ordinal = 0, completed = 0, interrupted = 0;
   for (int i : todo) {
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
@@ -366,7 +383,12 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
                                     fixed(r.selection_check.differ_rate(), 4), ")")
                               : "-");
     any_qidx = any_qidx || r.selection_checked;
+    expected_column.push_back(fixed(r.acceptance.expected_tau(), 3));
+    any_sampling = any_sampling || p.arms.replay.verify == Verify::sampling;
   }
+  if (any_sampling)
+    for (size_t row = 0; row < table.size(); ++row)
+      table[row].insert(table[row].begin() + 4, expected_column[row]);
   if (any_qidx)
     for (size_t row = 0; row < table.size(); ++row) table[row].push_back(qidx_column[row]);
   progress.finish_line();

@@ -52,8 +52,8 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
   const auto t1 = Clock::now();
   const PhaseTimes ph = timer_.collect();
   const double cols[] = {ms_between(t0_, t1), ph.propose,      ph.block_total(), ph.head_total(),
-                         ph.exchange_total(), ph.after_verify, ph.catch_up};
-  static_assert(std::size(cols) == 7);
+                         ph.exchange_total(), ph.after_verify, ph.catch_up,      ph.stats};
+  static_assert(std::size(cols) == 8);
   MTP_REQUIRE(r_.timing.size() == std::size(cols), "step recorder: ", r_.timing.size(), " timing columns");
   for (const StepRecord& rec : rows) {
     const size_t row = r_.sequence.size();
@@ -72,8 +72,20 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
     }
     r_.drafts.insert(r_.drafts.end(), rec.drafts.begin(), rec.drafts.end());
     r_.targets.insert(r_.targets.end(), rec.targets.begin(), rec.targets.end());
+    // A replay that does not set a_i (one written before it existed) verified greedily: [d == t].
+    StepRecord greedy;
+    if (rec.accept_prob.empty())
+      for (int i = 0; i < k_; ++i)
+        greedy.accept_prob.push_back(
+            rec.drafts.at(static_cast<size_t>(i)) == rec.targets.at(static_cast<size_t>(i)) ? 1.0f : 0.0f);
+    const StepRecord& probs = rec.accept_prob.empty() ? greedy : rec;
+    MTP_REQUIRE(probs.accept_prob.size() == static_cast<size_t>(k_),
+                "step recorder: ", probs.accept_prob.size(), " acceptance probabilities for ", k_, " drafts");
+    r_.accept_prob.insert(r_.accept_prob.end(), probs.accept_prob.begin(), probs.accept_prob.end());
+    const double expected = probs.expected_accepted();
+    r_.expected_accepted.push_back(expected);
     if (rep_ == 0) {
-      r_.acceptance.add(k_, rec.accepted);
+      r_.acceptance.add(k_, rec.accepted, expected);
       repeat0_row_[{rec.sequence, rec.position}] = row;
     } else {
       auto it = repeat0_row_.find({rec.sequence, rec.position});

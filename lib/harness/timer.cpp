@@ -58,6 +58,7 @@ PhaseTimes EventPhaseTimer::collect() {
       double& total = c.phase == Phase::prefill        ? t.prefill
                       : c.phase == Phase::propose      ? t.propose
                       : c.phase == Phase::after_verify ? t.after_verify
+                      : c.phase == Phase::stats        ? t.stats
                                                        : t.catch_up;
       total += ms;
     }

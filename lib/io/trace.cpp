@@ -24,6 +24,11 @@ constexpr const char* kAttrSeed = "seed";
 constexpr const char* kAttrCreatedAt = "created_at";
 constexpr const char* kAttrGitSha = "git_sha";
 constexpr const char* kAttrConfig = "config";
+constexpr const char* kAttrSampling = "sampling";
+constexpr const char* kAttrTemperature = "temperature";
+constexpr const char* kAttrTopK = "top_k";
+constexpr const char* kAttrTopP = "top_p";
+constexpr const char* kAttrSamplingSeed = "sampling_seed";
 
 std::string utc_now_iso8601() {
   const std::time_t now = std::time(nullptr);
@@ -67,6 +72,54 @@ std::string describe_nonfinite(float f) { return std::isnan(f) ? "NaN" : (f > 0 
 constexpr const char* kDtypeAttr = "dtype";  // on /hiddens: "bf16" or "f32"
 
 }  // namespace
+
+// ---- sampling attributes ----------------------------------------------------------------------
+
+std::string TraceSampling::describe() const {
+  if (!sampled) return "greedy";
+  return str("sampling at temperature ", temperature, ", top_k ", top_k, ", top_p ", top_p, " (seed ", seed,
+             ")");
+}
+
+void validate(const TraceSampling& s, const std::string& where) {
+  if (!s.sampled) return;
+  MTP_REQUIRE(std::isfinite(s.temperature) && s.temperature > 0, where, ": ", kAttrTemperature, " ",
+              s.temperature, " must be > 0");
+  MTP_REQUIRE(s.top_k >= 0, where, ": ", kAttrTopK, " ", s.top_k, " must be >= 0 (0 = off)");
+  MTP_REQUIRE(std::isfinite(s.top_p) && s.top_p > 0 && s.top_p <= 1, where, ": ", kAttrTopP, " ", s.top_p,
+              " must be in (0, 1] (1 = off)");
+}
+
+namespace {
+
+// The sampling attributes of an open trace file (greedy when `sampling` is absent).
+TraceSampling read_sampling(const H5File& f) {
+  TraceSampling s;
+  if (!f.has_attr(kAttrSampling)) return s;
+  const std::string mode = f.attr_string(kAttrSampling);
+  MTP_REQUIRE(mode == "greedy" || mode == "sampling", f.path(), ": attribute ", kAttrSampling, " is \"", mode,
+              "\", expected \"greedy\" or \"sampling\"");
+  if (mode == "greedy") return s;
+  s.sampled = true;
+  for (const char* name : {kAttrTemperature, kAttrTopK, kAttrTopP, kAttrSamplingSeed})
+    MTP_REQUIRE(f.has_attr(name), f.path(), ": a sampled trace (", kAttrSampling,
+                " = \"sampling\") needs the attribute ", name);
+  s.temperature = f.attr_double(kAttrTemperature);
+  s.top_k = f.attr_int(kAttrTopK);
+  s.top_p = f.attr_double(kAttrTopP);
+  s.seed = f.attr_int(kAttrSamplingSeed);
+  validate(s, f.path());
+  return s;
+}
+
+}  // namespace
+
+TraceSampling read_trace_sampling(const std::string& path) {
+  const H5File f = H5File::open_read(path);
+  MTP_REQUIRE(f.has_attr(kAttrFormat) && f.attr_string(kAttrFormat) == kTraceFormatName, path,
+              ": not an mtplab trace (root attribute format != \"", kTraceFormatName, "\")");
+  return read_sampling(f);
+}
 
 // ---- writer ----------------------------------------------------------------------------------
 
@@ -170,6 +223,17 @@ void TraceWriter::add_sequence(const TraceSequence& seq) {
   add_sequence(seq.tokens, std::span<const bf16>(seq.hiddens), seq.prompt_length);
 }
 
+void TraceWriter::set_sampling(const TraceSampling& sampling) {
+  MTP_REQUIRE(file_.writable() && !file_.committed(), file_.path(), ": trace already committed");
+  validate(sampling, file_.path());
+  file_.set_attr(kAttrSampling, sampling.sampled ? "sampling" : "greedy");
+  if (!sampling.sampled) return;
+  file_.set_attr(kAttrTemperature, sampling.temperature);
+  file_.set_attr(kAttrTopK, sampling.top_k);
+  file_.set_attr(kAttrTopP, sampling.top_p);
+  file_.set_attr(kAttrSamplingSeed, sampling.seed);
+}
+
 void TraceWriter::commit() {
   MTP_REQUIRE(num_sequences() > 0, file_.path(), ": a trace needs at least one sequence");
   file_.write("seq_offsets", offsets_);
@@ -218,6 +282,7 @@ TraceReader::TraceReader(const std::string& path, std::int64_t expected_hidden, 
       TraceProvenance{optional_string(file_, kAttrGenerator), optional_string(file_, kAttrModel),
                       optional_string(file_, kAttrSeed),      optional_string(file_, kAttrCreatedAt),
                       optional_string(file_, kAttrGitSha),    optional_string(file_, kAttrConfig)};
+  sampling_ = read_sampling(file_);
 
   const auto num = static_cast<std::uint64_t>(n);
   offsets_ = open_1d(file_, "seq_offsets", DType::i64, num + 1).read<std::int64_t>();

@@ -36,6 +36,24 @@ struct TraceProvenance {
   std::string config;      ///< the resolved configuration that produced the trace (YAML text)
 };
 
+/// How the trace's continuation tokens were chosen (root attributes `sampling`, `temperature`,
+/// `top_k`, `top_p`, `sampling_seed`; docs/trace-format.md). A trace without the attributes (every
+/// trace written before they existed) reads as greedy.
+struct TraceSampling {
+  bool sampled = false;      ///< `sampling`: "greedy" (argmax, lowest id on ties) or "sampling"
+  double temperature = 1.0;  ///< > 0; sampled only
+  std::int64_t top_k = 0;    ///< 0 = off; sampled only
+  double top_p = 1.0;        ///< (0, 1], 1 = off; sampled only
+  std::int64_t seed = 0;     ///< the sampler's seed; sampled only
+  /// "greedy" or "sampling at temperature 0.7, top_k 0, top_p 1 (seed 5)", for messages.
+  std::string describe() const;
+  friend bool operator==(const TraceSampling&, const TraceSampling&) = default;
+};
+
+/// Checks a sampling description (temperature > 0 and finite, top_k >= 0, top_p in (0, 1]);
+/// throws naming `where` and the attribute.
+void validate(const TraceSampling& s, const std::string& where);
+
 struct TraceWriterOptions {
   int deflate = 4;               ///< gzip level of /hiddens and /tokens (0 = off)
   std::uint64_t chunk_rows = 0;  ///< rows per /hiddens chunk; 0 = about 256 KiB per chunk
@@ -74,6 +92,9 @@ class TraceWriter {
   /// Appends a sequence as a TraceSequence holds it (its hidden must match the trace's).
   void add_sequence(const TraceSequence& seq);
 
+  /// How the continuations were chosen (default: greedy). Validated; written at once.
+  void set_sampling(const TraceSampling& sampling);
+
   /// Writes the offsets and counts, and renames the file into place.
   void commit();
 
@@ -95,6 +116,10 @@ class TraceWriter {
   std::vector<std::int32_t> prompt_lengths_;
 };
 
+/// Reads the sampling attributes of the trace at `path` without loading it (for checks before a
+/// run: an experiment's points against the trace they replay).
+TraceSampling read_trace_sampling(const std::string& path);
+
 /// Reads a trace. Tokens, offsets and prompt lengths are loaded and validated at open; hiddens
 /// are read one sequence at a time, so a large trace is never loaded whole.
 class TraceReader {
@@ -109,6 +134,8 @@ class TraceReader {
   std::int64_t num_sequences() const { return static_cast<std::int64_t>(prompt_lengths_.size()); }
   std::int64_t total_positions() const { return offsets_.back(); }
   const TraceProvenance& provenance() const { return provenance_; }
+  /// How the continuations were chosen (greedy when the file has no `sampling` attribute).
+  const TraceSampling& sampling() const { return sampling_; }
 
   std::int64_t sequence_length(std::int64_t s) const;
   std::int64_t sequence_offset(std::int64_t s) const;  ///< its first row in /tokens and /hiddens
@@ -138,6 +165,7 @@ class TraceReader {
   std::int64_t vocab_ = 0;
   TraceProvenance provenance_;
   bool hiddens_f32_ = false;
+  TraceSampling sampling_;
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_;
   std::vector<std::int32_t> prompt_lengths_;

@@ -44,6 +44,17 @@ trace:
 output: out.h5
 )";
 
+// kSingle with its trace sampled at T = 1 (top_k 0, top_p 1: the sampling arms' defaults), so that
+// `verify: sampling` can run on it too (greedy verification replays any trace).
+const char* kSingleSampled = R"(model:
+  preset: tiny
+  max_seq_len: 128
+weights: {synthetic: {seed: 3}}
+trace:
+  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1, sampling: sampling}
+output: out.h5
+)";
+
 std::string message_of(const std::function<void()>& f) { return mtplab::test::error_of(f); }
 
 }  // namespace
@@ -224,8 +235,29 @@ std::vector<std::string> sample_values(const ArmSpec& a) {
     }
     return out;
   }
+  if (a.type == ArmType::real) {
+    // The top of the range, a value inside it, and the bottom where it is allowed.
+    std::vector<std::string> out = {real_text(a.real_max),
+                                    real_text(a.real_min + (a.real_max - a.real_min) * 0.35)};
+    if (!a.real_min_exclusive) out.push_back(real_text(a.real_min));
+    return out;
+  }
   if (a.type != ArmType::integer) return a.choices;
   return {str(a.min), str((a.min + a.max) / 2), str(a.max)};
+}
+
+// An arm in effect only with another arm's value (ArmSpec::only_with): read from a mapping that
+// sets that value, without the point's other rules (which may tie the arm to the trace, as the
+// sampling arms are: tests/harness/test_sampling.cpp sweeps them on a matching trace).
+Arms read_with(const ArmSpec& a, const std::string& v) {
+  const auto eq = a.only_with.find('=');
+  const std::string text =
+      str(a.only_with.substr(0, eq), ": ", a.only_with.substr(eq + 1), "\n", a.name, ": ", v, "\n");
+  YamlNode doc = YamlNode::load_string(text, "arms.yaml");
+  MapReader m(doc);
+  Arms arms = read_arms(m);
+  m.finish();
+  return arms;
 }
 
 TEST(ArmRegistry, EveryArmEveryValue) {
@@ -237,8 +269,25 @@ TEST(ArmRegistry, EveryArmEveryValue) {
       Arms arms;
       a.set(arms, v);
       EXPECT_EQ(a.get(arms), v);
+      if (!a.only_with.empty()) {
+        const Arms read = read_with(a, v);
+        EXPECT_EQ(a.get(read), v);
+        YAML::Emitter e;
+        e << YAML::BeginMap;
+        emit_canonical(read, e);
+        e << YAML::EndMap;
+        const std::string canonical = str("\n", e.c_str());
+        if (a.omit_at_default && v == a.default_value())
+          EXPECT_EQ(canonical.find(str("\n", a.key(), ":")), std::string::npos) << canonical;
+        else
+          EXPECT_NE(canonical.find(str("\n", a.name, ": ", v)), std::string::npos) << canonical;
+        // Not in effect (the registry's default for the other arm): normalised to the default.
+        const Experiment ex = parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", v)}, 2);
+        EXPECT_EQ(a.get(ex.points[0].arms), a.default_value());
+        continue;
+      }
       // Set through the YAML (--set), read back through the point and its canonical text.
-      const Experiment ex = parse_experiment(kSingle, "exp.yaml", {str(a.name, "=", v)}, 2);
+      const Experiment ex = parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", v)}, 2);
       for (const auto& p : ex.points) {
         const auto n = named(p.arms);
         const auto it = std::find_if(n.begin(), n.end(), [&](const auto& kv) { return kv.first == a.name; });
@@ -255,17 +304,20 @@ TEST(ArmRegistry, EveryArmEveryValue) {
       }
     }
     // A value outside the arm's values is refused, naming the arm.
-    const std::string bad = a.type == ArmType::integer ? str(a.max + 1) : "sometimes";
+    const std::string bad = a.type == ArmType::integer ? str(a.max + 1)
+                            : a.type == ArmType::real  ? str(a.real_max * 2 + 1)
+                                                       : "sometimes";
     ASSERT_FALSE(sample_values(a).empty());
     const std::string msg =
-        message_of([&] { parse_experiment(kSingle, "exp.yaml", {str(a.name, "=", bad)}, 2); });
+        message_of([&] { parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", bad)}, 2); });
     EXPECT_NE(msg.find(a.key()), std::string::npos) << msg;
     // Sweepable arms sweep: one axis of two values doubles the points.
-    if (a.sweepable) {
+    if (a.sweepable && a.only_with.empty()) {
       const auto vals = sample_values(a);
-      const Experiment one = parse_experiment(kSingle, "exp.yaml", {}, 2);
-      const Experiment swept = parse_experiment(
-          kSingle, "exp.yaml", {str("sweep.grid.", a.name, "=[", vals.front(), ",", vals.back(), "]")}, 2);
+      const Experiment one = parse_experiment(kSingleSampled, "exp.yaml", {}, 2);
+      const Experiment swept =
+          parse_experiment(kSingleSampled, "exp.yaml",
+                           {str("sweep.grid.", a.name, "=[", vals.front(), ",", vals.back(), "]")}, 2);
       EXPECT_EQ(swept.points.size(), 2 * one.points.size());
     }
   }
