@@ -51,7 +51,8 @@ int cmd_list(const Args& args) {
     std::printf("%zu\n", ex.points.size());
     return 0;
   }
-  std::printf("%s: %zu point(s) for %d rank(s); output %s\n", ex.file.c_str(), ex.points.size(), ranks,
+  std::printf("%s: %zu point(s) for %d rank(s)%s; output %s\n", ex.file.c_str(), ex.points.size(), ranks,
+              ex.excluded ? str(" (", ex.excluded, " excluded)").c_str() : "",
               ex.output.empty() ? "(not set)" : ex.output.c_str());
   if (!ex.axes.empty()) {
     std::printf("axes:");
