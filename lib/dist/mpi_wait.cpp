@@ -228,11 +228,18 @@ void wait_bounded(MPI_Request& request, MPI_Comm comm, const CallName& what) {
   if (rc == MPI_SUCCESS && done) return;
   WatchState& w = state();
   const auto start = Clock::now();
-  const auto deadline = start + to_duration(w.timeout_s);
+  auto deadline = start + to_duration(w.timeout_s);
+  // A poll comes every 500 us at most; a much longer gap means that this rank did not run (it was
+  // stopped, or the machine did not schedule it): that time is not the peers' to answer for, so
+  // the deadline moves by it. A rank continued after SIGSTOP thus does not blame the others.
+  const auto not_running = to_duration(std::min(1.0, w.timeout_s / 3));
+  auto last = start;
   Backoff backoff;
   bool answering = false;
   while (rc == MPI_SUCCESS && !done) {
     const auto now = Clock::now();
+    if (now - last > not_running) deadline += now - last;
+    last = now;
     if (answering || now - start > kAnswerAfter) {
       answering = true;
       answer_probes([&] { return str(kWaitingIn, what(), " for ", seconds_text(since(start)), " s"); });

@@ -14,6 +14,10 @@
 // - When several ranks time out together, the lowest of them reports and ends the job; the others
 //   stay quiet (they report themselves only if the job has not ended one timeout later), so the
 //   message is printed once.
+// - The timeout counts the time this rank waited while it ran: a gap between two polls (which come
+//   every 500 us at most) longer than a third of the timeout (1 s at most) is time the rank was
+//   stopped or not scheduled, and moves the deadline. A rank continued after a SIGSTOP does not
+//   report its peers for the time it was stopped itself.
 #pragma once
 #include <mpi.h>
 

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <csignal>
@@ -37,7 +38,8 @@ struct Note {
     if (len) (void)!::write(STDERR_FILENO, text.data(), len);
   }
 };
-Note g_first_note[2], g_again_note[2];  // [0] SIGINT, [1] SIGTERM
+// [0] SIGINT, [1] SIGTERM; the first signal's note also by [sent by the launcher].
+Note g_first_note[2][2], g_again_note[2];
 
 std::string& launcher_name() {
   static std::string name;
@@ -51,7 +53,7 @@ extern "C" void on_stop_signal(int sig, siginfo_t* info, void* /*context*/) {
   if (g_first == 0) {
     g_first = sig;
     g_first_from_parent = info != nullptr && info->si_code == SI_USER && info->si_pid == g_parent;
-    if (g_note_first) g_first_note[i].write_out();
+    if (g_note_first) g_first_note[i][g_first_from_parent ? 1 : 0].write_out();
     return;
   }
   if (sig != g_first) return;  // a launcher passing the same stop on
@@ -74,6 +76,16 @@ std::string signal_text(int sig) {
   return str("signal ", sig, " (", name ? name : "?", ")");
 }
 
+/// Who sent a SIGTERM that came from the launcher, and what that means; "" for no launcher.
+std::string launcher_note(int sig) {
+  const std::string& name = launcher_name();
+  if (name.empty() || sig != SIGTERM) return "";
+  if (name == "slurmstepd") return " from slurmstepd (scancel, or the job's time limit)";
+  return str(
+      " from ", name,
+      ", the launcher (Open MPI's stops a job with SIGTERM for a Ctrl-C, a SIGTERM or a SIGHUP it receives)");
+}
+
 }  // namespace
 
 void install_stop_handlers(const std::string& what_stays) {
@@ -82,8 +94,10 @@ void install_stop_handlers(const std::string& what_stays) {
   g_note_first = process_identity().rank <= 0;
   for (const int sig : {SIGINT, SIGTERM}) {
     const int i = sig == SIGINT ? 0 : 1;
-    g_first_note[i].set(str(rank_tag(), signal_text(sig), ": stopping at the next step boundary; ",
-                            what_stays, " (the same signal again stops at once)\n"));
+    for (const int from_launcher : {0, 1})
+      g_first_note[i][from_launcher].set(str(
+          rank_tag(), signal_text(sig), from_launcher ? launcher_note(sig) : "",
+          ": stopping at the next step boundary; ", what_stays, " (the same signal again stops at once)\n"));
     g_again_note[i].set(str(rank_tag(), signal_text(sig), " again: stopping now, exit ", 128 + sig, "; ",
                             what_stays, ", since a point is written whole or not at all\n"));
   }
@@ -106,11 +120,8 @@ int agreed_stop_signal(const Group& g) {
 }
 
 std::string describe_stop_signal(int sig) {
-  std::string text = signal_text(sig);
-  if (sig != SIGTERM || g_first != SIGTERM || !g_first_from_parent || launcher_name().empty()) return text;
-  if (launcher_name() == "slurmstepd") return text + " from slurmstepd (scancel, or the job's time limit)";
-  return str(text, " from ", launcher_name(),
-             " (mpirun stops a job with SIGTERM for a Ctrl-C, a SIGTERM or a SIGHUP it receives)");
+  const bool from_launcher = sig == SIGTERM && g_first == SIGTERM && g_first_from_parent;
+  return signal_text(sig) + (from_launcher ? launcher_note(sig) : "");
 }
 
 }  // namespace mtplab::dist

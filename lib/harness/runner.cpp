@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -300,7 +301,8 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     {
       // Rank 0 writes (a copy of the file, then a rename): the others wait for it without the
       // collective timeout, which bounds waits for peers, not for a large file.
-      dist::PatientWait patient("rank 0 writes the point to the results file");
+      std::optional<dist::PatientWait> patient;
+      if (rank != 0) patient.emplace("rank 0 writes the point to the results file");
       dist::barrier(c.world_group);
     }
     ++completed;
