@@ -108,9 +108,9 @@ std::vector<int> world_ranks_of(MPI_Comm comm) {
   return out;
 }
 
-// The prefixes of the answers (what answer_probes sends), matched by the asker.
+// The prefix of every answer (what answer_probes sends): "waiting in <collective> for 2.1 s", or
+// "waiting in <collective> (timed out)" from a rank that is reporting.
 constexpr const char* kWaitingIn = "waiting in ";
-constexpr const char* kTimedOutIn = "timed out in ";
 
 /// The end of a collective that did not complete in time: ask, report once, abort the job.
 [[noreturn]] void on_timeout(MPI_Comm comm, const detail::CallName& what, Clock::time_point start) {
@@ -145,7 +145,7 @@ constexpr const char* kTimedOutIn = "timed out in ";
           --pending;
         }
       }
-      answer_probes([&] { return str(kTimedOutIn, op); });
+      answer_probes([&] { return str(kWaitingIn, op, " (timed out)"); });
       backoff.pause();
     }
     // Requests still pending stay so: the job ends below.
@@ -154,7 +154,7 @@ constexpr const char* kTimedOutIn = "timed out in ";
   // Who else waits: the lowest of the waiting ranks reports, so the message comes once.
   int reporter = w.rank;
   for (const auto& [r, text] : answers)
-    if (starts_with(text, kWaitingIn) || starts_with(text, kTimedOutIn)) reporter = std::min(reporter, r);
+    if (starts_with(text, kWaitingIn)) reporter = std::min(reporter, r);
 
   const std::vector<int> members = world_ranks_of(comm);
   std::vector<std::string> missing, others;
@@ -164,7 +164,7 @@ constexpr const char* kTimedOutIn = "timed out in ";
     if (it == answers.end()) {
       missing.push_back(str(r));
     } else if (it->second.find(op) == std::string::npos) {
-      others.push_back(str("rank ", r, " is ", it->second));  // in another collective: a mismatch
+      others.push_back(str("rank ", r, " is ", it->second, " instead"));  // another collective
     }
   }
   std::string peers;
@@ -175,9 +175,9 @@ constexpr const char* kTimedOutIn = "timed out in ";
                 missing.size() == 1 ? " has" : " have", " not arrived (no answer within ", str(grace),
                 " s: stopped, hung, or busy outside a collective)");
   } else {
-    peers = "every rank of its group answered";
+    peers = others.empty() ? "every other rank of its group is waiting in it too" : "no rank is missing";
   }
-  if (!others.empty()) peers += str("; ", join(others, "; "));
+  if (!others.empty()) peers += str("; ", join(others, "; "), " (the ranks are in different collectives)");
   int group_size = 0;
   MPI_Comm_size(comm, &group_size);
   const std::string line =
@@ -188,7 +188,7 @@ constexpr const char* kTimedOutIn = "timed out in ";
     // is still alive one timeout later.
     const auto until = Clock::now() + to_duration(timeout + grace);
     while (Clock::now() < until) {
-      answer_probes([&] { return str(kTimedOutIn, op); });
+      answer_probes([&] { return str(kWaitingIn, op, " (timed out)"); });
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }

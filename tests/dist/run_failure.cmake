@@ -5,11 +5,13 @@
 # MTPLAB_COLLECTIVE_TIMEOUT_S (3 s here), name rank 1 and the all-reduce, and end the job with exit
 # 124. Rank 1 is killed afterwards by its pid in any case, so that a failure leaves no stopped
 # process behind.
+# Mode mismatch: rank 1 waits in a barrier of another group; both ranks time out, and rank 0, the
+# lowest, reports once, naming the barrier rank 1 waits in (exit 124).
 # Mode agreed: every rank fails inside dist::run_agreed; the message comes once (rank 0's), the
 # job exits 1 without MPI_Abort.
 # Mode nccl_hang: the waiting rank's own timeout error (MTPLAB_COLLECTIVE_TIMEOUT_S=3 here) must
 # end the job; "SKIP:" (the ctest skip pattern) when the child finds fewer than 2 GPUs.
-# -DMPIEXEC= -DNP_FLAG= -DFLAGS=a|b|c -DCHILD= -DMODE=throw|kill|exit|stop|agreed|nccl_hang -DLIMIT=30
+# -DMPIEXEC= -DNP_FLAG= -DFLAGS=a|b|c -DCHILD= -DMODE=throw|kill|exit|stop|mismatch|agreed|nccl_hang -DLIMIT=30
 string(REPLACE "|" ";" flags "${FLAGS}")
 set(ENV{MTPLAB_COLLECTIVE_TIMEOUT_S} 3)
 string(RANDOM LENGTH 12 tag)
@@ -70,6 +72,19 @@ if(MODE STREQUAL "stop")
   endif()
   if(elapsed GREATER 15)
     message(FATAL_ERROR "the job took ${elapsed} s to end after a 3 s timeout")
+  endif()
+endif()
+if(MODE STREQUAL "mismatch")
+  if(NOT rc EQUAL 124)
+    message(FATAL_ERROR "a collective timeout must end the job with exit 124, got ${rc}")
+  endif()
+  if(NOT err MATCHES "\\[rank 0@[^]]+\\] MPI all_reduce_sum\\(f32, 4096\\) did not complete within 3 s \\(MTPLAB_COLLECTIVE_TIMEOUT_S, group of 2 rank\\(s\\)\\): no rank is missing; rank 1 is waiting in barrier\\(group of 2\\)")
+    message(FATAL_ERROR "rank 0 did not report the collective rank 1 waits in instead")
+  endif()
+  string(REGEX MATCHALL "did not complete within" reports "${err}")
+  list(LENGTH reports n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "the timeout was reported ${n} times (the lowest waiting rank reports, once)")
   endif()
 endif()
 if(MODE STREQUAL "nccl_hang" AND NOT err MATCHES "\\[rank 0@[^]]+\\] NCCL collectives up to all_reduce_sum\\(f32, 4096\\) did not complete within 3 s")
