@@ -64,14 +64,15 @@ void run_agreed(const std::function<void()>& step);
 /// since every rank is leaving at the same place.
 bool failure_agreed();
 
-/// Runs `body` and returns its exit code. On an exception: an AgreedError is printed by the rank
-/// that reports it and returns 1 (MPI is finalised by the Runtime as it unwinds); an
-/// ArgumentError is printed by the launcher's rank 0 (or without a launcher) and returns 1; any other
-/// exception (exit code 1, kExitCollectiveTimeout for a CollectiveTimeout) prints `[rank r@host] message`
-/// (Error::describe, with `(file:line)` under MTPLAB_DEBUG=1) to stderr and then, when MPI is initialised,
-/// not yet finalised, and the world has more than one rank, calls MPI_Abort(MPI_COMM_WORLD, code), which does
-/// not return (the launcher kills every rank); otherwise returns the code. It creates nothing itself: `body`
-/// owns its Runtime.
+/// Runs `body` and returns its exit code. On an exception it prints the error once and ends:
+/// - an AgreedError: printed by the rank that reports it; returns 1 (the Runtime, unwinding,
+///   finalises MPI);
+/// - an ArgumentError: printed by the launcher's rank 0 (or without a launcher); returns 1;
+/// - any other: `[rank r@host] message` (Error::describe: `(file:line)` too under MTPLAB_DEBUG=1)
+///   on stderr; then, when MPI is initialised, not yet finalised, and the world has more than one
+///   rank, MPI_Abort(MPI_COMM_WORLD, code), which does not return (the launcher kills every rank);
+///   otherwise returns the code: 1, or kExitCollectiveTimeout for a CollectiveTimeout.
+/// It creates nothing itself: `body` owns its Runtime.
 int run_guarded(const std::function<int()>& body) noexcept;
 
 /// The tail of run_guarded for an error already caught: prints `line` and aborts the job with

@@ -2,13 +2,12 @@
 // timeout; PatientWait; the MPI timeout setting.
 #include "dist/mpi_wait.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <thread>
@@ -113,7 +112,7 @@ std::vector<int> world_ranks_of(MPI_Comm comm) {
 constexpr const char* kWaitingIn = "waiting in ";
 
 /// The end of a collective that did not complete in time: ask, report once, abort the job.
-[[noreturn]] void on_timeout(MPI_Comm comm, const detail::CallName& what, Clock::time_point start) {
+[[noreturn]] void on_timeout(MPI_Comm comm, const detail::CallName& what) {
   const WatchState& w = state();
   const std::string op = what();
   const double timeout = w.timeout_s;
@@ -192,7 +191,6 @@ constexpr const char* kWaitingIn = "waiting in ";
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
-  (void)start;
   fail_job(line.c_str(), kExitCollectiveTimeout);
   std::_Exit(kExitCollectiveTimeout);  // fail_job returns only without MPI
 }
@@ -245,7 +243,7 @@ void wait_bounded(MPI_Request& request, MPI_Comm comm, const CallName& what) {
       answer_probes([&] { return str(kWaitingIn, what(), " for ", seconds_text(since(start)), " s"); });
     }
     if (now > deadline) {
-      if (w.patient == 0) on_timeout(comm, what, start);
+      if (w.patient == 0) on_timeout(comm, what);
       if (!w.patient_noted) {
         w.patient_noted = true;
         log_info("waiting in MPI ", what(), " longer than the collective timeout (", str(w.timeout_s),
