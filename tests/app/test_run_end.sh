@@ -139,9 +139,11 @@ case $mode in
     $check "$work/q.h5" --at-most 8 || fail "the interrupted file"
     ;;
   second)
-    # A trace long enough to generate that two signals land while it is made (the graceful stop
-    # waits for the first step boundary, after it).
-    gen=(--set trace.synthetic.sequences=24 --set trace.synthetic.new_tokens=40 --set 'sweep.grid.skip=[none]')
+    # A trace that takes seconds to generate (about 5 s on an idle core), so that both signals land
+    # while it is made: the graceful stop waits for the first step boundary, after it. Few steps
+    # per point, so that the first run is short.
+    gen=(--set trace.synthetic.sequences=32 --set trace.synthetic.layers=16 --set trace.synthetic.new_tokens=40
+         --set measure.max_steps=5 --set 'sweep.grid.skip=[none]')
     "$mtplab" run "$exp" "${gen[@]}" --point 0 --out "$work/q.h5" >"$work/first.log" 2>&1 ||
       { fail "the first run exited $?"; cat "$work/first.log"; }
     : >"$work/run.log"
