@@ -74,7 +74,8 @@ class Backoff {
   Clock::time_point start_ = Clock::now();
 };
 
-/// Answers every probe that has arrived with `doing()` (what this rank is doing).
+/// Answers every probe that has arrived with `doing()` (what this rank is doing). Best effort, so
+/// its MPI calls are not checked: probes come only from a rank that is ending the job.
 template <typename Doing>
 void answer_probes(const Doing& doing) {
   const WatchState& w = state();

@@ -489,6 +489,8 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
   try {
     PointConfig base = reader.point(root, &ex.output);
     (void)base;
+    // A bad MTPLAB_* kernel variable is reported once, naming it, not as a bad value of every point.
+    (void)ops::env_overrides(ops::KernelPolicy{}, nullptr);
     MapReader top(root);
     if (auto sweep = top.opt("sweep")) {
       MapReader s(*sweep);

@@ -479,3 +479,11 @@ TEST(Experiment, TextProblemsAreReportedWhereTheyAre) {
   msg = message_of([] { parse_experiment(std::string(kSingle) + "---\nmodel: small\n", "exp.yaml", {}, 1); });
   EXPECT_NE(msg.find("exp.yaml:8:1: a second YAML document starts here (---)"), std::string::npos) << msg;
 }
+
+TEST(Experiment, BadKernelVariableIsReportedOnceByName) {
+  ASSERT_EQ(setenv("MTPLAB_GEMV_SPLIT", "3", 1), 0);
+  const std::string msg = message_of([] { parse_experiment(kBase, "exp.yaml", {}, 2); });
+  unsetenv("MTPLAB_GEMV_SPLIT");
+  EXPECT_NE(msg.find("MTPLAB_GEMV_SPLIT"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("sweep point(s)"), std::string::npos) << msg;
+}
