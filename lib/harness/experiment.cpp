@@ -27,10 +27,15 @@ std::string lower(std::string s) {
   return s;
 }
 
-// A copy of `n` without source marks (values from the command line have no file position).
+// A copy of `n` without source marks (values from the command line have no file position); a
+// quoted scalar stays quoted, so `--set draft_len='"3"'` is refused like `draft_len: "3"`.
 YAML::Node strip_marks(const YAML::Node& n) {
   if (!n || n.IsNull()) return YAML::Node(YAML::NodeType::Null);
-  if (n.IsScalar()) return YAML::Node(n.Scalar());
+  if (n.IsScalar()) {
+    YAML::Node out(n.Scalar());
+    if (n.Tag() == "!") out.SetTag("!");  // quoted: text, wherever it came from
+    return out;
+  }
   if (n.IsSequence()) {
     YAML::Node out(YAML::NodeType::Sequence);
     for (const auto& item : n) out.push_back(strip_marks(item));
@@ -337,6 +342,47 @@ std::string origin_of(const YamlNode& n) {
   return "the command line";
 }
 
+// The names a sweep axis may have, for the suggestion of a misspelt one.
+std::vector<std::string> axis_names() {
+  std::vector<std::string> names;
+  for (const auto& a : arm_registry())
+    if (a.sweepable) names.push_back(a.name);
+  names.push_back("model");
+  names.push_back("backend");
+  return names;
+}
+
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates) {
+  const std::string meant = suggest_key(key, candidates);
+  return meant.empty() ? std::string() : str(" (did you mean \"", meant, "\"?)");
+}
+
+// A value of an arm's axis, checked as the arm's key would be: an error names the grid entry
+// (file:line:col and sweep.grid.<arm>[i]), the value and the arm's values.
+void check_arm_value(const ArmSpec& a, const YamlNode& v) {
+  switch (a.type) {
+    case ArmType::boolean:
+      (void)v.as_bool();
+      return;
+    case ArmType::choice:
+      (void)v.as_choice(a.choices);
+      return;
+    case ArmType::integer:
+      (void)v.as_int(a.min, a.max);
+      return;
+    case ArmType::text: {
+      if (!v.is_scalar()) v.fail(str("expected one of ", a.allowed()));
+      Arms scratch;
+      try {
+        a.set(scratch, canonical_value(v));
+      } catch (const Error& e) {
+        v.fail(e.message());
+      }
+      return;
+    }
+  }
+}
+
 bool axis_allowed(const std::string& a) {
   // Not `backend`: one process runs every point on one backend (the run resolves and binds it
   // once, and a results file records one); compare backends with one run into one file each.
@@ -482,13 +528,16 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
   try {
     PointConfig base = reader.point(root, &ex.output);
     (void)base;
+    // A bad MTPLAB_* kernel variable is reported once, naming it, not as a bad value of every point.
+    (void)ops::env_overrides(ops::KernelPolicy{}, nullptr);
     MapReader top(root);
     if (auto sweep = top.opt("sweep")) {
       MapReader s(*sweep);
       if (auto grid = s.opt("grid")) {
         for (const auto& [axis, values] : grid->entries()) {
           if (!axis_allowed(axis))
-            values.fail(str("\"", axis, "\" cannot be swept; axes are the arms (", join(arm_names(), ", "),
+            values.fail(str("\"", axis, "\" cannot be swept", did_you_mean(axis, axis_names()),
+                            "; axes are the arms (", join(arm_names(), ", "),
                             "), model, model.<key>, measure.<key>, weights.<key> and trace.<key>",
                             axis == "backend"
                                 ? " (one run uses one backend: run each backend into its own output)"
@@ -496,7 +545,11 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
           if (!values.is_sequence()) values.fail("expected a list of values, e.g. [off, on]");
           Axis a;
           a.name = axis;
+          const ArmSpec* arm = find_arm(axis);
           for (const auto& v : values.items()) {
+            // An arm's values are checked here, each once, where it is written; the values of
+            // other axes (model.<key>, measure.<key>, ...) when each point is read.
+            if (arm) check_arm_value(*arm, v);
             const std::string cv = canonical_value(v);
             if (std::find(a.values.begin(), a.values.end(), cv) != a.values.end())
               v.fail(str("value \"", cv, "\" appears twice"));
@@ -525,7 +578,12 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     std::map<std::string, std::set<std::string>> rule;
     for (const auto& [axis, v] : en.entries()) {
       auto it = std::find_if(ex.axes.begin(), ex.axes.end(), [&](const Axis& a) { return a.name == axis; });
-      if (it == ex.axes.end()) v.fail(str("\"", axis, "\" is not a sweep.grid axis"));
+      if (it == ex.axes.end()) {
+        std::vector<std::string> names;
+        for (const auto& a : ex.axes) names.push_back(a.name);
+        v.fail(str("\"", axis, "\" is not a sweep.grid axis", did_you_mean(axis, names), "; the axes are ",
+                   names.empty() ? std::string("none (sweep.grid is empty)") : join(names, ", ")));
+      }
       std::vector<YamlNode> vals = v.is_sequence() ? v.items() : std::vector<YamlNode>{v};
       for (const auto& one : vals) {
         const std::string cv = canonical_value(one);
@@ -541,10 +599,12 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
 
   // The cartesian product, last axis fastest.
   std::vector<size_t> idx(ex.axes.size(), 0);
-  // Problems grouped by message: message -> [where the values came from, point labels...].
-  std::map<std::string, std::vector<std::string>> problems;
-  int total = 0;
-  for (bool done = false; !done; ++total) {
+  // Problems grouped by message: message -> [where the values came from, point labels...]. A
+  // point whose document does not read (a swept value that is wrong for its key) is kept apart
+  // from a point that reads but cannot run with this world size (or backend).
+  std::map<std::string, std::vector<std::string>> invalid, unrunnable;
+  int candidates = 0;  // the points left after exclude:
+  for (bool done = false; !done;) {
     std::vector<std::pair<std::string, std::string>> assignment;
     for (size_t a = 0; a < ex.axes.size(); ++a)
       assignment.emplace_back(ex.axes[a].name, ex.axes[a].values[idx[a]]);
@@ -559,9 +619,12 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
       }
       excluded = excluded || all;
     }
+    if (excluded) ++ex.excluded;
     if (!excluded) {
+      ++candidates;
       PointConfig p;
       std::string where;
+      bool read = false;
       try {
         YamlNode doc = load_doc();
         // `model` before model.<key>, so that a swept preset takes the key overrides.
@@ -579,6 +642,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
         // The environment overrides the kernel policy (benchmarks, tuning): applied here, so that
         // the effective policy is the point's configuration and identity, recorded and compared.
         p.arms.kernels = ops::env_overrides(p.arms.kernels, &p.kernel_env_overrides);
+        read = true;
         p.index = static_cast<int>(ex.points.size());
         p.assignment = assignment;
         for (size_t a = 0; a < idx.size(); ++a) p.assignment_index.push_back(static_cast<int64_t>(idx[a]));
@@ -591,7 +655,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
         std::string msg = e.message();
         for (const auto& o : ovs)
           if (msg.find(o.key) != std::string::npos) msg += str(" (", o.text, ")");
-        auto& entry = problems[msg];
+        auto& entry = (read ? unrunnable : invalid)[msg];
         if (entry.empty()) entry.push_back(where);
         entry.push_back(str("{", label.empty() ? "no sweep" : label, "}"));
       }
@@ -606,7 +670,10 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     }
     if (ex.axes.empty()) done = true;
   }
-  if (!problems.empty()) {
+  // One error for every point of a kind, grouped by reason; the count is of the points that
+  // exclude: leaves.
+  auto report = [&](const std::map<std::string, std::vector<std::string>>& problems,
+                    const std::string& what) {
     size_t bad = 0;
     std::vector<std::string> lines;
     for (const auto& [msg, entry] : problems) {
@@ -618,9 +685,14 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
                           count > 3 ? ", ..." : "",
                           entry[0].empty() ? "" : str("\n    (values: ", entry[0], ")")));
     }
-    MTP_FAIL(name, ": ", bad, " of ", total, " sweep point(s) cannot run with ", world,
-             " rank(s) (fix the values, or remove the points with sweep.exclude):\n", join(lines, "\n"));
-  }
+    MTP_FAIL(name, ": ", bad, " of ", candidates, " sweep point(s)",
+             ex.excluded ? str(" (after exclude: removed ", ex.excluded, ")") : std::string(), " ", what,
+             ":\n", join(lines, "\n"));
+  };
+  if (!invalid.empty()) report(invalid, "have a swept value that is not valid for its key (fix the values)");
+  if (!unrunnable.empty())
+    report(unrunnable, str("cannot run with ", world,
+                           " rank(s) (fix the values, or remove the points with sweep.exclude)"));
   MTP_REQUIRE(!ex.points.empty(), name, ": every sweep point is excluded; nothing to run");
 
   // The resolved document: overrides applied, as YAML.

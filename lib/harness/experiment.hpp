@@ -7,8 +7,11 @@
 // - Expansion is deterministic: the points are the cartesian product of sweep.grid in the order
 //   the axes are written (the last axis varies fastest), minus the exclude: entries, numbered
 //   0..N-1 in that order. The same file, overrides and world size always give the same points.
-// - Every point is checked against the world size at expansion, before anything runs; all the
-//   points that cannot run are reported together, each with its assignment.
+// - An arm's swept values are checked where they are written, each once (the key, the value and
+//   the allowed values). Then every point is read and checked against the world size at
+//   expansion, before anything runs: the points with a swept value their key refuses, else the
+//   points that cannot run, are reported together, each with its assignment, counted among the
+//   points that exclude: leaves.
 // - PointConfig::canonical is the identity of a point: equal canonical text <=> same run
 //   (spelling such as `on` vs `true` does not matter; the resolved model sizes do).
 #pragma once
@@ -107,6 +110,7 @@ struct Experiment {
   int world = 1;              ///< the world size the points were checked for
   std::vector<Axis> axes;
   std::vector<PointConfig> points;
+  int excluded = 0;  ///< combinations of sweep.grid that exclude: removed (not among points)
   /// Hash of resolved_yaml without `output`, and the world size: two runs may share a results
   /// file only when their identities are equal.
   std::string identity;

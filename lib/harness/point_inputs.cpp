@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -65,6 +66,10 @@ const std::vector<io::TraceSequence>& PointInputs::trace(const PointConfig& p) {
   const int want = p.measure.sequences;
   if (p.trace.synthetic) {
     const int count = want > 0 ? std::min(want, p.trace.sequences) : p.trace.sequences;
+    // The other ranks wait for rank 0's generation without the collective timeout (it may take
+    // minutes; the timeout bounds waits for peers that stopped, not for work).
+    std::optional<dist::PatientWait> patient;
+    if (rank_ != 0) patient.emplace("rank 0 generates the synthetic trace");
     if (rank_ == 0) {
       const auto t0 = Clock::now();
       drafter::SyntheticTarget target(be_, cfg, p.trace.layers, p.weights.seed, p.trace.seed);

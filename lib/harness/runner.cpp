@@ -8,11 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/collectives.hpp"
+#include "dist/guard.hpp"
+#include "dist/stop_signals.hpp"
 #include "dist/world_ops.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
@@ -58,12 +61,6 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 }  // namespace
 namespace {
 
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal == 0) g_stop_signal = sig;
-}
-
 using Clock = std::chrono::steady_clock;
 
 // Everything a point run needs that outlives the point.
@@ -78,10 +75,8 @@ struct Context {
   PointInputs inputs;
 };
 
-// Whether any rank saw a stop signal (collective over the world).
-int agreed_stop(const dist::Group& world) {
-  return dist::all_reduce(world, static_cast<int>(g_stop_signal), dist::ReduceOp::max);
-}
+// Whether any rank saw a stop signal, and which (collective over the world; dist/stop_signals.hpp).
+int agreed_stop(const dist::Group& world) { return dist::agreed_stop_signal(world); }
 
 // The backend and the communicator under the point's kernel policy. The NCCL mode is fixed when a
 // communicator is created, so a point with another nccl_blocking gets a new one (collective).
@@ -212,28 +207,21 @@ std::string describe_device(dist::Runtime& rt, const std::string& backend) {
 
 }  // namespace
 
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;
-  MTP_REQUIRE(sigaction(SIGTERM, &sa, nullptr) == 0 && sigaction(SIGINT, &sa, nullptr) == 0,
-              "cannot install the SIGTERM / SIGINT handlers: ", std::strerror(errno));
-}
+void install_stop_handlers() { dist::install_stop_handlers("the results file keeps every completed point"); }
 
-int stop_signal() { return static_cast<int>(g_stop_signal); }
+int stop_signal() { return dist::stop_signal(); }
 
 int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& options) {
   MTP_REQUIRE(ex.world == rt.world(), ex.file, ": expanded for ", ex.world, " rank(s) but the job has ",
               rt.world());
   const int rank = rt.rank();
-  install_stop_handlers();
+  dist::install_stop_handlers(str(options.output, " keeps every completed point"));
 
   // The backend: `auto` decides alike on every rank (the MIN of the visible GPUs).
   std::string backend = ex.points.front().backend;
   if (backend == "auto")
     backend = ops::cuda_backend_available() && rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
-  {
+  dist::run_agreed([&] {  // every rank decides alike: the job ends cleanly, the message comes once
     std::vector<std::string> problems;
     for (const auto& p : ex.points) {
       try {
@@ -245,7 +233,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     }
     MTP_REQUIRE(problems.empty(), ex.file, ": ", problems.size(), " point(s) cannot run on the ", backend,
                 " backend:\n", join(problems, "\n"));
-  }
+  });
   std::unique_ptr<ops::Backend> be;
   if (backend == "cuda") {
     const auto& bound = rt.bind_device();
@@ -329,8 +317,10 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   prov.identity_inputs = report.identity;
 
   std::vector<char> done(static_cast<size_t>(n), 0);
-  if (rank == 0)
-    for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+  dist::run_agreed([&] {  // a refusal of the file (another configuration in it) ends every rank cleanly
+    if (rank == 0)
+      for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+  });
   dist::broadcast(world, std::span<char>(done));
 
   int to_run = 0;
@@ -367,6 +357,13 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
       break;
     }
     if (rank == 0) append_point(options.output, ex, p, r, prov);
+    {
+      // Rank 0 writes (a copy of the file, then a rename): the others wait for it without the
+      // collective timeout, which bounds waits for peers, not for a large file.
+      std::optional<dist::PatientWait> patient;
+      if (rank != 0) patient.emplace("rank 0 writes the point to the results file");
+      dist::barrier(c.world_group);
+    }
     ++completed;
     std::vector<double> measured;
     for (size_t row = 0; row < r.warmup.size(); ++row)  // each (batched) step once, as the file's summary
@@ -395,7 +392,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   dist::barrier(c.world_group);
   if (interrupted != 0) {
     if (rank == 0)
-      log_error("interrupted by signal ", interrupted, " (", strsignal(interrupted), ") after ", completed,
+      log_error("interrupted by ", dist::describe_stop_signal(interrupted), " after ", completed,
                 " point(s) this run; ", options.output,
                 " holds every completed point. Rerun the same command to resume.");
     return 128 + interrupted;

@@ -439,3 +439,115 @@ TEST(Experiment, ShippedBatchScalingExperiment) {
   EXPECT_EQ(ex.axes.at(0).name, "batch_size");
   EXPECT_EQ(ex.axes.at(0).type, ValueType::integer);
 }
+
+// ---- messages that point at the cause -------------------------------------------------------------
+
+TEST(Experiment, InvalidSweptValueIsNamedAsWhatItIs) {
+  // An arm's bad value: the grid entry, the value and the allowed values, once, not a list of
+  // points that "cannot run with N ranks".
+  std::string text = kBase;
+  text.replace(text.find("skip: [none, head, block]"), 25, "skip: [none, hed]");
+  std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_EQ(msg.find("exp.yaml:14:18: sweep.grid.skip[1]: \"hed\" is not one of {none, head, block}"), 0u)
+      << msg;
+  EXPECT_EQ(msg.find("cannot run"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.skip=[none,heda]"}, 2); });
+  EXPECT_NE(msg.find("sweep.grid.skip[1]: \"heda\" is not one of {none, head, block}"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("(from --set sweep.grid.skip=[none,heda])"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("cannot run"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.draft_len=[3,20]"}, 2); });
+  EXPECT_NE(msg.find("sweep.grid.draft_len[1]: value 20 is out of range [1, 16]"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.kernels.mla_decode=[v2,v9]"}, 2); });
+  EXPECT_NE(msg.find("sweep.grid.kernels.mla_decode[1]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("v1, v2"), std::string::npos) << msg;
+  // A value of another axis is checked when its point is read, and reported as a bad value too.
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.measure.repeats=[1,0]"}, 2); });
+  EXPECT_NE(msg.find("12 of 24 sweep point(s) have a swept value that is not valid for its key"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("measure.repeats: value 0 is out of range [1, 1000]"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("cannot run"), std::string::npos) << msg;
+}
+
+TEST(Experiment, UnrunnablePointsAreCountedAfterExclude) {
+  const std::string text =
+      std::string(kBase) + "    exchange: [packed_u64, bf16_lanes]\n" + "  exclude:\n    - {skip: head}\n";
+  const Experiment ok = parse_experiment(text, "exp.yaml", {}, 2);
+  EXPECT_EQ(ok.points.size(), 16u);
+  EXPECT_EQ(ok.excluded, 8);
+  // At 4 ranks, bf16_lanes with the vocab-sharded head cannot run: 2 (head_fp8) x 2 (skip none,
+  // block) of the 16 points exclude: leaves, not "of 24".
+  const std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 4); });
+  EXPECT_NE(msg.find("exp.yaml: 4 of 16 sweep point(s) (after exclude: removed 8) cannot run with 4 rank(s)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {}, 2).excluded, 0);
+}
+
+TEST(Experiment, MisspeltKeysAndAxesSayWhatWasMeant) {
+  std::string text = kBase;
+  text.replace(text.find("trace:\n"), 7, "trce:\n");
+  std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(
+      msg.find(
+          "exp.yaml:5:1: trce: missing required key \"trace\" (did you mean \"trace\" instead of \"trce\"?)"),
+      std::string::npos)
+      << msg;
+  text = kBase;
+  text.replace(text.find("measure: {warmup_steps: 1}"), 26, "mesure: {warmup_steps: 1}");
+  msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("exp.yaml:7:1: mesure: unknown key \"mesure\" (did you mean \"measure\"?)"),
+            std::string::npos)
+      << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"measure.warmup=3"}, 2); });
+  EXPECT_NE(msg.find("did you mean \"warmup_steps\""), std::string::npos) << msg;  // a prefix of it
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"draft_lenn=4"}, 2); });
+  EXPECT_NE(msg.find("unknown key \"draft_lenn\" (did you mean \"draft_len\"?)"), std::string::npos) << msg;
+  // Axes: over the arm registry's names; an exclude entry's axis: over the grid's axes.
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.hed_fp8=[off,on]"}, 2); });
+  EXPECT_NE(msg.find("\"hed_fp8\" cannot be swept (did you mean \"head_fp8\"?)"), std::string::npos) << msg;
+  msg = message_of(
+      [] { parse_experiment(std::string(kBase) + "  exclude:\n    - {skp: head}\n", "exp.yaml", {}, 2); });
+  EXPECT_NE(
+      msg.find(
+          "exp.yaml:16:13: sweep.exclude[0].skp: \"skp\" is not a sweep.grid axis (did you mean \"skip\"?)"),
+      std::string::npos)
+      << msg;
+}
+
+TEST(Experiment, QuotedNumbersAreRefusedWhereverWritten) {
+  std::string text = kSingle;
+  text += "draft_len: \"3\"\n";
+  std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 1); });
+  EXPECT_NE(msg.find("exp.yaml:8:12: draft_len: expected an integer, got the quoted text \"3\""),
+            std::string::npos)
+      << msg;
+  msg = message_of([] { parse_experiment(kSingle, "exp.yaml", {"draft_len=\"3\""}, 1); });
+  EXPECT_NE(msg.find("draft_len: expected an integer, got the quoted text \"3\""), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kSingle, "exp.yaml", {"sweep.grid.draft_len=[\"3\", 4]"}, 1); });
+  EXPECT_NE(msg.find("sweep.grid.draft_len[0]: expected an integer, got the quoted text \"3\""),
+            std::string::npos)
+      << msg;
+  // Bare, it reads; a quoted choice is the word it is.
+  EXPECT_EQ(
+      parse_experiment(kSingle, "exp.yaml", {"draft_len=3", "skip=\"head\""}, 1).points[0].arms.drafter.skip,
+      drafter::Skip::head);
+}
+
+TEST(Experiment, TextProblemsAreReportedWhereTheyAre) {
+  std::string msg = message_of([] {
+    parse_experiment("model: tiny\noutput: \"results/x.h5\ntrace: {synthetic: {}}\n", "exp.yaml", {}, 1);
+  });
+  EXPECT_NE(msg.find("exp.yaml:2:9: unclosed quote"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(std::string(kSingle) + "---\nmodel: small\n", "exp.yaml", {}, 1); });
+  EXPECT_NE(msg.find("exp.yaml:8:1: a second YAML document starts here (---)"), std::string::npos) << msg;
+}
+
+TEST(Experiment, BadKernelVariableIsReportedOnceByName) {
+  ASSERT_EQ(setenv("MTPLAB_GEMV_SPLIT", "3", 1), 0);
+  const std::string msg = message_of([] { parse_experiment(kBase, "exp.yaml", {}, 2); });
+  unsetenv("MTPLAB_GEMV_SPLIT");
+  EXPECT_NE(msg.find("MTPLAB_GEMV_SPLIT"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("sweep point(s)"), std::string::npos) << msg;
+}
