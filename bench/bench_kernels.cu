@@ -9,7 +9,7 @@
 // (ops::env_overrides, docs/kernels.md), e.g. MTPLAB_GEMV_VARIANT=rows2; the policy and what the
 // environment set are printed first, and the policy and the GEMV variant are in the CSV's first line.
 // The indexer_select and mla_decode cases run each kernel, named in the row, through the policy.
-// Method (METHOD.md): inputs are random (never zeros); each case rotates over enough copies of its
+// Method: inputs are random (never zeros); each case rotates over enough copies of its
 // inputs (>= 512 MB in all) that L2 (60 MB) cannot hold them between calls; a spin kernel is
 // queued ahead of each batch of measurements so the host has enqueued the whole batch before the
 // GPU reaches it (no launch gaps inside a measurement). Each op is timed in two modes, N samples
@@ -416,7 +416,7 @@ struct RowsModeName {
   const char* name;
 };
 
-// glm5.3-flash (MODEL.md).
+// glm5.3-flash (docs/model.md).
 constexpr int kH = 4096, kV = 154880, kHeads = 64, kHeadDim = 256, kQLora = 1536, kKvLora = 512;
 constexpr int kIndexHeads = 32, kIndexDim = 128, kTopK = 2048, kPool = 4, kExperts = 288, kExpertTopK = 8,
               kInter = 2048;

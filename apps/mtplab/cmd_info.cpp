@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/str.hpp"
 #include "dist/collectives.hpp"
+#include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "provenance/versions.hpp"
 
@@ -43,9 +44,13 @@ int cmd_info(const Args& args) {
   if (backend == "auto") backend = rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
   std::string device = "cpu", pci = "-";
   if (backend == "cuda") {
-    const auto& bound = rt.bind_device();
-    device = str(bound.device, ": ", bound.name);
-    pci = bound.pci_bus_id;
+    // A refusal (more ranks than GPUs, two ranks on one GPU) is usually every rank's: agreed, so
+    // that it is printed once.
+    dist::run_agreed([&] {
+      const auto& bound = rt.bind_device();
+      device = str(bound.device, ": ", bound.name);
+      pci = bound.pci_bus_id;
+    });
   }
 
   const provenance::LibraryVersions v = provenance::library_versions();

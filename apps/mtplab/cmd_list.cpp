@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "core/error.hpp"
+#include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "harness/experiment.hpp"
 
@@ -41,17 +42,17 @@ int cmd_list(const Args& args) {
   if (ranks == 0) {
     rt = std::make_unique<dist::Runtime>();
     ranks = rt->world();
-    if (rt->rank() != 0) {
-      harness::load_experiment(file, sets, ranks);  // every rank fails alike on a bad file
-      return 0;
-    }
   }
-  const harness::Experiment ex = harness::load_experiment(file, sets, ranks);
+  // Every rank reads the file; an error in it is agreed, so rank 0 alone prints it.
+  harness::Experiment ex;
+  dist::run_agreed([&] { ex = harness::load_experiment(file, sets, ranks); });
+  if (rt && rt->rank() != 0) return 0;
   if (count_only) {
     std::printf("%zu\n", ex.points.size());
     return 0;
   }
-  std::printf("%s: %zu point(s) for %d rank(s); output %s\n", ex.file.c_str(), ex.points.size(), ranks,
+  std::printf("%s: %zu point(s) for %d rank(s)%s; output %s\n", ex.file.c_str(), ex.points.size(), ranks,
+              ex.excluded ? str(" (", ex.excluded, " excluded)").c_str() : "",
               ex.output.empty() ? "(not set)" : ex.output.c_str());
   if (!ex.axes.empty()) {
     std::printf("axes:");

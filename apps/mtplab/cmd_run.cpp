@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "core/error.hpp"
+#include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "harness/experiment.hpp"
 #include "harness/runner.hpp"
@@ -27,7 +28,18 @@ cli::Parser run_cli() {
       .positionals("one experiment file", 1, 1)
       .epilogue(
           "Points already in the results file with the same configuration are skipped. SIGTERM or\n"
-          "SIGINT stops at the next step boundary; completed points stay in the file (exit 128+signal).\n");
+          "SIGINT stops at the next step boundary; completed points stay in the file. The same signal\n"
+          "again stops at once; the file is still valid (a point is written whole or not at all).\n"
+          "A collective (MPI or NCCL) that waits longer than MTPLAB_COLLECTIVE_TIMEOUT_S seconds\n"
+          "(default 60) for a rank ends the job with a message naming the ranks that did not arrive.\n"
+          "\n"
+          "Exit codes (every rank's; mpirun passes the first non-zero one on):\n"
+          "  0    every requested point is in the results file\n"
+          "  1    an error: the message says which (a bad experiment, option or results file, ...)\n"
+          "  124  a collective timed out (a rank stopped, hung or died)\n"
+          "  130  stopped by SIGINT (Ctrl-C)\n"
+          "  143  stopped by SIGTERM (scancel, a time limit; mpirun sends it for a Ctrl-C too)\n"
+          "A signal sent to mpirun itself makes mpirun end the job and exit 1, whatever the ranks did.\n");
 }
 
 }  // namespace
@@ -41,10 +53,18 @@ int cmd_run(const Args& args) {
   const int point = static_cast<int>(cli->integer("point", -1));
 
   dist::Runtime rt;
-  const harness::Experiment ex = harness::load_experiment(file, sets, rt.world());
+  harness::Experiment ex;
   harness::RunOptions options;
-  options.output = out.empty() ? ex.output : out;
-  MTP_REQUIRE(!options.output.empty(), file, ": no output: key and no --out");
+  // Every rank reads the same file: an error in it is known everywhere, printed once, and ends
+  // the job cleanly (no MPI_Abort).
+  dist::run_agreed([&] {
+    ex = harness::load_experiment(file, sets, rt.world());
+    options.output = out.empty() ? ex.output : out;
+    MTP_REQUIRE(!options.output.empty(), file, ": no output: key and no --out");
+    const int n = static_cast<int>(ex.points.size());
+    MTP_REQUIRE(point < n, file, ": --point ", point, " is out of range: the experiment has ", n,
+                " point(s), 0..", n - 1);
+  });
   options.point = point;
   options.argv = {"mtplab", "run"};
   options.argv.insert(options.argv.end(), args.begin(), args.end());

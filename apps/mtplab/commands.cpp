@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "core/error.hpp"
 #include "dist/guard.hpp"
 
 namespace mtplab::app {
@@ -12,6 +13,7 @@ const std::vector<Command>& commands() {
       {"info", "per-rank host, device, and library versions", cmd_info},
       {"trace", "write a trace from the synthetic target", cmd_trace},
       {"list", "print the numbered points of an experiment", cmd_list},
+      {"check", "check every input of an experiment without running it", cmd_check},
       {"run", "run an experiment's points (all, or --point i)", cmd_run},
       {"merge", "join the results files of an array job", cmd_merge},
   };
@@ -25,15 +27,21 @@ cli::Parser command_parser(const std::string& name, const std::string& synopsis,
 }
 
 std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& args) {
-  cli::Args parsed = parser.parse(args);
+  cli::Args parsed;
+  try {
+    parsed = parser.parse(args);
+  } catch (const Error& e) {
+    throw dist::ArgumentError(e);  // every rank has the same command line: printed once
+  }
   if (!parsed.help()) return parsed;
   std::fputs(parser.help().c_str(), stdout);
   return std::nullopt;
 }
 
 // Creates nothing itself (each command owns its dist::Runtime): on an exception dist::run_guarded
-// prints `[rank r@host] message (file:line)` and, with more than one rank, calls MPI_Abort so no
-// rank is left waiting in a collective; with one rank it returns 1.
+// prints the error once and ends the job (dist/guard.hpp: MPI_Finalize and exit 1 when every rank
+// knows the verdict, else MPI_Abort from the failing rank, so no rank is left waiting in a
+// collective).
 int run_guarded(const Command& command, int /*argc*/, char** /*argv*/, const Args& args) {
   return dist::run_guarded([&] { return command.run(args); });
 }

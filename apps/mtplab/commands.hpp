@@ -18,8 +18,8 @@ struct Command {
 
 const std::vector<Command>& commands();
 
-/// Runs a command; any exception becomes `[rank r@host] message` on stderr, and with more than
-/// one rank an MPI_Abort, so the whole job exits non-zero instead of hanging.
+/// Runs a command; any exception becomes `[rank r@host] message` on stderr, printed once, and a
+/// non-zero exit of the whole job instead of a hang (dist::run_guarded).
 int run_guarded(const Command& command, int argc, char** argv, const Args& args);
 
 /// The option reader of `mtplab <name>`: its usage line is "mtplab <name> <synopsis>", and
@@ -28,12 +28,13 @@ cli::Parser command_parser(const std::string& name, const std::string& synopsis,
 
 /// Parses a command's arguments with its declared options (core/cli.hpp). Asked for --help, it
 /// prints the help on stdout and returns nothing (the command then returns 0); a bad command
-/// line throws mtplab::Error naming the option.
+/// line throws dist::ArgumentError naming the option (printed by one rank under a launcher).
 std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& args);
 
 int cmd_info(const Args& args);
 int cmd_trace(const Args& args);
 int cmd_list(const Args& args);
+int cmd_check(const Args& args);
 int cmd_run(const Args& args);
 int cmd_merge(const Args& args);
 

@@ -1,6 +1,6 @@
 """The PyTorch peer's MTP step, free of transformers: weights, composition, cache, timing.
 
-The MTP step of MODEL.md around two injected modules (attention with its indexer, MoE):
+The MTP step of docs/model.md around two injected modules (attention with its indexer, MoE):
 
     e = enorm(E[t]); h = hnorm(hidden); x0 = eh_proj [e ; h]        embedding first
     r = x0 + attn(input_layernorm(x0))                              plain residual
@@ -13,7 +13,7 @@ checkpoint mapping, the composition and the timing code run anywhere (CPU, torch
 
 Invariants:
 - Weights come from a safetensors checkpoint under the checkpoint names mtplab loads
-  (MODEL.md "Checkpoint names"; mtplab_export_weights writes it): the peer and mtplab run the
+  (docs/model.md, "Checkpoint names"; mtplab_export_weights writes it): the peer and mtplab run the
   same tensors. Experts are stored one tensor each and stacked here into transformers' fused
   layout (gate_up_proj [E, 2I, H], gate rows first; down_proj [E, H, I]).
 - e_score_correction_bias and index_kpool_compress_ape stay fp32 (as the checkpoint stores them).
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# MODEL.md "Sizes"; mtp_layer is the checkpoint index of the MTP layer.
+# docs/model.md, "Sizes"; mtp_layer is the checkpoint index of the MTP layer.
 PRESETS = {
     "glm5.3-flash": dict(hidden=4096, vocab=154880, n_heads=64, qk_nope=256, v_head=256, q_lora=1536,
                          kv_lora=512, index_heads=32, index_dim=128, index_topk=2048, index_kpool=4,
@@ -379,7 +379,7 @@ class StandInMLP(nn.Module):
 
 
 class StandInMoE(nn.Module):
-    """MODEL.md's MoE (sigmoid router with bias, top-k, normalised weights x scaling, clamped
+    """docs/model.md's MoE (sigmoid router with bias, top-k, normalised weights x scaling, clamped
     SwiGLU experts, shared expert) with transformers' parameter names."""
 
     def __init__(self, p: dict):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch peer of mtplab_bench_step: one MTP draft step built from Hugging Face
 transformers' glm5_next modules (Glm5NextTextAttention with its pooled indexer, Glm5NextTextMoE,
-Glm5NextTextRMSNorm; eager attention and experts), composed as MODEL.md writes it (mtp_peer.py),
+Glm5NextTextRMSNorm; eager attention and experts), composed as docs/model.md writes it (mtp_peer.py),
 on the weights mtplab runs (a checkpoint written by mtplab_export_weights), timed with CUDA events.
 
     python3 bench/peer/peer_step.py --weights W.safetensors [--preset glm5.3-flash] [--experts E]

@@ -1,6 +1,7 @@
 // The one exception type of mtplab. It carries the rank and host of the process that raised it
-// and the source file and line, so `main` can print `[rank r@host] message (file:line)` and
-// abort the whole job instead of leaving other ranks hanging in a collective.
+// and the source file and line of the throw, so `main` can print `[rank r@host] message` (with
+// `(file:line)` when source locations are asked for) and end the whole job instead of leaving
+// other ranks hanging in a collective.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,15 @@ struct ProcessIdentity {
 const ProcessIdentity& process_identity();
 void set_process_identity(int rank, int world);  ///< also reads the host name
 
+/// `[rank r@host] ` once the rank is known, "" before (an argument error, a tool without MPI).
+std::string rank_tag();
+
+/// Whether messages carry the source location (file:line) of the throw: MTPLAB_DEBUG=1 in the
+/// environment (read once, at first use) or set_error_locations(true) (`mtplab -v`). Off by
+/// default: a location helps whoever debugs mtplab, not whoever fixes an experiment file.
+bool error_locations();
+void set_error_locations(bool on);
+
 class Error : public std::runtime_error {
  public:
   Error(std::string message, const char* file, int line);
@@ -27,7 +37,8 @@ class Error : public std::runtime_error {
   const std::string& host() const { return host_; }
   const std::string& file() const { return file_; }
   int line() const { return line_; }
-  /// `[rank r@host] message (file:line)`.
+  /// `[rank r@host] message`, plus ` (file:line)` when error_locations(); no rank tag while the
+  /// rank is unknown (rank -1).
   std::string describe() const;
 
  private:
@@ -43,7 +54,7 @@ class Error : public std::runtime_error {
 /// Throws mtplab::Error with the streamed arguments as message.
 #define MTP_FAIL(...) throw ::mtplab::Error(::mtplab::str(__VA_ARGS__), __FILE__, __LINE__)
 /// Throws mtplab::Error when `cond` is false.
-#define MTP_REQUIRE(cond, ...)  \
-  do {                          \
+#define MTP_REQUIRE(cond, ...)          \
+  do {                                  \
     if (!(cond)) MTP_FAIL(__VA_ARGS__); \
   } while (0)

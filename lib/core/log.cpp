@@ -27,10 +27,8 @@ void set_log_level(LogLevel level) { level_storage() = level; }
 
 void log_line(LogLevel level, const std::string& message) {
   static const char* names[] = {"error", "warn", "info", "debug"};
-  const auto& id = process_identity();
   // One fprintf per line so lines of different ranks do not interleave mid-line.
-  std::fprintf(stderr, "[rank %d@%s] %s: %s\n", id.rank, id.host.c_str(), names[static_cast<int>(level)],
-               message.c_str());
+  std::fprintf(stderr, "%s%s: %s\n", rank_tag().c_str(), names[static_cast<int>(level)], message.c_str());
   std::fflush(stderr);
 }
 

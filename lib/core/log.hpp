@@ -1,4 +1,5 @@
-// Rank-prefixed logging to stderr. Level from MTPLAB_LOG (error|warn|info|debug), default info.
+// Rank-prefixed logging to stderr (`[rank r@host] level: message`; no tag before the rank is
+// known). Level from MTPLAB_LOG (error|warn|info|debug), default info.
 #pragma once
 #include <string>
 

@@ -2,8 +2,19 @@
 // column: `configs/tiny.yaml:4:3: model.hidden: expected an integer, got "12x"`.
 //
 // Reading a mapping goes through a MapReader: each key the program understands is taken with
-// req()/opt(); finish() then rejects every key nobody took (a typo is an error, never ignored).
+// req()/opt(); finish() then rejects every key nobody took (a typo is an error, never ignored,
+// and names the key it most likely meant).
+//
+// Stricter than YAML itself, where YAML's leniency hides a mistake:
+// - one document per file: a second document (`---` after content) is an error at its line
+//   (yaml-cpp would read the first and drop the rest);
+// - a quoted value closes on the line where it opens: an unclosed quote is an error at the quote
+//   (yaml-cpp would read the rest of the file into the value, or fail much later);
+// - a number is written bare: a quoted one (`draft_len: "3"`) is text in YAML and is refused
+//   where a number is expected.
 #pragma once
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -11,8 +22,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "core/error.hpp"
 
@@ -48,8 +57,11 @@ class YamlNode {
   double as_double(double min, double max) const;
   /// One of `choices`; the message lists them.
   std::string as_choice(const std::vector<std::string>& choices) const;
-  std::vector<YamlNode> items() const;  ///< a sequence's elements
+  std::vector<YamlNode> items() const;                            ///< a sequence's elements
   std::vector<std::pair<std::string, YamlNode>> entries() const;  ///< a mapping's pairs, in order
+
+  /// Whether the scalar was written in quotes ('...' or "..."): text, whatever it looks like.
+  bool is_quoted() const;
 
   /// Throws an Error prefixed with where().
   [[noreturn]] void fail(const std::string& message) const;
@@ -67,7 +79,9 @@ class MapReader {
   ~MapReader() = default;
 
   bool has(const std::string& key) const;
-  /// A required key: missing is an error naming the mapping and the key.
+  /// A required key: missing is an error naming the mapping and the key; when a key of the
+  /// mapping that nobody took yet is close to it (a misspelling), the error is at that key and
+  /// says which key was meant.
   YamlNode req(const std::string& key);
   /// An optional key: nullopt when absent or null.
   std::optional<YamlNode> opt(const std::string& key);
@@ -94,5 +108,22 @@ class MapReader {
   YamlNode node_;
   std::set<std::string> taken_;
 };
+
+/// The key a misspelt `key` most likely meant among `candidates` (edit distance up to 2, 3 for
+/// keys of 8 characters or more; else the only candidate that `key` is a prefix of, for keys of 3
+/// characters or more); "" when none is close.
+std::string suggest_key(const std::string& key, const std::vector<std::string>& candidates);
+
+/// A problem found in YAML text before parsing it (1-based line and column).
+struct YamlTextIssue {
+  int line = 0;
+  int column = 0;
+  std::string message;
+};
+/// The first quoted value that does not close on the line where it opens, or the first line that
+/// starts a second document; nothing when the text has neither. A line scan that knows comments,
+/// block scalars (| and >), flow collections and which quotes open a value (a quote inside a plain
+/// value, as in `it's`, opens nothing).
+std::optional<YamlTextIssue> scan_yaml_text(const std::string& text);
 
 }  // namespace mtplab

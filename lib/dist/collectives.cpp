@@ -1,4 +1,5 @@
-// MpiCommunicator, the transport factory and the collective timeout setting.
+// MpiCommunicator, the transport factory and the collective timeout setting. Every MPI call of
+// the communicator is started non-blocking and waited for within mpi_timeout_s().
 // BF16 sums use a user MPI_Op that rounds after every pairwise add, like NCCL's ncclBfloat16 sum:
 // a single fp32 accumulation rounded once at the end would differ from the GPU beyond 2 ranks.
 #include "dist/collectives.hpp"
@@ -12,6 +13,7 @@
 #include "core/error.hpp"
 #include "core/str.hpp"
 #include "dist/check.hpp"
+#include "dist/mpi_wait.hpp"
 
 namespace mtplab::dist {
 namespace {
@@ -73,33 +75,49 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::all_reduce_sum(const float* send, float* recv, size_t count) {
   const int n = as_count(count, "all_reduce_sum(f32)");
-  MTP_MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_FLOAT, MPI_SUM, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MTP_MPI_CHECK(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req));
+  detail::wait_bounded(req, comm_, [&] { return str("all_reduce_sum(f32, ", count, ")"); });
 }
 
 void MpiCommunicator::all_reduce_sum(const bf16* send, bf16* recv, size_t count) {
   const int n = as_count(count, "all_reduce_sum(bf16)");
   static_assert(sizeof(bf16) == sizeof(uint16_t));
-  MTP_MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_UINT16_T, bf16_sum_, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MTP_MPI_CHECK(
+      MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_UINT16_T, bf16_sum_, comm_, &req));
+  detail::wait_bounded(req, comm_, [&] { return str("all_reduce_sum(bf16, ", count, ")"); });
 }
 
 void MpiCommunicator::all_reduce_max(const uint64_t* send, uint64_t* recv, size_t count) {
   const int n = as_count(count, "all_reduce_max(u64)");
-  MTP_MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_UINT64_T, MPI_MAX, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MTP_MPI_CHECK(
+      MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_UINT64_T, MPI_MAX, comm_, &req));
+  detail::wait_bounded(req, comm_, [&] { return str("all_reduce_max(u64, ", count, ")"); });
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes) {
   const int n = as_count(bytes, "all_gather");
   // In place when this rank's slot of recv already holds the data (NCCL's in-place rule).
   const bool in_place = send == static_cast<const char*>(recv) + static_cast<size_t>(rank_) * bytes;
-  MTP_MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MTP_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &req));
+  detail::wait_bounded(req, comm_, [&] { return str("all_gather(", bytes, " bytes)"); });
 }
 
 void MpiCommunicator::broadcast(void* buf, size_t bytes, int root) {
   MTP_REQUIRE(root >= 0 && root < size_, "broadcast: root ", root, " outside [0, ", size_, ")");
-  MTP_MPI_CHECK(MPI_Bcast(buf, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  MTP_MPI_CHECK(MPI_Ibcast(buf, as_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &req));
+  detail::wait_bounded(req, comm_, [&] { return str("broadcast(", bytes, " bytes from rank ", root, ")"); });
 }
 
-void MpiCommunicator::barrier() { MTP_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  MPI_Request req = MPI_REQUEST_NULL;
+  MTP_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+  detail::wait_bounded(req, comm_, [] { return std::string("barrier"); });
+}
 
 // ---- factory -----------------------------------------------------------------------------------
 

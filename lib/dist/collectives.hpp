@@ -1,6 +1,7 @@
 // The two implementations of dist::Communicator and the factory that picks one.
 //
-// - MpiCommunicator: host buffers, every call complete when it returns. BF16 sums go through a
+// - MpiCommunicator: host buffers, every call complete when it returns (waited for within
+//   mpi_timeout_s(), see dist/mpi_wait.hpp). BF16 sums go through a
 //   user MPI_Op that adds two BF16 values in fp32 and rounds the result to BF16 (RNE), the same
 //   pairwise rounding NCCL applies to ncclBfloat16, so a 2-rank sum is bit-identical on both.
 // - NcclCommunicator: device buffers, calls only enqueue work on the backend's stream; wait()
@@ -42,11 +43,19 @@ const char* to_string(NcclMode mode);
 
 inline constexpr double kDefaultCollectiveTimeoutS = 60.0;
 inline constexpr const char* kCollectiveTimeoutEnv = "MTPLAB_COLLECTIVE_TIMEOUT_S";
-/// Seconds an NCCL collective (or the communicator's creation) may take before it is declared
-/// dead: MTPLAB_COLLECTIVE_TIMEOUT_S when set, else 60. Throws on a malformed value.
+/// Seconds a collective (NCCL or MPI; an NCCL communicator's creation too) may take before it is
+/// declared dead: MTPLAB_COLLECTIVE_TIMEOUT_S when set, else 60. Throws on a malformed value.
 double collective_timeout_s();
 /// Parses a timeout in seconds (finite, > 0); `origin` names the source in the error message.
 double parse_timeout_s(std::string_view text, std::string_view origin);
+
+/// The bound of every MPI collective of this process (MpiCommunicator, the host collectives of
+/// world_ops, the Runtime's own): collective_timeout_s() when the Runtime started, else 60 s. An
+/// MPI collective still incomplete then ends the job with a message naming this rank, the
+/// collective and the ranks that had not arrived (exit 124; dist/mpi_wait.hpp).
+double mpi_timeout_s();
+/// Changes it for this process (tests; > 0 and finite).
+void set_mpi_timeout_s(double seconds);
 
 /// Host-buffer collectives over `comm` (borrowed).
 class MpiCommunicator final : public Communicator {

@@ -35,6 +35,7 @@
 #include "dist/check.hpp"
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
+#include "dist/mpi_wait.hpp"
 #include "dist/watchdog.hpp"
 
 namespace mtplab::dist {
@@ -99,7 +100,9 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
         std::snprintf(msg.error, sizeof msg.error, "%s (%s)", ncclGetErrorString(rc),
                       ncclGetLastError(nullptr));
     }
-    MTP_MPI_CHECK(MPI_Bcast(&msg, sizeof msg, MPI_BYTE, 0, mpi));
+    MPI_Request req = MPI_REQUEST_NULL;
+    MTP_MPI_CHECK(MPI_Ibcast(&msg, sizeof msg, MPI_BYTE, 0, mpi, &req));
+    detail::wait_bounded(req, mpi, [] { return std::string("broadcast of the NCCL unique id"); });
     MTP_REQUIRE(msg.ok, "ncclGetUniqueId failed on rank 0 of the group: ", msg.error);
 
     MTP_CUDA_CHECK(cudaMalloc(&barrier_scratch_, sizeof(int)));
@@ -222,8 +225,8 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) {
         const std::string what =
-            str("the stream of the NCCL communicator failed after ", last_op_.text(), ": ", cudaGetErrorName(q),
-                ": ", cudaGetErrorString(q), "; NCCL communicator aborted");
+            str("the stream of the NCCL communicator failed after ", last_op_.text(), ": ",
+                cudaGetErrorName(q), ": ", cudaGetErrorString(q), "; NCCL communicator aborted");
         abort();
         MTP_FAIL(what);
       }
@@ -286,8 +289,8 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
           str("[rank ", id.rank, "@", id.host, "] NCCL ", watched_what_, " did not complete within ",
               timeout_s_, " s (", kCollectiveTimeoutEnv, ") on rank ", rank_, " of ", size_,
               ": a peer rank has probably died; ending the job");
-      fail_job(line.c_str());
-      std::_Exit(1);
+      fail_job(line.c_str(), kExitCollectiveTimeout);
+      std::_Exit(kExitCollectiveTimeout);
     }
     cudaSetDevice(device_);  // this thread's first CUDA call: the communicator's device
     ncclCommAbort(c);
@@ -324,7 +327,7 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
             ") on rank ", rank_, " of ", size_,
             ": a peer rank has probably died or skipped a collective; NCCL communicator aborted");
     abort();
-    MTP_FAIL(text);
+    throw CollectiveTimeout(text, __FILE__, __LINE__);
   }
   [[noreturn]] void fail_timeout() { fail_timeout_named(str("collectives up to ", last_op_.text()).c_str()); }
 

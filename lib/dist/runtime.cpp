@@ -16,6 +16,8 @@
 #include "core/log.hpp"
 #include "core/str.hpp"
 #include "dist/check.hpp"
+#include "dist/guard.hpp"
+#include "dist/mpi_wait.hpp"
 
 namespace mtplab::dist {
 namespace {
@@ -28,6 +30,13 @@ bool mpi_finalised() noexcept {
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
+}
+
+/// Waits for a non-blocking collective just started (`rc` its return code) within the timeout.
+template <typename Name>
+void finish(int rc, MPI_Request& req, MPI_Comm comm, const char* call, const Name& name) {
+  if (rc != MPI_SUCCESS) MTP_FAIL(call, " failed: ", detail::mpi_error_string(rc));
+  detail::wait_bounded(req, comm, name);
 }
 
 }  // namespace
@@ -105,6 +114,21 @@ Runtime::Runtime(int* argc, char*** argv) : uncaught_at_construction_(std::uncau
   MTP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
   set_process_identity(rank_, world_);
 
+  // The collective timeout, before the first collective that it bounds. A malformed value is the
+  // same on every rank: agreed, so that it is printed once.
+  detail::watch_start(rank_, world_);
+  try {
+    run_agreed([] { set_mpi_timeout_s(collective_timeout_s()); });
+  } catch (const AgreedError&) {
+    // No Runtime to destroy: leave MPI here, as every rank does.
+    detail::watch_stop();
+    if (owns_mpi_) MPI_Finalize();
+    throw;
+  }
+
+  MPI_Request req = MPI_REQUEST_NULL;
+  finish(MPI_Ibarrier(MPI_COMM_WORLD, &req), req, MPI_COMM_WORLD, "MPI_Ibarrier",
+         [] { return std::string("barrier before MPI_Comm_split_type"); });  // bounds the split below
   MTP_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node_comm_));
   MTP_MPI_CHECK(MPI_Comm_rank(node_comm_, &local_rank_));
   MTP_MPI_CHECK(MPI_Comm_size(node_comm_, &local_size_));
@@ -112,19 +136,25 @@ Runtime::Runtime(int* argc, char*** argv) : uncaught_at_construction_(std::uncau
   // Nodes are numbered by their lowest world rank: count the node leaders before this rank.
   const int leader = local_rank_ == 0 ? 1 : 0;
   int leaders_before = 0;
-  MTP_MPI_CHECK(MPI_Exscan(&leader, &leaders_before, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  finish(MPI_Iexscan(&leader, &leaders_before, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &req), req,
+         MPI_COMM_WORLD, "MPI_Iexscan", [] { return std::string("exscan of the node leaders"); });
   if (rank_ == 0) leaders_before = 0;  // MPI_Exscan leaves rank 0's result undefined
   node_index_ = leaders_before;
-  MTP_MPI_CHECK(MPI_Bcast(&node_index_, 1, MPI_INT, 0, node_comm_));
-  MTP_MPI_CHECK(MPI_Allreduce(&leader, &num_nodes_, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  finish(MPI_Ibcast(&node_index_, 1, MPI_INT, 0, node_comm_, &req), req, node_comm_, "MPI_Ibcast",
+         [] { return std::string("broadcast of the node index"); });
+  finish(MPI_Iallreduce(&leader, &num_nodes_, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &req), req, MPI_COMM_WORLD,
+         "MPI_Iallreduce", [] { return std::string("all_reduce of the node count"); });
 }
 
 Runtime::~Runtime() {
   // Unwinding with peers alive: a peer may sit in a collective that this rank will never join,
-  // and both MPI_Comm_free and MPI_Finalize may wait for it. Leave MPI to the guard's MPI_Abort.
+  // and both MPI_Comm_free and MPI_Finalize may wait for it. Leave MPI to the guard's MPI_Abort,
+  // unless every rank agreed on the failure (run_agreed): then every rank leaves from the same
+  // place and finalises.
   const bool unwinding = std::uncaught_exceptions() > uncaught_at_construction_;
-  if (unwinding && world_ > 1) return;
+  if (unwinding && world_ > 1 && !failure_agreed()) return;
   if (mpi_finalised()) return;
+  detail::watch_stop();
   if (node_comm_ != MPI_COMM_NULL && MPI_Comm_free(&node_comm_) != MPI_SUCCESS)
     log_warn("MPI_Comm_free(node communicator) failed");
   if (owns_mpi_ && MPI_Finalize() != MPI_SUCCESS) log_warn("MPI_Finalize failed");
@@ -135,18 +165,27 @@ const std::string& Runtime::host() const { return process_identity().host; }
 int Runtime::min_visible_gpus() const {
   const int mine = visible_gpu_count();
   int least = 0;
-  MTP_MPI_CHECK(MPI_Allreduce(&mine, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  MPI_Request req = MPI_REQUEST_NULL;
+  finish(MPI_Iallreduce(&mine, &least, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req), req, MPI_COMM_WORLD,
+         "MPI_Iallreduce", [] { return std::string("all_reduce min of the visible GPU count"); });
   return least;
 }
 
 Group Runtime::world_group() const {
   MPI_Comm dup = MPI_COMM_NULL;
-  MTP_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+  MPI_Request req = MPI_REQUEST_NULL;
+  finish(MPI_Comm_idup(MPI_COMM_WORLD, &dup, &req), req, MPI_COMM_WORLD, "MPI_Comm_idup",
+         [] { return std::string("MPI_Comm_idup of the world"); });
   return Group(dup);
 }
 
 Group Runtime::make_group(int color, int key) const {
   MTP_REQUIRE(color >= 0, "make_group: color must be >= 0 (got ", color, ")");
+  // MPI has no non-blocking split: a bounded barrier first, so that a missing rank is named
+  // instead of hanging the split.
+  MPI_Request req = MPI_REQUEST_NULL;
+  finish(MPI_Ibarrier(MPI_COMM_WORLD, &req), req, MPI_COMM_WORLD, "MPI_Ibarrier",
+         [] { return std::string("barrier before MPI_Comm_split"); });
   MPI_Comm split = MPI_COMM_NULL;
   MTP_MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, color, key, &split));
   return Group(split);
@@ -157,7 +196,9 @@ std::vector<std::string> Runtime::gather_strings(const std::string& text, int ro
   MTP_REQUIRE(text.size() < (1u << 30), "gather_strings: ", text.size(), " bytes is too long");
   const int len = static_cast<int>(text.size());
   std::vector<int> lens(rank_ == root ? world_ : 0);
-  MTP_MPI_CHECK(MPI_Gather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, MPI_COMM_WORLD));
+  MPI_Request req = MPI_REQUEST_NULL;
+  finish(MPI_Igather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, root, MPI_COMM_WORLD, &req), req,
+         MPI_COMM_WORLD, "MPI_Igather", [] { return std::string("gather_strings (the lengths)"); });
   std::vector<int> offsets(lens.size());
   long long total = 0;
   for (size_t i = 0; i < lens.size(); ++i) {
@@ -166,8 +207,9 @@ std::vector<std::string> Runtime::gather_strings(const std::string& text, int ro
   }
   MTP_REQUIRE(total < (1ll << 30), "gather_strings: ", total, " bytes in all is too long");
   std::string all(static_cast<size_t>(total), '\0');
-  MTP_MPI_CHECK(MPI_Gatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR,
-                            root, MPI_COMM_WORLD));
+  finish(MPI_Igatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, root,
+                      MPI_COMM_WORLD, &req),
+         req, MPI_COMM_WORLD, "MPI_Igatherv", [] { return std::string("gather_strings (the texts)"); });
   std::vector<std::string> out;
   for (size_t i = 0; i < lens.size(); ++i)
     out.push_back(all.substr(static_cast<size_t>(offsets[i]), static_cast<size_t>(lens[i])));
@@ -193,9 +235,12 @@ const DeviceBinding& Runtime::bind_device() {
 
   std::vector<char> buses(static_cast<size_t>(local_size_) * bus.size());
   std::vector<int> ranks(static_cast<size_t>(local_size_));
-  MTP_MPI_CHECK(MPI_Allgather(bus.data(), static_cast<int>(bus.size()), MPI_CHAR, buses.data(),
-                              static_cast<int>(bus.size()), MPI_CHAR, node_comm_));
-  MTP_MPI_CHECK(MPI_Allgather(&rank_, 1, MPI_INT, ranks.data(), 1, MPI_INT, node_comm_));
+  MPI_Request req = MPI_REQUEST_NULL;
+  finish(MPI_Iallgather(bus.data(), static_cast<int>(bus.size()), MPI_CHAR, buses.data(),
+                        static_cast<int>(bus.size()), MPI_CHAR, node_comm_, &req),
+         req, node_comm_, "MPI_Iallgather", [] { return std::string("all_gather of the PCI bus ids"); });
+  finish(MPI_Iallgather(&rank_, 1, MPI_INT, ranks.data(), 1, MPI_INT, node_comm_, &req), req, node_comm_,
+         "MPI_Iallgather", [] { return std::string("all_gather of the node's world ranks"); });
   std::vector<std::string> ids;
   for (int i = 0; i < local_size_; ++i) {
     const char* p = buses.data() + static_cast<size_t>(i) * bus.size();

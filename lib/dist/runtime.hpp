@@ -11,7 +11,11 @@
 // - MPI errors come back as return codes (MPI_ERRORS_RETURN on MPI_COMM_WORLD) and are thrown.
 // - When the Runtime is destroyed while an exception unwinds the stack and other ranks exist,
 //   MPI is not finalised (a finalise would wait for ranks stuck in a collective): the guard that
-//   catches the exception calls MPI_Abort instead (dist/guard.hpp).
+//   catches the exception calls MPI_Abort instead (dist/guard.hpp). Unless the ranks agreed on
+//   the failure (dist::run_agreed): then every rank unwinds from the same place and finalises.
+// - Every collective of the Runtime (the bootstrap's, gather_strings, world_group, make_group,
+//   bind_device's) is bounded by the collective timeout like every other MPI collective
+//   (dist/mpi_wait.hpp); the constructor reads MTPLAB_COLLECTIVE_TIMEOUT_S for them.
 // - Device choice: local rank, or 0 when the scheduler shows each task a single GPU
 //   (one visible device and CUDA_VISIBLE_DEVICES set). More ranks than GPUs on a node, or two
 //   ranks on one GPU (same PCI bus id), is refused. See docs/launching.md.

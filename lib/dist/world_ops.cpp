@@ -1,5 +1,6 @@
 // The typed host collectives: element types and ops mapped onto MPI, calls split into pieces of
-// at most `chunk` elements, every return code checked and named.
+// at most `chunk` elements, every return code checked and named, every piece started
+// non-blocking and waited for within the collective timeout (dist/mpi_wait.hpp).
 #include "dist/world_ops.hpp"
 
 #include <mpi.h>
@@ -11,6 +12,7 @@
 #include "core/error.hpp"
 #include "core/str.hpp"
 #include "dist/check.hpp"
+#include "dist/mpi_wait.hpp"
 
 namespace mtplab::dist {
 namespace {
@@ -55,9 +57,13 @@ void check_call(const Group& g, const char* what, int root, size_t chunk) {
               " outside [1, INT_MAX]");
 }
 
-void check_rc(int rc, const char* mpi_call, const char* what, const std::string& call) {
+/// Checks the start of a piece, then waits for it; `call` describes it for messages.
+template <typename Call>
+void complete(int rc, MPI_Request& req, const Group& g, const char* mpi_call, const char* what,
+              const Call& call) {
   if (rc != MPI_SUCCESS)
-    MTP_FAIL(mpi_call, " failed in dist::", what, " (", call, "): ", detail::mpi_error_string(rc));
+    MTP_FAIL(mpi_call, " failed in dist::", what, " (", call(), "): ", detail::mpi_error_string(rc));
+  detail::wait_bounded(req, g.mpi(), [&] { return str(what, "(", call(), ")"); });
 }
 
 /// Calls fn(byte offset, count) over pieces of at most `chunk` elements.
@@ -76,33 +82,39 @@ const char* to_string(Elem e) { return info_of(e).name; }
 
 void broadcast_elems(const Group& g, void* data, size_t count, Elem elem, int root, size_t chunk) {
   check_call(g, "broadcast", root, chunk);
-  const std::string call = str(count, " x ", to_string(elem), " from rank ", root);
+  const auto call = [&] { return str(count, " x ", to_string(elem), " from rank ", root); };
   auto* bytes = static_cast<char*>(data);
   chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
-    check_rc(MPI_Bcast(bytes + off, n, info_of(elem).type, root, g.mpi()), "MPI_Bcast", "broadcast", call);
+    MPI_Request req = MPI_REQUEST_NULL;
+    complete(MPI_Ibcast(bytes + off, n, info_of(elem).type, root, g.mpi(), &req), req, g, "MPI_Ibcast",
+             "broadcast", call);
   });
 }
 
 void all_reduce_elems(const Group& g, void* data, size_t count, Elem elem, ReduceOp op, size_t chunk) {
   check_call(g, "all_reduce", 0, chunk);
-  const std::string call = str(to_string(op), " of ", count, " x ", to_string(elem));
+  const auto call = [&] { return str(to_string(op), " of ", count, " x ", to_string(elem)); };
   auto* bytes = static_cast<char*>(data);
   chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
-    check_rc(MPI_Allreduce(MPI_IN_PLACE, bytes + off, n, info_of(elem).type, info_of(op).op, g.mpi()),
-             "MPI_Allreduce", "all_reduce", call);
+    MPI_Request req = MPI_REQUEST_NULL;
+    complete(MPI_Iallreduce(MPI_IN_PLACE, bytes + off, n, info_of(elem).type, info_of(op).op, g.mpi(), &req),
+             req, g, "MPI_Iallreduce", "all_reduce", call);
   });
 }
 
 void reduce_elems(const Group& g, void* data, size_t count, Elem elem, ReduceOp op, int root, size_t chunk) {
   check_call(g, "reduce", root, chunk);
-  const std::string call = str(to_string(op), " of ", count, " x ", to_string(elem), " to rank ", root);
+  const auto call = [&] {
+    return str(to_string(op), " of ", count, " x ", to_string(elem), " to rank ", root);
+  };
   auto* bytes = static_cast<char*>(data);
   const bool at_root = g.rank() == root;
   chunked(count, chunk, info_of(elem).size, [&](size_t off, int n) {
     // MPI_IN_PLACE is the root's send buffer only; the others send theirs and receive nothing.
-    check_rc(MPI_Reduce(at_root ? MPI_IN_PLACE : bytes + off, at_root ? bytes + off : nullptr, n,
-                        info_of(elem).type, info_of(op).op, root, g.mpi()),
-             "MPI_Reduce", "reduce", call);
+    MPI_Request req = MPI_REQUEST_NULL;
+    complete(MPI_Ireduce(at_root ? MPI_IN_PLACE : bytes + off, at_root ? bytes + off : nullptr, n,
+                         info_of(elem).type, info_of(op).op, root, g.mpi(), &req),
+             req, g, "MPI_Ireduce", "reduce", call);
   });
 }
 
@@ -138,7 +150,9 @@ void broadcast(const Group& g, std::vector<std::string>& texts, int root) {
 
 void barrier(const Group& g) {
   MTP_REQUIRE(g.mpi() != MPI_COMM_NULL, "dist::barrier on an empty group");
-  check_rc(MPI_Barrier(g.mpi()), "MPI_Barrier", "barrier", str("group of ", g.size()));
+  MPI_Request req = MPI_REQUEST_NULL;
+  complete(MPI_Ibarrier(g.mpi(), &req), req, g, "MPI_Ibarrier", "barrier",
+           [&] { return str("group of ", g.size()); });
 }
 
 }  // namespace mtplab::dist

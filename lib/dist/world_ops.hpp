@@ -7,6 +7,9 @@
 //   and (where the text says so) the same element count.
 // - Every MPI call is checked: a failure is an mtplab::Error naming the collective, the element
 //   type and count, and MPI's own error string.
+// - Every call is bounded: a collective that has not completed within mpi_timeout_s()
+//   (MTPLAB_COLLECTIVE_TIMEOUT_S) ends the job with a message naming this rank, the collective
+//   and the ranks that had not arrived, unless a PatientWait lives (a wait known to be long).
 // - Buffers of any length: a call is split into pieces of at most `chunk` elements (default
 //   kMaxChunkElements, below what MPI's int counts carry at any element size used here). An
 //   element-wise reduction or a broadcast gives the same bits however it is split.
@@ -153,5 +156,19 @@ bool all_agree(const Group& g, T value) {
 
 /// Waits for every rank of the group.
 void barrier(const Group& g);
+
+/// While one lives, this rank's MPI collectives wait without the timeout: for a wait known to
+/// outlast it, e.g. the ranks waiting for the broadcast of a synthetic trace that rank 0
+/// generates. `why` is logged once when a wait passes the timeout. Scopes nest.
+class PatientWait {
+ public:
+  explicit PatientWait(std::string why);
+  ~PatientWait();
+  PatientWait(const PatientWait&) = delete;
+  PatientWait& operator=(const PatientWait&) = delete;
+
+ private:
+  std::string previous_why_;
+};
 
 }  // namespace mtplab::dist

@@ -1,4 +1,4 @@
-// The DSA + MoE block's forward, op by op (MODEL.md, "DSA attention", "pooled indexer", "MoE").
+// The DSA + MoE block's forward, op by op (docs/model.md, "DSA attention", "The pooled indexer", "MoE").
 #include "drafter/block.hpp"
 
 #include <cmath>
@@ -104,7 +104,7 @@ void SlotCaches::copy_slot(ops::Backend& be, int from, int to, int rows) {
   be.copy(dst.pool_keys, src.pool_keys, (n / static_cast<size_t>(dims_.index_kpool)) * D * sizeof(float));
 }
 
-BatchScratch::BatchScratch(ops::Backend& be, const BlockDims& d, int n)
+BatchScratch::BatchScratch(ops::Backend& be, const BlockDims& d, int n, int share_width)
     : rows(n),
       u(be, static_cast<size_t>(n) * d.hidden),
       cq_pre(be, static_cast<size_t>(n) * d.q_lora),
@@ -135,6 +135,10 @@ BatchScratch::BatchScratch(ops::Backend& be, const BlockDims& d, int n)
     be.fill_bytes(a->data(), 0, a->bytes());
   be.fill_bytes(selection.data(), 0xFF, selection.bytes());
   be.fill_bytes(expert_idx.data(), 0, expert_idx.bytes());
+  if (share_width > 0) {
+    share_selection = ops::Array<int32_t>(be, static_cast<size_t>(n) * share_width);
+    be.fill_bytes(share_selection.data(), 0xFF, share_selection.bytes());
+  }
 }
 
 BlockScratch::BlockScratch(ops::Backend& be, const BlockDims& d)
@@ -214,10 +218,11 @@ namespace {
 // the input norm, kv_a, indexer wk and gate, and with `full` also q_a, weights_proj (scaled by
 // 1/sqrt(n_I) as linear_group folds it: one fp32 multiply per value), the q_a norm and q_b. Context
 // rows (RowsScratch) and the batched draft step (BatchScratch) share it; the outputs are
-// independent, so their order does not change a bit.
+// independent, so their order does not change a bit. `indexer_query` false (chained drafts under
+// index_share): no weights_proj, whose w_idx only the indexer scores read.
 template <typename Scratch>
 void project_rows(ops::Backend& be, const BlockWeights& w, const BlockDims& d, int n, const bf16* x,
-                  Scratch& s, bool full) {
+                  Scratch& s, bool full, bool indexer_query = true) {
   constexpr ops::RowsMode kBatched = ops::RowsMode::batched;
   be.rmsnorm(x, w.input_norm.data(), s.u.data(), n, d.hidden, d.rms_eps);
   be.linear(w.kv_a.data(), s.u.data(), s.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
@@ -225,8 +230,11 @@ void project_rows(ops::Backend& be, const BlockWeights& w, const BlockDims& d, i
   be.linear_f32(w.idx_gate.data(), s.u.data(), s.gate.data(), n, d.index_dim, d.hidden, kBatched);
   if (!full) return;
   be.linear(w.q_a.data(), s.u.data(), s.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
-  be.linear_f32(w.idx_weights_proj.data(), s.u.data(), s.w_idx.data(), n, d.index_heads, d.hidden, kBatched);
-  be.scale_f32(s.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
+  if (indexer_query) {
+    be.linear_f32(w.idx_weights_proj.data(), s.u.data(), s.w_idx.data(), n, d.index_heads, d.hidden,
+                  kBatched);
+    be.scale_f32(s.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
+  }
   be.rmsnorm(s.cq_pre.data(), w.q_a_norm.data(), s.cq.data(), n, d.q_lora, d.rms_eps);
   be.linear(w.q_b.data(), s.cq.data(), s.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
 }
@@ -281,7 +289,8 @@ void Block::project_row(const bf16* x, const int32_t* pos, const CacheView& cach
   auto& s = scratch_;
   be_.rmsnorm(x, w_.input_norm.data(), s.u.data(), 1, d.hidden, d.rms_eps);
   // Every projection of u in one op: q_a, kv_a, indexer wk and gate, and the indexer head weights
-  // w = W_w u / sqrt(n_I) (fp32, the scale applied as scale_f32 would: bit-identical).
+  // w = W_w u / sqrt(n_I) (fp32, the scale applied as scale_f32 would: bit-identical). Each output
+  // of the group is the same bits without the others, so leaving w out (no w_idx) changes none.
   const ops::LinearOut outs[] = {
       {w_.q_a.data(), s.cq_pre.data(), d.q_lora, false, 1.0f},
       {w_.kv_a.data(), s.ckv_pre.data(), d.kv_lora, false, 1.0f},
@@ -290,25 +299,36 @@ void Block::project_row(const bf16* x, const int32_t* pos, const CacheView& cach
       {w_.idx_weights_proj.data(), w_idx, d.index_heads, true,
        1.0f / std::sqrt(static_cast<float>(d.index_heads))},
   };
-  be_.linear_group(outs, s.u.data(), d.hidden);
+  be_.linear_group(std::span<const ops::LinearOut>(outs, w_idx ? 5 : 4), s.u.data(), d.hidden);
   be_.rmsnorm(s.cq_pre.data(), w_.q_a_norm.data(), cq, 1, d.q_lora, d.rms_eps);
   be_.linear(w_.q_b.data(), cq, q, 1, d.n_heads_local * d.qk_nope, d.q_lora);
   write_caches(pos, cache);
 }
 
 void Block::finish_row(const bf16* x, const int32_t* pos, const CacheView& cache, bf16* x_out, const bf16* q,
-                       const float* w_idx, const float* q_idx, int32_t* selection, const OutNorm* out_norm) {
+                       const float* w_idx, const float* q_idx, int32_t* selection, const OutNorm* out_norm,
+                       const int32_t* share_anchor_pos) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
-  // Indexer scores over the complete pools visible at pos, then the top-k selection.
-  be_.indexer_scores(q_idx, w_idx, cache.pool_keys, pos, s.scores.data(), d.index_heads, d.index_dim,
-                     d.index_kpool, d.max_pools());
-  be_.indexer_select(s.scores.data(), pos, selection, d.index_topk, d.index_kpool, d.max_pools());
+  int width = d.selection_width();
+  if (share_anchor_pos) {
+    // index_share: the anchor's pools (scratch_.selection, the first draft's) and the rows from its
+    // tail to pos, instead of scores and a selection of this row's own.
+    width = share_width();
+    be_.indexer_share_select(s.selection.data(), share_anchor_pos, pos, 1, s.share_selection.data(), width,
+                             d.index_topk, d.index_kpool);
+    selection = s.share_selection.data();
+  } else {
+    // Indexer scores over the complete pools visible at pos, then the top-k selection.
+    be_.indexer_scores(q_idx, w_idx, cache.pool_keys, pos, s.scores.data(), d.index_heads, d.index_dim,
+                       d.index_kpool, d.max_pools());
+    be_.indexer_select(s.scores.data(), pos, selection, d.index_topk, d.index_kpool, d.max_pools());
+  }
   // Absorbed sparse MLA over this rank's heads.
   if (d.n_heads_local > 0) {
     be_.mla_absorb_q(q, w_.kv_b.data(), s.q_abs.data(), d.n_heads_local, d.qk_nope, d.v_head, d.kv_lora);
-    be_.mla_decode(s.q_abs.data(), selection, d.selection_width(), cache.block_table, cache.kv,
-                   s.o_lat.data(), d.n_heads_local, d.softmax_scale);
+    be_.mla_decode(s.q_abs.data(), selection, width, cache.block_table, cache.kv, s.o_lat.data(),
+                   d.n_heads_local, d.softmax_scale);
     be_.mla_out_v(s.o_lat.data(), w_.kv_b.data(), s.o.data(), d.n_heads_local, d.qk_nope, d.v_head,
                   d.kv_lora);
     be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), 1, d.hidden,
@@ -345,17 +365,42 @@ void Block::finish_row(const bf16* x, const int32_t* pos, const CacheView& cache
 }
 
 void Block::forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
-                    const OutNorm* out_norm) {
+                    const OutNorm* out_norm, const int32_t* share_anchor_pos) {
   const BlockDims& d = dims_;
   auto& s = scratch_;
   MTP_REQUIRE(cache.rows() < d.max_rows, "block: row ", cache.rows(), " is past the capacity of ", d.max_rows,
               " rows");
+  if (share_anchor_pos) {
+    MTP_REQUIRE(share_extra_ >= 0,
+                "block: a forward that shares its indexer selection needs enable_index_share");
+    MTP_REQUIRE(anchor_ready_,
+                "block: a forward that shares its indexer selection needs a scoring forward "
+                "(the propose's first draft) before it");
+  }
   const CacheView view = cache.view();
-  project_row(x, pos, view, s.cq.data(), s.q.data(), s.w_idx.data());
-  // Indexer query side: q^I = W_qbI c_q.
-  be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
-  finish_row(x, pos, view, x_out, s.q.data(), s.w_idx.data(), s.q_idx.data(), s.selection.data(), out_norm);
+  project_row(x, pos, view, s.cq.data(), s.q.data(), share_anchor_pos ? nullptr : s.w_idx.data());
+  // Indexer query side: q^I = W_qbI c_q (none for a chained draft that shares the selection).
+  if (!share_anchor_pos)
+    be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), 1, d.index_heads * d.index_dim, d.q_lora);
+  finish_row(x, pos, view, x_out, s.q.data(), s.w_idx.data(), s.q_idx.data(), s.selection.data(), out_norm,
+             share_anchor_pos);
+  if (!share_anchor_pos) anchor_ready_ = true;
   cache.set_rows(cache.rows() + 1);
+}
+
+void Block::enable_index_share(int max_drafts) {
+  MTP_REQUIRE(max_drafts >= 1, "block: enable_index_share(", max_drafts, ")");
+  if (share_extra_ >= max_drafts - 1) return;
+  share_extra_ = max_drafts - 1;
+  scratch_.share_selection = ops::Array<int32_t>(be_, static_cast<size_t>(share_width()));
+  be_.fill_bytes(scratch_.share_selection.data(), 0xFF, scratch_.share_selection.bytes());
+  if (batch_) {
+    // The batch buffers again, now with the chained drafts' selections.
+    const int rows = batch_->rows;
+    batch_.reset();
+    batch_anchor_ready_ = false;
+    reserve_batch(rows);
+  }
 }
 
 void Block::reserve_rows(int max_rows, bool shadow, bool gemm) {
@@ -454,7 +499,8 @@ void Block::shadow_select_rows(int n, const int32_t* pos, const CacheView& cache
 bool Block::reserve_batch(int rows) {
   MTP_REQUIRE(rows >= 1, "block: reserve_batch(", rows, ")");
   if (batch_ && batch_->rows >= rows) return false;
-  batch_ = std::make_unique<BatchScratch>(be_, dims_, rows);
+  batch_ = std::make_unique<BatchScratch>(be_, dims_, rows, share_width());
+  batch_anchor_ready_ = false;  // the new buffers hold no first draft's selection yet
   return true;
 }
 
@@ -465,33 +511,51 @@ bool Block::reserve_batch(int rows) {
 // the other elements of the call at 2 ranks; at more ranks an implementation may pick its
 // algorithm by message size).
 void Block::forward_batch(int n, const bf16* x, const int32_t* slot, const int32_t* pos, SlotCaches& caches,
-                          bf16* x_out, const OutNorm* out_norm) {
+                          bf16* x_out, const OutNorm* out_norm, const int32_t* share_anchor_pos) {
   const BlockDims& d = dims_;
   MTP_REQUIRE(batch_ && n >= 1 && n <= batch_->rows, "block: forward_batch of ", n, " rows, buffers for ",
               batch_ ? batch_->rows : 0, " (reserve_batch first)");
+  if (share_anchor_pos) {
+    MTP_REQUIRE(share_extra_ >= 0,
+                "block: a forward_batch that shares its indexer selection needs enable_index_share");
+    MTP_REQUIRE(batch_anchor_ready_,
+                "block: a forward_batch that shares its indexer selection needs a scoring "
+                "forward_batch (the step's first draft) before it");
+  }
   BatchScratch& bs = *batch_;
   constexpr ops::RowsMode kBatched = ops::RowsMode::batched;
   const ops::KvSlots kv = caches.kv_slots();
   const ops::IndexerSlots idx = caches.indexer_slots();
   const int qidx_width = d.index_heads * d.index_dim;
   // ---- projections of u, every weight once for the n rows ----
-  project_rows(be_, w_, d, n, x, bs, /*full=*/true);
+  project_rows(be_, w_, d, n, x, bs, /*full=*/true, /*indexer_query=*/share_anchor_pos == nullptr);
   // ---- each row's cache rows at (slot, pos) ----
   be_.kv_norm_write_batch(bs.ckv_pre.data(), w_.kv_a_norm.data(), d.rms_eps, slot, pos, n, kv);
   be_.indexer_norm_store_batch(bs.k_pre.data(), w_.idx_k_norm_w.data(), w_.idx_k_norm_b.data(),
                                d.index_ln_eps, bs.gate.data(), w_.idx_ape.data(), slot, pos, n, idx);
-  // ---- indexer over each row's own pool keys, then the selection ----
-  be_.linear_f32(w_.idx_wq_b.data(), bs.cq.data(), bs.q_idx.data(), n, qidx_width, d.q_lora, kBatched);
-  be_.indexer_scores_batch(bs.q_idx.data(), bs.w_idx.data(), slot, pos, n, idx, bs.scores.data(),
-                           d.index_heads);
-  be_.indexer_select_batch(bs.scores.data(), slot, pos, n, bs.selection.data(), d.index_topk, d.index_kpool,
-                           d.max_pools());
+  // ---- indexer over each row's own pool keys, then the selection; or (index_share) the first
+  // draft's pools of each row plus its rows from that draft's tail on ----
+  const int32_t* selection = bs.selection.data();
+  int width = d.selection_width();
+  if (share_anchor_pos) {
+    width = share_width();
+    be_.indexer_share_select(bs.selection.data(), share_anchor_pos, pos, n, bs.share_selection.data(), width,
+                             d.index_topk, d.index_kpool);
+    selection = bs.share_selection.data();
+  } else {
+    be_.linear_f32(w_.idx_wq_b.data(), bs.cq.data(), bs.q_idx.data(), n, qidx_width, d.q_lora, kBatched);
+    be_.indexer_scores_batch(bs.q_idx.data(), bs.w_idx.data(), slot, pos, n, idx, bs.scores.data(),
+                             d.index_heads);
+    be_.indexer_select_batch(bs.scores.data(), slot, pos, n, bs.selection.data(), d.index_topk, d.index_kpool,
+                             d.max_pools());
+    batch_anchor_ready_ = true;
+  }
   // ---- absorbed sparse MLA over this rank's heads, each row on its own latent rows ----
   if (d.n_heads_local > 0) {
     be_.mla_absorb_q_batch(bs.q.data(), w_.kv_b.data(), bs.q_abs.data(), n, d.n_heads_local, d.qk_nope,
                            d.v_head, d.kv_lora);
-    be_.mla_decode_batch(bs.q_abs.data(), bs.selection.data(), d.selection_width(), slot, n, kv,
-                         bs.o_lat.data(), d.n_heads_local, d.softmax_scale);
+    be_.mla_decode_batch(bs.q_abs.data(), selection, width, slot, n, kv, bs.o_lat.data(), d.n_heads_local,
+                         d.softmax_scale);
     be_.mla_out_v_batch(bs.o_lat.data(), w_.kv_b.data(), bs.o.data(), n, d.n_heads_local, d.qk_nope, d.v_head,
                         d.kv_lora);
     be_.linear_f32(w_.o_proj.data(), bs.o.data(), bs.attn_partial.data(), n, d.hidden,

@@ -8,6 +8,10 @@
 //   and its routed experts plus a slice of the shared expert's intermediate dimension; the
 //   attention and MoE partials are fp32 and all-reduced, then added to the residual in BF16.
 // - The indexer (and so the selection) is replicated: every rank computes the same rows.
+// - index_share (enable_index_share): a forward given `share_anchor_pos` computes no indexer
+//   query, scores or selection; it attends to the pools the last scoring forward (the propose's
+//   first draft, at the anchor position) selected plus the rows from that draft's tail to its own
+//   position (ops::Backend::indexer_share_select). Its key rows are written as always.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -50,7 +54,7 @@ struct BlockDims {
   int max_pools() const { return max_rows / index_kpool; }
 };
 
-/// The block's weights in backend memory (this rank's shard). Shapes as in MODEL.md.
+/// The block's weights in backend memory (this rank's shard). Shapes as in docs/model.md.
 struct BlockWeights {
   ops::Array<bf16> input_norm, post_norm;              // [H]
   ops::Array<bf16> q_a, q_a_norm, q_b;                 // [q_lora, H], [q_lora], [nh_local*qk_nope, q_lora]
@@ -141,6 +145,7 @@ struct BlockScratch {
   ops::Array<float> gate, q_idx, w_idx, scores, attn_partial, router_logits, moe_partial;
   ops::Array<int32_t> selection, expert_idx;
   ops::Array<float> expert_w;
+  ops::Array<int32_t> share_selection;  ///< [Block::share_width()] (index_share only)
 };
 
 /// Chunk buffers of Block::forward_rows: what phase A keeps per row for phases B and C, and the
@@ -166,11 +171,13 @@ struct RowsScratch {
 
 /// Buffers of Block::forward_batch for up to `rows` rows (one per sequence of the batch).
 struct BatchScratch {
-  BatchScratch(ops::Backend& be, const BlockDims& dims, int rows);
+  /// share_width > 0 (index_share): also the chained drafts' selections [rows, share_width].
+  BatchScratch(ops::Backend& be, const BlockDims& dims, int rows, int share_width = 0);
   int rows = 0;
   ops::Array<bf16> u, cq_pre, cq, q, ckv_pre, k_pre, q_abs, o_lat, o, v;
   ops::Array<float> gate, w_idx, q_idx, scores, attn_partial, router_logits, moe_partial, expert_w;
   ops::Array<int32_t> selection, expert_idx;
+  ops::Array<int32_t> share_selection;
 };
 
 class Block {
@@ -191,10 +198,22 @@ class Block {
   };
   /// The full block on one row at `pos`: x_out = x + Attn(norm(x)); x_out += MoE(norm(x_out)),
   /// and with `out_norm` also its norm of x_out. x and x_out may alias. Advances cache.rows().
+  /// `share_anchor_pos` (index_share; needs enable_index_share): the row is a chained draft of the
+  /// propose whose first draft was the last forward without it, at *share_anchor_pos (backend
+  /// memory), on the same cache: no indexer query, scores or selection; the attention reads that
+  /// draft's pools plus rows anchor's tail .. pos (the caller keeps pos - anchor < max_drafts).
   void forward(const bf16* x, const int32_t* pos, LayerCache& cache, bf16* x_out,
-               const OutNorm* out_norm = nullptr);
-  /// The selection the last forward used (K + P - 1 rows, -1 padded), for tests.
+               const OutNorm* out_norm = nullptr, const int32_t* share_anchor_pos = nullptr);
+  /// The selection the last scoring forward used (K + P - 1 rows, -1 padded), for tests.
   const int32_t* last_selection() const { return scratch_.selection.data(); }
+
+  /// The index_share arm: the buffers of chained drafts' selections for proposes of up to
+  /// `max_drafts` drafts (share_width() entries per row), now and for every reserve_batch after.
+  void enable_index_share(int max_drafts);
+  /// A chained draft's selection width: K + P - 1 + max_drafts - 1 (0 before enable_index_share).
+  int share_width() const { return share_extra_ < 0 ? 0 : dims_.selection_width() + share_extra_; }
+  /// The selection the last sharing forward used (share_width() rows, -1 padded), for tests.
+  const int32_t* last_share_selection() const { return scratch_.share_selection.data(); }
 
   /// Allocates the chunk buffers of forward_rows for up to `max_rows` rows per call (with the
   /// shadow buffers of shadow_select_rows when `shadow`). At glm5.3-flash and 256 rows on one
@@ -244,23 +263,30 @@ class Block {
   /// (moe_experts_grouped), two all-reduces of [n, H]. Row b's output equals forward() of that
   /// row on its sequence's caches, bit for bit on the CPU. x and x_out may alias; with out_norm,
   /// out_norm->normed is [n, H]. The caller checks positions and advances its row counts.
+  /// `share_anchor_pos` (index_share, [n] backend memory): as forward's, per row: the rows are the
+  /// chained drafts of the batched step whose first draft was the last forward_batch without it.
   void forward_batch(int n, const bf16* x, const int32_t* slot, const int32_t* pos, SlotCaches& caches,
-                     bf16* x_out, const OutNorm* out_norm = nullptr);
-  /// The selections of the rows of the last forward_batch ([n, K + P - 1]).
+                     bf16* x_out, const OutNorm* out_norm = nullptr,
+                     const int32_t* share_anchor_pos = nullptr);
+  /// The selections of the rows of the last scoring forward_batch ([n, K + P - 1]).
   const int32_t* batch_selection() const { return batch_ ? batch_->selection.data() : nullptr; }
+  /// The selections of the rows of the last sharing forward_batch ([n, share_width()]).
+  const int32_t* batch_share_selection() const { return batch_ ? batch_->share_selection.data() : nullptr; }
   /// The routed experts (global ids, [n, top_k]) of the rows of the last forward_batch.
   const int32_t* batch_experts() const { return batch_ ? batch_->expert_idx.data() : nullptr; }
 
  private:
-  /// Phase A of one row: input norm, every projection of u (w_idx to `w_idx`), c_q to `cq`,
-  /// q to `q`, then the latent and indexer cache rows at pos.
+  /// Phase A of one row: input norm, every projection of u (w_idx to `w_idx`; none when w_idx is
+  /// null: a sharing draft has no indexer query), c_q to `cq`, q to `q`, then the latent and
+  /// indexer cache rows at pos.
   void project_row(const bf16* x, const int32_t* pos, const CacheView& cache, bf16* cq, bf16* q,
                    float* w_idx);
-  /// Phase C of one row: scores and selection (into `selection`) from q_idx and w_idx, absorbed
-  /// sparse MLA, o_proj, all-reduce, then the MoE with both residuals.
+  /// Phase C of one row: scores and selection (into `selection`) from q_idx and w_idx, or with
+  /// share_anchor_pos the shared selection (into scratch_.share_selection; q_idx, w_idx and
+  /// `selection` unused), absorbed sparse MLA, o_proj, all-reduce, then the MoE with both residuals.
   void finish_row(const bf16* x, const int32_t* pos, const CacheView& cache, bf16* x_out, const bf16* q,
                   const float* w_idx, const float* q_idx, int32_t* selection,
-                  const OutNorm* out_norm = nullptr);
+                  const OutNorm* out_norm = nullptr, const int32_t* share_anchor_pos = nullptr);
   /// Norms and stores the cache row from the projections of u already in scratch (ckv_pre, k_pre,
   /// gate: one linear_group, made by the caller with whatever else it projects from u).
   void write_caches(const int32_t* pos, const CacheView& cache);
@@ -278,6 +304,9 @@ class Block {
   BlockScratch scratch_;
   std::unique_ptr<RowsScratch> rows_;
   std::unique_ptr<BatchScratch> batch_;
+  int share_extra_ = -1;             ///< index_share: max_drafts - 1; -1 off
+  bool anchor_ready_ = false;        ///< a scoring forward() has written scratch_.selection
+  bool batch_anchor_ready_ = false;  ///< a scoring forward_batch() has written batch_->selection
 };
 
 }  // namespace mtplab::drafter

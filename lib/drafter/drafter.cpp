@@ -1,5 +1,5 @@
 // MtpDrafter: forward_one chained k times, the context rows, rollback, and the cross-rank pick
-// of the draft token (the four exchange protocols of DESIGN.md).
+// of the draft token (the four exchange protocols of docs/model.md, "The head, sharded and in FP8").
 #include "drafter/drafter.hpp"
 
 #include <algorithm>
@@ -76,6 +76,7 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
   if (opt_.cuda_graph) {
     graphs_ = std::make_unique<StepGraphs>(be_);
   }
+  if (opt_.index_share) block_.enable_index_share(opt_.draft_len);
   MTP_REQUIRE(!opt_.head_fp8 || fw_.lm_head_fp8.size() == static_cast<size_t>(shard_.n) * hidden_,
               "head_fp8 is on but the FP8 copy of the head shard is missing");
   const int k = opt_.draft_len;
@@ -448,8 +449,10 @@ int MtpDrafter::draft_step(SequenceState& st, int k) {
     const bool norm_in_block = opt_.skip == Skip::none;
     if (opt_.skip != Skip::block) {
       const Block::OutNorm head_norm{fw_.shared_head_norm.data(), y_.data(), eps_};
+      // index_share: drafts 2..k reuse draft 1's (at positions_[0]) indexer selection.
       block_.forward(x_.data(), positions_.data() + i, st.cache, x_.data(),
-                     norm_in_block ? &head_norm : nullptr);
+                     norm_in_block ? &head_norm : nullptr,
+                     opt_.index_share && i > 0 ? positions_.data() : nullptr);
       ++written;
     }
     mark_end(Phase::block, i);
@@ -779,7 +782,8 @@ int MtpDrafter::draft_step_batch(BatchState& batch, int n, int k) {
     if (opt_.skip != Skip::block) {
       const Block::OutNorm head_norm{fw_.shared_head_norm.data(), batch_y_.data(), eps_};
       block_.forward_batch(n, batch_x_.data(), batch_slot_.data(), pos, batch.caches, batch_x_.data(),
-                           norm_in_block ? &head_norm : nullptr);
+                           norm_in_block ? &head_norm : nullptr,
+                           opt_.index_share && i > 0 ? batch_pos_.data() : nullptr);  // draft 1's positions
       ++written;
     }
     mark_end(Phase::block, i);

@@ -6,7 +6,7 @@
 //   y  = shared_head.norm(x1); draft = argmax(lm_head y)    (vocab-sharded: a cross-rank pick)
 //   chaining: the next draft feeds (draft, y) at position + 1
 //
-// Row space (MODEL.md): drafter row r is (embed(tokens[r+1]), hidden[r]); its KV slot, indexer
+// Row space (docs/model.md): drafter row r is (embed(tokens[r+1]), hidden[r]); its KV slot, indexer
 // row and position are all r. Rows are written densely: a write anywhere but the current length
 // is an Error (and counted), never a silent no-op.
 //

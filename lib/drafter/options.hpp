@@ -59,6 +59,13 @@ struct DrafterOptions {
   /// context_rows full) instead of one GEMV per row. On the CPU the two compute the same bits; on
   /// CUDA the GEMM sums in another order, so the caches (and, at near-ties, the drafts) may differ.
   bool context_gemm = false;
+  /// `index_share`: the chained drafts 2..k of one propose reuse draft 1's indexer pool selection
+  /// (vLLM's and SGLang's index_share_for_mtp_iteration): draft 1 scores the pools and selects as
+  /// always; drafts 2..k compute no indexer query, scores or selection and attend to draft 1's
+  /// selected pools plus the rows from draft 1's tail to their own position (docs/drafter.md,
+  /// "Index share"). The indexer key rows are still written for every row. Every other arm works
+  /// with it.
+  bool index_share = false;
 };
 
 /// The distribution a verifier reads from logits: temperature, then top-k (0: off), then top-p (1: off).
@@ -86,6 +93,8 @@ struct OptionsContext {
 /// vocab-sharded head runs on exactly 2 ranks and carries token ids below 2^24, and cannot be
 /// captured in a graph (it synchronises with the host mid-step); cuda_graph needs a backend that
 /// records graphs; draft_len >= 1. Throws an Error naming the arm (its YAML key) that is wrong.
+/// index_share needs no rule: it works with every other arm (with draft_len 1 or skip block no
+/// chained draft runs the block, so it changes nothing there).
 void check_options(const DrafterOptions& o, const OptionsContext& ctx);
 
 /// The YAML spelling of every value of each enum, in enum order (the arm registry's choices).

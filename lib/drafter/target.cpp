@@ -1,13 +1,18 @@
 #include "drafter/target.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "drafter/factory.hpp"
 #include "model/weights.hpp"
 
 namespace mtplab::drafter {
 
-SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg, int layers, uint64_t weight_seed,
-                                 uint64_t target_seed)
+SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg, int layers,
+                                 uint64_t weight_seed, uint64_t target_seed)
     : be_(be), cfg_(cfg) {
   MTP_REQUIRE(layers >= 1 && layers <= 64, "synthetic target: layers ", layers, " outside 1..64");
   const model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
@@ -29,6 +34,7 @@ SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg
   }
   x_ = ops::Array<bf16>(be, cfg.hidden);
   h_ = ops::Array<bf16>(be, cfg.hidden);
+  logits_ = ops::Array<bf16>(be, cfg.vocab);
   pos_ = ops::Array<int32_t>(be, 1);
   arg_ = ops::Array<ops::ArgMax>(be, 1);
 }
@@ -36,7 +42,14 @@ SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg
 SyntheticTarget::~SyntheticTarget() = default;
 
 io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, int new_tokens) {
+  return generate(prompt, new_tokens, io::TraceSampling{}, 0);
+}
+
+io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, int new_tokens,
+                                            const io::TraceSampling& sampling, int64_t sequence) {
+  io::validate(sampling, "synthetic target");
   const int H = cfg_.hidden;
+  std::vector<bf16> logits(sampling.sampled ? static_cast<size_t>(cfg_.vocab) : 0);
   const int total = static_cast<int>(prompt.size()) + new_tokens;
   MTP_REQUIRE(!prompt.empty(), "synthetic target: empty prompt");
   MTP_REQUIRE(total <= cfg_.max_seq_len, "synthetic target: ", total, " positions exceed max_seq_len ",
@@ -55,14 +68,24 @@ io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, 
                 " is outside the vocab of ", cfg_.vocab);
     be_.copy(x_.data(), embed_.data() + static_cast<size_t>(tok) * H, H * sizeof(bf16));
     be_.upload(pos_.data(), &p, sizeof p);
-    for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(x_.data(), pos_.data(), caches[l], x_.data());
+    for (size_t l = 0; l < blocks_.size(); ++l)
+      blocks_[l]->forward(x_.data(), pos_.data(), caches[l], x_.data());
     be_.rmsnorm(x_.data(), final_norm_.data(), h_.data(), 1, H, cfg_.rms_norm_eps);
     be_.download(seq.hiddens.data() + static_cast<size_t>(p) * H, h_.data(), H * sizeof(bf16));
     if (p + 1 < total && p + 1 >= static_cast<int>(prompt.size())) {
-      be_.head_argmax(lm_head_.data(), nullptr, nullptr, h_.data(), cfg_.vocab, H, 0, nullptr, arg_.data());
-      ops::ArgMax a{};
-      be_.download(&a, arg_.data(), sizeof a);
-      seq.tokens.push_back(a.index);
+      if (!sampling.sampled) {
+        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h_.data(), cfg_.vocab, H, 0, nullptr, arg_.data());
+        ops::ArgMax a{};
+        be_.download(&a, arg_.data(), sizeof a);
+        seq.tokens.push_back(a.index);
+      } else {
+        // The head's own BF16 logits (the op the drafter's head uses), sampled on the host.
+        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h_.data(), cfg_.vocab, H, 0, logits_.data(),
+                        arg_.data());
+        be_.download(logits.data(), logits_.data(), logits.size() * sizeof(bf16));
+        seq.tokens.push_back(sample_transformed(logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                                                sampling_uniform(sampling.seed, sequence, p + 1)));
+      }
     }
   }
   return seq;
@@ -78,14 +101,70 @@ std::vector<int32_t> PromptGenerator::next(int length) {
 }
 
 std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
-                                               int new_tokens, uint64_t seed) {
+                                               int new_tokens, uint64_t seed,
+                                               const io::TraceSampling& sampling) {
   PromptGenerator prompts(seed, vocab);
   std::vector<io::TraceSequence> out;
   for (int s = 0; s < count; ++s) {
-    out.push_back(target.generate(prompts.next(prompt_len), new_tokens));
+    out.push_back(target.generate(prompts.next(prompt_len), new_tokens, sampling, s));
     out.back().index = s;
   }
   return out;
+}
+
+double sampling_uniform(int64_t seed, int64_t sequence, int64_t position) {
+  uint64_t h = splitmix64_mix(static_cast<uint64_t>(seed) ^ 0x73796e7468657469ull);  // "syntheti"
+  h = splitmix64_mix(h ^ (static_cast<uint64_t>(sequence) * 0x9e3779b97f4a7c15ull));
+  h = splitmix64_mix(h ^ (static_cast<uint64_t>(position) * 0xd1b54a32d192ed03ull));
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
+int32_t sample_transformed(std::span<const bf16> logits, double temperature, int64_t top_k, double top_p,
+                           double u) {
+  const size_t n = logits.size();
+  MTP_REQUIRE(n > 0 && temperature > 0 && top_p > 0 && top_p <= 1 && top_k >= 0,
+              "sample_transformed: bad transform (temperature ", temperature, ", top_k ", top_k, ", top_p ",
+              top_p, ") or empty logits");
+  std::vector<double> z(n);
+  for (size_t i = 0; i < n; ++i) z[i] = static_cast<double>(to_float(logits[i])) / temperature;
+  // Descending logit order (stable: equal logits by id), for the thresholds.
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return z[a] > z[b]; });
+  double threshold = -INFINITY;
+  size_t kept = n;  // tokens order[0 .. kept) are the candidates (ties at the threshold included)
+  if (top_k > 0 && static_cast<size_t>(top_k) < n) {
+    threshold = z[order[static_cast<size_t>(top_k) - 1]];
+    kept = static_cast<size_t>(top_k);
+    while (kept < n && z[order[kept]] >= threshold) ++kept;
+  }
+  const double zmax = z[order[0]];
+  double total = 0;
+  for (size_t j = 0; j < kept; ++j) total += std::exp(z[order[j]] - zmax);
+  if (top_p < 1) {
+    // The largest threshold whose kept mass reaches top_p: walk down by distinct logit values.
+    double mass = 0;
+    size_t j = 0;
+    while (j < kept) {
+      const double v = z[order[j]];
+      while (j < kept && z[order[j]] == v) mass += std::exp(z[order[j++]] - zmax);
+      if (mass >= top_p * total) break;
+    }
+    kept = j;
+    threshold = z[order[kept - 1]];
+  }
+  double sum = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (z[i] >= threshold) sum += std::exp(z[i] - zmax);
+  double cum = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < n; ++i) {
+    if (z[i] < threshold) continue;
+    cum += std::exp(z[i] - zmax) / sum;
+    last = static_cast<int32_t>(i);
+    if (u < cum) return last;
+  }
+  return last;  // u within rounding of 1: the last kept token
 }
 
 }  // namespace mtplab::drafter

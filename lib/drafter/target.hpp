@@ -1,6 +1,12 @@
 // mtplab's synthetic target: a small stack of the same DSA + MoE layers with a final norm and
-// the lm_head, decoding greedily. It produces traces (tokens + post-final-norm hiddens) with the
-// shapes of a model config, for replay when no recorded trace exists.
+// the lm_head, decoding greedily or by sampling. It produces traces (tokens + post-final-norm
+// hiddens) with the shapes of a model config, for replay when no recorded trace exists.
+//
+// Sampling (io::TraceSampling): the head's BF16 logits l at hidden h_t go through the transform
+// (divide by the temperature, keep the top_k largest, keep the top_p mass; sample_transformed
+// below), and tokens[t + 1] is drawn by inverse CDF over the kept tokens in id order with the
+// uniform sampling_uniform(seed, sequence, t + 1): counter-based, so a sequence's tokens do not
+// depend on how many sequences are generated or where.
 //
 // Weights: the embedding and lm_head are the MTP weights' own (seed `weight_seed`), because the
 // MTP layer uses the target's embedding and head; layer i's block weights come from seed
@@ -8,6 +14,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "drafter/block.hpp"
@@ -26,6 +33,10 @@ class SyntheticTarget {
   /// sequence (prompt + generated tokens) and the hidden after each token; the hidden of the last
   /// generated token is computed too, so every position has one.
   io::TraceSequence generate(const std::vector<int32_t>& prompt, int new_tokens);
+  /// As generate, each new token greedy or sampled as `sampling` says; `sequence` names the
+  /// sequence's uniforms (sampling only).
+  io::TraceSequence generate(const std::vector<int32_t>& prompt, int new_tokens,
+                             const io::TraceSampling& sampling, int64_t sequence);
   int layers() const { return static_cast<int>(blocks_.size()); }
 
  private:
@@ -33,7 +44,7 @@ class SyntheticTarget {
   model::ModelConfig cfg_;
   std::vector<std::unique_ptr<Block>> blocks_;
   ops::Array<bf16> embed_, lm_head_, final_norm_;
-  ops::Array<bf16> x_, h_;
+  ops::Array<bf16> x_, h_, logits_;
   ops::Array<int32_t> pos_;
   ops::Array<ops::ArgMax> arg_;
 };
@@ -51,8 +62,22 @@ class PromptGenerator {
 };
 
 /// `count` sequences of `target`: prompts of `prompt_len` tokens from PromptGenerator(seed), then
-/// `new_tokens` greedy tokens each; sequence s gets index s.
+/// `new_tokens` tokens each, greedy or as `sampling` says; sequence s gets index s.
 std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
-                                               int new_tokens, uint64_t seed);
+                                               int new_tokens, uint64_t seed,
+                                               const io::TraceSampling& sampling = {});
+
+/// The synthetic sampler's uniform in [0, 1) for trace token `position` of sequence `sequence`:
+///   h = mix(seed ^ 0x73796e7468657469); h = mix(h ^ (sequence * 0x9e3779b97f4a7c15));
+///   h = mix(h ^ (position * 0xd1b54a32d192ed03)); u = (h >> 11) * 2^-53   (mix: splitmix64_mix)
+double sampling_uniform(int64_t seed, int64_t sequence, int64_t position);
+
+/// Draws a token from BF16 logits [n] under (temperature, top_k, top_p) with uniform u: the
+/// logits divided by the temperature; top_k > 0 keeps the tokens whose logit is >= the k-th
+/// largest (ties at the threshold kept); top_p < 1 then keeps the tokens whose logit is >= the
+/// largest threshold whose kept mass reaches top_p (ties kept); softmax in double over what is
+/// kept; the token is the first in id order whose cumulative probability exceeds u.
+int32_t sample_transformed(std::span<const bf16> logits, double temperature, int64_t top_k, double top_p,
+                           double u);
 
 }  // namespace mtplab::drafter

@@ -2,6 +2,8 @@
 #include "harness/arms.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <iterator>
 #include <map>
 
@@ -80,20 +82,22 @@ ArmSpec batch_size_arm() {
   return a;
 }
 
-// The replay mode (ReplayOptions::replay).
-ArmSpec replay_mode_arm() {
+// A choice arm of the replay's options (an enum spelt by its name table).
+template <typename E, size_t N>
+ArmSpec replay_choice_arm(std::string name, const char* const (&list)[N], E ReplayOptions::*field,
+                          std::string summary) {
   ArmSpec a;
-  a.name = "replay";
+  a.name = std::move(name);
   a.type = ArmType::choice;
-  a.choices = names(kReplayModeNames);
+  a.choices = names(list);
   a.layer = ArmLayer::harness;
-  a.summary = "speculative steps (serving acceptance) or teacher-forced drafts at every position";
+  a.summary = std::move(summary);
   a.omit_at_default = true;  // added after the first schema-v2 files
-  a.get = [](const Arms& x) { return std::string(kReplayModeNames[static_cast<size_t>(x.replay.replay)]); };
-  a.set = [choices = a.choices](Arms& x, const std::string& v) {
+  a.get = [field, &list](const Arms& x) { return std::string(list[static_cast<size_t>(x.replay.*field)]); };
+  a.set = [field, choices = a.choices](Arms& x, const std::string& v) {
     const auto it = std::find(choices.begin(), choices.end(), v);
     MTP_REQUIRE(it != choices.end(), "\"", v, "\" is not one of {", join(choices, ", "), "}");
-    x.replay.replay = static_cast<ReplayMode>(it - choices.begin());
+    x.replay.*field = static_cast<E>(it - choices.begin());
   };
   return a;
 }
@@ -111,6 +115,71 @@ ArmSpec record_margins_arm() {
   a.get = [](const Arms& x) { return std::string(x.replay.record_margins ? "on" : "off"); };
   a.set = [](Arms& x, const std::string& v) { x.replay.record_margins = v == "on"; };
   return a;
+}
+
+// A real arm of the replay's options in (lo, hi] (lo_exclusive) or [lo, hi].
+ArmSpec replay_real_arm(std::string name, double ReplayOptions::*field, double lo, bool lo_exclusive,
+                        double hi, std::string summary) {
+  ArmSpec a;
+  a.name = std::move(name);
+  a.type = ArmType::real;
+  a.real_min = lo;
+  a.real_min_exclusive = lo_exclusive;
+  a.real_max = hi;
+  a.layer = ArmLayer::harness;
+  a.summary = std::move(summary);
+  a.omit_at_default = true;  // added after the first schema-v2 files
+  a.get = [field](const Arms& x) { return real_text(x.replay.*field); };
+  a.set = [field](Arms& x, const std::string& v) {
+    const auto d = parse_double(v);
+    MTP_REQUIRE(d.has_value(), "\"", v, "\" is not a number");
+    x.replay.*field = *d;
+  };
+  return a;
+}
+
+// The sampling verification's arms: in effect with verify: sampling only.
+std::vector<ArmSpec> sampling_arms() {
+  std::vector<ArmSpec> r;
+  r.push_back(replay_choice_arm("verify", kVerifyNames, &ReplayOptions::verify,
+                                "greedy verification (draft == trace token) or speculative sampling at a "
+                                "temperature, from a sampled trace (docs/acceptance.md)"));
+  r.push_back(replay_real_arm("temperature", &ReplayOptions::temperature, 0.0, true, 100.0,
+                              "sampling verification: the temperature of both distributions (the trace's)"));
+  {
+    ArmSpec a;
+    a.name = "top_k";
+    a.type = ArmType::integer;
+    a.min = 0;
+    a.max = 1 << 24;
+    a.layer = ArmLayer::harness;
+    a.summary = "sampling verification: keep the top_k largest logits (0: off; the trace's)";
+    a.omit_at_default = true;
+    a.get = [](const Arms& x) { return str(x.replay.top_k); };
+    a.set = [](Arms& x, const std::string& v) { x.replay.top_k = static_cast<int>(std::stoll(v)); };
+    r.push_back(std::move(a));
+  }
+  r.push_back(replay_real_arm("top_p", &ReplayOptions::top_p, 0.0, true, 1.0,
+                              "sampling verification: keep the smallest top set of mass top_p (1: off; the "
+                              "trace's)"));
+  r.push_back(replay_choice_arm("draft_proposal", kDraftProposalNames, &ReplayOptions::draft_proposal,
+                                "sampling verification: the drafter proposes argmax q (greedy) or x ~ q "
+                                "(sampled)"));
+  {
+    ArmSpec a;
+    a.name = "sampling_seed";
+    a.type = ArmType::integer;
+    a.min = 0;
+    a.max = int64_t{1} << 62;
+    a.layer = ArmLayer::harness;
+    a.summary = "sampling verification: the seed of the acceptance coins (one per sequence and position)";
+    a.omit_at_default = true;
+    a.get = [](const Arms& x) { return str(x.replay.sampling_seed); };
+    a.set = [](Arms& x, const std::string& v) { x.replay.sampling_seed = std::stoll(v); };
+    r.push_back(std::move(a));
+  }
+  for (size_t i = 1; i < r.size(); ++i) r[i].only_with = "verify=sampling";
+  return r;
 }
 
 // One field of the backend's kernel policy, as `kernels.<field>`.
@@ -151,9 +220,16 @@ std::vector<ArmSpec> build_registry() {
                          "the latent KV cache in BF16 or FP8 E4M3"));
   r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
                        "context rows' projections as one batched linear per chunk"));
+  ArmSpec index_share = bool_arm("index_share", &DrafterOptions::index_share,
+                                 "drafts 2..k of a propose reuse draft 1's indexer pool selection");
+  index_share.omit_at_default = true;  // added after the first schema-v2 files
+  r.push_back(std::move(index_share));
   r.push_back(batch_size_arm());
-  r.push_back(replay_mode_arm());
+  r.push_back(replay_choice_arm("replay", kReplayModeNames, &ReplayOptions::replay,
+                                "speculative steps (serving acceptance) or teacher-forced drafts at every "
+                                "position"));
   r.push_back(record_margins_arm());
+  for (auto& a : sampling_arms()) r.push_back(std::move(a));
   for (const auto field : ops::kernel_policy_fields()) r.push_back(kernel_arm(std::string(field)));
   return r;
 }
@@ -168,6 +244,11 @@ bool allowed_value(const ArmSpec& a, const std::string& v) {
     } catch (const Error&) {
       return false;
     }
+  }
+  if (a.type == ArmType::real) {
+    const auto d = parse_double(v);
+    return d && real_text(*d) == v && (a.real_min_exclusive ? *d > a.real_min : *d >= a.real_min) &&
+           *d <= a.real_max;
   }
   if (a.type != ArmType::integer) return std::find(a.choices.begin(), a.choices.end(), v) != a.choices.end();
   try {
@@ -198,8 +279,18 @@ std::string ArmSpec::key() const {
   return dot == std::string::npos ? name : name.substr(dot + 1);
 }
 
+bool ArmSpec::in_effect(const Arms& arms) const {
+  if (only_with.empty()) return true;
+  const auto eq = only_with.find('=');
+  const ArmSpec* other = find_arm(only_with.substr(0, eq));
+  MTP_REQUIRE(other, "arm registry: ", name, " is only in effect with the unknown arm \"", only_with, "\"");
+  return other->get(arms) == only_with.substr(eq + 1);
+}
+
 std::string ArmSpec::allowed() const {
   if (type == ArmType::integer) return str("[", min, ", ", max, "]");
+  if (type == ArmType::real)
+    return str(real_min_exclusive ? "(" : "[", real_text(real_min), ", ", real_text(real_max), "]");
   if (type == ArmType::text) return str("{", text_values, "}");
   return str("{", join(choices, ", "), "}");
 }
@@ -268,6 +359,15 @@ Arms read_arms(MapReader& m) {
       case ArmType::integer:
         value = str(reader->opt_int(a.key(), std::stoll(fallback), a.min, a.max));
         break;
+      case ArmType::real:
+        if (auto node = reader->opt(a.key())) {
+          const double d = node->as_double(a.real_min, a.real_max);
+          if (a.real_min_exclusive && d <= a.real_min) node->fail(str("expected a value in ", a.allowed()));
+          value = real_text(d);
+        } else {
+          value = fallback;
+        }
+        break;
       case ArmType::text:
         if (auto node = reader->opt(a.key())) {
           if (!node->is_scalar()) node->fail(str("expected one of ", a.allowed()));
@@ -283,7 +383,18 @@ Arms read_arms(MapReader& m) {
   }
   for (const auto& b : block_order)
     if (blocks[b]) blocks[b]->finish();
+  // Arms not in effect take their defaults: the point is the same point whatever they were set to.
+  const Arms as_read = arms;
+  for (const auto& a : arm_registry())
+    if (!a.in_effect(as_read)) a.set(arms, a.default_value());
   return arms;
+}
+
+std::string real_text(double v) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  MTP_REQUIRE(res.ec == std::errc(), "cannot format ", v);
+  return std::string(buf, res.ptr);
 }
 
 std::vector<std::pair<std::string, std::string>> named(const Arms& arms) {
@@ -320,6 +431,23 @@ void check_arms(const Arms& arms, int world, const std::string& backend, const m
   const int graphs = backend == "cpu" ? 0 : backend == "cuda" ? 1 : -1;
   drafter::check_options(arms.drafter, drafter::OptionsContext{world, model.vocab, graphs});
   ops::validate(arms.kernels);
+  const ReplayOptions& r = arms.replay;
+  if (r.verify == Verify::sampling) {
+    // The intrinsic ranges are the registry's; these are the rules against the other arms.
+    MTP_REQUIRE(std::isfinite(r.temperature) && r.temperature > 0, "temperature ", r.temperature,
+                " must be > 0 with verify: sampling");
+    MTP_REQUIRE(r.top_p > 0 && r.top_p <= 1, "top_p ", r.top_p, " must be in (0, 1] with verify: sampling");
+    MTP_REQUIRE(r.top_k >= 0 && r.top_k <= model.vocab, "top_k ", r.top_k, " must be in [0, model.vocab ",
+                model.vocab, "] with verify: sampling (0: off)");
+    MTP_REQUIRE(arms.drafter.skip == drafter::Skip::none,
+                "verify: sampling needs the drafter's head and block "
+                "(skip: none), got skip: ",
+                drafter::to_string(arms.drafter.skip),
+                " (the skip arms time parts of a step; they give no distribution to verify)");
+    MTP_REQUIRE(r.replay == ReplayMode::speculative,
+                "replay: teacher_forced with verify: sampling is not supported yet (teacher-forced depth "
+                "figures are greedy: draft j == trace token j); use verify: greedy");
+  }
 }
 
 }  // namespace mtplab::harness

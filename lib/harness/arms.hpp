@@ -33,6 +33,12 @@ namespace mtplab::harness {
 /// (harness/replay_teacher.hpp).
 enum class ReplayMode { speculative, teacher_forced };
 inline constexpr const char* kReplayModeNames[] = {"speculative", "teacher_forced"};
+/// `verify`: how replay decides which drafts the target accepts (docs/acceptance.md).
+enum class Verify { greedy, sampling };
+inline constexpr const char* kVerifyNames[] = {"greedy", "sampling"};
+/// `draft_proposal` (sampling verification): the drafter's token x ~ q (sampled) or argmax q.
+enum class DraftProposal { greedy, sampled };
+inline constexpr const char* kDraftProposalNames[] = {"greedy", "sampled"};
 
 /// The replay's own arms (harness/replay.hpp).
 struct ReplayOptions {
@@ -45,6 +51,20 @@ struct ReplayOptions {
   /// top-2 logit margin and the draft's log-probability), recorded as draft_margin /
   /// draft_logprob. Off saves the stats pass (on the CPU at the tiny preset about 75% of a step).
   bool record_margins = true;
+  /// `verify`: greedy (a draft is accepted when it equals the trace's token) or sampling
+  /// (speculative sampling at `temperature` / `top_k` / `top_p`, from a trace sampled with them).
+  Verify verify = Verify::greedy;
+  /// The transform both distributions go through under sampling verification: temperature > 0,
+  /// top_k (0: off), top_p in (0, 1] (1: off).
+  double temperature = 1.0;
+  int top_k = 0;
+  double top_p = 1.0;
+  /// `draft_proposal`: what the drafter proposes under sampling verification. greedy (argmax q)
+  /// is what vLLM's and SGLang's MTP drafters propose by default.
+  DraftProposal draft_proposal = DraftProposal::greedy;
+  /// `sampling_seed`: the seed of the acceptance coins (one uniform per sequence and trace
+  /// position, counter-based: harness::verify_uniform).
+  int64_t sampling_seed = 1;
   friend bool operator==(const ReplayOptions&, const ReplayOptions&) = default;
 };
 
@@ -59,9 +79,10 @@ struct Arms {
   ops::KernelPolicy kernels;
 };
 
-/// choice / boolean / integer: values the reader checks itself; text: a value the consuming layer
-/// parses (`set` throws naming the key and the choices), e.g. the kernel policy's fields.
-enum class ArmType { choice, boolean, integer, text };
+/// choice / boolean / integer / real: values the reader checks itself; text: a value the consuming
+/// layer parses (`set` throws naming the key and the choices), e.g. the kernel policy's fields.
+/// A real's canonical text is the shortest decimal that reads back to the same double ("0.7", "1").
+enum class ArmType { choice, boolean, integer, real, text };
 /// The layer whose code reads the arm's value.
 enum class ArmLayer { drafter, harness, backend };
 const char* to_string(ArmLayer layer);
@@ -71,9 +92,15 @@ struct ArmSpec {
   /// experiment (e.g. `kernels:`) is named "block.key".
   std::string name;
   ArmType type = ArmType::choice;
-  std::vector<std::string> choices;  ///< canonical spellings (choice; boolean: off, on)
-  std::string text_values;           ///< text: the accepted values, for messages
-  int64_t min = 0, max = 0;          ///< integer range, inclusive
+  std::vector<std::string> choices;   ///< canonical spellings (choice; boolean: off, on)
+  std::string text_values;            ///< text: the accepted values, for messages
+  int64_t min = 0, max = 0;           ///< integer range, inclusive
+  double real_min = 0, real_max = 0;  ///< real range; real_max inclusive
+  bool real_min_exclusive = false;    ///< real_min itself not allowed (temperature > 0)
+  /// "arm=value": the arm is in effect only when that other arm has that value; otherwise
+  /// read_arms normalises it to its default, so that points that differ only in an arm not in
+  /// effect are the same point (e.g. temperature under verify: greedy). Empty: always in effect.
+  std::string only_with;
   bool sweepable = true;
   ArmLayer layer = ArmLayer::drafter;
   std::string summary;  ///< one line: what the arm switches
@@ -89,7 +116,9 @@ struct ArmSpec {
   /// The YAML block the arm sits in ("" for the top level) and its key within it.
   std::string block() const;
   std::string key() const;
-  /// The allowed values as text for messages: "{none, vocab}" or "[1, 16]".
+  /// Whether the arm is in effect for `arms` (only_with).
+  bool in_effect(const Arms& arms) const;
+  /// The allowed values as text for messages: "{none, vocab}", "[1, 16]" or "(0, 100]".
   std::string allowed() const;
 };
 
@@ -101,10 +130,14 @@ const ArmSpec* find_arm(const std::string& name);
 const std::vector<std::string>& arm_names();
 
 /// Reads every arm from the point's mapping `m` (arms of a nested block from that block, which is
-/// then finished: unknown keys in it are errors). Values are checked against the registry.
+/// then finished: unknown keys in it are errors). Values are checked against the registry; arms
+/// not in effect (ArmSpec::only_with) are normalised to their defaults.
 Arms read_arms(MapReader& m);
 /// (name, canonical value) of every arm in schema order.
 std::vector<std::pair<std::string, std::string>> named(const Arms& arms);
+/// The canonical text of a real value: the shortest decimal that reads back to `v`.
+std::string real_text(double v);
+
 /// The arms as canonical YAML mapping entries (nested blocks as sub-mappings), for the point's
 /// canonical text. Arms with omit_at_default are left out at their default.
 void emit_canonical(const Arms& arms, YAML::Emitter& e);

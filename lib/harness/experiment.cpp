@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "harness/replay.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -26,10 +27,15 @@ std::string lower(std::string s) {
   return s;
 }
 
-// A copy of `n` without source marks (values from the command line have no file position).
+// A copy of `n` without source marks (values from the command line have no file position); a
+// quoted scalar stays quoted, so `--set draft_len='"3"'` is refused like `draft_len: "3"`.
 YAML::Node strip_marks(const YAML::Node& n) {
   if (!n || n.IsNull()) return YAML::Node(YAML::NodeType::Null);
-  if (n.IsScalar()) return YAML::Node(n.Scalar());
+  if (n.IsScalar()) {
+    YAML::Node out(n.Scalar());
+    if (n.Tag() == "!") out.SetTag("!");  // quoted: text, wherever it came from
+    return out;
+  }
   if (n.IsSequence()) {
     YAML::Node out(YAML::NodeType::Sequence);
     for (const auto& item : n) out.push_back(strip_marks(item));
@@ -153,6 +159,21 @@ struct DocReader {
       t.new_tokens = static_cast<int>(s.opt_int("new_tokens", t.new_tokens, 1, 1 << 24));
       t.seed = static_cast<uint64_t>(s.opt_int("seed", 1, 0, INT64_MAX));
       t.layers = static_cast<int>(s.opt_int("layers", t.layers, 1, 64));
+      io::TraceSampling& smp = t.sampling;
+      smp.sampled = s.opt_choice("sampling", "greedy", {"greedy", "sampling"}) == "sampling";
+      // Read (and checked) either way; not in effect, hence normalised, when greedy.
+      const double temperature = s.opt_double("temperature", smp.temperature, 0.0, 100.0);
+      if (temperature <= 0) s.req("temperature").fail("expected a temperature in (0, 100]");
+      const int64_t top_k = s.opt_int("top_k", smp.top_k, 0, 1 << 24);
+      const double top_p = s.opt_double("top_p", smp.top_p, 0.0, 1.0);
+      if (top_p <= 0) s.req("top_p").fail("expected a value in (0, 1]");
+      const int64_t seed = s.opt_int("sampling_seed", 1, 0, int64_t{1} << 62);
+      if (smp.sampled) {
+        smp.temperature = temperature;
+        smp.top_k = top_k;
+        smp.top_p = top_p;
+        smp.seed = seed;
+      }
       s.finish();
     }
     m.finish();
@@ -195,8 +216,10 @@ struct DocReader {
       preset.fail(e.message());
     }
     // The preset's keys without marks (they were checked when the preset loaded), then the
-    // overrides with theirs, read as one mapping so that cross-key checks see both.
-    YAML::Node merged = strip_marks(YamlNode::load_file(base.source).raw());
+    // overrides with theirs, read as one mapping so that cross-key checks see both. A Hugging
+    // Face config's keys are its derived preset keys.
+    YAML::Node merged = base.source_format == "hf" ? model::to_preset_yaml(base)
+                                                   : strip_marks(YamlNode::load_file(base.source).raw());
     for (const auto& [key, value] : node.entries()) {
       if (key == "preset") continue;
       if (key == "checkpoint" && value.is_map() && merged["checkpoint"] && merged["checkpoint"].IsMap()) {
@@ -208,6 +231,7 @@ struct DocReader {
     model::ModelConfig cfg = model::parse_model_config(
         YamlNode(merged, std::make_shared<const std::string>(node.file()), node.path()));
     cfg.source = base.source;
+    cfg.source_format = base.source_format;
     return cfg;
   }
 
@@ -285,6 +309,14 @@ std::string canonical_text(const PointConfig& p) {
     e << YAML::Key << "new_tokens" << YAML::Value << str(p.trace.new_tokens);
     e << YAML::Key << "seed" << YAML::Value << str(p.trace.seed);
     e << YAML::Key << "layers" << YAML::Value << str(p.trace.layers);
+    if (p.trace.sampling.sampled) {  // absent when greedy: older results files keep their identity
+      const io::TraceSampling& smp = p.trace.sampling;
+      e << YAML::Key << "sampling" << YAML::Value << "sampling";
+      e << YAML::Key << "temperature" << YAML::Value << real_text(smp.temperature);
+      e << YAML::Key << "top_k" << YAML::Value << str(smp.top_k);
+      e << YAML::Key << "top_p" << YAML::Value << real_text(smp.top_p);
+      e << YAML::Key << "sampling_seed" << YAML::Value << str(smp.seed);
+    }
     e << YAML::EndMap;
   } else {
     e << YAML::Key << "path" << YAML::Value << p.trace.path;
@@ -310,8 +342,51 @@ std::string origin_of(const YamlNode& n) {
   return "the command line";
 }
 
+// The names a sweep axis may have, for the suggestion of a misspelt one.
+std::vector<std::string> axis_names() {
+  std::vector<std::string> names;
+  for (const auto& a : arm_registry())
+    if (a.sweepable) names.push_back(a.name);
+  names.push_back("model");
+  names.push_back("backend");
+  return names;
+}
+
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates) {
+  const std::string meant = suggest_key(key, candidates);
+  return meant.empty() ? std::string() : str(" (did you mean \"", meant, "\"?)");
+}
+
+// A value of an arm's axis, checked as the arm's key would be: an error names the grid entry
+// (file:line:col and sweep.grid.<arm>[i]), the value and the arm's values.
+void check_arm_value(const ArmSpec& a, const YamlNode& v) {
+  switch (a.type) {
+    case ArmType::boolean:
+      (void)v.as_bool();
+      return;
+    case ArmType::choice:
+      (void)v.as_choice(a.choices);
+      return;
+    case ArmType::integer:
+      (void)v.as_int(a.min, a.max);
+      return;
+    case ArmType::text: {
+      if (!v.is_scalar()) v.fail(str("expected one of ", a.allowed()));
+      Arms scratch;
+      try {
+        a.set(scratch, canonical_value(v));
+      } catch (const Error& e) {
+        v.fail(e.message());
+      }
+      return;
+    }
+  }
+}
+
 bool axis_allowed(const std::string& a) {
-  if (is_sweepable_arm(a) || a == "model" || a == "backend") return true;
+  // Not `backend`: one process runs every point on one backend (the run resolves and binds it
+  // once, and a results file records one); compare backends with one run into one file each.
+  if (is_sweepable_arm(a) || a == "model") return true;
   for (const char* prefix : {"model.", "measure.", "weights.", "trace."})
     if (starts_with(a, prefix) && a.size() > std::string(prefix).size()) return true;
   return false;
@@ -352,7 +427,9 @@ ValueType parse_value_type(const std::string& s) {
 
 ValueType axis_value_type(const std::string& name, const std::vector<std::string>& values) {
   if (const ArmSpec* a = find_arm(name))
-    return a->type == ArmType::integer ? ValueType::integer : ValueType::text;
+    return a->type == ArmType::integer ? ValueType::integer
+           : a->type == ArmType::real  ? ValueType::floating
+                                       : ValueType::text;
   auto all = [&](auto pred) { return std::all_of(values.begin(), values.end(), pred); };
   auto parses = [](const std::string& v, bool integer) {
     if (v.empty()) return false;
@@ -419,7 +496,15 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
         p.weights.synthetic,
         "trace.synthetic needs weights.synthetic (the synthetic target shares the drafter's embedding and "
         "lm_head); use a recorded trace (trace.path) with checkpoint weights");
+    MTP_REQUIRE(p.trace.sampling.top_k <= c.vocab, "trace.synthetic.top_k ", p.trace.sampling.top_k,
+                " exceeds model.vocab ", c.vocab);
+    check_trace_sampling(p.arms.replay, p.trace.sampling, "trace.synthetic");
   }
+}
+
+void check_trace_file(const PointConfig& p) {
+  if (p.trace.synthetic || p.arms.replay.verify != Verify::sampling) return;
+  check_trace_sampling(p.arms.replay, io::read_trace_sampling(p.trace.path), p.trace.path);
 }
 
 Experiment parse_experiment(const std::string& text, const std::string& name,
@@ -443,18 +528,28 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
   try {
     PointConfig base = reader.point(root, &ex.output);
     (void)base;
+    // A bad MTPLAB_* kernel variable is reported once, naming it, not as a bad value of every point.
+    (void)ops::env_overrides(ops::KernelPolicy{}, nullptr);
     MapReader top(root);
     if (auto sweep = top.opt("sweep")) {
       MapReader s(*sweep);
       if (auto grid = s.opt("grid")) {
         for (const auto& [axis, values] : grid->entries()) {
           if (!axis_allowed(axis))
-            values.fail(str("\"", axis, "\" cannot be swept; axes are the arms (", join(arm_names(), ", "),
-                            "), model, model.<key>, measure.<key>, weights.<key>, trace.<key> and backend"));
+            values.fail(str("\"", axis, "\" cannot be swept", did_you_mean(axis, axis_names()),
+                            "; axes are the arms (", join(arm_names(), ", "),
+                            "), model, model.<key>, measure.<key>, weights.<key> and trace.<key>",
+                            axis == "backend"
+                                ? " (one run uses one backend: run each backend into its own output)"
+                                : ""));
           if (!values.is_sequence()) values.fail("expected a list of values, e.g. [off, on]");
           Axis a;
           a.name = axis;
+          const ArmSpec* arm = find_arm(axis);
           for (const auto& v : values.items()) {
+            // An arm's values are checked here, each once, where it is written; the values of
+            // other axes (model.<key>, measure.<key>, ...) when each point is read.
+            if (arm) check_arm_value(*arm, v);
             const std::string cv = canonical_value(v);
             if (std::find(a.values.begin(), a.values.end(), cv) != a.values.end())
               v.fail(str("value \"", cv, "\" appears twice"));
@@ -483,7 +578,12 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     std::map<std::string, std::set<std::string>> rule;
     for (const auto& [axis, v] : en.entries()) {
       auto it = std::find_if(ex.axes.begin(), ex.axes.end(), [&](const Axis& a) { return a.name == axis; });
-      if (it == ex.axes.end()) v.fail(str("\"", axis, "\" is not a sweep.grid axis"));
+      if (it == ex.axes.end()) {
+        std::vector<std::string> names;
+        for (const auto& a : ex.axes) names.push_back(a.name);
+        v.fail(str("\"", axis, "\" is not a sweep.grid axis", did_you_mean(axis, names), "; the axes are ",
+                   names.empty() ? std::string("none (sweep.grid is empty)") : join(names, ", ")));
+      }
       std::vector<YamlNode> vals = v.is_sequence() ? v.items() : std::vector<YamlNode>{v};
       for (const auto& one : vals) {
         const std::string cv = canonical_value(one);
@@ -499,10 +599,12 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
 
   // The cartesian product, last axis fastest.
   std::vector<size_t> idx(ex.axes.size(), 0);
-  // Problems grouped by message: message -> [where the values came from, point labels...].
-  std::map<std::string, std::vector<std::string>> problems;
-  int total = 0;
-  for (bool done = false; !done; ++total) {
+  // Problems grouped by message: message -> [where the values came from, point labels...]. A
+  // point whose document does not read (a swept value that is wrong for its key) is kept apart
+  // from a point that reads but cannot run with this world size (or backend).
+  std::map<std::string, std::vector<std::string>> invalid, unrunnable;
+  int candidates = 0;  // the points left after exclude:
+  for (bool done = false; !done;) {
     std::vector<std::pair<std::string, std::string>> assignment;
     for (size_t a = 0; a < ex.axes.size(); ++a)
       assignment.emplace_back(ex.axes[a].name, ex.axes[a].values[idx[a]]);
@@ -517,9 +619,12 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
       }
       excluded = excluded || all;
     }
+    if (excluded) ++ex.excluded;
     if (!excluded) {
+      ++candidates;
       PointConfig p;
       std::string where;
+      bool read = false;
       try {
         YamlNode doc = load_doc();
         // `model` before model.<key>, so that a swept preset takes the key overrides.
@@ -537,6 +642,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
         // The environment overrides the kernel policy (benchmarks, tuning): applied here, so that
         // the effective policy is the point's configuration and identity, recorded and compared.
         p.arms.kernels = ops::env_overrides(p.arms.kernels, &p.kernel_env_overrides);
+        read = true;
         p.index = static_cast<int>(ex.points.size());
         p.assignment = assignment;
         for (size_t a = 0; a < idx.size(); ++a) p.assignment_index.push_back(static_cast<int64_t>(idx[a]));
@@ -549,7 +655,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
         std::string msg = e.message();
         for (const auto& o : ovs)
           if (msg.find(o.key) != std::string::npos) msg += str(" (", o.text, ")");
-        auto& entry = problems[msg];
+        auto& entry = (read ? unrunnable : invalid)[msg];
         if (entry.empty()) entry.push_back(where);
         entry.push_back(str("{", label.empty() ? "no sweep" : label, "}"));
       }
@@ -564,7 +670,10 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     }
     if (ex.axes.empty()) done = true;
   }
-  if (!problems.empty()) {
+  // One error for every point of a kind, grouped by reason; the count is of the points that
+  // exclude: leaves.
+  auto report = [&](const std::map<std::string, std::vector<std::string>>& problems,
+                    const std::string& what) {
     size_t bad = 0;
     std::vector<std::string> lines;
     for (const auto& [msg, entry] : problems) {
@@ -576,9 +685,14 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
                           count > 3 ? ", ..." : "",
                           entry[0].empty() ? "" : str("\n    (values: ", entry[0], ")")));
     }
-    MTP_FAIL(name, ": ", bad, " of ", total, " sweep point(s) cannot run with ", world,
-             " rank(s) (fix the values, or remove the points with sweep.exclude):\n", join(lines, "\n"));
-  }
+    MTP_FAIL(name, ": ", bad, " of ", candidates, " sweep point(s)",
+             ex.excluded ? str(" (after exclude: removed ", ex.excluded, ")") : std::string(), " ", what,
+             ":\n", join(lines, "\n"));
+  };
+  if (!invalid.empty()) report(invalid, "have a swept value that is not valid for its key (fix the values)");
+  if (!unrunnable.empty())
+    report(unrunnable, str("cannot run with ", world,
+                           " rank(s) (fix the values, or remove the points with sweep.exclude)"));
   MTP_REQUIRE(!ex.points.empty(), name, ": every sweep point is excluded; nothing to run");
 
   // The resolved document: overrides applied, as YAML.

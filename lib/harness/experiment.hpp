@@ -7,8 +7,11 @@
 // - Expansion is deterministic: the points are the cartesian product of sweep.grid in the order
 //   the axes are written (the last axis varies fastest), minus the exclude: entries, numbered
 //   0..N-1 in that order. The same file, overrides and world size always give the same points.
-// - Every point is checked against the world size at expansion, before anything runs; all the
-//   points that cannot run are reported together, each with its assignment.
+// - An arm's swept values are checked where they are written, each once (the key, the value and
+//   the allowed values). Then every point is read and checked against the world size at
+//   expansion, before anything runs: the points with a swept value their key refuses, else the
+//   points that cannot run, are reported together, each with its assignment, counted among the
+//   points that exclude: leaves.
 // - PointConfig::canonical is the identity of a point: equal canonical text <=> same run
 //   (spelling such as `on` vs `true` does not matter; the resolved model sizes do).
 #pragma once
@@ -19,6 +22,7 @@
 
 #include "core/yaml.hpp"
 #include "harness/arms.hpp"
+#include "io/trace.hpp"
 #include "model/config.hpp"
 #include "ops/ops.hpp"
 
@@ -32,7 +36,8 @@ struct WeightsSpec {
   friend bool operator==(const WeightsSpec&, const WeightsSpec&) = default;
 };
 
-/// `trace:` {path: file.h5} or {synthetic: {sequences, prompt_len, new_tokens, seed, layers}}.
+/// `trace:` {path: file.h5} or {synthetic: {sequences, prompt_len, new_tokens, seed, layers,
+/// sampling, temperature, top_k, top_p, sampling_seed}}.
 struct TraceSpec {
   bool synthetic = false;
   std::string path;
@@ -41,6 +46,10 @@ struct TraceSpec {
   int new_tokens = 64;
   uint64_t seed = 1;
   int layers = 2;
+  /// A synthetic trace's continuation: greedy (default) or sampled at a temperature / top-k /
+  /// top-p with a seed (`sampling: sampling`; the other keys are ignored, and normalised, when
+  /// greedy). A file's comes from the file (io::TraceReader::sampling).
+  io::TraceSampling sampling;
   friend bool operator==(const TraceSpec&, const TraceSpec&) = default;
 };
 
@@ -101,6 +110,7 @@ struct Experiment {
   int world = 1;              ///< the world size the points were checked for
   std::vector<Axis> axes;
   std::vector<PointConfig> points;
+  int excluded = 0;  ///< combinations of sweep.grid that exclude: removed (not among points)
   /// Hash of resolved_yaml without `output`, and the world size: two runs may share a results
   /// file only when their identities are equal.
   std::string identity;
@@ -117,8 +127,13 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
                             const std::vector<std::string>& overrides, int world);
 
 /// Checks that `p` can run with `world` ranks on `backend` ("cpu", "cuda", or "auto" when not yet
-/// known); throws naming the key that is wrong.
+/// known); throws naming the key that is wrong. A synthetic trace's sampling is checked against
+/// the point's verification here; a trace file's when it is opened (check_trace_file).
 void check_point_runnable(const PointConfig& p, int world, const std::string& backend);
+
+/// The point's verification against its trace file's sampling attributes (reads only the file's
+/// attributes); throws naming the file and both settings. Nothing to check for a synthetic trace.
+void check_trace_file(const PointConfig& p);
 
 /// Canonical text of a scalar value: booleans as on/off, everything else as written.
 std::string canonical_value(const YamlNode& node);

@@ -1,13 +1,16 @@
 // The trace and weight caches of a run (point_inputs.hpp).
 #include "harness/point_inputs.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "dist/world_ops.hpp"
 #include "drafter/target.hpp"
 #include "harness/progress.hpp"
+#include "harness/replay.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -49,6 +52,11 @@ WeightsKey weights_key(const PointConfig& p) {
   return WeightsKey{p.model, p.weights, p.arms.drafter.head_sharding};
 }
 
+TargetKey target_key(const PointConfig& p) {
+  const ReplayOptions& r = p.arms.replay;
+  return TargetKey{trace_key(p), weights_key(p), r.temperature, r.top_k, r.top_p};
+}
+
 const std::vector<io::TraceSequence>& PointInputs::trace(const PointConfig& p) {
   TraceKey key = trace_key(p);
   if (trace_key_ && *trace_key_ == key) return trace_;
@@ -58,13 +66,17 @@ const std::vector<io::TraceSequence>& PointInputs::trace(const PointConfig& p) {
   const int want = p.measure.sequences;
   if (p.trace.synthetic) {
     const int count = want > 0 ? std::min(want, p.trace.sequences) : p.trace.sequences;
+    // The other ranks wait for rank 0's generation without the collective timeout (it may take
+    // minutes; the timeout bounds waits for peers that stopped, not for work).
+    std::optional<dist::PatientWait> patient;
+    if (rank_ != 0) patient.emplace("rank 0 generates the synthetic trace");
     if (rank_ == 0) {
       const auto t0 = Clock::now();
       drafter::SyntheticTarget target(be_, cfg, p.trace.layers, p.weights.seed, p.trace.seed);
       trace_ = drafter::synthetic_trace(target, cfg.vocab, count, p.trace.prompt_len, p.trace.new_tokens,
-                                        p.trace.seed);
+                                        p.trace.seed, p.trace.sampling);
       log_info("synthetic trace: ", count, " sequence(s) of ", p.trace.prompt_len, " + ", p.trace.new_tokens,
-               " tokens from a ", p.trace.layers, "-layer target in ",
+               " tokens (", p.trace.sampling.describe(), ") from a ", p.trace.layers, "-layer target in ",
                format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
     }
     broadcast_trace(trace_, cfg.hidden, world_, rank_);
@@ -79,6 +91,27 @@ const std::vector<io::TraceSequence>& PointInputs::trace(const PointConfig& p) {
   }
   trace_key_ = std::move(key);
   return trace_;
+}
+
+const std::vector<std::vector<float>>& PointInputs::target_logprobs(const PointConfig& p,
+                                                                    drafter::MtpDrafter& drafter) {
+  TargetKey key = target_key(p);
+  if (target_key_ && *target_key_ == key) return target_logprobs_;
+  target_key_.reset();
+  target_logprobs_.clear();
+  const auto& seqs = trace(p);
+  const SamplingVerify v = sampling_verify(p.arms.replay);
+  const std::string name = p.trace.synthetic ? std::string("trace.synthetic") : p.trace.path;
+  const auto t0 = Clock::now();
+  target_logprobs_ = trace_target_logprobs(drafter, seqs, v.transform, name);
+  int64_t rows = 0;
+  for (const io::TraceSequence& seq : seqs) rows += std::max<int64_t>(0, seq.length() - seq.prompt_length);
+  if (rank_ == 0)
+    log_info("target log-probabilities: ", rows, " trace rows at temperature ", v.transform.temperature,
+             ", top_k ", v.transform.top_k, ", top_p ", v.transform.top_p, " in ",
+             format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
+  target_key_ = std::move(key);
+  return target_logprobs_;
 }
 
 model::MtpWeights& PointInputs::weights(const PointConfig& p) {

@@ -1,16 +1,20 @@
-// The inputs a point reads, cached across points: its trace and its weight shard. Consecutive
-// points usually share both (a sweep of arms over one model and trace), and loading them (or
-// synthesising a trace at the glm5.3-flash shape) costs more than many points' replays.
+// The inputs a point reads, cached across points: its trace, its weight shard and, for sampling
+// verification, the target's log-probability of every trace token. Consecutive points usually
+// share them (a sweep of arms over one model and trace), and loading them (or synthesising a
+// trace at the glm5.3-flash shape) costs more than many points' replays.
 //
 // Invariants:
 // - A cache entry is keyed by a struct of everything that determines it (the resolved model, the
 //   trace or weights spec, the sequences taken, the head sharding), compared field by field.
 // - The trace is identical on every rank: a synthetic trace is generated on rank 0 and broadcast.
+// - The target log-probabilities are computed by every rank together (MtpDrafter::target_logprobs
+//   is collective), so every rank holds the same values.
 #pragma once
 #include <optional>
 #include <vector>
 
 #include "dist/runtime.hpp"
+#include "drafter/drafter.hpp"
 #include "harness/experiment.hpp"
 #include "io/trace.hpp"
 #include "model/weights.hpp"
@@ -35,8 +39,20 @@ struct WeightsKey {
   friend bool operator==(const WeightsKey&, const WeightsKey&) = default;
 };
 
+/// What the target's log-probabilities of a point's trace depend on: the trace, the lm_head (the
+/// weights and how they are sharded: the sharded combine sums in another order) and the transform.
+struct TargetKey {
+  TraceKey trace;
+  WeightsKey weights;
+  double temperature = 1.0;
+  int top_k = 0;
+  double top_p = 1.0;
+  friend bool operator==(const TargetKey&, const TargetKey&) = default;
+};
+
 TraceKey trace_key(const PointConfig& p);
 WeightsKey weights_key(const PointConfig& p);
+TargetKey target_key(const PointConfig& p);
 
 /// One cached trace and one cached weight shard, for the points of one run.
 class PointInputs {
@@ -48,6 +64,12 @@ class PointInputs {
   const std::vector<io::TraceSequence>& trace(const PointConfig& p);
   /// This rank's weight shard for the point.
   model::MtpWeights& weights(const PointConfig& p);
+  /// For each of the point's sequences (trace(p), same order), log p(tokens[t]) at every trace
+  /// position t >= prompt_length under the point's transform (NaN before it): the target's own
+  /// head on the trace's hidden h_{t-1}, through `drafter` (built from weights(p)). Collective.
+  /// Refuses, naming the trace, the sequence and the position, a token outside the target's
+  /// truncated support (a trace sampled with the point's top-k / top-p cannot hold one).
+  const std::vector<std::vector<float>>& target_logprobs(const PointConfig& p, drafter::MtpDrafter& drafter);
 
  private:
   ops::Backend& be_;
@@ -58,6 +80,8 @@ class PointInputs {
   std::vector<io::TraceSequence> trace_;
   std::optional<WeightsKey> weights_key_;
   model::MtpWeights weights_;
+  std::optional<TargetKey> target_key_;
+  std::vector<std::vector<float>> target_logprobs_;
 };
 
 }  // namespace mtplab::harness

@@ -4,9 +4,14 @@
 // Invariants:
 // - A point is written whole or not at all: each append is H5File::open_append + commit, so a
 //   killed run leaves the file as it was after the last completed point.
-// - A file holds one experiment: its root `experiment_identity` (hash of the resolved experiment
-//   without `output`, and the world size) must equal the run's, else the run is refused before
-//   anything runs. A point already in the file with the same canonical config is skipped.
+// - A file holds one experiment on one set of inputs: its root `experiment_identity` (a hash of
+//   the configuration identity, i.e. the resolved experiment without `output` and the world size,
+//   and of the identity inputs: the content fingerprints of the traces and checkpoints, the
+//   resolved backend, the kernel choices that change bits) must equal the run's, else the run is
+//   refused before anything runs, naming the keys that differ. A point already in the file with
+//   the same canonical config is skipped.
+// - A stale `<file>.tmp.<pid>` (a writer killed mid-commit) is removed by the next run into that
+//   file, only when no process of that pid is alive on this host.
 // - /index and /divergence are derived from the point groups; they are rebuilt whenever points
 //   are added (run, merge), so they never disagree with the groups.
 #pragma once
@@ -25,6 +30,15 @@ namespace mtplab::harness {
 inline constexpr const char* kResultsSchema = "mtplab-results";
 inline constexpr int64_t kResultsSchemaVersion = 2;
 
+/// The inputs part of a results file's identity: (key, value) sorted by key, e.g.
+/// ("trace data/t.h5", "fnv1a64 ... (16 sequences, ...)"), ("backend", "cpu"),
+/// ("kernels.gemv_split", "auto"). harness/check.hpp computes them.
+using IdentityInputs = std::vector<std::pair<std::string, std::string>>;
+
+/// The identity of a results file: the standard FNV-1a 64 over `configuration_identity`
+/// (Experiment::identity) and, per input in key order, "\n" key "=" value; 16 hex digits.
+std::string results_identity(const std::string& configuration_identity, const IdentityInputs& inputs);
+
 /// Who ran, where, with what: the root attributes (and per-point copies of argv / hosts).
 struct RunProvenance {
   std::vector<std::string> argv;
@@ -35,6 +49,7 @@ struct RunProvenance {
   std::vector<std::pair<std::string, std::string>> versions;  ///< library -> version
   std::vector<std::string> environment;  ///< "NAME=value" of NCCL_*, SLURM_*, OMPI_*, ...
   std::string started_at;                ///< ISO 8601 UTC
+  IdentityInputs identity_inputs;        ///< the inputs part of the file's identity
 };
 
 /// Collects the environment variables recorded as provenance (NCCL_*, SLURM_*, OMPI_*, PMIX_RANK,
@@ -62,6 +77,8 @@ struct PointResult {
   /// [rows, k] the head's top-1 minus top-2 logit and log q of each draft (drafter::DraftStats),
   /// rank 0's (every rank computes the same); empty when the point did not record them.
   std::vector<float> draft_margin, draft_logprob;
+  std::vector<float> accept_prob;                      ///< [rows, k] a_i (StepRecord::accept_prob)
+  std::vector<double> expected_accepted;               ///< [rows] StepRecord::expected_accepted()
   // Per sequence (repeat 0).
   std::vector<int32_t> seq_index, seq_prompt_len, seq_length, seq_steps;
   std::vector<double> seq_prefill_ms;
@@ -78,9 +95,27 @@ struct PointResult {
   int64_t rows() const { return static_cast<int64_t>(sequence.size()); }
 };
 
-/// Creates the results file at `path` with the root attributes, or checks an existing one
-/// against `ex` (schema, identity) and returns the indices of the points already in it with the
-/// same canonical config. Rank 0 only.
+/// What an existing results file holds against a run of `ex` on `inputs`. Reads only.
+struct ResumeState {
+  bool exists = false;
+  int64_t points_in_file = 0;  ///< point groups in the file
+  std::set<int> done;          ///< points already in it with the same configuration
+  /// Why the file cannot take this run's points (schema, identity with the keys that differ, a
+  /// point of another configuration); empty when it can.
+  std::vector<std::string> problems;
+};
+ResumeState inspect_results_file(const std::string& path, const Experiment& ex, const IdentityInputs& inputs);
+
+/// The `<path>.tmp.<pid>` files beside `path` whose writer is not alive on this host (no process
+/// of that pid: a killed writer's leftovers), as paths.
+std::vector<std::string> stale_temporaries(const std::string& path);
+/// Removes them, with one log line each; returns what was removed.
+std::vector<std::string> remove_stale_temporaries(const std::string& path);
+
+/// Removes stale temporaries of `path`, then creates the results file at `path` with the root
+/// attributes, or checks an existing one against `ex` and prov.identity_inputs
+/// (inspect_results_file; a problem throws) and returns the indices of the points already in it
+/// with the same canonical config. Rank 0 only.
 std::set<int> prepare_results_file(const std::string& path, const Experiment& ex, const RunProvenance& prov);
 
 /// Appends one point (its group, the rebuilt /index and /divergence) and commits. Rank 0 only.

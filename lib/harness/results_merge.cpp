@@ -1,5 +1,6 @@
 // `mtplab merge`: joins the per-task results files of one experiment (a Slurm array) into one,
-// copying the point groups as they are and rebuilding the derived tables.
+// copying the point groups as they are and rebuilding the derived tables. Inputs of different
+// identities are refused, naming the keys that differ.
 #include <filesystem>
 #include <map>
 
@@ -18,24 +19,22 @@ using io::H5File;
 void copy_attrs(const io::Object& src, io::Object& dst) {
   for (const auto& name : src.attr_names()) {
     const io::AttrInfo info = src.attr_info(name);
+    // One attribute of a kind, scalar or array, through the reader pair of that kind.
+    auto copy = [&](auto one, auto many) {
+      if (info.scalar)
+        dst.set_attr(name, (src.*one)(name));
+      else
+        dst.set_attr(name, (src.*many)(name));
+    };
     switch (info.kind) {
       case io::AttrKind::integer:
-        if (info.scalar)
-          dst.set_attr(name, src.attr_int(name));
-        else
-          dst.set_attr(name, src.attr_ints(name));
+        copy(&io::Object::attr_int, &io::Object::attr_ints);
         break;
       case io::AttrKind::floating:
-        if (info.scalar)
-          dst.set_attr(name, src.attr_double(name));
-        else
-          dst.set_attr(name, src.attr_doubles(name));
+        copy(&io::Object::attr_double, &io::Object::attr_doubles);
         break;
       case io::AttrKind::string:
-        if (info.scalar)
-          dst.set_attr(name, src.attr_string(name));
-        else
-          dst.set_attr(name, src.attr_strings(name));
+        copy(&io::Object::attr_string, &io::Object::attr_strings);
         break;
       case io::AttrKind::other:
         MTP_FAIL(src.file_name(), ": ", src.path(), ": attribute '", name,
@@ -95,6 +94,7 @@ int merge_results(const std::string& out, const std::vector<std::string>& inputs
                 " is also an input; write the merge to a new file");
   MTP_REQUIRE(overwrite || !std::filesystem::exists(out), "merge: ", out,
               " exists; remove it or pass --force to replace it");
+  remove_stale_temporaries(out);
   std::vector<H5File> files;
   for (const auto& in : inputs) {
     files.push_back(H5File::open_read(in));
@@ -103,10 +103,15 @@ int merge_results(const std::string& out, const std::vector<std::string>& inputs
                 ": not an mtplab results file");
     MTP_REQUIRE(f.attr_int("schema_version") == kResultsSchemaVersion, in, ": results schema version ",
                 f.attr_int("schema_version"), ", expected ", kResultsSchemaVersion);
-    MTP_REQUIRE(f.attr_string("experiment_identity") == files.front().attr_string("experiment_identity"), in,
-                ": a different experiment configuration (identity ", f.attr_string("experiment_identity"),
-                ") than ", inputs.front(), " (", files.front().attr_string("experiment_identity"),
-                "); only task files of one experiment can be merged");
+    if (f.attr_string("experiment_identity") != files.front().attr_string("experiment_identity")) {
+      const std::vector<std::string> diffs = results_format::identity_differences(
+          results_format::identity_parts(files.front()), results_format::identity_parts(f),
+          str("in ", inputs.front()), str("in ", in));
+      MTP_FAIL(
+          in, ": a different experiment configuration than ", inputs.front(), "; they differ in: ",
+          diffs.empty() ? std::string("(no key: different mtplab versions wrote them)") : join(diffs, "; "),
+          ". Only task files of one experiment on the same inputs can be merged");
+    }
   }
   // Which input provides each point; conflicting configs are refused before anything is written.
   std::map<std::string, std::pair<size_t, std::string>> chosen;  // point name -> (input, config)

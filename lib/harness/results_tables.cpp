@@ -45,12 +45,10 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
   const Group points = f.open_group("points");
   const std::vector<std::string> names = points.children();
   const std::vector<std::string> axes = string_list_attr(f, "sweep_axes");
-  std::vector<std::string> float_cols = {"acceptance_rate",       "tau",
-                                         "step_ms_median",        "step_ms_p90",
-                                         "step_ms_p99",           "step_ms_ci95_lo",
-                                         "step_ms_ci95_hi",       "step_ms_rel_spread",
-                                         "propose_ms_median",     "wall_s",
-                                         "qidx_check_differ_rate"};
+  std::vector<std::string> float_cols = {
+      "acceptance_rate",   "tau",         "expected_acceptance_rate", "expected_tau",    "step_ms_median",
+      "step_ms_p90",       "step_ms_p99", "step_ms_ci95_lo",          "step_ms_ci95_hi", "step_ms_rel_spread",
+      "propose_ms_median", "wall_s",      "qidx_check_differ_rate"};
   // qidx_check_*: -1 (NaN for the rate) where the point ran no selection check.
   std::vector<std::string> int_cols = {
       "point", "steps", "ranks_agree", "repeat_mismatches", "qidx_check_rows", "qidx_check_rows_differ"};
@@ -64,7 +62,10 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
   };
   for (const auto& a : arm_registry()) {
     if (taken(a.name)) continue;
-    (a.type == ArmType::integer ? int_cols : string_cols).push_back(a.name);
+    (a.type == ArmType::integer ? int_cols
+     : a.type == ArmType::real  ? float_cols
+                                : string_cols)
+        .push_back(a.name);
   }
   for (const auto& a : axes) {
     if (taken(a)) continue;

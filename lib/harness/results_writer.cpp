@@ -1,6 +1,11 @@
-// The results writer: the root's provenance, the resume check of an existing file, and the
-// append of one point (its group, then the derived tables, in one commit).
+// The results writer: the root's provenance and identity, the resume check of an existing file
+// (which names the keys that differ), the removal of a killed writer's temporaries, and the append
+// of one point (its group, then the derived tables, in one commit).
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -23,6 +28,9 @@ namespace {
 using io::Group;
 using io::H5File;
 
+constexpr const char* kIdentityKeysAttr = "identity_input_keys";
+constexpr const char* kIdentityValuesAttr = "identity_input_values";
+
 void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
   f.set_attr("schema", kResultsSchema);
   f.set_attr("schema_version", kResultsSchemaVersion);
@@ -33,7 +41,15 @@ void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
   f.set_attr("argv", prov.argv);
   f.set_attr("experiment_file", ex.file);
   f.set_attr("experiment_yaml", ex.resolved_yaml);
-  f.set_attr("experiment_identity", ex.identity);
+  f.set_attr("experiment_identity", results_identity(ex.identity, prov.identity_inputs));
+  f.set_attr("configuration_identity", ex.identity);
+  std::vector<std::string> keys, values;
+  for (const auto& [k, v] : prov.identity_inputs) {
+    keys.push_back(k);
+    values.push_back(v);
+  }
+  f.set_attr(kIdentityKeysAttr, keys);
+  f.set_attr(kIdentityValuesAttr, values);
   f.set_attr("num_points", static_cast<int64_t>(ex.points.size()));
   f.set_attr("world_size", static_cast<int64_t>(prov.world));
   f.set_attr("backend", prov.backend);
@@ -52,7 +68,7 @@ void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
 }
 
 // The keys whose values differ between two YAML documents (mappings, flattened to dotted key
-// paths), as "key: A (in the file) vs B (this run)".
+// paths), as "key: A (a_label) vs B (b_label)".
 void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::string, std::string>& out) {
   if (n.IsMap()) {
     for (auto it = n.begin(); it != n.end(); ++it)
@@ -64,11 +80,30 @@ void flatten(const YAML::Node& n, const std::string& prefix, std::map<std::strin
   out[prefix] = e.c_str();
 }
 
-std::vector<std::string> config_differences(const std::string& in_file, const std::string& this_run) {
+// The differences between two key -> value maps, each side named by its label.
+std::vector<std::string> map_differences(const std::map<std::string, std::string>& a,
+                                         const std::map<std::string, std::string>& b,
+                                         const std::string& a_label, const std::string& b_label) {
+  std::vector<std::string> out;
+  for (const auto& [key, v] : a) {
+    auto it = b.find(key);
+    if (it == b.end())
+      out.push_back(str(key, ": ", v, " (", a_label, ") vs absent (", b_label, ")"));
+    else if (it->second != v)
+      out.push_back(str(key, ": ", v, " (", a_label, ") vs ", it->second, " (", b_label, ")"));
+  }
+  for (const auto& [key, v] : b)
+    if (!a.count(key)) out.push_back(str(key, ": absent (", a_label, ") vs ", v, " (", b_label, ")"));
+  return out;
+}
+
+std::vector<std::string> config_differences(const std::string& a_yaml, const std::string& b_yaml,
+                                            const std::string& a_label = "in the file",
+                                            const std::string& b_label = "this run") {
   std::map<std::string, std::string> a, b;
   try {
-    flatten(YAML::Load(in_file), "", a);
-    flatten(YAML::Load(this_run), "", b);
+    flatten(YAML::Load(a_yaml), "", a);
+    flatten(YAML::Load(b_yaml), "", b);
   } catch (const YAML::Exception&) {
     return {"(the stored configuration is not readable YAML)"};
   }
@@ -77,17 +112,14 @@ std::vector<std::string> config_differences(const std::string& in_file, const st
     if (arm.omit_at_default)
       for (auto* m : {&a, &b})
         if (!m->count(arm.name)) (*m)[arm.name] = arm.default_value();
-  std::vector<std::string> out;
-  for (const auto& [key, v] : a) {
-    auto it = b.find(key);
-    if (it == b.end())
-      out.push_back(str(key, ": ", v, " (in the file) vs absent (this run)"));
-    else if (it->second != v)
-      out.push_back(str(key, ": ", v, " (in the file) vs ", it->second, " (this run)"));
-  }
-  for (const auto& [key, v] : b)
-    if (!a.count(key)) out.push_back(str(key, ": absent (in the file) vs ", v, " (this run)"));
-  return out;
+  return map_differences(a, b, a_label, b_label);
+}
+
+bool pid_alive(long pid) {
+  if (pid <= 0) return false;
+  if (pid == static_cast<long>(::getpid())) return true;
+  // kill(pid, 0) delivers nothing: 0 or EPERM (another user's process) means it exists.
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
 }
 
 // What a reader needs to judge the point's acceptance (repeat 0, as the figures above): the
@@ -140,6 +172,44 @@ void write_uncertainty(Group& g, const PointConfig& point, const PointResult& r)
 
 }  // namespace
 
+namespace results_format {
+
+IdentityParts identity_parts(const io::H5File& f) {
+  IdentityParts p;
+  p.yaml = f.has_attr("experiment_yaml") ? f.attr_string("experiment_yaml") : std::string();
+  p.world = f.has_attr("world_size") ? f.attr_int("world_size") : 0;
+  p.has_inputs = f.has_attr(kIdentityKeysAttr) && f.has_attr(kIdentityValuesAttr);
+  if (p.has_inputs) {
+    const auto keys = f.attr_strings(kIdentityKeysAttr);
+    const auto values = f.attr_strings(kIdentityValuesAttr);
+    MTP_REQUIRE(keys.size() == values.size(), f.path(), ": ", kIdentityKeysAttr, " has ", keys.size(),
+                " entries but ", kIdentityValuesAttr, " has ", values.size());
+    for (size_t i = 0; i < keys.size(); ++i) p.inputs.emplace_back(keys[i], values[i]);
+  }
+  return p;
+}
+
+std::vector<std::string> identity_differences(const IdentityParts& a, const IdentityParts& b,
+                                              const std::string& a_label, const std::string& b_label) {
+  std::vector<std::string> diffs = config_differences(a.yaml, b.yaml, a_label, b_label);
+  std::erase_if(diffs, [](const std::string& d) { return d.starts_with("output:"); });
+  if (a.world != b.world)
+    diffs.push_back(str("world size: ", a.world, " (", a_label, ") vs ", b.world, " (", b_label, ")"));
+  const std::map<std::string, std::string> ia(a.inputs.begin(), a.inputs.end());
+  const std::map<std::string, std::string> ib(b.inputs.begin(), b.inputs.end());
+  std::vector<std::string> inputs = map_differences(ia, ib, a_label, b_label);
+  for (const auto* p : {&a, &b})
+    if (!p->has_inputs)
+      inputs.push_back(
+          str("(", p == &a ? a_label : b_label,
+              ": written before results files recorded their inputs' fingerprints, the backend "
+              "and the kernel choices; such a file resumes and merges only with files of its kind)"));
+  diffs.insert(diffs.end(), inputs.begin(), inputs.end());
+  return diffs;
+}
+
+}  // namespace results_format
+
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
@@ -171,58 +241,131 @@ const std::vector<std::string>& timing_columns() {
   return cols;
 }
 
+std::string results_identity(const std::string& configuration_identity, const IdentityInputs& inputs) {
+  std::string text = configuration_identity;
+  for (const auto& [k, v] : inputs) text += str("\n", k, "=", v);
+  return identity_hash(text);
+}
+
+ResumeState inspect_results_file(const std::string& path, const Experiment& ex,
+                                 const IdentityInputs& inputs) {
+  ResumeState st;
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) return st;
+  st.exists = true;
+  if (!std::filesystem::is_regular_file(status)) {
+    st.problems.push_back(str(path, ": exists and is not a file; choose another output (--out)"));
+    return st;
+  }
+  try {
+    const H5File f = H5File::open_read(path);
+    if (!(f.has_attr("schema") && f.attr_string("schema") == kResultsSchema)) {
+      st.problems.push_back(
+          str(path, ": exists and is not an mtplab results file; choose another output (--out)"));
+      return st;
+    }
+    const int64_t version = f.attr_int("schema_version");
+    if (version != kResultsSchemaVersion) {
+      st.problems.push_back(str(path, ": results schema version ", version, ", this mtplab writes ",
+                                kResultsSchemaVersion, "; choose another output (--out)"));
+      return st;
+    }
+    const Group points = f.open_group("points");
+    const std::vector<std::string> names = points.children();
+    st.points_in_file = static_cast<int64_t>(names.size());
+    if (f.attr_string("experiment_identity") != results_identity(ex.identity, inputs)) {
+      results_format::IdentityParts run{ex.resolved_yaml, ex.world, inputs, true};
+      const std::vector<std::string> diffs = results_format::identity_differences(
+          results_format::identity_parts(f), run, "in the file", "this run");
+      st.problems.push_back(str(
+          path, ": holds results of a different experiment configuration (", f.attr_string("experiment_file"),
+          "); it differs from this run (", ex.file,
+          ") in: ", diffs.empty() ? std::string("(no key: a different mtplab wrote it)") : join(diffs, "; "),
+          ". A results file holds one configuration on one set of inputs: choose another output (--out) "
+          "or delete the file",
+          names.empty() ? " (it holds no point: deleting it loses nothing)" : ""));
+      return st;
+    }
+    for (const auto& name : names) {
+      const Group g = points.open_group(name);
+      const int64_t i = g.attr_int("index");
+      if (i < 0 || i >= static_cast<int64_t>(ex.points.size())) {
+        st.problems.push_back(
+            str(path, ": ", g.path(), ": point index ", i, " is not a point of this experiment"));
+        continue;
+      }
+      const auto& p = ex.points[static_cast<size_t>(i)];
+      if (g.attr_string("config") != p.canonical) {
+        st.problems.push_back(str(
+            path, ": ", g.path(), ": its configuration differs from point ", i,
+            " of this run in: ", join(config_differences(g.attr_string("config"), p.canonical), "; "),
+            "; refusing to mix them (a kernel choice set by an MTPLAB_* variable counts: the point records "
+            "kernel_env_overrides)"));
+        continue;
+      }
+      if (g.attr_string("status") == "ok") st.done.insert(static_cast<int>(i));
+    }
+  } catch (const Error& e) {
+    st.problems.push_back(
+        str(path, ": cannot be read as a results file: ", e.message(), "; choose another output (--out)"));
+  }
+  return st;
+}
+
+std::vector<std::string> stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string prefix = target.filename().string() + ".tmp.";
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
+    const std::string pid_text = name.substr(prefix.size());
+    if (!std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    if (pid_text.size() > 9 || pid_alive(std::stol(pid_text))) continue;
+    out.push_back((target.parent_path() / name).string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& path) {
+  std::vector<std::string> removed;
+  for (const auto& tmp : stale_temporaries(path)) {
+    std::error_code ec;
+    if (std::filesystem::remove(tmp, ec)) {
+      log_info("removed ", tmp, ": a temporary file of a killed writer (its pid is not alive on this host)");
+      removed.push_back(tmp);
+    } else if (ec) {
+      log_warn("cannot remove the stale temporary file ", tmp, ": ", ec.message());
+    }
+  }
+  return removed;
+}
+
 std::set<int> prepare_results_file(const std::string& path, const Experiment& ex, const RunProvenance& prov) {
-  std::set<int> done;
-  if (!std::filesystem::exists(path)) {
+  remove_stale_temporaries(path);
+  ResumeState st = inspect_results_file(path, ex, prov.identity_inputs);
+  MTP_REQUIRE(st.problems.empty(), join(st.problems, "\n"));
+  if (!st.exists) {
     const auto parent = std::filesystem::path(path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     H5File f = H5File::create(path);
     write_root(f, ex, prov);
     results_format::rebuild_derived_tables(f);
     f.commit();
-    return done;
   }
-  const H5File f = H5File::open_read(path);
-  MTP_REQUIRE(f.has_attr("schema") && f.attr_string("schema") == kResultsSchema, path,
-              ": exists and is not an mtplab results file; choose another output (--out)");
-  const int64_t version = f.attr_int("schema_version");
-  MTP_REQUIRE(version == kResultsSchemaVersion, path, ": results schema version ", version,
-              ", this mtplab writes ", kResultsSchemaVersion, "; choose another output (--out)");
-  const std::string identity = f.attr_string("experiment_identity");
-  if (identity != ex.identity) {
-    std::vector<std::string> diffs = config_differences(f.attr_string("experiment_yaml"), ex.resolved_yaml);
-    std::erase_if(diffs, [](const std::string& d) { return d.starts_with("output:"); });
-    if (f.attr_int("world_size") != ex.world)
-      diffs.push_back(
-          str("world size: ", f.attr_int("world_size"), " (in the file) vs ", ex.world, " (this run)"));
-    MTP_FAIL(path, ": holds results of a different experiment configuration (",
-             f.attr_string("experiment_file"), "); it differs from this run (", ex.file, ") in: ",
-             diffs.empty() ? std::string("(no key: a different mtplab wrote it)") : join(diffs, "; "),
-             ". A results file holds one configuration: choose another output (--out) or delete the file");
-  }
-  const Group points = f.open_group("points");
-  for (const auto& name : points.children()) {
-    const Group g = points.open_group(name);
-    const int64_t i = g.attr_int("index");
-    MTP_REQUIRE(i >= 0 && i < static_cast<int64_t>(ex.points.size()), path, ": ", g.path(), ": point index ",
-                i, " is not a point of this experiment");
-    const auto& p = ex.points[static_cast<size_t>(i)];
-    if (g.attr_string("config") != p.canonical)
-      MTP_FAIL(
-          path, ": ", g.path(), ": its configuration differs from point ", i,
-          " of this run in: ", join(config_differences(g.attr_string("config"), p.canonical), "; "),
-          "; refusing to mix them (a kernel choice set by an MTPLAB_* variable counts: the point records "
-          "kernel_env_overrides)");
-    if (g.attr_string("status") == "ok") done.insert(static_cast<int>(i));
-  }
-  return done;
+  return st.done;
 }
 
 void append_point(const std::string& path, const Experiment& ex, const PointConfig& point,
                   const PointResult& r, const RunProvenance& prov) {
   H5File f = H5File::open_append(path);
-  MTP_REQUIRE(f.attr_string("experiment_identity") == ex.identity, path,
-              ": was replaced by a file of another experiment while this run was going");
+  MTP_REQUIRE(f.attr_string("experiment_identity") == results_identity(ex.identity, prov.identity_inputs),
+              path, ": was replaced by a file of another experiment while this run was going");
   Group points = f.open_group("points");
   if (points.exists(point.name())) points.remove(point.name());
   Group g = points.create_group(point.name());
@@ -253,6 +396,8 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   for (const auto& a : arm_registry()) {
     if (a.type == ArmType::integer)
       g.set_attr(a.name, static_cast<int64_t>(std::stoll(a.get(point.arms))));
+    else if (a.type == ArmType::real)
+      g.set_attr(a.name, std::stod(a.get(point.arms)));
     else
       g.set_attr(a.name, a.get(point.arms));
   }
@@ -283,12 +428,16 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
     g.set_attr("qidx_check_rows_multi", c.rows_multi);
     g.set_attr("qidx_check_differ_rate", c.rows_checked ? c.differ_rate() : NAN);
   }
-  // Acceptance (repeat 0; MODEL.md "Acceptance in replay").
+  // Acceptance (repeat 0; docs/model.md, "Acceptance").
   g.set_attr("steps", r.acceptance.steps);
   g.set_attr("drafted", r.acceptance.drafted);
   g.set_attr("accepted", r.acceptance.accepted);
   g.set_attr("acceptance_rate", r.acceptance.rate());
   g.set_attr("tau", r.acceptance.tau());
+  // The same with each step's expected accepted count (docs/acceptance.md; equal to the realised
+  // figures under greedy verification).
+  g.set_attr("expected_acceptance_rate", r.acceptance.expected_rate());
+  g.set_attr("expected_tau", r.acceptance.expected_tau());
   std::vector<double> per_pos = r.acceptance.per_position();
   per_pos.resize(static_cast<size_t>(r.k), 0.0);
   g.set_attr("per_position", per_pos);
@@ -305,6 +454,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   steps.write("warmup", r.warmup, results_format::column_options());
   steps.write("batch_step", r.batch_step, results_format::column_options());
   steps.write("batch_rows", r.batch_rows, results_format::column_options());
+  steps.write("expected_accepted", r.expected_accepted, results_format::column_options());
   for (size_t c = 0; c < timing_columns().size(); ++c)
     steps.write(timing_columns()[c], r.timing[c], results_format::column_options());
   g.write("drafts", r.drafts, n, k, results_format::column_options());
@@ -315,6 +465,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
     g.write("draft_margin", r.draft_margin, n, k, results_format::column_options());
     g.write("draft_logprob", r.draft_logprob, n, k, results_format::column_options());
   }
+  g.write("accept_prob", r.accept_prob, n, k, results_format::column_options());
   Group per_draft = g.create_group("per_draft");
   per_draft.write("block_ms", r.block_ms, n, k, results_format::column_options());
   per_draft.write("head_ms", r.head_ms, n, k, results_format::column_options());

@@ -2,18 +2,24 @@
 // each point, the per-point reduction over ranks and the hand-off to the results writer.
 #include "harness/runner.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/collectives.hpp"
+#include "dist/guard.hpp"
+#include "dist/stop_signals.hpp"
 #include "dist/world_ops.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
+#include "harness/check.hpp"
 #include "harness/point_inputs.hpp"
 #include "harness/progress.hpp"
 #include "harness/replay_teacher.hpp"
@@ -43,6 +49,10 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
     std::printf("%s\n", line.c_str());
   }
   std::printf("step latency: max over ranks per step, warm-up excluded; spread = (p90 - p10) / median\n");
+  if (std::find(rows[0].begin(), rows[0].end(), "E[tau]") != rows[0].end())
+    std::printf(
+        "E[tau] (verify sampling): 1 + the mean over steps of each step's expected accepted count, "
+        "sum_i prod_{j<=i} a_j; tau is the realised figure (docs/acceptance.md)\n");
   if (rows[0].back() == "qidx sel differ")
     std::printf(
         "qidx sel differ (batch_qidx): context rows whose selection from the batched q_idx differs, as a "
@@ -51,12 +61,6 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 }
 }  // namespace
 namespace {
-
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal == 0) g_stop_signal = sig;
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -72,10 +76,8 @@ struct Context {
   PointInputs inputs;
 };
 
-// Whether any rank saw a stop signal (collective over the world).
-int agreed_stop(const dist::Group& world) {
-  return dist::all_reduce(world, static_cast<int>(g_stop_signal), dist::ReduceOp::max);
-}
+// Whether any rank saw a stop signal, and which (collective over the world; dist/stop_signals.hpp).
+int agreed_stop(const dist::Group& world) { return dist::agreed_stop_signal(world); }
 
 // The backend and the communicator under the point's kernel policy. The NCCL mode is fixed when a
 // communicator is created, so a point with another nccl_blocking gets a new one (collective).
@@ -135,6 +137,11 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   model::MtpWeights& w = c.inputs.weights(p);
   apply_kernel_policy(c, p);
   auto drafter = drafter::make_drafter(c.be, c.comm, p.model, w, p.arms.drafter);
+  // Sampling verification: the target's log p of every trace token, before any timer is attached.
+  const bool sampling = p.arms.replay.verify == Verify::sampling;
+  const SamplingVerify verify = sampling_verify(p.arms.replay);
+  const std::vector<std::vector<float>> no_logprobs;
+  const auto& target_logp = sampling ? c.inputs.target_logprobs(p, *drafter) : no_logprobs;
   EventPhaseTimer timer(c.be, k);
   drafter->set_timer(&timer);
   drafter->reset_selection_check();  // a fresh drafter per point; counters are the point's own
@@ -165,11 +172,13 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
           return go_on();
         };
         hooks.draft_stats = records_draft_stats(p);
-        const auto steps = teacher_forced
-                               ? replay_teacher_forced(*drafter, seqs[i], static_cast<int>(seqs[i].index), k,
-                                                       p.model.hidden, hooks)
-                               : replay_sequence(*drafter, seqs[i], static_cast<int>(seqs[i].index), k,
-                                                 p.model.hidden, unused, hooks);
+        const auto steps =
+            teacher_forced
+                ? replay_teacher_forced(*drafter, seqs[i], static_cast<int>(seqs[i].index), k, p.model.hidden,
+                                        hooks)
+                : replay_sequence(*drafter, seqs[i], static_cast<int>(seqs[i].index), k, p.model.hidden, unused,
+                                  hooks, sampling ? &verify : nullptr,
+                                  sampling ? std::span<const float>(target_logp[i]) : std::span<const float>());
         rec.after_sequence(static_cast<int>(i), static_cast<int>(steps.size()));
       }
     } else {
@@ -185,7 +194,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
       if (teacher_forced)
         replay_teacher_forced_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
       else
-        replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
+        replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks, sampling ? &verify : nullptr, target_logp);
     }
     rec.end_repeat();
   }
@@ -207,39 +216,33 @@ std::string describe_device(dist::Runtime& rt, const std::string& backend) {
 
 }  // namespace
 
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = 0;
-  MTP_REQUIRE(sigaction(SIGTERM, &sa, nullptr) == 0 && sigaction(SIGINT, &sa, nullptr) == 0,
-              "cannot install the SIGTERM / SIGINT handlers: ", std::strerror(errno));
-}
+void install_stop_handlers() { dist::install_stop_handlers("the results file keeps every completed point"); }
 
-int stop_signal() { return static_cast<int>(g_stop_signal); }
+int stop_signal() { return dist::stop_signal(); }
 
 int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& options) {
   MTP_REQUIRE(ex.world == rt.world(), ex.file, ": expanded for ", ex.world, " rank(s) but the job has ",
               rt.world());
   const int rank = rt.rank();
-  install_stop_handlers();
+  dist::install_stop_handlers(str(options.output, " keeps every completed point"));
 
   // The backend: `auto` decides alike on every rank (the MIN of the visible GPUs).
   std::string backend = ex.points.front().backend;
   if (backend == "auto")
     backend = ops::cuda_backend_available() && rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
-  {
+  dist::run_agreed([&] {  // every rank decides alike: the job ends cleanly, the message comes once
     std::vector<std::string> problems;
     for (const auto& p : ex.points) {
       try {
         check_point_runnable(p, rt.world(), backend);
+        check_trace_file(p);  // sampling verification against the trace's sampling attributes
       } catch (const Error& e) {
         problems.push_back(str("  ", p.name(), " {", p.label(), "}: ", e.message()));
       }
     }
     MTP_REQUIRE(problems.empty(), ex.file, ": ", problems.size(), " point(s) cannot run on the ", backend,
                 " backend:\n", join(problems, "\n"));
-  }
+  });
   std::unique_ptr<ops::Backend> be;
   if (backend == "cuda") {
     const auto& bound = rt.bind_device();
@@ -271,22 +274,9 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   const int n = static_cast<int>(ex.points.size());
   MTP_REQUIRE(options.point < n, ex.file, ": --point ", options.point,
               " is out of range: the experiment has ", n, " point(s), 0..", n - 1);
-  std::vector<char> done(static_cast<size_t>(n), 0);
-  if (rank == 0)
-    for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
-  dist::broadcast(world, std::span<char>(done));
-
   std::vector<int> todo;
   for (int i = 0; i < n; ++i)
     if (options.point < 0 || options.point == i) todo.push_back(i);
-  int to_run = 0;
-  for (int i : todo) to_run += done[static_cast<size_t>(i)] ? 0 : 1;
-  if (rank == 0)
-    log_info(
-        ex.file, ": ", n, " point(s); running ", to_run,
-        (to_run == static_cast<int>(todo.size()) ? ""
-                                                 : str(" (", todo.size() - to_run, " already in the file)")),
-        " on ", rt.world(), " rank(s), backend ", backend, ", output ", options.output);
 
   Context c{rt,
             *be,
@@ -296,12 +286,70 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
             rank,
             rt.world(),
             PointInputs(*be, world, rank, rt.world())};
+
+  // Every input checked before the output exists (harness/check.hpp): a run that fails on its
+  // inputs leaves no results file behind. The first checkpoint shard loads into the run's cache,
+  // so the check's load is the run's own.
+  CheckOptions check;
+  check.output = options.output;
+  check.backend = backend;
+  check.load_points = todo;
+  check.skip_done = true;
+  bool cached_once = false;
+  check.load_weights = [&](const PointConfig& p) {
+    if (!cached_once) {
+      cached_once = true;
+      (void)c.inputs.weights(p);
+      return;
+    }
+    const auto plan = model::make_shard_plan(p.model, rank, rt.world(), p.arms.drafter.head_sharding);
+    (void)model::load_mtp_weights(p.model, plan, p.weights.checkpoint);
+  };
+  const CheckReport report = check_inputs(rt, ex, check);
+  if (report.total_problems > 0) {
+    if (rank == 0) {
+      std::fputs(report.text().c_str(), stderr);
+      log_error(
+          ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
+          report.resume.exists ? str(options.output, " is unchanged") : str("no results file was created"),
+          ". `mtplab check ", ex.file, "` repeats these checks without running");
+    }
+    dist::barrier(world);
+    return 2;
+  }
+  if (rank == 0) {
+    for (const auto& in : report.inputs) {
+      log_info("input ", in.label, ": ", in.summary);
+      for (const auto& w : in.warnings) log_warn(in.label, ": ", w);
+    }
+  }
+  prov.identity_inputs = report.identity;
+
+  std::vector<char> done(static_cast<size_t>(n), 0);
+  dist::run_agreed([&] {  // a refusal of the file (another configuration in it) ends every rank cleanly
+    if (rank == 0)
+      for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+  });
+  dist::broadcast(world, std::span<char>(done));
+
+  int to_run = 0;
+  for (int i : todo) to_run += done[static_cast<size_t>(i)] ? 0 : 1;
+  if (rank == 0)
+    log_info(
+        ex.file, ": ", n, " point(s); running ", to_run,
+        (to_run == static_cast<int>(todo.size()) ? ""
+                                                 : str(" (", todo.size() - to_run, " already in the file)")),
+        " on ", rt.world(), " rank(s), backend ", backend, ", output ", options.output);
+
   Progress progress(rank == 0, to_run);
   std::vector<std::vector<std::string>> table = {
       {"point", "arms", "accept", "tau", "step med ms", "p90 ms", "95% CI of median", "spread"}};
   // batch_qidx points: context rows whose batched selection differs from the per-row one.
   std::vector<std::string> qidx_column = {"qidx sel differ"};
   bool any_qidx = false;
+  // Sampling points: the expected tau beside the realised one (docs/acceptance.md).
+  std::vector<std::string> expected_column = {"E[tau]"};
+  bool any_sampling = false;
   int ordinal = 0, completed = 0, interrupted = 0;
   for (int i : todo) {
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
@@ -318,6 +366,13 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
       break;
     }
     if (rank == 0) append_point(options.output, ex, p, r, prov);
+    {
+      // Rank 0 writes (a copy of the file, then a rename): the others wait for it without the
+      // collective timeout, which bounds waits for peers, not for a large file.
+      std::optional<dist::PatientWait> patient;
+      if (rank != 0) patient.emplace("rank 0 writes the point to the results file");
+      dist::barrier(c.world_group);
+    }
     ++completed;
     std::vector<double> measured;
     for (size_t row = 0; row < r.warmup.size(); ++row)  // each (batched) step once, as the file's summary
@@ -334,14 +389,19 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
                                     fixed(r.selection_check.differ_rate(), 4), ")")
                               : "-");
     any_qidx = any_qidx || r.selection_checked;
+    expected_column.push_back(fixed(r.acceptance.expected_tau(), 3));
+    any_sampling = any_sampling || p.arms.replay.verify == Verify::sampling;
   }
+  if (any_sampling)
+    for (size_t row = 0; row < table.size(); ++row)
+      table[row].insert(table[row].begin() + 4, expected_column[row]);
   if (any_qidx)
     for (size_t row = 0; row < table.size(); ++row) table[row].push_back(qidx_column[row]);
   progress.finish_line();
   dist::barrier(c.world_group);
   if (interrupted != 0) {
     if (rank == 0)
-      log_error("interrupted by signal ", interrupted, " (", strsignal(interrupted), ") after ", completed,
+      log_error("interrupted by ", dist::describe_stop_signal(interrupted), " after ", completed,
                 " point(s) this run; ", options.output,
                 " holds every completed point. Rerun the same command to resume.");
     return 128 + interrupted;

@@ -8,7 +8,8 @@
 //   timed region).
 // - SIGTERM / SIGINT only set a flag: the run stops at the next step boundary on every rank,
 //   the point in progress is discarded, the file keeps every completed point, and the exit code
-//   is 128 + the signal number.
+//   is 128 + the signal number (SIGINT when any rank saw one; the same signal again stops a rank
+//   at once: dist/stop_signals.hpp).
 // - Step latency is the max over ranks of each rank's figure, reduced once per point.
 #pragma once
 #include <string>

@@ -91,8 +91,20 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
         r_.draft_logprob.push_back(d.logprob);
       }
     }
+    // A replay that does not set a_i (one written before it existed) verified greedily: [d == t].
+    StepRecord greedy;
+    if (rec.accept_prob.empty())
+      for (int i = 0; i < k_; ++i)
+        greedy.accept_prob.push_back(
+            rec.drafts.at(static_cast<size_t>(i)) == rec.targets.at(static_cast<size_t>(i)) ? 1.0f : 0.0f);
+    const StepRecord& probs = rec.accept_prob.empty() ? greedy : rec;
+    MTP_REQUIRE(probs.accept_prob.size() == static_cast<size_t>(k_),
+                "step recorder: ", probs.accept_prob.size(), " acceptance probabilities for ", k_, " drafts");
+    r_.accept_prob.insert(r_.accept_prob.end(), probs.accept_prob.begin(), probs.accept_prob.end());
+    const double expected = probs.expected_accepted();
+    r_.expected_accepted.push_back(expected);
     if (rep_ == 0) {
-      r_.acceptance.add(k_, rec.accepted);
+      r_.acceptance.add(k_, rec.accepted, expected);
       repeat0_row_[{rec.sequence, rec.position}] = row;
     } else {
       auto it = repeat0_row_.find({rec.sequence, rec.position});

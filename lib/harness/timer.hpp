@@ -17,7 +17,7 @@ namespace mtplab::harness {
 /// Milliseconds per phase since the last collect(). Per-draft phases are indexed by draft.
 struct PhaseTimes {
   double prefill = 0, propose = 0, after_verify = 0, catch_up = 0;
-  double stats = 0;  ///< the drafts' DraftStats pass (after propose; 0 when none was requested)
+  double stats = 0;                           ///< the drafts' DraftStats pass after a propose (sampling, margins)
   std::vector<double> block, head, exchange;  ///< [max_draft]
   double block_total() const;
   double head_total() const;

@@ -145,27 +145,22 @@ struct DTypeInfo {
   std::size_t size;
 };
 DTypeInfo info_of(DType t) {
-  switch (t) {
-    case DType::i8:
-      return {"int8", H5T_STD_I8LE, H5T_NATIVE_INT8, 1};
-    case DType::u8:
-      return {"uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8, 1};
-    case DType::u16:
-      return {"uint16", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2};
-    case DType::bf16:
-      return {"bf16", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2};
-    case DType::i32:
-      return {"int32", H5T_STD_I32LE, H5T_NATIVE_INT32, 4};
-    case DType::i64:
-      return {"int64", H5T_STD_I64LE, H5T_NATIVE_INT64, 8};
-    case DType::f32:
-      return {"float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4};
-    case DType::f64:
-      return {"float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 8};
-    case DType::string:
-      return {"string", -1, -1, sizeof(char*)};
-  }
-  return {"?", -1, -1, 1};
+  // In DType's order. The H5T_* names are library globals (read after H5open), hence a table built
+  // on first use rather than a constant one.
+  static const DTypeInfo table[] = {
+      {"int8", H5T_STD_I8LE, H5T_NATIVE_INT8, 1},
+      {"uint8", H5T_STD_U8LE, H5T_NATIVE_UINT8, 1},
+      {"uint16", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2},
+      {"int32", H5T_STD_I32LE, H5T_NATIVE_INT32, 4},
+      {"int64", H5T_STD_I64LE, H5T_NATIVE_INT64, 8},
+      {"float32", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 4},
+      {"float64", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 8},
+      {"bf16", H5T_STD_U16LE, H5T_NATIVE_UINT16, 2},
+      {"string", -1, -1, sizeof(char*)},
+  };
+  static_assert(static_cast<int>(DType::string) == 8, "one table row per DType, in its order");
+  const auto i = static_cast<std::size_t>(t);
+  return i < std::size(table) ? table[i] : DTypeInfo{"?", -1, -1, 1};
 }
 hid_t file_type_of(DType t) { return info_of(t).file_type; }
 hid_t mem_type_of(DType t) { return info_of(t).mem_type; }
@@ -642,6 +637,14 @@ void require_readable_as(const Node& at, DType want) {
     fail_at(at.file->path, at.path, "holds ", dtype_name(got), ", read as ", dtype_name(want), " requested");
 }
 
+// A 1-D memory dataspace of n elements.
+Hid memory_space(const Node& at, hsize_t n) {
+  const hsize_t dims[1] = {n};
+  Hid space(H5Screate_simple(1, dims, nullptr), H5Sclose);
+  check(space.get(), at, "cannot create a memory dataspace");
+  return space;
+}
+
 // Selects rows [first, first + count) of a dataset's file space.
 Hid select_rows(const Node& at, const Extent& e, hsize_t first, hsize_t count) {
   Hid space(H5Dget_space(at.id), H5Sclose);
@@ -690,9 +693,7 @@ void Dataset::read_raw(DType t, std::uint64_t first, std::uint64_t count, void* 
   }
   if (n == 0) return;
   Hid file_space = select_rows(at, e, first, count);
-  const hsize_t mem_dims[1] = {n};
-  Hid mem_space(H5Screate_simple(1, mem_dims, nullptr), H5Sclose);
-  check(mem_space.get(), at, "cannot create a memory dataspace");
+  Hid mem_space = memory_space(at, n);
   check(H5Dread(at.id, mem_type_of(t), mem_space.get(), file_space.get(), H5P_DEFAULT, out), at,
         "cannot read rows ", first, "..", first + count);
 }
@@ -720,9 +721,7 @@ void Dataset::write_raw(DType t, std::uint64_t first, const void* data, std::siz
   }
   if (n == 0) return;
   Hid file_space = select_rows(at, e, first, count);
-  const hsize_t mem_dims[1] = {n};
-  Hid mem_space(H5Screate_simple(1, mem_dims, nullptr), H5Sclose);
-  check(mem_space.get(), at, "cannot create a memory dataspace");
+  Hid mem_space = memory_space(at, n);
   check(H5Dwrite(at.id, mem_type_of(t), mem_space.get(), file_space.get(), H5P_DEFAULT, data), at,
         "cannot write rows ", first, "..", first + count);
 }
@@ -786,9 +785,7 @@ void Dataset::append_strings(std::span<const std::string> values) {
   const hsize_t new_dims[1] = {e.dims[0] + values.size()};
   check(H5Dset_extent(at.id, new_dims), at, "cannot grow to ", new_dims[0], " rows");
   Hid file_space = select_rows(at, Extent{1, {new_dims[0], 0}, {H5S_UNLIMITED, 0}}, e.dims[0], values.size());
-  const hsize_t mem_dims[1] = {values.size()};
-  Hid mem_space(H5Screate_simple(1, mem_dims, nullptr), H5Sclose);
-  check(mem_space.get(), at, "cannot create a memory dataspace");
+  Hid mem_space = memory_space(at, values.size());
   const void* data =
       is_vlen > 0 ? static_cast<const void*>(ptrs.data()) : static_cast<const void*>(packed.bytes.data());
   check(H5Dwrite(at.id, mem_type.get(), mem_space.get(), file_space.get(), H5P_DEFAULT, data), at,
@@ -874,14 +871,20 @@ Group Group::create_group(std::string_view name) {
   return Group(std::make_shared<Node>(g, at.file, child_path(name)));
 }
 
-Group Group::open_group(std::string_view name) const {
+std::int64_t Group::open_child(std::string_view name, NodeKind want, const char* what) const {
   const Node& at = node();
   validate_name(name, at);
-  if (!exists(name)) fail_at(at.file->path, at.path, "no group '", name, "'");
-  if (kind(name) != NodeKind::group) fail_at(at.file->path, child_path(name), "is not a group");
-  const hid_t g = H5Gopen2(at.id, z(name).c_str(), H5P_DEFAULT);
-  if (g < 0) fail_at(at.file->path, child_path(name), "cannot open the group");
-  return Group(std::make_shared<Node>(g, at.file, child_path(name)));
+  if (!exists(name)) fail_at(at.file->path, at.path, "no ", what, " '", name, "'");
+  if (kind(name) != want) fail_at(at.file->path, child_path(name), "is not a ", what);
+  const hid_t id = want == NodeKind::group ? H5Gopen2(at.id, z(name).c_str(), H5P_DEFAULT)
+                                           : H5Dopen2(at.id, z(name).c_str(), H5P_DEFAULT);
+  if (id < 0) fail_at(at.file->path, child_path(name), "cannot open the ", what);
+  return id;
+}
+
+Group Group::open_group(std::string_view name) const {
+  const hid_t g = static_cast<hid_t>(open_child(name, NodeKind::group, "group"));
+  return Group(std::make_shared<Node>(g, node().file, child_path(name)));
 }
 
 Group Group::require_group(std::string_view name) {
@@ -895,12 +898,8 @@ void Group::remove(std::string_view name) {
 }
 
 Dataset Group::open_dataset(std::string_view name) const {
+  const hid_t d = static_cast<hid_t>(open_child(name, NodeKind::dataset, "dataset"));
   const Node& at = node();
-  validate_name(name, at);
-  if (!exists(name)) fail_at(at.file->path, at.path, "no dataset '", name, "'");
-  if (kind(name) != NodeKind::dataset) fail_at(at.file->path, child_path(name), "is not a dataset");
-  const hid_t d = H5Dopen2(at.id, z(name).c_str(), H5P_DEFAULT);
-  if (d < 0) fail_at(at.file->path, child_path(name), "cannot open the dataset");
   Dataset ds(std::make_shared<Node>(d, at.file, child_path(name)));
   extent_of(ds.node());  // refuses rank > 2 at open
   return ds;

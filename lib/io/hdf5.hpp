@@ -262,6 +262,8 @@ class Group : public Object {
   friend class H5File;
   explicit Group(std::shared_ptr<detail::Node> node) : Object(std::move(node)) {}
   std::string child_path(std::string_view name) const;
+  /// The HDF5 id of child `name`, which must exist and be a `want` (`what` names it in errors).
+  std::int64_t open_child(std::string_view name, NodeKind want, const char* what) const;
 };
 
 /// An HDF5 file. The object itself is the root group.

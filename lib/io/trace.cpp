@@ -24,6 +24,11 @@ constexpr const char* kAttrSeed = "seed";
 constexpr const char* kAttrCreatedAt = "created_at";
 constexpr const char* kAttrGitSha = "git_sha";
 constexpr const char* kAttrConfig = "config";
+constexpr const char* kAttrSampling = "sampling";
+constexpr const char* kAttrTemperature = "temperature";
+constexpr const char* kAttrTopK = "top_k";
+constexpr const char* kAttrTopP = "top_p";
+constexpr const char* kAttrSamplingSeed = "sampling_seed";
 
 std::string utc_now_iso8601() {
   const std::time_t now = std::time(nullptr);
@@ -52,13 +57,75 @@ std::string describe_nonfinite(bf16 v) {
   return std::isnan(f) ? "NaN" : (f > 0 ? "+inf" : "-inf");
 }
 
+// The same for fp32 hiddens (an f32 trace, docs/trace-format.md "Hidden dtype").
+bool all_finite(std::span<const float> values, std::int64_t hidden, std::int64_t& row, std::int64_t& col) {
+  const auto it = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+  if (it == values.end()) return true;
+  const auto i = static_cast<std::int64_t>(it - values.begin());
+  row = i / hidden;
+  col = i % hidden;
+  return false;
+}
+
+std::string describe_nonfinite(float f) { return std::isnan(f) ? "NaN" : (f > 0 ? "+inf" : "-inf"); }
+
+constexpr const char* kDtypeAttr = "dtype";  // on /hiddens: "bf16" or "f32"
+
 }  // namespace
+
+// ---- sampling attributes ----------------------------------------------------------------------
+
+std::string TraceSampling::describe() const {
+  if (!sampled) return "greedy";
+  return str("sampling at temperature ", temperature, ", top_k ", top_k, ", top_p ", top_p, " (seed ", seed,
+             ")");
+}
+
+void validate(const TraceSampling& s, const std::string& where) {
+  if (!s.sampled) return;
+  MTP_REQUIRE(std::isfinite(s.temperature) && s.temperature > 0, where, ": ", kAttrTemperature, " ",
+              s.temperature, " must be > 0");
+  MTP_REQUIRE(s.top_k >= 0, where, ": ", kAttrTopK, " ", s.top_k, " must be >= 0 (0 = off)");
+  MTP_REQUIRE(std::isfinite(s.top_p) && s.top_p > 0 && s.top_p <= 1, where, ": ", kAttrTopP, " ", s.top_p,
+              " must be in (0, 1] (1 = off)");
+}
+
+namespace {
+
+// The sampling attributes of an open trace file (greedy when `sampling` is absent).
+TraceSampling read_sampling(const H5File& f) {
+  TraceSampling s;
+  if (!f.has_attr(kAttrSampling)) return s;
+  const std::string mode = f.attr_string(kAttrSampling);
+  MTP_REQUIRE(mode == "greedy" || mode == "sampling", f.path(), ": attribute ", kAttrSampling, " is \"", mode,
+              "\", expected \"greedy\" or \"sampling\"");
+  if (mode == "greedy") return s;
+  s.sampled = true;
+  for (const char* name : {kAttrTemperature, kAttrTopK, kAttrTopP, kAttrSamplingSeed})
+    MTP_REQUIRE(f.has_attr(name), f.path(), ": a sampled trace (", kAttrSampling,
+                " = \"sampling\") needs the attribute ", name);
+  s.temperature = f.attr_double(kAttrTemperature);
+  s.top_k = f.attr_int(kAttrTopK);
+  s.top_p = f.attr_double(kAttrTopP);
+  s.seed = f.attr_int(kAttrSamplingSeed);
+  validate(s, f.path());
+  return s;
+}
+
+}  // namespace
+
+TraceSampling read_trace_sampling(const std::string& path) {
+  const H5File f = H5File::open_read(path);
+  MTP_REQUIRE(f.has_attr(kAttrFormat) && f.attr_string(kAttrFormat) == kTraceFormatName, path,
+              ": not an mtplab trace (root attribute format != \"", kTraceFormatName, "\")");
+  return read_sampling(f);
+}
 
 // ---- writer ----------------------------------------------------------------------------------
 
 TraceWriter::TraceWriter(const std::string& path, std::int64_t hidden, std::int64_t vocab,
                          TraceProvenance provenance, const TraceWriterOptions& options)
-    : file_(H5File::create(path)), hidden_(hidden), vocab_(vocab) {
+    : file_(H5File::create(path)), hidden_(hidden), vocab_(vocab), f32_(options.f32_hiddens) {
   MTP_REQUIRE(hidden > 0, path, ": trace hidden size must be positive, got ", hidden);
   MTP_REQUIRE(vocab > 0 && vocab <= INT32_MAX, path, ": trace vocab must be in [1, 2^31), got ", vocab);
   if (provenance.generator.empty()) provenance.generator = "mtplab";
@@ -86,7 +153,9 @@ TraceWriter::TraceWriter(const std::string& path, std::int64_t hidden, std::int6
   hidden_opts.extendable = true;
   hidden_opts.deflate = options.deflate;
   if (options.chunk_rows > 0) hidden_opts.chunk = {options.chunk_rows, static_cast<std::uint64_t>(hidden)};
-  hiddens_ = file_.create_dataset("hiddens", DType::bf16, 0, static_cast<std::uint64_t>(hidden), hidden_opts);
+  hiddens_ = file_.create_dataset("hiddens", f32_ ? DType::f32 : DType::bf16, 0,
+                                  static_cast<std::uint64_t>(hidden), hidden_opts);
+  if (f32_) hiddens_.set_attr(kDtypeAttr, "f32");
 }
 
 void TraceWriter::check_sequence(std::span<const std::int32_t> tokens, std::size_t hidden_values,
@@ -117,13 +186,32 @@ void TraceWriter::add_sequence(std::span<const std::int32_t> tokens, std::span<c
              ": hidden is ", describe_nonfinite(hiddens[static_cast<std::size_t>(row * hidden_ + col)]));
   }
   tokens_.append_rows(tokens);
-  hiddens_.append_rows(hiddens);
+  if (f32_) {
+    std::vector<float> widened(hiddens.size());
+    std::transform(hiddens.begin(), hiddens.end(), widened.begin(), [](bf16 v) { return to_float(v); });
+    hiddens_.append_rows(std::span<const float>(widened));
+  } else {
+    hiddens_.append_rows(hiddens);
+  }
   offsets_.push_back(offsets_.back() + static_cast<std::int64_t>(tokens.size()));
   prompt_lengths_.push_back(prompt_length);
 }
 
 void TraceWriter::add_sequence(std::span<const std::int32_t> tokens, std::span<const float> hiddens,
                                std::int32_t prompt_length) {
+  if (f32_) {  // stored as given
+    check_sequence(tokens, hiddens.size(), prompt_length);
+    std::int64_t row = 0, col = 0;
+    if (!all_finite(hiddens, hidden_, row, col)) {
+      MTP_FAIL(file_.path(), ": sequence ", num_sequences(), ", position ", row, ", element ", col,
+               ": hidden is ", describe_nonfinite(hiddens[static_cast<std::size_t>(row * hidden_ + col)]));
+    }
+    tokens_.append_rows(tokens);
+    hiddens_.append_rows(hiddens);
+    offsets_.push_back(offsets_.back() + static_cast<std::int64_t>(tokens.size()));
+    prompt_lengths_.push_back(prompt_length);
+    return;
+  }
   std::vector<bf16> rounded(hiddens.size());
   std::transform(hiddens.begin(), hiddens.end(), rounded.begin(), [](float f) { return to_bf16(f); });
   add_sequence(tokens, std::span<const bf16>(rounded), prompt_length);
@@ -133,6 +221,17 @@ void TraceWriter::add_sequence(const TraceSequence& seq) {
   MTP_REQUIRE(seq.hidden == hidden_, file_.path(), ": sequence ", num_sequences(), ": hidden size ",
               seq.hidden, ", the trace's is ", hidden_);
   add_sequence(seq.tokens, std::span<const bf16>(seq.hiddens), seq.prompt_length);
+}
+
+void TraceWriter::set_sampling(const TraceSampling& sampling) {
+  MTP_REQUIRE(file_.writable() && !file_.committed(), file_.path(), ": trace already committed");
+  validate(sampling, file_.path());
+  file_.set_attr(kAttrSampling, sampling.sampled ? "sampling" : "greedy");
+  if (!sampling.sampled) return;
+  file_.set_attr(kAttrTemperature, sampling.temperature);
+  file_.set_attr(kAttrTopK, sampling.top_k);
+  file_.set_attr(kAttrTopP, sampling.top_p);
+  file_.set_attr(kAttrSamplingSeed, sampling.seed);
 }
 
 void TraceWriter::commit() {
@@ -183,6 +282,7 @@ TraceReader::TraceReader(const std::string& path, std::int64_t expected_hidden, 
       TraceProvenance{optional_string(file_, kAttrGenerator), optional_string(file_, kAttrModel),
                       optional_string(file_, kAttrSeed),      optional_string(file_, kAttrCreatedAt),
                       optional_string(file_, kAttrGitSha),    optional_string(file_, kAttrConfig)};
+  sampling_ = read_sampling(file_);
 
   const auto num = static_cast<std::uint64_t>(n);
   offsets_ = open_1d(file_, "seq_offsets", DType::i64, num + 1).read<std::int64_t>();
@@ -202,9 +302,13 @@ TraceReader::TraceReader(const std::string& path, std::int64_t expected_hidden, 
 
   hiddens_ = file_.open_dataset("hiddens");
   MTP_REQUIRE(hiddens_.rank() == 2, path, ": /hiddens must be 2-D, it has rank ", hiddens_.rank());
-  MTP_REQUIRE(hiddens_.dtype() == DType::bf16, path,
-              ": /hiddens must be uint16 with attribute dtype=\"bf16\", it holds ",
-              dtype_name(hiddens_.dtype()));
+  hiddens_f32_ = hiddens_.dtype() == DType::f32;
+  MTP_REQUIRE(
+      hiddens_.dtype() == DType::bf16 || hiddens_f32_, path,
+      ": /hiddens must be uint16 with attribute dtype=\"bf16\" or float32 with dtype=\"f32\", it holds ",
+      dtype_name(hiddens_.dtype()));
+  MTP_REQUIRE(!hiddens_f32_ || (hiddens_.has_attr(kDtypeAttr) && hiddens_.attr_string(kDtypeAttr) == "f32"),
+              path, ": /hiddens is float32 but lacks the attribute dtype=\"f32\" (docs/trace-format.md)");
   MTP_REQUIRE(hiddens_.cols() == static_cast<std::uint64_t>(hidden_), path, ": /hiddens has ",
               hiddens_.cols(), " columns, the trace's hidden is ", hidden_);
   MTP_REQUIRE(hiddens_.rows() == total, path, ": /hiddens has ", hiddens_.rows(),
@@ -257,9 +361,34 @@ void TraceReader::read_hiddens(std::int64_t s, std::span<bf16> out) const {
   const std::int64_t length = sequence_length(s);
   MTP_REQUIRE(out.size() == static_cast<std::size_t>(length * hidden_), path(), ": sequence ", s,
               ": a buffer of ", out.size(), " values for ", length, " rows of hidden ", hidden_);
+  if (hiddens_f32_) {
+    std::vector<float> stored(out.size());
+    read_hiddens_f32(s, stored);
+    std::transform(stored.begin(), stored.end(), out.begin(), [](float f) { return to_bf16(f); });
+  } else {
+    hiddens_.read_rows_into(static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(length), out);
+  }
+  std::int64_t row = 0, col = 0;  // an f32 value past BF16's range rounds to an infinity
+  if (!all_finite(out, hidden_, row, col)) {
+    MTP_FAIL(path(), ": sequence ", s, ", position ", row, " (row ", begin + row, "), element ", col,
+             ": hidden is ", describe_nonfinite(out[static_cast<std::size_t>(row * hidden_ + col)]));
+  }
+}
+
+void TraceReader::read_hiddens_f32(std::int64_t s, std::span<float> out) const {
+  const std::int64_t begin = sequence_offset(s);
+  const std::int64_t length = sequence_length(s);
+  MTP_REQUIRE(out.size() == static_cast<std::size_t>(length * hidden_), path(), ": sequence ", s,
+              ": a buffer of ", out.size(), " values for ", length, " rows of hidden ", hidden_);
+  if (!hiddens_f32_) {
+    std::vector<bf16> stored(out.size());
+    read_hiddens(s, stored);
+    std::transform(stored.begin(), stored.end(), out.begin(), [](bf16 v) { return to_float(v); });
+    return;
+  }
   hiddens_.read_rows_into(static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(length), out);
   std::int64_t row = 0, col = 0;
-  if (!all_finite(out, hidden_, row, col)) {
+  if (!all_finite(std::span<const float>(out), hidden_, row, col)) {
     MTP_FAIL(path(), ": sequence ", s, ", position ", row, " (row ", begin + row, "), element ", col,
              ": hidden is ", describe_nonfinite(out[static_cast<std::size_t>(row * hidden_ + col)]));
   }

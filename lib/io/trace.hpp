@@ -36,9 +36,28 @@ struct TraceProvenance {
   std::string config;      ///< the resolved configuration that produced the trace (YAML text)
 };
 
+/// How the trace's continuation tokens were chosen (root attributes `sampling`, `temperature`,
+/// `top_k`, `top_p`, `sampling_seed`; docs/trace-format.md). A trace without the attributes (every
+/// trace written before they existed) reads as greedy.
+struct TraceSampling {
+  bool sampled = false;      ///< `sampling`: "greedy" (argmax, lowest id on ties) or "sampling"
+  double temperature = 1.0;  ///< > 0; sampled only
+  std::int64_t top_k = 0;    ///< 0 = off; sampled only
+  double top_p = 1.0;        ///< (0, 1], 1 = off; sampled only
+  std::int64_t seed = 0;     ///< the sampler's seed; sampled only
+  /// "greedy" or "sampling at temperature 0.7, top_k 0, top_p 1 (seed 5)", for messages.
+  std::string describe() const;
+  friend bool operator==(const TraceSampling&, const TraceSampling&) = default;
+};
+
+/// Checks a sampling description (temperature > 0 and finite, top_k >= 0, top_p in (0, 1]);
+/// throws naming `where` and the attribute.
+void validate(const TraceSampling& s, const std::string& where);
+
 struct TraceWriterOptions {
   int deflate = 4;               ///< gzip level of /hiddens and /tokens (0 = off)
   std::uint64_t chunk_rows = 0;  ///< rows per /hiddens chunk; 0 = about 256 KiB per chunk
+  bool f32_hiddens = false;      ///< /hiddens as float32 (dtype="f32") instead of BF16 bits
 };
 
 /// One sequence, whole: what TraceReader::sequence() returns and a generator produces.
@@ -73,6 +92,9 @@ class TraceWriter {
   /// Appends a sequence as a TraceSequence holds it (its hidden must match the trace's).
   void add_sequence(const TraceSequence& seq);
 
+  /// How the continuations were chosen (default: greedy). Validated; written at once.
+  void set_sampling(const TraceSampling& sampling);
+
   /// Writes the offsets and counts, and renames the file into place.
   void commit();
 
@@ -89,9 +111,14 @@ class TraceWriter {
   Dataset hiddens_;
   std::int64_t hidden_;
   std::int64_t vocab_;
+  bool f32_ = false;  ///< /hiddens stored as float32
   std::vector<std::int64_t> offsets_{0};
   std::vector<std::int32_t> prompt_lengths_;
 };
+
+/// Reads the sampling attributes of the trace at `path` without loading it (for checks before a
+/// run: an experiment's points against the trace they replay).
+TraceSampling read_trace_sampling(const std::string& path);
 
 /// Reads a trace. Tokens, offsets and prompt lengths are loaded and validated at open; hiddens
 /// are read one sequence at a time, so a large trace is never loaded whole.
@@ -107,16 +134,24 @@ class TraceReader {
   std::int64_t num_sequences() const { return static_cast<std::int64_t>(prompt_lengths_.size()); }
   std::int64_t total_positions() const { return offsets_.back(); }
   const TraceProvenance& provenance() const { return provenance_; }
+  /// How the continuations were chosen (greedy when the file has no `sampling` attribute).
+  const TraceSampling& sampling() const { return sampling_; }
 
   std::int64_t sequence_length(std::int64_t s) const;
   std::int64_t sequence_offset(std::int64_t s) const;  ///< its first row in /tokens and /hiddens
   std::int32_t prompt_length(std::int64_t s) const;
   std::span<const std::int32_t> tokens(std::int64_t s) const;
 
-  /// The hiddens of sequence s ([length, hidden] BF16), checked finite.
+  /// "bf16" or "f32": how /hiddens is stored (docs/trace-format.md, "Hidden dtype").
+  const char* hiddens_dtype() const { return hiddens_f32_ ? "f32" : "bf16"; }
+
+  /// The hiddens of sequence s ([length, hidden] BF16), checked finite. An f32 trace's values are
+  /// rounded to BF16 (nearest even), what the drafter reads.
   std::vector<bf16> hiddens(std::int64_t s) const;
   /// As hiddens(s), into a caller's buffer of exactly length * hidden values (reused across sequences).
   void read_hiddens(std::int64_t s, std::span<bf16> out) const;
+  /// The hiddens of sequence s as stored, widened to fp32 (exact for both dtypes), checked finite.
+  void read_hiddens_f32(std::int64_t s, std::span<float> out) const;
   TraceSequence sequence(std::int64_t s) const;
 
   /// Reads every sequence's hiddens and checks them finite (what open does not do).
@@ -129,6 +164,8 @@ class TraceReader {
   std::int64_t hidden_ = 0;
   std::int64_t vocab_ = 0;
   TraceProvenance provenance_;
+  bool hiddens_f32_ = false;
+  TraceSampling sampling_;
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_;
   std::vector<std::int32_t> prompt_lengths_;

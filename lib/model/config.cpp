@@ -6,9 +6,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <type_traits>
 #include <vector>
 
 #ifndef MTPLAB_SOURCE_DIR_DEFAULT
@@ -35,11 +40,30 @@ std::string stem_of(const std::string& path) {
   return base;
 }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() > suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 bool looks_like_path(const std::string& s) {
-  if (s.find('/') != std::string::npos) return true;
-  for (const std::string ext : {".yaml", ".yml"})
-    if (s.size() > ext.size() && s.compare(s.size() - ext.size(), ext.size(), ext) == 0) return true;
-  return false;
+  return s.find('/') != std::string::npos || ends_with(s, ".yaml") || ends_with(s, ".yml") ||
+         ends_with(s, ".json");
+}
+
+bool is_directory(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
+}
+
+/// N when `prefix` ends with "layers.N." (N decimal), else -1.
+int prefix_layer_index(const std::string& prefix) {
+  const std::string tail = "layers.";
+  if (prefix.size() < tail.size() + 2 || prefix.back() != '.') return -1;
+  size_t digits_end = prefix.size() - 1, digits_begin = digits_end;
+  while (digits_begin > 0 && std::isdigit(static_cast<unsigned char>(prefix[digits_begin - 1])))
+    --digits_begin;
+  if (digits_begin == digits_end || digits_end - digits_begin > 7 || digits_begin < tail.size()) return -1;
+  if (prefix.compare(digits_begin - tail.size(), tail.size(), tail) != 0) return -1;
+  return std::stoi(prefix.substr(digits_begin, digits_end - digits_begin));
 }
 
 /// Reads keys of one mapping into a config and records where each came from.
@@ -228,12 +252,26 @@ ModelConfig parse_model_config(const YamlNode& node) {
 
   if (auto ck = r.opt("checkpoint")) {
     Reader cr(*ck, c, "checkpoint.");
+    const bool has_index = cr.opt("mtp_layer_index").has_value();
     cr.opt_int("mtp_layer_index", c.mtp_layer_index, 0, 1 << 20);
     cr.opt_string("embed_tokens", c.embed_tokens_name);
     cr.opt_string("lm_head", c.lm_head_name);
-    if (!cr.opt_string("mtp_prefix", c.mtp_prefix))
-      c.mtp_prefix = str("model.language_model.layers.", c.mtp_layer_index, ".");
+    const bool has_prefix = cr.opt_string("mtp_prefix", c.mtp_prefix);
     cr.finish();
+    if (!has_prefix) {
+      c.mtp_prefix = str("model.language_model.layers.", c.mtp_layer_index, ".");
+    } else {
+      const int named = prefix_layer_index(c.mtp_prefix);
+      const bool well_formed = c.mtp_prefix.empty() || c.mtp_prefix.back() == '.';  // else validate() says so
+      if (has_index && well_formed) {
+        MTP_REQUIRE(named == c.mtp_layer_index, c.where("checkpoint.mtp_prefix"), ": mtp_prefix \"",
+                    c.mtp_prefix, "\" and mtp_layer_index ", c.mtp_layer_index, " (",
+                    c.where("checkpoint.mtp_layer_index"), ") disagree: the prefix must end with \"layers.",
+                    c.mtp_layer_index, ".\" (or give only one of the two)");
+      } else if (!has_index) {
+        c.mtp_layer_index = named;  // -1: the prefix names no numbered layer
+      }
+    }
   } else {
     c.mtp_prefix = str("model.language_model.layers.", c.mtp_layer_index, ".");
   }
@@ -253,7 +291,10 @@ std::string presets_dir() {
 
 ModelConfig load_model_preset(const std::string& name_or_path) {
   MTP_REQUIRE(!name_or_path.empty(), "model preset: empty name");
-  if (looks_like_path(name_or_path)) return load_model_config(name_or_path);
+  if (looks_like_path(name_or_path)) {
+    if (is_directory(name_or_path) || ends_with(name_or_path, ".json")) return load_hf_config(name_or_path);
+    return load_model_config(name_or_path);
+  }
 
   std::vector<std::string> dirs;
   if (const char* env = std::getenv("MTPLAB_SOURCE_DIR"); env && *env) dirs.push_back(str(env, "/configs"));
@@ -269,10 +310,61 @@ ModelConfig load_model_preset(const std::string& name_or_path) {
     for (const auto& entry : std::filesystem::directory_iterator(d, ec))
       if (entry.path().extension() == ".yaml") known.push_back(entry.path().stem().string());
   }
+  if (is_directory(name_or_path)) return load_hf_config(name_or_path);
   std::sort(known.begin(), known.end());
   known.erase(std::unique(known.begin(), known.end()), known.end());
   MTP_FAIL("unknown model preset '", name_or_path, "': no ", name_or_path, ".yaml in {", join(dirs, ", "),
-           "}; presets there: {", join(known, ", "), "} (or give a path to a .yaml file)");
+           "}; presets there: {", join(known, ", "),
+           "} (or give a path to a .yaml file, or a checkpoint directory with a config.json)");
+}
+
+YAML::Node to_preset_yaml(const ModelConfig& c) {
+  YAML::Node n(YAML::NodeType::Map);
+  auto put = [&](const char* key, const auto& value) {
+    using T = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<T, float>) {
+      std::ostringstream os;  // max_digits10: the text reads back as the same float
+      os << std::setprecision(std::numeric_limits<float>::max_digits10) << value;
+      n[key] = os.str();
+    } else {
+      n[key] = str(value);
+    }
+  };
+  put("name", c.name);
+  put("hidden", c.hidden);
+  put("vocab", c.vocab);
+  put("rms_norm_eps", c.rms_norm_eps);
+  put("n_heads", c.n_heads);
+  put("qk_nope_head_dim", c.qk_nope_head_dim);
+  put("qk_rope_head_dim", c.qk_rope_head_dim);
+  put("v_head_dim", c.v_head_dim);
+  put("q_lora_rank", c.q_lora_rank);
+  put("kv_lora_rank", c.kv_lora_rank);
+  put("index_n_heads", c.index_n_heads);
+  put("index_head_dim", c.index_head_dim);
+  put("index_topk", c.index_topk);
+  put("index_kpool", c.index_kpool);
+  put("index_norm_eps", c.index_norm_eps);
+  put("n_routed_experts", c.n_routed_experts);
+  put("num_experts_per_tok", c.num_experts_per_tok);
+  put("n_shared_experts", c.n_shared_experts);
+  put("moe_intermediate_size", c.moe_intermediate_size);
+  put("n_group", c.n_group);
+  put("topk_group", c.topk_group);
+  put("routed_scaling_factor", c.routed_scaling_factor);
+  put("swiglu_limit", c.swiglu_limit);
+  put("max_seq_len", c.max_seq_len_requested > 0 ? c.max_seq_len_requested : c.max_seq_len);
+  put("block_size", c.block_size);
+  YAML::Node ck(YAML::NodeType::Map);
+  // The index only where the prefix does not say it (an override of either key alone then
+  // follows the rules of a preset file: the two must agree when both are given).
+  if (prefix_layer_index(c.mtp_prefix) < 0 && c.mtp_layer_index >= 0)
+    ck["mtp_layer_index"] = str(c.mtp_layer_index);
+  ck["embed_tokens"] = c.embed_tokens_name;
+  ck["lm_head"] = c.lm_head_name;
+  ck["mtp_prefix"] = c.mtp_prefix;
+  n["checkpoint"] = ck;
+  return n;
 }
 
 }  // namespace mtplab::model

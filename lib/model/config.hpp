@@ -1,12 +1,15 @@
-// ModelConfig: every size of the MTP layer of a GLM-5.3-Flash-class model (MODEL.md "Sizes"),
-// read strictly from a YAML preset (configs/<name>.yaml; docs/model-config.md lists every key).
+// ModelConfig: every size of the MTP layer of a GLM-5.3-Flash-class model (docs/model.md, "Sizes"),
+// read strictly from a YAML preset (configs/<name>.yaml) or from a checkpoint's Hugging Face
+// config.json (a glm5_next config; docs/model-config.md lists every key and every field).
 //
 // Invariants after a successful load (checked again, with the rank counts, by validate(tp, ep)):
 // - index_topk is a whole number of pools (index_topk % index_kpool == 0);
 // - max_seq_len is the usable capacity: the requested length rounded down to whole pools, > 0;
 // - n_group divides n_routed_experts, topk_group <= n_group, num_experts_per_tok fits in the
 //   experts the group limit keeps;
-// - qk_rope_head_dim == 0 (GLM-5.3-Flash has no RoPE; the field exists for a GLM-5 preset).
+// - qk_rope_head_dim == 0 (GLM-5.3-Flash has no RoPE; the field exists for a GLM-5 preset);
+// - checkpoint.mtp_layer_index and checkpoint.mtp_prefix agree when both are given (the prefix
+//   ends with "layers.<index>.").
 // Every error names the file, the key, its line and column when the value came from a file.
 #pragma once
 #include <cstdint>
@@ -20,6 +23,8 @@ namespace mtplab::model {
 struct ModelConfig {
   std::string name;    ///< preset name ("tiny", "glm5.3-flash"); the file stem when not given
   std::string source;  ///< the file it was read from, "" when built in code
+  /// "yaml" (a mtplab preset or mapping) or "hf" (a Hugging Face config.json, `source`).
+  std::string source_format = "yaml";
 
   // ---- trunk ----------------------------------------------------------------------------------
   int hidden = 0;  ///< H
@@ -57,7 +62,7 @@ struct ModelConfig {
   int block_size = 64;            ///< rows per block of the paged latent KV cache
 
   // ---- checkpoint names -----------------------------------------------------------------------
-  int mtp_layer_index = 45;
+  int mtp_layer_index = 45;  ///< -1 when mtp_prefix names no numbered layer
   std::string embed_tokens_name = "model.language_model.embed_tokens.weight";
   std::string lm_head_name = "lm_head.weight";
   std::string mtp_prefix = "model.language_model.layers.45.";  ///< ends with '.'
@@ -111,11 +116,24 @@ struct ModelConfig {
 ModelConfig parse_model_config(const YamlNode& node);
 /// Reads a preset file.
 ModelConfig load_model_config(const std::string& path);
-/// `name_or_path` is a file path (contains '/' or ends with .yaml/.yml) or a preset name found
-/// as configs/<name>.yaml under $MTPLAB_SOURCE_DIR, else under the source tree mtplab was built
-/// from.
+/// Reads a checkpoint's Hugging Face config: `path` is the checkpoint directory (its config.json)
+/// or the config.json itself. model_type glm5_next (the text fields at the top or nested under
+/// text_config) or glm5_next_text. Sizes, eps, the MTP layer index (num_hidden_layers) and the
+/// checkpoint tensor names are derived from it; a field whose value mtplab does not implement is
+/// an error naming the field and the value, and every other field must be one that is ignored on
+/// purpose (docs/model-config.md, "Hugging Face configs"): an unknown field is an error too. The
+/// result is validate(1, 1)-checked; its errors point at the config.json field.
+ModelConfig load_hf_config(const std::string& path);
+/// `name_or_path` is a checkpoint directory or a .json file (load_hf_config), a YAML file path
+/// (contains '/' or ends with .yaml/.yml), or a preset name found as configs/<name>.yaml under
+/// $MTPLAB_SOURCE_DIR, else under the source tree mtplab was built from (a bare name that is no
+/// preset but a directory is read as a checkpoint directory).
 ModelConfig load_model_preset(const std::string& name_or_path);
 /// The configs/ directory load_model_preset searches.
 std::string presets_dir();
+/// The config as a mtplab preset mapping (every key of docs/model-config.md, `checkpoint:`
+/// included): parse_model_config of it gives back the same sizes and names. What an experiment's
+/// `{preset: DIR, KEY: VALUE}` merges its overrides into when the preset is a Hugging Face config.
+YAML::Node to_preset_yaml(const ModelConfig& cfg);
 
 }  // namespace mtplab::model

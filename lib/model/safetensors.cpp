@@ -7,12 +7,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <set>
 
 #include "core/error.hpp"
@@ -538,11 +540,95 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
   }
 }
 
+namespace {
+
+/// Where "layers.<digits>." starts in `name` (the first such), or npos; sets the digits' extent.
+size_t find_layer(const std::string& name, size_t& digits_begin, size_t& digits_end) {
+  for (size_t at = name.find("layers."); at != std::string::npos; at = name.find("layers.", at + 1)) {
+    if (at > 0 && name[at - 1] != '.') continue;
+    size_t e = at + 7;
+    while (e < name.size() && std::isdigit(static_cast<unsigned char>(name[e]))) ++e;
+    if (e > at + 7 && e < name.size() && name[e] == '.') {
+      digits_begin = at + 7;
+      digits_end = e;
+      return at;
+    }
+  }
+  return std::string::npos;
+}
+
+/// "{0-2, 5, 45}" for a set of layer numbers.
+std::string ranges_text(const std::set<long>& v) {
+  std::vector<std::string> parts;
+  for (auto it = v.begin(); it != v.end();) {
+    const long first = *it;
+    long last = first;
+    for (++it; it != v.end() && *it == last + 1; ++it) last = *it;
+    parts.push_back(first == last ? str(first) : str(first, "-", last));
+  }
+  return parts.size() == 1 && v.size() == 1 ? parts[0] : str("{", join(parts, ", "), "}");
+}
+
+/// What a checkpoint holds, for the error of a tensor it lacks: the layer prefixes
+/// ("model.language_model.layers.{0-44}."), a few names outside any layer, and the names that
+/// end like the missing one under another prefix (the likely fix).
+std::string holdings(const std::vector<std::string>& names, const std::string& missing) {
+  std::map<std::string, std::set<long>> layers;  // text before the layer number -> numbers
+  std::vector<std::string> outside;
+  for (const std::string& n : names) {
+    size_t b = 0, e = 0;
+    if (find_layer(n, b, e) != std::string::npos)
+      layers[n.substr(0, b)].insert(std::stol(n.substr(b, e - b)));
+    else
+      outside.push_back(n);
+  }
+  std::string text;
+  if (!layers.empty()) {
+    std::vector<std::string> prefixes;
+    for (const auto& [head, numbers] : layers) prefixes.push_back(str(head, ranges_text(numbers), "."));
+    text += str("; layer prefixes it holds: ", join(prefixes, ", "));
+  } else {
+    text += "; it holds no \"layers.<i>.\" tensors";
+  }
+  if (!outside.empty()) {
+    const size_t shown = std::min<size_t>(outside.size(), 6);
+    text += str("; outside layers: ",
+                join(std::vector<std::string>(outside.begin(), outside.begin() + shown), ", "));
+    if (outside.size() > shown) text += str(" (+", outside.size() - shown, " more)");
+  }
+  // The missing name's part after its layer (or its last two components) under another prefix.
+  size_t b = 0, e = 0;
+  std::string tail;
+  if (find_layer(missing, b, e) != std::string::npos) {
+    tail = missing.substr(e + 1);
+  } else {
+    const size_t last = missing.rfind('.');
+    const size_t before =
+        last == std::string::npos || last == 0 ? std::string::npos : missing.rfind('.', last - 1);
+    tail = before == std::string::npos ? missing : missing.substr(before + 1);
+  }
+  std::vector<std::string> alike;
+  for (const std::string& n : names)
+    if (n != missing &&
+        (n == tail || (n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0 &&
+                       n[n.size() - tail.size() - 1] == '.')))
+      alike.push_back(n);
+  if (!alike.empty()) {
+    const size_t shown = std::min<size_t>(alike.size(), 4);
+    text += str("; the same name under another prefix: ",
+                join(std::vector<std::string>(alike.begin(), alike.begin() + shown), ", "));
+    if (alike.size() > shown) text += str(" (+", alike.size() - shown, " more)");
+  }
+  return text;
+}
+
+}  // namespace
+
 const Checkpoint::Entry& Checkpoint::entry(const std::string& name) const {
   auto it = where_.find(name);
   if (it == where_.end())
     MTP_FAIL("checkpoint ", path_, ": tensor \"", name, "\" not found (", where_.size(), " tensors in ",
-             files_.size(), " file(s))");
+             files_.size(), " file(s))", holdings(names(), name));
   return it->second;
 }
 

@@ -339,13 +339,36 @@ MtpWeights load_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan,
   const Checkpoint ckpt(checkpoint_path);
   MtpWeights w;
   shape_weights(cfg, plan, w);
+  // A NaN or Inf weight (in the file, or an F32 / FP8 value beyond BF16's range) would run to the
+  // end and draft garbage (an all-NaN norm drafts token 0 everywhere): refused here, naming the
+  // tensor and its first bad element in the whole tensor's coordinates.
+  auto require_finite = [&](const Spec& s, const Block& b, size_t count, auto value_at) {
+    for (size_t i = 0; i < count; ++i) {
+      const float v = value_at(i);
+      if (std::isfinite(v)) continue;
+      const int64_t nrows = s.full.empty() ? 1 : s.full[0];
+      const int64_t ncols = shape_numel(s.full) / std::max<int64_t>(nrows, 1);
+      const int64_t cols = b.cols.count < 0 ? ncols - b.cols.begin : b.cols.count;
+      const int64_t row = b.rows.begin + static_cast<int64_t>(i) / cols;
+      const int64_t col = b.cols.begin + static_cast<int64_t>(i) % cols;
+      const std::string at = s.full.size() <= 1
+                                 ? str("[", row, "]")
+                                 : str("[", row, ", ", col, "] of the [", nrows, ", ", ncols, "] view");
+      MTP_FAIL(
+          "tensor \"", s.ckpt, "\" in ", ckpt.file_of(s.ckpt), " ", shape_str(s.full), ": element ", at,
+          " (flat index ", row * ncols + col, ") is ", std::isnan(v) ? "NaN" : (v > 0 ? "+Inf" : "-Inf"),
+          " as loaded, the first non-finite value this rank reads; a checkpoint's weights must be finite");
+    }
+  };
   for (const Spec& s : build_specs(cfg, plan, w)) {
     const Block b = block_of(s, plan);
     if (s.bf) {
       const std::vector<bf16> v = ckpt.read_bf16(s.ckpt, s.full, b);
+      require_finite(s, b, v.size(), [&](size_t i) { return to_float(v[i]); });
       std::copy(v.begin(), v.end(), s.bf->data.begin() + s.dst_offset);
     } else {
       const std::vector<float> v = ckpt.read_f32(s.ckpt, s.full, b);
+      require_finite(s, b, v.size(), [&](size_t i) { return v[i]; });
       std::copy(v.begin(), v.end(), s.f32->data.begin() + s.dst_offset);
     }
   }

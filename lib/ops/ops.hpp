@@ -337,7 +337,7 @@ class Backend {
   /// x[i] *= s in fp32 (e.g. the indexer's 1/sqrt(n_I) on weights_proj's output).
   virtual void scale_f32(float* x, float s, int n) = 0;
 
-  // ---- the pooled lightning indexer (MODEL.md) ------------------------------------------------
+  // ---- the pooled lightning indexer (docs/model.md) -------------------------------------------
   /// Stores row `pos[0]`: k_cache[pos] = k_normed (BF16 [D]), gate_cache[pos] = gate (fp32 [D]),
   /// valid[pos] = 1; when the row completes its pool (pos % P == P-1) the pool key
   /// K_j[c] = sum_m softmax_m(gate[jP+m,c] + ape[m,c]) * k[jP+m,c] is written to pool_keys[j].
@@ -461,6 +461,16 @@ class Backend {
   /// Slot op: indexer_select of scores [rows, max_pools] at pos[b] into selection [rows, K + P - 1].
   virtual void indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
                                     int32_t* selection, int K, int P, int max_pools) = 0;
+  /// Row op (the index_share arm): the selection of a chained draft that reuses its propose's first
+  /// draft's pools instead of scoring them. Row b, with a = anchor_pos[b] (the first draft's
+  /// position) and p = pos[b] (this draft's, a <= p): the first min(K/P, floor((a+1)/P)) * P entries
+  /// of anchor row b (the rows of the pools indexer_select chose at a, as it wrote them), then the
+  /// rows P*floor((a+1)/P) .. p (the first draft's tail and every row after it), then -1 up to
+  /// `width`, which must hold them (width >= K + P - 1 + p - a). anchor [rows, K + P - 1] (an
+  /// indexer_select / indexer_select_batch output), selection [rows, width]. Integer copies only:
+  /// every backend gives the same entries.
+  virtual void indexer_share_select(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos,
+                                    int rows, int32_t* selection, int width, int K, int P) = 0;
   /// Row op: mla_absorb_q of each row: q [rows, n_heads * dqk] -> q_abs [rows, n_heads * kv_lora].
   virtual void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads,
                                   int dqk, int dv, int kv_lora) = 0;

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The binary's front door: no command and an unknown command are usage errors (exit 2, usage on
-# stderr); --help is not (exit 0, usage on stdout). A sub-command's bad option is an error (exit 1)
-# that names it: an unknown one with the option it most likely meant, a repeated one, a number
-# out of range. Usage: test_cli.sh path/to/mtplab
+# stderr); --help is not (exit 0, usage on stdout); --version prints the version, the git commit
+# and the backends. A sub-command's bad option is an error (exit 1) that names it: an unknown one
+# with the option it most likely meant, a repeated one, a number out of range; no rank tag (MPI is
+# not up yet) and no source location unless -v or MTPLAB_DEBUG=1. `mtplab run --help` lists the
+# exit codes. Usage: test_cli.sh path/to/mtplab
 set -uo pipefail
 mtplab=$1
 tmp=$(mktemp -d)
@@ -54,6 +56,51 @@ fi
 if expect 1 "two experiment files" -- run a.yaml b.yaml; then
   has_err 'mtplab run: expected one experiment file, got 2 arguments: "a.yaml", "b.yaml"'
 fi
+if expect 1 "--point given twice" -- run exp.yaml --point 1 --point 2; then
+  has_err 'mtplab run: --point is given more than once'
+fi
+
+# No rank tag before MPI is up, no source location unless asked for.
+if expect 1 "an argument error" -- run --pont 1 exp.yaml; then
+  grep -q '^mtplab run: ' "$tmp/err" || { echo "FAIL: the message does not start the line"; cat "$tmp/err"; failures=$((failures + 1)); }
+  if grep -qE 'rank -1|\.cpp:[0-9]+\)' "$tmp/err"; then
+    echo "FAIL: an argument error carries a rank tag or a source location"; cat "$tmp/err"; failures=$((failures + 1))
+  fi
+fi
+for verbose in "-v run" "run --verbose" "MTPLAB_DEBUG=1"; do
+  if [[ $verbose == MTPLAB_DEBUG=1 ]]; then
+    MTPLAB_DEBUG=1 "$mtplab" run --pont 1 exp.yaml >"$tmp/out" 2>"$tmp/err"
+  else
+    # shellcheck disable=SC2086
+    "$mtplab" $verbose --pont 1 exp.yaml >"$tmp/out" 2>"$tmp/err"
+  fi
+  if grep -qE '^mtplab run: unknown option "--pont".*\(cli\.cpp:[0-9]+\)$' "$tmp/err"; then
+    echo "ok: $verbose adds the source location"
+  else
+    echo "FAIL: $verbose: no source location"; cat "$tmp/err"; failures=$((failures + 1))
+  fi
+done
+if MTPLAB_DEBUG=yes expect 1 "a malformed MTPLAB_DEBUG" -- list exp.yaml; then
+  has_err 'MTPLAB_DEBUG=yes is not one of: 0, 1'
+fi
+
+if expect 0 "--version" -- --version; then
+  grep -qE '^mtplab [0-9]+\.[0-9]+\.[0-9]+$' "$tmp/out" || { echo "FAIL: no version line"; cat "$tmp/out"; failures=$((failures + 1)); }
+  grep -qE '^git ([0-9a-f]{40}|unknown)' "$tmp/out" || { echo "FAIL: no git line"; cat "$tmp/out"; failures=$((failures + 1)); }
+  grep -qE '^backends: cpu' "$tmp/out" || { echo "FAIL: no backends line"; cat "$tmp/out"; failures=$((failures + 1)); }
+fi
+if expect 2 "an unknown global option" -- --verison; then
+  has_err 'mtplab: unknown option "--verison"'
+fi
+
+# The exit codes `mtplab run --help` states (tests/app/test_run_end.sh checks each of them).
+if expect 0 "run --help" -- run --help; then
+  for code in "0    every requested point" "1    an error" "124  a collective timed out" "130  stopped by SIGINT" \
+              "143  stopped by SIGTERM"; do
+    grep -qF -- "  $code" "$tmp/out" || { echo "FAIL: run --help lacks exit code: $code"; failures=$((failures + 1)); }
+  done
+fi
+
 for cmd in info trace list run merge; do
   if expect 0 "$cmd --help" -- "$cmd" --help; then
     grep -q "^usage: mtplab $cmd" "$tmp/out" || { echo "FAIL: $cmd --help has no usage line"; failures=$((failures + 1)); }

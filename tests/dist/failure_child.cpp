@@ -4,9 +4,19 @@
 //   throw      an mtplab::Error reaches run_guarded on rank 1, which aborts the job (MPI)
 //   kill       rank 1 dies by SIGKILL (MPI)
 //   exit       rank 1 exits 3 without finalising MPI (MPI)
+//   stop       rank 1 stops itself (SIGSTOP) (MPI): rank 0's bounded wait must time out
+//              (MTPLAB_COLLECTIVE_TIMEOUT_S), name rank 1 as not arrived, and end the job with
+//              exit 124. Rank 1 writes its pid to $MTPLAB_TEST_PID_FILE first, so that the driver
+//              can kill it if the job did not.
+//   mismatch   rank 1 waits in a barrier of another group instead (MPI): both time out; rank 0,
+//              the lowest, reports once, naming the collective rank 1 is in; rank 1 stays quiet
+//   agreed     every rank fails alike inside dist::run_agreed (MPI): one message, from rank 0,
+//              and every rank exits 1 through MPI_Finalize (no MPI_Abort)
 //   nccl_hang  NCCL on 2 GPUs: rank 1 stays alive but never joins; rank 0's wait() must time
 //              out (MTPLAB_COLLECTIVE_TIMEOUT_S), throw, and run_guarded must abort the job.
 //              Exits 77 (skip) with fewer than 2 GPUs.
+#include <unistd.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -21,6 +31,7 @@
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
+#include "dist/world_ops.hpp"
 
 using namespace mtplab;
 
@@ -62,11 +73,18 @@ int main(int argc, char** argv) {
     return 77;
   }
   return dist::run_guarded([&] {
-    MTP_REQUIRE(mode == "throw" || mode == "kill" || mode == "exit" || nccl, "unknown mode \"", mode,
-                "\" (throw, kill, exit or nccl_hang)");
+    MTP_REQUIRE(mode == "throw" || mode == "kill" || mode == "exit" || mode == "stop" || mode == "mismatch" ||
+                    mode == "agreed" || nccl,
+                "unknown mode \"", mode, "\" (throw, kill, exit, stop, mismatch, agreed or nccl_hang)");
     dist::Runtime rt(&argc, &argv);
+    if (mode == "agreed") {
+      dist::run_agreed([&] { MTP_FAIL("deliberate failure on rank ", rt.rank(), " of every rank"); });
+      std::printf("rank %d completed\n", rt.rank());  // never: run_agreed throws on every rank
+      return 0;
+    }
     if (nccl) rt.bind_device();
     dist::Group world = rt.world_group();
+    dist::Group side = rt.world_group();  // mode mismatch: rank 1 waits here instead
     dist::Communicator& comm = world.connect(nccl ? dist::Transport::nccl : dist::Transport::mpi);
     constexpr size_t count = 4096;
     Buffer buf(nccl, count);
@@ -76,6 +94,17 @@ int main(int argc, char** argv) {
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
         if (mode == "kill") std::raise(SIGKILL);
         if (mode == "exit") std::_Exit(3);
+        if (mode == "stop") {
+          if (const char* pid_file = std::getenv("MTPLAB_TEST_PID_FILE")) {
+            if (FILE* f = std::fopen(pid_file, "w")) {
+              std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+              std::fclose(f);
+            }
+          }
+          std::raise(SIGSTOP);
+          while (true) pause();  // continued only by the job's end, which kills it
+        }
+        if (mode == "mismatch") dist::barrier(side);  // never completes: rank 0 is not in it
         if (nccl) std::this_thread::sleep_for(std::chrono::seconds(600));  // alive, never joins
         MTP_FAIL("deliberate failure at step ", step, " while rank 0 waits in an all-reduce");
       }

@@ -1,6 +1,6 @@
 // dist rules that need neither MPI nor a GPU: the device choice and its refusals, the timeout
-// setting, run_guarded without MPI, the element types of the host collectives, and the NCCL
-// communicator's watchdog.
+// setting, run_guarded without MPI (what it prints, its exit codes, argument errors printed once),
+// the element types of the host collectives, and the NCCL communicator's watchdog.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -114,15 +114,68 @@ TEST(WorldOps, ElementTypesAndNames) {
 TEST(Guard, ReturnsTheBodyCodeOrOneWithoutMpi) {
   EXPECT_EQ(run_guarded([] { return 7; }), 7);
   set_process_identity(0, 1);
+  set_error_locations(false);
   testing::internal::CaptureStderr();
   const int rc = run_guarded([]() -> int { MTP_FAIL("no such file \"x.yaml\""); });
-  const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(rc, 1);
-  EXPECT_TRUE(has(err, "[rank 0@")) << err;
-  EXPECT_TRUE(has(err, "] no such file \"x.yaml\" (test_dist_unit.cpp:")) << err;
+  std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(rc, kExitError);
+  EXPECT_EQ(err, "[rank 0@" + process_identity().host + "] no such file \"x.yaml\"\n");
+  // The source location only when asked for (MTPLAB_DEBUG=1, mtplab -v).
+  set_error_locations(true);
+  testing::internal::CaptureStderr();
+  run_guarded([]() -> int { MTP_FAIL("no such file"); });
+  err = testing::internal::GetCapturedStderr();
+  set_error_locations(false);
+  EXPECT_TRUE(has(err, "] no such file (test_dist_unit.cpp:")) << err;
   testing::internal::CaptureStderr();
   EXPECT_EQ(run_guarded([]() -> int { throw 42; }), 1);
   EXPECT_TRUE(has(testing::internal::GetCapturedStderr(), "unknown exception"));
+  // A collective timeout has its own exit code.
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_guarded([]() -> int { throw CollectiveTimeout("NCCL wait timed out", __FILE__, __LINE__); }),
+            kExitCollectiveTimeout);
+  EXPECT_TRUE(has(testing::internal::GetCapturedStderr(), "NCCL wait timed out"));
+}
+
+// An error of the command line is the same on every rank: printed by the launcher's rank 0 only.
+TEST(Guard, ArgumentErrorsArePrintedByTheLaunchersRankZero) {
+  set_process_identity(-1, 1);
+  const auto argument_error = []() -> int {
+    throw ArgumentError(Error("mtplab run: unknown option \"--pont\"", __FILE__, __LINE__));
+  };
+  for (const char* v : {"PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}) unsetenv(v);
+  EXPECT_EQ(launcher_rank(), -1);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_guarded(argument_error), kExitError);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "mtplab run: unknown option \"--pont\"\n");  // no tag
+  setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+  EXPECT_EQ(launcher_rank(), 0);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_guarded(argument_error), kExitError);
+  EXPECT_FALSE(testing::internal::GetCapturedStderr().empty());
+  setenv("PMIX_RANK", "3", 1);  // the first of the variables wins
+  EXPECT_EQ(launcher_rank(), 3);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(run_guarded(argument_error), kExitError);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  setenv("PMIX_RANK", "x", 1);
+  EXPECT_EQ(launcher_rank(), -1);
+  unsetenv("PMIX_RANK");
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  set_process_identity(0, 1);
+}
+
+TEST(Guard, AgreedWithoutMpiOnlyRunsTheStep) {
+  int runs = 0;
+  run_agreed([&] { ++runs; });
+  EXPECT_EQ(runs, 1);
+  EXPECT_THROW(run_agreed([] { MTP_FAIL("alone"); }), Error);
+  EXPECT_FALSE(failure_agreed());
+  set_process_identity(2, 4);
+  const AgreedError mine(Error("bad file", __FILE__, __LINE__), 2), theirs("rank 0 failed", 0);
+  EXPECT_TRUE(mine.reports());
+  EXPECT_FALSE(theirs.reports());
+  set_process_identity(0, 1);
 }
 
 // ---- the NCCL communicator's watchdog (dist/watchdog.hpp), alone --------------------------------

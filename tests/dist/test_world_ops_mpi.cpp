@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "common/error_of.hpp"
 #include "common/mpi.hpp"
 #include "core/error.hpp"
+#include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "dist/world_ops.hpp"
@@ -200,6 +202,61 @@ TEST(WorldOps, MisuseIsNamedBeforeAnyMpiCall) {
   EXPECT_TRUE(has(m, "dist::barrier on an empty group")) << m;
   m = mtplab::test::error_of([&] { (void)all_reduce(empty, 1, ReduceOp::max); });
   EXPECT_TRUE(has(m, "dist::all_reduce on an empty group")) << m;
+}
+
+// ---- the bounded wait ------------------------------------------------------------------------------
+
+// A wait that is expected to outlast the timeout does so under a PatientWait (rank 0 working
+// alone while the others wait for it); without one the same wait would end the job, which
+// dist_failure.stop shows in a process of its own. And a wait shorter than the timeout completes.
+TEST(WorldOps, PatientWaitOutlastsTheTimeout) {
+  const Group g = g_rt->world_group();
+  const double before = mpi_timeout_s();
+  set_mpi_timeout_s(0.5);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::optional<PatientWait> patient;
+    if (g.rank() != 0) patient.emplace("rank 0 works alone (test)");
+    if (g.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    barrier(g);
+  }
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(waited_s, 1.4) << "rank " << g.rank();
+  set_mpi_timeout_s(2.0);
+  if (g.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(all_reduce(g, g.rank() + 1, ReduceOp::sum), g.size() * (g.size() + 1) / 2);
+  set_mpi_timeout_s(before);
+  EXPECT_THROW(set_mpi_timeout_s(0), Error);
+  EXPECT_THROW(set_mpi_timeout_s(std::numeric_limits<double>::infinity()), Error);
+}
+
+// run_agreed: one rank fails; every rank learns it, and only that rank reports it.
+TEST(WorldOps, RunAgreedTellsEveryRankWhoFailed) {
+  const Group g = g_rt->world_group();
+  const int failing = g.size() - 1;
+  try {
+    run_agreed([&] { MTP_REQUIRE(g.rank() != failing, "rank ", g.rank(), " cannot open x.yaml"); });
+    ADD_FAILURE() << "rank " << g.rank() << ": run_agreed returned although rank " << failing << " failed";
+  } catch (const AgreedError& e) {
+    EXPECT_EQ(e.reporter(), failing);
+    EXPECT_EQ(e.reports(), g.rank() == failing);
+    if (g.rank() == failing)
+      EXPECT_EQ(e.message(), str("rank ", failing, " cannot open x.yaml"));
+    else
+      EXPECT_EQ(e.message(), str("rank ", failing, " failed (see its message)"));
+  }
+  EXPECT_TRUE(failure_agreed());
+  // Every rank failing: the lowest, rank 0, reports.
+  try {
+    run_agreed([&] { MTP_FAIL("bad experiment"); });
+    ADD_FAILURE() << "run_agreed returned";
+  } catch (const AgreedError& e) {
+    EXPECT_EQ(e.reporter(), 0);
+    EXPECT_EQ(e.message(), "bad experiment");
+  }
+  int runs = 0;
+  run_agreed([&] { ++runs; });  // no failure anywhere: returns on every rank
+  EXPECT_EQ(runs, 1);
 }
 
 int main(int argc, char** argv) {

@@ -4,6 +4,11 @@
     check_results.py FILE --at-most N    a file left by an interrupted run: valid, 1..N-1 points
     check_results.py FILE --points N --sharding-invariant
         also: points that differ only in head_sharding or context_rows have identical drafts
+    check_results.py FILE --points N --sampling [--reference OTHER]
+        also: sampling verification (docs/acceptance.md): across head_sharding and batch_size the
+        same accepted counts and (to fp32 summation order) acceptance probabilities; with
+        --reference (the same experiment on another rank count) the steps agree wherever the
+        acceptance probabilities do
     check_results.py FILE --points N --qidx
         also: the batch_qidx selection check (CPU run): counted on every context row where
         batch_qidx applies (context_rows full), with no difference (the CPU's batched linear is
@@ -20,6 +25,21 @@ import pandas as pd  # noqa: E402
 import mtplab_results as mr  # noqa: E402
 
 failures = []
+MASK = (1 << 64) - 1
+
+
+def _mix(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def verify_uniform(seed, sequence, position):
+    """harness::verify_uniform (lib/harness/replay.hpp), as docs/acceptance.md states it."""
+    h = _mix((seed & MASK) ^ 0x6D74706C61622D76)
+    h = _mix(h ^ ((sequence * 0x9E3779B97F4A7C15) & MASK))
+    h = _mix(h ^ ((position * 0xD1B54A32D192ED03) & MASK))
+    return (h >> 11) * 2.0 ** -53
 
 
 def check(cond, what):
@@ -42,11 +62,35 @@ def check_point(res, name):
     k = int(g.attrs["draft_len"])
     drafts, targets = res.drafts(name), res.targets(name)
     check(drafts.shape == (len(df), k) and targets.shape == (len(df), k), f"{name}: drafts {drafts.shape}")
-    # accepted = longest prefix of drafts equal to targets.
+    # Greedy verification (or a greedy proposal): accepted = longest prefix of drafts equal to
+    # targets, and a_i = [draft == target]. Sampling verification: accepted = the drafts before the
+    # first coin u(seed, sequence, L + i) >= a_i.
+    verify = mr._s(g.attrs["verify"]) if "verify" in g.attrs else "greedy"
+    proposal = mr._s(g.attrs["draft_proposal"]) if "draft_proposal" in g.attrs else "greedy"
     eq = drafts == targets
     prefix = np.where(eq.all(axis=1), k, np.argmin(eq, axis=1))
-    check(bool((prefix == df["accepted"].values).all()), f"{name}: accepted is not the matching prefix")
+    ap = g["accept_prob"][()]
+    check(ap.shape == (len(df), k) and ap.dtype == np.float32, f"{name}: accept_prob {ap.shape} {ap.dtype}")
+    if verify == "greedy" or proposal == "greedy":
+        check(bool((prefix == df["accepted"].values).all()), f"{name}: accepted is not the matching prefix")
+        check(bool(((ap == 1) == eq).all() and ((ap == 0) | (ap == 1)).all()), f"{name}: accept_prob is not [d == t]")
+    if verify == "sampling":
+        seed = int(g.attrs["sampling_seed"])
+        coins = np.array([[verify_uniform(seed, int(sq), int(L) + 1 + i) for i in range(k)]
+                          for sq, L in zip(df["sequence"].values, df["position"].values)]).reshape(len(df), k)
+        passed = coins < ap.astype(np.float64)
+        by_coins = np.where(passed.all(axis=1), k, np.argmin(passed, axis=1))
+        check(bool((by_coins == df["accepted"].values).all()), f"{name}: accepted does not follow the coins")
+        check(bool(((ap >= 0) & (ap <= 1)).all()), f"{name}: accept_prob outside [0, 1]")
+    expected = np.cumprod(ap.astype(np.float64), axis=1).sum(axis=1)
+    check(np.allclose(expected, df["expected_accepted"].values, rtol=1e-6, atol=1e-6), f"{name}: steps/expected_accepted")
     r0 = df[df["repeat"] == 0]
+    e0 = df["expected_accepted"].values[(df["repeat"] == 0).values]
+    check(abs(float(g.attrs["expected_tau"]) - (1 + e0.mean())) < 1e-9, f"{name}: expected_tau")
+    check(abs(float(g.attrs["expected_acceptance_rate"]) - e0.sum() / (k * len(e0))) < 1e-9,
+          f"{name}: expected_acceptance_rate")
+    if verify == "greedy":
+        check(float(g.attrs["expected_tau"]) == float(g.attrs["tau"]), f"{name}: greedy expected_tau != tau")
     steps = int(g.attrs["steps"])
     check(steps == len(r0), f"{name}: steps attr {steps} vs {len(r0)} repeat-0 rows")
     acc = r0["accepted"].values
@@ -183,6 +227,85 @@ def check_batch(res, names):
             check(int(rows[0]) == min(b, nseq), f"{n}: the first step drafts for {rows[0]} rows")
 
 
+def step_table(res, name):
+    """Repeat-0 steps keyed by (sequence, position): accepted and the acceptance probabilities."""
+    s = res.steps(name)
+    ap = res.group(name)["accept_prob"][()]
+    keep = (s["repeat"] == 0).values
+    return {(int(q), int(L)): (int(a), p) for q, L, a, p in
+            zip(s["sequence"].values[keep], s["position"].values[keep], s["accepted"].values[keep], ap[keep])}
+
+
+def same_steps(a, b, what, tol):
+    """Steps of two replays: the same positions and accepted counts, the a_i within tol (None: not
+    compared)."""
+    check(a.keys() == b.keys(), f"{what}: the steps are at different positions")
+    common = a.keys() & b.keys()
+    acc = sum(a[key][0] != b[key][0] for key in common)
+    check(acc == 0, f"{what}: {acc} of {len(common)} steps accept differently")
+    if tol is not None:
+        worst = max((float(np.abs(a[key][1].astype(np.float64) - b[key][1]).max()) for key in common), default=0.0)
+        check(worst <= tol, f"{what}: acceptance probabilities differ by {worst}")
+
+
+def check_sampling(res, names, reference):
+    """Sampling verification: the arms that must not change acceptance do not."""
+    pts = {n: res.group(n) for n in names}
+    sampling = [n for n in names if mr._s(pts[n].attrs["verify"]) == "sampling"]
+    check(len(sampling) > 0, "no sampling point")
+    key = lambda n, drop: tuple((a, mr._s(pts[n].attrs[a])) for a in
+                                ("verify", "draft_proposal", "head_sharding", "batch_size") if a != drop)
+    # head_sharding: the head's log-sum-exp combined over ranks sums in another order (fp32).
+    # batch_size: the CPU's batched step is the single-row one, bit for bit.
+    for axis, tol in (("head_sharding", 1e-5), ("batch_size", 0.0)):
+        groups = {}
+        for n in names:
+            groups.setdefault(key(n, axis), []).append(n)
+        pairs = [g for g in groups.values() if len(g) > 1]
+        check(len(pairs) > 0, f"no points that differ in {axis} only")
+        for g in pairs:
+            t0 = step_table(res, g[0])
+            for other in g[1:]:
+                same_steps(t0, step_table(res, other), f"{g[0]} vs {other} ({axis})", tol)
+    # A greedy proposal accepts what greedy verification accepts.
+    for n in sampling:
+        if mr._s(pts[n].attrs["draft_proposal"]) != "greedy":
+            continue
+        twin = [m for m in names if key(m, "verify")[1:] == key(n, "verify")[1:] and m != n and
+                mr._s(pts[m].attrs["verify"]) == "greedy"]
+        check(len(twin) == 1, f"{n}: no greedy-verification twin")
+        for m in twin:
+            # (the a_i after the first rejection differ: greedy verification chains on its own drafts)
+            same_steps(step_table(res, n), step_table(res, m), f"{n} (greedy proposal) vs {m} (verify greedy)", None)
+    if reference:
+        ref = mr.Results(reference)
+        by_label = {mr._s(ref.group(m).attrs["label"]): m for m in ref.point_names}
+        for n in sampling:
+            m = by_label.get(mr._s(pts[n].attrs["label"]))
+            check(m is not None, f"{n}: not in {reference}")
+            if m is None:
+                continue
+            a, b = step_table(res, n), step_table(ref, m)
+            # Another rank count splits the experts and o_proj over other ranks: fp32 partial sums
+            # in another order, which moves a BF16 value (a hidden, a logit) by an ulp now and then;
+            # one logit ulp moves a_i by up to ~1% at these small random-weight logits. Where the
+            # a_i agree to 0.02 and no coin lies that close to one, the step must accept the same
+            # count.
+            seed = int(pts[n].attrs["sampling_seed"])
+            compared = equal = 0
+            for key_ in a.keys() & b.keys():
+                pa, pb = a[key_][1].astype(np.float64), b[key_][1].astype(np.float64)
+                coins = np.array([verify_uniform(seed, key_[0], key_[1] + 1 + i) for i in range(len(pa))])
+                if np.abs(pa - pb).max() > 0.02 or (np.abs(coins - pa) < 0.02).any():
+                    continue
+                compared += 1
+                equal += a[key_][0] == b[key_][0]
+            common = len(a.keys() & b.keys())
+            check(compared >= 0.5 * max(len(a), len(b)), f"{n}: only {compared} of {len(a)} steps comparable with {m}")
+            check(equal == compared, f"{n} vs {reference} {m}: {compared - equal} of {compared} steps accept differently")
+            print(f"{n} vs {m} ({reference}): {common} common steps, {compared} compared, {equal} equal")
+
+
 def check_qidx(res, name):
     g = res.group(name)
     on = mr._s(g.attrs["batch_qidx"]) == "on"
@@ -225,6 +348,8 @@ def main():
     ap.add_argument("--sharding-invariant", action="store_true")
     ap.add_argument("--qidx", action="store_true")
     ap.add_argument("--batch", action="store_true")
+    ap.add_argument("--sampling", action="store_true")
+    ap.add_argument("--reference")
     a = ap.parse_args()
     res = mr.Results(a.file)
     names = res.point_names
@@ -267,6 +392,8 @@ def main():
         check(bool((inv["common_steps"] == inv["steps"]).all()), "steps do not align across batch_qidx")
     if a.batch:
         check_batch(res, names)
+    if a.sampling:
+        check_sampling(res, names, a.reference)
     print(f"{a.file}: {len(names)} point(s), {len(div)} divergence row(s)")
     if failures:
         print(f"{len(failures)} failure(s)")

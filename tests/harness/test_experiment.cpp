@@ -44,6 +44,17 @@ trace:
 output: out.h5
 )";
 
+// kSingle with its trace sampled at T = 1 (top_k 0, top_p 1: the sampling arms' defaults), so that
+// `verify: sampling` can run on it too (greedy verification replays any trace).
+const char* kSingleSampled = R"(model:
+  preset: tiny
+  max_seq_len: 128
+weights: {synthetic: {seed: 3}}
+trace:
+  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1, sampling: sampling}
+output: out.h5
+)";
+
 std::string message_of(const std::function<void()>& f) { return mtplab::test::error_of(f); }
 
 }  // namespace
@@ -147,6 +158,18 @@ TEST(Experiment, StrictKeysWithLocations) {
   msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
   EXPECT_NE(msg.find("\"output\" cannot be swept"), std::string::npos) << msg;
 
+  // backend neither: one run resolves and binds one backend (docs/experiments.md, Sweeps). A
+  // swept backend used to expand into points that all ran on the first point's backend.
+  text = std::string(kBase) + "    backend: [cpu, cuda]\n";
+  msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("exp.yaml:15:14: sweep.grid.backend: \"backend\" cannot be swept"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("(one run uses one backend: run each backend into its own output)"), std::string::npos)
+      << msg;
+  msg = message_of([&] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.backend=[cpu]"}, 2); });
+  EXPECT_NE(msg.find("\"backend\" cannot be swept"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(from --set sweep.grid.backend=[cpu])"), std::string::npos) << msg;
+
   msg = message_of([&] { parse_experiment("model: tiny\n", "exp.yaml", {}, 2); });
   EXPECT_NE(msg.find("missing required key \"trace\""), std::string::npos) << msg;
 }
@@ -212,8 +235,29 @@ std::vector<std::string> sample_values(const ArmSpec& a) {
     }
     return out;
   }
+  if (a.type == ArmType::real) {
+    // The top of the range, a value inside it, and the bottom where it is allowed.
+    std::vector<std::string> out = {real_text(a.real_max),
+                                    real_text(a.real_min + (a.real_max - a.real_min) * 0.35)};
+    if (!a.real_min_exclusive) out.push_back(real_text(a.real_min));
+    return out;
+  }
   if (a.type != ArmType::integer) return a.choices;
   return {str(a.min), str((a.min + a.max) / 2), str(a.max)};
+}
+
+// An arm in effect only with another arm's value (ArmSpec::only_with): read from a mapping that
+// sets that value, without the point's other rules (which may tie the arm to the trace, as the
+// sampling arms are: tests/harness/test_sampling.cpp sweeps them on a matching trace).
+Arms read_with(const ArmSpec& a, const std::string& v) {
+  const auto eq = a.only_with.find('=');
+  const std::string text =
+      str(a.only_with.substr(0, eq), ": ", a.only_with.substr(eq + 1), "\n", a.name, ": ", v, "\n");
+  YamlNode doc = YamlNode::load_string(text, "arms.yaml");
+  MapReader m(doc);
+  Arms arms = read_arms(m);
+  m.finish();
+  return arms;
 }
 
 TEST(ArmRegistry, EveryArmEveryValue) {
@@ -225,8 +269,25 @@ TEST(ArmRegistry, EveryArmEveryValue) {
       Arms arms;
       a.set(arms, v);
       EXPECT_EQ(a.get(arms), v);
+      if (!a.only_with.empty()) {
+        const Arms read = read_with(a, v);
+        EXPECT_EQ(a.get(read), v);
+        YAML::Emitter e;
+        e << YAML::BeginMap;
+        emit_canonical(read, e);
+        e << YAML::EndMap;
+        const std::string canonical = str("\n", e.c_str());
+        if (a.omit_at_default && v == a.default_value())
+          EXPECT_EQ(canonical.find(str("\n", a.key(), ":")), std::string::npos) << canonical;
+        else
+          EXPECT_NE(canonical.find(str("\n", a.name, ": ", v)), std::string::npos) << canonical;
+        // Not in effect (the registry's default for the other arm): normalised to the default.
+        const Experiment ex = parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", v)}, 2);
+        EXPECT_EQ(a.get(ex.points[0].arms), a.default_value());
+        continue;
+      }
       // Set through the YAML (--set), read back through the point and its canonical text.
-      const Experiment ex = parse_experiment(kSingle, "exp.yaml", {str(a.name, "=", v)}, 2);
+      const Experiment ex = parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", v)}, 2);
       for (const auto& p : ex.points) {
         const auto n = named(p.arms);
         const auto it = std::find_if(n.begin(), n.end(), [&](const auto& kv) { return kv.first == a.name; });
@@ -243,17 +304,20 @@ TEST(ArmRegistry, EveryArmEveryValue) {
       }
     }
     // A value outside the arm's values is refused, naming the arm.
-    const std::string bad = a.type == ArmType::integer ? str(a.max + 1) : "sometimes";
+    const std::string bad = a.type == ArmType::integer ? str(a.max + 1)
+                            : a.type == ArmType::real  ? str(a.real_max * 2 + 1)
+                                                       : "sometimes";
     ASSERT_FALSE(sample_values(a).empty());
     const std::string msg =
-        message_of([&] { parse_experiment(kSingle, "exp.yaml", {str(a.name, "=", bad)}, 2); });
+        message_of([&] { parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", bad)}, 2); });
     EXPECT_NE(msg.find(a.key()), std::string::npos) << msg;
     // Sweepable arms sweep: one axis of two values doubles the points.
-    if (a.sweepable) {
+    if (a.sweepable && a.only_with.empty()) {
       const auto vals = sample_values(a);
-      const Experiment one = parse_experiment(kSingle, "exp.yaml", {}, 2);
-      const Experiment swept = parse_experiment(
-          kSingle, "exp.yaml", {str("sweep.grid.", a.name, "=[", vals.front(), ",", vals.back(), "]")}, 2);
+      const Experiment one = parse_experiment(kSingleSampled, "exp.yaml", {}, 2);
+      const Experiment swept =
+          parse_experiment(kSingleSampled, "exp.yaml",
+                           {str("sweep.grid.", a.name, "=[", vals.front(), ",", vals.back(), "]")}, 2);
       EXPECT_EQ(swept.points.size(), 2 * one.points.size());
     }
   }
@@ -374,4 +438,116 @@ TEST(Experiment, ShippedBatchScalingExperiment) {
   EXPECT_EQ(largest, 128);
   EXPECT_EQ(ex.axes.at(0).name, "batch_size");
   EXPECT_EQ(ex.axes.at(0).type, ValueType::integer);
+}
+
+// ---- messages that point at the cause -------------------------------------------------------------
+
+TEST(Experiment, InvalidSweptValueIsNamedAsWhatItIs) {
+  // An arm's bad value: the grid entry, the value and the allowed values, once, not a list of
+  // points that "cannot run with N ranks".
+  std::string text = kBase;
+  text.replace(text.find("skip: [none, head, block]"), 25, "skip: [none, hed]");
+  std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_EQ(msg.find("exp.yaml:14:18: sweep.grid.skip[1]: \"hed\" is not one of {none, head, block}"), 0u)
+      << msg;
+  EXPECT_EQ(msg.find("cannot run"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.skip=[none,heda]"}, 2); });
+  EXPECT_NE(msg.find("sweep.grid.skip[1]: \"heda\" is not one of {none, head, block}"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("(from --set sweep.grid.skip=[none,heda])"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("cannot run"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.draft_len=[3,20]"}, 2); });
+  EXPECT_NE(msg.find("sweep.grid.draft_len[1]: value 20 is out of range [1, 16]"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.kernels.mla_decode=[v2,v9]"}, 2); });
+  EXPECT_NE(msg.find("sweep.grid.kernels.mla_decode[1]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("v1, v2"), std::string::npos) << msg;
+  // A value of another axis is checked when its point is read, and reported as a bad value too.
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.measure.repeats=[1,0]"}, 2); });
+  EXPECT_NE(msg.find("12 of 24 sweep point(s) have a swept value that is not valid for its key"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("measure.repeats: value 0 is out of range [1, 1000]"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("cannot run"), std::string::npos) << msg;
+}
+
+TEST(Experiment, UnrunnablePointsAreCountedAfterExclude) {
+  const std::string text =
+      std::string(kBase) + "    exchange: [packed_u64, bf16_lanes]\n" + "  exclude:\n    - {skip: head}\n";
+  const Experiment ok = parse_experiment(text, "exp.yaml", {}, 2);
+  EXPECT_EQ(ok.points.size(), 16u);
+  EXPECT_EQ(ok.excluded, 8);
+  // At 4 ranks, bf16_lanes with the vocab-sharded head cannot run: 2 (head_fp8) x 2 (skip none,
+  // block) of the 16 points exclude: leaves, not "of 24".
+  const std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 4); });
+  EXPECT_NE(msg.find("exp.yaml: 4 of 16 sweep point(s) (after exclude: removed 8) cannot run with 4 rank(s)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {}, 2).excluded, 0);
+}
+
+TEST(Experiment, MisspeltKeysAndAxesSayWhatWasMeant) {
+  std::string text = kBase;
+  text.replace(text.find("trace:\n"), 7, "trce:\n");
+  std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(
+      msg.find(
+          "exp.yaml:5:1: trce: missing required key \"trace\" (did you mean \"trace\" instead of \"trce\"?)"),
+      std::string::npos)
+      << msg;
+  text = kBase;
+  text.replace(text.find("measure: {warmup_steps: 1}"), 26, "mesure: {warmup_steps: 1}");
+  msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+  EXPECT_NE(msg.find("exp.yaml:7:1: mesure: unknown key \"mesure\" (did you mean \"measure\"?)"),
+            std::string::npos)
+      << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"measure.warmup=3"}, 2); });
+  EXPECT_NE(msg.find("did you mean \"warmup_steps\""), std::string::npos) << msg;  // a prefix of it
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"draft_lenn=4"}, 2); });
+  EXPECT_NE(msg.find("unknown key \"draft_lenn\" (did you mean \"draft_len\"?)"), std::string::npos) << msg;
+  // Axes: over the arm registry's names; an exclude entry's axis: over the grid's axes.
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"sweep.grid.hed_fp8=[off,on]"}, 2); });
+  EXPECT_NE(msg.find("\"hed_fp8\" cannot be swept (did you mean \"head_fp8\"?)"), std::string::npos) << msg;
+  msg = message_of(
+      [] { parse_experiment(std::string(kBase) + "  exclude:\n    - {skp: head}\n", "exp.yaml", {}, 2); });
+  EXPECT_NE(
+      msg.find(
+          "exp.yaml:16:13: sweep.exclude[0].skp: \"skp\" is not a sweep.grid axis (did you mean \"skip\"?)"),
+      std::string::npos)
+      << msg;
+}
+
+TEST(Experiment, QuotedNumbersAreRefusedWhereverWritten) {
+  std::string text = kSingle;
+  text += "draft_len: \"3\"\n";
+  std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 1); });
+  EXPECT_NE(msg.find("exp.yaml:8:12: draft_len: expected an integer, got the quoted text \"3\""),
+            std::string::npos)
+      << msg;
+  msg = message_of([] { parse_experiment(kSingle, "exp.yaml", {"draft_len=\"3\""}, 1); });
+  EXPECT_NE(msg.find("draft_len: expected an integer, got the quoted text \"3\""), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kSingle, "exp.yaml", {"sweep.grid.draft_len=[\"3\", 4]"}, 1); });
+  EXPECT_NE(msg.find("sweep.grid.draft_len[0]: expected an integer, got the quoted text \"3\""),
+            std::string::npos)
+      << msg;
+  // Bare, it reads; a quoted choice is the word it is.
+  EXPECT_EQ(
+      parse_experiment(kSingle, "exp.yaml", {"draft_len=3", "skip=\"head\""}, 1).points[0].arms.drafter.skip,
+      drafter::Skip::head);
+}
+
+TEST(Experiment, TextProblemsAreReportedWhereTheyAre) {
+  std::string msg = message_of([] {
+    parse_experiment("model: tiny\noutput: \"results/x.h5\ntrace: {synthetic: {}}\n", "exp.yaml", {}, 1);
+  });
+  EXPECT_NE(msg.find("exp.yaml:2:9: unclosed quote"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(std::string(kSingle) + "---\nmodel: small\n", "exp.yaml", {}, 1); });
+  EXPECT_NE(msg.find("exp.yaml:8:1: a second YAML document starts here (---)"), std::string::npos) << msg;
+}
+
+TEST(Experiment, BadKernelVariableIsReportedOnceByName) {
+  ASSERT_EQ(setenv("MTPLAB_GEMV_SPLIT", "3", 1), 0);
+  const std::string msg = message_of([] { parse_experiment(kBase, "exp.yaml", {}, 2); });
+  unsetenv("MTPLAB_GEMV_SPLIT");
+  EXPECT_NE(msg.find("MTPLAB_GEMV_SPLIT"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("sweep point(s)"), std::string::npos) << msg;
 }

@@ -17,6 +17,10 @@
 #                                               and 3): every speculative step is the teacher-forced
 #                                               row at its position up to its first miss; margins,
 #                                               intervals, per-depth accuracy; record_margins off
+#   test_run.sh sampling MTPLAB MPIEXEC PYTHON  verify x draft_proposal x head_sharding x batch_size
+#                                               on a sampled synthetic trace, 2 ranks and 1: the
+#                                               new attributes and datasets, the coins, invariance;
+#                                               the refusals of mismatched traces
 # Exit 77 (skipped) when PYTHON lacks h5py / pandas. MTPLAB_SOURCE_DIR = repository root.
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
@@ -222,8 +226,72 @@ dec = lambda v: v.decode() if isinstance(v, bytes) else v
 assert dec(off.attrs["record_margins"]) == "off", off.attrs["record_margins"]
 PY
     ;;
+  sampling)
+    # A synthetic trace sampled at T = 4 (random weights: at T = 1 the drafter and the target
+    # agree on little and most a_i are near 0; at T = 4 they spread over (0, 1)); verify greedy /
+    # sampling x draft_proposal (the greedy
+    # verification's sampled-proposal point is the same point as its greedy one: excluded) x
+    # head_sharding x batch_size: 12 points.
+    smp=(--set trace.synthetic.sequences=5 --set trace.synthetic.new_tokens=24 --set trace.synthetic.sampling=sampling
+         --set trace.synthetic.temperature=4 --set trace.synthetic.sampling_seed=3 --set temperature=4
+         --set sampling_seed=5 --set 'sweep.grid.skip=[none]' --set 'sweep.grid.head_fp8=[off]'
+         --set 'sweep.grid.context_rows=[cache_only]' --set 'sweep.grid.verify=[greedy,sampling]'
+         --set 'sweep.grid.draft_proposal=[greedy,sampled]' --set 'sweep.grid.batch_size=[1,4]'
+         --set 'sweep.exclude=[{verify: greedy, draft_proposal: sampled}]' --set measure.warmup_steps=1)
+    out=$work/s2.h5
+    run "$work/run.log" "${smp[@]}" --out "$out" || { fail "run exited $?"; cat "$work/run.log"; }
+    grep -q 'E\[tau\]' "$work/run.log" || { fail "no E[tau] column in the summary table"; cat "$work/run.log"; }
+    grep -q 'target log-probabilities: ' "$work/run.log" || { fail "no target log-probabilities line"; cat "$work/run.log"; }
+    # The same experiment on one rank: the reference of the 2-rank steps.
+    "$mpiexec" -np 1 --bind-to none "$mtplab" run "$exp" "${smp[@]}" --out "$work/s1.h5" >"$work/run1.log" 2>&1 ||
+      { fail "1-rank run exited $?"; cat "$work/run1.log"; }
+    $check "$work/s1.h5" --world 1 --points 12 --sampling --batch || fail "results of the 1-rank sampling run"
+    $check "$out" --points 12 --sampling --batch --sharding-invariant --reference "$work/s1.h5" ||
+      { fail "results of the sampling run"; cat "$work/run.log"; }
+    # Refusals before anything runs: a sampling point on a greedy trace, or at another temperature.
+    if run "$work/bad1.log" "${smp[@]}" --set trace.synthetic.sampling=greedy --out "$work/bad1.h5"; then
+      fail "a sampling point on a greedy trace ran"
+    fi
+    grep -q 'trace.synthetic: verify: sampling (temperature 4, top_k 0, top_p 1) needs a trace sampled' "$work/bad1.log" ||
+      { fail "no clear refusal of a greedy trace"; cat "$work/bad1.log"; }
+    if run "$work/bad2.log" "${smp[@]}" --set temperature=0.5 --out "$work/bad2.h5"; then
+      fail "a sampling point at another temperature ran"
+    fi
+    grep -q 'this trace was sampled at temperature 4, top_k 0, top_p 1' "$work/bad2.log" ||
+      { fail "no clear refusal of a temperature mismatch"; cat "$work/bad2.log"; }
+    [[ ! -e $work/bad1.h5 && ! -e $work/bad2.h5 ]] || fail "a refused run left a results file"
+    # A trace file: written greedy by `mtplab trace`, then marked as sampled at top_k 1, with the
+    # token at position 10 of sequence 0 moved off the argmax: the point is refused, naming the
+    # file, the sequence and the position.
+    "$mtplab" trace --out "$work/t.h5" --model tiny --sequences 2 --prompt-len 8 --new-tokens 12 --seed 3 \
+      --weight-seed 1 >"$work/trace.log" 2>&1 || { fail "mtplab trace exited $?"; cat "$work/trace.log"; }
+    "$python" - "$work/t.h5" <<'PY' || fail "marking the trace as sampled"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    f.attrs["sampling"] = np.bytes_(b"sampling")
+    f.attrs["temperature"] = np.float64(1.0)
+    f.attrs["top_k"] = np.int64(1)
+    f.attrs["top_p"] = np.float64(1.0)
+    f.attrs["sampling_seed"] = np.int64(0)
+    t = f["tokens"]
+    t[10] = (int(t[10]) + 1) % int(f.attrs["vocab"])
+PY
+    file=(--set "trace={path: $work/t.h5}" --set weights.synthetic.seed=1 --set 'sweep.grid.verify=[sampling]'
+          --set 'sweep.grid.head_sharding=[none]' --set 'sweep.grid.head_fp8=[off]' --set 'sweep.grid.skip=[none]'
+          --set 'sweep.grid.context_rows=[cache_only]' --set temperature=1.0)
+    if run "$work/bad3.log" "${file[@]}" --set top_k=2 --out "$work/bad3.h5"; then
+      fail "a point at top_k 2 ran on a trace sampled at top_k 1"
+    fi
+    grep -q "$work/t.h5: verify: sampling at temperature 1, top_k 2, top_p 1 needs a trace sampled" "$work/bad3.log" ||
+      { fail "no clear refusal of a top_k mismatch naming the file"; cat "$work/bad3.log"; }
+    if run "$work/bad4.log" "${file[@]}" --set top_k=1 --out "$work/bad4.h5"; then
+      fail "a trace whose tokens are outside the top-1 support ran"
+    fi
+    grep -Eq "$work/t.h5: sequence 0, position 10: token [0-9]+ has log p = -inf .* outside the truncated support" \
+      "$work/bad4.log" || { fail "no clear refusal of a token outside the support"; cat "$work/bad4.log"; }
+    ;;
   *)
-    echo "usage: $0 basic|sigterm|sigkill|batch|qidx|teacher MTPLAB MPIEXEC PYTHON" >&2
+    echo "usage: $0 basic|sigterm|sigkill|batch|qidx|teacher|sampling MTPLAB MPIEXEC PYTHON" >&2
     exit 2
     ;;
 esac

@@ -1,4 +1,4 @@
-// Helpers for the CUDA-vs-CPU op tests (test_gpu_*.cpp): the model shapes of MODEL.md, a fast
+// Helpers for the CUDA-vs-CPU op tests (test_gpu_*.cpp): the model shapes of docs/model.md, a fast
 // seeded generator, twin buffers (one on each backend) poisoned before an op writes them, and the
 // comparisons with their stated tolerances.
 //
@@ -38,7 +38,7 @@
 
 namespace mtplab::ops::gputest {
 
-/// The sizes of MODEL.md's table.
+/// The sizes of docs/model.md's table ("Sizes").
 struct Shape {
   const char* name;
   int hidden, vocab, n_heads, head_dim, q_lora, kv_lora, index_heads, index_dim, index_topk, index_kpool;

@@ -1,5 +1,5 @@
 // CPU reference: the paged latent KV cache and absorbed sparse MLA, against double formulas and
-// against the non-absorbed attention of MODEL.md (k and v materialised per head).
+// against the non-absorbed attention of docs/model.md ("DSA attention") (k and v materialised per head).
 //
 // Tolerances:
 // - kv_write: exact (a copy, or one FP8 rounding checked against a nearest-code search).
@@ -250,7 +250,7 @@ TEST_F(CpuMla, DecodeOfAnEmptySelectionIsZero) {
 }
 
 TEST_F(CpuMla, AbsorbedAttentionEqualsMaterialisedAttention) {
-  // MODEL.md's attention with k_{h,t} = W_k,h c_t and v_{h,t} = W_v,h c_t materialised, all in
+  // docs/model.md's attention with k_{h,t} = W_k,h c_t and v_{h,t} = W_v,h c_t materialised, all in
   // double, against mla_absorb_q -> mla_decode -> mla_out_v over a BF16 cache.
   //
   // Tolerance: |o - o_ref| <= 1 ulp(o_ref) + 4 * 2^-9 * max_{t,i} |v_{h,t,i}| per head. The

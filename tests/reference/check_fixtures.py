@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Recomputes every fixture piece from the exported weights with MODEL.md's formulas and
+"""Recomputes every fixture piece from the exported weights with docs/model.md's formulas and
 mtplab's rounding points (lib/ops/ops.hpp), and reports how far transformers' outputs are.
 
 This is the Python half of the reference check: it proves the exported weights, their checkpoint
@@ -164,7 +164,7 @@ def main() -> int:
         ref = X["indexer.scores"]
         cand = torch.isfinite(ref)
         r.close_rms("indexer.scores (candidates)", I_[cand], ref[cand], 2e-2, "q, K, w rounded to BF16 there")
-        # Selection by MODEL.md's rule from our scores; compared where the reference's margin is
+        # Selection by docs/model.md's rule from our scores; compared where the reference's margin is
         # wider than the score error we just measured (a narrower one is a legitimate near-tie).
         score_err = (I_[cand] - ref[cand]).abs().max().item()
         margin = X["indexer.boundary_margin"]
@@ -178,7 +178,7 @@ def main() -> int:
                 total += 1
                 bad += mine != theirs
         r.count("indexer selection (pools)", bad, total, f"rows with margin > 2 x {score_err:.1e}")
-        r.count("module selection == MODEL.md rule", int((X["indexer.module_agrees"] == 0).sum()), T,
+        r.count("module selection == docs/model.md rule", int((X["indexer.module_agrees"] == 0).sum()), T,
                 "transformers' own output vs its scores + lower-index tie rule")
 
     # ---- attention -------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Reference fixtures for the MTP drafter, computed by Hugging Face transformers' `glm5_next`.
 
-An independent check of mtplab's math (MODEL.md): the attention with its pooled lightning
+An independent check of mtplab's math (docs/model.md): the attention with its pooled lightning
 indexer, the MoE and the RMSNorms are run by transformers' own modules; the MTP composition
 around them (enorm / hnorm / eh_proj / plain residual / shared_head.norm / lm_head) is the few
-lines MODEL.md writes, because transformers has no MTP layer (it drops `layers.45.*` on load).
+lines docs/model.md writes, because transformers has no MTP layer (it drops `layers.45.*` on load).
 
 Writes, under --out (default data/reference/tiny):
-  weights.safetensors   every weight, under the GLM-5.3-Flash checkpoint names (MODEL.md)
+  weights.safetensors   every weight, under the GLM-5.3-Flash checkpoint names (docs/model.md)
   fixtures.safetensors  inputs, each piece's output, the indexer selection and scores, margins
   meta.json             config, seeds, versions, device, source line map, a description of
                         every tensor, and the status (or traceback) of every piece
@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # ------------------------------------------------------------------------------------------------
-# Presets (MODEL.md "Sizes"). mtp_layer is the checkpoint index of the MTP layer (the trunk's
+# Presets (docs/model.md, "Sizes"). mtp_layer is the checkpoint index of the MTP layer (the trunk's
 # num_hidden_layers); 45 for GLM-5.3-Flash, 2 for the tiny fixtures.
 # ------------------------------------------------------------------------------------------------
 PRESETS = {
@@ -386,7 +386,7 @@ def build_modules(M, cfg, p: dict, device, dtype, rec_meta: dict, verbose: bool)
         raise RuntimeError("Glm5NextTextAttention built no indexer (indexer_types not honoured?)")
     if kpool_cls is not None and type(ix) is not kpool_cls and isinstance(ix, kpool_cls):
         # A subclass (e.g. an IVF / k-means indexer) replaced the pooled one as the default:
-        # the pooled selection is what MODEL.md specifies, so use the base class with the same
+        # the pooled selection is what docs/model.md specifies, so use the base class with the same
         # parameters.
         new = kpool_cls(cfg, L)
         new.load_state_dict(ix.state_dict())
@@ -436,7 +436,7 @@ def named_all(attn, moe, norms, front):
 
 
 def checkpoint_weights(attn, moe, norms, front, p: dict) -> tuple[dict, dict]:
-    """The weights under the GLM-5.3-Flash checkpoint names (MODEL.md "Checkpoint names")."""
+    """The weights under the GLM-5.3-Flash checkpoint names (docs/model.md, "Checkpoint names")."""
     L, I = p["mtp_layer"], p["moe_inter"]
     pre = f"model.language_model.layers.{L}."
     w = {"model.language_model.embed_tokens.weight": front["embed_tokens"].data,
@@ -464,7 +464,7 @@ def checkpoint_weights(attn, moe, norms, front, p: dict) -> tuple[dict, dict]:
 
 def canonical_selection(scores: torch.Tensor, cand: torch.Tensor, pool_rows: torch.Tensor,
                         K: int, P: int):
-    """MODEL.md's rule from the scores: top min(K/P, #candidates) pools (ties: lower pool index),
+    """docs/model.md's rule from the scores: top min(K/P, #candidates) pools (ties: lower pool index),
     rows in ascending pool order, then the tail P*floor((p+1)/P) .. p; width K+P-1, -1 padded.
     Also the boundary margin (k-th minus (k+1)-th candidate score; +inf without a boundary)."""
     T, npools = scores.shape
@@ -631,7 +631,7 @@ def run_attempt(M, cfg, p: dict, seed: int, device, dtype, args, verbose: bool):
                     "a candidate (incomplete, or its last row > t)")
             rec.put("indexer.candidates", n_cand, "[T] I32 number of candidate pools for row t")
             rec.put("indexer.selected_rows_canonical", sel_rows,
-                    "[T, K+P-1] I32 MODEL.md's selection from indexer.scores (ties: lower pool index): "
+                    "[T, K+P-1] I32 docs/model.md's selection from indexer.scores (ties: lower pool index): "
                     "rows ascending, -1 padded")
             rec.put("indexer.selected_pools_canonical", sel_pools,
                     "[T, K/P] I32 selected pool ids ascending, -1 padded")

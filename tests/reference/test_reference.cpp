@@ -192,7 +192,7 @@ struct Front {
         lm_head(drafter::upload(be, w.lm_head)) {}
 };
 
-/// x0 = eh_proj [enorm(E[token]) ; hnorm(hidden)] for one row (MODEL.md "One draft token").
+/// x0 = eh_proj [enorm(E[token]) ; hnorm(hidden)] for one row (docs/model.md, "One draft token").
 void front_row(ops::Backend& be, const model::ModelConfig& c, const Front& f, const int32_t* token_dev,
                const bf16* hidden_dev, bf16* x0) {
   auto cat = poisoned_array<bf16>(be, 2 * static_cast<size_t>(c.hidden));
@@ -437,7 +437,7 @@ TEST(Reference, PiecesMatchTransformers) {
   const std::vector<int32_t> module_rows = X.ints("indexer.selected_rows", {T, width});
   const std::vector<float> margin = X.floats("indexer.boundary_margin", {T});
   {
-    // MODEL.md's rule on transformers' own scores: the same fp32 numbers in, so every row must
+    // docs/model.md's rule on transformers' own scores: the same fp32 numbers in, so every row must
     // agree exactly, ties included (lower pool index; the fixture has no exact tie at the boundary).
     auto sc_ref_dev = put(be, sc_ref);
     auto sel = poisoned_array<int32_t>(be, static_cast<size_t>(T) * width);
@@ -683,7 +683,7 @@ TEST(Reference, PiecesMatchTransformers) {
     bool linked = chain_tokens[0] == head_argmax[T - 1];
     for (int i = 0; i + 1 < R.chain; ++i) linked = linked && chain_tokens[i + 1] == chain_argmax[i];
     tab.check("chain.input_tokens = previous drafts", linked, linked ? "linked" : "not linked", "exact",
-              "draft i+1 embeds draft i (MODEL.md)");
+              "draft i+1 embeds draft i (docs/model.md)");
     check_head("chain", X.bf16s("chain.y", {R.chain, H}), R.chain, "chain", chain_argmax);
   }
   finish(tab, start);
@@ -829,7 +829,7 @@ TEST(Reference, DrafterMatchesTransformers) {
   for (float m : X.floats("chain.margin", {R.chain})) margins_ref.push_back(m);
 
   // The latent rows of the chained rows as they should be: x0 from the draft's embedding and the
-  // fixture's y of the row before (MODEL.md: the recycled hidden is y, post shared_head.norm),
+  // fixture's y of the row before (docs/model.md: the recycled hidden is y, post shared_head.norm),
   // then input_layernorm and the latent, on the reference ops.
   std::vector<float> ckv_chain_ref;
   {
@@ -908,7 +908,8 @@ TEST(Reference, DrafterMatchesTransformers) {
     } else {
       const bool same_cache = kv == kv_first && kc == k_first;
       tab.check("cache_only and full leave the same cache", same_cache,
-                same_cache ? "bitwise equal" : "differ", "bitwise", "MODEL.md: the arms differ only in time");
+                same_cache ? "bitwise equal" : "differ", "bitwise",
+                "docs/model.md: the arms differ only in time");
       tab.check("cache_only and full draft the same", drafts == drafts_first, join(drafts, " "),
                 join(drafts_first, " "), "same cache, same drafts");
     }

@@ -189,8 +189,11 @@ def bf16_bits(x: torch.Tensor) -> np.ndarray:
     return x.detach().float().cpu().bfloat16().view(torch.int16).numpy().view(np.uint16)
 
 
-def write_trace(path: Path, sequences, hidden: int, vocab: int, provenance: dict[str, str]) -> None:
-    """sequences: list of (tokens int [L], hiddens fp32 torch [L, hidden], prompt_length)."""
+def write_trace(path: Path, sequences, hidden: int, vocab: int, provenance: dict[str, str],
+                attrs: dict | None = None) -> None:
+    """sequences: list of (tokens int [L], hiddens fp32 torch [L, hidden], prompt_length). `attrs`: more
+    root attributes (str as fixed-length strings, int as int64, float as float64), e.g. the sampling
+    attributes of a sampled trace."""
     import h5py
 
     tmp = path.with_name(path.name + f".tmp.{os.getpid()}")
@@ -204,6 +207,9 @@ def write_trace(path: Path, sequences, hidden: int, vocab: int, provenance: dict
         f.attrs["num_sequences"] = np.int64(len(sequences))
         for key in ("generator", "model", "seed", "created_at", "git_sha", "config"):
             f.attrs[key] = np.bytes_(provenance.get(key, "").encode())
+        for key, v in (attrs or {}).items():
+            f.attrs[key] = (np.bytes_(v.encode()) if isinstance(v, str) else
+                            np.int64(v) if isinstance(v, (int, np.integer)) else np.float64(v))
         f.create_dataset("tokens", data=np.concatenate([np.asarray(t) for t, _, _ in sequences]).astype(np.int32),
                          chunks=True, compression="gzip", shuffle=True, fletcher32=True)
         bits = np.concatenate([bf16_bits(h.reshape(-1, hidden)) for _, h, _ in sequences])

@@ -1,4 +1,4 @@
-"""A GLM-5.3-Flash-shaped model at the tiny preset, in plain PyTorch, following docs MODEL.md.
+"""A GLM-5.3-Flash-shaped model at the tiny preset, in plain PyTorch, following docs/model.md.
 
 What this file holds: the sizes (read from configs/tiny.yaml), the parameters under their
 checkpoint names, and one set of functions for a DSA-attention + routed-MoE block that serves
@@ -12,7 +12,7 @@ function up to summation order.
 
 Invariants that matter:
 - Rows are positions: row r of a block's cache is position r. Attention of a query at position p
-  reads only the rows of its selection S(p) (MODEL.md "pooled lightning indexer"): the top
+  reads only the rows of its selection S(p) (docs/model.md, "The pooled indexer"): the top
   min(K/P, #candidates) complete pools by indexer score (ties: lower pool index), plus the
   query's incomplete tail. For p <= K + P - 2 this is dense causal attention.
 - The selection is not differentiable; gradient flows through the selected rows' attention.
@@ -135,7 +135,7 @@ BUFFER_SUFFIXES = ("e_score_correction_bias",)
 
 
 def block_shapes(c: TinyConfig) -> dict[str, tuple[int, ...]]:
-    """Relative name -> shape of one DSA + MoE block (MODEL.md "Checkpoint names")."""
+    """Relative name -> shape of one DSA + MoE block (docs/model.md, "Checkpoint names")."""
     H, nh, dqk, dv = c.hidden, c.n_heads, c.qk_nope_head_dim, c.v_head_dim
     nI, D, P, E, I = c.index_n_heads, c.index_head_dim, c.index_kpool, c.n_routed_experts, c.moe_intermediate_size
     s = {
@@ -252,7 +252,7 @@ def linear_f32(x, W):
 
 @dataclass
 class RowCaches:
-    """What a block caches per row (MODEL.md, the seed's Glm5NextDsaState): the latent KV row,
+    """What a block caches per row (docs/model.md, the seed's Glm5NextDsaState): the latent KV row,
     the normalised indexer key and the fp32 gate. Shapes [B, R, .]."""
     ckv: torch.Tensor
     k_normed: torch.Tensor
@@ -292,7 +292,7 @@ def indexer_scores(q_idx, w_idx, keys, c: TinyConfig):
 
 
 def selection_mask(scores: torch.Tensor, pos: torch.Tensor, R: int, c: TinyConfig):
-    """Rows each query attends (MODEL.md): the top min(K/P, #candidates) complete pools whose last
+    """Rows each query attends (docs/model.md): the top min(K/P, #candidates) complete pools whose last
     row is <= pos (ties: lower pool index, by a stable descending sort), expanded to rows, plus
     the incomplete tail P*floor((pos+1)/P) .. pos. scores [B, T, NP], pos [T] -> bool [B, T, R],
     and the candidate mask [T, NP]."""

@@ -118,6 +118,8 @@ class CpuBackend final : public Backend {
                             IndexerSlots idx, float* scores, int n_heads) override;
   void indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
                             int32_t* selection, int K, int P, int max_pools) override;
+  void indexer_share_select(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos, int rows,
+                            int32_t* selection, int width, int K, int P) override;
   void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
                           int dv, int kv_lora) override;
   void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot, int rows,

@@ -1,4 +1,4 @@
-// CPU reference: the pooled lightning indexer (MODEL.md): row store + pool key, pool scores,
+// CPU reference: the pooled lightning indexer (docs/model.md): row store + pool key, pool scores,
 // and the top-k pool selection.
 //
 // Invariants:
@@ -226,6 +226,35 @@ void CpuBackend::indexer_select_batch(const float* scores, const int32_t* slot, 
     if (!live_row(op, slot, r)) continue;
     indexer_select(scores + static_cast<size_t>(r) * max_pools, pos + r, selection + r * width, K, P,
                    max_pools);
+  }
+}
+
+void CpuBackend::indexer_share_select(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos,
+                                      int rows, int32_t* selection, int width, int K, int P) {
+  const char* op = "indexer_share_select";
+  require_size(op, "rows", rows);
+  require_size(op, "K", K);
+  require_size(op, "P", P);
+  require_ptr(op, "anchor", anchor);
+  require_ptr(op, "anchor_pos", anchor_pos);
+  require_ptr(op, "pos", pos);
+  require_ptr(op, "selection", selection);
+  const int64_t anchor_width = static_cast<int64_t>(K) + P - 1;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t a = anchor_pos[r], p = pos[r];
+    MTP_REQUIRE(a >= 0 && a <= p, "ops::", op, ": row ", r, " is at position ", p, " but its anchor at ", a,
+                " (the anchor is the propose's first draft: 0 <= anchor <= position)");
+    MTP_REQUIRE(anchor_width + (p - a) <= width, "ops::", op, ": row ", r, " at position ", p, " needs ",
+                anchor_width + (p - a), " entries (K + P - 1 + position - anchor) but the width is ", width);
+    // The anchor's pools are its first n_sel * P entries (indexer_select writes them first).
+    const int64_t first_tail = candidate_pools(a, P) * P;
+    const int64_t pool_entries = std::min<int64_t>(K / P, candidate_pools(a, P)) * P;
+    const int32_t* src = anchor + static_cast<size_t>(r) * static_cast<size_t>(anchor_width);
+    int32_t* dst = selection + static_cast<size_t>(r) * static_cast<size_t>(width);
+    int64_t out = 0;
+    for (; out < pool_entries; ++out) dst[out] = src[out];
+    for (int64_t t = first_tail; t <= p; ++t) dst[out++] = static_cast<int32_t>(t);
+    for (; out < width; ++out) dst[out] = -1;
   }
 }
 

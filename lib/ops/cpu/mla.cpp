@@ -1,4 +1,4 @@
-// CPU reference: the paged latent KV cache and absorbed sparse MLA decode (MODEL.md, DSA).
+// CPU reference: the paged latent KV cache and absorbed sparse MLA decode (docs/model.md, "DSA attention").
 //
 // Invariants:
 // - Row t of a sequence lives at slot block_table[t / block_size] * block_size + t % block_size;

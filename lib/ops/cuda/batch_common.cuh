@@ -15,6 +15,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <type_traits>
 
 #include "ops/cuda/device_common.cuh"
 
@@ -113,6 +115,40 @@ __device__ __forceinline__ void load_octets(const bf16* row, int nv, uint4 (&r)[
 
 /// y = bf16(w * (x * r)), r = 1 / sqrt(mean(x^2) + eps), the row in registers; octet v is handed
 /// to store(v, octet) by the thread that loaded it (so x may be the store's destination).
+/// acc = add(acc, value) over every element of this thread's V octets, in octet then element order
+/// (padding octets are zeros and take part): this thread's share of a row sum.
+template <int V, typename Add>
+__device__ __forceinline__ float octets_sum(const uint4 (&r)[V], Add&& add) {
+  float acc = 0.0f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    float f[8];
+    unpack8(r[j], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = add(acc, f[e]);
+  }
+  return acc;
+}
+
+/// f(j, v) for each of this thread's octets j = 0..V-1 inside the row (octet v = threadIdx.x +
+/// j * kRowThreads < nv: load_octets' layout), in ascending j.
+template <int V, typename F>
+__device__ __forceinline__ void for_octets(int nv, F&& f) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int v = threadIdx.x + j * kRowThreads;
+    if (v < nv) f(j, v);
+  }
+}
+
+/// 1 / sqrt(sum / n + eps) in IEEE-rounded steps, the sum over the block of each thread's `part`
+/// (block_sum: the whole block calls this): RMSNorm's scale from the squares, LayerNorm's from the
+/// squared deviations.
+__device__ __forceinline__ float inv_root_mean(float part, int n, float eps) {
+  const float mean = __fdiv_rn(block_sum(part), static_cast<float>(n));
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
 template <int V, typename Store>
 __device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, int n, float eps,
                                                 Store&& store) {
@@ -120,27 +156,16 @@ __device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, in
   uint4 xr[V], wr[V];
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(xr[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) ss = fmaf(f[e], f[e], ss);
-  }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kRowThreads;
-    if (v >= nv) continue;
+  const float r =
+      inv_root_mean(octets_sum<V>(xr, [](float acc, float v) { return fmaf(v, v, acc); }), n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     float f[8], g[8];
     unpack8(xr[j], f);
     unpack8(wr[j], g);
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(g[e], __fmul_rn(f[e], r));
     store(v, pack8(f));
-  }
+  });
 }
 
 /// rmsnorm_row_vec with one element per iteration (any n, any alignment). Every read of x for the
@@ -153,8 +178,7 @@ __device__ __forceinline__ void rmsnorm_row_scalar(const bf16* x, const bf16* w,
     const float v = bf16_to_f(x[i]);
     ss = fmaf(v, v, ss);
   }
-  const float mean_sq = __fdiv_rn(block_sum(ss), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+  const float r = inv_root_mean(ss, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x)
     store(i, f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(x[i]), r))));
 }
@@ -169,20 +193,11 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
   load_octets<V>(x, nv, xr);
   load_octets<V>(w, nv, wr);
   load_octets<V>(b, nv, br);
-  float s = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(xr[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) s += f[e];
-  }
-  const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
+  const float mean = __fdiv_rn(block_sum(octets_sum<V>(xr, [](float acc, float v) { return acc + v; })),
+                               static_cast<float>(n));
   float sq = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kRowThreads;
-    if (v >= nv) continue;  // the zero padding is no value: it must not add mean^2
+  // Only the row's octets: the zero padding is no value and must not add mean^2.
+  for_octets<V>(nv, [&](int j, int) {
     float f[8];
     unpack8(xr[j], f);
 #pragma unroll
@@ -190,13 +205,9 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
       const float d = __fsub_rn(f[e], mean);
       sq = fmaf(d, d, sq);
     }
-  }
-  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kRowThreads;
-    if (v >= nv) continue;
+  });
+  const float r = inv_root_mean(sq, n, eps);
+  for_octets<V>(nv, [&](int j, int v) {
     float f[8], g[8], c[8];
     unpack8(xr[j], f);
     unpack8(wr[j], g);
@@ -204,7 +215,7 @@ __device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, 
 #pragma unroll
     for (int e = 0; e < 8; ++e) f[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(f[e], mean), r), g[e]), c[e]);
     store(v, pack8(f));
-  }
+  });
 }
 
 /// layernorm_row_vec with one element per iteration.
@@ -219,8 +230,7 @@ __device__ __forceinline__ void layernorm_row_scalar(const bf16* x, const bf16* 
     const float d = __fsub_rn(bf16_to_f(x[i]), mean);
     sq = fmaf(d, d, sq);
   }
-  const float var = __fdiv_rn(block_sum(sq), static_cast<float>(n));
-  const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+  const float r = inv_root_mean(sq, n, eps);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const float d = __fsub_rn(bf16_to_f(x[i]), mean);
     store(i, f_to_bf16(__fadd_rn(__fmul_rn(__fmul_rn(d, r), bf16_to_f(w[i])), bf16_to_f(b[i]))));
@@ -306,6 +316,40 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint32_t (&a)[4
                                           const uint32_t (&b)[8]) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) mma_16816(acc, a[s], b[2 * s], b[2 * s + 1]);
+}
+
+// ---- launch shapes of the row kernels (host) -----------------------------------------------------------
+
+/// Octets per thread of the register-resident row path for rows of n whose starts are the `bases`
+/// plus multiples of the `strides` (in elements), or 0 for the scalar path: n must be a whole number
+/// of octets no longer than kRowThreads * 8 * kMaxRowVecs, every base 16-byte aligned and every
+/// stride a whole number of octets.
+inline int row_vecs(int n, std::initializer_list<const void*> bases,
+                    std::initializer_list<long long> strides = {}) {
+  if (n % 8 != 0 || n > kRowThreads * 8 * kMaxRowVecs) return 0;
+  for (const void* p : bases)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  for (long long s : strides)
+    if (s % 8 != 0) return 0;
+  return (n / 8 + kRowThreads - 1) / kRowThreads;
+}
+
+/// Calls f(std::integral_constant<int, V>{}) for V = v in 0..kMaxRowVecs (0: the scalar path).
+template <typename F>
+void with_vecs(int v, F&& f) {
+  static_assert(kMaxRowVecs == 4, "one case per octet count");
+  switch (v) {
+    case 0:
+      return f(std::integral_constant<int, 0>{});
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    default:
+      return f(std::integral_constant<int, 4>{});
+  }
 }
 
 // ---- cp.async -------------------------------------------------------------------------------------------

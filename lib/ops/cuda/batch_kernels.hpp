@@ -73,6 +73,10 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads);
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools);
+/// The index_share selection of each row (ops.hpp): block b copies anchor row b's pools, then the
+/// rows from the anchor's tail to pos[b], then -1 up to width.
+void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int32_t* anchor_pos,
+                          const int32_t* pos, int rows, int32_t* selection, int width, int K, int P);
 
 // ---- mla_batch.cu ------------------------------------------------------------------------------------
 void kv_norm_write_batch(const LaunchCtx& ctx, const bf16* ckv_pre, const bf16* w, float eps,
@@ -83,9 +87,15 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 /// scratch they need.
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows);
 size_t mla_decode_batch_scratch_floats(int splits, int n_heads, int kv_lora, int rows);
+/// slot == nullptr: every row reads slot 0 (the single-sequence decode's v1 path: one row, kv holding
+/// that sequence's KvCache and block table).
 void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
                       const int32_t* slot, int rows, const KvSlots& kv, bf16* o_lat, int n_heads,
                       float softmax_scale, int splits, float* scratch);
+/// o_lat[b, h] from `partials` fp32 partials [rows][n_heads][partials][2 + kv_lora] (m, l, acc), merged
+/// in partial order; rows with slot[b] < 0 are skipped (slot may be nullptr: none).
+void mla_combine_rows(const LaunchCtx& ctx, const float* scratch, const int32_t* slot, int rows, int partials,
+                      int n_heads, int kv_lora, bf16* o_lat);
 void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows,
                      int n_heads, int dqk, int dv, int kv_lora);
 

@@ -547,6 +547,14 @@ class CudaBackend final : public Backend {
     require_ptrs(op, {scores, pos, selection});
     cuda::indexer_select_batch(ctx_, scores, slot, pos, rows, selection, K, P, max_pools);
   }
+  void indexer_share_select(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos, int rows,
+                            int32_t* selection, int width, int K, int P) override {
+    const char* op = "indexer_share_select";
+    MTP_REQUIRE(rows >= 1 && rows <= 65535 && K >= 1 && P >= 1 && width >= K + P - 1, "ops::cuda::", op,
+                ": rows ", rows, ", K ", K, ", P ", P, ", width ", width, " (width >= K + P - 1)");
+    require_ptrs(op, {anchor, anchor_pos, pos, selection});
+    cuda::indexer_share_select(ctx_, anchor, anchor_pos, pos, rows, selection, width, K, P);
+  }
   void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
                           int dv, int kv_lora) override {
     MTP_REQUIRE(rows >= 1 && rows <= 65535 * 32, "ops::cuda::mla_absorb_q_batch: rows = ", rows);

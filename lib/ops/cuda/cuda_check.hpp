@@ -31,23 +31,20 @@ inline std::atomic<uint64_t> g_kernels_enqueued{0};
 
 }  // namespace mtplab::ops::cuda
 
-#define MTP_CUDA_CHECK(expr)                                                           \
-  do {                                                                                 \
-    const cudaError_t mtp_cuda_err_ = (expr);                                          \
-    if (mtp_cuda_err_ != cudaSuccess)                                                  \
-      ::mtplab::ops::cuda::throw_cuda_error(mtp_cuda_err_, #expr, __FILE__, __LINE__); \
+/// Evaluates a CUDA / cuBLAS call once; anything but `ok` throws through `thrower` with the call's
+/// text and site.
+#define MTP_CUDA_STATUS_CHECK_(expr, ok, thrower)                                                  \
+  do {                                                                                             \
+    const auto mtp_status_ = (expr);                                                               \
+    if (mtp_status_ != (ok)) ::mtplab::ops::cuda::thrower(mtp_status_, #expr, __FILE__, __LINE__); \
   } while (0)
+
+#define MTP_CUDA_CHECK(expr) MTP_CUDA_STATUS_CHECK_(expr, cudaSuccess, throw_cuda_error)
+#define MTP_CUBLAS_CHECK(expr) MTP_CUDA_STATUS_CHECK_(expr, CUBLAS_STATUS_SUCCESS, throw_cublas_error)
 
 /// After a <<<...>>> launch: counts it and reports a bad configuration at the launch site.
-#define MTP_CUDA_LAUNCH_CHECK()                                                         \
-  do {                                                                                 \
-    ::mtplab::ops::cuda::g_kernels_enqueued.fetch_add(1, std::memory_order_relaxed);   \
-    MTP_CUDA_CHECK(cudaGetLastError());                                                \
-  } while (0)
-
-#define MTP_CUBLAS_CHECK(expr)                                                            \
-  do {                                                                                    \
-    const cublasStatus_t mtp_cublas_st_ = (expr);                                         \
-    if (mtp_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                          \
-      ::mtplab::ops::cuda::throw_cublas_error(mtp_cublas_st_, #expr, __FILE__, __LINE__); \
+#define MTP_CUDA_LAUNCH_CHECK()                                                      \
+  do {                                                                               \
+    ::mtplab::ops::cuda::g_kernels_enqueued.fetch_add(1, std::memory_order_relaxed); \
+    MTP_CUDA_CHECK(cudaGetLastError());                                              \
   } while (0)

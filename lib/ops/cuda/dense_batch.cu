@@ -336,6 +336,22 @@ __global__ void pick_rows_kernel(const ArgMax* pairs, int n, int rows, int32_t* 
   token[b] = best.index;
 }
 
+/// What every rows_gemm launch sets: W's rows of k (BF16 or FP8 bytes), x [rows][ldx], the n output
+/// rows through the row map and the tile counts that follow from it.
+GemmParams gemm_params(const void* W, const bf16* x, int64_t ldx, int rows, int n, int k,
+                       const GemvRowMap& map) {
+  GemmParams p;
+  p.W = static_cast<const uint8_t*>(W);
+  p.x = x;
+  p.ldx = ldx;
+  p.rows = rows;
+  p.k = k;
+  p.map = map;
+  p.tiles_per_group = (map.rows_per_group + kTileRows - 1) / kTileRows;
+  p.total_tiles = p.tiles_per_group * (n / map.rows_per_group);
+  return p;
+}
+
 }  // namespace
 
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
@@ -349,17 +365,9 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
   const void* Wp = fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W);
   require_aligned16("head_argmax_batch", "W", Wp);
   require_aligned16("head_argmax_batch", "x", x);
-  GemmParams p;
-  p.W = static_cast<const uint8_t*>(Wp);
+  GemmParams p = gemm_params(Wp, x, k, rows, n, k, GemvRowMap{n, 0, 0, 0});
   p.row_scale = row_scale;
-  p.x = x;
-  p.ldx = k;
   p.slot = slot;
-  p.rows = rows;
-  p.k = k;
-  p.map = GemvRowMap{n, 0, 0, 0};
-  p.tiles_per_group = (n + kTileRows - 1) / kTileRows;
-  p.total_tiles = p.tiles_per_group;
   p.y = logits;
   p.ldy = ld_logits;
   p.index_base = index_base;
@@ -384,15 +392,7 @@ void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, 
               " and group stride ", map.x_group_stride, " of x must be multiples of 8 (16-byte rows)");
   require_aligned16("rows_gemm", "W", W);
   require_aligned16("rows_gemm", "x", x);
-  GemmParams p;
-  p.W = reinterpret_cast<const uint8_t*>(W);
-  p.x = x;
-  p.ldx = ldx;
-  p.rows = rows;
-  p.k = k;
-  p.map = map;
-  p.tiles_per_group = (map.rows_per_group + kTileRows - 1) / kTileRows;
-  p.total_tiles = p.tiles_per_group * (n / map.rows_per_group);
+  GemmParams p = gemm_params(W, x, ldx, rows, n, k, map);
   p.y = y;
   p.ldy = ldy;
   if (f32_out) {

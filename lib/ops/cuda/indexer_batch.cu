@@ -1,4 +1,4 @@
-// Batched pooled lightning indexer (MODEL.md), every row of the batch in one launch, each row on
+// Batched pooled lightning indexer (docs/model.md), every row of the batch in one launch, each row on
 // its own slot's slot-major arrays (ops::IndexerSlots):
 // - indexer_norm_store_batch: block b layer-norms k_pre row b into k_cache row pos[b] of slot
 //   slot[b], stores the gate row and the valid flag, and when the row completes its pool writes the
@@ -9,6 +9,8 @@
 //   order-preserving score keys finds the n_sel-th largest key; the larger ones and the first equal
 //   ones in pool order are taken (ties to the lower pool index), written at their rank in pool
 //   order by a block scan, then the tail rows and the -1 padding.
+// - indexer_share_select (the index_share arm): block b copies anchor row b's pool entries, then
+//   the rows from the anchor's tail to pos[b], then -1 (integer copies: the CPU's entries).
 //
 // Invariants: a padded row (slot[b] < 0) reads nothing and writes nothing; the arithmetic of the
 // pool key and the scores is the CPU reference's per element (device expf, summation order aside);
@@ -23,6 +25,7 @@
 #include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/indexer_pool.cuh"
 #include "ops/cuda/launch.cuh"
 
 namespace mtplab::ops::cuda {
@@ -32,30 +35,6 @@ using batch::kRowThreads;
 
 // ---- norm + store ------------------------------------------------------------------------------------
 
-/// Pool key column c of the pool whose rows are first .. first + P - 1 (every row already in the
-/// caches): K[c] = sum_m softmax_m(gate[first+m, c] + ape[m, c]) * k[first+m, c], the CPU's order.
-__device__ __forceinline__ float pool_key_column(const bf16* k_cache, const float* gate_cache,
-                                                 const float* ape, int64_t first, int c, int D, int P) {
-  float max_logit = -INFINITY;
-  for (int m = 0; m < P; ++m)
-    max_logit = fmaxf(max_logit, __fadd_rn(gate_cache[static_cast<size_t>(first + m) * D + c],
-                                           ape[static_cast<size_t>(m) * D + c]));
-  float denom = 0.0f;
-  for (int m = 0; m < P; ++m)
-    denom = __fadd_rn(denom, expf(__fsub_rn(__fadd_rn(gate_cache[static_cast<size_t>(first + m) * D + c],
-                                                      ape[static_cast<size_t>(m) * D + c]),
-                                            max_logit)));
-  float acc = 0.0f;
-  for (int m = 0; m < P; ++m) {
-    const float e = expf(__fsub_rn(
-        __fadd_rn(gate_cache[static_cast<size_t>(first + m) * D + c], ape[static_cast<size_t>(m) * D + c]),
-        max_logit));
-    acc = __fadd_rn(
-        acc, __fmul_rn(__fdiv_rn(e, denom), bf16_to_f(k_cache[static_cast<size_t>(first + m) * D + c])));
-  }
-  return acc;
-}
-
 /// Block b: row b of the batch (see the file comment). V: the layernorm's path (0 scalar).
 template <int V>
 __global__ void __launch_bounds__(kRowThreads)
@@ -64,8 +43,8 @@ __global__ void __launch_bounds__(kRowThreads)
                                     const int32_t* pos, IndexerSlots idx) {
   pdl_begin();
   const int b = blockIdx.x;
-  const int s = slot[b];
-  if (s < 0) return;  // padded row
+  const int s = slot ? slot[b] : 0;  // no slots: the single sequence's caches
+  if (s < 0) return;                 // padded row
   const int D = idx.D, P = idx.P;
   const int64_t p = pos[b];
   const size_t rows_per_slot = static_cast<size_t>(idx.max_rows);
@@ -81,14 +60,7 @@ __global__ void __launch_bounds__(kRowThreads)
   } else {
     batch::layernorm_row_vec<V>(x, w, bias, D, eps, batch::StoreOctets{krow});
   }
-  const size_t row = static_cast<size_t>(p) * D;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) gate_cache[row + c] = g[c];
-  if (threadIdx.x == 0) valid[p] = 1;
-  if (p % P != P - 1) return;  // uniform over the block
-  __syncthreads();             // the k and gate rows just written are read back for the key
-  const int64_t j = p / P;
-  for (int c = threadIdx.x; c < D; c += blockDim.x)
-    pool_keys[static_cast<size_t>(j) * D + c] = pool_key_column(k_cache, gate_cache, ape, j * P, c, D, P);
+  indexer::finish_row(g, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
 }
 
 // ---- scores ------------------------------------------------------------------------------------------
@@ -197,6 +169,33 @@ __global__ void __launch_bounds__(kScoreThreads)
 // ---- selection ---------------------------------------------------------------------------------------
 
 constexpr int kSelectThreads = 1024;
+constexpr int kShareThreads = 256;
+
+/// Block b: row b's index_share selection (ops.hpp): the anchor's pool entries, then the rows
+/// from the anchor's tail to pos[b], then -1. Entry e is written by thread e % blockDim.x, every
+/// entry of the row once; nothing is read past the anchor's pool entries (<= K of K + P - 1).
+__global__ void __launch_bounds__(kShareThreads)
+    indexer_share_select_kernel(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos,
+                                int32_t* selection, int width, int K, int P) {
+  pdl_begin();
+  const int b = blockIdx.x;
+  const int64_t a = anchor_pos[b], p = pos[b];
+  const int64_t n_cand = a >= 0 ? (a + 1) / P : 0;
+  const int64_t pool_entries = (n_cand < K / P ? n_cand : static_cast<int64_t>(K / P)) * P;
+  const int64_t first_tail = n_cand * P;
+  const int32_t* src = anchor + static_cast<size_t>(b) * (K + P - 1);
+  int32_t* dst = selection + static_cast<size_t>(b) * width;
+  for (int e = threadIdx.x; e < width; e += blockDim.x) {
+    int32_t v = -1;
+    if (e < pool_entries) {
+      v = src[e];
+    } else {
+      const int64_t t = first_tail + (e - pool_entries);
+      if (t <= p) v = static_cast<int32_t>(t);
+    }
+    dst[e] = v;
+  }
+}
 
 /// Block b: row b's selection (see the file comment). `cached`: the dynamic shared memory holds
 /// max_pools keys.
@@ -316,37 +315,14 @@ __global__ void __launch_bounds__(kSelectThreads)
   for (int64_t i = base + n_tail + tid; i < width; i += blockDim.x) sel[i] = -1;
 }
 
-int row_vecs(int n, std::initializer_list<const void*> bases) {
-  if (n % 8 != 0 || n > kRowThreads * 8 * batch::kMaxRowVecs) return 0;
-  for (const void* p : bases)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
-  return (n / 8 + kRowThreads - 1) / kRowThreads;
-}
-
-template <typename F>
-void with_vecs(int v, F&& f) {
-  switch (v) {
-    case 0:
-      return f(std::integral_constant<int, 0>{});
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    default:
-      return f(std::integral_constant<int, 4>{});
-  }
-}
-
 }  // namespace
 
 void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf16* w, const bf16* b,
                               float eps, const float* gate, const float* ape, const int32_t* slot,
                               const int32_t* pos, int rows, const IndexerSlots& idx) {
   // k rows start at multiples of D in 16-byte aligned arrays: aligned when D is a whole number of octets.
-  const int v = row_vecs(idx.D, {k_pre, w, b, idx.k_cache});
-  with_vecs(v, [&](auto V) {
+  const int v = batch::row_vecs(idx.D, {k_pre, w, b, idx.k_cache});
+  batch::with_vecs(v, [&](auto V) {
     launch(ctx, indexer_norm_store_batch_kernel<decltype(V)::value>, rows, kRowThreads, 0, k_pre, w, b, eps,
            gate, ape, slot, pos, idx);
   });
@@ -371,6 +347,13 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
       1, std::min((max_pools + kPoolsPerBlock - 1) / kPoolsPerBlock, (4 * ctx.num_sms + rows - 1) / rows));
   launch(ctx, indexer_scores_batch_kernel, dim3(per_row, rows), kScoreThreads, smem, q, w, slot, pos, idx,
          scores, n_heads);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int32_t* anchor_pos,
+                          const int32_t* pos, int rows, int32_t* selection, int width, int K, int P) {
+  launch(ctx, indexer_share_select_kernel, rows, kShareThreads, 0, anchor, anchor_pos, pos, selection, width,
+         K, P);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

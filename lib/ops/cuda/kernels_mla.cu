@@ -13,8 +13,9 @@
 //   fixed order (deterministic); o_lat is rounded to BF16 once, after dividing by the softmax
 //   denominator, as the CPU does. No selected rows -> zeros. q_abs rows must be 4-byte aligned
 //   (BF16 pairs are read as u32), cache rows 16-byte aligned. Two paths with the same chunk step
-//   (the policy's mla_decode, ops/kernel_policy.hpp): v1 (mla_decode_kernel + mla_combine_kernel
-//   over every split) and v2 (mla_decode_v2_kernel, "decode v2" below), the default.
+//   (the policy's mla_decode, ops/kernel_policy.hpp): v1 (mla_batch.cu's decode kernel at one row,
+//   every split merged by its combine) and v2 (mla_decode_v2_kernel, "decode v2" below), the
+//   default; both combine through mla_combine_rows.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -22,10 +23,12 @@
 #include <cstdlib>
 
 #include "ops/cuda/batch_common.cuh"
+#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mla_chunk.cuh"
 
 namespace mtplab::ops::cuda {
 namespace {
@@ -36,6 +39,8 @@ using batch::cp_async_commit;
 using batch::cp_async_wait;
 using batch::mma_16816;
 using batch::pack_bf16x2;
+// The decode chunk step every decode path shares (ops/cuda/mla_chunk.cuh).
+using namespace mla;
 
 // ---- kv_write -----------------------------------------------------------------------------------------
 
@@ -106,390 +111,11 @@ __global__ void __launch_bounds__(kAbsorbThreads)
   }
 }
 
-// ---- decode ----------------------------------------------------------------------------------------
-//
-// The n_heads queries share the selected latent rows, so the decode is two small matrix products
-// per chunk of 16 rows: S = Q C^T (heads x rows) and O += P C (heads x kv_lora), on the tensor
-// cores (mma.sync m16n8k16, BF16 in, fp32 accumulate). Block (head tile of 16, row split), 4
-// warps; warp w owns columns [w*L/4, (w+1)*L/4) of kv_lora: it stages only its slice of each row
-// in shared memory, computes its partial S, and the 4 partials are summed in a fixed order (every
-// warp gets the same S, hence the same softmax). The rows of chunk i+1 (selection -> block table
-// -> 16-byte loads, a chain of three memory latencies) are fetched into registers while chunk i
-// is computed. Precision is the CPU's up to summation order:
-// BF16 x BF16 products are exact in fp32; an FP8 row is widened to BF16 exactly (E4M3 fits) and
-// its scale applied to the fp32 sums; the fp32 probabilities are split into BF16 hi + lo parts
-// (two MMAs), which carries them to ~2^-17 relative, far below the final BF16 rounding.
-
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeThreads = kDecodeWarps * kWarp;
-constexpr int kHeadTile = 16;  // heads per block: the MMA's M
-constexpr int kChunk = 16;     // selected rows per step: two n8 tiles of S, one k16 step of P C
-
-/// a ~= hi + lo with hi = bf16(a), lo = bf16(a - hi), for a pair of values.
-__device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, uint32_t& lo) {
-  hi = pack_bf16x2(a0, a1);
-  lo = pack_bf16x2(a0 - bf16_lo(hi), a1 - bf16_hi(hi));
-}
-
-/// 8 E4M3 values (two u32, low byte first) as 8 BF16 (exact).
-__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 f) {
-  const float2 a = fp8x2_to_float2(f.x), b = fp8x2_to_float2(f.x >> 16);
-  const float2 c = fp8x2_to_float2(f.y), d = fp8x2_to_float2(f.y >> 16);
-  return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y),
-                    pack_bf16x2(d.x, d.y));
-}
-
-struct DecodeParams {
-  const bf16* q_abs;
-  const int32_t* selection;
-  int width;
-  const int32_t* block_table;
-  const void* cache;
-  float cache_scale;
-  int block_size;
-  int kv_lora;
-  int n_heads;
-  float softmax_scale;
-  int splits;
-  float* scratch;  // [n_heads][splits][2 + kv_lora]: m, l, acc
-  bf16* o_lat;
-};
-
-// The chunk step both decode kernels share: the warp's Q fragments, its partial scores S = Q C^T,
-// their exchange and fixed-order sum over the 4 warps, the online softmax, and O += P C. Both
-// kernels run exactly these helpers on a chunk, so their arithmetic per chunk is the same.
-
-/// Q as the MMA's A operand (row-major heads x columns): this warp's kKSteps x 16 columns from col0
-/// of q_abs rows h0 + g (lo) and h0 + g + 8 (hi), row stride L; zeros for heads past n_heads.
-template <int kKSteps>
-__device__ __forceinline__ void load_q_fragments(const bf16* q_abs, int h0, int g, int t, int L, int col0,
-                                                 bool lo_ok, bool hi_ok, uint32_t (&qa)[kKSteps][4]) {
-  const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(q_abs + static_cast<size_t>(h0 + g) * L + col0);
-  const uint32_t* q_hi =
-      reinterpret_cast<const uint32_t*>(q_abs + static_cast<size_t>(h0 + g + 8) * L + col0);
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-    const int c2 = (ks * 16 + 2 * t) / 2;
-    qa[ks][0] = lo_ok ? q_lo[c2] : 0u;
-    qa[ks][1] = hi_ok ? q_hi[c2] : 0u;
-    qa[ks][2] = lo_ok ? q_lo[c2 + 4] : 0u;
-    qa[ks][3] = hi_ok ? q_hi[c2 + 4] : 0u;
-  }
-}
-
-/// This warp's partial S over its columns for one chunk, added into sc: `rows` is the warp's staged
-/// BF16 slice of the chunk's 16 rows, kRowStride elements apart; tile j holds rows 8j .. 8j+7.
-template <int kKSteps, int kRowStride>
-__device__ __forceinline__ void chunk_scores(const uint16_t* rows, const uint32_t (&qa)[kKSteps][4], int g,
-                                             int t, float (&sc)[2][4]) {
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint16_t* rb = rows + (8 * j + g) * kRowStride + ks * 16 + 2 * t;
-      mma_16816(sc[j], qa[ks], *reinterpret_cast<const uint32_t*>(rb),
-                *reinterpret_cast<const uint32_t*>(rb + 8));
-    }
-  }
-}
-
-/// The warps' partial scores of one chunk, [warp][head row][chunk row] (+1: conflict-free).
-using ScoreExchange = float[kDecodeWarps][kHeadTile][kChunk + 1];
-
-/// This warp's partial scores (the m16n8 accumulator layout: [0..1] row g, [2..3] row g + 8) into
-/// its slot of the exchange; a barrier must follow before sum_scores reads them.
-__device__ __forceinline__ void stage_scores(ScoreExchange& score, int warp, int g, int t,
-                                             const float (&sc)[2][4]) {
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    score[warp][g][8 * j + 2 * t] = sc[j][0];
-    score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
-    score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
-    score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
-  }
-}
-
-/// The chunk's full scores in this thread's accumulator positions: the 4 warps' partials summed in
-/// warp order, times the FP8 cache scale, times softmax_scale; -inf for rows not selected (bit r of
-/// valid_rows: chunk row r).
-template <bool kFp8>
-__device__ __forceinline__ void sum_scores(const ScoreExchange& score, int g, int t, unsigned valid_rows,
-                                           float cache_scale, float softmax_scale, float (&s)[2][4]) {
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int row = g + (e >= 2 ? 8 : 0);
-      const int col = 8 * j + 2 * t + (e & 1);
-      float sum = score[0][row][col];
-#pragma unroll
-      for (int w = 1; w < kDecodeWarps; ++w) sum += score[w][row][col];
-      const bool valid = (valid_rows >> col) & 1u;
-      if constexpr (kFp8) sum *= cache_scale;
-      s[j][e] = valid ? softmax_scale * sum : -INFINITY;
-    }
-  }
-}
-
-/// One chunk's online-softmax step of the decode (both paths): the quad-wide row max of the
-/// chunk's scores s (the m16n8 accumulator layout: [0..1] row g, [2..3] row g + 8), the rescale of
-/// the running max m, denominator l and output accumulators o, and P = exp(s - m) split into BF16
-/// hi / lo A fragments for O += P C. -inf scores (padding) give P = 0.
-template <int kNTiles>
-__device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], float& m_lo, float& m_hi,
-                                                    float& l_lo, float& l_hi, float (&o)[kNTiles][4],
-                                                    uint32_t (&ah)[4], uint32_t (&al)[4]) {
-  float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-  float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-  const float mn_lo = fmaxf(m_lo, mx_lo);
-  const float mn_hi = fmaxf(m_hi, mx_hi);
-  const float corr_lo = mn_lo == -INFINITY ? 1.0f : expf(m_lo - mn_lo);
-  const float corr_hi = mn_hi == -INFINITY ? 1.0f : expf(m_hi - mn_hi);
-  float pr[2][4];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float mn = e >= 2 ? mn_hi : mn_lo;
-      pr[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
-    }
-  }
-  l_lo = l_lo * corr_lo + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
-  l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
-  m_lo = mn_lo;
-  m_hi = mn_hi;
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
-    o[n][0] *= corr_lo;
-    o[n][1] *= corr_lo;
-    o[n][2] *= corr_hi;
-    o[n][3] *= corr_hi;
-  }
-  split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
-  split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
-  split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
-  split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
-}
-
-/// O += P C over this warp's kNTiles column tiles: S's accumulator layout is P's A layout (k = chunk
-/// row), in two MMAs (P's BF16 hi, then lo parts), B from the staged rows as in chunk_scores.
-template <int kNTiles, int kRowStride>
-__device__ __forceinline__ void accumulate_pv(const uint16_t* rows, const uint32_t (&ah)[4],
-                                              const uint32_t (&al)[4], int g, int t, float (&o)[kNTiles][4]) {
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
-    const int col = n * 8 + g;
-    const uint32_t b0 = static_cast<uint32_t>(rows[(2 * t) * kRowStride + col]) |
-                        (static_cast<uint32_t>(rows[(2 * t + 1) * kRowStride + col]) << 16);
-    const uint32_t b1 = static_cast<uint32_t>(rows[(2 * t + 8) * kRowStride + col]) |
-                        (static_cast<uint32_t>(rows[(2 * t + 9) * kRowStride + col]) << 16);
-    mma_16816(o[n], ah, b0, b1);
-    mma_16816(o[n], al, b0, b1);
-  }
-}
-
-/// Sum over the 4 lanes of a quad (the MMA's t), the same on each of them.
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
-}
-
-/// Block (head tile, split): an online softmax over the split's rows, 16 at a time; the block's
-/// (max, denominator, unnormalised sum) per head goes to scratch for mla_combine_kernel.
-/// kCw = kv_lora / 4 columns per warp.
-
-template <int kCw, bool kFp8>
-__global__ void __launch_bounds__(kDecodeThreads) mla_decode_kernel(DecodeParams p) {
-  pdl_begin();
-  constexpr int kKSteps = kCw / 16;
-  constexpr int kNTiles = kCw / 8;
-  constexpr int kRowStride = kCw + 8;  // BF16 elements: +16 bytes, conflict-free fragment reads
-  constexpr int kVecPerRow = kCw / 8;  // 16-byte vectors of a row slice (8 values)
-  constexpr int kLoads = kChunk * kVecPerRow / kWarp;
-  static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0,
-                "a chunk's slice must split evenly over a warp");
-  __shared__ __align__(16) uint16_t s_rows[kDecodeWarps][kChunk][kRowStride];
-  __shared__ ScoreExchange s_score;
-
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2;  // MMA group: head row g and g + 8, row / column index of B
-  const int t = lane & 3;
-  const int h0 = blockIdx.x * kHeadTile;
-  const int split = blockIdx.y;
-  const int L = p.kv_lora;
-  const int col0 = warp * kCw;
-  const int chunks = (p.width + kChunk - 1) / kChunk;
-  const int per_split = (chunks + p.splits - 1) / p.splits * kChunk;
-  const int i0 = split * per_split;
-  const int i1 = min(p.width, i0 + per_split);
-  const bool lo_ok = h0 + g < p.n_heads;
-  const bool hi_ok = h0 + g + 8 < p.n_heads;
-
-  // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
-  uint32_t qa[kKSteps][4];
-  load_q_fragments<kKSteps>(p.q_abs, h0, g, t, L, col0, lo_ok, hi_ok, qa);
-
-  float o[kNTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY;
-  float l_lo = 0.0f, l_hi = 0.0f;  // this thread's columns only; summed over the quad at the end
-
-  // Chunk rows: lane r < 16 holds the cache slot of row c0 + r (-1: padding or past the split).
-  auto row_slot = [&](int c0) {
-    int64_t slot = -1;
-    if (lane < kChunk) {
-      const int ii = c0 + lane;
-      const int32_t ts = ii < i1 ? p.selection[ii] : -1;
-      if (ts >= 0)
-        slot = static_cast<int64_t>(p.block_table[ts / p.block_size]) * p.block_size + ts % p.block_size;
-    }
-    return slot;
-  };
-  // This warp's slice of the chunk's rows into registers (FP8: 8 bytes per vector, in .x/.y).
-  auto fetch = [&](int64_t my_slot, uint4(&dst)[kLoads]) {
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int v = lane + u * kWarp;
-      const int64_t slot = __shfl_sync(0xffffffffu, my_slot, v / kVecPerRow);
-      const size_t off = static_cast<size_t>(slot) * L + col0 + (v % kVecPerRow) * 8;
-      dst[u] = make_uint4(0u, 0u, 0u, 0u);
-      if (slot >= 0) {
-        if constexpr (kFp8) {
-          const uint2 f = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.cache) + off));
-          dst[u].x = f.x;
-          dst[u].y = f.y;
-        } else {
-          dst[u] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.cache) + off));
-        }
-      }
-    }
-  };
-  // Software pipeline: the next chunk's rows are loaded while this chunk is computed.
-  uint4 next[kLoads];
-  int64_t next_slot = row_slot(i0);
-  fetch(next_slot, next);
-  unsigned next_valid = __ballot_sync(0xffffffffu, next_slot >= 0);  // bit r: chunk row r is selected
-
-  for (int c0 = i0; c0 < i1; c0 += kChunk) {
-#pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int v = lane + u * kWarp;
-      const uint4 val = kFp8 ? fp8x8_to_bf16x8(make_uint2(next[u].x, next[u].y)) : next[u];
-      *reinterpret_cast<uint4*>(&s_rows[warp][v / kVecPerRow][(v % kVecPerRow) * 8]) = val;
-    }
-    const unsigned valid_rows = next_valid;
-    __syncwarp();
-    if (c0 + kChunk < i1) {
-      next_slot = row_slot(c0 + kChunk);
-      fetch(next_slot, next);
-      next_valid = __ballot_sync(0xffffffffu, next_slot >= 0);
-    }
-
-    // Partial S over this warp's columns, summed over the warps after the barrier.
-    const uint16_t* rows = &s_rows[warp][0][0];
-    float sc[2][4] = {};
-    chunk_scores<kKSteps, kRowStride>(rows, qa, g, t, sc);
-    stage_scores(s_score, warp, g, t, sc);
-    __syncthreads();
-    float s[2][4];
-    sum_scores<kFp8>(s_score, g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
-    __syncthreads();  // s_score is rewritten by the next chunk
-
-    // Online softmax per head row (quad-wide max), then rescale the running sums; P's fragments.
-    uint32_t ah[4], al[4];
-    online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
-    accumulate_pv<kNTiles, kRowStride>(rows, ah, al, g, t, o);
-    __syncwarp();  // s_rows is restaged by the next chunk
-  }
-
-  l_lo = quad_sum(l_lo);
-  l_hi = quad_sum(l_hi);
-  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (!(half ? hi_ok : lo_ok)) continue;
-    float* out = p.scratch + (static_cast<size_t>(h0 + g + 8 * half) * p.splits + split) * (2 + L);
-    if (warp == 0 && t == 0) {
-      out[0] = half ? m_hi : m_lo;
-      out[1] = half ? l_hi : l_lo;
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      const int c = col0 + n * 8 + 2 * t;
-      out[2 + c] = o[n][2 * half] * out_scale;
-      out[2 + c + 1] = o[n][2 * half + 1] * out_scale;
-    }
-  }
-}
-
-constexpr int kCombineThreads = 128;
-
-/// o_lat[h] = bf16(sum_s acc_s e^{m_s - M} / sum_s l_s e^{m_s - M}); zeros when no row was
-/// selected. Block (head, 128-column tile): the split weights e^{m_s - M} (0 for an empty split)
-/// go to shared memory once, then each thread sums its column over the splits with independent
-/// loads (a serial walk with a branch per split was latency-bound: ~30 us at 65 splits).
-__global__ void __launch_bounds__(kCombineThreads)
-    mla_combine_kernel(const float* scratch, int splits, int kv_lora, bf16* o_lat) {
-  pdl_begin();
-  extern __shared__ float s_w[];  // [splits]
-  __shared__ float s_red[kCombineThreads / kWarp];
-  __shared__ float s_max, s_denom;
-  const int h = blockIdx.x;
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const size_t stride = 2 + static_cast<size_t>(kv_lora);
-  const float* part = scratch + static_cast<size_t>(h) * splits * stride;
-  float M = -INFINITY;
-  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) M = fmaxf(M, part[sp * stride]);
-  M = warp_max(M);
-  if (lane == 0) s_red[warp] = M;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = s_red[0];
-    for (int w = 1; w < kCombineThreads / kWarp; ++w) m = fmaxf(m, s_red[w]);
-    s_max = m;
-  }
-  __syncthreads();
-  M = s_max;
-  float d = 0.0f;
-  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
-    const float ms = part[sp * stride];
-    const float wgt = ms == -INFINITY ? 0.0f : expf(ms - M);
-    s_w[sp] = wgt;
-    d = fmaf(part[sp * stride + 1], wgt, d);
-  }
-  d = warp_sum(d);
-  __syncthreads();  // s_red is reused
-  if (lane == 0) s_red[warp] = d;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.0f;
-    for (int w = 0; w < kCombineThreads / kWarp; ++w) t += s_red[w];
-    s_denom = t;
-  }
-  __syncthreads();
-  const float denom = s_denom;
-  const int c = blockIdx.y * kCombineThreads + threadIdx.x;
-  if (c >= kv_lora) return;
-  float a = 0.0f;
-  // 32 loads in flight per thread (the same fma chain, in split order: only the issue order of
-  // the loads changes); 8 left ~8 dependent L2 round trips at 65 splits.
-#pragma unroll 32
-  for (int sp = 0; sp < splits; ++sp) a = fmaf(part[sp * stride + 2 + c], s_w[sp], a);
-  o_lat[static_cast<size_t>(h) * kv_lora + c] = denom > 0.0f ? f_to_bf16(a / denom) : bf16{0};
-}
-
 // ---- decode v2 -----------------------------------------------------------------------------------------
 //
-// The same chunk step as mla_decode_kernel (head tile of 16, 4 warps each owning kv_lora/4 columns,
-// chunks of 16 rows, the same MMAs, softmax and rounding points), organised for a short critical
-// path and few partials:
+// The same chunk step as the v1 decode (mla_decode_batch_kernel) (head tile of 16, 4 warps each owning
+// kv_lora/4 columns, chunks of 16 rows, the same MMAs, softmax and rounding points), organised for a short
+// critical path and few partials:
 // - Grid (split, head tile), about one block per multiprocessor: split s of S owns chunks
 //   [s*C/S, (s+1)*C/S) of the C chunks (balanced to one chunk), at most kMaxSplitChunks.
 // - The split's row slots (selection -> block table) are resolved once into shared memory, every
@@ -501,7 +127,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 // - The kCluster splits of a thread-block cluster merge their (max, denominator, sums) over
 //   distributed shared memory, block rank r taking columns [r*L/8, (r+1)*L/8), peers in rank
 //   order (deterministic). One cluster per head tile writes o_lat itself; more write one partial
-//   per cluster, which mla_combine_kernel merges (S / 8 partials per head instead of S).
+//   per cluster, which mla_combine_rows merges (S / 8 partials per head instead of S).
 
 constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
 constexpr int kStages = 4;           // cp.async ring depth per warp, in chunks
@@ -515,7 +141,7 @@ static_assert(kHeadTile * kCluster == kDecodeThreads, "the cluster merge gives o
 template <int kCw, bool kFp8>
 struct DecodeV2Smem {
   static constexpr int kL = kDecodeWarps * kCw;
-  static constexpr int kRowStride = kCw + 8;                             // BF16 rows, as mla_decode_kernel
+  static constexpr int kRowStride = kCw + 8;                             // BF16 rows, as the v1 decode
   static constexpr int kStageStride = kFp8 ? kCw + 16 : 2 * kRowStride;  // bytes per staged row
   static constexpr int kStageBytes = kChunk * kStageStride;
   static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
@@ -567,7 +193,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   const bool lo_ok = h0 + g < p.n_heads;
   const bool hi_ok = h0 + g + 8 < p.n_heads;
 
-  // Q as the A operand, this warp's columns (as mla_decode_kernel).
+  // Q as the A operand, this warp's columns (as the v1 decode).
   uint32_t qa[kKSteps][4];
   load_q_fragments<kKSteps>(p.q_abs, h0, g, t, kL, col0, lo_ok, hi_ok, qa);
 
@@ -585,7 +211,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
       int64_t slot = -1;
       if (ts[u] >= 0)
         slot =
-            static_cast<int64_t>(p.block_table[ts[u] / p.block_size]) * p.block_size + ts[u] % p.block_size;
+            static_cast<int64_t>(p.block_tables[ts[u] / p.block_size]) * p.block_size + ts[u] % p.block_size;
       s_slot[threadIdx.x + u * kDecodeThreads] = slot;
     }
   }
@@ -730,44 +356,31 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   cluster.sync();  // no block leaves while a peer may still read its exchange
 }
 
-/// The decode kernel of one path (v1: mla_decode_kernel, v2: mla_decode_v2_kernel) for kCw = kv_lora / 4
-/// columns per warp and the cache type.
+/// The v2 decode kernel for kCw = kv_lora / 4 columns per warp and the cache type.
 template <int kCw, bool kFp8>
-void launch_decode(const LaunchCtx& ctx, const DecodeParams& p, MlaDecode path) {
+void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p) {
   const int tiles = (p.n_heads + kHeadTile - 1) / kHeadTile;
-  if (path == MlaDecode::v1) {
-    launch(ctx, mla_decode_kernel<kCw, kFp8>, dim3(tiles, p.splits), kDecodeThreads, 0, p);
-  } else {
-    constexpr int kBytes = DecodeV2Smem<kCw, kFp8>::kBytes;
-    // Above the 48 KB default at kv_lora 512; a host-side attribute, allowed while capturing.
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_v2_kernel<kCw, kFp8>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-    launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, dim3(p.splits, tiles), kDecodeThreads,
-           static_cast<size_t>(kBytes), p);
-  }
+  constexpr int kBytes = DecodeV2Smem<kCw, kFp8>::kBytes;
+  // Above the 48 KB default at kv_lora 512; a host-side attribute, allowed while capturing.
+  MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_v2_kernel<kCw, kFp8>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, dim3(p.splits, tiles), kDecodeThreads,
+         static_cast<size_t>(kBytes), p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-/// launch_decode for the kv_lora of p (64, 128, 256 or 512; checked by mla_decode).
-void launch_decode_for(const LaunchCtx& ctx, const DecodeParams& p, bool fp8, MlaDecode path) {
+/// launch_decode_v2 for the kv_lora of p (64, 128, 256 or 512; checked by mla_decode).
+void launch_decode_v2_for(const LaunchCtx& ctx, const DecodeParams& p, bool fp8) {
   switch (p.kv_lora) {
     case 64:
-      return fp8 ? launch_decode<16, true>(ctx, p, path) : launch_decode<16, false>(ctx, p, path);
+      return fp8 ? launch_decode_v2<16, true>(ctx, p) : launch_decode_v2<16, false>(ctx, p);
     case 128:
-      return fp8 ? launch_decode<32, true>(ctx, p, path) : launch_decode<32, false>(ctx, p, path);
+      return fp8 ? launch_decode_v2<32, true>(ctx, p) : launch_decode_v2<32, false>(ctx, p);
     case 256:
-      return fp8 ? launch_decode<64, true>(ctx, p, path) : launch_decode<64, false>(ctx, p, path);
+      return fp8 ? launch_decode_v2<64, true>(ctx, p) : launch_decode_v2<64, false>(ctx, p);
     default:
-      return fp8 ? launch_decode<128, true>(ctx, p, path) : launch_decode<128, false>(ctx, p, path);
+      return fp8 ? launch_decode_v2<128, true>(ctx, p) : launch_decode_v2<128, false>(ctx, p);
   }
-}
-
-/// mla_combine_kernel over `partials` partials per head (v1: every split, v2: every cluster).
-void launch_combine(const LaunchCtx& ctx, const DecodeParams& p, int partials) {
-  const dim3 grid(p.n_heads, (p.kv_lora + kCombineThreads - 1) / kCombineThreads);
-  launch(ctx, mla_combine_kernel, grid, kCombineThreads, sizeof(float) * static_cast<size_t>(partials),
-         p.scratch, partials, p.kv_lora, p.o_lat);
-  MTP_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -831,23 +444,27 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
   MTP_REQUIRE(
       cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
       "ops::cuda::mla_decode: bad arguments");
-  DecodeParams p{q_abs, selection, width,         block_table, cache.data, cache.scale, cache.block_size,
-                 L,     n_heads,   softmax_scale, splits,      scratch,    o_lat};
-  const bool fp8 = cache.dtype == KvDtype::fp8;
-  const MlaDecode path = ctx.policy.mla_decode;
-  if (path == MlaDecode::v2) {
-    const int chunks = (width + kChunk - 1) / kChunk;
-    MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks,
-                "ops::cuda::mla_decode: ", splits, " splits for ", chunks,
-                " chunks (v2 needs a multiple of 8 and at most 32 chunks per split: use mla_decode_splits)");
-    MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
-                "ops::cuda::mla_decode: cache not 16-byte aligned");
+  if (ctx.policy.mla_decode == MlaDecode::v1) {
+    // v1: the batched decode's kernel at one row (the same chunk step; every split merged by the
+    // combine, or o_lat written directly by a single split).
+    const KvSlots kv{cache, block_table, 1, 0};
+    return mla_decode_batch(ctx, q_abs, selection, width, nullptr, 1, kv, o_lat, n_heads, softmax_scale,
+                            splits, scratch);
   }
-  launch_decode_for(ctx, p, fp8, path);
-  // v1 merges every split in the combine; v2 merges within each cluster, then the clusters' partials
-  // (none to merge with one cluster per head tile: the cluster wrote o_lat).
-  const int partials = path == MlaDecode::v1 ? splits : splits / kCluster;
-  if (path == MlaDecode::v1 || partials > 1) launch_combine(ctx, p, partials);
+  const int chunks = (width + kChunk - 1) / kChunk;
+  MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks,
+              "ops::cuda::mla_decode: ", splits, " splits for ", chunks,
+              " chunks (v2 needs a multiple of 8 and at most 32 chunks per split: use mla_decode_splits)");
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
+              "ops::cuda::mla_decode: cache not 16-byte aligned");
+  const DecodeParams p{q_abs,   selection,     width,       nullptr,          block_table,
+                       0,       cache.data,    cache.scale, cache.block_size, L,
+                       n_heads, softmax_scale, splits,      scratch,          o_lat};
+  launch_decode_v2_for(ctx, p, cache.dtype == KvDtype::fp8);
+  // v2 merges within each cluster, then the clusters' partials (none to merge with one cluster per
+  // head tile: the cluster wrote o_lat).
+  const int partials = splits / kCluster;
+  if (partials > 1) mla_combine_rows(ctx, scratch, nullptr, 1, partials, n_heads, L, o_lat);
 }
 
 }  // namespace mtplab::ops::cuda

@@ -20,8 +20,10 @@
 #include <type_traits>
 
 #include "ops/cuda/batch_common.cuh"
+#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/indexer_pool.cuh"
 #include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch.cuh"
 
@@ -29,302 +31,40 @@ namespace mtplab::ops::cuda {
 namespace {
 
 // The device helpers the batched kernels share (ops/cuda/batch_common.cuh).
-using batch::pack2;
-using batch::pack8;
-using batch::unpack8;
+using batch::layernorm_row_scalar;
+using batch::layernorm_row_vec;
+using batch::row_vecs;
+using batch::StoreOctets;
+using batch::with_vecs;
 
 constexpr int kNormThreads = 256;
-
-/// Sum over the block (any blockDim multiple of 32, up to 1024); every thread gets the result.
-__device__ float block_sum(float v) {
-  __shared__ float s_part[32];
-  __shared__ float s_total;
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  v = warp_sum(v);
-  if (lane == 0) s_part[warp] = v;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.0f;
-    for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) t += s_part[w];
-    s_total = t;
-  }
-  __syncthreads();
-  const float total = s_total;
-  __syncthreads();  // s_part / s_total may be reused by the next call
-  return total;
-}
-
-/// 1 / sqrt(sum / n + eps) in IEEE-rounded steps, the sum over the block of each thread's `part`
-/// (block_sum: every thread of the block calls this): the scale of RMSNorm (from the sum of
-/// squares) and of LayerNorm (from the sum of squared deviations).
-__device__ __forceinline__ float inv_root_mean(float part, int n, float eps) {
-  const float mean = __fdiv_rn(block_sum(part), static_cast<float>(n));
-  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-}
-
-/// y_i = bf16(w * (x * r)), r = 1 / sqrt(mean(x^2) + eps), handed to store(i, y_i) by the thread
-/// that owns element i (i = threadIdx.x + k * blockDim.x). A store may overwrite x (rmsnorm's x and
-/// y may alias): all reads of x for the sum finish at the barrier inside block_sum, and each thread
-/// then reads only x[i] before its own store(i).
-template <typename Store>
-__device__ __forceinline__ void rmsnorm_row(const bf16* x, const bf16* w, int n, float eps, Store&& store) {
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = bf16_to_f(x[i]);
-    ss = fmaf(v, v, ss);
-  }
-  const float r = inv_root_mean(ss, n, eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    store(i, f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(x[i]), r))));
-  }
-}
-
-__global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
-  pdl_begin();
-  const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  bf16* yr = y + off;
-  rmsnorm_row(x + off, w, n, eps, [&](int i, bf16 v) { yr[i] = v; });
-}
-
-__global__ void __launch_bounds__(kNormThreads)
-    embed_rmsnorm_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps) {
-  pdl_begin();
-  rmsnorm_row(table + static_cast<size_t>(token[0]) * n, w, n, eps, [&](int i, bf16 v) { y[i] = v; });
-}
-
-/// y_i = bf16(((x - mean) * r) * w + b), two-pass mean / biased variance, as the CPU; handed to
-/// store(i, y_i) by the thread that owns element i, as rmsnorm_row (after the last barrier each
-/// thread reads only x[i] before its own store(i)).
-template <typename Store>
-__device__ __forceinline__ void layernorm_row(const bf16* x, const bf16* w, const bf16* b, int n, float eps,
-                                              Store&& store) {
-  float s = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) s += bf16_to_f(x[i]);
-  const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
-  float sq = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float d = __fsub_rn(bf16_to_f(x[i]), mean);
-    sq = fmaf(d, d, sq);
-  }
-  const float r = inv_root_mean(sq, n, eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float d = __fsub_rn(bf16_to_f(x[i]), mean);
-    store(i, f_to_bf16(__fadd_rn(__fmul_rn(__fmul_rn(d, r), bf16_to_f(w[i])), bf16_to_f(b[i]))));
-  }
-}
 
 __global__ void __launch_bounds__(kNormThreads)
     layernorm_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
   pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
   bf16* yr = y + off;
-  layernorm_row(x + off, w, b, n, eps, [&](int i, bf16 v) { yr[i] = v; });
+  layernorm_row_scalar(x + off, w, b, n, eps, [&](int i, bf16 v) { yr[i] = v; });
 }
 
 // ---- register-resident norms (16-byte loads) ------------------------------------------------------
 //
-// The scalar kernels above walk a row with one 2-byte load per iteration; their loop-carried
-// dependency made a 4096-wide RMSNorm cost ~14 us (16 dependent memory round trips per pass, two
-// passes). These load the whole row into registers with one 16-byte load per 8 elements, all
-// issued before the first use, keep it there for the second pass, and store 16 bytes at a time.
-// Same element-wise arithmetic as the scalar kernels; the sum of squares is taken per thread over
-// its contiguous octets, then over the block (another order of the same sum). Used when n is a
-// multiple of 8, n <= kVecNormThreads * 8 * kMaxNormVecs, and every pointer is 16-byte aligned.
+// The scalar kernel above walks a row with one 2-byte load per iteration; its loop-carried
+// dependency made a 4096-wide norm cost ~14 us (16 dependent memory round trips per pass, two
+// passes). This one loads the whole row into registers with one 16-byte load per 8 elements (the
+// row helpers of batch_common.cuh), keeps it there for the second pass, and stores 16 bytes at a
+// time. Used when n is a multiple of 8, n <= kVecNormThreads * 8 * batch::kMaxRowVecs, and every
+// pointer is 16-byte aligned. RMSNorm and the norms fused with a cache store run the row kernels of
+// norm_batch.cu / mla_batch.cu / indexer_batch.cu at one row.
 
-constexpr int kVecNormThreads = 256;
-constexpr int kMaxNormVecs = 4;  // octets per thread: n <= 8192
-
-/// This thread's octets j = 0..V-1 of a row of nv octets (octet threadIdx.x + j * kVecNormThreads),
-/// zeros past the row; every load is issued before any is used.
-template <int V>
-__device__ __forceinline__ void load_octets(const bf16* row, int nv, uint4 (&r)[V]) {
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    r[j] = v < nv ? load_cached(row + static_cast<size_t>(v) * 8) : make_uint4(0, 0, 0, 0);
-  }
-}
-
-/// acc = add(acc, value) over every element of this thread's octets, in octet then element order
-/// (padding octets are zeros and take part): this thread's share of a row sum.
-template <int V, typename Add>
-__device__ __forceinline__ float octets_sum(const uint4 (&r)[V], Add&& add) {
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(r[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc = add(acc, f[e]);
-  }
-  return acc;
-}
-
-/// f(j, v) for each of this thread's octets j = 0..V-1 inside the row: octet v = threadIdx.x +
-/// j * kVecNormThreads < nv (load_octets' layout), in ascending j.
-template <int V, typename F>
-__device__ __forceinline__ void for_octets(int nv, F&& f) {
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    if (v < nv) f(j, v);
-  }
-}
-
-/// y = bf16(w * (x * r)) over one row of n = 8 * nv elements, the row in registers; octet v of y
-/// (elements 8v .. 8v+7, packed BF16) is handed to store(v, octet) by the thread that loaded it.
-template <int V, typename Store>
-__device__ __forceinline__ void rmsnorm_row_vec(const bf16* x, const bf16* w, int nv, int n, float eps,
-                                                Store&& store) {
-  uint4 xr[V], wr[V];
-  load_octets<V>(x, nv, xr);
-  load_octets<V>(w, nv, wr);
-  const float ss = octets_sum<V>(xr, [](float acc, float v) { return fmaf(v, v, acc); });
-  const float r = inv_root_mean(ss, n, eps);
-  for_octets<V>(nv, [&](int j, int v) {
-    float f[8], g[8];
-    unpack8(xr[j], f);
-    unpack8(wr[j], g);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = __fmul_rn(g[e], __fmul_rn(f[e], r));
-    store(v, pack8(f));
-  });
-}
-
-/// The octet store of a BF16 row y (16-byte aligned).
-struct StoreOctets {
-  bf16* y;
-  __device__ __forceinline__ void operator()(int v, const uint4& octet) const {
-    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = octet;
-  }
-};
-
-template <int V>
-__global__ void __launch_bounds__(kVecNormThreads)
-    rmsnorm_vec_kernel(const bf16* x, const bf16* w, bf16* y, int n, float eps) {
-  pdl_begin();
-  const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  rmsnorm_row_vec<V>(x + off, w, n / 8, n, eps, StoreOctets{y + off});
-}
-
-template <int V>
-__global__ void __launch_bounds__(kVecNormThreads)
-    embed_rmsnorm_vec_kernel(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
-                             float eps) {
-  pdl_begin();
-  rmsnorm_row_vec<V>(table + static_cast<size_t>(token[0]) * n, w, n / 8, n, eps, StoreOctets{y});
-}
-
-/// layernorm_row with the row in registers: octet v of y is handed to store(v, octet) by the thread
-/// that loaded it.
-template <int V, typename Store>
-__device__ __forceinline__ void layernorm_row_vec(const bf16* x, const bf16* w, const bf16* b, int nv, int n,
-                                                  float eps, Store&& store) {
-  uint4 xr[V], wr[V], br[V];
-  load_octets<V>(x, nv, xr);
-  load_octets<V>(w, nv, wr);
-  load_octets<V>(b, nv, br);
-  const float s = octets_sum<V>(xr, [](float acc, float v) { return acc + v; });
-  const float mean = __fdiv_rn(block_sum(s), static_cast<float>(n));
-  float sq = 0.0f;
-  // Only the row's octets: padding octets are zeros, not values, and must not add mean^2.
-  for_octets<V>(nv, [&](int j, int) {
-    float f[8];
-    unpack8(xr[j], f);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float d = __fsub_rn(f[e], mean);
-      sq = fmaf(d, d, sq);
-    }
-  });
-  const float r = inv_root_mean(sq, n, eps);
-  for_octets<V>(nv, [&](int j, int v) {
-    float f[8], g[8], c[8];
-    unpack8(xr[j], f);
-    unpack8(wr[j], g);
-    unpack8(br[j], c);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) f[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(f[e], mean), r), g[e]), c[e]);
-    store(v, pack8(f));
-  });
-}
+constexpr int kVecNormThreads = batch::kRowThreads;  // load_octets' stride
 
 template <int V>
 __global__ void __launch_bounds__(kVecNormThreads)
     layernorm_vec_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
   pdl_begin();
   const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  layernorm_row_vec<V>(x + off, w, b, n / 8, n, eps, StoreOctets{y + off});
-}
-
-/// residual_add_rmsnorm_kernel with the row in registers: y = bf16(x + delta) (written), then
-/// normed = bf16(w * (y * r)). Each thread reads its own x / delta before writing y (x, y may alias).
-template <int V>
-__global__ void __launch_bounds__(kVecNormThreads)
-    residual_add_rmsnorm_vec_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
-                                    int n, float eps) {
-  pdl_begin();
-  const int nv = n / 8;
-  uint4 xr[V], wr[V];
-  float4 da[V], db[V];
-  load_octets<V>(x, nv, xr);
-  load_octets<V>(w, nv, wr);
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const int v = threadIdx.x + j * kVecNormThreads;
-    const bool in = v < nv;
-    da[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v))
-               : make_float4(0, 0, 0, 0);
-    db[j] = in ? __ldg(reinterpret_cast<const float4*>(delta) + 2 * static_cast<size_t>(v) + 1)
-               : make_float4(0, 0, 0, 0);
-  }
-  float yv[V][8];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    float f[8];
-    unpack8(xr[j], f);
-    const float d[8] = {da[j].x, da[j].y, da[j].z, da[j].w, db[j].x, db[j].y, db[j].z, db[j].w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      yv[j][e] = round_to_bf16(__fadd_rn(f[e], d[e]));
-      ss = fmaf(yv[j][e], yv[j][e], ss);
-    }
-  }
-  const float r = inv_root_mean(ss, n, eps);
-  for_octets<V>(nv, [&](int j, int v) {
-    *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = pack8(yv[j]);
-    float g[8], o[8];
-    unpack8(wr[j], g);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(g[e], __fmul_rn(yv[j][e], r));
-    *reinterpret_cast<uint4*>(normed + static_cast<size_t>(v) * 8) = pack8(o);
-  });
-}
-
-/// Calls f(std::integral_constant<int, V>{}) for V = v in 1..kMaxNormVecs.
-template <typename F>
-void with_norm_vecs(int v, F&& f) {
-  switch (v) {
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    default:
-      return f(std::integral_constant<int, 4>{});
-  }
-}
-
-/// Octets per thread for a row of n, or 0 when the vector kernels do not apply.
-int norm_vecs(int n, std::initializer_list<const void*> ptrs) {
-  if (n % 8 != 0 || n > kVecNormThreads * 8 * kMaxNormVecs) return 0;
-  for (const void* p : ptrs)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
-  return (n / 8 + kVecNormThreads - 1) / kVecNormThreads;
+  layernorm_row_vec<V>(x + off, w, b, n, eps, StoreOctets{y + off});
 }
 
 // ---- elementwise -------------------------------------------------------------------------------
@@ -335,24 +75,6 @@ __global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, 
   pdl_begin();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     y[i] = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
-}
-/// residual_add_kernel's y, then rmsnorm_row over it with the same block layout. Each thread
-/// re-reads only the y elements it wrote itself (x and y may alias).
-__global__ void __launch_bounds__(kNormThreads)
-    residual_add_rmsnorm_kernel(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
-                                int n, float eps) {
-  pdl_begin();
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const bf16 yi = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
-    y[i] = yi;
-    const float v = bf16_to_f(yi);
-    ss = fmaf(v, v, ss);
-  }
-  const float r = inv_root_mean(ss, n, eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    normed[i] = f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(y[i]), r)));
-  }
 }
 __global__ void add_kernel(const bf16* a, const bf16* b, bf16* y, int n) {
   pdl_begin();
@@ -383,109 +105,7 @@ int elt_grid(const LaunchCtx& ctx, int n) {
   return std::max(1, std::min((n + kEltThreads - 1) / kEltThreads, ctx.num_sms * 8));
 }
 
-// ---- MoE router ----------------------------------------------------------------------------------
-
-/// One block of up to kRouteThreads threads (one per expert). The choices are ranks, not rounds:
-/// every expert's packed key (biased score, lower id wins ties) is compared with all others' in
-/// shared memory, and the expert whose key has rank r < top_k goes to slot r. That is the order
-/// the CPU's repeated argmax (and this kernel's former warp rounds) produce, with no serial chain
-/// of top_k reductions. The group limit ranks the groups' (top1 + top2) scores the same way.
-/// Shared memory: s[E], keys[E] (u64), group scores and flags.
-constexpr int kRouteThreads = 1024;
-
-__global__ void __launch_bounds__(kRouteThreads)
-    moe_route_kernel(const float* logits, const float* bias, int E, int top_k, int n_group, int topk_group,
-                     float scaling, int32_t* idx, float* weights) {
-  pdl_begin();
-  extern __shared__ unsigned long long route_smem[];
-  unsigned long long* keys = route_smem;                               // [E]
-  unsigned long long* gkeys = keys + E;                                // [n_group]
-  float* s = reinterpret_cast<float*>(gkeys + n_group);                // [E]
-  float* biased = s + E;                                               // [E]
-  float* chosen_s = biased + E;                                        // [top_k]
-  uint8_t* group_kept = reinterpret_cast<uint8_t*>(chosen_s + top_k);  // [n_group]
-  const int tid = threadIdx.x;
-  for (int e = tid; e < E; e += blockDim.x) {
-    const float v = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logits[e])));
-    s[e] = v;
-    biased[e] = __fadd_rn(v, bias ? bias[e] : 0.0f);
-  }
-  __syncthreads();
-  if (n_group > 1) {
-    const int gs = E / n_group;
-    for (int g = tid; g < n_group; g += blockDim.x) {
-      float top1 = -INFINITY, top2 = -INFINITY;
-      for (int e = g * gs; e < (g + 1) * gs; ++e) {
-        const float v = biased[e];
-        if (v > top1) {
-          top2 = top1;
-          top1 = v;
-        } else if (v > top2) {
-          top2 = v;
-        }
-      }
-      gkeys[g] = argmax_key(__fadd_rn(top1, top2), g);
-    }
-    __syncthreads();
-    for (int g = tid; g < n_group; g += blockDim.x) {
-      int rank = 0;
-      for (int o = 0; o < n_group; ++o) rank += gkeys[o] > gkeys[g];
-      group_kept[g] = rank < topk_group;
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += blockDim.x)
-      if (!group_kept[e / gs]) biased[e] = -INFINITY;
-    __syncthreads();
-  }
-  for (int e = tid; e < E; e += blockDim.x) keys[e] = argmax_key(biased[e], e);
-  __syncthreads();
-  for (int e = tid; e < E; e += blockDim.x) {
-    const unsigned long long mine = keys[e];
-    int rank = 0;
-#pragma unroll 16
-    for (int o = 0; o < E; ++o) rank += keys[o] > mine;
-    if (rank < top_k) {
-      idx[rank] = e;
-      chosen_s[rank] = s[e];
-    }
-  }
-  __syncthreads();
-  if (tid == 0) {
-    float sum = 0.0f;
-    for (int i = 0; i < top_k; ++i) sum = __fadd_rn(sum, chosen_s[i]);
-    for (int i = 0; i < top_k; ++i) weights[i] = __fmul_rn(__fdiv_rn(chosen_s[i], sum), scaling);
-  }
-}
-
 // ---- indexer: store + pool key ----------------------------------------------------------------------
-
-/// Pool key column c of the pool whose rows are first .. first + P - 1:
-/// K[c] = sum_m softmax_m(gate[first+m, c] + ape[m, c]) * k[first+m, c], the earlier rows' gate and k
-/// from the caches, the last row's from g_last / k_last. Column c depends on nothing else, so the
-/// thread layout does not change the bits.
-__device__ __forceinline__ float pool_key_column(const bf16* k_cache, const float* gate_cache,
-                                                 const float* ape, bf16 k_last, float g_last, int64_t first,
-                                                 int c, int D, int P) {
-  float max_logit = -INFINITY;
-  for (int m = 0; m < P; ++m) {
-    const float g = (m == P - 1) ? g_last : gate_cache[static_cast<size_t>(first + m) * D + c];
-    max_logit = fmaxf(max_logit, __fadd_rn(g, ape[static_cast<size_t>(m) * D + c]));
-  }
-  float denom = 0.0f;
-  for (int m = 0; m < P; ++m) {
-    const float g = (m == P - 1) ? g_last : gate_cache[static_cast<size_t>(first + m) * D + c];
-    denom = __fadd_rn(denom, expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit)));
-  }
-  float acc = 0.0f;
-  for (int m = 0; m < P; ++m) {
-    const float g = (m == P - 1) ? g_last : gate_cache[static_cast<size_t>(first + m) * D + c];
-    const float e = expf(__fsub_rn(__fadd_rn(g, ape[static_cast<size_t>(m) * D + c]), max_logit));
-    const float k =
-        (m == P - 1) ? bf16_to_f(k_last) : bf16_to_f(k_cache[static_cast<size_t>(first + m) * D + c]);
-    acc = __fadd_rn(acc, __fmul_rn(__fdiv_rn(e, denom), k));
-  }
-  return acc;
-}
 
 __global__ void indexer_store_kernel(const bf16* k_normed, const float* gate, const float* ape,
                                      const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid,
@@ -493,111 +113,8 @@ __global__ void indexer_store_kernel(const bf16* k_normed, const float* gate, co
   pdl_begin();
   const int64_t p = pos[0];
   const size_t row = static_cast<size_t>(p) * D;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) {
-    k_cache[row + c] = k_normed[c];
-    gate_cache[row + c] = gate[c];
-  }
-  if (threadIdx.x == 0) valid[p] = 1;
-  if (p % P != P - 1) return;
-  const int64_t j = p / P;
-  const int64_t first = j * P;
-  // Row p's own values come from the inputs, the pool's earlier rows from the cache.
-  for (int c = threadIdx.x; c < D; c += blockDim.x)
-    pool_keys[static_cast<size_t>(j) * D + c] =
-        pool_key_column(k_cache, gate_cache, ape, k_normed[c], gate[c], first, c, D, P);
-}
-
-/// indexer_store once row p's k is in k_cache (written by this block, any thread layout): the gate
-/// row, the valid flag and, when p completes its pool, the pool key. The barrier makes the k row
-/// visible to the threads that read it for the key; every thread of the block must call this.
-__device__ __forceinline__ void indexer_store_after_k(const float* gate, const float* ape, int64_t p,
-                                                      bf16* k_cache, float* gate_cache, uint8_t* valid,
-                                                      float* pool_keys, int D, int P) {
-  const size_t row = static_cast<size_t>(p) * D;
-  for (int c = threadIdx.x; c < D; c += blockDim.x) gate_cache[row + c] = gate[c];
-  if (threadIdx.x == 0) valid[p] = 1;
-  if (p % P != P - 1) return;  // uniform over the block
-  __syncthreads();
-  const int64_t j = p / P;
-  const int64_t first = j * P;
-  for (int c = threadIdx.x; c < D; c += blockDim.x)
-    pool_keys[static_cast<size_t>(j) * D + c] =
-        pool_key_column(k_cache, gate_cache, ape, k_cache[row + c], gate[c], first, c, D, P);
-}
-
-// ---- fused cache writes: a norm and the store of its row in one launch -----------------------------
-//
-// Each kernel runs the norm code of the standalone norm kernel it replaces (rmsnorm_row[_vec],
-// layernorm_row[_vec]: the same thread layout, reduction order and rounding), picked by the same
-// test (norm_vecs of the input and the weights; the standalone norm's output is a buffer from
-// allocate(), always 16-byte aligned), and hands each rounded element to the store the second op
-// would have made of it: kv_write's copy or kv_fp8_code, indexer_store's k row. So the cache bytes
-// are those of the two ops.
-
-/// kv_norm_write, row in registers: octet v of c_kv to the cache slot of pos[0] (BF16: one 16-byte
-/// store; FP8: 8 codes in one 8-byte store; the row is 16- / 8-byte aligned as n % 8 == 0).
-template <int V>
-__global__ void __launch_bounds__(kVecNormThreads)
-    kv_norm_write_vec_kernel(const bf16* x, const bf16* w, float eps, const int32_t* block_table,
-                             const int32_t* pos, void* data, bool fp8, float scale, int block_size, int n) {
-  pdl_begin();
-  const size_t base = static_cast<size_t>(kv_slot(block_table, pos[0], block_size)) * n;
-  if (fp8) {
-    uint8_t* row = static_cast<uint8_t*>(data) + base;
-    rmsnorm_row_vec<V>(x, w, n / 8, n, eps, [&](int v, const uint4& octet) {
-      float f[8];
-      unpack8(octet, f);
-      uint32_t lo = 0, hi = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        lo |= static_cast<uint32_t>(kv_fp8_code(f[e], scale)) << (8 * e);
-        hi |= static_cast<uint32_t>(kv_fp8_code(f[e + 4], scale)) << (8 * e);
-      }
-      *reinterpret_cast<uint2*>(row + static_cast<size_t>(v) * 8) = make_uint2(lo, hi);
-    });
-  } else {
-    rmsnorm_row_vec<V>(x, w, n / 8, n, eps, StoreOctets{static_cast<bf16*>(data) + base});
-  }
-}
-
-/// kv_norm_write, scalar norm: element i of c_kv to the cache slot of pos[0].
-__global__ void __launch_bounds__(kNormThreads)
-    kv_norm_write_kernel(const bf16* x, const bf16* w, float eps, const int32_t* block_table,
-                         const int32_t* pos, void* data, bool fp8, float scale, int block_size, int n) {
-  pdl_begin();
-  const size_t base = static_cast<size_t>(kv_slot(block_table, pos[0], block_size)) * n;
-  if (fp8) {
-    uint8_t* row = static_cast<uint8_t*>(data) + base;
-    rmsnorm_row(x, w, n, eps, [&](int i, bf16 v) { row[i] = kv_fp8_code(bf16_to_f(v), scale); });
-  } else {
-    bf16* row = static_cast<bf16*>(data) + base;
-    rmsnorm_row(x, w, n, eps, [&](int i, bf16 v) { row[i] = v; });
-  }
-}
-
-/// indexer_norm_store, row in registers: k_normed's octets to k_cache row pos[0], then the rest of
-/// indexer_store.
-template <int V>
-__global__ void __launch_bounds__(kVecNormThreads)
-    indexer_norm_store_vec_kernel(const bf16* x, const bf16* w, const bf16* b, float eps, const float* gate,
-                                  const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
-                                  uint8_t* valid, float* pool_keys, int D, int P) {
-  pdl_begin();
-  const int64_t p = pos[0];
-  layernorm_row_vec<V>(x, w, b, D / 8, D, eps, StoreOctets{k_cache + static_cast<size_t>(p) * D});
-  indexer_store_after_k(gate, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
-}
-
-/// indexer_norm_store, scalar norm.
-__global__ void __launch_bounds__(kNormThreads)
-    indexer_norm_store_kernel(const bf16* x, const bf16* w, const bf16* b, float eps, const float* gate,
-                              const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
-                              uint8_t* valid, float* pool_keys, int D, int P) {
-  pdl_begin();
-  const int64_t p = pos[0];
-  bf16* row = k_cache + static_cast<size_t>(p) * D;
-  layernorm_row(x, w, b, D, eps, [&](int i, bf16 v) { row[i] = v; });
-  indexer_store_after_k(gate, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
+  for (int c = threadIdx.x; c < D; c += blockDim.x) k_cache[row + c] = k_normed[c];
+  indexer::finish_row(gate, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
 }
 
 // ---- indexer: pool scores ----------------------------------------------------------------------------
@@ -697,33 +214,10 @@ __global__ void __launch_bounds__(kScoreThreads)
 
 constexpr int kSelectThreads = 1024;
 
-/// Inclusive block scan of u64 over 1024 threads (every thread gets its prefix); also returns the total.
-__device__ unsigned long long block_scan_u64(unsigned long long v, unsigned long long* total) {
-  __shared__ unsigned long long s_warp[32];
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-#pragma unroll
-  for (int o = 1; o < kWarp; o <<= 1) {
-    const unsigned long long up = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += up;
-  }
-  if (lane == kWarp - 1) s_warp[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    const int n_warps = blockDim.x / kWarp;
-    unsigned long long t = lane < n_warps ? s_warp[lane] : 0ull;
-#pragma unroll
-    for (int o = 1; o < kWarp; o <<= 1) {
-      const unsigned long long up = __shfl_up_sync(0xffffffffu, t, o);
-      if (lane >= o) t += up;
-    }
-    if (lane < n_warps) s_warp[lane] = t;
-  }
-  __syncthreads();
-  if (warp > 0) v += s_warp[warp - 1];
-  *total = s_warp[blockDim.x / kWarp - 1];
-  __syncthreads();
-  return v;
+/// Inclusive block scan of u64 (every thread gets its prefix); also returns the total.
+__device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long v,
+                                                             unsigned long long* total) {
+  return batch::block_exclusive_scan(v, total) + v;
 }
 
 /// The selection's end (both select kernels, whole block): after the n_sel selected pools, the
@@ -1058,40 +552,25 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
-  if (const int v = norm_vecs(n, {x, w, y}); v > 0) {
-    with_norm_vecs(v, [&](auto V) {
-      launch(ctx, rmsnorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, y, n, eps);
-    });
-  } else {
-    launch(ctx, rmsnorm_kernel, rows, kNormThreads, 0, x, w, y, n, eps);
-  }
-  MTP_CUDA_LAUNCH_CHECK();
+  rmsnorm_strided(ctx, x, n, w, y, n, rows, n, eps);  // the row kernel (norm_batch.cu)
 }
 
 void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token, const bf16* w, bf16* y,
                    int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
-  if (const int v = norm_vecs(n, {table, w, y}); v > 0) {
-    with_norm_vecs(v, [&](auto V) {
-      launch(ctx, embed_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, table, token, w, y, n,
-             eps);
-    });
-  } else {
-    launch(ctx, embed_rmsnorm_kernel, 1, kNormThreads, 0, table, token, w, y, n, eps);
-  }
-  MTP_CUDA_LAUNCH_CHECK();
+  embed_rmsnorm_batch(ctx, table, token, nullptr, w, y, n, 1, n, eps);  // the row kernel, one live row
 }
 
 void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
                float eps) {
   MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
-  if (const int v = norm_vecs(n, {x, w, b, y}); v > 0) {
-    with_norm_vecs(v, [&](auto V) {
+  with_vecs(row_vecs(n, {x, w, b, y}), [&](auto V) {
+    if constexpr (decltype(V)::value > 0) {
       launch(ctx, layernorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, b, y, n, eps);
-    });
-  } else {
-    launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
-  }
+    } else {
+      launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
+    }
+  });
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -1102,15 +581,7 @@ void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16*
 void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
                           bf16* normed, int n, float eps) {
   MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
-  if (const int v = norm_vecs(n, {x, delta, y, w, normed}); v > 0) {
-    with_norm_vecs(v, [&](auto V) {
-      launch(ctx, residual_add_rmsnorm_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, delta, y, w,
-             normed, n, eps);
-    });
-  } else {
-    launch(ctx, residual_add_rmsnorm_kernel, 1, kNormThreads, 0, x, delta, y, w, normed, n, eps);
-  }
-  MTP_CUDA_LAUNCH_CHECK();
+  residual_add_rmsnorm_rows(ctx, x, delta, y, w, normed, 1, n, eps);  // the row kernel (norm_batch.cu)
 }
 void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n) {
   launch(ctx, add_kernel, elt_grid(ctx, n), kEltThreads, 0, a, b, y, n);
@@ -1143,16 +614,9 @@ void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int
                 "ops::cuda::moe_route: bad group limit (num_experts ", num_experts, ", n_group ", n_group,
                 ", topk_group ", topk_group, ", top_k ", top_k, ")");
   }
-  const size_t smem = sizeof(unsigned long long) * (static_cast<size_t>(num_experts) + n_group) +
-                      sizeof(float) * (2 * static_cast<size_t>(num_experts) + top_k) + n_group;
-  MTP_REQUIRE(smem <= 48 * 1024, "ops::cuda::moe_route: ", num_experts,
-              " experts exceed the router's shared memory");
-  // One thread per expert up to 1024 (each ranks its expert against all others).
-  const int route_threads =
-      std::min(kRouteThreads, std::max(kWarp, (num_experts + kWarp - 1) / kWarp * kWarp));
-  launch(ctx, moe_route_kernel, 1, route_threads, smem, logits, bias, num_experts, top_k, n_group, topk_group,
-         scaling, idx, weights);
-  MTP_CUDA_LAUNCH_CHECK();
+  // The batched router's kernel at one row (slot nullptr: the row is live).
+  moe_route_batch(ctx, logits, bias, nullptr, 1, num_experts, top_k, n_group, topk_group, scaling, idx,
+                  weights);
 }
 
 void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate, const float* ape,
@@ -1168,20 +632,8 @@ void kv_norm_write(const LaunchCtx& ctx, const bf16* x, const bf16* w, float eps
                    const int32_t* pos, const KvCache& cache) {
   const int n = cache.kv_lora;
   MTP_REQUIRE(cache.data && cache.block_size >= 1 && n >= 1, "ops::cuda::kv_norm_write: bad cache");
-  MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
-              "ops::cuda::kv_norm_write: the cache must be 16-byte aligned");
-  const bool fp8 = cache.dtype == KvDtype::fp8;
-  // The path rmsnorm(x, w, y) takes for an allocate()d y (fused kernels above).
-  if (const int v = norm_vecs(n, {x, w}); v > 0) {
-    with_norm_vecs(v, [&](auto V) {
-      launch(ctx, kv_norm_write_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, w, eps, block_table,
-             pos, cache.data, fp8, cache.scale, cache.block_size, n);
-    });
-  } else {
-    launch(ctx, kv_norm_write_kernel, 1, kNormThreads, 0, x, w, eps, block_table, pos, cache.data, fp8,
-           cache.scale, cache.block_size, n);
-  }
-  MTP_CUDA_LAUNCH_CHECK();
+  // The batched kernel at one row, the sequence's block table as slot 0's (mla_batch.cu).
+  kv_norm_write_batch(ctx, x, w, eps, nullptr, pos, 1, KvSlots{cache, block_table, 1, 0});
 }
 
 void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, float eps,
@@ -1190,17 +642,18 @@ void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, cons
   MTP_REQUIRE(D >= 1 && P >= 1, "ops::cuda::indexer_norm_store: D ", D, ", P ", P);
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(k_cache) % 16 == 0,
               "ops::cuda::indexer_norm_store: k_cache must be 16-byte aligned");
-  // The path layernorm(x, w, b, y) takes for an allocate()d y (fused kernels above).
-  if (const int v = norm_vecs(D, {x, w, b}); v > 0) {
-    with_norm_vecs(v, [&](auto V) {
-      launch(ctx, indexer_norm_store_vec_kernel<decltype(V)::value>, 1, kVecNormThreads, 0, x, w, b, eps,
-             gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
-    });
-  } else {
-    launch(ctx, indexer_norm_store_kernel, 1, kNormThreads, 0, x, w, b, eps, gate, ape, pos, k_cache,
-           gate_cache, valid, pool_keys, D, P);
-  }
-  MTP_CUDA_LAUNCH_CHECK();
+  // The batched kernel at one row, the sequence's caches as slot 0's (indexer_batch.cu); max_rows is
+  // only a slot stride, unused for slot 0.
+  IndexerSlots idx;
+  idx.k_cache = k_cache;
+  idx.gate_cache = gate_cache;
+  idx.valid = valid;
+  idx.pool_keys = pool_keys;
+  idx.slots = 1;
+  idx.max_rows = P;
+  idx.D = D;
+  idx.P = P;
+  indexer_norm_store_batch(ctx, x, w, b, eps, gate, ape, nullptr, pos, 1, idx);
 }
 
 void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const float* pool_keys,

@@ -28,6 +28,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/mla_chunk.cuh"
 
 namespace mtplab::ops::cuda {
 namespace {
@@ -67,8 +68,8 @@ __global__ void __launch_bounds__(kRowThreads)
                                bool fp8, float scale, int block_size, int L) {
   pdl_begin();
   const int b = blockIdx.x;
-  const int s = slot[b];
-  if (s < 0) return;  // padded row
+  const int s = slot ? slot[b] : 0;  // no slots: the single sequence's block table
+  if (s < 0) return;                 // padded row
   const int32_t* table = block_tables + static_cast<size_t>(s) * max_blocks;
   const size_t base = static_cast<size_t>(kv_slot(table, pos[b], block_size)) * L;
   const bf16* x = ckv_pre + static_cast<size_t>(b) * L;
@@ -165,90 +166,11 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 // ---- decode
 // ------------------------------------------------------------------------------------------------
 
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeThreads = kDecodeWarps * kWarp;
-constexpr int kHeadTile = 16;  // heads per block: the MMA's M
-constexpr int kChunk = 16;     // selected rows per step: two n8 tiles of S, one k16 step of P C
-
-/// a ~= hi + lo with hi = bf16(a), lo = bf16(a - hi), for a pair of values.
-__device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, uint32_t& lo) {
-  hi = batch::pack_bf16x2(a0, a1);
-  lo = batch::pack_bf16x2(a0 - bf16_lo(hi), a1 - bf16_hi(hi));
-}
-
-/// 8 E4M3 values (two u32, low byte first) as 8 BF16 (exact).
-__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 f) {
-  const float2 a = fp8x2_to_float2(f.x), b = fp8x2_to_float2(f.x >> 16);
-  const float2 c = fp8x2_to_float2(f.y), d = fp8x2_to_float2(f.y >> 16);
-  return make_uint4(batch::pack_bf16x2(a.x, a.y), batch::pack_bf16x2(b.x, b.y), batch::pack_bf16x2(c.x, c.y),
-                    batch::pack_bf16x2(d.x, d.y));
-}
-
-struct DecodeBatchParams {
-  const bf16* q_abs;
-  const int32_t* selection;
-  int width;
-  const int32_t* slot;
-  const int32_t* block_tables;
-  int max_blocks;
-  const void* cache;
-  float cache_scale;
-  int block_size;
-  int kv_lora;
-  int n_heads;
-  float softmax_scale;
-  int splits;
-  float* scratch;  // [rows][n_heads][splits][2 + kv_lora]: m, l, acc (splits > 1)
-  bf16* o_lat;
-};
-
-/// One chunk's online-softmax step: the quad-wide row max of the chunk's scores s (m16n8 layout:
-/// [0..1] head row g, [2..3] row g + 8), the rescale of the running max m, denominator l and the
-/// output accumulators o, and P = exp(s - m) split into BF16 hi / lo A fragments. -inf scores
-/// (padding) give P = 0.
-template <int kNTiles>
-__device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], float& m_lo, float& m_hi,
-                                                    float& l_lo, float& l_hi, float (&o)[kNTiles][4],
-                                                    uint32_t (&ah)[4], uint32_t (&al)[4]) {
-  float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-  float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 1));
-  mx_lo = fmaxf(mx_lo, __shfl_xor_sync(0xffffffffu, mx_lo, 2));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 1));
-  mx_hi = fmaxf(mx_hi, __shfl_xor_sync(0xffffffffu, mx_hi, 2));
-  const float mn_lo = fmaxf(m_lo, mx_lo);
-  const float mn_hi = fmaxf(m_hi, mx_hi);
-  const float corr_lo = mn_lo == -INFINITY ? 1.0f : expf(m_lo - mn_lo);
-  const float corr_hi = mn_hi == -INFINITY ? 1.0f : expf(m_hi - mn_hi);
-  float pr[2][4];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float mn = e >= 2 ? mn_hi : mn_lo;
-      pr[j][e] = s[j][e] == -INFINITY ? 0.0f : expf(s[j][e] - mn);
-    }
-  }
-  l_lo = l_lo * corr_lo + ((pr[0][0] + pr[0][1]) + (pr[1][0] + pr[1][1]));
-  l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
-  m_lo = mn_lo;
-  m_hi = mn_hi;
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
-    o[n][0] *= corr_lo;
-    o[n][1] *= corr_lo;
-    o[n][2] *= corr_hi;
-    o[n][3] *= corr_hi;
-  }
-  split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
-  split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
-  split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
-  split_bf16x2(pr[1][2], pr[1][3], ah[3], al[3]);
-}
+using namespace mla;  // the decode chunk step every decode path shares (ops/cuda/mla_chunk.cuh)
 
 /// Block (head tile, split, row); kCw = kv_lora / 4 columns per warp.
 template <int kCw, bool kFp8>
-__global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(DecodeBatchParams p) {
+__global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(DecodeParams p) {
   pdl_begin();
   constexpr int kKSteps = kCw / 16;
   constexpr int kNTiles = kCw / 8;
@@ -258,11 +180,11 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
   static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0,
                 "a chunk's slice must split evenly over a warp");
   __shared__ __align__(16) uint16_t s_rows[kDecodeWarps][kChunk][kRowStride];
-  __shared__ float s_score[kDecodeWarps][kHeadTile][kChunk + 1];
+  __shared__ ScoreExchange s_score;
 
   const int row = blockIdx.z;
-  const int slot = p.slot[row];
-  if (slot < 0) return;  // padded row: nothing read, nothing written
+  const int slot = p.slot ? p.slot[row] : 0;  // no slots: the single sequence of a KvCache
+  if (slot < 0) return;                       // padded row: nothing read, nothing written
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2;  // MMA group: head row g and g + 8, row / column index of B
@@ -283,19 +205,7 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 
   // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
   uint32_t qa[kKSteps][4];
-  {
-    const uint32_t* q_lo = reinterpret_cast<const uint32_t*>(q_abs + static_cast<size_t>(h0 + g) * L + col0);
-    const uint32_t* q_hi =
-        reinterpret_cast<const uint32_t*>(q_abs + static_cast<size_t>(h0 + g + 8) * L + col0);
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      const int c2 = (ks * 16 + 2 * t) / 2;
-      qa[ks][0] = lo_ok ? q_lo[c2] : 0u;
-      qa[ks][1] = hi_ok ? q_hi[c2] : 0u;
-      qa[ks][2] = lo_ok ? q_lo[c2 + 4] : 0u;
-      qa[ks][3] = hi_ok ? q_hi[c2 + 4] : 0u;
-    }
-  }
+  load_q_fragments<kKSteps>(q_abs, h0, g, t, L, col0, lo_ok, hi_ok, qa);
 
   float o[kNTiles][4];
 #pragma unroll
@@ -355,60 +265,21 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 
     // Partial S over this warp's columns: tile j holds rows 8j .. 8j+7 of the chunk.
     float sc[2][4] = {};
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint16_t* rb = &s_rows[warp][8 * j + g][ks * 16 + 2 * t];
-        batch::mma_16816(sc[j], qa[ks], *reinterpret_cast<const uint32_t*>(rb),
-                         *reinterpret_cast<const uint32_t*>(rb + 8));
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      s_score[warp][g][8 * j + 2 * t] = sc[j][0];
-      s_score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
-      s_score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
-      s_score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
-    }
+    chunk_scores<kKSteps, kRowStride>(&s_rows[warp][0][0], qa, g, t, sc);
+    stage_scores(s_score, warp, g, t, sc);
     __syncthreads();
     float s[2][4];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hr = g + (e >= 2 ? 8 : 0);
-        const int col = 8 * j + 2 * t + (e & 1);
-        float sum = s_score[0][hr][col];
-#pragma unroll
-        for (int w = 1; w < kDecodeWarps; ++w) sum += s_score[w][hr][col];
-        const bool valid = (valid_rows >> col) & 1u;
-        if constexpr (kFp8) sum *= p.cache_scale;
-        s[j][e] = valid ? p.softmax_scale * sum : -INFINITY;
-      }
-    }
+    sum_scores<kFp8>(s_score, g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
     __syncthreads();  // s_score is rewritten by the next chunk
 
     uint32_t ah[4], al[4];
     online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
-    // O += P C: S's accumulator layout is P's A layout (k = chunk row).
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      const int col = n * 8 + g;
-      const uint32_t b0 = static_cast<uint32_t>(s_rows[warp][2 * t][col]) |
-                          (static_cast<uint32_t>(s_rows[warp][2 * t + 1][col]) << 16);
-      const uint32_t b1 = static_cast<uint32_t>(s_rows[warp][2 * t + 8][col]) |
-                          (static_cast<uint32_t>(s_rows[warp][2 * t + 9][col]) << 16);
-      batch::mma_16816(o[n], ah, b0, b1);
-      batch::mma_16816(o[n], al, b0, b1);
-    }
+    accumulate_pv<kNTiles, kRowStride>(&s_rows[warp][0][0], ah, al, g, t, o);
     __syncwarp();  // s_rows is restaged by the next chunk
   }
 
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 1);
-  l_lo += __shfl_xor_sync(0xffffffffu, l_lo, 2);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 1);
-  l_hi += __shfl_xor_sync(0xffffffffu, l_hi, 2);
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
   const float out_scale = kFp8 ? p.cache_scale : 1.0f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
@@ -452,7 +323,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   __shared__ float s_red[kCombineThreads / kWarp];
   __shared__ float s_max, s_denom;
   const int row = blockIdx.z;
-  if (slot[row] < 0) return;  // padded row
+  if (slot && slot[row] < 0) return;  // padded row
   const int h = blockIdx.x;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const size_t stride = 2 + static_cast<size_t>(kv_lora);
@@ -497,32 +368,10 @@ __global__ void __launch_bounds__(kCombineThreads)
 }
 
 template <int kCw, bool kFp8>
-void launch_decode_batch(const LaunchCtx& ctx, const DecodeBatchParams& p, int rows) {
+void launch_decode_batch(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
   const dim3 grid((p.n_heads + kHeadTile - 1) / kHeadTile, p.splits, rows);
   launch(ctx, mla_decode_batch_kernel<kCw, kFp8>, grid, kDecodeThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
-}
-
-int norm_vecs(int n, const void* a, const void* b) {
-  if (n % 8 != 0 || n > kRowThreads * 8 * batch::kMaxRowVecs) return 0;
-  if (reinterpret_cast<uintptr_t>(a) % 16 != 0 || reinterpret_cast<uintptr_t>(b) % 16 != 0) return 0;
-  return (n / 8 + kRowThreads - 1) / kRowThreads;
-}
-
-template <typename F>
-void with_vecs(int v, F&& f) {
-  switch (v) {
-    case 0:
-      return f(std::integral_constant<int, 0>{});
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    default:
-      return f(std::integral_constant<int, 4>{});
-  }
 }
 
 }  // namespace
@@ -534,10 +383,10 @@ void kv_norm_write_batch(const LaunchCtx& ctx, const bf16* ckv_pre, const bf16* 
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
               "ops::cuda::kv_norm_write_batch: the cache must be 16-byte aligned");
   // ckv_pre rows at multiples of L; cache rows at multiples of L (BF16 or FP8): both aligned when
-  // L is a whole number of octets (norm_vecs) and the bases are.
-  const int v = norm_vecs(L, ckv_pre, w);
+  // L is a whole number of octets (batch::row_vecs) and the bases are.
+  const int v = batch::row_vecs(L, {ckv_pre, w});
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  with_vecs(v, [&](auto V) {
+  batch::with_vecs(v, [&](auto V) {
     launch(ctx, kv_norm_write_batch_kernel<decltype(V)::value>, rows, kRowThreads, 0, ckv_pre, w, eps, slot,
            pos, kv.block_tables, kv.max_blocks, cache.data, fp8, cache.scale, cache.block_size, L);
   });
@@ -586,10 +435,9 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
   MTP_REQUIRE(
       reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && reinterpret_cast<uintptr_t>(q_abs) % 4 == 0,
       "ops::cuda::mla_decode_batch: the cache must be 16-byte and q_abs 4-byte aligned");
-  DecodeBatchParams p{
-      q_abs,       selection,        width, slot,    kv.block_tables, kv.max_blocks, cache.data,
-      cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
-      o_lat};
+  DecodeParams p{q_abs,       selection,        width, slot,    kv.block_tables, kv.max_blocks, cache.data,
+                 cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
+                 o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
   switch (L) {
     case 64:
@@ -605,10 +453,14 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
       fp8 ? launch_decode_batch<128, true>(ctx, p, rows) : launch_decode_batch<128, false>(ctx, p, rows);
       break;
   }
-  if (splits == 1) return;
-  const dim3 combine_grid(n_heads, (L + kCombineThreads - 1) / kCombineThreads, rows);
-  launch(ctx, mla_combine_batch_kernel, combine_grid, kCombineThreads,
-         sizeof(float) * static_cast<size_t>(splits), scratch, slot, splits, n_heads, L, o_lat);
+  if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
+}
+
+void mla_combine_rows(const LaunchCtx& ctx, const float* scratch, const int32_t* slot, int rows, int partials,
+                      int n_heads, int kv_lora, bf16* o_lat) {
+  const dim3 grid(n_heads, (kv_lora + kCombineThreads - 1) / kCombineThreads, rows);
+  launch(ctx, mla_combine_batch_kernel, grid, kCombineThreads, sizeof(float) * static_cast<size_t>(partials),
+         scratch, slot, partials, n_heads, kv_lora, o_lat);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

@@ -50,12 +50,12 @@ __global__ void __launch_bounds__(kRouteThreads)
   pdl_begin();
   extern __shared__ unsigned long long route_smem[];
   const int row = blockIdx.x;
-  if (slot[row] < 0) return;                                           // padded row
-  unsigned long long* keys = route_smem;                               // [E]
-  unsigned long long* gkeys = keys + E;                                // [n_group]
-  float* s = reinterpret_cast<float*>(gkeys + n_group);                // [E]
-  float* biased = s + E;                                               // [E]
-  float* chosen_s = biased + E;                                        // [top_k]
+  if (slot && slot[row] < 0) return;                     // padded row (slot nullptr: every row is live)
+  unsigned long long* keys = route_smem;                 // [E]
+  unsigned long long* gkeys = keys + E;                  // [n_group]
+  float* s = reinterpret_cast<float*>(gkeys + n_group);  // [E]
+  float* biased = s + E;                                 // [E]
+  float* chosen_s = biased + E;                          // [top_k]
   uint8_t* group_kept = reinterpret_cast<uint8_t*>(chosen_s + top_k);  // [n_group]
   const float* lg = logits + static_cast<size_t>(row) * E;
   int32_t* idx = idx_out + static_cast<size_t>(row) * top_k;
@@ -125,29 +125,50 @@ constexpr int kMoeWBuf = 2;               // weight chunks in registers: one ahe
 constexpr int kDownCols = 16;             // output columns per down block (the MMA's M)
 constexpr int kMaxLocalExperts = 4096;
 
-struct GroupedParams {
-  const bf16* x = nullptr;  // [rows][H]
+/// One set of expert matrices: gate / up [inter, H] and down [H, inter] rows, BF16.
+struct ExpertMats {
   const bf16* gate = nullptr;
   const bf16* up = nullptr;
   const bf16* down = nullptr;
+  int inter = 0;  // 0: absent (the shared expert of a model without one)
+};
+
+/// The routes of the batch: row b's top_k (expert, weight) pairs, and which rows are live.
+struct RoutePairs {
+  const int32_t* idx = nullptr;    // [rows][top_k] global expert ids
+  const float* weights = nullptr;  // [rows][top_k]
+  const int32_t* slot = nullptr;   // [rows], < 0: padded row
+  int rows = 0;
+  int top_k = 0;
+};
+
+struct GroupedParams {
+  const bf16* x = nullptr;  // [rows][H]
+  ExpertMats routed;        // this rank's experts first_expert .. first_expert + num_local - 1
   int first_expert = 0;
   int num_local = 0;
   int H = 0;
-  int I = 0;
-  const bf16* sh_gate = nullptr;
-  const bf16* sh_up = nullptr;
-  const bf16* sh_down = nullptr;
-  int Is = 0;  // 0: no shared expert
-  const int32_t* idx = nullptr;
-  const float* weights = nullptr;
-  const int32_t* slot = nullptr;
-  int rows = 0;
-  int top_k = 0;
+  ExpertMats shared;
+  RoutePairs routes;
   float limit = 0.0f;
   bf16* act = nullptr;  // [rows * top_k + rows][act_ld]
   int act_ld = 0;
   float* out = nullptr;
 };
+
+/// f(j, e, q) for each of this lane's accumulator elements (n-tile j, element e of the m16n8
+/// layout; lane = 4g + t) whose batch column q = 8j + 2t + (e & 1) is one of the n_rows live ones.
+template <typename F>
+__device__ __forceinline__ void for_live_acc(int t, int n_rows, F&& f) {
+#pragma unroll
+  for (int j = 0; j < kMoeNT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int q = 8 * j + 2 * t + (e & 1);
+      if (q < n_rows) f(j, e, q);
+    }
+  }
+}
 
 /// The plan's arrays in dynamic shared memory (ints), and the sizes that fix them.
 struct PlanLayout {
@@ -207,20 +228,20 @@ __device__ __forceinline__ unsigned long long segment_scan(int n, Get&& get, Put
 __device__ __forceinline__ int entry_items(const GroupedParams& p, int expert, int cnt, bool gate_up) {
   const int groups = (cnt + kPairGroup - 1) / kPairGroup;
   if (!gate_up) return groups;
-  return (expert < 0 ? p.Is : p.I) / 16 * groups;
+  return (expert < 0 ? p.shared.inter : p.routed.inter) / 16 * groups;
 }
 
 /// Builds the plan (see the file comment); every thread of the block must call it. Returns the
 /// number of active entries (block-uniform).
 __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) {
   __shared__ int s_n_live, s_n_active, s_pairs_owned;
-  const int P = p.rows * p.top_k;
+  const int P = p.routes.rows * p.routes.top_k;
   const int NL = p.num_local;
   for (int e = threadIdx.x; e < NL; e += blockDim.x) pl.counts[e] = 0;
   // The live rows, ascending (rows <= 128 <= blockDim).
   {
     const int b = threadIdx.x;
-    const bool is_live = b < p.rows && p.slot[b] >= 0;
+    const bool is_live = b < p.routes.rows && p.routes.slot[b] >= 0;
     unsigned long long total;
     const unsigned long long before = batch::block_exclusive_scan(is_live ? 1ull : 0ull, &total);
     if (is_live) pl.live[before] = b;
@@ -228,9 +249,9 @@ __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) 
   }
   __syncthreads();
   auto owned = [&](int q, int& e) {  // pair q = b * top_k + i of a live row, its expert local?
-    const int b = q / p.top_k;
-    if (p.slot[b] < 0) return false;
-    e = p.idx[q] - p.first_expert;
+    const int b = q / p.routes.top_k;
+    if (p.routes.slot[b] < 0) return false;
+    e = p.routes.idx[q] - p.first_expert;
     return e >= 0 && e < NL;
   };
   for (int q = threadIdx.x; q < P; q += blockDim.x) {
@@ -258,7 +279,7 @@ __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) 
   if (threadIdx.x == 0) {
     const int owned_pairs = static_cast<int>(total & 0xffffffffull);
     int active = static_cast<int>(total >> 32);
-    if (p.Is > 0 && s_n_live > 0) {
+    if (p.shared.inter > 0 && s_n_live > 0) {
       pl.a_expert[active] = -1;
       pl.a_off[active] = owned_pairs;
       pl.a_cnt[active] = s_n_live;
@@ -287,7 +308,7 @@ __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) 
       base = __shfl_sync(0xffffffffu, base, leader);
       if (e >= 0) {
         const int at = pl.offsets[e] + base + __popc(peers & ((1u << lane) - 1u));
-        pl.pr_row[at] = q / p.top_k;
+        pl.pr_row[at] = q / p.routes.top_k;
         pl.pr_route[at] = q;
       }
       __syncwarp();
@@ -295,7 +316,7 @@ __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) 
       __syncwarp();
     }
   }
-  if (p.Is > 0) {
+  if (p.shared.inter > 0) {
     for (int j = threadIdx.x; j < s_n_live; j += blockDim.x) {
       pl.pr_row[s_pairs_owned + j] = pl.live[j];
       pl.pr_route[s_pairs_owned + j] = P + pl.live[j];
@@ -445,9 +466,9 @@ __global__ void __launch_bounds__(kMoeThreads)
     const int grp = rem - tile * groups;
     const int first = pl.a_off[a] + grp * kPairGroup;
     const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
-    const size_t eo = shared ? 0 : static_cast<size_t>(expert) * p.I * p.H;
-    const bf16* Wg = (shared ? p.sh_gate : p.gate + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
-    const bf16* Wu = (shared ? p.sh_up : p.up + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
+    const size_t eo = shared ? 0 : static_cast<size_t>(expert) * p.routed.inter * p.H;
+    const bf16* Wg = (shared ? p.shared.gate : p.routed.gate + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
+    const bf16* Wu = (shared ? p.shared.up : p.routed.up + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
     const bf16* const wrow[2][2] = {{Wg, Wg + 8 * static_cast<size_t>(p.H)},
                                     {Wu, Wu + 8 * static_cast<size_t>(p.H)}};
     float acc[2][kMoeNT][4];
@@ -455,23 +476,17 @@ __global__ void __launch_bounds__(kMoeThreads)
         wrow, p.H, n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, ring,
         acc);
     const bool clamp = p.limit > 0.0f;
-#pragma unroll
-    for (int j = 0; j < kMoeNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = 8 * j + 2 * t + (e & 1);
-        if (q >= n_rows) continue;
-        const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
-        float gv = round_to_bf16(acc[0][j][e]);
-        float uv = round_to_bf16(acc[1][j][e]);
-        if (clamp) {
-          gv = fminf(gv, p.limit);
-          uv = fminf(fmaxf(uv, -p.limit), p.limit);
-        }
-        const float av = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
-        p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] = f_to_bf16(av);
+    for_live_acc(t, n_rows, [&](int j, int e, int q) {
+      const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
+      float gv = round_to_bf16(acc[0][j][e]);
+      float uv = round_to_bf16(acc[1][j][e]);
+      if (clamp) {
+        gv = fminf(gv, p.limit);
+        uv = fminf(fmaxf(uv, -p.limit), p.limit);
       }
-    }
+      const float av = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
+      p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] = f_to_bf16(av);
+    });
   }
 }
 
@@ -482,7 +497,7 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_grouped_kernel(GroupedPa
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);
   constexpr size_t kRingElems = static_cast<size_t>(kMoeStages) * kPairGroup * kMoeXStride;
   bf16* d_s = rings + kMoeWarps * kRingElems;  // [pairs + rows][kDownCols]: bf16(d) per route
-  const int routes = p.rows * p.top_k + p.rows;
+  const int routes = p.routes.rows * p.routes.top_k + p.routes.rows;
   // routes * 16 BF16 = a multiple of 16 bytes: the plan after it stays aligned.
   const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
   const int n_active = build_plan(p, pl, false);
@@ -496,35 +511,30 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_grouped_kernel(GroupedPa
     const int a = find_entry(pl, n_active, w);
     const int expert = pl.a_expert[a];
     const bool shared = expert < 0;
-    const int K = shared ? p.Is : p.I;
+    const int K = shared ? p.shared.inter : p.routed.inter;
     const int grp = w - pl.a_items[a];
     const int first = pl.a_off[a] + grp * kPairGroup;
     const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
-    const bf16* Wd = (shared ? p.sh_down : p.down + static_cast<size_t>(expert) * p.H * p.I) +
-                     static_cast<size_t>(h0 + g) * K;
+    const bf16* Wd =
+        (shared ? p.shared.down : p.routed.down + static_cast<size_t>(expert) * p.H * p.routed.inter) +
+        static_cast<size_t>(h0 + g) * K;
     const bf16* const wrow[1][2] = {{Wd, Wd + 8 * static_cast<size_t>(K)}};
     float acc[1][kMoeNT][4];
     warp_gemm<1>(
         wrow, K, n_rows,
         [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; }, ring, acc);
-#pragma unroll
-    for (int j = 0; j < kMoeNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = 8 * j + 2 * t + (e & 1);
-        if (q >= n_rows) continue;
-        const int hh = g + (e >= 2 ? 8 : 0);
-        d_s[static_cast<size_t>(pl.pr_route[first + q]) * kDownCols + hh] = f_to_bf16(acc[0][j][e]);
-      }
-    }
+    for_live_acc(t, n_rows, [&](int j, int e, int q) {
+      const int hh = g + (e >= 2 ? 8 : 0);
+      d_s[static_cast<size_t>(pl.pr_route[first + q]) * kDownCols + hh] = f_to_bf16(acc[0][j][e]);
+    });
   }
   __syncthreads();
   // Each live row: its routes in idx order, as moe_experts sums them, then the shared expert.
-  const int P = p.rows * p.top_k;
+  const int P = p.routes.rows * p.routes.top_k;
   __shared__ int s_live_count;
   if (threadIdx.x == 0) {
     int c = 0;
-    for (int b = 0; b < p.rows; ++b) c += p.slot[b] >= 0;
+    for (int b = 0; b < p.routes.rows; ++b) c += p.routes.slot[b] >= 0;
     s_live_count = c;
   }
   __syncthreads();
@@ -532,13 +542,14 @@ __global__ void __launch_bounds__(kMoeThreads) moe_down_grouped_kernel(GroupedPa
     const int b = pl.live[v / kDownCols];
     const int hh = v % kDownCols;
     float o = 0.0f;
-    for (int i = 0; i < p.top_k; ++i) {
-      const int q = b * p.top_k + i;
-      const int e = p.idx[q] - p.first_expert;
+    for (int i = 0; i < p.routes.top_k; ++i) {
+      const int q = b * p.routes.top_k + i;
+      const int e = p.routes.idx[q] - p.first_expert;
       if (e < 0 || e >= p.num_local) continue;
-      o = __fadd_rn(o, __fmul_rn(p.weights[q], bf16_to_f(d_s[static_cast<size_t>(q) * kDownCols + hh])));
+      o = __fadd_rn(o,
+                    __fmul_rn(p.routes.weights[q], bf16_to_f(d_s[static_cast<size_t>(q) * kDownCols + hh])));
     }
-    if (p.Is > 0) {
+    if (p.shared.inter > 0) {
       const float sh =
           __fadd_rn(0.0f, __fmul_rn(1.0f, bf16_to_f(d_s[static_cast<size_t>(P + b) * kDownCols + hh])));
       o = __fadd_rn(o, sh);
@@ -590,24 +601,12 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   }
   GroupedParams p;
   p.x = x;
-  p.gate = routed.gate;
-  p.up = routed.up;
-  p.down = routed.down;
+  p.routed = ExpertMats{routed.gate, routed.up, routed.down, I};
   p.first_expert = routed.first_expert;
   p.num_local = routed.num_local;
   p.H = H;
-  p.I = I;
-  if (shared) {
-    p.sh_gate = shared->gate;
-    p.sh_up = shared->up;
-    p.sh_down = shared->down;
-    p.Is = Is;
-  }
-  p.idx = idx;
-  p.weights = weights;
-  p.slot = slot;
-  p.rows = rows;
-  p.top_k = top_k;
+  if (shared) p.shared = ExpertMats{shared->gate, shared->up, shared->down, Is};
+  p.routes = RoutePairs{idx, weights, slot, rows, top_k};
   p.limit = limit;
   p.act = act;
   p.act_ld = std::max(I, Is);

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kRowThreads)
                                bf16* y, int ld_y, int n, float eps) {
   pdl_begin();
   const int b = blockIdx.x;
-  if (slot[b] < 0) return;  // padded row: its token is not read
+  if (slot && slot[b] < 0) return;  // padded row: its token is not read (no slots: every row is live)
   const bf16* x = table + static_cast<size_t>(tokens[b]) * n;
   rmsnorm_into<V>(x, w, y + static_cast<size_t>(b) * ld_y, n, eps);
 }
@@ -70,8 +70,7 @@ __global__ void __launch_bounds__(kRowThreads)
       const float v = bf16_to_f(yi);
       ss = fmaf(v, v, ss);
     }
-    const float mean_sq = __fdiv_rn(batch::block_sum(ss), static_cast<float>(n));
-    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
+    const float r = batch::inv_root_mean(ss, n, eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
       normed[i] = f_to_bf16(__fmul_rn(bf16_to_f(w[i]), __fmul_rn(bf16_to_f(y[i]), r)));
   } else {
@@ -101,48 +100,15 @@ __global__ void __launch_bounds__(kRowThreads)
         ss = fmaf(yv[j][e], yv[j][e], ss);
       }
     }
-    const float mean_sq = __fdiv_rn(batch::block_sum(ss), static_cast<float>(n));
-    const float r = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean_sq, eps)));
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int v = threadIdx.x + j * kRowThreads;
-      if (v >= nv) continue;
+    const float r = batch::inv_root_mean(ss, n, eps);
+    batch::for_octets<V>(nv, [&](int j, int v) {
       *reinterpret_cast<uint4*>(y + static_cast<size_t>(v) * 8) = batch::pack8(yv[j]);
       float g[8], o[8];
       batch::unpack8(wr[j], g);
 #pragma unroll
       for (int e = 0; e < 8; ++e) o[e] = __fmul_rn(g[e], __fmul_rn(yv[j][e], r));
       *reinterpret_cast<uint4*>(normed + static_cast<size_t>(v) * 8) = batch::pack8(o);
-    }
-  }
-}
-
-/// Octets per thread of the register-resident path for rows of n whose starts are the `bases`
-/// plus multiples of the `strides` (elements of 2 bytes, or of 4 for fp32 rows given as 2x), or 0
-/// for the scalar path.
-int row_vecs(int n, std::initializer_list<const void*> bases, std::initializer_list<long long> strides) {
-  if (n % 8 != 0 || n > kRowThreads * 8 * batch::kMaxRowVecs) return 0;
-  for (const void* p : bases)
-    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
-  for (long long s : strides)
-    if (s % 8 != 0) return 0;
-  return (n / 8 + kRowThreads - 1) / kRowThreads;
-}
-
-/// Calls f(std::integral_constant<int, V>{}) for V = v in 0..4.
-template <typename F>
-void with_vecs(int v, F&& f) {
-  switch (v) {
-    case 0:
-      return f(std::integral_constant<int, 0>{});
-    case 1:
-      return f(std::integral_constant<int, 1>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    default:
-      return f(std::integral_constant<int, 4>{});
+    });
   }
 }
 
@@ -151,8 +117,8 @@ void with_vecs(int v, F&& f) {
 void embed_rmsnorm_batch(const LaunchCtx& ctx, const bf16* table, const int32_t* tokens, const int32_t* slot,
                          const bf16* w, bf16* y, int ld_y, int rows, int n, float eps) {
   // Table rows start at token * n: aligned when the table is and n is a whole number of octets.
-  const int v = row_vecs(n, {table, w, y}, {n, ld_y});
-  with_vecs(v, [&](auto V) {
+  const int v = batch::row_vecs(n, {table, w, y}, {n, ld_y});
+  batch::with_vecs(v, [&](auto V) {
     launch(ctx, embed_rmsnorm_batch_kernel<decltype(V)::value>, rows, kRowThreads, 0, table, tokens, slot, w,
            y, ld_y, n, eps);
   });
@@ -161,8 +127,8 @@ void embed_rmsnorm_batch(const LaunchCtx& ctx, const bf16* table, const int32_t*
 
 void rmsnorm_strided(const LaunchCtx& ctx, const bf16* x, int ld_x, const bf16* w, bf16* y, int ld_y,
                      int rows, int n, float eps) {
-  const int v = row_vecs(n, {x, w, y}, {ld_x, ld_y});
-  with_vecs(v, [&](auto V) {
+  const int v = batch::row_vecs(n, {x, w, y}, {ld_x, ld_y});
+  batch::with_vecs(v, [&](auto V) {
     launch(ctx, rmsnorm_strided_kernel<decltype(V)::value>, rows, kRowThreads, 0, x, ld_x, w, y, ld_y, n,
            eps);
   });
@@ -172,8 +138,8 @@ void rmsnorm_strided(const LaunchCtx& ctx, const bf16* x, int ld_x, const bf16* 
 void residual_add_rmsnorm_rows(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y,
                                const bf16* w, bf16* normed, int rows, int n, float eps) {
   // delta's rows are n floats: 16-byte aligned row starts when n % 4 == 0 (n % 8 == 0 here).
-  const int v = row_vecs(n, {x, delta, y, w, normed}, {n});
-  with_vecs(v, [&](auto V) {
+  const int v = batch::row_vecs(n, {x, delta, y, w, normed}, {n});
+  batch::with_vecs(v, [&](auto V) {
     launch(ctx, residual_add_rmsnorm_rows_kernel<decltype(V)::value>, rows, kRowThreads, 0, x, delta, y, w,
            normed, n, eps);
   });

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# `mtplab check` and the checks `mtplab run` makes before it creates its output, end to end on the
+# trained tiny model's checkpoint and trace (copied, then corrupted one way at a time).
+#
+#   test_check.sh single MTPLAB MPIEXEC PYTHON   one process: check's lines and exit codes; a run
+#                                                that fails on its inputs leaves no results file and
+#                                                the corrected rerun goes through; NaN weights, NaN
+#                                                hiddens, measure.sequences above the trace's count;
+#                                                a rerun or merge on other inputs is refused naming
+#                                                the key; stale temporaries removed; backend not
+#                                                sweepable
+#   test_check.sh np2 MTPLAB MPIEXEC PYTHON      under mpirun -np 2: the verdict is shared (every
+#                                                rank exits non-zero), rank 0 prints the report once
+# Exit 77 (skipped) when PYTHON lacks h5py. MTPLAB_SOURCE_DIR = repository root.
+set -uo pipefail
+mode=$1 mtplab=$2 mpiexec=$3 python=$4
+src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+"$python" -c "import h5py" 2>/dev/null || { echo "SKIPPED: $python lacks h5py"; exit 77; }
+
+work=$(mktemp -d /tmp/mtplab-check-test.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+cp "$src/data/trained-tiny/model.safetensors" "$src/data/trained-tiny/trace.h5" \
+   "$src/data/trained-tiny/trained-tiny.yaml" "$work/"
+exp=$work/exp.yaml
+cat >"$exp" <<EOF
+model: $work/trained-tiny.yaml
+weights: {checkpoint: $work/model.safetensors}
+trace: {path: $work/trace.h5}
+measure: {warmup_steps: 1, sequences: 2, max_steps: 4}
+output: $work/out/r.h5
+backend: cpu
+draft_len: 3
+EOF
+
+# nan_tensor IN OUT NAME: a copy of checkpoint IN with every element of tensor NAME (BF16) NaN.
+nan_tensor() {
+  "$python" - "$@" <<'PY'
+import json, struct, sys, shutil
+src, dst, name = sys.argv[1:4]
+shutil.copyfile(src, dst)
+with open(dst, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    t = json.loads(f.read(n))[name]
+    assert t["dtype"] == "BF16", t
+    b, e = t["data_offsets"]
+    f.seek(8 + n + b)
+    f.write(b"\xc0\x7f" * ((e - b) // 2))
+PY
+}
+# set_hidden FILE ROW COL BITS: one hidden of a trace (uint16 BF16 bits), in place.
+set_hidden() {
+  "$python" - "$@" <<'PY'
+import sys, h5py
+path, row, col, bits = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4], 0)
+with h5py.File(path, "r+") as f:
+    f["hiddens"][row, col] = bits
+PY
+}
+has() { grep -qF -- "$2" "$1" || { fail "$1 lacks: $2"; cat "$1"; }; }
+hnorm=model.language_model.layers.45.hnorm.weight
+
+case $mode in
+  single)
+    # --help names the command.
+    "$mtplab" check --help >"$work/help.log" 2>&1 || fail "check --help exited $?"
+    has "$work/help.log" "usage: mtplab check EXP.yaml"
+    "$mtplab" --help | grep -q '^  check ' || fail "mtplab --help does not list check"
+
+    # 1. Clean inputs: one line per input, OK, exit 0; nothing is created.
+    "$mtplab" check "$exp" >"$work/c1.log" 2>&1
+    rc=$?
+    ((rc == 0)) || { fail "check of clean inputs exited $rc"; cat "$work/c1.log"; }
+    has "$work/c1.log" "ok       experiment $exp: 1 point(s) for 1 rank(s), backend cpu"
+    has "$work/c1.log" "ok       checkpoint $work/model.safetensors: "
+    has "$work/c1.log" "ok       trace $work/trace.h5: 16 sequence(s) of "
+    has "$work/c1.log" "ok       output $work/out/r.h5: new file; 1 directory to create under $work (writable)"
+    tail -n 1 "$work/c1.log" | grep -qx OK || fail "the clean check does not end with OK"
+    [[ ! -e $work/out ]] || fail "check created $work/out"
+
+    # 2. All-NaN hnorm: it used to run to exit 0 drafting token 0 everywhere. Now check names the
+    #    tensor and its first bad element, and run refuses before creating anything.
+    nan_tensor "$work/model.safetensors" "$work/nan.safetensors" "$hnorm"
+    nan=(--set "weights.checkpoint=$work/nan.safetensors")
+    "$mtplab" check "$exp" "${nan[@]}" >"$work/c2.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "check of a NaN checkpoint exited $rc, expected 2"; cat "$work/c2.log"; }
+    has "$work/c2.log" "PROBLEM  checkpoint $work/nan.safetensors"
+    has "$work/c2.log" "problem: tensor \"$hnorm\" in $work/nan.safetensors (BF16 [128]): element [0] (flat index 0) is NaN, the first non-finite value"
+    has "$work/c2.log" "a shard does not load"
+    grep -qx '[0-9]* problem(s)' <(tail -n 1 "$work/c2.log") || fail "no 'N problem(s)' line"
+    "$mtplab" run "$exp" "${nan[@]}" --out "$work/nan.h5" >"$work/r2.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "run on a NaN checkpoint exited $rc, expected 2"; cat "$work/r2.log"; }
+    has "$work/r2.log" "no results file was created"
+    [[ ! -e $work/nan.h5 ]] || fail "a run refused on its inputs left $work/nan.h5"
+
+    # 3. A run that fails on its inputs (a missing trace) leaves no file, so the corrected rerun
+    #    into the same output is not refused as "a different experiment configuration".
+    "$mtplab" run "$exp" --set "trace.path=$work/missing.h5" --out "$work/fix.h5" >"$work/r3.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "run on a missing trace exited $rc, expected 2"; cat "$work/r3.log"; }
+    has "$work/r3.log" "$work/missing.h5"
+    [[ ! -e $work/fix.h5 ]] || fail "a run refused on its inputs left $work/fix.h5"
+    "$mtplab" run "$exp" --out "$work/fix.h5" >"$work/r3b.log" 2>&1 || { fail "the corrected rerun exited $?"; cat "$work/r3b.log"; }
+
+    # 4. measure.sequences above the trace's 16 sequences: a problem (it used to replay 16 silently).
+    "$mtplab" check "$exp" --set measure.sequences=99 >"$work/c4.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "check with measure.sequences=99 exited $rc"; cat "$work/c4.log"; }
+    has "$work/c4.log" "problem: measure.sequences 99 exceeds the trace's 16 sequence(s): the points would replay 16 and record 99 (point p0000)"
+
+    # 5. A NaN hidden (sequence 0, position 3, element 5).
+    cp "$work/trace.h5" "$work/nan-trace.h5"
+    set_hidden "$work/nan-trace.h5" 3 5 0x7fc0
+    "$mtplab" check "$exp" --set "trace.path=$work/nan-trace.h5" >"$work/c5.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "check of a NaN trace exited $rc"; cat "$work/c5.log"; }
+    has "$work/c5.log" "problem: $work/nan-trace.h5: sequence 0, position 3 (row 3), element 5: hidden is NaN"
+
+    # 6. A results file never mixes inputs: the same configuration on another trace (one hidden
+    #    changed, still finite) is refused, naming the trace; so is a merge of the two.
+    "$mtplab" run "$exp" --out "$work/a.h5" >"$work/r6.log" 2>&1 || { fail "run into a.h5 exited $?"; cat "$work/r6.log"; }
+    cp "$work/trace.h5" "$work/trace.orig.h5"
+    set_hidden "$work/trace.h5" 0 0 0x3f81
+    "$mtplab" run "$exp" --out "$work/a.h5" >"$work/r6b.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "a rerun on another trace exited $rc, expected 2"; cat "$work/r6b.log"; }
+    has "$work/r6b.log" "holds results of a different experiment configuration"
+    grep -q "trace $work/trace.h5: fnv1a64 [0-9a-f]\{16\} (16 sequences, [0-9]* positions, hidden 128, vocab 4096) (in the file) vs fnv1a64 [0-9a-f]\{16\} (16 sequences" "$work/r6b.log" ||
+      { fail "the refusal does not name the trace's fingerprint"; cat "$work/r6b.log"; }
+    "$mtplab" run "$exp" --out "$work/b.h5" >"$work/r6c.log" 2>&1 || { fail "run into b.h5 exited $?"; cat "$work/r6c.log"; }
+    if "$mtplab" merge "$work/ab.h5" "$work/a.h5" "$work/b.h5" >"$work/m6.log" 2>&1; then
+      fail "a merge of files of two traces was accepted"
+    fi
+    has "$work/m6.log" "they differ in: trace $work/trace.h5: fnv1a64 "
+    has "$work/m6.log" "(in $work/a.h5) vs fnv1a64 "
+    [[ ! -e $work/ab.h5 ]] || fail "a refused merge left $work/ab.h5"
+    cp "$work/trace.orig.h5" "$work/trace.h5"
+
+    # 7. Stale temporaries: a dead writer's is reported by check and removed by the next run, with a
+    #    log line; a live process's is left alone.
+    sleep 0 &
+    dead=$!
+    wait "$dead"
+    touch "$work/a.h5.tmp.$dead" "$work/a.h5.tmp.$$"
+    "$mtplab" check "$exp" --out "$work/a.h5" >"$work/c7.log" 2>&1 || { fail "check of a.h5 exited $?"; cat "$work/c7.log"; }
+    has "$work/c7.log" "warning: 1 temporary file(s) of a killed writer ($work/a.h5.tmp.$dead): the next run into this output removes them"
+    has "$work/c7.log" "exists, same configuration and inputs: 1 of 1 point(s) done"
+    "$mtplab" run "$exp" --out "$work/a.h5" >"$work/r7.log" 2>&1 || { fail "resume of a.h5 exited $?"; cat "$work/r7.log"; }
+    has "$work/r7.log" "removed $work/a.h5.tmp.$dead: a temporary file of a killed writer"
+    [[ ! -e $work/a.h5.tmp.$dead ]] || fail "the dead writer's temporary is still there"
+    [[ -e $work/a.h5.tmp.$$ ]] || fail "a live process's temporary was removed"
+
+    # 8. backend cannot be swept (docs/experiments.md): the code now says so too.
+    "$mtplab" list "$exp" --set 'sweep.grid.backend=[cpu]' >"$work/l8.log" 2>&1
+    rc=$?
+    ((rc == 1)) || { fail "a swept backend: list exited $rc, expected 1"; cat "$work/l8.log"; }
+    has "$work/l8.log" '"backend" cannot be swept'
+    has "$work/l8.log" "one run uses one backend"
+    ;;
+  np2)
+    launch=("$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab")
+    "${launch[@]}" check "$exp" >"$work/n1.log" 2>&1 || { fail "np2 check of clean inputs exited $?"; cat "$work/n1.log"; }
+    has "$work/n1.log" "ok       checkpoint $work/model.safetensors: "
+    has "$work/n1.log" "every rank's shard loads"
+    nan_tensor "$work/model.safetensors" "$work/nan.safetensors" "$hnorm"
+    "${launch[@]}" check "$exp" --set "weights.checkpoint=$work/nan.safetensors" >"$work/n2.log" 2>&1
+    rc=$?
+    ((rc != 0)) || fail "np2 check of a NaN checkpoint exited 0"
+    n=$(grep -c '^PROBLEM  checkpoint' "$work/n2.log")
+    ((n == 1)) || { fail "the report was printed $n times, expected once (rank 0)"; cat "$work/n2.log"; }
+    n=$(grep -c "problem: .*hnorm.weight" "$work/n2.log")
+    ((n == 1)) || { fail "the NaN tensor is named $n times, expected once (the scan, the ranks' loads agree)"; cat "$work/n2.log"; }
+    "${launch[@]}" run "$exp" --set "weights.checkpoint=$work/nan.safetensors" --out "$work/nan.h5" >"$work/n3.log" 2>&1
+    rc=$?
+    ((rc != 0)) || fail "np2 run on a NaN checkpoint exited 0"
+    [[ ! -e $work/nan.h5 ]] || fail "an np2 run refused on its inputs left $work/nan.h5"
+    "${launch[@]}" run "$exp" --out "$work/ok.h5" >"$work/n4.log" 2>&1 || { fail "np2 run exited $?"; cat "$work/n4.log"; }
+    ;;
+  *)
+    echo "unknown mode $mode"
+    exit 2
+    ;;
+esac
+
+((failures == 0)) || { echo "$failures failure(s)"; exit 1; }
+echo "all checks passed ($mode)"

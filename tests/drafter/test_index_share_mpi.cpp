@@ -1,0 +1,160 @@
+// The index_share arm across 2 ranks (MPI communicator, CPU backend): attention heads and experts
+// split over the ranks, the head replicated or vocab-sharded. The indexer is replicated, so
+// sharing its selection changes no collective: a replay with index_share on issues exactly the
+// collectives (kind and size, in order) of the same replay with it off. With it on, every head
+// sharding and exchange gives the drafts of the reference arm (head replicated, packed_u64,
+// cache_only) at the same world size, and a sequence's batched drafts (B = 3) equal its drafts
+// alone. A failure on any rank fails the job.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "batch_replay.hpp"
+#include "common/trace.hpp"
+#include "dist/guard.hpp"
+#include "dist/runtime.hpp"
+#include "drafter/factory.hpp"
+#include "model/weights.hpp"
+
+using namespace mtplab;
+
+namespace {
+dist::Runtime* g_runtime = nullptr;
+
+constexpr int kDraft = 3;
+
+/// Forwards to a communicator and records every collective as (kind, size).
+class RecordingComm final : public dist::Communicator {
+ public:
+  explicit RecordingComm(dist::Communicator& inner) : inner_(inner) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string kind() const override { return inner_.kind(); }
+  bool on_device() const override { return inner_.on_device(); }
+  void all_reduce_sum(const float* send, float* recv, size_t count) override {
+    calls.push_back("sum_f32 " + std::to_string(count));
+    inner_.all_reduce_sum(send, recv, count);
+  }
+  void all_reduce_sum(const bf16* send, bf16* recv, size_t count) override {
+    calls.push_back("sum_bf16 " + std::to_string(count));
+    inner_.all_reduce_sum(send, recv, count);
+  }
+  void all_reduce_max(const uint64_t* send, uint64_t* recv, size_t count) override {
+    calls.push_back("max_u64 " + std::to_string(count));
+    inner_.all_reduce_max(send, recv, count);
+  }
+  void all_gather(const void* send, void* recv, size_t bytes) override {
+    calls.push_back("gather " + std::to_string(bytes));
+    inner_.all_gather(send, recv, bytes);
+  }
+  void broadcast(void* buf, size_t bytes, int root) override {
+    calls.push_back("broadcast " + std::to_string(bytes));
+    inner_.broadcast(buf, bytes, root);
+  }
+  void barrier() override {
+    calls.push_back("barrier");
+    inner_.barrier();
+  }
+  void wait() override { inner_.wait(); }
+  std::vector<std::string> calls;
+
+ private:
+  dist::Communicator& inner_;
+};
+
+struct Case {
+  model::HeadSharding sharding;
+  drafter::Exchange exchange;
+  drafter::ContextRows context;
+};
+
+std::string name_of(const Case& c) {
+  return str(model::to_string(c.sharding), "/", drafter::to_string(c.exchange), "/",
+             drafter::to_string(c.context));
+}
+
+/// 4 sequences of 40 tokens: most drafts past the tiny preset's dense window (19 rows).
+const std::vector<io::TraceSequence>& shared_trace(const model::ModelConfig& cfg) {
+  static const std::vector<io::TraceSequence> trace = [&] {
+    auto be = ops::make_cpu_backend();
+    return test::make_trace(*be, cfg, 4, 20, 20, 8);
+  }();
+  return trace;
+}
+
+std::vector<int> prompts(size_t n) {
+  std::vector<int> p(n);
+  for (size_t s = 0; s < n; ++s) p[s] = 12 + static_cast<int>((s * 7) % 15);
+  return p;
+}
+
+struct CaseRun {
+  test::SequenceDrafts single, batched;
+  std::vector<std::string> calls;  ///< the single-sequence replay's collectives
+};
+
+CaseRun run_case(const model::ModelConfig& cfg, dist::Communicator& comm, const Case& c, bool share) {
+  auto be = ops::make_cpu_backend();
+  const auto plan = model::make_shard_plan(cfg, comm.rank(), comm.size(), c.sharding);
+  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  drafter::DrafterOptions opt;
+  opt.draft_len = kDraft;
+  opt.head_sharding = c.sharding;
+  opt.exchange = c.exchange;
+  opt.context_rows = c.context;
+  opt.index_share = share;
+  const auto& trace = shared_trace(cfg);
+  const auto p = prompts(trace.size());
+  CaseRun r;
+  RecordingComm recording(comm);
+  auto d = drafter::make_drafter(*be, &recording, cfg, w, opt);
+  r.single = test::replay_single(*d, trace, p, kDraft, cfg.hidden);
+  r.calls = recording.calls;
+  auto b = drafter::make_drafter(*be, &comm, cfg, w, opt);
+  r.batched = test::replay_batched(*b, trace, p, kDraft, cfg.hidden, 3).drafts;
+  return r;
+}
+
+}  // namespace
+
+TEST(IndexShareMpi, SameCollectivesAndShardingIndependentDrafts) {
+  auto group = g_runtime->world_group();
+  auto& comm = group.connect(dist::Transport::mpi);
+  const auto cfg = test::tiny_config(256);
+  const Case reference{model::HeadSharding::none, drafter::Exchange::packed_u64,
+                       drafter::ContextRows::cache_only};
+  const CaseRun ref = run_case(cfg, comm, reference, true);
+  size_t drafted = 0;
+  for (const auto& d : ref.single) drafted += d.size();
+  ASSERT_GT(drafted, 0u);
+  const std::vector<Case> cases = {
+      reference,
+      {model::HeadSharding::vocab, drafter::Exchange::packed_u64, drafter::ContextRows::full},
+      {model::HeadSharding::vocab, drafter::Exchange::allgather_logits, drafter::ContextRows::cache_only},
+      {model::HeadSharding::vocab, drafter::Exchange::bf16_lanes, drafter::ContextRows::cache_only},
+  };
+  for (const Case& c : cases) {
+    const std::string where = name_of(c) + " at " + std::to_string(comm.size()) + " ranks";
+    const CaseRun on = &c == &cases.front() ? ref : run_case(cfg, comm, c, true);
+    const CaseRun off = run_case(cfg, comm, c, false);
+    EXPECT_TRUE(on.single == ref.single) << where << ": drafts differ from the reference arm's";
+    EXPECT_TRUE(on.batched == on.single) << where << ": batched drafts differ from the single-sequence ones";
+    EXPECT_FALSE(on.calls.empty()) << where;
+    EXPECT_EQ(on.calls, off.calls) << where << ": index_share changed the collectives";
+  }
+}
+
+int main(int argc, char** argv) {
+  return dist::run_guarded([&] {
+    dist::Runtime runtime(&argc, &argv);
+    g_runtime = &runtime;
+    ::testing::InitGoogleTest(&argc, argv);
+    if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
+    int rc = RUN_ALL_TESTS();
+    int any = 0;
+    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return any;
+  });
+}
