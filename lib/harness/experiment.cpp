@@ -370,6 +370,11 @@ void check_arm_value(const ArmSpec& a, const YamlNode& v) {
     case ArmType::integer:
       (void)v.as_int(a.min, a.max);
       return;
+    case ArmType::real: {
+      const double d = v.as_double(a.real_min, a.real_max);
+      if (a.real_min_exclusive && d <= a.real_min) v.fail(str("expected a value in ", a.allowed()));
+      return;
+    }
     case ArmType::text: {
       if (!v.is_scalar()) v.fail(str("expected one of ", a.allowed()));
       Arms scratch;
