@@ -145,12 +145,16 @@ class Results:
         return (float(v[0]), float(v[1])) if v is not None else (np.nan, np.nan)
 
     def acceptance_intervals(self, point):
-        """{"acceptance_rate": (lo, hi), "tau": (lo, hi)}: the 95% bootstrap intervals over
-        sequences as the file records them, or, in files written before them, recomputed from the
+        """{"acceptance_rate": (lo, hi), "tau": (lo, hi)} (and "expected_acceptance_rate",
+        "expected_tau" where the file has them): the 95% bootstrap intervals over sequences as the
+        file records them, or, in files written before them, recomputed from the
         steps with mtplab's algorithm and seed (the same numbers mtplab would have written)."""
         g = self.group(point)
         if "tau_ci" in g.attrs:
-            return {f: self.interval(point, f) for f in ("acceptance_rate", "tau")}
+            figures = ["acceptance_rate", "tau"]
+            if "expected_tau_ci" in g.attrs:
+                figures += ["expected_acceptance_rate", "expected_tau"]
+            return {f: self.interval(point, f) for f in figures}
         k = int(g.attrs["draft_len"])
         s = self.steps(point)
         r0 = s[s["repeat"] == 0]

@@ -128,19 +128,26 @@ bool pid_alive(long pid) {
 void write_uncertainty(Group& g, const PointConfig& point, const PointResult& r) {
   const int k = r.k;
   std::vector<int32_t> seq0, acc0;
+  std::vector<double> exp0;
   std::vector<uint8_t> rep0(r.sequence.size(), 0);
+  const bool has_expected = r.expected_accepted.size() == r.sequence.size();
   for (size_t row = 0; row < r.sequence.size(); ++row) {
     if (r.repeat[row] != 0) continue;
     rep0[row] = 1;
     seq0.push_back(r.sequence[row]);
     acc0.push_back(r.accepted[row]);
+    if (has_expected) exp0.push_back(r.expected_accepted[row]);
   }
   g.set_attr("accepted_hist", accepted_histogram(acc0, k));
   const uint64_t seed = acceptance_bootstrap_seed(point.index);
-  const SequenceSums sums = sums_by_sequence(seq0, acc0);
+  const SequenceSums sums = sums_by_sequence(seq0, acc0, exp0);
   const AcceptanceIntervals ci = acceptance_intervals(sums, k, seed);
   g.set_attr("acceptance_rate_ci", std::vector<double>{ci.acceptance_rate.lo, ci.acceptance_rate.hi});
   g.set_attr("tau_ci", std::vector<double>{ci.tau.lo, ci.tau.hi});
+  // The expected figures' intervals from the same resamples (NaN bounds without expected lengths).
+  g.set_attr("expected_acceptance_rate_ci",
+             std::vector<double>{ci.expected_acceptance_rate.lo, ci.expected_acceptance_rate.hi});
+  g.set_attr("expected_tau_ci", std::vector<double>{ci.expected_tau.lo, ci.expected_tau.hi});
   g.set_attr("bootstrap_units", "sequences");
   g.set_attr("bootstrap_resamples", static_cast<int64_t>(kBootstrapResamples));
   g.set_attr("bootstrap_seed", static_cast<int64_t>(seed));

@@ -152,6 +152,24 @@ def check_uncertainty(res, name, df, k):
     check(np.allclose(tau, (1 + lo, 1 + hi), rtol=0, atol=1e-12), f"{name}: tau_ci {tau} vs {(1 + lo, 1 + hi)}")
     check(tau[0] - 1e-12 <= float(g.attrs["tau"]) <= tau[1] + 1e-12, f"{name}: tau {g.attrs['tau']} outside tau_ci {tau}")
     check(1 <= tau[0] <= tau[1] <= k + 1, f"{name}: tau_ci {tau} outside [1, {k + 1}]")
+    # The expected figures' intervals: the same resamples with each sequence's summed expected
+    # lengths as a second numerator; the expected tau lies inside its interval.
+    check("expected_tau_ci" in g.attrs and "expected_acceptance_rate_ci" in g.attrs,
+          f"{name}: expected_tau_ci / expected_acceptance_rate_ci missing")
+    if "expected_accepted" in r0.columns and "expected_tau_ci" in g.attrs:
+        expected = {}
+        for q, e in zip(r0["sequence"].values, r0["expected_accepted"].values):
+            expected[q] = expected.get(q, 0.0) + float(e)
+        [_, (elo, ehi)] = mr.bootstrap_ratio_intervals(
+            [steps[u] for u in units], [[accepted[u] for u in units], [expected[u] for u in units]],
+            int(g.attrs["bootstrap_seed"]), int(g.attrs["bootstrap_resamples"]))
+        etau = res.interval(name, "expected_tau")
+        erate = res.interval(name, "expected_acceptance_rate")
+        check(np.allclose(etau, (1 + elo, 1 + ehi), rtol=0, atol=1e-9), f"{name}: expected_tau_ci {etau} vs {(1 + elo, 1 + ehi)}")
+        check(np.allclose(erate, (elo / k, ehi / k), rtol=0, atol=1e-9),
+              f"{name}: expected_acceptance_rate_ci {erate} vs {(elo / k, ehi / k)}")
+        check(etau[0] - 1e-9 <= float(g.attrs["expected_tau"]) <= etau[1] + 1e-9,
+              f"{name}: expected_tau {g.attrs['expected_tau']} outside expected_tau_ci {etau}")
 
 
 def check_draft_stats(res, name, df, k):

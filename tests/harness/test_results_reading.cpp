@@ -53,6 +53,10 @@ PointResult result_of(const std::vector<Row>& rows, int k) {
     while (a < k && row.drafts[static_cast<size_t>(a)] == row.targets[static_cast<size_t>(a)]) ++a;
     r.accepted.push_back(a);
     r.acceptance.add(k, a);
+    r.expected_accepted.push_back(a);  // greedy verification: the expected length is the realised one
+    for (int j = 0; j < k; ++j)
+      r.accept_prob.push_back(
+          row.drafts[static_cast<size_t>(j)] == row.targets[static_cast<size_t>(j)] ? 1.f : 0.f);
     r.batch_step.push_back(static_cast<int32_t>(r.batch_step.size()));
     r.batch_rows.push_back(1);
     r.warmup.push_back(0);
