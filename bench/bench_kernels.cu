@@ -54,7 +54,7 @@
 #include "core/hash.hpp"
 #include "core/stats.hpp"
 #include "core/str.hpp"
-#include "ops/cuda/batch_kernels.hpp"
+#include "ops/cuda/dense.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/kernel_policy.hpp"
 #include "ops/ops.hpp"
