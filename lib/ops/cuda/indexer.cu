@@ -65,6 +65,83 @@ constexpr int kScoreThreads = 256;
 constexpr int kScoreWarps = kScoreThreads / kWarp;
 constexpr int kPoolsPerWarp = 4;
 
+// What both score kernels (one row, batched rows) run: the query staging and a warp's group of 4
+// pools. Only the accumulation of a head's term differs between them (the single-row kernel lets the
+// compiler contract it into an FMA, the batched one rounds the product and the sum separately), so
+// each passes its own.
+
+/// The query rows (16-byte loads, unrolled so that many are in flight: a scalar loop here was a
+/// chain of dependent round trips) into q_s [n_heads][qstride] and the head weights into w_s.
+/// D % 4 == 0 and q 16-byte aligned (checked at launch). Whole block; the caller syncs.
+__device__ __forceinline__ void stage_queries(const float* q, const float* w, float* q_s, float* w_s,
+                                              int n_heads, int D, int qstride) {
+  const int q_vecs = n_heads * D / 4;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(q) + i);
+    const int h = (4 * i) / D, c = (4 * i) % D;
+    *reinterpret_cast<float4*>(q_s + static_cast<size_t>(h) * qstride + c) = v;
+  }
+  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
+}
+
+/// The scores of the warp's 4 pools j0 .. j0 + 3 (a group with a candidate: j0 < n_cand) into
+/// out[j0 + i]: -inf past n_cand, nothing past max_pools. The 4 keys are staged in my_keys [c][pool]
+/// (zeros past n_cand); for each head h = lane, lane + 32, ... the 4 dot products with the staged
+/// query row run over c ascending (one fmaf per term), and total[i] = add(total[i], w_s[h], dot[i]);
+/// then a warp sum per pool. Whole warp.
+template <typename Add>
+__device__ __forceinline__ void score_pool_group(const float* keys, const float* q_s, const float* w_s,
+                                                 int qstride, int n_heads, int D, int j0, int n_cand,
+                                                 int max_pools, int lane, float* my_keys, float* out,
+                                                 Add&& add) {
+#pragma unroll 4
+  for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
+    const int pl = (4 * i) / D;
+    const int c = (4 * i) % D;
+    const float4 k4 =
+        (j0 + pl < n_cand)
+            ? __ldg(reinterpret_cast<const float4*>(keys + static_cast<size_t>(j0 + pl) * D + c))
+            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    my_keys[(c + 0) * kPoolsPerWarp + pl] = k4.x;
+    my_keys[(c + 1) * kPoolsPerWarp + pl] = k4.y;
+    my_keys[(c + 2) * kPoolsPerWarp + pl] = k4.z;
+    my_keys[(c + 3) * kPoolsPerWarp + pl] = k4.w;
+  }
+  __syncwarp();
+  float total[kPoolsPerWarp] = {};
+  for (int h = lane; h < n_heads; h += kWarp) {
+    float dot[kPoolsPerWarp] = {};
+    const float* qh = q_s + static_cast<size_t>(h) * qstride;
+#pragma unroll 4
+    for (int c = 0; c < D; c += 4) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
+      const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        const float4 k4 = *reinterpret_cast<const float4*>(my_keys + (c + cc) * kPoolsPerWarp);
+        dot[0] = fmaf(qv[cc], k4.x, dot[0]);
+        dot[1] = fmaf(qv[cc], k4.y, dot[1]);
+        dot[2] = fmaf(qv[cc], k4.z, dot[2]);
+        dot[3] = fmaf(qv[cc], k4.w, dot[3]);
+      }
+    }
+#pragma unroll
+    for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = add(total[pl], w_s[h], dot[pl]);
+  }
+#pragma unroll
+  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
+  if (lane < kPoolsPerWarp) {
+    const int j = j0 + lane;
+    float v = total[0];
+#pragma unroll
+    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
+      if (lane == pl) v = total[pl];
+    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
+  }
+  __syncwarp();  // my_keys is restaged by the next group
+}
+
 /// A warp scores 4 pools at once: lane h holds head h's query row (shared memory, padded for
 /// conflict-free 16-byte reads) and the 4 keys are broadcast [c][pool] from shared memory, so
 /// each query load feeds 4 pools. Non-candidates get -inf.
@@ -81,16 +158,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   // The position is loaded before the query rows, so its round trip overlaps theirs instead of
   // following the barrier (the pool keys' loads wait for it).
   const int64_t p = pos[0];
-  // 16-byte loads, unrolled so that many are in flight (a scalar loop here was a chain of
-  // dependent round trips). D % 4 == 0, and q is 16-byte aligned (checked at launch).
-  const int q_vecs = n_heads * D / 4;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(q) + i);
-    const int h = (4 * i) / D, c = (4 * i) % D;
-    *reinterpret_cast<float4*>(q_s + static_cast<size_t>(h) * qstride + c) = v;
-  }
-  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
+  stage_queries(q, w, q_s, w_s, n_heads, D, qstride);
   __syncthreads();
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -104,51 +172,10 @@ __global__ void __launch_bounds__(kScoreThreads)
         if (j0 + p < max_pools) scores[j0 + p] = -INFINITY;
       continue;
     }
-#pragma unroll 4
-    for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
-      const int p = (4 * i) / D;
-      const int c = (4 * i) % D;
-      const float4 k4 =
-          (j0 + p < n_cand)
-              ? __ldg(reinterpret_cast<const float4*>(pool_keys + static_cast<size_t>(j0 + p) * D + c))
-              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      my_keys[(c + 0) * kPoolsPerWarp + p] = k4.x;
-      my_keys[(c + 1) * kPoolsPerWarp + p] = k4.y;
-      my_keys[(c + 2) * kPoolsPerWarp + p] = k4.z;
-      my_keys[(c + 3) * kPoolsPerWarp + p] = k4.w;
-    }
-    __syncwarp();
-    float total[kPoolsPerWarp] = {};
-    for (int h = lane; h < n_heads; h += kWarp) {
-      float dot[kPoolsPerWarp] = {};
-      const float* qh = q_s + static_cast<size_t>(h) * qstride;
-#pragma unroll 4
-      for (int c = 0; c < D; c += 4) {
-        const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
-        const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-          const float4 k4 = *reinterpret_cast<const float4*>(my_keys + (c + cc) * kPoolsPerWarp);
-          dot[0] = fmaf(qv[cc], k4.x, dot[0]);
-          dot[1] = fmaf(qv[cc], k4.y, dot[1]);
-          dot[2] = fmaf(qv[cc], k4.z, dot[2]);
-          dot[3] = fmaf(qv[cc], k4.w, dot[3]);
-        }
-      }
-#pragma unroll
-      for (int p = 0; p < kPoolsPerWarp; ++p) total[p] += w_s[h] * fmaxf(dot[p] * inv_sqrt_d, 0.0f);
-    }
-#pragma unroll
-    for (int p = 0; p < kPoolsPerWarp; ++p) total[p] = warp_sum(total[p]);
-    if (lane < kPoolsPerWarp) {
-      const int j = j0 + lane;
-      float v = total[0];
-#pragma unroll
-      for (int p = 1; p < kPoolsPerWarp; ++p)
-        if (lane == p) v = total[p];
-      if (j < max_pools) scores[j] = j < n_cand ? v : -INFINITY;
-    }
-    __syncwarp();
+    // A head's term as written: the compiler contracts the add into an FMA.
+    score_pool_group(
+        pool_keys, q_s, w_s, qstride, n_heads, D, j0, n_cand, max_pools, lane, my_keys, scores,
+        [&](float total, float wh, float dot) { return total + wh * fmaxf(dot * inv_sqrt_d, 0.0f); });
   }
 }
 
@@ -162,7 +189,7 @@ __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long 
   return batch::block_exclusive_scan(v, total) + v;
 }
 
-/// The selection's end (both select kernels, whole block): after the n_sel selected pools, the
+/// The selection's end (every select kernel, whole block): after the n_sel selected pools, the
 /// rows of the incomplete tail pool(s) up to p, then -1 to `width`.
 __device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64_t p, int n_cand, int n_sel,
                                                        int P, int width) {
@@ -174,6 +201,30 @@ __device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64
   for (int64_t i = threadIdx.x; i < n_tail; i += blockDim.x)
     selection[base + i] = static_cast<int32_t>(tail_first + i);
   for (int64_t i = base + n_tail + threadIdx.x; i < width; i += blockDim.x) selection[i] = -1;
+}
+
+/// One 8-bit pass of the 4-pass radix selects (the single-row v1 and the batched one, whole block):
+/// hist[d] = how many of the n_cand keys match `prefix` above bit shift + 8 and have digit d at
+/// `shift`. The loop bound is uniform across the block, so every warp is converged at the match;
+/// lanes with the same bin add once (the lowest), which spares the atomics on heavy ties. Returns
+/// with hist complete (synced).
+template <typename KeyOf>
+__device__ __forceinline__ void radix_histogram(unsigned int* hist, int n_cand, KeyOf&& key_of,
+                                                uint32_t prefix, int shift) {
+  const int tid = threadIdx.x;
+  const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+  for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+  __syncthreads();
+  for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
+    const int j = j0 + tid;
+    const uint32_t key = j < n_cand ? key_of(j) : 0u;
+    const bool match = j < n_cand && (key & high_mask) == prefix;
+    const unsigned int bin = (key >> shift) & 0xffu;
+    const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
+    if (match && (__ffs(peers) - 1) == (tid % kWarp))
+      atomicAdd(&hist[bin], static_cast<unsigned int>(__popc(peers)));
+  }
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kSelectThreads)
@@ -206,20 +257,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   if (!take_all && n_sel == 0) prefix = 0xffffffffu;  // K < P: nothing is selected (need stays 0)
   if (!take_all && n_sel > 0) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-      for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-      __syncthreads();
-      // The loop bound is uniform across the block, so every warp is converged at the match;
-      // lanes with the same bin add once (the lowest), which spares the atomics on heavy ties.
-      for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
-        const int j = j0 + tid;
-        const uint32_t key = j < n_cand ? key_of(j) : 0u;
-        const bool match = j < n_cand && (key & high_mask) == prefix;
-        const unsigned int bin = (key >> shift) & 0xffu;
-        const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
-        if (match && (__ffs(peers) - 1) == (tid % kWarp)) atomicAdd(&hist[bin], __popc(peers));
-      }
-      __syncthreads();
+      radix_histogram(hist, n_cand, key_of, prefix, shift);
       // Descending digits: thread t < 256 looks at digit 255 - t; inclusive scan from the top.
       unsigned long long total;
       const unsigned long long cnt = tid < 256 ? hist[255 - tid] : 0ull;
@@ -645,14 +683,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   float* q_s = smem;                                          // [n_heads][D + 4]
   float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads, padded to 4]
   float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
-  const int q_vecs = n_heads * D / 4;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(qb) + i);
-    const int h = (4 * i) / D, c = (4 * i) % D;
-    *reinterpret_cast<float4*>(q_s + static_cast<size_t>(h) * qstride + c) = v;
-  }
-  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = wb[i];
+  stage_queries(qb, wb, q_s, w_s, n_heads, D, qstride);
   __syncthreads();
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -663,52 +694,11 @@ __global__ void __launch_bounds__(kScoreThreads)
       if (lane < kPoolsPerWarp && j0 + lane < max_pools) out[j0 + lane] = -INFINITY;
       continue;
     }
-#pragma unroll 4
-    for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
-      const int pl = (4 * i) / D;
-      const int c = (4 * i) % D;
-      const float4 k4 =
-          (j0 + pl < n_cand)
-              ? __ldg(reinterpret_cast<const float4*>(keys + static_cast<size_t>(j0 + pl) * D + c))
-              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      my_keys[(c + 0) * kPoolsPerWarp + pl] = k4.x;
-      my_keys[(c + 1) * kPoolsPerWarp + pl] = k4.y;
-      my_keys[(c + 2) * kPoolsPerWarp + pl] = k4.z;
-      my_keys[(c + 3) * kPoolsPerWarp + pl] = k4.w;
-    }
-    __syncwarp();
-    float total[kPoolsPerWarp] = {};
-    for (int h = lane; h < n_heads; h += kWarp) {
-      float dot[kPoolsPerWarp] = {};
-      const float* qh = q_s + static_cast<size_t>(h) * qstride;
-#pragma unroll 4
-      for (int c = 0; c < D; c += 4) {
-        const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
-        const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-          const float4 k4 = *reinterpret_cast<const float4*>(my_keys + (c + cc) * kPoolsPerWarp);
-          dot[0] = fmaf(qv[cc], k4.x, dot[0]);
-          dot[1] = fmaf(qv[cc], k4.y, dot[1]);
-          dot[2] = fmaf(qv[cc], k4.z, dot[2]);
-          dot[3] = fmaf(qv[cc], k4.w, dot[3]);
-        }
-      }
-#pragma unroll
-      for (int pl = 0; pl < kPoolsPerWarp; ++pl)
-        total[pl] = __fadd_rn(total[pl], __fmul_rn(w_s[h], fmaxf(__fmul_rn(dot[pl], inv_sqrt_d), 0.0f)));
-    }
-#pragma unroll
-    for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
-    if (lane < kPoolsPerWarp) {
-      const int j = j0 + lane;
-      float v = total[0];
-#pragma unroll
-      for (int pl = 1; pl < kPoolsPerWarp; ++pl)
-        if (lane == pl) v = total[pl];
-      if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
-    }
-    __syncwarp();  // my_keys is restaged by the next group
+    // A head's term rounded step by step, the CPU's order (no contraction).
+    score_pool_group(keys, q_s, w_s, qstride, n_heads, D, j0, n_cand, max_pools, lane, my_keys, out,
+                     [&](float total, float wh, float dot) {
+                       return __fadd_rn(total, __fmul_rn(wh, fmaxf(__fmul_rn(dot, inv_sqrt_d), 0.0f)));
+                     });
   }
 }
 
@@ -777,21 +767,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     uint32_t prefix = 0;
     uint32_t need = static_cast<uint32_t>(n_sel);
     for (int shift = 24; shift >= 0; shift -= 8) {
-      const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-      for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-      __syncthreads();
-      // Lanes of a warp with the same bin add once (the lowest), which spares the atomics on heavy
-      // ties; the loop bound is uniform over the block, so every warp is converged at the match.
-      for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
-        const int j = j0 + tid;
-        const uint32_t key = j < n_cand ? key_of(j) : 0u;
-        const bool match = j < n_cand && (key & high_mask) == prefix;
-        const unsigned int bin = (key >> shift) & 0xffu;
-        const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
-        if (match && (__ffs(peers) - 1) == (tid % kWarp))
-          atomicAdd(&hist[bin], static_cast<unsigned int>(__popc(peers)));
-      }
-      __syncthreads();
+      radix_histogram(hist, n_cand, key_of, prefix, shift);
       if (tid < kWarp) {
         // Lane l covers digits 255 - 8l .. 248 - 8l (descending); the lane whose range crosses
         // `need` walks it.
@@ -852,13 +828,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     }
   }
   // The tail rows P * n_cand .. p after the n_sel pools, then -1 to the width.
-  const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
-  const int64_t base = static_cast<int64_t>(n_sel) * P;
-  int64_t n_tail = p + 1 - tail_first;
-  if (n_tail > width - base) n_tail = width - base;
-  if (n_tail < 0) n_tail = 0;
-  for (int64_t i = tid; i < n_tail; i += blockDim.x) sel[base + i] = static_cast<int32_t>(tail_first + i);
-  for (int64_t i = base + n_tail + tid; i < width; i += blockDim.x) sel[i] = -1;
+  write_tail_and_padding(sel, p, n_cand, n_sel, P, width);
 }
 
 }  // namespace
