@@ -600,15 +600,21 @@ __global__ void unpack_key_kernel(const uint64_t* key, int32_t* token) {
   pdl_begin();
   *token = static_cast<int32_t>(~static_cast<uint32_t>(*key & 0xffffffffull));
 }
+/// The index of the pair with the largest value among pairs[i * stride], i < n, the lowest index on
+/// ties (pick_kernel, pick_rows_kernel).
+__device__ __forceinline__ int32_t pick_index(const ArgMax* pairs, int n, size_t stride) {
+  ArgMax best = pairs[0];
+  for (int i = 1; i < n; ++i) {
+    const ArgMax p = pairs[static_cast<size_t>(i) * stride];
+    if (p.value > best.value || (p.value == best.value && p.index < best.index)) best = p;
+  }
+  return best.index;
+}
+
 /// Largest value, lowest index on ties (the CPU's comparison, applied to pairs in any order).
 __global__ void pick_kernel(const ArgMax* pairs, int n, int32_t* token) {
   pdl_begin();
-  ArgMax best = pairs[0];
-  for (int i = 1; i < n; ++i) {
-    const ArgMax p = pairs[i];
-    if (p.value > best.value || (p.value == best.value && p.index < best.index)) best = p;
-  }
-  *token = best.index;
+  *token = pick_index(pairs, n, 1);
 }
 
 }  // namespace
@@ -1014,12 +1020,7 @@ __global__ void pick_rows_kernel(const ArgMax* pairs, int n, int rows, int32_t* 
   pdl_begin();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
   if (b >= rows) return;
-  ArgMax best = pairs[b];
-  for (int i = 1; i < n; ++i) {
-    const ArgMax q = pairs[static_cast<size_t>(i) * rows + b];
-    if (q.value > best.value || (q.value == best.value && q.index < best.index)) best = q;
-  }
-  token[b] = best.index;
+  token[b] = pick_index(pairs + b, n, rows);
 }
 
 /// What every rows_gemm launch sets: W's rows of k (BF16 or FP8 bytes), x [rows][ldx], the n output
