@@ -54,8 +54,8 @@
 #include "core/hash.hpp"
 #include "core/stats.hpp"
 #include "core/str.hpp"
-#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dense.hpp"
 #include "ops/kernel_policy.hpp"
 #include "ops/ops.hpp"
 

@@ -1,6 +1,7 @@
-// Device helpers of the batched kernels (lib/ops/cuda/*_batch.cu): block reductions and scans, the
-// row norms a block computes for one row (register-resident when the row fits, scalar otherwise),
-// and the tensor-core fragments of the skinny GEMMs (mma.sync m16n8k16, BF16 in, fp32 accumulate).
+// Device helpers of the batched kernels (the batched rows of each family file of lib/ops/cuda) and
+// of the single-row kernels that share their code: block reductions and scans, the row norms a
+// block computes for one row (register-resident when the row fits, scalar otherwise), and the
+// tensor-core fragments of the skinny GEMMs (mma.sync m16n8k16, BF16 in, fp32 accumulate).
 //
 // Invariants:
 // - Element-wise arithmetic after a reduction uses explicit round-to-nearest intrinsics in the CPU

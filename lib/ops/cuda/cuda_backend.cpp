@@ -12,8 +12,8 @@
 //   fp32 out; one handle and one workspace per backend, one cached plan per shape), or through
 //   the small-M tensor-core GEMM (cuda::rows_gemm) for the shapes its table picks
 //   (cuda::rows_gemm_wanted). Everything else is a GEMV launch per row.
-// - The batched-rows ops (B sequences per op) run the kernels of batch_kernels.hpp, one launch
-//   per op for all rows.
+// - The batched-rows ops (B sequences per op) run the batched launchers of the family headers
+//   (norm.hpp, dense.hpp, ...), one launch per op for all rows.
 // - The kernel choices are the backend's KernelPolicy, kept in ctx_ (the launchers read them
 //   there): never changed while a capture is open, and a graph launches only under the policy it
 //   was recorded with.
@@ -28,9 +28,15 @@
 #include <tuple>
 
 #include "core/log.hpp"
-#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dense.hpp"
+#include "ops/cuda/elementwise.hpp"
+#include "ops/cuda/indexer.hpp"
 #include "ops/cuda/kernels.hpp"
+#include "ops/cuda/mla.hpp"
+#include "ops/cuda/moe.hpp"
+#include "ops/cuda/norm.hpp"
+#include "ops/cuda/sample_stats.hpp"
 #include "ops/ops.hpp"
 
 namespace mtplab::ops {
@@ -436,7 +442,7 @@ class CudaBackend final : public Backend {
     cuda::moe_experts(ctx_, x, routed, idx, weights, top_k, limit, act, out, &shared);
   }
 
-  // ---- batched rows (ops.hpp, "batched rows"; the kernels: batch_kernels.hpp) ----------------
+  // ---- batched rows (ops.hpp, "batched rows"; the launchers: the family headers' batched rows) --
   // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs and the
   // grouped experts take up to cuda::kMaxBatchRows rows per launch, larger batches run in groups of
   // that many. The host checks sizes and pointers; slots, positions, tokens and selections are read

@@ -1,5 +1,6 @@
 // Device helpers shared by the kernels of lib/ops/cuda: BF16 / FP8 unpacking from 16-byte
-// vectors, streaming loads, warp reductions and the order-preserving argmax key.
+// vectors, streaming loads, a lane's share of row dot products (the GEMV family's and the
+// single-row experts'), warp reductions and the order-preserving argmax key.
 //
 // Invariants:
 // - The argmax key is the CPU reference's (ops/cpu/cpu_math.hpp): high 32 bits map the float
@@ -88,6 +89,60 @@ __device__ __forceinline__ float dot_fp8x16(const uint4& w, const uint4& xa, con
   acc = dot_fp8x4(w.z, xb.x, xb.y, acc);
   acc = dot_fp8x4(w.w, xb.z, xb.w, acc);
   return acc;
+}
+
+constexpr int kUnroll = 8;  // 16-byte weight loads in flight per lane (slice_dot's default)
+
+/// This lane's share of the dot products of kRows rows with the same activation x over 16-byte
+/// chunks [c_begin, c_end) of each row, kU loads per row and lane in flight: the weight loads of
+/// every row are issued before the first FMA, and each activation chunk is read once for all rows.
+/// acc[j] gets row j's chunks in ascending order (one accumulator per row: a row's bits do not
+/// depend on kRows or kU); rows with !ok[j] (past n) load and add nothing.
+template <bool kFp8, int kRows, int kU>
+__device__ __forceinline__ void slice_dot_rows(const uint8_t* const (&wrow)[kRows], const bf16* x,
+                                               const bool (&ok)[kRows], int c_begin, int c_end, int lane,
+                                               float (&acc)[kRows]) {
+  for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
+    uint4 wv[kRows][kU];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int cc = c + u * kWarp;
+        wv[j][u] = ok[j] && cc < c_end ? load_stream(wrow[j] + static_cast<size_t>(cc) * 16)
+                                       : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int cc = c + u * kWarp;
+      if (cc < c_end) {
+        if constexpr (kFp8) {
+          const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
+          const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            if (ok[j]) acc[j] = dot_fp8x16(wv[j][u], xa, xb, acc[j]);
+        } else {
+          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
+#pragma unroll
+          for (int j = 0; j < kRows; ++j)
+            if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], xv, acc[j]);
+        }
+      }
+    }
+  }
+}
+
+/// slice_dot_rows of one row: this lane's share of a row dot product over chunks [c_begin, c_end).
+template <bool kFp8, int kU = kUnroll>
+__device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, int c_begin, int c_end,
+                                           int lane) {
+  const uint8_t* const rows[1] = {wrow};
+  const bool ok[1] = {true};
+  float acc[1] = {0.0f};
+  slice_dot_rows<kFp8, 1, kU>(rows, x, ok, c_begin, c_end, lane, acc);
+  return acc[0];
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -1,6 +1,6 @@
-// The decode chunk step of absorbed sparse MLA, shared by the single-row decode (kernels_mla.cu: v1
-// and v2) and the batched decode (mla_batch.cu): every path runs exactly these helpers on a chunk of
-// selected rows, so their arithmetic per chunk is the same.
+// The decode chunk step of absorbed sparse MLA, shared by the single-row decode (v1 and v2) and the
+// batched decode (mla.cu): every path runs exactly these helpers on a chunk of selected rows, so
+// their arithmetic per chunk is the same.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -24,9 +24,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/sample_stats.hpp"
 
 namespace mtplab::ops::cuda {
 namespace {

@@ -1,23 +1,103 @@
-// Batched norms: one block per row, every row of the batch in one launch.
-// - embed_rmsnorm_batch (slot op): the table row of tokens[b] normed into row b of y; a padded row
-//   reads neither its token nor the table.
-// - rmsnorm_strided, residual_add_rmsnorm_rows (row ops): each row from its own input row.
+// The norms, one block per row (the CPU reference: cpu/norm.cpp).
+// - One row: layernorm (a scalar kernel, or a register-resident one with 16-byte loads, below);
+//   rmsnorm, embed_rmsnorm and residual_add_rmsnorm run the batched row kernels at one row.
+// - Batched rows, every row of the batch in one launch:
+//   - embed_rmsnorm_batch (slot op): the table row of tokens[b] normed into row b of y; a padded row
+//     reads neither its token nor the table.
+//   - rmsnorm_strided, residual_add_rmsnorm_rows (row ops): each row from its own input row.
 //
 // Invariants: the norm code is batch_common.cuh's (register-resident when every row qualifies,
-// scalar otherwise), the CPU reference's operation order element by element; the sums of squares
-// differ from the CPU only in order. x and y may alias row for row: every element is read by the
-// thread that writes it, before it writes it.
+// scalar otherwise), the CPU reference's operation order element by element, with explicit
+// round-to-nearest intrinsics after the reduction (no FMA contraction); the sums of squares differ
+// from the CPU only in order. The batched row kernels' x and y may alias row for row: every element
+// is read by the thread that writes it, before it writes it.
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
 
 #include "ops/cuda/batch_common.cuh"
-#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/norm.hpp"
 
 namespace mtplab::ops::cuda {
+
+// ==== one row ==========================================================================================
+
+namespace {
+
+// The device helpers the batched kernels share (ops/cuda/batch_common.cuh).
+using batch::layernorm_row_scalar;
+using batch::layernorm_row_vec;
+using batch::row_vecs;
+using batch::StoreOctets;
+using batch::with_vecs;
+
+constexpr int kNormThreads = 256;
+
+__global__ void __launch_bounds__(kNormThreads)
+    layernorm_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  pdl_begin();
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  bf16* yr = y + off;
+  layernorm_row_scalar(x + off, w, b, n, eps, [&](int i, bf16 v) { yr[i] = v; });
+}
+
+// ---- register-resident norms (16-byte loads) ------------------------------------------------------
+//
+// The scalar kernel above walks a row with one 2-byte load per iteration; its loop-carried
+// dependency made a 4096-wide norm cost ~14 us (16 dependent memory round trips per pass, two
+// passes). This one loads the whole row into registers with one 16-byte load per 8 elements (the
+// row helpers of batch_common.cuh), keeps it there for the second pass, and stores 16 bytes at a
+// time. Used when n is a multiple of 8, n <= kVecNormThreads * 8 * batch::kMaxRowVecs, and every
+// pointer is 16-byte aligned. RMSNorm runs the batched row kernels (below) at one row, the norms fused
+// with a cache store those of mla.cu and indexer.cu.
+
+constexpr int kVecNormThreads = batch::kRowThreads;  // load_octets' stride
+
+template <int V>
+__global__ void __launch_bounds__(kVecNormThreads)
+    layernorm_vec_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
+  pdl_begin();
+  const size_t off = static_cast<size_t>(blockIdx.x) * n;
+  layernorm_row_vec<V>(x + off, w, b, n, eps, StoreOctets{y + off});
+}
+
+}  // namespace
+
+void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
+  MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
+  rmsnorm_strided(ctx, x, n, w, y, n, rows, n, eps);  // the row kernel (below)
+}
+
+void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token, const bf16* w, bf16* y,
+                   int n, float eps) {
+  MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
+  embed_rmsnorm_batch(ctx, table, token, nullptr, w, y, n, 1, n, eps);  // the row kernel, one live row
+}
+
+void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
+               float eps) {
+  MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
+  with_vecs(row_vecs(n, {x, w, b, y}), [&](auto V) {
+    if constexpr (decltype(V)::value > 0) {
+      launch(ctx, layernorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, b, y, n, eps);
+    } else {
+      launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
+    }
+  });
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
+                          bf16* normed, int n, float eps) {
+  MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
+  residual_add_rmsnorm_rows(ctx, x, delta, y, w, normed, 1, n, eps);  // the row kernel (below)
+}
+
+// ==== batched rows =====================================================================================
+
 namespace {
 
 using batch::kRowThreads;

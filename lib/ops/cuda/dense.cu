@@ -1,8 +1,13 @@
-// The memory-bound GEMV family: BF16 and FP8 (per-row scaled) GEMV, the draft head with its
-// argmax fused, the standalone argmax and its pack / unpack / pick helpers, and the routed
-// experts (two launches, expert ids read on the device).
+// The dense ops (the CPU reference: cpu/dense.cpp): linear layers, the draft head with its argmax
+// fused, and the argmax family.
+// - One row: the memory-bound GEMV family: BF16 and FP8 (per-row scaled) GEMV, the draft head with
+//   its argmax fused, several GEMVs of one x (linear_group), the standalone argmax and its pack /
+//   unpack / pick helpers.
+// - Batched rows: the skinny tensor-core GEMM (W rows x up to 128 batch rows) behind
+//   head_argmax_batch (its argmax fused), the batched linears' small-M path and mla_out_v_batch,
+//   and the argmax family over rows.
 //
-// Invariants:
+// Invariants of the GEMVs:
 // - A warp owns one output row (or 1/kSplit of it); each lane streams 16-byte chunks of the
 //   weight row with kUnroll loads in flight and reads the activation chunk at the same offset
 //   (from L1: the weights bypass it). The split parts of a row are summed in a fixed order, so
@@ -16,22 +21,42 @@
 // - The fused argmax compares the BF16-rounded logits (as the CPU does) through the packed
 //   64-bit key; the last block to finish reduces the per-block keys and resets the counter,
 //   so the op is one launch and needs no memset between calls (CUDA-graph safe).
+//
+// The skinny GEMM (rows_gemm_kernel). A block of 8 warps owns a tile of 128 W rows (16 per warp, the
+// MMA's M) and every batch row (the MMA's N, 8 per column tile, kNT tiles); it walks k in chunks of
+// 64 columns. Each W element is loaded exactly once, by the one lane whose fragment holds it, with
+// 16-byte streaming loads two chunks ahead in registers; the batch rows' chunk is shared by the 8
+// warps through a 3-stage cp.async ring in shared memory (padded rows are zero-filled, never read).
+// Tiles are spread over a persistent grid. Epilogues: BF16 / fp32 outputs (the linears), or the
+// head: each logit rounded to BF16, written when wanted, keyed as argmax_key(value, index), reduced
+// per batch row over the warp's 16 rows (shuffles), the block (shared atomics), then the grid
+// (global atomicMax into HeadBatchScratch::best); the last block to finish writes out / extras and
+// resets the keys and the counter (one launch, no memset between calls, graph-safe).
+//
+// Invariants of the skinny GEMM:
+// - A logit's fp32 sum is the MMA's: products exact, accumulation in fp32 in the tensor core's
+//   order (batch_common.cuh's column relabelling); FP8 rows are widened to BF16 exactly and the row
+//   scale multiplies the finished sum, as the CPU does. Ties go to the lowest index (the key).
+// - Nothing of a padded row (slot[b] < 0) is read or written.
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
 
+#include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dense.hpp"
 #include "ops/cuda/device_common.cuh"
-#include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch.cuh"
 
 namespace mtplab::ops::cuda {
+
+// ==== one row ==========================================================================================
+
 namespace {
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / kWarp;
-constexpr int kUnroll = 8;          // 16-byte weight loads in flight per lane
+// kUnroll, the 16-byte weight loads in flight per lane: device_common.cuh, with slice_dot.
 constexpr int kMaxBlocksPerSm = 8;  // 2048 resident threads / 256
 
 enum class OutKind { bf16, f32 };
@@ -50,58 +75,6 @@ struct GemvParams {
   unsigned long long* partials = nullptr;
   unsigned int* counter = nullptr;
 };
-
-/// This lane's share of the dot products of kRows rows with the same activation x over 16-byte
-/// chunks [c_begin, c_end) of each row, kU loads per row and lane in flight: the weight loads of
-/// every row are issued before the first FMA, and each activation chunk is read once for all rows.
-/// acc[j] gets row j's chunks in ascending order (one accumulator per row: a row's bits do not
-/// depend on kRows or kU); rows with !ok[j] (past n) load and add nothing.
-template <bool kFp8, int kRows, int kU>
-__device__ __forceinline__ void slice_dot_rows(const uint8_t* const (&wrow)[kRows], const bf16* x,
-                                               const bool (&ok)[kRows], int c_begin, int c_end, int lane,
-                                               float (&acc)[kRows]) {
-  for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
-    uint4 wv[kRows][kU];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int cc = c + u * kWarp;
-        wv[j][u] = ok[j] && cc < c_end ? load_stream(wrow[j] + static_cast<size_t>(cc) * 16)
-                                       : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int cc = c + u * kWarp;
-      if (cc < c_end) {
-        if constexpr (kFp8) {
-          const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
-          const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
-#pragma unroll
-          for (int j = 0; j < kRows; ++j)
-            if (ok[j]) acc[j] = dot_fp8x16(wv[j][u], xa, xb, acc[j]);
-        } else {
-          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
-#pragma unroll
-          for (int j = 0; j < kRows; ++j)
-            if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], xv, acc[j]);
-        }
-      }
-    }
-  }
-}
-
-/// slice_dot_rows of one row: this lane's share of a row dot product over chunks [c_begin, c_end).
-template <bool kFp8, int kU = kUnroll>
-__device__ __forceinline__ float slice_dot(const uint8_t* wrow, const bf16* x, int c_begin, int c_end,
-                                           int lane) {
-  const uint8_t* const rows[1] = {wrow};
-  const bool ok[1] = {true};
-  float acc[1] = {0.0f};
-  slice_dot_rows<kFp8, 1, kU>(rows, x, ok, c_begin, c_end, lane, acc);
-  return acc[0];
-}
 
 /// This thread's warp and lane in a GEMV block, and the part of a row the warp computes when rows
 /// are split across `split` warps: part warp % split of the block's row warp / split, chunks
@@ -524,11 +497,6 @@ void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
   }
 }
 
-void require_aligned(const char* op, const char* what, const void* p) {
-  MTP_REQUIRE(reinterpret_cast<uintptr_t>(p) % 16 == 0, "ops::cuda::", op, ": ", what,
-              " is not 16-byte aligned (the GEMV kernels load 16-byte vectors)");
-}
-
 /// The checked parameters of one GEMV launch of the launcher `op`: n >= 1, k a positive multiple of
 /// a chunk (8 BF16 or 16 FP8 weights), W and x 16-byte aligned.
 GemvParams gemv_params(const char* op, bool fp8, const void* W, const float* row_scale, const bf16* x,
@@ -632,169 +600,21 @@ __global__ void unpack_key_kernel(const uint64_t* key, int32_t* token) {
   pdl_begin();
   *token = static_cast<int32_t>(~static_cast<uint32_t>(*key & 0xffffffffull));
 }
+/// The index of the pair with the largest value among pairs[i * stride], i < n, the lowest index on
+/// ties (pick_kernel, pick_rows_kernel).
+__device__ __forceinline__ int32_t pick_index(const ArgMax* pairs, int n, size_t stride) {
+  ArgMax best = pairs[0];
+  for (int i = 1; i < n; ++i) {
+    const ArgMax p = pairs[static_cast<size_t>(i) * stride];
+    if (p.value > best.value || (p.value == best.value && p.index < best.index)) best = p;
+  }
+  return best.index;
+}
+
 /// Largest value, lowest index on ties (the CPU's comparison, applied to pairs in any order).
 __global__ void pick_kernel(const ArgMax* pairs, int n, int32_t* token) {
   pdl_begin();
-  ArgMax best = pairs[0];
-  for (int i = 1; i < n; ++i) {
-    const ArgMax p = pairs[i];
-    if (p.value > best.value || (p.value == best.value && p.index < best.index)) best = p;
-  }
-  *token = best.index;
-}
-
-// ---- routed experts ---------------------------------------------------------------------------------
-
-constexpr int kMoeThreads = 256;
-constexpr int kMoeUnroll = 4;
-
-/// The shared expert's slice when it runs in the routed experts' launches (moe_experts_shared):
-/// its rows follow the routed slots' (act[top_k * I + i]), with weight 1. inter 0: none.
-struct SharedExpert {
-  const bf16* gate = nullptr;
-  const bf16* up = nullptr;
-  const bf16* down = nullptr;
-  int inter = 0;
-};
-
-/// act[s, i] = bf16(silu(min(g, L)) * clamp(u, -L, L)), g / u the BF16-rounded gate / up rows of
-/// the expert in slot s; zero for slots whose expert another rank owns; then the shared expert's
-/// rows, if any. One warp per (s, i).
-__global__ void __launch_bounds__(kMoeThreads)
-    moe_gate_up_kernel(const bf16* x, const bf16* gate, const bf16* up, int first_expert, int num_local,
-                       int H, int I, const int32_t* idx, int top_k, float limit, bf16* act, SharedExpert sh) {
-  pdl_begin();
-  const int lane = threadIdx.x % kWarp;
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
-  const int n_chunks = H / 8;
-  const int64_t routed_tasks = static_cast<int64_t>(top_k) * I;
-  for (int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-       t < routed_tasks + sh.inter; t += warps_total) {
-    const bf16* g_row;
-    const bf16* u_row;
-    if (t < routed_tasks) {
-      const int s = static_cast<int>(t / I);
-      const int i = static_cast<int>(t - static_cast<int64_t>(s) * I);
-      const int local = idx[s] - first_expert;
-      if (local < 0 || local >= num_local) {
-        if (lane == 0) act[t] = bf16{0};
-        continue;
-      }
-      const size_t row = (static_cast<size_t>(local) * I + i) * H;
-      g_row = gate + row;
-      u_row = up + row;
-    } else {
-      const size_t row = static_cast<size_t>(t - routed_tasks) * H;
-      g_row = sh.gate + row;
-      u_row = sh.up + row;
-    }
-    float g = 0.0f, u = 0.0f;
-    for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
-      uint4 gv[kMoeUnroll], uv[kMoeUnroll];
-#pragma unroll
-      for (int q = 0; q < kMoeUnroll; ++q) {
-        const int cc = c + q * kWarp;
-        gv[q] = cc < n_chunks ? load_stream(g_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-        uv[q] = cc < n_chunks ? load_stream(u_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int q = 0; q < kMoeUnroll; ++q) {
-        const int cc = c + q * kWarp;
-        if (cc < n_chunks) {
-          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
-          g = dot_bf16x8(gv[q], xv, g);
-          u = dot_bf16x8(uv[q], xv, u);
-        }
-      }
-    }
-    g = warp_sum(g);
-    u = warp_sum(u);
-    if (lane == 0) {
-      g = round_to_bf16(g);
-      u = round_to_bf16(u);
-      if (limit > 0.0f) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-      }
-      act[t] = f_to_bf16(g / (1.0f + expf(-g)) * u);
-    }
-  }
-}
-
-/// out[h] = sum over owned slots s, in slot order, of weights[s] * bf16(W_down,s[h] . act[s]).
-/// One warp per output h; the slots' rows are read back to back.
-__global__ void __launch_bounds__(kMoeThreads)
-    moe_down_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
-                    const float* weights, int top_k, const bf16* act, float* out) {
-  pdl_begin();
-  const int lane = threadIdx.x % kWarp;
-  const int warps_total = gridDim.x * (blockDim.x / kWarp);
-  const int n_chunks = I / 8;
-  for (int h = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; h < H; h += warps_total) {
-    float total = 0.0f;
-    for (int s = 0; s < top_k; ++s) {
-      const int local = idx[s] - first_expert;
-      if (local < 0 || local >= num_local) continue;
-      const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
-      const bf16* a = act + static_cast<size_t>(s) * I;
-      const float d =
-          warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
-      total += weights[s] * round_to_bf16(d);
-    }
-    if (lane == 0) out[h] = total;
-  }
-}
-
-/// moe_down_kernel with the slots of an output spread over warps: a block holds `per_block`
-/// outputs x `slots` warps; warp (o, s) computes bf16(W_down,s[h] . act[s]) for output h of the
-/// block, and one lane per output sums the slots in slot order, as moe_down_kernel does (same
-/// products, same order: the same bits). moe_down_kernel walked the slots one after the other in
-/// one warp, a chain of top_k memory round trips per output; here the whole block's rows are in
-/// flight at once and finished blocks are replaced by new ones.
-__global__ void __launch_bounds__(1024)
-    moe_down_slots_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
-                          const float* weights, int top_k, int per_block, const bf16* act, float* out,
-                          SharedExpert sh) {
-  pdl_begin();
-  __shared__ float part[32];
-  const int slots = top_k + (sh.inter > 0 ? 1 : 0);  // the shared expert is the last slot
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int s = warp % slots;
-  const int o = warp / slots;
-  const int h = blockIdx.x * per_block + o;
-  if (h < H) {
-    const bf16* d_row = nullptr;
-    const bf16* a = nullptr;
-    int n_chunks = 0;
-    if (s < top_k) {
-      const int local = idx[s] - first_expert;
-      if (local >= 0 && local < num_local) {
-        d_row = down + (static_cast<size_t>(local) * H + h) * I;
-        a = act + static_cast<size_t>(s) * I;
-        n_chunks = I / 8;
-      }
-    } else {
-      d_row = sh.down + static_cast<size_t>(h) * sh.inter;
-      a = act + static_cast<size_t>(top_k) * I;
-      n_chunks = sh.inter / 8;
-    }
-    float d = 0.0f;
-    if (d_row) d = warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
-    if (lane == 0) part[warp] = d;
-  }
-  __syncthreads();
-  if (s == 0 && lane == 0 && h < H) {
-    float total = 0.0f;
-    for (int t = 0; t < top_k; ++t) {
-      const int local = idx[t] - first_expert;
-      if (local < 0 || local >= num_local) continue;
-      total += weights[t] * round_to_bf16(part[o * slots + t]);
-    }
-    // The shared expert (weight 1) last, one IEEE add: what accumulate_f32 of its own output did.
-    if (sh.inter > 0) total = __fadd_rn(total, round_to_bf16(part[o * slots + top_k]));
-    out[h] = total;
-  }
+  *token = pick_index(pairs, n, 1);
 }
 
 }  // namespace
@@ -898,46 +718,403 @@ void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* toke
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
-                 const float* weights, int top_k, float limit, bf16* act, float* out,
-                 const ExpertWeights* shared) {
-  const int H = w.hidden;
-  const int I = w.inter;
-  MTP_REQUIRE(H % 8 == 0 && I % 8 == 0, "ops::cuda::moe_experts: hidden ", H, " and inter ", I,
-              " must be multiples of 8");
-  require_aligned("moe_experts", "x", x);
-  SharedExpert sh;
-  if (shared) {
-    MTP_REQUIRE(shared->hidden == H && shared->inter >= 8 && shared->inter % 8 == 0 && top_k + 1 <= 32 &&
-                    shared->gate && shared->up && shared->down,
-                "ops::cuda::moe_experts: shared expert (hidden ", shared->hidden, ", inter ", shared->inter,
-                ") must match hidden ", H,
-                ", have an inter that is a multiple of 8, and at most 31 routed slots");
-    sh = SharedExpert{shared->gate, shared->up, shared->down, shared->inter};
+// ==== batched rows =====================================================================================
+
+namespace {
+
+using batch::kChunkK;
+
+constexpr int kGemmWarps = 8;
+constexpr int kGemmThreads = kGemmWarps * kWarp;
+constexpr int kTileRows = kGemmWarps * 16;  // W rows per block tile
+constexpr int kXStages = 3;                 // batch-row chunks in the cp.async ring
+constexpr int kXStride = kChunkK + 8;       // BF16 per staged row: 144 bytes, conflict-free 16-byte reads
+constexpr int kWBuf = 3;                    // W chunks in the register ring: two ahead of the one computed
+
+enum class Epi { head, bf16_out, f32_out };
+
+struct GemmParams {
+  const uint8_t* W = nullptr;  // BF16 or FP8 rows of k
+  const float* row_scale = nullptr;
+  const bf16* x = nullptr;
+  int64_t ldx = 0;
+  const int32_t* slot = nullptr;  // null: every row is live
+  int rows = 0;
+  int k = 0;
+  GemvRowMap map;
+  int tiles_per_group = 0;
+  int total_tiles = 0;
+  void* y = nullptr;  // Y (BF16 / fp32), or the head's logits (may be null)
+  int64_t ldy = 0;
+  int64_t index_base = 0;
+  ArgMax* out = nullptr;
+  HeadExtras extras;
+  unsigned long long* best = nullptr;
+  unsigned int* counter = nullptr;
+};
+
+template <bool kFp8, int kNT, Epi kEpi>
+__global__ void __launch_bounds__(kGemmThreads) rows_gemm_kernel(GemmParams p) {
+  pdl_begin();
+  constexpr int NB = 8 * kNT;          // batch rows (MMA columns) held by the block
+  constexpr int kWVec = kFp8 ? 1 : 2;  // 16-byte W vectors per row, chunk and lane
+  extern __shared__ __align__(16) uint8_t gemm_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(gemm_smem);  // [kXStages][NB][kXStride]
+  __shared__ uint8_t s_live[NB];
+  __shared__ unsigned long long s_best[kEpi == Epi::head ? NB : 1];
+  __shared__ bool s_last;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  for (int b = threadIdx.x; b < NB; b += blockDim.x) {
+    s_live[b] = b < p.rows && (p.slot == nullptr || p.slot[b] >= 0);
+    if constexpr (kEpi == Epi::head) s_best[b] = 0;
   }
-  const int warps_per_block = kMoeThreads / kWarp;
-  if (top_k == 0 && !shared) {
-    MTP_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(H), ctx.stream));
+  __syncthreads();
+  const int nchunks = (p.k + kChunkK - 1) / kChunkK;
+  const size_t row_bytes = static_cast<size_t>(p.k) * (kFp8 ? 1 : 2);
+  const int rpg = p.map.rows_per_group;
+
+  for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
+    const int group = tile / p.tiles_per_group;
+    const int r0 = (tile - group * p.tiles_per_group) * kTileRows + warp * 16 + g;  // rows within the group
+    const int r1 = r0 + 8;
+    const bool ok0 = r0 < rpg;
+    const bool ok1 = r1 < rpg;
+    const int64_t wrow0 = group * p.map.group_stride_rows + p.map.row_offset + r0;
+    const uint8_t* w0 = p.W + static_cast<size_t>(wrow0) * row_bytes;
+    const uint8_t* w1 = w0 + 8 * row_bytes;
+    const bf16* xg = p.x + group * p.map.x_group_stride;
+
+    // Chunk c of every batch row into stage st (16-byte copies; padded rows and columns past k
+    // are zero-filled without a read).
+    auto stage = [&](int c, int st) {
+      bf16* dst = xs + static_cast<size_t>(st) * NB * kXStride;
+      const int col0 = c * kChunkK;
+      for (int v = threadIdx.x; v < NB * 8; v += blockDim.x) {
+        const int b = v >> 3;
+        const int c8 = (v & 7) * 8;
+        const bool ok = s_live[b] && col0 + c8 < p.k;
+        const bf16* src = ok ? xg + b * p.ldx + col0 + c8 : p.x;
+        batch::cp_async16(dst + b * kXStride + c8, src, ok ? 16 : 0);
+      }
+    };
+    // This lane's 16 physical columns of chunk c of its two W rows.
+    auto load_w = [&](uint4(&dst)[2 * kWVec], int c) {
+      const int col = c * kChunkK + 16 * t;
+      const bool in = col < p.k;
+      const size_t off = static_cast<size_t>(col) * (kFp8 ? 1 : 2);
+#pragma unroll
+      for (int v = 0; v < kWVec; ++v) {
+        dst[v] = ok0 && in ? load_stream(w0 + off + 16 * v) : make_uint4(0, 0, 0, 0);
+        dst[kWVec + v] = ok1 && in ? load_stream(w1 + off + 16 * v) : make_uint4(0, 0, 0, 0);
+      }
+    };
+
+    float acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int s = 0; s < kXStages - 1; ++s) {
+      if (s < nchunks) stage(s, s);
+      batch::cp_async_commit();
+    }
+    uint4 wr[kWBuf][2 * kWVec];
+#pragma unroll
+    for (int u = 0; u < kWBuf - 1; ++u)
+      if (u < nchunks) load_w(wr[u], u);
+
+    for (int c0 = 0; c0 < nchunks; c0 += kWBuf) {
+#pragma unroll
+      for (int u = 0; u < kWBuf; ++u) {
+        const int c = c0 + u;
+        if (c >= nchunks) break;  // uniform
+        if (c + kWBuf - 1 < nchunks) load_w(wr[(u + kWBuf - 1) % kWBuf], c + kWBuf - 1);
+        if (c + kXStages - 1 < nchunks) stage(c + kXStages - 1, (c + kXStages - 1) % kXStages);
+        batch::cp_async_commit();
+        batch::cp_async_wait<kXStages - 1>();  // chunk c's group has landed
+        __syncthreads();
+        uint32_t wa[8], wb[8];
+        if constexpr (kFp8) {
+          batch::fp8x16_to_bf16x16(wr[u][0], wa);
+          batch::fp8x16_to_bf16x16(wr[u][1], wb);
+        } else {
+          batch::words8(wr[u][0], wr[u][1], wa);
+          batch::words8(wr[u][2], wr[u][3], wb);
+        }
+        uint32_t a[4][4];
+        batch::a_frags(wa, wb, a);
+        const bf16* xst = xs + static_cast<size_t>(c % kXStages) * NB * kXStride;
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          const bf16* xr = xst + (8 * j + g) * kXStride + 16 * t;
+          uint32_t bw[8];
+          batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
+          batch::mma_chunk(acc[j], a, bw);
+        }
+        __syncthreads();  // stage c % kXStages is refilled by the next iteration's copy
+      }
+    }
+
+    // Epilogue: acc[j][e] is (row r0 or r1, batch row 8j + 2t + (e & 1)).
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+      unsigned long long key_c[2] = {0ull, 0ull};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int rl = e < 2 ? r0 : r1;
+        const bool ok = e < 2 ? ok0 : ok1;
+        const int b = 8 * j + 2 * t + (e & 1);
+        if (!ok || !s_live[b]) continue;
+        const int64_t r = static_cast<int64_t>(group) * rpg + rl;  // output row
+        float v = acc[j][e];
+        if constexpr (kFp8) v = __fmul_rn(p.row_scale[r], v);
+        if constexpr (kEpi == Epi::f32_out) {
+          static_cast<float*>(p.y)[b * p.ldy + r] = v;
+        } else {
+          const bf16 lv = f_to_bf16(v);
+          if constexpr (kEpi == Epi::bf16_out) {
+            static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
+          } else {
+            if (p.y) static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
+            const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + r));
+            key_c[e & 1] = key > key_c[e & 1] ? key : key_c[e & 1];
+          }
+        }
+      }
+      if constexpr (kEpi == Epi::head) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          unsigned long long kc = key_c[c];
+#pragma unroll
+          for (int o = 4; o < kWarp; o <<= 1) {  // over g: the warp's 16 rows of this batch row
+            const unsigned long long other = __shfl_xor_sync(0xffffffffu, kc, o);
+            kc = other > kc ? other : kc;
+          }
+          if (g == 0 && kc != 0) atomicMax(&s_best[8 * j + 2 * t + c], kc);
+        }
+      }
+    }
+  }
+
+  if constexpr (kEpi == Epi::head) {
+    __syncthreads();
+    for (int b = threadIdx.x; b < NB; b += blockDim.x)
+      if (s_best[b] != 0) atomicMax(p.best + b, s_best[b]);
+    __threadfence();  // publish the keys before counting this block as done
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    for (int b = threadIdx.x; b < NB; b += blockDim.x) {
+      if (!s_live[b]) continue;
+      // Read and reset in one step (the next launch starts from zeros).
+      const unsigned long long key = atomicExch(p.best + b, 0ull);
+      ArgMax a;
+      a.value = from_order_preserving_u32(static_cast<uint32_t>(key >> 32));
+      a.index = static_cast<int32_t>(~static_cast<uint32_t>(key & 0xffffffffull));
+      p.out[b] = a;
+      // key is argmax_key of the pair just written (-0 is keyed as +0 and comes back as +0), so
+      // it is argmax_pack_key's.
+      if (p.extras.key) p.extras.key[b] = key;
+      if (p.extras.token) p.extras.token[b] = a.index;
+    }
+    if (threadIdx.x == 0) *p.counter = 0;
+  }
+}
+
+/// Column tiles of 8 for `rows` batch rows: 1, 2, 4, 8 or 16.
+int column_tiles(int rows) {
+  int nt = 1;
+  while (8 * nt < rows) nt *= 2;
+  return nt;
+}
+
+template <bool kFp8, int kNT, Epi kEpi>
+void launch_rows_gemm(const LaunchCtx& ctx, const GemmParams& p) {
+  constexpr auto kernel = rows_gemm_kernel<kFp8, kNT, kEpi>;
+  constexpr int kSmem = kXStages * 8 * kNT * kXStride * 2;
+  static const int blocks_per_sm = [] {
+    if (kSmem > 48 * 1024)
+      MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    int b = 0;
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGemmThreads, kSmem));
+    return std::max(1, b);
+  }();
+  const int grid = std::max(1, std::min(p.total_tiles, blocks_per_sm * ctx.num_sms));
+  launch(ctx, kernel, static_cast<unsigned>(grid), kGemmThreads, static_cast<size_t>(kSmem), p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+template <bool kFp8, Epi kEpi>
+void dispatch_rows_gemm(const LaunchCtx& ctx, const GemmParams& p) {
+  switch (column_tiles(p.rows)) {
+    case 1:
+      return launch_rows_gemm<kFp8, 1, kEpi>(ctx, p);
+    case 2:
+      return launch_rows_gemm<kFp8, 2, kEpi>(ctx, p);
+    case 4:
+      return launch_rows_gemm<kFp8, 4, kEpi>(ctx, p);
+    case 8:
+      return launch_rows_gemm<kFp8, 8, kEpi>(ctx, p);
+    default:
+      return launch_rows_gemm<kFp8, 16, kEpi>(ctx, p);
+  }
+}
+
+void require_aligned16(const char* op, const char* what, const void* ptr) {
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(ptr) % 16 == 0, "ops::cuda::", op, ": ", what,
+              " is not 16-byte aligned (the batched GEMM loads 16-byte vectors)");
+}
+
+// ---- argmax family over rows ------------------------------------------------------------------------
+
+constexpr int kArgmaxRowThreads = 512;
+
+/// Block b: the argmax of row b (16-byte loads when the rows are aligned), ties to the lowest index.
+__global__ void __launch_bounds__(kArgmaxRowThreads)
+    argmax_rows_kernel(const bf16* x, int ld_x, int n, int64_t index_base, ArgMax* out, int vec) {
+  pdl_begin();
+  __shared__ unsigned long long s_best[kArgmaxRowThreads / kWarp];
+  const bf16* row = x + static_cast<size_t>(blockIdx.x) * ld_x;
+  unsigned long long best = 0;
+  int tail = 0;
+  if (vec) {
+    const int nv = n / 8;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+      float f[8];
+      batch::unpack8(load_cached(row + static_cast<size_t>(v) * 8), f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const unsigned long long key = argmax_key(f[e], static_cast<int32_t>(index_base + 8 * v + e));
+        best = key > best ? key : best;
+      }
+    }
+    tail = nv * 8;
+  }
+  for (int i = tail + threadIdx.x; i < n; i += blockDim.x) {
+    const unsigned long long key = argmax_key(bf16_to_f(row[i]), static_cast<int32_t>(index_base + i));
+    best = key > best ? key : best;
+  }
+  best = warp_max_u64(best);
+  if (threadIdx.x % kWarp == 0) s_best[threadIdx.x / kWarp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kArgmaxRowThreads / kWarp; ++w) best = s_best[w] > best ? s_best[w] : best;
+    ArgMax a;
+    a.value = from_order_preserving_u32(static_cast<uint32_t>(best >> 32));
+    a.index = static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffull));
+    out[blockIdx.x] = a;
+  }
+}
+
+__global__ void unpack_key_rows_kernel(const uint64_t* key, int32_t* token, int rows) {
+  pdl_begin();
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b < rows) token[b] = static_cast<int32_t>(~static_cast<uint32_t>(key[b] & 0xffffffffull));
+}
+
+/// Row b: the largest value among pairs[i * rows + b], lowest index on ties (argmax_pick's rule).
+__global__ void pick_rows_kernel(const ArgMax* pairs, int n, int rows, int32_t* token) {
+  pdl_begin();
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= rows) return;
+  token[b] = pick_index(pairs + b, n, rows);
+}
+
+/// What every rows_gemm launch sets: W's rows of k (BF16 or FP8 bytes), x [rows][ldx], the n output
+/// rows through the row map and the tile counts that follow from it.
+GemmParams gemm_params(const void* W, const bf16* x, int64_t ldx, int rows, int n, int k,
+                       const GemvRowMap& map) {
+  GemmParams p;
+  p.W = static_cast<const uint8_t*>(W);
+  p.x = x;
+  p.ldx = ldx;
+  p.rows = rows;
+  p.k = k;
+  p.map = map;
+  p.tiles_per_group = (map.rows_per_group + kTileRows - 1) / kTileRows;
+  p.total_tiles = p.tiles_per_group * (n / map.rows_per_group);
+  return p;
+}
+
+}  // namespace
+
+void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
+                       const bf16* x, const int32_t* slot, int rows, int n, int k, int64_t index_base,
+                       bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras,
+                       const HeadBatchScratch& s) {
+  const bool fp8 = W_fp8 != nullptr;
+  MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && n >= 1 && k >= 16 && k % 16 == 0,
+              "ops::cuda::head_argmax_batch: rows ", rows, " (1 .. ", kMaxBatchRows, " per launch), n ", n,
+              ", k ", k, " (a positive multiple of 16)");
+  const void* Wp = fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W);
+  require_aligned16("head_argmax_batch", "W", Wp);
+  require_aligned16("head_argmax_batch", "x", x);
+  GemmParams p = gemm_params(Wp, x, k, rows, n, k, GemvRowMap{n, 0, 0, 0});
+  p.row_scale = row_scale;
+  p.slot = slot;
+  p.y = logits;
+  p.ldy = ld_logits;
+  p.index_base = index_base;
+  p.out = out;
+  p.extras = extras;
+  p.best = s.best;
+  p.counter = s.counter;
+  if (fp8) {
+    dispatch_rows_gemm<true, Epi::head>(ctx, p);
+  } else {
+    dispatch_rows_gemm<false, Epi::head>(ctx, p);
+  }
+}
+
+void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, void* y, bool f32_out,
+               int64_t ldy, int rows, int n, int k, const GemvRowMap& map) {
+  MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && n >= 1 && k >= 16 && k % 16 == 0 &&
+                  map.rows_per_group >= 1 && n % map.rows_per_group == 0,
+              "ops::cuda::rows_gemm: rows ", rows, " (1 .. ", kMaxBatchRows, "), n ", n, ", k ", k,
+              " (a positive multiple of 16), ", map.rows_per_group, " rows per group");
+  MTP_REQUIRE(ldx % 8 == 0 && map.x_group_stride % 8 == 0, "ops::cuda::rows_gemm: row stride ", ldx,
+              " and group stride ", map.x_group_stride, " of x must be multiples of 8 (16-byte rows)");
+  require_aligned16("rows_gemm", "W", W);
+  require_aligned16("rows_gemm", "x", x);
+  GemmParams p = gemm_params(W, x, ldx, rows, n, k, map);
+  p.y = y;
+  p.ldy = ldy;
+  if (f32_out) {
+    dispatch_rows_gemm<false, Epi::f32_out>(ctx, p);
+  } else {
+    dispatch_rows_gemm<false, Epi::bf16_out>(ctx, p);
+  }
+}
+
+bool rows_gemm_wanted(int rows, int n, int k, bool f32_out) {
+  (void)n;
+  (void)f32_out;
+  if (rows < 2 || rows > kMaxBatchRows || k % 16 != 0) return false;
+  // The measured table (docs/kernels.md, "Batched kernels"): cuBLASLt until rows_gemm wins a shape.
+  return false;
+}
+
+void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n, int64_t index_base,
+                  ArgMax* out, const ArgmaxScratch& single_row) {
+  if (rows == 1) {
+    argmax(ctx, x, n, index_base, out, single_row);  // the multi-block kernel: one row fills the chip
     return;
   }
-  const int64_t tasks = static_cast<int64_t>(top_k) * I + sh.inter;
-  const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
-                                                       static_cast<int64_t>(ctx.num_sms) * 8));
-  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H, I,
-         idx, top_k, limit, act, sh);
+  const int vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ld_x % 8 == 0 ? 1 : 0;
+  launch(ctx, argmax_rows_kernel, rows, kArgmaxRowThreads, 0, x, ld_x, n, index_base, out, vec);
   MTP_CUDA_LAUNCH_CHECK();
-  const int slots = top_k + (shared ? 1 : 0);
-  if (slots <= 32) {
-    // One warp per (output, slot); at least 8 warps a block (e.g. 1 output x 8 slots, 8 x 1).
-    const int per_block = std::max(1, warps_per_block / slots);
-    const int grid2 = (H + per_block - 1) / per_block;
-    launch(ctx, moe_down_slots_kernel, grid2, per_block * slots * kWarp, 0, w.down, w.first_expert,
-           w.num_local, H, I, idx, weights, top_k, per_block, act, out, sh);
-  } else {
-    const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
-    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx,
-           weights, top_k, act, out);
-  }
+}
+
+void argmax_unpack_key_batch(const LaunchCtx& ctx, const uint64_t* key, int32_t* token, int rows) {
+  launch(ctx, unpack_key_rows_kernel, (rows + 127) / 128, 128, 0, key, token, rows);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void argmax_pick_batch(const LaunchCtx& ctx, const ArgMax* pairs, int n, int rows, int32_t* token) {
+  launch(ctx, pick_rows_kernel, (rows + 127) / 128, 128, 0, pairs, n, rows, token);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

@@ -1,7 +1,23 @@
-// Small kernels: norms (one block per row), elementwise ops, device-side scalars, the MoE
-// router (one warp), the pooled lightning indexer (row store + pool key, pool scores, the
-// top-k pool selection), and the fused cache writes (a norm and its row's store in one block:
-// kv_norm_write, indexer_norm_store).
+// The pooled lightning indexer (docs/model.md; the CPU reference: cpu/indexer.cpp): the row store
+// and its pool key, the pool scores and the top-k pool selection.
+// - One row: indexer_store (a normed row; the pool key when the row completes its pool),
+//   indexer_scores (a warp scores 4 pools at once), indexer_select (two kernels, the policy's
+//   indexer_select: v2, the default, an 11/11/10-bit radix select that stops at the first digit
+//   whose bin is taken whole; v1, four 8-bit passes); indexer_norm_store runs the batched store
+//   kernel at one row.
+// - Batched rows, every row of the batch in one launch, each row on its own slot's slot-major
+//   arrays (ops::IndexerSlots):
+//   - indexer_norm_store_batch: block b layer-norms k_pre row b into k_cache row pos[b] of slot
+//     slot[b], stores the gate row and the valid flag, and when the row completes its pool writes
+//     the pool key from the pool's cached rows.
+//   - indexer_scores_batch: grid (pool blocks, rows); a warp scores 4 pools at once, lane h holding
+//     head h's query dot products (the query rows in shared memory, the 4 keys broadcast from it).
+//   - indexer_select_batch: block b selects row b's pools exactly: a 4-pass 8-bit radix select on
+//     the order-preserving score keys finds the n_sel-th largest key; the larger ones and the first
+//     equal ones in pool order are taken (ties to the lower pool index), written at their rank in
+//     pool order by a block scan, then the tail rows and the -1 padding.
+//   - indexer_share_select (the index_share arm): block b copies anchor row b's pool entries, then
+//     the rows from the anchor's tail to pos[b], then -1 (integer copies: the CPU's entries).
 //
 // Invariants:
 // - Elementwise arithmetic after a reduction uses the CPU reference's operation order with
@@ -9,101 +25,27 @@
 //   only through the reduction order and the device expf.
 // - The selection is exact: a block-wide radix select on the order-preserving 32-bit score key
 //   finds the K/P-th largest score; all larger ones are taken, and the lowest-index equals fill
-//   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does. Both
-//   selection kernels (v2, the default, and v1; the policy's indexer_select) write the same selection.
+//   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does. Every
+//   selection kernel (one row: v2 and v1; batched rows) writes the CPU's selection.
+// - A padded row (slot[b] < 0) reads nothing and writes nothing.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 
 #include "ops/cuda/batch_common.cuh"
-#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/indexer.hpp"
 #include "ops/cuda/indexer_pool.cuh"
-#include "ops/cuda/kernels.hpp"
 #include "ops/cuda/launch.cuh"
 
 namespace mtplab::ops::cuda {
+
+// ==== one row ==========================================================================================
+
 namespace {
-
-// The device helpers the batched kernels share (ops/cuda/batch_common.cuh).
-using batch::layernorm_row_scalar;
-using batch::layernorm_row_vec;
-using batch::row_vecs;
-using batch::StoreOctets;
-using batch::with_vecs;
-
-constexpr int kNormThreads = 256;
-
-__global__ void __launch_bounds__(kNormThreads)
-    layernorm_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
-  pdl_begin();
-  const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  bf16* yr = y + off;
-  layernorm_row_scalar(x + off, w, b, n, eps, [&](int i, bf16 v) { yr[i] = v; });
-}
-
-// ---- register-resident norms (16-byte loads) ------------------------------------------------------
-//
-// The scalar kernel above walks a row with one 2-byte load per iteration; its loop-carried
-// dependency made a 4096-wide norm cost ~14 us (16 dependent memory round trips per pass, two
-// passes). This one loads the whole row into registers with one 16-byte load per 8 elements (the
-// row helpers of batch_common.cuh), keeps it there for the second pass, and stores 16 bytes at a
-// time. Used when n is a multiple of 8, n <= kVecNormThreads * 8 * batch::kMaxRowVecs, and every
-// pointer is 16-byte aligned. RMSNorm and the norms fused with a cache store run the row kernels of
-// norm_batch.cu / mla_batch.cu / indexer_batch.cu at one row.
-
-constexpr int kVecNormThreads = batch::kRowThreads;  // load_octets' stride
-
-template <int V>
-__global__ void __launch_bounds__(kVecNormThreads)
-    layernorm_vec_kernel(const bf16* x, const bf16* w, const bf16* b, bf16* y, int n, float eps) {
-  pdl_begin();
-  const size_t off = static_cast<size_t>(blockIdx.x) * n;
-  layernorm_row_vec<V>(x + off, w, b, n, eps, StoreOctets{y + off});
-}
-
-// ---- elementwise -------------------------------------------------------------------------------
-
-constexpr int kEltThreads = 256;
-
-__global__ void residual_add_kernel(const bf16* x, const float* delta, bf16* y, int n) {
-  pdl_begin();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    y[i] = f_to_bf16(__fadd_rn(bf16_to_f(x[i]), delta[i]));
-}
-__global__ void add_kernel(const bf16* a, const bf16* b, bf16* y, int n) {
-  pdl_begin();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    y[i] = f_to_bf16(__fadd_rn(bf16_to_f(a[i]), bf16_to_f(b[i])));
-}
-__global__ void to_bf16_kernel(const float* x, bf16* y, int n) {
-  pdl_begin();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    y[i] = f_to_bf16(x[i]);
-}
-__global__ void accumulate_f32_kernel(const float* x, float* y, int n) {
-  pdl_begin();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    y[i] = __fadd_rn(y[i], x[i]);
-}
-__global__ void scale_f32_kernel(float* x, float s, int n) {
-  pdl_begin();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-    x[i] = __fmul_rn(x[i], s);
-}
-__global__ void add_i32_kernel(const int32_t* src, int32_t add, int32_t* dst) {
-  pdl_begin();
-  dst[0] = static_cast<int32_t>(static_cast<int64_t>(src[0]) + add);
-}
-
-int elt_grid(const LaunchCtx& ctx, int n) {
-  return std::max(1, std::min((n + kEltThreads - 1) / kEltThreads, ctx.num_sms * 8));
-}
 
 // ---- indexer: store + pool key ----------------------------------------------------------------------
 
@@ -123,6 +65,83 @@ constexpr int kScoreThreads = 256;
 constexpr int kScoreWarps = kScoreThreads / kWarp;
 constexpr int kPoolsPerWarp = 4;
 
+// What both score kernels (one row, batched rows) run: the query staging and a warp's group of 4
+// pools. Only the accumulation of a head's term differs between them (the single-row kernel lets the
+// compiler contract it into an FMA, the batched one rounds the product and the sum separately), so
+// each passes its own.
+
+/// The query rows (16-byte loads, unrolled so that many are in flight: a scalar loop here was a
+/// chain of dependent round trips) into q_s [n_heads][qstride] and the head weights into w_s.
+/// D % 4 == 0 and q 16-byte aligned (checked at launch). Whole block; the caller syncs.
+__device__ __forceinline__ void stage_queries(const float* q, const float* w, float* q_s, float* w_s,
+                                              int n_heads, int D, int qstride) {
+  const int q_vecs = n_heads * D / 4;
+#pragma unroll 4
+  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
+    const float4 v = __ldg(reinterpret_cast<const float4*>(q) + i);
+    const int h = (4 * i) / D, c = (4 * i) % D;
+    *reinterpret_cast<float4*>(q_s + static_cast<size_t>(h) * qstride + c) = v;
+  }
+  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
+}
+
+/// The scores of the warp's 4 pools j0 .. j0 + 3 (a group with a candidate: j0 < n_cand) into
+/// out[j0 + i]: -inf past n_cand, nothing past max_pools. The 4 keys are staged in my_keys [c][pool]
+/// (zeros past n_cand); for each head h = lane, lane + 32, ... the 4 dot products with the staged
+/// query row run over c ascending (one fmaf per term), and total[i] = add(total[i], w_s[h], dot[i]);
+/// then a warp sum per pool. Whole warp.
+template <typename Add>
+__device__ __forceinline__ void score_pool_group(const float* keys, const float* q_s, const float* w_s,
+                                                 int qstride, int n_heads, int D, int j0, int n_cand,
+                                                 int max_pools, int lane, float* my_keys, float* out,
+                                                 Add&& add) {
+#pragma unroll 4
+  for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
+    const int pl = (4 * i) / D;
+    const int c = (4 * i) % D;
+    const float4 k4 =
+        (j0 + pl < n_cand)
+            ? __ldg(reinterpret_cast<const float4*>(keys + static_cast<size_t>(j0 + pl) * D + c))
+            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    my_keys[(c + 0) * kPoolsPerWarp + pl] = k4.x;
+    my_keys[(c + 1) * kPoolsPerWarp + pl] = k4.y;
+    my_keys[(c + 2) * kPoolsPerWarp + pl] = k4.z;
+    my_keys[(c + 3) * kPoolsPerWarp + pl] = k4.w;
+  }
+  __syncwarp();
+  float total[kPoolsPerWarp] = {};
+  for (int h = lane; h < n_heads; h += kWarp) {
+    float dot[kPoolsPerWarp] = {};
+    const float* qh = q_s + static_cast<size_t>(h) * qstride;
+#pragma unroll 4
+    for (int c = 0; c < D; c += 4) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
+      const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        const float4 k4 = *reinterpret_cast<const float4*>(my_keys + (c + cc) * kPoolsPerWarp);
+        dot[0] = fmaf(qv[cc], k4.x, dot[0]);
+        dot[1] = fmaf(qv[cc], k4.y, dot[1]);
+        dot[2] = fmaf(qv[cc], k4.z, dot[2]);
+        dot[3] = fmaf(qv[cc], k4.w, dot[3]);
+      }
+    }
+#pragma unroll
+    for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = add(total[pl], w_s[h], dot[pl]);
+  }
+#pragma unroll
+  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
+  if (lane < kPoolsPerWarp) {
+    const int j = j0 + lane;
+    float v = total[0];
+#pragma unroll
+    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
+      if (lane == pl) v = total[pl];
+    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
+  }
+  __syncwarp();  // my_keys is restaged by the next group
+}
+
 /// A warp scores 4 pools at once: lane h holds head h's query row (shared memory, padded for
 /// conflict-free 16-byte reads) and the 4 keys are broadcast [c][pool] from shared memory, so
 /// each query load feeds 4 pools. Non-candidates get -inf.
@@ -139,16 +158,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   // The position is loaded before the query rows, so its round trip overlaps theirs instead of
   // following the barrier (the pool keys' loads wait for it).
   const int64_t p = pos[0];
-  // 16-byte loads, unrolled so that many are in flight (a scalar loop here was a chain of
-  // dependent round trips). D % 4 == 0, and q is 16-byte aligned (checked at launch).
-  const int q_vecs = n_heads * D / 4;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(q) + i);
-    const int h = (4 * i) / D, c = (4 * i) % D;
-    *reinterpret_cast<float4*>(q_s + static_cast<size_t>(h) * qstride + c) = v;
-  }
-  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
+  stage_queries(q, w, q_s, w_s, n_heads, D, qstride);
   __syncthreads();
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -162,51 +172,10 @@ __global__ void __launch_bounds__(kScoreThreads)
         if (j0 + p < max_pools) scores[j0 + p] = -INFINITY;
       continue;
     }
-#pragma unroll 4
-    for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
-      const int p = (4 * i) / D;
-      const int c = (4 * i) % D;
-      const float4 k4 =
-          (j0 + p < n_cand)
-              ? __ldg(reinterpret_cast<const float4*>(pool_keys + static_cast<size_t>(j0 + p) * D + c))
-              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      my_keys[(c + 0) * kPoolsPerWarp + p] = k4.x;
-      my_keys[(c + 1) * kPoolsPerWarp + p] = k4.y;
-      my_keys[(c + 2) * kPoolsPerWarp + p] = k4.z;
-      my_keys[(c + 3) * kPoolsPerWarp + p] = k4.w;
-    }
-    __syncwarp();
-    float total[kPoolsPerWarp] = {};
-    for (int h = lane; h < n_heads; h += kWarp) {
-      float dot[kPoolsPerWarp] = {};
-      const float* qh = q_s + static_cast<size_t>(h) * qstride;
-#pragma unroll 4
-      for (int c = 0; c < D; c += 4) {
-        const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
-        const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-        for (int cc = 0; cc < 4; ++cc) {
-          const float4 k4 = *reinterpret_cast<const float4*>(my_keys + (c + cc) * kPoolsPerWarp);
-          dot[0] = fmaf(qv[cc], k4.x, dot[0]);
-          dot[1] = fmaf(qv[cc], k4.y, dot[1]);
-          dot[2] = fmaf(qv[cc], k4.z, dot[2]);
-          dot[3] = fmaf(qv[cc], k4.w, dot[3]);
-        }
-      }
-#pragma unroll
-      for (int p = 0; p < kPoolsPerWarp; ++p) total[p] += w_s[h] * fmaxf(dot[p] * inv_sqrt_d, 0.0f);
-    }
-#pragma unroll
-    for (int p = 0; p < kPoolsPerWarp; ++p) total[p] = warp_sum(total[p]);
-    if (lane < kPoolsPerWarp) {
-      const int j = j0 + lane;
-      float v = total[0];
-#pragma unroll
-      for (int p = 1; p < kPoolsPerWarp; ++p)
-        if (lane == p) v = total[p];
-      if (j < max_pools) scores[j] = j < n_cand ? v : -INFINITY;
-    }
-    __syncwarp();
+    // A head's term as written: the compiler contracts the add into an FMA.
+    score_pool_group(
+        pool_keys, q_s, w_s, qstride, n_heads, D, j0, n_cand, max_pools, lane, my_keys, scores,
+        [&](float total, float wh, float dot) { return total + wh * fmaxf(dot * inv_sqrt_d, 0.0f); });
   }
 }
 
@@ -220,7 +189,7 @@ __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long 
   return batch::block_exclusive_scan(v, total) + v;
 }
 
-/// The selection's end (both select kernels, whole block): after the n_sel selected pools, the
+/// The selection's end (every select kernel, whole block): after the n_sel selected pools, the
 /// rows of the incomplete tail pool(s) up to p, then -1 to `width`.
 __device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64_t p, int n_cand, int n_sel,
                                                        int P, int width) {
@@ -232,6 +201,30 @@ __device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64
   for (int64_t i = threadIdx.x; i < n_tail; i += blockDim.x)
     selection[base + i] = static_cast<int32_t>(tail_first + i);
   for (int64_t i = base + n_tail + threadIdx.x; i < width; i += blockDim.x) selection[i] = -1;
+}
+
+/// One 8-bit pass of the 4-pass radix selects (the single-row v1 and the batched one, whole block):
+/// hist[d] = how many of the n_cand keys match `prefix` above bit shift + 8 and have digit d at
+/// `shift`. The loop bound is uniform across the block, so every warp is converged at the match;
+/// lanes with the same bin add once (the lowest), which spares the atomics on heavy ties. Returns
+/// with hist complete (synced).
+template <typename KeyOf>
+__device__ __forceinline__ void radix_histogram(unsigned int* hist, int n_cand, KeyOf&& key_of,
+                                                uint32_t prefix, int shift) {
+  const int tid = threadIdx.x;
+  const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+  for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+  __syncthreads();
+  for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
+    const int j = j0 + tid;
+    const uint32_t key = j < n_cand ? key_of(j) : 0u;
+    const bool match = j < n_cand && (key & high_mask) == prefix;
+    const unsigned int bin = (key >> shift) & 0xffu;
+    const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
+    if (match && (__ffs(peers) - 1) == (tid % kWarp))
+      atomicAdd(&hist[bin], static_cast<unsigned int>(__popc(peers)));
+  }
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kSelectThreads)
@@ -264,20 +257,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   if (!take_all && n_sel == 0) prefix = 0xffffffffu;  // K < P: nothing is selected (need stays 0)
   if (!take_all && n_sel > 0) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-      for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-      __syncthreads();
-      // The loop bound is uniform across the block, so every warp is converged at the match;
-      // lanes with the same bin add once (the lowest), which spares the atomics on heavy ties.
-      for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
-        const int j = j0 + tid;
-        const uint32_t key = j < n_cand ? key_of(j) : 0u;
-        const bool match = j < n_cand && (key & high_mask) == prefix;
-        const unsigned int bin = (key >> shift) & 0xffu;
-        const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
-        if (match && (__ffs(peers) - 1) == (tid % kWarp)) atomicAdd(&hist[bin], __popc(peers));
-      }
-      __syncthreads();
+      radix_histogram(hist, n_cand, key_of, prefix, shift);
       // Descending digits: thread t < 256 looks at digit 255 - t; inclusive scan from the top.
       unsigned long long total;
       const unsigned long long cnt = tid < 256 ? hist[255 - tid] : 0ull;
@@ -550,75 +530,6 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 }  // namespace
 
-void rmsnorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) {
-  MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::rmsnorm: rows ", rows, ", n ", n);
-  rmsnorm_strided(ctx, x, n, w, y, n, rows, n, eps);  // the row kernel (norm_batch.cu)
-}
-
-void embed_rmsnorm(const LaunchCtx& ctx, const bf16* table, const int32_t* token, const bf16* w, bf16* y,
-                   int n, float eps) {
-  MTP_REQUIRE(n >= 1, "ops::cuda::embed_rmsnorm: n ", n);
-  embed_rmsnorm_batch(ctx, table, token, nullptr, w, y, n, 1, n, eps);  // the row kernel, one live row
-}
-
-void layernorm(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
-               float eps) {
-  MTP_REQUIRE(rows >= 1 && n >= 1, "ops::cuda::layernorm: rows ", rows, ", n ", n);
-  with_vecs(row_vecs(n, {x, w, b, y}), [&](auto V) {
-    if constexpr (decltype(V)::value > 0) {
-      launch(ctx, layernorm_vec_kernel<decltype(V)::value>, rows, kVecNormThreads, 0, x, w, b, y, n, eps);
-    } else {
-      launch(ctx, layernorm_kernel, rows, kNormThreads, 0, x, w, b, y, n, eps);
-    }
-  });
-  MTP_CUDA_LAUNCH_CHECK();
-}
-
-void residual_add(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, int n) {
-  launch(ctx, residual_add_kernel, elt_grid(ctx, n), kEltThreads, 0, x, delta, y, n);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-void residual_add_rmsnorm(const LaunchCtx& ctx, const bf16* x, const float* delta, bf16* y, const bf16* w,
-                          bf16* normed, int n, float eps) {
-  MTP_REQUIRE(n >= 1, "ops::cuda::residual_add_rmsnorm: n ", n);
-  residual_add_rmsnorm_rows(ctx, x, delta, y, w, normed, 1, n, eps);  // the row kernel (norm_batch.cu)
-}
-void add(const LaunchCtx& ctx, const bf16* a, const bf16* b, bf16* y, int n) {
-  launch(ctx, add_kernel, elt_grid(ctx, n), kEltThreads, 0, a, b, y, n);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-void to_bf16(const LaunchCtx& ctx, const float* x, bf16* y, int n) {
-  launch(ctx, to_bf16_kernel, elt_grid(ctx, n), kEltThreads, 0, x, y, n);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-void accumulate_f32(const LaunchCtx& ctx, const float* x, float* y, int n) {
-  launch(ctx, accumulate_f32_kernel, elt_grid(ctx, n), kEltThreads, 0, x, y, n);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-void scale_f32(const LaunchCtx& ctx, float* x, float s, int n) {
-  launch(ctx, scale_f32_kernel, elt_grid(ctx, n), kEltThreads, 0, x, s, n);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-void add_i32(const LaunchCtx& ctx, const int32_t* src, int32_t add, int32_t* dst) {
-  launch(ctx, add_i32_kernel, 1, 1, 0, src, add, dst);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-
-void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int num_experts, int top_k,
-               int n_group, int topk_group, float scaling, int32_t* idx, float* weights) {
-  MTP_REQUIRE(num_experts >= 1 && top_k >= 1 && top_k <= num_experts && n_group >= 1,
-              "ops::cuda::moe_route: num_experts ", num_experts, ", top_k ", top_k, ", n_group ", n_group);
-  if (n_group > 1) {
-    MTP_REQUIRE(num_experts % n_group == 0 && num_experts / n_group >= 2 && topk_group >= 1 &&
-                    topk_group <= n_group && top_k <= topk_group * (num_experts / n_group),
-                "ops::cuda::moe_route: bad group limit (num_experts ", num_experts, ", n_group ", n_group,
-                ", topk_group ", topk_group, ", top_k ", top_k, ")");
-  }
-  // The batched router's kernel at one row (slot nullptr: the row is live).
-  moe_route_batch(ctx, logits, bias, nullptr, 1, num_experts, top_k, n_group, topk_group, scaling, idx,
-                  weights);
-}
-
 void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate, const float* ape,
                    const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys,
                    int D, int P) {
@@ -628,21 +539,13 @@ void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-void kv_norm_write(const LaunchCtx& ctx, const bf16* x, const bf16* w, float eps, const int32_t* block_table,
-                   const int32_t* pos, const KvCache& cache) {
-  const int n = cache.kv_lora;
-  MTP_REQUIRE(cache.data && cache.block_size >= 1 && n >= 1, "ops::cuda::kv_norm_write: bad cache");
-  // The batched kernel at one row, the sequence's block table as slot 0's (mla_batch.cu).
-  kv_norm_write_batch(ctx, x, w, eps, nullptr, pos, 1, KvSlots{cache, block_table, 1, 0});
-}
-
 void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, float eps,
                         const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
                         float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P) {
   MTP_REQUIRE(D >= 1 && P >= 1, "ops::cuda::indexer_norm_store: D ", D, ", P ", P);
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(k_cache) % 16 == 0,
               "ops::cuda::indexer_norm_store: k_cache must be 16-byte aligned");
-  // The batched kernel at one row, the sequence's caches as slot 0's (indexer_batch.cu); max_rows is
+  // The batched kernel at one row, the sequence's caches as slot 0's (below); max_rows is
   // only a slot stride, unused for slot 0.
   IndexerSlots idx;
   idx.k_cache = k_cache;
@@ -707,6 +610,282 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
     launch(ctx, indexer_select_radix_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
            cached, cand_cap);
   }
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+// ==== batched rows =====================================================================================
+
+namespace {
+
+using batch::kRowThreads;
+
+// ---- norm + store ------------------------------------------------------------------------------------
+
+/// Block b: row b of the batch (see the file comment). V: the layernorm's path (0 scalar).
+template <int V>
+__global__ void __launch_bounds__(kRowThreads)
+    indexer_norm_store_batch_kernel(const bf16* k_pre, const bf16* w, const bf16* bias, float eps,
+                                    const float* gate, const float* ape, const int32_t* slot,
+                                    const int32_t* pos, IndexerSlots idx) {
+  pdl_begin();
+  const int b = blockIdx.x;
+  const int s = slot ? slot[b] : 0;  // no slots: the single sequence's caches
+  if (s < 0) return;                 // padded row
+  const int D = idx.D, P = idx.P;
+  const int64_t p = pos[b];
+  const size_t rows_per_slot = static_cast<size_t>(idx.max_rows);
+  bf16* k_cache = idx.k_cache + static_cast<size_t>(s) * rows_per_slot * D;
+  float* gate_cache = idx.gate_cache + static_cast<size_t>(s) * rows_per_slot * D;
+  uint8_t* valid = idx.valid + static_cast<size_t>(s) * rows_per_slot;
+  float* pool_keys = idx.pool_keys + static_cast<size_t>(s) * (idx.max_rows / idx.P) * D;
+  const bf16* x = k_pre + static_cast<size_t>(b) * D;
+  const float* g = gate + static_cast<size_t>(b) * D;
+  bf16* krow = k_cache + static_cast<size_t>(p) * D;
+  if constexpr (V == 0) {
+    batch::layernorm_row_scalar(x, w, bias, D, eps, batch::StoreElems{krow});
+  } else {
+    batch::layernorm_row_vec<V>(x, w, bias, D, eps, batch::StoreOctets{krow});
+  }
+  indexer::finish_row(g, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
+}
+
+// ---- scores ------------------------------------------------------------------------------------------
+
+// The single-row scores kernel's block (kScoreThreads, kScoreWarps, kPoolsPerWarp, above).
+constexpr int kPoolsPerBlock = kScoreWarps * kPoolsPerWarp;
+
+/// Block (x, row b): pools j0 = (x * 8 + warp) * 4 + i * gridDim.x * 32 of row b; non-candidates
+/// get -inf. A block with no candidate pool skips the query staging.
+__global__ void __launch_bounds__(kScoreThreads)
+    indexer_scores_batch_kernel(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
+                                IndexerSlots idx, float* scores, int n_heads) {
+  pdl_begin();
+  extern __shared__ float4 score_smem_vec[];
+  float* smem = reinterpret_cast<float*>(score_smem_vec);
+  const int b = blockIdx.y;
+  const int s = slot[b];
+  if (s < 0) return;  // padded row
+  const int D = idx.D, P = idx.P, max_pools = (idx.max_rows / idx.P);
+  const int64_t p = pos[b];
+  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
+  float* out = scores + static_cast<size_t>(b) * max_pools;
+  const int stride = gridDim.x * kPoolsPerBlock;
+  if (static_cast<int>(blockIdx.x) * kPoolsPerBlock >= n_cand) {  // uniform: every pool of the block
+    for (int j0 = blockIdx.x * kPoolsPerBlock; j0 < max_pools; j0 += stride)
+      for (int i = threadIdx.x; i < kPoolsPerBlock && j0 + i < max_pools; i += blockDim.x)
+        out[j0 + i] = -INFINITY;
+    return;
+  }
+  const float* keys = idx.pool_keys + static_cast<size_t>(s) * max_pools * D;
+  const float* qb = q + static_cast<size_t>(b) * n_heads * D;
+  const float* wb = w + static_cast<size_t>(b) * n_heads;
+  const int qstride = D + 4;
+  float* q_s = smem;                                          // [n_heads][D + 4]
+  float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads, padded to 4]
+  float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
+  stage_queries(qb, wb, q_s, w_s, n_heads, D, qstride);
+  __syncthreads();
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
+  float* my_keys = key_s + static_cast<size_t>(warp) * D * kPoolsPerWarp;
+  for (int j0 = (blockIdx.x * kScoreWarps + warp) * kPoolsPerWarp; j0 < max_pools; j0 += stride) {
+    if (j0 >= n_cand) {
+      if (lane < kPoolsPerWarp && j0 + lane < max_pools) out[j0 + lane] = -INFINITY;
+      continue;
+    }
+    // A head's term rounded step by step, the CPU's order (no contraction).
+    score_pool_group(keys, q_s, w_s, qstride, n_heads, D, j0, n_cand, max_pools, lane, my_keys, out,
+                     [&](float total, float wh, float dot) {
+                       return __fadd_rn(total, __fmul_rn(wh, fmaxf(__fmul_rn(dot, inv_sqrt_d), 0.0f)));
+                     });
+  }
+}
+
+// ---- selection ---------------------------------------------------------------------------------------
+
+// kSelectThreads: the single-row selection's block (above).
+constexpr int kShareThreads = 256;
+
+/// Block b: row b's index_share selection (ops.hpp): the anchor's pool entries, then the rows
+/// from the anchor's tail to pos[b], then -1. Entry e is written by thread e % blockDim.x, every
+/// entry of the row once; nothing is read past the anchor's pool entries (<= K of K + P - 1).
+__global__ void __launch_bounds__(kShareThreads)
+    indexer_share_select_kernel(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos,
+                                int32_t* selection, int width, int K, int P) {
+  pdl_begin();
+  const int b = blockIdx.x;
+  const int64_t a = anchor_pos[b], p = pos[b];
+  const int64_t n_cand = a >= 0 ? (a + 1) / P : 0;
+  const int64_t pool_entries = (n_cand < K / P ? n_cand : static_cast<int64_t>(K / P)) * P;
+  const int64_t first_tail = n_cand * P;
+  const int32_t* src = anchor + static_cast<size_t>(b) * (K + P - 1);
+  int32_t* dst = selection + static_cast<size_t>(b) * width;
+  for (int e = threadIdx.x; e < width; e += blockDim.x) {
+    int32_t v = -1;
+    if (e < pool_entries) {
+      v = src[e];
+    } else {
+      const int64_t t = first_tail + (e - pool_entries);
+      if (t <= p) v = static_cast<int32_t>(t);
+    }
+    dst[e] = v;
+  }
+}
+
+/// Block b: row b's selection (see the file comment). `cached`: the dynamic shared memory holds
+/// max_pools keys.
+__global__ void __launch_bounds__(kSelectThreads)
+    indexer_select_batch_kernel(const float* scores, const int32_t* slot, const int32_t* pos,
+                                int32_t* selection, int K, int P, int max_pools, int cached) {
+  pdl_begin();
+  extern __shared__ uint32_t select_keys[];
+  __shared__ unsigned int hist[256];
+  __shared__ unsigned int s_digit, s_need;
+  const int b = blockIdx.x;
+  if (slot[b] < 0) return;  // padded row
+  const int tid = threadIdx.x;
+  const float* sc = scores + static_cast<size_t>(b) * max_pools;
+  const int width = K + P - 1;
+  int32_t* sel = selection + static_cast<size_t>(b) * width;
+  const int64_t p = pos[b];
+  const int n_cand = static_cast<int>(min(static_cast<int64_t>(max_pools), (p + 1) / P));
+  const int n_sel = min(K / P, n_cand);
+  if (cached) {
+    for (int j = tid; j < n_cand; j += blockDim.x) select_keys[j] = order_preserving_u32(sc[j]);
+    __syncthreads();
+  }
+  auto key_of = [&](int j) { return cached ? select_keys[j] : order_preserving_u32(sc[j]); };
+
+  if (n_sel == n_cand) {
+    // Every candidate: pool j at place j, i.e. rows 0 .. n_cand * P - 1 in order.
+    for (int64_t i = tid; i < static_cast<int64_t>(n_cand) * P; i += blockDim.x)
+      sel[i] = static_cast<int32_t>(i);
+  } else if (n_sel > 0) {
+    // Radix select from the top digit: prefix = the n_sel-th largest key's digits so far; `need` =
+    // how many keys equal to the threshold are still to take.
+    uint32_t prefix = 0;
+    uint32_t need = static_cast<uint32_t>(n_sel);
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      radix_histogram(hist, n_cand, key_of, prefix, shift);
+      if (tid < kWarp) {
+        // Lane l covers digits 255 - 8l .. 248 - 8l (descending); the lane whose range crosses
+        // `need` walks it.
+        unsigned int cnt = 0;
+#pragma unroll
+        for (int d = 0; d < 8; ++d) cnt += hist[255 - 8 * tid - d];
+        unsigned int incl = cnt;
+#pragma unroll
+        for (int o = 1; o < kWarp; o <<= 1) {
+          const unsigned int up = __shfl_up_sync(0xffffffffu, incl, o);
+          if (tid >= o) incl += up;
+        }
+        const unsigned int before = incl - cnt;
+        if (before < need && incl >= need) {
+          unsigned int run = before;
+          for (int d = 0; d < 8; ++d) {
+            const unsigned int h = hist[255 - 8 * tid - d];
+            if (run + h >= need) {
+              s_digit = static_cast<unsigned int>(255 - 8 * tid - d);
+              s_need = need - run;
+              break;
+            }
+            run += h;
+          }
+        }
+      }
+      __syncthreads();
+      prefix |= s_digit << shift;
+      need = s_need;
+      __syncthreads();  // s_digit / s_need / hist are rewritten by the next pass
+    }
+    // Keys > prefix are taken, and the first `need` keys == prefix in pool order. Thread t owns
+    // pools [t * per, (t + 1) * per); a scan of (greater, equal) counts gives each its places.
+    const int per = (n_cand + kSelectThreads - 1) / kSelectThreads;
+    const int j_begin = min(n_cand, tid * per);
+    const int j_end = min(n_cand, j_begin + per);
+    unsigned long long gt = 0, eq = 0;
+    for (int j = j_begin; j < j_end; ++j) {
+      const uint32_t key = key_of(j);
+      gt += key > prefix;
+      eq += key == prefix;
+    }
+    unsigned long long total;
+    const unsigned long long before = batch::block_exclusive_scan(gt | (eq << 32), &total);
+    unsigned long long gt_before = before & 0xffffffffull;
+    unsigned long long eq_before = before >> 32;
+    for (int j = j_begin; j < j_end; ++j) {
+      const uint32_t key = key_of(j);
+      const bool take = key > prefix || (key == prefix && eq_before < need);
+      if (take) {
+        const int64_t place = static_cast<int64_t>(gt_before) +
+                              static_cast<int64_t>(min(eq_before, static_cast<unsigned long long>(need)));
+        for (int m = 0; m < P; ++m)
+          sel[place * P + m] = static_cast<int32_t>(static_cast<int64_t>(j) * P + m);
+      }
+      gt_before += key > prefix;
+      eq_before += key == prefix;
+    }
+  }
+  // The tail rows P * n_cand .. p after the n_sel pools, then -1 to the width.
+  write_tail_and_padding(sel, p, n_cand, n_sel, P, width);
+}
+
+}  // namespace
+
+void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf16* w, const bf16* b,
+                              float eps, const float* gate, const float* ape, const int32_t* slot,
+                              const int32_t* pos, int rows, const IndexerSlots& idx) {
+  // k rows start at multiples of D in 16-byte aligned arrays: aligned when D is a whole number of octets.
+  const int v = batch::row_vecs(idx.D, {k_pre, w, b, idx.k_cache});
+  batch::with_vecs(v, [&](auto V) {
+    launch(ctx, indexer_norm_store_batch_kernel<decltype(V)::value>, rows, kRowThreads, 0, k_pre, w, b, eps,
+           gate, ape, slot, pos, idx);
+  });
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
+                          const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads) {
+  const int D = idx.D, max_pools = (idx.max_rows / idx.P);
+  const size_t smem = sizeof(float) * (static_cast<size_t>(n_heads) * (D + 4) + ((n_heads + 3) / 4) * 4 +
+                                       static_cast<size_t>(kScoreWarps) * D * kPoolsPerWarp);
+  MTP_REQUIRE(smem <= 200 * 1024, "ops::cuda::indexer_scores_batch: ", n_heads, " heads x ", D,
+              " do not fit in shared memory");
+  static int opted_in = 48 * 1024;
+  if (static_cast<int>(smem) > opted_in) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_batch_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    opted_in = static_cast<int>(smem);
+  }
+  // About 4 blocks per multiprocessor over the whole batch; each block walks its pools.
+  const int per_row = std::max(
+      1, std::min((max_pools + kPoolsPerBlock - 1) / kPoolsPerBlock, (4 * ctx.num_sms + rows - 1) / rows));
+  launch(ctx, indexer_scores_batch_kernel, dim3(per_row, rows), kScoreThreads, smem, q, w, slot, pos, idx,
+         scores, n_heads);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int32_t* anchor_pos,
+                          const int32_t* pos, int rows, int32_t* selection, int width, int K, int P) {
+  launch(ctx, indexer_share_select_kernel, rows, kShareThreads, 0, anchor, anchor_pos, pos, selection, width,
+         K, P);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
+                          int rows, int32_t* selection, int K, int P, int max_pools) {
+  const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
+  const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
+  const size_t smem = cached ? cache_bytes : 0;
+  static int opted_in = 48 * 1024;
+  if (static_cast<int>(smem) > opted_in) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_batch_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    opted_in = static_cast<int>(smem);
+  }
+  launch(ctx, indexer_select_batch_kernel, rows, kSelectThreads, smem, scores, slot, pos, selection, K, P,
+         max_pools, cached);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

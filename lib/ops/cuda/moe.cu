@@ -1,4 +1,9 @@
-// Batched MoE: the router per row, and the routed experts grouped over the batch.
+// MoE (the CPU reference: cpu/moe.cpp): the router and the routed experts this rank owns.
+// - One row: moe_route runs the batched router's kernel at one row; moe_experts in two launches
+//   (gate/up + activation, then down + weighted combine), warps streaming the expert rows with the
+//   GEMV family's lane dot product (slice_dot, device_common.cuh), expert ids read on the device;
+//   the shared expert runs in the same two launches as one more slot of weight 1, added last.
+// - Batched rows: the router per row, and the routed experts grouped over the batch.
 //
 // moe_route_batch: block b routes row b (one thread per expert, up to 1024): sigmoid, bias, group
 // limit, then every expert's packed key (biased score, lower id first on ties) is ranked against all
@@ -28,12 +33,231 @@
 #include <cstdint>
 
 #include "ops/cuda/batch_common.cuh"
-#include "ops/cuda/batch_kernels.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/moe.hpp"
 
 namespace mtplab::ops::cuda {
+
+// ==== one row ==========================================================================================
+
+namespace {
+
+constexpr int kMoeThreads = 256;
+constexpr int kMoeUnroll = 4;
+
+/// The shared expert's slice when it runs in the routed experts' launches (moe_experts_shared):
+/// its rows follow the routed slots' (act[top_k * I + i]), with weight 1. inter 0: none.
+struct SharedExpert {
+  const bf16* gate = nullptr;
+  const bf16* up = nullptr;
+  const bf16* down = nullptr;
+  int inter = 0;
+};
+
+/// act[s, i] = bf16(silu(min(g, L)) * clamp(u, -L, L)), g / u the BF16-rounded gate / up rows of
+/// the expert in slot s; zero for slots whose expert another rank owns; then the shared expert's
+/// rows, if any. One warp per (s, i).
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_gate_up_kernel(const bf16* x, const bf16* gate, const bf16* up, int first_expert, int num_local,
+                       int H, int I, const int32_t* idx, int top_k, float limit, bf16* act, SharedExpert sh) {
+  pdl_begin();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  const int n_chunks = H / 8;
+  const int64_t routed_tasks = static_cast<int64_t>(top_k) * I;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+       t < routed_tasks + sh.inter; t += warps_total) {
+    const bf16* g_row;
+    const bf16* u_row;
+    if (t < routed_tasks) {
+      const int s = static_cast<int>(t / I);
+      const int i = static_cast<int>(t - static_cast<int64_t>(s) * I);
+      const int local = idx[s] - first_expert;
+      if (local < 0 || local >= num_local) {
+        if (lane == 0) act[t] = bf16{0};
+        continue;
+      }
+      const size_t row = (static_cast<size_t>(local) * I + i) * H;
+      g_row = gate + row;
+      u_row = up + row;
+    } else {
+      const size_t row = static_cast<size_t>(t - routed_tasks) * H;
+      g_row = sh.gate + row;
+      u_row = sh.up + row;
+    }
+    float g = 0.0f, u = 0.0f;
+    for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
+      uint4 gv[kMoeUnroll], uv[kMoeUnroll];
+#pragma unroll
+      for (int q = 0; q < kMoeUnroll; ++q) {
+        const int cc = c + q * kWarp;
+        gv[q] = cc < n_chunks ? load_stream(g_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+        uv[q] = cc < n_chunks ? load_stream(u_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int q = 0; q < kMoeUnroll; ++q) {
+        const int cc = c + q * kWarp;
+        if (cc < n_chunks) {
+          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
+          g = dot_bf16x8(gv[q], xv, g);
+          u = dot_bf16x8(uv[q], xv, u);
+        }
+      }
+    }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    if (lane == 0) {
+      g = round_to_bf16(g);
+      u = round_to_bf16(u);
+      if (limit > 0.0f) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+      }
+      act[t] = f_to_bf16(g / (1.0f + expf(-g)) * u);
+    }
+  }
+}
+
+/// out[h] = sum over owned slots s, in slot order, of weights[s] * bf16(W_down,s[h] . act[s]).
+/// One warp per output h; the slots' rows are read back to back.
+__global__ void __launch_bounds__(kMoeThreads)
+    moe_down_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
+                    const float* weights, int top_k, const bf16* act, float* out) {
+  pdl_begin();
+  const int lane = threadIdx.x % kWarp;
+  const int warps_total = gridDim.x * (blockDim.x / kWarp);
+  const int n_chunks = I / 8;
+  for (int h = blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; h < H; h += warps_total) {
+    float total = 0.0f;
+    for (int s = 0; s < top_k; ++s) {
+      const int local = idx[s] - first_expert;
+      if (local < 0 || local >= num_local) continue;
+      const bf16* d_row = down + (static_cast<size_t>(local) * H + h) * I;
+      const bf16* a = act + static_cast<size_t>(s) * I;
+      const float d =
+          warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
+      total += weights[s] * round_to_bf16(d);
+    }
+    if (lane == 0) out[h] = total;
+  }
+}
+
+/// moe_down_kernel with the slots of an output spread over warps: a block holds `per_block`
+/// outputs x `slots` warps; warp (o, s) computes bf16(W_down,s[h] . act[s]) for output h of the
+/// block, and one lane per output sums the slots in slot order, as moe_down_kernel does (same
+/// products, same order: the same bits). moe_down_kernel walked the slots one after the other in
+/// one warp, a chain of top_k memory round trips per output; here the whole block's rows are in
+/// flight at once and finished blocks are replaced by new ones.
+__global__ void __launch_bounds__(1024)
+    moe_down_slots_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
+                          const float* weights, int top_k, int per_block, const bf16* act, float* out,
+                          SharedExpert sh) {
+  pdl_begin();
+  __shared__ float part[32];
+  const int slots = top_k + (sh.inter > 0 ? 1 : 0);  // the shared expert is the last slot
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int s = warp % slots;
+  const int o = warp / slots;
+  const int h = blockIdx.x * per_block + o;
+  if (h < H) {
+    const bf16* d_row = nullptr;
+    const bf16* a = nullptr;
+    int n_chunks = 0;
+    if (s < top_k) {
+      const int local = idx[s] - first_expert;
+      if (local >= 0 && local < num_local) {
+        d_row = down + (static_cast<size_t>(local) * H + h) * I;
+        a = act + static_cast<size_t>(s) * I;
+        n_chunks = I / 8;
+      }
+    } else {
+      d_row = sh.down + static_cast<size_t>(h) * sh.inter;
+      a = act + static_cast<size_t>(top_k) * I;
+      n_chunks = sh.inter / 8;
+    }
+    float d = 0.0f;
+    if (d_row) d = warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
+    if (lane == 0) part[warp] = d;
+  }
+  __syncthreads();
+  if (s == 0 && lane == 0 && h < H) {
+    float total = 0.0f;
+    for (int t = 0; t < top_k; ++t) {
+      const int local = idx[t] - first_expert;
+      if (local < 0 || local >= num_local) continue;
+      total += weights[t] * round_to_bf16(part[o * slots + t]);
+    }
+    // The shared expert (weight 1) last, one IEEE add: what accumulate_f32 of its own output did.
+    if (sh.inter > 0) total = __fadd_rn(total, round_to_bf16(part[o * slots + top_k]));
+    out[h] = total;
+  }
+}
+
+}  // namespace
+
+void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int num_experts, int top_k,
+               int n_group, int topk_group, float scaling, int32_t* idx, float* weights) {
+  MTP_REQUIRE(num_experts >= 1 && top_k >= 1 && top_k <= num_experts && n_group >= 1,
+              "ops::cuda::moe_route: num_experts ", num_experts, ", top_k ", top_k, ", n_group ", n_group);
+  if (n_group > 1) {
+    MTP_REQUIRE(num_experts % n_group == 0 && num_experts / n_group >= 2 && topk_group >= 1 &&
+                    topk_group <= n_group && top_k <= topk_group * (num_experts / n_group),
+                "ops::cuda::moe_route: bad group limit (num_experts ", num_experts, ", n_group ", n_group,
+                ", topk_group ", topk_group, ", top_k ", top_k, ")");
+  }
+  // The batched router's kernel at one row (slot nullptr: the row is live).
+  moe_route_batch(ctx, logits, bias, nullptr, 1, num_experts, top_k, n_group, topk_group, scaling, idx,
+                  weights);
+}
+
+void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
+                 const float* weights, int top_k, float limit, bf16* act, float* out,
+                 const ExpertWeights* shared) {
+  const int H = w.hidden;
+  const int I = w.inter;
+  MTP_REQUIRE(H % 8 == 0 && I % 8 == 0, "ops::cuda::moe_experts: hidden ", H, " and inter ", I,
+              " must be multiples of 8");
+  require_aligned("moe_experts", "x", x);
+  SharedExpert sh;
+  if (shared) {
+    MTP_REQUIRE(shared->hidden == H && shared->inter >= 8 && shared->inter % 8 == 0 && top_k + 1 <= 32 &&
+                    shared->gate && shared->up && shared->down,
+                "ops::cuda::moe_experts: shared expert (hidden ", shared->hidden, ", inter ", shared->inter,
+                ") must match hidden ", H,
+                ", have an inter that is a multiple of 8, and at most 31 routed slots");
+    sh = SharedExpert{shared->gate, shared->up, shared->down, shared->inter};
+  }
+  const int warps_per_block = kMoeThreads / kWarp;
+  if (top_k == 0 && !shared) {
+    MTP_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(H), ctx.stream));
+    return;
+  }
+  const int64_t tasks = static_cast<int64_t>(top_k) * I + sh.inter;
+  const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
+                                                       static_cast<int64_t>(ctx.num_sms) * 8));
+  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H, I,
+         idx, top_k, limit, act, sh);
+  MTP_CUDA_LAUNCH_CHECK();
+  const int slots = top_k + (shared ? 1 : 0);
+  if (slots <= 32) {
+    // One warp per (output, slot); at least 8 warps a block (e.g. 1 output x 8 slots, 8 x 1).
+    const int per_block = std::max(1, warps_per_block / slots);
+    const int grid2 = (H + per_block - 1) / per_block;
+    launch(ctx, moe_down_slots_kernel, grid2, per_block * slots * kWarp, 0, w.down, w.first_expert,
+           w.num_local, H, I, idx, weights, top_k, per_block, act, out, sh);
+  } else {
+    const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
+    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx,
+           weights, top_k, act, out);
+  }
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+// ==== batched rows =====================================================================================
+
 namespace {
 
 using batch::kChunkK;
@@ -116,7 +340,7 @@ __global__ void __launch_bounds__(kRouteThreads)
 // ---- grouped experts: the plan ---------------------------------------------------------------------------
 
 constexpr int kMoeWarps = 8;
-constexpr int kMoeThreads = kMoeWarps * kWarp;
+constexpr int kGroupedThreads = kMoeWarps * kWarp;
 constexpr int kMoeNT = 2;                 // column tiles of a work item
 constexpr int kPairGroup = 8 * kMoeNT;    // pairs per work item
 constexpr int kMoeStages = 3;             // per-warp cp.async ring of input-row chunks
@@ -442,7 +666,7 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
 // ---- grouped experts: the kernels -----------------------------------------------------------------------
 
 /// Launch 1: act for every (active entry, 16 inter rows, pair group) item, one warp per item.
-__global__ void __launch_bounds__(kMoeThreads)
+__global__ void __launch_bounds__(kGroupedThreads)
     moe_gate_up_grouped_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
@@ -491,7 +715,8 @@ __global__ void __launch_bounds__(kMoeThreads)
 }
 
 /// Launch 2: block = output columns [16 * blockIdx.x, + 16) of every live row.
-__global__ void __launch_bounds__(kMoeThreads) moe_down_grouped_kernel(GroupedParams p, PlanLayout layout) {
+__global__ void __launch_bounds__(kGroupedThreads)
+    moe_down_grouped_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);
@@ -642,10 +867,10 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     // large batch's items are walked by the persistent loop.
     const int64_t grid1 = std::max<int64_t>(
         1, std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps, 2 * static_cast<int64_t>(ctx.num_sms)));
-    launch(ctx, moe_gate_up_grouped_kernel, static_cast<unsigned>(grid1), kMoeThreads, smem1, p, layout);
+    launch(ctx, moe_gate_up_grouped_kernel, static_cast<unsigned>(grid1), kGroupedThreads, smem1, p, layout);
     MTP_CUDA_LAUNCH_CHECK();
   }
-  launch(ctx, moe_down_grouped_kernel, H / kDownCols, kMoeThreads, smem2, p, layout);
+  launch(ctx, moe_down_grouped_kernel, H / kDownCols, kGroupedThreads, smem2, p, layout);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

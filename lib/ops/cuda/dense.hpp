@@ -1,0 +1,97 @@
+// Host launchers of the dense kernels (dense.cu; the CPU reference: cpu/dense.cpp). What every launcher
+// shares (LaunchCtx, the invariants): kernels.hpp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+
+#include "ops/cuda/kernels.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::ops::cuda {
+
+/// Per-block partial keys plus a self-resetting completion counter: the last block of a
+/// multi-block argmax reduces the partials and writes the result (one launch, no memset).
+struct ArgmaxScratch {
+  unsigned long long* partials = nullptr;
+  int capacity = 0;
+  unsigned int* counter = nullptr;  ///< zero between launches (the last block resets it)
+};
+
+/// Output row r reads W row (r / rows_per_group) * group_stride_rows + row_offset + r % rows_per_group
+/// and x + (r / rows_per_group) * x_group_stride. A plain GEMV is one group of n rows; mla_out_v is
+/// n_heads groups of dv rows inside W_kvb.
+struct GemvRowMap {
+  int rows_per_group = 0;
+  int64_t group_stride_rows = 0;
+  int64_t row_offset = 0;
+  int64_t x_group_stride = 0;
+};
+
+// ---- one row ------------------------------------------------------------------------------------------
+/// Largest grid any GEMV / argmax launch uses (so ArgmaxScratch::capacity can be sized once).
+int gemv_max_grid(int num_sms);
+
+// The GEMV launchers take their kernel from ctx.policy.gemv_variant (ops::GemvVariant,
+// ops/kernel_policy.hpp): automatic is chosen per shape (a table in dense.cu); rows2, rows4
+// and occ give the same bits as v1 (same k-split, each lane's chunks of a row summed in ascending
+// order) and run v1 on shapes they do not cover; fp8split gives FP8 rows the k-split of BF16 rows of
+// the same length (not v1's bits) and runs v1 for BF16. ctx.policy.gemv_split, when not 0, forces
+// the k-split of every GEMV and of linear_group's outputs. linear_group is not affected by the
+// variant.
+
+/// y[r] = sum_j W[row(r), j] x[j]; y BF16 (rounded) or fp32. k % 8 == 0, 16-byte aligned rows.
+void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
+               const GemvRowMap& map);
+/// Several BF16 GEMVs of the same x in one launch (ops::Backend::linear_group). Each output's rows
+/// are computed with the k-split its own gemv_bf16 launch would choose, so every output is
+/// bit-identical to that launch (fp32 outputs then times f32_scale, as scale_f32).
+void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int k);
+/// y[r] = bf16(scale[r] * sum_j W[r, j] x[j]) with FP8 E4M3 W. k % 16 == 0.
+void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,
+              int k);
+/// GEMV (BF16 W, or FP8 W with row scales when W_fp8 != null) fused with the argmax of the
+/// BF16-rounded logits; one launch (last-block reduction).
+void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
+                 const bf16* x, int n, int k, int64_t index_base, bf16* logits, ArgMax* out,
+                 HeadExtras extras, const ArgmaxScratch& scratch);
+void argmax(const LaunchCtx& ctx, const bf16* x, int n, int64_t index_base, ArgMax* out,
+            const ArgmaxScratch& scratch);
+void argmax_pack_key(const LaunchCtx& ctx, const ArgMax* in, uint64_t* key);
+void argmax_unpack_key(const LaunchCtx& ctx, const uint64_t* key, int32_t* token);
+void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* token);
+
+// ---- batched rows -------------------------------------------------------------------------------------
+/// The per-row best keys of head_argmax_batch (kMaxBatchRows of them, zero between launches) and
+/// its completion counter: the last block turns the keys into the outputs and resets both.
+struct HeadBatchScratch {
+  unsigned long long* best = nullptr;
+  unsigned int* counter = nullptr;
+};
+/// head_argmax_batch of up to kMaxBatchRows rows in one launch: the skinny GEMM (W rows x the
+/// batch's rows on the tensor cores, every weight row read once) with the argmax fused.
+/// k % 16 == 0; W (or W_fp8) and x 16-byte aligned.
+void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
+                       const bf16* x, const int32_t* slot, int rows, int n, int k, int64_t index_base,
+                       bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras,
+                       const HeadBatchScratch& s);
+/// Y[b, r] = sum_j W[row(r), j] X[b, j] over the map's rows (GemvRowMap: group r / rows_per_group,
+/// x row b at x + b * ldx + group * x_group_stride), BF16 (rounded once) or fp32 out at
+/// y + b * ldy + r; up to kMaxBatchRows rows. The small-M tensor-core GEMM of the batched linears
+/// and mla_out_v_batch. k % 16 == 0, rows_per_group % 16 == 0 (or one group), W / x 16-byte
+/// aligned, ldx and x_group_stride multiples of 8.
+void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, void* y, bool f32_out,
+               int64_t ldy, int rows, int n, int k, const GemvRowMap& map);
+/// Whether the batched linear of this shape (RowsMode::batched, rows >= 2) runs rows_gemm instead of
+/// cuBLASLt: a fixed per-shape table (dense.cu) from the measured comparison in
+/// docs/kernels.md, so the choice is part of the code, not of the process.
+bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
+/// out[b] = argmax of row b (x + b * ld_x, n values): one block per row (rows = 1: the single-row
+/// multi-block kernel).
+void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n, int64_t index_base,
+                  ArgMax* out, const ArgmaxScratch& single_row);
+void argmax_unpack_key_batch(const LaunchCtx& ctx, const uint64_t* key, int32_t* token, int rows);
+void argmax_pick_batch(const LaunchCtx& ctx, const ArgMax* pairs, int n, int rows, int32_t* token);
+
+}  // namespace mtplab::ops::cuda

@@ -1,0 +1,45 @@
+// Host launchers of the pooled indexer kernels (indexer.cu; the CPU reference: cpu/indexer.cpp). What every
+// launcher shares (LaunchCtx, the invariants): kernels.hpp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/kernels.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::ops::cuda {
+
+// ---- one row ------------------------------------------------------------------------------------------
+void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate, const float* ape,
+                   const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys,
+                   int D, int P);
+void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const float* pool_keys,
+                    const int32_t* pos, float* scores, int n_heads, int D, int P, int max_pools);
+/// layernorm of one row of D into k_cache row pos[0], then the rest of indexer_store; one block.
+/// The norm's path is layernorm's for the same x, w, b and an aligned output (the same bits as
+/// layernorm + indexer_store). k_cache 16-byte aligned.
+void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, float eps,
+                        const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
+                        float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P);
+/// indexer_select's kernels, by ctx.policy.indexer_select, same selection: v2 (the default) an
+/// 11/11/10-bit radix select that stops at the first digit whose bin is taken whole; v1 the former
+/// one, four 8-bit passes (docs/kernels.md), kept so that a device failure of v2 can be switched off
+/// without a rebuild.
+void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
+                    int P, int max_pools);
+
+// ---- batched rows -------------------------------------------------------------------------------------
+void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf16* w, const bf16* b,
+                              float eps, const float* gate, const float* ape, const int32_t* slot,
+                              const int32_t* pos, int rows, const IndexerSlots& idx);
+void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
+                          const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads);
+void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
+                          int rows, int32_t* selection, int K, int P, int max_pools);
+/// The index_share selection of each row (ops.hpp): block b copies anchor row b's pools, then the
+/// rows from the anchor's tail to pos[b], then -1 up to width.
+void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int32_t* anchor_pos,
+                          const int32_t* pos, int rows, int32_t* selection, int width, int K, int P);
+
+}  // namespace mtplab::ops::cuda

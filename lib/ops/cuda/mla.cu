@@ -1,0 +1,944 @@
+// Absorbed sparse MLA over the paged latent cache (the CPU reference: cpu/mla.cpp): the latent row
+// write (BF16 / FP8), the query absorption q_abs = W_k^T q, and the split-row decode with its
+// combine.
+// - One row: kv_write, absorb_q, the decode v2 (below); kv_norm_write and the decode v1 run the
+//   batched kernels at one row. mla_out_v is a GEMV over W_kvb's V rows (dense.cu, through a row
+//   map).
+// - Batched rows, over the pool of slots (ops::KvSlots: one block pool, one block table per slot),
+//   every row of the batch in one launch:
+//   - kv_norm_write_batch: block b rms-norms ckv_pre row b and stores it (BF16 copy or FP8 code) at
+//     row pos[b] of slot slot[b], through that slot's block table.
+//   - mla_absorb_q_batch: q_abs[b, h] = W_k,h^T q[b, h] on the CUDA cores. Block (head, 64 columns,
+//     32 rows): W_k,h's slab of 64 d-rows and the rows' q slab go through shared memory, each thread
+//     keeps 8 rows x 1 column of fp32 sums over d in ascending order. (W_k,h's d is its row index,
+//     so the reduction is not along contiguous memory; the MMA path would need a transpose.)
+//   - mla_decode_batch: grid (head tiles of 16, row splits, rows); each block is the decode's v1
+//     chunk step (mla_chunk.cuh): 4 warps each owning kv_lora/4 columns, chunks of 16 selected rows
+//     through the slot's block table on the tensor cores (S = Q C^T, O += P C, the probabilities
+//     split into BF16 hi + lo), an online fp32 softmax. One split per row writes o_lat itself; more
+//     write partials that a combine launch merges per (row, head) in split order.
+//   - mla_out_v_batch: the skinny tensor-core GEMM (dense.cu) over W_kvb's V rows, one group of dv
+//     rows per head, x = each row's o_lat[h].
+//
+// Invariants:
+// - Row t lives at slot block_table[t / block_size] * block_size + t % block_size (the CPU
+//   reference's cache_slot); a kernel cannot throw, so block ids are trusted here and checked by
+//   the CPU reference in tests. Padded rows (slot[b] < 0) read and write nothing.
+// - FP8 cache: stored as E4M3(x / scale) with a true division and RNE + satfinite, read back as
+//   float(fp8) * scale: bit-identical to the CPU.
+// - Decode: one block per (16-head tile, row split) on the tensor cores (mla_chunk.cuh), an
+//   online softmax in fp32 over chunks of 16 rows, merged across splits with max-rescaling in a
+//   fixed order (deterministic); o_lat is rounded to BF16 once, after dividing by the softmax
+//   denominator, as the CPU does. No selected rows -> zeros. q_abs rows must be 4-byte aligned
+//   (BF16 pairs are read as u32), cache rows 16-byte aligned. Two paths with the same chunk step
+//   (the policy's mla_decode, ops/kernel_policy.hpp): v1 (mla_decode_batch_kernel at one row,
+//   every split merged by its combine) and v2 (mla_decode_v2_kernel, "decode v2" below), the
+//   default; both combine through mla_combine_rows.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cuda/batch_common.cuh"
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dense.hpp"
+#include "ops/cuda/device_common.cuh"
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/mla.hpp"
+#include "ops/cuda/mla_chunk.cuh"
+
+namespace mtplab::ops::cuda {
+
+// ==== one row ==========================================================================================
+
+namespace {
+
+// The device helpers the batched kernels share (ops/cuda/batch_common.cuh).
+using batch::cp_async16;
+using batch::cp_async_commit;
+using batch::cp_async_wait;
+using batch::mma_16816;
+using batch::pack_bf16x2;
+// The decode chunk step every decode path shares (ops/cuda/mla_chunk.cuh).
+using namespace mla;
+
+// ---- kv_write -----------------------------------------------------------------------------------------
+
+__global__ void kv_write_kernel(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, void* data,
+                                bool fp8, float scale, int block_size, int kv_lora) {
+  pdl_begin();
+  const size_t base = static_cast<size_t>(kv_slot(block_table, pos[0], block_size)) * kv_lora;
+  for (int c = threadIdx.x; c < kv_lora; c += blockDim.x) {
+    if (fp8) {
+      static_cast<uint8_t*>(data)[base + c] = kv_fp8_code(bf16_to_f(c_kv[c]), scale);
+    } else {
+      static_cast<bf16*>(data)[base + c] = c_kv[c];
+    }
+  }
+}
+
+// ---- absorb_q -----------------------------------------------------------------------------------------
+
+constexpr int kAbsorbThreads = 256;
+constexpr int kAbsorbCols = 64;                                    // columns per block: 8 threads x 8 BF16
+constexpr int kAbsorbGroups = kAbsorbThreads / (kAbsorbCols / 8);  // 32 row groups over d
+constexpr int kAbsorbUnroll = 8;
+
+/// q_abs[h, c] = bf16(sum_d W_kvb[h*(dqk+dv) + d, c] * q[h, d]). Block (h, column tile): 32 row
+/// groups each stream rows d = g, g+32, ... of the tile with 16-byte loads, then a fixed-order sum.
+__global__ void __launch_bounds__(kAbsorbThreads)
+    absorb_q_kernel(const bf16* q, const bf16* W_kvb, bf16* q_abs, int dqk, int dv, int kv_lora) {
+  pdl_begin();
+  __shared__ float red[kAbsorbGroups][kAbsorbCols + 1];
+  const int h = blockIdx.x;
+  const int col8 = threadIdx.x % (kAbsorbCols / 8);
+  const int g = threadIdx.x / (kAbsorbCols / 8);
+  const int col = blockIdx.y * kAbsorbCols + col8 * 8;
+  float acc[8] = {};
+  if (col < kv_lora) {
+    const bf16* Wk = W_kvb + static_cast<size_t>(h) * (dqk + dv) * kv_lora + col;
+    const bf16* qh = q + static_cast<size_t>(h) * dqk;
+    for (int d0 = g; d0 < dqk; d0 += kAbsorbGroups * kAbsorbUnroll) {
+      uint4 wv[kAbsorbUnroll];
+      float qd[kAbsorbUnroll];
+#pragma unroll
+      for (int u = 0; u < kAbsorbUnroll; ++u) {
+        const int d = d0 + u * kAbsorbGroups;
+        wv[u] = d < dqk ? load_stream(Wk + static_cast<size_t>(d) * kv_lora) : make_uint4(0, 0, 0, 0);
+        qd[u] = d < dqk ? bf16_to_f(qh[d]) : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kAbsorbUnroll; ++u) {
+        const uint32_t w4[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          acc[2 * j] = fmaf(bf16_lo(w4[j]), qd[u], acc[2 * j]);
+          acc[2 * j + 1] = fmaf(bf16_hi(w4[j]), qd[u], acc[2 * j + 1]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[g][col8 * 8 + j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < kAbsorbCols) {
+    const int c = blockIdx.y * kAbsorbCols + threadIdx.x;
+    if (c < kv_lora) {
+      float s = 0.0f;
+      for (int gg = 0; gg < kAbsorbGroups; ++gg) s += red[gg][threadIdx.x];
+      q_abs[static_cast<size_t>(h) * kv_lora + c] = f_to_bf16(s);
+    }
+  }
+}
+
+// ---- decode v2 -----------------------------------------------------------------------------------------
+//
+// The same chunk step as the v1 decode (mla_decode_batch_kernel) (head tile of 16, 4 warps each owning
+// kv_lora/4 columns, chunks of 16 rows, the same MMAs, softmax and rounding points), organised for a short
+// critical path and few partials:
+// - Grid (split, head tile), about one block per multiprocessor: split s of S owns chunks
+//   [s*C/S, (s+1)*C/S) of the C chunks (balanced to one chunk), at most kMaxSplitChunks.
+// - The split's row slots (selection -> block table) are resolved once into shared memory, every
+//   thread resolving a few rows in parallel: two round trips per block instead of two per chunk.
+// - Each warp streams its slice of the rows into a ring of kStages chunks with cp.async (16 bytes,
+//   zero-filled for padding: a padded row must be 0, not stale shared memory, as P = 0 times NaN
+//   is NaN), kStages - 1 chunks ahead of the one it computes.
+// - The partial scores go through a double-buffered s_score: one __syncthreads per chunk.
+// - The kCluster splits of a thread-block cluster merge their (max, denominator, sums) over
+//   distributed shared memory, block rank r taking columns [r*L/8, (r+1)*L/8), peers in rank
+//   order (deterministic). One cluster per head tile writes o_lat itself; more write one partial
+//   per cluster, which mla_combine_rows merges (S / 8 partials per head instead of S).
+
+constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
+constexpr int kStages = 4;           // cp.async ring depth per warp, in chunks
+constexpr int kMaxSplitChunks = 32;  // chunks one split may own (the slot table's size)
+constexpr int kMaxSplitRows = kMaxSplitChunks * kChunk;
+constexpr int kGatherPerThread = kMaxSplitRows / kDecodeThreads;
+static_assert(kMaxSplitRows % kDecodeThreads == 0, "the slot gather must split evenly over the block");
+static_assert(kHeadTile * kCluster == kDecodeThreads, "the cluster merge gives one thread per (head, rank)");
+
+/// Dynamic shared memory of mla_decode_v2_kernel (bytes; every region a multiple of 16).
+template <int kCw, bool kFp8>
+struct DecodeV2Smem {
+  static constexpr int kL = kDecodeWarps * kCw;
+  static constexpr int kRowStride = kCw + 8;                             // BF16 rows, as the v1 decode
+  static constexpr int kStageStride = kFp8 ? kCw + 16 : 2 * kRowStride;  // bytes per staged row
+  static constexpr int kStageBytes = kChunk * kStageStride;
+  static constexpr int kRingBytes = kDecodeWarps * kStages * kStageBytes;
+  static constexpr int kConvBytes = kFp8 ? kDecodeWarps * kChunk * kRowStride * 2 : 0;
+  // The merge's exchange (after the loop, over the ring): [16][kXStride] sums, then [16][2] (m, l).
+  static constexpr int kXStride = kL + 8;  // floats: conflict-free float2 stores of the fragments
+  static constexpr int kXBytes = (kHeadTile * kXStride + 2 * kHeadTile) * 4;
+  static constexpr int kBytes = (kRingBytes > kXBytes ? kRingBytes : kXBytes) + kConvBytes;
+  static_assert(kStageStride % 16 == 0 && kRingBytes % 16 == 0, "cp.async needs 16-byte rows");
+};
+
+/// Block (split, head tile) of a cluster of kCluster splits; see "decode v2" above. p.splits is S
+/// (a multiple of kCluster); p.scratch holds [n_heads][S / kCluster][2 + kv_lora] when S > kCluster.
+template <int kCw, bool kFp8>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThreads)
+    mla_decode_v2_kernel(DecodeParams p) {
+  pdl_begin();
+  using Smem = DecodeV2Smem<kCw, kFp8>;
+  constexpr int kL = Smem::kL;
+  constexpr int kKSteps = kCw / 16;
+  constexpr int kNTiles = kCw / 8;
+  constexpr int kRowStride = Smem::kRowStride;
+  constexpr int kElem = kFp8 ? 1 : 2;
+  constexpr int kVecPerRow = kCw * kElem / 16;  // 16-byte copies per row slice
+  constexpr int kColsPerRank = kL / kCluster;
+  static_assert(kVecPerRow >= 1 && kL % kCluster == 0, "row slices must be whole 16-byte copies");
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ int64_t s_slot[kMaxSplitRows];  // cache slot of the split's row r, -1: padding
+  __shared__ ScoreExchange s_score[2];
+  __shared__ float s_w[kHeadTile][kCluster];   // merge weights e^{m_k - M} per (head, rank)
+  __shared__ float s_lw[kHeadTile][kCluster];  // l_k e^{m_k - M}
+  __shared__ float s_m[kHeadTile];             // M per head
+
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int h0 = blockIdx.y * kHeadTile;
+  const int split = blockIdx.x;
+  const int col0 = warp * kCw;
+  const int chunks = (p.width + kChunk - 1) / kChunk;
+  const int c_begin = static_cast<int>(static_cast<int64_t>(split) * chunks / p.splits);
+  const int c_end = static_cast<int>(static_cast<int64_t>(split + 1) * chunks / p.splits);
+  const int n_chunks = c_end - c_begin;  // <= kMaxSplitChunks (checked on the host)
+  const int i0 = c_begin * kChunk;
+  const int i1 = min(p.width, c_end * kChunk);
+  const bool lo_ok = h0 + g < p.n_heads;
+  const bool hi_ok = h0 + g + 8 < p.n_heads;
+
+  // Q as the A operand, this warp's columns (as the v1 decode).
+  uint32_t qa[kKSteps][4];
+  load_q_fragments<kKSteps>(p.q_abs, h0, g, t, kL, col0, lo_ok, hi_ok, qa);
+
+  // Slots of the split's rows, all selection loads first, then all block-table loads. Rows past
+  // i1 up to the last chunk's end are padding.
+  {
+    int32_t ts[kGatherPerThread];
+#pragma unroll
+    for (int u = 0; u < kGatherPerThread; ++u) {
+      const int ii = i0 + static_cast<int>(threadIdx.x) + u * kDecodeThreads;
+      ts[u] = ii < i1 ? p.selection[ii] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherPerThread; ++u) {
+      int64_t slot = -1;
+      if (ts[u] >= 0)
+        slot =
+            static_cast<int64_t>(p.block_tables[ts[u] / p.block_size]) * p.block_size + ts[u] % p.block_size;
+      s_slot[threadIdx.x + u * kDecodeThreads] = slot;
+    }
+  }
+  __syncthreads();
+
+  unsigned char* ring = smem + warp * kStages * Smem::kStageBytes;  // this warp's stages
+  uint16_t* conv = reinterpret_cast<uint16_t*>(smem + (Smem::kBytes - Smem::kConvBytes)) +
+                   warp * kChunk * kRowStride;  // FP8: the chunk widened to BF16
+  const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
+  // Chunk k of the split (this warp's slice) into stage k % kStages; always one commit group, empty
+  // past the last chunk, so the group count is the chunk count.
+  auto issue = [&](int k) {
+    if (k < n_chunks) {
+      unsigned char* stage = ring + (k % kStages) * Smem::kStageBytes;
+      for (int v = lane; v < kChunk * kVecPerRow; v += kWarp) {
+        const int r = v / kVecPerRow;
+        const int64_t slot = s_slot[k * kChunk + r];
+        const unsigned char* src =
+            slot >= 0 ? cache + (static_cast<size_t>(slot) * kL + col0) * kElem + (v % kVecPerRow) * 16
+                      : cache;
+        cp_async16(stage + r * Smem::kStageStride + (v % kVecPerRow) * 16, src, slot >= 0 ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY;
+  float l_lo = 0.0f, l_hi = 0.0f;  // this thread's score columns only; summed over the quad at the end
+
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) issue(k);
+  for (int k = 0; k < n_chunks; ++k) {
+    // Refill the stage chunk k - 1 used (released by the __syncwarp ending that iteration), then
+    // wait for chunk k: groups 0 .. k of the k + kStages committed.
+    issue(k + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's copies of chunk k are visible to the warp
+    const uint16_t* rows;
+    if constexpr (kFp8) {
+      const unsigned char* stage = ring + (k % kStages) * Smem::kStageBytes;
+      for (int v = lane; v < kChunk * (kCw / 8); v += kWarp) {
+        const int r = v / (kCw / 8), c8 = v % (kCw / 8);
+        const uint2 f = *reinterpret_cast<const uint2*>(stage + r * Smem::kStageStride + c8 * 8);
+        *reinterpret_cast<uint4*>(conv + r * kRowStride + c8 * 8) = fp8x8_to_bf16x8(f);
+      }
+      __syncwarp();
+      rows = conv;
+    } else {
+      rows = reinterpret_cast<const uint16_t*>(ring + (k % kStages) * Smem::kStageBytes);
+    }
+    const unsigned valid_rows =
+        __ballot_sync(0xffffffffu, lane < kChunk && s_slot[k * kChunk + (lane % kChunk)] >= 0);
+
+    float sc[2][4] = {};
+    chunk_scores<kKSteps, kRowStride>(rows, qa, g, t, sc);
+    // s_score[k & 1] was last read in chunk k - 2, before every warp passed chunk k - 1's barrier.
+    ScoreExchange& score = s_score[k & 1];
+    stage_scores(score, warp, g, t, sc);
+    __syncthreads();
+    float s[2][4];
+    sum_scores<kFp8>(score, g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
+
+    // Online softmax per head row (quad-wide max), then rescale the running sums; P's fragments.
+    uint32_t ah[4], al[4];
+    online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
+    accumulate_pv<kNTiles, kRowStride>(rows, ah, al, g, t, o);
+    __syncwarp();  // this stage (and conv) is rewritten by the next iteration
+  }
+
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
+
+  // The block's (m, l, sums) into the exchange, over the ring: every copy has landed (only empty
+  // groups can be pending) and every warp is done with its stages.
+  cp_async_wait<0>();
+  __syncthreads();
+  float* x_o = reinterpret_cast<float*>(smem);     // [kHeadTile][kXStride]
+  float* x_ml = x_o + kHeadTile * Smem::kXStride;  // [kHeadTile][2]
+  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    const int c = col0 + n * 8 + 2 * t;
+    *reinterpret_cast<float2*>(x_o + g * Smem::kXStride + c) =
+        make_float2(o[n][0] * out_scale, o[n][1] * out_scale);
+    *reinterpret_cast<float2*>(x_o + (g + 8) * Smem::kXStride + c) =
+        make_float2(o[n][2] * out_scale, o[n][3] * out_scale);
+  }
+  if (warp == 0 && t == 0) {
+    x_ml[2 * g] = m_lo;
+    x_ml[2 * g + 1] = l_lo;
+    x_ml[2 * (g + 8)] = m_hi;
+    x_ml[2 * (g + 8) + 1] = l_hi;
+  }
+  cluster.sync();  // the cluster's exchanges are written and visible
+
+  // Merge weights: thread (head h, rank k); the max over the 8 ranks is over 8 adjacent lanes.
+  {
+    const int h = threadIdx.x / kCluster, k = threadIdx.x % kCluster;
+    const float* peer_ml = cluster.map_shared_rank(x_ml, k);
+    const float mk = peer_ml[2 * h], lk = peer_ml[2 * h + 1];
+    float M = mk;
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 1));
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 2));
+    M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 4));
+    const float w = mk == -INFINITY ? 0.0f : expf(mk - M);  // 0 for an empty split (l_k = 0, sums 0)
+    s_w[h][k] = w;
+    s_lw[h][k] = lk * w;
+    if (k == 0) s_m[h] = M;
+  }
+  __syncthreads();
+
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int clusters = p.splits / kCluster;
+  const int cl = split / kCluster;
+  const float* peer_o[kCluster];
+#pragma unroll
+  for (int k = 0; k < kCluster; ++k) peer_o[k] = cluster.map_shared_rank(x_o, k);
+  for (int e = threadIdx.x; e < kHeadTile * kColsPerRank; e += kDecodeThreads) {
+    const int h = e / kColsPerRank;
+    const int c = rank * kColsPerRank + e % kColsPerRank;
+    if (h0 + h >= p.n_heads) continue;
+    float a = 0.0f, d = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kCluster; ++k) {
+      a = fmaf(peer_o[k][h * Smem::kXStride + c], s_w[h][k], a);
+      d += s_lw[h][k];
+    }
+    if (clusters == 1) {
+      p.o_lat[static_cast<size_t>(h0 + h) * kL + c] = d > 0.0f ? f_to_bf16(a / d) : bf16{0};
+    } else {
+      float* out = p.scratch + (static_cast<size_t>(h0 + h) * clusters + cl) * (2 + kL);
+      out[2 + c] = a;
+      if (c == 0) {  // rank 0's first column
+        out[0] = s_m[h];
+        out[1] = d;
+      }
+    }
+  }
+  cluster.sync();  // no block leaves while a peer may still read its exchange
+}
+
+/// The v2 decode kernel for kCw = kv_lora / 4 columns per warp and the cache type.
+template <int kCw, bool kFp8>
+void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p) {
+  const int tiles = (p.n_heads + kHeadTile - 1) / kHeadTile;
+  constexpr int kBytes = DecodeV2Smem<kCw, kFp8>::kBytes;
+  // Above the 48 KB default at kv_lora 512; a host-side attribute, allowed while capturing.
+  MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_v2_kernel<kCw, kFp8>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
+  launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, dim3(p.splits, tiles), kDecodeThreads,
+         static_cast<size_t>(kBytes), p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+/// launch_decode_v2 for the kv_lora of p (64, 128, 256 or 512; checked by mla_decode).
+void launch_decode_v2_for(const LaunchCtx& ctx, const DecodeParams& p, bool fp8) {
+  switch (p.kv_lora) {
+    case 64:
+      return fp8 ? launch_decode_v2<16, true>(ctx, p) : launch_decode_v2<16, false>(ctx, p);
+    case 128:
+      return fp8 ? launch_decode_v2<32, true>(ctx, p) : launch_decode_v2<32, false>(ctx, p);
+    case 256:
+      return fp8 ? launch_decode_v2<64, true>(ctx, p) : launch_decode_v2<64, false>(ctx, p);
+    default:
+      return fp8 ? launch_decode_v2<128, true>(ctx, p) : launch_decode_v2<128, false>(ctx, p);
+  }
+}
+
+}  // namespace
+
+void kv_write(const LaunchCtx& ctx, const bf16* c_kv, const int32_t* block_table, const int32_t* pos,
+              const KvCache& cache) {
+  MTP_REQUIRE(cache.data && cache.block_size >= 1 && cache.kv_lora >= 1, "ops::cuda::kv_write: bad cache");
+  launch(ctx, kv_write_kernel, 1, 256, 0, c_kv, block_table, pos, cache.data, cache.dtype == KvDtype::fp8,
+         cache.scale, cache.block_size, cache.kv_lora);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void kv_norm_write(const LaunchCtx& ctx, const bf16* x, const bf16* w, float eps, const int32_t* block_table,
+                   const int32_t* pos, const KvCache& cache) {
+  const int n = cache.kv_lora;
+  MTP_REQUIRE(cache.data && cache.block_size >= 1 && n >= 1, "ops::cuda::kv_norm_write: bad cache");
+  // The batched kernel at one row, the sequence's block table as slot 0's (below).
+  kv_norm_write_batch(ctx, x, w, eps, nullptr, pos, 1, KvSlots{cache, block_table, 1, 0});
+}
+
+void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk,
+                  int dv, int kv_lora) {
+  MTP_REQUIRE(n_heads >= 1 && dqk >= 1 && dv >= 0 && kv_lora >= 8 && kv_lora % 8 == 0,
+              "ops::cuda::mla_absorb_q: n_heads ", n_heads, ", dqk ", dqk, ", dv ", dv, ", kv_lora ", kv_lora,
+              " (kv_lora must be a multiple of 8)");
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(W_kvb) % 16 == 0,
+              "ops::cuda::mla_absorb_q: W_kvb not 16-byte aligned");
+  const dim3 grid(n_heads, (kv_lora + kAbsorbCols - 1) / kAbsorbCols);
+  launch(ctx, absorb_q_kernel, grid, kAbsorbThreads, 0, q, W_kvb, q_abs, dqk, dv, kv_lora);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
+  const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
+  const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
+  if (ctx.policy.mla_decode == MlaDecode::v1) {
+    // Two chunks of 16 rows per block at least (the combine reads splits x kv_lora per head), and
+    // about two blocks per multiprocessor.
+    const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
+    return std::max(1, (chunks + per_split - 1) / per_split);
+  }
+  // v2: about one block per multiprocessor (each streams its rows kStages - 1 chunks ahead, so a
+  // longer split costs chunk steps, not round trips), no more clusters than it takes to give every
+  // split a chunk, and at most kMaxSplitChunks chunks per split. The policy's mla_clusters, when not
+  // 0, forces the clusters per head tile (a tuning experiment; still raised to that chunk limit).
+  const int per_cluster = kCluster * kMaxSplitChunks;
+  int clusters = ctx.policy.mla_clusters;
+  if (clusters == 0) {
+    clusters = std::max(1, (ctx.num_sms + tiles * kCluster / 2) / (tiles * kCluster));
+    clusters = std::min(clusters, (chunks + kCluster - 1) / kCluster);
+  }
+  clusters = std::max(clusters, (chunks + per_cluster - 1) / per_cluster);
+  return clusters * kCluster;
+}
+
+size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora) {
+  // v2 keeps one partial per cluster (none is read when there is one cluster per head tile).
+  const int partials = ctx.policy.mla_decode == MlaDecode::v1 ? splits : std::max(1, splits / kCluster);
+  return static_cast<size_t>(partials) * n_heads * (2 + static_cast<size_t>(kv_lora));
+}
+
+void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
+                const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
+                float softmax_scale, int splits, float* scratch) {
+  const int L = cache.kv_lora;
+  MTP_REQUIRE(
+      L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
+      " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
+  MTP_REQUIRE(
+      cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
+      "ops::cuda::mla_decode: bad arguments");
+  if (ctx.policy.mla_decode == MlaDecode::v1) {
+    // v1: the batched decode's kernel at one row (the same chunk step; every split merged by the
+    // combine, or o_lat written directly by a single split).
+    const KvSlots kv{cache, block_table, 1, 0};
+    return mla_decode_batch(ctx, q_abs, selection, width, nullptr, 1, kv, o_lat, n_heads, softmax_scale,
+                            splits, scratch);
+  }
+  const int chunks = (width + kChunk - 1) / kChunk;
+  MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks,
+              "ops::cuda::mla_decode: ", splits, " splits for ", chunks,
+              " chunks (v2 needs a multiple of 8 and at most 32 chunks per split: use mla_decode_splits)");
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
+              "ops::cuda::mla_decode: cache not 16-byte aligned");
+  const DecodeParams p{q_abs,   selection,     width,       nullptr,          block_table,
+                       0,       cache.data,    cache.scale, cache.block_size, L,
+                       n_heads, softmax_scale, splits,      scratch,          o_lat};
+  launch_decode_v2_for(ctx, p, cache.dtype == KvDtype::fp8);
+  // v2 merges within each cluster, then the clusters' partials (none to merge with one cluster per
+  // head tile: the cluster wrote o_lat).
+  const int partials = splits / kCluster;
+  if (partials > 1) mla_combine_rows(ctx, scratch, nullptr, 1, partials, n_heads, L, o_lat);
+}
+
+// ==== batched rows =====================================================================================
+
+namespace {
+
+using batch::kRowThreads;
+
+// ---- kv_norm_write_batch ------------------------------------------------------------------------------
+
+/// The FP8 store of a normed octet: 8 codes in one 8-byte store.
+struct StoreFp8Octets {
+  uint8_t* row;
+  float scale;
+  __device__ __forceinline__ void operator()(int v, const uint4& octet) const {
+    float f[8];
+    batch::unpack8(octet, f);
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      lo |= static_cast<uint32_t>(kv_fp8_code(f[e], scale)) << (8 * e);
+      hi |= static_cast<uint32_t>(kv_fp8_code(f[e + 4], scale)) << (8 * e);
+    }
+    *reinterpret_cast<uint2*>(row + static_cast<size_t>(v) * 8) = make_uint2(lo, hi);
+  }
+};
+struct StoreFp8Elems {
+  uint8_t* row;
+  float scale;
+  __device__ __forceinline__ void operator()(int i, bf16 v) const {
+    row[i] = kv_fp8_code(bf16_to_f(v), scale);
+  }
+};
+
+template <int V>
+__global__ void __launch_bounds__(kRowThreads)
+    kv_norm_write_batch_kernel(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
+                               const int32_t* pos, const int32_t* block_tables, int max_blocks, void* data,
+                               bool fp8, float scale, int block_size, int L) {
+  pdl_begin();
+  const int b = blockIdx.x;
+  const int s = slot ? slot[b] : 0;  // no slots: the single sequence's block table
+  if (s < 0) return;                 // padded row
+  const int32_t* table = block_tables + static_cast<size_t>(s) * max_blocks;
+  const size_t base = static_cast<size_t>(kv_slot(table, pos[b], block_size)) * L;
+  const bf16* x = ckv_pre + static_cast<size_t>(b) * L;
+  if (fp8) {
+    uint8_t* row = static_cast<uint8_t*>(data) + base;
+    if constexpr (V == 0) {
+      batch::rmsnorm_row_scalar(x, w, L, eps, StoreFp8Elems{row, scale});
+    } else {
+      batch::rmsnorm_row_vec<V>(x, w, L, eps, StoreFp8Octets{row, scale});
+    }
+  } else {
+    bf16* row = static_cast<bf16*>(data) + base;
+    if constexpr (V == 0) {
+      batch::rmsnorm_row_scalar(x, w, L, eps, batch::StoreElems{row});
+    } else {
+      batch::rmsnorm_row_vec<V>(x, w, L, eps, batch::StoreOctets{row});
+    }
+  }
+}
+
+// ---- absorb_q -------------------------------------------------------------------------------------------
+
+constexpr int kAbsorbBatchThreads = 256;
+constexpr int kAbsorbBatchCols = 64;  // columns of kv_lora per block (one per thread, 4 row groups)
+constexpr int kAbsorbRows = 32;       // batch rows per block: 8 per thread
+constexpr int kAbsorbSlab = 64;       // d rows of W_k,h per shared-memory slab
+constexpr int kAbsorbRowGroups = kAbsorbBatchThreads / kAbsorbBatchCols;
+constexpr int kAbsorbPerThread = kAbsorbRows / kAbsorbRowGroups;
+
+/// Block (h, column tile, row tile); thread (column c, row group rg) sums rows rg, rg + 4, ...
+__global__ void __launch_bounds__(kAbsorbBatchThreads)
+    absorb_q_batch_kernel(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
+                          int dv, int L) {
+  pdl_begin();
+  __shared__ __align__(16) bf16 w_s[kAbsorbSlab][kAbsorbBatchCols];
+  __shared__ __align__(16) float q_s[kAbsorbRows][kAbsorbSlab + 4];
+  const int h = blockIdx.x;
+  const int col0 = blockIdx.y * kAbsorbBatchCols;
+  const int row0 = blockIdx.z * kAbsorbRows;
+  const int c = threadIdx.x % kAbsorbBatchCols;
+  const int rg = threadIdx.x / kAbsorbBatchCols;  // uniform per warp (64 columns = 2 warps)
+  const int n_rows = min(kAbsorbRows, rows - row0);
+  // This thread's rows: rg + 4i < n_rows.
+  const int mine = n_rows > rg ? (n_rows - rg + kAbsorbRowGroups - 1) / kAbsorbRowGroups : 0;
+  const bf16* Wk = W_kvb + static_cast<size_t>(h) * (dqk + dv) * L;
+  float acc[kAbsorbPerThread] = {};
+  for (int d0 = 0; d0 < dqk; d0 += kAbsorbSlab) {
+    // W_k,h rows d0 .. d0 + 63, columns col0 .. col0 + 63: 64 x 8 vectors of 8.
+    for (int v = threadIdx.x; v < kAbsorbSlab * (kAbsorbBatchCols / 8); v += blockDim.x) {
+      const int dd = v / (kAbsorbBatchCols / 8);
+      const int c8 = (v % (kAbsorbBatchCols / 8)) * 8;
+      const bool ok = d0 + dd < dqk && col0 + c8 < L;
+      const uint4 wv =
+          ok ? load_stream(Wk + static_cast<size_t>(d0 + dd) * L + col0 + c8) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(&w_s[dd][c8]) = wv;
+    }
+    // q rows row0 .. row0 + 31, head h's d0 .. d0 + 63, widened.
+    for (int v = threadIdx.x; v < kAbsorbRows * (kAbsorbSlab / 8); v += blockDim.x) {
+      const int r = v / (kAbsorbSlab / 8);
+      const int d8 = (v % (kAbsorbSlab / 8)) * 8;
+      float f[8] = {};
+      if (r < n_rows && d0 + d8 < dqk) {
+        batch::unpack8(load_cached(q + (static_cast<size_t>(row0 + r) * n_heads + h) * dqk + d0 + d8), f);
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q_s[r][d8 + e] = f[e];
+    }
+    __syncthreads();
+    const int slab = min(kAbsorbSlab, dqk - d0);
+    for (int dd = 0; dd < slab; dd += 4) {
+      const float w4[4] = {bf16_to_f(w_s[dd][c]), bf16_to_f(w_s[dd + 1][c]), bf16_to_f(w_s[dd + 2][c]),
+                           bf16_to_f(w_s[dd + 3][c])};
+#pragma unroll
+      for (int i = 0; i < kAbsorbPerThread; ++i) {
+        if (i >= mine) break;  // uniform per warp
+        const float4 q4 = *reinterpret_cast<const float4*>(&q_s[rg + kAbsorbRowGroups * i][dd]);
+        acc[i] = fmaf(w4[0], q4.x, acc[i]);
+        acc[i] = fmaf(w4[1], q4.y, acc[i]);
+        acc[i] = fmaf(w4[2], q4.z, acc[i]);
+        acc[i] = fmaf(w4[3], q4.w, acc[i]);
+      }
+    }
+    __syncthreads();  // the slabs are restaged
+  }
+  if (col0 + c >= L) return;
+#pragma unroll
+  for (int i = 0; i < kAbsorbPerThread; ++i) {
+    if (i >= mine) break;
+    const int r = row0 + rg + kAbsorbRowGroups * i;
+    q_abs[(static_cast<size_t>(r) * n_heads + h) * L + col0 + c] = f_to_bf16(acc[i]);
+  }
+}
+
+// ---- decode
+// ------------------------------------------------------------------------------------------------
+
+/// Block (head tile, split, row); kCw = kv_lora / 4 columns per warp.
+template <int kCw, bool kFp8>
+__global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(DecodeParams p) {
+  pdl_begin();
+  constexpr int kKSteps = kCw / 16;
+  constexpr int kNTiles = kCw / 8;
+  constexpr int kRowStride = kCw + 8;  // BF16 elements: +16 bytes, conflict-free fragment reads
+  constexpr int kVecPerRow = kCw / 8;  // 16-byte vectors of a row slice (8 values)
+  constexpr int kLoads = kChunk * kVecPerRow / kWarp;
+  static_assert(kLoads >= 1 && kChunk * kVecPerRow % kWarp == 0,
+                "a chunk's slice must split evenly over a warp");
+  __shared__ __align__(16) uint16_t s_rows[kDecodeWarps][kChunk][kRowStride];
+  __shared__ ScoreExchange s_score;
+
+  const int row = blockIdx.z;
+  const int slot = p.slot ? p.slot[row] : 0;  // no slots: the single sequence of a KvCache
+  if (slot < 0) return;                       // padded row: nothing read, nothing written
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2;  // MMA group: head row g and g + 8, row / column index of B
+  const int t = lane & 3;
+  const int h0 = blockIdx.x * kHeadTile;
+  const int split = blockIdx.y;
+  const int L = p.kv_lora;
+  const int col0 = warp * kCw;
+  const int chunks = (p.width + kChunk - 1) / kChunk;
+  const int per_split = (chunks + p.splits - 1) / p.splits * kChunk;
+  const int i0 = split * per_split;
+  const int i1 = min(p.width, i0 + per_split);
+  const bool lo_ok = h0 + g < p.n_heads;
+  const bool hi_ok = h0 + g + 8 < p.n_heads;
+  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * L;
+  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
+  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
+
+  // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
+  uint32_t qa[kKSteps][4];
+  load_q_fragments<kKSteps>(q_abs, h0, g, t, L, col0, lo_ok, hi_ok, qa);
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY;
+  float l_lo = 0.0f, l_hi = 0.0f;  // this thread's columns only; summed over the quad at the end
+
+  // Chunk rows: lane r < 16 holds the cache slot of row c0 + r (-1: padding or past the split).
+  auto row_slot = [&](int c0) {
+    int64_t cs = -1;
+    if (lane < kChunk) {
+      const int ii = c0 + lane;
+      const int32_t ts = ii < i1 ? selection[ii] : -1;
+      if (ts >= 0) cs = kv_slot(block_table, ts, p.block_size);
+    }
+    return cs;
+  };
+  // This warp's slice of the chunk's rows into registers (FP8: 8 bytes per vector, in .x/.y).
+  auto fetch = [&](int64_t my_slot, uint4(&dst)[kLoads]) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int v = lane + u * kWarp;
+      const int64_t cs = __shfl_sync(0xffffffffu, my_slot, v / kVecPerRow);
+      const size_t off = static_cast<size_t>(cs) * L + col0 + (v % kVecPerRow) * 8;
+      dst[u] = make_uint4(0u, 0u, 0u, 0u);
+      if (cs >= 0) {
+        if constexpr (kFp8) {
+          const uint2 f = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(p.cache) + off));
+          dst[u].x = f.x;
+          dst[u].y = f.y;
+        } else {
+          dst[u] = __ldg(reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.cache) + off));
+        }
+      }
+    }
+  };
+  // Software pipeline: the next chunk's rows are loaded while this chunk is computed.
+  uint4 next[kLoads];
+  int64_t next_slot = row_slot(i0);
+  fetch(next_slot, next);
+  unsigned next_valid = __ballot_sync(0xffffffffu, next_slot >= 0);  // bit r: chunk row r is selected
+
+  for (int c0 = i0; c0 < i1; c0 += kChunk) {
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int v = lane + u * kWarp;
+      const uint4 val = kFp8 ? fp8x8_to_bf16x8(make_uint2(next[u].x, next[u].y)) : next[u];
+      *reinterpret_cast<uint4*>(&s_rows[warp][v / kVecPerRow][(v % kVecPerRow) * 8]) = val;
+    }
+    const unsigned valid_rows = next_valid;
+    __syncwarp();
+    if (c0 + kChunk < i1) {
+      next_slot = row_slot(c0 + kChunk);
+      fetch(next_slot, next);
+      next_valid = __ballot_sync(0xffffffffu, next_slot >= 0);
+    }
+
+    // Partial S over this warp's columns: tile j holds rows 8j .. 8j+7 of the chunk.
+    float sc[2][4] = {};
+    chunk_scores<kKSteps, kRowStride>(&s_rows[warp][0][0], qa, g, t, sc);
+    stage_scores(s_score, warp, g, t, sc);
+    __syncthreads();
+    float s[2][4];
+    sum_scores<kFp8>(s_score, g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
+    __syncthreads();  // s_score is rewritten by the next chunk
+
+    uint32_t ah[4], al[4];
+    online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
+    accumulate_pv<kNTiles, kRowStride>(&s_rows[warp][0][0], ah, al, g, t, o);
+    __syncwarp();  // s_rows is restaged by the next chunk
+  }
+
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
+  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!(half ? hi_ok : lo_ok)) continue;
+    const int h = h0 + g + 8 * half;
+    if (p.splits == 1) {
+      // The combine of one split: o_lat = bf16(acc / l), zeros when nothing was selected.
+      const float l = half ? l_hi : l_lo;
+      bf16* out = p.o_lat + (static_cast<size_t>(row) * p.n_heads + h) * L;
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        const int c = col0 + n * 8 + 2 * t;
+        out[c] = l > 0.0f ? f_to_bf16((o[n][2 * half] * out_scale) / l) : bf16{0};
+        out[c + 1] = l > 0.0f ? f_to_bf16((o[n][2 * half + 1] * out_scale) / l) : bf16{0};
+      }
+      continue;
+    }
+    float* out = p.scratch + ((static_cast<size_t>(row) * p.n_heads + h) * p.splits + split) * (2 + L);
+    if (warp == 0 && t == 0) {
+      out[0] = half ? m_hi : m_lo;
+      out[1] = half ? l_hi : l_lo;
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int c = col0 + n * 8 + 2 * t;
+      out[2 + c] = o[n][2 * half] * out_scale;
+      out[2 + c + 1] = o[n][2 * half + 1] * out_scale;
+    }
+  }
+}
+
+constexpr int kCombineThreads = 128;
+
+/// o_lat[b, h] = bf16(sum_s acc_s e^{m_s - M} / sum_s l_s e^{m_s - M}), splits in order; zeros when
+/// no row was selected. Block (head, 128 columns, row).
+__global__ void __launch_bounds__(kCombineThreads)
+    mla_combine_batch_kernel(const float* scratch, const int32_t* slot, int splits, int n_heads, int kv_lora,
+                             bf16* o_lat) {
+  pdl_begin();
+  extern __shared__ float s_w[];  // [splits]
+  __shared__ float s_red[kCombineThreads / kWarp];
+  __shared__ float s_max, s_denom;
+  const int row = blockIdx.z;
+  if (slot && slot[row] < 0) return;  // padded row
+  const int h = blockIdx.x;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const size_t stride = 2 + static_cast<size_t>(kv_lora);
+  const float* part = scratch + (static_cast<size_t>(row) * n_heads + h) * splits * stride;
+  float M = -INFINITY;
+  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) M = fmaxf(M, part[sp * stride]);
+  M = warp_max(M);
+  if (lane == 0) s_red[warp] = M;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = s_red[0];
+    for (int w = 1; w < kCombineThreads / kWarp; ++w) m = fmaxf(m, s_red[w]);
+    s_max = m;
+  }
+  __syncthreads();
+  M = s_max;
+  float d = 0.0f;
+  for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) {
+    const float ms = part[sp * stride];
+    const float wgt = ms == -INFINITY ? 0.0f : expf(ms - M);
+    s_w[sp] = wgt;
+    d = fmaf(part[sp * stride + 1], wgt, d);
+  }
+  d = warp_sum(d);
+  __syncthreads();  // s_red is reused
+  if (lane == 0) s_red[warp] = d;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.0f;
+    for (int w = 0; w < kCombineThreads / kWarp; ++w) t += s_red[w];
+    s_denom = t;
+  }
+  __syncthreads();
+  const float denom = s_denom;
+  const int c = blockIdx.y * kCombineThreads + threadIdx.x;
+  if (c >= kv_lora) return;
+  float a = 0.0f;
+#pragma unroll 16
+  for (int sp = 0; sp < splits; ++sp) a = fmaf(part[sp * stride + 2 + c], s_w[sp], a);
+  o_lat[(static_cast<size_t>(row) * n_heads + h) * kv_lora + c] =
+      denom > 0.0f ? f_to_bf16(a / denom) : bf16{0};
+}
+
+template <int kCw, bool kFp8>
+void launch_decode_batch(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
+  const dim3 grid((p.n_heads + kHeadTile - 1) / kHeadTile, p.splits, rows);
+  launch(ctx, mla_decode_batch_kernel<kCw, kFp8>, grid, kDecodeThreads, 0, p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void kv_norm_write_batch(const LaunchCtx& ctx, const bf16* ckv_pre, const bf16* w, float eps,
+                         const int32_t* slot, const int32_t* pos, int rows, const KvSlots& kv) {
+  const KvCache& cache = kv.cache;
+  const int L = cache.kv_lora;
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
+              "ops::cuda::kv_norm_write_batch: the cache must be 16-byte aligned");
+  // ckv_pre rows at multiples of L; cache rows at multiples of L (BF16 or FP8): both aligned when
+  // L is a whole number of octets (batch::row_vecs) and the bases are.
+  const int v = batch::row_vecs(L, {ckv_pre, w});
+  const bool fp8 = cache.dtype == KvDtype::fp8;
+  batch::with_vecs(v, [&](auto V) {
+    launch(ctx, kv_norm_write_batch_kernel<decltype(V)::value>, rows, kRowThreads, 0, ckv_pre, w, eps, slot,
+           pos, kv.block_tables, kv.max_blocks, cache.data, fp8, cache.scale, cache.block_size, L);
+  });
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows,
+                        int n_heads, int dqk, int dv, int kv_lora) {
+  MTP_REQUIRE(n_heads >= 1 && dqk >= 8 && dqk % 8 == 0 && dv >= 0 && kv_lora >= 8 && kv_lora % 8 == 0,
+              "ops::cuda::mla_absorb_q_batch: n_heads ", n_heads, ", dqk ", dqk, ", dv ", dv, ", kv_lora ",
+              kv_lora, " (dqk and kv_lora must be multiples of 8)");
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(W_kvb) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0,
+              "ops::cuda::mla_absorb_q_batch: q and W_kvb must be 16-byte aligned");
+  const dim3 grid(n_heads, (kv_lora + kAbsorbBatchCols - 1) / kAbsorbBatchCols,
+                  (rows + kAbsorbRows - 1) / kAbsorbRows);
+  launch(ctx, absorb_q_batch_kernel, grid, kAbsorbBatchThreads, 0, q, W_kvb, q_abs, rows, n_heads, dqk, dv,
+         kv_lora);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows) {
+  const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
+  const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
+  // At least two chunks of 16 rows per block, and about two blocks per multiprocessor over the
+  // whole batch: a large batch fills the chip with one split per row (no combine).
+  const int64_t work = static_cast<int64_t>(chunks) * tiles * rows;
+  const int per_split =
+      static_cast<int>(std::max<int64_t>(2, (work + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms)));
+  return std::max(1, (chunks + per_split - 1) / per_split);
+}
+
+size_t mla_decode_batch_scratch_floats(int splits, int n_heads, int kv_lora, int rows) {
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(rows) * n_heads * splits * (2 + static_cast<size_t>(kv_lora));
+}
+
+void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
+                      const int32_t* slot, int rows, const KvSlots& kv, bf16* o_lat, int n_heads,
+                      float softmax_scale, int splits, float* scratch) {
+  const KvCache& cache = kv.cache;
+  const int L = cache.kv_lora;
+  MTP_REQUIRE(
+      L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode_batch: kv_lora ", L,
+      " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
+  MTP_REQUIRE(splits >= 1 && splits <= 8192 && (splits == 1 || scratch),
+              "ops::cuda::mla_decode_batch: ", splits, " splits without scratch");
+  MTP_REQUIRE(
+      reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && reinterpret_cast<uintptr_t>(q_abs) % 4 == 0,
+      "ops::cuda::mla_decode_batch: the cache must be 16-byte and q_abs 4-byte aligned");
+  DecodeParams p{q_abs,       selection,        width, slot,    kv.block_tables, kv.max_blocks, cache.data,
+                 cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
+                 o_lat};
+  const bool fp8 = cache.dtype == KvDtype::fp8;
+  switch (L) {
+    case 64:
+      fp8 ? launch_decode_batch<16, true>(ctx, p, rows) : launch_decode_batch<16, false>(ctx, p, rows);
+      break;
+    case 128:
+      fp8 ? launch_decode_batch<32, true>(ctx, p, rows) : launch_decode_batch<32, false>(ctx, p, rows);
+      break;
+    case 256:
+      fp8 ? launch_decode_batch<64, true>(ctx, p, rows) : launch_decode_batch<64, false>(ctx, p, rows);
+      break;
+    default:
+      fp8 ? launch_decode_batch<128, true>(ctx, p, rows) : launch_decode_batch<128, false>(ctx, p, rows);
+      break;
+  }
+  if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
+}
+
+void mla_combine_rows(const LaunchCtx& ctx, const float* scratch, const int32_t* slot, int rows, int partials,
+                      int n_heads, int kv_lora, bf16* o_lat) {
+  const dim3 grid(n_heads, (kv_lora + kCombineThreads - 1) / kCombineThreads, rows);
+  launch(ctx, mla_combine_batch_kernel, grid, kCombineThreads, sizeof(float) * static_cast<size_t>(partials),
+         scratch, slot, partials, n_heads, kv_lora, o_lat);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows,
+                     int n_heads, int dqk, int dv, int kv_lora) {
+  MTP_REQUIRE(dv >= 1 && kv_lora >= 16 && kv_lora % 16 == 0, "ops::cuda::mla_out_v_batch: dv ", dv,
+              ", kv_lora ", kv_lora, " (kv_lora must be a positive multiple of 16)");
+  // Output row r = h * dv + i reads W_kvb row h * (dqk + dv) + dqk + i and x = o_lat[b, h].
+  const GemvRowMap map{dv, static_cast<int64_t>(dqk) + dv, dqk, kv_lora};
+  rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o, false,
+            static_cast<int64_t>(n_heads) * dv, rows, n_heads * dv, kv_lora, map);
+}
+
+}  // namespace mtplab::ops::cuda

@@ -1,0 +1,56 @@
+// Host launchers of the MLA kernels (mla.cu; the CPU reference: cpu/mla.cpp). What every launcher
+// shares (LaunchCtx, the invariants): kernels.hpp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/kernels.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::ops::cuda {
+
+// ---- one row ------------------------------------------------------------------------------------------
+void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk,
+                  int dv, int kv_lora);
+/// The sparse MLA decode's kernels (docs/kernels.md), by ctx.policy.mla_decode: v1, a block per two
+/// or more chunks of 16 rows and a combine over every split; v2 (the default), longer splits
+/// streamed through cp.async and merged per cluster of 8 over distributed shared memory
+/// (ctx.policy.mla_clusters, when not 0, forces the clusters per head tile). The splits, the scratch
+/// and mla_decode must be computed under the same policy.
+/// Number of row splits mla_decode uses, and the fp32 scratch it needs for them.
+int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads);
+size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora);
+void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
+                const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
+                float softmax_scale, int splits, float* scratch);
+void kv_write(const LaunchCtx& ctx, const bf16* c_kv, const int32_t* block_table, const int32_t* pos,
+              const KvCache& cache);
+/// rmsnorm of one row of cache.kv_lora, stored as kv_write stores it; one block. The norm's path
+/// (register-resident or scalar) is the one rmsnorm takes for the same x, w and an aligned output,
+/// so the cache bytes are rmsnorm + kv_write's. cache.data 16-byte aligned.
+void kv_norm_write(const LaunchCtx& ctx, const bf16* x, const bf16* w, float eps, const int32_t* block_table,
+                   const int32_t* pos, const KvCache& cache);
+
+// ---- batched rows -------------------------------------------------------------------------------------
+void kv_norm_write_batch(const LaunchCtx& ctx, const bf16* ckv_pre, const bf16* w, float eps,
+                         const int32_t* slot, const int32_t* pos, int rows, const KvSlots& kv);
+void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows,
+                        int n_heads, int dqk, int dv, int kv_lora);
+/// Row splits of mla_decode_batch for this batch (1: no scratch, no combine launch) and the fp32
+/// scratch they need.
+int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows);
+size_t mla_decode_batch_scratch_floats(int splits, int n_heads, int kv_lora, int rows);
+/// slot == nullptr: every row reads slot 0 (the single-sequence decode's v1 path: one row, kv holding
+/// that sequence's KvCache and block table).
+void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
+                      const int32_t* slot, int rows, const KvSlots& kv, bf16* o_lat, int n_heads,
+                      float softmax_scale, int splits, float* scratch);
+/// o_lat[b, h] from `partials` fp32 partials [rows][n_heads][partials][2 + kv_lora] (m, l, acc), merged
+/// in partial order; rows with slot[b] < 0 are skipped (slot may be nullptr: none).
+void mla_combine_rows(const LaunchCtx& ctx, const float* scratch, const int32_t* slot, int rows, int partials,
+                      int n_heads, int kv_lora, bf16* o_lat);
+void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows,
+                     int n_heads, int dqk, int dv, int kv_lora);
+
+}  // namespace mtplab::ops::cuda

@@ -1,0 +1,37 @@
+// Host launchers of the MoE kernels (moe.cu; the CPU reference: cpu/moe.cpp). What every launcher
+// shares (LaunchCtx, the invariants): kernels.hpp.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "ops/cuda/kernels.hpp"
+#include "ops/ops.hpp"
+
+namespace mtplab::ops::cuda {
+
+// ---- one row ------------------------------------------------------------------------------------------
+void moe_route(const LaunchCtx& ctx, const float* logits, const float* bias, int num_experts, int top_k,
+               int n_group, int topk_group, float scaling, int32_t* idx, float* weights);
+/// Routed experts in two launches (gate/up + activation, then down + weighted combine), expert
+/// ids read on the device; with `shared`, the shared expert's rows run in the same two launches
+/// as one more slot of weight 1, added last. `act` is scratch of top_k * inter (+ shared->inter)
+/// BF16.
+void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, const int32_t* idx,
+                 const float* weights, int top_k, float limit, bf16* act, float* out,
+                 const ExpertWeights* shared = nullptr);
+
+// ---- batched rows -------------------------------------------------------------------------------------
+void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bias, const int32_t* slot,
+                     int rows, int num_experts, int top_k, int n_group, int topk_group, float scaling,
+                     int32_t* idx, float* weights);
+/// BF16 scratch moe_experts_grouped needs for `rows` rows: one activation row per (row, route)
+/// and per row for the shared expert.
+size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter);
+/// The routed experts grouped over up to kMaxBatchRows rows (plus the shared expert), two launches
+/// (docs/kernels.md, "Batched kernels"). `act` is moe_grouped_act_elems of scratch.
+void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                         const float* weights, const int32_t* slot, int rows, int top_k,
+                         const ExpertWeights* shared, float limit, bf16* act, float* out);
+
+}  // namespace mtplab::ops::cuda
