@@ -867,11 +867,23 @@ void run_batched(Bench& b, ops::Backend& be) {
     return b.upload(s);
   };
   const int batches[] = {1, 4, 16, 64, 128};
-  // The head with its fused argmax, BF16 and FP8 (row-scaled).
-  for (bool fp8 : {false, true}) {
+  const ops::KernelPolicy base_policy = be.kernel_policy();
+  auto with_policy = [&](auto&& edit) {
+    ops::KernelPolicy p = base_policy;
+    edit(p);
+    be.set_kernel_policy(p);
+  };
+  // The head with its fused argmax, BF16 and FP8 (row-scaled), under the policy's automatic choice;
+  // "cublaslt": the BF16 head as cuBLASLt GEMM + per-row argmax (KernelPolicy::head_gemm), beside it.
+  for (int variant : {0, 1, 2}) {
+    const bool fp8 = variant == 1, lt = variant == 2;
     for (int B : batches) {
-      const std::string name = mtplab::str("batch head_argmax ", fp8 ? "fp8" : "bf16", " B=", B);
+      const std::string name =
+          mtplab::str("batch head_argmax ", fp8 ? "fp8" : "bf16", " B=", B, lt ? " cublaslt" : "");
       if (!b.selected(name)) continue;
+      with_policy([&](ops::KernelPolicy& p) {
+        if (lt) p.head_gemm = ops::HeadGemm::cublaslt;
+      });
       const double wbytes = fp8 ? (1.0 * kV * kH + 4.0 * kV) : 2.0 * kV * kH;
       const int rot = b.rotations(wbytes, 2);
       std::vector<bf16*> W(rot, nullptr);
@@ -892,6 +904,7 @@ void run_batched(Bench& b, ops::Backend& be) {
         be.head_argmax_batch(W[i % rot], W8[i % rot], scale, x, slots, B, kV, kH, 0, nullptr, 0, out,
                              ops::HeadExtras{nullptr, tok});
       });
+      be.set_kernel_policy(base_policy);
       b.release_all();
     }
   }
@@ -990,11 +1003,20 @@ void run_batched(Bench& b, ops::Backend& be) {
   }
   // The sparse decode: each row at position 4095 of its own slot (2051 selected rows: K pool rows
   // plus the tail), slots' blocks interleaved in one pool.
+  // " splits=S": the split count forced (KernelPolicy::mla_batch_splits) instead of chosen.
+  struct DecodeCase {
+    int B, splits;
+  };
+  const DecodeCase decode_cases[] = {{1, 0},  {16, 0}, {16, 2},  {16, 4},  {64, 0},
+                                     {64, 2}, {64, 4}, {128, 0}, {128, 2}, {128, 4}};
   for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
-    for (int B : {1, 16, 128}) {
+    for (const DecodeCase dc : decode_cases) {
+      const int B = dc.B;
       const std::string name =
-          mtplab::str("batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16" : "fp8", " B=", B);
+          mtplab::str("batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16" : "fp8", " B=", B,
+                      dc.splits ? mtplab::str(" splits=", dc.splits) : std::string());
       if (!b.selected(name)) continue;
+      with_policy([&](ops::KernelPolicy& p) { p.mla_batch_splits = dc.splits; });
       const int block_size = 64, rows = 4096, max_blocks = rows / block_size, width = kTopK + kPool - 1;
       const size_t elem = dtype == ops::KvDtype::bf16 ? 2 : 1;
       const size_t values = static_cast<size_t>(B) * rows * kKvLora;
@@ -1017,6 +1039,7 @@ void run_batched(Bench& b, ops::Backend& be) {
                 static_cast<double>(B) * (width * kKvLora * elem + 4.0 * kHeads * kKvLora), 1, [&](int) {
                   be.mla_decode_batch(q_abs, selection, width, slots, B, kv, o_lat, kHeads, 1.0f / 16.0f);
                 });
+      be.set_kernel_policy(base_policy);
       b.release_all();
     }
   }

@@ -24,8 +24,10 @@ namespace {
 const std::initializer_list<std::string_view> kGemvVariantTexts = {"auto",  "v1",  "rows2",
                                                                    "rows4", "occ", "fp8split"};
 const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // MlaDecode, IndexerSelect
+const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt"};
 static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(GemvVariant::fp8split) == 5 &&
-                  static_cast<int>(MlaDecode::v2) == 1 && static_cast<int>(IndexerSelect::v2) == 1,
+                  static_cast<int>(MlaDecode::v2) == 1 && static_cast<int>(IndexerSelect::v2) == 1 &&
+                  static_cast<int>(HeadGemm::cublaslt) == 2,
               "the texts above follow the enums' order");
 
 template <typename E>
@@ -45,6 +47,7 @@ std::optional<int> whole_number(std::string_view text) {
 
 bool valid_split(int v) { return v == 0 || v == 1 || v == 2 || v == 4 || v == 8; }
 bool valid_clusters(int v) { return v >= 0 && v <= kMaxMlaClusters; }
+bool valid_batch_splits(int v) { return v >= 0 && v <= kMaxMlaBatchSplits; }
 
 struct Field {
   std::string_view name;
@@ -124,8 +127,14 @@ constexpr Field field(std::string_view name, const char* env, const char* choice
 
 using GemvSplitField = CountField<&KernelPolicy::gemv_split, valid_split>;
 using MlaClustersField = CountField<&KernelPolicy::mla_clusters, valid_clusters>;
+using MlaBatchSplitsField = CountField<&KernelPolicy::mla_batch_splits, valid_batch_splits>;
+bool batch_splits_from_env(KernelPolicy& p, const char* env) {
+  const auto v = env_int(env, 1, kMaxMlaBatchSplits);
+  if (v) p.mla_batch_splits = static_cast<int>(*v);
+  return v.has_value();
+}
 
-const std::array<Field, 7> kFields{{
+const std::array<Field, 9> kFields{{
     field<ChoiceField<&KernelPolicy::gemv_variant, kGemvVariantTexts>>(
         "gemv_variant", "MTPLAB_GEMV_VARIANT", "auto, v1, rows2, rows4, occ, fp8split"),
     field<GemvSplitField>("gemv_split", "MTPLAB_GEMV_SPLIT", "auto (or 0), 1, 2, 4, 8", split_from_env),
@@ -136,6 +145,10 @@ const std::array<Field, 7> kFields{{
                                                                      "MTPLAB_INDEXER_SELECT", "v1, v2"),
     field<SwitchField<&KernelPolicy::pdl>>("pdl", "MTPLAB_CUDA_PDL", "on, off"),
     field<SwitchField<&KernelPolicy::nccl_blocking>>("nccl_blocking", "MTPLAB_NCCL_BLOCKING", "on, off"),
+    field<ChoiceField<&KernelPolicy::head_gemm, kHeadGemmTexts>>("head_gemm", "MTPLAB_HEAD_GEMM",
+                                                                 "auto, mma, cublaslt"),
+    field<MlaBatchSplitsField>("mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS", "auto (or 0), 1 .. 64",
+                               batch_splits_from_env),
 }};
 
 const Field& field_of(std::string_view name) {
@@ -149,6 +162,7 @@ const Field& field_of(std::string_view name) {
 const char* to_string(GemvVariant v) { return text_of(kGemvVariantTexts, v); }
 const char* to_string(MlaDecode d) { return text_of(kVersionTexts, d); }
 const char* to_string(IndexerSelect s) { return text_of(kVersionTexts, s); }
+const char* to_string(HeadGemm h) { return text_of(kHeadGemmTexts, h); }
 
 const std::vector<std::string_view>& kernel_policy_fields() {
   static const std::vector<std::string_view> names = [] {

@@ -23,6 +23,9 @@
 // - mla_clusters (v2 only): the split count fixes the merge order: other bits.
 // - indexer_select: v1 and v2 compute the same exact selection: the same bits, other timing.
 // - pdl, nccl_blocking: the same bits, other timing.
+// - head_gemm: cuBLASLt sums a logit in another order than the MMA kernel (and the CPU twin):
+//   logits within a BF16 step, picks equal except at near-ties.
+// - mla_batch_splits: the split count fixes the merge order of the batched decode: other bits.
 #pragma once
 #include <string>
 #include <string_view>
@@ -41,6 +44,15 @@ enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };
 enum class MlaDecode { v1, v2 };
 /// indexer_select's kernel: v2 (the default) the 11/11/10-bit radix select; v1 four 8-bit passes.
 enum class IndexerSelect { v1, v2 };
+/// The GEMM of the batched BF16 head (head_argmax_batch at 2 or more rows): mma, the skinny
+/// tensor-core GEMM with its argmax fused (one launch); cublaslt, a cuBLASLt GEMM into a logits
+/// scratch, the per-row argmax over it and a finishing launch (three launches); automatic, per
+/// batch size from the measured table in cuda_backend.cpp. FP8 heads always take mma (cuBLASLt's
+/// FP8 GEMMs want both operands in FP8).
+enum class HeadGemm { automatic, mma, cublaslt };
+
+/// Largest forced split count of the batched MLA decode (mla_batch_splits).
+inline constexpr int kMaxMlaBatchSplits = 64;
 
 /// Largest forced cluster count of the v2 decode (8 splits each: 8192 splits, the kernel's limit).
 inline constexpr int kMaxMlaClusters = 1024;
@@ -56,6 +68,11 @@ struct KernelPolicy {
   IndexerSelect indexer_select = IndexerSelect::v2;
   /// Programmatic dependent launch for eager launches (sm_90 and later; captures never use it).
   bool pdl = true;
+  /// The batched BF16 head's GEMM (HeadGemm).
+  HeadGemm head_gemm = HeadGemm::automatic;
+  /// Splits of the selected rows per (row, head tile) of the batched MLA decode: 0 = chosen per
+  /// shape, else 1 .. kMaxMlaBatchSplits (capped at the chunks a row has).
+  int mla_batch_splits = 0;
   /// NCCL communicators created blocking (host calls under a watchdog) or non-blocking (polled).
   /// Read by whoever creates the communicators (dist::Group::connect); the backends ignore it.
   bool nccl_blocking = true;
@@ -66,9 +83,11 @@ struct KernelPolicy {
 const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "occ", "fp8split"
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
+const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt"
 
 /// The field names in their fixed order: gemv_variant, gemv_split, mla_decode, mla_clusters,
-/// indexer_select, pdl, nccl_blocking (the order of named()).
+/// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits (the order of named(); the last
+/// two were added later, so older records end at nccl_blocking).
 const std::vector<std::string_view>& kernel_policy_fields();
 
 /// The canonical text of one field of `p` (its YAML spelling: "auto", "rows2", "4", "on", ...).
@@ -93,7 +112,8 @@ void validate(const KernelPolicy& p);
 /// strictly (core/env.hpp: a value outside the variable's choices is an Error naming it):
 /// MTPLAB_GEMV_VARIANT (auto|v1|rows2|rows4|occ|fp8split), MTPLAB_GEMV_SPLIT (1|2|4|8),
 /// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
-/// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1). Every variable that is set is reported in
+/// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt),
+/// MTPLAB_MLA_BATCH_SPLITS (1..64). Every variable that is set is reported in
 /// `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the canonical
 /// value, also when it equals base's: the environment decided that field. For benchmarks and tuning
 /// runs; an experiment records the result and the list.

@@ -40,14 +40,21 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"indexer_select", {"v2", "v1"}},
     {"pdl", {"on", "off"}},
     {"nccl_blocking", {"on", "off"}},
+    {"head_gemm", {"auto", "mma", "cublaslt"}},
+    {"mla_batch_splits", {"auto", "1", "3", "64"}},
 };
 
 /// The MTPLAB_* variables env_overrides reads, in field order.
 const std::vector<std::pair<std::string, std::string>> kVariables = {
-    {"gemv_variant", "MTPLAB_GEMV_VARIANT"},     {"gemv_split", "MTPLAB_GEMV_SPLIT"},
-    {"mla_decode", "MTPLAB_MLA_DECODE"},         {"mla_clusters", "MTPLAB_MLA_CLUSTERS"},
-    {"indexer_select", "MTPLAB_INDEXER_SELECT"}, {"pdl", "MTPLAB_CUDA_PDL"},
+    {"gemv_variant", "MTPLAB_GEMV_VARIANT"},
+    {"gemv_split", "MTPLAB_GEMV_SPLIT"},
+    {"mla_decode", "MTPLAB_MLA_DECODE"},
+    {"mla_clusters", "MTPLAB_MLA_CLUSTERS"},
+    {"indexer_select", "MTPLAB_INDEXER_SELECT"},
+    {"pdl", "MTPLAB_CUDA_PDL"},
     {"nccl_blocking", "MTPLAB_NCCL_BLOCKING"},
+    {"head_gemm", "MTPLAB_HEAD_GEMM"},
+    {"mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS"},
 };
 
 /// Unsets every policy variable for the test's lifetime and restores the values found before.
@@ -84,10 +91,12 @@ TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
   EXPECT_EQ(p.indexer_select, IndexerSelect::v2);
   EXPECT_TRUE(p.pdl);
   EXPECT_TRUE(p.nccl_blocking);
+  EXPECT_EQ(p.head_gemm, HeadGemm::automatic);
+  EXPECT_EQ(p.mla_batch_splits, 0);
   for (const auto& [field, texts] : kCanonical) EXPECT_EQ(field_text(p, field), texts.front()) << field;
   EXPECT_EQ(to_string(p),
             "gemv_variant=auto gemv_split=auto mla_decode=v2 mla_clusters=auto indexer_select=v2 pdl=on "
-            "nccl_blocking=on");
+            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto");
 }
 
 TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
@@ -151,12 +160,28 @@ TEST(KernelPolicy, EqualityComparesEveryField) {
 
 TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"gemv_variant", "rows3"}, {"gemv_variant", "V1"},   {"gemv_variant", ""},
-      {"gemv_split", "3"},       {"gemv_split", "16"},     {"gemv_split", "-1"},
-      {"gemv_split", "2x"},      {"gemv_split", " 2"},     {"mla_decode", "v3"},
-      {"mla_decode", "auto"},    {"mla_clusters", "1025"}, {"mla_clusters", "-2"},
-      {"mla_clusters", "many"},  {"indexer_select", "v0"}, {"pdl", "1"},
-      {"pdl", "true"},           {"nccl_blocking", "0"},   {"nccl_blocking", "ON"},
+      {"gemv_variant", "rows3"},
+      {"gemv_variant", "V1"},
+      {"gemv_variant", ""},
+      {"gemv_split", "3"},
+      {"gemv_split", "16"},
+      {"gemv_split", "-1"},
+      {"gemv_split", "2x"},
+      {"gemv_split", " 2"},
+      {"mla_decode", "v3"},
+      {"mla_decode", "auto"},
+      {"mla_clusters", "1025"},
+      {"mla_clusters", "-2"},
+      {"mla_clusters", "many"},
+      {"indexer_select", "v0"},
+      {"pdl", "1"},
+      {"pdl", "true"},
+      {"nccl_blocking", "0"},
+      {"nccl_blocking", "ON"},
+      {"head_gemm", "lt"},
+      {"head_gemm", "v1"},
+      {"mla_batch_splits", "65"},
+      {"mla_batch_splits", "-1"},
   };
   for (const auto& [field, text] : bad) {
     SCOPED_TRACE(field + " = \"" + text + "\"");
@@ -172,6 +197,7 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
     const std::string choices = field_choices(field);
     for (const std::string& t : texts) {
       if (field == "mla_clusters" && (t == "2" || t == "7")) continue;
+      if (field == "mla_batch_splits" && t == "3") continue;
       EXPECT_TRUE(contains(choices, t)) << field << ": " << choices;
     }
   }
@@ -251,6 +277,8 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_CUDA_PDL", "0", "pdl", "off"},
       {"MTPLAB_CUDA_PDL", "1", "pdl", "on"},
       {"MTPLAB_NCCL_BLOCKING", "0", "nccl_blocking", "off"},
+      {"MTPLAB_HEAD_GEMM", "cublaslt", "head_gemm", "cublaslt"},
+      {"MTPLAB_MLA_BATCH_SPLITS", "4", "mla_batch_splits", "4"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.var + "=" + c.value);
@@ -281,6 +309,8 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   setenv("MTPLAB_GEMV_SPLIT", "1", 1);
   setenv("MTPLAB_INDEXER_SELECT", "v1", 1);
   setenv("MTPLAB_MLA_DECODE", "v1", 1);
+  setenv("MTPLAB_MLA_BATCH_SPLITS", "2", 1);
+  setenv("MTPLAB_HEAD_GEMM", "mma", 1);
   std::vector<std::string> overridden;
   const KernelPolicy got = env_overrides(KernelPolicy{}, &overridden);
   KernelPolicy want;
@@ -291,12 +321,15 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   want.indexer_select = IndexerSelect::v1;
   want.pdl = false;
   want.nccl_blocking = false;
+  want.head_gemm = HeadGemm::mma;
+  want.mla_batch_splits = 2;
   EXPECT_EQ(got, want) << to_string(got);
   const std::vector<std::string> expected = {
       "gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)", "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
       "mla_decode=v1 (MTPLAB_MLA_DECODE)",           "mla_clusters=1024 (MTPLAB_MLA_CLUSTERS)",
       "indexer_select=v1 (MTPLAB_INDEXER_SELECT)",   "pdl=off (MTPLAB_CUDA_PDL)",
-      "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)"};
+      "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)",    "head_gemm=mma (MTPLAB_HEAD_GEMM)",
+      "mla_batch_splits=2 (MTPLAB_MLA_BATCH_SPLITS)"};
   EXPECT_EQ(overridden, expected);
 }
 

@@ -334,7 +334,22 @@ TEST_P(GpuBatch, HeadArgmax) {
   Twin<float> scale(scale_h);
   const int ld = V + 24;  // entries V .. ld of a logits row are not written
   int near_ties = 0, compared = 0;
-  for (bool fp8 : {false, true}) {
+  // Three paths: the fused MMA kernel with BF16 and FP8 rows, and the cuBLASLt GEMM + argmax
+  // (KernelPolicy::head_gemm = cublaslt, BF16 only; its sums run in another order than the CPU's,
+  // so its logits are compared within the usual BF16 tolerance and its picks at near-ties, as the
+  // MMA path's are).
+  struct Path {
+    bool fp8;
+    HeadGemm gemm;
+  };
+  const KernelPolicy before = gpu().kernel_policy();
+  for (const Path path :
+       {Path{false, HeadGemm::mma}, Path{false, HeadGemm::cublaslt}, Path{true, HeadGemm::mma}}) {
+    const bool fp8 = path.fp8;
+    KernelPolicy policy = before;
+    policy.head_gemm = path.gemm;
+    gpu().set_kernel_policy(policy);
+    const bool lt = path.gemm == HeadGemm::cublaslt;
     const bf16* Wc = fp8 ? nullptr : W.c.data();
     const bf16* Wg = fp8 ? nullptr : W.g.data();
     const fp8e4m3* W8c = fp8 ? W8.c.data() : nullptr;
@@ -342,7 +357,10 @@ TEST_P(GpuBatch, HeadArgmax) {
     const float* Sc = fp8 ? scale.c.data() : nullptr;
     const float* Sg = fp8 ? scale.g.data() : nullptr;
     for (int B : kBatches) {
-      const std::string what = where(fp8 ? "head_argmax_batch FP8" : "head_argmax_batch BF16", B);
+      const std::string what = where(fp8  ? "head_argmax_batch FP8"
+                                     : lt ? "head_argmax_batch BF16 cublaslt"
+                                          : "head_argmax_batch BF16",
+                                     B);
       const auto slots_h = make_slots(rng, B, B);
       Twin<int32_t> slots(slots_h);
       std::vector<bf16> x_h = rng.bf16s(static_cast<size_t>(B) * H, -1.0f, 1.0f);
@@ -354,13 +372,15 @@ TEST_P(GpuBatch, HeadArgmax) {
       auto out = out_twin<ArgMax>(B);
       auto key = out_twin<uint64_t>(B);
       auto token = out_twin<int32_t>(B);
-      EXPECT_EQ(kernels_of([&] {
-                  gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), slots.g.data(), B, V, H, base,
-                                          logits.g.data(), ld, out.g.data(),
-                                          HeadExtras{key.g.data(), token.g.data()});
-                }),
-                1u)
-          << what;
+      const uint64_t launches = kernels_of([&] {
+        gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), slots.g.data(), B, V, H, base, logits.g.data(), ld,
+                                out.g.data(), HeadExtras{key.g.data(), token.g.data()});
+      });
+      if (lt) {
+        EXPECT_GE(launches, 3u) << what << ": the GEMM, the argmax and the finishing launch";
+      } else {
+        EXPECT_EQ(launches, 1u) << what;
+      }
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
         be.head_argmax_batch(Wc, W8c, Sc, x.c.data() + static_cast<size_t>(b0) * H, slots.c.data() + b0,
                              b1 - b0, V, H, base, logits.c.data() + static_cast<size_t>(b0) * ld, ld,
@@ -407,6 +427,7 @@ TEST_P(GpuBatch, HeadArgmax) {
       expect_outside_unchanged(out2.from_gpu(), out2.from_cpu(), one, what + " without logits, padded rows");
     }
   }
+  gpu().set_kernel_policy(before);
   std::printf("[gpu-batch] %s head: %d of %d rows' picks differ from the CPU at near-ties\n", s.name,
               near_ties, compared);
 }
@@ -848,6 +869,21 @@ TEST_P(GpuBatch, MlaDecode) {
                           row_mask(B, static_cast<size_t>(nh) * L, static_cast<size_t>(nh) * L, &slots_h),
                           what);
       expect_bytes_equal(again.from_gpu(), got, what + ", second run");
+      // Forced split counts (KernelPolicy::mla_batch_splits): another merge order, the same
+      // tolerance against the CPU, nothing written to the padded rows.
+      const KernelPolicy before = gpu().kernel_policy();
+      for (int forced : {1, 3}) {
+        KernelPolicy policy = before;
+        policy.mla_batch_splits = forced;
+        gpu().set_kernel_policy(policy);
+        auto f = out_twin<bf16>(o.c.size());
+        gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, sl.g.data(), B, kg, f.g.data(), nh,
+                               softmax_scale);
+        expect_bf16_written(f.from_gpu(), o.from_cpu(),
+                            row_mask(B, static_cast<size_t>(nh) * L, static_cast<size_t>(nh) * L, &slots_h),
+                            what + ", " + std::to_string(forced) + " forced splits");
+      }
+      gpu().set_kernel_policy(before);
     }
   }
 }

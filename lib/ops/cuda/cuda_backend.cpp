@@ -486,6 +486,10 @@ class CudaBackend final : public Backend {
     }
     if (logits)
       MTP_REQUIRE(ld_logits >= n, "ops::cuda::head_argmax_batch: ld_logits ", ld_logits, " < n ", n);
+    if (!W_fp8 && head_lt_wanted(rows)) {
+      head_argmax_lt(W, x, slot, rows, n, k, index_base, logits, ld_logits, out, extras);
+      return;
+    }
     const cuda::HeadBatchScratch s = head_batch_scratch();
     for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
       const int r = std::min(cuda::kMaxBatchRows, rows - b0);
@@ -704,6 +708,44 @@ class CudaBackend final : public Backend {
         "ops::cuda::", op, ": IndexerSlots of ", idx.slots, " slots, D ", idx.D, ", P ", idx.P, ", max_rows ",
         idx.max_rows, " (a whole number of pools)");
   }
+  /// Whether the batched BF16 head runs as cuBLASLt + argmax (KernelPolicy::head_gemm): forced by
+  /// the policy, else from the measured table (docs/kernels.md, "The batched head"): the fused MMA
+  /// kernel reads W once at every batch, but at 64 rows and more its tensor-core work, not W's
+  /// bytes, sets its time, where cuBLASLt's GEMM is faster than the fused kernel's by more than the
+  /// extra pass over the logits costs.
+  bool head_lt_wanted(int rows) const {
+    switch (ctx_.policy.head_gemm) {
+      case HeadGemm::mma:
+        return false;
+      case HeadGemm::cublaslt:
+        return true;
+      case HeadGemm::automatic:
+        break;
+    }
+    return rows >= kHeadLtMinRows;
+  }
+  static constexpr int kHeadLtMinRows = 1 << 30;  // not chosen automatically until measured
+  /// head_argmax_batch through cuBLASLt: logits [r][n] into scratch, the per-row argmax over them,
+  /// then head_finish_rows writes the live rows' results (and their logits when wanted).
+  void head_argmax_lt(const bf16* W, const bf16* x, const int32_t* slot, int rows, int n, int k,
+                      int64_t index_base, bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras) {
+    const char* op = "head_argmax_batch (cublaslt)";
+    const int chunk = std::min(rows, cuda::kMaxBatchRows);
+    const size_t logit_bytes = (sizeof(bf16) * static_cast<size_t>(chunk) * n + 255) / 256 * 256;
+    auto* base =
+        static_cast<uint8_t*>(head_lt_scratch_.ensure(logit_bytes + sizeof(ArgMax) * chunk, ctx_.stream, op));
+    auto* buf = reinterpret_cast<bf16*>(base);
+    auto* pairs = reinterpret_cast<ArgMax*>(base + logit_bytes);
+    for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
+      const int r = std::min(cuda::kMaxBatchRows, rows - b0);
+      gemm(W, x + static_cast<size_t>(b0) * k, buf, false, r, n, k);
+      cuda::argmax_batch(ctx_, buf, n, r, n, index_base, pairs, argmax_);
+      const HeadExtras e{extras.key ? extras.key + b0 : nullptr, extras.token ? extras.token + b0 : nullptr};
+      cuda::head_finish_rows(ctx_, pairs, slot ? slot + b0 : nullptr, r, buf, n,
+                             logits ? logits + static_cast<size_t>(b0) * ld_logits : nullptr, ld_logits,
+                             out + b0, e);
+    }
+  }
   /// The head's per-row keys and counter: zero when allocated, reset by every launch's last block.
   cuda::HeadBatchScratch head_batch_scratch() {
     if (!head_batch_.best) {
@@ -820,7 +862,8 @@ class CudaBackend final : public Backend {
   Scratch mla_scratch_;
   Scratch mla_batch_scratch_;
   Scratch moe_batch_act_;
-  Scratch stats_scratch_;  // logit_stats_batch's histograms (zero between launches)
+  Scratch stats_scratch_;    // logit_stats_batch's histograms (zero between launches)
+  Scratch head_lt_scratch_;  // the cuBLASLt head's logits and per-row pairs
   bool stats_zeroed_ = false;
   cuda::HeadBatchScratch head_batch_;
   std::map<std::tuple<int, int, int, bool, uint32_t>, GemmPlan> plans_;

@@ -1108,6 +1108,35 @@ void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+constexpr int kFinishThreads = 256;
+/// Block b: row b of head_finish_rows (nothing for a padded row).
+__global__ void __launch_bounds__(kFinishThreads)
+    head_finish_rows_kernel(const ArgMax* pairs, const int32_t* slot, const bf16* logits, int n, bf16* dst,
+                            int ld_dst, ArgMax* out, HeadExtras extras) {
+  pdl_begin();
+  const int b = blockIdx.x;
+  if (slot && slot[b] < 0) return;
+  if (threadIdx.x == 0) {
+    const ArgMax a = pairs[b];
+    out[b] = a;
+    if (extras.key) extras.key[b] = argmax_key(a.value, a.index);
+    if (extras.token) extras.token[b] = a.index;
+  }
+  if (!dst) return;
+  const bf16* src = logits + static_cast<size_t>(b) * n;
+  bf16* row = dst + static_cast<size_t>(b) * ld_dst;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = src[i];
+}
+}  // namespace
+
+void head_finish_rows(const LaunchCtx& ctx, const ArgMax* pairs, const int32_t* slot, int rows,
+                      const bf16* logits, int n, bf16* dst, int ld_dst, ArgMax* out, HeadExtras extras) {
+  launch(ctx, head_finish_rows_kernel, rows, kFinishThreads, 0, pairs, slot, logits, n, dst, ld_dst, out,
+         extras);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
 void argmax_unpack_key_batch(const LaunchCtx& ctx, const uint64_t* key, int32_t* token, int rows) {
   launch(ctx, unpack_key_rows_kernel, (rows + 127) / 128, 128, 0, key, token, rows);
   MTP_CUDA_LAUNCH_CHECK();

@@ -89,6 +89,11 @@ void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, 
 bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
 /// out[b] = argmax of row b (x + b * ld_x, n values): one block per row (rows = 1: the single-row
 /// multi-block kernel).
+/// The last launch of the cuBLASLt head (KernelPolicy::head_gemm): for each live row b (slot[b] >= 0,
+/// or every row when slot is null), out[b] = pairs[b], extras' key (argmax_key) and token, and, when
+/// dst is not null, row b of logits [rows][n] copied to dst + b * ld_dst. Padded rows: nothing.
+void head_finish_rows(const LaunchCtx& ctx, const ArgMax* pairs, const int32_t* slot, int rows,
+                      const bf16* logits, int n, bf16* dst, int ld_dst, ArgMax* out, HeadExtras extras);
 void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n, int64_t index_base,
                   ArgMax* out, const ArgmaxScratch& single_row);
 void argmax_unpack_key_batch(const LaunchCtx& ctx, const uint64_t* key, int32_t* token, int rows);

@@ -875,6 +875,7 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows) {
   const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
+  if (ctx.policy.mla_batch_splits > 0) return std::min(ctx.policy.mla_batch_splits, chunks);  // forced
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
   // At least two chunks of 16 rows per block, and about two blocks per multiprocessor over the
   // whole batch: a large batch fills the chip with one split per row (no combine).
