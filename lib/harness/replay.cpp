@@ -28,10 +28,7 @@ double StepRecord::expected_accepted() const {
 }
 
 double verify_uniform(int64_t seed, int64_t sequence, int64_t position) {
-  uint64_t h = splitmix64_mix(static_cast<uint64_t>(seed) ^ 0x6d74706c61622d76ull);  // "mtplab-v"
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(sequence) * 0x9e3779b97f4a7c15ull));
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(position) * 0xd1b54a32d192ed03ull));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
+  return counter_uniform(0x6d74706c61622d76ull, seed, sequence, position);  // "mtplab-v"
 }
 
 SamplingVerify sampling_verify(const ReplayOptions& r) {
