@@ -306,18 +306,25 @@ std::string describe_trace_spec(const TraceSpec& t, uint64_t weights_seed) {
              ", ", t.layers, " layer(s), weights seed ", weights_seed);
 }
 
+// Opens the input at `path` as a T; when it cannot be opened, records why in `r`, marks this
+// process's copy "unreadable" and returns null.
+template <typename T>
+std::unique_ptr<T> open_or_report(const std::string& path, InputReport& r, std::string& local_digest) {
+  try {
+    return std::make_unique<T>(path);
+  } catch (const Error& e) {
+    r.problems.push_back(e.message());
+    local_digest = "unreadable";
+    return nullptr;
+  }
+}
+
 // What one process checks for one trace file: its copy, opened; then per model reading it, the
 // sizes and lengths the points need.
 void check_trace_file(const std::string& path, const std::vector<int>& users, const Experiment& ex, int rank,
                       InputReport& r, std::string& local_digest, IdentityInputs& identity) {
-  std::unique_ptr<io::TraceReader> reader;
-  try {
-    reader = std::make_unique<io::TraceReader>(path);
-  } catch (const Error& e) {
-    r.problems.push_back(e.message());
-    local_digest = "unreadable";
-    return;
-  }
+  const auto reader = open_or_report<io::TraceReader>(path, r, local_digest);
+  if (!reader) return;
   const io::TraceReader& t = *reader;
   local_digest = trace_header_digest(t);
   const int64_t n = t.num_sequences();
@@ -438,14 +445,8 @@ std::string rank_range(const std::vector<int>& ranks) {
 void check_checkpoint(dist::Runtime& rt, const std::string& path, const model::ModelConfig& cfg,
                       bool several_models, InputReport& r, std::string& local_digest,
                       IdentityInputs& identity) {
-  std::unique_ptr<model::Checkpoint> ckpt;
-  try {
-    ckpt = std::make_unique<model::Checkpoint>(path);
-  } catch (const Error& e) {
-    r.problems.push_back(e.message());
-    local_digest = "unreadable";
-    return;
-  }
+  const auto ckpt = open_or_report<model::Checkpoint>(path, r, local_digest);
+  if (!ckpt) return;
   local_digest = checkpoint_header_digest(cfg, *ckpt);
   for (const std::string& name : {cfg.embed_tokens_name, cfg.lm_head_name})
     if (!ckpt->contains(name))
