@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -304,6 +305,17 @@ std::string checkpoint_header_digest(const model::ModelConfig& cfg, const model:
 std::string describe_trace_spec(const TraceSpec& t, uint64_t weights_seed) {
   return str(t.sequences, " sequence(s) of ", t.prompt_len, " + ", t.new_tokens, " tokens, seed ", t.seed,
              ", ", t.layers, " layer(s), weights seed ", weights_seed);
+}
+
+// The points (indices) that use the input keyed `key`: its entry of `groups`, added at the end
+// when it has none, so the inputs keep the order the points first name them in.
+template <typename K>
+std::vector<int>& users_of(std::vector<std::pair<K, std::vector<int>>>& groups,
+                           const std::type_identity_t<K>& key) {
+  const auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+  if (it != groups.end()) return it->second;
+  groups.push_back({key, {}});
+  return groups.back().second;
 }
 
 // Opens the input at `path` as a T; when it cannot be opened, records why in `r`, marks this
@@ -792,13 +804,7 @@ struct Checker {
       std::vector<std::tuple<std::string, const model::ModelConfig*, std::vector<int>>> ckpts;
       for (const auto& p : ex.points) {
         if (p.weights.synthetic) {
-          auto it = std::find_if(seeds.begin(), seeds.end(),
-                                 [&](const auto& s) { return s.first == p.weights.seed; });
-          if (it == seeds.end()) {
-            seeds.push_back({p.weights.seed, {}});
-            it = seeds.end() - 1;
-          }
-          it->second.push_back(p.index);
+          users_of(seeds, p.weights.seed).push_back(p.index);
         } else {
           auto it = std::find_if(ckpts.begin(), ckpts.end(), [&](const auto& c) {
             return std::get<0>(c) == p.weights.checkpoint && *std::get<1>(c) == p.model;
@@ -843,13 +849,7 @@ struct Checker {
       for (const auto& p : ex.points) {
         if (p.trace.synthetic) {
           const std::string d = describe_trace_spec(p.trace, p.weights.seed);
-          auto it =
-              std::find_if(synthetic.begin(), synthetic.end(), [&](const auto& s) { return s.first == d; });
-          if (it == synthetic.end()) {
-            synthetic.push_back({d, {}});
-            it = synthetic.end() - 1;
-          }
-          it->second.push_back(p.index);
+          users_of(synthetic, d).push_back(p.index);
           if (p.measure.sequences > p.trace.sequences)
             synthetic_problems.add(
                 str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
@@ -857,13 +857,7 @@ struct Checker {
                     p.measure.sequences),
                 p.index);
         } else {
-          auto it = std::find_if(files.begin(), files.end(),
-                                 [&](const auto& f) { return f.first == p.trace.path; });
-          if (it == files.end()) {
-            files.push_back({p.trace.path, {}});
-            it = files.end() - 1;
-          }
-          it->second.push_back(p.index);
+          users_of(files, p.trace.path).push_back(p.index);
         }
       }
       std::vector<std::string> synthetic_texts;
