@@ -240,15 +240,6 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuBatchE2e, ::testing::ValuesIn(kCases), case
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the end-to-end GPU tests need one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  std::printf("batched end-to-end GPU tests on %s\n", g_gpu->device_name().c_str());
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the end-to-end GPU tests need one",
+                            "batched end-to-end GPU tests");
 }

@@ -241,15 +241,6 @@ TEST(GpuIndexShareOp, EqualsTheCpuEntryForEntry) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the index_share GPU tests need one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  std::printf("index_share end-to-end GPU tests on %s\n", g_gpu->device_name().c_str());
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the index_share GPU tests need one",
+                            "index_share end-to-end GPU tests");
 }

@@ -97,14 +97,5 @@ TEST(GpuBatchQidx, SelectionCheckOnTheSmallPreset) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the batch_qidx GPU test needs one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the batch_qidx GPU test needs one", nullptr);
 }
