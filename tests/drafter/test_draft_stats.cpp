@@ -17,6 +17,7 @@
 #include <cmath>
 #include <random>
 
+#include "common/drafter.hpp"
 #include "common/trace.hpp"
 #include "drafter/exchange.hpp"
 #include "drafter/factory.hpp"
@@ -246,17 +247,12 @@ TEST(DraftStatsOps, BadParametersAreRefused) {
 
 namespace {
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
+struct Fixture : test::TinyCpuDrafter {
   io::TraceSequence seq = test::make_trace(*be, cfg, 1, 24, 48, 5)[0];
   int H = cfg.hidden;
   int V = static_cast<int>(cfg.vocab);
   std::unique_ptr<drafter::MtpDrafter> make(drafter::DrafterOptions opt) {
-    opt.draft_len = std::max(opt.draft_len, 4);
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
+    return make_with(opt, std::max(opt.draft_len, 4));
   }
   /// The host head's logits of head input y (BF16 or, when fp8, the FP8 head the drafter uses).
   std::vector<float> logits(const bf16* y, bool fp8) {

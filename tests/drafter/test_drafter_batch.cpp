@@ -11,9 +11,7 @@
 #include <map>
 
 #include "batch_replay.hpp"
-#include "common/trace.hpp"
-#include "drafter/factory.hpp"
-#include "model/weights.hpp"
+#include "common/drafter.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -22,24 +20,15 @@ namespace {
 
 constexpr int kDraft = 3;
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
+struct Fixture : test::TinyCpuDrafter {
   std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt, ops::KvDtype kv = ops::KvDtype::bf16) {
-    opt.draft_len = kDraft;
-    opt.kv_cache_dtype = kv;
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
+    return make_with(opt, kDraft, kv);
   }
 };
 
 /// 20 sequences of 64 tokens from the synthetic target, shared by every test.
 const std::vector<io::TraceSequence>& shared_trace() {
-  static const std::vector<io::TraceSequence> trace = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 20, 16, 48, 9);
-  }();
+  static const std::vector<io::TraceSequence> trace = test::tiny_trace(20, 16, 48, 9);
   return trace;
 }
 

@@ -18,9 +18,7 @@
 #include <set>
 
 #include "batch_replay.hpp"
-#include "common/trace.hpp"
-#include "drafter/factory.hpp"
-#include "model/weights.hpp"
+#include "common/drafter.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -29,34 +27,22 @@ namespace {
 
 constexpr int kDraft = 4;
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
+struct Fixture : test::TinyCpuDrafter {
   std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt, ops::KvDtype kv = ops::KvDtype::bf16) {
-    opt.draft_len = kDraft;
-    opt.kv_cache_dtype = kv;
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
+    return make_with(opt, kDraft, kv);
   }
 };
 
 /// 12 sequences of 72 tokens (positions well past the tiny preset's dense window of 19 rows).
 const std::vector<io::TraceSequence>& long_trace() {
-  static const std::vector<io::TraceSequence> trace = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 12, 16, 56, 21);
-  }();
+  static const std::vector<io::TraceSequence> trace = test::tiny_trace(12, 16, 56, 21);
   return trace;
 }
 
 /// 8 sequences of 21 tokens: a replay drafts at positions up to 18 = K + P - 2 only, where every
 /// selection is every row 0 .. position.
 const std::vector<io::TraceSequence>& short_trace() {
-  static const std::vector<io::TraceSequence> trace = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 8, 4, 17, 23);
-  }();
+  static const std::vector<io::TraceSequence> trace = test::tiny_trace(8, 4, 17, 23);
   return trace;
 }
 
