@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "common/mpi.hpp"
+#include "common/recording_comm.hpp"
 #include "common/trace.hpp"
 #include "drafter/exchange.hpp"
 #include "drafter/factory.hpp"
@@ -25,46 +26,13 @@ using drafter::SamplingTransform;
 namespace {
 dist::Runtime* g_runtime = nullptr;
 
-/// Forwards to a communicator and records the all-gathers (bytes per rank) and other collectives.
-class CountingComm final : public dist::Communicator {
- public:
-  explicit CountingComm(dist::Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string kind() const override { return inner_.kind(); }
-  bool on_device() const override { return inner_.on_device(); }
-  void all_reduce_sum(const float* s, float* r, size_t n) override {
-    ++others;
-    inner_.all_reduce_sum(s, r, n);
-  }
-  void all_reduce_sum(const bf16* s, bf16* r, size_t n) override {
-    ++others;
-    inner_.all_reduce_sum(s, r, n);
-  }
-  void all_reduce_max(const uint64_t* s, uint64_t* r, size_t n) override {
-    ++others;
-    inner_.all_reduce_max(s, r, n);
-  }
-  void all_gather(const void* s, void* r, size_t bytes) override {
-    gathers.push_back(bytes);
-    inner_.all_gather(s, r, bytes);
-  }
-  void broadcast(void* b, size_t bytes, int root) override {
-    ++others;
-    inner_.broadcast(b, bytes, root);
-  }
-  void barrier() override { inner_.barrier(); }
-  void wait() override { inner_.wait(); }
-  void reset() {
-    gathers.clear();
-    others = 0;
-  }
-  std::vector<size_t> gathers;
-  int others = 0;
-
- private:
-  dist::Communicator& inner_;
-};
+/// The collectives other than all-gathers and barriers that `comm` recorded.
+int others(const test::RecordingComm& comm) {
+  int n = 0;
+  for (const auto& c : comm.calls)
+    n += c.kind != test::RecordingComm::gather && c.kind != test::RecordingComm::barrier;
+  return n;
+}
 
 std::vector<SamplingTransform> transforms() {
   return {SamplingTransform{1.0, 0, 1.0}, SamplingTransform{0.7, 0, 1.0}, SamplingTransform{1.0, 5, 1.0},
@@ -112,7 +80,7 @@ struct World {
 TEST(DraftStatsMpi, EveryShardingGivesTheOneRankStats) {
   auto group = g_runtime->world_group();
   auto& mpi = group.connect(dist::Transport::mpi);
-  CountingComm comm(mpi);
+  test::RecordingComm comm(mpi);
   World s;
   const int k = 3, L = 30;
   const auto& seq = s.trace[0];
@@ -156,19 +124,19 @@ TEST(DraftStatsMpi, EveryShardingGivesTheOneRankStats) {
       x.transform = t;
       x.stats = &stats;
       // The plain step's collectives, then the one with stats: it adds exactly the stats pass's.
-      comm.reset();
+      comm.calls.clear();
       d->after_verify(*plain_seq, 0);
       auto again = d->new_sequence();
       d->append_rows(*again, seq.tokens.data() + 1, seq.hiddens.data(), L - 1, 0);
-      comm.reset();
+      comm.calls.clear();
       d->propose(*again, seq.tokens[L], seq.hiddens.data() + (L - 1) * s.H, k);
-      const auto plain_gathers = comm.gathers;
-      const int plain_others = comm.others;
-      comm.reset();
+      const auto plain_gathers = comm.sizes(test::RecordingComm::gather);
+      const int plain_others = others(comm);
+      comm.calls.clear();
       const auto drafts = d->propose(*st, seq.tokens[L], seq.hiddens.data() + (L - 1) * s.H, k, x);
       EXPECT_EQ(drafts, plain) << what;
-      EXPECT_EQ(comm.others, plain_others) << what;
-      auto extra = comm.gathers;
+      EXPECT_EQ(others(comm), plain_others) << what;
+      auto extra = comm.sizes(test::RecordingComm::gather);
       ASSERT_GE(extra.size(), plain_gathers.size()) << what;
       extra.erase(extra.begin(), extra.begin() + static_cast<ptrdiff_t>(plain_gathers.size()));
       if (!sharded) {
