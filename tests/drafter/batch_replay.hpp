@@ -13,10 +13,33 @@
 #include <optional>
 #include <vector>
 
+#include "core/str.hpp"
 #include "drafter/drafter.hpp"
+#include "drafter/options.hpp"
 #include "io/trace.hpp"
+#include "model/sharding.hpp"
 
 namespace mtplab::test {
+
+/// A case of the multi-rank batch tests: the head's sharding, its exchange and the context rows.
+struct ShardCase {
+  model::HeadSharding sharding;
+  drafter::Exchange exchange;
+  drafter::ContextRows context = drafter::ContextRows::cache_only;
+};
+
+inline std::string name_of(const ShardCase& c) {
+  return str(model::to_string(c.sharding), "/", drafter::to_string(c.exchange), "/",
+             drafter::to_string(c.context));
+}
+
+/// Prompt lengths for `count` sequences that spread over lo .. lo + span - 1: sequence s gets
+/// lo + (s * step) % span.
+inline std::vector<int> spread_prompts(size_t count, int lo, size_t step, size_t span) {
+  std::vector<int> p(count);
+  for (size_t s = 0; s < count; ++s) p[s] = lo + static_cast<int>((s * step) % span);
+  return p;
+}
 
 /// The accepted count of step `step` of sequence `seq` (0 .. k), varied over both.
 inline int scripted_accepted(int seq, int step, int k) {

@@ -34,11 +34,7 @@ const std::vector<io::TraceSequence>& shared_trace() {
 
 /// Prompt lengths 3 .. 45: some sequences start inside the dense window (K + P - 1 = 19 rows), most
 /// past it, where the selection is sparse.
-std::vector<int> prompts(size_t count) {
-  std::vector<int> p(count);
-  for (size_t s = 0; s < count; ++s) p[s] = 3 + static_cast<int>((s * 17) % 43);
-  return p;
-}
+std::vector<int> prompts(size_t count) { return test::spread_prompts(count, 3, 17, 43); }
 
 struct Arm {
   const char* name;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "batch_replay.hpp"
+#include "common/drafter.hpp"
 #include "common/mpi.hpp"
 #include "common/recording_comm.hpp"
 #include "common/trace.hpp"
@@ -28,22 +29,10 @@ dist::Runtime* g_runtime = nullptr;
 
 constexpr int kDraft = 3;
 
-struct Case {
-  model::HeadSharding sharding;
-  drafter::Exchange exchange;
-  drafter::ContextRows context = drafter::ContextRows::cache_only;
-};
+using Case = test::ShardCase;
 
-std::string name_of(const Case& c) {
-  return str(model::to_string(c.sharding), "/", drafter::to_string(c.exchange), "/",
-             drafter::to_string(c.context));
-}
-
-const std::vector<io::TraceSequence>& shared_trace(const model::ModelConfig& cfg) {
-  static const std::vector<io::TraceSequence> trace = [&] {
-    auto be = ops::make_cpu_backend();
-    return test::make_trace(*be, cfg, 18, 16, 24, 4);
-  }();
+const std::vector<io::TraceSequence>& shared_trace() {
+  static const std::vector<io::TraceSequence> trace = test::tiny_trace(18, 16, 24, 4);
   return trace;
 }
 
@@ -97,7 +86,7 @@ TEST(DrafterBatchMpi, BatchedDraftsAndCollectivesMatchTheSingleSequenceDrafter) 
   auto& comm = group.connect(dist::Transport::mpi);
   const int world = comm.size();
   const auto cfg = test::tiny_config(256);
-  const auto& all = shared_trace(cfg);
+  const auto& all = shared_trace();
   std::vector<Case> cases = {{model::HeadSharding::none, drafter::Exchange::packed_u64}};
   for (auto ex : {drafter::Exchange::packed_u64, drafter::Exchange::allgather_pairs,
                   drafter::Exchange::allgather_logits, drafter::Exchange::bf16_lanes}) {

@@ -46,17 +46,8 @@ const std::vector<io::TraceSequence>& short_trace() {
   return trace;
 }
 
-std::vector<int> short_prompts(size_t n) {
-  std::vector<int> p(n);
-  for (size_t s = 0; s < n; ++s) p[s] = 2 + static_cast<int>((s * 5) % 13);  // 2 .. 14
-  return p;
-}
-
-std::vector<int> long_prompts(size_t n) {
-  std::vector<int> p(n);
-  for (size_t s = 0; s < n; ++s) p[s] = 3 + static_cast<int>((s * 11) % 41);  // 3 .. 43
-  return p;
-}
+std::vector<int> short_prompts(size_t n) { return test::spread_prompts(n, 2, 5, 13); }  // 2 .. 14
+std::vector<int> long_prompts(size_t n) { return test::spread_prompts(n, 3, 11, 41); }  // 3 .. 43
 
 struct Arm {
   const char* name;

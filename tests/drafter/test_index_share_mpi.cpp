@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "batch_replay.hpp"
+#include "common/drafter.hpp"
 #include "common/mpi.hpp"
 #include "common/recording_comm.hpp"
 #include "common/trace.hpp"
@@ -26,31 +27,15 @@ dist::Runtime* g_runtime = nullptr;
 
 constexpr int kDraft = 3;
 
-struct Case {
-  model::HeadSharding sharding;
-  drafter::Exchange exchange;
-  drafter::ContextRows context;
-};
-
-std::string name_of(const Case& c) {
-  return str(model::to_string(c.sharding), "/", drafter::to_string(c.exchange), "/",
-             drafter::to_string(c.context));
-}
+using Case = test::ShardCase;
 
 /// 4 sequences of 40 tokens: most drafts past the tiny preset's dense window (19 rows).
-const std::vector<io::TraceSequence>& shared_trace(const model::ModelConfig& cfg) {
-  static const std::vector<io::TraceSequence> trace = [&] {
-    auto be = ops::make_cpu_backend();
-    return test::make_trace(*be, cfg, 4, 20, 20, 8);
-  }();
+const std::vector<io::TraceSequence>& shared_trace() {
+  static const std::vector<io::TraceSequence> trace = test::tiny_trace(4, 20, 20, 8);
   return trace;
 }
 
-std::vector<int> prompts(size_t n) {
-  std::vector<int> p(n);
-  for (size_t s = 0; s < n; ++s) p[s] = 12 + static_cast<int>((s * 7) % 15);
-  return p;
-}
+std::vector<int> prompts(size_t n) { return test::spread_prompts(n, 12, 7, 15); }
 
 struct CaseRun {
   test::SequenceDrafts single, batched;
@@ -67,7 +52,7 @@ CaseRun run_case(const model::ModelConfig& cfg, dist::Communicator& comm, const 
   opt.exchange = c.exchange;
   opt.context_rows = c.context;
   opt.index_share = share;
-  const auto& trace = shared_trace(cfg);
+  const auto& trace = shared_trace();
   const auto p = prompts(trace.size());
   CaseRun r;
   test::RecordingComm recording(comm);

@@ -58,11 +58,7 @@ std::unique_ptr<ops::Backend> g_gpu;
 ops::Backend& gpu() { return *g_gpu; }
 
 std::vector<int> prompts(const Case& c, size_t count) {
-  std::vector<int> p(count);
-  const int span = c.prompt_hi - c.prompt_lo + 1;
-  for (size_t s = 0; s < count; ++s)
-    p[s] = c.prompt_lo + static_cast<int>((s * 17) % static_cast<size_t>(span));
-  return p;
+  return test::spread_prompts(count, c.prompt_lo, 17, static_cast<size_t>(c.prompt_hi - c.prompt_lo + 1));
 }
 
 struct Fixture {
