@@ -24,30 +24,22 @@ class RecordingComm final : public dist::Communicator {
   int size() const override { return inner_.size(); }
   std::string kind() const override { return inner_.kind(); }
   bool on_device() const override { return inner_.on_device(); }
-  void all_reduce_sum(const float* send, float* recv, size_t count) override {
-    calls.push_back({sum_f32, count});
-    inner_.all_reduce_sum(send, recv, count);
+  void all_reduce_sum(const float* s, float* r, size_t n) override {
+    note(sum_f32, n).all_reduce_sum(s, r, n);
   }
-  void all_reduce_sum(const bf16* send, bf16* recv, size_t count) override {
-    calls.push_back({sum_bf16, count});
-    inner_.all_reduce_sum(send, recv, count);
+  void all_reduce_sum(const bf16* s, bf16* r, size_t n) override {
+    note(sum_bf16, n).all_reduce_sum(s, r, n);
   }
-  void all_reduce_max(const uint64_t* send, uint64_t* recv, size_t count) override {
-    calls.push_back({max_u64, count});
-    inner_.all_reduce_max(send, recv, count);
+  void all_reduce_max(const uint64_t* s, uint64_t* r, size_t n) override {
+    note(max_u64, n).all_reduce_max(s, r, n);
   }
-  void all_gather(const void* send, void* recv, size_t bytes) override {
-    calls.push_back({gather, bytes});
-    inner_.all_gather(send, recv, bytes);
+  void all_gather(const void* s, void* r, size_t bytes) override {
+    note(gather, bytes).all_gather(s, r, bytes);
   }
-  void broadcast(void* buf, size_t bytes, int root) override {
-    calls.push_back({broadcast, bytes});
-    inner_.broadcast(buf, bytes, root);
+  void broadcast(void* b, size_t bytes, int root) override {
+    note(Kind::broadcast, bytes).broadcast(b, bytes, root);
   }
-  void barrier() override {
-    calls.push_back({Kind::barrier, 0});
-    inner_.barrier();
-  }
+  void barrier() override { note(Kind::barrier, 0).barrier(); }
   void wait() override { inner_.wait(); }
 
   /// The sizes of the calls of kind `k`, in order.
@@ -61,6 +53,11 @@ class RecordingComm final : public dist::Communicator {
   std::vector<Call> calls;
 
  private:
+  // Records the call, then returns the communicator it goes to.
+  dist::Communicator& note(Kind kind, size_t size) {
+    calls.push_back({kind, size});
+    return inner_;
+  }
   dist::Communicator& inner_;
 };
 
