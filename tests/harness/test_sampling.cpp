@@ -28,6 +28,7 @@
 #include "common/trace.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
+#include "experiment_text.hpp"
 #include "harness/experiment.hpp"
 #include "harness/replay.hpp"
 #include "io/trace.hpp"
@@ -352,18 +353,14 @@ TEST(SamplingReplay, SameSeedSameStepsAndBatchSizeDoesNotMatter) {
 // ---- experiments: keys, rules, refusals --------------------------------------------------------
 
 namespace {
-const char* kSampled = R"(model:
-  preset: tiny
-  max_seq_len: 128
-weights: {synthetic: {seed: 3}}
-trace:
-  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1,
-              sampling: sampling, temperature: 0.7, sampling_seed: 9}
-output: out.h5
+const std::string kSampled = test::tiny_experiment(
+    "sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1,\n              sampling: sampling, "
+    "temperature: 0.7, sampling_seed: 9",
+    R"(output: out.h5
 backend: cpu
 verify: sampling
 temperature: 0.7
-)";
+)");
 }  // namespace
 
 TEST(SamplingExperiment, KeysAreReadAndRecorded) {
