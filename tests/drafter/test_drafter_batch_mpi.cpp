@@ -31,10 +31,7 @@ constexpr int kDraft = 3;
 
 using Case = test::ShardCase;
 
-const std::vector<io::TraceSequence>& shared_trace() {
-  static const std::vector<io::TraceSequence> trace = test::tiny_trace(18, 16, 24, 4);
-  return trace;
-}
+const std::vector<io::TraceSequence>& shared_trace() { return test::shared_tiny_trace(18, 16, 24, 4); }
 
 /// The collectives one batched step of `rows` rows must issue, checked against what it issued.
 void expect_step_collectives(const std::vector<test::RecordingComm::Call>& calls, const Case& c, int rows,

@@ -27,57 +27,32 @@ namespace {
 
 constexpr int kDraft = 4;
 
-struct Fixture : test::TinyCpuDrafter {
-  std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt, ops::KvDtype kv = ops::KvDtype::bf16) {
-    return make_with(opt, kDraft, kv);
-  }
-};
+using Fixture = test::TinyCpuDrafterOf<kDraft>;
 
 /// 12 sequences of 72 tokens (positions well past the tiny preset's dense window of 19 rows).
-const std::vector<io::TraceSequence>& long_trace() {
-  static const std::vector<io::TraceSequence> trace = test::tiny_trace(12, 16, 56, 21);
-  return trace;
-}
+const std::vector<io::TraceSequence>& long_trace() { return test::shared_tiny_trace(12, 16, 56, 21); }
 
 /// 8 sequences of 21 tokens: a replay drafts at positions up to 18 = K + P - 2 only, where every
 /// selection is every row 0 .. position.
-const std::vector<io::TraceSequence>& short_trace() {
-  static const std::vector<io::TraceSequence> trace = test::tiny_trace(8, 4, 17, 23);
-  return trace;
-}
+const std::vector<io::TraceSequence>& short_trace() { return test::shared_tiny_trace(8, 4, 17, 23); }
 
 std::vector<int> short_prompts(size_t n) { return test::spread_prompts(n, 2, 5, 13); }  // 2 .. 14
 std::vector<int> long_prompts(size_t n) { return test::spread_prompts(n, 3, 11, 41); }  // 3 .. 43
 
-struct Arm {
-  const char* name;
-  DrafterOptions opt;
-  ops::KvDtype kv = ops::KvDtype::bf16;
-};
+using Arm = test::DrafterArm;
 
 std::vector<Arm> step_arms() {
-  std::vector<Arm> a;
-  a.push_back({"default", {}});
-  DrafterOptions o;
-  o.context_rows = drafter::ContextRows::full;
-  a.push_back({"context_rows full", o});
-  o = {};
-  o.skip = drafter::Skip::head;
-  a.push_back({"skip head", o});
-  o = {};
-  o.skip = drafter::Skip::block;
-  a.push_back({"skip block", o});
-  o = {};
-  o.draft_rows = drafter::DraftRows::keep;
-  o.head_fp8 = true;
-  a.push_back({"draft_rows keep + head_fp8", o});
-  o = {};
-  o.context_rows = drafter::ContextRows::full;
-  o.context_gemm = true;
-  o.batch_qidx = true;
-  a.push_back({"full + context_gemm + batch_qidx", o});
-  a.push_back({"FP8 latent cache", {}, ops::KvDtype::fp8});
-  return a;
+  using drafter::ContextRows, drafter::DraftRows, drafter::Skip;
+  return {
+      {"default", {}},
+      {"context_rows full", {.context_rows = ContextRows::full}},
+      {"skip head", {.skip = Skip::head}},
+      {"skip block", {.skip = Skip::block}},
+      {"draft_rows keep + head_fp8", {.head_fp8 = true, .draft_rows = DraftRows::keep}},
+      {"full + context_gemm + batch_qidx",
+       {.context_rows = ContextRows::full, .batch_qidx = true, .context_gemm = true}},
+      {"FP8 latent cache", {}, ops::KvDtype::fp8},
+  };
 }
 
 DrafterOptions with_share(DrafterOptions o, bool on) {

@@ -30,10 +30,7 @@ constexpr int kDraft = 3;
 using Case = test::ShardCase;
 
 /// 4 sequences of 40 tokens: most drafts past the tiny preset's dense window (19 rows).
-const std::vector<io::TraceSequence>& shared_trace() {
-  static const std::vector<io::TraceSequence> trace = test::tiny_trace(4, 20, 20, 8);
-  return trace;
-}
+const std::vector<io::TraceSequence>& shared_trace() { return test::shared_tiny_trace(4, 20, 20, 8); }
 
 std::vector<int> prompts(size_t n) { return test::spread_prompts(n, 12, 7, 15); }
 

@@ -24,14 +24,9 @@ namespace {
 constexpr int kHidden = 128;  // the tiny preset
 constexpr int kDrafts = 3;
 
-struct Fixture : test::TinyCpuDrafter {
-  std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt = {}) { return make_with(opt, kDrafts); }
-};
+using Fixture = test::TinyCpuDrafterOf<kDrafts>;
 
-const std::vector<io::TraceSequence>& shared_trace() {
-  static std::vector<io::TraceSequence> t = test::tiny_trace(3, 20, 24, 5);
-  return t;
-}
+const std::vector<io::TraceSequence>& shared_trace() { return test::shared_tiny_trace(3, 20, 24, 5); }
 
 const bf16* row(const io::TraceSequence& s, int r) {
   return s.hiddens.data() + static_cast<size_t>(r) * kHidden;
