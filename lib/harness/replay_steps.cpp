@@ -21,7 +21,7 @@ void check_batch(std::span<const io::TraceSequence> seqs, int batch_size, int hi
   for (const io::TraceSequence& s : seqs) check_sequence(s, static_cast<int>(s.index), hidden);
 }
 
-StepRecord step_record(const io::TraceSequence& seq, int32_t sequence, int L,
+StepRecord step_record(const io::TraceSequence& seq, int32_t sequence, int L, int k,
                        std::span<const int32_t> drafts) {
   StepRecord rec;
   rec.sequence = sequence;

@@ -30,7 +30,7 @@ inline const bf16* hidden_row(const io::TraceSequence& seq, int r, int hidden) {
 
 /// The record of the step at position L: `sequence`, L, the drafts and the k targets
 /// t_{L+1} .. t_{L+k}.
-StepRecord step_record(const io::TraceSequence& seq, int32_t sequence, int L,
+StepRecord step_record(const io::TraceSequence& seq, int32_t sequence, int L, int k,
                        std::span<const int32_t> drafts);
 
 /// One sequence stepped from its prompt: created and prefilled at construction (then

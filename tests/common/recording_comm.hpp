@@ -12,10 +12,11 @@ namespace mtplab::test {
 
 class RecordingComm final : public dist::Communicator {
  public:
-  enum Kind { sum_f32, sum_bf16, max_u64, gather, broadcast, barrier };
+  /// all_reduce_sum (f32, bf16), all_reduce_max, all_gather, broadcast, barrier.
+  enum Kind { sum_f32, sum_bf16, max_u64, gather, bcast, sync };
   struct Call {
     Kind kind;
-    size_t size;  ///< elements (sums, max), bytes per rank (gather, broadcast), 0 (barrier)
+    size_t size;  ///< elements (sums, max), bytes per rank (gather, bcast), 0 (sync)
     friend bool operator==(const Call&, const Call&) = default;
   };
 
@@ -36,10 +37,8 @@ class RecordingComm final : public dist::Communicator {
   void all_gather(const void* s, void* r, size_t bytes) override {
     note(gather, bytes).all_gather(s, r, bytes);
   }
-  void broadcast(void* b, size_t bytes, int root) override {
-    note(Kind::broadcast, bytes).broadcast(b, bytes, root);
-  }
-  void barrier() override { note(Kind::barrier, 0).barrier(); }
+  void broadcast(void* b, size_t bytes, int root) override { note(bcast, bytes).broadcast(b, bytes, root); }
+  void barrier() override { note(sync, 0).barrier(); }
   void wait() override { inner_.wait(); }
 
   /// The sizes of the calls of kind `k`, in order.

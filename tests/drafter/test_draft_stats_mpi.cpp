@@ -16,6 +16,7 @@
 #include "common/trace.hpp"
 #include "drafter/exchange.hpp"
 #include "drafter/factory.hpp"
+#include "forced_rows.hpp"
 #include "model/weights.hpp"
 #include "stats_reference.hpp"
 
@@ -30,7 +31,7 @@ dist::Runtime* g_runtime = nullptr;
 int others(const test::RecordingComm& comm) {
   int n = 0;
   for (const auto& c : comm.calls)
-    n += c.kind != test::RecordingComm::gather && c.kind != test::RecordingComm::barrier;
+    n += c.kind != test::RecordingComm::gather && c.kind != test::RecordingComm::sync;
   return n;
 }
 
@@ -191,48 +192,12 @@ TEST(DraftStatsMpi, BatchedEqualsSingleAndTargetEqualsOneRank) {
     for (const SamplingTransform& t : {SamplingTransform{0.7, 0, 1.0}, SamplingTransform{1.0, 5, 0.9}}) {
       const std::string what = str(model::to_string(sharding), " ", name_of(t));
       auto batch = d->new_batch(2);
-      std::vector<drafter::BatchRow> rows;
-      std::vector<int32_t> chain, requested;
-      std::vector<int32_t> single_drafts;
-      std::vector<DraftStats> single_stats;
-      for (int q = 0; q < 2; ++q) {
-        const auto& seq = s.trace[static_cast<size_t>(q)];
-        const int L = lens[q];
-        const int slot = d->new_sequence(*batch);
-        d->append_rows(*batch, slot, seq.tokens.data() + 1, seq.hiddens.data(), L - 1, 0);
-        rows.push_back({slot, seq.tokens[static_cast<size_t>(L)],
-                        seq.hiddens.data() + static_cast<size_t>(L - 1) * s.H});
-        std::vector<int32_t> c(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + k);
-        std::vector<int32_t> r(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + k);
-        chain.insert(chain.end(), c.begin(), c.end());
-        requested.insert(requested.end(), r.begin(), r.end());
-        auto st = d->new_sequence();
-        d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), L - 1, 0);
-        std::vector<DraftStats> stats;
-        drafter::ProposeExtras x;
-        x.chain_tokens = c;
-        x.requested = r;
-        x.transform = t;
-        x.stats = &stats;
-        const auto dr = d->propose(*st, rows.back().token, rows.back().hidden, k, x);
-        single_drafts.insert(single_drafts.end(), dr.begin(), dr.end());
-        single_stats.insert(single_stats.end(), stats.begin(), stats.end());
-      }
+      const test::ForcedRows one = test::forced_rows(*d, *batch, s.trace, lens, k, s.H, t, false);
       std::vector<DraftStats> stats;
-      drafter::ProposeExtras x;
-      x.chain_tokens = chain;
-      x.requested = requested;
-      x.transform = t;
-      x.stats = &stats;
-      EXPECT_EQ(d->propose_batch(*batch, rows, k, x), single_drafts) << what;
-      ASSERT_EQ(stats.size(), single_stats.size());
-      for (size_t j = 0; j < stats.size(); ++j) {
-        EXPECT_EQ(float_to_bits(stats[j].margin), float_to_bits(single_stats[j].margin)) << what << " " << j;
-        EXPECT_EQ(float_to_bits(stats[j].logprob), float_to_bits(single_stats[j].logprob))
-            << what << " " << j;
-        EXPECT_EQ(float_to_bits(stats[j].req_logprob), float_to_bits(single_stats[j].req_logprob))
-            << what << " " << j;
-      }
+      EXPECT_EQ(test::propose_forced(*d, *batch, one, k, t, stats), one.single_drafts) << what;
+      ASSERT_EQ(stats.size(), one.single_stats.size());
+      for (size_t j = 0; j < stats.size(); ++j)
+        test::expect_same_bits(stats[j], one.single_stats[j], str(what, " ", j));
       // The target: 40 trace rows, against the one-rank drafter's values.
       const auto& seq = s.trace[1];
       const int n = 40;
