@@ -64,8 +64,7 @@ struct BatchFixture {
         tol_ulps(tol_ulps),
         options(opts),
         cfg(preset(cs.preset, cs.max_seq_len)),
-        w(model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none),
-                                        11)),
+        w(one_rank_weights(cfg)),
         trace(make_trace(gpu, cfg, sequences, cs.prompt_hi, cs.tokens - cs.prompt_hi, 5)) {}
 
   std::unique_ptr<drafter::MtpDrafter> make(ops::Backend& be, bool graph) {

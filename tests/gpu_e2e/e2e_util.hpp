@@ -27,6 +27,11 @@ namespace mtplab::e2e {
 using test::make_trace;
 using test::preset;
 
+/// The synthetic MTP weights (seed 11) of `cfg` on one rank, the head unsharded.
+inline model::MtpWeights one_rank_weights(const model::ModelConfig& cfg) {
+  return model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 11);
+}
+
 /// One disagreement between the reference (CPU) draft and the other backend's draft, scored
 /// with the reference's own logits.
 struct Disagreement {

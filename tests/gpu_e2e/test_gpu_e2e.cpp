@@ -46,8 +46,7 @@ TEST_P(GpuE2e, CudaMatchesCpu) {
   // The FP8 head arm on tiny only: the small preset's CPU reference takes about a minute per arm.
   for (bool fp8 : {false, true}) {
     if (fp8 && std::string(c.preset) != "tiny") continue;
-    const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-    auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+    auto w = e2e::one_rank_weights(cfg);
     drafter::DrafterOptions opt;
     opt.draft_len = c.k;
     opt.head_fp8 = fp8;
@@ -87,8 +86,7 @@ TEST_P(GpuE2e, GraphMatchesEager) {
   const auto cfg = e2e::preset(c.preset, c.max_seq_len);
   const auto trace = e2e::make_trace(gpu(), cfg, c.sequences, c.prompt, c.gen, 9);
   for (auto cr : {drafter::ContextRows::cache_only, drafter::ContextRows::full}) {
-    const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-    auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+    auto w = e2e::one_rank_weights(cfg);
     drafter::DrafterOptions opt;
     opt.draft_len = c.k;
     opt.context_rows = cr;
@@ -114,8 +112,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuE2e, ::testing::ValuesIn(kCases), case_name
 TEST(GpuE2eOptions, GraphNeedsCuda) {
   const auto cfg = e2e::preset("tiny", 128);
   auto cpu = ops::make_cpu_backend();
-  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  auto w = e2e::one_rank_weights(cfg);
   drafter::DrafterOptions opt;
   opt.cuda_graph = true;
   EXPECT_THROW(drafter::make_drafter(*cpu, nullptr, cfg, w, opt), Error);

@@ -52,8 +52,7 @@ TEST(GpuBatchQidx, SelectionCheckOnTheSmallPreset) {
   const auto cfg = e2e::preset("small", 1024);
   const int k = 3;
   const auto trace = e2e::make_trace(*g_gpu, cfg, 2, 700, 48, 5);
-  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  auto w = e2e::one_rank_weights(cfg);
   drafter::DrafterOptions opt;
   opt.draft_len = k;
   opt.context_rows = drafter::ContextRows::full;

@@ -40,8 +40,7 @@ std::string name_of(const SamplingTransform& t) {
 
 struct Fixture {
   model::ModelConfig cfg = e2e::preset("tiny", 256);
-  model::MtpWeights w =
-      model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 11);
+  model::MtpWeights w = e2e::one_rank_weights(cfg);
   std::unique_ptr<ops::Backend> cpu = ops::make_cpu_backend();
   std::vector<io::TraceSequence> trace;
   int H = cfg.hidden;
