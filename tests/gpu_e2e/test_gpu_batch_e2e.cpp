@@ -88,12 +88,18 @@ TEST_P(GpuBatchE2e, CudaBatchedMatchesCpuBatchedAndCudaSingle) {
     auto dev = f.make(gpu(), false);
     const test::BatchedReplay cuda = test::replay_batched(*dev, f.trace, p, kDraft, H, B);
     EXPECT_EQ(cuda.max_rows, B) << tag;
-    auto single = f.make(gpu(), false);
-    const auto cuda_single = test::replay_single(*single, f.trace, p, kDraft, H);
-    expect_agree_but_near_ties(f, cpu_batched, cuda.drafts, cpu_batched,
-                               tag + ", cuda batched vs cpu batched");
-    expect_agree_but_near_ties(f, cuda_single, cuda.drafts, cpu_batched,
-                               tag + ", cuda batched vs cuda single");
+    // CUDA batched drafts against the CPU batched ones and the CUDA single-sequence drafter's
+    // (with graphs or without, as `graph`).
+    auto expect_agree = [&](const test::SequenceDrafts& batched, bool graph) {
+      const std::string label = graph ? " graph" : "";
+      auto single = f.make(gpu(), graph);
+      const auto cuda_single = test::replay_single(*single, f.trace, p, kDraft, H);
+      expect_agree_but_near_ties(f, cpu_batched, batched, cpu_batched,
+                                 tag + ", cuda batched" + label + " vs cpu batched");
+      expect_agree_but_near_ties(f, cuda_single, batched, cpu_batched,
+                                 tag + ", cuda batched" + label + " vs cuda single" + label);
+    };
+    expect_agree(cuda.drafts, false);
 
     // cuda_graph: bucket padding on both sides, so the graph and the op-by-op steps run the same
     // kernels on the same shapes: the same drafts, bit for bit.
@@ -107,12 +113,7 @@ TEST_P(GpuBatchE2e, CudaBatchedMatchesCpuBatchedAndCudaSingle) {
     EXPECT_GE(graphed->graph_recordings(), 1) << tag;
     std::printf("[gpu-batch-e2e] %s: %d batched steps, %d graph recordings\n", tag.c_str(), g.batched_steps,
                 graphed->graph_recordings());
-    auto single_graph = f.make(gpu(), true);
-    const auto cuda_single_graph = test::replay_single(*single_graph, f.trace, p, kDraft, H);
-    expect_agree_but_near_ties(f, cpu_batched, g.drafts, cpu_batched,
-                               tag + ", cuda batched graph vs cpu batched");
-    expect_agree_but_near_ties(f, cuda_single_graph, g.drafts, cpu_batched,
-                               tag + ", cuda batched graph vs cuda single graph");
+    expect_agree(g.drafts, true);
   }
 }
 
