@@ -15,13 +15,11 @@
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-"$python" -c "import h5py" 2>/dev/null || { echo "SKIPPED: $python lacks h5py"; exit 77; }
+source "$src/tests/common/script.sh"
+require_python "$python" h5py
 
 work=$(mktemp -d /tmp/mtplab-check-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 cp "$src/data/trained-tiny/model.safetensors" "$src/data/trained-tiny/trace.h5" \
    "$src/data/trained-tiny/trained-tiny.yaml" "$work/"
