@@ -8,6 +8,16 @@ failures=0
 # fail MESSAGE: one failure, printed.
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
+# exits LOG RC WHAT CMD...: runs CMD, its output to LOG; a failure naming WHAT (LOG shown) unless
+# it exits RC.
+exits() {
+  local log=$1 want=$2 what=$3
+  shift 3
+  "$@" >"$log" 2>&1
+  local rc=$?
+  ((rc == want)) || { fail "$what exited $rc, expected $want"; cat "$log"; }
+}
+
 # require_python PYTHON MODULE...: skips (exit 77) unless PYTHON imports every MODULE.
 require_python() {
   local python=$1
