@@ -55,13 +55,13 @@ struct BatchFixture {
   std::unique_ptr<ops::Backend> cpu = ops::make_cpu_backend();
   std::map<size_t, std::vector<std::vector<bf16>>> head_inputs;
 
-  /// `sequences` sequences of the case, traced on `gpu`; drafters of `k` drafts per propose; a
-  /// head margin within `tol_ulps` BF16 ulps of the largest |logit| is a near-tie.
-  BatchFixture(ops::Backend& gpu, const BatchCase& cs, int sequences, int k, float tol_ulps,
+  /// `sequences` sequences of the case, traced on `gpu`; drafters of `draft_len` drafts per
+  /// propose; a head margin within `near_tie_ulps` BF16 ulps of the largest |logit| is a near-tie.
+  BatchFixture(ops::Backend& gpu, const BatchCase& cs, int sequences, int draft_len, float near_tie_ulps,
                drafter::DrafterOptions opts = {})
       : c(cs),
-        k(k),
-        tol_ulps(tol_ulps),
+        k(draft_len),
+        tol_ulps(near_tie_ulps),
         options(opts),
         cfg(preset(cs.preset, cs.max_seq_len)),
         w(one_rank_weights(cfg)),
@@ -132,9 +132,10 @@ struct BatchFixture {
             continue;
           }
           const HeadMargin m = cpu_margin(s, static_cast<int>(step), i);
-          if (cpu_drafts)
+          if (cpu_drafts) {
             EXPECT_EQ(m.token, (*cpu_drafts)[s][at])
                 << "the CPU single-sequence replay disagrees with the CPU batched drafter";
+          }
           std::printf(
               "[%s] %s: seq %zu step %zu draft %d: %d vs %d, cpu top-2 margin %.5g (tolerance %.5g)%s\n", tag,
               what.c_str(), s, step, i, ref[s][at], other[s][at], m.margin, m.tolerance,
