@@ -69,4 +69,17 @@ constexpr uint64_t splitmix64_mix(uint64_t z) {
 /// One step of the splitmix64 generator: advances `state` by the gamma, returns its mix.
 constexpr uint64_t splitmix64_next(uint64_t& state) { return splitmix64_mix(state += kSplitmix64Gamma); }
 
+/// A uniform in [0, 1) from a counter (no generator state): the stream `salt` (eight ASCII bytes
+/// read as a big-endian word, e.g. "mtplab-v"), then `seed`, then the two coordinates mixed in
+/// turn, 64-bit wrapping:
+///   h = mix(seed ^ salt); h = mix(h ^ (a * 0x9e3779b97f4a7c15)); h = mix(h ^ (b * 0xd1b54a32d192ed03))
+///   u = (h >> 11) * 2^-53                                                   (mix: splitmix64_mix)
+/// The same (salt, seed, a, b) gives the same u on every rank, backend and run.
+constexpr double counter_uniform(uint64_t salt, int64_t seed, int64_t a, int64_t b) {
+  uint64_t h = splitmix64_mix(static_cast<uint64_t>(seed) ^ salt);
+  h = splitmix64_mix(h ^ (static_cast<uint64_t>(a) * kSplitmix64Gamma));
+  h = splitmix64_mix(h ^ (static_cast<uint64_t>(b) * 0xd1b54a32d192ed03ull));
+  return static_cast<double>(h >> 11) * 0x1.0p-53;
+}
+
 }  // namespace mtplab

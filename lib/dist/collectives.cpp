@@ -25,10 +25,23 @@ void bf16_sum_op(void* in, void* inout, int* len, MPI_Datatype* /*type*/) {
   for (int i = 0; i < *len; ++i) b[i] = to_bf16(to_float(a[i]) + to_float(b[i]));
 }
 
-int as_count(size_t count, const char* what) {
-  MTP_REQUIRE(count <= static_cast<size_t>(INT_MAX), what, ": ", count,
+// `what` names the call in the message (its parts are formatted only on failure).
+template <typename... What>
+int as_count(size_t count, const What&... what) {
+  MTP_REQUIRE(count <= static_cast<size_t>(INT_MAX), what..., ": ", count,
               " elements exceed what one MPI call carries (INT_MAX)");
   return static_cast<int>(count);
+}
+
+/// One all-reduce of `count` elements of `type` under `op` over `comm` (in place when send ==
+/// recv), waited for within the timeout. `name` and `unit` make the messages, "name(unit, count)",
+/// and are formatted only when one is needed.
+void all_reduce(MPI_Comm comm, const void* send, void* recv, size_t count, MPI_Datatype type, MPI_Op op,
+                const char* name, const char* unit) {
+  const int n = as_count(count, name, "(", unit, ")");
+  MPI_Request req = MPI_REQUEST_NULL;
+  MTP_MPI_CHECK(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, type, op, comm, &req));
+  detail::wait_bounded(req, comm, [&] { return str(name, "(", unit, ", ", count, ")"); });
 }
 
 }  // namespace
@@ -74,27 +87,16 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::all_reduce_sum(const float* send, float* recv, size_t count) {
-  const int n = as_count(count, "all_reduce_sum(f32)");
-  MPI_Request req = MPI_REQUEST_NULL;
-  MTP_MPI_CHECK(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_FLOAT, MPI_SUM, comm_, &req));
-  detail::wait_bounded(req, comm_, [&] { return str("all_reduce_sum(f32, ", count, ")"); });
+  all_reduce(comm_, send, recv, count, MPI_FLOAT, MPI_SUM, "all_reduce_sum", "f32");
 }
 
 void MpiCommunicator::all_reduce_sum(const bf16* send, bf16* recv, size_t count) {
-  const int n = as_count(count, "all_reduce_sum(bf16)");
   static_assert(sizeof(bf16) == sizeof(uint16_t));
-  MPI_Request req = MPI_REQUEST_NULL;
-  MTP_MPI_CHECK(
-      MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_UINT16_T, bf16_sum_, comm_, &req));
-  detail::wait_bounded(req, comm_, [&] { return str("all_reduce_sum(bf16, ", count, ")"); });
+  all_reduce(comm_, send, recv, count, MPI_UINT16_T, bf16_sum_, "all_reduce_sum", "bf16");
 }
 
 void MpiCommunicator::all_reduce_max(const uint64_t* send, uint64_t* recv, size_t count) {
-  const int n = as_count(count, "all_reduce_max(u64)");
-  MPI_Request req = MPI_REQUEST_NULL;
-  MTP_MPI_CHECK(
-      MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, n, MPI_UINT64_T, MPI_MAX, comm_, &req));
-  detail::wait_bounded(req, comm_, [&] { return str("all_reduce_max(u64, ", count, ")"); });
+  all_reduce(comm_, send, recv, count, MPI_UINT64_T, MPI_MAX, "all_reduce_max", "u64");
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, size_t bytes) {

@@ -19,12 +19,15 @@
 #include "dist/check.hpp"
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
+#include "dist/poll.hpp"
 #include "dist/world_ops.hpp"
 
 namespace mtplab::dist {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using detail::Backoff;
+using detail::Clock;
+using detail::to_duration;
 
 constexpr int kProbeTag = 7101;  // "what are you doing?", one int
 constexpr int kReplyTag = 7102;  // the answer, kReplyBytes of text
@@ -45,9 +48,6 @@ WatchState& state() {
   return s;
 }
 
-Clock::duration to_duration(double seconds) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::string seconds_text(double s) {
@@ -55,24 +55,6 @@ std::string seconds_text(double s) {
   std::snprintf(buf, sizeof buf, s < 10 ? "%.1f" : "%.0f", s);
   return buf;
 }
-
-/// The wait between polls, by elapsed time: yield for the first 2 ms (a host collective completes
-/// in microseconds), then sleep 20 us until 100 ms, then 500 us, so a long wait costs no CPU.
-class Backoff {
- public:
-  void pause() {
-    const auto waited = Clock::now() - start_;
-    if (waited < std::chrono::milliseconds(2)) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(
-          std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 500));
-    }
-  }
-
- private:
-  Clock::time_point start_ = Clock::now();
-};
 
 /// Answers every probe that has arrived with `doing()` (what this rank is doing). Best effort, so
 /// its MPI calls are not checked: probes come only from a rank that is ending the job.

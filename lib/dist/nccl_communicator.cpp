@@ -36,6 +36,7 @@
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/mpi_wait.hpp"
+#include "dist/poll.hpp"
 #include "dist/watchdog.hpp"
 
 namespace mtplab::dist {
@@ -43,27 +44,9 @@ namespace mtplab::dist {
 #if defined(MTPLAB_HAVE_NCCL)
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-/// Waits between polls, by elapsed time: for the first 2 ms it only yields the core (an enqueue
-/// or a small collective completes in microseconds, and a sleep costs ~60 us of timer slack, which
-/// was the whole cost of a host-issued collective when this slept after 64 rounds), then sleeps
-/// 20 us until 100 ms have passed, then 500 us, so a long wait costs no CPU.
-class Backoff {
- public:
-  void pause() {
-    const auto waited = Clock::now() - start_;
-    if (waited < std::chrono::milliseconds(2)) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(
-          std::chrono::microseconds(waited < std::chrono::milliseconds(100) ? 20 : 500));
-    }
-  }
-
- private:
-  Clock::time_point start_ = Clock::now();
-};
+using detail::Backoff;
+using detail::Clock;
+using detail::to_duration;
 
 /// A collective's name, formatted only when an error needs it (a host-issued collective must
 /// not pay for a string): op, then the count and its unit.
@@ -236,10 +219,6 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
   }
 
  private:
-  static Clock::duration to_duration(double seconds) {
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  }
-
   void require_live(const char* what) const {
     MTP_REQUIRE(!aborted_ && comm_, "NCCL ", what,
                 " on a communicator that was aborted after an earlier failure");

@@ -113,10 +113,7 @@ std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int voca
 }
 
 double sampling_uniform(int64_t seed, int64_t sequence, int64_t position) {
-  uint64_t h = splitmix64_mix(static_cast<uint64_t>(seed) ^ 0x73796e7468657469ull);  // "syntheti"
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(sequence) * 0x9e3779b97f4a7c15ull));
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(position) * 0xd1b54a32d192ed03ull));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
+  return counter_uniform(0x73796e7468657469ull, seed, sequence, position);  // "syntheti"
 }
 
 int32_t sample_transformed(std::span<const bf16> logits, double temperature, int64_t top_k, double top_p,

@@ -21,163 +21,119 @@ std::vector<std::string> names(const char* const (&list)[N]) {
   return std::vector<std::string>(std::begin(list), std::end(list));
 }
 
-// An enum arm: the field at `field` of the drafter's options, spelt as `list` spells its values
-// (the enum's own name table, in enum order).
-template <typename E, size_t N>
-ArmSpec choice_arm(std::string name, const char* const (&list)[N], E drafter::DrafterOptions::*field,
-                   std::string summary) {
+// The options struct an arm's field lives in: the drafter's (ArmLayer::drafter) or the replay's
+// (ArmLayer::harness). Every replay arm came after the first schema-v2 files, so a replay arm is
+// omitted from the canonical text at its default.
+template <typename S>
+struct OptionsOf;
+template <>
+struct OptionsOf<drafter::DrafterOptions> {
+  static constexpr ArmLayer layer = ArmLayer::drafter;
+  static drafter::DrafterOptions& of(Arms& x) { return x.drafter; }
+  static const drafter::DrafterOptions& of(const Arms& x) { return x.drafter; }
+};
+template <>
+struct OptionsOf<ReplayOptions> {
+  static constexpr ArmLayer layer = ArmLayer::harness;
+  static ReplayOptions& of(Arms& x) { return x.replay; }
+  static const ReplayOptions& of(const Arms& x) { return x.replay; }
+};
+
+// What every arm of an options struct `S` sets; the builders below add the type's own fields.
+template <typename S>
+ArmSpec arm_of(std::string name, ArmType type, std::string summary) {
   ArmSpec a;
   a.name = std::move(name);
-  a.type = ArmType::choice;
-  a.choices = names(list);
-  a.layer = ArmLayer::drafter;
+  a.type = type;
+  a.layer = OptionsOf<S>::layer;
   a.summary = std::move(summary);
-  a.get = [field, &list](const Arms& x) { return std::string(list[static_cast<size_t>(x.drafter.*field)]); };
+  a.omit_at_default = OptionsOf<S>::layer == ArmLayer::harness;
+  return a;
+}
+
+// A drafter arm added after the first schema-v2 files (omitted from the canonical text at its
+// default, as every replay arm is).
+ArmSpec added_later(ArmSpec a) {
+  a.omit_at_default = true;
+  return a;
+}
+
+// An enum arm: the field `field` of the options, spelt as `list` spells its values (the enum's own
+// name table, in enum order).
+template <typename S, typename E, size_t N>
+ArmSpec choice_arm(std::string name, const char* const (&list)[N], E S::*field, std::string summary) {
+  ArmSpec a = arm_of<S>(std::move(name), ArmType::choice, std::move(summary));
+  a.choices = names(list);
+  a.get = [field, &list](const Arms& x) {
+    return std::string(list[static_cast<size_t>(OptionsOf<S>::of(x).*field)]);
+  };
   a.set = [field, choices = a.choices](Arms& x, const std::string& v) {
     const auto it = std::find(choices.begin(), choices.end(), v);
     MTP_REQUIRE(it != choices.end(), "\"", v, "\" is not one of {", join(choices, ", "), "}");
-    x.drafter.*field = static_cast<E>(it - choices.begin());
+    OptionsOf<S>::of(x).*field = static_cast<E>(it - choices.begin());
   };
   return a;
 }
 
-ArmSpec bool_arm(std::string name, bool drafter::DrafterOptions::*field, std::string summary) {
-  ArmSpec a;
-  a.name = std::move(name);
-  a.type = ArmType::boolean;
+template <typename S>
+ArmSpec bool_arm(std::string name, bool S::*field, std::string summary) {
+  ArmSpec a = arm_of<S>(std::move(name), ArmType::boolean, std::move(summary));
   a.choices = kOffOn;
-  a.layer = ArmLayer::drafter;
-  a.summary = std::move(summary);
-  a.get = [field](const Arms& x) { return std::string(x.drafter.*field ? "on" : "off"); };
-  a.set = [field](Arms& x, const std::string& v) { x.drafter.*field = v == "on"; };
+  a.get = [field](const Arms& x) { return std::string(OptionsOf<S>::of(x).*field ? "on" : "off"); };
+  a.set = [field](Arms& x, const std::string& v) { OptionsOf<S>::of(x).*field = v == "on"; };
   return a;
 }
 
-ArmSpec int_arm(std::string name, int drafter::DrafterOptions::*field, int64_t lo, int64_t hi,
-                std::string summary) {
-  ArmSpec a;
-  a.name = std::move(name);
-  a.type = ArmType::integer;
+// An integer arm in [lo, hi] (T: int or int64_t).
+template <typename S, typename T>
+ArmSpec int_arm(std::string name, T S::*field, int64_t lo, int64_t hi, std::string summary) {
+  ArmSpec a = arm_of<S>(std::move(name), ArmType::integer, std::move(summary));
   a.min = lo;
   a.max = hi;
-  a.layer = ArmLayer::drafter;
-  a.summary = std::move(summary);
-  a.get = [field](const Arms& x) { return str(x.drafter.*field); };
-  a.set = [field](Arms& x, const std::string& v) { x.drafter.*field = static_cast<int>(std::stoll(v)); };
-  return a;
-}
-
-// The replay's batch size.
-ArmSpec batch_size_arm() {
-  ArmSpec a;
-  a.name = "batch_size";
-  a.type = ArmType::integer;
-  a.min = 1;
-  a.max = drafter::kMaxBatch;
-  a.layer = ArmLayer::harness;
-  a.summary = "trace sequences drafted together in one batched step (continuous batching)";
-  a.omit_at_default = true;  // added after the first schema-v2 files
-  a.get = [](const Arms& x) { return str(x.replay.batch_size); };
-  a.set = [](Arms& x, const std::string& v) { x.replay.batch_size = static_cast<int>(std::stoll(v)); };
-  return a;
-}
-
-// A choice arm of the replay's options (an enum spelt by its name table).
-template <typename E, size_t N>
-ArmSpec replay_choice_arm(std::string name, const char* const (&list)[N], E ReplayOptions::*field,
-                          std::string summary) {
-  ArmSpec a;
-  a.name = std::move(name);
-  a.type = ArmType::choice;
-  a.choices = names(list);
-  a.layer = ArmLayer::harness;
-  a.summary = std::move(summary);
-  a.omit_at_default = true;  // added after the first schema-v2 files
-  a.get = [field, &list](const Arms& x) { return std::string(list[static_cast<size_t>(x.replay.*field)]); };
-  a.set = [field, choices = a.choices](Arms& x, const std::string& v) {
-    const auto it = std::find(choices.begin(), choices.end(), v);
-    MTP_REQUIRE(it != choices.end(), "\"", v, "\" is not one of {", join(choices, ", "), "}");
-    x.replay.*field = static_cast<E>(it - choices.begin());
+  a.get = [field](const Arms& x) { return str(OptionsOf<S>::of(x).*field); };
+  a.set = [field](Arms& x, const std::string& v) {
+    OptionsOf<S>::of(x).*field = static_cast<T>(std::stoll(v));
   };
   return a;
 }
 
-// Whether the replay records each draft's DraftStats (ReplayOptions::record_margins).
-ArmSpec record_margins_arm() {
-  ArmSpec a;
-  a.name = "record_margins";
-  a.type = ArmType::boolean;
-  a.choices = kOffOn;
-  a.layer = ArmLayer::harness;
-  a.summary =
-      "record each draft's top-1 minus top-2 logit margin and log-probability (a stats pass per step)";
-  a.omit_at_default = true;  // added after the first schema-v2 files
-  a.get = [](const Arms& x) { return std::string(x.replay.record_margins ? "on" : "off"); };
-  a.set = [](Arms& x, const std::string& v) { x.replay.record_margins = v == "on"; };
-  return a;
-}
-
-// A real arm of the replay's options in (lo, hi] (lo_exclusive) or [lo, hi].
-ArmSpec replay_real_arm(std::string name, double ReplayOptions::*field, double lo, bool lo_exclusive,
-                        double hi, std::string summary) {
-  ArmSpec a;
-  a.name = std::move(name);
-  a.type = ArmType::real;
+// A real arm in (lo, hi] (lo_exclusive) or [lo, hi].
+template <typename S>
+ArmSpec real_arm(std::string name, double S::*field, double lo, bool lo_exclusive, double hi,
+                 std::string summary) {
+  ArmSpec a = arm_of<S>(std::move(name), ArmType::real, std::move(summary));
   a.real_min = lo;
   a.real_min_exclusive = lo_exclusive;
   a.real_max = hi;
-  a.layer = ArmLayer::harness;
-  a.summary = std::move(summary);
-  a.omit_at_default = true;  // added after the first schema-v2 files
-  a.get = [field](const Arms& x) { return real_text(x.replay.*field); };
+  a.get = [field](const Arms& x) { return real_text(OptionsOf<S>::of(x).*field); };
   a.set = [field](Arms& x, const std::string& v) {
     const auto d = parse_double(v);
     MTP_REQUIRE(d.has_value(), "\"", v, "\" is not a number");
-    x.replay.*field = *d;
+    OptionsOf<S>::of(x).*field = *d;
   };
   return a;
 }
 
 // The sampling verification's arms: in effect with verify: sampling only.
 std::vector<ArmSpec> sampling_arms() {
+  using R = ReplayOptions;
   std::vector<ArmSpec> r;
-  r.push_back(replay_choice_arm("verify", kVerifyNames, &ReplayOptions::verify,
-                                "greedy verification (draft == trace token) or speculative sampling at a "
-                                "temperature, from a sampled trace (docs/acceptance.md)"));
-  r.push_back(replay_real_arm("temperature", &ReplayOptions::temperature, 0.0, true, 100.0,
-                              "sampling verification: the temperature of both distributions (the trace's)"));
-  {
-    ArmSpec a;
-    a.name = "top_k";
-    a.type = ArmType::integer;
-    a.min = 0;
-    a.max = 1 << 24;
-    a.layer = ArmLayer::harness;
-    a.summary = "sampling verification: keep the top_k largest logits (0: off; the trace's)";
-    a.omit_at_default = true;
-    a.get = [](const Arms& x) { return str(x.replay.top_k); };
-    a.set = [](Arms& x, const std::string& v) { x.replay.top_k = static_cast<int>(std::stoll(v)); };
-    r.push_back(std::move(a));
-  }
-  r.push_back(replay_real_arm("top_p", &ReplayOptions::top_p, 0.0, true, 1.0,
-                              "sampling verification: keep the smallest top set of mass top_p (1: off; the "
-                              "trace's)"));
-  r.push_back(replay_choice_arm("draft_proposal", kDraftProposalNames, &ReplayOptions::draft_proposal,
-                                "sampling verification: the drafter proposes argmax q (greedy) or x ~ q "
-                                "(sampled)"));
-  {
-    ArmSpec a;
-    a.name = "sampling_seed";
-    a.type = ArmType::integer;
-    a.min = 0;
-    a.max = int64_t{1} << 62;
-    a.layer = ArmLayer::harness;
-    a.summary = "sampling verification: the seed of the acceptance coins (one per sequence and position)";
-    a.omit_at_default = true;
-    a.get = [](const Arms& x) { return str(x.replay.sampling_seed); };
-    a.set = [](Arms& x, const std::string& v) { x.replay.sampling_seed = std::stoll(v); };
-    r.push_back(std::move(a));
-  }
+  r.push_back(choice_arm("verify", kVerifyNames, &R::verify,
+                         "greedy verification (draft == trace token) or speculative sampling at a "
+                         "temperature, from a sampled trace (docs/acceptance.md)"));
+  r.push_back(real_arm("temperature", &R::temperature, 0.0, true, 100.0,
+                       "sampling verification: the temperature of both distributions (the trace's)"));
+  r.push_back(int_arm("top_k", &R::top_k, 0, 1 << 24,
+                      "sampling verification: keep the top_k largest logits (0: off; the trace's)"));
+  r.push_back(real_arm("top_p", &R::top_p, 0.0, true, 1.0,
+                       "sampling verification: keep the smallest top set of mass top_p (1: off; the "
+                       "trace's)"));
+  r.push_back(choice_arm("draft_proposal", kDraftProposalNames, &R::draft_proposal,
+                         "sampling verification: the drafter proposes argmax q (greedy) or x ~ q "
+                         "(sampled)"));
+  r.push_back(
+      int_arm("sampling_seed", &R::sampling_seed, 0, int64_t{1} << 62,
+              "sampling verification: the seed of the acceptance coins (one per sequence and position)"));
   for (size_t i = 1; i < r.size(); ++i) r[i].only_with = "verify=sampling";
   return r;
 }
@@ -220,15 +176,16 @@ std::vector<ArmSpec> build_registry() {
                          "the latent KV cache in BF16 or FP8 E4M3"));
   r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
                        "context rows' projections as one batched linear per chunk"));
-  ArmSpec index_share = bool_arm("index_share", &DrafterOptions::index_share,
-                                 "drafts 2..k of a propose reuse draft 1's indexer pool selection");
-  index_share.omit_at_default = true;  // added after the first schema-v2 files
-  r.push_back(std::move(index_share));
-  r.push_back(batch_size_arm());
-  r.push_back(replay_choice_arm("replay", kReplayModeNames, &ReplayOptions::replay,
-                                "speculative steps (serving acceptance) or teacher-forced drafts at every "
-                                "position"));
-  r.push_back(record_margins_arm());
+  r.push_back(added_later(bool_arm("index_share", &DrafterOptions::index_share,
+                                   "drafts 2..k of a propose reuse draft 1's indexer pool selection")));
+  r.push_back(int_arm("batch_size", &ReplayOptions::batch_size, 1, drafter::kMaxBatch,
+                      "trace sequences drafted together in one batched step (continuous batching)"));
+  r.push_back(choice_arm("replay", kReplayModeNames, &ReplayOptions::replay,
+                         "speculative steps (serving acceptance) or teacher-forced drafts at every "
+                         "position"));
+  r.push_back(bool_arm("record_margins", &ReplayOptions::record_margins,
+                       "record each draft's top-1 minus top-2 logit margin and log-probability (a stats pass "
+                       "per step)"));
   for (auto& a : sampling_arms()) r.push_back(std::move(a));
   for (const auto field : ops::kernel_policy_fields()) r.push_back(kernel_arm(std::string(field)));
   return r;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -306,18 +307,36 @@ std::string describe_trace_spec(const TraceSpec& t, uint64_t weights_seed) {
              ", ", t.layers, " layer(s), weights seed ", weights_seed);
 }
 
+// The points (indices) that use the input keyed `key`: its entry of `groups`, added at the end
+// when it has none, so the inputs keep the order the points first name them in.
+template <typename K>
+std::vector<int>& users_of(std::vector<std::pair<K, std::vector<int>>>& groups,
+                           const std::type_identity_t<K>& key) {
+  const auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+  if (it != groups.end()) return it->second;
+  groups.push_back({key, {}});
+  return groups.back().second;
+}
+
+// Opens the input at `path` as a T; when it cannot be opened, records why in `r`, marks this
+// process's copy "unreadable" and returns null.
+template <typename T>
+std::unique_ptr<T> open_or_report(const std::string& path, InputReport& r, std::string& local_digest) {
+  try {
+    return std::make_unique<T>(path);
+  } catch (const Error& e) {
+    r.problems.push_back(e.message());
+    local_digest = "unreadable";
+    return nullptr;
+  }
+}
+
 // What one process checks for one trace file: its copy, opened; then per model reading it, the
 // sizes and lengths the points need.
 void check_trace_file(const std::string& path, const std::vector<int>& users, const Experiment& ex, int rank,
                       InputReport& r, std::string& local_digest, IdentityInputs& identity) {
-  std::unique_ptr<io::TraceReader> reader;
-  try {
-    reader = std::make_unique<io::TraceReader>(path);
-  } catch (const Error& e) {
-    r.problems.push_back(e.message());
-    local_digest = "unreadable";
-    return;
-  }
+  const auto reader = open_or_report<io::TraceReader>(path, r, local_digest);
+  if (!reader) return;
   const io::TraceReader& t = *reader;
   local_digest = trace_header_digest(t);
   const int64_t n = t.num_sequences();
@@ -438,14 +457,8 @@ std::string rank_range(const std::vector<int>& ranks) {
 void check_checkpoint(dist::Runtime& rt, const std::string& path, const model::ModelConfig& cfg,
                       bool several_models, InputReport& r, std::string& local_digest,
                       IdentityInputs& identity) {
-  std::unique_ptr<model::Checkpoint> ckpt;
-  try {
-    ckpt = std::make_unique<model::Checkpoint>(path);
-  } catch (const Error& e) {
-    r.problems.push_back(e.message());
-    local_digest = "unreadable";
-    return;
-  }
+  const auto ckpt = open_or_report<model::Checkpoint>(path, r, local_digest);
+  if (!ckpt) return;
   local_digest = checkpoint_header_digest(cfg, *ckpt);
   for (const std::string& name : {cfg.embed_tokens_name, cfg.lm_head_name})
     if (!ckpt->contains(name))
@@ -791,13 +804,7 @@ struct Checker {
       std::vector<std::tuple<std::string, const model::ModelConfig*, std::vector<int>>> ckpts;
       for (const auto& p : ex.points) {
         if (p.weights.synthetic) {
-          auto it = std::find_if(seeds.begin(), seeds.end(),
-                                 [&](const auto& s) { return s.first == p.weights.seed; });
-          if (it == seeds.end()) {
-            seeds.push_back({p.weights.seed, {}});
-            it = seeds.end() - 1;
-          }
-          it->second.push_back(p.index);
+          users_of(seeds, p.weights.seed).push_back(p.index);
         } else {
           auto it = std::find_if(ckpts.begin(), ckpts.end(), [&](const auto& c) {
             return std::get<0>(c) == p.weights.checkpoint && *std::get<1>(c) == p.model;
@@ -842,13 +849,7 @@ struct Checker {
       for (const auto& p : ex.points) {
         if (p.trace.synthetic) {
           const std::string d = describe_trace_spec(p.trace, p.weights.seed);
-          auto it =
-              std::find_if(synthetic.begin(), synthetic.end(), [&](const auto& s) { return s.first == d; });
-          if (it == synthetic.end()) {
-            synthetic.push_back({d, {}});
-            it = synthetic.end() - 1;
-          }
-          it->second.push_back(p.index);
+          users_of(synthetic, d).push_back(p.index);
           if (p.measure.sequences > p.trace.sequences)
             synthetic_problems.add(
                 str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
@@ -856,13 +857,7 @@ struct Checker {
                     p.measure.sequences),
                 p.index);
         } else {
-          auto it = std::find_if(files.begin(), files.end(),
-                                 [&](const auto& f) { return f.first == p.trace.path; });
-          if (it == files.end()) {
-            files.push_back({p.trace.path, {}});
-            it = files.end() - 1;
-          }
-          it->second.push_back(p.index);
+          users_of(files, p.trace.path).push_back(p.index);
         }
       }
       std::vector<std::string> synthetic_texts;

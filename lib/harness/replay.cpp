@@ -6,6 +6,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "harness/replay_steps.hpp"
 
 namespace mtplab::harness {
 
@@ -28,10 +29,7 @@ double StepRecord::expected_accepted() const {
 }
 
 double verify_uniform(int64_t seed, int64_t sequence, int64_t position) {
-  uint64_t h = splitmix64_mix(static_cast<uint64_t>(seed) ^ 0x6d74706c61622d76ull);  // "mtplab-v"
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(sequence) * 0x9e3779b97f4a7c15ull));
-  h = splitmix64_mix(h ^ (static_cast<uint64_t>(position) * 0xd1b54a32d192ed03ull));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
+  return counter_uniform(0x6d74706c61622d76ull, seed, sequence, position);  // "mtplab-v"
 }
 
 SamplingVerify sampling_verify(const ReplayOptions& r) {
@@ -129,14 +127,6 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
 }
 
 namespace {
-void check_sequence(const io::TraceSequence& seq, int sequence_index, int hidden) {
-  const int N = static_cast<int>(seq.tokens.size());
-  const int P = seq.prompt_length;
-  MTP_REQUIRE(P >= 2 && P <= N, "sequence ", sequence_index, ": prompt length ", P, " outside 2..", N);
-  MTP_REQUIRE(seq.hiddens.size() == static_cast<size_t>(N) * hidden, "sequence ", sequence_index, ": ",
-              seq.hiddens.size(), " hidden values for ", N, " positions of ", hidden);
-}
-
 void check_target_logprob(const io::TraceSequence& seq, std::span<const float> logp) {
   MTP_REQUIRE(logp.size() == seq.tokens.size(), "sequence ", seq.index, ": ", logp.size(),
               " target log-probabilities for ", seq.tokens.size(), " positions");
@@ -178,23 +168,15 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
                                         int sequence_index, int k, int hidden, AcceptanceStats& stats,
                                         const ReplayHooks& hooks, const SamplingVerify* sampling,
                                         std::span<const float> target_logprob) {
-  check_sequence(seq, sequence_index, hidden);
+  detail::check_sequence(seq, sequence_index, hidden);
   if (sampling) check_target_logprob(seq, target_logprob);
   std::vector<int32_t> chain, requested;
   std::vector<drafter::DraftStats> draft_stats;
-  const int N = static_cast<int>(seq.tokens.size());
-  const int P = seq.prompt_length;
-  auto hidden_row = [&](int r) { return seq.hiddens.data() + static_cast<size_t>(r) * hidden; };
-  auto st = drafter.new_sequence();
-  drafter.append_rows(*st, seq.tokens.data() + 1, hidden_row(0), P - 1, 0, drafter::Phase::prefill);
-  if (hooks.after_prefill) hooks.after_prefill();
-  std::vector<StepRecord> steps;
-  int L = P;
-  while (L + k <= N - 1) {
-    if (hooks.before_step) hooks.before_step();
-    StepRecord rec;
-    rec.sequence = sequence_index;
-    rec.position = L;
+  detail::SequenceSteps run(drafter, seq, sequence_index, k, hidden, hooks);
+  while (run.more()) {
+    run.begin_step();
+    const int L = run.position();
+    std::vector<int32_t> drafts;
     if (sampling) {
       chain.clear();
       requested.clear();
@@ -204,40 +186,28 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
       extras.requested = requested;
       extras.transform = sampling->transform;
       extras.stats = &draft_stats;
-      rec.drafts = drafter.propose(*st, seq.tokens[L], hidden_row(L - 1), k, extras);
+      drafts = drafter.propose(run.state(), run.token(), run.hidden(), k, extras);
       MTP_REQUIRE(draft_stats.size() == static_cast<size_t>(k), "replay: the drafter reported ",
                   draft_stats.size(), " draft stats for ", k, " drafts");
     } else {
       drafter::ProposeExtras extras;  // the head's figures only when the point records them
       if (hooks.draft_stats) extras.stats = &draft_stats;
-      rec.drafts = drafter.propose(*st, seq.tokens[L], hidden_row(L - 1), k, extras);
+      drafts = drafter.propose(run.state(), run.token(), run.hidden(), k, extras);
     }
+    StepRecord rec = detail::step_record(seq, sequence_index, L, k, drafts);
     if (hooks.draft_stats) rec.stats = draft_stats;
-    rec.targets.assign(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + k);
     verify_row(rec, sampling, draft_stats.data(), target_logprob);
-    drafter.after_verify(*st, rec.accepted);
-    const int next_L = L + rec.accepted + 1;
-    const int from = st->seq_len();
-    const int n = next_L - 1 - from;
-    MTP_REQUIRE(n >= 0, "sequence ", sequence_index, ": drafter holds ", from, " rows, more than the ",
-                next_L - 1, " verified");
-    drafter.append_rows(*st, seq.tokens.data() + from + 1, hidden_row(from), n, from,
-                        drafter::Phase::catch_up);
+    run.advance(rec.accepted);
     stats.add(k, rec.accepted, rec.expected_accepted());
-    const bool go_on = !hooks.after_step || hooks.after_step(rec);
-    steps.push_back(std::move(rec));
-    L = next_L;
-    if (!go_on) break;
+    if (!run.finish(std::move(rec))) break;
   }
-  return steps;
+  return run.take_steps();
 }
 
 int64_t replay_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSequence> seqs, int batch_size,
                        int k, int hidden, const BatchReplayHooks& hooks, const SamplingVerify* sampling,
                        std::span<const std::vector<float>> target_logprob) {
-  MTP_REQUIRE(batch_size >= 1 && batch_size <= drafter::kMaxBatch, "batch_size ", batch_size, " outside 1..",
-              drafter::kMaxBatch);
-  for (size_t i = 0; i < seqs.size(); ++i) check_sequence(seqs[i], static_cast<int>(seqs[i].index), hidden);
+  detail::check_batch(seqs, batch_size, hidden);
   if (sampling) {
     MTP_REQUIRE(target_logprob.size() == seqs.size(), "replay: ", target_logprob.size(),
                 " target log-probability rows for ", seqs.size(), " sequences");
@@ -245,61 +215,15 @@ int64_t replay_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSe
   }
   std::vector<int32_t> chain, requested;
   std::vector<drafter::DraftStats> draft_stats;
-  const int slots = std::min<int>(batch_size, static_cast<int>(std::max<size_t>(seqs.size(), 1)));
-  auto batch = drafter.new_batch(slots);
-  struct Live {
-    int seq = -1;  // index into seqs
-    int L = 0;     // the next step's position
-    int steps = 0;
-  };
-  std::vector<Live> live(static_cast<size_t>(slots));
-  size_t next = 0;
-  auto hidden_row = [&](const io::TraceSequence& s, int r) {
-    return s.hiddens.data() + static_cast<size_t>(r) * hidden;
-  };
-  auto done = [&](const Live& l) {
-    return l.L + k > static_cast<int>(seqs[static_cast<size_t>(l.seq)].tokens.size()) - 1;
-  };
-  // Fills free slots from the trace; a sequence too short for a step leaves at once.
-  auto fill = [&]() {
-    for (int s = 0; s < slots; ++s) {
-      Live& l = live[static_cast<size_t>(s)];
-      while (l.seq < 0 && next < seqs.size()) {
-        const int si = static_cast<int>(next++);
-        const io::TraceSequence& seq = seqs[static_cast<size_t>(si)];
-        const int slot = drafter.new_sequence(*batch);
-        MTP_REQUIRE(slot == s, "replay: the drafter gave slot ", slot, " where slot ", s, " was free");
-        drafter.append_rows(*batch, slot, seq.tokens.data() + 1, hidden_row(seq, 0), seq.prompt_length - 1, 0,
-                            drafter::Phase::prefill);
-        if (hooks.after_prefill) hooks.after_prefill(si);
-        l = Live{si, seq.prompt_length, 0};
-        if (done(l)) {
-          drafter.release(*batch, slot);
-          if (hooks.after_sequence) hooks.after_sequence(si, 0);
-          l = Live{};
-        }
-      }
-    }
-  };
-  int64_t batched_steps = 0;
-  fill();
-  std::vector<drafter::BatchRow> rows;
-  std::vector<int> row_slot;
-  for (;;) {
-    rows.clear();
-    row_slot.clear();
+  detail::ContinuousBatch cb(drafter, seqs, batch_size, k, hidden, hooks);
+  while (cb.gather()) {
+    const auto& rows = cb.rows();
     chain.clear();
     requested.clear();
-    for (int s = 0; s < slots; ++s) {
-      const Live& l = live[static_cast<size_t>(s)];
-      if (l.seq < 0) continue;
-      const io::TraceSequence& seq = seqs[static_cast<size_t>(l.seq)];
-      rows.push_back(drafter::BatchRow{s, seq.tokens[static_cast<size_t>(l.L)], hidden_row(seq, l.L - 1)});
-      row_slot.push_back(s);
-      if (sampling) forced_tokens(seq, l.L, k, chain, requested);
-    }
-    if (rows.empty()) break;
-    if (hooks.before_step) hooks.before_step();
+    if (sampling)
+      for (const auto& row : rows)
+        forced_tokens(seqs[static_cast<size_t>(row.seq)], row.L, k, chain, requested);
+    cb.begin_step();
     std::vector<int32_t> drafts;
     if (sampling) {
       drafter::ProposeExtras extras;
@@ -307,58 +231,35 @@ int64_t replay_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSe
       extras.requested = requested;
       extras.transform = sampling->transform;
       extras.stats = &draft_stats;
-      drafts = drafter.propose_batch(*batch, rows, k, extras);
+      drafts = drafter.propose_batch(cb.batch(), cb.inputs(), k, extras);
       MTP_REQUIRE(draft_stats.size() == rows.size() * static_cast<size_t>(k), "replay: the drafter reported ",
                   draft_stats.size(), " draft stats for ", rows.size(), " x ", k, " drafts");
     } else {
       drafter::ProposeExtras extras;  // the head's figures only when the point records them
       if (hooks.draft_stats) extras.stats = &draft_stats;
-      drafts = drafter.propose_batch(*batch, rows, k, extras);
+      drafts = drafter.propose_batch(cb.batch(), cb.inputs(), k, extras);
     }
-    std::vector<StepRecord> recs(rows.size());
+    std::vector<StepRecord> recs;
+    recs.reserve(rows.size());
     for (size_t b = 0; b < rows.size(); ++b) {
-      const int s = row_slot[b];
-      Live& l = live[static_cast<size_t>(s)];
-      const io::TraceSequence& seq = seqs[static_cast<size_t>(l.seq)];
-      StepRecord& rec = recs[b];
-      rec.sequence = static_cast<int32_t>(seq.index);
-      rec.position = l.L;
+      const io::TraceSequence& seq = seqs[static_cast<size_t>(rows[b].seq)];
+      const size_t at = b * static_cast<size_t>(k);
+      recs.push_back(
+          detail::step_record(seq, static_cast<int32_t>(seq.index), rows[b].L, k,
+                              std::span<const int32_t>(drafts).subspan(at, static_cast<size_t>(k))));
+      StepRecord& rec = recs.back();
       rec.batch_rows = static_cast<int32_t>(rows.size());
-      rec.drafts.assign(drafts.begin() + static_cast<std::ptrdiff_t>(b * k),
-                        drafts.begin() + static_cast<std::ptrdiff_t>((b + 1) * k));
-      rec.targets.assign(seq.tokens.begin() + l.L + 1, seq.tokens.begin() + l.L + 1 + k);
       if (hooks.draft_stats)
-        rec.stats.assign(draft_stats.begin() + static_cast<std::ptrdiff_t>(b * k),
-                         draft_stats.begin() + static_cast<std::ptrdiff_t>((b + 1) * k));
-      verify_row(rec, sampling, sampling ? draft_stats.data() + b * static_cast<size_t>(k) : nullptr,
-                 sampling ? std::span<const float>(target_logprob[static_cast<size_t>(l.seq)])
+        rec.stats.assign(draft_stats.begin() + static_cast<std::ptrdiff_t>(at),
+                         draft_stats.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(k)));
+      verify_row(rec, sampling, sampling ? draft_stats.data() + at : nullptr,
+                 sampling ? std::span<const float>(target_logprob[static_cast<size_t>(rows[b].seq)])
                           : std::span<const float>());
-      drafter.after_verify(*batch, s, rec.accepted);
-      const int next_L = l.L + rec.accepted + 1;
-      const int from = batch->seq_len(s);
-      const int n = next_L - 1 - from;
-      MTP_REQUIRE(n >= 0, "sequence ", seq.index, ": drafter holds ", from, " rows, more than the ",
-                  next_L - 1, " verified");
-      drafter.append_rows(*batch, s, seq.tokens.data() + from + 1, hidden_row(seq, from), n, from,
-                          drafter::Phase::catch_up);
-      l.L = next_L;
-      ++l.steps;
+      cb.advance(b, rec.accepted);
     }
-    ++batched_steps;
-    const bool go_on = !hooks.after_step || hooks.after_step(recs);
-    // Finished sequences leave; the next ones take their slots.
-    for (int s = 0; s < slots; ++s) {
-      Live& l = live[static_cast<size_t>(s)];
-      if (l.seq >= 0 && (done(l) || !go_on)) {
-        drafter.release(*batch, s);
-        if (hooks.after_sequence) hooks.after_sequence(l.seq, l.steps);
-        l = Live{};
-      }
-    }
-    if (!go_on) break;
-    fill();
+    if (!cb.finish(recs)) break;
   }
-  return batched_steps;
+  return cb.steps();
 }
 
 }  // namespace mtplab::harness

@@ -40,26 +40,13 @@ std::string utc_now_iso8601() {
 }
 
 // BF16 with an all-ones exponent is an infinity or a NaN.
-bool bf16_finite(bf16 v) { return (v.bits & 0x7f80u) != 0x7f80u; }
+bool finite(bf16 v) { return (v.bits & 0x7f80u) != 0x7f80u; }
+bool finite(float v) { return std::isfinite(v); }  // an f32 trace, docs/trace-format.md "Hidden dtype"
 
 // Finds the first non-finite value of [rows, hidden] hiddens; returns false and its row / column.
-bool all_finite(std::span<const bf16> values, std::int64_t hidden, std::int64_t& row, std::int64_t& col) {
-  const auto it = std::find_if(values.begin(), values.end(), [](bf16 v) { return !bf16_finite(v); });
-  if (it == values.end()) return true;
-  const auto i = static_cast<std::int64_t>(it - values.begin());
-  row = i / hidden;
-  col = i % hidden;
-  return false;
-}
-
-std::string describe_nonfinite(bf16 v) {
-  const float f = to_float(v);
-  return std::isnan(f) ? "NaN" : (f > 0 ? "+inf" : "-inf");
-}
-
-// The same for fp32 hiddens (an f32 trace, docs/trace-format.md "Hidden dtype").
-bool all_finite(std::span<const float> values, std::int64_t hidden, std::int64_t& row, std::int64_t& col) {
-  const auto it = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+template <typename T>
+bool all_finite(std::span<const T> values, std::int64_t hidden, std::int64_t& row, std::int64_t& col) {
+  const auto it = std::find_if(values.begin(), values.end(), [](T v) { return !finite(v); });
   if (it == values.end()) return true;
   const auto i = static_cast<std::int64_t>(it - values.begin());
   row = i / hidden;
@@ -68,6 +55,7 @@ bool all_finite(std::span<const float> values, std::int64_t hidden, std::int64_t
 }
 
 std::string describe_nonfinite(float f) { return std::isnan(f) ? "NaN" : (f > 0 ? "+inf" : "-inf"); }
+std::string describe_nonfinite(bf16 v) { return describe_nonfinite(to_float(v)); }
 
 constexpr const char* kDtypeAttr = "dtype";  // on /hiddens: "bf16" or "f32"
 
@@ -177,39 +165,43 @@ void TraceWriter::check_sequence(std::span<const std::int32_t> tokens, std::size
   }
 }
 
-void TraceWriter::add_sequence(std::span<const std::int32_t> tokens, std::span<const bf16> hiddens,
-                               std::int32_t prompt_length) {
+template <typename T>
+void TraceWriter::check_rows(std::span<const std::int32_t> tokens, std::span<const T> hiddens,
+                             std::int32_t prompt_length) const {
   check_sequence(tokens, hiddens.size(), prompt_length);
   std::int64_t row = 0, col = 0;
   if (!all_finite(hiddens, hidden_, row, col)) {
     MTP_FAIL(file_.path(), ": sequence ", num_sequences(), ", position ", row, ", element ", col,
              ": hidden is ", describe_nonfinite(hiddens[static_cast<std::size_t>(row * hidden_ + col)]));
   }
+}
+
+template <typename T>
+void TraceWriter::store(std::span<const std::int32_t> tokens, std::span<const T> hiddens,
+                        std::int32_t prompt_length) {
   tokens_.append_rows(tokens);
+  hiddens_.append_rows(hiddens);
+  offsets_.push_back(offsets_.back() + static_cast<std::int64_t>(tokens.size()));
+  prompt_lengths_.push_back(prompt_length);
+}
+
+void TraceWriter::add_sequence(std::span<const std::int32_t> tokens, std::span<const bf16> hiddens,
+                               std::int32_t prompt_length) {
+  check_rows(tokens, hiddens, prompt_length);
   if (f32_) {
     std::vector<float> widened(hiddens.size());
     std::transform(hiddens.begin(), hiddens.end(), widened.begin(), [](bf16 v) { return to_float(v); });
-    hiddens_.append_rows(std::span<const float>(widened));
+    store(tokens, std::span<const float>(widened), prompt_length);
   } else {
-    hiddens_.append_rows(hiddens);
+    store(tokens, hiddens, prompt_length);
   }
-  offsets_.push_back(offsets_.back() + static_cast<std::int64_t>(tokens.size()));
-  prompt_lengths_.push_back(prompt_length);
 }
 
 void TraceWriter::add_sequence(std::span<const std::int32_t> tokens, std::span<const float> hiddens,
                                std::int32_t prompt_length) {
   if (f32_) {  // stored as given
-    check_sequence(tokens, hiddens.size(), prompt_length);
-    std::int64_t row = 0, col = 0;
-    if (!all_finite(hiddens, hidden_, row, col)) {
-      MTP_FAIL(file_.path(), ": sequence ", num_sequences(), ", position ", row, ", element ", col,
-               ": hidden is ", describe_nonfinite(hiddens[static_cast<std::size_t>(row * hidden_ + col)]));
-    }
-    tokens_.append_rows(tokens);
-    hiddens_.append_rows(hiddens);
-    offsets_.push_back(offsets_.back() + static_cast<std::int64_t>(tokens.size()));
-    prompt_lengths_.push_back(prompt_length);
+    check_rows(tokens, hiddens, prompt_length);
+    store(tokens, hiddens, prompt_length);
     return;
   }
   std::vector<bf16> rounded(hiddens.size());
@@ -369,7 +361,7 @@ void TraceReader::read_hiddens(std::int64_t s, std::span<bf16> out) const {
     hiddens_.read_rows_into(static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(length), out);
   }
   std::int64_t row = 0, col = 0;  // an f32 value past BF16's range rounds to an infinity
-  if (!all_finite(out, hidden_, row, col)) {
+  if (!all_finite(std::span<const bf16>(out), hidden_, row, col)) {
     MTP_FAIL(path(), ": sequence ", s, ", position ", row, " (row ", begin + row, "), element ", col,
              ": hidden is ", describe_nonfinite(out[static_cast<std::size_t>(row * hidden_ + col)]));
   }

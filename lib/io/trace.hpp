@@ -106,6 +106,13 @@ class TraceWriter {
  private:
   void check_sequence(std::span<const std::int32_t> tokens, std::size_t hidden_values,
                       std::int32_t prompt_length) const;
+  /// check_sequence, and every hidden finite (T: bf16 or float).
+  template <typename T>
+  void check_rows(std::span<const std::int32_t> tokens, std::span<const T> hiddens,
+                  std::int32_t prompt_length) const;
+  /// Appends a checked sequence, `hiddens` in the stored dtype.
+  template <typename T>
+  void store(std::span<const std::int32_t> tokens, std::span<const T> hiddens, std::int32_t prompt_length);
   H5File file_;
   Dataset tokens_;
   Dataset hiddens_;

@@ -15,13 +15,11 @@
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-"$python" -c "import h5py" 2>/dev/null || { echo "SKIPPED: $python lacks h5py"; exit 77; }
+source "$src/tests/common/script.sh"
+require_python "$python" h5py
 
 work=$(mktemp -d /tmp/mtplab-check-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 cp "$src/data/trained-tiny/model.safetensors" "$src/data/trained-tiny/trace.h5" \
    "$src/data/trained-tiny/trained-tiny.yaml" "$work/"
@@ -71,9 +69,7 @@ case $mode in
     "$mtplab" --help | grep -q '^  check ' || fail "mtplab --help does not list check"
 
     # 1. Clean inputs: one line per input, OK, exit 0; nothing is created.
-    "$mtplab" check "$exp" >"$work/c1.log" 2>&1
-    rc=$?
-    ((rc == 0)) || { fail "check of clean inputs exited $rc"; cat "$work/c1.log"; }
+    exits "$work/c1.log" 0 "check of clean inputs" "$mtplab" check "$exp"
     has "$work/c1.log" "ok       experiment $exp: 1 point(s) for 1 rank(s), backend cpu"
     has "$work/c1.log" "ok       checkpoint $work/model.safetensors: "
     has "$work/c1.log" "ok       trace $work/trace.h5: 16 sequence(s) of "
@@ -85,40 +81,30 @@ case $mode in
     #    tensor and its first bad element, and run refuses before creating anything.
     nan_tensor "$work/model.safetensors" "$work/nan.safetensors" "$hnorm"
     nan=(--set "weights.checkpoint=$work/nan.safetensors")
-    "$mtplab" check "$exp" "${nan[@]}" >"$work/c2.log" 2>&1
-    rc=$?
-    ((rc == 2)) || { fail "check of a NaN checkpoint exited $rc, expected 2"; cat "$work/c2.log"; }
+    exits "$work/c2.log" 2 "check of a NaN checkpoint" "$mtplab" check "$exp" "${nan[@]}"
     has "$work/c2.log" "PROBLEM  checkpoint $work/nan.safetensors"
     has "$work/c2.log" "problem: tensor \"$hnorm\" in $work/nan.safetensors (BF16 [128]): element [0] (flat index 0) is NaN, the first non-finite value"
     has "$work/c2.log" "a shard does not load"
     grep -qx '[0-9]* problem(s)' <(tail -n 1 "$work/c2.log") || fail "no 'N problem(s)' line"
-    "$mtplab" run "$exp" "${nan[@]}" --out "$work/nan.h5" >"$work/r2.log" 2>&1
-    rc=$?
-    ((rc == 2)) || { fail "run on a NaN checkpoint exited $rc, expected 2"; cat "$work/r2.log"; }
+    exits "$work/r2.log" 2 "run on a NaN checkpoint" "$mtplab" run "$exp" "${nan[@]}" --out "$work/nan.h5"
     has "$work/r2.log" "no results file was created"
     [[ ! -e $work/nan.h5 ]] || fail "a run refused on its inputs left $work/nan.h5"
 
     # 3. A run that fails on its inputs (a missing trace) leaves no file, so the corrected rerun
     #    into the same output is not refused as "a different experiment configuration".
-    "$mtplab" run "$exp" --set "trace.path=$work/missing.h5" --out "$work/fix.h5" >"$work/r3.log" 2>&1
-    rc=$?
-    ((rc == 2)) || { fail "run on a missing trace exited $rc, expected 2"; cat "$work/r3.log"; }
+    exits "$work/r3.log" 2 "run on a missing trace" "$mtplab" run "$exp" --set "trace.path=$work/missing.h5" --out "$work/fix.h5"
     has "$work/r3.log" "$work/missing.h5"
     [[ ! -e $work/fix.h5 ]] || fail "a run refused on its inputs left $work/fix.h5"
     "$mtplab" run "$exp" --out "$work/fix.h5" >"$work/r3b.log" 2>&1 || { fail "the corrected rerun exited $?"; cat "$work/r3b.log"; }
 
     # 4. measure.sequences above the trace's 16 sequences: a problem (it used to replay 16 silently).
-    "$mtplab" check "$exp" --set measure.sequences=99 >"$work/c4.log" 2>&1
-    rc=$?
-    ((rc == 2)) || { fail "check with measure.sequences=99 exited $rc"; cat "$work/c4.log"; }
+    exits "$work/c4.log" 2 "check with measure.sequences=99" "$mtplab" check "$exp" --set measure.sequences=99
     has "$work/c4.log" "problem: measure.sequences 99 exceeds the trace's 16 sequence(s): the points would replay 16 and record 99 (point p0000)"
 
     # 5. A NaN hidden (sequence 0, position 3, element 5).
     cp "$work/trace.h5" "$work/nan-trace.h5"
     set_hidden "$work/nan-trace.h5" 3 5 0x7fc0
-    "$mtplab" check "$exp" --set "trace.path=$work/nan-trace.h5" >"$work/c5.log" 2>&1
-    rc=$?
-    ((rc == 2)) || { fail "check of a NaN trace exited $rc"; cat "$work/c5.log"; }
+    exits "$work/c5.log" 2 "check of a NaN trace" "$mtplab" check "$exp" --set "trace.path=$work/nan-trace.h5"
     has "$work/c5.log" "problem: $work/nan-trace.h5: sequence 0, position 3 (row 3), element 5: hidden is NaN"
 
     # 6. A results file never mixes inputs: the same configuration on another trace (one hidden
@@ -126,9 +112,7 @@ case $mode in
     "$mtplab" run "$exp" --out "$work/a.h5" >"$work/r6.log" 2>&1 || { fail "run into a.h5 exited $?"; cat "$work/r6.log"; }
     cp "$work/trace.h5" "$work/trace.orig.h5"
     set_hidden "$work/trace.h5" 0 0 0x3f81
-    "$mtplab" run "$exp" --out "$work/a.h5" >"$work/r6b.log" 2>&1
-    rc=$?
-    ((rc == 2)) || { fail "a rerun on another trace exited $rc, expected 2"; cat "$work/r6b.log"; }
+    exits "$work/r6b.log" 2 "a rerun on another trace" "$mtplab" run "$exp" --out "$work/a.h5"
     has "$work/r6b.log" "holds results of a different experiment configuration"
     grep -q "trace $work/trace.h5: fnv1a64 [0-9a-f]\{16\} (16 sequences, [0-9]* positions, hidden 128, vocab 4096) (in the file) vs fnv1a64 [0-9a-f]\{16\} (16 sequences" "$work/r6b.log" ||
       { fail "the refusal does not name the trace's fingerprint"; cat "$work/r6b.log"; }
@@ -156,9 +140,7 @@ case $mode in
     [[ -e $work/a.h5.tmp.$$ ]] || fail "a live process's temporary was removed"
 
     # 8. backend cannot be swept (docs/experiments.md): the code now says so too.
-    "$mtplab" list "$exp" --set 'sweep.grid.backend=[cpu]' >"$work/l8.log" 2>&1
-    rc=$?
-    ((rc == 1)) || { fail "a swept backend: list exited $rc, expected 1"; cat "$work/l8.log"; }
+    exits "$work/l8.log" 1 "a swept backend: list" "$mtplab" list "$exp" --set 'sweep.grid.backend=[cpu]'
     has "$work/l8.log" '"backend" cannot be swept'
     has "$work/l8.log" "one run uses one backend"
     ;;

@@ -18,13 +18,11 @@
 set -uo pipefail
 mtplab=$1 export_weights=$2 mpiexec=$3 python=$4
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
-"$python" -c "import h5py, numpy" 2>/dev/null || { echo "SKIPPED: $python lacks h5py"; exit 77; }
+source "$src/tests/common/script.sh"
+require_python "$python" h5py numpy
 work=$(mktemp -d /tmp/mtplab-hf-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 launch=("$mpiexec" -np 1 --oversubscribe --bind-to none "$mtplab")
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 ck=$work/GLM-tiny
 other=$work/GLM-tiny-seed2

@@ -24,11 +24,12 @@
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+source "$src/tests/common/script.sh"
 check="$python $src/tests/harness/check_results.py"
 world=2
 case $mode in sigint | sigterm | second) world=1 ;; esac
 check="$check --world $world"
-"$python" -c "import h5py, pandas" 2>/dev/null || { echo "SKIPPED: $python lacks h5py or pandas"; exit 77; }
+require_python "$python" h5py pandas
 
 work=$(mktemp -d /tmp/mtplab-end-test.XXXXXX)
 stopped=""  # a rank this test stopped, killed on exit whatever happened
@@ -37,13 +38,10 @@ cleanup() {
   [[ -n ${KEEP:-} ]] && echo "kept $work" || rm -rf "$work"
 }
 trap cleanup EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 exp=$src/tests/harness/synthetic-quickstart.yaml
 launch=("$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab")
 # 8 points, long enough that a run is still going when the test acts.
 long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]' --set measure.repeats=4)
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 has() { grep -qE -- "$2" "$1" || { fail "$3"; cat "$1"; }; }
 count() { grep -cE -- "$2" "$1"; }
 

@@ -1,6 +1,7 @@
 // core/hash: the standard FNV-1a 64 against published test vectors, the historical mtplab
 // variant against values computed independently (a Python loop over the same definition), and
-// the splitmix64 mixer against its published first outputs.
+// the splitmix64 mixer against its published first outputs, the counter uniform against values
+// computed independently.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -49,4 +50,13 @@ TEST(Hash, Splitmix64) {
   EXPECT_EQ(splitmix64_next(state), 0x06c45d188009454full);
   EXPECT_EQ(state, 3 * kSplitmix64Gamma);
   EXPECT_EQ(splitmix64_mix(0), 0u);
+}
+
+TEST(Hash, CounterUniformMatchesItsDefinition) {
+  // Values from a Python loop over the definition in hash.hpp (the salts are the replay's coins,
+  // "mtplab-v", and the synthetic sampler's, "syntheti"); negative inputs wrap as uint64.
+  EXPECT_EQ(counter_uniform(0x6d74706c61622d76ull, 1, 2, 3), 0.7606404806210801);
+  EXPECT_EQ(counter_uniform(0x73796e7468657469ull, 5, 1, 2), 0.3394282894798948);
+  EXPECT_EQ(counter_uniform(0x6d74706c61622d76ull, -1, -7, int64_t{1} << 40), 0.10243258868419736);
+  static_assert(counter_uniform(1, 0, 0, 0) >= 0.0 && counter_uniform(1, 0, 0, 0) < 1.0);
 }

@@ -74,9 +74,35 @@ struct Pair {
   Group mpi_group = g_rt->world_group();
   Communicator& nccl = nccl_group.connect(Transport::nccl, g_stream);
   Communicator& mpi = mpi_group.connect(Transport::mpi);
+
+  /// `host` summed over the ranks through NCCL: uploaded to `send`, into `recv` (poisoned first).
+  template <typename T>
+  std::vector<T> nccl_sum(DeviceBuffer<T>& send, DeviceBuffer<T>& recv, const std::vector<T>& host) {
+    send.upload(host);
+    recv.poison(0xff);
+    nccl.all_reduce_sum(send.get(), recv.get(), host.size());
+    nccl.wait();
+    return recv.download();
+  }
+  /// The same sum through MPI, on the host.
+  template <typename T>
+  std::vector<T> mpi_sum(const std::vector<T>& host) {
+    std::vector<T> out(host.size());
+    mpi.all_reduce_sum(host.data(), out.data(), host.size());
+    return out;
+  }
 };
 
 bool same_bits(bf16 a, bf16 b) { return a.bits == b.bits; }
+
+/// The error of a call that waited for a peer that never joined, `waited` s after it started,
+/// under a 3 s collective timeout `timeout`: it names the timeout and the abort, at the deadline.
+void expect_timed_out(const Error& e, double waited, double timeout) {
+  EXPECT_NE(e.message().find("did not complete within 3 s"), std::string::npos) << e.message();
+  EXPECT_NE(e.message().find("aborted"), std::string::npos) << e.message();
+  EXPECT_GE(waited, timeout - 0.1);
+  EXPECT_LT(waited, timeout + 10.0);
+}
 
 std::map<std::string, std::string> nccl_environment() {
   std::map<std::string, std::string> out;
@@ -115,13 +141,8 @@ TEST(Nccl, AllReduceSumF32) {
       bound[i] += std::fabs(draw_unit(g_seed, 21, r, i) * 50.0f);
     }
   DeviceBuffer<float> send(n), recv(n);
-  send.upload(host);
-  recv.poison(0xff);
-  p.nccl.all_reduce_sum(send.get(), recv.get(), n);
-  p.nccl.wait();
-  const auto got = recv.download();
-  std::vector<float> via_mpi(n);
-  p.mpi.all_reduce_sum(host.data(), via_mpi.data(), n);
+  const auto got = p.nccl_sum(send, recv, host);
+  const auto via_mpi = p.mpi_sum(host);
   // Two ranks: a + b is one correctly rounded add on both sides, so the results are identical.
   // More ranks: any order, size-1 roundings of at most 2^-24 of sum |x| each (the local
   // expectation rounds as much again).
@@ -189,11 +210,7 @@ TEST(Nccl, AllReduceSumBf16) {
     expect[i] = to_bf16(to_float(a) + to_float(b));
   }
   DeviceBuffer<bf16> send(n), recv(n);
-  send.upload(host);
-  recv.poison(0xff);
-  p.nccl.all_reduce_sum(send.get(), recv.get(), n);
-  p.nccl.wait();
-  const auto got = recv.download();
+  const auto got = p.nccl_sum(send, recv, host);
   for (size_t i = 0; i < n; ++i)
     ASSERT_TRUE(same_bits(got[i], expect[i]))
         << "element " << i << ": " << to_float(got[i]) << " vs " << to_float(expect[i]);
@@ -215,13 +232,8 @@ TEST(Nccl, AllReduceSumBf16) {
 
   // Every rank contributes: NCCL and MPI must agree bit for bit at 2 ranks.
   for (size_t i = 0; i < n; ++i) host[i] = draw_bf16(g_seed, 23, me, i);
-  send.upload(host);
-  recv.poison(0xff);
-  p.nccl.all_reduce_sum(send.get(), recv.get(), n);
-  p.nccl.wait();
-  const auto all = recv.download();
-  std::vector<bf16> via_mpi(n);
-  p.mpi.all_reduce_sum(host.data(), via_mpi.data(), n);
+  const auto all = p.nccl_sum(send, recv, host);
+  const auto via_mpi = p.mpi_sum(host);
   for (size_t i = 0; i < n; ++i) {
     if (size == 2) {
       ASSERT_TRUE(same_bits(all[i], via_mpi[i])) << "element " << i;
@@ -429,10 +441,7 @@ TEST(Nccl, TimeoutAbortsInsteadOfHanging) {
       ADD_FAILURE() << "wait() returned although a peer never joined";
     } catch (const Error& e) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      EXPECT_NE(e.message().find("did not complete within 3 s"), std::string::npos) << e.message();
-      EXPECT_NE(e.message().find("aborted"), std::string::npos) << e.message();
-      EXPECT_GE(waited, timeout - 0.1);
-      EXPECT_LT(waited, timeout + 10.0);
+      expect_timed_out(e, waited, timeout);
     }
     EXPECT_TRUE(c.aborted());
     EXPECT_THROW(c.all_reduce_sum(buf.get(), buf.get(), 1024), Error);
@@ -469,10 +478,7 @@ TEST(Nccl, TimeoutOnAFirstCollectiveAbortsInsteadOfHanging) {
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("[nccl] first collective without its peer: error after %.2f s: %s\n", waited,
                   e.message().c_str());
-      EXPECT_NE(e.message().find("did not complete within 3 s"), std::string::npos) << e.message();
-      EXPECT_NE(e.message().find("aborted"), std::string::npos) << e.message();
-      EXPECT_GE(waited, timeout - 0.1);
-      EXPECT_LT(waited, timeout + 10.0);
+      expect_timed_out(e, waited, timeout);
     }
     EXPECT_TRUE(c.aborted());
     EXPECT_THROW(c.all_reduce_sum(buf.get(), buf.get(), 1), Error);

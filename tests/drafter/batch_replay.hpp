@@ -13,10 +13,33 @@
 #include <optional>
 #include <vector>
 
+#include "core/str.hpp"
 #include "drafter/drafter.hpp"
+#include "drafter/options.hpp"
 #include "io/trace.hpp"
+#include "model/sharding.hpp"
 
 namespace mtplab::test {
+
+/// A case of the multi-rank batch tests: the head's sharding, its exchange and the context rows.
+struct ShardCase {
+  model::HeadSharding sharding;
+  drafter::Exchange exchange;
+  drafter::ContextRows context = drafter::ContextRows::cache_only;
+};
+
+inline std::string name_of(const ShardCase& c) {
+  return str(model::to_string(c.sharding), "/", drafter::to_string(c.exchange), "/",
+             drafter::to_string(c.context));
+}
+
+/// Prompt lengths for `count` sequences that spread over lo .. lo + span - 1: sequence s gets
+/// lo + (s * step) % span.
+inline std::vector<int> spread_prompts(size_t count, int lo, size_t step, size_t span) {
+  std::vector<int> p(count);
+  for (size_t s = 0; s < count; ++s) p[s] = lo + static_cast<int>((s * step) % span);
+  return p;
+}
 
 /// The accepted count of step `step` of sequence `seq` (0 .. k), varied over both.
 inline int scripted_accepted(int seq, int step, int k) {
@@ -37,28 +60,33 @@ inline const bf16* hidden_row(const io::TraceSequence& t, int r, int H) {
   return t.hiddens.data() + static_cast<size_t>(r) * H;
 }
 
+/// The single-sequence drafter on sequence `t` (sequence s of the script) alone from prompt length
+/// P; `after_propose(drafts)` after every propose, before its verification.
+inline void replay_scripted(drafter::MtpDrafter& d, const io::TraceSequence& t, size_t s, int P, int k, int H,
+                            const std::function<void(const std::vector<int32_t>& drafts)>& after_propose) {
+  const int N = static_cast<int>(t.tokens.size());
+  auto st = d.new_sequence();
+  d.append_rows(*st, t.tokens.data() + 1, hidden_row(t, 0, H), P - 1, 0);
+  for (int L = P, step = 0; L + k <= N - 1; ++step) {
+    after_propose(d.propose(*st, t.tokens[static_cast<size_t>(L)], hidden_row(t, L - 1, H), k));
+    const int a = scripted_accepted(static_cast<int>(s), step, k);
+    d.after_verify(*st, a);
+    const int next_L = L + a + 1;
+    const int from = st->seq_len();
+    d.append_rows(*st, t.tokens.data() + from + 1, hidden_row(t, from, H), next_L - 1 - from, from,
+                  drafter::Phase::catch_up);
+    L = next_L;
+  }
+}
+
 /// The single-sequence drafter on each sequence alone; prompts[s] is sequence s's prompt length.
 inline SequenceDrafts replay_single(drafter::MtpDrafter& d, const std::vector<io::TraceSequence>& trace,
                                     const std::vector<int>& prompts, int k, int H) {
   SequenceDrafts out(trace.size());
-  for (size_t s = 0; s < trace.size(); ++s) {
-    const io::TraceSequence& t = trace[s];
-    const int N = static_cast<int>(t.tokens.size());
-    auto st = d.new_sequence();
-    const int P = prompts[s];
-    d.append_rows(*st, t.tokens.data() + 1, hidden_row(t, 0, H), P - 1, 0);
-    for (int L = P, step = 0; L + k <= N - 1; ++step) {
-      const auto drafts = d.propose(*st, t.tokens[L], hidden_row(t, L - 1, H), k);
+  for (size_t s = 0; s < trace.size(); ++s)
+    replay_scripted(d, trace[s], s, prompts[s], k, H, [&](const std::vector<int32_t>& drafts) {
       out[s].insert(out[s].end(), drafts.begin(), drafts.end());
-      const int a = scripted_accepted(static_cast<int>(s), step, k);
-      d.after_verify(*st, a);
-      const int next_L = L + a + 1;
-      const int from = st->seq_len();
-      d.append_rows(*st, t.tokens.data() + from + 1, hidden_row(t, from, H), next_L - 1 - from, from,
-                    drafter::Phase::catch_up);
-      L = next_L;
-    }
-  }
+    });
   return out;
 }
 

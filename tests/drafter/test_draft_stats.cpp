@@ -17,9 +17,11 @@
 #include <cmath>
 #include <random>
 
+#include "common/drafter.hpp"
 #include "common/trace.hpp"
 #include "drafter/exchange.hpp"
 #include "drafter/factory.hpp"
+#include "forced_rows.hpp"
 #include "model/sharding.hpp"
 #include "model/weights.hpp"
 #include "stats_reference.hpp"
@@ -246,17 +248,12 @@ TEST(DraftStatsOps, BadParametersAreRefused) {
 
 namespace {
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
+struct Fixture : test::TinyCpuDrafter {
   io::TraceSequence seq = test::make_trace(*be, cfg, 1, 24, 48, 5)[0];
   int H = cfg.hidden;
   int V = static_cast<int>(cfg.vocab);
   std::unique_ptr<drafter::MtpDrafter> make(drafter::DrafterOptions opt) {
-    opt.draft_len = std::max(opt.draft_len, 4);
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
+    return make_with(opt, std::max(opt.draft_len, 4));
   }
   /// The host head's logits of head input y (BF16 or, when fp8, the FP8 head the drafter uses).
   std::vector<float> logits(const bf16* y, bool fp8) {
@@ -347,56 +344,18 @@ TEST(DraftStats, BatchedRowsEqualSingleRows) {
       auto d = f.make(opt);
       auto batch = d->new_batch(3);
       d->keep_head_inputs(true);
-      std::vector<bf16> single_ys;
-      std::vector<drafter::BatchRow> rows;
-      std::vector<int32_t> chain, requested;
-      std::vector<std::vector<int32_t>> single_drafts;
-      std::vector<std::vector<DraftStats>> single_stats;
-      for (int s = 0; s < 3; ++s) {
-        const auto& q = trace[static_cast<size_t>(s)];
-        const int L = lens[s];
-        const int slot = d->new_sequence(*batch);
-        d->append_rows(*batch, slot, q.tokens.data() + 1, q.hiddens.data(), L - 1, 0);
-        rows.push_back(
-            {slot, q.tokens[static_cast<size_t>(L)], q.hiddens.data() + static_cast<size_t>(L - 1) * f.H});
-        // Row s's extras: its true continuation as chain tokens, some of its own tokens requested.
-        std::vector<int32_t> c(q.tokens.begin() + L + 1, q.tokens.begin() + L + k);
-        std::vector<int32_t> r(q.tokens.begin() + L + 1, q.tokens.begin() + L + 1 + k);
-        chain.insert(chain.end(), c.begin(), c.end());
-        requested.insert(requested.end(), r.begin(), r.end());
-        auto st = d->new_sequence();
-        d->append_rows(*st, q.tokens.data() + 1, q.hiddens.data(), L - 1, 0);
-        std::vector<DraftStats> stats;
-        drafter::ProposeExtras x;
-        x.chain_tokens = c;
-        x.requested = r;
-        x.transform = t;
-        x.stats = &stats;
-        single_drafts.push_back(d->propose(*st, rows.back().token, rows.back().hidden, k, x));
-        single_stats.push_back(stats);
-        const auto ys = d->head_inputs();
-        single_ys.insert(single_ys.end(), ys.begin(), ys.end());
-      }
+      const test::ForcedRows one = test::forced_rows(*d, *batch, trace, lens, k, f.H, t, true);
       std::vector<DraftStats> stats;
-      drafter::ProposeExtras x;
-      x.chain_tokens = chain;
-      x.requested = requested;
-      x.transform = t;
-      x.stats = &stats;
-      const auto drafts = d->propose_batch(*batch, rows, k, x);
+      const auto drafts = test::propose_forced(*d, *batch, one, k, t, stats);
       ASSERT_EQ(stats.size(), static_cast<size_t>(3 * k));
-      EXPECT_EQ(d->batch_head_inputs(), single_ys) << "[B, k, H]: row b's draft i at (b * k + i) * H";
+      EXPECT_EQ(d->batch_head_inputs(), one.single_ys) << "[B, k, H]: row b's draft i at (b * k + i) * H";
       for (int s = 0; s < 3; ++s)
         for (int i = 0; i < k; ++i) {
           const size_t j = static_cast<size_t>(s * k + i);
           const std::string what = str(fp8 ? "fp8 " : "bf16 ", name_of(t), " row ", s, " draft ", i);
-          EXPECT_EQ(drafts[j], single_drafts[static_cast<size_t>(s)][static_cast<size_t>(i)]) << what;
-          const DraftStats& a = stats[j];
-          const DraftStats& b = single_stats[static_cast<size_t>(s)][static_cast<size_t>(i)];
+          EXPECT_EQ(drafts[j], one.single_drafts[j]) << what;
           // Bit for bit: the same logits, the same op per row.
-          EXPECT_EQ(float_to_bits(a.margin), float_to_bits(b.margin)) << what;
-          EXPECT_EQ(float_to_bits(a.logprob), float_to_bits(b.logprob)) << what;
-          EXPECT_EQ(float_to_bits(a.req_logprob), float_to_bits(b.req_logprob)) << what;
+          test::expect_same_bits(stats[j], one.single_stats[j], what);
         }
     }
 }

@@ -12,9 +12,11 @@
 #include <gtest/gtest.h>
 
 #include "common/mpi.hpp"
+#include "common/recording_comm.hpp"
 #include "common/trace.hpp"
 #include "drafter/exchange.hpp"
 #include "drafter/factory.hpp"
+#include "forced_rows.hpp"
 #include "model/weights.hpp"
 #include "stats_reference.hpp"
 
@@ -25,46 +27,13 @@ using drafter::SamplingTransform;
 namespace {
 dist::Runtime* g_runtime = nullptr;
 
-/// Forwards to a communicator and records the all-gathers (bytes per rank) and other collectives.
-class CountingComm final : public dist::Communicator {
- public:
-  explicit CountingComm(dist::Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string kind() const override { return inner_.kind(); }
-  bool on_device() const override { return inner_.on_device(); }
-  void all_reduce_sum(const float* s, float* r, size_t n) override {
-    ++others;
-    inner_.all_reduce_sum(s, r, n);
-  }
-  void all_reduce_sum(const bf16* s, bf16* r, size_t n) override {
-    ++others;
-    inner_.all_reduce_sum(s, r, n);
-  }
-  void all_reduce_max(const uint64_t* s, uint64_t* r, size_t n) override {
-    ++others;
-    inner_.all_reduce_max(s, r, n);
-  }
-  void all_gather(const void* s, void* r, size_t bytes) override {
-    gathers.push_back(bytes);
-    inner_.all_gather(s, r, bytes);
-  }
-  void broadcast(void* b, size_t bytes, int root) override {
-    ++others;
-    inner_.broadcast(b, bytes, root);
-  }
-  void barrier() override { inner_.barrier(); }
-  void wait() override { inner_.wait(); }
-  void reset() {
-    gathers.clear();
-    others = 0;
-  }
-  std::vector<size_t> gathers;
-  int others = 0;
-
- private:
-  dist::Communicator& inner_;
-};
+/// The collectives other than all-gathers and barriers that `comm` recorded.
+int others(const test::RecordingComm& comm) {
+  int n = 0;
+  for (const auto& c : comm.calls)
+    n += c.kind != test::RecordingComm::gather && c.kind != test::RecordingComm::sync;
+  return n;
+}
 
 std::vector<SamplingTransform> transforms() {
   return {SamplingTransform{1.0, 0, 1.0}, SamplingTransform{0.7, 0, 1.0}, SamplingTransform{1.0, 5, 1.0},
@@ -112,7 +81,7 @@ struct World {
 TEST(DraftStatsMpi, EveryShardingGivesTheOneRankStats) {
   auto group = g_runtime->world_group();
   auto& mpi = group.connect(dist::Transport::mpi);
-  CountingComm comm(mpi);
+  test::RecordingComm comm(mpi);
   World s;
   const int k = 3, L = 30;
   const auto& seq = s.trace[0];
@@ -156,19 +125,19 @@ TEST(DraftStatsMpi, EveryShardingGivesTheOneRankStats) {
       x.transform = t;
       x.stats = &stats;
       // The plain step's collectives, then the one with stats: it adds exactly the stats pass's.
-      comm.reset();
+      comm.calls.clear();
       d->after_verify(*plain_seq, 0);
       auto again = d->new_sequence();
       d->append_rows(*again, seq.tokens.data() + 1, seq.hiddens.data(), L - 1, 0);
-      comm.reset();
+      comm.calls.clear();
       d->propose(*again, seq.tokens[L], seq.hiddens.data() + (L - 1) * s.H, k);
-      const auto plain_gathers = comm.gathers;
-      const int plain_others = comm.others;
-      comm.reset();
+      const auto plain_gathers = comm.sizes(test::RecordingComm::gather);
+      const int plain_others = others(comm);
+      comm.calls.clear();
       const auto drafts = d->propose(*st, seq.tokens[L], seq.hiddens.data() + (L - 1) * s.H, k, x);
       EXPECT_EQ(drafts, plain) << what;
-      EXPECT_EQ(comm.others, plain_others) << what;
-      auto extra = comm.gathers;
+      EXPECT_EQ(others(comm), plain_others) << what;
+      auto extra = comm.sizes(test::RecordingComm::gather);
       ASSERT_GE(extra.size(), plain_gathers.size()) << what;
       extra.erase(extra.begin(), extra.begin() + static_cast<ptrdiff_t>(plain_gathers.size()));
       if (!sharded) {
@@ -223,48 +192,12 @@ TEST(DraftStatsMpi, BatchedEqualsSingleAndTargetEqualsOneRank) {
     for (const SamplingTransform& t : {SamplingTransform{0.7, 0, 1.0}, SamplingTransform{1.0, 5, 0.9}}) {
       const std::string what = str(model::to_string(sharding), " ", name_of(t));
       auto batch = d->new_batch(2);
-      std::vector<drafter::BatchRow> rows;
-      std::vector<int32_t> chain, requested;
-      std::vector<int32_t> single_drafts;
-      std::vector<DraftStats> single_stats;
-      for (int q = 0; q < 2; ++q) {
-        const auto& seq = s.trace[static_cast<size_t>(q)];
-        const int L = lens[q];
-        const int slot = d->new_sequence(*batch);
-        d->append_rows(*batch, slot, seq.tokens.data() + 1, seq.hiddens.data(), L - 1, 0);
-        rows.push_back({slot, seq.tokens[static_cast<size_t>(L)],
-                        seq.hiddens.data() + static_cast<size_t>(L - 1) * s.H});
-        std::vector<int32_t> c(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + k);
-        std::vector<int32_t> r(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + k);
-        chain.insert(chain.end(), c.begin(), c.end());
-        requested.insert(requested.end(), r.begin(), r.end());
-        auto st = d->new_sequence();
-        d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), L - 1, 0);
-        std::vector<DraftStats> stats;
-        drafter::ProposeExtras x;
-        x.chain_tokens = c;
-        x.requested = r;
-        x.transform = t;
-        x.stats = &stats;
-        const auto dr = d->propose(*st, rows.back().token, rows.back().hidden, k, x);
-        single_drafts.insert(single_drafts.end(), dr.begin(), dr.end());
-        single_stats.insert(single_stats.end(), stats.begin(), stats.end());
-      }
+      const test::ForcedRows one = test::forced_rows(*d, *batch, s.trace, lens, k, s.H, t, false);
       std::vector<DraftStats> stats;
-      drafter::ProposeExtras x;
-      x.chain_tokens = chain;
-      x.requested = requested;
-      x.transform = t;
-      x.stats = &stats;
-      EXPECT_EQ(d->propose_batch(*batch, rows, k, x), single_drafts) << what;
-      ASSERT_EQ(stats.size(), single_stats.size());
-      for (size_t j = 0; j < stats.size(); ++j) {
-        EXPECT_EQ(float_to_bits(stats[j].margin), float_to_bits(single_stats[j].margin)) << what << " " << j;
-        EXPECT_EQ(float_to_bits(stats[j].logprob), float_to_bits(single_stats[j].logprob))
-            << what << " " << j;
-        EXPECT_EQ(float_to_bits(stats[j].req_logprob), float_to_bits(single_stats[j].req_logprob))
-            << what << " " << j;
-      }
+      EXPECT_EQ(test::propose_forced(*d, *batch, one, k, t, stats), one.single_drafts) << what;
+      ASSERT_EQ(stats.size(), one.single_stats.size());
+      for (size_t j = 0; j < stats.size(); ++j)
+        test::expect_same_bits(stats[j], one.single_stats[j], str(what, " ", j));
       // The target: 40 trace rows, against the one-rank drafter's values.
       const auto& seq = s.trace[1];
       const int n = 40;

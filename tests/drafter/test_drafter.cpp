@@ -1,8 +1,10 @@
 // The drafter on one rank with the CPU backend: row-space rules, rollback, context-row arms,
 // skip arms, and the synthetic target.
-#include <algorithm>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
+#include "common/drafter.hpp"
 #include "common/trace.hpp"
 #include "drafter/factory.hpp"
 #include "harness/replay.hpp"
@@ -13,22 +15,14 @@ using drafter::DrafterOptions;
 
 namespace {
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
+struct Fixture : test::TinyCpuDrafter {
   std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt) {
-    opt.draft_len = std::max(opt.draft_len, 4);  // these tests propose up to 4 drafts
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
+    return make_with(opt, std::max(opt.draft_len, 4));  // these tests propose up to 4 drafts
   }
 };
 
 const io::TraceSequence& shared_sequence() {
-  static io::TraceSequence seq = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 1, 24, 48, 5)[0];
-  }();
+  static io::TraceSequence seq = test::tiny_trace(1, 24, 48, 5)[0];
   return seq;
 }
 
@@ -140,7 +134,8 @@ TEST(Drafter, SkipArms) {
   auto sh = dh->new_sequence(), sb = db->new_sequence();
   dh->append_rows(*sh, seq.tokens.data() + 1, seq.hiddens.data(), 10, 0);
   db->append_rows(*sb, seq.tokens.data() + 1, seq.hiddens.data(), 10, 0);
-  EXPECT_EQ(dh->propose(*sh, seq.tokens[11], seq.hiddens.data() + 10 * 128, 3), (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_EQ(dh->propose(*sh, seq.tokens[11], seq.hiddens.data() + 10 * 128, 3),
+            (std::vector<int32_t>{0, 0, 0}));
   EXPECT_EQ(sh->seq_len(), 13);
   auto drafts = db->propose(*sb, seq.tokens[11], seq.hiddens.data() + 10 * 128, 3);
   EXPECT_EQ(sb->seq_len(), 10);  // the block (and its cache writes) skipped

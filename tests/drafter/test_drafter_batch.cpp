@@ -11,9 +11,7 @@
 #include <map>
 
 #include "batch_replay.hpp"
-#include "common/trace.hpp"
-#include "drafter/factory.hpp"
-#include "model/weights.hpp"
+#include "common/drafter.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -22,68 +20,34 @@ namespace {
 
 constexpr int kDraft = 3;
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
-  std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt, ops::KvDtype kv = ops::KvDtype::bf16) {
-    opt.draft_len = kDraft;
-    opt.kv_cache_dtype = kv;
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
-  }
-};
+using Fixture = test::TinyCpuDrafterOf<kDraft>;
 
 /// 20 sequences of 64 tokens from the synthetic target, shared by every test.
-const std::vector<io::TraceSequence>& shared_trace() {
-  static const std::vector<io::TraceSequence> trace = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 20, 16, 48, 9);
-  }();
-  return trace;
-}
+const std::vector<io::TraceSequence>& shared_trace() { return test::shared_tiny_trace(20, 16, 48, 9); }
 
 /// Prompt lengths 3 .. 45: some sequences start inside the dense window (K + P - 1 = 19 rows), most
 /// past it, where the selection is sparse.
-std::vector<int> prompts(size_t count) {
-  std::vector<int> p(count);
-  for (size_t s = 0; s < count; ++s) p[s] = 3 + static_cast<int>((s * 17) % 43);
-  return p;
-}
+std::vector<int> prompts(size_t count) { return test::spread_prompts(count, 3, 17, 43); }
 
-struct Arm {
-  const char* name;
-  DrafterOptions opt;
-  ops::KvDtype kv = ops::KvDtype::bf16;
-};
+using Arm = test::DrafterArm;
 
 std::vector<Arm> arms() {
-  std::vector<Arm> a;
-  a.push_back({"default", {}});
-  DrafterOptions o;
-  o.skip = drafter::Skip::head;
-  a.push_back({"skip head", o});
-  o = {};
-  o.skip = drafter::Skip::block;
-  a.push_back({"skip block", o});
-  o = {};
-  o.context_rows = drafter::ContextRows::full;
-  a.push_back({"context_rows full", o});
-  o = {};
-  o.head_fp8 = true;
-  a.push_back({"head_fp8", o});
-  o = {};
-  o.draft_rows = drafter::DraftRows::keep;
-  a.push_back({"draft_rows keep", o});
-  o = {};
-  o.context_rows = drafter::ContextRows::full;
-  o.head_fp8 = true;
-  o.draft_rows = drafter::DraftRows::keep;
-  o.context_gemm = true;
-  o.batch_qidx = true;
-  a.push_back({"full + fp8 + keep + context_gemm + batch_qidx", o});
-  a.push_back({"FP8 latent cache", {}, ops::KvDtype::fp8});
-  return a;
+  using drafter::ContextRows, drafter::DraftRows, drafter::Skip;
+  return {
+      {"default", {}},
+      {"skip head", {.skip = Skip::head}},
+      {"skip block", {.skip = Skip::block}},
+      {"context_rows full", {.context_rows = ContextRows::full}},
+      {"head_fp8", {.head_fp8 = true}},
+      {"draft_rows keep", {.draft_rows = DraftRows::keep}},
+      {"full + fp8 + keep + context_gemm + batch_qidx",
+       {.head_fp8 = true,
+        .context_rows = ContextRows::full,
+        .draft_rows = DraftRows::keep,
+        .batch_qidx = true,
+        .context_gemm = true}},
+      {"FP8 latent cache", {}, ops::KvDtype::fp8},
+  };
 }
 
 /// The first sequence whose drafts differ, for the failure message.

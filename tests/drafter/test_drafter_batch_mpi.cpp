@@ -8,15 +8,17 @@
 // carrying all B rows (keys, pairs, logits or lanes), whatever B. A counting communicator wraps
 // the real one to check it. A failure on any rank fails the job.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <string>
 #include <vector>
 
 #include "batch_replay.hpp"
+#include "common/drafter.hpp"
+#include "common/mpi.hpp"
+#include "common/recording_comm.hpp"
+#include "common/trace.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
-#include "common/trace.hpp"
 #include "drafter/factory.hpp"
 #include "model/weights.hpp"
 
@@ -27,82 +29,24 @@ dist::Runtime* g_runtime = nullptr;
 
 constexpr int kDraft = 3;
 
-/// Forwards to a communicator and records every collective: its kind and size.
-class CountingComm final : public dist::Communicator {
- public:
-  enum Kind { sum_f32, sum_bf16, max_u64, gather, other, kinds };
-  struct Call {
-    Kind kind;
-    size_t size;  ///< elements (sums, max) or bytes per rank (gather)
-  };
-  explicit CountingComm(dist::Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string kind() const override { return inner_.kind(); }
-  bool on_device() const override { return inner_.on_device(); }
-  void all_reduce_sum(const float* send, float* recv, size_t count) override {
-    calls.push_back({sum_f32, count});
-    inner_.all_reduce_sum(send, recv, count);
-  }
-  void all_reduce_sum(const bf16* send, bf16* recv, size_t count) override {
-    calls.push_back({sum_bf16, count});
-    inner_.all_reduce_sum(send, recv, count);
-  }
-  void all_reduce_max(const uint64_t* send, uint64_t* recv, size_t count) override {
-    calls.push_back({max_u64, count});
-    inner_.all_reduce_max(send, recv, count);
-  }
-  void all_gather(const void* send, void* recv, size_t bytes) override {
-    calls.push_back({gather, bytes});
-    inner_.all_gather(send, recv, bytes);
-  }
-  void broadcast(void* buf, size_t bytes, int root) override {
-    calls.push_back({other, bytes});
-    inner_.broadcast(buf, bytes, root);
-  }
-  void barrier() override {
-    calls.push_back({other, 0});
-    inner_.barrier();
-  }
-  void wait() override { inner_.wait(); }
-  std::vector<Call> calls;
+using Case = test::ShardCase;
 
- private:
-  dist::Communicator& inner_;
-};
-
-struct Case {
-  model::HeadSharding sharding;
-  drafter::Exchange exchange;
-  drafter::ContextRows context = drafter::ContextRows::cache_only;
-};
-
-std::string name_of(const Case& c) {
-  return str(model::to_string(c.sharding), "/", drafter::to_string(c.exchange), "/",
-             drafter::to_string(c.context));
-}
-
-const std::vector<io::TraceSequence>& shared_trace(const model::ModelConfig& cfg) {
-  static const std::vector<io::TraceSequence> trace = [&] {
-    auto be = ops::make_cpu_backend();
-    return test::make_trace(*be, cfg, 18, 16, 24, 4);
-  }();
-  return trace;
-}
+const std::vector<io::TraceSequence>& shared_trace() { return test::shared_tiny_trace(18, 16, 24, 4); }
 
 /// The collectives one batched step of `rows` rows must issue, checked against what it issued.
-void expect_step_collectives(const std::vector<CountingComm::Call>& calls, const Case& c, int rows, int world,
-                             int hidden, int64_t stride, const std::string& where) {
+void expect_step_collectives(const std::vector<test::RecordingComm::Call>& calls, const Case& c, int rows,
+                             int world, int hidden, int64_t stride, const std::string& where) {
   const bool sharded = c.sharding == model::HeadSharding::vocab && world > 1;
   int sums = 0, exchanges = 0, others = 0;
   for (const auto& call : calls) {
     const bool is_exchange =
-        sharded && ((c.exchange == drafter::Exchange::packed_u64 && call.kind == CountingComm::max_u64) ||
-                    (c.exchange == drafter::Exchange::bf16_lanes && call.kind == CountingComm::sum_bf16) ||
-                    ((c.exchange == drafter::Exchange::allgather_pairs ||
-                      c.exchange == drafter::Exchange::allgather_logits) &&
-                     call.kind == CountingComm::gather));
-    if (call.kind == CountingComm::sum_f32) {
+        sharded &&
+        ((c.exchange == drafter::Exchange::packed_u64 && call.kind == test::RecordingComm::max_u64) ||
+         (c.exchange == drafter::Exchange::bf16_lanes && call.kind == test::RecordingComm::sum_bf16) ||
+         ((c.exchange == drafter::Exchange::allgather_pairs ||
+           c.exchange == drafter::Exchange::allgather_logits) &&
+          call.kind == test::RecordingComm::gather));
+    if (call.kind == test::RecordingComm::sum_f32) {
       ++sums;
       EXPECT_EQ(call.size, static_cast<size_t>(rows) * hidden) << where << ": a partial all-reduce";
     } else if (is_exchange) {
@@ -139,7 +83,7 @@ TEST(DrafterBatchMpi, BatchedDraftsAndCollectivesMatchTheSingleSequenceDrafter) 
   auto& comm = group.connect(dist::Transport::mpi);
   const int world = comm.size();
   const auto cfg = test::tiny_config(256);
-  const auto& all = shared_trace(cfg);
+  const auto& all = shared_trace();
   std::vector<Case> cases = {{model::HeadSharding::none, drafter::Exchange::packed_u64}};
   for (auto ex : {drafter::Exchange::packed_u64, drafter::Exchange::allgather_pairs,
                   drafter::Exchange::allgather_logits, drafter::Exchange::bf16_lanes}) {
@@ -161,7 +105,7 @@ TEST(DrafterBatchMpi, BatchedDraftsAndCollectivesMatchTheSingleSequenceDrafter) 
     const auto plan = model::make_shard_plan(cfg, comm.rank(), world, opt.head_sharding);
     auto w = model::synthesize_mtp_weights(cfg, plan, 11);
     auto single = drafter::make_drafter(*be, &comm, cfg, w, opt);
-    CountingComm counting(comm);
+    test::RecordingComm counting(comm);
     auto batched = drafter::make_drafter(*be, &counting, cfg, w, opt);
     const int64_t stride = batched->shard().stride;
     for (const Batch b : {Batch{1, 2}, Batch{3, 5}, Batch{16, 18}}) {
@@ -179,7 +123,7 @@ TEST(DrafterBatchMpi, BatchedDraftsAndCollectivesMatchTheSingleSequenceDrafter) 
           *batched, trace, prompts, kDraft, cfg.hidden, b.slots, std::nullopt,
           [&](int) { before = counting.calls.size(); },
           [&](int rows) {
-            const std::vector<CountingComm::Call> step(
+            const std::vector<test::RecordingComm::Call> step(
                 counting.calls.begin() + static_cast<ptrdiff_t>(before), counting.calls.end());
             expect_step_collectives(step, c, rows, world, cfg.hidden, stride, where);
             ++steps_checked;
@@ -192,14 +136,8 @@ TEST(DrafterBatchMpi, BatchedDraftsAndCollectivesMatchTheSingleSequenceDrafter) 
 }
 
 int main(int argc, char** argv) {
-  return dist::run_guarded([&] {
-    dist::Runtime runtime(&argc, &argv);
+  return test::mpi_test_main(argc, argv, [](dist::Runtime& runtime) {
     g_runtime = &runtime;
-    ::testing::InitGoogleTest(&argc, argv);
-    if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
-    int rc = RUN_ALL_TESTS();
-    int any = 0;
-    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    return any;
+    return test::run_all_tests_on_every_rank(runtime);
   });
 }

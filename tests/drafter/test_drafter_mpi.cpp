@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "common/exchange_arms.hpp"
 #include "common/mpi.hpp"
 #include "common/trace.hpp"
 #include "dist/guard.hpp"
@@ -26,8 +27,8 @@ struct ArmResult {
 };
 
 std::vector<std::vector<int32_t>> run_arm(const model::ModelConfig& cfg, dist::Communicator& comm,
-                                          const std::vector<io::TraceSequence>& trace, drafter::DrafterOptions opt,
-                                          int k) {
+                                          const std::vector<io::TraceSequence>& trace,
+                                          drafter::DrafterOptions opt, int k) {
   auto be = ops::make_cpu_backend();
   const auto plan = model::make_shard_plan(cfg, comm.rank(), comm.size(), opt.head_sharding);
   auto w = model::synthesize_mtp_weights(cfg, plan, 11);
@@ -60,34 +61,28 @@ TEST(DrafterMpi, AllArmsGiveTheSameDrafts) {
   ref_opt.draft_len = k;
   const auto reference = run_arm(cfg, comm, trace, ref_opt, k);
   ASSERT_FALSE(reference.empty());
-  for (auto hs : {model::HeadSharding::none, model::HeadSharding::vocab}) {
-    for (auto ex : {drafter::Exchange::packed_u64, drafter::Exchange::allgather_pairs,
-                    drafter::Exchange::allgather_logits, drafter::Exchange::bf16_lanes}) {
-      for (auto cr : {drafter::ContextRows::cache_only, drafter::ContextRows::full}) {
-        drafter::DrafterOptions opt = ref_opt;
-        opt.head_sharding = hs;
-        opt.exchange = ex;
-        opt.context_rows = cr;
-        const std::string name =
-            str(model::to_string(hs), "/", drafter::to_string(ex), "/", drafter::to_string(cr));
-        if (ex == drafter::Exchange::bf16_lanes && hs == model::HeadSharding::vocab && comm.size() > 2) {
-          EXPECT_THROW(run_arm(cfg, comm, trace, opt, k), Error) << name;
-          continue;
-        }
-        EXPECT_EQ(run_arm(cfg, comm, trace, opt, k), reference) << name << " at " << comm.size() << " ranks";
-      }
+  for (const test::ExchangeArm& arm : test::exchange_arms(ref_opt)) {
+    const drafter::DrafterOptions& opt = arm.opt;
+    if (opt.exchange == drafter::Exchange::bf16_lanes && opt.head_sharding == model::HeadSharding::vocab &&
+        comm.size() > 2) {
+      EXPECT_THROW(run_arm(cfg, comm, trace, opt, k), Error) << arm.name;
+      continue;
     }
+    EXPECT_EQ(run_arm(cfg, comm, trace, opt, k), reference) << arm.name << " at " << comm.size() << " ranks";
   }
   // For the record: against one rank, and FP8 against BF16.
   auto solo = g_runtime->make_group(comm.rank(), 0);  // a group of one: the single-rank drafter
-  const double solo_rate = differ_rate(run_arm(cfg, solo.connect(dist::Transport::mpi), trace, ref_opt, k), reference);
+  const double solo_rate =
+      differ_rate(run_arm(cfg, solo.connect(dist::Transport::mpi), trace, ref_opt, k), reference);
   drafter::DrafterOptions fp8 = ref_opt;
   fp8.head_fp8 = true;
   fp8.head_sharding = model::HeadSharding::vocab;
   const double fp8_rate = differ_rate(run_arm(cfg, comm, trace, fp8, k), reference);
   if (comm.rank() == 0)
-    std::printf("[drafter-mpi] world %d: %zu steps; first drafts differing from one rank %.3f, FP8 head vs BF16 %.3f\n",
-                comm.size(), reference.size(), solo_rate, fp8_rate);
+    std::printf(
+        "[drafter-mpi] world %d: %zu steps; first drafts differing from one rank %.3f, FP8 head vs BF16 "
+        "%.3f\n",
+        comm.size(), reference.size(), solo_rate, fp8_rate);
 }
 
 int main(int argc, char** argv) {

@@ -18,9 +18,7 @@
 #include <set>
 
 #include "batch_replay.hpp"
-#include "common/trace.hpp"
-#include "drafter/factory.hpp"
-#include "model/weights.hpp"
+#include "common/drafter.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -29,78 +27,32 @@ namespace {
 
 constexpr int kDraft = 4;
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
-  std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt, ops::KvDtype kv = ops::KvDtype::bf16) {
-    opt.draft_len = kDraft;
-    opt.kv_cache_dtype = kv;
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
-  }
-};
+using Fixture = test::TinyCpuDrafterOf<kDraft>;
 
 /// 12 sequences of 72 tokens (positions well past the tiny preset's dense window of 19 rows).
-const std::vector<io::TraceSequence>& long_trace() {
-  static const std::vector<io::TraceSequence> trace = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 12, 16, 56, 21);
-  }();
-  return trace;
-}
+const std::vector<io::TraceSequence>& long_trace() { return test::shared_tiny_trace(12, 16, 56, 21); }
 
 /// 8 sequences of 21 tokens: a replay drafts at positions up to 18 = K + P - 2 only, where every
 /// selection is every row 0 .. position.
-const std::vector<io::TraceSequence>& short_trace() {
-  static const std::vector<io::TraceSequence> trace = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 8, 4, 17, 23);
-  }();
-  return trace;
-}
+const std::vector<io::TraceSequence>& short_trace() { return test::shared_tiny_trace(8, 4, 17, 23); }
 
-std::vector<int> short_prompts(size_t n) {
-  std::vector<int> p(n);
-  for (size_t s = 0; s < n; ++s) p[s] = 2 + static_cast<int>((s * 5) % 13);  // 2 .. 14
-  return p;
-}
+std::vector<int> short_prompts(size_t n) { return test::spread_prompts(n, 2, 5, 13); }  // 2 .. 14
+std::vector<int> long_prompts(size_t n) { return test::spread_prompts(n, 3, 11, 41); }  // 3 .. 43
 
-std::vector<int> long_prompts(size_t n) {
-  std::vector<int> p(n);
-  for (size_t s = 0; s < n; ++s) p[s] = 3 + static_cast<int>((s * 11) % 41);  // 3 .. 43
-  return p;
-}
-
-struct Arm {
-  const char* name;
-  DrafterOptions opt;
-  ops::KvDtype kv = ops::KvDtype::bf16;
-};
+using Arm = test::DrafterArm;
 
 std::vector<Arm> step_arms() {
-  std::vector<Arm> a;
-  a.push_back({"default", {}});
-  DrafterOptions o;
-  o.context_rows = drafter::ContextRows::full;
-  a.push_back({"context_rows full", o});
-  o = {};
-  o.skip = drafter::Skip::head;
-  a.push_back({"skip head", o});
-  o = {};
-  o.skip = drafter::Skip::block;
-  a.push_back({"skip block", o});
-  o = {};
-  o.draft_rows = drafter::DraftRows::keep;
-  o.head_fp8 = true;
-  a.push_back({"draft_rows keep + head_fp8", o});
-  o = {};
-  o.context_rows = drafter::ContextRows::full;
-  o.context_gemm = true;
-  o.batch_qidx = true;
-  a.push_back({"full + context_gemm + batch_qidx", o});
-  a.push_back({"FP8 latent cache", {}, ops::KvDtype::fp8});
-  return a;
+  using drafter::ContextRows, drafter::DraftRows, drafter::Skip;
+  return {
+      {"default", {}},
+      {"context_rows full", {.context_rows = ContextRows::full}},
+      {"skip head", {.skip = Skip::head}},
+      {"skip block", {.skip = Skip::block}},
+      {"draft_rows keep + head_fp8", {.head_fp8 = true, .draft_rows = DraftRows::keep}},
+      {"full + context_gemm + batch_qidx",
+       {.context_rows = ContextRows::full, .batch_qidx = true, .context_gemm = true}},
+      {"FP8 latent cache", {}, ops::KvDtype::fp8},
+  };
 }
 
 DrafterOptions with_share(DrafterOptions o, bool on) {

@@ -6,12 +6,14 @@
 // cache_only) at the same world size, and a sequence's batched drafts (B = 3) equal its drafts
 // alone. A failure on any rank fails the job.
 #include <gtest/gtest.h>
-#include <mpi.h>
 
 #include <string>
 #include <vector>
 
 #include "batch_replay.hpp"
+#include "common/drafter.hpp"
+#include "common/mpi.hpp"
+#include "common/recording_comm.hpp"
 #include "common/trace.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
@@ -25,74 +27,16 @@ dist::Runtime* g_runtime = nullptr;
 
 constexpr int kDraft = 3;
 
-/// Forwards to a communicator and records every collective as (kind, size).
-class RecordingComm final : public dist::Communicator {
- public:
-  explicit RecordingComm(dist::Communicator& inner) : inner_(inner) {}
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  std::string kind() const override { return inner_.kind(); }
-  bool on_device() const override { return inner_.on_device(); }
-  void all_reduce_sum(const float* send, float* recv, size_t count) override {
-    calls.push_back("sum_f32 " + std::to_string(count));
-    inner_.all_reduce_sum(send, recv, count);
-  }
-  void all_reduce_sum(const bf16* send, bf16* recv, size_t count) override {
-    calls.push_back("sum_bf16 " + std::to_string(count));
-    inner_.all_reduce_sum(send, recv, count);
-  }
-  void all_reduce_max(const uint64_t* send, uint64_t* recv, size_t count) override {
-    calls.push_back("max_u64 " + std::to_string(count));
-    inner_.all_reduce_max(send, recv, count);
-  }
-  void all_gather(const void* send, void* recv, size_t bytes) override {
-    calls.push_back("gather " + std::to_string(bytes));
-    inner_.all_gather(send, recv, bytes);
-  }
-  void broadcast(void* buf, size_t bytes, int root) override {
-    calls.push_back("broadcast " + std::to_string(bytes));
-    inner_.broadcast(buf, bytes, root);
-  }
-  void barrier() override {
-    calls.push_back("barrier");
-    inner_.barrier();
-  }
-  void wait() override { inner_.wait(); }
-  std::vector<std::string> calls;
-
- private:
-  dist::Communicator& inner_;
-};
-
-struct Case {
-  model::HeadSharding sharding;
-  drafter::Exchange exchange;
-  drafter::ContextRows context;
-};
-
-std::string name_of(const Case& c) {
-  return str(model::to_string(c.sharding), "/", drafter::to_string(c.exchange), "/",
-             drafter::to_string(c.context));
-}
+using Case = test::ShardCase;
 
 /// 4 sequences of 40 tokens: most drafts past the tiny preset's dense window (19 rows).
-const std::vector<io::TraceSequence>& shared_trace(const model::ModelConfig& cfg) {
-  static const std::vector<io::TraceSequence> trace = [&] {
-    auto be = ops::make_cpu_backend();
-    return test::make_trace(*be, cfg, 4, 20, 20, 8);
-  }();
-  return trace;
-}
+const std::vector<io::TraceSequence>& shared_trace() { return test::shared_tiny_trace(4, 20, 20, 8); }
 
-std::vector<int> prompts(size_t n) {
-  std::vector<int> p(n);
-  for (size_t s = 0; s < n; ++s) p[s] = 12 + static_cast<int>((s * 7) % 15);
-  return p;
-}
+std::vector<int> prompts(size_t n) { return test::spread_prompts(n, 12, 7, 15); }
 
 struct CaseRun {
   test::SequenceDrafts single, batched;
-  std::vector<std::string> calls;  ///< the single-sequence replay's collectives
+  std::vector<test::RecordingComm::Call> calls;  ///< the single-sequence replay's collectives
 };
 
 CaseRun run_case(const model::ModelConfig& cfg, dist::Communicator& comm, const Case& c, bool share) {
@@ -105,10 +49,10 @@ CaseRun run_case(const model::ModelConfig& cfg, dist::Communicator& comm, const 
   opt.exchange = c.exchange;
   opt.context_rows = c.context;
   opt.index_share = share;
-  const auto& trace = shared_trace(cfg);
+  const auto& trace = shared_trace();
   const auto p = prompts(trace.size());
   CaseRun r;
-  RecordingComm recording(comm);
+  test::RecordingComm recording(comm);
   auto d = drafter::make_drafter(*be, &recording, cfg, w, opt);
   r.single = test::replay_single(*d, trace, p, kDraft, cfg.hidden);
   r.calls = recording.calls;
@@ -147,14 +91,8 @@ TEST(IndexShareMpi, SameCollectivesAndShardingIndependentDrafts) {
 }
 
 int main(int argc, char** argv) {
-  return dist::run_guarded([&] {
-    dist::Runtime runtime(&argc, &argv);
+  return test::mpi_test_main(argc, argv, [](dist::Runtime& runtime) {
     g_runtime = &runtime;
-    ::testing::InitGoogleTest(&argc, argv);
-    if (runtime.rank() != 0) ::testing::GTEST_FLAG(output) = "";
-    int rc = RUN_ALL_TESTS();
-    int any = 0;
-    MPI_Allreduce(&rc, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    return any;
+    return test::run_all_tests_on_every_rank(runtime);
   });
 }

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,11 @@ namespace mtplab::e2e {
 using test::make_trace;
 using test::preset;
 
+/// The synthetic MTP weights (seed 11) of `cfg` on one rank, the head unsharded.
+inline model::MtpWeights one_rank_weights(const model::ModelConfig& cfg) {
+  return model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 11);
+}
+
 /// One disagreement between the reference (CPU) draft and the other backend's draft, scored
 /// with the reference's own logits.
 struct Disagreement {
@@ -33,8 +40,9 @@ struct Disagreement {
   float margin = 0;     ///< reference top-1 minus top-2 logit
   float gap = 0;        ///< reference logit of its pick minus its logit of the other's pick
   float tolerance = 0;  ///< allowed margin (see lockstep())
-  float head_gap = 0;   ///< CPU head on the OTHER backend's y: its best logit minus its logit of the other's pick
-  float y_rel_diff = 0; ///< ||y_other - y_ref|| / ||y_ref||, the head inputs of this draft
+  float head_gap =
+      0;  ///< CPU head on the OTHER backend's y: its best logit minus its logit of the other's pick
+  float y_rel_diff = 0;  ///< ||y_other - y_ref|| / ||y_ref||, the head inputs of this draft
   /// A near-tie at the head: the reference's top-2 margin is within the tolerance.
   bool near_tie() const { return margin <= tolerance; }
 };
@@ -62,8 +70,8 @@ inline float bf16_ulp(float v) {
 /// a logit by a few ulps of the logit scale, so a reference margin within that distance is a
 /// near-tie at the head, not a bug.
 inline void lockstep(drafter::MtpDrafter& ref, drafter::MtpDrafter& other, ops::Backend& ref_be,
-                     const model::MtpWeights& w, bool head_fp8, const io::TraceSequence& seq, int k, int hidden,
-                     float tol_ulps, LockstepReport& report) {
+                     const model::MtpWeights& w, bool head_fp8, const io::TraceSequence& seq, int k,
+                     int hidden, float tol_ulps, LockstepReport& report) {
   const int N = static_cast<int>(seq.tokens.size());
   const int P = seq.prompt_length;
   auto hidden_row = [&](int r) { return seq.hiddens.data() + static_cast<size_t>(r) * hidden; };
@@ -91,8 +99,8 @@ inline void lockstep(drafter::MtpDrafter& ref, drafter::MtpDrafter& other, ops::
       auto head = [&](const bf16* x, std::vector<bf16>& out) {
         ops::ArgMax am{};
         ref_be.head_argmax(w.lm_head.data.data(), head_fp8 ? w.lm_head_fp8.weight.data.data() : nullptr,
-                           head_fp8 ? w.lm_head_fp8.scale.data.data() : nullptr, x, static_cast<int>(V), hidden, 0,
-                           out.data(), &am);
+                           head_fp8 ? w.lm_head_fp8.scale.data.data() : nullptr, x, static_cast<int>(V),
+                           hidden, 0, out.data(), &am);
         return am;
       };
       const ops::ArgMax am = head(yr, logits);
@@ -133,33 +141,59 @@ inline void lockstep(drafter::MtpDrafter& ref, drafter::MtpDrafter& other, ops::
     const int from = st_ref->seq_len();
     EXPECT_EQ(st_other->seq_len(), from);
     const int n = next_L - 1 - from;
-    ref.append_rows(*st_ref, seq.tokens.data() + from + 1, hidden_row(from), n, from, drafter::Phase::catch_up);
-    other.append_rows(*st_other, seq.tokens.data() + from + 1, hidden_row(from), n, from, drafter::Phase::catch_up);
+    ref.append_rows(*st_ref, seq.tokens.data() + from + 1, hidden_row(from), n, from,
+                    drafter::Phase::catch_up);
+    other.append_rows(*st_other, seq.tokens.data() + from + 1, hidden_row(from), n, from,
+                      drafter::Phase::catch_up);
     L = next_L;
   }
 }
 
 inline void print_report(const std::string& what, const LockstepReport& r) {
-  std::printf("[gpu-e2e] %s: %d steps, %d drafts compared, %d agree (%.4f), %zu disagreements\n", what.c_str(),
-              r.steps, r.compared, r.agreed, r.agreement(), r.disagreements.size());
+  std::printf("[gpu-e2e] %s: %d steps, %d drafts compared, %d agree (%.4f), %zu disagreements\n",
+              what.c_str(), r.steps, r.compared, r.agreed, r.agreement(), r.disagreements.size());
   for (const auto& d : r.disagreements)
     std::printf(
-        "[gpu-e2e]   seq %d L %d draft %d: cpu %d vs gpu %d, cpu top-2 margin %.5g (tolerance %.5g), gap %.5g; "
-        "head inputs differ by %.3g (relative L2); cpu head on the gpu's input: gpu pick %.5g below its best%s\n",
-        d.sequence, d.position, d.draft, d.ref_token, d.other_token, d.margin, d.tolerance, d.gap, d.y_rel_diff,
-        d.head_gap, d.near_tie() ? "" : "  (not a head near-tie)");
+        "[gpu-e2e]   seq %d L %d draft %d: cpu %d vs gpu %d, cpu top-2 margin %.5g (tolerance %.5g), gap "
+        "%.5g; "
+        "head inputs differ by %.3g (relative L2); cpu head on the gpu's input: gpu pick %.5g below its "
+        "best%s\n",
+        d.sequence, d.position, d.draft, d.ref_token, d.other_token, d.margin, d.tolerance, d.gap,
+        d.y_rel_diff, d.head_gap, d.near_tie() ? "" : "  (not a head near-tie)");
   std::fflush(stdout);
 }
 
 /// Every step's drafts of a plain replay of `trace`.
-inline std::vector<std::vector<int32_t>> replay_drafts(drafter::MtpDrafter& d, const std::vector<io::TraceSequence>& trace,
-                                                       int k, int hidden) {
+inline std::vector<std::vector<int32_t>> replay_drafts(drafter::MtpDrafter& d,
+                                                       const std::vector<io::TraceSequence>& trace, int k,
+                                                       int hidden) {
   std::vector<std::vector<int32_t>> out;
   harness::AcceptanceStats stats;
   for (const auto& seq : trace)
     for (auto& step : harness::replay_sequence(d, seq, static_cast<int>(seq.index), k, hidden, stats))
       out.push_back(step.drafts);
   return out;
+}
+
+/// main() of a one-GPU test program: lists the tests without a GPU (--gtest_list_tests); exits 77
+/// (skipped) when no CUDA device is visible, printing "SKIPPED: no CUDA device is visible; " and
+/// `needs` ("the end-to-end GPU tests need one"); otherwise `gpu` holds device 0's backend while
+/// the tests run, after `setup(*gpu)` (when given) and the line "<banner> on <device>" (when
+/// `banner` is non-null).
+inline int gpu_test_main(int argc, char** argv, std::unique_ptr<ops::Backend>& gpu, const char* needs,
+                         const char* banner, const std::function<void(ops::Backend&)>& setup = {}) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
+  if (!ops::cuda_backend_available()) {
+    std::printf("SKIPPED: no CUDA device is visible; %s\n", needs);
+    return 77;
+  }
+  gpu = ops::make_cuda_backend(0);
+  if (setup) setup(*gpu);
+  if (banner) std::printf("%s on %s\n", banner, gpu->device_name().c_str());
+  const int rc = RUN_ALL_TESTS();
+  gpu.reset();
+  return rc;
 }
 
 }  // namespace mtplab::e2e

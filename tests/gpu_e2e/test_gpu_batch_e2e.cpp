@@ -31,8 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "drafter/batch_replay.hpp"
-#include "e2e_util.hpp"
+#include "batch_fixture.hpp"
 
 using namespace mtplab;
 
@@ -41,108 +40,20 @@ namespace {
 constexpr int kDraft = 3;
 constexpr float kTolUlps = 8.0f;
 
-struct Case {
-  const char* preset;
-  int max_seq_len;
-  int prompt_lo, prompt_hi;  ///< prompt lengths spread over this range
-  int tokens;                ///< trace length of every sequence
-};
+using Case = e2e::BatchCase;
+using e2e::case_name;
+using e2e::prompts;
+
 // tiny: index_topk 16, so most prompts start past the dense window (K + P - 1 = 19 rows); small:
 // topk 512, short sequences (the CPU reference of the small preset is the slow part).
 const Case kCases[] = {{"tiny", 256, 3, 45, 64}, {"small", 256, 6, 30, 44}};
-
-std::string case_name(const ::testing::TestParamInfo<Case>& p) { return p.param.preset; }
 
 // Made in main and reset before it returns (no CUDA work during static destruction).
 std::unique_ptr<ops::Backend> g_gpu;
 ops::Backend& gpu() { return *g_gpu; }
 
-std::vector<int> prompts(const Case& c, size_t count) {
-  std::vector<int> p(count);
-  const int span = c.prompt_hi - c.prompt_lo + 1;
-  for (size_t s = 0; s < count; ++s)
-    p[s] = c.prompt_lo + static_cast<int>((s * 17) % static_cast<size_t>(span));
-  return p;
-}
-
-struct Fixture {
-  Case c;
-  model::ModelConfig cfg;
-  model::MtpWeights w;
-  std::vector<io::TraceSequence> trace;
-  std::unique_ptr<ops::Backend> cpu = ops::make_cpu_backend();
-
-  explicit Fixture(const Case& cs, int sequences)
-      : c(cs),
-        cfg(e2e::preset(cs.preset, cs.max_seq_len)),
-        w(model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none),
-                                        11)),
-        trace(e2e::make_trace(gpu(), cfg, sequences, cs.prompt_hi, cs.tokens - cs.prompt_hi, 5)) {}
-
-  std::unique_ptr<drafter::MtpDrafter> make(ops::Backend& be, bool graph) {
-    drafter::DrafterOptions opt;
-    opt.draft_len = kDraft;
-    opt.cuda_graph = graph;
-    return drafter::make_drafter(be, nullptr, cfg, w, opt);
-  }
-
-  /// The CPU reference's head inputs of sequence s, per step (k rows of H each): the sequence
-  /// replayed alone on a CPU single-sequence drafter with replay_single's script (which drafts
-  /// exactly what the CPU batched drafter drafts); once per sequence, on its first disagreement.
-  const std::vector<std::vector<bf16>>& cpu_head_inputs(size_t s) {
-    auto it = head_inputs.find(s);
-    if (it != head_inputs.end()) return it->second;
-    auto d = make(*cpu, false);
-    d->keep_head_inputs(true);
-    const io::TraceSequence& t = trace[s];
-    const int H = cfg.hidden;
-    const int N = static_cast<int>(t.tokens.size());
-    const auto p = prompts(c, trace.size());
-    auto st = d->new_sequence();
-    d->append_rows(*st, t.tokens.data() + 1, test::hidden_row(t, 0, H), p[s] - 1, 0);
-    std::vector<std::vector<bf16>> steps;
-    for (int L = p[s], step = 0; L + kDraft <= N - 1; ++step) {
-      d->propose(*st, t.tokens[static_cast<size_t>(L)], test::hidden_row(t, L - 1, H), kDraft);
-      steps.push_back(d->head_inputs());
-      const int a = test::scripted_accepted(static_cast<int>(s), step, kDraft);
-      d->after_verify(*st, a);
-      const int next_L = L + a + 1;
-      const int from = st->seq_len();
-      d->append_rows(*st, t.tokens.data() + from + 1, test::hidden_row(t, from, H), next_L - 1 - from, from,
-                     drafter::Phase::catch_up);
-      L = next_L;
-    }
-    return head_inputs.emplace(s, std::move(steps)).first->second;
-  }
-
-  /// The CPU reference's head at draft i of step `step` of sequence s: its pick, its top-2 margin
-  /// and the tolerance (kTolUlps BF16 ulps of the largest |logit|).
-  struct Margin {
-    float margin = 0, tolerance = 0;
-    int32_t token = -1;
-  };
-  Margin cpu_margin(size_t s, int step, int i) {
-    const std::vector<bf16>& y = cpu_head_inputs(s).at(static_cast<size_t>(step));
-    const int H = cfg.hidden;
-    const int64_t V = w.lm_head.dim(0);
-    std::vector<bf16> logits(static_cast<size_t>(V));
-    ops::ArgMax am{};
-    cpu->head_argmax(w.lm_head.data.data(), nullptr, nullptr, y.data() + static_cast<size_t>(i) * H,
-                     static_cast<int>(V), H, 0, logits.data(), &am);
-    float top2 = -INFINITY, largest = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const float x = to_float(logits[static_cast<size_t>(v)]);
-      largest = std::max(largest, std::fabs(x));
-      if (v != am.index) top2 = std::max(top2, x);
-    }
-    Margin m;
-    m.margin = am.value - top2;
-    m.tolerance = kTolUlps * e2e::bf16_ulp(largest);
-    m.token = am.index;
-    return m;
-  }
-
-  std::map<size_t, std::vector<std::vector<bf16>>> head_inputs;
+struct Fixture : e2e::BatchFixture {
+  Fixture(const Case& cs, int sequences) : BatchFixture(gpu(), cs, sequences, kDraft, kTolUlps) {}
 };
 
 /// Compares `other` with the CPU reference `ref` step by step (k drafts a step) under the rules of
@@ -150,45 +61,15 @@ struct Fixture {
 void expect_agree_but_near_ties(Fixture& f, const test::SequenceDrafts& ref,
                                 const test::SequenceDrafts& other, const test::SequenceDrafts& cpu_drafts,
                                 const std::string& what) {
-  ASSERT_EQ(ref.size(), other.size()) << what;
-  int compared = 0, agreed = 0, near = 0, upstream = 0;
-  for (size_t s = 0; s < ref.size(); ++s) {
-    ASSERT_EQ(ref[s].size(), other[s].size())
-        << what << ": sequence " << s << " drafted a different number of steps";
-    for (size_t step = 0; step * kDraft < ref[s].size(); ++step) {
-      for (int i = 0; i < kDraft; ++i) {
-        const size_t at = step * kDraft + static_cast<size_t>(i);
-        ++compared;
-        if (ref[s][at] == other[s][at]) {
-          ++agreed;
-          continue;
-        }
-        const Fixture::Margin m = f.cpu_margin(s, static_cast<int>(step), i);
-        EXPECT_EQ(m.token, cpu_drafts[s][at])
-            << "the CPU single-sequence replay disagrees with the CPU batched drafter";
-        std::printf(
-            "[gpu-batch-e2e] %s: seq %zu step %zu draft %d: %d vs %d, cpu top-2 margin %.5g (tolerance "
-            "%.5g)%s\n",
-            what.c_str(), s, step, i, ref[s][at], other[s][at], m.margin, m.tolerance,
-            m.margin <= m.tolerance ? "" : "  (not a head near-tie)");
-        if (m.margin <= m.tolerance) {
-          ++near;
-        } else {
-          // Not a head near-tie: an upstream one (the router's top-k or the indexer's pool choice
-          // flips on another summation order, and the block output moves by more than a head
-          // margin), also possible on a first draft; bounded below, as test_gpu_e2e bounds it.
-          ++upstream;
-        }
-        break;  // later drafts of this step chain different tokens
-      }
-    }
-  }
-  std::printf("[gpu-batch-e2e] %s: %d drafts compared, %d agree, %d near-ties, %d upstream\n", what.c_str(),
-              compared, agreed, near, upstream);
-  std::fflush(stdout);
-  ASSERT_GT(compared, 10) << what << ": too few drafts to compare";
-  EXPECT_LE(upstream, std::max(1, compared / 50)) << what;
-  EXPECT_GE(static_cast<double>(agreed) / compared, 0.95) << what;
+  e2e::Agreement a;
+  f.compare(ref, other, &cpu_drafts, "gpu-batch-e2e", what, a);
+  if (!a.complete) return;
+  ASSERT_GT(a.compared, 10) << what << ": too few drafts to compare";
+  // A disagreement that is not a head near-tie is an upstream one (the router's top-k or the
+  // indexer's pool choice flips on another summation order, and the block output moves by more
+  // than a head margin), also possible on a first draft; bounded, as test_gpu_e2e bounds it.
+  EXPECT_LE(a.upstream, std::max(1, a.compared / 50)) << what;
+  EXPECT_GE(static_cast<double>(a.agreed) / a.compared, 0.95) << what;
 }
 
 class GpuBatchE2e : public ::testing::TestWithParam<Case> {};
@@ -207,12 +88,18 @@ TEST_P(GpuBatchE2e, CudaBatchedMatchesCpuBatchedAndCudaSingle) {
     auto dev = f.make(gpu(), false);
     const test::BatchedReplay cuda = test::replay_batched(*dev, f.trace, p, kDraft, H, B);
     EXPECT_EQ(cuda.max_rows, B) << tag;
-    auto single = f.make(gpu(), false);
-    const auto cuda_single = test::replay_single(*single, f.trace, p, kDraft, H);
-    expect_agree_but_near_ties(f, cpu_batched, cuda.drafts, cpu_batched,
-                               tag + ", cuda batched vs cpu batched");
-    expect_agree_but_near_ties(f, cuda_single, cuda.drafts, cpu_batched,
-                               tag + ", cuda batched vs cuda single");
+    // CUDA batched drafts against the CPU batched ones and the CUDA single-sequence drafter's
+    // (with graphs or without, as `graph`).
+    auto expect_agree = [&](const test::SequenceDrafts& batched, bool graph) {
+      const std::string label = graph ? " graph" : "";
+      auto single = f.make(gpu(), graph);
+      const auto cuda_single = test::replay_single(*single, f.trace, p, kDraft, H);
+      expect_agree_but_near_ties(f, cpu_batched, batched, cpu_batched,
+                                 tag + ", cuda batched" + label + " vs cpu batched");
+      expect_agree_but_near_ties(f, cuda_single, batched, cpu_batched,
+                                 tag + ", cuda batched" + label + " vs cuda single" + label);
+    };
+    expect_agree(cuda.drafts, false);
 
     // cuda_graph: bucket padding on both sides, so the graph and the op-by-op steps run the same
     // kernels on the same shapes: the same drafts, bit for bit.
@@ -226,12 +113,7 @@ TEST_P(GpuBatchE2e, CudaBatchedMatchesCpuBatchedAndCudaSingle) {
     EXPECT_GE(graphed->graph_recordings(), 1) << tag;
     std::printf("[gpu-batch-e2e] %s: %d batched steps, %d graph recordings\n", tag.c_str(), g.batched_steps,
                 graphed->graph_recordings());
-    auto single_graph = f.make(gpu(), true);
-    const auto cuda_single_graph = test::replay_single(*single_graph, f.trace, p, kDraft, H);
-    expect_agree_but_near_ties(f, cpu_batched, g.drafts, cpu_batched,
-                               tag + ", cuda batched graph vs cpu batched");
-    expect_agree_but_near_ties(f, cuda_single_graph, g.drafts, cpu_batched,
-                               tag + ", cuda batched graph vs cuda single graph");
+    expect_agree(g.drafts, true);
   }
 }
 
@@ -240,15 +122,6 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuBatchE2e, ::testing::ValuesIn(kCases), case
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the end-to-end GPU tests need one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  std::printf("batched end-to-end GPU tests on %s\n", g_gpu->device_name().c_str());
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the end-to-end GPU tests need one",
+                            "batched end-to-end GPU tests");
 }

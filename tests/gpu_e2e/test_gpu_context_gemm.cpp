@@ -57,8 +57,7 @@ TEST(GpuContextGemm, CachesAndDraftsOnTheSmallPreset) {
   const auto cfg = e2e::preset("small", 1024);
   const int k = 3;
   const auto trace = e2e::make_trace(*g_gpu, cfg, 2, 700, 48, 5);
-  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  auto w = e2e::one_rank_weights(cfg);
   for (auto rows : {drafter::ContextRows::cache_only, drafter::ContextRows::full}) {
     SCOPED_TRACE(drafter::to_string(rows));
     drafter::DrafterOptions opt;
@@ -78,12 +77,14 @@ TEST(GpuContextGemm, CachesAndDraftsOnTheSmallPreset) {
     g_gpu->synchronize();
     const size_t kv = static_cast<size_t>(n) * cfg.kv_lora_rank;  // identity block table
     const size_t kr = static_cast<size_t>(n) * cfg.index_head_dim;
-    const CacheDiff dl = compare(download_rows(sa->cache.kv().data, kv), download_rows(sb->cache.kv().data, kv));
+    const CacheDiff dl =
+        compare(download_rows(sa->cache.kv().data, kv), download_rows(sb->cache.kv().data, kv));
     const CacheDiff dk =
         compare(download_rows(sa->cache.k_cache.data(), kr), download_rows(sb->cache.k_cache.data(), kr));
-    std::printf("[gpu-context-gemm] %s, %d rows: latent %.4f identical, rel-rms %.2e; indexer k %.4f identical, "
-                "rel-rms %.2e\n",
-                drafter::to_string(rows), n, dl.identical, dl.rel_rms, dk.identical, dk.rel_rms);
+    std::printf(
+        "[gpu-context-gemm] %s, %d rows: latent %.4f identical, rel-rms %.2e; indexer k %.4f identical, "
+        "rel-rms %.2e\n",
+        drafter::to_string(rows), n, dl.identical, dl.rel_rms, dk.identical, dk.rel_rms);
     EXPECT_GE(dl.identical, 0.5);
     EXPECT_LE(dl.rel_rms, 1e-2);
     EXPECT_GE(dk.identical, 0.5);
@@ -116,14 +117,5 @@ TEST(GpuContextGemm, CachesAndDraftsOnTheSmallPreset) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the context_gemm GPU test needs one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the context_gemm GPU test needs one", nullptr);
 }

@@ -46,8 +46,7 @@ TEST_P(GpuE2e, CudaMatchesCpu) {
   // The FP8 head arm on tiny only: the small preset's CPU reference takes about a minute per arm.
   for (bool fp8 : {false, true}) {
     if (fp8 && std::string(c.preset) != "tiny") continue;
-    const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-    auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+    auto w = e2e::one_rank_weights(cfg);
     drafter::DrafterOptions opt;
     opt.draft_len = c.k;
     opt.head_fp8 = fp8;
@@ -62,9 +61,9 @@ TEST_P(GpuE2e, CudaMatchesCpu) {
     int upstream = 0;
     for (const auto& d : report.disagreements) {
       // The GPU head picked the best token of its own input: the head is right whatever y was.
-      EXPECT_LE(d.head_gap, d.tolerance) << "seq " << d.sequence << " L " << d.position << " draft " << d.draft
-                                         << ": the GPU's pick is " << d.head_gap
-                                         << " below the best logit of its own head input";
+      EXPECT_LE(d.head_gap, d.tolerance)
+          << "seq " << d.sequence << " L " << d.position << " draft " << d.draft << ": the GPU's pick is "
+          << d.head_gap << " below the best logit of its own head input";
       if (d.near_tie()) continue;
       // Not a near-tie at the head: the inputs y themselves diverged upstream. Allowed only on a
       // chained draft (its input is the previous draft's BF16 y and the rows those drafts wrote,
@@ -87,8 +86,7 @@ TEST_P(GpuE2e, GraphMatchesEager) {
   const auto cfg = e2e::preset(c.preset, c.max_seq_len);
   const auto trace = e2e::make_trace(gpu(), cfg, c.sequences, c.prompt, c.gen, 9);
   for (auto cr : {drafter::ContextRows::cache_only, drafter::ContextRows::full}) {
-    const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-    auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+    auto w = e2e::one_rank_weights(cfg);
     drafter::DrafterOptions opt;
     opt.draft_len = c.k;
     opt.context_rows = cr;
@@ -114,8 +112,7 @@ INSTANTIATE_TEST_SUITE_P(Presets, GpuE2e, ::testing::ValuesIn(kCases), case_name
 TEST(GpuE2eOptions, GraphNeedsCuda) {
   const auto cfg = e2e::preset("tiny", 128);
   auto cpu = ops::make_cpu_backend();
-  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  auto w = e2e::one_rank_weights(cfg);
   drafter::DrafterOptions opt;
   opt.cuda_graph = true;
   EXPECT_THROW(drafter::make_drafter(*cpu, nullptr, cfg, w, opt), Error);
@@ -124,21 +121,14 @@ TEST(GpuE2eOptions, GraphNeedsCuda) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the end-to-end GPU tests need one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  // The default kernel policy with the environment's MTPLAB_* overrides (MTPLAB_CUDA_PDL=0 in
-  // scripts/device/validate.sh's run without programmatic launch).
-  std::vector<std::string> overridden;
-  g_gpu->set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
-  std::printf("end-to-end GPU tests on %s, kernel policy %s%s%s\n", g_gpu->device_name().c_str(),
-              ops::to_string(g_gpu->kernel_policy()).c_str(),
-              overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(
+      argc, argv, g_gpu, "the end-to-end GPU tests need one", nullptr, [](ops::Backend& gpu) {
+        // The default kernel policy with the environment's MTPLAB_* overrides (MTPLAB_CUDA_PDL=0 in
+        // scripts/device/validate.sh's run without programmatic launch).
+        std::vector<std::string> overridden;
+        gpu.set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
+        std::printf("end-to-end GPU tests on %s, kernel policy %s%s%s\n", gpu.device_name().c_str(),
+                    ops::to_string(gpu.kernel_policy()).c_str(),
+                    overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
+      });
 }

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 
+#include "common/exchange_arms.hpp"
 #include "common/mpi.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
@@ -20,8 +21,8 @@ dist::Runtime* g_runtime = nullptr;
 ops::Backend* g_gpu = nullptr;
 
 std::vector<std::vector<int32_t>> run_arm(const model::ModelConfig& cfg, dist::Communicator& comm,
-                                          const std::vector<io::TraceSequence>& trace, drafter::DrafterOptions opt,
-                                          int k) {
+                                          const std::vector<io::TraceSequence>& trace,
+                                          drafter::DrafterOptions opt, int k) {
   const auto plan = model::make_shard_plan(cfg, comm.rank(), comm.size(), opt.head_sharding);
   auto w = model::synthesize_mtp_weights(cfg, plan, 11);
   auto d = drafter::make_drafter(*g_gpu, &comm, cfg, w, opt);
@@ -46,31 +47,22 @@ void check_arms(const char* preset, int max_seq_len, int prompt, int gen) {
   ASSERT_FALSE(reference.empty());
   int arms = 0;
   for (bool graph : {false, true}) {
-    for (auto hs : {model::HeadSharding::none, model::HeadSharding::vocab}) {
-      for (auto ex : {drafter::Exchange::packed_u64, drafter::Exchange::allgather_pairs,
-                      drafter::Exchange::allgather_logits, drafter::Exchange::bf16_lanes}) {
-        for (auto cr : {drafter::ContextRows::cache_only, drafter::ContextRows::full}) {
-          drafter::DrafterOptions opt = ref_opt;
-          opt.head_sharding = hs;
-          opt.exchange = ex;
-          opt.context_rows = cr;
-          opt.cuda_graph = graph;
-          const std::string name = str(preset, " ", model::to_string(hs), "/", drafter::to_string(ex), "/",
-                                       drafter::to_string(cr), graph ? "/graph" : "");
-          const bool sharded = hs == model::HeadSharding::vocab && comm.size() > 1;
-          if (sharded && ex == drafter::Exchange::bf16_lanes && (graph || comm.size() > 2)) {
-            EXPECT_THROW(run_arm(cfg, comm, trace, opt, k), Error) << name;
-            continue;
-          }
-          EXPECT_EQ(run_arm(cfg, comm, trace, opt, k), reference) << name << " at " << comm.size() << " ranks";
-          ++arms;
-        }
+    for (const test::ExchangeArm& arm : test::exchange_arms(ref_opt)) {
+      drafter::DrafterOptions opt = arm.opt;
+      opt.cuda_graph = graph;
+      const std::string name = str(preset, " ", arm.name, graph ? "/graph" : "");
+      const bool sharded = opt.head_sharding == model::HeadSharding::vocab && comm.size() > 1;
+      if (sharded && opt.exchange == drafter::Exchange::bf16_lanes && (graph || comm.size() > 2)) {
+        EXPECT_THROW(run_arm(cfg, comm, trace, opt, k), Error) << name;
+        continue;
       }
+      EXPECT_EQ(run_arm(cfg, comm, trace, opt, k), reference) << name << " at " << comm.size() << " ranks";
+      ++arms;
     }
   }
   if (comm.rank() == 0)
-    std::printf("[gpu-e2e-mpi] %s, world %d: %zu steps, %d arms identical to the reference\n", preset, comm.size(),
-                reference.size(), arms);
+    std::printf("[gpu-e2e-mpi] %s, world %d: %zu steps, %d arms identical to the reference\n", preset,
+                comm.size(), reference.size(), arms);
 }
 
 TEST(GpuE2eMpi, TinyAllArmsGiveTheSameDrafts) { check_arms("tiny", 256, 24, 60); }
@@ -84,7 +76,8 @@ int main(int argc, char** argv) {
     const int gpus = runtime.min_visible_gpus();  // collective: called once, on every rank
     if (gpus < runtime.local_size()) {
       if (runtime.rank() == 0)
-        std::printf("SKIPPED: %d rank(s) on this node but only %d visible GPU(s)\n", runtime.local_size(), gpus);
+        std::printf("SKIPPED: %d rank(s) on this node but only %d visible GPU(s)\n", runtime.local_size(),
+                    gpus);
       return 77;
     }
     const auto& dev = runtime.bind_device();

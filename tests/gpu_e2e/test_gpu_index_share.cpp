@@ -22,8 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "drafter/batch_replay.hpp"
-#include "e2e_util.hpp"
+#include "batch_fixture.hpp"
 
 using namespace mtplab;
 
@@ -32,134 +31,34 @@ namespace {
 constexpr int kDraft = 3;
 constexpr float kTolUlps = 8.0f;
 
-struct Case {
-  const char* preset;
-  int max_seq_len;
-  int prompt_lo, prompt_hi;  ///< prompt lengths spread over this range
-  int tokens;                ///< trace length of every sequence
-};
+using Case = e2e::BatchCase;
+using e2e::case_name;
+using e2e::prompts;
+
 // tiny: index_topk 16, most prompts past the dense window; small: topk 512, prompts past it too
 // (the CPU reference of the small preset is the slow part: few steps per sequence).
 const Case kCases[] = {{"tiny", 256, 3, 45, 64}, {"small", 1024, 530, 560, 580}};
 
-std::string case_name(const ::testing::TestParamInfo<Case>& p) { return p.param.preset; }
-
 std::unique_ptr<ops::Backend> g_gpu;  // made in main, reset before it returns
 ops::Backend& gpu() { return *g_gpu; }
 
-std::vector<int> prompts(const Case& c, size_t count) {
-  std::vector<int> p(count);
-  const int span = c.prompt_hi - c.prompt_lo + 1;
-  for (size_t s = 0; s < count; ++s)
-    p[s] = c.prompt_lo + static_cast<int>((s * 17) % static_cast<size_t>(span));
-  return p;
-}
-
-struct Fixture {
-  Case c;
-  model::ModelConfig cfg;
-  model::MtpWeights w;
-  std::vector<io::TraceSequence> trace;
-  std::unique_ptr<ops::Backend> cpu = ops::make_cpu_backend();
-  std::map<size_t, std::vector<std::vector<bf16>>> head_inputs;
-
+struct Fixture : e2e::BatchFixture {
   Fixture(const Case& cs, int sequences)
-      : c(cs),
-        cfg(e2e::preset(cs.preset, cs.max_seq_len)),
-        w(model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none),
-                                        11)),
-        trace(e2e::make_trace(gpu(), cfg, sequences, cs.prompt_hi, cs.tokens - cs.prompt_hi, 5)) {}
-
-  std::unique_ptr<drafter::MtpDrafter> make(ops::Backend& be, bool graph) {
-    drafter::DrafterOptions opt;
-    opt.draft_len = kDraft;
-    opt.cuda_graph = graph;
-    opt.index_share = true;
-    return drafter::make_drafter(be, nullptr, cfg, w, opt);
-  }
-
-  /// The CPU single-sequence drafter's head inputs of sequence s per step (k rows of H each), with
-  /// replay_single's script; once per sequence, on its first disagreement.
-  const std::vector<std::vector<bf16>>& cpu_head_inputs(size_t s) {
-    auto it = head_inputs.find(s);
-    if (it != head_inputs.end()) return it->second;
-    auto d = make(*cpu, false);
-    d->keep_head_inputs(true);
-    const io::TraceSequence& t = trace[s];
-    const int H = cfg.hidden;
-    const int N = static_cast<int>(t.tokens.size());
-    const auto p = prompts(c, trace.size());
-    auto st = d->new_sequence();
-    d->append_rows(*st, t.tokens.data() + 1, test::hidden_row(t, 0, H), p[s] - 1, 0);
-    std::vector<std::vector<bf16>> steps;
-    for (int L = p[s], step = 0; L + kDraft <= N - 1; ++step) {
-      d->propose(*st, t.tokens[static_cast<size_t>(L)], test::hidden_row(t, L - 1, H), kDraft);
-      steps.push_back(d->head_inputs());
-      const int a = test::scripted_accepted(static_cast<int>(s), step, kDraft);
-      d->after_verify(*st, a);
-      const int next_L = L + a + 1;
-      const int from = st->seq_len();
-      d->append_rows(*st, t.tokens.data() + from + 1, test::hidden_row(t, from, H), next_L - 1 - from, from,
-                     drafter::Phase::catch_up);
-      L = next_L;
-    }
-    return head_inputs.emplace(s, std::move(steps)).first->second;
-  }
-
-  /// The CPU head at draft i of step `step` of sequence s: its top-2 margin and the tolerance.
-  std::pair<float, float> cpu_margin(size_t s, int step, int i) {
-    const std::vector<bf16>& y = cpu_head_inputs(s).at(static_cast<size_t>(step));
-    const int H = cfg.hidden;
-    const int64_t V = w.lm_head.dim(0);
-    std::vector<bf16> logits(static_cast<size_t>(V));
-    ops::ArgMax am{};
-    cpu->head_argmax(w.lm_head.data.data(), nullptr, nullptr, y.data() + static_cast<size_t>(i) * H,
-                     static_cast<int>(V), H, 0, logits.data(), &am);
-    float top2 = -INFINITY, largest = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const float x = to_float(logits[static_cast<size_t>(v)]);
-      largest = std::max(largest, std::fabs(x));
-      if (v != am.index) top2 = std::max(top2, x);
-    }
-    return {am.value - top2, kTolUlps * e2e::bf16_ulp(largest)};
-  }
+      : BatchFixture(gpu(), cs, sequences, kDraft, kTolUlps, {.index_share = true}) {}
 };
 
 void expect_agree_but_near_ties(Fixture& f, const test::SequenceDrafts& ref,
                                 const test::SequenceDrafts& other, const std::string& what) {
-  ASSERT_EQ(ref.size(), other.size()) << what;
-  int compared = 0, agreed = 0, near = 0, upstream = 0;
-  for (size_t s = 0; s < ref.size(); ++s) {
-    ASSERT_EQ(ref[s].size(), other[s].size()) << what << ": sequence " << s;
-    for (size_t step = 0; step * kDraft < ref[s].size(); ++step) {
-      for (int i = 0; i < kDraft; ++i) {
-        const size_t at = step * kDraft + static_cast<size_t>(i);
-        ++compared;
-        if (ref[s][at] == other[s][at]) {
-          ++agreed;
-          continue;
-        }
-        const auto [margin, tolerance] = f.cpu_margin(s, static_cast<int>(step), i);
-        std::printf(
-            "[gpu-index-share] %s: seq %zu step %zu draft %d: %d vs %d, cpu top-2 margin %.5g "
-            "(tolerance %.5g)%s\n",
-            what.c_str(), s, step, i, ref[s][at], other[s][at], margin, tolerance,
-            margin <= tolerance ? "" : "  (not a head near-tie)");
-        ++(margin <= tolerance ? near : upstream);
-        break;  // later drafts of this step chain different tokens
-      }
-    }
-  }
-  std::printf("[gpu-index-share] %s: %d drafts compared, %d agree, %d near-ties, %d upstream\n", what.c_str(),
-              compared, agreed, near, upstream);
-  std::fflush(stdout);
-  ASSERT_GT(compared, 10) << what << ": too few drafts to compare";
+  e2e::Agreement a;
+  f.compare(ref, other, nullptr, "gpu-index-share", what, a);
+  if (!a.complete) return;
+  ASSERT_GT(a.compared, 10) << what << ": too few drafts to compare";
   // Every disagreement must be a head near-tie but for 2% (upstream: a discrete choice inside the
   // block flipped by summation order), and near-ties may excuse at most 10% of the drafts. Not a
   // floor on raw agreement: the small preset's random-weight logits are flat, and on an H200 its
   // B = 3 replay has 11 near-ties in 279 drafts (agreement 0.9498) with 3 upstream.
-  EXPECT_LE(upstream, std::max(1, compared / 50)) << what;
-  EXPECT_LE(near, std::max(1, compared / 10)) << what << ": near-ties excuse too many drafts";
+  EXPECT_LE(a.upstream, std::max(1, a.compared / 50)) << what;
+  EXPECT_LE(a.near, std::max(1, a.compared / 10)) << what << ": near-ties excuse too many drafts";
 }
 
 class GpuIndexShare : public ::testing::TestWithParam<Case> {};
@@ -241,15 +140,6 @@ TEST(GpuIndexShareOp, EqualsTheCpuEntryForEntry) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the index_share GPU tests need one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  std::printf("index_share end-to-end GPU tests on %s\n", g_gpu->device_name().c_str());
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the index_share GPU tests need one",
+                            "index_share end-to-end GPU tests");
 }

@@ -52,8 +52,7 @@ TEST(GpuBatchQidx, SelectionCheckOnTheSmallPreset) {
   const auto cfg = e2e::preset("small", 1024);
   const int k = 3;
   const auto trace = e2e::make_trace(*g_gpu, cfg, 2, 700, 48, 5);
-  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  auto w = model::synthesize_mtp_weights(cfg, plan, 11);
+  auto w = e2e::one_rank_weights(cfg);
   drafter::DrafterOptions opt;
   opt.draft_len = k;
   opt.context_rows = drafter::ContextRows::full;
@@ -97,14 +96,5 @@ TEST(GpuBatchQidx, SelectionCheckOnTheSmallPreset) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the batch_qidx GPU test needs one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the batch_qidx GPU test needs one", nullptr);
 }

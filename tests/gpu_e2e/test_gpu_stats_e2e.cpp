@@ -40,8 +40,7 @@ std::string name_of(const SamplingTransform& t) {
 
 struct Fixture {
   model::ModelConfig cfg = e2e::preset("tiny", 256);
-  model::MtpWeights w =
-      model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 11);
+  model::MtpWeights w = e2e::one_rank_weights(cfg);
   std::unique_ptr<ops::Backend> cpu = ops::make_cpu_backend();
   std::vector<io::TraceSequence> trace;
   int H = cfg.hidden;
@@ -49,6 +48,14 @@ struct Fixture {
   ops::Array<bf16> W;
   ops::Array<fp8e4m3> W8;
   ops::Array<float> scale;
+  /// A CUDA drafter of kDraft drafts, its head FP8 or BF16, with or without graphs.
+  std::unique_ptr<drafter::MtpDrafter> gpu_drafter(bool fp8, bool graph) {
+    drafter::DrafterOptions opt;
+    opt.head_fp8 = fp8;
+    opt.cuda_graph = graph;
+    opt.draft_len = kDraft;
+    return drafter::make_drafter(gpu(), nullptr, cfg, w, opt);
+  }
   Fixture() : trace(e2e::make_trace(gpu(), cfg, 3, 30, 40, 5)) {
     model::quantize_head_fp8(w);
     W = drafter::upload(gpu(), w.lm_head);
@@ -118,6 +125,10 @@ void expect_match(const DraftStats& got, const ops::TokenStats& want, const std:
 struct Recorded {
   std::vector<int32_t> drafts;
   std::vector<DraftStats> stats;
+  void add(const std::vector<int32_t>& d, const std::vector<DraftStats>& st) {
+    drafts.insert(drafts.end(), d.begin(), d.end());
+    stats.insert(stats.end(), st.begin(), st.end());
+  }
 };
 
 bool same(const Recorded& a, const Recorded& b) {
@@ -130,6 +141,31 @@ bool same(const Recorded& a, const Recorded& b) {
   return true;
 }
 
+/// The extras of a stats round: `requested` under `t` into `stats`, and `chain` as the chain
+/// tokens when `with_chain` (the spans refer to the vectors given).
+drafter::ProposeExtras extras(const std::vector<int32_t>& requested, const std::vector<int32_t>& chain,
+                              bool with_chain, const SamplingTransform& t, std::vector<DraftStats>& stats) {
+  drafter::ProposeExtras x;
+  x.requested = requested;
+  if (with_chain) x.chain_tokens = chain;
+  x.transform = t;
+  x.stats = &stats;
+  return x;
+}
+
+/// After one drafter's three rounds (recorded[r]: its graph recordings after round r): with graphs,
+/// the first round recorded, the second (extras) recorded nothing new, the third (chain tokens)
+/// one step variant; the stats fell both inside and outside the support.
+void expect_rounds(const int (&recorded)[3], bool graph, bool fp8, const Counts& n) {
+  if (graph) {
+    EXPECT_GT(recorded[0], 0);
+    EXPECT_EQ(recorded[1], recorded[0]) << (fp8 ? "fp8" : "bf16") << ": a call with extras recorded again";
+    EXPECT_EQ(recorded[2], recorded[1] + 1) << (fp8 ? "fp8" : "bf16") << ": chain tokens: one step variant";
+  }
+  EXPECT_GT(n.inside, 0);
+  EXPECT_GT(n.outside, 0);
+}
+
 }  // namespace
 
 TEST(GpuStats, SingleSequenceStatsMatchTheCpuOnTheGpuLogits) {
@@ -138,11 +174,7 @@ TEST(GpuStats, SingleSequenceStatsMatchTheCpuOnTheGpuLogits) {
   for (bool fp8 : {false, true}) {
     Recorded runs[2];
     for (bool graph : {false, true}) {
-      drafter::DrafterOptions opt;
-      opt.head_fp8 = fp8;
-      opt.cuda_graph = graph;
-      opt.draft_len = kDraft;
-      auto d = drafter::make_drafter(gpu(), nullptr, f.cfg, f.w, opt);
+      auto d = f.gpu_drafter(fp8, graph);
       d->keep_head_inputs(true);
       auto st = d->new_sequence();
       int L = 30;
@@ -157,11 +189,7 @@ TEST(GpuStats, SingleSequenceStatsMatchTheCpuOnTheGpuLogits) {
           std::vector<int32_t> req(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + kDraft);
           std::vector<int32_t> chain(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + kDraft);
           std::vector<DraftStats> stats;
-          drafter::ProposeExtras x;
-          x.requested = req;
-          x.transform = t;
-          x.stats = &stats;
-          if (round == 2) x.chain_tokens = chain;
+          const drafter::ProposeExtras x = extras(req, chain, round == 2, t, stats);
           const auto drafts = d->propose(*st, seq.tokens[L], seq.hiddens.data() + (L - 1) * f.H, kDraft, x);
           const auto ys = d->head_inputs();
           // head_argmax ran once per draft: the same single-row logits.
@@ -183,22 +211,13 @@ TEST(GpuStats, SingleSequenceStatsMatchTheCpuOnTheGpuLogits) {
               if (to_float(row[v]) > to_float(row[best])) best = v;
             EXPECT_EQ(drafts[static_cast<size_t>(i)], best) << what;
           }
-          runs[graph].drafts.insert(runs[graph].drafts.end(), drafts.begin(), drafts.end());
-          runs[graph].stats.insert(runs[graph].stats.end(), stats.begin(), stats.end());
+          runs[graph].add(drafts, stats);
           d->after_verify(*st, 0);
           ++L;
         }
         recorded[round] = d->graph_recordings();
       }
-      if (graph) {
-        EXPECT_GT(recorded[0], 0);
-        EXPECT_EQ(recorded[1], recorded[0])
-            << (fp8 ? "fp8" : "bf16") << ": a call with extras recorded again";
-        EXPECT_EQ(recorded[2], recorded[1] + 1)
-            << (fp8 ? "fp8" : "bf16") << ": chain tokens: one step variant";
-      }
-      EXPECT_GT(n.inside, 0);
-      EXPECT_GT(n.outside, 0);
+      expect_rounds(recorded, graph, fp8, n);
     }
     EXPECT_TRUE(same(runs[0], runs[1])) << (fp8 ? "fp8" : "bf16") << ": cuda_graph on and off differ";
   }
@@ -211,11 +230,7 @@ TEST(GpuStats, BatchedStatsMatchTheCpuOnTheGpuLogits) {
   for (bool fp8 : {false, true}) {
     Recorded runs[2];
     for (bool graph : {false, true}) {
-      drafter::DrafterOptions opt;
-      opt.head_fp8 = fp8;
-      opt.cuda_graph = graph;
-      opt.draft_len = kDraft;
-      auto d = drafter::make_drafter(gpu(), nullptr, f.cfg, f.w, opt);
+      auto d = f.gpu_drafter(fp8, graph);
       // The same padding with and without graphs (another padded row count may pick other GEMMs).
       auto batch = d->new_batch(B, drafter::BatchPadding::bucket);
       d->keep_head_inputs(true);
@@ -242,11 +257,7 @@ TEST(GpuStats, BatchedStatsMatchTheCpuOnTheGpuLogits) {
             chain.insert(chain.end(), q.tokens.begin() + L[s] + 1, q.tokens.begin() + L[s] + kDraft);
           }
           std::vector<DraftStats> stats;
-          drafter::ProposeExtras x;
-          x.requested = req;
-          x.transform = t;
-          x.stats = &stats;
-          if (round == 2) x.chain_tokens = chain;
+          const drafter::ProposeExtras x = extras(req, chain, round == 2, t, stats);
           const auto drafts = d->propose_batch(*batch, rows, kDraft, x);
           const auto ys = d->batch_head_inputs();  // [B, k, H]
           ASSERT_EQ(stats.size(), static_cast<size_t>(B * kDraft));
@@ -267,8 +278,7 @@ TEST(GpuStats, BatchedStatsMatchTheCpuOnTheGpuLogits) {
                                round, " row ", s, " draft ", i),
                            n);
           }
-          runs[graph].drafts.insert(runs[graph].drafts.end(), drafts.begin(), drafts.end());
-          runs[graph].stats.insert(runs[graph].stats.end(), stats.begin(), stats.end());
+          runs[graph].add(drafts, stats);
           for (int s = 0; s < B; ++s) {
             d->after_verify(*batch, s, 0);
             ++L[s];
@@ -276,15 +286,7 @@ TEST(GpuStats, BatchedStatsMatchTheCpuOnTheGpuLogits) {
         }
         recorded[round] = d->graph_recordings();
       }
-      if (graph) {
-        EXPECT_GT(recorded[0], 0);
-        EXPECT_EQ(recorded[1], recorded[0])
-            << (fp8 ? "fp8" : "bf16") << ": a call with extras recorded again";
-        EXPECT_EQ(recorded[2], recorded[1] + 1)
-            << (fp8 ? "fp8" : "bf16") << ": chain tokens: one step variant";
-      }
-      EXPECT_GT(n.inside, 0);
-      EXPECT_GT(n.outside, 0);
+      expect_rounds(recorded, graph, fp8, n);
     }
     EXPECT_TRUE(same(runs[0], runs[1])) << (fp8 ? "fp8" : "bf16") << ": cuda_graph on and off differ";
   }
@@ -317,15 +319,6 @@ TEST(GpuStats, TargetLogprobsMatchTheCpuDrafters) {
 }
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (GTEST_FLAG_GET(list_tests)) return RUN_ALL_TESTS();
-  if (!ops::cuda_backend_available()) {
-    std::printf("SKIPPED: no CUDA device is visible; the end-to-end GPU tests need one\n");
-    return 77;
-  }
-  g_gpu = ops::make_cuda_backend(0);
-  std::printf("sampling-statistics end-to-end GPU tests on %s\n", g_gpu->device_name().c_str());
-  const int rc = RUN_ALL_TESTS();
-  g_gpu.reset();
-  return rc;
+  return e2e::gpu_test_main(argc, argv, g_gpu, "the end-to-end GPU tests need one",
+                            "sampling-statistics end-to-end GPU tests");
 }

@@ -16,6 +16,7 @@
 #include <random>
 
 #include "common/error_of.hpp"
+#include "common/temp_dir.hpp"
 #include "common/trace.hpp"
 #include "harness/check.hpp"
 #include "harness/results.hpp"
@@ -30,9 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void expect_has(const std::string& text, const std::string& part) {
-  EXPECT_NE(text.find(part), std::string::npos) << "text:\n" << text << "\nexpected to contain: " << part;
-}
+using mtplab::test::expect_has;
 
 // One MPI runtime for the whole binary (MPI cannot be initialised again after it is finalised).
 dist::Runtime& runtime() {
@@ -40,21 +39,8 @@ dist::Runtime& runtime() {
   return rt;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "mtplab-check-XXXXXX").string();
-    MTP_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("mtplab-check") {}
 };
 
 model::ModelConfig tiny() { return test::tiny_config(128); }

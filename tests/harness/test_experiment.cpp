@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "common/error_of.hpp"
+#include "experiment_text.hpp"
 #include "harness/experiment.hpp"
 
 using namespace mtplab;
@@ -18,13 +19,8 @@ using namespace mtplab::harness;
 
 namespace {
 
-const char* kBase = R"(model:
-  preset: tiny
-  max_seq_len: 128
-weights: {synthetic: {seed: 3}}
-trace:
-  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 16, seed: 5, layers: 1}
-measure: {warmup_steps: 1}
+const std::string kBase = test::tiny_experiment(
+    "sequences: 2, prompt_len: 8, new_tokens: 16, seed: 5, layers: 1", R"(measure: {warmup_steps: 1}
 output: out.h5
 backend: cpu
 sweep:
@@ -32,28 +28,17 @@ sweep:
     head_sharding: [none, vocab]
     head_fp8: [off, on]
     skip: [none, head, block]
-)";
+)");
 
 // One point, no sweep, backend auto: every arm value can run there at 2 ranks.
-const char* kSingle = R"(model:
-  preset: tiny
-  max_seq_len: 128
-weights: {synthetic: {seed: 3}}
-trace:
-  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1}
-output: out.h5
-)";
+const std::string kSingle = test::tiny_experiment(
+    "sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1", "output: out.h5\n");
 
 // kSingle with its trace sampled at T = 1 (top_k 0, top_p 1: the sampling arms' defaults), so that
 // `verify: sampling` can run on it too (greedy verification replays any trace).
-const char* kSingleSampled = R"(model:
-  preset: tiny
-  max_seq_len: 128
-weights: {synthetic: {seed: 3}}
-trace:
-  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1, sampling: sampling}
-output: out.h5
-)";
+const std::string kSingleSampled = test::tiny_experiment(
+    "sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1, sampling: sampling",
+    "output: out.h5\n");
 
 std::string message_of(const std::function<void()>& f) { return mtplab::test::error_of(f); }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "common/drafter.hpp"
 #include "common/trace.hpp"
 #include "drafter/factory.hpp"
 #include "harness/replay.hpp"
@@ -23,24 +24,9 @@ namespace {
 constexpr int kHidden = 128;  // the tiny preset
 constexpr int kDrafts = 3;
 
-struct Fixture {
-  model::ModelConfig cfg = test::tiny_config();
-  std::unique_ptr<ops::Backend> be = ops::make_cpu_backend();
-  model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
-  std::unique_ptr<drafter::MtpDrafter> make(DrafterOptions opt = {}) {
-    opt.draft_len = kDrafts;
-    return drafter::make_drafter(*be, nullptr, cfg, w, opt);
-  }
-};
+using Fixture = test::TinyCpuDrafterOf<kDrafts>;
 
-const std::vector<io::TraceSequence>& shared_trace() {
-  static std::vector<io::TraceSequence> t = [] {
-    Fixture f;
-    return test::make_trace(*f.be, f.cfg, 3, 20, 24, 5);
-  }();
-  return t;
-}
+const std::vector<io::TraceSequence>& shared_trace() { return test::shared_tiny_trace(3, 20, 24, 5); }
 
 const bf16* row(const io::TraceSequence& s, int r) {
   return s.hiddens.data() + static_cast<size_t>(r) * kHidden;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "experiment_text.hpp"
 #include "harness/experiment.hpp"
 #include "harness/results.hpp"
 #include "harness/uncertainty.hpp"
@@ -20,19 +21,14 @@ using namespace mtplab::harness;
 
 namespace {
 
-const char* kExperiment = R"(model:
-  preset: tiny
-  max_seq_len: 128
-weights: {synthetic: {seed: 3}}
-trace:
-  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 16, seed: 5, layers: 1}
-output: out.h5
+const std::string kExperiment =
+    test::tiny_experiment("sequences: 2, prompt_len: 8, new_tokens: 16, seed: 5, layers: 1", R"(output: out.h5
 backend: cpu
 draft_len: 3
 sweep:
   grid:
     head_fp8: [off, on]
-)";
+)");
 
 struct Row {
   int32_t sequence, position;

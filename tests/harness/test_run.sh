@@ -25,18 +25,16 @@
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+source "$src/tests/common/script.sh"
 check="$python $src/tests/harness/check_results.py"
-"$python" -c "import h5py, pandas" 2>/dev/null || { echo "SKIPPED: $python lacks h5py or pandas"; exit 77; }
+require_python "$python" h5py pandas
 
 work=$(mktemp -d /tmp/mtplab-run-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 exp=$src/tests/harness/synthetic-quickstart.yaml
 launch=("$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab")
 # 8 points (skip fixed to none), short sequences: a few seconds on 2 busy cores.
 small=(--set trace.synthetic.new_tokens=16 --set 'sweep.grid.skip=[none]' --set measure.warmup_steps=1)
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 # run LOG ARGS...: mtplab run under mpirun, output to LOG; returns its exit code.
 run() {

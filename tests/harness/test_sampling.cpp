@@ -28,6 +28,7 @@
 #include "common/trace.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
+#include "experiment_text.hpp"
 #include "harness/experiment.hpp"
 #include "harness/replay.hpp"
 #include "io/trace.hpp"
@@ -263,6 +264,16 @@ TEST(SyntheticTarget, SampledContinuationsAreSeededAndInTheTargetsSupport) {
   EXPECT_NE(msg.find("outside the truncated support"), std::string::npos) << msg;
 }
 
+namespace {
+// The target's log p of every trace token of `seqs` at temperature kHot (no truncation).
+std::vector<std::vector<float>> hot_target_logprobs(drafter::MtpDrafter& d,
+                                                    const std::vector<io::TraceSequence>& seqs) {
+  drafter::SamplingTransform tr;
+  tr.temperature = kHot;
+  return trace_target_logprobs(d, seqs, tr, "trace");
+}
+}  // namespace
+
 // ---- replay ----------------------------------------------------------------------------------------
 
 TEST(SamplingReplay, ExpectedAgreesWithRealisedWithinFourStandardErrors) {
@@ -272,9 +283,7 @@ TEST(SamplingReplay, ExpectedAgreesWithRealisedWithinFourStandardErrors) {
   // strictly between 0 and 1 and the coins matter (at T = 1 they are mostly near 0).
   const auto seqs = trace_of(*s.be, s.cfg, 6, 16, 200, 21, sampled_at(kHot));
   auto d = drafter_for(*s.be, s.cfg, k, s.w);
-  drafter::SamplingTransform tr;
-  tr.temperature = kHot;
-  const auto logp = trace_target_logprobs(*d, seqs, tr, "trace");
+  const auto logp = hot_target_logprobs(*d, seqs);
   AcceptanceStats stats;
   const SamplingVerify v = verify_at(kHot, DraftProposal::sampled, 3);
   const auto steps = replay_all(*d, seqs, k, s.cfg.hidden, &v, logp, stats);
@@ -314,9 +323,7 @@ TEST(SamplingReplay, SameSeedSameStepsAndBatchSizeDoesNotMatter) {
   const int k = 2;
   const auto seqs = trace_of(*s.be, s.cfg, 5, 12, 40, 4, sampled_at(kHot));
   auto d = drafter_for(*s.be, s.cfg, k, s.w);
-  drafter::SamplingTransform tr;
-  tr.temperature = kHot;
-  const auto logp = trace_target_logprobs(*d, seqs, tr, "trace");
+  const auto logp = hot_target_logprobs(*d, seqs);
   const SamplingVerify v = verify_at(kHot, DraftProposal::sampled, 17);
   AcceptanceStats s1, s2, s3;
   const auto one = replay_all(*d, seqs, k, s.cfg.hidden, &v, logp, s1);
@@ -352,18 +359,14 @@ TEST(SamplingReplay, SameSeedSameStepsAndBatchSizeDoesNotMatter) {
 // ---- experiments: keys, rules, refusals --------------------------------------------------------
 
 namespace {
-const char* kSampled = R"(model:
-  preset: tiny
-  max_seq_len: 128
-weights: {synthetic: {seed: 3}}
-trace:
-  synthetic: {sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1,
-              sampling: sampling, temperature: 0.7, sampling_seed: 9}
-output: out.h5
+const std::string kSampled = test::tiny_experiment(
+    "sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1,\n              sampling: sampling, "
+    "temperature: 0.7, sampling_seed: 9",
+    R"(output: out.h5
 backend: cpu
 verify: sampling
 temperature: 0.7
-)";
+)");
 }  // namespace
 
 TEST(SamplingExperiment, KeysAreReadAndRecorded) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/error_of.hpp"
+#include "common/temp_dir.hpp"
 #include "model/config.hpp"
 
 using namespace mtplab;
@@ -65,9 +66,7 @@ ModelConfig parse_text(const std::string& text, const std::string& name = "t.yam
   return parse_model_config(YamlNode::load_string(text, name));
 }
 
-void expect_has(const std::string& msg, const std::string& part) {
-  EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg << "\nexpected to contain: " << part;
-}
+using mtplab::test::expect_has;
 
 }  // namespace
 

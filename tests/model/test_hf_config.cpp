@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/error_of.hpp"
+#include "common/temp_dir.hpp"
 #include "model/config.hpp"
 #include "model/safetensors.hpp"
 #include "model/weights.hpp"
@@ -24,10 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 using mtplab::test::error_of;
-
-void expect_has(const std::string& msg, const std::string& part) {
-  EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg << "\nexpected to contain: " << part;
-}
+using mtplab::test::expect_has;
 
 std::string source_dir() {
   const std::string d = presets_dir();
@@ -35,22 +33,8 @@ std::string source_dir() {
 }
 std::string fixture(const std::string& name) { return source_dir() + "/tests/data/hf/" + name; }
 
-/// A fresh directory, removed with its contents at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "mtplab-hf-XXXXXX").string();
-    MTP_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("mtplab-hf") {}
 };
 
 /// The fields that say what the model is, without where it was read from.

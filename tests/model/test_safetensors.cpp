@@ -11,6 +11,7 @@
 #include <random>
 
 #include "common/error_of.hpp"
+#include "common/temp_dir.hpp"
 #include "model/safetensors.hpp"
 #include "model/weights.hpp"
 #include "weights_compare.hpp"
@@ -22,28 +23,10 @@ namespace fs = std::filesystem;
 namespace {
 
 using mtplab::test::error_of;
+using mtplab::test::expect_has;
 
-void expect_has(const std::string& msg, const std::string& part) {
-  EXPECT_NE(msg.find(part), std::string::npos) << "message: " << msg << "\nexpected to contain: " << part;
-}
-
-/// A fresh directory, removed with its contents at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "mtplab-model-XXXXXX").string();
-    MTP_REQUIRE(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("mtplab-model") {}
 };
 
 std::vector<bf16> random_bf16(size_t n, uint32_t seed) {

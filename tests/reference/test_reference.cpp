@@ -49,7 +49,7 @@ namespace {
 
 // ---- the fixtures ---------------------------------------------------------------------------------
 
-struct Reference {
+struct ReferenceData {
   model::ModelConfig cfg;
   model::MtpWeights w;
   std::unique_ptr<reftest::FixtureFile> X;
@@ -63,7 +63,7 @@ int64_t meta_int(MapReader& r, const std::string& key) { return r.req_int(key, 0
 
 /// Checks every size of the YAML config against meta.json, so the fixture and the config cannot
 /// drift apart silently.
-void check_against_meta(const model::ModelConfig& c, const YamlNode& meta, Reference& ref) {
+void check_against_meta(const model::ModelConfig& c, const YamlNode& meta, ReferenceData& ref) {
   MapReader root(meta);
   const YamlNode conf_node = root.req("config");
   MapReader m(conf_node);
@@ -117,8 +117,8 @@ void check_against_meta(const model::ModelConfig& c, const YamlNode& meta, Refer
                        ", device ", root.req_string("device"), ", seed ", meta_int(root, "seed_used"));
 }
 
-std::unique_ptr<Reference> load_reference() {
-  auto r = std::make_unique<Reference>();
+std::unique_ptr<ReferenceData> load_reference() {
+  auto r = std::make_unique<ReferenceData>();
   const std::string dir = reftest::fixture_dir();
   r->cfg = model::load_model_preset(reftest::source_dir() + "/tests/reference/tiny_fixtures.yaml");
   check_against_meta(r->cfg, YamlNode::load_file(dir + "/meta.json"), *r);
@@ -132,8 +132,8 @@ std::unique_ptr<Reference> load_reference() {
   return r;
 }
 
-const Reference& reference() {
-  static const std::unique_ptr<Reference> ref = load_reference();
+const ReferenceData& reference() {
+  static const std::unique_ptr<ReferenceData> ref = load_reference();
   return *ref;
 }
 
@@ -248,19 +248,25 @@ void finish(const PieceTable& tab, std::chrono::steady_clock::time_point start) 
   EXPECT_TRUE(bad.empty()) << "pieces past their tolerance:\n" << bad;
 }
 
+// What every test starts from: its start time, the reference (config, weights, fixture file) and
+// a CPU backend.
+class Reference : public ::testing::Test {
+ protected:
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  const ReferenceData& R = reference();
+  const model::ModelConfig& c = R.cfg;
+  const reftest::FixtureFile& X = *R.X;
+  std::unique_ptr<ops::Backend> be_owner = ops::make_cpu_backend();
+  ops::Backend& be = *be_owner;
+};
+
 }  // namespace
 
 // =====================================================================================================
 // Pieces, each from the fixture's own input.
 // =====================================================================================================
 
-TEST(Reference, PiecesMatchTransformers) {
-  const auto start = std::chrono::steady_clock::now();
-  const Reference& R = reference();
-  const model::ModelConfig& c = R.cfg;
-  const reftest::FixtureFile& X = *R.X;
-  auto be_owner = ops::make_cpu_backend();
-  ops::Backend& be = *be_owner;
+TEST_F(Reference, PiecesMatchTransformers) {
   const int T = R.T, H = c.hidden, V = c.vocab, P = c.index_kpool, K = c.index_topk, D = c.index_head_dim;
   const int nI = c.index_n_heads, nh = c.n_heads, dq = c.qk_nope_head_dim, dv = c.v_head_dim;
   const int E = c.n_routed_experts, k_top = c.num_experts_per_tok, SI = c.shared_intermediate();
@@ -526,16 +532,25 @@ TEST(Reference, PiecesMatchTransformers) {
   }
 
   // ---- residual, post-attention norm -------------------------------------------------------------
-  auto attn_ref_dev = put(be, X.bf16s("attn.out", {T, H}));
-  auto r = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
-  be.add(x0_ref.data(), attn_ref_dev.data(), r.data(), T * H);
-  tab.ulps("block.r = x0 + attn", get_widened(be, r), X.floats("block.r", {T, H}), 0, 0,
-           "bitwise: one rounding of the exact sum on both sides");
-  auto r_ref = put(be, X.bf16s("block.r", {T, H}));
-  auto v = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
-  be.rmsnorm(r_ref.data(), bw.post_norm.data(), v.data(), T, H, eps);
-  tab.ulps("block.v = post_attention_layernorm(r)", get_widened(be, v), X.floats("block.v", {T, H}), t_norm,
-           r_ulp, "RMSNorm");
+  // A residual add, a + the fixture's `b_key` against the fixture's `sum_key` (bitwise: one rounding
+  // of the exact sum on both sides), then the norm of the fixture's sum against `norm_key`; returns
+  // the fixture's sum on the backend (the next residual's input).
+  auto residual_then_norm = [&](const bf16* a, const char* b_key, const char* sum_key, const char* sum_label,
+                                const char* sum_why, const bf16* norm_w, const char* norm_key,
+                                const char* norm_label) {
+    auto b_dev = put(be, X.bf16s(b_key, {T, H}));
+    auto sum = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
+    be.add(a, b_dev.data(), sum.data(), T * H);
+    tab.ulps(sum_label, get_widened(be, sum), X.floats(sum_key, {T, H}), 0, 0, sum_why);
+    auto sum_ref = put(be, X.bf16s(sum_key, {T, H}));
+    auto normed = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
+    be.rmsnorm(sum_ref.data(), norm_w, normed.data(), T, H, eps);
+    tab.ulps(norm_label, get_widened(be, normed), X.floats(norm_key, {T, H}), t_norm, r_ulp, "RMSNorm");
+    return sum_ref;
+  };
+  auto r_ref = residual_then_norm(x0_ref.data(), "attn.out", "block.r", "block.r = x0 + attn",
+                                  "bitwise: one rounding of the exact sum on both sides", bw.post_norm.data(),
+                                  "block.v", "block.v = post_attention_layernorm(r)");
 
   // ---- router ------------------------------------------------------------------------------------
   auto v_ref = put(be, X.bf16s("block.v", {T, H}));
@@ -630,16 +645,8 @@ TEST(Reference, PiecesMatchTransformers) {
           t_expert_ulp);
 
   // ---- residual, head ----------------------------------------------------------------------------
-  auto moe_ref_dev = put(be, X.bf16s("moe.out", {T, H}));
-  auto x1 = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
-  be.add(r_ref.data(), moe_ref_dev.data(), x1.data(), T * H);
-  tab.ulps("block.x1 = r + moe", get_widened(be, x1), X.floats("block.x1", {T, H}), 0, 0,
-           "bitwise, as block.r");
-  auto x1_ref = put(be, X.bf16s("block.x1", {T, H}));
-  auto y = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
-  be.rmsnorm(x1_ref.data(), f.shared_head_norm.data(), y.data(), T, H, eps);
-  tab.ulps("head.y = shared_head.norm(x1)", get_widened(be, y), X.floats("head.y", {T, H}), t_norm, r_ulp,
-           "RMSNorm");
+  residual_then_norm(r_ref.data(), "moe.out", "block.x1", "block.x1 = r + moe", "bitwise, as block.r",
+                     f.shared_head_norm.data(), "head.y", "head.y = shared_head.norm(x1)");
 
   // The head from the fixture's own y: the same BF16 inputs, so a logit can differ only where the
   // two fp32 sums straddle a BF16 rounding boundary (<= 1 ulp). The argmax must agree on every row
@@ -693,13 +700,7 @@ TEST(Reference, PiecesMatchTransformers) {
 // The Block over the fixture rows, then the head and the chained drafts.
 // =====================================================================================================
 
-TEST(Reference, BlockMatchesTransformers) {
-  const auto start = std::chrono::steady_clock::now();
-  const Reference& R = reference();
-  const model::ModelConfig& c = R.cfg;
-  const reftest::FixtureFile& X = *R.X;
-  auto be_owner = ops::make_cpu_backend();
-  ops::Backend& be = *be_owner;
+TEST_F(Reference, BlockMatchesTransformers) {
   const int T = R.T, H = c.hidden, width = c.selection_width(), rows = R.T + R.chain;
   const drafter::BlockDims dims = drafter::block_dims(c, 1, 0, ops::KvDtype::bf16);
   const Front f(be, R.w);
@@ -809,13 +810,7 @@ TEST(Reference, BlockMatchesTransformers) {
 // MtpDrafter: context rows and a propose from the fixture's tokens and hiddens.
 // =====================================================================================================
 
-TEST(Reference, DrafterMatchesTransformers) {
-  const auto start = std::chrono::steady_clock::now();
-  const Reference& R = reference();
-  const model::ModelConfig& c = R.cfg;
-  const reftest::FixtureFile& X = *R.X;
-  auto be_owner = ops::make_cpu_backend();
-  ops::Backend& be = *be_owner;
+TEST_F(Reference, DrafterMatchesTransformers) {
   const int T = R.T, H = c.hidden, L = c.kv_lora_rank, D = c.index_head_dim, rows = R.T + R.chain;
   const Front f(be, R.w);
   PieceTable tab(str("MtpDrafter append_rows(0..", T - 2, ") + propose(", 1 + R.chain, "): ", R.provenance));
