@@ -23,7 +23,7 @@ MTPLAB_RESULTS=$work/q.h5 MTPLAB_FIGURES=$work/figures PYDEVD_DISABLE_FILE_VALID
   >"$work/nb.log" 2>&1 || { echo "FAIL: the notebook did not execute"; cat "$work/nb.log"; exit 1; }
 
 failures=0
-for fig in acceptance_tau tau_ci accepted_hist per_position phase_breakdown fp8_divergence fp8_flip_margins sharding_latency batch_scaling; do
+for fig in acceptance_tau tau_ci expected_tau_k accepted_hist per_position phase_breakdown fp8_divergence fp8_flip_margins sharding_latency batch_scaling; do
   f=$work/figures/$fig.png
   if [[ -s $f ]] && [[ $(head -c 8 "$f" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]]; then
     echo "ok: $fig.png ($(stat -c %s "$f") bytes)"

@@ -709,10 +709,13 @@ class CudaBackend final : public Backend {
         idx.max_rows, " (a whole number of pools)");
   }
   /// Whether the batched BF16 head runs as cuBLASLt + argmax (KernelPolicy::head_gemm): forced by
-  /// the policy, else from the measured table (docs/kernels.md, "The batched head"): the fused MMA
-  /// kernel reads W once at every batch, but at 64 rows and more its tensor-core work, not W's
-  /// bytes, sets its time, where cuBLASLt's GEMM is faster than the fused kernel's by more than the
-  /// extra pass over the logits costs.
+  /// the policy, else from the measurement (docs/kernels.md, "Batched kernels"; one H200, the
+  /// glm5.3-flash head [154880 x 4096], 2026-12-02): cuBLASLt + argmax + finish took 308 / 326 /
+  /// 330 / 344 / 356 us at 1 / 4 / 16 / 64 / 128 rows against the fused MMA kernel's 342 / 339 /
+  /// 368 / 505 / 1121 us: the fused kernel's tensor-core work, not W's bytes, sets its time from
+  /// 16 rows up, and the extra pass over the logits costs less than the difference at every size.
+  /// So automatic is cuBLASLt for every batched head of 2 or more rows (one row: the fused kernel,
+  /// as the single-sequence path has its own head).
   bool head_lt_wanted(int rows) const {
     switch (ctx_.policy.head_gemm) {
       case HeadGemm::mma:
@@ -724,13 +727,16 @@ class CudaBackend final : public Backend {
     }
     return rows >= kHeadLtMinRows;
   }
-  static constexpr int kHeadLtMinRows = 1 << 30;  // not chosen automatically until measured
+  static constexpr int kHeadLtMinRows = 2;
   /// head_argmax_batch through cuBLASLt: logits [r][n] into scratch, the per-row argmax over them,
   /// then head_finish_rows writes the live rows' results (and their logits when wanted).
   void head_argmax_lt(const bf16* W, const bf16* x, const int32_t* slot, int rows, int n, int k,
                       int64_t index_base, bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras) {
     const char* op = "head_argmax_batch (cublaslt)";
-    const int chunk = std::min(rows, cuda::kMaxBatchRows);
+    // Sized for a full launch of kMaxBatchRows rows whatever this call's rows, so that a graph
+    // captured at a larger batch bucket than the eager call before it needs no growth (Scratch
+    // refuses to grow while capturing).
+    const int chunk = cuda::kMaxBatchRows;
     const size_t logit_bytes = (sizeof(bf16) * static_cast<size_t>(chunk) * n + 255) / 256 * 256;
     auto* base =
         static_cast<uint8_t*>(head_lt_scratch_.ensure(logit_bytes + sizeof(ArgMax) * chunk, ctx_.stream, op));
