@@ -23,7 +23,9 @@ MTPLAB_RESULTS=$work/q.h5 MTPLAB_FIGURES=$work/figures PYDEVD_DISABLE_FILE_VALID
   >"$work/nb.log" 2>&1 || { echo "FAIL: the notebook did not execute"; cat "$work/nb.log"; exit 1; }
 
 failures=0
-for fig in acceptance_tau tau_ci expected_tau_k accepted_hist per_position phase_breakdown fp8_divergence fp8_flip_margins sharding_latency batch_scaling; do
+figs=(acceptance_tau tau_ci expected_tau_k accepted_hist per_position phase_breakdown fp8_divergence fp8_flip_margins
+  sharding_latency batch_scaling)
+for fig in "${figs[@]}"; do
   f=$work/figures/$fig.png
   if [[ -s $f ]] && [[ $(head -c 8 "$f" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]]; then
     echo "ok: $fig.png ($(stat -c %s "$f") bytes)"
@@ -43,10 +45,10 @@ if [[ -f $gpu_results ]]; then
     timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb-gpu" \
     >"$work/nb-gpu.log" 2>&1 || { echo "FAIL: the notebook did not execute on $gpu_results"; cat "$work/nb-gpu.log"; exit 1; }
   n=$(find "$work/figures-gpu" -name '*.png' -size +1k | wc -l)
-  if ((n == 9)) && ! grep -q '"output_type": "error"' "$work/nb-gpu/results.ipynb"; then
-    echo "ok: 9 figures from the seed-ablations GPU results (schema v1)"
+  if ((n == ${#figs[@]})) && ! grep -q '"output_type": "error"' "$work/nb-gpu/results.ipynb"; then
+    echo "ok: $n figures from the seed-ablations GPU results (schema v1)"
   else
-    echo "FAIL: $n of 9 figures (or a cell raised) on $gpu_results"
+    echo "FAIL: $n of ${#figs[@]} figures (or a cell raised) on $gpu_results"
     failures=$((failures + 1))
   fi
 fi
