@@ -12,7 +12,7 @@
 #           of the data folder), $OUT/summary.txt (the figures, sizes and phase times) and
 #           $OUT/train_mini.log (everything printed). At most 8 files come back from a device
 #           call, hence the tar: `tar -xf files.tar -C data/trained-mini` restores the folder.
-#   check   (CHECK=1, the default with SMOKE=1; only when time is left) builds build-gpu/ (cuda
+#   check   (CHECK=1; only when time is left) builds build-gpu/ (cuda
 #           preset) with the data copied to data/trained-mini/ of this tree, runs the CPU drafter
 #           tests against the oracle (test_trained_mini, test_trained_mini_sampling) and
 #           experiments/trained-mini.yaml on the CUDA backend (k = 1 and 3, one point each);
@@ -26,7 +26,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
 OUT=${OUT:-$root/build-gpu/train-mini-out}
 SMOKE=${SMOKE:-0}
-CHECK=${CHECK:-$SMOKE}
+CHECK=${CHECK:-0}
 WALL=${WALL:-570}
 mkdir -p "$OUT/trained-mini"
 exec > >(tee "$OUT/train_mini.log") 2>&1
