@@ -58,7 +58,7 @@ if [ "$SMOKE" = 1 ]; then
 else
   sample_reserve=75
   args=(--train-cap-mb code=128,prose=32 --heldout-cap-mb code=4,prose=2 --tokenizer-sample-mb 24
-        --corpus-seconds 75 --minutes 6.5 --reserve-seconds 80 --trace-seqs 16 --eval-windows 64
+        --corpus-seconds 75 --minutes 6.5 --reserve-seconds 70 --trace-seqs 16 --eval-windows 64
         --eval-every 20 --oracle-subset 4)
   sample_args=(--subset 4)
 fi
@@ -68,7 +68,7 @@ python3 -c 'import sys, torch, tokenizers, h5py; print("python", sys.version.spl
 ts=$(date +%s)
 train_total=$(($(left) - sample_reserve - 15))
 train_minutes=$(python3 -c "print(round($train_total / 60.0, 3))")
-timeout $((train_total + 20)) python3 tools/train_tiny/train_tiny.py --out "$data" \
+timeout $(($(left) - 40)) python3 tools/train_tiny/train_tiny.py --out "$data" \
   --preset configs/mini.yaml --name trained-mini --trunk-layers 4 --context 256 --batch 64 \
   --corpus-roots python --categories 'code=.py;prose=.md,.rst,.txt' --device cuda --seed 20251202 \
   --no-trunk-in-checkpoint --full-checkpoint "$full" --ks 1,2,3 --oracle-jobs 6 \
@@ -143,9 +143,10 @@ if [ "$CHECK" = 1 ] && [ $status = 0 ] && [ "$(left)" -gt 150 ]; then
       timeout $(($(left) - 60)) cmake --build build-gpu -j 16 --target mtplab test_trained_mini test_trained_mini_sampling &&
       timeout 40 build-gpu/tests/test_trained_mini &&
       timeout 40 build-gpu/tests/test_trained_mini_sampling --gtest_filter='*ExpectedAcceptance*' &&
-      timeout 30 build-gpu/bin/mtplab run experiments/trained-mini.yaml --set backend=cuda \
-        --set 'sweep.grid.draft_len=[1,3]' --set 'sweep.grid.trace=[data/trained-mini/trace-code.h5]' \
-        --set 'sweep.grid.head_fp8=[off]' --out "$OUT/check-cuda.h5"
+      timeout 60 build-gpu/bin/mtplab run experiments/trained-mini.yaml --set backend=cuda \
+        --set 'sweep.grid.draft_len=[1,3]' --set 'sweep.grid.head_fp8=[off]' \
+        --set 'sweep.grid.head_sharding=[none]' --set 'sweep.grid.context_rows=[cache_only]' \
+        --set 'sweep.grid.skip=[none]' --out "$OUT/check-cuda.h5"
   } >"$OUT/check.log" 2>&1
   rc=$?
   tail -40 "$OUT/check.log"

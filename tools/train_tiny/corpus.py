@@ -16,7 +16,7 @@ Rules (each is recorded in meta.json by the caller):
   independent of the split), and taken until the category's byte cap for that split is reached.
   A file is skipped when it is larger than max_file_bytes, is not UTF-8, repeats the content of a
   file already taken (exact duplicates never straddle the split), or, for a prose category, has
-  fewer than min_letter_frac letters and spaces per character (tables, data).
+  fewer than min_letter_frac letters and spaces per character in its first 20000 (tables, data).
 - Licence of a file: the stdlib's is PSF-2.0; a site-packages file's is its distribution's
   (the dist-info RECORD or egg-info installed-files.txt that lists it, else the distribution whose
   top_level.txt names its first path component): License-Expression, else the "License ::"
@@ -298,10 +298,12 @@ class Licences:
 
 # ---- selection ----------------------------------------------------------------------------------
 
-def letter_frac(text: str) -> float:
-    if not text:
+def letter_frac(text: str, probe: int = 20000) -> float:
+    """Letters and spaces per character of the first `probe` characters."""
+    head = text[:probe]
+    if not head:
         return 0.0
-    return sum(1 for ch in text if ch.isalpha() or ch.isspace()) / len(text)
+    return sum(1 for ch in head if ch.isalpha() or ch.isspace()) / len(head)
 
 
 def select(entries: list[Entry], licences: Licences, heldout_mod: int, train_caps: dict[str, int],
