@@ -12,7 +12,7 @@
 #           of the data folder), $OUT/summary.txt (the figures, sizes and phase times) and
 #           $OUT/train_mini.log (everything printed). At most 8 files come back from a device
 #           call, hence the tar: `tar -xf files.tar -C data/trained-mini` restores the folder.
-#   check   (CHECK=1; only when time is left) builds build-gpu/ (cuda
+#   check   (CHECK=1, the default with SMOKE=1; only when time is left) builds build-gpu/ (cuda
 #           preset) with the data copied to data/trained-mini/ of this tree, runs the CPU drafter
 #           tests against the oracle (test_trained_mini, test_trained_mini_sampling) and
 #           experiments/trained-mini.yaml on the CUDA backend (k = 1 and 3, one point each);
@@ -26,16 +26,22 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
 OUT=${OUT:-$root/build-gpu/train-mini-out}
 SMOKE=${SMOKE:-0}
-CHECK=${CHECK:-0}
+CHECK=${CHECK:-$SMOKE}
 WALL=${WALL:-570}
 mkdir -p "$OUT/trained-mini"
 exec > >(tee "$OUT/train_mini.log") 2>&1
+tee_pid=$!
 export PYTHONUNBUFFERED=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 export MTPLAB_SOURCE_DIR=$root MTPLAB_SHA_FROM_FILE=1
-if [ -z "${MTPLAB_GIT_SHA:-}" ]; then
-  MTPLAB_GIT_SHA=$(git -C "$root" rev-parse HEAD 2>/dev/null || head -1 "$root/.mtplab-git-sha" 2>/dev/null || true)
+# The commit recorded in meta.json: MTPLAB_GIT_SHA, else this tree's own git (not a repository
+# around a copied tree), else .mtplab-git-sha (scripts/device/stamp.sh), else "unknown".
+if [ -z "${MTPLAB_GIT_SHA:-}" ] && [ -e "$root/.git" ]; then
+  MTPLAB_GIT_SHA=$(git -C "$root" rev-parse HEAD 2>/dev/null || true)
 fi
-export MTPLAB_GIT_SHA
+if [ -z "${MTPLAB_GIT_SHA:-}" ] && [ -s "$root/.mtplab-git-sha" ]; then
+  MTPLAB_GIT_SHA=$(head -1 "$root/.mtplab-git-sha")
+fi
+export MTPLAB_GIT_SHA=${MTPLAB_GIT_SHA:-unknown}
 t0=$(date +%s)
 elapsed() { echo $(($(date +%s) - t0)); }
 left() { echo $((WALL - ($(date +%s) - t0))); }
@@ -157,4 +163,6 @@ fi
 echo "== done ($(elapsed)s), status $status"
 printf '%s\n' "${phases[@]}"
 rm -rf "$work"
+exec >&- 2>&-
+wait "$tee_pid" 2>/dev/null
 exit $status

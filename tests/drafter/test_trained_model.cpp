@@ -25,11 +25,12 @@ TEST_P(Greedy, CpuDrafterReproducesTheOracleAcceptance) {
   const std::string trace_name = GetParam();
   ASSERT_TRUE(std::filesystem::exists(dir + "/meta.json"))
       << dir << " is missing (tools/train_tiny makes it)";
-  const YamlNode figs = trained::oracle_figures(trace_name);
+  const trained::OracleFigures oracle = trained::oracle_figures(trace_name);
+  const YamlNode& figs = oracle.figures;
 
   const model::ModelConfig cfg = model::load_model_preset(trained::config_path());
   auto be = ops::make_cpu_backend();
-  const auto seqs = trained::read_sequences(dir + "/" + trace_name, cfg, trained::subset());
+  const auto seqs = trained::read_sequences(dir + "/" + trace_name, cfg, oracle.sequences);
   ASSERT_FALSE(seqs.empty());
   for (int k = 1; k <= trained::max_k(); ++k) {
     const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);

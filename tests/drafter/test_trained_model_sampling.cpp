@@ -3,7 +3,8 @@
 // data/trained-mini/trace-code-T0.7.h5 and trace-code-T1.0.h5; tools/train_tiny/sample_traces.py)
 // under sampling verification, greedy and sampled proposals, k = 1..4, and must reproduce the
 // expected figures of the PyTorch oracle stored in each trace (root attributes
-// oracle.<proposal>.k<k>.*, or oracle.subset.* over the first MTPLAB_TRAINED_SUBSET sequences)
+// oracle.<proposal>.k<k>.*, or oracle.subset.* over the first oracle.subset.sequences when
+// MTPLAB_TRAINED_SUBSET)
 // within 1 point of acceptance rate (0.01), as test_trained_model.cpp does for greedy
 // verification: both compute in BF16 at the same rounding points and differ only by fp32
 // summation order. One executable per data folder (trained_model.hpp).
@@ -51,13 +52,10 @@ TEST_P(Sampled, CpuDrafterReproducesTheOraclesExpectedAcceptance) {
     io::TraceReader trace(path, cfg.hidden, cfg.vocab);
     const io::TraceSampling& smp = trace.sampling();
     ASSERT_TRUE(smp.sampled) << path;
-    const auto seqs = trained::read_sequences(path, cfg, trained::subset());
+    // With a subset, the first sequences against the figures the oracle recorded for them alone.
+    const auto seqs = trained::read_sequences(path, cfg, trained::sampled_subset(path));
     const io::H5File meta = io::H5File::open_read(path);
-    // With a subset, the figures the oracle recorded for those sequences alone.
-    const std::string scope = trained::subset() > 0 ? "oracle.subset." : "oracle.";
-    if (trained::subset() > 0) {
-      ASSERT_EQ(meta.attr_int("oracle.subset.sequences"), trained::subset()) << path;
-    }
+    const std::string scope = trained::use_subset() ? "oracle.subset." : "oracle.";
     harness::ReplayOptions ro;
     ro.verify = harness::Verify::sampling;
     ro.temperature = smp.temperature;
@@ -135,7 +133,7 @@ TEST(MTPLAB_TRAINED_SUITE, GreedyProposalAcceptsWhatGreedyVerificationAccepts) {
   auto be = ops::make_cpu_backend();
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   const std::string path = first_sampled();
-  const auto seqs = trained::read_sequences(path, cfg, trained::subset());
+  const auto seqs = trained::read_sequences(path, cfg, trained::sampled_subset(path));
   const int k = 3;
   auto w = model::load_mtp_weights(cfg, plan, dir + "/model.safetensors");
   drafter::DrafterOptions opt;
@@ -175,7 +173,8 @@ TEST(MTPLAB_TRAINED_SUITE, TinyTemperatureGivesGreedyFigures) {
   auto be = ops::make_cpu_backend();
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   const std::string path = first_greedy();
-  const auto seqs = trained::read_sequences(path, cfg, trained::subset());
+  const auto seqs =
+      trained::read_sequences(path, cfg, trained::oracle_figures(trained::greedy_traces().at(0)).sequences);
   const int k = 2;
   auto w = model::load_mtp_weights(cfg, plan, dir + "/model.safetensors");
   drafter::DrafterOptions opt;

@@ -6,10 +6,11 @@
 //   MTPLAB_TRAINED_CONFIG   model config in that folder ("trained-tiny.yaml")
 //   MTPLAB_TRAINED_TRACES   greedy traces, comma-separated ("trace.h5" or "trace-code.h5,...")
 //   MTPLAB_TRAINED_SAMPLED  sampled traces, comma-separated ("trace-T0.7.h5,trace-T1.0.h5")
-//   MTPLAB_TRAINED_SUBSET   0: replay every sequence; n: the first n, against the figures the
-//                           oracle recorded for them alone (meta.json oracle.traces.<trace>.subset,
-//                           a sampled trace's oracle.subset.* attributes): keeps a larger model's
-//                           CPU test to seconds
+//   MTPLAB_TRAINED_SUBSET   0: replay every sequence; 1: only the first n, where n is what the
+//                           oracle recorded figures for separately (meta.json
+//                           oracle.traces.<trace>.subset.sequences, a sampled trace's
+//                           oracle.subset.sequences attribute), against those figures: keeps a
+//                           larger model's CPU test to seconds
 //   MTPLAB_TRAINED_MAX_K    the greedy oracle's largest k (3)
 #pragma once
 
@@ -21,6 +22,7 @@
 
 #include "core/error.hpp"
 #include "core/yaml.hpp"
+#include "io/hdf5.hpp"
 #include "io/trace.hpp"
 #include "model/config.hpp"
 
@@ -35,7 +37,7 @@ inline std::string data_dir() {
   return std::string(src ? src : ".") + "/" + MTPLAB_TRAINED_DIR;
 }
 inline std::string config_path() { return data_dir() + "/" + MTPLAB_TRAINED_CONFIG; }
-inline int subset() { return MTPLAB_TRAINED_SUBSET; }
+inline bool use_subset() { return MTPLAB_TRAINED_SUBSET != 0; }
 inline int max_k() { return MTPLAB_TRAINED_MAX_K; }
 
 inline std::vector<std::string> split_list(const std::string& list) {
@@ -80,20 +82,32 @@ inline bool has_child(const YamlNode& node, const std::string& key) {
   return false;
 }
 
-/// The greedy oracle's figures of one trace in meta.json, as the C++ replay must see them: a model
-/// of one trace keeps them flat under oracle (oracle.k1 ...), a model of several under
-/// oracle.traces.<trace>; with subset() > 0 they are those of the first subset() sequences
-/// (<...>.subset.k1 ..., whose `sequences` must equal subset()).
-inline YamlNode oracle_figures(const std::string& trace) {
+/// The greedy oracle's figures of one trace in meta.json, as the C++ replay must see them, and
+/// how many sequences they cover (0: all). A model of one trace keeps them flat under oracle
+/// (oracle.k1 ...), a model of several under oracle.traces.<trace>; with use_subset() they are
+/// those of the first n sequences (<...>.subset.k1 ..., n = <...>.subset.sequences).
+struct OracleFigures {
+  YamlNode figures;
+  int sequences = 0;
+};
+inline OracleFigures oracle_figures(const std::string& trace) {
   const YamlNode meta = YamlNode::load_file(data_dir() + "/meta.json");
   const YamlNode oracle = child(meta, "oracle");
-  YamlNode figs = has_child(oracle, "traces") ? child(child(oracle, "traces"), trace) : oracle;
-  if (subset() > 0) {
-    figs = child(figs, "subset");
-    MTP_REQUIRE(child(figs, "sequences").as_int() == subset(), figs.where(), ": the oracle's subset is ",
-                child(figs, "sequences").as_int(), " sequences, the test replays ", subset());
+  OracleFigures out{has_child(oracle, "traces") ? child(child(oracle, "traces"), trace) : oracle, 0};
+  if (use_subset()) {
+    out.figures = child(out.figures, "subset");
+    out.sequences = static_cast<int>(child(out.figures, "sequences").as_int(1, 1 << 20));
   }
-  return figs;
+  return out;
+}
+
+/// The number of sequences a sampled trace's oracle.subset.* figures cover (0: all, without
+/// use_subset()).
+inline int sampled_subset(const std::string& path) {
+  if (!use_subset()) return 0;
+  const int64_t n = io::H5File::open_read(path).attr_int("oracle.subset.sequences");
+  MTP_REQUIRE(n >= 1, path, ": oracle.subset.sequences is ", n);
+  return static_cast<int>(n);
 }
 
 inline std::vector<double> doubles(const YamlNode& seq) {
