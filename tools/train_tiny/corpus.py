@@ -8,7 +8,7 @@ Rules (each is recorded in meta.json by the caller):
   (site.getsitepackages(), sysconfig "purelib" / "platlib"), each once (by real path). A root
   inside another root is scanned once, as its own root. Symlinks are not followed.
 - Skipped folders: __pycache__, *.dist-info, *.egg-info (package metadata, read only for the
-  licences), and dot-folders.
+  licences), dot-folders, and site-packages / dist-packages inside the stdlib.
 - A file belongs to the first category whose extensions it ends with (case-insensitive).
 - Held out when crc32(relative path) % heldout_mod == 0 (the path relative to its root, '/'
   separated): a split by file that does not depend on which other files exist.
@@ -176,6 +176,9 @@ def scan(roots: list[Root], categories) -> tuple[list[Entry], dict]:
             for d in sorted(dirnames):
                 full = os.path.join(dirpath, d)
                 if d == "__pycache__" or d.startswith(".") or d.endswith(SKIP_DIR_SUFFIXES):
+                    continue
+                if root.label == "stdlib" and d in ("site-packages", "dist-packages"):
+                    skipped["nested_roots"] += 1  # installed packages are not the stdlib's (nor PSF)
                     continue
                 if os.path.realpath(full) in real_roots and os.path.realpath(full) != base:
                     skipped["nested_roots"] += 1

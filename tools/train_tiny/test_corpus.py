@@ -45,6 +45,7 @@ class Installation:
         write(s / "numbers.txt", "0123 4567 89,;\n" * 10)                  # not prose
         write(s / "data.bin", b"\0\1\2")                                     # no category
         write(s / ".hidden" / "h.py", "hidden = 1\n")
+        write(s / "site-packages" / "stray.py", "stray = 1\n")                # not the stdlib's
         write(p / "foo" / "__init__.py", "from .core import run\n")
         write(p / "foo" / "core.py", "def run():\n    return 'foo'\n")
         write(p / "foo" / "GUIDE.md", "# Foo\n\nFoo runs things, and this guide says how.\n")
@@ -89,6 +90,8 @@ class CorpusTest(unittest.TestCase):
         self.assertEqual(names["site0:foo/GUIDE.md"], "prose")
         self.assertNotIn("stdlib:json/__pycache__/decoder.cpython.py", names)
         self.assertNotIn("stdlib:.hidden/h.py", names)
+        self.assertNotIn("stdlib:site-packages/stray.py", names)
+        self.assertEqual(skipped["nested_roots"], 1)
         self.assertFalse(any("dist-info" in n or "egg-info" in n for n in names))
         self.assertEqual(skipped["other_extensions"], 1)  # data.bin (dist-info files are never walked)
         taken = {t.entry.name for t in sel.taken}

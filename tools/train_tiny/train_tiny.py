@@ -435,9 +435,9 @@ def read_recursive_corpus(args, log):
         log(f"corpus: --corpus-seconds {args.corpus_seconds} stopped the reading (recorded in meta.json)")
     manifest = "\n".join(C.manifest_lines(sel.taken)) + "\n"
     meta = {"roots": C.describe_roots(roots), "categories": {n: list(e) for n, e in cats},
-            "rules": "recursive; skipped folders __pycache__, *.dist-info, *.egg-info, dot-folders; symlinks not "
-                     "followed; held out when crc32(path relative to its root) % heldout_mod == 0; files read in "
-                     "sha256('root:path') order until the per-category caps; skipped: larger than max_file_kb, "
+            "rules": "recursive; skipped folders __pycache__, *.dist-info, *.egg-info, dot-folders, site-packages "
+                     "in the stdlib; symlinks not followed; held out when crc32(path relative to its root) % "
+                     "heldout_mod == 0; files read in sha256('root:path') order until the per-category caps; skipped: larger than max_file_kb, "
                      "not UTF-8, a repeat of a file already taken, prose with fewer than min_letter_frac letters "
                      "and spaces per character in its first 20000",
             "heldout_mod": args.heldout_mod, "train_cap_mb": args.train_cap_mb, "heldout_cap_mb": args.heldout_cap_mb,
@@ -542,7 +542,8 @@ def main(argv) -> int:
     log(f"tokenizer: {tok.kind}, {len(train_stream)} training tokens, "
         f"{sum(len(h) for h in held_streams.values())} held-out tokens"
         + ("" if None in held_streams else
-           " (" + ", ".join(f"{cat} {len(h)}" for cat, h in held_streams.items()) + f"; {time.monotonic() - t_phase:.1f}s)"))
+           " (" + ", ".join(f"{cat} {len(h)}" for cat, h in held_streams.items())
+           + f"; {time.monotonic() - t_phase:.1f}s)"))
     egen = torch.Generator().manual_seed(args.seed + 2)
     eval_sets = {}
     for cat, held_stream in held_streams.items():
@@ -697,7 +698,8 @@ def main(argv) -> int:
         A.write_atomic(args.out / "oracle_steps.json", json.dumps({"columns": columns, **steps_per_trace}).encode())
         meta["oracle"] = {**rules, "traces": per_trace}
     else:
-        A.write_atomic(args.out / "oracle_steps.json", json.dumps({"columns": columns, **steps_per_trace["trace.h5"]}).encode())
+        A.write_atomic(args.out / "oracle_steps.json",
+                       json.dumps({"columns": columns, **steps_per_trace["trace.h5"]}).encode())
         meta["oracle"] = {**rules, **per_trace["trace.h5"]}
     write_meta()
     log(f"done in {time.monotonic() - T0:.0f}s: {args.out}")
