@@ -438,8 +438,8 @@ def read_recursive_corpus(args, log):
             "rules": "recursive; skipped folders __pycache__, *.dist-info, *.egg-info, dot-folders, site-packages "
                      "in the stdlib; symlinks not followed; held out when crc32(path relative to its root) % "
                      "heldout_mod == 0; files read in sha256('root:path') order until the per-category caps; "
-                     "skipped: larger than max_file_kb, not UTF-8, a repeat of a file already taken, prose with fewer than min_letter_frac letters "
-                     "and spaces per character in its first 20000",
+                     "skipped: larger than max_file_kb, not UTF-8, a repeat of a file already taken, prose with "
+                     "fewer than min_letter_frac letters and spaces per character in its first 20000",
             "heldout_mod": args.heldout_mod, "train_cap_mb": args.train_cap_mb, "heldout_cap_mb": args.heldout_cap_mb,
             "max_file_kb": args.max_file_kb, "min_letter_frac": args.min_letter_frac,
             "corpus_seconds": args.corpus_seconds, "deadline_hit": sel.stats["deadline_hit"],
