@@ -12,6 +12,11 @@ measure a drafter's acceptance on it (docs/trained-tiny.md):
   OUT/oracle_steps.json   the oracle's steps [sequence, L, accepted, drafts..., targets...] per k
   OUT/train_log.jsonl     one JSON object per log line; OUT/run.log: everything printed
 
+With --corpus-roots (trained-mini, docs/trained-mini.md) the corpus is recursive and in categories
+(tools/train_tiny/corpus.py), with one trace per category (OUT/trace-<category>.h5), the oracle's
+figures under meta.json oracle.traces.<trace>, OUT/oracle_steps.json.gz, OUT/corpus-manifest.tsv.gz,
+and OUT/<name>.yaml; --no-trunk-in-checkpoint ships only what mtplab loads.
+
 Phases: corpus and split -> tokenizer -> training (time-limited) -> export -> trace -> oracle.
 Training runs on --device (cuda when present); everything after training runs on the CPU in
 BF16 numerics, so the trace and the oracle do not depend on GPU kernels. Exits non-zero on any
@@ -646,7 +651,10 @@ def main(argv) -> int:
         meta["name"] = args.name
         meta["model"]["checkpoint"] = ("embedding, lm_head and the MTP layer only (the trunk is not shipped)"
                                        if args.no_trunk_in_checkpoint else "every tensor, trunk included")
-    file_names = ["model.safetensors", yaml_name, "tokenizer.json", *traces, "oracle_steps.json"]
+    # With --corpus-roots the step records are gzipped (two traces of a larger model: the data folder
+    # has a size budget).
+    steps_name = "oracle_steps.json.gz" if args.corpus_roots else "oracle_steps.json"
+    file_names = ["model.safetensors", yaml_name, "tokenizer.json", *traces, steps_name]
     if args.corpus_roots:
         file_names.append("corpus-manifest.tsv.gz")
 
@@ -695,7 +703,8 @@ def main(argv) -> int:
                       "head_fp8 off; BF16 numerics at the ops.hpp rounding points (CPU)",
              "definitions": "rate = accepted/drafted; tau = 1 + accepted/steps; per_position[i] = P(a >= i+1)"}
     if args.corpus_roots:
-        A.write_atomic(args.out / "oracle_steps.json", json.dumps({"columns": columns, **steps_per_trace}).encode())
+        A.write_atomic(args.out / steps_name,
+                       gzip.compress(json.dumps({"columns": columns, **steps_per_trace}).encode(), mtime=0))
         meta["oracle"] = {**rules, "traces": per_trace}
     else:
         A.write_atomic(args.out / "oracle_steps.json",
