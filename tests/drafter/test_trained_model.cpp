@@ -4,9 +4,11 @@
 // the same rounding points and differ only by fp32 summation order, so only drafts whose top-2
 // logits are within about one BF16 ulp can flip (docs/trained-tiny.md gives the count of such
 // near-ties, about 1 in 10 deciding drafts at most, and each flip moves the rate by 1/steps).
+// The per-position rates are held to two such flips (below), never less than 1 point.
 // One executable per data folder, one test per greedy trace (trained_model.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "drafter/factory.hpp"
@@ -50,10 +52,22 @@ TEST_P(Greedy, CpuDrafterReproducesTheOracleAcceptance) {
         want_tau, static_cast<long long>(stats.steps));
     EXPECT_NEAR(stats.rate(), want_rate, 0.01) << "k=" << k;
     EXPECT_NEAR(stats.tau() - 1.0, want_tau - 1.0, 0.01 * k) << "k=" << k;  // tau - 1 = rate * k
+    // Per-position rates, P(a >= i + 1) over the steps, within a tolerance that follows from the
+    // counts: a near-tied draft that flips at one step changes that step's accepted count, so it
+    // moves each position's rate by 1 / steps (and can shift the sequence's later steps by one
+    // token, hence the step count by one). Two such flips are allowed, with the floor of 1 point
+    // that rate and tau keep: the floor decides from 200 steps on (trained-tiny replays every
+    // sequence, 1196 steps or more), 2 / steps below (trained-mini's 4-sequence subset at k = 3:
+    // 161 steps, 0.0124). The steps are the oracle's, so the tolerance does not depend on what is
+    // being checked.
+    const int64_t want_steps = trained::child(want, "steps").as_int(1, int64_t{1} << 40);
+    const double pos_tol = std::max(0.01, 2.0 / static_cast<double>(want_steps));
     const auto pos = stats.per_position();
     const std::vector<double> want_pos = trained::doubles(trained::child(want, "per_position"));
     ASSERT_EQ(want_pos.size(), static_cast<size_t>(k));
-    for (int i = 0; i < k; ++i) EXPECT_NEAR(pos[i], want_pos[i], 0.01) << "k=" << k << " position " << i + 1;
+    for (int i = 0; i < k; ++i)
+      EXPECT_NEAR(pos[i], want_pos[i], pos_tol)
+          << "k=" << k << " position " << i + 1 << " (two flips over " << want_steps << " steps)";
   }
 }
 
