@@ -300,6 +300,6 @@ TEST(ModelConfig, PresetByPathAndUnknownName) {
   EXPECT_NE(c.source.find("configs/small.yaml"), std::string::npos);
   const std::string msg = error_of([] { load_model_preset("tinny"); });
   expect_has(msg, "unknown model preset 'tinny'");
-  expect_has(msg, "glm5.3-flash, small, tiny");
+  expect_has(msg, "glm5.3-flash, mini, small, tiny");
   expect_has(error_of([] { load_model_preset("/nonexistent/m.yaml"); }), "/nonexistent/m.yaml: cannot open");
 }

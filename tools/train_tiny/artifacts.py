@@ -103,7 +103,13 @@ class BpeTokenizer:
         return self.tok.encode(text).ids
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts)]
+        # In chunks (an Encoding holds offsets and strings too: a whole corpus at once is gigabytes),
+        # without offsets where the library can (encode_batch_fast: the same ids).
+        batch = getattr(self.tok, "encode_batch_fast", None) or self.tok.encode_batch
+        out = []
+        for i in range(0, len(texts), 256):
+            out.extend(e.ids for e in batch(texts[i: i + 256]))
+        return out
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(int(i) for i in ids))

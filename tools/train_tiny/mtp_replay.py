@@ -116,3 +116,32 @@ def replay(p: dict, c: G.TinyConfig, sequences, k: int, max_rows: int, log=None)
             log(f"  oracle k={k}: sequence {s} done ({stats.steps} steps so far)")
     ties = {"deciding_drafts": deciding, "near_ties_within_1_ulp": near_ties, "exact_bf16_ties": exact_ties}
     return stats.summary(), records, ties
+
+
+def summary_of_records(records, k: int, sequences: int) -> dict:
+    """The summary of the steps of the first `sequences` sequences (records as replay() returns)."""
+    stats = AcceptanceStats(k)
+    for rec in records:
+        if rec[0] < sequences:
+            stats.add(rec[2])
+    return stats.summary()
+
+
+def replay_job(job):
+    """replay() in a worker process: job = (checkpoint, model config, trace, k, max_rows); the weights are
+    read back from the checkpoint (BF16 values, the fp32 tensors as stored: what the writer held).
+    Returns (summary, records, near-tie counts, seconds)."""
+    import time
+    from pathlib import Path
+
+    import artifacts as A
+
+    torch.set_num_threads(1)
+    torch.set_float32_matmul_precision("highest")
+    checkpoint, config, trace, k, max_rows = job
+    c = G.parse_preset(Path(config).read_text(), config)
+    p = G.round_to_bf16({n: t.float() for n, t in A.read_safetensors(Path(checkpoint)).items()})
+    seqs = A.read_trace(Path(trace))
+    t = time.monotonic()
+    summ, records, ties = replay(p, c, seqs, k, max_rows)
+    return summ, records, ties, time.monotonic() - t

@@ -152,12 +152,14 @@ def target_logprobs(p, c, sequences, transform):
 
 
 @torch.no_grad()
-def sampling_replay(p, c, sequences, logp_target, k, proposal, transform, verify_seed, max_rows):
+def sampling_replay(p, c, sequences, logp_target, k, proposal, transform, verify_seed, max_rows, subset=0):
     """mtplab's replay under sampling verification (lib/harness/replay.hpp), draft_rows rewrite,
-    context_rows cache_only, unsharded BF16 head. Returns the summary dict."""
+    context_rows cache_only, unsharded BF16 head. Returns the summary dict; with subset > 0 it also
+    holds the figures of the first `subset` sequences alone (summary["subset"])."""
     nx = G.Numerics(bf16=True)
     stats = R.AcceptanceStats(k)
     expected_sum = 0.0
+    sub_stats, sub_expected = R.AcceptanceStats(k), 0.0
     for s, (tokens, hiddens, P) in enumerate(sequences):
         N = len(tokens)
         tok = torch.as_tensor(tokens, dtype=torch.long)
@@ -192,6 +194,9 @@ def sampling_replay(p, c, sequences, logp_target, k, proposal, transform, verify
                 prod *= ai
                 e += prod
             expected_sum += e
+            if s < subset:
+                sub_stats.add(acc)
+                sub_expected += e
             st.rows = start + 1  # after_verify, draft_rows rewrite
             st.append_context_rows(x0_true[st.rows: L + acc].unsqueeze(0))
             stats.add(acc)
@@ -200,19 +205,26 @@ def sampling_replay(p, c, sequences, logp_target, k, proposal, transform, verify
     out["expected_accepted"] = expected_sum
     out["expected_acceptance_rate"] = expected_sum / stats.drafted if stats.drafted else 0.0
     out["expected_tau"] = 1.0 + expected_sum / stats.steps if stats.steps else 0.0
+    if subset > 0:
+        sub = sub_stats.summary()
+        sub["sequences"] = min(subset, len(sequences))
+        sub["expected_accepted"] = sub_expected
+        sub["expected_acceptance_rate"] = sub_expected / sub_stats.drafted if sub_stats.drafted else 0.0
+        sub["expected_tau"] = 1.0 + sub_expected / sub_stats.steps if sub_stats.steps else 0.0
+        out["subset"] = sub
     return out
 
 
 def _oracle_job(job):
     torch.set_num_threads(1)
     torch.set_float32_matmul_precision("highest")
-    (params_path, preset, trace_path, k, proposal, transform, verify_seed, max_rows) = job
+    (params_path, preset, trace_path, k, proposal, transform, verify_seed, max_rows, subset) = job
     c = G.parse_preset(Path(preset).read_text(), preset)
     p = G.round_to_bf16({n: t.float() for n, t in A.read_safetensors(Path(params_path)).items()})
     seqs = A.read_trace(Path(trace_path))
     logp = target_logprobs(p, c, seqs, transform)
     t = time.monotonic()
-    summ = sampling_replay(p, c, seqs, logp, k, proposal, transform, verify_seed, max_rows)
+    summ = sampling_replay(p, c, seqs, logp, k, proposal, transform, verify_seed, max_rows, subset)
     summ["seconds"] = time.monotonic() - t
     return (Path(trace_path).name, proposal, k, summ)
 
@@ -222,7 +234,16 @@ def _oracle_job(job):
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=HERE.parent.parent / "data" / "trained-tiny",
-                    help="the trained-tiny directory (model.safetensors, trained-tiny.yaml, trace.h5)")
+                    help="the model's directory (model.safetensors, <name>.yaml, meta.json, the greedy trace)")
+    ap.add_argument("--trace", default="trace.h5",
+                    help="the greedy trace whose prompts are continued; the sampled traces are named "
+                         "trace-T<T>.h5 for trace.h5, else <trace stem>-T<T>.h5")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="the whole model, trunk included, for sampling (default: --data/model.safetensors); "
+                         "the oracle reads --data/model.safetensors")
+    ap.add_argument("--subset", type=int, default=0,
+                    help="also record the oracle's figures over the first N sequences (root attributes "
+                         "oracle.subset.*; 0: no)")
     ap.add_argument("--out", type=Path, default=None, help="where the traces go (default: --data)")
     ap.add_argument("--temperatures", default="0.7,1.0")
     ap.add_argument("--top-k", type=int, default=0)
@@ -245,15 +266,22 @@ def main(argv) -> int:
     torch.set_num_threads(1)
     torch.set_float32_matmul_precision("highest")
     meta = json.loads((args.data / "meta.json").read_text())
-    preset = args.data / "trained-tiny.yaml"
+    model_name = meta.get("name", "trained-tiny")
+    preset = args.data / f"{model_name}.yaml"
     c = G.parse_preset(preset.read_text(), str(preset))
     context = int(meta["args"]["context"])
     trunk_layers = int(meta["model"]["trunk_layers"])
-    p = G.round_to_bf16({n: t.float() for n, t in A.read_safetensors(args.data / "model.safetensors").items()})
-    greedy = A.read_trace(args.data / "trace.h5")
+    checkpoint = args.checkpoint or args.data / "model.safetensors"
+    p = G.round_to_bf16({n: t.float() for n, t in A.read_safetensors(checkpoint).items()})
+    missing = [G.trunk_prefix(i) for i in range(trunk_layers) if not any(n.startswith(G.trunk_prefix(i)) for n in p)]
+    if missing or G.FINAL_NORM not in p:
+        raise SystemExit(f"{checkpoint}: no trunk ({', '.join(missing) or G.FINAL_NORM} missing): sampling needs the "
+                         "whole model (--checkpoint)")
+    greedy = A.read_trace(args.data / args.trace)
     prompts = [tokens[:P].copy() for tokens, _, P in greedy]
     gen_len = len(greedy[0][0]) - greedy[0][2]
-    log(f"prompts: {len(prompts)} x {len(prompts[0])} tokens from {args.data / 'trace.h5'}; {gen_len} new tokens each")
+    stem = Path(args.trace).stem
+    log(f"prompts: {len(prompts)} x {len(prompts[0])} tokens from {args.data / args.trace}; {gen_len} new tokens each")
     created = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     ks = [int(k) for k in args.ks.split(",")]
     proposals = args.proposals.split(",")
@@ -264,12 +292,12 @@ def main(argv) -> int:
         transform = (T, args.top_k, args.top_p)
         t = time.monotonic()
         seqs = generate_sampled(p, c, prompts, gen_len, context, trunk_layers, transform, args.seed)
-        name = f"trace-T{T:.1f}.h5" if abs(T * 10 - round(T * 10)) < 1e-9 else f"trace-T{T:g}.h5"
+        name = f"{stem}-T{T:.1f}.h5" if abs(T * 10 - round(T * 10)) < 1e-9 else f"{stem}-T{T:g}.h5"
         path = out / (name + ".pending")
         attrs = {"sampling": "sampling", "temperature": float(T), "top_k": int(args.top_k),
                  "top_p": float(args.top_p), "sampling_seed": int(args.seed)}
         A.write_trace(path, seqs, c.hidden, c.vocab, {
-            "generator": "tools/train_tiny/sample_traces.py", "model": "trained-tiny", "seed": "",
+            "generator": "tools/train_tiny/sample_traces.py", "model": model_name, "seed": "",
             "created_at": created, "git_sha": args.git_sha,
             "config": json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "temperature": T})},
             attrs=attrs)
@@ -278,7 +306,7 @@ def main(argv) -> int:
         for proposal in proposals:
             for k in ks:
                 jobs.append((str(args.data / "model.safetensors"), str(preset), str(path), k, proposal, transform,
-                             args.verify_seed, context))
+                             args.verify_seed, context, args.subset))
 
     log(f"oracle: {len(jobs)} replays on {args.jobs} process(es)")
     with mp.get_context("spawn").Pool(args.jobs) as pool:
@@ -303,13 +331,20 @@ def main(argv) -> int:
                     for fig in ("expected_acceptance_rate", "expected_tau", "acceptance_rate", "tau"):
                         f.attrs[f"oracle.{proposal}.{kk}.{fig}"] = np.float64(summ[fig])
                     f.attrs[f"oracle.{proposal}.{kk}.steps"] = np.int64(summ["steps"])
+                    if "subset" in summ:
+                        sub = summ["subset"]
+                        f.attrs["oracle.subset.sequences"] = np.int64(sub["sequences"])
+                        for fig in ("expected_acceptance_rate", "expected_tau", "acceptance_rate", "tau"):
+                            f.attrs[f"oracle.subset.{proposal}.{kk}.{fig}"] = np.float64(sub[fig])
+                        f.attrs[f"oracle.subset.{proposal}.{kk}.steps"] = np.int64(sub["steps"])
         os.replace(path, out / name)
         b = (out / name).read_bytes()
         files[name] = {"bytes": len(b), "sha256": A.sha256_bytes(b), "temperature": T}
         log(f"wrote {out / name} ({len(b) / 1e3:.0f} kB)")
     summary = {
-        "what": "the trained-tiny target's held-out prompts continued by sampling; the MTP layer's acceptance "
-                "under sampling verification (PyTorch oracle)",
+        "what": f"the {model_name} target's held-out prompts"
+                + ("" if args.trace == "trace.h5" else f" ({args.trace})")
+                + " continued by sampling; the MTP layer's acceptance under sampling verification (PyTorch oracle)",
         "created_at": created, "git_sha": args.git_sha, "argv": sys.argv,
         "args": {k: str(v) for k, v in vars(args).items()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,

@@ -1,9 +1,13 @@
-// Sampling verification on the trained tiny model: mtplab's CPU drafter replays the sampled traces
-// data/trained-tiny/trace-T0.7.h5 and trace-T1.0.h5 (tools/train_tiny/sample_traces.py) under
-// sampling verification, greedy and sampled proposals, k = 1..4, and must reproduce the expected
-// figures of the PyTorch oracle stored in each trace (root attributes oracle.<proposal>.k<k>.*)
-// within 1 point of acceptance rate (0.01), as test_trained_tiny does for greedy verification:
-// both compute in BF16 at the same rounding points and differ only by fp32 summation order.
+// Sampling verification on a trained model (data/trained-tiny/, data/trained-mini/): mtplab's CPU
+// drafter replays the sampled traces (data/trained-tiny/trace-T0.7.h5 and trace-T1.0.h5,
+// data/trained-mini/trace-code-T0.7.h5 and trace-code-T1.0.h5; tools/train_tiny/sample_traces.py)
+// under sampling verification, greedy and sampled proposals, k = 1..4, and must reproduce the
+// expected figures of the PyTorch oracle stored in each trace (root attributes
+// oracle.<proposal>.k<k>.*, or oracle.subset.* over the first oracle.subset.sequences when
+// MTPLAB_TRAINED_SUBSET)
+// within 1 point of acceptance rate (0.01), as test_trained_model.cpp does for greedy
+// verification: both compute in BF16 at the same rounding points and differ only by fp32
+// summation order. One executable per data folder (trained_model.hpp).
 //
 // Why the expected figures can be held to that: the oracle uses mtplab's coins
 // (harness::verify_uniform with the trace's oracle.verify_seed), so both replays walk the same
@@ -23,31 +27,35 @@
 #include "io/hdf5.hpp"
 #include "io/trace.hpp"
 #include "model/weights.hpp"
+#include "trained_model.hpp"
 
 using namespace mtplab;
 
 namespace {
-std::string data_dir() {
-  const char* src = std::getenv("MTPLAB_SOURCE_DIR");
-  return std::string(src ? src : ".") + "/data/trained-tiny";
-}
+class Sampled : public ::testing::TestWithParam<std::string> {};
+
+// The sampled traces' first entry (T = 0.7) and the first greedy trace.
+std::string first_sampled() { return trained::data_dir() + "/" + trained::sampled_traces().at(0); }
+std::string first_greedy() { return trained::data_dir() + "/" + trained::greedy_traces().at(0); }
 }  // namespace
 
-TEST(TrainedTinySampling, CpuDrafterReproducesTheOraclesExpectedAcceptance) {
-  const std::string dir = data_dir();
-  const model::ModelConfig cfg = model::load_model_preset(dir + "/trained-tiny.yaml");
+TEST_P(Sampled, CpuDrafterReproducesTheOraclesExpectedAcceptance) {
+  const std::string dir = trained::data_dir();
+  const model::ModelConfig cfg = model::load_model_preset(trained::config_path());
   auto be = ops::make_cpu_backend();
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  for (const char* name : {"trace-T0.7.h5", "trace-T1.0.h5"}) {
+  {
+    const std::string name = GetParam();
     const std::string path = dir + "/" + name;
     ASSERT_TRUE(std::filesystem::exists(path))
         << path << " is missing (tools/train_tiny/sample_traces.py makes it)";
     io::TraceReader trace(path, cfg.hidden, cfg.vocab);
     const io::TraceSampling& smp = trace.sampling();
     ASSERT_TRUE(smp.sampled) << path;
-    std::vector<io::TraceSequence> seqs;
-    for (int64_t s = 0; s < trace.num_sequences(); ++s) seqs.push_back(trace.sequence(s));
+    // With a subset, the first sequences against the figures the oracle recorded for them alone.
+    const auto seqs = trained::read_sequences(path, cfg, trained::sampled_subset(path));
     const io::H5File meta = io::H5File::open_read(path);
+    const std::string scope = trained::use_subset() ? "oracle.subset." : "oracle.";
     harness::ReplayOptions ro;
     ro.verify = harness::Verify::sampling;
     ro.temperature = smp.temperature;
@@ -70,17 +78,17 @@ TEST(TrainedTinySampling, CpuDrafterReproducesTheOraclesExpectedAcceptance) {
         for (size_t i = 0; i < seqs.size(); ++i)
           harness::replay_sequence(*d, seqs[i], static_cast<int>(seqs[i].index), k, cfg.hidden, stats,
                                    harness::ReplayHooks{}, &v, logp[i]);
-        const std::string key = std::string("oracle.") +
-                                harness::kDraftProposalNames[static_cast<int>(proposal)] + ".k" +
-                                std::to_string(k) + ".";
+        const std::string key =
+            scope + harness::kDraftProposalNames[static_cast<int>(proposal)] + ".k" + std::to_string(k) + ".";
         const double want_rate = meta.attr_double(key + "expected_acceptance_rate");
         const double want_tau = meta.attr_double(key + "expected_tau");
         std::printf(
-            "[trained-tiny %s %-7s k=%d] expected rate %.4f tau %.4f | oracle %.4f %.4f | realised %.4f / "
+            "[%s %s %-7s k=%d, %zu sequences] expected rate %.4f tau %.4f | oracle %.4f %.4f | realised %.4f "
+            "/ "
             "oracle "
             "%.4f (%lld steps)\n",
-            name, harness::kDraftProposalNames[static_cast<int>(proposal)], k, stats.expected_rate(),
-            stats.expected_tau(), want_rate, want_tau, stats.rate(),
+            MTPLAB_TRAINED_DIR, name.c_str(), harness::kDraftProposalNames[static_cast<int>(proposal)], k,
+            seqs.size(), stats.expected_rate(), stats.expected_tau(), want_rate, want_tau, stats.rate(),
             meta.attr_double(key + "acceptance_rate"), static_cast<long long>(stats.steps));
         EXPECT_NEAR(stats.expected_rate(), want_rate, 0.01) << name << " " << key;
         EXPECT_NEAR(stats.expected_tau() - 1.0, want_tau - 1.0, 0.01 * k)
@@ -110,25 +118,22 @@ Replayed replay(drafter::MtpDrafter& d, const std::vector<io::TraceSequence>& se
   return r;
 }
 
-std::vector<io::TraceSequence> read_all(const std::string& path, const model::ModelConfig& cfg) {
-  io::TraceReader trace(path, cfg.hidden, cfg.vocab);
-  std::vector<io::TraceSequence> seqs;
-  for (int64_t s = 0; s < trace.num_sequences(); ++s) seqs.push_back(trace.sequence(s));
-  return seqs;
-}
 }  // namespace
+
+INSTANTIATE_TEST_SUITE_P(MTPLAB_TRAINED_SUITE, Sampled, ::testing::ValuesIn(trained::sampled_traces()),
+                         [](const auto& p) { return trained::param_name(p.param); });
 
 // On a sampled trace, sampling verification with a greedy proposal accepts exactly what greedy
 // verification accepts, step by step: a_i = [argmax q_i == y_i] with the chain forced along the
 // trace equals the greedy rule up to the first rejection (the drafts agree there), and the coins
 // never decide a 0 / 1 probability.
-TEST(TrainedTinySampling, GreedyProposalAcceptsWhatGreedyVerificationAccepts) {
-  const std::string dir = data_dir();
-  const model::ModelConfig cfg = model::load_model_preset(dir + "/trained-tiny.yaml");
+TEST(MTPLAB_TRAINED_SUITE, GreedyProposalAcceptsWhatGreedyVerificationAccepts) {
+  const std::string dir = trained::data_dir();
+  const model::ModelConfig cfg = model::load_model_preset(trained::config_path());
   auto be = ops::make_cpu_backend();
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  const std::string path = dir + "/trace-T0.7.h5";
-  const auto seqs = read_all(path, cfg);
+  const std::string path = first_sampled();
+  const auto seqs = trained::read_sequences(path, cfg, trained::sampled_subset(path));
   const int k = 3;
   auto w = model::load_mtp_weights(cfg, plan, dir + "/model.safetensors");
   drafter::DrafterOptions opt;
@@ -136,7 +141,7 @@ TEST(TrainedTinySampling, GreedyProposalAcceptsWhatGreedyVerificationAccepts) {
   auto d = drafter::make_drafter(*be, nullptr, cfg, w, opt);
   harness::ReplayOptions ro;
   ro.verify = harness::Verify::sampling;
-  ro.temperature = 0.7;
+  ro.temperature = io::TraceReader(path, cfg.hidden, cfg.vocab).sampling().temperature;
   ro.draft_proposal = harness::DraftProposal::greedy;
   const harness::SamplingVerify v = harness::sampling_verify(ro);
   const auto logp = harness::trace_target_logprobs(*d, seqs, v.transform, path);
@@ -150,9 +155,10 @@ TEST(TrainedTinySampling, GreedyProposalAcceptsWhatGreedyVerificationAccepts) {
     EXPECT_EQ(g.accepted, s.accepted) << "sequence " << g.sequence << " at " << g.position;
     for (int j = 0; j <= std::min(g.accepted, k - 1); ++j) EXPECT_EQ(g.drafts[j], s.drafts[j]);
   }
-  std::printf("[greedy proposal, T 0.7, k %d] %lld of %lld drafts accepted either way\n", k,
-              static_cast<long long>(greedy.stats.accepted), static_cast<long long>(greedy.stats.drafted));
-  EXPECT_GT(greedy.stats.accepted, greedy.stats.steps / 10);  // not vacuous: ~17% of drafts here
+  std::printf("[%s greedy proposal, T %g, k %d] %lld of %lld drafts accepted either way\n",
+              MTPLAB_TRAINED_DIR, ro.temperature, k, static_cast<long long>(greedy.stats.accepted),
+              static_cast<long long>(greedy.stats.drafted));
+  EXPECT_GT(greedy.stats.accepted, greedy.stats.steps / 10);  // not vacuous: trained-tiny ~17% of drafts
   EXPECT_EQ(greedy.stats.accepted, sampling.stats.accepted);
   EXPECT_DOUBLE_EQ(sampling.stats.expected_accepted, static_cast<double>(sampling.stats.accepted));
 }
@@ -161,13 +167,14 @@ TEST(TrainedTinySampling, GreedyProposalAcceptsWhatGreedyVerificationAccepts) {
 // T = 1e-4 with a sampled proposal on it gives greedy verification's figures: q(y) / p(y) is ~1
 // where argmax q = y = argmax p and ~0 elsewhere. Steps can differ only at exact BF16 logit ties
 // (a tie splits the mass at T -> 0, argmax takes the lowest id), which are rare for this head.
-TEST(TrainedTinySampling, TinyTemperatureGivesGreedyFigures) {
-  const std::string dir = data_dir();
-  const model::ModelConfig cfg = model::load_model_preset(dir + "/trained-tiny.yaml");
+TEST(MTPLAB_TRAINED_SUITE, TinyTemperatureGivesGreedyFigures) {
+  const std::string dir = trained::data_dir();
+  const model::ModelConfig cfg = model::load_model_preset(trained::config_path());
   auto be = ops::make_cpu_backend();
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
-  const std::string path = dir + "/trace.h5";
-  const auto seqs = read_all(path, cfg);
+  const std::string path = first_greedy();
+  const auto seqs =
+      trained::read_sequences(path, cfg, trained::oracle_figures(trained::greedy_traces().at(0)).sequences);
   const int k = 2;
   auto w = model::load_mtp_weights(cfg, plan, dir + "/model.safetensors");
   drafter::DrafterOptions opt;
@@ -193,12 +200,13 @@ TEST(TrainedTinySampling, TinyTemperatureGivesGreedyFigures) {
     same += it->second == st.accepted;
   }
   std::printf(
-      "[T 1e-4, k %d] greedy rate %.4f tau %.4f | sampling rate %.4f tau %.4f, expected %.4f %.4f; %zu of "
+      "[%s T 1e-4, k %d] greedy rate %.4f tau %.4f | sampling rate %.4f tau %.4f, expected %.4f %.4f; %zu of "
       "%zu "
       "common steps equal (%zu greedy steps)\n",
-      k, greedy.stats.rate(), greedy.stats.tau(), sampling.stats.rate(), sampling.stats.tau(),
-      sampling.stats.expected_rate(), sampling.stats.expected_tau(), same, common, greedy.steps.size());
-  EXPECT_GT(greedy.stats.rate(), 0.2);  // not vacuous: 0.284 at k = 2 (docs/trained-tiny.md)
+      MTPLAB_TRAINED_DIR, k, greedy.stats.rate(), greedy.stats.tau(), sampling.stats.rate(),
+      sampling.stats.tau(), sampling.stats.expected_rate(), sampling.stats.expected_tau(), same, common,
+      greedy.steps.size());
+  EXPECT_GT(greedy.stats.rate(), 0.2);  // not vacuous: trained-tiny 0.284 at k = 2 (docs/trained-tiny.md)
   EXPECT_NEAR(sampling.stats.rate(), greedy.stats.rate(), 0.01);
   EXPECT_NEAR(sampling.stats.expected_rate(), greedy.stats.rate(), 0.01);
   EXPECT_GE(common, greedy.steps.size() / 2);
