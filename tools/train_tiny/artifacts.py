@@ -17,6 +17,8 @@ import hashlib
 import json
 import os
 import struct
+import sys
+import traceback
 import zlib
 from pathlib import Path
 
@@ -24,6 +26,19 @@ import numpy as np
 import torch
 
 EOT = "<|endoftext|>"
+
+
+def run_main(main) -> None:
+    """Runs a command's main(argv) and exits with its status; any failure prints its traceback and
+    exits 1, so that a run never ends with a zero status after an error."""
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001 - any failure must end the run with a non-zero status
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.exit(1)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

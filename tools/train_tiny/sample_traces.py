@@ -35,7 +35,6 @@ import os
 import platform
 import sys
 import time
-import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -363,11 +362,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except SystemExit:
-        raise
-    except BaseException:  # noqa: BLE001 - any failure must end the run with a non-zero status
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.exit(1)
+    A.run_main(main)

@@ -39,7 +39,6 @@ import os  # noqa: E402
 import platform  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -716,11 +715,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except SystemExit:
-        raise
-    except BaseException:  # noqa: BLE001 - any failure must end the run with a non-zero status
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.exit(1)
+    A.run_main(main)
