@@ -299,6 +299,7 @@ int run_batched(const Options& opt, Setup& s) {
             std::vector<drafter::BatchRow> rows(static_cast<size_t>(B));
             for (int b = 0; b < B; ++b)
               rows[static_cast<size_t>(b)] = {b, in.token(), h.data() + static_cast<size_t>(b) * H};
+            if (opt.profile && i == opt.warmup) cudaProfilerStart();
             const uint64_t before = be.kernels_enqueued();
             d->propose_batch(*batch, rows, k);
             if (!graph) launches_per_draft = static_cast<double>(be.kernels_enqueued() - before) / k;
@@ -308,6 +309,7 @@ int run_batched(const Options& opt, Setup& s) {
             }
             for (int b = 0; b < B; ++b) d->after_verify(*batch, b, 0);
           }
+          if (opt.profile) cudaProfilerStop();
           const double med = quantile(us, 0.5), p10 = quantile(us, 0.1), p90 = quantile(us, 0.9);
           const double distinct = quantile(experts, 0.5);
           const double per_draft_bytes = floor.weights_no_head - routed_top_k + distinct * expert_bytes +

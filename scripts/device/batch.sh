@@ -2,12 +2,14 @@
 # One device call (one H200, under 10 minutes) for batched drafting: the GPU tests, the B = 1
 # draft step (against its earlier figures), mtplab_bench_step --batch over B = 1 .. 128 and, when
 # the PyTorch peer script is given (PEER=path/to/torch_graph_peer_batched.py), the peer in the same
-# call, then the side-by-side table (bench/peer/batch_ratio.py).
+# call, then the side-by-side table (bench/peer/batch_ratio.py). NCU=1 adds a per-kernel profile
+# of the eager batched step at NCU_BATCHES (default 1,2,16,128), both heads, summarised per kernel
+# by scripts/device/ncu_summary.py. TESTS=0 leaves the GPU tests out; TESTS=regex runs only those.
 #
-#   OUT=/some/dir [PEER=file.py] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] scripts/device/batch.sh
+#   OUT=/some/dir [PEER=file.py] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1] scripts/device/batch.sh
 #
 # $OUT: build.log, gpu_tests.log, bench_step.txt (B = 1), bench_step_batch.txt / .csv, peer.txt /
-# torch_graph_peer_batched.json, batch_ratio.txt.
+# torch_graph_peer_batched.json, batch_ratio.txt, ncu_batch.csv / ncu_batch.txt.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
@@ -20,9 +22,14 @@ step() { echo "== $1 ($(date +%T))"; }
 step build
 { cmake --preset cuda -B build-gpu -DMTPLAB_WERROR=OFF && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1 ||
   { tail -40 "$OUT/build.log"; exit 1; }
-step "GPU tests"
-timeout 200 ctest --test-dir build-gpu -L gpu -LE mpi -j 2 --output-on-failure --timeout 190 >"$OUT/gpu_tests.log" 2>&1
-echo "gpu tests rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu_tests.log" | head -20
+TESTS=${TESTS:-1}
+if [[ $TESTS != 0 ]]; then
+  step "GPU tests"
+  sel=(); [[ $TESTS != 1 ]] && sel=(-R "$TESTS")
+  timeout 280 ctest --test-dir build-gpu -L gpu -LE mpi "${sel[@]}" -j 3 --output-on-failure --timeout 270 \
+    >"$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests rc=$?"; grep -E "tests passed|Failed|\*\*\*" "$OUT/gpu_tests.log" | head -20
+fi
 step "draft step, B = 1"
 timeout 120 build-gpu/bin/mtplab_bench_step --k 1 --graphs on --reps 30 --out "$OUT" >"$OUT/bench_step.txt" 2>&1
 echo "rc=$?"; tail -6 "$OUT/bench_step.txt"
@@ -37,4 +44,17 @@ if [[ -n ${PEER:-} && -f $PEER ]]; then
   python3 bench/peer/batch_ratio.py "$OUT/bench_step_batch.csv" "$OUT/torch_graph_peer_batched.json" \
     >"$OUT/batch_ratio.txt" 2>&1
   cat "$OUT/batch_ratio.txt"
+fi
+if [[ ${NCU:-0} == 1 ]]; then
+  NCU_BATCHES=${NCU_BATCHES:-1,2,16,128}
+  step "ncu, eager batched step at B = $NCU_BATCHES"
+  timeout 240 ncu --clock-control none --cache-control none --profile-from-start off --csv \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    build-gpu/bin/mtplab_bench_step --batch "$NCU_BATCHES" --k 1 --graphs off --reps 2 --warmup 1 --profile \
+    --out "$OUT/ncu" >"$OUT/ncu_batch.csv" 2>"$OUT/ncu_batch.err"
+  echo "ncu rc=$?"
+  labels=$(for h in bf16 fp8; do for b in ${NCU_BATCHES//,/ }; do printf '%s:%s,' "$h" "$b"; done; done)
+  python3 scripts/device/ncu_summary.py "$OUT/ncu_batch.csv" --reps 2 --labels "${labels%,}" \
+    >"$OUT/ncu_batch.txt" 2>&1
+  echo "summary rc=$?"; head -c 6000 "$OUT/ncu_batch.txt"
 fi
