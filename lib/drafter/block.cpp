@@ -575,9 +575,21 @@ void Block::forward_batch(int n, const bf16* x, const int32_t* slot, const int32
                                   w_.num_local_experts, d.hidden,         d.moe_inter};
   const ops::ExpertWeights shared{w_.sh_gate.data(), w_.sh_up.data(),     w_.sh_down.data(), 0, 1,
                                   d.hidden,          d.shared_inter_local};
-  be_.moe_experts_grouped(bs.v.data(), routed, bs.expert_idx.data(), bs.expert_w.data(), slot, n, d.top_k,
-                          d.shared_inter_local > 0 ? &shared : nullptr, d.swiglu_limit,
-                          bs.moe_partial.data());
+  if (n == 1) {
+    // A bucket of one row holds a live row (the batch is never empty): the single-row expert
+    // kernels, which stream one row's experts faster than the grouped plan (docs/drafter.md).
+    if (d.shared_inter_local > 0) {
+      be_.moe_experts_shared(bs.v.data(), routed, bs.expert_idx.data(), bs.expert_w.data(), d.top_k, shared,
+                             d.swiglu_limit, bs.moe_partial.data());
+    } else {
+      be_.moe_experts(bs.v.data(), routed, bs.expert_idx.data(), bs.expert_w.data(), d.top_k, d.swiglu_limit,
+                      bs.moe_partial.data());
+    }
+  } else {
+    be_.moe_experts_grouped(bs.v.data(), routed, bs.expert_idx.data(), bs.expert_w.data(), slot, n, d.top_k,
+                            d.shared_inter_local > 0 ? &shared : nullptr, d.swiglu_limit,
+                            bs.moe_partial.data());
+  }
   all_reduce(bs.moe_partial.data(), n * d.hidden);
   if (out_norm) {
     be_.residual_add_rmsnorm_rows(x_out, bs.moe_partial.data(), x_out, out_norm->w, out_norm->normed, n,

@@ -824,8 +824,14 @@ void MtpDrafter::head_pick_batch(int draft_index, int n, int32_t* tokens_out) {
   } else {
     extras.token = tokens_out;
   }
-  be_.head_argmax_batch(W, W8, scale, batch_y_.data(), batch_slot_.data(), n, static_cast<int>(shard_.n),
-                        hidden_, shard_.v0, logits, static_cast<int>(xb.stride), xb.local_max.data(), extras);
+  if (n == 1 && !sharded) {
+    // A bucket of one (live) row: the single-row head, as the block's experts (docs/drafter.md).
+    be_.head_argmax(W, W8, scale, batch_y_.data(), static_cast<int>(shard_.n), hidden_, shard_.v0, logits,
+                    xb.local_max.data(), extras);
+  } else {
+    be_.head_argmax_batch(W, W8, scale, batch_y_.data(), batch_slot_.data(), n, static_cast<int>(shard_.n),
+                          hidden_, shard_.v0, logits, static_cast<int>(xb.stride), xb.local_max.data(), extras);
+  }
   if (kept && exchange_logits)
     be_.copy(exchange_logits, kept, static_cast<size_t>(n) * static_cast<size_t>(xb.stride) * sizeof(bf16));
   if (!sharded) return;

@@ -19,11 +19,12 @@ from collections import OrderedDict, defaultdict
 
 
 def short(name):
-    name = name.split("(")[0]
-    name = name.replace("void ", "").strip()
-    if "<" in name:
-        name = name.split("<")[0]
-    return name.split("::")[-1]
+    """The kernel's own name: no return type, namespaces, template or argument lists."""
+    for anon in ("(anonymous namespace)", "<unnamed>"):
+        name = name.replace(anon, "anon")
+    name = name.removeprefix("void ").strip()
+    name = name.split("<")[0].split("(")[0]
+    return name.split("::")[-1] or name
 
 
 def read(path):

@@ -377,9 +377,11 @@ TEST_P(GpuBatch, HeadArgmax) {
                                 out.g.data(), HeadExtras{key.g.data(), token.g.data()});
       });
       if (lt) {
-        // The backend counts the launches it makes itself: the argmax and the finishing launch
-        // (cuBLASLt's GEMM kernels are not among them).
-        EXPECT_EQ(launches, 2u) << what << ": the argmax and the finishing launch";
+        // The backend counts the launches it makes itself: the argmax (one launch, or two when
+        // the rows are split into parts) and the finishing launch (cuBLASLt's GEMM kernels are not
+        // among them).
+        EXPECT_GE(launches, 2u) << what << ": the argmax and the finishing launch";
+        EXPECT_LE(launches, 3u) << what << ": the argmax (at most two launches) and the finishing launch";
       } else {
         EXPECT_EQ(launches, 1u) << what;
       }
@@ -467,7 +469,11 @@ TEST_P(GpuBatch, ArgmaxFamily) {
       for (auto& v : x_h) v = to_bf16(static_cast<float>(rng.integer(-64, 64)) * 0.125f);  // many ties
       Twin<bf16> x(x_h);
       auto out = out_twin<ArgMax>(B);
-      EXPECT_EQ(kernels_of([&] { gpu().argmax_batch(x.g.data() + offset, ld, B, n, 77, out.g.data()); }), 1u);
+      // One launch, or two when long rows are split into parts (the parts, then their reduction).
+      const uint64_t launches =
+          kernels_of([&] { gpu().argmax_batch(x.g.data() + offset, ld, B, n, 77, out.g.data()); });
+      EXPECT_GE(launches, 1u);
+      EXPECT_LE(launches, 2u);
       cpu().argmax_batch(x.c.data() + offset, ld, B, n, 77, out.c.data());
       expect_bytes_equal(out.from_gpu(), out.from_cpu(),
                          where("argmax_batch offset " + std::to_string(offset), B));

@@ -1009,6 +1009,71 @@ __global__ void __launch_bounds__(kArgmaxRowThreads)
   }
 }
 
+/// Block (part, row): the largest key of part `part` of row `row` (a contiguous run of its 16-byte
+/// vectors when vec, of its values otherwise; the last part also takes the tail past the last
+/// whole vector) into keys[row * parts + part]; argmax_parts_reduce_kernel finishes the rows.
+__global__ void __launch_bounds__(kArgmaxRowThreads)
+    argmax_row_parts_kernel(const bf16* x, int ld_x, int n, int64_t index_base, unsigned long long* keys,
+                            int vec) {
+  pdl_begin();
+  __shared__ unsigned long long s_best[kArgmaxRowThreads / kWarp];
+  const int part = blockIdx.x, parts = gridDim.x;
+  const bf16* row = x + static_cast<size_t>(blockIdx.y) * ld_x;
+  const int units = vec ? n / 8 : n;
+  const int u0 = static_cast<int>(static_cast<int64_t>(part) * units / parts);
+  const int u1 = static_cast<int>(static_cast<int64_t>(part + 1) * units / parts);
+  unsigned long long best = 0;
+  if (vec) {
+    for (int v = u0 + static_cast<int>(threadIdx.x); v < u1; v += blockDim.x) {
+      float f[8];
+      batch::unpack8(load_cached(row + static_cast<size_t>(v) * 8), f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const unsigned long long key = argmax_key(f[e], static_cast<int32_t>(index_base + 8 * v + e));
+        best = key > best ? key : best;
+      }
+    }
+    if (part == parts - 1) {
+      for (int i = units * 8 + static_cast<int>(threadIdx.x); i < n; i += blockDim.x) {
+        const unsigned long long key = argmax_key(bf16_to_f(row[i]), static_cast<int32_t>(index_base + i));
+        best = key > best ? key : best;
+      }
+    }
+  } else {
+    for (int i = u0 + static_cast<int>(threadIdx.x); i < u1; i += blockDim.x) {
+      const unsigned long long key = argmax_key(bf16_to_f(row[i]), static_cast<int32_t>(index_base + i));
+      best = key > best ? key : best;
+    }
+  }
+  best = warp_max_u64(best);
+  if (threadIdx.x % kWarp == 0) s_best[threadIdx.x / kWarp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 0; w < kArgmaxRowThreads / kWarp; ++w) best = s_best[w] > best ? s_best[w] : best;
+    keys[static_cast<size_t>(blockIdx.y) * parts + part] = best;
+  }
+}
+
+/// Warp b: row b's largest key over its parts, as the ArgMax pair (ties: lowest index, the key's).
+__global__ void argmax_parts_reduce_kernel(const unsigned long long* keys, int parts, int rows, ArgMax* out) {
+  pdl_begin();
+  const int b = static_cast<int>(blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp);
+  const int lane = threadIdx.x % kWarp;
+  if (b >= rows) return;
+  unsigned long long best = 0;
+  for (int i = lane; i < parts; i += kWarp) {
+    const unsigned long long k = keys[static_cast<size_t>(b) * parts + i];
+    best = k > best ? k : best;
+  }
+  best = warp_max_u64(best);
+  if (lane == 0) {
+    ArgMax a;
+    a.value = from_order_preserving_u32(static_cast<uint32_t>(best >> 32));
+    a.index = static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffull));
+    out[b] = a;
+  }
+}
+
 __global__ void unpack_key_rows_kernel(const uint64_t* key, int32_t* token, int rows) {
   pdl_begin();
   const int b = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1104,6 +1169,22 @@ void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n
     return;
   }
   const int vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && ld_x % 8 == 0 ? 1 : 0;
+  // A few long rows: each row in parts (about two blocks per multiprocessor over the batch, at
+  // least 4 vectors per thread of a part), then one warp per row reduces the parts' keys.
+  // The argmax is exact, so the parts change nothing but the time.
+  const int per_part = kArgmaxRowThreads * 4 * (vec ? 8 : 1);
+  const int parts = std::min({(2 * ctx.num_sms + rows - 1) / rows, (n + per_part - 1) / per_part,
+                              single_row.capacity / rows, 64});
+  if (parts >= 2) {
+    launch(ctx, argmax_row_parts_kernel, dim3(parts, rows), kArgmaxRowThreads, 0, x, ld_x, n, index_base,
+           single_row.partials, vec);
+    MTP_CUDA_LAUNCH_CHECK();
+    constexpr int kReduceWarps = 4;
+    launch(ctx, argmax_parts_reduce_kernel, (rows + kReduceWarps - 1) / kReduceWarps, kReduceWarps * kWarp, 0,
+           single_row.partials, parts, rows, out);
+    MTP_CUDA_LAUNCH_CHECK();
+    return;
+  }
   launch(ctx, argmax_rows_kernel, rows, kArgmaxRowThreads, 0, x, ld_x, n, index_base, out, vec);
   MTP_CUDA_LAUNCH_CHECK();
 }
