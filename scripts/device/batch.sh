@@ -5,11 +5,13 @@
 # call, then the side-by-side table (bench/peer/batch_ratio.py). NCU=1 adds a per-kernel profile
 # of the eager batched step at NCU_BATCHES (default 1,2,16,128), both heads, summarised per kernel
 # by scripts/device/ncu_summary.py. TESTS=0 leaves the GPU tests out; TESTS=regex runs only those.
+# EXP=1 runs experiments/batch-scaling.yaml into $OUT/batch-scaling.h5 (EXP_S seconds at most, then
+# SIGTERM: the points done stay in the file; the log names the synthetic trace's generation time).
 #
 #   OUT=/some/dir [PEER=file.py] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1] scripts/device/batch.sh
 #
 # $OUT: build.log, gpu_tests.log, bench_step.txt (B = 1), bench_step_batch.txt / .csv, peer.txt /
-# torch_graph_peer_batched.json, batch_ratio.txt, ncu_batch.csv / ncu_batch.txt.
+# torch_graph_peer_batched.json, batch_ratio.txt, ncu_batch.csv / ncu_batch.txt, batch-scaling.h5 / .log.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
@@ -57,4 +59,10 @@ if [[ ${NCU:-0} == 1 ]]; then
   python3 scripts/device/ncu_summary.py "$OUT/ncu_batch.csv" --reps 2 --labels "${labels%,}" \
     >"$OUT/ncu_batch.txt" 2>&1
   echo "summary rc=$?"; head -c 6000 "$OUT/ncu_batch.txt"
+fi
+if [[ ${EXP:-0} == 1 ]]; then
+  step "experiments/batch-scaling.yaml"
+  timeout -s TERM "${EXP_S:-240}" build-gpu/bin/mtplab run experiments/batch-scaling.yaml --out "$OUT/batch-scaling.h5" \
+    >"$OUT/batch-scaling.log" 2>&1
+  echo "rc=$?"; grep -E "synthetic trace|point|error" "$OUT/batch-scaling.log" | tail -12
 fi
