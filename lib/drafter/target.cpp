@@ -33,9 +33,7 @@ SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg
     blocks_.push_back(std::make_unique<Block>(be, nullptr, dims, upload_block_weights(be, w)));
   }
   x_ = ops::Array<bf16>(be, cfg.hidden);
-  h_ = ops::Array<bf16>(be, cfg.hidden);
   logits_ = ops::Array<bf16>(be, cfg.vocab);
-  pos_ = ops::Array<int32_t>(be, 1);
   arg_ = ops::Array<ops::ArgMax>(be, 1);
 }
 
@@ -62,32 +60,41 @@ io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, 
   seq.prompt_length = static_cast<int32_t>(prompt.size());
   seq.tokens = prompt;
   seq.hiddens.resize(static_cast<size_t>(total) * H);
+  // Every position's hidden stays in backend memory until the end and the positions go up once,
+  // so the prompt's rows run without a host round trip per row (only a generated token, which the
+  // next row embeds, is read back as it is made).
+  ops::Array<bf16> hiddens(be_, static_cast<size_t>(total) * H);
+  ops::Array<int32_t> positions(be_, static_cast<size_t>(total));
+  {
+    std::vector<int32_t> pos_h(static_cast<size_t>(total));
+    std::iota(pos_h.begin(), pos_h.end(), 0);
+    be_.upload(positions.data(), pos_h.data(), pos_h.size() * sizeof(int32_t));
+  }
   for (int p = 0; p < total; ++p) {
     const int32_t tok = seq.tokens[p];
     MTP_REQUIRE(tok >= 0 && tok < cfg_.vocab, "synthetic target: token ", tok, " at position ", p,
                 " is outside the vocab of ", cfg_.vocab);
     be_.copy(x_.data(), embed_.data() + static_cast<size_t>(tok) * H, H * sizeof(bf16));
-    be_.upload(pos_.data(), &p, sizeof p);
     for (size_t l = 0; l < blocks_.size(); ++l)
-      blocks_[l]->forward(x_.data(), pos_.data(), caches[l], x_.data());
-    be_.rmsnorm(x_.data(), final_norm_.data(), h_.data(), 1, H, cfg_.rms_norm_eps);
-    be_.download(seq.hiddens.data() + static_cast<size_t>(p) * H, h_.data(), H * sizeof(bf16));
+      blocks_[l]->forward(x_.data(), positions.data() + p, caches[l], x_.data());
+    bf16* h = hiddens.data() + static_cast<size_t>(p) * H;
+    be_.rmsnorm(x_.data(), final_norm_.data(), h, 1, H, cfg_.rms_norm_eps);
     if (p + 1 < total && p + 1 >= static_cast<int>(prompt.size())) {
       if (!sampling.sampled) {
-        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h_.data(), cfg_.vocab, H, 0, nullptr, arg_.data());
+        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h, cfg_.vocab, H, 0, nullptr, arg_.data());
         ops::ArgMax a{};
         be_.download(&a, arg_.data(), sizeof a);
         seq.tokens.push_back(a.index);
       } else {
         // The head's own BF16 logits (the op the drafter's head uses), sampled on the host.
-        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h_.data(), cfg_.vocab, H, 0, logits_.data(),
-                        arg_.data());
+        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h, cfg_.vocab, H, 0, logits_.data(), arg_.data());
         be_.download(logits.data(), logits_.data(), logits.size() * sizeof(bf16));
         seq.tokens.push_back(sample_transformed(logits, sampling.temperature, sampling.top_k, sampling.top_p,
                                                 sampling_uniform(sampling.seed, sequence, p + 1)));
       }
     }
   }
+  be_.download(seq.hiddens.data(), hiddens.data(), seq.hiddens.size() * sizeof(bf16));
   return seq;
 }
 

@@ -44,8 +44,7 @@ class SyntheticTarget {
   model::ModelConfig cfg_;
   std::vector<std::unique_ptr<Block>> blocks_;
   ops::Array<bf16> embed_, lm_head_, final_norm_;
-  ops::Array<bf16> x_, h_, logits_;
-  ops::Array<int32_t> pos_;
+  ops::Array<bf16> x_, logits_;
   ops::Array<ops::ArgMax> arg_;
 };
 
