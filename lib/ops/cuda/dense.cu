@@ -753,8 +753,15 @@ struct GemmParams {
   unsigned int* counter = nullptr;
 };
 
+/// Blocks per multiprocessor the register budget is set for: two for the widest FP8 tile (136
+/// registers would leave one block, 8 warps, too few to hide the MMA chain's latency), else one.
+template <bool kFp8, int kNT>
+constexpr int rows_gemm_min_blocks() {
+  return kFp8 && kNT == 16 ? 2 : 1;
+}
+
 template <bool kFp8, int kNT, Epi kEpi>
-__global__ void __launch_bounds__(kGemmThreads) rows_gemm_kernel(GemmParams p) {
+__global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>()) rows_gemm_kernel(GemmParams p) {
   pdl_begin();
   constexpr int NB = 8 * kNT;          // batch rows (MMA columns) held by the block
   constexpr int kWVec = kFp8 ? 1 : 2;  // 16-byte W vectors per row, chunk and lane
