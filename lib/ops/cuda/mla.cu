@@ -631,6 +631,121 @@ __global__ void __launch_bounds__(kAbsorbBatchThreads)
   }
 }
 
+// ---- absorb_q on the tensor cores ------------------------------------------------------------------------
+//
+// q_abs[b, h] = W_k,h^T q[b, h] as per-head GEMMs: C[b][c] = sum_d q[b][d] W_k,h[d][c] with M = the
+// batch rows, N = kv_lora, K = dqk. Block (head, 128 columns, 64 rows), 4 warps: warp w owns
+// columns 32w .. 32w+31 (4 n-tiles of 8) for the block's 4 m-tiles of 16 rows. K walks in chunks
+// of 32 through shared memory: the rows' q slab [64][32] (A, row-major: ldmatrix) and W_k,h's slab
+// [32][128] as stored, d-major (B: ldmatrix .trans turns its d-runs into the MMA's k pairs), rows
+// padded by 16 bytes so the 8 row addresses of every 8x8 matrix fall in distinct banks. Zero-filled
+// past dqk, L and the batch's rows. Each output is its 16-wide k-steps summed in ascending chunk
+// order in fp32, then rounded to BF16 once: the same arithmetic for a row whatever B or the other
+// rows (an MMA row is independent of the others).
+
+constexpr int kAbsorbMmaThreads = 128;
+constexpr int kAbsorbMmaRows = 64;   // batch rows per block (4 m-tiles)
+constexpr int kAbsorbMmaCols = 128;  // kv_lora columns per block (4 warps x 4 n-tiles)
+constexpr int kAbsorbMmaK = 32;      // d per shared-memory chunk (2 k-steps)
+constexpr int kAbsorbQStride = kAbsorbMmaK + 8;     // BF16 per staged q row (80 bytes)
+constexpr int kAbsorbWStride = kAbsorbMmaCols + 8;  // BF16 per staged W row (272 bytes)
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+/// Block (h, column tile, row tile); see "absorb_q on the tensor cores".
+__global__ void __launch_bounds__(kAbsorbMmaThreads)
+    absorb_q_mma_kernel(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk, int dv,
+                        int L) {
+  pdl_begin();
+  __shared__ __align__(16) bf16 q_s[kAbsorbMmaRows][kAbsorbQStride];
+  __shared__ __align__(16) bf16 w_s[kAbsorbMmaK][kAbsorbWStride];
+  const int h = blockIdx.x;
+  const int col0 = blockIdx.y * kAbsorbMmaCols;
+  const int row0 = blockIdx.z * kAbsorbMmaRows;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  const int n_rows = min(kAbsorbMmaRows, rows - row0);
+  const int m_tiles = (n_rows + 15) / 16;  // uniform over the block
+  const bf16* Wk = W_kvb + static_cast<size_t>(h) * (dqk + dv) * L;
+  float acc[4][4][4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+
+  for (int d0 = 0; d0 < dqk; d0 += kAbsorbMmaK) {
+    // q: 64 rows x 4 vectors of 8; W: 32 d-rows x 16 vectors of 8 (16-byte copies, zero past the ends).
+    for (int v = threadIdx.x; v < kAbsorbMmaRows * (kAbsorbMmaK / 8); v += blockDim.x) {
+      const int r = v / (kAbsorbMmaK / 8), d8 = (v % (kAbsorbMmaK / 8)) * 8;
+      const bool ok = r < n_rows && d0 + d8 < dqk;
+      const bf16* src = ok ? q + (static_cast<size_t>(row0 + r) * n_heads + h) * dqk + d0 + d8 : q;
+      batch::cp_async16(&q_s[r][d8], src, ok ? 16 : 0);
+    }
+    for (int v = threadIdx.x; v < kAbsorbMmaK * (kAbsorbMmaCols / 8); v += blockDim.x) {
+      const int dd = v / (kAbsorbMmaCols / 8), c8 = (v % (kAbsorbMmaCols / 8)) * 8;
+      const bool ok = d0 + dd < dqk && col0 + c8 < L;
+      const bf16* src = ok ? Wk + static_cast<size_t>(d0 + dd) * L + col0 + c8 : Wk;
+      batch::cp_async16(&w_s[dd][c8], src, ok ? 16 : 0);
+    }
+    batch::cp_async_commit();
+    batch::cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < kAbsorbMmaK / 16; ++ks) {
+      // B: two x4.trans loads, each the fragments of two n-tiles (matrices: k 0-7 / 8-15 of tile
+      // j, then of tile j + 1); lane i addresses row k = ks*16 + (i % 8) + 8 * ((i / 8) % 2).
+      uint32_t bfr[4][2];
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {
+        uint32_t r4[4];
+        const int kr = ks * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        const int cc = warp * 32 + (2 * jp + lane / 16) * 8;
+        ldmatrix_x4_trans(r4, &w_s[kr][cc]);
+        bfr[2 * jp][0] = r4[0];
+        bfr[2 * jp][1] = r4[1];
+        bfr[2 * jp + 1][0] = r4[2];
+        bfr[2 * jp + 1][1] = r4[3];
+      }
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        if (m >= m_tiles) break;  // uniform
+        uint32_t a[4];
+        ldmatrix_x4(a, &q_s[m * 16 + (lane % 16)][ks * 16 + 8 * (lane / 16)]);
+#pragma unroll
+        for (int n = 0; n < 4; ++n) batch::mma_16816(acc[m][n], a, bfr[n][0], bfr[n][1]);
+      }
+    }
+    __syncthreads();  // the slabs are restaged
+  }
+  // acc[m][n][e]: row m*16 + g + 8*(e >= 2), column warp*32 + n*8 + 2t + (e & 1).
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = m * 16 + g + (e >= 2 ? 8 : 0);
+      if (r >= n_rows) continue;
+      bf16* out = q_abs + (static_cast<size_t>(row0 + r) * n_heads + h) * L;
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        const int c = col0 + warp * 32 + n * 8 + 2 * t + (e & 1);
+        if (c < L) out[c] = f_to_bf16(acc[m][n][e]);
+      }
+    }
+  }
+}
+
 // ---- decode
 // ------------------------------------------------------------------------------------------------
 
@@ -866,6 +981,16 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
               kv_lora, " (dqk and kv_lora must be multiples of 8)");
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(W_kvb) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0,
               "ops::cuda::mla_absorb_q_batch: q and W_kvb must be 16-byte aligned");
+  if (rows >= 2) {
+    // Two rows and more: the per-head GEMMs on the tensor cores (one row keeps the CUDA-core sums of
+    // the single-row op's order, so a batch of one drafts as the single-sequence path).
+    const dim3 grid(n_heads, (kv_lora + kAbsorbMmaCols - 1) / kAbsorbMmaCols,
+                    (rows + kAbsorbMmaRows - 1) / kAbsorbMmaRows);
+    launch(ctx, absorb_q_mma_kernel, grid, kAbsorbMmaThreads, 0, q, W_kvb, q_abs, rows, n_heads, dqk, dv,
+           kv_lora);
+    MTP_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const dim3 grid(n_heads, (kv_lora + kAbsorbBatchCols - 1) / kAbsorbBatchCols,
                   (rows + kAbsorbRows - 1) / kAbsorbRows);
   launch(ctx, absorb_q_batch_kernel, grid, kAbsorbBatchThreads, 0, q, W_kvb, q_abs, rows, n_heads, dqk, dv,
