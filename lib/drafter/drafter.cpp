@@ -830,7 +830,8 @@ void MtpDrafter::head_pick_batch(int draft_index, int n, int32_t* tokens_out) {
                     xb.local_max.data(), extras);
   } else {
     be_.head_argmax_batch(W, W8, scale, batch_y_.data(), batch_slot_.data(), n, static_cast<int>(shard_.n),
-                          hidden_, shard_.v0, logits, static_cast<int>(xb.stride), xb.local_max.data(), extras);
+                          hidden_, shard_.v0, logits, static_cast<int>(xb.stride), xb.local_max.data(),
+                          extras);
   }
   if (kept && exchange_logits)
     be_.copy(exchange_logits, kept, static_cast<size_t>(n) * static_cast<size_t>(xb.stride) * sizeof(bf16));

@@ -761,7 +761,8 @@ constexpr int rows_gemm_min_blocks() {
 }
 
 template <bool kFp8, int kNT, Epi kEpi>
-__global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>()) rows_gemm_kernel(GemmParams p) {
+__global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>())
+    rows_gemm_kernel(GemmParams p) {
   pdl_begin();
   constexpr int NB = 8 * kNT;          // batch rows (MMA columns) held by the block
   constexpr int kWVec = kFp8 ? 1 : 2;  // 16-byte W vectors per row, chunk and lane
@@ -1180,8 +1181,8 @@ void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n
   // least 4 vectors per thread of a part), then one warp per row reduces the parts' keys.
   // The argmax is exact, so the parts change nothing but the time.
   const int per_part = kArgmaxRowThreads * 4 * (vec ? 8 : 1);
-  const int parts = std::min({(2 * ctx.num_sms + rows - 1) / rows, (n + per_part - 1) / per_part,
-                              single_row.capacity / rows, 64});
+  const int parts = std::min(
+      {(2 * ctx.num_sms + rows - 1) / rows, (n + per_part - 1) / per_part, single_row.capacity / rows, 64});
   if (parts >= 2) {
     launch(ctx, argmax_row_parts_kernel, dim3(parts, rows), kArgmaxRowThreads, 0, x, ld_x, n, index_base,
            single_row.partials, vec);

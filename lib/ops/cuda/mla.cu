@@ -644,9 +644,9 @@ __global__ void __launch_bounds__(kAbsorbBatchThreads)
 // rows (an MMA row is independent of the others).
 
 constexpr int kAbsorbMmaThreads = 128;
-constexpr int kAbsorbMmaRows = 64;   // batch rows per block (4 m-tiles)
-constexpr int kAbsorbMmaCols = 128;  // kv_lora columns per block (4 warps x 4 n-tiles)
-constexpr int kAbsorbMmaK = 32;      // d per shared-memory chunk (2 k-steps)
+constexpr int kAbsorbMmaRows = 64;                  // batch rows per block (4 m-tiles)
+constexpr int kAbsorbMmaCols = 128;                 // kv_lora columns per block (4 warps x 4 n-tiles)
+constexpr int kAbsorbMmaK = 32;                     // d per shared-memory chunk (2 k-steps)
 constexpr int kAbsorbQStride = kAbsorbMmaK + 8;     // BF16 per staged q row (80 bytes)
 constexpr int kAbsorbWStride = kAbsorbMmaCols + 8;  // BF16 per staged W row (272 bytes)
 
