@@ -1002,21 +1002,32 @@ void run_batched(Bench& b, ops::Backend& be) {
     b.release_all();
   }
   // The sparse decode: each row at position 4095 of its own slot (2051 selected rows: K pool rows
-  // plus the tail), slots' blocks interleaved in one pool.
-  // " splits=S": the split count forced (KernelPolicy::mla_batch_splits) instead of chosen.
+  // plus the tail), slots' blocks interleaved in one pool. Both kernels (KernelPolicy::mla_decode,
+  // named in the row) at automatic splits at every B; " splits=S": the split count forced
+  // (KernelPolicy::mla_batch_splits) instead of chosen: v1 at 2 and 4 (its automatic count is 5, 2
+  // and 1 at B = 16, 64, 128), v2 at 16 (two clusters of 8 per (row, head tile), where the
+  // automatic rule gives one).
+  using ops::MlaDecode;
   struct DecodeCase {
+    MlaDecode path;
     int B, splits;
   };
-  const DecodeCase decode_cases[] = {{1, 0},  {16, 0}, {16, 2},  {16, 4},  {64, 0},
-                                     {64, 2}, {64, 4}, {128, 0}, {128, 2}, {128, 4}};
+  const DecodeCase decode_cases[] = {
+      {MlaDecode::v2, 1, 0},   {MlaDecode::v2, 16, 0},  {MlaDecode::v2, 16, 16}, {MlaDecode::v2, 64, 0},
+      {MlaDecode::v2, 64, 16}, {MlaDecode::v2, 128, 0}, {MlaDecode::v1, 1, 0},   {MlaDecode::v1, 16, 0},
+      {MlaDecode::v1, 16, 2},  {MlaDecode::v1, 16, 4},  {MlaDecode::v1, 64, 0},  {MlaDecode::v1, 64, 2},
+      {MlaDecode::v1, 64, 4},  {MlaDecode::v1, 128, 0}, {MlaDecode::v1, 128, 2}, {MlaDecode::v1, 128, 4}};
   for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
     for (const DecodeCase dc : decode_cases) {
       const int B = dc.B;
-      const std::string name =
-          mtplab::str("batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16" : "fp8", " B=", B,
-                      dc.splits ? mtplab::str(" splits=", dc.splits) : std::string());
+      const std::string name = mtplab::str(
+          "batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ", ops::to_string(dc.path),
+          " B=", B, dc.splits ? mtplab::str(" splits=", dc.splits) : std::string());
       if (!b.selected(name)) continue;
-      with_policy([&](ops::KernelPolicy& p) { p.mla_batch_splits = dc.splits; });
+      with_policy([&](ops::KernelPolicy& p) {
+        p.mla_decode = dc.path;
+        p.mla_batch_splits = dc.splits;
+      });
       const int block_size = 64, rows = 4096, max_blocks = rows / block_size, width = kTopK + kPool - 1;
       const size_t elem = dtype == ops::KvDtype::bf16 ? 2 : 1;
       const size_t values = static_cast<size_t>(B) * rows * kKvLora;

@@ -19,13 +19,15 @@
 //   another split, so other bits for FP8 weights. Otherwise timing only.
 // - gemv_split: a forced k-split changes the summation order of every GEMV, hence the bits.
 // - mla_decode: v1 and v2 split and merge the selected rows differently: other summation order,
-//   other bits (within the usual tolerances).
+//   other bits (within the usual tolerances). It picks the kernel of the single-row and of the
+//   batched decode.
 // - mla_clusters (v2 only): the split count fixes the merge order: other bits.
 // - indexer_select: v1 and v2 compute the same exact selection: the same bits, other timing.
 // - pdl, nccl_blocking: the same bits, other timing.
 // - head_gemm: cuBLASLt sums a logit in another order than the MMA kernel (and the CPU twin):
 //   logits within a BF16 step, picks equal except at near-ties.
-// - mla_batch_splits: the split count fixes the merge order of the batched decode: other bits.
+// - mla_batch_splits: the split count fixes the merge order of the batched decode (v1 and v2):
+//   other bits.
 #pragma once
 #include <string>
 #include <string_view>
@@ -39,8 +41,9 @@ namespace mtplab::ops {
 /// flight; rows2 / rows4: 2 or 4 rows per warp; occ: one row per warp at <= 32 registers; fp8split:
 /// FP8 rows take the k-split of BF16 rows of the same length. linear_group keeps its own kernel.
 enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };
-/// The sparse MLA decode: v2 (the default) streams longer splits and merges them per cluster of 8
-/// over distributed shared memory; v1 is the former kernel with a combine over every split.
+/// The sparse MLA decode, one row and batched: v2 (the default) streams longer splits and merges
+/// them per cluster of 8 over distributed shared memory; v1 is the former kernel with a combine
+/// over every split.
 enum class MlaDecode { v1, v2 };
 /// indexer_select's kernel: v2 (the default) the 11/11/10-bit radix select; v1 four 8-bit passes.
 enum class IndexerSelect { v1, v2 };
@@ -71,7 +74,10 @@ struct KernelPolicy {
   /// The batched BF16 head's GEMM (HeadGemm).
   HeadGemm head_gemm = HeadGemm::automatic;
   /// Splits of the selected rows per (row, head tile) of the batched MLA decode: 0 = chosen per
-  /// shape, else 1 .. kMaxMlaBatchSplits (capped at the chunks a row has).
+  /// shape, else 1 .. kMaxMlaBatchSplits. Under mla_decode v1 capped at the chunks of 16 rows a row
+  /// has; under v2 rounded up to a multiple of 8 (whole clusters; 1 .. 8 all mean 8), not capped
+  /// (a split past the row's chunks is empty), and raised where a split would own more than 32
+  /// chunks, as mla_clusters is.
   int mla_batch_splits = 0;
   /// NCCL communicators created blocking (host calls under a watchdog) or non-blocking (polled).
   /// Read by whoever creates the communicators (dist::Group::connect); the backends ignore it.

@@ -31,6 +31,9 @@
 //   may move to its neighbour: every code within one step, >= 90% identical.
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
 //   grouped experts, two for a split decode), whatever B.
+// - The decode runs under both of its kernels (KernelPolicy::mla_decode v2, the default, and v1),
+//   automatic and forced split counts, each against the CPU with the BF16 tolerance; the batched
+//   v2 must also give, row by row, the single-row v2 decode's bytes at the same split count.
 // The CPU reference runs on as many threads as the machine has (one CPU backend per thread, each
 // on a contiguous range of rows: a row's result does not depend on the others), so the
 // glm5.3-flash shapes (the whole 154880-row head, all 288 experts resident) stay in seconds;
@@ -835,17 +838,16 @@ TEST_P(GpuBatch, MlaDecode) {
       const auto slots_h = make_slots(rng, B, slots);
       const auto pos_h = make_positions(rng, slots_h, capacity, 0);
       // Each live row's selection is the CPU indexer's at its position (sparse past K + P - 2, dense
-      // before, with -1 padding); the first live row selects nothing (zeros); a padded row selects
-      // rows past every table (a read would fault).
+      // before, with -1 padding: rows of different lengths in one batch, the second live row one
+      // selected row); the third live row selects nothing (zeros); a padded row selects rows past
+      // every table (a read would fault).
       std::vector<int32_t> sel_h(static_cast<size_t>(B) * width, 1 << 28);
       auto be = make_cpu_backend();
-      bool empty_done = false;
-      for (int b = 0; b < B; ++b) {
+      for (int b = 0, live = 0; b < B; ++b) {
         if (slots_h[static_cast<size_t>(b)] < 0) continue;
         int32_t* row = sel_h.data() + static_cast<size_t>(b) * width;
-        if (!empty_done) {
+        if (live++ == 2) {
           std::fill_n(row, width, -1);
-          empty_done = true;
           continue;
         }
         const auto sc = rng.floats(mp, -1.0f, 1.0f);
@@ -859,39 +861,69 @@ TEST_P(GpuBatch, MlaDecode) {
                        max_blocks};
       const KvSlots kg{KvCache{data.g.data(), dtype, scale, blocks, bs, L}, tables.g.data(), slots,
                        max_blocks};
-      auto o = out_twin<bf16>(static_cast<size_t>(B) * nh * L), again = out_twin<bf16>(o.c.size());
-      EXPECT_LE(kernels_of([&] {
-                  gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, sl.g.data(), B, kg, o.g.data(), nh,
-                                         softmax_scale);
-                }),
-                2u);
-      gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, sl.g.data(), B, kg, again.g.data(), nh,
-                             softmax_scale);
+      auto ref = out_twin<bf16>(static_cast<size_t>(B) * nh * L);
       on_cpu_rows(B, [&](Backend& cb, int b0, int b1) {
         cb.mla_decode_batch(q.c.data() + static_cast<size_t>(b0) * nh * L,
                             sel.c.data() + static_cast<size_t>(b0) * width, width, sl.c.data() + b0, b1 - b0,
-                            kc, o.c.data() + static_cast<size_t>(b0) * nh * L, nh, softmax_scale);
+                            kc, ref.c.data() + static_cast<size_t>(b0) * nh * L, nh, softmax_scale);
       });
-      const auto got = o.from_gpu();
-      expect_bf16_written(got, o.from_cpu(),
-                          row_mask(B, static_cast<size_t>(nh) * L, static_cast<size_t>(nh) * L, &slots_h),
-                          what);
-      expect_bytes_equal(again.from_gpu(), got, what + ", second run");
-      // Forced split counts (KernelPolicy::mla_batch_splits): another merge order, the same
-      // tolerance against the CPU, nothing written to the padded rows.
-      const KernelPolicy before = gpu().kernel_policy();
-      for (int forced : {1, 3}) {
-        KernelPolicy policy = before;
-        policy.mla_batch_splits = forced;
-        gpu().set_kernel_policy(policy);
-        auto f = out_twin<bf16>(o.c.size());
-        gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, sl.g.data(), B, kg, f.g.data(), nh,
+      const auto want = ref.from_cpu();
+      const auto mask = row_mask(B, static_cast<size_t>(nh) * L, static_cast<size_t>(nh) * L, &slots_h);
+      auto decode = [&](Twin<bf16>& out) {
+        gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, sl.g.data(), B, kg, out.g.data(), nh,
                                softmax_scale);
-        expect_bf16_written(f.from_gpu(), o.from_cpu(),
-                            row_mask(B, static_cast<size_t>(nh) * L, static_cast<size_t>(nh) * L, &slots_h),
-                            what + ", " + std::to_string(forced) + " forced splits");
+      };
+
+      // Both kernels (KernelPolicy::mla_decode), automatic splits: at most two launches (the
+      // decode and its combine), the CPU's result within the BF16 tolerance, padded rows untouched,
+      // the same bytes on a second run. Then forced split counts (KernelPolicy::mla_batch_splits):
+      // another merge order, the same tolerance. v2 rounds a forced count up to whole clusters of 8
+      // (3 -> one cluster, 20 -> three, 64 -> eight: a combine over the clusters' partials).
+      for (MlaDecode path : {MlaDecode::v2, MlaDecode::v1}) {
+        const std::string pw = what + ", decode " + to_string(path);
+        const PolicyScope use([path](KernelPolicy& p) {
+          p.mla_decode = path;
+          p.mla_batch_splits = 0;
+        });
+        auto o = out_twin<bf16>(want.size()), again = out_twin<bf16>(want.size());
+        EXPECT_LE(kernels_of([&] { decode(o); }), 2u) << pw;
+        decode(again);
+        const auto got = o.from_gpu();
+        expect_bf16_written(got, want, mask, pw);
+        expect_bytes_equal(again.from_gpu(), got, pw + ", second run");
+        const std::vector<int> forced =
+            path == MlaDecode::v1 ? std::vector<int>{1, 3} : std::vector<int>{3, 20, 64};
+        for (int f : forced) {
+          const PolicyScope force([f](KernelPolicy& p) { p.mla_batch_splits = f; });
+          auto fo = out_twin<bf16>(want.size());
+          decode(fo);
+          expect_bf16_written(fo.from_gpu(), want, mask, pw + ", " + std::to_string(f) + " forced splits");
+        }
       }
-      gpu().set_kernel_policy(before);
+
+      // The batched v2 kernel is the single-row v2 decode row by row: at the same split count (8
+      // per cluster: mla_batch_splits = 8 x mla_clusters) every live row's bytes equal mla_decode's
+      // on that row alone (its slot's block table), the padded rows untouched by both.
+      for (int clusters : {1, 3}) {
+        const PolicyScope use([clusters](KernelPolicy& p) {
+          p.mla_decode = MlaDecode::v2;
+          p.mla_clusters = clusters;
+          p.mla_batch_splits = 8 * clusters;
+        });
+        auto batched = out_twin<bf16>(want.size()), single = out_twin<bf16>(want.size());
+        decode(batched);
+        const size_t row = static_cast<size_t>(nh) * L;
+        for (int b = 0; b < B; ++b) {
+          const int32_t slot = slots_h[static_cast<size_t>(b)];
+          if (slot < 0) continue;
+          gpu().mla_decode(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width, width,
+                           tables.g.data() + static_cast<size_t>(slot) * max_blocks, kg.cache,
+                           single.g.data() + b * row, nh, softmax_scale);
+        }
+        expect_bytes_equal(batched.from_gpu(), single.from_gpu(),
+                           what + ", batched v2 against the single-row v2, " + std::to_string(clusters) +
+                               " cluster(s) of 8 splits");
+      }
     }
   }
 }

@@ -581,7 +581,8 @@ class CudaBackend final : public Backend {
                 ", width ", width, ", rows ", rows, " (at most 65535)");
     MTP_REQUIRE(width == 0 || selection, "ops::cuda::mla_decode_batch: selection is null");
     const int splits = cuda::mla_decode_batch_splits(ctx_, width, n_heads, rows);
-    const size_t floats = cuda::mla_decode_batch_scratch_floats(splits, n_heads, kv.cache.kv_lora, rows);
+    const size_t floats =
+        cuda::mla_decode_batch_scratch_floats(ctx_, splits, n_heads, kv.cache.kv_lora, rows);
     float* scratch =
         floats ? static_cast<float*>(mla_batch_scratch_.ensure(sizeof(float) * floats, ctx_.stream, op))
                : nullptr;

@@ -1,9 +1,8 @@
 // Absorbed sparse MLA over the paged latent cache (the CPU reference: cpu/mla.cpp): the latent row
 // write (BF16 / FP8), the query absorption q_abs = W_k^T q, and the split-row decode with its
 // combine.
-// - One row: kv_write, absorb_q, the decode v2 (below); kv_norm_write and the decode v1 run the
-//   batched kernels at one row. mla_out_v is a GEMV over W_kvb's V rows (dense.cu, through a row
-//   map).
+// - One row: kv_write, absorb_q; kv_norm_write and the decode (v1 and v2) run the batched kernels
+//   at one row. mla_out_v is a GEMV over W_kvb's V rows (dense.cu, through a row map).
 // - Batched rows, over the pool of slots (ops::KvSlots: one block pool, one block table per slot),
 //   every row of the batch in one launch:
 //   - kv_norm_write_batch: block b rms-norms ckv_pre row b and stores it (BF16 copy or FP8 code) at
@@ -12,11 +11,13 @@
 //     32 rows): W_k,h's slab of 64 d-rows and the rows' q slab go through shared memory, each thread
 //     keeps 8 rows x 1 column of fp32 sums over d in ascending order. (W_k,h's d is its row index,
 //     so the reduction is not along contiguous memory; the MMA path would need a transpose.)
-//   - mla_decode_batch: grid (head tiles of 16, row splits, rows); each block is the decode's v1
-//     chunk step (mla_chunk.cuh): 4 warps each owning kv_lora/4 columns, chunks of 16 selected rows
-//     through the slot's block table on the tensor cores (S = Q C^T, O += P C, the probabilities
-//     split into BF16 hi + lo), an online fp32 softmax. One split per row writes o_lat itself; more
-//     write partials that a combine launch merges per (row, head) in split order.
+//   - mla_decode_batch, by the policy's mla_decode: v2 (the default), the decode v2 kernel below with
+//     grid (splits, head tiles, rows); v1, mla_decode_batch_kernel, grid (head tiles of 16, row
+//     splits, rows), each block the decode's v1 chunk step (mla_chunk.cuh): 4 warps each owning
+//     kv_lora/4 columns, chunks of 16 selected rows through the slot's block table on the tensor
+//     cores (S = Q C^T, O += P C, the probabilities split into BF16 hi + lo), an online fp32
+//     softmax. One split (v1) or cluster (v2) per (row, head tile) writes o_lat itself; more write
+//     partials that a combine launch merges per (row, head) in split order.
 //   - mla_out_v_batch: the skinny tensor-core GEMM (dense.cu) over W_kvb's V rows, one group of dv
 //     rows per head, x = each row's o_lat[h].
 //
@@ -31,9 +32,9 @@
 //   fixed order (deterministic); o_lat is rounded to BF16 once, after dividing by the softmax
 //   denominator, as the CPU does. No selected rows -> zeros. q_abs rows must be 4-byte aligned
 //   (BF16 pairs are read as u32), cache rows 16-byte aligned. Two paths with the same chunk step
-//   (the policy's mla_decode, ops/kernel_policy.hpp): v1 (mla_decode_batch_kernel at one row,
-//   every split merged by its combine) and v2 (mla_decode_v2_kernel, "decode v2" below), the
-//   default; both combine through mla_combine_rows.
+//   (the policy's mla_decode, ops/kernel_policy.hpp), one row or a batch: v1
+//   (mla_decode_batch_kernel, every split merged by its combine) and v2 (mla_decode_v2_kernel,
+//   "decode v2" below), the default; both combine through mla_combine_rows.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -138,8 +139,12 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 // The same chunk step as the v1 decode (mla_decode_batch_kernel) (head tile of 16, 4 warps each owning
 // kv_lora/4 columns, chunks of 16 rows, the same MMAs, softmax and rounding points), organised for a short
 // critical path and few partials:
-// - Grid (split, head tile), about one block per multiprocessor: split s of S owns chunks
-//   [s*C/S, (s+1)*C/S) of the C chunks (balanced to one chunk), at most kMaxSplitChunks.
+// - Grid (split, head tile, row): about one block per multiprocessor over the whole launch, split s of
+//   S owns chunks [s*C/S, (s+1)*C/S) of the row's C chunks (balanced to one chunk), at most
+//   kMaxSplitChunks. The row (blockIdx.z) reads the batch's layout as the v1 kernel does (q_abs,
+//   selection and o_lat rows, its slot's block table); a padded row's blocks return at once, the
+//   whole cluster together (it lies along x, inside one row), so no cluster barrier is left waiting.
+//   One row with no slot array (the single-row decode) reads slot 0: offsets 0, the same arithmetic.
 // - The split's row slots (selection -> block table) are resolved once into shared memory, every
 //   thread resolving a few rows in parallel: two round trips per block instead of two per chunk.
 // - Each warp streams its slice of the rows into a ring of kStages chunks with cp.async (16 bytes,
@@ -148,8 +153,8 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 // - The partial scores go through a double-buffered s_score: one __syncthreads per chunk.
 // - The kCluster splits of a thread-block cluster merge their (max, denominator, sums) over
 //   distributed shared memory, block rank r taking columns [r*L/8, (r+1)*L/8), peers in rank
-//   order (deterministic). One cluster per head tile writes o_lat itself; more write one partial
-//   per cluster, which mla_combine_rows merges (S / 8 partials per head instead of S).
+//   order (deterministic). One cluster per (row, head tile) writes o_lat itself; more write one
+//   partial per cluster, which mla_combine_rows merges (S / 8 partials per head instead of S).
 
 constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
 constexpr int kStages = 4;           // cp.async ring depth per warp, in chunks
@@ -175,8 +180,9 @@ struct DecodeV2Smem {
   static_assert(kStageStride % 16 == 0 && kRingBytes % 16 == 0, "cp.async needs 16-byte rows");
 };
 
-/// Block (split, head tile) of a cluster of kCluster splits; see "decode v2" above. p.splits is S
-/// (a multiple of kCluster); p.scratch holds [n_heads][S / kCluster][2 + kv_lora] when S > kCluster.
+/// Block (split, head tile, row) of a cluster of kCluster splits; see "decode v2" above. p.splits is
+/// S (a multiple of kCluster); p.scratch holds [rows][n_heads][S / kCluster][2 + kv_lora] when
+/// S > kCluster.
 template <int kCw, bool kFp8>
 __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThreads)
     mla_decode_v2_kernel(DecodeParams p) {
@@ -197,6 +203,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   __shared__ float s_lw[kHeadTile][kCluster];  // l_k e^{m_k - M}
   __shared__ float s_m[kHeadTile];             // M per head
 
+  const int row = blockIdx.z;
+  const int slot = p.slot ? p.slot[row] : 0;  // no slots: the single sequence of a KvCache
+  if (slot < 0) return;  // padded row: the row's every cluster returns whole, nothing read or written
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
   const int warp = threadIdx.x / kWarp;
@@ -214,10 +223,13 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   const int i1 = min(p.width, c_end * kChunk);
   const bool lo_ok = h0 + g < p.n_heads;
   const bool hi_ok = h0 + g + 8 < p.n_heads;
+  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * kL;
+  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
+  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
 
   // Q as the A operand, this warp's columns (as the v1 decode).
   uint32_t qa[kKSteps][4];
-  load_q_fragments<kKSteps>(p.q_abs, h0, g, t, kL, col0, lo_ok, hi_ok, qa);
+  load_q_fragments<kKSteps>(q_abs, h0, g, t, kL, col0, lo_ok, hi_ok, qa);
 
   // Slots of the split's rows, all selection loads first, then all block-table loads. Rows past
   // i1 up to the last chunk's end are padding.
@@ -226,15 +238,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
 #pragma unroll
     for (int u = 0; u < kGatherPerThread; ++u) {
       const int ii = i0 + static_cast<int>(threadIdx.x) + u * kDecodeThreads;
-      ts[u] = ii < i1 ? p.selection[ii] : -1;
+      ts[u] = ii < i1 ? selection[ii] : -1;
     }
 #pragma unroll
     for (int u = 0; u < kGatherPerThread; ++u) {
-      int64_t slot = -1;
+      int64_t cs = -1;
       if (ts[u] >= 0)
-        slot =
-            static_cast<int64_t>(p.block_tables[ts[u] / p.block_size]) * p.block_size + ts[u] % p.block_size;
-      s_slot[threadIdx.x + u * kDecodeThreads] = slot;
+        cs = static_cast<int64_t>(block_table[ts[u] / p.block_size]) * p.block_size + ts[u] % p.block_size;
+      s_slot[threadIdx.x + u * kDecodeThreads] = cs;
     }
   }
   __syncthreads();
@@ -250,11 +261,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
       unsigned char* stage = ring + (k % kStages) * Smem::kStageBytes;
       for (int v = lane; v < kChunk * kVecPerRow; v += kWarp) {
         const int r = v / kVecPerRow;
-        const int64_t slot = s_slot[k * kChunk + r];
+        const int64_t cs = s_slot[k * kChunk + r];
         const unsigned char* src =
-            slot >= 0 ? cache + (static_cast<size_t>(slot) * kL + col0) * kElem + (v % kVecPerRow) * 16
-                      : cache;
-        cp_async16(stage + r * Smem::kStageStride + (v % kVecPerRow) * 16, src, slot >= 0 ? 16 : 0);
+            cs >= 0 ? cache + (static_cast<size_t>(cs) * kL + col0) * kElem + (v % kVecPerRow) * 16 : cache;
+        cp_async16(stage + r * Smem::kStageStride + (v % kVecPerRow) * 16, src, cs >= 0 ? 16 : 0);
       }
     }
     cp_async_commit();
@@ -364,10 +374,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
       a = fmaf(peer_o[k][h * Smem::kXStride + c], s_w[h][k], a);
       d += s_lw[h][k];
     }
+    const size_t rh = static_cast<size_t>(row) * p.n_heads + h0 + h;  // (row, head)
     if (clusters == 1) {
-      p.o_lat[static_cast<size_t>(h0 + h) * kL + c] = d > 0.0f ? f_to_bf16(a / d) : bf16{0};
+      p.o_lat[rh * kL + c] = d > 0.0f ? f_to_bf16(a / d) : bf16{0};
     } else {
-      float* out = p.scratch + (static_cast<size_t>(h0 + h) * clusters + cl) * (2 + kL);
+      float* out = p.scratch + (rh * clusters + cl) * (2 + kL);
       out[2 + c] = a;
       if (c == 0) {  // rank 0's first column
         out[0] = s_m[h];
@@ -378,31 +389,67 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   cluster.sync();  // no block leaves while a peer may still read its exchange
 }
 
-/// The v2 decode kernel for kCw = kv_lora / 4 columns per warp and the cache type.
+/// The v2 decode kernel for kCw = kv_lora / 4 columns per warp and the cache type, over `rows` rows.
 template <int kCw, bool kFp8>
-void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p) {
+void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
   const int tiles = (p.n_heads + kHeadTile - 1) / kHeadTile;
   constexpr int kBytes = DecodeV2Smem<kCw, kFp8>::kBytes;
   // Above the 48 KB default at kv_lora 512; a host-side attribute, allowed while capturing.
   MTP_CUDA_CHECK(cudaFuncSetAttribute(mla_decode_v2_kernel<kCw, kFp8>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes));
-  launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, dim3(p.splits, tiles), kDecodeThreads,
+  launch(ctx, mla_decode_v2_kernel<kCw, kFp8>, dim3(p.splits, tiles, rows), kDecodeThreads,
          static_cast<size_t>(kBytes), p);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-/// launch_decode_v2 for the kv_lora of p (64, 128, 256 or 512; checked by mla_decode).
-void launch_decode_v2_for(const LaunchCtx& ctx, const DecodeParams& p, bool fp8) {
+/// The v2 decode of `rows` rows (64, 128, 256 or 512 kv_lora, checked by the callers), then the
+/// combine of its clusters' partials when there is more than one cluster per (row, head tile).
+void decode_v2(const LaunchCtx& ctx, const DecodeParams& p, bool fp8, int rows) {
   switch (p.kv_lora) {
     case 64:
-      return fp8 ? launch_decode_v2<16, true>(ctx, p) : launch_decode_v2<16, false>(ctx, p);
+      fp8 ? launch_decode_v2<16, true>(ctx, p, rows) : launch_decode_v2<16, false>(ctx, p, rows);
+      break;
     case 128:
-      return fp8 ? launch_decode_v2<32, true>(ctx, p) : launch_decode_v2<32, false>(ctx, p);
+      fp8 ? launch_decode_v2<32, true>(ctx, p, rows) : launch_decode_v2<32, false>(ctx, p, rows);
+      break;
     case 256:
-      return fp8 ? launch_decode_v2<64, true>(ctx, p) : launch_decode_v2<64, false>(ctx, p);
+      fp8 ? launch_decode_v2<64, true>(ctx, p, rows) : launch_decode_v2<64, false>(ctx, p, rows);
+      break;
     default:
-      return fp8 ? launch_decode_v2<128, true>(ctx, p) : launch_decode_v2<128, false>(ctx, p);
+      fp8 ? launch_decode_v2<128, true>(ctx, p, rows) : launch_decode_v2<128, false>(ctx, p, rows);
+      break;
   }
+  // One cluster per (row, head tile) wrote o_lat itself: nothing to merge.
+  const int partials = p.splits / kCluster;
+  if (partials > 1) mla_combine_rows(ctx, p.scratch, p.slot, rows, partials, p.n_heads, p.kv_lora, p.o_lat);
+}
+
+/// Clusters of 8 splits per (row, head tile) of the v2 decode, for rows of `chunks` chunks and
+/// `units` (row, head tile) pairs in the launch. `forced` (not 0) is the count asked for; otherwise
+/// about one block per multiprocessor over the launch, and no more clusters than it takes to give
+/// every split a chunk. Either is raised where a split would own more than kMaxSplitChunks chunks
+/// (a large batch: one cluster per (row, head tile)).
+int decode_v2_clusters(int num_sms, int chunks, int64_t units, int forced) {
+  const int64_t per_cluster = kCluster * kMaxSplitChunks;
+  int64_t clusters = forced;
+  if (clusters == 0) {
+    clusters = std::max<int64_t>(1, (num_sms + units * kCluster / 2) / (units * kCluster));
+    clusters = std::min<int64_t>(clusters, (chunks + kCluster - 1) / kCluster);
+  }
+  clusters = std::max<int64_t>(clusters, (chunks + per_cluster - 1) / per_cluster);
+  return static_cast<int>(clusters);
+}
+
+/// The v2 checks of a split count (mla_decode and mla_decode_batch): a multiple of 8, at most
+/// kMaxSplitChunks chunks per split, scratch for more than one cluster, a 16-byte aligned cache.
+void require_v2_splits(const char* op, const char* splits_fn, int width, int splits, const float* scratch,
+                       const void* cache) {
+  const int chunks = (width + kChunk - 1) / kChunk;
+  MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks, "ops::cuda::", op,
+              ": ", splits, " splits for ", chunks,
+              " chunks (v2 needs a multiple of 8 and at most 32 chunks per split: use ", splits_fn, ")");
+  MTP_REQUIRE(splits == kCluster || scratch, "ops::cuda::", op, ": ", splits, " splits without scratch");
+  MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache) % 16 == 0, "ops::cuda::", op, ": cache not 16-byte aligned");
 }
 
 }  // namespace
@@ -448,14 +495,7 @@ int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
   // longer split costs chunk steps, not round trips), no more clusters than it takes to give every
   // split a chunk, and at most kMaxSplitChunks chunks per split. The policy's mla_clusters, when not
   // 0, forces the clusters per head tile (a tuning experiment; still raised to that chunk limit).
-  const int per_cluster = kCluster * kMaxSplitChunks;
-  int clusters = ctx.policy.mla_clusters;
-  if (clusters == 0) {
-    clusters = std::max(1, (ctx.num_sms + tiles * kCluster / 2) / (tiles * kCluster));
-    clusters = std::min(clusters, (chunks + kCluster - 1) / kCluster);
-  }
-  clusters = std::max(clusters, (chunks + per_cluster - 1) / per_cluster);
-  return clusters * kCluster;
+  return decode_v2_clusters(ctx.num_sms, chunks, tiles, ctx.policy.mla_clusters) * kCluster;
 }
 
 size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora) {
@@ -481,20 +521,12 @@ void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selectio
     return mla_decode_batch(ctx, q_abs, selection, width, nullptr, 1, kv, o_lat, n_heads, softmax_scale,
                             splits, scratch);
   }
-  const int chunks = (width + kChunk - 1) / kChunk;
-  MTP_REQUIRE(splits % kCluster == 0 && (chunks + splits - 1) / splits <= kMaxSplitChunks,
-              "ops::cuda::mla_decode: ", splits, " splits for ", chunks,
-              " chunks (v2 needs a multiple of 8 and at most 32 chunks per split: use mla_decode_splits)");
-  MTP_REQUIRE(reinterpret_cast<uintptr_t>(cache.data) % 16 == 0,
-              "ops::cuda::mla_decode: cache not 16-byte aligned");
+  require_v2_splits("mla_decode", "mla_decode_splits", width, splits, scratch, cache.data);
+  // The batched v2 kernel at one row with no slot array: it reads block_table as slot 0's.
   const DecodeParams p{q_abs,   selection,     width,       nullptr,          block_table,
                        0,       cache.data,    cache.scale, cache.block_size, L,
                        n_heads, softmax_scale, splits,      scratch,          o_lat};
-  launch_decode_v2_for(ctx, p, cache.dtype == KvDtype::fp8);
-  // v2 merges within each cluster, then the clusters' partials (none to merge with one cluster per
-  // head tile: the cluster wrote o_lat).
-  const int partials = splits / kCluster;
-  if (partials > 1) mla_combine_rows(ctx, scratch, nullptr, 1, partials, n_heads, L, o_lat);
+  decode_v2(ctx, p, cache.dtype == KvDtype::fp8, 1);
 }
 
 // ==== batched rows =====================================================================================
@@ -1000,9 +1032,16 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows) {
   const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
-  if (ctx.policy.mla_batch_splits > 0) return std::min(ctx.policy.mla_batch_splits, chunks);  // forced
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
-  // At least two chunks of 16 rows per block, and about two blocks per multiprocessor over the
+  const int forced = ctx.policy.mla_batch_splits;
+  if (ctx.policy.mla_decode == MlaDecode::v2) {
+    // The single-row v2 rule over every (row, head tile) of the batch; a forced count rounded up to
+    // whole clusters of 8 (raised, as any, where a split would own more than 32 chunks).
+    const int clusters = forced > 0 ? (forced + kCluster - 1) / kCluster : 0;
+    return decode_v2_clusters(ctx.num_sms, chunks, static_cast<int64_t>(tiles) * rows, clusters) * kCluster;
+  }
+  if (forced > 0) return std::min(forced, chunks);
+  // v1: at least two chunks of 16 rows per block, and about two blocks per multiprocessor over the
   // whole batch: a large batch fills the chip with one split per row (no combine).
   const int64_t work = static_cast<int64_t>(chunks) * tiles * rows;
   const int per_split =
@@ -1010,9 +1049,12 @@ int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int ro
   return std::max(1, (chunks + per_split - 1) / per_split);
 }
 
-size_t mla_decode_batch_scratch_floats(int splits, int n_heads, int kv_lora, int rows) {
-  if (splits <= 1) return 0;
-  return static_cast<size_t>(rows) * n_heads * splits * (2 + static_cast<size_t>(kv_lora));
+size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows) {
+  // v1: a partial per split; v2: a partial per cluster of 8 splits. None when one (split or cluster)
+  // per (row, head tile) writes o_lat itself.
+  const int partials = ctx.policy.mla_decode == MlaDecode::v2 ? splits / kCluster : splits;
+  if (partials <= 1) return 0;
+  return static_cast<size_t>(rows) * n_heads * partials * (2 + static_cast<size_t>(kv_lora));
 }
 
 void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
@@ -1023,8 +1065,8 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
   MTP_REQUIRE(
       L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode_batch: kv_lora ", L,
       " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
-  MTP_REQUIRE(splits >= 1 && splits <= 8192 && (splits == 1 || scratch),
-              "ops::cuda::mla_decode_batch: ", splits, " splits without scratch");
+  MTP_REQUIRE(rows >= 1 && rows <= 65535, "ops::cuda::mla_decode_batch: rows ", rows, " (1 .. 65535)");
+  MTP_REQUIRE(splits >= 1 && splits <= 8192, "ops::cuda::mla_decode_batch: ", splits, " splits (1 .. 8192)");
   MTP_REQUIRE(
       reinterpret_cast<uintptr_t>(cache.data) % 16 == 0 && reinterpret_cast<uintptr_t>(q_abs) % 4 == 0,
       "ops::cuda::mla_decode_batch: the cache must be 16-byte and q_abs 4-byte aligned");
@@ -1032,6 +1074,11 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                  cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
                  o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
+  if (ctx.policy.mla_decode == MlaDecode::v2) {
+    require_v2_splits("mla_decode_batch", "mla_decode_batch_splits", width, splits, scratch, cache.data);
+    return decode_v2(ctx, p, fp8, rows);
+  }
+  MTP_REQUIRE(splits == 1 || scratch, "ops::cuda::mla_decode_batch: ", splits, " splits without scratch");
   switch (L) {
     case 64:
       fp8 ? launch_decode_batch<16, true>(ctx, p, rows) : launch_decode_batch<16, false>(ctx, p, rows);

@@ -37,11 +37,15 @@ void kv_norm_write_batch(const LaunchCtx& ctx, const bf16* ckv_pre, const bf16* 
                          const int32_t* slot, const int32_t* pos, int rows, const KvSlots& kv);
 void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows,
                         int n_heads, int dqk, int dv, int kv_lora);
-/// Row splits of mla_decode_batch for this batch (1: no scratch, no combine launch) and the fp32
-/// scratch they need.
+/// The batched decode, by ctx.policy.mla_decode: v2 (the default), the v2 kernel with a row per
+/// grid z (splits a multiple of 8, at most 32 chunks each, about one block per multiprocessor over
+/// the batch; a large batch: one cluster of 8 per (row, head tile), no scratch, no combine); v1, the
+/// v1 kernel (1 split: no scratch, no combine). ctx.policy.mla_batch_splits, when not 0, forces the
+/// split count (v2: rounded up to a multiple of 8). Row splits of mla_decode_batch for this batch
+/// and the fp32 scratch they need (0: none), both under the policy mla_decode_batch runs with.
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows);
-size_t mla_decode_batch_scratch_floats(int splits, int n_heads, int kv_lora, int rows);
-/// slot == nullptr: every row reads slot 0 (the single-sequence decode's v1 path: one row, kv holding
+size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows);
+/// slot == nullptr: every row reads slot 0 (the single-sequence decode's path: one row, kv holding
 /// that sequence's KvCache and block table).
 void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
                       const int32_t* slot, int rows, const KvSlots& kv, bf16* o_lat, int n_heads,
