@@ -55,9 +55,9 @@ enum class HeadGemm { automatic, mma, cublaslt };
 /// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "The
 /// grouped experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in
 /// runs of 8 per block; spread, v1 with gate_up's items dealt round-robin over every resident
-/// block; regs, spread with the weights two chunks ahead in registers; ring, the weights and the
-/// input rows through a per-warp cp.async ring in shared memory several chunks deep, dealt as
-/// spread; automatic: v1 (until measured).
+/// block; regs, spread with the down kernel's weights three chunks ahead in registers; ring, the
+/// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
+/// deep, dealt as spread; automatic: v1 (until measured).
 enum class MoePipeline { automatic, v1, spread, regs, ring };
 
 /// Largest forced split count of the batched MLA decode (mla_batch_splits).

@@ -18,8 +18,9 @@
 // 2. gate_up: each warp takes work items (active expert, 16 rows of its gate and up, a group of up
 //    to 16 pairs) and computes both projections of those rows for the group's input rows on the
 //    tensor cores (the weights read once, by the warp whose fragments hold them, the input rows
-//    gathered through a per-warp cp.async ring), then act = bf16(silu(min(g, L)) * clamp(u, -L, L))
-//    with g, u rounded, into act[route].
+//    gathered through a per-warp cp.async ring; how the weights wait for their MMAs is the
+//    policy's moe_pipeline, "the memory pipelines" below), then
+//    act = bf16(silu(min(g, L)) * clamp(u, -L, L)) with g, u rounded, into act[route].
 // 3. down + combine: block = 16 output columns h of every row. Its warps take (active expert, pair
 //    group) items: d = bf16(W_down[h] . act[route]) for the block's 16 h, kept in shared memory per
 //    route; then each live row sums its own routes in idx order, out = 0, out += w_i * d_i for the
@@ -588,7 +589,8 @@ __device__ __forceinline__ int find_entry(const Plan& pl, int n_active, int w) {
 // - spread: v1's chunk pipeline, gate_up's items dealt round-robin over a grid of every resident
 //   block (item w to block w % grid): at B = 1, 1152 items over 264 blocks are 8 or 9 per
 //   multiprocessor, where runs of 8 over 144 blocks put 16 on 12 of them.
-// - regs: spread with three register buffers: two chunks ahead (__launch_bounds__(256, 2)).
+// - regs: spread, and the down kernel's weights three chunks ahead in four register buffers (128
+//   registers at __launch_bounds__(256, 2); gate_up with three buffers would spill, so it is spread's).
 // - ring: the weight tile and the input rows of a chunk through one per-warp cp.async ring in
 //   shared memory (gate_up 3 stages, down 4: two or three chunks ahead, no register cost, one block
 //   a multiprocessor); the A fragments are read back from the ring, whose rows are padded to 144
