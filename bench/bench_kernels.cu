@@ -967,38 +967,50 @@ void run_batched(Bench& b, ops::Backend& be) {
     bf16* sd = b.rand_bf16(per, -0.1f, 0.1f);
     const ops::ExpertWeights routed{gate, up, down, 0, kExperts, kH, kInter};
     const ops::ExpertWeights shared{sg, su, sd, 0, 1, kH, kInter};
-    for (int B : batches) {
-      const std::string name = mtplab::str("batch moe_experts_grouped B=", B);
-      if (!b.selected(name)) continue;
-      std::vector<int32_t> idx_h(static_cast<size_t>(B) * kExpertTopK);
-      std::vector<uint8_t> used(kExperts, 0);
-      uint64_t r = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(B + 1);
-      for (int row = 0; row < B; ++row) {
-        for (int i = 0; i < kExpertTopK; ++i) {  // distinct experts per row, uniform over the 288
-          int e;
-          bool again;
-          do {
-            r = mtplab::splitmix64_mix(r + 1);
-            e = static_cast<int>(r % kExperts);
-            again = false;
-            for (int j = 0; j < i; ++j) again |= idx_h[static_cast<size_t>(row) * kExpertTopK + j] == e;
-          } while (again);
-          idx_h[static_cast<size_t>(row) * kExpertTopK + i] = e;
-          used[static_cast<size_t>(e)] = 1;
+    // Under the policy's automatic pipeline, then each pipeline forced (KernelPolicy::moe_pipeline,
+    // " v1", " spread", ...: the same bits, other timing).
+    const ops::MoePipeline pipes[] = {ops::MoePipeline::automatic, ops::MoePipeline::v1,
+                                      ops::MoePipeline::spread, ops::MoePipeline::regs,
+                                      ops::MoePipeline::ring};
+    for (const ops::MoePipeline pipe : pipes)
+      for (int B : {1, 2, 4, 16, 64, 128}) {
+        const bool forced = pipe != ops::MoePipeline::automatic;
+        const std::string name = mtplab::str("batch moe_experts_grouped B=", B, forced ? " " : "",
+                                             forced ? ops::to_string(pipe) : "");
+        if (!b.selected(name)) continue;
+        with_policy([&](ops::KernelPolicy& p) {
+          if (forced) p.moe_pipeline = pipe;
+        });
+        std::vector<int32_t> idx_h(static_cast<size_t>(B) * kExpertTopK);
+        std::vector<uint8_t> used(kExperts, 0);
+        uint64_t r = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(B + 1);
+        for (int row = 0; row < B; ++row) {
+          for (int i = 0; i < kExpertTopK; ++i) {  // distinct experts per row, uniform over the 288
+            int e;
+            bool again;
+            do {
+              r = mtplab::splitmix64_mix(r + 1);
+              e = static_cast<int>(r % kExperts);
+              again = false;
+              for (int j = 0; j < i; ++j) again |= idx_h[static_cast<size_t>(row) * kExpertTopK + j] == e;
+            } while (again);
+            idx_h[static_cast<size_t>(row) * kExpertTopK + i] = e;
+            used[static_cast<size_t>(e)] = 1;
+          }
         }
+        const int distinct = static_cast<int>(std::count(used.begin(), used.end(), 1));
+        int32_t* idx = b.upload(idx_h);
+        float* wts = b.rand_f32(static_cast<size_t>(B) * kExpertTopK, 0.1f, 1.0f);
+        bf16* x = b.rand_bf16(static_cast<size_t>(B) * kH);
+        int32_t* slots = live_slots(B);
+        float* out = static_cast<float*>(b.alloc(sizeof(float) * B * kH));
+        const double bytes = 2.0 * 3.0 * per * (distinct + 1) + 2.0 * B * kH + 4.0 * B * kH;
+        b.measure(name, mtplab::str(dims({B, kExpertTopK, 3, kInter, kH}), " ", distinct, " experts"), bytes,
+                  1, [&](int) {
+                    be.moe_experts_grouped(x, routed, idx, wts, slots, B, kExpertTopK, &shared, 10.0f, out);
+                  });
+        be.set_kernel_policy(base_policy);
       }
-      const int distinct = static_cast<int>(std::count(used.begin(), used.end(), 1));
-      int32_t* idx = b.upload(idx_h);
-      float* wts = b.rand_f32(static_cast<size_t>(B) * kExpertTopK, 0.1f, 1.0f);
-      bf16* x = b.rand_bf16(static_cast<size_t>(B) * kH);
-      int32_t* slots = live_slots(B);
-      float* out = static_cast<float*>(b.alloc(sizeof(float) * B * kH));
-      const double bytes = 2.0 * 3.0 * per * (distinct + 1) + 2.0 * B * kH + 4.0 * B * kH;
-      b.measure(name, mtplab::str(dims({B, kExpertTopK, 3, kInter, kH}), " ", distinct, " experts"), bytes, 1,
-                [&](int) {
-                  be.moe_experts_grouped(x, routed, idx, wts, slots, B, kExpertTopK, &shared, 10.0f, out);
-                });
-    }
     b.release_all();
   }
   // The sparse decode: each row at position 4095 of its own slot (2051 selected rows: K pool rows

@@ -28,6 +28,8 @@
 //   logits within a BF16 step, picks equal except at near-ties.
 // - mla_batch_splits: the split count fixes the merge order of the batched decode (v1 and v2):
 //   other bits.
+// - moe_pipeline: how the grouped experts' kernels bring their weights in; every variant feeds
+//   the tensor cores the same operands in the same order: the same bits, other timing.
 #pragma once
 #include <string>
 #include <string_view>
@@ -53,6 +55,13 @@ enum class IndexerSelect { v1, v2 };
 /// batch size from the measured table in cuda_backend.cpp. FP8 heads always take mma (cuBLASLt's
 /// FP8 GEMMs want both operands in FP8).
 enum class HeadGemm { automatic, mma, cublaslt };
+/// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "The
+/// grouped experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in
+/// runs of 8 per block; spread, v1 with gate_up's items dealt round-robin over every resident
+/// block; regs, spread with the down kernel's weights three chunks ahead in registers; ring, the
+/// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
+/// deep, dealt as spread; automatic: v1 (until measured).
+enum class MoePipeline { automatic, v1, spread, regs, ring };
 
 /// Largest forced split count of the batched MLA decode (mla_batch_splits).
 inline constexpr int kMaxMlaBatchSplits = 64;
@@ -79,6 +88,8 @@ struct KernelPolicy {
   /// (a split past the row's chunks is empty), and raised where a split would own more than 32
   /// chunks, as mla_clusters is.
   int mla_batch_splits = 0;
+  /// The grouped experts' memory pipeline (MoePipeline).
+  MoePipeline moe_pipeline = MoePipeline::automatic;
   /// NCCL communicators created blocking (host calls under a watchdog) or non-blocking (polled).
   /// Read by whoever creates the communicators (dist::Group::connect); the backends ignore it.
   bool nccl_blocking = true;
@@ -90,10 +101,11 @@ const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "o
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt"
+const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring"
 
 /// The field names in their fixed order: gemv_variant, gemv_split, mla_decode, mla_clusters,
-/// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits (the order of named(); the last
-/// two were added later, so older records end at nccl_blocking).
+/// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits, moe_pipeline (the order of
+/// named(); the last three were added later, so older records end at nccl_blocking).
 const std::vector<std::string_view>& kernel_policy_fields();
 
 /// The canonical text of one field of `p` (its YAML spelling: "auto", "rows2", "4", "on", ...).
@@ -119,9 +131,9 @@ void validate(const KernelPolicy& p);
 /// MTPLAB_GEMV_VARIANT (auto|v1|rows2|rows4|occ|fp8split), MTPLAB_GEMV_SPLIT (1|2|4|8),
 /// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
 /// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt),
-/// MTPLAB_MLA_BATCH_SPLITS (1..64). Every variable that is set is reported in
-/// `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the canonical
-/// value, also when it equals base's: the environment decided that field. For benchmarks and tuning
+/// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring). Every variable that is
+/// set is reported in `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the
+/// canonical value, also when it equals base's: the environment decided that field. For benchmarks and tuning
 /// runs; an experiment records the result and the list.
 KernelPolicy env_overrides(const KernelPolicy& base, std::vector<std::string>* overridden);
 

@@ -26,7 +26,9 @@
 //   compared with the BF16 tolerance); router weights 1e-5 relative, expert ids exact unless two
 //   biased scores are within 1e-6 (a near-tie: counted); grouped experts 2^-7 relative plus
 //   2^-8 of the largest |output| of the call (test_gpu_moe.cpp's bound: one BF16 flip of an
-//   intermediate moves a term by ~2^-8).
+//   intermediate moves a term by ~2^-8); every memory pipeline of the grouped experts
+//   (KernelPolicy::moe_pipeline) within it and bit-identical to v1, and a row computed alone
+//   bit-identical to the same row in a batch of 64.
 // - FP8 latent cache codes written from a norm: the BF16 value may differ by an ulp, so a code
 //   may move to its neighbour: every code within one step, >= 90% identical.
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
@@ -998,8 +1000,13 @@ struct GroupedCase {
   bool crowded;  ///< every row among 3 experts: pairs of one expert span several work groups
 };
 
+/// Every memory pipeline of the grouped experts, v1 first (the one the others must match).
+constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1, MoePipeline::spread, MoePipeline::regs,
+                                         MoePipeline::ring};
+
 TEST_P(GpuBatch, MoeExpertsGrouped) {
   const Shape s = GetParam();
+  const KernelPolicy before = gpu().kernel_policy();
   Rng rng(811);
   const int E = s.experts, H = s.hidden, I = s.moe_inter, k = s.top_k;
   // Every expert resident (the flash shape: 288 x 3 x 2048 x 4096 BF16, 14.5 GB on each side).
@@ -1033,23 +1040,55 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
       Twin<int32_t> idx(idx_h), sl(slots_h);
       Twin<float> wts(rng.floats(static_cast<size_t>(B) * k, 0.1f, 1.0f));
       Twin<bf16> x(rng.bf16s(static_cast<size_t>(B) * H, -1.0f, 1.0f));
-      auto out = out_twin<float>(static_cast<size_t>(B) * H);
-      EXPECT_EQ(kernels_of([&] {
-                  gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(), sl.g.data(), B, k,
-                                            c.shared ? &shg : nullptr, c.limit, out.g.data());
-                }),
-                2u)
-          << what;
+      auto cpu_out = out_twin<float>(static_cast<size_t>(B) * H);
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
         be.moe_experts_grouped(
             x.c.data() + static_cast<size_t>(b0) * H, wc, idx.c.data() + static_cast<size_t>(b0) * k,
             wts.c.data() + static_cast<size_t>(b0) * k, sl.c.data() + b0, b1 - b0, k,
-            c.shared ? &shc : nullptr, c.limit, out.c.data() + static_cast<size_t>(b0) * H);
+            c.shared ? &shc : nullptr, c.limit, cpu_out.c.data() + static_cast<size_t>(b0) * H);
       });
       const auto mask = row_mask(B, H, H, &slots_h);
-      const auto got = out.from_gpu(), want = out.from_cpu();
-      expect_f32_close(masked(got, mask), masked(want, mask), what, 1.0 / 128, 1.0 / 256);
-      expect_outside_unchanged(got, want, mask, what);
+      const auto want = cpu_out.from_cpu();
+      // Every memory pipeline (KernelPolicy::moe_pipeline), v1 first: each within the tolerance of
+      // the CPU, and each with v1's bytes (the same MMAs in the same order; only where the weights
+      // wait and which warp takes an item differ).
+      std::vector<float> v1_bytes;
+      for (const MoePipeline pipe : kMoePipelines) {
+        const std::string pwhat = what + ", moe_pipeline " + to_string(pipe);
+        KernelPolicy policy = before;
+        policy.moe_pipeline = pipe;
+        gpu().set_kernel_policy(policy);
+        auto out = out_twin<float>(static_cast<size_t>(B) * H);
+        EXPECT_EQ(kernels_of([&] {
+                    gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(), sl.g.data(), B, k,
+                                              c.shared ? &shg : nullptr, c.limit, out.g.data());
+                  }),
+                  2u)
+            << pwhat;
+        const auto got = out.from_gpu();
+        expect_f32_close(masked(got, mask), masked(want, mask), pwhat, 1.0 / 128, 1.0 / 256);
+        expect_outside_unchanged(got, want, mask, pwhat);
+        if (pipe == MoePipeline::v1) {
+          v1_bytes = got;
+        } else {
+          expect_bytes_equal(got, v1_bytes, pwhat + " against v1");
+        }
+        // A row's numbers do not depend on B or the other rows: live rows alone, the same bytes.
+        if (B != 64) continue;
+        for (const int r : {0, B / 2, B - 1}) {
+          if (slots_h[static_cast<size_t>(r)] < 0) continue;
+          auto one = out_twin<float>(static_cast<size_t>(H));
+          gpu().moe_experts_grouped(x.g.data() + static_cast<size_t>(r) * H, wg,
+                                    idx.g.data() + static_cast<size_t>(r) * k,
+                                    wts.g.data() + static_cast<size_t>(r) * k, sl.g.data() + r, 1, k,
+                                    c.shared ? &shg : nullptr, c.limit, one.g.data());
+          expect_bytes_equal(one.from_gpu(),
+                             std::vector<float>(got.begin() + static_cast<ptrdiff_t>(r) * H,
+                                                got.begin() + static_cast<ptrdiff_t>(r + 1) * H),
+                             pwhat + ", row " + std::to_string(r) + " alone");
+        }
+      }
+      gpu().set_kernel_policy(before);
     }
   }
 }
@@ -1071,11 +1110,19 @@ TEST(GpuBatchPadding, AllRowsPaddedWriteNothing) {
   auto out = out_twin<float>(static_cast<size_t>(B) * H);
   auto head = out_twin<ArgMax>(B);
   const ExpertWeights w{gate.g.data(), up.g.data(), down.g.data(), 0, E, H, I};
-  gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), none.g.data(), B, k, &w, 10.0f,
-                            out.g.data());
+  const KernelPolicy before = gpu().kernel_policy();
+  for (const MoePipeline pipe : kMoePipelines) {
+    KernelPolicy policy = before;
+    policy.moe_pipeline = pipe;
+    gpu().set_kernel_policy(policy);
+    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), none.g.data(), B, k, &w, 10.0f,
+                              out.g.data());
+    expect_bytes_equal(out.from_gpu(), out.from_cpu(),
+                       std::string("grouped experts, every row padded, moe_pipeline ") + to_string(pipe));
+  }
+  gpu().set_kernel_policy(before);
   gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), none.g.data(), B, V, H, 0, nullptr, 0,
                           head.g.data());
-  expect_bytes_equal(out.from_gpu(), out.from_cpu(), "grouped experts, every row padded");
   expect_bytes_equal(head.from_gpu(), head.from_cpu(), "head, every row padded");
   // The head's scratch is left clean: a live call after it picks the right rows.
   Twin<int32_t> live(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});

@@ -18,8 +18,9 @@
 // 2. gate_up: each warp takes work items (active expert, 16 rows of its gate and up, a group of up
 //    to 16 pairs) and computes both projections of those rows for the group's input rows on the
 //    tensor cores (the weights read once, by the warp whose fragments hold them, the input rows
-//    gathered through a per-warp cp.async ring), then act = bf16(silu(min(g, L)) * clamp(u, -L, L))
-//    with g, u rounded, into act[route].
+//    gathered through a per-warp cp.async ring; how the weights wait for their MMAs is the
+//    policy's moe_pipeline, "the memory pipelines" below), then
+//    act = bf16(silu(min(g, L)) * clamp(u, -L, L)) with g, u rounded, into act[route].
 // 3. down + combine: block = 16 output columns h of every row. Its warps take (active expert, pair
 //    group) items: d = bf16(W_down[h] . act[route]) for the block's 16 h, kept in shared memory per
 //    route; then each live row sums its own routes in idx order, out = 0, out += w_i * d_i for the
@@ -574,20 +575,79 @@ __device__ __forceinline__ int find_entry(const Plan& pl, int n_active, int w) {
   return lo;
 }
 
+// ---- grouped experts: the memory pipelines ---------------------------------------------------------------
+//
+// KernelPolicy::moe_pipeline picks how a warp brings its chunks in; the variants differ in where a
+// weight chunk waits between its load and its MMA, and in which warp takes which gate_up item,
+// never in what the MMAs compute: every variant hands the tensor cores the same A and B words of
+// the same chunks in ascending chunk order, each item's pairs in the same columns, so every variant
+// gives v1's bits. Which warp computes an item changes nothing either: an item's numbers depend on
+// its weights and its own group's rows only.
+// - v1: the weights one 64-column chunk ahead in registers (two buffers), the input rows through a
+//   3-stage per-warp cp.async ring; gate_up's items go to the blocks in runs of 8 (block b: items
+//   8b .. 8b + 7, then the next grid's worth), a grid of at most two blocks a multiprocessor.
+// - spread: v1's chunk pipeline, gate_up's items dealt round-robin over a grid of every resident
+//   block (item w to block w % grid): at B = 1, 1152 items over 264 blocks are 8 or 9 per
+//   multiprocessor, where runs of 8 over 144 blocks put 16 on 12 of them.
+// - regs: spread, and the down kernel's weights three chunks ahead in four register buffers (128
+//   registers at __launch_bounds__(256, 2); gate_up with three buffers would spill, so it is spread's).
+// - ring: the weight tile and the input rows of a chunk through one per-warp cp.async ring in
+//   shared memory (gate_up 3 stages, down 4: two or three chunks ahead, no register cost, one block
+//   a multiprocessor); the A fragments are read back from the ring, whose rows are padded to 144
+//   bytes so that the 16-byte reads of a quarter-warp fall in distinct banks. gate_up dealt as
+//   spread.
+
+/// A chunk pipeline: kStages cp.async stages per warp, kWBuf register weight buffers (kRing: none,
+/// the weights go through the ring too), gate_up items dealt round-robin over the blocks (kSpread),
+/// and the blocks a multiprocessor the kernels are compiled for.
+template <int kStages_, int kWBuf_, bool kRing_, bool kSpread_, int kMinBlocks_>
+struct Pipe {
+  static constexpr int kStages = kStages_;
+  static constexpr int kWBuf = kWBuf_;
+  static constexpr bool kRing = kRing_;
+  static constexpr bool kSpread = kSpread_;
+  static constexpr int kMinBlocks = kMinBlocks_;
+  static_assert(kStages >= 2 && kWBuf >= 1 && kMinBlocks >= 1 && (kSpread || !kRing),
+                "a ring needs two stages; the ring pipelines are dealt round-robin");
+  /// Weight rows at the start of a stage (the kMats matrices' 16-row tiles), then the group's rows.
+  template <int kMats>
+  static constexpr int weight_rows() {
+    return kRing ? 16 * kMats : 0;
+  }
+  template <int kMats>
+  static constexpr size_t stage_elems() {
+    return static_cast<size_t>(weight_rows<kMats>() + kPairGroup) * kMoeXStride;
+  }
+  /// The shared memory of the block's rings (BF16 elements), every warp's.
+  template <int kMats>
+  static constexpr size_t ring_elems() {
+    return static_cast<size_t>(kMoeWarps) * kStages * stage_elems<kMats>();
+  }
+};
+using PipeV1 = Pipe<kMoeStages, kMoeWBuf, false, false, 2>;
+using PipeSpread = Pipe<kMoeStages, kMoeWBuf, false, true, 2>;
+using PipeRegsDown = Pipe<kMoeStages, 4, false, true, 2>;
+using PipeRingGateUp = Pipe<3, 1, true, true, 1>;
+using PipeRingDown = Pipe<4, 1, true, true, 1>;
+
 // ---- grouped experts: one warp's small GEMM ------------------------------------------------------------
 //
-// acc[m][j] += W_m (16 rows: row g at wrow[m][0], row g + 8 at wrow[m][1], K columns) x the group's
-// input rows (n_rows <= kPairGroup, row r at brow(r)), kMats weight matrices against the same
-// rows (gate and up). The weights stream into registers one chunk ahead; the rows' chunks go
-// through this warp's own cp.async ring (zero-filled past n_rows and past K). Warp-synchronous:
-// no block barrier.
-template <int kMats, typename RowPtr>
+// acc[m][j] += W_m (16 rows: row g at wrow[m][0], row g + 8 at wrow[m][1], row stride K, K columns) x the
+// group's input rows (n_rows <= kPairGroup, row r at brow(r)), kMats weight matrices against the
+// same rows (gate and up). The rows' chunks go through this warp's own cp.async ring (zero-filled
+// past n_rows and past K); the weights one chunk or more ahead, in registers or in the ring (P).
+// The sum over k is the same in every variant and for every B: chunk after chunk in ascending
+// order, the four k-steps of a chunk in order, each MMA column (a pair) on its own.
+// Warp-synchronous: no block barrier.
+template <typename P, int kMats, typename RowPtr>
 __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], int K, int n_rows,
                                           RowPtr&& brow, bf16* ring, float (&acc)[kMats][kMoeNT][4]) {
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int nchunks = (K + kChunkK - 1) / kChunkK;
   const int n_tiles = (n_rows + 7) / 8;
+  constexpr int kWRows = P::template weight_rows<kMats>();
+  constexpr size_t kStageElems = P::template stage_elems<kMats>();
   // The rows this lane stages: r = lane / 8 + 4i (each row is 8 vectors of 16 bytes).
   constexpr int kStageRows = kPairGroup / 4;
   const bf16* src_row[kStageRows];
@@ -597,68 +657,111 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
     src_row[i] = r < n_rows ? brow(r) : nullptr;
   }
   auto stage = [&](int c, int st) {
-    bf16* dst = ring + static_cast<size_t>(st) * kPairGroup * kMoeXStride;
+    bf16* dst = ring + static_cast<size_t>(st) * kStageElems;
     const int c8 = (lane % 8) * 8;
     const int col = c * kChunkK + c8;
+    if constexpr (P::kRing) {
+      // The tiles' 16 kMats rows, 8 vectors each: row r = lane / 8 + 4i (matrix r / 16), this
+      // lane's 8 columns; one instruction copies 4 whole 128-byte row pieces. K is a multiple of
+      // 16, so the zero-filled columns are the ones v1's loads zero.
+#pragma unroll
+      for (int i = 0; i < 4 * kMats; ++i) {
+        const int r = lane / 8 + 4 * i;
+        const bool ok = col < K;
+        // Row r % 16 of the tile whose row g is wrow[r / 16][0].
+        const bf16* src = wrow[r / 16][0] + (static_cast<ptrdiff_t>(r % 16) - g) * K + col;
+        batch::cp_async16(dst + r * kMoeXStride + c8, ok ? src : wrow[0][0], ok ? 16 : 0);
+      }
+    }
+    bf16* xdst = dst + kWRows * kMoeXStride;
 #pragma unroll
     for (int i = 0; i < kStageRows; ++i) {
       const int r = lane / 8 + 4 * i;
       if (r >= 8 * n_tiles) continue;
       const bool ok = src_row[i] != nullptr && col < K;
-      batch::cp_async16(dst + r * kMoeXStride + c8, ok ? src_row[i] + col : wrow[0][0], ok ? 16 : 0);
+      batch::cp_async16(xdst + r * kMoeXStride + c8, ok ? src_row[i] + col : wrow[0][0], ok ? 16 : 0);
     }
   };
-  auto load_w = [&](uint4(&dst)[kMats][4], int c) {
-    const int col = c * kChunkK + 16 * t;
-    const bool in = col < K;
+  // The MMAs of chunk c: A from the weight words w[m] (rows g, g + 8), B from the ring's stage.
+  auto mma_step = [&](const bf16* st, const uint4(&w)[kMats][4]) {
+    uint32_t a[kMats][4][4];
 #pragma unroll
     for (int m = 0; m < kMats; ++m) {
+      uint32_t w0[8], w1[8];
+      batch::words8(w[m][0], w[m][1], w0);
+      batch::words8(w[m][2], w[m][3], w1);
+      batch::a_frags(w0, w1, a[m]);
+    }
+    const bf16* xs = st + kWRows * kMoeXStride;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        dst[m][2 * h] = in ? load_stream(wrow[m][h] + col) : make_uint4(0, 0, 0, 0);
-        dst[m][2 * h + 1] = in ? load_stream(wrow[m][h] + col + 8) : make_uint4(0, 0, 0, 0);
-      }
+    for (int j = 0; j < kMoeNT; ++j) {
+      if (j >= n_tiles) break;  // uniform over the warp
+      const bf16* xr = xs + (8 * j + g) * kMoeXStride + 16 * t;
+      uint32_t bw[8];
+      batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) batch::mma_chunk(acc[m][j], a[m], bw);
     }
   };
 #pragma unroll
   for (int m = 0; m < kMats; ++m)
 #pragma unroll
     for (int j = 0; j < kMoeNT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
-  for (int s = 0; s < kMoeStages - 1; ++s) {
+  for (int s = 0; s < P::kStages - 1; ++s) {
     if (s < nchunks) stage(s, s);
     batch::cp_async_commit();
   }
-  uint4 wr[kMoeWBuf][kMats][4];
-  load_w(wr[0], 0);
-  for (int c0 = 0; c0 < nchunks; c0 += kMoeWBuf) {
-#pragma unroll
-    for (int u = 0; u < kMoeWBuf; ++u) {
-      const int c = c0 + u;
-      if (c >= nchunks) break;
-      if (c + 1 < nchunks) load_w(wr[(u + 1) % kMoeWBuf], c + 1);
-      if (c + kMoeStages - 1 < nchunks) stage(c + kMoeStages - 1, (c + kMoeStages - 1) % kMoeStages);
+  if constexpr (P::kRing) {
+    for (int c = 0; c < nchunks; ++c) {
+      if (c + P::kStages - 1 < nchunks) stage(c + P::kStages - 1, (c + P::kStages - 1) % P::kStages);
       batch::cp_async_commit();
-      batch::cp_async_wait<kMoeStages - 1>();
+      batch::cp_async_wait<P::kStages - 1>();
       __syncwarp();  // every lane's copies of chunk c are visible to the warp
-      const bf16* st = ring + static_cast<size_t>(c % kMoeStages) * kPairGroup * kMoeXStride;
-      uint32_t a[kMats][4][4];
+      const bf16* st = ring + static_cast<size_t>(c % P::kStages) * kStageElems;
+      uint4 w[kMats][4];
 #pragma unroll
       for (int m = 0; m < kMats; ++m) {
-        uint32_t w0[8], w1[8];
-        batch::words8(wr[u][m][0], wr[u][m][1], w0);
-        batch::words8(wr[u][m][2], wr[u][m][3], w1);
-        batch::a_frags(w0, w1, a[m]);
-      }
 #pragma unroll
-      for (int j = 0; j < kMoeNT; ++j) {
-        if (j >= n_tiles) break;  // uniform over the warp
-        const bf16* xr = st + (8 * j + g) * kMoeXStride + 16 * t;
-        uint32_t bw[8];
-        batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
-#pragma unroll
-        for (int m = 0; m < kMats; ++m) batch::mma_chunk(acc[m][j], a[m], bw);
+        for (int h = 0; h < 2; ++h) {
+          const bf16* row = st + (16 * m + g + 8 * h) * kMoeXStride + 16 * t;
+          w[m][2 * h] = *reinterpret_cast<const uint4*>(row);
+          w[m][2 * h + 1] = *reinterpret_cast<const uint4*>(row + 8);
+        }
       }
+      mma_step(st, w);
       __syncwarp();  // the stage is refilled by a later iteration's copies
+    }
+  } else {
+    // Rows g and g + 8 of each tile, straight from memory into registers.
+    auto load_w = [&](uint4(&dst)[kMats][4], int c) {
+      const int col = c * kChunkK + 16 * t;
+      const bool in = col < K;
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          dst[m][2 * h] = in ? load_stream(wrow[m][h] + col) : make_uint4(0, 0, 0, 0);
+          dst[m][2 * h + 1] = in ? load_stream(wrow[m][h] + col + 8) : make_uint4(0, 0, 0, 0);
+        }
+      }
+    };
+    constexpr int kWBuf = P::kWBuf;
+    uint4 wr[kWBuf][kMats][4];
+#pragma unroll
+    for (int s = 0; s < kWBuf - 1; ++s) load_w(wr[s], s);  // past K: zeros, nothing read
+    for (int c0 = 0; c0 < nchunks; c0 += kWBuf) {
+#pragma unroll
+      for (int u = 0; u < kWBuf; ++u) {
+        const int c = c0 + u;
+        if (c >= nchunks) break;
+        if (c + kWBuf - 1 < nchunks) load_w(wr[(u + kWBuf - 1) % kWBuf], c + kWBuf - 1);
+        if (c + P::kStages - 1 < nchunks) stage(c + P::kStages - 1, (c + P::kStages - 1) % P::kStages);
+        batch::cp_async_commit();
+        batch::cp_async_wait<P::kStages - 1>();
+        __syncwarp();  // every lane's copies of chunk c are visible to the warp
+        mma_step(ring + static_cast<size_t>(c % P::kStages) * kStageElems, wr[u]);
+        __syncwarp();  // the stage is refilled by a later iteration's copies
+      }
     }
   }
 }
@@ -666,21 +769,23 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
 // ---- grouped experts: the kernels -----------------------------------------------------------------------
 
 /// Launch 1: act for every (active entry, 16 inter rows, pair group) item, one warp per item.
-__global__ void __launch_bounds__(kGroupedThreads)
+template <typename P>
+__global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
     moe_gate_up_grouped_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
-  bf16* rings = reinterpret_cast<bf16*>(moe_smem);  // [warps][stages][kPairGroup][kMoeXStride]
-  constexpr size_t kRingElems = static_cast<size_t>(kMoeStages) * kPairGroup * kMoeXStride;
-  const Plan pl = carve_plan(reinterpret_cast<int*>(rings + kMoeWarps * kRingElems), layout);
+  bf16* rings = reinterpret_cast<bf16*>(moe_smem);  // [warps][stages][stage rows][kMoeXStride]
+  const Plan pl = carve_plan(reinterpret_cast<int*>(rings + P::template ring_elems<2>()), layout);
   const int n_active = build_plan(p, pl, true);
   if (n_active == 0) return;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
-  bf16* ring = rings + warp * kRingElems;
+  bf16* ring = rings + warp * P::kStages * P::template stage_elems<2>();
   const int total = pl.a_items[n_active];
-  for (int w = blockIdx.x * kMoeWarps + warp; w < total; w += gridDim.x * kMoeWarps) {
+  // v1: block b's warps take items 8b .. 8b + 7; spread: item w goes to block w % gridDim.
+  const int w0 = P::kSpread ? warp * gridDim.x + blockIdx.x : blockIdx.x * kMoeWarps + warp;
+  for (int w = w0; w < total; w += gridDim.x * kMoeWarps) {
     const int a = find_entry(pl, n_active, w);
     const int expert = pl.a_expert[a];
     const bool shared = expert < 0;
@@ -696,7 +801,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
     const bf16* const wrow[2][2] = {{Wg, Wg + 8 * static_cast<size_t>(p.H)},
                                     {Wu, Wu + 8 * static_cast<size_t>(p.H)}};
     float acc[2][kMoeNT][4];
-    warp_gemm<2>(
+    warp_gemm<P, 2>(
         wrow, p.H, n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, ring,
         acc);
     const bool clamp = p.limit > 0.0f;
@@ -715,13 +820,13 @@ __global__ void __launch_bounds__(kGroupedThreads)
 }
 
 /// Launch 2: block = output columns [16 * blockIdx.x, + 16) of every live row.
-__global__ void __launch_bounds__(kGroupedThreads)
+template <typename P>
+__global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
     moe_down_grouped_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);
-  constexpr size_t kRingElems = static_cast<size_t>(kMoeStages) * kPairGroup * kMoeXStride;
-  bf16* d_s = rings + kMoeWarps * kRingElems;  // [pairs + rows][kDownCols]: bf16(d) per route
+  bf16* d_s = rings + P::template ring_elems<1>();  // [pairs + rows][kDownCols]: bf16(d) per route
   const int routes = p.routes.rows * p.routes.top_k + p.routes.rows;
   // routes * 16 BF16 = a multiple of 16 bytes: the plan after it stays aligned.
   const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
@@ -730,7 +835,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
   const int h0 = blockIdx.x * kDownCols;
-  bf16* ring = rings + warp * kRingElems;
+  bf16* ring = rings + warp * P::kStages * P::template stage_elems<1>();
   const int total = n_active > 0 ? pl.a_items[n_active] : 0;
   for (int w = warp; w < total; w += kMoeWarps) {
     const int a = find_entry(pl, n_active, w);
@@ -745,7 +850,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
         static_cast<size_t>(h0 + g) * K;
     const bf16* const wrow[1][2] = {{Wd, Wd + 8 * static_cast<size_t>(K)}};
     float acc[1][kMoeNT][4];
-    warp_gemm<1>(
+    warp_gemm<P, 1>(
         wrow, K, n_rows,
         [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; }, ring, acc);
     for_live_acc(t, n_rows, [&](int j, int e, int q) {
@@ -755,7 +860,7 @@ __global__ void __launch_bounds__(kGroupedThreads)
   }
   __syncthreads();
   // Each live row: its routes in idx order, as moe_experts sums them, then the shared expert.
-  const int P = p.routes.rows * p.routes.top_k;
+  const int P_ = p.routes.rows * p.routes.top_k;
   __shared__ int s_live_count;
   if (threadIdx.x == 0) {
     int c = 0;
@@ -776,14 +881,75 @@ __global__ void __launch_bounds__(kGroupedThreads)
     }
     if (p.shared.inter > 0) {
       const float sh =
-          __fadd_rn(0.0f, __fmul_rn(1.0f, bf16_to_f(d_s[static_cast<size_t>(P + b) * kDownCols + hh])));
+          __fadd_rn(0.0f, __fmul_rn(1.0f, bf16_to_f(d_s[static_cast<size_t>(P_ + b) * kDownCols + hh])));
       o = __fadd_rn(o, sh);
     }
     p.out[static_cast<size_t>(b) * p.H + h0 + hh] = o;
   }
 }
 
-size_t ring_bytes() { return sizeof(bf16) * kMoeWarps * kMoeStages * kPairGroup * kMoeXStride; }
+/// Raises the dynamic shared memory limit of the gate_up (kGateUp) or down kernel of pipeline P
+/// to `bytes` when a launch needs more than it was raised to before (48 KB: the default). One
+/// record per kernel, whichever pipeline pair launches it.
+template <typename P, bool kGateUp>
+void opt_in_smem(size_t bytes) {
+  static size_t opted = 48 * 1024;
+  if (bytes <= opted) return;
+  if constexpr (kGateUp) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(
+        moe_gate_up_grouped_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  } else {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(
+        moe_down_grouped_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  }
+  opted = bytes;
+}
+
+/// Resident gate_up blocks of pipeline P a multiprocessor at `smem` bytes of shared memory, asked
+/// once per size (a host computation, also while a graph is being captured).
+template <typename P>
+int gate_up_blocks_per_sm(size_t smem) {
+  static size_t asked = 0;
+  static int per_sm = 0;
+  if (asked != smem) {
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_grouped_kernel<P>,
+                                                                 kGroupedThreads, smem));
+    asked = smem;
+  }
+  return std::max(1, per_sm);
+}
+
+/// The two launches under the pipelines GU (gate_up) and DN (down).
+template <typename GU, typename DN>
+void launch_grouped(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
+                    size_t plan_bytes, size_t d_bytes) {
+  const size_t smem1 = sizeof(bf16) * GU::template ring_elems<2>() + plan_bytes;
+  const size_t smem2 = sizeof(bf16) * DN::template ring_elems<1>() + d_bytes + plan_bytes;
+  MTP_REQUIRE(std::max(smem1, smem2) <= 220 * 1024, "ops::cuda::moe_experts_grouped: ", p.routes.rows,
+              " rows x ", p.routes.top_k, " routes and ", p.num_local, " local experts need ",
+              std::max(smem1, smem2), " bytes of shared memory under moe_pipeline ",
+              to_string(ctx.policy.moe_pipeline), " (at most 225280; v1 needs the least)");
+  opt_in_smem<GU, true>(smem1);
+  opt_in_smem<DN, false>(smem2);
+  if (items_max > 0) {
+    int64_t grid1;
+    if constexpr (GU::kSpread) {
+      // Every resident block (each deals itself items w % grid), no more blocks than items.
+      grid1 =
+          std::min<int64_t>(items_max, static_cast<int64_t>(gate_up_blocks_per_sm<GU>(smem1)) * ctx.num_sms);
+    } else {
+      // Two blocks per multiprocessor are resident (about 128 registers a thread); the rest of a
+      // large batch's items are walked by the persistent loop.
+      grid1 =
+          std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps, 2 * static_cast<int64_t>(ctx.num_sms));
+    }
+    launch(ctx, moe_gate_up_grouped_kernel<GU>, static_cast<unsigned>(std::max<int64_t>(1, grid1)),
+           kGroupedThreads, smem1, p, layout);
+    MTP_CUDA_LAUNCH_CHECK();
+  }
+  launch(ctx, moe_down_grouped_kernel<DN>, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
+  MTP_CUDA_LAUNCH_CHECK();
+}
 
 }  // namespace
 
@@ -841,37 +1007,25 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   const size_t plan_bytes = sizeof(int) * layout.ints();
   const size_t routes = static_cast<size_t>(pairs) + rows;
   const size_t d_bytes = sizeof(bf16) * routes * kDownCols;
-  const size_t smem1 = ring_bytes() + plan_bytes;
-  const size_t smem2 = ring_bytes() + d_bytes + plan_bytes;
-  MTP_REQUIRE(smem2 <= 220 * 1024, "ops::cuda::moe_experts_grouped: ", rows, " rows x ", top_k,
-              " routes and ", routed.num_local, " local experts need ", smem2, " bytes of shared memory");
-  static size_t opted1 = 48 * 1024, opted2 = 48 * 1024;
-  if (smem1 > opted1) {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(
-        moe_gate_up_grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem1)));
-    opted1 = smem1;
-  }
-  if (smem2 > opted2) {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(moe_down_grouped_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem2)));
-    opted2 = smem2;
-  }
   // Launch 1: enough warps for the most items this batch can have, at most what is resident.
   const int64_t active_max = std::min(routed.num_local, pairs);
   const int64_t groups_max = active_max + pairs / kPairGroup;
   const int64_t shared_items =
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
-  if (items_max > 0) {
-    // Two blocks per multiprocessor are resident (about 128 registers a thread); the rest of a
-    // large batch's items are walked by the persistent loop.
-    const int64_t grid1 = std::max<int64_t>(
-        1, std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps, 2 * static_cast<int64_t>(ctx.num_sms)));
-    launch(ctx, moe_gate_up_grouped_kernel, static_cast<unsigned>(grid1), kGroupedThreads, smem1, p, layout);
-    MTP_CUDA_LAUNCH_CHECK();
+  switch (ctx.policy.moe_pipeline) {
+    case MoePipeline::automatic:  // v1 until the variants are measured (docs/kernels.md)
+    case MoePipeline::v1:
+      return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoePipeline::spread:
+      return launch_grouped<PipeSpread, PipeSpread>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoePipeline::regs:
+      return launch_grouped<PipeSpread, PipeRegsDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoePipeline::ring:
+      return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
   }
-  launch(ctx, moe_down_grouped_kernel, H / kDownCols, kGroupedThreads, smem2, p, layout);
-  MTP_CUDA_LAUNCH_CHECK();
+  MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", static_cast<int>(ctx.policy.moe_pipeline),
+           " is not one of: auto, v1, spread, regs, ring");
 }
 
 }  // namespace mtplab::ops::cuda
