@@ -25,6 +25,9 @@ const std::initializer_list<std::string_view> kGemvVariantTexts = {"auto",  "v1"
                                                                    "rows4", "occ", "fp8split"};
 const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // MlaDecode, IndexerSelect
 const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt"};
+const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
+static_assert(static_cast<int>(RowsLinear::cublaslt) == 1 && static_cast<int>(RowsLinear::gemv) == 2,
+              "kRowsLinearTexts follows RowsLinear's order");
 static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(GemvVariant::fp8split) == 5 &&
                   static_cast<int>(MlaDecode::v2) == 1 && static_cast<int>(IndexerSelect::v2) == 1 &&
                   static_cast<int>(HeadGemm::cublaslt) == 2,
@@ -134,7 +137,7 @@ bool batch_splits_from_env(KernelPolicy& p, const char* env) {
   return v.has_value();
 }
 
-const std::array<Field, 9> kFields{{
+const std::array<Field, 10> kFields{{
     field<ChoiceField<&KernelPolicy::gemv_variant, kGemvVariantTexts>>(
         "gemv_variant", "MTPLAB_GEMV_VARIANT", "auto, v1, rows2, rows4, occ, fp8split"),
     field<GemvSplitField>("gemv_split", "MTPLAB_GEMV_SPLIT", "auto (or 0), 1, 2, 4, 8", split_from_env),
@@ -149,6 +152,8 @@ const std::array<Field, 9> kFields{{
                                                                  "auto, mma, cublaslt"),
     field<MlaBatchSplitsField>("mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS", "auto (or 0), 1 .. 64",
                                batch_splits_from_env),
+    field<ChoiceField<&KernelPolicy::rows_linear, kRowsLinearTexts>>("rows_linear", "MTPLAB_ROWS_LINEAR",
+                                                                     "auto, cublaslt, gemv"),
 }};
 
 const Field& field_of(std::string_view name) {
@@ -163,6 +168,7 @@ const char* to_string(GemvVariant v) { return text_of(kGemvVariantTexts, v); }
 const char* to_string(MlaDecode d) { return text_of(kVersionTexts, d); }
 const char* to_string(IndexerSelect s) { return text_of(kVersionTexts, s); }
 const char* to_string(HeadGemm h) { return text_of(kHeadGemmTexts, h); }
+const char* to_string(RowsLinear r) { return text_of(kRowsLinearTexts, r); }
 
 const std::vector<std::string_view>& kernel_policy_fields() {
   static const std::vector<std::string_view> names = [] {

@@ -42,6 +42,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"nccl_blocking", {"on", "off"}},
     {"head_gemm", {"auto", "mma", "cublaslt"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
+    {"rows_linear", {"auto", "cublaslt", "gemv"}},
 };
 
 /// The MTPLAB_* variables env_overrides reads, in field order.
@@ -55,6 +56,7 @@ const std::vector<std::pair<std::string, std::string>> kVariables = {
     {"nccl_blocking", "MTPLAB_NCCL_BLOCKING"},
     {"head_gemm", "MTPLAB_HEAD_GEMM"},
     {"mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS"},
+    {"rows_linear", "MTPLAB_ROWS_LINEAR"},
 };
 
 /// Unsets every policy variable for the test's lifetime and restores the values found before.
@@ -93,10 +95,11 @@ TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
   EXPECT_TRUE(p.nccl_blocking);
   EXPECT_EQ(p.head_gemm, HeadGemm::automatic);
   EXPECT_EQ(p.mla_batch_splits, 0);
+  EXPECT_EQ(p.rows_linear, RowsLinear::automatic);
   for (const auto& [field, texts] : kCanonical) EXPECT_EQ(field_text(p, field), texts.front()) << field;
   EXPECT_EQ(to_string(p),
             "gemv_variant=auto gemv_split=auto mla_decode=v2 mla_clusters=auto indexer_select=v2 pdl=on "
-            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto");
+            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto rows_linear=auto");
 }
 
 TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
@@ -182,6 +185,9 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
       {"head_gemm", "v1"},
       {"mla_batch_splits", "65"},
       {"mla_batch_splits", "-1"},
+      {"rows_linear", "cublas"},
+      {"rows_linear", "mma"},
+      {"rows_linear", "GEMV"},
   };
   for (const auto& [field, text] : bad) {
     SCOPED_TRACE(field + " = \"" + text + "\"");
@@ -279,6 +285,8 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_NCCL_BLOCKING", "0", "nccl_blocking", "off"},
       {"MTPLAB_HEAD_GEMM", "cublaslt", "head_gemm", "cublaslt"},
       {"MTPLAB_MLA_BATCH_SPLITS", "4", "mla_batch_splits", "4"},
+      {"MTPLAB_ROWS_LINEAR", "gemv", "rows_linear", "gemv"},
+      {"MTPLAB_ROWS_LINEAR", "cublaslt", "rows_linear", "cublaslt"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.var + "=" + c.value);
@@ -311,6 +319,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   setenv("MTPLAB_MLA_DECODE", "v1", 1);
   setenv("MTPLAB_MLA_BATCH_SPLITS", "2", 1);
   setenv("MTPLAB_HEAD_GEMM", "mma", 1);
+  setenv("MTPLAB_ROWS_LINEAR", "gemv", 1);
   std::vector<std::string> overridden;
   const KernelPolicy got = env_overrides(KernelPolicy{}, &overridden);
   KernelPolicy want;
@@ -323,13 +332,18 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   want.nccl_blocking = false;
   want.head_gemm = HeadGemm::mma;
   want.mla_batch_splits = 2;
+  want.rows_linear = RowsLinear::gemv;
   EXPECT_EQ(got, want) << to_string(got);
-  const std::vector<std::string> expected = {
-      "gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)", "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
-      "mla_decode=v1 (MTPLAB_MLA_DECODE)",           "mla_clusters=1024 (MTPLAB_MLA_CLUSTERS)",
-      "indexer_select=v1 (MTPLAB_INDEXER_SELECT)",   "pdl=off (MTPLAB_CUDA_PDL)",
-      "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)",    "head_gemm=mma (MTPLAB_HEAD_GEMM)",
-      "mla_batch_splits=2 (MTPLAB_MLA_BATCH_SPLITS)"};
+  const std::vector<std::string> expected = {"gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)",
+                                             "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
+                                             "mla_decode=v1 (MTPLAB_MLA_DECODE)",
+                                             "mla_clusters=1024 (MTPLAB_MLA_CLUSTERS)",
+                                             "indexer_select=v1 (MTPLAB_INDEXER_SELECT)",
+                                             "pdl=off (MTPLAB_CUDA_PDL)",
+                                             "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)",
+                                             "head_gemm=mma (MTPLAB_HEAD_GEMM)",
+                                             "mla_batch_splits=2 (MTPLAB_MLA_BATCH_SPLITS)",
+                                             "rows_linear=gemv (MTPLAB_ROWS_LINEAR)"};
   EXPECT_EQ(overridden, expected);
 }
 
@@ -339,6 +353,7 @@ TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
       {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},  {"MTPLAB_MLA_CLUSTERS", "0"},
       {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"}, {"MTPLAB_INDEXER_SELECT", "v0"},
       {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},     {"MTPLAB_NCCL_BLOCKING", "on"},
+      {"MTPLAB_ROWS_LINEAR", "mma"},    {"MTPLAB_ROWS_LINEAR", "1"},
   };
   for (const auto& [var, value] : bad) {
     SCOPED_TRACE(var + "=" + value);
