@@ -1011,25 +1011,29 @@ struct RowsGemvParams {
 /// xor offset 16, 8, .. a lane keeps half of its values and adds its partner's copy of that half
 /// (while halves remain; then the plain butterfly), so every sum is bit for bit warp_sum's of that
 /// value. On return v[0] of lane l is value l / (32 / kM)'s sum.
+template <int kM, int kLen, int kO>
+__device__ __forceinline__ void warp_reduce_scatter_from(float (&v)[kM], int lane) {
+  if constexpr (kO >= 1) {
+    if constexpr (kLen >= 2) {
+      constexpr int kHalf = kLen / 2;
+      const bool upper = (lane & kO) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float send = upper ? v[i] : v[i + kHalf];
+        const float keep = upper ? v[i + kHalf] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kO);
+      }
+      warp_reduce_scatter_from<kM, kHalf, kO / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], kO);
+      warp_reduce_scatter_from<kM, 1, kO / 2>(v, lane);
+    }
+  }
+}
 template <int kM>
 __device__ __forceinline__ void warp_reduce_scatter(float (&v)[kM], int lane) {
   static_assert(kM >= 1 && kM <= kWarp && (kM & (kM - 1)) == 0, "kM: a power of two up to 32");
-#pragma unroll
-  for (int s = 0; s < 5; ++s) {
-    const int o = kWarp / 2 >> s;
-    const int half = (kM >> s) / 2;  // compile-time after unrolling
-    if (half >= 1) {
-      const bool upper = (lane & o) != 0;
-#pragma unroll
-      for (int i = 0; i < (half >= 1 ? half : 1); ++i) {
-        const float send = upper ? v[i] : v[i + half];
-        const float keep = upper ? v[i + half] : v[i];
-        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-      }
-    } else {
-      v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
-    }
-  }
+  warp_reduce_scatter_from<kM, kM, kWarp / 2>(v, lane);
 }
 
 template <bool kF32>
