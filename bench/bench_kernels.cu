@@ -858,7 +858,7 @@ void run_all(Bench& b, ops::Backend& be) {
 //
 // Bytes are the fewest each op must move at B: every weight row once (not B times), each row's
 // inputs, outputs and cache rows once. "batch linear ... cublaslt" and "... mma" time the same
-// batched linear through cuBLASLt (what the backend runs) and through the small-M tensor-core
+// batched linear through cuBLASLt (rows_linear = cublaslt) and through the small-M tensor-core
 // GEMM (ops::cuda::rows_gemm), side by side, for docs/kernels.md's per-shape choice.
 void run_batched(Bench& b, ops::Backend& be) {
   auto live_slots = [&](int B) {
@@ -933,6 +933,7 @@ void run_batched(Bench& b, ops::Backend& be) {
       for (bool mma : {false, true}) {
         const std::string name = mtplab::str("batch linear ", l.name, " B=", B, mma ? " mma" : " cublaslt");
         if (!b.selected(name)) continue;
+        with_policy([](ops::KernelPolicy& p) { p.rows_linear = ops::RowsLinear::cublaslt; });
         const double wbytes = 2.0 * l.n * l.k;
         const int rot = b.rotations(wbytes);
         std::vector<bf16*> W(rot);
@@ -952,6 +953,47 @@ void run_batched(Bench& b, ops::Backend& be) {
                       be.linear(W[i % rot], x, static_cast<bf16*>(y), B, l.n, l.k, ops::RowsMode::batched);
                     }
                   });
+        be.set_kernel_policy(base_policy);
+        b.release_all();
+      }
+    }
+  }
+  // The batched linears at small B through the backend: the multi-row GEMV (KernelPolicy::rows_linear
+  // = gemv) and cuBLASLt (= cublaslt) side by side, for the row limit of rows_linear = auto.
+  const Lin row_lins[] = {{"eh_proj", kH, 2 * kH, false},
+                          {"q_a", kQLora, kH, false},
+                          {"q_b", kHeads * kHeadDim, kQLora, false},
+                          {"kv_a", kKvLora, kH, false},
+                          {"o_proj", kH, kHeads * kHeadDim, true},
+                          {"indexer.wq_b", kIndexHeads * kIndexDim, kQLora, true},
+                          {"indexer.wk", kIndexDim, kH, false},
+                          {"indexer.gate", kIndexHeads, kH, true},
+                          {"router", kExperts, kH, true}};
+  for (const Lin& l : row_lins) {
+    for (int B : {2, 4, 8, 16}) {
+      for (bool gemv : {true, false}) {
+        const std::string name =
+            mtplab::str("batch rows_linear ", l.name, " B=", B, gemv ? " gemv" : " cublaslt");
+        if (!b.selected(name)) continue;
+        with_policy([&](ops::KernelPolicy& p) {
+          p.rows_linear = gemv ? ops::RowsLinear::gemv : ops::RowsLinear::cublaslt;
+        });
+        const double wbytes = 2.0 * l.n * l.k;
+        const int rot = b.rotations(wbytes);
+        std::vector<bf16*> W(rot);
+        for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(l.n) * l.k);
+        bf16* x = b.rand_bf16(static_cast<size_t>(B) * l.k);
+        void* y = b.alloc(static_cast<size_t>(B) * l.n * 4);
+        b.measure(name, dims({B, l.n, l.k}), wbytes + 2.0 * B * l.k + (l.f32 ? 4.0 : 2.0) * B * l.n, rot,
+                  [&](int i) {
+                    if (l.f32) {
+                      be.linear_f32(W[i % rot], x, static_cast<float*>(y), B, l.n, l.k,
+                                    ops::RowsMode::batched);
+                    } else {
+                      be.linear(W[i % rot], x, static_cast<bf16*>(y), B, l.n, l.k, ops::RowsMode::batched);
+                    }
+                  });
+        be.set_kernel_policy(base_policy);
         b.release_all();
       }
     }

@@ -26,6 +26,9 @@ const std::initializer_list<std::string_view> kGemvVariantTexts = {"auto",  "v1"
 const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // MlaDecode, IndexerSelect
 const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt"};
 const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs", "ring"};
+const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
+static_assert(static_cast<int>(RowsLinear::cublaslt) == 1 && static_cast<int>(RowsLinear::gemv) == 2,
+              "kRowsLinearTexts follows RowsLinear's order");
 static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(GemvVariant::fp8split) == 5 &&
                   static_cast<int>(MlaDecode::v2) == 1 && static_cast<int>(IndexerSelect::v2) == 1 &&
                   static_cast<int>(HeadGemm::cublaslt) == 2 && static_cast<int>(MoePipeline::ring) == 4,
@@ -135,7 +138,7 @@ bool batch_splits_from_env(KernelPolicy& p, const char* env) {
   return v.has_value();
 }
 
-const std::array<Field, 10> kFields{{
+const std::array<Field, 11> kFields{{
     field<ChoiceField<&KernelPolicy::gemv_variant, kGemvVariantTexts>>(
         "gemv_variant", "MTPLAB_GEMV_VARIANT", "auto, v1, rows2, rows4, occ, fp8split"),
     field<GemvSplitField>("gemv_split", "MTPLAB_GEMV_SPLIT", "auto (or 0), 1, 2, 4, 8", split_from_env),
@@ -152,6 +155,8 @@ const std::array<Field, 10> kFields{{
                                batch_splits_from_env),
     field<ChoiceField<&KernelPolicy::moe_pipeline, kMoePipelineTexts>>("moe_pipeline", "MTPLAB_MOE_PIPELINE",
                                                                        "auto, v1, spread, regs, ring"),
+    field<ChoiceField<&KernelPolicy::rows_linear, kRowsLinearTexts>>("rows_linear", "MTPLAB_ROWS_LINEAR",
+                                                                     "auto, cublaslt, gemv"),
 }};
 
 const Field& field_of(std::string_view name) {
@@ -167,6 +172,7 @@ const char* to_string(MlaDecode d) { return text_of(kVersionTexts, d); }
 const char* to_string(IndexerSelect s) { return text_of(kVersionTexts, s); }
 const char* to_string(HeadGemm h) { return text_of(kHeadGemmTexts, h); }
 const char* to_string(MoePipeline m) { return text_of(kMoePipelineTexts, m); }
+const char* to_string(RowsLinear r) { return text_of(kRowsLinearTexts, r); }
 
 const std::vector<std::string_view>& kernel_policy_fields() {
   static const std::vector<std::string_view> names = [] {

@@ -30,6 +30,8 @@
 //   other bits.
 // - moe_pipeline: how the grouped experts' kernels bring their weights in; every variant feeds
 //   the tensor cores the same operands in the same order: the same bits, other timing.
+// - rows_linear: the multi-row GEMV sums a batched linear's outputs in another order than
+//   cuBLASLt: other bits (within the usual tolerances); its own bits do not depend on the batch.
 #pragma once
 #include <string>
 #include <string_view>
@@ -62,6 +64,11 @@ enum class HeadGemm { automatic, mma, cublaslt };
 /// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
 /// deep, dealt as spread; automatic: v1 (until measured).
 enum class MoePipeline { automatic, v1, spread, regs, ring };
+/// The kernel of a batched linear (linear / linear_f32 with RowsMode::batched) of 2 or more rows:
+/// gemv, the multi-row GEMV (cuda::rows_gemv: every weight read once for all rows, up to
+/// cuda::kMaxRowsGemv rows; more rows take cuBLASLt); cublaslt, the cuBLASLt GEMM; automatic, the
+/// GEMV up to the row limit in cuda_backend.cpp and cuBLASLt above it.
+enum class RowsLinear { automatic, cublaslt, gemv };
 
 /// Largest forced split count of the batched MLA decode (mla_batch_splits).
 inline constexpr int kMaxMlaBatchSplits = 64;
@@ -93,6 +100,8 @@ struct KernelPolicy {
   /// NCCL communicators created blocking (host calls under a watchdog) or non-blocking (polled).
   /// Read by whoever creates the communicators (dist::Group::connect); the backends ignore it.
   bool nccl_blocking = true;
+  /// The batched linears' kernel (RowsLinear).
+  RowsLinear rows_linear = RowsLinear::automatic;
 
   friend bool operator==(const KernelPolicy&, const KernelPolicy&) = default;
 };
@@ -102,10 +111,12 @@ const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt"
 const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring"
+const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
 
 /// The field names in their fixed order: gemv_variant, gemv_split, mla_decode, mla_clusters,
-/// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits, moe_pipeline (the order of
-/// named(); the last three were added later, so older records end at nccl_blocking).
+/// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits, moe_pipeline, rows_linear (the
+/// order of named(); the last four were added later, so older records end at nccl_blocking or
+/// mla_batch_splits).
 const std::vector<std::string_view>& kernel_policy_fields();
 
 /// The canonical text of one field of `p` (its YAML spelling: "auto", "rows2", "4", "on", ...).
@@ -131,9 +142,10 @@ void validate(const KernelPolicy& p);
 /// MTPLAB_GEMV_VARIANT (auto|v1|rows2|rows4|occ|fp8split), MTPLAB_GEMV_SPLIT (1|2|4|8),
 /// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
 /// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt),
-/// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring). Every variable that is
-/// set is reported in `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the
-/// canonical value, also when it equals base's: the environment decided that field. For benchmarks and tuning
+/// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring), MTPLAB_ROWS_LINEAR
+/// (auto|cublaslt|gemv). Every variable that is set is reported in `overridden` (when not null), in field
+/// order, as "field=value (VARIABLE)" with the canonical value, also when it equals base's: the environment
+/// decided that field. For benchmarks and tuning
 /// runs; an experiment records the result and the list.
 KernelPolicy env_overrides(const KernelPolicy& base, std::vector<std::string>* overridden);
 

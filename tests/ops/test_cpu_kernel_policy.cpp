@@ -43,6 +43,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"head_gemm", {"auto", "mma", "cublaslt"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
     {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring"}},
+    {"rows_linear", {"auto", "cublaslt", "gemv"}},
 };
 
 /// The MTPLAB_* variables env_overrides reads, in field order.
@@ -57,6 +58,7 @@ const std::vector<std::pair<std::string, std::string>> kVariables = {
     {"head_gemm", "MTPLAB_HEAD_GEMM"},
     {"mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS"},
     {"moe_pipeline", "MTPLAB_MOE_PIPELINE"},
+    {"rows_linear", "MTPLAB_ROWS_LINEAR"},
 };
 
 /// Unsets every policy variable for the test's lifetime and restores the values found before.
@@ -96,10 +98,11 @@ TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
   EXPECT_EQ(p.head_gemm, HeadGemm::automatic);
   EXPECT_EQ(p.mla_batch_splits, 0);
   EXPECT_EQ(p.moe_pipeline, MoePipeline::automatic);
+  EXPECT_EQ(p.rows_linear, RowsLinear::automatic);
   for (const auto& [field, texts] : kCanonical) EXPECT_EQ(field_text(p, field), texts.front()) << field;
   EXPECT_EQ(to_string(p),
             "gemv_variant=auto gemv_split=auto mla_decode=v2 mla_clusters=auto indexer_select=v2 pdl=on "
-            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto moe_pipeline=auto");
+            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto moe_pipeline=auto rows_linear=auto");
 }
 
 TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
@@ -187,6 +190,9 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
       {"mla_batch_splits", "-1"},
       {"moe_pipeline", "v2"},
       {"moe_pipeline", "Ring"},
+      {"rows_linear", "cublas"},
+      {"rows_linear", "mma"},
+      {"rows_linear", "GEMV"},
   };
   for (const auto& [field, text] : bad) {
     SCOPED_TRACE(field + " = \"" + text + "\"");
@@ -289,6 +295,8 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_MLA_BATCH_SPLITS", "4", "mla_batch_splits", "4"},
       {"MTPLAB_MOE_PIPELINE", "ring", "moe_pipeline", "ring"},
       {"MTPLAB_MOE_PIPELINE", "auto", "moe_pipeline", "auto"},
+      {"MTPLAB_ROWS_LINEAR", "gemv", "rows_linear", "gemv"},
+      {"MTPLAB_ROWS_LINEAR", "cublaslt", "rows_linear", "cublaslt"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.var + "=" + c.value);
@@ -322,6 +330,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   setenv("MTPLAB_MLA_BATCH_SPLITS", "2", 1);
   setenv("MTPLAB_HEAD_GEMM", "mma", 1);
   setenv("MTPLAB_MOE_PIPELINE", "regs", 1);
+  setenv("MTPLAB_ROWS_LINEAR", "gemv", 1);
   std::vector<std::string> overridden;
   const KernelPolicy got = env_overrides(KernelPolicy{}, &overridden);
   KernelPolicy want;
@@ -335,6 +344,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   want.head_gemm = HeadGemm::mma;
   want.mla_batch_splits = 2;
   want.moe_pipeline = MoePipeline::regs;
+  want.rows_linear = RowsLinear::gemv;
   EXPECT_EQ(got, want) << to_string(got);
   const std::vector<std::string> expected = {"gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)",
                                              "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
@@ -345,17 +355,18 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
                                              "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)",
                                              "head_gemm=mma (MTPLAB_HEAD_GEMM)",
                                              "mla_batch_splits=2 (MTPLAB_MLA_BATCH_SPLITS)",
-                                             "moe_pipeline=regs (MTPLAB_MOE_PIPELINE)"};
+                                             "moe_pipeline=regs (MTPLAB_MOE_PIPELINE)",
+                                             "rows_linear=gemv (MTPLAB_ROWS_LINEAR)"};
   EXPECT_EQ(overridden, expected);
 }
 
 TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"MTPLAB_GEMV_VARIANT", "rows3"}, {"MTPLAB_GEMV_SPLIT", "3"},   {"MTPLAB_GEMV_SPLIT", "auto"},
-      {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},  {"MTPLAB_MLA_CLUSTERS", "0"},
-      {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"}, {"MTPLAB_INDEXER_SELECT", "v0"},
-      {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},     {"MTPLAB_NCCL_BLOCKING", "on"},
-      {"MTPLAB_MOE_PIPELINE", "v2"},
+      {"MTPLAB_GEMV_VARIANT", "rows3"}, {"MTPLAB_GEMV_SPLIT", "3"},    {"MTPLAB_GEMV_SPLIT", "auto"},
+      {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},   {"MTPLAB_MLA_CLUSTERS", "0"},
+      {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"},  {"MTPLAB_INDEXER_SELECT", "v0"},
+      {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},      {"MTPLAB_NCCL_BLOCKING", "on"},
+      {"MTPLAB_MOE_PIPELINE", "v2"},    {"MTPLAB_ROWS_LINEAR", "mma"}, {"MTPLAB_ROWS_LINEAR", "1"},
   };
   for (const auto& [var, value] : bad) {
     SCOPED_TRACE(var + "=" + value);

@@ -31,6 +31,8 @@
 //   bit-identical to the same row in a batch of 64.
 // - FP8 latent cache codes written from a norm: the BF16 value may differ by an ulp, so a code
 //   may move to its neighbour: every code within one step, >= 90% identical.
+// - Batched linears (rows_linear = gemv, and cuBLASLt): GpuDense.Linear's tolerances, and a row's
+//   bits at B < 16 equal to its bits at B = 16 (BatchedLinearsRowsGemv).
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
 //   grouped experts, two for a split decode), whatever B.
 // - The decode runs under both of its kernels (KernelPolicy::mla_decode v2, the default, and v1),
@@ -1091,6 +1093,169 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
       gpu().set_kernel_policy(before);
     }
   }
+}
+
+// ---- the batched linears through the multi-row GEMV ------------------------------------------------------
+
+// KernelPolicy::rows_linear = gemv (cuda::rows_gemv) against the CPU linear / linear_f32 at B = 2, 3,
+// 8, 16: the step's batched linears at each model shape, plus (tiny only) odd shapes: n not a
+// multiple of the row groups, k a multiple of 8 but not of 64, k of 1, 2 and 3 tiles of 2048
+// columns with a partial last part and tile. Tolerances are GpuDense.Linear's: BF16 within 2 ulps
+// + 1/4096 of the largest |value| with >= 90% bit-identical (the same fp32 sum rounded once; only
+// the summation order differs), fp32 within 1e-5 relative + 1e-4 of the largest |value| (a k-term
+// reordering moves a sum by ~k * 2^-24 of the summed magnitudes, below that at these k). One row
+// past the batch is poisoned too and must keep its bytes. Invariance: every row at B < 16 must be
+// bit for bit the same row at B = 16 (rows_gemv's arithmetic for a row does not depend on the
+// others, dense.cu). cuBLASLt (rows_linear = cublaslt) is checked against the CPU at B = 2 and 16.
+struct BatchedLinear {
+  const char* name;
+  int n, k;
+  bool f32;
+};
+
+std::vector<BatchedLinear> batched_linears(const Shape& s) {
+  const int H = s.hidden;
+  std::vector<BatchedLinear> v = {{"eh_proj", H, 2 * H, false},
+                                  {"q_a", s.q_lora, H, false},
+                                  {"q_b", s.n_heads * s.head_dim, s.q_lora, false},
+                                  {"kv_a", s.kv_lora, H, false},
+                                  {"o_proj", H, s.n_heads * s.head_dim, true},
+                                  {"indexer.wq_b", s.index_heads * s.index_dim, s.q_lora, true},
+                                  {"indexer.wk", s.index_dim, H, false},
+                                  {"indexer.gate", s.index_heads, H, true},
+                                  {"router", s.experts, H, true}};
+  if (std::string(s.name) == "tiny") {
+    v.push_back({"odd n=291 k=1000", 291, 1000, false});
+    v.push_back({"odd n=37 k=2056", 37, 2056, true});
+    v.push_back({"odd n=1031 k=4104", 1031, 4104, false});
+    v.push_back({"odd n=5 k=8", 5, 8, true});
+    v.push_back({"odd n=3 k=2048", 3, 2048, false});
+  }
+  return v;
+}
+
+TEST_P(GpuBatch, BatchedLinearsRowsGemv) {
+  const Shape s = GetParam();
+  constexpr int kMaxB = 16;
+  uint64_t salt = 9100;
+  for (const BatchedLinear& l : batched_linears(s)) {
+    SCOPED_TRACE(std::string(s.name) + " " + l.name);
+    const size_t n = static_cast<size_t>(l.n);
+    const Big<bf16> W = big_bf16(n * l.k, -1.0f, 1.0f, ++salt);
+    const Big<bf16> X = big_bf16(static_cast<size_t>(kMaxB) * l.k, -1.0f, 1.0f, ++salt);
+    for (const bool f32 : {false, true}) {
+      // The CPU reference of all kMaxB rows (a CPU row does not depend on the others).
+      Big<float> want_f(f32 ? kMaxB * n : 1);
+      Big<bf16> want_b(f32 ? 1 : kMaxB * n);
+      on_cpu_rows(kMaxB, [&](Backend& be, int b0, int b1) {
+        const bf16* x = X.c.data() + static_cast<size_t>(b0) * l.k;
+        if (f32) {
+          be.linear_f32(W.c.data(), x, want_f.c.data() + b0 * n, b1 - b0, l.n, l.k, RowsMode::batched);
+        } else {
+          be.linear(W.c.data(), x, want_b.c.data() + b0 * n, b1 - b0, l.n, l.k, RowsMode::batched);
+        }
+      });
+      std::vector<float> full_f;
+      std::vector<bf16> full_b;
+      for (const RowsLinear path : {RowsLinear::gemv, RowsLinear::cublaslt}) {
+        PolicyScope scope([&](KernelPolicy& p) { p.rows_linear = path; });
+        for (const int B : {16, 2, 3, 8}) {
+          if (path == RowsLinear::cublaslt && B != 16 && B != 2) continue;
+          const std::string what = where(std::string(l.name) + (f32 ? " f32" : " bf16") +
+                                             (path == RowsLinear::gemv ? " gemv" : " cublaslt"),
+                                         B);
+          const size_t nb = static_cast<size_t>(B) * n;
+          if (f32) {
+            auto Y = out_twin<float>(nb + n);
+            gpu().linear_f32(W.g.data(), X.g.data(), Y.g.data(), B, l.n, l.k, RowsMode::batched);
+            std::vector<float> got = Y.from_gpu();
+            const std::vector<float> poison = Y.from_cpu();  // the CPU twin: poisoned, never written
+            expect_bytes_equal(std::vector<float>(got.begin() + static_cast<long>(nb), got.end()),
+                               std::vector<float>(poison.begin() + static_cast<long>(nb), poison.end()),
+                               what + ": the row past the batch keeps its poison");
+            got.resize(nb);
+            const std::vector<float> ref(want_f.c.data(), want_f.c.data() + nb);
+            expect_f32_close(got, ref, what, 1e-5, 1e-4);
+            if (path != RowsLinear::gemv) continue;
+            if (B == kMaxB) {
+              full_f = got;
+            } else {
+              expect_bytes_equal(got,
+                                 std::vector<float>(full_f.begin(), full_f.begin() + static_cast<long>(nb)),
+                                 what + ": rows bit-identical to the same rows at B = 16");
+            }
+          } else {
+            auto Y = out_twin<bf16>(nb + n);
+            gpu().linear(W.g.data(), X.g.data(), Y.g.data(), B, l.n, l.k, RowsMode::batched);
+            std::vector<bf16> got = Y.from_gpu();
+            const std::vector<bf16> poison = Y.from_cpu();  // the CPU twin: poisoned, never written
+            expect_bytes_equal(std::vector<bf16>(got.begin() + static_cast<long>(nb), got.end()),
+                               std::vector<bf16>(poison.begin() + static_cast<long>(nb), poison.end()),
+                               what + ": the row past the batch keeps its poison");
+            got.resize(nb);
+            const std::vector<bf16> ref(want_b.c.data(), want_b.c.data() + nb);
+            expect_bf16_close(got, ref, what);
+            if (path != RowsLinear::gemv) continue;
+            if (B == kMaxB) {
+              full_b = got;
+            } else {
+              expect_bytes_equal(got,
+                                 std::vector<bf16>(full_b.begin(), full_b.begin() + static_cast<long>(nb)),
+                                 what + ": rows bit-identical to the same rows at B = 16");
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// rows_gemv refuses a k it cannot load (not a multiple of 8) with an error naming the op and k; the
+// automatic policy leaves such a linear to cuBLASLt.
+TEST(GpuBatchRowsGemv, ForcedGemvRefusesUnsupportedK) {
+  Rng rng(9200);
+  const int n = 64, k = 100, B = 4;
+  Twin<bf16> W(rng.bf16s(static_cast<size_t>(n) * k, -1.0f, 1.0f));
+  Twin<bf16> X(rng.bf16s(static_cast<size_t>(B) * k, -1.0f, 1.0f));
+  auto Y = out_twin<bf16>(static_cast<size_t>(B) * n);
+  PolicyScope scope([](KernelPolicy& p) { p.rows_linear = RowsLinear::gemv; });
+  std::string msg;
+  try {
+    gpu().linear(W.g.data(), X.g.data(), Y.g.data(), B, n, k, RowsMode::batched);
+  } catch (const Error& e) {
+    msg = e.message();
+  }
+  EXPECT_NE(msg.find("rows_gemv"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("k 100"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("multiple of 8"), std::string::npos) << msg;
+}
+
+// A multi-tile rows_gemv (k = 4104: 3 tiles, the workspace and the self-resetting counters) run
+// eagerly at B = 2 (which sizes the scratch for 16 rows), then captured at B = 16 and replayed twice:
+// every replay gives the eager B = 16 bytes, so no launch left a counter set and the capture needed
+// no growth.
+TEST(GpuBatchRowsGemv, GraphReplayMatchesEager) {
+  Rng rng(9300);
+  const int n = 1031, k = 4104;
+  Twin<bf16> W(rng.bf16s(static_cast<size_t>(n) * k, -1.0f, 1.0f));
+  Twin<bf16> X(rng.bf16s(static_cast<size_t>(16) * k, -1.0f, 1.0f));
+  PolicyScope scope([](KernelPolicy& p) { p.rows_linear = RowsLinear::gemv; });
+  auto small = out_twin<bf16>(static_cast<size_t>(2) * n);
+  gpu().linear(W.g.data(), X.g.data(), small.g.data(), 2, n, k, RowsMode::batched);
+  auto eager = out_twin<bf16>(static_cast<size_t>(16) * n),
+       graph_y = out_twin<bf16>(static_cast<size_t>(16) * n);
+  gpu().begin_capture();
+  gpu().linear(W.g.data(), X.g.data(), graph_y.g.data(), 16, n, k, RowsMode::batched);
+  auto graph = gpu().end_capture();
+  gpu().linear(W.g.data(), X.g.data(), eager.g.data(), 16, n, k, RowsMode::batched);
+  const std::vector<bf16> want = eager.from_gpu();
+  for (int rep = 0; rep < 2; ++rep) {
+    graph_y.poison(0xFF);
+    graph->launch();
+    expect_bytes_equal(graph_y.from_gpu(), want, "rows_gemv in a graph, replay " + std::to_string(rep));
+  }
+  const std::vector<bf16> first2(want.begin(), want.begin() + 2 * n);
+  expect_bytes_equal(small.from_gpu(), first2, "B = 2 rows vs the same rows at B = 16");
 }
 
 // ---- padding and graphs ----------------------------------------------------------------------------------

@@ -8,7 +8,9 @@
 // - Nothing here synchronises except download / upload / synchronize / elapsed_ms and the
 //   growth of a scratch buffer, which are refused while the stream is being captured
 //   (begin_capture .. end_capture): run an op once before capturing it so its scratch is sized.
-// - RowsMode::batched with rows > 1 goes through cuBLASLt (BF16 in, fp32 accumulate, BF16 or
+// - RowsMode::batched with rows > 1 goes through the multi-row GEMV (cuda::rows_gemv) where the
+//   policy's rows_linear picks it (automatic: up to kRowsGemvAutoMax rows), else through cuBLASLt
+//   (BF16 in, fp32 accumulate, BF16 or
 //   fp32 out; one handle and one workspace per backend, one cached plan per shape), or through
 //   the small-M tensor-core GEMM (cuda::rows_gemm) for the shapes its table picks
 //   (cuda::rows_gemm_wanted). Everything else is a GEMV launch per row.
@@ -792,9 +794,12 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(rows >= 1 && n_out >= 1 && k >= 1, "ops::cuda::", op, ": rows ", rows, ", n_out ", n_out,
                 ", k ", k);
     if (rows > 1 && mode == RowsMode::batched) {
-      // cuBLASLt, or the small-M tensor-core GEMM for the shapes its table picks (rows_gemm_wanted).
-      if (cuda::rows_gemm_wanted(rows, n_out, k, f32_out) && pointer_alignment(W) >= 16 &&
-          pointer_alignment(X) >= 16) {
+      // The multi-row GEMV (KernelPolicy::rows_linear), else cuBLASLt, or the small-M tensor-core
+      // GEMM for the shapes its table picks (rows_gemm_wanted).
+      if (rows_gemv_wanted(rows, k, W, X)) {
+        cuda::rows_gemv(ctx_, W, X, Y, f32_out, rows, n_out, k, rows_gemv_scratch(n_out, k));
+      } else if (cuda::rows_gemm_wanted(rows, n_out, k, f32_out) && pointer_alignment(W) >= 16 &&
+                 pointer_alignment(X) >= 16) {
         cuda::rows_gemm(ctx_, W, X, k, Y, f32_out, n_out, rows, n_out, k, GemvRowMap{n_out, 0, 0, 0});
       } else {
         gemm(W, X, Y, f32_out, rows, n_out, k);
@@ -807,6 +812,48 @@ class CudaBackend final : public Backend {
                       static_cast<uint8_t*>(Y) + static_cast<size_t>(r) * n_out * out_elem, f32_out, n_out, k,
                       GemvRowMap{n_out, 0, 0, 0});
     }
+  }
+
+  /// Whether a batched linear of `rows` rows (>= 2) runs the multi-row GEMV (KernelPolicy::rows_linear):
+  /// gemv forces it up to cuda::kMaxRowsGemv rows (the launcher refuses a k that is not a multiple
+  /// of 8 or unaligned operands), cublaslt never takes it, automatic takes it up to
+  /// kRowsGemvAutoMax rows where it applies (k % 8 == 0, 16-byte aligned W and X) and leaves the
+  /// rest to cuBLASLt.
+  bool rows_gemv_wanted(int rows, int k, const void* W, const void* X) const {
+    switch (ctx_.policy.rows_linear) {
+      case RowsLinear::cublaslt:
+        return false;
+      case RowsLinear::gemv:
+        return rows <= cuda::kMaxRowsGemv;
+      case RowsLinear::automatic:
+        break;
+    }
+    return rows <= kRowsGemvAutoMax && k % 8 == 0 && pointer_alignment(W) >= 16 && pointer_alignment(X) >= 16;
+  }
+  /// The row limit of rows_linear = auto: a starting value, to be set from the measured comparison
+  /// with cuBLASLt (bench_kernels' "batch rows_linear" cases, docs/kernels.md).
+  static constexpr int kRowsGemvAutoMax = 8;
+  /// rows_gemv's workspace and counters for [n x k], sized for cuda::kMaxRowsGemv rows whatever
+  /// this call's (a graph captured at a larger batch than the eager call before it needs no growth;
+  /// Scratch refuses to grow while capturing). Counters are zeroed when allocated; every launch
+  /// leaves them zero.
+  cuda::RowsGemvScratch rows_gemv_scratch(int n, int k) {
+    cuda::RowsGemvScratch s;
+    const size_t floats = cuda::rows_gemv_ws_floats(n, k);
+    const int counters = cuda::rows_gemv_counters(n, k);
+    if (floats == 0) return s;
+    s.ws =
+        static_cast<float*>(rows_gemv_ws_.ensure(sizeof(float) * floats, ctx_.stream, "rows_gemv workspace"));
+    s.ws_floats = floats;
+    if (counters > rows_gemv_counter_count_) {
+      void* c = rows_gemv_counter_.ensure(sizeof(unsigned int) * counters, ctx_.stream, "rows_gemv counter");
+      MTP_CUDA_CHECK(cudaMemsetAsync(c, 0, sizeof(unsigned int) * counters, ctx_.stream));
+      rows_gemv_counter_count_ = counters;
+    }
+    s.counter = static_cast<unsigned int*>(rows_gemv_counter_.ensure(
+        sizeof(unsigned int) * rows_gemv_counter_count_, ctx_.stream, "rows_gemv counter"));
+    s.counters = rows_gemv_counter_count_;
+    return s;
   }
 
   /// Y[rows, n] = X[rows, k] W[n, k]^T. Column-major view: D(n x rows) = op_T(A: k x n) * B(k x rows).
@@ -869,8 +916,11 @@ class CudaBackend final : public Backend {
   Scratch mla_scratch_;
   Scratch mla_batch_scratch_;
   Scratch moe_batch_act_;
-  Scratch stats_scratch_;    // logit_stats_batch's histograms (zero between launches)
-  Scratch head_lt_scratch_;  // the cuBLASLt head's logits and per-row pairs
+  Scratch stats_scratch_;      // logit_stats_batch's histograms (zero between launches)
+  Scratch head_lt_scratch_;    // the cuBLASLt head's logits and per-row pairs
+  Scratch rows_gemv_ws_;       // rows_gemv's tile sums
+  Scratch rows_gemv_counter_;  // rows_gemv's per-group counters (zero between launches)
+  int rows_gemv_counter_count_ = 0;
   bool stats_zeroed_ = false;
   cuda::HeadBatchScratch head_batch_;
   std::map<std::tuple<int, int, int, bool, uint32_t>, GemmPlan> plans_;

@@ -5,7 +5,8 @@
 //   unpack / pick helpers.
 // - Batched rows: the skinny tensor-core GEMM (W rows x up to 128 batch rows) behind
 //   head_argmax_batch (its argmax fused), the batched linears' small-M path and mla_out_v_batch,
-//   and the argmax family over rows.
+//   and the argmax family over rows; the multi-row GEMV of the batched linears at a few rows
+//   (rows_gemv: its design and invariance above the kernel).
 //
 // Invariants of the GEMVs:
 // - A warp owns one output row (or 1/kSplit of it); each lane streams 16-byte chunks of the
@@ -40,6 +41,7 @@
 // - Nothing of a padded row (slot[b] < 0) is read or written.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 
 #include "ops/cuda/batch_common.cuh"
@@ -976,6 +978,209 @@ void require_aligned16(const char* op, const char* what, const void* ptr) {
               " is not 16-byte aligned (the batched GEMM loads 16-byte vectors)");
 }
 
+// ---- the multi-row GEMV (rows_gemv) -----------------------------------------------------------------
+//
+// Y[r, n] = W[n] . X[r] for R = 2 .. kMaxRowsGemv rows, every W element loaded once for all rows.
+// A warp owns one part of k: 32 chunks of 8 columns, one chunk per lane, whose R activation chunks
+// the lane holds in registers as fp32 for the whole launch. A block is a tile of up to kRgWarps
+// consecutive parts (2048 columns; blockIdx.y is the tile) and walks groups of kU output rows
+// (blockIdx.x, grid-stride): each lane streams its chunk of the kU weight rows (16-byte loads, the
+// next group's issued before the current group is reduced), does kR x 8 FMAs per chunk, the warp
+// reduces its kU x kR sums with a reduce-scatter butterfly, the tile's parts are summed in shared
+// memory in part order, and the tiles in tile order: directly into Y when k fits one tile, else
+// through a workspace [tiles][rows][n] whose last-arriving block (a per-group counter that the
+// same block resets) adds the tiles' sums and writes Y.
+//
+// Invariance: output (r, n) is the same fp32 function of W[n] and X[r] whatever R, the other rows
+// or the grid: the lane that owns a chunk depends only on k, each lane's 8 products are summed in
+// column order into an accumulator of row r alone, the butterfly adds the same pairs as warp_sum
+// (same xor order 16 .. 1, each pair the lane's own partial plus its partner's), and the parts and
+// tiles are summed in index order. kR, kU and the grid only decide which rows share a launch, a
+// group or a block, so a row's bits at B = 2 are its bits at B = 16. (It is not gemv_bf16's order:
+// the single-row GEMV splits k per shape, this kernel always in parts of 256 columns.)
+
+constexpr int kRgWarps = 8;             // parts per tile = warps per block
+constexpr int kRgPartCols = 8 * kWarp;  // columns of a part: one 16-byte chunk per lane
+constexpr int kRgTileCols = kRgWarps * kRgPartCols;
+
+struct RowsGemvParams {
+  const bf16* W = nullptr;
+  const bf16* x = nullptr;
+  void* y = nullptr;
+  int rows = 0;
+  int n = 0;
+  int k = 0;
+  int tiles = 1;
+  float* ws = nullptr;              // [tiles][rows][n] tile sums (tiles > 1)
+  unsigned int* counter = nullptr;  // per row group, zero between launches (tiles > 1)
+};
+
+/// The warp's kM values per lane (kM a power of two, at most 32) summed over the 32 lanes: at each
+/// xor offset 16, 8, .. a lane keeps half of its values and adds its partner's copy of that half
+/// (while halves remain; then the plain butterfly), so every sum is bit for bit warp_sum's of that
+/// value. On return v[0] of lane l is value l / (32 / kM)'s sum.
+template <int kM, int kLen, int kO>
+__device__ __forceinline__ void warp_reduce_scatter_from(float (&v)[kM], int lane) {
+  if constexpr (kO >= 1) {
+    if constexpr (kLen >= 2) {
+      constexpr int kHalf = kLen / 2;
+      const bool upper = (lane & kO) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float send = upper ? v[i] : v[i + kHalf];
+        const float keep = upper ? v[i + kHalf] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kO);
+      }
+      warp_reduce_scatter_from<kM, kHalf, kO / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], kO);
+      warp_reduce_scatter_from<kM, 1, kO / 2>(v, lane);
+    }
+  }
+}
+template <int kM>
+__device__ __forceinline__ void warp_reduce_scatter(float (&v)[kM], int lane) {
+  static_assert(kM >= 1 && kM <= kWarp && (kM & (kM - 1)) == 0, "kM: a power of two up to 32");
+  warp_reduce_scatter_from<kM, kM, kWarp / 2>(v, lane);
+}
+
+template <bool kF32>
+__device__ __forceinline__ void rows_gemv_store(const RowsGemvParams& p, int r, int row, float v) {
+  const size_t at = static_cast<size_t>(r) * p.n + row;
+  if constexpr (kF32) {
+    static_cast<float*>(p.y)[at] = v;
+  } else {
+    static_cast<bf16*>(p.y)[at] = f_to_bf16(v);
+  }
+}
+
+template <int kR, int kU, bool kF32>
+__global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvParams p) {
+  pdl_begin();
+  constexpr int kM = kR * kU;  // sums per warp and group: value u * kR + r
+  constexpr int kLanesPerValue = kWarp / kM;
+  __shared__ float s_part[kM][kRgWarps];
+  __shared__ bool s_last;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int tile = blockIdx.y;
+  const int n_chunks = p.k / 8;
+  const int n_parts = (n_chunks + kWarp - 1) / kWarp;
+  const int tile_parts = min(kRgWarps, n_parts - tile * kRgWarps);
+  const int chunk = (tile * kRgWarps + warp) * kWarp + lane;
+  const bool active = warp < tile_parts && chunk < n_chunks;
+
+  // This lane's chunk of every row of X, as fp32 (zeros past the rows or k).
+  float xf[kR][8];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const uint4 v = active && r < p.rows ? load_cached(p.x + static_cast<size_t>(r) * p.k + chunk * 8)
+                                         : make_uint4(0, 0, 0, 0);
+    batch::unpack8(v, xf[r]);
+  }
+
+  const uint8_t* wcol = reinterpret_cast<const uint8_t*>(p.W) + static_cast<size_t>(chunk) * 16;
+  const size_t row_bytes = static_cast<size_t>(p.k) * 2;
+  const int groups = (p.n + kU - 1) / kU;
+  auto load_group = [&](uint4(&w)[kU], int g) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int row = g * kU + u;
+      w[u] = active && row < p.n ? load_stream(wcol + static_cast<size_t>(row) * row_bytes)
+                                 : make_uint4(0, 0, 0, 0);
+    }
+  };
+  uint4 w[kU];
+  if (static_cast<int>(blockIdx.x) < groups) load_group(w, blockIdx.x);
+
+  for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+    float v[kM];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float wf[8];
+      batch::unpack8(w[u], wf);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        float acc = 0.0f;
+        if (kR == 2 || r < p.rows) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc = fmaf(wf[e], xf[r][e], acc);
+        }
+        v[u * kR + r] = acc;
+      }
+    }
+    // The next group's weights are in flight while this group is reduced and combined.
+    if (g + static_cast<int>(gridDim.x) < groups) load_group(w, g + gridDim.x);
+    warp_reduce_scatter<kM>(v, lane);
+    if (warp < tile_parts && lane % kLanesPerValue == 0) s_part[lane / kLanesPerValue][warp] = v[0];
+    __syncthreads();
+    // Thread t < kM: value t of the group, its tile's parts in part order.
+    const int t = threadIdx.x;
+    const int r = t % kR;
+    const int row = g * kU + t / kR;
+    const bool ok = t < kM && r < p.rows && row < p.n;
+    float sum = 0.0f;
+    if (ok) sum = sum_parts(&s_part[t][0], tile_parts);
+    __syncthreads();  // s_part is rewritten by the next group
+    if (p.tiles == 1) {
+      if (ok) rows_gemv_store<kF32>(p, r, row, sum);
+      continue;
+    }
+    float* ws_at = p.ws + static_cast<size_t>(r) * p.n + row;  // + tile * rows * n
+    const size_t tile_stride = static_cast<size_t>(p.rows) * p.n;
+    if (ok) ws_at[tile * tile_stride] = sum;
+    __threadfence();  // publish the tile's sums before counting this block as done with the group
+    __syncthreads();
+    if (threadIdx.x == 0) s_last = atomicAdd(p.counter + g, 1u) == static_cast<unsigned>(p.tiles - 1);
+    __syncthreads();
+    if (!s_last) continue;
+    if (threadIdx.x == 0) p.counter[g] = 0;  // ready for the next launch (stream order)
+    __threadfence();
+    if (ok) {
+      float total = __ldcg(ws_at);
+      for (int tt = 1; tt < p.tiles; ++tt) total += __ldcg(ws_at + tt * tile_stride);
+      rows_gemv_store<kF32>(p, r, row, total);
+    }
+  }
+}
+
+/// Blocks of `kernel` with `warps` warps resident per SM, asked of the occupancy calculator once.
+template <int kR, int kU, bool kF32>
+int rows_gemv_resident(int warps) {
+  static std::array<std::atomic<int>, kRgWarps + 1> cache{};
+  int b = cache[static_cast<size_t>(warps)].load(std::memory_order_relaxed);
+  if (b == 0) {
+    MTP_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, rows_gemv_kernel<kR, kU, kF32>, warps * kWarp, 0));
+    b = std::max(1, b);
+    cache[static_cast<size_t>(warps)].store(b, std::memory_order_relaxed);
+  }
+  return b;
+}
+
+template <int kR, int kU, bool kF32>
+void launch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) {
+  const int groups = (p.n + kU - 1) / kU;
+  const int resident = rows_gemv_resident<kR, kU, kF32>(warps) * ctx.num_sms;
+  const int gx = std::max(1, std::min(groups, resident / p.tiles));
+  launch(ctx, rows_gemv_kernel<kR, kU, kF32>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(p.tiles)),
+         dim3(static_cast<unsigned>(warps * kWarp)), 0, p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+/// kR: the rows rounded up to a power of two (the padded rows load nothing and
+/// skip their FMAs); kU: 4 weight
+/// rows per group up to 8 rows, 2 at 16 (the activations then hold 128 registers).
+template <bool kF32>
+void dispatch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) {
+  if (p.rows <= 2) return launch_rows_gemv<2, 4, kF32>(ctx, p, warps);
+  if (p.rows <= 4) return launch_rows_gemv<4, 4, kF32>(ctx, p, warps);
+  if (p.rows <= 8) return launch_rows_gemv<8, 4, kF32>(ctx, p, warps);
+  return launch_rows_gemv<16, 2, kF32>(ctx, p, warps);
+}
+
+int rows_gemv_tiles(int k) { return (k + kRgTileCols - 1) / kRgTileCols; }
+
 // ---- argmax family over rows ------------------------------------------------------------------------
 
 constexpr int kArgmaxRowThreads = 512;
@@ -1168,6 +1373,46 @@ bool rows_gemm_wanted(int rows, int n, int k, bool f32_out) {
   if (rows < 2 || rows > kMaxBatchRows || k % 16 != 0) return false;
   // The measured table (docs/kernels.md, "Batched kernels"): cuBLASLt until rows_gemm wins a shape.
   return false;
+}
+
+size_t rows_gemv_ws_floats(int n, int k) {
+  const int tiles = rows_gemv_tiles(k);
+  return tiles > 1 ? static_cast<size_t>(tiles) * kMaxRowsGemv * static_cast<size_t>(n) : 0;
+}
+
+int rows_gemv_counters(int n, int k) { return rows_gemv_tiles(k) > 1 ? n : 0; }
+
+void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
+               int k, const RowsGemvScratch& s) {
+  MTP_REQUIRE(rows >= 1 && rows <= kMaxRowsGemv && n >= 1 && k >= 8 && k % 8 == 0,
+              "ops::cuda::rows_gemv: rows ", rows, " (1 .. ", kMaxRowsGemv, "), n ", n, ", k ", k,
+              " (k must be a positive multiple of 8: the kernel loads 16-byte chunks of 8 columns)");
+  require_aligned("rows_gemv", "W", W);
+  require_aligned("rows_gemv", "x", x);
+  RowsGemvParams p;
+  p.W = W;
+  p.x = x;
+  p.y = y;
+  p.rows = rows;
+  p.n = n;
+  p.k = k;
+  p.tiles = rows_gemv_tiles(k);
+  if (p.tiles > 1) {
+    MTP_REQUIRE(s.ws && s.ws_floats >= static_cast<size_t>(p.tiles) * rows * n && s.counter &&
+                    s.counters >= rows_gemv_counters(n, k),
+                "ops::cuda::rows_gemv: k ", k, " spans ", p.tiles, " tiles and needs ",
+                static_cast<size_t>(p.tiles) * rows * n, " workspace floats and ", rows_gemv_counters(n, k),
+                " counters; the scratch has ", s.ws_floats, " and ", s.counters);
+    p.ws = s.ws;
+    p.counter = s.counter;
+  }
+  const int n_parts = (k / 8 + kWarp - 1) / kWarp;
+  const int warps = std::min(kRgWarps, n_parts);
+  if (f32_out) {
+    dispatch_rows_gemv<true>(ctx, p, warps);
+  } else {
+    dispatch_rows_gemv<false>(ctx, p, warps);
+  }
 }
 
 void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n, int64_t index_base,

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -87,6 +88,26 @@ void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, 
 /// cuBLASLt: a fixed per-shape table (dense.cu) from the measured comparison in
 /// docs/kernels.md, so the choice is part of the code, not of the process.
 bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
+/// Most rows one rows_gemv launch takes (the batch rows of a batched linear at small B).
+inline constexpr int kMaxRowsGemv = 16;
+/// rows_gemv's cross-tile workspace and per-row-group counters (zero between launches: the last
+/// block of each group resets its counter). Only rows with k > 2048 use them.
+struct RowsGemvScratch {
+  float* ws = nullptr;
+  size_t ws_floats = 0;
+  unsigned int* counter = nullptr;
+  int counters = 0;
+};
+/// The workspace floats and counters rows_gemv of [n x k] needs at up to kMaxRowsGemv rows (so a
+/// graph captured at more rows than the eager call before it needs no growth); 0 when k <= 2048.
+size_t rows_gemv_ws_floats(int n, int k);
+int rows_gemv_counters(int n, int k);
+/// Y[r, j] = sum_i W[j, i] X[r, i] for rows 1 .. kMaxRowsGemv (X [rows][k], Y [rows][n]; BF16 rounded
+/// once, or fp32): the multi-row GEMV of the batched linears (KernelPolicy::rows_linear), every W
+/// element loaded once for all rows. A row's result is bit for bit the same whatever the other rows
+/// and their count (dense.cu). k % 8 == 0; W and X 16-byte aligned.
+void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
+               int k, const RowsGemvScratch& s);
 /// out[b] = argmax of row b (x + b * ld_x, n values): one block per row (rows = 1: the single-row
 /// multi-block kernel).
 /// The last launch of the cuBLASLt head (KernelPolicy::head_gemm): for each live row b (slot[b] >= 0,
