@@ -35,7 +35,8 @@
 //   bits at B < 16 equal to its bits at B = 16 (BatchedLinearsRowsGemv).
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
 //   grouped experts, two for a split decode), whatever B.
-// - The decode runs under both of its kernels (KernelPolicy::mla_decode v2, the default, and v1),
+// - The decode runs under both values of KernelPolicy::mla_decode (v2, the default: the v2 kernel
+//   for FP8 caches and forced split counts, v1's for BF16 caches at automatic splits; and v1),
 //   automatic and forced split counts, each against the CPU with the BF16 tolerance; the batched
 //   v2 must also give, row by row, the single-row v2 decode's bytes at the same split count.
 // The CPU reference runs on as many threads as the machine has (one CPU backend per thread, each

@@ -582,9 +582,10 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(n_heads >= 1 && width >= 0 && rows <= 65535, "ops::cuda::mla_decode_batch: n_heads ", n_heads,
                 ", width ", width, ", rows ", rows, " (at most 65535)");
     MTP_REQUIRE(width == 0 || selection, "ops::cuda::mla_decode_batch: selection is null");
-    const int splits = cuda::mla_decode_batch_splits(ctx_, width, n_heads, rows);
+    const bool fp8 = kv.cache.dtype == KvDtype::fp8;
+    const int splits = cuda::mla_decode_batch_splits(ctx_, width, n_heads, rows, fp8);
     const size_t floats =
-        cuda::mla_decode_batch_scratch_floats(ctx_, splits, n_heads, kv.cache.kv_lora, rows);
+        cuda::mla_decode_batch_scratch_floats(ctx_, splits, n_heads, kv.cache.kv_lora, rows, fp8);
     float* scratch =
         floats ? static_cast<float*>(mla_batch_scratch_.ensure(sizeof(float) * floats, ctx_.stream, op))
                : nullptr;
@@ -796,7 +797,7 @@ class CudaBackend final : public Backend {
     if (rows > 1 && mode == RowsMode::batched) {
       // The multi-row GEMV (KernelPolicy::rows_linear), else cuBLASLt, or the small-M tensor-core
       // GEMM for the shapes its table picks (rows_gemm_wanted).
-      if (rows_gemv_wanted(rows, k, W, X)) {
+      if (rows_gemv_wanted(rows, n_out, k, W, X)) {
         cuda::rows_gemv(ctx_, W, X, Y, f32_out, rows, n_out, k, rows_gemv_scratch(n_out, k));
       } else if (cuda::rows_gemm_wanted(rows, n_out, k, f32_out) && pointer_alignment(W) >= 16 &&
                  pointer_alignment(X) >= 16) {
@@ -819,7 +820,7 @@ class CudaBackend final : public Backend {
   /// of 8 or unaligned operands), cublaslt never takes it, automatic takes it up to
   /// kRowsGemvAutoMax rows where it applies (k % 8 == 0, 16-byte aligned W and X) and leaves the
   /// rest to cuBLASLt.
-  bool rows_gemv_wanted(int rows, int k, const void* W, const void* X) const {
+  bool rows_gemv_wanted(int rows, int n, int k, const void* W, const void* X) const {
     switch (ctx_.policy.rows_linear) {
       case RowsLinear::cublaslt:
         return false;
@@ -828,11 +829,16 @@ class CudaBackend final : public Backend {
       case RowsLinear::automatic:
         break;
     }
-    return rows <= kRowsGemvAutoMax && k % 8 == 0 && pointer_alignment(W) >= 16 && pointer_alignment(X) >= 16;
+    return rows <= kRowsGemvAutoMax && static_cast<int64_t>(rows) * n * k <= kRowsGemvAutoWork &&
+           k % 8 == 0 && pointer_alignment(W) >= 16 && pointer_alignment(X) >= 16;
   }
-  /// The row limit of rows_linear = auto: a starting value, to be set from the measured comparison
-  /// with cuBLASLt (bench_kernels' "batch rows_linear" cases, docs/kernels.md).
+  /// rows_linear = auto, from the measured comparison with cuBLASLt (bench_kernels' "batch
+  /// rows_linear" cases on one H200, docs/kernels.md): the GEMV wins the small weights (kv_a, the
+  /// indexer's wk / gate / wq_b, the router: 1-3 us of cuBLASLt's ~5 us floor per launch) up to 8
+  /// rows, and loses the large ones (eh_proj, o_proj: 1.3-3.8x slower from 2 rows), so it takes a
+  /// linear of at most 8 rows whose rows x n x k is at most 20 M multiply-adds.
   static constexpr int kRowsGemvAutoMax = 8;
+  static constexpr int64_t kRowsGemvAutoWork = 20'000'000;
   /// rows_gemv's workspace and counters for [n x k], sized for cuda::kMaxRowsGemv rows whatever
   /// this call's (a graph captured at a larger batch than the eager call before it needs no growth;
   /// Scratch refuses to grow while capturing). Counters are zeroed when allocated; every launch

@@ -1030,11 +1030,21 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows) {
+bool mla_decode_batch_v2(const LaunchCtx& ctx, bool fp8_cache) {
+  // Under mla_decode v2 the batched decode takes the v2 kernel for FP8 caches and the v1 kernel for
+  // BF16 ones, as measured on one H200 (glm5.3-flash, 2051 selected rows, docs/kernels.md): BF16
+  // v1 / v2 27 / 34 us at B = 1, 146 / 205 at 16, 376 / 417 at 64, 682 / 788 at 128; FP8 110 / 126
+  // at 16, 453 / 374 at 64, 847 / 732 at 128. A forced split count (mla_batch_splits) follows the
+  // policy's kernel whatever the cache, so v2 can be compared row by row with the single-row v2.
+  if (ctx.policy.mla_decode != MlaDecode::v2) return false;
+  return fp8_cache || ctx.policy.mla_batch_splits > 0;
+}
+
+int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache) {
   const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
   const int forced = ctx.policy.mla_batch_splits;
-  if (ctx.policy.mla_decode == MlaDecode::v2) {
+  if (mla_decode_batch_v2(ctx, fp8_cache)) {
     // The single-row v2 rule over every (row, head tile) of the batch; a forced count rounded up to
     // whole clusters of 8 (raised, as any, where a split would own more than 32 chunks).
     const int clusters = forced > 0 ? (forced + kCluster - 1) / kCluster : 0;
@@ -1049,10 +1059,11 @@ int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int ro
   return std::max(1, (chunks + per_split - 1) / per_split);
 }
 
-size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows) {
+size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
+                                       bool fp8_cache) {
   // v1: a partial per split; v2: a partial per cluster of 8 splits. None when one (split or cluster)
   // per (row, head tile) writes o_lat itself.
-  const int partials = ctx.policy.mla_decode == MlaDecode::v2 ? splits / kCluster : splits;
+  const int partials = mla_decode_batch_v2(ctx, fp8_cache) ? splits / kCluster : splits;
   if (partials <= 1) return 0;
   return static_cast<size_t>(rows) * n_heads * partials * (2 + static_cast<size_t>(kv_lora));
 }
@@ -1074,7 +1085,7 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                  cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
                  o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  if (ctx.policy.mla_decode == MlaDecode::v2) {
+  if (mla_decode_batch_v2(ctx, fp8)) {
     require_v2_splits("mla_decode_batch", "mla_decode_batch_splits", width, splits, scratch, cache.data);
     return decode_v2(ctx, p, fp8, rows);
   }

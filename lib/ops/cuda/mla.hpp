@@ -43,8 +43,12 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 /// v1 kernel (1 split: no scratch, no combine). ctx.policy.mla_batch_splits, when not 0, forces the
 /// split count (v2: rounded up to a multiple of 8). Row splits of mla_decode_batch for this batch
 /// and the fp32 scratch they need (0: none), both under the policy mla_decode_batch runs with.
-int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows);
-size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows);
+/// Whether the batched decode runs the v2 kernel (mla.cu: under mla_decode v2, for FP8 caches or a
+/// forced split count; else v1).
+bool mla_decode_batch_v2(const LaunchCtx& ctx, bool fp8_cache);
+int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache);
+size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
+                                       bool fp8_cache);
 /// slot == nullptr: every row reads slot 0 (the single-sequence decode's path: one row, kv holding
 /// that sequence's KvCache and block table).
 void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,

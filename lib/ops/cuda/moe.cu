@@ -1014,13 +1014,22 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
   switch (ctx.policy.moe_pipeline) {
-    case MoePipeline::automatic:  // v1 until the variants are measured (docs/kernels.md)
     case MoePipeline::v1:
       return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::spread:
       return launch_grouped<PipeSpread, PipeSpread>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::regs:
       return launch_grouped<PipeSpread, PipeRegsDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoePipeline::automatic: {
+      // ring: measured fastest or level at every B (docs/kernels.md), where its deeper rings fit
+      // in shared memory; v1 (the least shared memory) otherwise. The same bits either way.
+      const size_t ring_smem =
+          std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
+                   sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
+      if (ring_smem > 220 * 1024)
+        return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+      return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    }
     case MoePipeline::ring:
       return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
   }
