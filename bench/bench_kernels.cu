@@ -928,33 +928,45 @@ void run_batched(Bench& b, ops::Backend& be) {
   ctx.num_sms = prop.multiProcessorCount;
   ctx.policy = be.kernel_policy();
   ctx.pdl_capable = false;  // no programmatic launch: as cuBLASLt's kernels, in both modes
+  // One batched linear case: fresh weights (rotated past the L2), x and y, measured through
+  // `launch(W, x, y)`, then the base policy back and the buffers released.
+  auto bench_linear = [&](const std::string& name, const Lin& l, int B, auto&& launch) {
+    const double wbytes = 2.0 * l.n * l.k;
+    const int rot = b.rotations(wbytes);
+    std::vector<bf16*> W(rot);
+    for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(l.n) * l.k);
+    bf16* x = b.rand_bf16(static_cast<size_t>(B) * l.k);
+    void* y = b.alloc(static_cast<size_t>(B) * l.n * 4);
+    b.measure(name, dims({B, l.n, l.k}), wbytes + 2.0 * B * l.k + (l.f32 ? 4.0 : 2.0) * B * l.n, rot,
+              [&](int i) { launch(W[i % rot], x, y); });
+    be.set_kernel_policy(base_policy);
+    b.release_all();
+  };
+  // The backend's batched linear (the policy set by the caller picks its kernel).
+  auto backend_linear = [&](const Lin& l, int B) {
+    return [&be, &l, B](const bf16* W, const bf16* x, void* y) {
+      if (l.f32) {
+        be.linear_f32(W, x, static_cast<float*>(y), B, l.n, l.k, ops::RowsMode::batched);
+      } else {
+        be.linear(W, x, static_cast<bf16*>(y), B, l.n, l.k, ops::RowsMode::batched);
+      }
+    };
+  };
   for (const Lin& l : lins) {
     for (int B : {2, 8, 32, 128}) {
       for (bool mma : {false, true}) {
         const std::string name = mtplab::str("batch linear ", l.name, " B=", B, mma ? " mma" : " cublaslt");
         if (!b.selected(name)) continue;
         with_policy([](ops::KernelPolicy& p) { p.rows_linear = ops::RowsLinear::cublaslt; });
-        const double wbytes = 2.0 * l.n * l.k;
-        const int rot = b.rotations(wbytes);
-        std::vector<bf16*> W(rot);
-        for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(l.n) * l.k);
-        bf16* x = b.rand_bf16(static_cast<size_t>(B) * l.k);
-        void* y = b.alloc(static_cast<size_t>(B) * l.n * 4);
-        b.measure(name, dims({B, l.n, l.k}), wbytes + 2.0 * B * l.k + (l.f32 ? 4.0 : 2.0) * B * l.n, rot,
-                  [&](int i) {
-                    if (mma) {
-                      ops::cuda::rows_gemm(ctx, W[i % rot], x, l.k, y, l.f32, l.n, B, l.n, l.k,
-                                           ops::cuda::GemvRowMap{l.n, 0, 0, 0});
-                      MTP_CUDA_CHECK(cudaGetLastError());
-                    } else if (l.f32) {
-                      be.linear_f32(W[i % rot], x, static_cast<float*>(y), B, l.n, l.k,
-                                    ops::RowsMode::batched);
-                    } else {
-                      be.linear(W[i % rot], x, static_cast<bf16*>(y), B, l.n, l.k, ops::RowsMode::batched);
-                    }
-                  });
-        be.set_kernel_policy(base_policy);
-        b.release_all();
+        if (mma) {
+          bench_linear(name, l, B, [&](const bf16* W, const bf16* x, void* y) {
+            ops::cuda::rows_gemm(ctx, W, x, l.k, y, l.f32, l.n, B, l.n, l.k,
+                                 ops::cuda::GemvRowMap{l.n, 0, 0, 0});
+            MTP_CUDA_CHECK(cudaGetLastError());
+          });
+        } else {
+          bench_linear(name, l, B, backend_linear(l, B));
+        }
       }
     }
   }
@@ -978,23 +990,7 @@ void run_batched(Bench& b, ops::Backend& be) {
         with_policy([&](ops::KernelPolicy& p) {
           p.rows_linear = gemv ? ops::RowsLinear::gemv : ops::RowsLinear::cublaslt;
         });
-        const double wbytes = 2.0 * l.n * l.k;
-        const int rot = b.rotations(wbytes);
-        std::vector<bf16*> W(rot);
-        for (auto& w : W) w = b.rand_bf16(static_cast<size_t>(l.n) * l.k);
-        bf16* x = b.rand_bf16(static_cast<size_t>(B) * l.k);
-        void* y = b.alloc(static_cast<size_t>(B) * l.n * 4);
-        b.measure(name, dims({B, l.n, l.k}), wbytes + 2.0 * B * l.k + (l.f32 ? 4.0 : 2.0) * B * l.n, rot,
-                  [&](int i) {
-                    if (l.f32) {
-                      be.linear_f32(W[i % rot], x, static_cast<float*>(y), B, l.n, l.k,
-                                    ops::RowsMode::batched);
-                    } else {
-                      be.linear(W[i % rot], x, static_cast<bf16*>(y), B, l.n, l.k, ops::RowsMode::batched);
-                    }
-                  });
-        be.set_kernel_policy(base_policy);
-        b.release_all();
+        bench_linear(name, l, B, backend_linear(l, B));
       }
     }
   }
