@@ -32,10 +32,10 @@
 //   the tensor cores the same operands in the same order: the same bits, other timing.
 // - rows_linear: the multi-row GEMV sums a batched linear's outputs in another order than
 //   cuBLASLt: other bits (within the usual tolerances); its own bits do not depend on the batch.
-// - mla_batch: shared and shared2 run the chunk step of v1 (same MMAs, same fixed-order sums) with all head
-//   tiles of a row in one block; at the same split count its bits are v1's. The split count it
-//   picks differs from v1's and v2's, so automatic gives other bits than tiles (within the usual
-//   tolerances).
+// - mla_batch: shared and shared2 compute v1's scores with all head tiles of a row in one block
+//   and one softmax per tile; the denominator's summation order and their split counts differ
+//   from v1's and v2's: other bits (within the usual tolerances). shared and shared2 give each
+//   other's bits at one split count.
 #pragma once
 #include <string>
 #include <string_view>
@@ -77,7 +77,7 @@ enum class RowsLinear { automatic, cublaslt, gemv };
 /// tiles, one block per (row, head tile of 16, split), by mla_decode and the cache (v1 for BF16
 /// caches, v2 for FP8 or a forced split count); shared, one block per (row, split) whose 4 head
 /// tiles share each chunk of selected rows staged once in shared memory through a cp.async ring
-/// (mla_chunk.cuh's chunk step, v1's arithmetic); shared2, the same with 2 head tiles per block
+/// (v1's scores, one softmax per head tile); shared2, the same with 2 head tiles per block
 /// (32 heads, two blocks per multiprocessor); automatic, per shape from the measured table in
 /// cuda/mla.cu.
 enum class MlaBatch { automatic, tiles, shared, shared2 };

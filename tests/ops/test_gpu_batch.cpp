@@ -39,8 +39,8 @@
 //   default: the v2 kernel for FP8 caches and forced split counts, v1's for BF16 caches at
 //   automatic splits; and v1), and under mla_batch = shared, automatic and forced split counts,
 //   each against the CPU with the BF16 tolerance; the batched v2 must also give, row by row, the
-//   single-row v2 decode's bytes at the same split count, and the shared kernel v1's bytes at the
-//   same forced split count.
+//   single-row v2 decode's bytes at the same split count; the shared kernels give each other's
+//   bytes at a forced split count, and a row decoded alone its bytes in the batch.
 // The CPU reference runs on as many threads as the machine has (one CPU backend per thread, each
 // on a contiguous range of rows: a row's result does not depend on the others), so the
 // glm5.3-flash shapes (the whole 154880-row head, all 288 experts resident) stay in seconds;
@@ -934,10 +934,11 @@ TEST_P(GpuBatch, MlaDecode) {
                                " cluster(s) of 8 splits");
       }
 
-      // The shared kernels (KernelPolicy::mla_batch = shared, shared2): automatic and forced split counts
-      // against the CPU (at most two launches, the same bytes on a second run); at a forced split
-      // count its bytes are v1's at that count (the same chunk step and merge, the head tiles only
-      // sharing the staged rows), so a difference is a staging or fragment error, not rounding.
+      // The shared kernels (KernelPolicy::mla_batch = shared, shared2): automatic and forced split
+      // counts against the CPU (at most two launches, the same bytes on a second run). At a forced
+      // split count the two give the same bytes (the same chunk step per head tile and the same
+      // split boundaries; only how many tiles share a block differs), and a row decoded alone gives
+      // its bytes in the batch: a difference is a staging, barrier or fragment error, not rounding.
       for (MlaBatch kernel : {MlaBatch::shared, MlaBatch::shared2}) {
         const std::string pw = what + ", " + to_string(kernel) + " decode";
         const PolicyScope use([kernel](KernelPolicy& p) {
@@ -950,25 +951,39 @@ TEST_P(GpuBatch, MlaDecode) {
         const auto got = o.from_gpu();
         expect_bf16_written(got, want, mask, pw);
         expect_bytes_equal(again.from_gpu(), got, pw + ", second run");
-        for (int f : {1, 3, 7}) {
-          const std::string fw = pw + ", " + std::to_string(f) + " forced splits";
-          auto shared = out_twin<bf16>(want.size()), v1 = out_twin<bf16>(want.size());
-          {
-            const PolicyScope force([f](KernelPolicy& p) { p.mla_batch_splits = f; });
-            decode(shared);
+      }
+      for (int f : {1, 3, 7}) {
+        const std::string fw = what + ", shared decode, " + std::to_string(f) + " forced splits";
+        auto four = out_twin<bf16>(want.size()), two = out_twin<bf16>(want.size());
+        {
+          const PolicyScope force([f](KernelPolicy& p) {
+            p.mla_batch = MlaBatch::shared;
+            p.mla_batch_splits = f;
+          });
+          decode(four);
+          if (f == 3) {
+            // Each live row alone (rows = 1, its slot), into a copy of the batch's output.
+            auto alone = out_twin<bf16>(want.size());
+            const size_t row = static_cast<size_t>(nh) * L;
+            for (int b = 0; b < B; ++b) {
+              if (slots_h[static_cast<size_t>(b)] < 0) continue;
+              gpu().mla_decode_batch(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width,
+                                     width, sl.g.data() + b, 1, kg, alone.g.data() + b * row, nh,
+                                     softmax_scale);
+            }
+            expect_bytes_equal(alone.from_gpu(), four.from_gpu(), fw + ", each row alone against the batch");
           }
-          {
-            const PolicyScope force([f](KernelPolicy& p) {
-              p.mla_batch = MlaBatch::tiles;
-              p.mla_decode = MlaDecode::v1;
-              p.mla_batch_splits = f;
-            });
-            decode(v1);
-          }
-          const auto sg = shared.from_gpu();
-          expect_bf16_written(sg, want, mask, fw);
-          expect_bytes_equal(sg, v1.from_gpu(), fw + ", against v1 at the same split count");
         }
+        {
+          const PolicyScope force([f](KernelPolicy& p) {
+            p.mla_batch = MlaBatch::shared2;
+            p.mla_batch_splits = f;
+          });
+          decode(two);
+        }
+        const auto fg = four.from_gpu();
+        expect_bf16_written(fg, want, mask, fw);
+        expect_bytes_equal(two.from_gpu(), fg, fw + ", shared2 against shared");
       }
     }
   }

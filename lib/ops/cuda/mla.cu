@@ -941,16 +941,32 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 //   stale: P = 0 times NaN is NaN), kSharedStages - 1 chunks ahead of the one computed. One
 //   __syncthreads per chunk frees the oldest stage; an FP8 chunk is widened to BF16 (exactly) into
 //   one conversion buffer behind a second one.
-// - Per head tile, chunk_scores / stage_scores / sum_scores / online_softmax_step and O += P C are
-//   mla_chunk.cuh's (the same MMAs in the same order, the same fixed-order sums over the 4 column
-//   warps); the B fragments come from the staged rows through ldmatrix (.trans for P C) instead of
-//   32-bit and 16-bit loads: the same values. The 4 warps of a tile meet at a named barrier
-//   (1 + tile) between their partial scores and the sum. The epilogue is v1's, so at the same split
-//   count the output bits are v1's.
-// kTiles, head tiles per block: 4 (shared: 512 threads, one block per multiprocessor) or 2
-// (shared2: 256 threads, two blocks per multiprocessor, each chunk gathered twice per row).
+// - Per head tile, the 4 column warps compute their partial scores as v1 does (the same MMAs; B
+//   fragments through ldmatrix, .trans for O += P C) and stage them (mla_chunk.cuh's exchange);
+//   after a named barrier (1 + tile), the tile's softmax is computed once: warp w sums the 4
+//   partials in warp order for heads 4w .. 4w + 3 (8 lanes per head, 2 chunk rows per lane), takes
+//   each head's max, rescale factor and P = exp(s - m) as BF16 hi + lo, and stores P (the A
+//   operand) and the factors (TileSoftmax); after a second barrier each column warp reads P through
+//   ldmatrix, rescales its outputs (skipped where every factor is 1) and accumulates O += P C.
+//   Scores, maxima and P are v1's; the denominator is summed per owner lane then over the head's 8
+//   lanes, another order than v1's, so outputs are v1's within rounding. shared and shared2 run the
+//   same step on the same split boundaries: at one split count their bytes are equal.
 constexpr int kSharedStages = 4;           // chunks in the cp.async ring
 constexpr int kSharedMaxSplitRows = 8192;  // the slot table's bound
+
+/// A tile's softmax of one chunk, computed once (warp w for heads 4w .. 4w + 3) and read by its 4
+/// column warps: P's BF16 hi / lo parts as the A operand ([head][chunk row], rows of 24: the 8
+/// row addresses of an ldmatrix fall in distinct banks), each head's rescale factor, and at the
+/// end its running max and denominator.
+struct TileSoftmax {
+  uint16_t p_hi[kHeadTile][24];
+  uint16_t p_lo[kHeadTile][24];
+  float corr[kHeadTile];
+  float m[kHeadTile];
+  float l[kHeadTile];
+  float pad[4];
+};
+static_assert(sizeof(TileSoftmax) % 16 == 0, "TileSoftmax: 16-byte multiple");
 
 /// Dynamic shared memory of mla_decode_shared_kernel for `split_rows` rows per split (bytes; each
 /// region a multiple of 16).
@@ -963,8 +979,11 @@ struct DecodeSharedSmem {
   static constexpr int kRingBytes = kSharedStages * kStageBytes;
   static constexpr int kConvBytes = kFp8 ? kChunk * kRowStride * 2 : 0;
   static constexpr int kScoreBytes = kTiles * static_cast<int>(sizeof(ScoreExchange));
-  static constexpr int kFixedBytes = kRingBytes + kConvBytes + kScoreBytes;
-  static_assert(kStageBytes % 16 == 0 && kConvBytes % 16 == 0 && kScoreBytes % 16 == 0, "16-byte regions");
+  static constexpr int kSoftBytes = kTiles * static_cast<int>(sizeof(TileSoftmax));
+  static constexpr int kFixedBytes = kRingBytes + kConvBytes + kScoreBytes + kSoftBytes;
+  static_assert(kStageBytes % 16 == 0 && kConvBytes % 16 == 0 && kScoreBytes % 16 == 0 &&
+                    kSoftBytes % 16 == 0,
+                "16-byte regions");
   static constexpr size_t bytes(int split_rows) {
     return kFixedBytes + (static_cast<size_t>(split_rows) * sizeof(int64_t) + 15) / 16 * 16;
   }
@@ -991,6 +1010,8 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   uint16_t* conv = reinterpret_cast<uint16_t*>(shared_smem + Smem::kRingBytes);
   ScoreExchange* s_score =
       reinterpret_cast<ScoreExchange*>(shared_smem + Smem::kRingBytes + Smem::kConvBytes);
+  TileSoftmax* s_soft =
+      reinterpret_cast<TileSoftmax*>(shared_smem + Smem::kRingBytes + Smem::kConvBytes + Smem::kScoreBytes);
   int64_t* s_slot = reinterpret_cast<int64_t*>(shared_smem + Smem::kFixedBytes);
 
   const int row = blockIdx.z;
@@ -1047,8 +1068,12 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   float o[kNTiles][4];
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m_lo = -INFINITY, m_hi = -INFINITY;
-  float l_lo = 0.0f, l_hi = 0.0f;
+  // The softmax this lane owns: head hs of the tile, chunk rows rs and rs + 1 (8 lanes per head);
+  // its running max (the same on the head's 8 lanes) and its partial denominator.
+  const int hs = kDecodeWarps * wc + (lane >> 3);
+  const int rs = 2 * (lane & 7);
+  float m_run = -INFINITY, l_run = 0.0f;
+  TileSoftmax& soft = s_soft[tile];
 
 #pragma unroll
   for (int s = 0; s < kSharedStages - 1; ++s) {
@@ -1097,11 +1122,61 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
     }
     stage_scores(s_score[tile], wc, g, t, sc);
     named_barrier(1 + tile, kDecodeThreads);
-    float s[2][4];
-    sum_scores<kFp8>(s_score[tile], g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
-
+    {
+      // This lane's two scores: the 4 column warps' partials summed in warp order, scaled, -inf
+      // where the row is not selected; the head's max over the chunk (its 8 lanes), the rescale,
+      // P = exp(s - m) split into BF16 hi + lo, once per (head, row).
+      float sv[2];
+      {
+        float2 part[kDecodeWarps];
+#pragma unroll
+        for (int w = 0; w < kDecodeWarps; ++w)
+          part[w] = *reinterpret_cast<const float2*>(&s_score[tile][w][hs][rs]);
+        float a = part[0].x, b = part[0].y;
+#pragma unroll
+        for (int w = 1; w < kDecodeWarps; ++w) {
+          a += part[w].x;
+          b += part[w].y;
+        }
+        if constexpr (kFp8) {
+          a *= p.cache_scale;
+          b *= p.cache_scale;
+        }
+        sv[0] = (valid_rows >> rs) & 1u ? p.softmax_scale * a : -INFINITY;
+        sv[1] = (valid_rows >> (rs + 1)) & 1u ? p.softmax_scale * b : -INFINITY;
+      }
+      float mx = fmaxf(sv[0], sv[1]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      const float mn = fmaxf(m_run, mx);
+      const float corr = mn == -INFINITY ? 1.0f : expf(m_run - mn);
+      const float p0 = sv[0] == -INFINITY ? 0.0f : expf(sv[0] - mn);
+      const float p1 = sv[1] == -INFINITY ? 0.0f : expf(sv[1] - mn);
+      l_run = l_run * corr + (p0 + p1);
+      m_run = mn;
+      uint32_t hi, lo;
+      split_bf16x2(p0, p1, hi, lo);
+      *reinterpret_cast<uint32_t*>(&soft.p_hi[hs][rs]) = hi;
+      *reinterpret_cast<uint32_t*>(&soft.p_lo[hs][rs]) = lo;
+      if ((lane & 7) == 0) soft.corr[hs] = corr;
+    }
+    named_barrier(1 + tile, kDecodeThreads);
     uint32_t ah[4], al[4];
-    online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
+    ldmatrix_x4(ah, &soft.p_hi[lane & 15][8 * (lane >> 4)]);
+    ldmatrix_x4(al, &soft.p_lo[lane & 15][8 * (lane >> 4)]);
+    {
+      const float corr_lo = soft.corr[g], corr_hi = soft.corr[g + 8];
+      if (!__all_sync(0xffffffffu, corr_lo == 1.0f && corr_hi == 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          o[n][0] *= corr_lo;
+          o[n][1] *= corr_lo;
+          o[n][2] *= corr_hi;
+          o[n][3] *= corr_hi;
+        }
+      }
+    }
     // O += P C (accumulate_pv's MMAs; B through ldmatrix .trans: k = chunk rows 0-7 / 8-15 of
     // column tiles 2np and 2np + 1).
     {
@@ -1120,9 +1195,18 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   cp_async_wait<0>();  // no copy left in flight at exit
   if (!tile_live) return;
 
-  // v1's epilogue (column warp wc in v1's warp's place).
-  l_lo = quad_sum(l_lo);
-  l_hi = quad_sum(l_hi);
+  // Each head's denominator (its 8 owner lanes' partials, butterfly), published with its max for
+  // the tile's 4 column warps; then v1's epilogue (column warp wc in v1's warp's place).
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 4);
+  if ((lane & 7) == 0) {
+    soft.m[hs] = m_run;
+    soft.l[hs] = l_run;
+  }
+  named_barrier(1 + tile, kDecodeThreads);
+  const float l_lo = soft.l[g], l_hi = soft.l[g + 8];
+  const float m_lo = soft.m[g], m_hi = soft.m[g + 8];
   const float out_scale = kFp8 ? p.cache_scale : 1.0f;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

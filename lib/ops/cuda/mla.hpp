@@ -45,9 +45,9 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 /// and the fp32 scratch they need (0: none), both under the policy mla_decode_batch runs with.
 /// The kernel the batched decode of `rows` rows runs (mla.cu): under mla_batch shared (automatic:
 /// from two rows) the shared kernel, one block per (row, split, 64 heads) whose head tiles share
-/// each staged chunk (v1's arithmetic; a forced split count capped at the chunks), shared2 the
-/// same with 32 heads per block and two blocks per multiprocessor; else the tiles
-/// rule: under mla_decode v2, v2 for FP8 caches or a forced split count, v1 otherwise.
+/// each staged chunk (v1's scores, one softmax per tile; a forced split count capped at the chunks), shared2
+/// the same with 32 heads per block and two blocks per multiprocessor; else the tiles rule: under mla_decode
+/// v2, v2 for FP8 caches or a forced split count, v1 otherwise.
 enum class BatchDecodeKernel { v1, v2, shared, shared2 };
 BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows);
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache);
