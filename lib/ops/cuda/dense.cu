@@ -762,14 +762,28 @@ constexpr int rows_gemm_min_blocks() {
   return kFp8 && kNT == 16 ? 2 : 1;
 }
 
-template <bool kFp8, int kNT, Epi kEpi>
+// The resident mode (kRes) of the FP8 head at up to 16 batch rows: every batch row's whole x
+// [NB][k] is staged into shared memory once per block, before the tile loop, so the chunk loop
+// has no barrier and no copy to wait for, and W is kept kResWBuf - 1 chunks ahead in registers
+// (the block holding up to 131 KB of x, fewer blocks share a multiprocessor, so each warp keeps
+// more of W in flight). The MMAs, their operands and their order are the ring mode's: the same
+// bits. Rows of k + 8 values (padded past k with zeros): the 16-byte reads of a quarter warp fall
+// in distinct banks, as the ring's 72-value rows do.
+constexpr int kResWBuf = 6;
+/// Bytes of the resident x for `rows_padded` batch rows of k.
+size_t resident_x_bytes(int rows_padded, int k) {
+  const int kpad = (k + batch::kChunkK - 1) / batch::kChunkK * batch::kChunkK;
+  return static_cast<size_t>(rows_padded) * (kpad + 8) * sizeof(bf16);
+}
+
+template <bool kFp8, int kNT, Epi kEpi, bool kRes = false>
 __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>())
     rows_gemm_kernel(GemmParams p) {
   pdl_begin();
   constexpr int NB = 8 * kNT;          // batch rows (MMA columns) held by the block
   constexpr int kWVec = kFp8 ? 1 : 2;  // 16-byte W vectors per row, chunk and lane
   extern __shared__ __align__(16) uint8_t gemm_smem[];
-  bf16* xs = reinterpret_cast<bf16*>(gemm_smem);  // [kXStages][NB][kXStride]
+  bf16* xs = reinterpret_cast<bf16*>(gemm_smem);  // ring: [kXStages][NB][kXStride]; kRes: [NB][ldr]
   __shared__ uint8_t s_live[NB];
   __shared__ unsigned long long s_best[kEpi == Epi::head ? NB : 1];
   __shared__ bool s_last;
@@ -785,6 +799,20 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
   const int nchunks = (p.k + kChunkK - 1) / kChunkK;
   const size_t row_bytes = static_cast<size_t>(p.k) * (kFp8 ? 1 : 2);
   const int rpg = p.map.rows_per_group;
+  const int ldr = nchunks * kChunkK + 8;  // kRes: BF16 per resident x row
+  if constexpr (kRes) {
+    // One group (checked at launch): every live row's x, zeros past k and for padded rows.
+    const int vecs = nchunks * kChunkK / 8;
+    for (int v = threadIdx.x; v < NB * vecs; v += blockDim.x) {
+      const int b = v / vecs;
+      const int c8 = (v - b * vecs) * 8;
+      const bool ok = s_live[b] && c8 < p.k;
+      batch::cp_async16(xs + static_cast<size_t>(b) * ldr + c8, ok ? p.x + b * p.ldx + c8 : p.x, ok ? 16 : 0);
+    }
+    batch::cp_async_commit();
+    batch::cp_async_wait<0>();
+    __syncthreads();
+  }
 
   for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
     const int group = tile / p.tiles_per_group;
@@ -825,44 +853,76 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
     float acc[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (int s = 0; s < kXStages - 1; ++s) {
-      if (s < nchunks) stage(s, s);
-      batch::cp_async_commit();
-    }
-    uint4 wr[kWBuf][2 * kWVec];
+    if constexpr (kRes) {
+      uint4 wr[kResWBuf][2 * kWVec];
 #pragma unroll
-    for (int u = 0; u < kWBuf - 1; ++u)
-      if (u < nchunks) load_w(wr[u], u);
-
-    for (int c0 = 0; c0 < nchunks; c0 += kWBuf) {
+      for (int u = 0; u < kResWBuf - 1; ++u)
+        if (u < nchunks) load_w(wr[u], u);
+      for (int c0 = 0; c0 < nchunks; c0 += kResWBuf) {
 #pragma unroll
-      for (int u = 0; u < kWBuf; ++u) {
-        const int c = c0 + u;
-        if (c >= nchunks) break;  // uniform
-        if (c + kWBuf - 1 < nchunks) load_w(wr[(u + kWBuf - 1) % kWBuf], c + kWBuf - 1);
-        if (c + kXStages - 1 < nchunks) stage(c + kXStages - 1, (c + kXStages - 1) % kXStages);
+        for (int u = 0; u < kResWBuf; ++u) {
+          const int c = c0 + u;
+          if (c >= nchunks) break;  // uniform
+          if (c + kResWBuf - 1 < nchunks) load_w(wr[(u + kResWBuf - 1) % kResWBuf], c + kResWBuf - 1);
+          uint32_t wa[8], wb[8];
+          if constexpr (kFp8) {
+            batch::fp8x16_to_bf16x16(wr[u][0], wa);
+            batch::fp8x16_to_bf16x16(wr[u][1], wb);
+          } else {
+            batch::words8(wr[u][0], wr[u][1], wa);
+            batch::words8(wr[u][2], wr[u][3], wb);
+          }
+          uint32_t a[4][4];
+          batch::a_frags(wa, wb, a);
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            const bf16* xr = xs + static_cast<size_t>(8 * j + g) * ldr + c * kChunkK + 16 * t;
+            uint32_t bw[8];
+            batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
+            batch::mma_chunk(acc[j], a, bw);
+          }
+        }
+      }
+    } else {
+      for (int s = 0; s < kXStages - 1; ++s) {
+        if (s < nchunks) stage(s, s);
         batch::cp_async_commit();
-        batch::cp_async_wait<kXStages - 1>();  // chunk c's group has landed
-        __syncthreads();
-        uint32_t wa[8], wb[8];
-        if constexpr (kFp8) {
-          batch::fp8x16_to_bf16x16(wr[u][0], wa);
-          batch::fp8x16_to_bf16x16(wr[u][1], wb);
-        } else {
-          batch::words8(wr[u][0], wr[u][1], wa);
-          batch::words8(wr[u][2], wr[u][3], wb);
-        }
-        uint32_t a[4][4];
-        batch::a_frags(wa, wb, a);
-        const bf16* xst = xs + static_cast<size_t>(c % kXStages) * NB * kXStride;
+      }
+      uint4 wr[kWBuf][2 * kWVec];
 #pragma unroll
-        for (int j = 0; j < kNT; ++j) {
-          const bf16* xr = xst + (8 * j + g) * kXStride + 16 * t;
-          uint32_t bw[8];
-          batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
-          batch::mma_chunk(acc[j], a, bw);
+      for (int u = 0; u < kWBuf - 1; ++u)
+        if (u < nchunks) load_w(wr[u], u);
+
+      for (int c0 = 0; c0 < nchunks; c0 += kWBuf) {
+#pragma unroll
+        for (int u = 0; u < kWBuf; ++u) {
+          const int c = c0 + u;
+          if (c >= nchunks) break;  // uniform
+          if (c + kWBuf - 1 < nchunks) load_w(wr[(u + kWBuf - 1) % kWBuf], c + kWBuf - 1);
+          if (c + kXStages - 1 < nchunks) stage(c + kXStages - 1, (c + kXStages - 1) % kXStages);
+          batch::cp_async_commit();
+          batch::cp_async_wait<kXStages - 1>();  // chunk c's group has landed
+          __syncthreads();
+          uint32_t wa[8], wb[8];
+          if constexpr (kFp8) {
+            batch::fp8x16_to_bf16x16(wr[u][0], wa);
+            batch::fp8x16_to_bf16x16(wr[u][1], wb);
+          } else {
+            batch::words8(wr[u][0], wr[u][1], wa);
+            batch::words8(wr[u][2], wr[u][3], wb);
+          }
+          uint32_t a[4][4];
+          batch::a_frags(wa, wb, a);
+          const bf16* xst = xs + static_cast<size_t>(c % kXStages) * NB * kXStride;
+#pragma unroll
+          for (int j = 0; j < kNT; ++j) {
+            const bf16* xr = xst + (8 * j + g) * kXStride + 16 * t;
+            uint32_t bw[8];
+            batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
+            batch::mma_chunk(acc[j], a, bw);
+          }
+          __syncthreads();  // stage c % kXStages is refilled by the next iteration's copy
         }
-        __syncthreads();  // stage c % kXStages is refilled by the next iteration's copy
       }
     }
 
@@ -942,7 +1002,38 @@ int column_tiles(int rows) {
 }
 
 template <bool kFp8, int kNT, Epi kEpi>
+void launch_rows_gemm_resident(const LaunchCtx& ctx, const GemmParams& p) {
+  constexpr auto kernel = rows_gemm_kernel<kFp8, kNT, kEpi, true>;
+  const size_t smem = resident_x_bytes(8 * kNT, p.k);
+  static const int max_smem = [] {
+    int dev = 0, v = 0;
+    MTP_CUDA_CHECK(cudaGetDevice(&dev));
+    MTP_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
+    return v;
+  }();
+  MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::rows_gemm: resident x of ", smem, " bytes");
+  int per_sm = 0;
+  MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemmThreads, smem));
+  const int grid = std::max(1, std::min(p.total_tiles, std::max(1, per_sm) * ctx.num_sms));
+  launch(ctx, kernel, static_cast<unsigned>(grid), kGemmThreads, smem, p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+/// Whether a launch takes the resident mode: the FP8 head at up to 16 rows (1 or 2 column tiles),
+/// one group of rows, and x fitting in shared memory (kRes above).
+template <bool kFp8, int kNT, Epi kEpi>
+bool rows_gemm_resident(const GemmParams& p) {
+  if constexpr (!kFp8 || kEpi != Epi::head || kNT > 2) {
+    return false;
+  } else {
+    return p.total_tiles == p.tiles_per_group && resident_x_bytes(8 * kNT, p.k) <= 160 * 1024;
+  }
+}
+
+template <bool kFp8, int kNT, Epi kEpi>
 void launch_rows_gemm(const LaunchCtx& ctx, const GemmParams& p) {
+  if (rows_gemm_resident<kFp8, kNT, kEpi>(p)) return launch_rows_gemm_resident<kFp8, kNT, kEpi>(ctx, p);
   constexpr auto kernel = rows_gemm_kernel<kFp8, kNT, kEpi>;
   constexpr int kSmem = kXStages * 8 * kNT * kXStride * 2;
   static const int blocks_per_sm = [] {
