@@ -1005,14 +1005,19 @@ template <bool kFp8, int kNT, Epi kEpi>
 void launch_rows_gemm_resident(const LaunchCtx& ctx, const GemmParams& p) {
   constexpr auto kernel = rows_gemm_kernel<kFp8, kNT, kEpi, true>;
   const size_t smem = resident_x_bytes(8 * kNT, p.k);
+  // The dynamic limit left beside the kernel's static shared memory (the opt-in maximum less it).
   static const int max_smem = [] {
     int dev = 0, v = 0;
     MTP_CUDA_CHECK(cudaGetDevice(&dev));
     MTP_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
-    return v;
+    cudaFuncAttributes attr{};
+    MTP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    const int dyn = v - static_cast<int>(attr.sharedSizeBytes);
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
+    return dyn;
   }();
-  MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::rows_gemm: resident x of ", smem, " bytes");
+  MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::rows_gemm: resident x of ", smem,
+              " bytes (at most ", max_smem, ")");
   int per_sm = 0;
   MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemmThreads, smem));
   const int grid = std::max(1, std::min(p.total_tiles, std::max(1, per_sm) * ctx.num_sms));

@@ -1255,8 +1255,11 @@ void launch_decode_shared(const LaunchCtx& ctx, const DecodeParams& p, int rows)
     int dev = 0, v = 0;
     MTP_CUDA_CHECK(cudaGetDevice(&dev));
     MTP_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
-    return v;
+    cudaFuncAttributes attr{};  // the dynamic limit left beside any static shared memory
+    MTP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    const int dyn = v - static_cast<int>(attr.sharedSizeBytes);
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
+    return dyn;
   }();
   MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::mla_decode_batch (shared): ", smem,
               " bytes of shared memory for ", split_rows(p.width, p.splits), " rows per split (at most ",
