@@ -33,6 +33,10 @@
 //   may move to its neighbour: every code within one step, >= 90% identical.
 // - Batched linears (rows_linear = gemv, and cuBLASLt): GpuDense.Linear's tolerances, and a row's
 //   bits at B < 16 equal to its bits at B = 16 (BatchedLinearsRowsGemv).
+// - The FP8 head's multi-row GEMV (head_gemm = gemv, B = 2 .. 4): the head's tolerances against
+//   the CPU, and a row's logits and pick at B = 2 and 3 bit-identical to its own at B = 4
+//   (HeadGemvRowBitsDoNotDependOnTheBatch); exact ties to the lowest index, nothing of a padded
+//   row written, graph replays equal to eager launches.
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
 //   grouped experts, two for a split decode), whatever B.
 // - The decode runs under both values of KernelPolicy::mla_decode (v2, the default: the v2 kernel
