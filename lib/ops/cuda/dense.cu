@@ -1186,8 +1186,9 @@ int rows_gemv_tiles(int k) { return (k + kRgTileCols - 1) / kRgTileCols; }
 //
 // The FP8 head of R = 2 .. kMaxRowsGemvHead batch rows with its argmax fused, every weight element
 // loaded once for all rows. A block of kHgWarps warps first stages the R live rows of x into shared
-// memory as fp32 (padded rows as zeros, never read), laid out [row][quad][chunk] so that lane l's
-// 16-byte read of quad q of chunk c is conflict-free (consecutive lanes, consecutive chunks). Each
+// memory as fp32 (padded rows as zeros, never read), laid out [chunk / 32][row][quad][chunk % 32]:
+// lane l's 16-byte reads of quad q of its chunks are conflict-free (consecutive lanes, consecutive
+// addresses) and every (row, quad) is a fixed offset from the lane's base. Each
 // warp then owns groups of kHgRowsPerWarp consecutive W rows (grid-stride over groups) and the
 // whole k of each: lane l takes the 16-byte chunks (16 E4M3 weights) l, l + 32, l + 64, ... of every
 // row of the group, kHgUnroll of them per row in flight (streaming loads), widens each pair of
@@ -1212,7 +1213,14 @@ constexpr int kHgThreads = kHgWarps * kWarp;
 constexpr int kHgRowsPerWarp = 4;       // W rows per warp and group: each x read from shared memory feeds 4
 constexpr int kHgUnroll = 2;            // chunks per W row and lane in flight (8 16-byte loads per lane)
 constexpr int kHgChunk = 16;            // E4M3 weights per 16-byte chunk
-constexpr int kHgMaxSmem = 112 * 1024;  // two blocks per SM; rows x k x 4 bytes must fit
+constexpr int kHgMaxSmem = 112 * 1024;  // two blocks per SM; head_gemv_smem must fit
+
+/// The staged activations of head_gemv_kernel: rows x k fp32, k rounded up to whole blocks of 32
+/// chunks (512 columns).
+constexpr int64_t head_gemv_smem(int rows, int k) {
+  return static_cast<int64_t>(rows) * ((k + kWarp * kHgChunk - 1) / (kWarp * kHgChunk)) * kWarp * kHgChunk *
+         static_cast<int64_t>(sizeof(float));
+}
 
 struct HeadGemvParams {
   const uint8_t* W = nullptr;  // [n][k] E4M3
@@ -1258,8 +1266,9 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemv_kernel(HeadGemvParams
   constexpr int kM = pow2_at_least(kV * kR);  // values per warp and group (padded with zeros)
   constexpr int kLanesPerValue = kWarp / kM;
   static_assert(kM <= kWarp, "one value per lane at least");
+  constexpr int kBlockF4 = kR * 4 * kWarp;  // float4 of one block of 32 chunks
   extern __shared__ __align__(16) uint8_t hg_smem[];
-  float4* xs = reinterpret_cast<float4*>(hg_smem);  // [kR][4][n_chunks]
+  float4* xs = reinterpret_cast<float4*>(hg_smem);  // [n_chunks / 32][kR][4][32]
   __shared__ uint8_t s_live[kR];
   __shared__ unsigned long long s_best[kR];
   __shared__ bool s_last;
@@ -1278,11 +1287,11 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemv_kernel(HeadGemvParams
     const bf16* src = p.x + static_cast<size_t>(r) * p.k + static_cast<size_t>(c) * kHgChunk;
     batch::unpack8(s_live[r] ? load_cached(src) : make_uint4(0, 0, 0, 0), lo);
     batch::unpack8(s_live[r] ? load_cached(src + 8) : make_uint4(0, 0, 0, 0), hi);
-    float4* dst = xs + static_cast<size_t>(r) * 4 * n_chunks + c;
+    float4* dst = xs + (c / kWarp) * kBlockF4 + r * 4 * kWarp + c % kWarp;
     dst[0] = make_float4(lo[0], lo[1], lo[2], lo[3]);
-    dst[n_chunks] = make_float4(lo[4], lo[5], lo[6], lo[7]);
-    dst[2 * n_chunks] = make_float4(hi[0], hi[1], hi[2], hi[3]);
-    dst[3 * n_chunks] = make_float4(hi[4], hi[5], hi[6], hi[7]);
+    dst[kWarp] = make_float4(lo[4], lo[5], lo[6], lo[7]);
+    dst[2 * kWarp] = make_float4(hi[0], hi[1], hi[2], hi[3]);
+    dst[3 * kWarp] = make_float4(hi[4], hi[5], hi[6], hi[7]);
   }
   __syncthreads();
 
@@ -1298,39 +1307,39 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemv_kernel(HeadGemvParams
 
   for (int g = blockIdx.x * kHgWarps + warp; g < groups; g += gridDim.x * kHgWarps) {
     const int row0 = g * kV;
-    const uint8_t* wrow[kV];
     bool ok[kV];
 #pragma unroll
-    for (int j = 0; j < kV; ++j) {
-      ok[j] = row0 + j < p.n;
-      wrow[j] = p.W + static_cast<size_t>(ok[j] ? row0 + j : 0) * row_bytes;
-    }
+    for (int j = 0; j < kV; ++j) ok[j] = row0 + j < p.n;
+    // This lane's chunk of step i of row row0 (row j: + j * row_bytes, formed only for rows < n).
+    const uint8_t* wp = p.W + static_cast<size_t>(row0) * row_bytes + static_cast<size_t>(lane) * kHgChunk;
     float acc[kV][kR];
 #pragma unroll
     for (int j = 0; j < kV; ++j)
 #pragma unroll
       for (int r = 0; r < kR; ++r) acc[j][r] = 0.0f;
-
-    for (int c = lane; c < n_chunks; c += kWarp * kHgUnroll) {
+    // Step i: chunks lane + 32 (i + u), u < kHgUnroll, of every row of the group (whole: all of
+    // them inside k). The weights are loaded first, then each chunk's x from shared memory feeds the
+    // group's rows.
+    auto step = [&](int i, bool whole) {
       uint4 wv[kV][kHgUnroll];
 #pragma unroll
       for (int j = 0; j < kV; ++j) {
 #pragma unroll
         for (int u = 0; u < kHgUnroll; ++u) {
-          const int cc = c + u * kWarp;
-          wv[j][u] = ok[j] && cc < n_chunks ? load_stream(wrow[j] + static_cast<size_t>(cc) * kHgChunk)
-                                            : make_uint4(0, 0, 0, 0);
+          const bool in = whole || lane + (i + u) * kWarp < n_chunks;
+          wv[j][u] =
+              ok[j] && in ? load_stream(wp + j * row_bytes + u * kWarp * kHgChunk) : make_uint4(0, 0, 0, 0);
         }
       }
+      const float4* xl = xs + static_cast<size_t>(i) * kBlockF4 + lane;
 #pragma unroll
       for (int u = 0; u < kHgUnroll; ++u) {
-        const int cc = c + u * kWarp;
-        if (cc >= n_chunks) break;
+        if (!whole && lane + (i + u) * kWarp >= n_chunks) break;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           float4 xq[kR];
 #pragma unroll
-          for (int r = 0; r < kR; ++r) xq[r] = xs[(static_cast<size_t>(r) * 4 + q) * n_chunks + cc];
+          for (int r = 0; r < kR; ++r) xq[r] = xl[u * kBlockF4 + (r * 4 + q) * kWarp];
 #pragma unroll
           for (int j = 0; j < kV; ++j) {
             const uint4& w = wv[j][u];
@@ -1338,11 +1347,17 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemv_kernel(HeadGemvParams
           }
         }
       }
-    }
+    };
+    // The whole steps, then at most one partial one (k not a multiple of 32 x kHgUnroll chunks).
+    int st = 0;
+    for (; lane + (st + kHgUnroll - 1) * kWarp < n_chunks;
+         st += kHgUnroll, wp += kHgUnroll * kWarp * kHgChunk)
+      step(st, true);
+    if (lane + st * kWarp < n_chunks) step(st, false);
 
     float v[kM];
 #pragma unroll
-    for (int i = 0; i < kM; ++i) v[i] = i < kV * kR ? acc[i / kR][i % kR] : 0.0f;
+    for (int e = 0; e < kM; ++e) v[e] = e < kV * kR ? acc[e / kR][e % kR] : 0.0f;
     warp_reduce_scatter<kM>(v, lane);
     const int row = row0 + mj;
     if (holder_live && row < p.n) {
@@ -1404,7 +1419,7 @@ int head_gemv_resident(int smem) {
 
 template <int kR>
 void launch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p) {
-  const int smem = kR * p.k * static_cast<int>(sizeof(float));
+  const int smem = static_cast<int>(head_gemv_smem(kR, p.k));
   const int groups = (p.n + kHgRowsPerWarp - 1) / kHgRowsPerWarp;
   const int needed = (groups + kHgWarps - 1) / kHgWarps;
   const int grid = std::max(1, std::min(needed, head_gemv_resident<kR>(smem) * ctx.num_sms));
@@ -1413,7 +1428,9 @@ void launch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p) {
 }
 
 static_assert(kMaxRowsGemvHead == 4, "dispatch_head_gemv instantiates 2, 3 and 4 rows");
-static_assert(kMaxRowsGemvHead * 7168 * sizeof(float) <= kHgMaxSmem, "head_gemv_fits' documented k limit");
+static_assert(head_gemv_smem(kMaxRowsGemvHead, 7168) <= kHgMaxSmem &&
+                  head_gemv_smem(kMaxRowsGemvHead, 7169) > kHgMaxSmem,
+              "head_gemv_fits' documented k limit");
 
 void dispatch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p, int rows) {
   switch (rows) {
@@ -1573,7 +1590,7 @@ bool head_gemv_wanted(HeadGemm policy, int rows, int k) {
 
 bool head_gemv_fits(int rows, int k) {
   return rows >= 2 && rows <= kMaxRowsGemvHead && k >= kHgChunk && k % kHgChunk == 0 &&
-         static_cast<int64_t>(rows) * k * static_cast<int64_t>(sizeof(float)) <= kHgMaxSmem;
+         head_gemv_smem(rows, k) <= kHgMaxSmem;
 }
 
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,

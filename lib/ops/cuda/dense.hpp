@@ -96,8 +96,9 @@ inline constexpr int kMaxRowsGemv = 16;
 /// auto); more rows run the skinny GEMM.
 inline constexpr int kMaxRowsGemvHead = 4;
 /// Whether the multi-row GEMV head can run `rows` rows of k columns: 2 .. kMaxRowsGemvHead rows,
-/// k % 16 == 0, and the rows' activations as fp32 (rows x k x 4 bytes) within its shared memory
-/// (112 KB: k <= 7168 at 4 rows). Otherwise the FP8 head runs the skinny GEMM under any policy.
+/// k % 16 == 0, and the rows' activations as fp32 (rows x k x 4 bytes, k rounded up to 512) within
+/// its shared memory (112 KB: k <= 7168 at 4 rows). Otherwise the FP8 head runs the skinny GEMM
+/// under any policy.
 bool head_gemv_fits(int rows, int k);
 /// rows_gemv's cross-tile workspace and per-row-group counters (zero between launches: the last
 /// block of each group resets its counter). Only rows with k > 2048 use them.
