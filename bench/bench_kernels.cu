@@ -1072,25 +1072,41 @@ void run_batched(Bench& b, ops::Backend& be) {
   // (KernelPolicy::mla_batch_splits) instead of chosen: v1 at 2 and 4 (its automatic count is 5, 2
   // and 1 at B = 16, 64, 128), v2 at 16 (two clusters of 8 per (row, head tile), where the
   // automatic rule gives one).
+  // "shared": the shared kernel (KernelPolicy::mla_batch = shared) at automatic splits from B = 2,
+  // and forced at a few counts around its automatic one; the v1 / v2 rows run mla_batch = tiles.
   using ops::MlaDecode;
   struct DecodeCase {
     MlaDecode path;
     int B, splits;
+    int shared = 0;  // 0: tiles; 4: shared; 2: shared2
   };
   const DecodeCase decode_cases[] = {
-      {MlaDecode::v2, 1, 0},   {MlaDecode::v2, 16, 0},  {MlaDecode::v2, 16, 16}, {MlaDecode::v2, 64, 0},
-      {MlaDecode::v2, 64, 16}, {MlaDecode::v2, 128, 0}, {MlaDecode::v1, 1, 0},   {MlaDecode::v1, 16, 0},
-      {MlaDecode::v1, 16, 2},  {MlaDecode::v1, 16, 4},  {MlaDecode::v1, 64, 0},  {MlaDecode::v1, 64, 2},
-      {MlaDecode::v1, 64, 4},  {MlaDecode::v1, 128, 0}, {MlaDecode::v1, 128, 2}, {MlaDecode::v1, 128, 4}};
+      {MlaDecode::v2, 1, 0},      {MlaDecode::v2, 16, 0},     {MlaDecode::v2, 16, 16},
+      {MlaDecode::v2, 64, 0},     {MlaDecode::v2, 64, 16},    {MlaDecode::v2, 128, 0},
+      {MlaDecode::v1, 1, 0},      {MlaDecode::v1, 16, 0},     {MlaDecode::v1, 16, 2},
+      {MlaDecode::v1, 16, 4},     {MlaDecode::v1, 64, 0},     {MlaDecode::v1, 64, 2},
+      {MlaDecode::v1, 64, 4},     {MlaDecode::v1, 128, 0},    {MlaDecode::v1, 128, 2},
+      {MlaDecode::v1, 128, 4},    {MlaDecode::v2, 2, 0, 4},   {MlaDecode::v2, 2, 0, 2},
+      {MlaDecode::v2, 2, 64, 4},  {MlaDecode::v2, 4, 0, 4},   {MlaDecode::v2, 4, 0, 2},
+      {MlaDecode::v2, 8, 0, 4},   {MlaDecode::v2, 8, 0, 2},   {MlaDecode::v2, 16, 0, 4},
+      {MlaDecode::v2, 16, 0, 2},  {MlaDecode::v2, 16, 16, 4}, {MlaDecode::v2, 32, 0, 4},
+      {MlaDecode::v2, 32, 0, 2},  {MlaDecode::v2, 64, 0, 4},  {MlaDecode::v2, 64, 0, 2},
+      {MlaDecode::v2, 128, 0, 4}, {MlaDecode::v2, 128, 0, 2}};
   for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
     for (const DecodeCase dc : decode_cases) {
       const int B = dc.B;
-      const std::string name = mtplab::str(
-          "batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ", ops::to_string(dc.path),
-          " B=", B, dc.splits ? mtplab::str(" splits=", dc.splits) : std::string());
+      const std::string name =
+          mtplab::str("batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ",
+                      dc.shared == 4   ? "shared"
+                      : dc.shared == 2 ? "shared2"
+                                       : ops::to_string(dc.path),
+                      " B=", B, dc.splits ? mtplab::str(" splits=", dc.splits) : std::string());
       if (!b.selected(name)) continue;
       with_policy([&](ops::KernelPolicy& p) {
         p.mla_decode = dc.path;
+        p.mla_batch = dc.shared == 4   ? ops::MlaBatch::shared
+                      : dc.shared == 2 ? ops::MlaBatch::shared2
+                                       : ops::MlaBatch::tiles;
         p.mla_batch_splits = dc.splits;
       });
       const int block_size = 64, rows = 4096, max_blocks = rows / block_size, width = kTopK + kPool - 1;

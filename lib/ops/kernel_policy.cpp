@@ -27,6 +27,9 @@ const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // 
 const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt", "gemv"};
 const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs", "ring"};
 const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
+const std::initializer_list<std::string_view> kMlaBatchTexts = {"auto", "tiles", "shared", "shared2"};
+static_assert(static_cast<int>(MlaBatch::tiles) == 1 && static_cast<int>(MlaBatch::shared2) == 3,
+              "kMlaBatchTexts follows MlaBatch's order");
 static_assert(static_cast<int>(RowsLinear::cublaslt) == 1 && static_cast<int>(RowsLinear::gemv) == 2,
               "kRowsLinearTexts follows RowsLinear's order");
 static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(GemvVariant::fp8split) == 5 &&
@@ -139,7 +142,7 @@ bool batch_splits_from_env(KernelPolicy& p, const char* env) {
   return v.has_value();
 }
 
-const std::array<Field, 11> kFields{{
+const std::array<Field, 12> kFields{{
     field<ChoiceField<&KernelPolicy::gemv_variant, kGemvVariantTexts>>(
         "gemv_variant", "MTPLAB_GEMV_VARIANT", "auto, v1, rows2, rows4, occ, fp8split"),
     field<GemvSplitField>("gemv_split", "MTPLAB_GEMV_SPLIT", "auto (or 0), 1, 2, 4, 8", split_from_env),
@@ -158,6 +161,8 @@ const std::array<Field, 11> kFields{{
                                                                        "auto, v1, spread, regs, ring"),
     field<ChoiceField<&KernelPolicy::rows_linear, kRowsLinearTexts>>("rows_linear", "MTPLAB_ROWS_LINEAR",
                                                                      "auto, cublaslt, gemv"),
+    field<ChoiceField<&KernelPolicy::mla_batch, kMlaBatchTexts>>("mla_batch", "MTPLAB_MLA_BATCH",
+                                                                 "auto, tiles, shared, shared2"),
 }};
 
 const Field& field_of(std::string_view name) {
@@ -174,6 +179,7 @@ const char* to_string(IndexerSelect s) { return text_of(kVersionTexts, s); }
 const char* to_string(HeadGemm h) { return text_of(kHeadGemmTexts, h); }
 const char* to_string(MoePipeline m) { return text_of(kMoePipelineTexts, m); }
 const char* to_string(RowsLinear r) { return text_of(kRowsLinearTexts, r); }
+const char* to_string(MlaBatch m) { return text_of(kMlaBatchTexts, m); }
 
 const std::vector<std::string_view>& kernel_policy_fields() {
   static const std::vector<std::string_view> names = [] {

@@ -33,6 +33,10 @@
 //   the tensor cores the same operands in the same order: the same bits, other timing.
 // - rows_linear: the multi-row GEMV sums a batched linear's outputs in another order than
 //   cuBLASLt: other bits (within the usual tolerances); its own bits do not depend on the batch.
+// - mla_batch: shared and shared2 run the chunk step of v1 (same MMAs, same fixed-order sums) with all head
+//   tiles of a row in one block; at the same split count its bits are v1's. The split count it
+//   picks differs from v1's and v2's, so automatic gives other bits than tiles (within the usual
+//   tolerances).
 #pragma once
 #include <string>
 #include <string_view>
@@ -74,6 +78,14 @@ enum class MoePipeline { automatic, v1, spread, regs, ring };
 /// cuda::kMaxRowsGemv rows; more rows take cuBLASLt); cublaslt, the cuBLASLt GEMM; automatic, the
 /// GEMV up to the row limit in cuda_backend.cpp and cuBLASLt above it.
 enum class RowsLinear { automatic, cublaslt, gemv };
+/// The kernel of the batched MLA decode (mla_decode_batch, 2 or more rows or a batch of one):
+/// tiles, one block per (row, head tile of 16, split), by mla_decode and the cache (v1 for BF16
+/// caches, v2 for FP8 or a forced split count); shared, one block per (row, split) whose 4 head
+/// tiles share each chunk of selected rows staged once in shared memory through a cp.async ring
+/// (mla_chunk.cuh's chunk step, v1's arithmetic); shared2, the same with 2 head tiles per block
+/// (32 heads, two blocks per multiprocessor); automatic, per shape from the measured table in
+/// cuda/mla.cu.
+enum class MlaBatch { automatic, tiles, shared, shared2 };
 
 /// Largest forced split count of the batched MLA decode (mla_batch_splits).
 inline constexpr int kMaxMlaBatchSplits = 64;
@@ -107,6 +119,8 @@ struct KernelPolicy {
   bool nccl_blocking = true;
   /// The batched linears' kernel (RowsLinear).
   RowsLinear rows_linear = RowsLinear::automatic;
+  /// The batched MLA decode's kernel (MlaBatch).
+  MlaBatch mla_batch = MlaBatch::automatic;
 
   friend bool operator==(const KernelPolicy&, const KernelPolicy&) = default;
 };
@@ -117,11 +131,12 @@ const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv"
 const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
+const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2"
 
 /// The field names in their fixed order: gemv_variant, gemv_split, mla_decode, mla_clusters,
-/// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits, moe_pipeline, rows_linear (the
-/// order of named(); the last four were added later, so older records end at nccl_blocking or
-/// mla_batch_splits).
+/// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits, moe_pipeline, rows_linear,
+/// mla_batch (the order of named(); the last five were added later, so older records end at
+/// nccl_blocking, mla_batch_splits or rows_linear).
 const std::vector<std::string_view>& kernel_policy_fields();
 
 /// The canonical text of one field of `p` (its YAML spelling: "auto", "rows2", "4", "on", ...).
@@ -148,10 +163,10 @@ void validate(const KernelPolicy& p);
 /// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
 /// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt|gemv),
 /// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring), MTPLAB_ROWS_LINEAR
-/// (auto|cublaslt|gemv). Every variable that is set is reported in `overridden` (when not null), in field
-/// order, as "field=value (VARIABLE)" with the canonical value, also when it equals base's: the environment
-/// decided that field. For benchmarks and tuning
-/// runs; an experiment records the result and the list.
+/// (auto|cublaslt|gemv), MTPLAB_MLA_BATCH (auto|tiles|shared|shared2). Every variable that is set is reported
+/// in `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the canonical value,
+/// also when it equals base's: the environment decided that field. For benchmarks and tuning runs; an
+/// experiment records the result and the list.
 KernelPolicy env_overrides(const KernelPolicy& base, std::vector<std::string>* overridden);
 
 }  // namespace mtplab::ops

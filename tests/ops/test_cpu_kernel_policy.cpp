@@ -44,6 +44,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
     {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
+    {"mla_batch", {"auto", "tiles", "shared", "shared2"}},
 };
 
 /// The MTPLAB_* variables env_overrides reads, in field order.
@@ -59,6 +60,7 @@ const std::vector<std::pair<std::string, std::string>> kVariables = {
     {"mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS"},
     {"moe_pipeline", "MTPLAB_MOE_PIPELINE"},
     {"rows_linear", "MTPLAB_ROWS_LINEAR"},
+    {"mla_batch", "MTPLAB_MLA_BATCH"},
 };
 
 /// Unsets every policy variable for the test's lifetime and restores the values found before.
@@ -99,10 +101,12 @@ TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
   EXPECT_EQ(p.mla_batch_splits, 0);
   EXPECT_EQ(p.moe_pipeline, MoePipeline::automatic);
   EXPECT_EQ(p.rows_linear, RowsLinear::automatic);
+  EXPECT_EQ(p.mla_batch, MlaBatch::automatic);
   for (const auto& [field, texts] : kCanonical) EXPECT_EQ(field_text(p, field), texts.front()) << field;
   EXPECT_EQ(to_string(p),
             "gemv_variant=auto gemv_split=auto mla_decode=v2 mla_clusters=auto indexer_select=v2 pdl=on "
-            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto moe_pipeline=auto rows_linear=auto");
+            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto moe_pipeline=auto rows_linear=auto "
+            "mla_batch=auto");
 }
 
 TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
@@ -194,6 +198,9 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
       {"rows_linear", "cublas"},
       {"rows_linear", "mma"},
       {"rows_linear", "GEMV"},
+      {"mla_batch", "v3"},
+      {"mla_batch", "Shared"},
+      {"mla_batch", "shared4"},
   };
   for (const auto& [field, text] : bad) {
     SCOPED_TRACE(field + " = \"" + text + "\"");
@@ -249,6 +256,9 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   EXPECT_NO_THROW(validate(head));
   head.head_gemm = static_cast<HeadGemm>(4);
   EXPECT_TRUE(contains(error_of([&] { validate(head); }), "head_gemm"));
+  KernelPolicy batch;
+  batch.mla_batch = static_cast<MlaBatch>(4);
+  EXPECT_TRUE(contains(error_of([&] { validate(batch); }), "mla_batch"));
 }
 
 TEST(KernelPolicy, CpuBackendStoresThePolicyAndRefusesAMalformedOne) {
@@ -304,6 +314,8 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_MOE_PIPELINE", "auto", "moe_pipeline", "auto"},
       {"MTPLAB_ROWS_LINEAR", "gemv", "rows_linear", "gemv"},
       {"MTPLAB_ROWS_LINEAR", "cublaslt", "rows_linear", "cublaslt"},
+      {"MTPLAB_MLA_BATCH", "shared", "mla_batch", "shared"},
+      {"MTPLAB_MLA_BATCH", "tiles", "mla_batch", "tiles"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.var + "=" + c.value);
@@ -338,6 +350,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   setenv("MTPLAB_HEAD_GEMM", "mma", 1);
   setenv("MTPLAB_MOE_PIPELINE", "regs", 1);
   setenv("MTPLAB_ROWS_LINEAR", "gemv", 1);
+  setenv("MTPLAB_MLA_BATCH", "tiles", 1);
   std::vector<std::string> overridden;
   const KernelPolicy got = env_overrides(KernelPolicy{}, &overridden);
   KernelPolicy want;
@@ -352,6 +365,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   want.mla_batch_splits = 2;
   want.moe_pipeline = MoePipeline::regs;
   want.rows_linear = RowsLinear::gemv;
+  want.mla_batch = MlaBatch::tiles;
   EXPECT_EQ(got, want) << to_string(got);
   const std::vector<std::string> expected = {"gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)",
                                              "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
@@ -363,7 +377,8 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
                                              "head_gemm=mma (MTPLAB_HEAD_GEMM)",
                                              "mla_batch_splits=2 (MTPLAB_MLA_BATCH_SPLITS)",
                                              "moe_pipeline=regs (MTPLAB_MOE_PIPELINE)",
-                                             "rows_linear=gemv (MTPLAB_ROWS_LINEAR)"};
+                                             "rows_linear=gemv (MTPLAB_ROWS_LINEAR)",
+                                             "mla_batch=tiles (MTPLAB_MLA_BATCH)"};
   EXPECT_EQ(overridden, expected);
 }
 
@@ -374,7 +389,7 @@ TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
       {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"},  {"MTPLAB_INDEXER_SELECT", "v0"},
       {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},      {"MTPLAB_NCCL_BLOCKING", "on"},
       {"MTPLAB_MOE_PIPELINE", "v2"},    {"MTPLAB_ROWS_LINEAR", "mma"}, {"MTPLAB_ROWS_LINEAR", "1"},
-      {"MTPLAB_HEAD_GEMM", "rows"},
+      {"MTPLAB_HEAD_GEMM", "rows"},     {"MTPLAB_MLA_BATCH", "v3"},
   };
   for (const auto& [var, value] : bad) {
     SCOPED_TRACE(var + "=" + value);

@@ -39,10 +39,12 @@
 //   row written, graph replays equal to eager launches.
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
 //   grouped experts, two for a split decode), whatever B.
-// - The decode runs under both values of KernelPolicy::mla_decode (v2, the default: the v2 kernel
-//   for FP8 caches and forced split counts, v1's for BF16 caches at automatic splits; and v1),
-//   automatic and forced split counts, each against the CPU with the BF16 tolerance; the batched
-//   v2 must also give, row by row, the single-row v2 decode's bytes at the same split count.
+// - The decode runs under both values of KernelPolicy::mla_decode with mla_batch = tiles (v2, the
+//   default: the v2 kernel for FP8 caches and forced split counts, v1's for BF16 caches at
+//   automatic splits; and v1), and under mla_batch = shared, automatic and forced split counts,
+//   each against the CPU with the BF16 tolerance; the batched v2 must also give, row by row, the
+//   single-row v2 decode's bytes at the same split count, and the shared kernel v1's bytes at the
+//   same forced split count.
 // The CPU reference runs on as many threads as the machine has (one CPU backend per thread, each
 // on a contiguous range of rows: a row's result does not depend on the others), so the
 // glm5.3-flash shapes (the whole 154880-row head, all 288 experts resident) stay in seconds;
@@ -1010,6 +1012,7 @@ TEST_P(GpuBatch, MlaDecode) {
         const std::string pw = what + ", decode " + to_string(path);
         const PolicyScope use([path](KernelPolicy& p) {
           p.mla_decode = path;
+          p.mla_batch = MlaBatch::tiles;
           p.mla_batch_splits = 0;
         });
         auto o = out_twin<bf16>(want.size()), again = out_twin<bf16>(want.size());
@@ -1034,6 +1037,7 @@ TEST_P(GpuBatch, MlaDecode) {
       for (int clusters : {1, 3}) {
         const PolicyScope use([clusters](KernelPolicy& p) {
           p.mla_decode = MlaDecode::v2;
+          p.mla_batch = MlaBatch::tiles;
           p.mla_clusters = clusters;
           p.mla_batch_splits = 8 * clusters;
         });
@@ -1050,6 +1054,43 @@ TEST_P(GpuBatch, MlaDecode) {
         expect_bytes_equal(batched.from_gpu(), single.from_gpu(),
                            what + ", batched v2 against the single-row v2, " + std::to_string(clusters) +
                                " cluster(s) of 8 splits");
+      }
+
+      // The shared kernels (KernelPolicy::mla_batch = shared, shared2): automatic and forced split counts
+      // against the CPU (at most two launches, the same bytes on a second run); at a forced split
+      // count its bytes are v1's at that count (the same chunk step and merge, the head tiles only
+      // sharing the staged rows), so a difference is a staging or fragment error, not rounding.
+      for (MlaBatch kernel : {MlaBatch::shared, MlaBatch::shared2}) {
+        const std::string pw = what + ", " + to_string(kernel) + " decode";
+        const PolicyScope use([kernel](KernelPolicy& p) {
+          p.mla_batch = kernel;
+          p.mla_batch_splits = 0;
+        });
+        auto o = out_twin<bf16>(want.size()), again = out_twin<bf16>(want.size());
+        EXPECT_LE(kernels_of([&] { decode(o); }), 2u) << pw;
+        decode(again);
+        const auto got = o.from_gpu();
+        expect_bf16_written(got, want, mask, pw);
+        expect_bytes_equal(again.from_gpu(), got, pw + ", second run");
+        for (int f : {1, 3, 7}) {
+          const std::string fw = pw + ", " + std::to_string(f) + " forced splits";
+          auto shared = out_twin<bf16>(want.size()), v1 = out_twin<bf16>(want.size());
+          {
+            const PolicyScope force([f](KernelPolicy& p) { p.mla_batch_splits = f; });
+            decode(shared);
+          }
+          {
+            const PolicyScope force([f](KernelPolicy& p) {
+              p.mla_batch = MlaBatch::tiles;
+              p.mla_decode = MlaDecode::v1;
+              p.mla_batch_splits = f;
+            });
+            decode(v1);
+          }
+          const auto sg = shared.from_gpu();
+          expect_bf16_written(sg, want, mask, fw);
+          expect_bytes_equal(sg, v1.from_gpu(), fw + ", against v1 at the same split count");
+        }
       }
     }
   }

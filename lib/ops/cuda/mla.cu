@@ -905,8 +905,10 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 #pragma unroll
       for (int n = 0; n < kNTiles; ++n) {
         const int c = col0 + n * 8 + 2 * t;
-        out[c] = l > 0.0f ? f_to_bf16((o[n][2 * half] * out_scale) / l) : bf16{0};
-        out[c + 1] = l > 0.0f ? f_to_bf16((o[n][2 * half + 1] * out_scale) / l) : bf16{0};
+        const bf16 lo = l > 0.0f ? f_to_bf16((o[n][2 * half] * out_scale) / l) : bf16{0};
+        const bf16 hi = l > 0.0f ? f_to_bf16((o[n][2 * half + 1] * out_scale) / l) : bf16{0};
+        *reinterpret_cast<uint32_t*>(out + c) =
+            lo.bits | (static_cast<uint32_t>(hi.bits) << 16);  // 4-byte pair
       }
       continue;
     }
@@ -918,10 +920,266 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
       const int c = col0 + n * 8 + 2 * t;
-      out[2 + c] = o[n][2 * half] * out_scale;
-      out[2 + c + 1] = o[n][2 * half + 1] * out_scale;
+      // 8-byte pairs (2 + L is even): a quad writes 32 contiguous bytes.
+      *reinterpret_cast<float2*>(out + 2 + c) =
+          make_float2(o[n][2 * half] * out_scale, o[n][2 * half + 1] * out_scale);
     }
   }
+}
+
+// ---- the shared decode (mla_batch: shared) ---------------------------------------------------------------
+//
+// v1's chunk step with the head tiles of a row in one block, so a chunk of selected rows is
+// gathered once for all of them instead of once per head tile:
+// - Block (head group of kTiles tiles = 64 or 32 heads, split, row), kTiles x 4 warps: warp
+//   w is column warp w % 4 (kv_lora/4 columns, as in v1) of head tile w / 4. The split's rows are
+//   v1's ([s * per_split, (s + 1) * per_split) in chunks of 16), so at one split count the two
+//   kernels merge the same partials.
+// - The split's cache slots (selection -> block table) are resolved once into shared memory by the
+//   whole block (two round trips per block, not per chunk), then the chunks stream through a ring
+//   of kSharedStages stages with cp.async (16-byte copies; rows not selected are zero-filled, never
+//   stale: P = 0 times NaN is NaN), kSharedStages - 1 chunks ahead of the one computed. One
+//   __syncthreads per chunk frees the oldest stage; an FP8 chunk is widened to BF16 (exactly) into
+//   one conversion buffer behind a second one.
+// - Per head tile, chunk_scores / stage_scores / sum_scores / online_softmax_step and O += P C are
+//   mla_chunk.cuh's (the same MMAs in the same order, the same fixed-order sums over the 4 column
+//   warps); the B fragments come from the staged rows through ldmatrix (.trans for P C) instead of
+//   32-bit and 16-bit loads: the same values. The 4 warps of a tile meet at a named barrier
+//   (1 + tile) between their partial scores and the sum. The epilogue is v1's, so at the same split
+//   count the output bits are v1's.
+// kTiles, head tiles per block: 4 (shared: 512 threads, one block per multiprocessor) or 2
+// (shared2: 256 threads, two blocks per multiprocessor, each chunk gathered twice per row).
+constexpr int kSharedStages = 4;           // chunks in the cp.async ring
+constexpr int kSharedMaxSplitRows = 8192;  // the slot table's bound
+
+/// Dynamic shared memory of mla_decode_shared_kernel for `split_rows` rows per split (bytes; each
+/// region a multiple of 16).
+template <int kCw, bool kFp8, int kTiles>
+struct DecodeSharedSmem {
+  static constexpr int kL = kDecodeWarps * kCw;
+  static constexpr int kRowStride = kL + 8;                             // BF16 per staged row
+  static constexpr int kStageStride = kFp8 ? kL + 16 : 2 * kRowStride;  // bytes per staged row
+  static constexpr int kStageBytes = kChunk * kStageStride;
+  static constexpr int kRingBytes = kSharedStages * kStageBytes;
+  static constexpr int kConvBytes = kFp8 ? kChunk * kRowStride * 2 : 0;
+  static constexpr int kScoreBytes = kTiles * static_cast<int>(sizeof(ScoreExchange));
+  static constexpr int kFixedBytes = kRingBytes + kConvBytes + kScoreBytes;
+  static_assert(kStageBytes % 16 == 0 && kConvBytes % 16 == 0 && kScoreBytes % 16 == 0, "16-byte regions");
+  static constexpr size_t bytes(int split_rows) {
+    return kFixedBytes + (static_cast<size_t>(split_rows) * sizeof(int64_t) + 15) / 16 * 16;
+  }
+};
+
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Block (head group, split, row); see "the shared decode" above. kCw = kv_lora / 4.
+template <int kCw, bool kFp8, int kTiles>
+__global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
+    mla_decode_shared_kernel(DecodeParams p) {
+  pdl_begin();
+  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles>;
+  constexpr int kKSteps = kCw / 16;
+  constexpr int kNTiles = kCw / 8;
+  constexpr int kL = Smem::kL;
+  constexpr int kRowStride = Smem::kRowStride;
+  constexpr int kVecs = kFp8 ? kL / 16 : kL / 8;  // 16-byte copies per row
+  static_assert(kNTiles % 2 == 0, "P C loads two column tiles per ldmatrix");
+  extern __shared__ __align__(16) uint8_t shared_smem[];
+  uint8_t* ring = shared_smem;
+  uint16_t* conv = reinterpret_cast<uint16_t*>(shared_smem + Smem::kRingBytes);
+  ScoreExchange* s_score =
+      reinterpret_cast<ScoreExchange*>(shared_smem + Smem::kRingBytes + Smem::kConvBytes);
+  int64_t* s_slot = reinterpret_cast<int64_t*>(shared_smem + Smem::kFixedBytes);
+
+  const int row = blockIdx.z;
+  const int slot = p.slot ? p.slot[row] : 0;
+  if (slot < 0) return;  // padded row: the whole block, nothing read, nothing written
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int tile = warp / kDecodeWarps;
+  const int wc = warp % kDecodeWarps;  // column warp, v1's `warp`
+  const int h0 = (blockIdx.x * kTiles + tile) * kHeadTile;
+  const bool tile_live = h0 < p.n_heads;  // warp-uniform; dead tiles still copy and meet barriers
+  const int split = blockIdx.y;
+  const int col0 = wc * kCw;
+  const int chunks_all = (p.width + kChunk - 1) / kChunk;
+  const int per_split = (chunks_all + p.splits - 1) / p.splits * kChunk;
+  const int i0 = split * per_split;
+  const int i1 = min(p.width, i0 + per_split);
+  const int n_local = max(0, i1 - i0);
+  const int nchunks = (n_local + kChunk - 1) / kChunk;
+  const bool lo_ok = tile_live && h0 + g < p.n_heads;
+  const bool hi_ok = tile_live && h0 + g + 8 < p.n_heads;
+  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * kL;
+  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
+  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
+
+  // The split's cache slots, padded to whole chunks with -1.
+  for (int i = threadIdx.x; i < nchunks * kChunk; i += blockDim.x) {
+    int64_t cs = -1;
+    if (i < n_local) {
+      const int32_t ts = selection[i0 + i];
+      if (ts >= 0) cs = kv_slot(block_table, ts, p.block_size);
+    }
+    s_slot[i] = cs;
+  }
+  uint32_t qa[kKSteps][4];
+  load_q_fragments<kKSteps>(q_abs, h0, g, t, kL, col0, lo_ok, hi_ok, qa);
+  __syncthreads();
+
+  // Chunk c's rows into ring stage st.
+  auto issue = [&](int c, int st) {
+    uint8_t* dst = ring + static_cast<size_t>(st) * Smem::kStageBytes;
+    for (int v = threadIdx.x; v < kChunk * kVecs; v += blockDim.x) {
+      const int r = v / kVecs;
+      const int e = v % kVecs;
+      const int64_t cs = s_slot[c * kChunk + r];
+      const uint8_t* src = static_cast<const uint8_t*>(p.cache);
+      if (cs >= 0) src += (static_cast<size_t>(cs) * kL) * (kFp8 ? 1 : 2) + static_cast<size_t>(e) * 16;
+      cp_async16(dst + r * Smem::kStageStride + e * 16, src, cs >= 0 ? 16 : 0);
+    }
+  };
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float m_lo = -INFINITY, m_hi = -INFINITY;
+  float l_lo = 0.0f, l_hi = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kSharedStages - 1; ++s) {
+    if (s < nchunks) issue(s, s);
+    cp_async_commit();
+  }
+  for (int c = 0; c < nchunks; ++c) {
+    cp_async_wait<kSharedStages - 2>();  // this thread's copies of chunk c have landed
+    __syncthreads();                     // everyone's have, and chunk c - 1's stage is free
+    if (c + kSharedStages - 1 < nchunks)
+      issue(c + kSharedStages - 1, (c + kSharedStages - 1) % kSharedStages);
+    cp_async_commit();
+    const uint8_t* stage = ring + static_cast<size_t>(c % kSharedStages) * Smem::kStageBytes;
+    const uint16_t* rows;
+    if constexpr (kFp8) {
+      for (int v = threadIdx.x; v < kChunk * kVecs; v += blockDim.x) {
+        const int r = v / kVecs;
+        const int e = v % kVecs;
+        const uint4 f = *reinterpret_cast<const uint4*>(stage + r * Smem::kStageStride + e * 16);
+        uint4* d = reinterpret_cast<uint4*>(conv + r * kRowStride + e * 16);
+        d[0] = fp8x8_to_bf16x8(make_uint2(f.x, f.y));
+        d[1] = fp8x8_to_bf16x8(make_uint2(f.z, f.w));
+      }
+      __syncthreads();
+      rows = conv;
+    } else {
+      rows = reinterpret_cast<const uint16_t*>(stage);
+    }
+    // Bit r: chunk row r is selected (the slot table is -1 past the split and for padding).
+    const unsigned valid_rows =
+        __ballot_sync(0xffffffffu, lane < kChunk && s_slot[c * kChunk + (lane & 15)] >= 0);
+    if (!tile_live) continue;  // warp-uniform; the named barrier below is the live tiles' own
+
+    // Partial S over this warp's columns (chunk_scores' MMAs, B through ldmatrix: matrices rows
+    // 0-7 / 8-15 of the chunk at k-columns ks*16 and ks*16 + 8).
+    float sc[2][4] = {};
+    {
+      const uint16_t* rb = rows + ((lane & 7) + 8 * (lane >> 4)) * kRowStride + col0 + 8 * ((lane >> 3) & 1);
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        uint32_t b4[4];
+        ldmatrix_x4(b4, rb + ks * 16);
+        mma_16816(sc[0], qa[ks], b4[0], b4[1]);
+        mma_16816(sc[1], qa[ks], b4[2], b4[3]);
+      }
+    }
+    stage_scores(s_score[tile], wc, g, t, sc);
+    named_barrier(1 + tile, kDecodeThreads);
+    float s[2][4];
+    sum_scores<kFp8>(s_score[tile], g, t, valid_rows, p.cache_scale, p.softmax_scale, s);
+
+    uint32_t ah[4], al[4];
+    online_softmax_step<kNTiles>(s, m_lo, m_hi, l_lo, l_hi, o, ah, al);
+    // O += P C (accumulate_pv's MMAs; B through ldmatrix .trans: k = chunk rows 0-7 / 8-15 of
+    // column tiles 2np and 2np + 1).
+    {
+      const uint16_t* rb = rows + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowStride + col0 + 8 * (lane >> 4);
+#pragma unroll
+      for (int np = 0; np < kNTiles / 2; ++np) {
+        uint32_t b4[4];
+        ldmatrix_x4_trans(b4, rb + np * 16);
+        mma_16816(o[2 * np], ah, b4[0], b4[1]);
+        mma_16816(o[2 * np], al, b4[0], b4[1]);
+        mma_16816(o[2 * np + 1], ah, b4[2], b4[3]);
+        mma_16816(o[2 * np + 1], al, b4[2], b4[3]);
+      }
+    }
+  }
+  cp_async_wait<0>();  // no copy left in flight at exit
+  if (!tile_live) return;
+
+  // v1's epilogue (column warp wc in v1's warp's place).
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
+  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!(half ? hi_ok : lo_ok)) continue;
+    const int h = h0 + g + 8 * half;
+    if (p.splits == 1) {
+      const float l = half ? l_hi : l_lo;
+      bf16* out = p.o_lat + (static_cast<size_t>(row) * p.n_heads + h) * kL;
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        const int cc = col0 + n * 8 + 2 * t;
+        const bf16 lo = l > 0.0f ? f_to_bf16((o[n][2 * half] * out_scale) / l) : bf16{0};
+        const bf16 hi = l > 0.0f ? f_to_bf16((o[n][2 * half + 1] * out_scale) / l) : bf16{0};
+        *reinterpret_cast<uint32_t*>(out + cc) =
+            lo.bits | (static_cast<uint32_t>(hi.bits) << 16);  // 4-byte pair
+      }
+      continue;
+    }
+    float* out = p.scratch + ((static_cast<size_t>(row) * p.n_heads + h) * p.splits + split) * (2 + kL);
+    if (wc == 0 && t == 0) {
+      out[0] = half ? m_hi : m_lo;
+      out[1] = half ? l_hi : l_lo;
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int cc = col0 + n * 8 + 2 * t;
+      // 8-byte pairs (2 + L is even): a quad writes 32 contiguous bytes.
+      *reinterpret_cast<float2*>(out + 2 + cc) =
+          make_float2(o[n][2 * half] * out_scale, o[n][2 * half + 1] * out_scale);
+    }
+  }
+}
+
+/// Rows per split of the decode at `splits` splits of `width` selected rows (v1's rule).
+int split_rows(int width, int splits) {
+  const int chunks = (width + kChunk - 1) / kChunk;
+  return (chunks + splits - 1) / splits * kChunk;
+}
+
+template <int kCw, bool kFp8, int kTiles>
+void launch_decode_shared(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
+  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles>;
+  constexpr auto kernel = mla_decode_shared_kernel<kCw, kFp8, kTiles>;
+  const size_t smem = Smem::bytes(split_rows(p.width, p.splits));
+  static const int max_smem = [] {
+    int dev = 0, v = 0;
+    MTP_CUDA_CHECK(cudaGetDevice(&dev));
+    MTP_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
+    return v;
+  }();
+  MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::mla_decode_batch (shared): ", smem,
+              " bytes of shared memory for ", split_rows(p.width, p.splits), " rows per split (at most ",
+              max_smem, ")");
+  const dim3 grid((p.n_heads + kTiles * kHeadTile - 1) / (kTiles * kHeadTile), p.splits, rows);
+  launch(ctx, kernel, grid, kTiles * kDecodeThreads, smem, p);
+  MTP_CUDA_LAUNCH_CHECK();
 }
 
 constexpr int kCombineThreads = 128;
@@ -1030,21 +1288,53 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-bool mla_decode_batch_v2(const LaunchCtx& ctx, bool fp8_cache) {
-  // Under mla_decode v2 the batched decode takes the v2 kernel for FP8 caches and the v1 kernel for
-  // BF16 ones, as measured on one H200 (glm5.3-flash, 2051 selected rows, docs/kernels.md): BF16
-  // v1 / v2 27 / 34 us at B = 1, 146 / 205 at 16, 376 / 417 at 64, 682 / 788 at 128; FP8 110 / 126
-  // at 16, 453 / 374 at 64, 847 / 732 at 128. A forced split count (mla_batch_splits) follows the
-  // policy's kernel whatever the cache, so v2 can be compared row by row with the single-row v2.
-  if (ctx.policy.mla_decode != MlaDecode::v2) return false;
-  return fp8_cache || ctx.policy.mla_batch_splits > 0;
+BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows) {
+  switch (ctx.policy.mla_batch) {
+    case MlaBatch::shared:
+      return BatchDecodeKernel::shared;
+    case MlaBatch::shared2:
+      return BatchDecodeKernel::shared2;
+    case MlaBatch::automatic:
+      // From two rows a shared kernel (the head tiles of a row share each staged chunk): shared2
+      // up to 8 rows, shared above, as measured on one H200 (glm5.3-flash, 2051 selected rows, BF16
+      // cache, us; docs/kernels.md): shared2 / shared 24 / 30 at B = 2, 34 / 35 at 4, 43 / 45 at 8,
+      // 68 / 67 at 16, 195 / 192 at 64, 324 / 318 at 128, against v1's 86 (4 splits) at 16 and 548 at
+      // 128. A batch of one keeps the tiles rule below, as the single-row decode.
+      if (rows >= 2) return rows <= 8 ? BatchDecodeKernel::shared2 : BatchDecodeKernel::shared;
+      break;
+    case MlaBatch::tiles:
+      break;
+  }
+  // The tiles rule. Under mla_decode v2 the batched decode takes the v2 kernel for FP8 caches and
+  // the v1 kernel for BF16 ones, as measured on one H200 (glm5.3-flash, 2051 selected rows,
+  // docs/kernels.md): BF16 v1 / v2 27 / 34 us at B = 1, 146 / 205 at 16, 376 / 417 at 64, 682 / 788
+  // at 128; FP8 110 / 126 at 16, 453 / 374 at 64, 847 / 732 at 128. A forced split count
+  // (mla_batch_splits) follows the policy's kernel whatever the cache, so v2 can be compared row by
+  // row with the single-row v2.
+  if (ctx.policy.mla_decode != MlaDecode::v2) return BatchDecodeKernel::v1;
+  return fp8_cache || ctx.policy.mla_batch_splits > 0 ? BatchDecodeKernel::v2 : BatchDecodeKernel::v1;
 }
 
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache) {
   const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
   const int forced = ctx.policy.mla_batch_splits;
-  if (mla_decode_batch_v2(ctx, fp8_cache)) {
+  const BatchDecodeKernel kernel = mla_decode_batch_kernel(ctx, fp8_cache, rows);
+  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2) {
+    // At least enough splits for the slot table's bound; else a forced count (capped at the chunks),
+    // or as many splits as keep the launch within one wave (shared: one block per multiprocessor,
+    // shared2: two), with at least 4 chunks of 16 rows per split (the combine reads splits x
+    // kv_lora per head).
+    const int least = (chunks * kChunk + kSharedMaxSplitRows - 1) / kSharedMaxSplitRows;
+    if (forced > 0) return std::max(least, std::min(forced, chunks));
+    const bool two = kernel == BatchDecodeKernel::shared2;
+    const int per_block = (two ? 2 : 4) * kHeadTile;
+    const int64_t blocks = static_cast<int64_t>((n_heads + per_block - 1) / per_block) * rows;
+    const int want =
+        static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(ctx.num_sms) * (two ? 2 : 1) / blocks));
+    return std::max(least, std::min(want, std::max(1, chunks / 4)));
+  }
+  if (kernel == BatchDecodeKernel::v2) {
     // The single-row v2 rule over every (row, head tile) of the batch; a forced count rounded up to
     // whole clusters of 8 (raised, as any, where a split would own more than 32 chunks).
     const int clusters = forced > 0 ? (forced + kCluster - 1) / kCluster : 0;
@@ -1061,9 +1351,10 @@ int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int ro
 
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
                                        bool fp8_cache) {
-  // v1: a partial per split; v2: a partial per cluster of 8 splits. None when one (split or cluster)
-  // per (row, head tile) writes o_lat itself.
-  const int partials = mla_decode_batch_v2(ctx, fp8_cache) ? splits / kCluster : splits;
+  // v1 and shared: a partial per split; v2: a partial per cluster of 8 splits. None when one (split
+  // or cluster) per (row, head tile) writes o_lat itself.
+  const int partials =
+      mla_decode_batch_kernel(ctx, fp8_cache, rows) == BatchDecodeKernel::v2 ? splits / kCluster : splits;
   if (partials <= 1) return 0;
   return static_cast<size_t>(rows) * n_heads * partials * (2 + static_cast<size_t>(kv_lora));
 }
@@ -1085,11 +1376,45 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                  cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
                  o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  if (mla_decode_batch_v2(ctx, fp8)) {
+  const BatchDecodeKernel kernel = mla_decode_batch_kernel(ctx, fp8, rows);
+  if (kernel == BatchDecodeKernel::v2) {
     require_v2_splits("mla_decode_batch", "mla_decode_batch_splits", width, splits, scratch, cache.data);
     return decode_v2(ctx, p, fp8, rows);
   }
   MTP_REQUIRE(splits == 1 || scratch, "ops::cuda::mla_decode_batch: ", splits, " splits without scratch");
+  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2) {
+    MTP_REQUIRE(reinterpret_cast<uintptr_t>(o_lat) % 4 == 0 &&
+                    (!scratch || reinterpret_cast<uintptr_t>(scratch) % 8 == 0),
+                "ops::cuda::mla_decode_batch: o_lat must be 4-byte and the scratch 8-byte aligned");
+    MTP_REQUIRE(split_rows(width, splits) <= kSharedMaxSplitRows,
+                "ops::cuda::mla_decode_batch: ", split_rows(width, splits),
+                " rows per split (the shared kernel takes at most ", kSharedMaxSplitRows,
+                ": use mla_decode_batch_splits)");
+    auto run = [&](auto tiles) {
+      constexpr int kT = decltype(tiles)::value;
+      switch (L) {
+        case 64:
+          return fp8 ? launch_decode_shared<16, true, kT>(ctx, p, rows)
+                     : launch_decode_shared<16, false, kT>(ctx, p, rows);
+        case 128:
+          return fp8 ? launch_decode_shared<32, true, kT>(ctx, p, rows)
+                     : launch_decode_shared<32, false, kT>(ctx, p, rows);
+        case 256:
+          return fp8 ? launch_decode_shared<64, true, kT>(ctx, p, rows)
+                     : launch_decode_shared<64, false, kT>(ctx, p, rows);
+        default:
+          return fp8 ? launch_decode_shared<128, true, kT>(ctx, p, rows)
+                     : launch_decode_shared<128, false, kT>(ctx, p, rows);
+      }
+    };
+    if (kernel == BatchDecodeKernel::shared2) {
+      run(std::integral_constant<int, 2>{});
+    } else {
+      run(std::integral_constant<int, 4>{});
+    }
+    if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
+    return;
+  }
   switch (L) {
     case 64:
       fp8 ? launch_decode_batch<16, true>(ctx, p, rows) : launch_decode_batch<16, false>(ctx, p, rows);

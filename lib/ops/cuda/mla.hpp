@@ -43,9 +43,13 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 /// v1 kernel (1 split: no scratch, no combine). ctx.policy.mla_batch_splits, when not 0, forces the
 /// split count (v2: rounded up to a multiple of 8). Row splits of mla_decode_batch for this batch
 /// and the fp32 scratch they need (0: none), both under the policy mla_decode_batch runs with.
-/// Whether the batched decode runs the v2 kernel (mla.cu: under mla_decode v2, for FP8 caches or a
-/// forced split count; else v1).
-bool mla_decode_batch_v2(const LaunchCtx& ctx, bool fp8_cache);
+/// The kernel the batched decode of `rows` rows runs (mla.cu): under mla_batch shared (automatic:
+/// from two rows) the shared kernel, one block per (row, split, 64 heads) whose head tiles share
+/// each staged chunk (v1's arithmetic; a forced split count capped at the chunks), shared2 the
+/// same with 32 heads per block and two blocks per multiprocessor; else the tiles
+/// rule: under mla_decode v2, v2 for FP8 caches or a forced split count, v1 otherwise.
+enum class BatchDecodeKernel { v1, v2, shared, shared2 };
+BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows);
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache);
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
                                        bool fp8_cache);

@@ -87,8 +87,10 @@ __device__ __forceinline__ void chunk_scores(const uint16_t* rows, const uint32_
   }
 }
 
-/// The warps' partial scores of one chunk, [warp][head row][chunk row] (+1: conflict-free).
-using ScoreExchange = float[kDecodeWarps][kHeadTile][kChunk + 1];
+/// The warps' partial scores of one chunk, [warp][head row][chunk row]. Rows of 24 floats: the
+/// 8-byte accesses of a half-warp (rows g .. g + 3, 8 words each) fall in distinct banks.
+constexpr int kScoreStride = kChunk + 8;
+using ScoreExchange = float[kDecodeWarps][kHeadTile][kScoreStride];
 
 /// This warp's partial scores (the m16n8 accumulator layout: [0..1] row g, [2..3] row g + 8) into
 /// its slot of the exchange; a barrier must follow before sum_scores reads them.
@@ -96,10 +98,8 @@ __device__ __forceinline__ void stage_scores(ScoreExchange& score, int warp, int
                                              const float (&sc)[2][4]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    score[warp][g][8 * j + 2 * t] = sc[j][0];
-    score[warp][g][8 * j + 2 * t + 1] = sc[j][1];
-    score[warp][g + 8][8 * j + 2 * t] = sc[j][2];
-    score[warp][g + 8][8 * j + 2 * t + 1] = sc[j][3];
+    *reinterpret_cast<float2*>(&score[warp][g][8 * j + 2 * t]) = make_float2(sc[j][0], sc[j][1]);
+    *reinterpret_cast<float2*>(&score[warp][g + 8][8 * j + 2 * t]) = make_float2(sc[j][2], sc[j][3]);
   }
 }
 
@@ -111,13 +111,19 @@ __device__ __forceinline__ void sum_scores(const ScoreExchange& score, int g, in
                                            float cache_scale, float softmax_scale, float (&s)[2][4]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
+    float2 part[kDecodeWarps][2];
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      part[w][0] = *reinterpret_cast<const float2*>(&score[w][g][8 * j + 2 * t]);
+      part[w][1] = *reinterpret_cast<const float2*>(&score[w][g + 8][8 * j + 2 * t]);
+    }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int row = g + (e >= 2 ? 8 : 0);
       const int col = 8 * j + 2 * t + (e & 1);
-      float sum = score[0][row][col];
+      auto at = [&](int w) { return (e & 1) ? part[w][e >> 1].y : part[w][e >> 1].x; };
+      float sum = at(0);
 #pragma unroll
-      for (int w = 1; w < kDecodeWarps; ++w) sum += score[w][row][col];
+      for (int w = 1; w < kDecodeWarps; ++w) sum += at(w);
       const bool valid = (valid_rows >> col) & 1u;
       if constexpr (kFp8) sum *= cache_scale;
       s[j][e] = valid ? softmax_scale * sum : -INFINITY;
@@ -156,12 +162,16 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], floa
   l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
   m_lo = mn_lo;
   m_hi = mn_hi;
+  // Where no row of the warp's tile raised its max (corr == 1 everywhere: the common case once
+  // the first chunks are in), o *= 1 is the identity: skipping it leaves the bits as they are.
+  if (!__all_sync(0xffffffffu, corr_lo == 1.0f && corr_hi == 1.0f)) {
 #pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
-    o[n][0] *= corr_lo;
-    o[n][1] *= corr_lo;
-    o[n][2] *= corr_hi;
-    o[n][3] *= corr_hi;
+    for (int n = 0; n < kNTiles; ++n) {
+      o[n][0] *= corr_lo;
+      o[n][1] *= corr_lo;
+      o[n][2] *= corr_hi;
+      o[n][3] *= corr_hi;
+    }
   }
   split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
   split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
