@@ -873,16 +873,31 @@ void run_batched(Bench& b, ops::Backend& be) {
     edit(p);
     be.set_kernel_policy(p);
   };
-  // The head with its fused argmax, BF16 and FP8 (row-scaled), under the policy's automatic choice;
-  // "cublaslt": the BF16 head as cuBLASLt GEMM + per-row argmax (KernelPolicy::head_gemm), beside it.
-  for (int variant : {0, 1, 2}) {
-    const bool fp8 = variant == 1, lt = variant == 2;
-    for (int B : batches) {
-      const std::string name =
-          mtplab::str("batch head_argmax ", fp8 ? "fp8" : "bf16", " B=", B, lt ? " cublaslt" : "");
+  // The head with its fused argmax (KernelPolicy::head_gemm): BF16 under the policy's choice; FP8
+  // (row-scaled) on the MMA kernel at every B ("fp8 B=4") and on the multi-row GEMV ("fp8 B=4
+  // gemv", 2 .. ops::cuda::kMaxRowsGemvHead rows; at 8 rows gemv runs the MMA kernel, which shows
+  // the fallback's cost); "cublaslt": the BF16 head as cuBLASLt GEMM + per-row argmax, beside it.
+  struct HeadCase {
+    bool fp8;
+    bool forced;  // head_gemm set to `gemm` (else the policy's own)
+    ops::HeadGemm gemm;
+    const char* suffix;
+    std::vector<int> batches;
+  };
+  const std::vector<int> all_batches(std::begin(batches), std::end(batches));
+  const HeadCase head_cases[] = {
+      {false, false, ops::HeadGemm::automatic, "", all_batches},
+      {true, true, ops::HeadGemm::mma, "", all_batches},
+      {true, true, ops::HeadGemm::gemv, " gemv", {2, 4, 8}},
+      {false, true, ops::HeadGemm::cublaslt, " cublaslt", all_batches},
+  };
+  for (const HeadCase& hc : head_cases) {
+    const bool fp8 = hc.fp8;
+    for (int B : hc.batches) {
+      const std::string name = mtplab::str("batch head_argmax ", fp8 ? "fp8" : "bf16", " B=", B, hc.suffix);
       if (!b.selected(name)) continue;
       with_policy([&](ops::KernelPolicy& p) {
-        if (lt) p.head_gemm = ops::HeadGemm::cublaslt;
+        if (hc.forced) p.head_gemm = hc.gemm;
       });
       const double wbytes = fp8 ? (1.0 * kV * kH + 4.0 * kV) : 2.0 * kV * kH;
       const int rot = b.rotations(wbytes, 2);

@@ -24,8 +24,9 @@
 // - mla_clusters (v2 only): the split count fixes the merge order: other bits.
 // - indexer_select: v1 and v2 compute the same exact selection: the same bits, other timing.
 // - pdl, nccl_blocking: the same bits, other timing.
-// - head_gemm: cuBLASLt sums a logit in another order than the MMA kernel (and the CPU twin):
-//   logits within a BF16 step, picks equal except at near-ties.
+// - head_gemm: cuBLASLt and the multi-row GEMV sum a logit in other orders than the MMA kernel
+//   (and the CPU twin) and than each other: logits within a BF16 step, picks equal except at
+//   near-ties.
 // - mla_batch_splits: the split count fixes the merge order of the batched decode (v1 and v2):
 //   other bits.
 // - moe_pipeline: how the grouped experts' kernels bring their weights in; every variant feeds
@@ -55,12 +56,16 @@ enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };
 enum class MlaDecode { v1, v2 };
 /// indexer_select's kernel: v2 (the default) the 11/11/10-bit radix select; v1 four 8-bit passes.
 enum class IndexerSelect { v1, v2 };
-/// The GEMM of the batched BF16 head (head_argmax_batch at 2 or more rows): mma, the skinny
-/// tensor-core GEMM with its argmax fused (one launch); cublaslt, a cuBLASLt GEMM into a logits
-/// scratch, the per-row argmax over it and a finishing launch (three launches); automatic, per
-/// batch size from the measured table in cuda_backend.cpp. FP8 heads always take mma (cuBLASLt's
-/// FP8 GEMMs want both operands in FP8).
-enum class HeadGemm { automatic, mma, cublaslt };
+/// The kernel of the batched head (head_argmax_batch at 2 or more rows): mma, the skinny
+/// tensor-core GEMM with its argmax fused (one launch), at every batch size and for both weight
+/// types; cublaslt, for BF16 rows a cuBLASLt GEMM into a logits scratch, the per-row argmax over it
+/// and a finishing launch (three launches); gemv, for FP8 rows at 2 .. cuda::kMaxRowsGemvHead rows
+/// the multi-row GEMV with its argmax fused (one launch; more rows take mma). automatic: BF16 rows
+/// per batch size from the measured table in cuda_backend.cpp, FP8 rows the multi-row GEMV at 2 ..
+/// cuda::kMaxRowsGemvHead rows and mma above. FP8 rows under cublaslt take mma (cuBLASLt's FP8
+/// GEMMs want both operands in FP8); BF16 rows under gemv take what automatic takes (there is no
+/// BF16 multi-row head).
+enum class HeadGemm { automatic, mma, cublaslt, gemv };
 /// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "The
 /// grouped experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in
 /// runs of 8 per block; spread, v1 with gate_up's items dealt round-robin over every resident
@@ -123,7 +128,7 @@ struct KernelPolicy {
 const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "occ", "fp8split"
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
-const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt"
+const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv"
 const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
 const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2"
@@ -156,7 +161,7 @@ void validate(const KernelPolicy& p);
 /// strictly (core/env.hpp: a value outside the variable's choices is an Error naming it):
 /// MTPLAB_GEMV_VARIANT (auto|v1|rows2|rows4|occ|fp8split), MTPLAB_GEMV_SPLIT (1|2|4|8),
 /// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
-/// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt),
+/// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt|gemv),
 /// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring), MTPLAB_ROWS_LINEAR
 /// (auto|cublaslt|gemv), MTPLAB_MLA_BATCH (auto|tiles|shared|shared2). Every variable that is set is reported
 /// in `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the canonical value,

@@ -40,7 +40,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"indexer_select", {"v2", "v1"}},
     {"pdl", {"on", "off"}},
     {"nccl_blocking", {"on", "off"}},
-    {"head_gemm", {"auto", "mma", "cublaslt"}},
+    {"head_gemm", {"auto", "mma", "cublaslt", "gemv"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
     {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
@@ -190,6 +190,7 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
       {"nccl_blocking", "ON"},
       {"head_gemm", "lt"},
       {"head_gemm", "v1"},
+      {"head_gemm", "GEMV"},
       {"mla_batch_splits", "65"},
       {"mla_batch_splits", "-1"},
       {"moe_pipeline", "v2"},
@@ -250,6 +251,11 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   KernelPolicy pipeline;
   pipeline.moe_pipeline = static_cast<MoePipeline>(5);
   EXPECT_TRUE(contains(error_of([&] { validate(pipeline); }), "moe_pipeline"));
+  KernelPolicy head;
+  head.head_gemm = HeadGemm::gemv;
+  EXPECT_NO_THROW(validate(head));
+  head.head_gemm = static_cast<HeadGemm>(4);
+  EXPECT_TRUE(contains(error_of([&] { validate(head); }), "head_gemm"));
   KernelPolicy batch;
   batch.mla_batch = static_cast<MlaBatch>(4);
   EXPECT_TRUE(contains(error_of([&] { validate(batch); }), "mla_batch"));
@@ -302,6 +308,7 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_CUDA_PDL", "1", "pdl", "on"},
       {"MTPLAB_NCCL_BLOCKING", "0", "nccl_blocking", "off"},
       {"MTPLAB_HEAD_GEMM", "cublaslt", "head_gemm", "cublaslt"},
+      {"MTPLAB_HEAD_GEMM", "gemv", "head_gemm", "gemv"},
       {"MTPLAB_MLA_BATCH_SPLITS", "4", "mla_batch_splits", "4"},
       {"MTPLAB_MOE_PIPELINE", "ring", "moe_pipeline", "ring"},
       {"MTPLAB_MOE_PIPELINE", "auto", "moe_pipeline", "auto"},
@@ -382,7 +389,7 @@ TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
       {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"},  {"MTPLAB_INDEXER_SELECT", "v0"},
       {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},      {"MTPLAB_NCCL_BLOCKING", "on"},
       {"MTPLAB_MOE_PIPELINE", "v2"},    {"MTPLAB_ROWS_LINEAR", "mma"}, {"MTPLAB_ROWS_LINEAR", "1"},
-      {"MTPLAB_MLA_BATCH", "v3"},
+      {"MTPLAB_HEAD_GEMM", "rows"},     {"MTPLAB_MLA_BATCH", "v3"},
   };
   for (const auto& [var, value] : bad) {
     SCOPED_TRACE(var + "=" + value);

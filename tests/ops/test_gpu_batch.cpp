@@ -33,6 +33,10 @@
 //   may move to its neighbour: every code within one step, >= 90% identical.
 // - Batched linears (rows_linear = gemv, and cuBLASLt): GpuDense.Linear's tolerances, and a row's
 //   bits at B < 16 equal to its bits at B = 16 (BatchedLinearsRowsGemv).
+// - The FP8 head's multi-row GEMV (head_gemm = gemv, B = 2 .. 4): the head's tolerances against
+//   the CPU, and a row's logits and pick at B = 2 and 3 bit-identical to its own at B = 4
+//   (HeadGemvRowBitsDoNotDependOnTheBatch); exact ties to the lowest index, nothing of a padded
+//   row written, graph replays equal to eager launches.
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
 //   grouped experts, two for a split decode), whatever B.
 // - The decode runs under both values of KernelPolicy::mla_decode with mla_batch = tiles (v2, the
@@ -344,34 +348,45 @@ TEST_P(GpuBatch, HeadArgmax) {
   Twin<float> scale(scale_h);
   const int ld = V + 24;  // entries V .. ld of a logits row are not written
   int near_ties = 0, compared = 0;
-  // Three paths: the fused MMA kernel with BF16 and FP8 rows, and the cuBLASLt GEMM + argmax
-  // (KernelPolicy::head_gemm = cublaslt, BF16 only; its sums run in another order than the CPU's,
-  // so its logits are compared within the usual BF16 tolerance and its picks at near-ties, as the
-  // MMA path's are).
+  // Four paths: the fused MMA kernel with BF16 and FP8 rows, the cuBLASLt GEMM + argmax
+  // (KernelPolicy::head_gemm = cublaslt, BF16 only), and the FP8 multi-row GEMV (head_gemm = gemv)
+  // at the batch sizes it takes, 2 .. 4 rows (B = 2 and 3 every row live, B = 4 with row 2
+  // padded). cuBLASLt and the GEMV sum in other orders than the CPU, so their logits are compared
+  // within the usual BF16 tolerance and their picks at near-ties, as the MMA path's are.
   struct Path {
     bool fp8;
     HeadGemm gemm;
+    std::vector<int> batches;
   };
+  const std::vector<int> all_batches(std::begin(kBatches), std::end(kBatches));
   const KernelPolicy before = gpu().kernel_policy();
-  for (const Path path :
-       {Path{false, HeadGemm::mma}, Path{false, HeadGemm::cublaslt}, Path{true, HeadGemm::mma}}) {
+  for (const Path& path :
+       {Path{false, HeadGemm::mma, all_batches}, Path{false, HeadGemm::cublaslt, all_batches},
+        Path{true, HeadGemm::mma, all_batches}, Path{true, HeadGemm::gemv, {2, 3, 4}}}) {
     const bool fp8 = path.fp8;
     KernelPolicy policy = before;
     policy.head_gemm = path.gemm;
     gpu().set_kernel_policy(policy);
     const bool lt = path.gemm == HeadGemm::cublaslt;
+    const bool rows_gemv = path.gemm == HeadGemm::gemv;
     const bf16* Wc = fp8 ? nullptr : W.c.data();
     const bf16* Wg = fp8 ? nullptr : W.g.data();
     const fp8e4m3* W8c = fp8 ? W8.c.data() : nullptr;
     const fp8e4m3* W8g = fp8 ? W8.g.data() : nullptr;
     const float* Sc = fp8 ? scale.c.data() : nullptr;
     const float* Sg = fp8 ? scale.g.data() : nullptr;
-    for (int B : kBatches) {
-      const std::string what = where(fp8  ? "head_argmax_batch FP8"
-                                     : lt ? "head_argmax_batch BF16 cublaslt"
-                                          : "head_argmax_batch BF16",
+    for (int B : path.batches) {
+      const std::string what = where(rows_gemv ? "head_argmax_batch FP8 gemv"
+                                     : fp8     ? "head_argmax_batch FP8"
+                                     : lt      ? "head_argmax_batch BF16 cublaslt"
+                                               : "head_argmax_batch BF16",
                                      B);
-      const auto slots_h = make_slots(rng, B, B);
+      auto slots_h = make_slots(rng, B, B);
+      if (rows_gemv) {  // every row live but row 2 at B = 4 (make_slots pads row 1 and the last)
+        std::iota(slots_h.begin(), slots_h.end(), 0);
+        shuffle(slots_h, rng);
+        if (B == 4) slots_h[2] = -1;
+      }
       Twin<int32_t> slots(slots_h);
       std::vector<bf16> x_h = rng.bf16s(static_cast<size_t>(B) * H, -1.0f, 1.0f);
       for (int b = 0; b < B; ++b)  // a padded row's input is NaN: it would show in a logit if read
@@ -444,6 +459,113 @@ TEST_P(GpuBatch, HeadArgmax) {
   gpu().set_kernel_policy(before);
   std::printf("[gpu-batch] %s head: %d of %d rows' picks differ from the CPU at near-ties\n", s.name,
               near_ties, compared);
+}
+
+// The FP8 head under head_gemm = gemv (the multi-row GEMV at 2 .. 4 rows): a row's logits, pair,
+// key and token are bit for bit the same at B = 2, 3 and 4 (its sums depend on k only, never on the
+// other rows); automatic takes the same kernel at these sizes (the same bytes). And they are the
+// GEMV's, not the MMA kernel's: from the small shape up (>= 155k logits, each a sum of >= 1024
+// products) the two summation orders round dozens to hundreds of logits differently, so equal
+// bytes would mean the GEMV never ran.
+TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
+  const Shape s = GetParam();
+  Rng rng(804);
+  const int V = s.vocab, H = s.hidden, kRows = 4;
+  const int64_t base = 2 * static_cast<int64_t>(V);
+  const Big<fp8e4m3> W8 = big_fp8(static_cast<size_t>(V) * H, 8041);
+  std::vector<float> scale_h(static_cast<size_t>(V));
+  for (auto& v : scale_h) v = rng.uniform(0.5f, 1.5f) / 448.0f;
+  Twin<float> scale(scale_h);
+  Twin<bf16> x(rng.bf16s(static_cast<size_t>(kRows) * H, -1.0f, 1.0f));
+  std::vector<int32_t> slots_h(kRows);
+  std::iota(slots_h.begin(), slots_h.end(), 0);
+  shuffle(slots_h, rng);
+  Twin<int32_t> slots(slots_h);
+  struct Result {
+    std::vector<bf16> logits;
+    std::vector<ArgMax> out;
+    std::vector<uint64_t> key;
+    std::vector<int32_t> token;
+  };
+  auto run = [&](HeadGemm gemm, int B) {
+    PolicyScope scope([gemm](KernelPolicy& p) { p.head_gemm = gemm; });
+    auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
+    auto out = out_twin<ArgMax>(B);
+    auto key = out_twin<uint64_t>(B);
+    auto token = out_twin<int32_t>(B);
+    const uint64_t launches = kernels_of([&] {
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, base,
+                              logits.g.data(), V, out.g.data(), HeadExtras{key.g.data(), token.g.data()});
+    });
+    EXPECT_EQ(launches, 1u) << "FP8 head, head_gemm " << to_string(gemm) << ", B = " << B;
+    return Result{logits.from_gpu(), out.from_gpu(), key.from_gpu(), token.from_gpu()};
+  };
+  auto first = []<typename T>(const std::vector<T>& v, size_t n) {
+    return std::vector<T>(v.begin(), v.begin() + n);
+  };
+  const Result ref = run(HeadGemm::gemv, kRows);
+  for (int b = 0; b < kRows; ++b) {
+    EXPECT_EQ(ref.key[static_cast<size_t>(b)], host_key(ref.out[static_cast<size_t>(b)])) << "row " << b;
+    EXPECT_EQ(ref.token[static_cast<size_t>(b)], ref.out[static_cast<size_t>(b)].index) << "row " << b;
+  }
+  for (const int B : {2, 3}) {
+    const Result r = run(HeadGemm::gemv, B);
+    const std::string what = "gemv head at B = " + std::to_string(B) + " vs the same rows at B = 4";
+    expect_bytes_equal(r.logits, first(ref.logits, static_cast<size_t>(B) * V), what + ": logits");
+    expect_bytes_equal(r.out, first(ref.out, static_cast<size_t>(B)), what + ": pairs");
+    expect_bytes_equal(r.key, first(ref.key, static_cast<size_t>(B)), what + ": keys");
+    expect_bytes_equal(r.token, first(ref.token, static_cast<size_t>(B)), what + ": tokens");
+  }
+  for (const int B : {2, 3, 4}) {
+    const Result a = run(HeadGemm::automatic, B);
+    const std::string what = "automatic head at B = " + std::to_string(B) + " vs gemv";
+    expect_bytes_equal(a.logits, first(ref.logits, static_cast<size_t>(B) * V), what + ": logits");
+    expect_bytes_equal(a.out, first(ref.out, static_cast<size_t>(B)), what + ": pairs");
+  }
+  if (H >= 1024) {
+    const Result mma = run(HeadGemm::mma, kRows);
+    size_t differ = 0;
+    for (size_t i = 0; i < mma.logits.size(); ++i) differ += mma.logits[i].bits != ref.logits[i].bits;
+    EXPECT_GT(differ, 0u) << "gemv and mma heads gave the same " << mma.logits.size()
+                          << " logits: the gemv path did not run; " << seed_note();
+    std::printf("[gpu-batch] %s FP8 head, B = 4: %zu of %zu logits differ between gemv and mma\n", s.name,
+                differ, mma.logits.size());
+  }
+}
+
+// Rows 7 and 40 of an FP8 head are the same large row with the same scale, row 90 a little smaller:
+// with positive inputs each batch row's maximum is their exact tie, and 7 must win, under the MMA
+// kernel and the multi-row GEMV (rows 7 and 40 fall to different warps and blocks of the GEMV) at
+// every batch size the GEMV takes.
+TEST(GpuBatchHead, Fp8TiesGoToTheLowestRowUnderEitherKernel) {
+  Rng rng(805);
+  const int n = 1000, k = 128;
+  std::vector<fp8e4m3> W_h(static_cast<size_t>(n) * k);
+  for (auto& w : W_h) w = to_fp8e4m3(rng.uniform(-0.05f, 0.05f));
+  for (int j = 0; j < k; ++j) {
+    W_h[7 * k + j] = to_fp8e4m3(1.0f);
+    W_h[40 * k + j] = to_fp8e4m3(1.0f);
+    W_h[90 * k + j] = to_fp8e4m3(0.875f);
+  }
+  std::vector<float> scale_h(static_cast<size_t>(n));
+  for (auto& v : scale_h) v = rng.uniform(0.5f, 1.5f) / 448.0f;
+  scale_h[7] = scale_h[40] = scale_h[90] = 1.0f / 448.0f;
+  Twin<fp8e4m3> W(W_h);
+  Twin<float> scale(scale_h);
+  Twin<bf16> x(rng.bf16s(static_cast<size_t>(4) * k, 0.5f, 1.0f));
+  for (const HeadGemm gemm : {HeadGemm::mma, HeadGemm::gemv}) {
+    PolicyScope scope([gemm](KernelPolicy& p) { p.head_gemm = gemm; });
+    for (const int B : {2, 3, 4}) {
+      std::vector<int32_t> slots_h(static_cast<size_t>(B));
+      std::iota(slots_h.begin(), slots_h.end(), 0);
+      Twin<int32_t> slots(slots_h);
+      auto out = out_twin<ArgMax>(B);
+      gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, n, k, 5,
+                              nullptr, 0, out.g.data());
+      for (const ArgMax& a : out.from_gpu())
+        EXPECT_EQ(a.index, 5 + 7) << "head_gemm " << to_string(gemm) << ", B = " << B << "; " << seed_note();
+    }
+  }
 }
 
 TEST(GpuBatchHead, TiesGoToTheLowestRowInEveryRow) {
@@ -1358,6 +1480,73 @@ TEST(GpuBatchPadding, AllRowsPaddedWriteNothing) {
     differ +=
         head2.from_gpu()[static_cast<size_t>(b)].index != head2.from_cpu()[static_cast<size_t>(b)].index;
   EXPECT_LE(differ, 1u) << "head after an all-padded call; " << seed_note();
+  // The FP8 head's multi-row GEMV (head_gemm = gemv, 4 rows): nothing written (pairs nor logits),
+  // and its scratch left clean for a live call after it.
+  {
+    PolicyScope scope([](KernelPolicy& p) { p.head_gemm = HeadGemm::gemv; });
+    const int B4 = 4;
+    Twin<fp8e4m3> W8(rng.fp8s(static_cast<size_t>(V) * H));
+    Twin<float> sc(rng.floats(static_cast<size_t>(V), 0.5f / 448, 1.5f / 448));
+    auto logits = out_twin<bf16>(static_cast<size_t>(B4) * V);
+    auto h = out_twin<ArgMax>(B4);
+    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(), none.g.data(), B4, V, H, 0,
+                            logits.g.data(), V, h.g.data());
+    expect_bytes_equal(h.from_gpu(), h.from_cpu(), "FP8 gemv head, every row padded: pairs");
+    expect_bytes_equal(logits.from_gpu(), logits.from_cpu(), "FP8 gemv head, every row padded: logits");
+    auto h2 = out_twin<ArgMax>(B4);
+    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(), live.g.data(), B4, V, H, 0,
+                            nullptr, 0, h2.g.data());
+    cpu().head_argmax_batch(nullptr, W8.c.data(), sc.c.data(), x.c.data(), live.c.data(), B4, V, H, 0,
+                            nullptr, 0, h2.c.data());
+    size_t differ4 = 0;
+    for (int b = 0; b < B4; ++b)
+      differ4 += h2.from_gpu()[static_cast<size_t>(b)].index != h2.from_cpu()[static_cast<size_t>(b)].index;
+    EXPECT_LE(differ4, 1u) << "FP8 gemv head after an all-padded call; " << seed_note();
+  }
+}
+
+// The FP8 head's multi-row GEMV in a CUDA graph: run eagerly at B = 2, then two heads at B = 4
+// captured and replayed twice: every replay gives the eager B = 4 bytes (the self-resetting keys and
+// counter survive back-to-back launches and replays).
+TEST(GpuBatchHead, Fp8GemvGraphReplayMatchesEager) {
+  Rng rng(806);
+  const int n = 4099, k = 256, B = 4;
+  Twin<fp8e4m3> W(rng.fp8s(static_cast<size_t>(n) * k));
+  Twin<float> scale(rng.floats(static_cast<size_t>(n), 0.5f / 448, 1.5f / 448));
+  Twin<bf16> x(rng.bf16s(static_cast<size_t>(B) * k, -1.0f, 1.0f));
+  Twin<bf16> x2(rng.bf16s(static_cast<size_t>(B) * k, -1.0f, 1.0f));
+  Twin<int32_t> slots(std::vector<int32_t>{2, 0, 3, 1});
+  PolicyScope scope([](KernelPolicy& p) { p.head_gemm = HeadGemm::gemv; });
+  auto head = [&](const Twin<bf16>& in, int rows, Twin<bf16>& logits, Twin<ArgMax>& out) {
+    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), in.g.data(), slots.g.data(), rows, n, k, 0,
+                            logits.g.data(), n, out.g.data());
+  };
+  auto small_l = out_twin<bf16>(static_cast<size_t>(2) * n);
+  auto small_o = out_twin<ArgMax>(2);
+  head(x, 2, small_l, small_o);
+  auto l1 = out_twin<bf16>(static_cast<size_t>(B) * n), l2 = out_twin<bf16>(static_cast<size_t>(B) * n);
+  auto o1 = out_twin<ArgMax>(B), o2 = out_twin<ArgMax>(B);
+  gpu().begin_capture();
+  head(x, B, l1, o1);
+  head(x2, B, l2, o2);
+  auto graph = gpu().end_capture();
+  auto e1 = out_twin<bf16>(static_cast<size_t>(B) * n), e2 = out_twin<bf16>(static_cast<size_t>(B) * n);
+  auto eo1 = out_twin<ArgMax>(B), eo2 = out_twin<ArgMax>(B);
+  head(x, B, e1, eo1);
+  head(x2, B, e2, eo2);
+  for (int rep = 0; rep < 2; ++rep) {
+    for (auto* t : {&l1, &l2}) t->poison(0xFF);
+    for (auto* t : {&o1, &o2}) t->poison(0xFF);
+    graph->launch();
+    const std::string what = "FP8 gemv head in a graph, replay " + std::to_string(rep);
+    expect_bytes_equal(l1.from_gpu(), e1.from_gpu(), what + ": first head's logits");
+    expect_bytes_equal(o1.from_gpu(), eo1.from_gpu(), what + ": first head's pairs");
+    expect_bytes_equal(l2.from_gpu(), e2.from_gpu(), what + ": second head's logits");
+    expect_bytes_equal(o2.from_gpu(), eo2.from_gpu(), what + ": second head's pairs");
+  }
+  const std::vector<bf16> e1h = e1.from_gpu();
+  expect_bytes_equal(small_l.from_gpu(), std::vector<bf16>(e1h.begin(), e1h.begin() + 2 * n),
+                     "B = 2 rows vs the same rows at B = 4");
 }
 
 // A step's worth of batched ops recorded into one CUDA graph and replayed twice gives the eager

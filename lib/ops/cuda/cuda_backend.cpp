@@ -719,7 +719,8 @@ class CudaBackend final : public Backend {
   /// 368 / 505 / 1121 us: the fused kernel's tensor-core work, not W's bytes, sets its time from
   /// 16 rows up, and the extra pass over the logits costs less than the difference at every size.
   /// So automatic is cuBLASLt for every batched head of 2 or more rows (one row: the fused kernel,
-  /// as the single-sequence path has its own head).
+  /// as the single-sequence path has its own head). gemv names the FP8 head's multi-row GEMV
+  /// (cuda::head_argmax_batch picks it); there is no BF16 one, so BF16 rows take automatic's choice.
   bool head_lt_wanted(int rows) const {
     switch (ctx_.policy.head_gemm) {
       case HeadGemm::mma:
@@ -727,6 +728,7 @@ class CudaBackend final : public Backend {
       case HeadGemm::cublaslt:
         return true;
       case HeadGemm::automatic:
+      case HeadGemm::gemv:
         break;
     }
     return rows >= kHeadLtMinRows;

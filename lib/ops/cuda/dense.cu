@@ -6,7 +6,8 @@
 // - Batched rows: the skinny tensor-core GEMM (W rows x up to 128 batch rows) behind
 //   head_argmax_batch (its argmax fused), the batched linears' small-M path and mla_out_v_batch,
 //   and the argmax family over rows; the multi-row GEMV of the batched linears at a few rows
-//   (rows_gemv: its design and invariance above the kernel).
+//   (rows_gemv) and of the FP8 head at 2 .. kMaxRowsGemvHead rows (head_gemv, its argmax fused):
+//   their designs and invariance above the kernels.
 //
 // Invariants of the GEMVs:
 // - A warp owns one output row (or 1/kSplit of it); each lane streams 16-byte chunks of the
@@ -1277,6 +1278,267 @@ void dispatch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps
 
 int rows_gemv_tiles(int k) { return (k + kRgTileCols - 1) / kRgTileCols; }
 
+// ---- the multi-row GEMV head (head_gemv) ------------------------------------------------------------
+//
+// The FP8 head of R = 2 .. kMaxRowsGemvHead batch rows with its argmax fused, every weight element
+// loaded once for all rows. A block of kHgWarps warps first stages the R live rows of x into shared
+// memory as fp32 (padded rows as zeros, never read), laid out [chunk / 32][row][quad][chunk % 32]:
+// lane l's 16-byte reads of quad q of its chunks are conflict-free (consecutive lanes, consecutive
+// addresses) and every (row, quad) is a fixed offset from the lane's base. Each
+// warp then owns groups of kHgRowsPerWarp consecutive W rows (grid-stride over groups) and the
+// whole k of each: lane l takes the 16-byte chunks (16 E4M3 weights) l, l + 32, l + 64, ... of every
+// row of the group, kHgUnroll of them per row in flight (streaming loads), widens each pair of
+// weights to fp32 exactly (E4M3 -> half -> float) and does R x 16 FMAs per chunk into one fp32
+// accumulator per (W row, batch row). The warp adds its lanes with the reduce-scatter butterfly;
+// the lane left with the sum of (W row, batch row) multiplies it by the row scale, rounds it to
+// BF16, stores it when logits are wanted and keeps the best argmax_key(value, index) of its batch
+// row. The keys meet per batch row over the warp (shuffles), the block (shared atomicMax) and the
+// grid (global atomicMax into HeadBatchScratch::best); the last block to finish writes out / extras
+// and resets the keys and the counter: one launch, no workspace, no memset (graph-safe), the
+// scratch rows_gemm's head uses.
+//
+// Invariance: logit (b, r) is the same fp32 function of W[r] and x[b] whatever R and the other
+// rows: the lane that owns a chunk depends only on k, each lane adds its chunks in ascending order
+// and a chunk's 16 products in column order into an accumulator of (r, b) alone, the butterfly adds
+// the same pairs as warp_sum, and the scale multiplies the finished sum. So a row's logits and pick
+// at B = 2 are its logits and pick at B = 3 and 4. (Not the skinny GEMM's order, nor the
+// single-row GEMV's: that one splits k per shape.) Padded rows (slot < 0) read and write nothing.
+
+constexpr int kHgWarps = 8;
+constexpr int kHgThreads = kHgWarps * kWarp;
+constexpr int kHgRowsPerWarp = 4;       // W rows per warp and group: each x read from shared memory feeds 4
+constexpr int kHgUnroll = 2;            // chunks per W row and lane in flight (8 16-byte loads per lane)
+constexpr int kHgChunk = 16;            // E4M3 weights per 16-byte chunk
+constexpr int kHgMaxSmem = 112 * 1024;  // two blocks per SM; head_gemv_smem must fit
+
+/// The staged activations of head_gemv_kernel: rows x k fp32, k rounded up to whole blocks of 32
+/// chunks (512 columns).
+constexpr int64_t head_gemv_smem(int rows, int k) {
+  return static_cast<int64_t>(rows) * ((k + kWarp * kHgChunk - 1) / (kWarp * kHgChunk)) * kWarp * kHgChunk *
+         static_cast<int64_t>(sizeof(float));
+}
+
+struct HeadGemvParams {
+  const uint8_t* W = nullptr;  // [n][k] E4M3
+  const float* row_scale = nullptr;
+  const bf16* x = nullptr;        // [rows][k]
+  const int32_t* slot = nullptr;  // null: every row is live
+  int n = 0;
+  int k = 0;
+  bf16* y = nullptr;  // logits [rows][ldy], may be null
+  int64_t ldy = 0;
+  int64_t index_base = 0;
+  ArgMax* out = nullptr;
+  HeadExtras extras;
+  unsigned long long* best = nullptr;
+  unsigned int* counter = nullptr;
+};
+
+constexpr int pow2_at_least(int v) {
+  int p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+
+/// acc[r] += the 4 products of weights 4q .. 4q+3 of a chunk (one u32 of E4M3 codes) with batch row
+/// r's activations xq[r] (fp32), in column order.
+template <int kR>
+__device__ __forceinline__ void fma_fp8x4_rows(uint32_t w, const float4 (&xq)[kR], float (&acc)[kR]) {
+  const float2 a = fp8x2_to_float2(w);
+  const float2 b = fp8x2_to_float2(w >> 16);
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    acc[r] = fmaf(a.x, xq[r].x, acc[r]);
+    acc[r] = fmaf(a.y, xq[r].y, acc[r]);
+    acc[r] = fmaf(b.x, xq[r].z, acc[r]);
+    acc[r] = fmaf(b.y, xq[r].w, acc[r]);
+  }
+}
+
+template <int kR>
+__global__ void __launch_bounds__(kHgThreads, 2) head_gemv_kernel(HeadGemvParams p) {
+  pdl_begin();
+  constexpr int kV = kHgRowsPerWarp;
+  constexpr int kM = pow2_at_least(kV * kR);  // values per warp and group (padded with zeros)
+  constexpr int kLanesPerValue = kWarp / kM;
+  static_assert(kM <= kWarp, "one value per lane at least");
+  constexpr int kBlockF4 = kR * 4 * kWarp;  // float4 of one block of 32 chunks
+  extern __shared__ __align__(16) uint8_t hg_smem[];
+  float4* xs = reinterpret_cast<float4*>(hg_smem);  // [n_chunks / 32][kR][4][32]
+  __shared__ uint8_t s_live[kR];
+  __shared__ unsigned long long s_best[kR];
+  __shared__ bool s_last;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int n_chunks = p.k / kHgChunk;
+  if (threadIdx.x < kR) {
+    s_live[threadIdx.x] = p.slot == nullptr || p.slot[threadIdx.x] >= 0;
+    s_best[threadIdx.x] = 0;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kR * n_chunks; i += blockDim.x) {
+    const int r = i / n_chunks;
+    const int c = i - r * n_chunks;
+    float lo[8], hi[8];
+    const bf16* src = p.x + static_cast<size_t>(r) * p.k + static_cast<size_t>(c) * kHgChunk;
+    batch::unpack8(s_live[r] ? load_cached(src) : make_uint4(0, 0, 0, 0), lo);
+    batch::unpack8(s_live[r] ? load_cached(src + 8) : make_uint4(0, 0, 0, 0), hi);
+    float4* dst = xs + (c / kWarp) * kBlockF4 + r * 4 * kWarp + c % kWarp;
+    dst[0] = make_float4(lo[0], lo[1], lo[2], lo[3]);
+    dst[kWarp] = make_float4(lo[4], lo[5], lo[6], lo[7]);
+    dst[2 * kWarp] = make_float4(hi[0], hi[1], hi[2], hi[3]);
+    dst[3 * kWarp] = make_float4(hi[4], hi[5], hi[6], hi[7]);
+  }
+  __syncthreads();
+
+  // After the butterfly, this lane holds value m = (W row mj of the group, batch row mr).
+  const int m = lane / kLanesPerValue;
+  const int mj = m / kR;
+  const int mr = m % kR;
+  const bool holder = m < kV * kR && lane % kLanesPerValue == 0;
+  const bool holder_live = holder && s_live[mr];
+  const size_t row_bytes = static_cast<size_t>(p.k);
+  const int groups = (p.n + kV - 1) / kV;
+  unsigned long long best = 0;  // batch row mr's best key over this lane's values
+
+  for (int g = blockIdx.x * kHgWarps + warp; g < groups; g += gridDim.x * kHgWarps) {
+    const int row0 = g * kV;
+    bool ok[kV];
+#pragma unroll
+    for (int j = 0; j < kV; ++j) ok[j] = row0 + j < p.n;
+    // This lane's chunk of step i of row row0 (row j: + j * row_bytes, formed only for rows < n).
+    const uint8_t* wp = p.W + static_cast<size_t>(row0) * row_bytes + static_cast<size_t>(lane) * kHgChunk;
+    float acc[kV][kR];
+#pragma unroll
+    for (int j = 0; j < kV; ++j)
+#pragma unroll
+      for (int r = 0; r < kR; ++r) acc[j][r] = 0.0f;
+    // Step i: chunks lane + 32 (i + u), u < kHgUnroll, of every row of the group (whole: all of
+    // them inside k). The weights are loaded first, then each chunk's x from shared memory feeds the
+    // group's rows.
+    auto step = [&](int i, bool whole) {
+      uint4 wv[kV][kHgUnroll];
+#pragma unroll
+      for (int j = 0; j < kV; ++j) {
+#pragma unroll
+        for (int u = 0; u < kHgUnroll; ++u) {
+          const bool in = whole || lane + (i + u) * kWarp < n_chunks;
+          wv[j][u] =
+              ok[j] && in ? load_stream(wp + j * row_bytes + u * kWarp * kHgChunk) : make_uint4(0, 0, 0, 0);
+        }
+      }
+      const float4* xl = xs + static_cast<size_t>(i) * kBlockF4 + lane;
+#pragma unroll
+      for (int u = 0; u < kHgUnroll; ++u) {
+        if (!whole && lane + (i + u) * kWarp >= n_chunks) break;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float4 xq[kR];
+#pragma unroll
+          for (int r = 0; r < kR; ++r) xq[r] = xl[u * kBlockF4 + (r * 4 + q) * kWarp];
+#pragma unroll
+          for (int j = 0; j < kV; ++j) {
+            const uint4& w = wv[j][u];
+            fma_fp8x4_rows<kR>(q == 0 ? w.x : q == 1 ? w.y : q == 2 ? w.z : w.w, xq, acc[j]);
+          }
+        }
+      }
+    };
+    // The whole steps, then at most one partial one (k not a multiple of 32 x kHgUnroll chunks).
+    int st = 0;
+    for (; lane + (st + kHgUnroll - 1) * kWarp < n_chunks;
+         st += kHgUnroll, wp += kHgUnroll * kWarp * kHgChunk)
+      step(st, true);
+    if (lane + st * kWarp < n_chunks) step(st, false);
+
+    float v[kM];
+#pragma unroll
+    for (int e = 0; e < kM; ++e) v[e] = e < kV * kR ? acc[e / kR][e % kR] : 0.0f;
+    warp_reduce_scatter<kM>(v, lane);
+    const int row = row0 + mj;
+    if (holder_live && row < p.n) {
+      const bf16 lv = f_to_bf16(__fmul_rn(__ldg(p.row_scale + row), v[0]));
+      if (p.y) p.y[static_cast<size_t>(mr) * p.ldy + row] = lv;
+      const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + row));
+      best = key > best ? key : best;
+    }
+  }
+
+  // Per batch row: the warp's best over the lanes holding its values, then the block's, the grid's.
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    const unsigned long long kb = warp_max_u64(mr == r ? best : 0ull);
+    if (lane == 0 && kb != 0) atomicMax(&s_best[r], kb);
+  }
+  __syncthreads();
+  if (threadIdx.x < kR && s_best[threadIdx.x] != 0) atomicMax(p.best + threadIdx.x, s_best[threadIdx.x]);
+  __threadfence();  // publish the keys before counting this block as done
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  if (threadIdx.x < kR && s_live[threadIdx.x]) {
+    const int b = threadIdx.x;
+    // Read and reset in one step (the next launch starts from zeros).
+    const unsigned long long key = atomicExch(p.best + b, 0ull);
+    ArgMax a;
+    a.value = from_order_preserving_u32(static_cast<uint32_t>(key >> 32));
+    a.index = static_cast<int32_t>(~static_cast<uint32_t>(key & 0xffffffffull));
+    p.out[b] = a;
+    // key is argmax_key of the pair just written, so it is argmax_pack_key's (as rows_gemm's).
+    if (p.extras.key) p.extras.key[b] = key;
+    if (p.extras.token) p.extras.token[b] = a.index;
+  }
+  if (threadIdx.x == 0) *p.counter = 0;
+}
+
+/// Blocks of head_gemv_kernel<kR> resident per SM at `smem` bytes of staged activations: asked of
+/// the occupancy calculator when the size changes (one size per head in practice).
+template <int kR>
+int head_gemv_resident(int smem) {
+  static std::atomic<int64_t> cache{0};  // smem << 8 | blocks
+  const int64_t c = cache.load(std::memory_order_relaxed);
+  if (c != 0 && (c >> 8) == smem) return static_cast<int>(c & 0xff);
+  static const bool attr = [] {
+    MTP_CUDA_CHECK(
+        cudaFuncSetAttribute(head_gemv_kernel<kR>, cudaFuncAttributeMaxDynamicSharedMemorySize, kHgMaxSmem));
+    return true;
+  }();
+  (void)attr;
+  int b = 0;
+  MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, head_gemv_kernel<kR>, kHgThreads, smem));
+  b = std::max(1, std::min(b, 255));
+  cache.store(static_cast<int64_t>(smem) << 8 | b, std::memory_order_relaxed);
+  return b;
+}
+
+template <int kR>
+void launch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p) {
+  const int smem = static_cast<int>(head_gemv_smem(kR, p.k));
+  const int groups = (p.n + kHgRowsPerWarp - 1) / kHgRowsPerWarp;
+  const int needed = (groups + kHgWarps - 1) / kHgWarps;
+  const int grid = std::max(1, std::min(needed, head_gemv_resident<kR>(smem) * ctx.num_sms));
+  launch(ctx, head_gemv_kernel<kR>, static_cast<unsigned>(grid), kHgThreads, static_cast<size_t>(smem), p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+static_assert(kMaxRowsGemvHead == 4, "dispatch_head_gemv instantiates 2, 3 and 4 rows");
+static_assert(head_gemv_smem(kMaxRowsGemvHead, 7168) <= kHgMaxSmem &&
+                  head_gemv_smem(kMaxRowsGemvHead, 7169) > kHgMaxSmem,
+              "head_gemv_fits' documented k limit");
+
+void dispatch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p, int rows) {
+  switch (rows) {
+    case 2:
+      return launch_head_gemv<2>(ctx, p);
+    case 3:
+      return launch_head_gemv<3>(ctx, p);
+    default:
+      return launch_head_gemv<4>(ctx, p);
+  }
+}
+
 // ---- argmax family over rows ------------------------------------------------------------------------
 
 constexpr int kArgmaxRowThreads = 512;
@@ -1413,7 +1675,19 @@ GemmParams gemm_params(const void* W, const bf16* x, int64_t ldx, int rows, int 
   return p;
 }
 
+/// Whether the FP8 head of `rows` rows runs the multi-row GEMV (KernelPolicy::head_gemm): under
+/// gemv and auto where it fits, never under mma (the skinny GEMM at every B) or cublaslt (which
+/// has no FP8 head: the skinny GEMM).
+bool head_gemv_wanted(HeadGemm policy, int rows, int k) {
+  return (policy == HeadGemm::gemv || policy == HeadGemm::automatic) && head_gemv_fits(rows, k);
+}
+
 }  // namespace
+
+bool head_gemv_fits(int rows, int k) {
+  return rows >= 2 && rows <= kMaxRowsGemvHead && k >= kHgChunk && k % kHgChunk == 0 &&
+         head_gemv_smem(rows, k) <= kHgMaxSmem;
+}
 
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
                        const bf16* x, const int32_t* slot, int rows, int n, int k, int64_t index_base,
@@ -1426,6 +1700,24 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
   const void* Wp = fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W);
   require_aligned16("head_argmax_batch", "W", Wp);
   require_aligned16("head_argmax_batch", "x", x);
+  if (fp8 && head_gemv_wanted(ctx.policy.head_gemm, rows, k)) {
+    HeadGemvParams g;
+    g.W = reinterpret_cast<const uint8_t*>(W_fp8);
+    g.row_scale = row_scale;
+    g.x = x;
+    g.slot = slot;
+    g.n = n;
+    g.k = k;
+    g.y = logits;
+    g.ldy = ld_logits;
+    g.index_base = index_base;
+    g.out = out;
+    g.extras = extras;
+    g.best = s.best;
+    g.counter = s.counter;
+    dispatch_head_gemv(ctx, g, rows);
+    return;
+  }
   GemmParams p = gemm_params(Wp, x, k, rows, n, k, GemvRowMap{n, 0, 0, 0});
   p.row_scale = row_scale;
   p.slot = slot;

@@ -70,9 +70,11 @@ struct HeadBatchScratch {
   unsigned long long* best = nullptr;
   unsigned int* counter = nullptr;
 };
-/// head_argmax_batch of up to kMaxBatchRows rows in one launch: the skinny GEMM (W rows x the
-/// batch's rows on the tensor cores, every weight row read once) with the argmax fused.
-/// k % 16 == 0; W (or W_fp8) and x 16-byte aligned.
+/// head_argmax_batch of up to kMaxBatchRows rows in one launch, the argmax fused, every weight row
+/// read once: the skinny GEMM (W rows x the batch's rows on the tensor cores), or, for FP8 rows at
+/// 2 .. kMaxRowsGemvHead rows under ctx.policy.head_gemm gemv or auto, the multi-row GEMV head
+/// (dense.cu; where its activations fit its shared memory, head_gemv_fits). k % 16 == 0; W (or
+/// W_fp8) and x 16-byte aligned.
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
                        const bf16* x, const int32_t* slot, int rows, int n, int k, int64_t index_base,
                        bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras,
@@ -90,6 +92,14 @@ void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, 
 bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
 /// Most rows one rows_gemv launch takes (the batch rows of a batched linear at small B).
 inline constexpr int kMaxRowsGemv = 16;
+/// Most rows the multi-row GEMV head takes (the FP8 head under KernelPolicy::head_gemm gemv or
+/// auto); more rows run the skinny GEMM.
+inline constexpr int kMaxRowsGemvHead = 4;
+/// Whether the multi-row GEMV head can run `rows` rows of k columns: 2 .. kMaxRowsGemvHead rows,
+/// k % 16 == 0, and the rows' activations as fp32 (rows x k x 4 bytes, k rounded up to 512) within
+/// its shared memory (112 KB: k <= 7168 at 4 rows). Otherwise the FP8 head runs the skinny GEMM
+/// under any policy.
+bool head_gemv_fits(int rows, int k);
 /// rows_gemv's cross-tile workspace and per-row-group counters (zero between launches: the last
 /// block of each group resets its counter). Only rows with k > 2048 use them.
 struct RowsGemvScratch {
