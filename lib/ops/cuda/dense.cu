@@ -851,6 +851,30 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
       }
     };
 
+    // One chunk's MMAs: the lane's W vectors widened (FP8) or taken as BF16 pairs into the A
+    // fragments, every column tile's B fragments from the staged rows (x_rows: the chunk's column 0
+    // of batch row 0, row_stride values apart).
+    auto mma_w_chunk = [&](const uint4(&w)[2 * kWVec], const bf16* x_rows, int row_stride,
+                           float(&acc)[kNT][4]) {
+      uint32_t wa[8], wb[8];
+      if constexpr (kFp8) {
+        batch::fp8x16_to_bf16x16(w[0], wa);
+        batch::fp8x16_to_bf16x16(w[1], wb);
+      } else {
+        batch::words8(w[0], w[1], wa);
+        batch::words8(w[2], w[3], wb);
+      }
+      uint32_t a[4][4];
+      batch::a_frags(wa, wb, a);
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const bf16* xr = x_rows + static_cast<size_t>(8 * j + g) * row_stride + 16 * t;
+        uint32_t bw[8];
+        batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
+        batch::mma_chunk(acc[j], a, bw);
+      }
+    };
+
     float acc[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
@@ -865,23 +889,7 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
           const int c = c0 + u;
           if (c >= nchunks) break;  // uniform
           if (c + kResWBuf - 1 < nchunks) load_w(wr[(u + kResWBuf - 1) % kResWBuf], c + kResWBuf - 1);
-          uint32_t wa[8], wb[8];
-          if constexpr (kFp8) {
-            batch::fp8x16_to_bf16x16(wr[u][0], wa);
-            batch::fp8x16_to_bf16x16(wr[u][1], wb);
-          } else {
-            batch::words8(wr[u][0], wr[u][1], wa);
-            batch::words8(wr[u][2], wr[u][3], wb);
-          }
-          uint32_t a[4][4];
-          batch::a_frags(wa, wb, a);
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-            const bf16* xr = xs + static_cast<size_t>(8 * j + g) * ldr + c * kChunkK + 16 * t;
-            uint32_t bw[8];
-            batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
-            batch::mma_chunk(acc[j], a, bw);
-          }
+          mma_w_chunk(wr[u], xs + c * kChunkK, ldr, acc);
         }
       }
     } else {
@@ -904,24 +912,7 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
           batch::cp_async_commit();
           batch::cp_async_wait<kXStages - 1>();  // chunk c's group has landed
           __syncthreads();
-          uint32_t wa[8], wb[8];
-          if constexpr (kFp8) {
-            batch::fp8x16_to_bf16x16(wr[u][0], wa);
-            batch::fp8x16_to_bf16x16(wr[u][1], wb);
-          } else {
-            batch::words8(wr[u][0], wr[u][1], wa);
-            batch::words8(wr[u][2], wr[u][3], wb);
-          }
-          uint32_t a[4][4];
-          batch::a_frags(wa, wb, a);
-          const bf16* xst = xs + static_cast<size_t>(c % kXStages) * NB * kXStride;
-#pragma unroll
-          for (int j = 0; j < kNT; ++j) {
-            const bf16* xr = xst + (8 * j + g) * kXStride + 16 * t;
-            uint32_t bw[8];
-            batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
-            batch::mma_chunk(acc[j], a, bw);
-          }
+          mma_w_chunk(wr[u], xs + static_cast<size_t>(c % kXStages) * NB * kXStride, kXStride, acc);
           __syncthreads();  // stage c % kXStages is refilled by the next iteration's copy
         }
       }
@@ -1006,17 +997,7 @@ template <bool kFp8, int kNT, Epi kEpi>
 void launch_rows_gemm_resident(const LaunchCtx& ctx, const GemmParams& p) {
   constexpr auto kernel = rows_gemm_kernel<kFp8, kNT, kEpi, true>;
   const size_t smem = resident_x_bytes(8 * kNT, p.k);
-  // The dynamic limit left beside the kernel's static shared memory (the opt-in maximum less it).
-  static const int max_smem = [] {
-    int dev = 0, v = 0;
-    MTP_CUDA_CHECK(cudaGetDevice(&dev));
-    MTP_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes attr{};
-    MTP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    const int dyn = v - static_cast<int>(attr.sharedSizeBytes);
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
-    return dyn;
-  }();
+  static const int max_smem = opt_in_dynamic_smem(kernel);
   MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::rows_gemm: resident x of ", smem,
               " bytes (at most ", max_smem, ")");
   int per_sm = 0;

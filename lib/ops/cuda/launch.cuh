@@ -29,4 +29,19 @@ void launch(const LaunchCtx& ctx, void (*kernel)(Params...), dim3 grid, dim3 blo
   MTP_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
+/// Raises `kernel`'s dynamic shared-memory limit to the device's opt-in maximum less the kernel's
+/// static shared memory, and returns that limit (bytes). Call once per kernel (a function-local
+/// static at the launcher).
+template <typename Kernel>
+int opt_in_dynamic_smem(Kernel kernel) {
+  int dev = 0, optin = 0;
+  MTP_CUDA_CHECK(cudaGetDevice(&dev));
+  MTP_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes attr{};
+  MTP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int dyn = optin - static_cast<int>(attr.sharedSizeBytes);
+  MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
+  return dyn;
+}
+
 }  // namespace mtplab::ops::cuda

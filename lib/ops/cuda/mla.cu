@@ -893,38 +893,8 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 
   l_lo = quad_sum(l_lo);
   l_hi = quad_sum(l_hi);
-  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (!(half ? hi_ok : lo_ok)) continue;
-    const int h = h0 + g + 8 * half;
-    if (p.splits == 1) {
-      // The combine of one split: o_lat = bf16(acc / l), zeros when nothing was selected.
-      const float l = half ? l_hi : l_lo;
-      bf16* out = p.o_lat + (static_cast<size_t>(row) * p.n_heads + h) * L;
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        const int c = col0 + n * 8 + 2 * t;
-        const bf16 lo = l > 0.0f ? f_to_bf16((o[n][2 * half] * out_scale) / l) : bf16{0};
-        const bf16 hi = l > 0.0f ? f_to_bf16((o[n][2 * half + 1] * out_scale) / l) : bf16{0};
-        *reinterpret_cast<uint32_t*>(out + c) =
-            lo.bits | (static_cast<uint32_t>(hi.bits) << 16);  // 4-byte pair
-      }
-      continue;
-    }
-    float* out = p.scratch + ((static_cast<size_t>(row) * p.n_heads + h) * p.splits + split) * (2 + L);
-    if (warp == 0 && t == 0) {
-      out[0] = half ? m_hi : m_lo;
-      out[1] = half ? l_hi : l_lo;
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      const int c = col0 + n * 8 + 2 * t;
-      // 8-byte pairs (2 + L is even): a quad writes 32 contiguous bytes.
-      *reinterpret_cast<float2*>(out + 2 + c) =
-          make_float2(o[n][2 * half] * out_scale, o[n][2 * half + 1] * out_scale);
-    }
-  }
+  write_decode_out<kNTiles>(p, row, split, h0, g, t, col0, lo_ok, hi_ok, warp == 0, m_lo, m_hi, l_lo, l_hi,
+                            kFp8 ? p.cache_scale : 1.0f, o);
 }
 
 // ---- the shared decode (mla_batch: shared) ---------------------------------------------------------------
@@ -1165,18 +1135,7 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
     uint32_t ah[4], al[4];
     ldmatrix_x4(ah, &soft.p_hi[lane & 15][8 * (lane >> 4)]);
     ldmatrix_x4(al, &soft.p_lo[lane & 15][8 * (lane >> 4)]);
-    {
-      const float corr_lo = soft.corr[g], corr_hi = soft.corr[g + 8];
-      if (!__all_sync(0xffffffffu, corr_lo == 1.0f && corr_hi == 1.0f)) {
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          o[n][0] *= corr_lo;
-          o[n][1] *= corr_lo;
-          o[n][2] *= corr_hi;
-          o[n][3] *= corr_hi;
-        }
-      }
-    }
+    rescale_outputs<kNTiles>(o, soft.corr[g], soft.corr[g + 8]);
     // O += P C (accumulate_pv's MMAs; B through ldmatrix .trans: k = chunk rows 0-7 / 8-15 of
     // column tiles 2np and 2np + 1).
     {
@@ -1207,37 +1166,8 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   named_barrier(1 + tile, kDecodeThreads);
   const float l_lo = soft.l[g], l_hi = soft.l[g + 8];
   const float m_lo = soft.m[g], m_hi = soft.m[g + 8];
-  const float out_scale = kFp8 ? p.cache_scale : 1.0f;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (!(half ? hi_ok : lo_ok)) continue;
-    const int h = h0 + g + 8 * half;
-    if (p.splits == 1) {
-      const float l = half ? l_hi : l_lo;
-      bf16* out = p.o_lat + (static_cast<size_t>(row) * p.n_heads + h) * kL;
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-        const int cc = col0 + n * 8 + 2 * t;
-        const bf16 lo = l > 0.0f ? f_to_bf16((o[n][2 * half] * out_scale) / l) : bf16{0};
-        const bf16 hi = l > 0.0f ? f_to_bf16((o[n][2 * half + 1] * out_scale) / l) : bf16{0};
-        *reinterpret_cast<uint32_t*>(out + cc) =
-            lo.bits | (static_cast<uint32_t>(hi.bits) << 16);  // 4-byte pair
-      }
-      continue;
-    }
-    float* out = p.scratch + ((static_cast<size_t>(row) * p.n_heads + h) * p.splits + split) * (2 + kL);
-    if (wc == 0 && t == 0) {
-      out[0] = half ? m_hi : m_lo;
-      out[1] = half ? l_hi : l_lo;
-    }
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      const int cc = col0 + n * 8 + 2 * t;
-      // 8-byte pairs (2 + L is even): a quad writes 32 contiguous bytes.
-      *reinterpret_cast<float2*>(out + 2 + cc) =
-          make_float2(o[n][2 * half] * out_scale, o[n][2 * half + 1] * out_scale);
-    }
-  }
+  write_decode_out<kNTiles>(p, row, split, h0, g, t, col0, lo_ok, hi_ok, wc == 0, m_lo, m_hi, l_lo, l_hi,
+                            kFp8 ? p.cache_scale : 1.0f, o);
 }
 
 /// Rows per split of the decode at `splits` splits of `width` selected rows (v1's rule).
@@ -1251,16 +1181,7 @@ void launch_decode_shared(const LaunchCtx& ctx, const DecodeParams& p, int rows)
   using Smem = DecodeSharedSmem<kCw, kFp8, kTiles>;
   constexpr auto kernel = mla_decode_shared_kernel<kCw, kFp8, kTiles>;
   const size_t smem = Smem::bytes(split_rows(p.width, p.splits));
-  static const int max_smem = [] {
-    int dev = 0, v = 0;
-    MTP_CUDA_CHECK(cudaGetDevice(&dev));
-    MTP_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes attr{};  // the dynamic limit left beside any static shared memory
-    MTP_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    const int dyn = v - static_cast<int>(attr.sharedSizeBytes);
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dyn));
-    return dyn;
-  }();
+  static const int max_smem = opt_in_dynamic_smem(kernel);
   MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::mla_decode_batch (shared): ", smem,
               " bytes of shared memory for ", split_rows(p.width, p.splits), " rows per split (at most ",
               max_smem, ")");

@@ -131,6 +131,21 @@ __device__ __forceinline__ void sum_scores(const ScoreExchange& score, int g, in
   }
 }
 
+/// o *= the rescale factor of its head row (corr_lo: row g, corr_hi: row g + 8), the whole warp.
+/// Where no row of the warp's tile raised its max (corr == 1 everywhere: the common case once the
+/// first chunks are in), o *= 1 is the identity: skipping it leaves the bits as they are.
+template <int kNTiles>
+__device__ __forceinline__ void rescale_outputs(float (&o)[kNTiles][4], float corr_lo, float corr_hi) {
+  if (__all_sync(0xffffffffu, corr_lo == 1.0f && corr_hi == 1.0f)) return;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+    o[n][0] *= corr_lo;
+    o[n][1] *= corr_lo;
+    o[n][2] *= corr_hi;
+    o[n][3] *= corr_hi;
+  }
+}
+
 /// One chunk's online-softmax step of the decode (both paths): the quad-wide row max of the
 /// chunk's scores s (the m16n8 accumulator layout: [0..1] row g, [2..3] row g + 8), the rescale of
 /// the running max m, denominator l and output accumulators o, and P = exp(s - m) split into BF16
@@ -162,17 +177,7 @@ __device__ __forceinline__ void online_softmax_step(const float (&s)[2][4], floa
   l_hi = l_hi * corr_hi + ((pr[0][2] + pr[0][3]) + (pr[1][2] + pr[1][3]));
   m_lo = mn_lo;
   m_hi = mn_hi;
-  // Where no row of the warp's tile raised its max (corr == 1 everywhere: the common case once
-  // the first chunks are in), o *= 1 is the identity: skipping it leaves the bits as they are.
-  if (!__all_sync(0xffffffffu, corr_lo == 1.0f && corr_hi == 1.0f)) {
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
-      o[n][0] *= corr_lo;
-      o[n][1] *= corr_lo;
-      o[n][2] *= corr_hi;
-      o[n][3] *= corr_hi;
-    }
-  }
+  rescale_outputs<kNTiles>(o, corr_lo, corr_hi);
   split_bf16x2(pr[0][0], pr[0][1], ah[0], al[0]);
   split_bf16x2(pr[0][2], pr[0][3], ah[1], al[1]);
   split_bf16x2(pr[1][0], pr[1][1], ah[2], al[2]);
@@ -223,5 +228,46 @@ struct DecodeParams {
   float* scratch;  // [rows][n_heads][partials][2 + kv_lora]: m, l, acc
   bf16* o_lat;
 };
+
+/// A column warp's epilogue of the v1-layout decodes (v1, shared): this thread's outputs of head
+/// rows h0 + g (lo) and h0 + g + 8 (hi) at columns col0 + 8n + 2t, +1. One split: o_lat =
+/// bf16(acc * out_scale / l) (zeros when nothing was selected) in 4-byte pairs; several: the
+/// split's partial (m, l by the warp owning column 0, then acc * out_scale in 8-byte pairs: a quad
+/// writes 32 contiguous bytes, 2 + L being even) at scratch [row][n_heads][splits][2 + L].
+template <int kNTiles>
+__device__ __forceinline__ void write_decode_out(const DecodeParams& p, int row, int split, int h0, int g,
+                                                 int t, int col0, bool lo_ok, bool hi_ok, bool owns_ml,
+                                                 float m_lo, float m_hi, float l_lo, float l_hi,
+                                                 float out_scale, const float (&o)[kNTiles][4]) {
+  const int L = p.kv_lora;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (!(half ? hi_ok : lo_ok)) continue;
+    const int h = h0 + g + 8 * half;
+    if (p.splits == 1) {
+      const float l = half ? l_hi : l_lo;
+      bf16* out = p.o_lat + (static_cast<size_t>(row) * p.n_heads + h) * L;
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+        const int c = col0 + n * 8 + 2 * t;
+        const bf16 lo = l > 0.0f ? f_to_bf16((o[n][2 * half] * out_scale) / l) : bf16{0};
+        const bf16 hi = l > 0.0f ? f_to_bf16((o[n][2 * half + 1] * out_scale) / l) : bf16{0};
+        *reinterpret_cast<uint32_t*>(out + c) = lo.bits | (static_cast<uint32_t>(hi.bits) << 16);
+      }
+      continue;
+    }
+    float* out = p.scratch + ((static_cast<size_t>(row) * p.n_heads + h) * p.splits + split) * (2 + L);
+    if (owns_ml && t == 0) {
+      out[0] = half ? m_hi : m_lo;
+      out[1] = half ? l_hi : l_lo;
+    }
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+      const int c = col0 + n * 8 + 2 * t;
+      *reinterpret_cast<float2*>(out + 2 + c) =
+          make_float2(o[n][2 * half] * out_scale, o[n][2 * half + 1] * out_scale);
+    }
+  }
+}
 
 }  // namespace mtplab::ops::cuda::mla
