@@ -876,7 +876,9 @@ void run_batched(Bench& b, ops::Backend& be) {
   // The head with its fused argmax (KernelPolicy::head_gemm): BF16 under the policy's choice; FP8
   // (row-scaled) on the MMA kernel at every B ("fp8 B=4") and on the multi-row GEMV ("fp8 B=4
   // gemv", 2 .. ops::cuda::kMaxRowsGemvHead rows; at 8 rows gemv runs the MMA kernel, which shows
-  // the fallback's cost); "cublaslt": the BF16 head as cuBLASLt GEMM + per-row argmax, beside it.
+  // the fallback's cost), on the warpgroup-MMA kernel ("wgmma": x packed, then the GEMM) and under
+  // the policy's automatic choice ("auto"); "cublaslt": the BF16 head as cuBLASLt GEMM + per-row
+  // argmax, beside it.
   struct HeadCase {
     bool fp8;
     bool forced;  // head_gemm set to `gemm` (else the policy's own)
@@ -889,6 +891,8 @@ void run_batched(Bench& b, ops::Backend& be) {
       {false, false, ops::HeadGemm::automatic, "", all_batches},
       {true, true, ops::HeadGemm::mma, "", all_batches},
       {true, true, ops::HeadGemm::gemv, " gemv", {2, 4, 8}},
+      {true, true, ops::HeadGemm::wgmma, " wgmma", {4, 8, 16, 32, 64, 128}},
+      {true, false, ops::HeadGemm::automatic, " auto", {8, 32}},
       {false, true, ops::HeadGemm::cublaslt, " cublaslt", all_batches},
   };
   for (const HeadCase& hc : head_cases) {

@@ -24,7 +24,7 @@ namespace {
 const std::initializer_list<std::string_view> kGemvVariantTexts = {"auto",  "v1",  "rows2",
                                                                    "rows4", "occ", "fp8split"};
 const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // MlaDecode, IndexerSelect
-const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt", "gemv"};
+const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt", "gemv", "wgmma"};
 const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs", "ring"};
 const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
 const std::initializer_list<std::string_view> kMlaBatchTexts = {"auto", "tiles", "shared", "shared2"};
@@ -35,6 +35,7 @@ static_assert(static_cast<int>(RowsLinear::cublaslt) == 1 && static_cast<int>(Ro
 static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(GemvVariant::fp8split) == 5 &&
                   static_cast<int>(MlaDecode::v2) == 1 && static_cast<int>(IndexerSelect::v2) == 1 &&
                   static_cast<int>(HeadGemm::cublaslt) == 2 && static_cast<int>(HeadGemm::gemv) == 3 &&
+                  static_cast<int>(HeadGemm::wgmma) == 4 &&
                   static_cast<int>(MoePipeline::ring) == 4,
               "the texts above follow the enums' order");
 
@@ -154,7 +155,7 @@ const std::array<Field, 12> kFields{{
     field<SwitchField<&KernelPolicy::pdl>>("pdl", "MTPLAB_CUDA_PDL", "on, off"),
     field<SwitchField<&KernelPolicy::nccl_blocking>>("nccl_blocking", "MTPLAB_NCCL_BLOCKING", "on, off"),
     field<ChoiceField<&KernelPolicy::head_gemm, kHeadGemmTexts>>("head_gemm", "MTPLAB_HEAD_GEMM",
-                                                                 "auto, mma, cublaslt, gemv"),
+                                                                 "auto, mma, cublaslt, gemv, wgmma"),
     field<MlaBatchSplitsField>("mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS", "auto (or 0), 1 .. 64",
                                batch_splits_from_env),
     field<ChoiceField<&KernelPolicy::moe_pipeline, kMoePipelineTexts>>("moe_pipeline", "MTPLAB_MOE_PIPELINE",

@@ -62,10 +62,14 @@ enum class IndexerSelect { v1, v2 };
 /// and a finishing launch (three launches); gemv, for FP8 rows at 2 .. cuda::kMaxRowsGemvHead rows
 /// the multi-row GEMV with its argmax fused (one launch; more rows take mma). automatic: BF16 rows
 /// per batch size from the measured table in cuda_backend.cpp, FP8 rows the multi-row GEMV at 2 ..
-/// cuda::kMaxRowsGemvHead rows and mma above. FP8 rows under cublaslt take mma (cuBLASLt's FP8
-/// GEMMs want both operands in FP8); BF16 rows under gemv take what automatic takes (there is no
-/// BF16 multi-row head).
-enum class HeadGemm { automatic, mma, cublaslt, gemv };
+/// cuda::kMaxRowsGemvHead rows and mma above (wgmma from cuda::kMinRowsWgmmaHead rows once it is
+/// measured; not yet). wgmma, for FP8 rows: the warpgroup-MMA kernel (docs/kernels.md, "The FP8
+/// head on wgmma"; two launches: x packed, then the GEMM with its argmax fused), at every batch
+/// size, not yet run on a GPU; it needs the sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a, the
+/// default) and fails with a clear error without it. FP8 rows under cublaslt take mma (cuBLASLt's FP8 GEMMs want both
+/// operands in FP8); BF16 rows under gemv or wgmma take what automatic takes (there is no BF16
+/// multi-row or wgmma head).
+enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
 /// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "The
 /// grouped experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in
 /// runs of 8 per block; spread, v1 with gate_up's items dealt round-robin over every resident
@@ -128,7 +132,7 @@ struct KernelPolicy {
 const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "occ", "fp8split"
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
-const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv"
+const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv", "wgmma"
 const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
 const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2"

@@ -40,7 +40,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"indexer_select", {"v2", "v1"}},
     {"pdl", {"on", "off"}},
     {"nccl_blocking", {"on", "off"}},
-    {"head_gemm", {"auto", "mma", "cublaslt", "gemv"}},
+    {"head_gemm", {"auto", "mma", "cublaslt", "gemv", "wgmma"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
     {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
@@ -254,7 +254,9 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   KernelPolicy head;
   head.head_gemm = HeadGemm::gemv;
   EXPECT_NO_THROW(validate(head));
-  head.head_gemm = static_cast<HeadGemm>(4);
+  head.head_gemm = HeadGemm::wgmma;
+  EXPECT_NO_THROW(validate(head));
+  head.head_gemm = static_cast<HeadGemm>(5);
   EXPECT_TRUE(contains(error_of([&] { validate(head); }), "head_gemm"));
   KernelPolicy batch;
   batch.mla_batch = static_cast<MlaBatch>(4);

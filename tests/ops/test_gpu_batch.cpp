@@ -66,6 +66,7 @@
 #include <vector>
 
 #include "gpu_test_util.hpp"
+#include "ops/cuda/dense.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -363,13 +364,19 @@ TEST_P(GpuBatch, HeadArgmax) {
   const KernelPolicy before = gpu().kernel_policy();
   for (const Path& path :
        {Path{false, HeadGemm::mma, all_batches}, Path{false, HeadGemm::cublaslt, all_batches},
-        Path{true, HeadGemm::mma, all_batches}, Path{true, HeadGemm::gemv, {2, 3, 4}}}) {
+        Path{true, HeadGemm::mma, all_batches}, Path{true, HeadGemm::gemv, {2, 3, 4}},
+        Path{true, HeadGemm::wgmma, all_batches}}) {
     const bool fp8 = path.fp8;
     KernelPolicy policy = before;
     policy.head_gemm = path.gemm;
     gpu().set_kernel_policy(policy);
     const bool lt = path.gemm == HeadGemm::cublaslt;
     const bool rows_gemv = path.gemm == HeadGemm::gemv;
+    const bool wgmma = path.gemm == HeadGemm::wgmma;
+    if (wgmma && !ops::cuda::have_wgmma()) {
+      std::printf("[gpu-batch] %s: FP8 head wgmma not checked: this build has no sm_90a device code\n", s.name);
+      continue;
+    }
     const bf16* Wc = fp8 ? nullptr : W.c.data();
     const bf16* Wg = fp8 ? nullptr : W.g.data();
     const fp8e4m3* W8c = fp8 ? W8.c.data() : nullptr;
@@ -378,6 +385,7 @@ TEST_P(GpuBatch, HeadArgmax) {
     const float* Sg = fp8 ? scale.g.data() : nullptr;
     for (int B : path.batches) {
       const std::string what = where(rows_gemv ? "head_argmax_batch FP8 gemv"
+                                     : wgmma   ? "head_argmax_batch FP8 wgmma"
                                      : fp8     ? "head_argmax_batch FP8"
                                      : lt      ? "head_argmax_batch BF16 cublaslt"
                                                : "head_argmax_batch BF16",
@@ -408,6 +416,8 @@ TEST_P(GpuBatch, HeadArgmax) {
         // among them).
         EXPECT_GE(launches, 2u) << what << ": the argmax and the finishing launch";
         EXPECT_LE(launches, 3u) << what << ": the argmax (at most two launches) and the finishing launch";
+      } else if (wgmma) {
+        EXPECT_EQ(launches, 2u) << what << ": x packed, then the GEMM with its argmax";
       } else {
         EXPECT_EQ(launches, 1u) << what;
       }
@@ -534,10 +544,55 @@ TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
   }
 }
 
+// The FP8 head under head_gemm = wgmma: a row's logits and pair are bit for bit the same whatever
+// the batch around it and whichever N the kernel runs at (B = 3: 16 columns, 20: 32, 50: 64, 128:
+// 128): a logit is the dot product of its own W row and x row in the wgmma's k order. And they
+// are not the mma.sync kernel's bytes (another summation order: from the small shape up some
+// logits round differently), so equal bytes would mean the wgmma kernel never ran.
+TEST_P(GpuBatch, HeadWgmmaRowBitsDoNotDependOnTheBatch) {
+  if (!ops::cuda::have_wgmma()) GTEST_SKIP() << "this build has no sm_90a device code";
+  const Shape s = GetParam();
+  Rng rng(806);
+  const int V = s.vocab, H = s.hidden, kRows = 128;
+  const Big<fp8e4m3> W8 = big_fp8(static_cast<size_t>(V) * H, 8061);
+  std::vector<float> scale_h(static_cast<size_t>(V));
+  for (auto& v : scale_h) v = rng.uniform(0.5f, 1.5f) / 448.0f;
+  Twin<float> scale(scale_h);
+  Twin<bf16> x(rng.bf16s(static_cast<size_t>(kRows) * H, -1.0f, 1.0f));
+  std::vector<int32_t> slots_h(kRows);
+  std::iota(slots_h.begin(), slots_h.end(), 0);
+  Twin<int32_t> slots(slots_h);
+  auto run = [&](HeadGemm gemm, int B) {
+    PolicyScope scope([gemm](KernelPolicy& p) { p.head_gemm = gemm; });
+    auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
+    auto out = out_twin<ArgMax>(B);
+    gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
+                            logits.g.data(), V, out.g.data());
+    return std::make_pair(logits.from_gpu(), out.from_gpu());
+  };
+  const auto ref = run(HeadGemm::wgmma, kRows);
+  for (const int B : {3, 20, 50}) {
+    const auto r = run(HeadGemm::wgmma, B);
+    const std::string what = "wgmma head at B = " + std::to_string(B) + " vs the same rows at B = 128";
+    expect_bytes_equal(r.first, std::vector<bf16>(ref.first.begin(), ref.first.begin() + static_cast<size_t>(B) * V),
+                       what + ": logits");
+    expect_bytes_equal(r.second, std::vector<ArgMax>(ref.second.begin(), ref.second.begin() + B), what + ": pairs");
+  }
+  if (H >= 1024) {
+    const auto mma = run(HeadGemm::mma, 20);
+    size_t differ = 0;
+    for (size_t i = 0; i < mma.first.size(); ++i) differ += mma.first[i].bits != ref.first[i].bits;
+    EXPECT_GT(differ, 0u) << "wgmma and mma heads gave the same " << mma.first.size()
+                          << " logits: the wgmma path did not run; " << seed_note();
+    std::printf("[gpu-batch] %s FP8 head, B = 20: %zu of %zu logits differ between wgmma and mma\n", s.name,
+                differ, mma.first.size());
+  }
+}
+
 // Rows 7 and 40 of an FP8 head are the same large row with the same scale, row 90 a little smaller:
 // with positive inputs each batch row's maximum is their exact tie, and 7 must win, under the MMA
-// kernel and the multi-row GEMV (rows 7 and 40 fall to different warps and blocks of the GEMV) at
-// every batch size the GEMV takes.
+// kernel, the wgmma kernel and the multi-row GEMV (rows 7 and 40 fall to different warps and
+// blocks of the GEMV) at every batch size the GEMV takes.
 TEST(GpuBatchHead, Fp8TiesGoToTheLowestRowUnderEitherKernel) {
   Rng rng(805);
   const int n = 1000, k = 128;
@@ -554,7 +609,8 @@ TEST(GpuBatchHead, Fp8TiesGoToTheLowestRowUnderEitherKernel) {
   Twin<fp8e4m3> W(W_h);
   Twin<float> scale(scale_h);
   Twin<bf16> x(rng.bf16s(static_cast<size_t>(4) * k, 0.5f, 1.0f));
-  for (const HeadGemm gemm : {HeadGemm::mma, HeadGemm::gemv}) {
+  for (const HeadGemm gemm : {HeadGemm::mma, HeadGemm::gemv, HeadGemm::wgmma}) {
+    if (gemm == HeadGemm::wgmma && !ops::cuda::have_wgmma()) continue;
     PolicyScope scope([gemm](KernelPolicy& p) { p.head_gemm = gemm; });
     for (const int B : {2, 3, 4}) {
       std::vector<int32_t> slots_h(static_cast<size_t>(B));

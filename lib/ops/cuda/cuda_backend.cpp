@@ -174,6 +174,7 @@ class CudaBackend final : public Backend {
     cudaFree(argmax_.counter);
     cudaFree(head_batch_.best);
     cudaFree(head_batch_.counter);
+    cudaFree(head_batch_.packed_x);
     cudaStreamDestroy(ctx_.stream);
   }
 
@@ -492,7 +493,7 @@ class CudaBackend final : public Backend {
       head_argmax_lt(W, x, slot, rows, n, k, index_base, logits, ld_logits, out, extras);
       return;
     }
-    const cuda::HeadBatchScratch s = head_batch_scratch();
+    const cuda::HeadBatchScratch s = head_batch_scratch(W_fp8 ? k : 0);
     for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
       const int r = std::min(cuda::kMaxBatchRows, rows - b0);
       const HeadExtras e{extras.key ? extras.key + b0 : nullptr, extras.token ? extras.token + b0 : nullptr};
@@ -729,6 +730,7 @@ class CudaBackend final : public Backend {
         return true;
       case HeadGemm::automatic:
       case HeadGemm::gemv:
+      case HeadGemm::wgmma:
         break;
     }
     return rows >= kHeadLtMinRows;
@@ -759,7 +761,16 @@ class CudaBackend final : public Backend {
     }
   }
   /// The head's per-row keys and counter: zero when allocated, reset by every launch's last block.
-  cuda::HeadBatchScratch head_batch_scratch() {
+  cuda::HeadBatchScratch head_batch_scratch(int k) {
+    const size_t packed = cuda::head_packed_x_elems(k);
+    if (head_batch_.packed_elems < packed) {
+      require_not_capturing("head_argmax_batch (first call at this k: allocates its scratch)");
+      cudaFree(head_batch_.packed_x);
+      head_batch_.packed_x = nullptr;
+      head_batch_.packed_elems = 0;
+      MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_batch_.packed_x), sizeof(bf16) * packed));
+      head_batch_.packed_elems = packed;
+    }
     if (!head_batch_.best) {
       require_not_capturing("head_argmax_batch (first call: allocates its scratch)");
       MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&head_batch_.best),

@@ -50,6 +50,7 @@
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace mtplab::ops::cuda {
 
@@ -777,6 +778,86 @@ size_t resident_x_bytes(int rows_padded, int k) {
   return static_cast<size_t>(rows_padded) * (kpad + 8) * sizeof(bf16);
 }
 
+/// The epilogue of one tile of the skinny GEMM (rows_gemm and the wgmma head): acc[j][e] is (W row
+/// r0 or r1 of the group, batch row 8j + 2t + (e & 1)). BF16 / fp32 outputs, or the head's logits
+/// and their keys, reduced over the warp's 16 rows into s_best (shared atomics).
+template <bool kFp8, int kNT, Epi kEpi>
+__device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (&acc)[kNT][4], int group, int r0,
+                                              int r1, bool ok0, bool ok1, int g, int t, const uint8_t* s_live,
+                                              unsigned long long* s_best) {
+  const int rpg = p.map.rows_per_group;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+    unsigned long long key_c[2] = {0ull, 0ull};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int rl = e < 2 ? r0 : r1;
+      const bool ok = e < 2 ? ok0 : ok1;
+      const int b = 8 * j + 2 * t + (e & 1);
+      if (!ok || !s_live[b]) continue;
+      const int64_t r = static_cast<int64_t>(group) * rpg + rl;  // output row
+      float v = acc[j][e];
+      if constexpr (kFp8) v = __fmul_rn(p.row_scale[r], v);
+      if constexpr (kEpi == Epi::f32_out) {
+        static_cast<float*>(p.y)[b * p.ldy + r] = v;
+      } else {
+        const bf16 lv = f_to_bf16(v);
+        if constexpr (kEpi == Epi::bf16_out) {
+          static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
+        } else {
+          if (p.y) static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
+          const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + r));
+          key_c[e & 1] = key > key_c[e & 1] ? key : key_c[e & 1];
+        }
+      }
+    }
+    if constexpr (kEpi == Epi::head) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        unsigned long long kc = key_c[c];
+#pragma unroll
+        for (int o = 4; o < kWarp; o <<= 1) {  // over g: the warp's 16 rows of this batch row
+          const unsigned long long other = __shfl_xor_sync(0xffffffffu, kc, o);
+          kc = other > kc ? other : kc;
+        }
+        if (g == 0 && kc != 0) atomicMax(&s_best[8 * j + 2 * t + c], kc);
+      }
+    }
+  }
+}
+
+/// The head's grid-level argmax, after the block's last tile (the whole block calls it): the
+/// block's keys into p.best (global atomicMax); the last block to finish writes out / extras and
+/// resets the keys and the counter (the next launch starts from zeros: no memset, graph-safe).
+template <int NB>
+__device__ __forceinline__ void head_grid_finish(const GemmParams& p, const uint8_t* s_live,
+                                                 const unsigned long long* s_best) {
+  __shared__ bool s_last;
+  __syncthreads();
+  for (int b = threadIdx.x; b < NB; b += blockDim.x)
+    if (s_best[b] != 0) atomicMax(p.best + b, s_best[b]);
+  __threadfence();  // publish the keys before counting this block as done
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int b = threadIdx.x; b < NB; b += blockDim.x) {
+    if (!s_live[b]) continue;
+    // Read and reset in one step (the next launch starts from zeros).
+    const unsigned long long key = atomicExch(p.best + b, 0ull);
+    ArgMax a;
+    a.value = from_order_preserving_u32(static_cast<uint32_t>(key >> 32));
+    a.index = static_cast<int32_t>(~static_cast<uint32_t>(key & 0xffffffffull));
+    p.out[b] = a;
+    // key is argmax_key of the pair just written (-0 is keyed as +0 and comes back as +0), so
+    // it is argmax_pack_key's.
+    if (p.extras.key) p.extras.key[b] = key;
+    if (p.extras.token) p.extras.token[b] = a.index;
+  }
+  if (threadIdx.x == 0) *p.counter = 0;
+}
+
 template <bool kFp8, int kNT, Epi kEpi, bool kRes = false>
 __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>())
     rows_gemm_kernel(GemmParams p) {
@@ -787,7 +868,6 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
   bf16* xs = reinterpret_cast<bf16*>(gemm_smem);  // ring: [kXStages][NB][kXStride]; kRes: [NB][ldr]
   __shared__ uint8_t s_live[NB];
   __shared__ unsigned long long s_best[kEpi == Epi::head ? NB : 1];
-  __shared__ bool s_last;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2;
@@ -918,72 +998,9 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
       }
     }
 
-    // Epilogue: acc[j][e] is (row r0 or r1, batch row 8j + 2t + (e & 1)).
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-      unsigned long long key_c[2] = {0ull, 0ull};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int rl = e < 2 ? r0 : r1;
-        const bool ok = e < 2 ? ok0 : ok1;
-        const int b = 8 * j + 2 * t + (e & 1);
-        if (!ok || !s_live[b]) continue;
-        const int64_t r = static_cast<int64_t>(group) * rpg + rl;  // output row
-        float v = acc[j][e];
-        if constexpr (kFp8) v = __fmul_rn(p.row_scale[r], v);
-        if constexpr (kEpi == Epi::f32_out) {
-          static_cast<float*>(p.y)[b * p.ldy + r] = v;
-        } else {
-          const bf16 lv = f_to_bf16(v);
-          if constexpr (kEpi == Epi::bf16_out) {
-            static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
-          } else {
-            if (p.y) static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
-            const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + r));
-            key_c[e & 1] = key > key_c[e & 1] ? key : key_c[e & 1];
-          }
-        }
-      }
-      if constexpr (kEpi == Epi::head) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          unsigned long long kc = key_c[c];
-#pragma unroll
-          for (int o = 4; o < kWarp; o <<= 1) {  // over g: the warp's 16 rows of this batch row
-            const unsigned long long other = __shfl_xor_sync(0xffffffffu, kc, o);
-            kc = other > kc ? other : kc;
-          }
-          if (g == 0 && kc != 0) atomicMax(&s_best[8 * j + 2 * t + c], kc);
-        }
-      }
-    }
+    tile_epilogue<kFp8, kNT, kEpi>(p, acc, group, r0, r1, ok0, ok1, g, t, s_live, s_best);
   }
-
-  if constexpr (kEpi == Epi::head) {
-    __syncthreads();
-    for (int b = threadIdx.x; b < NB; b += blockDim.x)
-      if (s_best[b] != 0) atomicMax(p.best + b, s_best[b]);
-    __threadfence();  // publish the keys before counting this block as done
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    for (int b = threadIdx.x; b < NB; b += blockDim.x) {
-      if (!s_live[b]) continue;
-      // Read and reset in one step (the next launch starts from zeros).
-      const unsigned long long key = atomicExch(p.best + b, 0ull);
-      ArgMax a;
-      a.value = from_order_preserving_u32(static_cast<uint32_t>(key >> 32));
-      a.index = static_cast<int32_t>(~static_cast<uint32_t>(key & 0xffffffffull));
-      p.out[b] = a;
-      // key is argmax_key of the pair just written (-0 is keyed as +0 and comes back as +0), so
-      // it is argmax_pack_key's.
-      if (p.extras.key) p.extras.key[b] = key;
-      if (p.extras.token) p.extras.token[b] = a.index;
-    }
-    if (threadIdx.x == 0) *p.counter = 0;
-  }
+  if constexpr (kEpi == Epi::head) head_grid_finish<NB>(p, s_live, s_best);
 }
 
 /// Column tiles of 8 for `rows` batch rows: 1, 2, 4, 8 or 16.
@@ -1033,6 +1050,195 @@ void launch_rows_gemm(const LaunchCtx& ctx, const GemmParams& p) {
   const int grid = std::max(1, std::min(p.total_tiles, blocks_per_sm * ctx.num_sms));
   launch(ctx, kernel, static_cast<unsigned>(grid), kGemmThreads, static_cast<size_t>(kSmem), p);
   MTP_CUDA_LAUNCH_CHECK();
+}
+
+
+// ---- the FP8 head on wgmma (head_wgmma_kernel) -------------------------------------------------------
+//
+// From 16 batch rows the FP8 head's mma.sync kernel is bound by its shared-memory reads: each warp
+// reads every batch row's chunk for its own 16 W rows (256 bytes of B per MMA), and at 128 rows it
+// took 688 us for a 150 us byte floor. Here a block of two warpgroups owns a tile of 128 W rows
+// (64 a warpgroup, 16 a warp: the rows, loads and widening of rows_gemm_kernel, so every W element
+// is loaded once, by the lane whose A fragment holds it) and every batch row (kNB of them, the
+// wgmma's N). The widened W rows are the A operand in registers; the batch rows' chunk is B, read
+// by the tensor cores straight from shared memory, once per warpgroup.
+// - x is packed once per launch (head_pack_x_kernel) into the wgmma's canonical no-swizzle layout,
+//   chunk after chunk of 64 columns, with the column relabelling of the A fragments built into it
+//   (docs/kernels.md, "The FP8 head on wgmma"); the block stages a chunk with plain 16-byte copies
+//   into a kWgStages-chunk cp.async ring, kWgAhead chunks ahead.
+// - W is kept kWgWBuf - 1 chunks ahead in registers; the widened A fragments of two chunks
+//   alternate, so a chunk's four wgmmas (one a k-step of 16) run while the next chunk is widened:
+//   after chunk c's group is committed, wait_group 1 retires chunk c - 1's, whose A registers and
+//   ring stage are reused next.
+// - The epilogue and the grid-level argmax are rows_gemm_kernel's (tile_epilogue,
+//   head_grid_finish).
+// A logit is the full fp32 dot product of its widened W row and x row, times the row scale; the
+// tensor core's summation order is the wgmma's, so its bits are not the mma.sync kernel's (near-
+// ties aside, the same picks); a batch row's logits do not depend on the other rows.
+
+constexpr int kWgStages = 5;
+constexpr int kWgAhead = kWgStages - 2;  // chunks c + 1 .. c + kWgAhead in flight while c computes
+/// W chunks in registers (kWgWBuf - 1 ahead): 4, or 3 at 128 batch rows (two blocks a
+/// multiprocessor leave 128 registers a thread; the 64 accumulators take half).
+template <int kNB>
+constexpr int wgmma_wbuf() {
+  return kNB >= 128 ? 3 : 4;
+}
+
+/// Packed x of kNB batch rows: chunk c, k-step s, half h, batch row n, 8 values. Value 2t + e of
+/// (c, s, h, n) is x[n][64c + 16t + 4s + 2h + e]: the A fragments' pairing (batch::a_frags), so the
+/// k index of a k-step's core matrices matches the W columns a lane widened. Zeros for padded
+/// rows and past k.
+__device__ __forceinline__ size_t packed_x_index(int c, int s, int h, int n, int nb) {
+  return ((static_cast<size_t>(c) * 4 + s) * 2 + h) * static_cast<size_t>(nb) * 8 + static_cast<size_t>(n) * 8;
+}
+
+__global__ void __launch_bounds__(256) head_pack_x_kernel(const bf16* x, int64_t ldx, const int32_t* slot,
+                                                          int rows, int k, int nb, bf16* xp) {
+  pdl_begin();
+  const int nchunks = (k + kChunkK - 1) / kChunkK;
+  const int units = nchunks * 8 * nb;  // 16-byte units of xp
+  for (int u = blockIdx.x * blockDim.x + threadIdx.x; u < units; u += gridDim.x * blockDim.x) {
+    const int n = u % nb;
+    const int sh = (u / nb) % 8;
+    const int c = u / (nb * 8);
+    const int s = sh / 2, h = sh % 2;
+    const bool live = n < rows && (slot == nullptr || slot[n] >= 0);
+    uint32_t w[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      const int col = c * kChunkK + 16 * t + 4 * s + 2 * h;
+      w[t] = live && col < k ? *reinterpret_cast<const uint32_t*>(x + n * ldx + col) : 0u;
+    }
+    *reinterpret_cast<uint4*>(xp + packed_x_index(c, s, h, n, nb)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+template <int kNB>
+__global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams p, const bf16* xp) {
+  pdl_begin();
+#if MTPLAB_WGMMA
+  constexpr int kNT = kNB / 8;
+  constexpr int kWgWBuf = wgmma_wbuf<kNB>();
+  constexpr size_t kStageElems = static_cast<size_t>(kNB) * kChunkK;
+  constexpr uint32_t kLbo = 16 * kNB;  // bytes between the two K-halves of a k-step
+  constexpr uint32_t kSbo = 128;       // bytes between groups of 8 batch rows
+  extern __shared__ __align__(128) uint8_t wg_smem[];
+  bf16* xs = reinterpret_cast<bf16*>(wg_smem);  // [kWgStages][kStageElems]
+  __shared__ uint8_t s_live[kNB];
+  __shared__ unsigned long long s_best[kNB];
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  for (int b = threadIdx.x; b < kNB; b += blockDim.x) {
+    s_live[b] = b < p.rows && (p.slot == nullptr || p.slot[b] >= 0);
+    s_best[b] = 0;
+  }
+  const int nchunks = (p.k + kChunkK - 1) / kChunkK;
+  const size_t row_bytes = static_cast<size_t>(p.k);
+  const int rpg = p.map.rows_per_group;
+
+  for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
+    __syncthreads();  // s_live is set; the last tile's wgmmas of both warpgroups have retired
+    const int r0 = tile * kTileRows + warp * 16 + g;
+    const int r1 = r0 + 8;
+    const bool ok0 = r0 < rpg;
+    const bool ok1 = r1 < rpg;
+    const uint8_t* w0 = p.W + static_cast<size_t>(r0) * row_bytes;
+    const uint8_t* w1 = w0 + 8 * row_bytes;
+    auto stage = [&](int c) {
+      const bf16* src = xp + static_cast<size_t>(c) * kStageElems;
+      bf16* dst = xs + static_cast<size_t>(c % kWgStages) * kStageElems;
+      for (int v = threadIdx.x; v < kNB * 8; v += blockDim.x) batch::cp_async16(dst + 8 * v, src + 8 * v, 16);
+    };
+    auto load_w = [&](uint4(&dst)[2], int c) {
+      const int col = c * kChunkK + 16 * t;
+      const bool in = col < p.k;
+      dst[0] = ok0 && in ? load_stream(w0 + col) : make_uint4(0, 0, 0, 0);
+      dst[1] = ok1 && in ? load_stream(w1 + col) : make_uint4(0, 0, 0, 0);
+    };
+    for (int c = 0; c < kWgAhead; ++c) {
+      if (c < nchunks) stage(c);
+      batch::cp_async_commit();
+    }
+    uint4 wr[kWgWBuf][2];
+#pragma unroll
+    for (int u = 0; u < kWgWBuf - 1; ++u)
+      if (u < nchunks) load_w(wr[u], u);
+    float acc[kNT][4];
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    uint32_t a[4][4];
+    for (int c0 = 0; c0 < nchunks; c0 += kWgWBuf) {
+#pragma unroll
+      for (int u = 0; u < kWgWBuf; ++u) {
+        const int c = c0 + u;
+        if (c >= nchunks) break;  // uniform
+        if (c + kWgWBuf - 1 < nchunks) load_w(wr[(u + kWgWBuf - 1) % kWgWBuf], c + kWgWBuf - 1);
+        {  // chunk c's A fragments (chunk c - 1's group has retired)
+          uint32_t wa[8], wb[8];
+          batch::fp8x16_to_bf16x16(wr[u][0], wa);
+          batch::fp8x16_to_bf16x16(wr[u][1], wb);
+          batch::a_frags(wa, wb, a);
+        }
+        batch::cp_async_wait<kWgAhead - 1>();  // this thread's copies of chunk c have landed
+        wg::fence_proxy_shared();
+        __syncthreads();  // everyone's copies of c; every warpgroup past chunk c - 2's group
+        if (c + kWgAhead < nchunks) stage(c + kWgAhead);  // into chunk c - 2's stage
+        batch::cp_async_commit();
+        const bf16* xc = xs + static_cast<size_t>(c % kWgStages) * kStageElems;
+        wg::fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+          wg::mma_bf16<kNB>(&acc[0][0], a[s], wg::desc(xc + static_cast<size_t>(s) * 2 * kNB * 8, kLbo, kSbo));
+        wg::commit();
+        wg::wait<0>();  // A is rewritten next (ptxas serializes every wgmma if A is defined while one is pending)
+      }
+    }
+    wg::wait<0>();
+    wg::fence_acc<kNB / 2>(&acc[0][0]);
+    tile_epilogue<true, kNT, Epi::head>(p, acc, 0, r0, r1, ok0, ok1, g, t, s_live, s_best);
+  }
+  head_grid_finish<kNB>(p, s_live, s_best);
+#endif
+}
+
+/// Bytes of the wgmma head's ring at kNB batch rows.
+constexpr size_t wgmma_ring_bytes(int nb) { return static_cast<size_t>(kWgStages) * nb * kChunkK * sizeof(bf16); }
+
+template <int kNB>
+void launch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
+  constexpr auto kernel = head_wgmma_kernel<kNB>;
+  constexpr size_t smem = wgmma_ring_bytes(kNB);
+  static const int per_sm = [] {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    int b = 0;
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGemmThreads, smem));
+    return std::max(1, b);
+  }();
+  const int nchunks = (p.k + kChunkK - 1) / kChunkK;
+  const int units = nchunks * 8 * kNB;
+  launch(ctx, head_pack_x_kernel, static_cast<unsigned>(std::min((units + 255) / 256, 4 * ctx.num_sms)), 256, 0,
+         p.x, p.ldx, p.slot, p.rows, p.k, kNB, xp);
+  MTP_CUDA_LAUNCH_CHECK();
+  const int grid = std::max(1, std::min(p.total_tiles, per_sm * ctx.num_sms));
+  launch(ctx, kernel, static_cast<unsigned>(grid), kGemmThreads, smem, p, static_cast<const bf16*>(xp));
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void dispatch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
+  switch (column_tiles(p.rows)) {
+    case 1:
+    case 2:
+      return launch_head_wgmma<16>(ctx, p, xp);
+    case 4:
+      return launch_head_wgmma<32>(ctx, p, xp);
+    case 8:
+      return launch_head_wgmma<64>(ctx, p, xp);
+    default:
+      return launch_head_wgmma<128>(ctx, p, xp);
+  }
 }
 
 template <bool kFp8, Epi kEpi>
@@ -1663,7 +1869,30 @@ bool head_gemv_wanted(HeadGemm policy, int rows, int k) {
   return (policy == HeadGemm::gemv || policy == HeadGemm::automatic) && head_gemv_fits(rows, k);
 }
 
+/// Whether the FP8 head of `rows` rows runs the wgmma kernel: always under wgmma (an error where
+/// the build lacks it), from kMinRowsWgmmaHead rows under auto where the build has it.
+bool head_wgmma_wanted(HeadGemm policy, int rows) {
+  if (policy == HeadGemm::wgmma) {
+    MTP_REQUIRE(have_wgmma(), "ops::cuda::head_argmax_batch: head_gemm wgmma needs the sm_90a device code; "
+                "this build's CUDA architectures have no 90a (configure with CMAKE_CUDA_ARCHITECTURES=90a)");
+    return true;
+  }
+  return policy == HeadGemm::automatic && have_wgmma() && rows >= kMinRowsWgmmaHead;
+}
+
 }  // namespace
+
+size_t head_packed_x_elems(int k) {
+  return static_cast<size_t>((k + kChunkK - 1) / kChunkK) * kChunkK * kMaxBatchRows;
+}
+
+bool have_wgmma() {
+#if defined(MTPLAB_CUDA_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
 
 bool head_gemv_fits(int rows, int k) {
   return rows >= 2 && rows <= kMaxRowsGemvHead && k >= kHgChunk && k % kHgChunk == 0 &&
@@ -1709,6 +1938,13 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
   p.extras = extras;
   p.best = s.best;
   p.counter = s.counter;
+  if (fp8 && head_wgmma_wanted(ctx.policy.head_gemm, rows)) {
+    MTP_REQUIRE(s.packed_x != nullptr && s.packed_elems >= head_packed_x_elems(k),
+                "ops::cuda::head_argmax_batch: the wgmma head's packed-x scratch holds ", s.packed_elems,
+                " values, ", head_packed_x_elems(k), " needed at k = ", k);
+    dispatch_head_wgmma(ctx, p, s.packed_x);
+    return;
+  }
   if (fp8) {
     dispatch_rows_gemm<true, Epi::head>(ctx, p);
   } else {

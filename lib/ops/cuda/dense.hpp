@@ -69,7 +69,19 @@ void argmax_pick(const LaunchCtx& ctx, const ArgMax* pairs, int n, int32_t* toke
 struct HeadBatchScratch {
   unsigned long long* best = nullptr;
   unsigned int* counter = nullptr;
+  /// The wgmma FP8 head's packed x (head_packed_x_elems), rewritten by every launch that uses it.
+  bf16* packed_x = nullptr;
+  size_t packed_elems = 0;
 };
+/// BF16 values of the wgmma FP8 head's packed x for up to kMaxBatchRows rows of k columns.
+size_t head_packed_x_elems(int k);
+/// Whether this build's device code has the warpgroup MMA (the sm_90a target): the wgmma FP8
+/// head (KernelPolicy::head_gemm wgmma) needs it.
+bool have_wgmma();
+/// Fewest rows the FP8 head takes the wgmma kernel at under head_gemm auto. The kernel has not run
+/// on a GPU yet (docs/kernels.md, "The FP8 head on wgmma"): until its GPU tests pass and it is
+/// measured, auto never picks it (a value past kMaxBatchRows) and only head_gemm wgmma runs it.
+inline constexpr int kMinRowsWgmmaHead = kMaxBatchRows + 1;
 /// head_argmax_batch of up to kMaxBatchRows rows in one launch, the argmax fused, every weight row
 /// read once: the skinny GEMM (W rows x the batch's rows on the tensor cores), or, for FP8 rows at
 /// 2 .. kMaxRowsGemvHead rows under ctx.policy.head_gemm gemv or auto, the multi-row GEMV head
