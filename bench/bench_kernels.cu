@@ -875,7 +875,7 @@ void run_batched(Bench& b, ops::Backend& be) {
   };
   // The head with its fused argmax (KernelPolicy::head_gemm): BF16 under the policy's choice; FP8
   // (row-scaled) on the MMA kernel at every B ("fp8 B=4") and on the multi-row GEMV ("fp8 B=4
-  // gemv", 2 .. ops::cuda::kMaxRowsGemvHead rows; at 8 rows gemv runs the MMA kernel, which shows
+  // gemv", 1 .. ops::cuda::kMaxRowsGemvHead rows; at 8 rows gemv runs the MMA kernel, which shows
   // the fallback's cost), on the warpgroup-MMA kernel ("wgmma": x packed, then the GEMM) and under
   // the policy's automatic choice ("auto"); "cublaslt": the BF16 head as cuBLASLt GEMM + per-row
   // argmax, beside it.
@@ -890,9 +890,10 @@ void run_batched(Bench& b, ops::Backend& be) {
   const HeadCase head_cases[] = {
       {false, false, ops::HeadGemm::automatic, "", all_batches},
       {true, true, ops::HeadGemm::mma, "", all_batches},
-      {true, true, ops::HeadGemm::gemv, " gemv", {2, 4, 8}},
+      {true, true, ops::HeadGemm::mma, "", {3, 8}},
+      {true, true, ops::HeadGemm::gemv, " gemv", {1, 2, 3, 4, 8}},
       {true, true, ops::HeadGemm::wgmma, " wgmma", {4, 8, 16, 32, 64, 128}},
-      {true, false, ops::HeadGemm::automatic, " auto", {8, 32}},
+      {true, false, ops::HeadGemm::automatic, " auto", {1, 2, 4, 8, 16, 32, 64, 128}},
       {false, true, ops::HeadGemm::cublaslt, " cublaslt", all_batches},
   };
   for (const HeadCase& hc : head_cases) {

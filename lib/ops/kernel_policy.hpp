@@ -56,19 +56,20 @@ enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };
 enum class MlaDecode { v1, v2 };
 /// indexer_select's kernel: v2 (the default) the 11/11/10-bit radix select; v1 four 8-bit passes.
 enum class IndexerSelect { v1, v2 };
-/// The kernel of the batched head (head_argmax_batch at 2 or more rows): mma, the skinny
-/// tensor-core GEMM with its argmax fused (one launch), at every batch size and for both weight
-/// types; cublaslt, for BF16 rows a cuBLASLt GEMM into a logits scratch, the per-row argmax over it
-/// and a finishing launch (three launches); gemv, for FP8 rows at 2 .. cuda::kMaxRowsGemvHead rows
-/// the multi-row GEMV with its argmax fused (one launch; more rows take mma). automatic: BF16 rows
-/// per batch size from the measured table in cuda_backend.cpp, FP8 rows the multi-row GEMV at 2 ..
-/// cuda::kMaxRowsGemvHead rows and mma above (wgmma from cuda::kMinRowsWgmmaHead rows once it is
-/// measured; not yet). wgmma, for FP8 rows: the warpgroup-MMA kernel (docs/kernels.md, "The FP8
-/// head on wgmma"; two launches: x packed, then the GEMM with its argmax fused), at every batch
-/// size, not yet run on a GPU; it needs the sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a, the
-/// default) and fails with a clear error without it. FP8 rows under cublaslt take mma (cuBLASLt's FP8 GEMMs want both
-/// operands in FP8); BF16 rows under gemv or wgmma take what automatic takes (there is no BF16
-/// multi-row or wgmma head).
+/// The kernel of the batched head (head_argmax_batch): mma, the skinny tensor-core GEMM with its
+/// argmax fused (one launch), at every batch size and for both weight types (FP8 rows at up to 16
+/// batch rows with FP16 operands, docs/kernels.md); cublaslt, for BF16 rows a cuBLASLt GEMM into a
+/// logits scratch, the per-row argmax over it and a finishing launch (three launches); gemv, for
+/// FP8 rows at 1 .. cuda::kMaxRowsGemvHead rows the multi-row GEMV with its argmax fused (one
+/// launch; more rows take mma); wgmma, for FP8 rows: the warpgroup-MMA kernel (docs/kernels.md,
+/// "The FP8 head on wgmma"; two launches: x packed, then the GEMM with its argmax fused), at every
+/// batch size; it needs the sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a, the default) and fails with
+/// a clear error without it. automatic: BF16 rows per batch size from the measured table in
+/// cuda_backend.cpp; FP8 rows the multi-row GEMV at 1 .. cuda::kMaxRowsGemvHeadAuto rows, mma up to
+/// 16 rows, wgmma from cuda::kMinRowsWgmmaHead (17) rows where the build has sm_90a (mma
+/// otherwise), each from the measured comparison in docs/kernels.md. FP8 rows under cublaslt take
+/// mma (cuBLASLt's FP8 GEMMs want both operands in FP8); BF16 rows under gemv or wgmma take what
+/// automatic takes (there is no BF16 multi-row or wgmma head).
 enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
 /// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "The
 /// grouped experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in

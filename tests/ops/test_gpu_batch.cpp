@@ -33,10 +33,11 @@
 //   may move to its neighbour: every code within one step, >= 90% identical.
 // - Batched linears (rows_linear = gemv, and cuBLASLt): GpuDense.Linear's tolerances, and a row's
 //   bits at B < 16 equal to its bits at B = 16 (BatchedLinearsRowsGemv).
-// - The FP8 head's multi-row GEMV (head_gemm = gemv, B = 2 .. 4): the head's tolerances against
-//   the CPU, and a row's logits and pick at B = 2 and 3 bit-identical to its own at B = 4
+// - The FP8 head's multi-row GEMV (head_gemm = gemv, B = 1 .. 4): the head's tolerances against
+//   the CPU, and a row's logits and pick at B = 1, 2 and 3 bit-identical to its own at B = 4
 //   (HeadGemvRowBitsDoNotDependOnTheBatch); exact ties to the lowest index, nothing of a padded
-//   row written, graph replays equal to eager launches.
+//   row written, graph replays equal to eager launches. The FP8 head's FP16 operands (resident
+//   MMA, wgmma): a row scaled by 2^e gives its logits times 2^e bit for bit.
 // - One launch per op: each op enqueues at most the kernels it is documented to (two for the
 //   grouped experts, two for a split decode), whatever B.
 // - The decode runs under both values of KernelPolicy::mla_decode with mla_batch = tiles (v2, the
@@ -364,7 +365,7 @@ TEST_P(GpuBatch, HeadArgmax) {
   const KernelPolicy before = gpu().kernel_policy();
   for (const Path& path :
        {Path{false, HeadGemm::mma, all_batches}, Path{false, HeadGemm::cublaslt, all_batches},
-        Path{true, HeadGemm::mma, all_batches}, Path{true, HeadGemm::gemv, {2, 3, 4}},
+        Path{true, HeadGemm::mma, all_batches}, Path{true, HeadGemm::gemv, {1, 2, 3, 4}},
         Path{true, HeadGemm::wgmma, all_batches}}) {
     const bool fp8 = path.fp8;
     KernelPolicy policy = before;
@@ -472,9 +473,10 @@ TEST_P(GpuBatch, HeadArgmax) {
               near_ties, compared);
 }
 
-// The FP8 head under head_gemm = gemv (the multi-row GEMV at 2 .. 4 rows): a row's logits, pair,
-// key and token are bit for bit the same at B = 2, 3 and 4 (its sums depend on k only, never on the
-// other rows); automatic takes the same kernel at these sizes (the same bytes). And they are the
+// The FP8 head under head_gemm = gemv (the multi-row GEMV at 1 .. 4 rows): a row's logits, pair,
+// key and token are bit for bit the same at B = 1, 2, 3 and 4 (its sums depend on k only, never on
+// the other rows); automatic takes the same kernel at 1 .. 3 rows (the same bytes) and the MMA
+// kernel at 4 (the mma bytes). And they are the
 // GEMV's, not the MMA kernel's: from the small shape up (>= 155k logits, each a sum of >= 1024
 // products) the two summation orders round dozens to hundreds of logits differently, so equal
 // bytes would mean the GEMV never ran.
@@ -519,7 +521,7 @@ TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
     EXPECT_EQ(ref.key[static_cast<size_t>(b)], host_key(ref.out[static_cast<size_t>(b)])) << "row " << b;
     EXPECT_EQ(ref.token[static_cast<size_t>(b)], ref.out[static_cast<size_t>(b)].index) << "row " << b;
   }
-  for (const int B : {2, 3}) {
+  for (const int B : {1, 2, 3}) {
     const Result r = run(HeadGemm::gemv, B);
     const std::string what = "gemv head at B = " + std::to_string(B) + " vs the same rows at B = 4";
     expect_bytes_equal(r.logits, first(ref.logits, static_cast<size_t>(B) * V), what + ": logits");
@@ -527,14 +529,19 @@ TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
     expect_bytes_equal(r.key, first(ref.key, static_cast<size_t>(B)), what + ": keys");
     expect_bytes_equal(r.token, first(ref.token, static_cast<size_t>(B)), what + ": tokens");
   }
-  for (const int B : {2, 3, 4}) {
+  for (const int B : {1, 2, 3}) {
     const Result a = run(HeadGemm::automatic, B);
     const std::string what = "automatic head at B = " + std::to_string(B) + " vs gemv";
     expect_bytes_equal(a.logits, first(ref.logits, static_cast<size_t>(B) * V), what + ": logits");
     expect_bytes_equal(a.out, first(ref.out, static_cast<size_t>(B)), what + ": pairs");
   }
+  const Result mma = run(HeadGemm::mma, kRows);
+  {
+    const Result a = run(HeadGemm::automatic, kRows);
+    expect_bytes_equal(a.logits, mma.logits, "automatic head at B = 4 vs mma: logits");
+    expect_bytes_equal(a.out, mma.out, "automatic head at B = 4 vs mma: pairs");
+  }
   if (H >= 1024) {
-    const Result mma = run(HeadGemm::mma, kRows);
     size_t differ = 0;
     for (size_t i = 0; i < mma.logits.size(); ++i) differ += mma.logits[i].bits != ref.logits[i].bits;
     EXPECT_GT(differ, 0u) << "gemv and mma heads gave the same " << mma.logits.size()
@@ -546,9 +553,10 @@ TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
 
 // The FP8 head under head_gemm = wgmma: a row's logits and pair are bit for bit the same whatever
 // the batch around it and whichever N the kernel runs at (B = 3: 16 columns, 20: 32, 50: 64, 128:
-// 128): a logit is the dot product of its own W row and x row in the wgmma's k order. And they
-// are not the mma.sync kernel's bytes (another summation order: from the small shape up some
-// logits round differently), so equal bytes would mean the wgmma kernel never ran.
+// 128): a logit is the dot product of its own W row and x row in the wgmma's k order, and the
+// row's FP16 scaling (batch::f16_row_shift) depends on the row alone. Two launches each time (x
+// packed, then the GEMM): the wgmma kernel ran. Its bytes against the mma.sync kernel's are
+// printed (the same products and k order: on an H200 they have come out equal).
 TEST_P(GpuBatch, HeadWgmmaRowBitsDoNotDependOnTheBatch) {
   if (!ops::cuda::have_wgmma()) GTEST_SKIP() << "this build has no sm_90a device code";
   const Shape s = GetParam();
@@ -566,8 +574,13 @@ TEST_P(GpuBatch, HeadWgmmaRowBitsDoNotDependOnTheBatch) {
     PolicyScope scope([gemm](KernelPolicy& p) { p.head_gemm = gemm; });
     auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
     auto out = out_twin<ArgMax>(B);
-    gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
-                            logits.g.data(), V, out.g.data());
+    const uint64_t launches = kernels_of([&] {
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
+                              logits.g.data(), V, out.g.data());
+    });
+    if (gemm == HeadGemm::wgmma) {
+      EXPECT_EQ(launches, 2u) << "wgmma head at B = " << B << ": x packed, then the GEMM";
+    }
     return std::make_pair(logits.from_gpu(), out.from_gpu());
   };
   const auto ref = run(HeadGemm::wgmma, kRows);
@@ -578,14 +591,63 @@ TEST_P(GpuBatch, HeadWgmmaRowBitsDoNotDependOnTheBatch) {
                        what + ": logits");
     expect_bytes_equal(r.second, std::vector<ArgMax>(ref.second.begin(), ref.second.begin() + B), what + ": pairs");
   }
-  if (H >= 1024) {
-    const auto mma = run(HeadGemm::mma, 20);
-    size_t differ = 0;
-    for (size_t i = 0; i < mma.first.size(); ++i) differ += mma.first[i].bits != ref.first[i].bits;
-    EXPECT_GT(differ, 0u) << "wgmma and mma heads gave the same " << mma.first.size()
-                          << " logits: the wgmma path did not run; " << seed_note();
-    std::printf("[gpu-batch] %s FP8 head, B = 20: %zu of %zu logits differ between wgmma and mma\n", s.name,
-                differ, mma.first.size());
+  const auto mma = run(HeadGemm::mma, 20);
+  size_t differ = 0;
+  for (size_t i = 0; i < mma.first.size(); ++i) differ += mma.first[i].bits != ref.first[i].bits;
+  std::printf("[gpu-batch] %s FP8 head, B = 20: %zu of %zu logits differ between wgmma and mma\n", s.name, differ,
+              mma.first.size());
+}
+
+// The FP8 head's FP16 operands (the resident MMA kernel at up to 16 rows, the wgmma kernel): every
+// batch row is one x row times 2^e, e from -60 to 60, so each row gets another shift. The shift is
+// taken out again exactly, so row b's logits are row 0's times 2^(e_b - e_0) bit for bit (BF16
+// holds them all: |logit| < 2^7 before the scaling) and every row picks row 0's token. A shift
+// applied to the wrong row, or not taken out, breaks it.
+TEST_P(GpuBatch, HeadFp16OperandsScaleExactly) {
+  const Shape s = GetParam();
+  Rng rng(807);
+  const int V = s.vocab, H = s.hidden;
+  const Big<fp8e4m3> W8 = big_fp8(static_cast<size_t>(V) * H, 8071);
+  std::vector<float> scale_h(static_cast<size_t>(V));
+  for (auto& v : scale_h) v = rng.uniform(0.5f, 1.5f) / 448.0f;
+  Twin<float> scale(scale_h);
+  const std::vector<bf16> x0 = rng.bf16s(static_cast<size_t>(H), -1.0f, 1.0f);
+  const int exps[] = {0, -60, -13, 5, 40, 1, -1, 60, 17, -33};
+  for (const HeadGemm gemm : {HeadGemm::mma, HeadGemm::wgmma}) {
+    if (gemm == HeadGemm::wgmma && !ops::cuda::have_wgmma()) continue;
+    PolicyScope scope([gemm](KernelPolicy& p) { p.head_gemm = gemm; });
+    for (const int B : {10, 16, 20}) {
+      if (gemm == HeadGemm::mma && B > 16) continue;  // the ring kernel (BF16 operands) from 17 rows
+      const std::string what = std::string(gemm == HeadGemm::mma ? "mma" : "wgmma") + " head at B = " +
+                               std::to_string(B);
+      std::vector<bf16> x_h(static_cast<size_t>(B) * H);
+      std::vector<int> e(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) {
+        e[static_cast<size_t>(b)] = exps[b % 10];
+        for (int i = 0; i < H; ++i)
+          x_h[static_cast<size_t>(b) * H + i] = to_bf16(std::ldexp(to_float(x0[static_cast<size_t>(i)]), exps[b % 10]));
+      }
+      Twin<bf16> x(x_h);
+      std::vector<int32_t> slots_h(static_cast<size_t>(B));
+      std::iota(slots_h.begin(), slots_h.end(), 0);
+      Twin<int32_t> slots(slots_h);
+      auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
+      auto out = out_twin<ArgMax>(B);
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
+                              logits.g.data(), V, out.g.data());
+      const auto gl = logits.from_gpu();
+      const auto go = out.from_gpu();
+      for (int b = 1; b < B; ++b) {
+        size_t bad = 0, first = 0;
+        for (size_t v = 0; v < static_cast<size_t>(V); ++v) {
+          const float want = std::ldexp(to_float(gl[v]), e[static_cast<size_t>(b)] - e[0]);
+          if (to_float(gl[static_cast<size_t>(b) * V + v]) != want && bad++ == 0) first = v;
+        }
+        EXPECT_EQ(bad, 0u) << what << " row " << b << " (x times 2^" << e[static_cast<size_t>(b)] << "): " << bad
+                           << " logits are not row 0's scaled, first at " << first << "; " << seed_note();
+        EXPECT_EQ(go[static_cast<size_t>(b)].index, go[0].index) << what << " row " << b;
+      }
+    }
   }
 }
 
@@ -612,7 +674,7 @@ TEST(GpuBatchHead, Fp8TiesGoToTheLowestRowUnderEitherKernel) {
   for (const HeadGemm gemm : {HeadGemm::mma, HeadGemm::gemv, HeadGemm::wgmma}) {
     if (gemm == HeadGemm::wgmma && !ops::cuda::have_wgmma()) continue;
     PolicyScope scope([gemm](KernelPolicy& p) { p.head_gemm = gemm; });
-    for (const int B : {2, 3, 4}) {
+    for (const int B : {1, 2, 3, 4}) {
       std::vector<int32_t> slots_h(static_cast<size_t>(B));
       std::iota(slots_h.begin(), slots_h.end(), 0);
       Twin<int32_t> slots(slots_h);

@@ -274,6 +274,15 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// The same MMA on FP16 operands (fp32 accumulate).
+__device__ __forceinline__ void mma_16816_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /// Two floats as a BF16 pair (RNE), the first in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -291,6 +300,40 @@ __device__ __forceinline__ void fp8x16_to_bf16x16(const uint4& v, uint32_t (&w)[
     w[2 * i] = pack_bf16x2(a.x, a.y);
     w[2 * i + 1] = pack_bf16x2(b.x, b.y);
   }
+}
+
+/// 16 E4M3 values (one 16-byte vector, low byte first) as 8 FP16 pairs: exact (every E4M3 value,
+/// subnormals included, is an FP16 value), one conversion instruction a pair where the BF16
+/// widening above takes two (E4M3 -> FP16 -> fp32 pair -> BF16 pair).
+__device__ __forceinline__ void fp8x16_to_f16x16(const uint4& v, uint32_t (&w)[8]) {
+  const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q[i] & 0xffffu), __NV_E4M3);
+    const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(q[i] >> 16), __NV_E4M3);
+    w[2 * i] = static_cast<uint32_t>(a.x) | (static_cast<uint32_t>(a.y) << 16);
+    w[2 * i + 1] = static_cast<uint32_t>(b.x) | (static_cast<uint32_t>(b.y) << 16);
+  }
+}
+
+// FP16 activations for the FP8 weights (docs/kernels.md, "FP16 operands for the FP8 head"): a batch
+// row of x is scaled by 2^shift, shift = 14 - floor(log2 max|x|), so its largest magnitude falls in
+// [2^14, 2^15), and rounded to FP16. FP16 holds BF16's 8 significant bits exactly from 2^-17 up, so
+// every entry down to 2^-32 of the row's largest is exact, and the tensor core's products and fp32
+// sums are the BF16 operands' times 2^shift; the epilogue multiplies the shift back out (exact, a
+// power of two). Rows of zeros and rows with a non-finite maximum keep shift 0.
+__device__ __forceinline__ int f16_row_shift(float max_abs) {
+  return max_abs > 0.0f && isfinite(max_abs) ? 14 - ilogbf(max_abs) : 0;
+}
+/// BF16 pair `two` (low half first) times 2^shift as an FP16 pair.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2_shifted(uint32_t two, int shift) {
+  const __half2 h = __floats2half2_rn(ldexpf(__uint_as_float(two << 16), shift),
+                                      ldexpf(__uint_as_float(two & 0xffff0000u), shift));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+/// The largest magnitude of a BF16 pair and m.
+__device__ __forceinline__ float bf16x2_max_abs(uint32_t two, float m) {
+  return fmaxf(m, fmaxf(fabsf(__uint_as_float(two << 16)), fabsf(__uint_as_float(two & 0xffff0000u))));
 }
 
 /// The eight BF16 pairs of two 16-byte vectors.
@@ -313,10 +356,18 @@ __device__ __forceinline__ void a_frags(const uint32_t (&w0)[8], const uint32_t 
 
 /// acc += A (four k-steps) x B, the B words of this lane's column (8 BF16 pairs of its 16 physical
 /// columns of the chunk).
+/// kF16: FP16 operands.
+template <bool kF16 = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[4], const uint32_t (&a)[4][4],
                                           const uint32_t (&b)[8]) {
 #pragma unroll
-  for (int s = 0; s < 4; ++s) mma_16816(acc, a[s], b[2 * s], b[2 * s + 1]);
+  for (int s = 0; s < 4; ++s) {
+    if constexpr (kF16) {
+      mma_16816_f16(acc, a[s], b[2 * s], b[2 * s + 1]);
+    } else {
+      mma_16816(acc, a[s], b[2 * s], b[2 * s + 1]);
+    }
+  }
 }
 
 // ---- launch shapes of the row kernels (host) -----------------------------------------------------------

@@ -768,9 +768,11 @@ constexpr int rows_gemm_min_blocks() {
 // [NB][k] is staged into shared memory once per block, before the tile loop, so the chunk loop
 // has no barrier and no copy to wait for, and W is kept kResWBuf - 1 chunks ahead in registers
 // (the block holding up to 131 KB of x, fewer blocks share a multiprocessor, so each warp keeps
-// more of W in flight). The MMAs, their operands and their order are the ring mode's: the same
-// bits. Rows of k + 8 values (padded past k with zeros): the 16-byte reads of a quarter warp fall
-// in distinct banks, as the ring's 72-value rows do.
+// more of W in flight). The staged rows are then rewritten in place as scaled FP16 (batch::
+// f16_row_shift) and W is widened to FP16, one conversion a pair instead of two: the MMAs' order is
+// the ring mode's and the products and sums are the BF16 operands' times the power of two the
+// epilogue takes out again. Rows of k + 8 values (padded past k with zeros): the 16-byte reads of a
+// quarter warp fall in distinct banks, as the ring's 72-value rows do.
 constexpr int kResWBuf = 6;
 /// Bytes of the resident x for `rows_padded` batch rows of k.
 size_t resident_x_bytes(int rows_padded, int k) {
@@ -780,11 +782,13 @@ size_t resident_x_bytes(int rows_padded, int k) {
 
 /// The epilogue of one tile of the skinny GEMM (rows_gemm and the wgmma head): acc[j][e] is (W row
 /// r0 or r1 of the group, batch row 8j + 2t + (e & 1)). BF16 / fp32 outputs, or the head's logits
-/// and their keys, reduced over the warp's 16 rows into s_best (shared atomics).
+/// and their keys, reduced over the warp's 16 rows into s_best (shared atomics). s_shift (FP16
+/// operands, batch::f16_row_shift; nullptr for BF16 ones): batch row b's x was scaled by
+/// 2^s_shift[b], multiplied back out after the row scale (both exact: the BF16 operands' bits).
 template <bool kFp8, int kNT, Epi kEpi>
 __device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (&acc)[kNT][4], int group, int r0,
                                               int r1, bool ok0, bool ok1, int g, int t, const uint8_t* s_live,
-                                              unsigned long long* s_best) {
+                                              unsigned long long* s_best, const int* s_shift = nullptr) {
   const int rpg = p.map.rows_per_group;
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {
@@ -797,7 +801,10 @@ __device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (
       if (!ok || !s_live[b]) continue;
       const int64_t r = static_cast<int64_t>(group) * rpg + rl;  // output row
       float v = acc[j][e];
-      if constexpr (kFp8) v = __fmul_rn(p.row_scale[r], v);
+      if constexpr (kFp8) {
+        v = __fmul_rn(p.row_scale[r], v);
+        if (s_shift) v = ldexpf(v, -s_shift[b]);
+      }
       if constexpr (kEpi == Epi::f32_out) {
         static_cast<float*>(p.y)[b * p.ldy + r] = v;
       } else {
@@ -868,6 +875,7 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
   bf16* xs = reinterpret_cast<bf16*>(gemm_smem);  // ring: [kXStages][NB][kXStride]; kRes: [NB][ldr]
   __shared__ uint8_t s_live[NB];
   __shared__ unsigned long long s_best[kEpi == Epi::head ? NB : 1];
+  __shared__ int s_shift[kRes ? NB : 1];  // kRes: FP16 operands (batch::f16_row_shift)
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2;
@@ -892,6 +900,26 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
     }
     batch::cp_async_commit();
     batch::cp_async_wait<0>();
+    __syncthreads();
+    // Each row as scaled FP16 in place (a warp a row): the widening of W is then one conversion a
+    // pair (batch::fp8x16_to_f16x16), which is what bounds this kernel.
+    for (int b = warp; b < NB; b += kGemmThreads / kWarp) {
+      uint4* row = reinterpret_cast<uint4*>(xs + static_cast<size_t>(b) * ldr);
+      float m = 0.0f;
+      for (int v = lane; v < vecs; v += kWarp) {
+        const uint4 q = row[v];
+        m = batch::bf16x2_max_abs(q.x, batch::bf16x2_max_abs(q.y, batch::bf16x2_max_abs(q.z, batch::bf16x2_max_abs(q.w, m))));
+      }
+#pragma unroll
+      for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      const int sh = batch::f16_row_shift(m);
+      for (int v = lane; v < vecs; v += kWarp) {
+        const uint4 q = row[v];
+        row[v] = make_uint4(batch::bf16x2_to_f16x2_shifted(q.x, sh), batch::bf16x2_to_f16x2_shifted(q.y, sh),
+                            batch::bf16x2_to_f16x2_shifted(q.z, sh), batch::bf16x2_to_f16x2_shifted(q.w, sh));
+      }
+      if (lane == 0) s_shift[b] = sh;
+    }
     __syncthreads();
   }
 
@@ -937,7 +965,10 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
     auto mma_w_chunk = [&](const uint4(&w)[2 * kWVec], const bf16* x_rows, int row_stride,
                            float(&acc)[kNT][4]) {
       uint32_t wa[8], wb[8];
-      if constexpr (kFp8) {
+      if constexpr (kFp8 && kRes) {
+        batch::fp8x16_to_f16x16(w[0], wa);
+        batch::fp8x16_to_f16x16(w[1], wb);
+      } else if constexpr (kFp8) {
         batch::fp8x16_to_bf16x16(w[0], wa);
         batch::fp8x16_to_bf16x16(w[1], wb);
       } else {
@@ -951,7 +982,7 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
         const bf16* xr = x_rows + static_cast<size_t>(8 * j + g) * row_stride + 16 * t;
         uint32_t bw[8];
         batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
-        batch::mma_chunk(acc[j], a, bw);
+        batch::mma_chunk<kRes>(acc[j], a, bw);
       }
     };
 
@@ -998,7 +1029,8 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
       }
     }
 
-    tile_epilogue<kFp8, kNT, kEpi>(p, acc, group, r0, r1, ok0, ok1, g, t, s_live, s_best);
+    tile_epilogue<kFp8, kNT, kEpi>(p, acc, group, r0, r1, ok0, ok1, g, t, s_live, s_best,
+                                   kRes ? s_shift : nullptr);
   }
   if constexpr (kEpi == Epi::head) head_grid_finish<NB>(p, s_live, s_best);
 }
@@ -1093,22 +1125,41 @@ __device__ __forceinline__ size_t packed_x_index(int c, int s, int h, int n, int
   return ((static_cast<size_t>(c) * 4 + s) * 2 + h) * static_cast<size_t>(nb) * 8 + static_cast<size_t>(n) * 8;
 }
 
+/// The shifts of the packed rows (batch::f16_row_shift), after the largest packed x.
+__device__ __forceinline__ int* packed_x_shifts(bf16* xp, int k) {
+  return reinterpret_cast<int*>(xp + static_cast<size_t>((k + kChunkK - 1) / kChunkK) * kChunkK * kMaxBatchRows);
+}
+
+/// One block a batch row n (grid nb): the row's largest magnitude, its shift, then the row as
+/// scaled FP16 pairs in the packed layout.
 __global__ void __launch_bounds__(256) head_pack_x_kernel(const bf16* x, int64_t ldx, const int32_t* slot,
                                                           int rows, int k, int nb, bf16* xp) {
   pdl_begin();
+  __shared__ float s_max[256 / kWarp];
+  const int n = blockIdx.x;
+  const bool live = n < rows && (slot == nullptr || slot[n] >= 0);
+  const bf16* xr = x + n * ldx;
+  float m = 0.0f;
+  if (live)
+    for (int col = 2 * threadIdx.x; col < k; col += 2 * blockDim.x)
+      m = batch::bf16x2_max_abs(*reinterpret_cast<const uint32_t*>(xr + col), m);
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % kWarp == 0) s_max[threadIdx.x / kWarp] = m;
+  __syncthreads();
+  m = 0.0f;
+  for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) m = fmaxf(m, s_max[w]);
+  const int shift = batch::f16_row_shift(m);
+  if (threadIdx.x == 0) packed_x_shifts(xp, k)[n] = shift;
   const int nchunks = (k + kChunkK - 1) / kChunkK;
-  const int units = nchunks * 8 * nb;  // 16-byte units of xp
-  for (int u = blockIdx.x * blockDim.x + threadIdx.x; u < units; u += gridDim.x * blockDim.x) {
-    const int n = u % nb;
-    const int sh = (u / nb) % 8;
-    const int c = u / (nb * 8);
-    const int s = sh / 2, h = sh % 2;
-    const bool live = n < rows && (slot == nullptr || slot[n] >= 0);
+  for (int u = threadIdx.x; u < nchunks * 8; u += blockDim.x) {  // this row's 16-byte units
+    const int c = u / 8, s = (u % 8) / 2, h = u % 2;
     uint32_t w[4];
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const int col = c * kChunkK + 16 * t + 4 * s + 2 * h;
-      w[t] = live && col < k ? *reinterpret_cast<const uint32_t*>(x + n * ldx + col) : 0u;
+      w[t] = live && col < k ? batch::bf16x2_to_f16x2_shifted(*reinterpret_cast<const uint32_t*>(xr + col), shift)
+                             : 0u;
     }
     *reinterpret_cast<uint4*>(xp + packed_x_index(c, s, h, n, nb)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
@@ -1127,13 +1178,16 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
   bf16* xs = reinterpret_cast<bf16*>(wg_smem);  // [kWgStages][kStageElems]
   __shared__ uint8_t s_live[kNB];
   __shared__ unsigned long long s_best[kNB];
+  __shared__ int s_shift[kNB];
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2;
   const int t = lane & 3;
+  const int* shifts = packed_x_shifts(const_cast<bf16*>(xp), p.k);
   for (int b = threadIdx.x; b < kNB; b += blockDim.x) {
     s_live[b] = b < p.rows && (p.slot == nullptr || p.slot[b] >= 0);
     s_best[b] = 0;
+    s_shift[b] = shifts[b];
   }
   const int nchunks = (p.k + kChunkK - 1) / kChunkK;
   const size_t row_bytes = static_cast<size_t>(p.k);
@@ -1178,8 +1232,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
         if (c + kWgWBuf - 1 < nchunks) load_w(wr[(u + kWgWBuf - 1) % kWgWBuf], c + kWgWBuf - 1);
         {  // chunk c's A fragments (chunk c - 1's group has retired)
           uint32_t wa[8], wb[8];
-          batch::fp8x16_to_bf16x16(wr[u][0], wa);
-          batch::fp8x16_to_bf16x16(wr[u][1], wb);
+          batch::fp8x16_to_f16x16(wr[u][0], wa);
+          batch::fp8x16_to_f16x16(wr[u][1], wb);
           batch::a_frags(wa, wb, a);
         }
         batch::cp_async_wait<kWgAhead - 1>();  // this thread's copies of chunk c have landed
@@ -1191,14 +1245,14 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
         wg::fence();
 #pragma unroll
         for (int s = 0; s < 4; ++s)
-          wg::mma_bf16<kNB>(&acc[0][0], a[s], wg::desc(xc + static_cast<size_t>(s) * 2 * kNB * 8, kLbo, kSbo));
+          wg::mma_f16<kNB>(&acc[0][0], a[s], wg::desc(xc + static_cast<size_t>(s) * 2 * kNB * 8, kLbo, kSbo));
         wg::commit();
         wg::wait<0>();  // A is rewritten next (ptxas serializes every wgmma if A is defined while one is pending)
       }
     }
     wg::wait<0>();
     wg::fence_acc<kNB / 2>(&acc[0][0]);
-    tile_epilogue<true, kNT, Epi::head>(p, acc, 0, r0, r1, ok0, ok1, g, t, s_live, s_best);
+    tile_epilogue<true, kNT, Epi::head>(p, acc, 0, r0, r1, ok0, ok1, g, t, s_live, s_best, s_shift);
   }
   head_grid_finish<kNB>(p, s_live, s_best);
 #endif
@@ -1217,10 +1271,7 @@ void launch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
     MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGemmThreads, smem));
     return std::max(1, b);
   }();
-  const int nchunks = (p.k + kChunkK - 1) / kChunkK;
-  const int units = nchunks * 8 * kNB;
-  launch(ctx, head_pack_x_kernel, static_cast<unsigned>(std::min((units + 255) / 256, 4 * ctx.num_sms)), 256, 0,
-         p.x, p.ldx, p.slot, p.rows, p.k, kNB, xp);
+  launch(ctx, head_pack_x_kernel, static_cast<unsigned>(kNB), 256, 0, p.x, p.ldx, p.slot, p.rows, p.k, kNB, xp);
   MTP_CUDA_LAUNCH_CHECK();
   const int grid = std::max(1, std::min(p.total_tiles, per_sm * ctx.num_sms));
   launch(ctx, kernel, static_cast<unsigned>(grid), kGemmThreads, smem, p, static_cast<const bf16*>(xp));
@@ -1467,7 +1518,7 @@ int rows_gemv_tiles(int k) { return (k + kRgTileCols - 1) / kRgTileCols; }
 
 // ---- the multi-row GEMV head (head_gemv) ------------------------------------------------------------
 //
-// The FP8 head of R = 2 .. kMaxRowsGemvHead batch rows with its argmax fused, every weight element
+// The FP8 head of R = 1 .. kMaxRowsGemvHead batch rows with its argmax fused, every weight element
 // loaded once for all rows. A block of kHgWarps warps first stages the R live rows of x into shared
 // memory as fp32 (padded rows as zeros, never read), laid out [chunk / 32][row][quad][chunk % 32]:
 // lane l's 16-byte reads of quad q of its chunks are conflict-free (consecutive lanes, consecutive
@@ -1710,13 +1761,15 @@ void launch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p) {
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-static_assert(kMaxRowsGemvHead == 4, "dispatch_head_gemv instantiates 2, 3 and 4 rows");
+static_assert(kMaxRowsGemvHead == 4, "dispatch_head_gemv instantiates 1, 2, 3 and 4 rows");
 static_assert(head_gemv_smem(kMaxRowsGemvHead, 7168) <= kHgMaxSmem &&
                   head_gemv_smem(kMaxRowsGemvHead, 7169) > kHgMaxSmem,
               "head_gemv_fits' documented k limit");
 
 void dispatch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p, int rows) {
   switch (rows) {
+    case 1:
+      return launch_head_gemv<1>(ctx, p);
     case 2:
       return launch_head_gemv<2>(ctx, p);
     case 3:
@@ -1863,10 +1916,11 @@ GemmParams gemm_params(const void* W, const bf16* x, int64_t ldx, int rows, int 
 }
 
 /// Whether the FP8 head of `rows` rows runs the multi-row GEMV (KernelPolicy::head_gemm): under
-/// gemv and auto where it fits, never under mma (the skinny GEMM at every B) or cublaslt (which
-/// has no FP8 head: the skinny GEMM).
+/// gemv where it fits, under auto up to kMaxRowsGemvHeadAuto rows where it fits, never under mma
+/// (the skinny GEMM at every B), wgmma, or cublaslt (which has no FP8 head: the skinny GEMM).
 bool head_gemv_wanted(HeadGemm policy, int rows, int k) {
-  return (policy == HeadGemm::gemv || policy == HeadGemm::automatic) && head_gemv_fits(rows, k);
+  return (policy == HeadGemm::gemv || (policy == HeadGemm::automatic && rows <= kMaxRowsGemvHeadAuto)) &&
+         head_gemv_fits(rows, k);
 }
 
 /// Whether the FP8 head of `rows` rows runs the wgmma kernel: always under wgmma (an error where
@@ -1882,8 +1936,9 @@ bool head_wgmma_wanted(HeadGemm policy, int rows) {
 
 }  // namespace
 
-size_t head_packed_x_elems(int k) {
-  return static_cast<size_t>((k + kChunkK - 1) / kChunkK) * kChunkK * kMaxBatchRows;
+size_t head_packed_x_elems(int k) {  // the packed rows, then an int shift a row (packed_x_shifts)
+  return static_cast<size_t>((k + kChunkK - 1) / kChunkK) * kChunkK * kMaxBatchRows +
+         kMaxBatchRows * sizeof(int) / sizeof(bf16);
 }
 
 bool have_wgmma() {
@@ -1895,7 +1950,7 @@ bool have_wgmma() {
 }
 
 bool head_gemv_fits(int rows, int k) {
-  return rows >= 2 && rows <= kMaxRowsGemvHead && k >= kHgChunk && k % kHgChunk == 0 &&
+  return rows >= 1 && rows <= kMaxRowsGemvHead && k >= kHgChunk && k % kHgChunk == 0 &&
          head_gemv_smem(rows, k) <= kHgMaxSmem;
 }
 

@@ -78,13 +78,13 @@ size_t head_packed_x_elems(int k);
 /// Whether this build's device code has the warpgroup MMA (the sm_90a target): the wgmma FP8
 /// head (KernelPolicy::head_gemm wgmma) needs it.
 bool have_wgmma();
-/// Fewest rows the FP8 head takes the wgmma kernel at under head_gemm auto. The kernel has not run
-/// on a GPU yet (docs/kernels.md, "The FP8 head on wgmma"): until its GPU tests pass and it is
-/// measured, auto never picks it (a value past kMaxBatchRows) and only head_gemm wgmma runs it.
-inline constexpr int kMinRowsWgmmaHead = kMaxBatchRows + 1;
+/// Fewest rows the FP8 head takes the wgmma kernel at under head_gemm auto: from 17, where the
+/// mma.sync kernel leaves its resident mode (measured on an H200, docs/kernels.md, "The FP8 head
+/// on wgmma": 279 against 337 us at 32 rows, 334 / 447 at 64, 457 / 704 at 128; equal at 16).
+inline constexpr int kMinRowsWgmmaHead = 17;
 /// head_argmax_batch of up to kMaxBatchRows rows in one launch, the argmax fused, every weight row
 /// read once: the skinny GEMM (W rows x the batch's rows on the tensor cores), or, for FP8 rows at
-/// 2 .. kMaxRowsGemvHead rows under ctx.policy.head_gemm gemv or auto, the multi-row GEMV head
+/// 1 .. kMaxRowsGemvHead rows under ctx.policy.head_gemm gemv (1 .. kMaxRowsGemvHeadAuto under auto), the multi-row GEMV head
 /// (dense.cu; where its activations fit its shared memory, head_gemv_fits). k % 16 == 0; W (or
 /// W_fp8) and x 16-byte aligned.
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
@@ -104,10 +104,13 @@ void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, 
 bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
 /// Most rows one rows_gemv launch takes (the batch rows of a batched linear at small B).
 inline constexpr int kMaxRowsGemv = 16;
-/// Most rows the multi-row GEMV head takes (the FP8 head under KernelPolicy::head_gemm gemv or
-/// auto); more rows run the skinny GEMM.
+/// Most rows the multi-row GEMV head takes (the FP8 head under KernelPolicy::head_gemm gemv); more
+/// rows run the skinny GEMM.
 inline constexpr int kMaxRowsGemvHead = 4;
-/// Whether the multi-row GEMV head can run `rows` rows of k columns: 2 .. kMaxRowsGemvHead rows,
+/// Most rows head_gemm auto gives the multi-row GEMV head: at 4 rows the resident MMA kernel with
+/// FP16 operands is faster (191 against 210 us on an H200, docs/kernels.md).
+inline constexpr int kMaxRowsGemvHeadAuto = 3;
+/// Whether the multi-row GEMV head can run `rows` rows of k columns: 1 .. kMaxRowsGemvHead rows,
 /// k % 16 == 0, and the rows' activations as fp32 (rows x k x 4 bytes, k rounded up to 512) within
 /// its shared memory (112 KB: k <= 7168 at 4 rows). Otherwise the FP8 head runs the skinny GEMM
 /// under any policy.

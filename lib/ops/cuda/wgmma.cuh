@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma) helpers of the batched kernels: the fences, the commit / wait of
 // the asynchronous groups, the shared-memory matrix descriptor of the canonical no-swizzle layout,
-// and wgmma.mma_async m64nNk16 (BF16 in, fp32 accumulate) with A in registers and B in shared
+// and wgmma.mma_async m64nNk16 (FP16 in, fp32 accumulate) with A in registers and B in shared
 // memory, for N = 16, 32, 64 and 128. These need the sm_90a target (CMAKE_CUDA_ARCHITECTURES 90a,
 // the default): MTPLAB_WGMMA is 1 where the device code is compiled for it, 0 elsewhere (the
 // functions are then empty and no launcher may pick a kernel that uses them: mtplab_have_wgmma()).
@@ -66,14 +66,14 @@ __device__ __forceinline__ void fence_acc(float* d) {
 
 /// d (N / 2 floats a thread) += A (4 words) x B (descriptor), N in {16, 32, 64, 128}.
 template <int kN>
-__device__ __forceinline__ void mma_bf16(float* d, const uint32_t (&a)[4], uint64_t b);
+__device__ __forceinline__ void mma_f16(float* d, const uint32_t (&a)[4], uint64_t b);
 
 template <>
-__device__ __forceinline__ void mma_bf16<16>(float* d, const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_f16<16>(float* d, const uint32_t (&a)[4], uint64_t b) {
 #if MTPLAB_WGMMA
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7}, "
       "{%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
       :
@@ -83,11 +83,11 @@ __device__ __forceinline__ void mma_bf16<16>(float* d, const uint32_t (&a)[4], u
 }
 
 template <>
-__device__ __forceinline__ void mma_bf16<32>(float* d, const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_f16<32>(float* d, const uint32_t (&a)[4], uint64_t b) {
 #if MTPLAB_WGMMA
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
       "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
       :
@@ -98,11 +98,11 @@ __device__ __forceinline__ void mma_bf16<32>(float* d, const uint32_t (&a)[4], u
 }
 
 template <>
-__device__ __forceinline__ void mma_bf16<64>(float* d, const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_f16<64>(float* d, const uint32_t (&a)[4], uint64_t b) {
 #if MTPLAB_WGMMA
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
       "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
@@ -116,11 +116,11 @@ __device__ __forceinline__ void mma_bf16<64>(float* d, const uint32_t (&a)[4], u
 }
 
 template <>
-__device__ __forceinline__ void mma_bf16<128>(float* d, const uint32_t (&a)[4], uint64_t b) {
+__device__ __forceinline__ void mma_f16<128>(float* d, const uint32_t (&a)[4], uint64_t b) {
 #if MTPLAB_WGMMA
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
