@@ -1090,23 +1090,24 @@ void launch_rows_gemm(const LaunchCtx& ctx, const GemmParams& p) {
 // From 16 batch rows the FP8 head's mma.sync kernel is bound by its shared-memory reads: each warp
 // reads every batch row's chunk for its own 16 W rows (256 bytes of B per MMA), and at 128 rows it
 // took 688 us for a 150 us byte floor. Here a block of two warpgroups owns a tile of 128 W rows
-// (64 a warpgroup, 16 a warp: the rows, loads and widening of rows_gemm_kernel, so every W element
-// is loaded once, by the lane whose A fragment holds it) and every batch row (kNB of them, the
+// (64 a warpgroup, 16 a warp: the rows and loads of rows_gemm_kernel, so every W element is
+// loaded once, by the lane whose A fragment holds it, and widened to FP16 there) and every batch row (kNB of them, the
 // wgmma's N). The widened W rows are the A operand in registers; the batch rows' chunk is B, read
 // by the tensor cores straight from shared memory, once per warpgroup.
 // - x is packed once per launch (head_pack_x_kernel) into the wgmma's canonical no-swizzle layout,
 //   chunk after chunk of 64 columns, with the column relabelling of the A fragments built into it
 //   (docs/kernels.md, "The FP8 head on wgmma"); the block stages a chunk with plain 16-byte copies
 //   into a kWgStages-chunk cp.async ring, kWgAhead chunks ahead.
-// - W is kept kWgWBuf - 1 chunks ahead in registers; the widened A fragments of two chunks
-//   alternate, so a chunk's four wgmmas (one a k-step of 16) run while the next chunk is widened:
-//   after chunk c's group is committed, wait_group 1 retires chunk c - 1's, whose A registers and
-//   ring stage are reused next.
+// - W is kept kWgWBuf - 1 chunks ahead in registers; a chunk's four wgmmas (one a k-step of 16)
+//   are one group, retired (wait_group 0) before the next chunk is widened into the same A
+//   registers (a second A buffer with wait_group 1 made ptxas serialize every wgmma, C7513); two
+//   blocks a multiprocessor overlap one block's widening with the other's MMAs.
 // - The epilogue and the grid-level argmax are rows_gemm_kernel's (tile_epilogue,
 //   head_grid_finish).
-// A logit is the full fp32 dot product of its widened W row and x row, times the row scale; the
-// tensor core's summation order is the wgmma's, so its bits are not the mma.sync kernel's (near-
-// ties aside, the same picks); a batch row's logits do not depend on the other rows.
+// x is packed as FP16 scaled per row by a power of two (batch::f16_row_shift), taken out in the
+// epilogue. A logit is the full fp32 dot product of its widened W row and x row, times the row
+// scale, in the wgmma's summation order (on an H200 byte-equal to the mma.sync kernel's; not
+// promised); a batch row's logits do not depend on the other rows.
 
 constexpr int kWgStages = 5;
 constexpr int kWgAhead = kWgStages - 2;  // chunks c + 1 .. c + kWgAhead in flight while c computes
