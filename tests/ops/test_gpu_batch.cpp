@@ -351,10 +351,10 @@ TEST_P(GpuBatch, HeadArgmax) {
   Twin<float> scale(scale_h);
   const int ld = V + 24;  // entries V .. ld of a logits row are not written
   int near_ties = 0, compared = 0;
-  // Four paths: the fused MMA kernel with BF16 and FP8 rows, the cuBLASLt GEMM + argmax
-  // (KernelPolicy::head_gemm = cublaslt, BF16 only), and the FP8 multi-row GEMV (head_gemm = gemv)
-  // at the batch sizes it takes, 2 .. 4 rows (B = 2 and 3 every row live, B = 4 with row 2
-  // padded). cuBLASLt and the GEMV sum in other orders than the CPU, so their logits are compared
+  // Five paths: the fused MMA kernel with BF16 and FP8 rows, the cuBLASLt GEMM + argmax
+  // (KernelPolicy::head_gemm = cublaslt, BF16 only), the FP8 multi-row GEMV (head_gemm = gemv)
+  // at the batch sizes it takes, 1 .. 4 rows (B = 1, 2 and 3 every row live, B = 4 with row 2
+  // padded), and the FP8 wgmma kernel. cuBLASLt and the GEMV sum in other orders than the CPU, so their logits are compared
   // within the usual BF16 tolerance and their picks at near-ties, as the MMA path's are.
   struct Path {
     bool fp8;
