@@ -216,27 +216,30 @@ void Block::write_caches_from(const bf16* ckv_pre, const bf16* k_pre, const floa
 namespace {
 // The projections of u for n rows, each weight read once for all of them (RowsMode::batched):
 // the input norm, kv_a, indexer wk and gate, and with `full` also q_a, weights_proj (scaled by
-// 1/sqrt(n_I) as linear_group folds it: one fp32 multiply per value), the q_a norm and q_b. Context
-// rows (RowsScratch) and the batched draft step (BatchScratch) share it; the outputs are
+// 1/sqrt(n_I) as linear_group folds it: one fp32 multiply per value), the q_a norm and q_b. The
+// projections of u are one linear_rows_group, each output bit-identical to its own batched linear.
+// Context rows (RowsScratch) and the batched draft step (BatchScratch) share it; the outputs are
 // independent, so their order does not change a bit. `indexer_query` false (chained drafts under
 // index_share): no weights_proj, whose w_idx only the indexer scores read.
 template <typename Scratch>
 void project_rows(ops::Backend& be, const BlockWeights& w, const BlockDims& d, int n, const bf16* x,
                   Scratch& s, bool full, bool indexer_query = true) {
-  constexpr ops::RowsMode kBatched = ops::RowsMode::batched;
   be.rmsnorm(x, w.input_norm.data(), s.u.data(), n, d.hidden, d.rms_eps);
-  be.linear(w.kv_a.data(), s.u.data(), s.ckv_pre.data(), n, d.kv_lora, d.hidden, kBatched);
-  be.linear(w.idx_wk.data(), s.u.data(), s.k_pre.data(), n, d.index_dim, d.hidden, kBatched);
-  be.linear_f32(w.idx_gate.data(), s.u.data(), s.gate.data(), n, d.index_dim, d.hidden, kBatched);
+  // Every projection of u in one op (one launch where the multi-row GEMV takes them all).
+  const float w_scale = 1.0f / std::sqrt(static_cast<float>(d.index_heads));
+  const ops::LinearOut outs[] = {
+      {w.kv_a.data(), s.ckv_pre.data(), d.kv_lora, false, 1.0f},
+      {w.idx_wk.data(), s.k_pre.data(), d.index_dim, false, 1.0f},
+      {w.idx_gate.data(), s.gate.data(), d.index_dim, true, 1.0f},
+      {w.q_a.data(), s.cq_pre.data(), d.q_lora, false, 1.0f},
+      {w.idx_weights_proj.data(), s.w_idx.data(), d.index_heads, true, w_scale},
+  };
+  const size_t n_outs = !full ? 3 : indexer_query ? 5 : 4;
+  be.linear_rows_group(std::span<const ops::LinearOut>(outs, n_outs), s.u.data(), n, d.hidden);
   if (!full) return;
-  be.linear(w.q_a.data(), s.u.data(), s.cq_pre.data(), n, d.q_lora, d.hidden, kBatched);
-  if (indexer_query) {
-    be.linear_f32(w.idx_weights_proj.data(), s.u.data(), s.w_idx.data(), n, d.index_heads, d.hidden,
-                  kBatched);
-    be.scale_f32(s.w_idx.data(), 1.0f / std::sqrt(static_cast<float>(d.index_heads)), n * d.index_heads);
-  }
   be.rmsnorm(s.cq_pre.data(), w.q_a_norm.data(), s.cq.data(), n, d.q_lora, d.rms_eps);
-  be.linear(w.q_b.data(), s.cq.data(), s.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora, kBatched);
+  be.linear(w.q_b.data(), s.cq.data(), s.q.data(), n, d.n_heads_local * d.qk_nope, d.q_lora,
+            ops::RowsMode::batched);
 }
 }  // namespace
 

@@ -298,6 +298,12 @@ class Backend {
   /// bit-identical to the separate linear / linear_f32 (+ scale_f32) call with rows = 1 on the
   /// same backend. 1 .. kMaxLinearGroup outputs; no y may overlap x or another y.
   virtual void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) = 0;
+  /// Several batched projections of the same X [rows, k] in one op: each outs[i].y [rows, n_out] is
+  /// bit-identical to the separate linear / linear_f32 (+ scale_f32 over its rows x n_out values)
+  /// call with these rows and RowsMode::batched on the same backend. On CUDA the outputs that the
+  /// multi-row GEMV takes share one launch (at one row: linear_group's launch). 1 .. kMaxLinearGroup
+  /// outputs; no y may overlap X or another y.
+  virtual void linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) = 0;
   /// FP8 E4M3 weights with one fp32 scale per output row: y[i] = bf16(scale[i] * sum_j W[i,j] x[j]).
   virtual void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows,
                           int n_out, int k) = 0;

@@ -100,6 +100,68 @@ TEST_F(CpuFused, LinearGroupRefusesBadGroups) {
   EXPECT_THROW(be->linear_group(std::span<const LinearOut>(&no_y, 1), x.data(), 8), Error);
 }
 
+// linear_rows_group: each output of rows [rows, n_out] equal bit for bit to its own batched
+// linear / linear_f32 (+ scale_f32 over every row), at 1 and at several rows, and a row's values the
+// same as that row alone (the CPU's batched linears are per-row GEMVs).
+TEST_F(CpuFused, LinearRowsGroupEqualsTheSeparateBatchedOpsBitForBit) {
+  Rng rng(103);
+  const int k = 200;
+  const std::vector<GroupMember> members = {{32, false, 1.0f}, {16, false, 1.0f}, {16, true, 1.0f},
+                                            {48, false, 1.0f}, {4, true, 0.5f / 3.0f}};
+  for (const int rows : {1, 3, 7}) {
+    const auto x_h = rng.bf16s(static_cast<size_t>(rows) * k, -1.0f, 1.0f);
+    auto x = upload(*be, x_h);
+    std::vector<Array<bf16>> W;
+    std::vector<Array<uint8_t>> fused, separate;
+    std::vector<LinearOut> outs;
+    for (const GroupMember& m : members) {
+      W.push_back(upload(*be, rng.bf16s(static_cast<size_t>(m.n_out) * k, -1.0f, 1.0f)));
+      const size_t bytes = static_cast<size_t>(rows) * m.n_out * (m.f32_out ? 4 : 2);
+      fused.push_back(poisoned<uint8_t>(*be, bytes));
+      separate.push_back(poisoned<uint8_t>(*be, bytes));
+      outs.push_back({W.back().data(), fused.back().data(), m.n_out, m.f32_out, m.scale});
+    }
+    be->linear_rows_group(outs, x.data(), rows, k);
+    for (size_t i = 0; i < members.size(); ++i) {
+      const GroupMember& m = members[i];
+      if (m.f32_out) {
+        auto* y = reinterpret_cast<float*>(separate[i].data());
+        be->linear_f32(W[i].data(), x.data(), y, rows, m.n_out, k, RowsMode::batched);
+        if (m.scale != 1.0f) be->scale_f32(y, m.scale, rows * m.n_out);
+      } else {
+        be->linear(W[i].data(), x.data(), reinterpret_cast<bf16*>(separate[i].data()), rows, m.n_out, k,
+                   RowsMode::batched);
+      }
+      const auto got = download(*be, fused[i]);
+      EXPECT_TRUE(same_bits(got, download(*be, separate[i]))) << "rows " << rows << " output " << i << "; "
+                                                              << seed_note();
+      // The last row alone gives the same bytes as in the group.
+      const size_t row_bytes = static_cast<size_t>(m.n_out) * (m.f32_out ? 4 : 2);
+      auto x_last = upload(*be, std::vector<bf16>(x_h.end() - k, x_h.end()));
+      auto alone = poisoned<uint8_t>(*be, row_bytes);
+      const LinearOut one{W[i].data(), alone.data(), m.n_out, m.f32_out, m.scale};
+      be->linear_rows_group(std::span<const LinearOut>(&one, 1), x_last.data(), 1, k);
+      const std::vector<uint8_t> last(got.end() - static_cast<long>(row_bytes), got.end());
+      EXPECT_TRUE(same_bits(download(*be, alone), last)) << "rows " << rows << " output " << i << "; " << seed_note();
+    }
+  }
+}
+
+TEST_F(CpuFused, LinearRowsGroupRefusesBadGroups) {
+  auto x = poisoned<bf16>(*be, 16);
+  auto W = poisoned<bf16>(*be, 8);
+  auto y = poisoned<bf16>(*be, 2);
+  EXPECT_THROW(be->linear_rows_group(std::span<const LinearOut>(), x.data(), 2, 8), Error);
+  const std::vector<LinearOut> too_many(kMaxLinearGroup + 1, LinearOut{W.data(), y.data(), 1, false, 1.0f});
+  EXPECT_THROW(be->linear_rows_group(too_many, x.data(), 2, 8), Error);
+  const LinearOut scaled_bf16{W.data(), y.data(), 1, false, 2.0f};
+  EXPECT_THROW(be->linear_rows_group(std::span<const LinearOut>(&scaled_bf16, 1), x.data(), 2, 8), Error);
+  const LinearOut no_w{nullptr, y.data(), 1, false, 1.0f};
+  EXPECT_THROW(be->linear_rows_group(std::span<const LinearOut>(&no_w, 1), x.data(), 2, 8), Error);
+  const LinearOut fine{W.data(), y.data(), 1, false, 1.0f};
+  EXPECT_THROW(be->linear_rows_group(std::span<const LinearOut>(&fine, 1), x.data(), 0, 8), Error);
+}
+
 TEST_F(CpuFused, ResidualAddRmsnormEqualsTheTwoOpsBitForBit) {
   Rng rng(102);
   const int n = 300;

@@ -1302,7 +1302,7 @@ struct GroupedCase {
 
 /// Every memory pipeline of the grouped experts, v1 first (the one the others must match).
 constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1, MoePipeline::spread, MoePipeline::regs,
-                                         MoePipeline::ring};
+                                         MoePipeline::ring, MoePipeline::global};
 
 TEST_P(GpuBatch, MoeExpertsGrouped) {
   const Shape s = GetParam();
@@ -1555,6 +1555,110 @@ TEST(GpuBatchRowsGemv, GraphReplayMatchesEager) {
   }
   const std::vector<bf16> first2(want.begin(), want.begin() + 2 * n);
   expect_bytes_equal(small.from_gpu(), first2, "B = 2 rows vs the same rows at B = 16");
+}
+
+// linear_rows_group (the block's projections of u in one op) at B = 1, 2, 3, 5, 8, 16 under
+// rows_linear auto and gemv: every output bit-identical to its own batched linear / linear_f32 (+
+// scale_f32) on the GPU (the group's contract: rows_gemv's sums of a weight do not depend on the
+// other weights of the launch), within GpuDense.Linear's tolerances of the CPU (as
+// BatchedLinearsRowsGemv), a row past the batch kept poisoned; and one launch for the whole group
+// where the multi-row GEMV takes every output (forced gemv at any B up to 16; auto at B = 1 through
+// linear_group, and up to 8 rows where each of these linears is under the GEMV's work limit).
+TEST_P(GpuBatch, LinearRowsGroupIsBitIdenticalToSeparateLinears) {
+  const Shape s = GetParam();
+  constexpr int kMaxB = 16;
+  const int k = s.hidden;
+  struct Member {
+    const char* name;
+    int n;
+    bool f32;
+    float scale;
+  };
+  std::vector<Member> members = {{"kv_a", s.kv_lora, false, 1.0f},
+                                 {"indexer.wk", s.index_dim, false, 1.0f},
+                                 {"indexer.gate", s.index_dim, true, 1.0f},
+                                 {"q_a", s.q_lora, false, 1.0f},
+                                 {"indexer.weights_proj", s.index_heads, true,
+                                  1.0f / std::sqrt(static_cast<float>(s.index_heads))}};
+  if (std::string(s.name) == "tiny") members.push_back({"ragged n=37", 37, true, 0.25f});
+  uint64_t salt = 9400;
+  const Big<bf16> X = big_bf16(static_cast<size_t>(kMaxB) * k, -1.0f, 1.0f, ++salt);
+  std::vector<Big<bf16>> W;
+  for (const Member& m : members) W.push_back(big_bf16(static_cast<size_t>(m.n) * k, -1.0f, 1.0f, ++salt));
+  // The CPU reference of all kMaxB rows, output by output (scaled as scale_f32 would).
+  std::vector<std::vector<float>> want_f(members.size());
+  std::vector<std::vector<bf16>> want_b(members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Member& m = members[i];
+    auto Yf = out_twin<float>(m.f32 ? static_cast<size_t>(kMaxB) * m.n : 1);
+    auto Yb = out_twin<bf16>(m.f32 ? 1 : static_cast<size_t>(kMaxB) * m.n);
+    if (m.f32) {
+      cpu().linear_f32(W[i].c.data(), X.c.data(), Yf.c.data(), kMaxB, m.n, k, RowsMode::batched);
+      if (m.scale != 1.0f) cpu().scale_f32(Yf.c.data(), m.scale, kMaxB * m.n);
+      want_f[i] = Yf.from_cpu();
+    } else {
+      cpu().linear(W[i].c.data(), X.c.data(), Yb.c.data(), kMaxB, m.n, k, RowsMode::batched);
+      want_b[i] = Yb.from_cpu();
+    }
+  }
+  for (const RowsLinear path : {RowsLinear::automatic, RowsLinear::gemv}) {
+    PolicyScope scope([&](KernelPolicy& p) { p.rows_linear = path; });
+    for (const int B : {1, 2, 3, 5, 8, 16}) {
+      const std::string what =
+          where(std::string(s.name) + (path == RowsLinear::gemv ? " gemv" : " auto") + " linear_rows_group", B);
+      std::vector<Twin<float>> gf;
+      std::vector<Twin<bf16>> gb;
+      std::vector<LinearOut> outs;
+      gf.reserve(members.size());
+      gb.reserve(members.size());
+      for (const Member& m : members) {
+        const size_t nb = static_cast<size_t>(B) * m.n;
+        gf.push_back(out_twin<float>(m.f32 ? nb + m.n : 1));
+        gb.push_back(out_twin<bf16>(m.f32 ? 1 : nb + m.n));
+        void* y = m.f32 ? static_cast<void*>(gf.back().g.data()) : static_cast<void*>(gb.back().g.data());
+        outs.push_back({W[outs.size()].g.data(), y, m.n, m.f32, m.scale});
+      }
+      const uint64_t launches = kernels_of([&] { gpu().linear_rows_group(outs, X.g.data(), B, k); });
+      // rows_linear auto gives the GEMV a linear of at most 8 rows and 20 M multiply-adds.
+      int64_t most = 0;
+      for (const Member& m : members) most = std::max<int64_t>(most, static_cast<int64_t>(B) * m.n * k);
+      const bool all_gemv = path == RowsLinear::gemv || B == 1 || (B <= 8 && most <= 20'000'000);
+      if (all_gemv) {
+        EXPECT_EQ(launches, 1u) << what << ": the whole group in one launch";
+      }
+      for (size_t i = 0; i < members.size(); ++i) {
+        const Member& m = members[i];
+        const size_t nb = static_cast<size_t>(B) * m.n;
+        const std::string wi = what + " " + m.name;
+        auto tail_kept = [&](const auto& got, const auto& poison) {
+          using V = std::decay_t<decltype(got)>;
+          expect_bytes_equal(V(got.begin() + static_cast<long>(nb), got.end()),
+                             V(poison.begin() + static_cast<long>(nb), poison.end()),
+                             wi + ": the row past the batch keeps its poison");
+        };
+        if (m.f32) {
+          std::vector<float> got = gf[i].from_gpu();
+          tail_kept(got, gf[i].from_cpu());
+          got.resize(nb);
+          expect_f32_close(got, std::vector<float>(want_f[i].begin(), want_f[i].begin() + static_cast<long>(nb)),
+                           wi + " vs cpu", 1e-5, 1e-4);
+          auto sep = out_twin<float>(nb);
+          gpu().linear_f32(W[i].g.data(), X.g.data(), sep.g.data(), B, m.n, k, RowsMode::batched);
+          if (m.scale != 1.0f) gpu().scale_f32(sep.g.data(), m.scale, B * m.n);
+          expect_bytes_equal(got, sep.from_gpu(), wi + ": group vs the separate batched linear");
+        } else {
+          std::vector<bf16> got = gb[i].from_gpu();
+          tail_kept(got, gb[i].from_cpu());
+          got.resize(nb);
+          expect_bf16_close(got, std::vector<bf16>(want_b[i].begin(), want_b[i].begin() + static_cast<long>(nb)),
+                            wi + " vs cpu");
+          auto sep = out_twin<bf16>(nb);
+          gpu().linear(W[i].g.data(), X.g.data(), sep.g.data(), B, m.n, k, RowsMode::batched);
+          expect_bytes_equal(got, sep.from_gpu(), wi + ": group vs the separate batched linear");
+        }
+      }
+    }
+  }
 }
 
 // ---- padding and graphs ----------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ class CpuBackend final : public Backend {
   void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode mode) override;
   void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, RowsMode mode) override;
   void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) override;
+  void linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) override;
   void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
                   int k) override;
 

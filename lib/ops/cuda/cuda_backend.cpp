@@ -326,6 +326,38 @@ class CudaBackend final : public Backend {
   void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) override {
     cuda::gemv_group(ctx_, outs, x, k);
   }
+  void linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) override {
+    MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::cuda::linear_rows_group: ",
+                outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+    MTP_REQUIRE(rows >= 1 && k >= 1, "ops::cuda::linear_rows_group: rows ", rows, ", k ", k);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const LinearOut& o = outs[i];
+      MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_rows_group: output ", i, " has W ", o.W, ", y ",
+                  o.y, ", n_out ", o.n_out);
+      MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::linear_rows_group: output ", i,
+                  " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
+    }
+    // One row: the batched linear is the single-row GEMV, whose bits linear_group keeps.
+    if (rows == 1) return cuda::gemv_group(ctx_, outs, X, k);
+    // The outputs the multi-row GEMV takes share one launch (each output's bits are its own
+    // launch's: dense.hpp); the rest run as their own batched linear, in order.
+    LinearOut grouped[kMaxLinearGroup];
+    int n_grouped = 0, n_sum = 0;
+    for (const LinearOut& o : outs) {
+      if (rows_gemv_wanted(rows, o.n_out, k, o.W, X)) {
+        grouped[n_grouped++] = o;
+        n_sum += o.n_out;
+        continue;
+      }
+      linear_any(o.W, X, o.y, o.f32_out, rows, o.n_out, k, RowsMode::batched,
+                 o.f32_out ? "linear_f32" : "linear");
+      if (o.f32_out && o.f32_scale != 1.0f) scale_f32(static_cast<float*>(o.y), o.f32_scale, rows * o.n_out);
+    }
+    if (n_grouped > 0) {
+      cuda::rows_gemv_group(ctx_, std::span<const LinearOut>(grouped, static_cast<size_t>(n_grouped)), X, rows, k,
+                            rows_gemv_scratch(n_sum, k));
+    }
+  }
   void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
                   int k) override {
     MTP_REQUIRE(rows >= 1, "ops::cuda::linear_fp8: rows = ", rows);
@@ -640,17 +672,28 @@ class CudaBackend final : public Backend {
           "ops::cuda::moe_experts_grouped: the shared expert (hidden ", shared->hidden, ", inter ",
           shared->inter, ") must match hidden ", routed.hidden, " and have weights");
     }
-    const int chunk = std::min(rows, cuda::kMaxBatchRows);
-    bf16* act = static_cast<bf16*>(moe_batch_act_.ensure(
-        sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_act_elems(chunk, top_k, routed.inter,
-                                                                       shared ? shared->inter : 0)),
+    // Sized for kMaxBatchRows rows whatever this call's (a graph captured at a larger batch than
+    // the eager call before it needs no growth).
+    bf16* scratch = static_cast<bf16*>(moe_batch_act_.ensure(
+        sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_scratch_elems(cuda::kMaxBatchRows, top_k, routed.inter,
+                                                                           shared ? shared->inter : 0,
+                                                                           routed.hidden)),
         ctx_.stream, op));
+    // The global down launch's per-tile counters: zeroed when allocated, left zero by every launch.
+    const int tiles = (routed.hidden + 15) / 16;
+    if (tiles > moe_tile_counters_) {
+      void* c = moe_tile_counter_.ensure(sizeof(unsigned int) * tiles, ctx_.stream, "moe tile counter");
+      MTP_CUDA_CHECK(cudaMemsetAsync(c, 0, sizeof(unsigned int) * tiles, ctx_.stream));
+      moe_tile_counters_ = tiles;
+    }
+    auto* tile_count = static_cast<unsigned int*>(
+        moe_tile_counter_.ensure(sizeof(unsigned int) * moe_tile_counters_, ctx_.stream, "moe tile counter"));
     const size_t H = static_cast<size_t>(routed.hidden);
     for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
       const int r = std::min(cuda::kMaxBatchRows, rows - b0);
       cuda::moe_experts_grouped(ctx_, x + b0 * H, routed, top_k ? idx + static_cast<size_t>(b0) * top_k : idx,
                                 top_k ? weights + static_cast<size_t>(b0) * top_k : weights, slot + b0, r,
-                                top_k, shared, limit, act, out + b0 * H);
+                                top_k, shared, limit, scratch, tile_count, out + b0 * H);
     }
   }
 
@@ -932,6 +975,8 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   ArgmaxScratch argmax_;
   Scratch moe_act_;
+  Scratch moe_tile_counter_;
+  int moe_tile_counters_ = 0;
   Scratch mla_scratch_;
   Scratch mla_batch_scratch_;
   Scratch moe_batch_act_;

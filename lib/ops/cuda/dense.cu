@@ -1339,17 +1339,36 @@ constexpr int kRgWarps = 8;             // parts per tile = warps per block
 constexpr int kRgPartCols = 8 * kWarp;  // columns of a part: one 16-byte chunk per lane
 constexpr int kRgTileCols = kRgWarps * kRgPartCols;
 
-struct RowsGemvParams {
+/// One output of a rows_gemv launch: W [n, k] rows, y [rows][n]; virtual rows first .. first + n - 1
+/// of the launch. BF16 y rounded once; fp32 y times `scale` in fp32 when scale != 1 (as scale_f32).
+struct RowsGemvOut {
   const bf16* W = nullptr;
-  const bf16* x = nullptr;
   void* y = nullptr;
-  int rows = 0;
   int n = 0;
+  int first = 0;
+  int f32 = 0;
+  float scale = 1.0f;
+};
+inline constexpr int kMaxRowsGemvOuts = kMaxLinearGroup;
+
+struct RowsGemvParams {
+  RowsGemvOut out[kMaxRowsGemvOuts];
+  int n_outs = 0;
+  const bf16* x = nullptr;
+  int rows = 0;
+  int n = 0;  // virtual rows: every output's n, in output order
   int k = 0;
   int tiles = 1;
   float* ws = nullptr;              // [tiles][rows][n] tile sums (tiles > 1)
   unsigned int* counter = nullptr;  // per row group, zero between launches (tiles > 1)
 };
+
+/// The output holding virtual row `row` (row < p.n).
+__device__ __forceinline__ int rows_gemv_out_of(const RowsGemvParams& p, int row) {
+  int o = 0;
+  while (o + 1 < p.n_outs && row >= p.out[o + 1].first) ++o;
+  return o;
+}
 
 /// The warp's kM values per lane (kM a power of two, at most 32) summed over the 32 lanes: at each
 /// xor offset 16, 8, .. a lane keeps half of its values and adds its partner's copy of that half
@@ -1380,17 +1399,17 @@ __device__ __forceinline__ void warp_reduce_scatter(float (&v)[kM], int lane) {
   warp_reduce_scatter_from<kM, kM, kWarp / 2>(v, lane);
 }
 
-template <bool kF32>
 __device__ __forceinline__ void rows_gemv_store(const RowsGemvParams& p, int r, int row, float v) {
-  const size_t at = static_cast<size_t>(r) * p.n + row;
-  if constexpr (kF32) {
-    static_cast<float*>(p.y)[at] = v;
+  const RowsGemvOut& o = p.out[rows_gemv_out_of(p, row)];
+  const size_t at = static_cast<size_t>(r) * o.n + (row - o.first);
+  if (o.f32) {
+    static_cast<float*>(o.y)[at] = o.scale != 1.0f ? __fmul_rn(v, o.scale) : v;
   } else {
-    static_cast<bf16*>(p.y)[at] = f_to_bf16(v);
+    static_cast<bf16*>(o.y)[at] = f_to_bf16(v);
   }
 }
 
-template <int kR, int kU, bool kF32>
+template <int kR, int kU>
 __global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvParams p) {
   pdl_begin();
   constexpr int kM = kR * kU;  // sums per warp and group: value u * kR + r
@@ -1415,15 +1434,19 @@ __global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvPara
     batch::unpack8(v, xf[r]);
   }
 
-  const uint8_t* wcol = reinterpret_cast<const uint8_t*>(p.W) + static_cast<size_t>(chunk) * 16;
   const size_t row_bytes = static_cast<size_t>(p.k) * 2;
   const int groups = (p.n + kU - 1) / kU;
   auto load_group = [&](uint4(&w)[kU], int g) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int row = g * kU + u;
-      w[u] = active && row < p.n ? load_stream(wcol + static_cast<size_t>(row) * row_bytes)
-                                 : make_uint4(0, 0, 0, 0);
+      if (active && row < p.n) {
+        const RowsGemvOut& o = p.out[rows_gemv_out_of(p, row)];
+        w[u] = load_stream(reinterpret_cast<const uint8_t*>(o.W) + static_cast<size_t>(row - o.first) * row_bytes +
+                           static_cast<size_t>(chunk) * 16);
+      } else {
+        w[u] = make_uint4(0, 0, 0, 0);
+      }
     }
   };
   uint4 w[kU];
@@ -1459,7 +1482,7 @@ __global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvPara
     if (ok) sum = sum_parts(&s_part[t][0], tile_parts);
     __syncthreads();  // s_part is rewritten by the next group
     if (p.tiles == 1) {
-      if (ok) rows_gemv_store<kF32>(p, r, row, sum);
+      if (ok) rows_gemv_store(p, r, row, sum);
       continue;
     }
     float* ws_at = p.ws + static_cast<size_t>(r) * p.n + row;  // + tile * rows * n
@@ -1475,31 +1498,31 @@ __global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvPara
     if (ok) {
       float total = __ldcg(ws_at);
       for (int tt = 1; tt < p.tiles; ++tt) total += __ldcg(ws_at + tt * tile_stride);
-      rows_gemv_store<kF32>(p, r, row, total);
+      rows_gemv_store(p, r, row, total);
     }
   }
 }
 
 /// Blocks of `kernel` with `warps` warps resident per SM, asked of the occupancy calculator once.
-template <int kR, int kU, bool kF32>
+template <int kR, int kU>
 int rows_gemv_resident(int warps) {
   static std::array<std::atomic<int>, kRgWarps + 1> cache{};
   int b = cache[static_cast<size_t>(warps)].load(std::memory_order_relaxed);
   if (b == 0) {
     MTP_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, rows_gemv_kernel<kR, kU, kF32>, warps * kWarp, 0));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, rows_gemv_kernel<kR, kU>, warps * kWarp, 0));
     b = std::max(1, b);
     cache[static_cast<size_t>(warps)].store(b, std::memory_order_relaxed);
   }
   return b;
 }
 
-template <int kR, int kU, bool kF32>
+template <int kR, int kU>
 void launch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) {
   const int groups = (p.n + kU - 1) / kU;
-  const int resident = rows_gemv_resident<kR, kU, kF32>(warps) * ctx.num_sms;
+  const int resident = rows_gemv_resident<kR, kU>(warps) * ctx.num_sms;
   const int gx = std::max(1, std::min(groups, resident / p.tiles));
-  launch(ctx, rows_gemv_kernel<kR, kU, kF32>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(p.tiles)),
+  launch(ctx, rows_gemv_kernel<kR, kU>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(p.tiles)),
          dim3(static_cast<unsigned>(warps * kWarp)), 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -1507,12 +1530,11 @@ void launch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) 
 /// kR: the rows rounded up to a power of two (the padded rows load nothing and
 /// skip their FMAs); kU: 4 weight
 /// rows per group up to 8 rows, 2 at 16 (the activations then hold 128 registers).
-template <bool kF32>
 void dispatch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) {
-  if (p.rows <= 2) return launch_rows_gemv<2, 4, kF32>(ctx, p, warps);
-  if (p.rows <= 4) return launch_rows_gemv<4, 4, kF32>(ctx, p, warps);
-  if (p.rows <= 8) return launch_rows_gemv<8, 4, kF32>(ctx, p, warps);
-  return launch_rows_gemv<16, 2, kF32>(ctx, p, warps);
+  if (p.rows <= 2) return launch_rows_gemv<2, 4>(ctx, p, warps);
+  if (p.rows <= 4) return launch_rows_gemv<4, 4>(ctx, p, warps);
+  if (p.rows <= 8) return launch_rows_gemv<8, 4>(ctx, p, warps);
+  return launch_rows_gemv<16, 2>(ctx, p, warps);
 }
 
 int rows_gemv_tiles(int k) { return (k + kRgTileCols - 1) / kRgTileCols; }
@@ -2043,37 +2065,51 @@ size_t rows_gemv_ws_floats(int n, int k) {
 
 int rows_gemv_counters(int n, int k) { return rows_gemv_tiles(k) > 1 ? n : 0; }
 
-void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
-               int k, const RowsGemvScratch& s) {
-  MTP_REQUIRE(rows >= 1 && rows <= kMaxRowsGemv && n >= 1 && k >= 8 && k % 8 == 0,
-              "ops::cuda::rows_gemv: rows ", rows, " (1 .. ", kMaxRowsGemv, "), n ", n, ", k ", k,
+void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int rows, int k,
+                     const RowsGemvScratch& s) {
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxRowsGemvOuts, "ops::cuda::rows_gemv: ",
+              outs.size(), " outputs (1 .. ", kMaxRowsGemvOuts, " per launch)");
+  MTP_REQUIRE(rows >= 1 && rows <= kMaxRowsGemv && k >= 8 && k % 8 == 0, "ops::cuda::rows_gemv: rows ", rows,
+              " (1 .. ", kMaxRowsGemv, "), k ", k,
               " (k must be a positive multiple of 8: the kernel loads 16-byte chunks of 8 columns)");
-  require_aligned("rows_gemv", "W", W);
   require_aligned("rows_gemv", "x", x);
   RowsGemvParams p;
-  p.W = W;
+  int64_t n = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const LinearOut& o = outs[i];
+    MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::rows_gemv: output ", i, " has W ", o.W, ", y ", o.y,
+                ", n ", o.n_out);
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::rows_gemv: output ", i, " is BF16 but has f32_scale ",
+                o.f32_scale, " (only fp32 outputs are scaled)");
+    require_aligned("rows_gemv", "W", o.W);
+    p.out[i] = RowsGemvOut{o.W, o.y, o.n_out, static_cast<int>(n), o.f32_out ? 1 : 0, o.f32_scale};
+    n += o.n_out;
+  }
+  MTP_REQUIRE(n <= (int64_t{1} << 30), "ops::cuda::rows_gemv: ", n, " output rows in one launch");
+  p.n_outs = static_cast<int>(outs.size());
   p.x = x;
-  p.y = y;
   p.rows = rows;
-  p.n = n;
+  p.n = static_cast<int>(n);
   p.k = k;
   p.tiles = rows_gemv_tiles(k);
   if (p.tiles > 1) {
-    MTP_REQUIRE(s.ws && s.ws_floats >= static_cast<size_t>(p.tiles) * rows * n && s.counter &&
-                    s.counters >= rows_gemv_counters(n, k),
+    MTP_REQUIRE(s.ws && s.ws_floats >= static_cast<size_t>(p.tiles) * rows * p.n && s.counter &&
+                    s.counters >= rows_gemv_counters(p.n, k),
                 "ops::cuda::rows_gemv: k ", k, " spans ", p.tiles, " tiles and needs ",
-                static_cast<size_t>(p.tiles) * rows * n, " workspace floats and ", rows_gemv_counters(n, k),
+                static_cast<size_t>(p.tiles) * rows * p.n, " workspace floats and ", rows_gemv_counters(p.n, k),
                 " counters; the scratch has ", s.ws_floats, " and ", s.counters);
     p.ws = s.ws;
     p.counter = s.counter;
   }
   const int n_parts = (k / 8 + kWarp - 1) / kWarp;
-  const int warps = std::min(kRgWarps, n_parts);
-  if (f32_out) {
-    dispatch_rows_gemv<true>(ctx, p, warps);
-  } else {
-    dispatch_rows_gemv<false>(ctx, p, warps);
-  }
+  dispatch_rows_gemv(ctx, p, std::min(kRgWarps, n_parts));
+}
+
+void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
+               int k, const RowsGemvScratch& s) {
+  MTP_REQUIRE(n >= 1, "ops::cuda::rows_gemv: n ", n);
+  const LinearOut out{W, y, n, f32_out, 1.0f};
+  rows_gemv_group(ctx, std::span<const LinearOut>(&out, 1), x, rows, k, s);
 }
 
 void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n, int64_t index_base,

@@ -133,6 +133,11 @@ int rows_gemv_counters(int n, int k);
 /// and their count (dense.cu). k % 8 == 0; W and X 16-byte aligned.
 void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
                int k, const RowsGemvScratch& s);
+/// rows_gemv of several weights against the same X in one launch (ops::Backend::linear_rows_group):
+/// outs[i].y [rows][n_out], each bit for bit the rows_gemv of that weight alone (fp32 outputs then
+/// times f32_scale, as scale_f32). 1 .. kMaxLinearGroup outputs; the scratch sized for their summed n.
+void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int rows, int k,
+                     const RowsGemvScratch& s);
 /// out[b] = argmax of row b (x + b * ld_x, n values): one block per row (rows = 1: the single-row
 /// multi-block kernel).
 /// The last launch of the cuBLASLt head (KernelPolicy::head_gemm): for each live row b (slot[b] >= 0,
