@@ -76,10 +76,8 @@ enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
 /// runs of 8 per block; spread, v1 with gate_up's items dealt round-robin over every resident
 /// block; regs, spread with the down kernel's weights three chunks ahead in registers; ring, the
 /// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
-/// deep, dealt as spread; global, ring's gate_up and the down kernel's (16-column tile, pair group)
-/// items dealt over every warp of the grid, each tile summed by the warp that completes it;
-/// automatic: ring where it fits in shared memory, else v1 (measured, docs/kernels.md).
-enum class MoePipeline { automatic, v1, spread, regs, ring, global };
+/// deep, dealt as spread; automatic: v1 (until measured).
+enum class MoePipeline { automatic, v1, spread, regs, ring };
 /// The kernel of a batched linear (linear / linear_f32 with RowsMode::batched) of 2 or more rows:
 /// gemv, the multi-row GEMV (cuda::rows_gemv: every weight read once for all rows, up to
 /// cuda::kMaxRowsGemv rows; more rows take cuBLASLt); cublaslt, the cuBLASLt GEMM; automatic, the
@@ -136,7 +134,7 @@ const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "o
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv", "wgmma"
-const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring", "global"
+const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
 const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2"
 

@@ -1302,7 +1302,7 @@ struct GroupedCase {
 
 /// Every memory pipeline of the grouped experts, v1 first (the one the others must match).
 constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1, MoePipeline::spread, MoePipeline::regs,
-                                         MoePipeline::ring, MoePipeline::global};
+                                         MoePipeline::ring};
 
 TEST_P(GpuBatch, MoeExpertsGrouped) {
   const Shape s = GetParam();

@@ -672,28 +672,17 @@ class CudaBackend final : public Backend {
           "ops::cuda::moe_experts_grouped: the shared expert (hidden ", shared->hidden, ", inter ",
           shared->inter, ") must match hidden ", routed.hidden, " and have weights");
     }
-    // Sized for kMaxBatchRows rows whatever this call's (a graph captured at a larger batch than
-    // the eager call before it needs no growth).
-    bf16* scratch = static_cast<bf16*>(moe_batch_act_.ensure(
-        sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_scratch_elems(cuda::kMaxBatchRows, top_k, routed.inter,
-                                                                           shared ? shared->inter : 0,
-                                                                           routed.hidden)),
+    const int chunk = std::min(rows, cuda::kMaxBatchRows);
+    bf16* act = static_cast<bf16*>(moe_batch_act_.ensure(
+        sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_act_elems(chunk, top_k, routed.inter,
+                                                                       shared ? shared->inter : 0)),
         ctx_.stream, op));
-    // The global down launch's per-tile counters: zeroed when allocated, left zero by every launch.
-    const int tiles = (routed.hidden + 15) / 16;
-    if (tiles > moe_tile_counters_) {
-      void* c = moe_tile_counter_.ensure(sizeof(unsigned int) * tiles, ctx_.stream, "moe tile counter");
-      MTP_CUDA_CHECK(cudaMemsetAsync(c, 0, sizeof(unsigned int) * tiles, ctx_.stream));
-      moe_tile_counters_ = tiles;
-    }
-    auto* tile_count = static_cast<unsigned int*>(
-        moe_tile_counter_.ensure(sizeof(unsigned int) * moe_tile_counters_, ctx_.stream, "moe tile counter"));
     const size_t H = static_cast<size_t>(routed.hidden);
     for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
       const int r = std::min(cuda::kMaxBatchRows, rows - b0);
       cuda::moe_experts_grouped(ctx_, x + b0 * H, routed, top_k ? idx + static_cast<size_t>(b0) * top_k : idx,
                                 top_k ? weights + static_cast<size_t>(b0) * top_k : weights, slot + b0, r,
-                                top_k, shared, limit, scratch, tile_count, out + b0 * H);
+                                top_k, shared, limit, act, out + b0 * H);
     }
   }
 
@@ -975,8 +964,6 @@ class CudaBackend final : public Backend {
   void* workspace_ = nullptr;
   ArgmaxScratch argmax_;
   Scratch moe_act_;
-  Scratch moe_tile_counter_;
-  int moe_tile_counters_ = 0;
   Scratch mla_scratch_;
   Scratch mla_batch_scratch_;
   Scratch moe_batch_act_;

@@ -629,7 +629,6 @@ using PipeSpread = Pipe<kMoeStages, kMoeWBuf, false, true, 2>;
 using PipeRegsDown = Pipe<kMoeStages, 4, false, true, 2>;
 using PipeRingGateUp = Pipe<3, 1, true, true, 1>;
 using PipeRingDown = Pipe<4, 1, true, true, 1>;
-using PipeRingDownDeep = Pipe<5, 1, true, true, 1>;  // global: no d in shared memory, one more stage
 
 // ---- grouped experts: one warp's small GEMM ------------------------------------------------------------
 //
@@ -889,196 +888,66 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
   }
 }
 
-/// The global down launch's memory (moe_pipeline global): d per route in global memory, and one
-/// arrival counter per 16-column tile (zero between launches: the tile's last warp resets it).
-struct DownGlobal {
-  bf16* d = nullptr;                   // [pairs + rows][H]
-  unsigned int* tile_count = nullptr;  // [H / kDownCols]
-};
-
-/// Launch 2 under moe_pipeline global: the (16-column tile, pair group) items of every tile dealt
-/// over every warp of the grid (item w: tile w / groups, group w % groups; warp i of the grid takes
-/// w = i, i + warps, ...), so a small batch's few groups keep every warp of the chip streaming where
-/// a block per tile leaves most of its warps idle. Each item's d goes to global memory; the warp that
-/// completes a tile's last item (its arrival counter) sums the tile's outputs exactly as the
-/// block-per-tile kernel does (the same d, the same order), so the bits are that kernel's.
-template <typename P>
-__global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
-    moe_down_global_kernel(GroupedParams p, PlanLayout layout, DownGlobal dg) {
-  pdl_begin();
-  extern __shared__ __align__(16) uint8_t moe_smem[];
-  bf16* rings = reinterpret_cast<bf16*>(moe_smem);
-  const Plan pl = carve_plan(reinterpret_cast<int*>(rings + P::template ring_elems<1>()), layout);
-  const int n_active = build_plan(p, pl, false);
-  __shared__ int s_live_count;
-  if (threadIdx.x == 0) {
-    int c = 0;
-    for (int b = 0; b < p.routes.rows; ++b) c += p.routes.slot[b] >= 0;
-    s_live_count = c;
-  }
-  __syncthreads();
-  const int n_live = s_live_count;
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2, t = lane & 3;
-  const int n_tiles = p.H / kDownCols;
-  const int P_ = p.routes.rows * p.routes.top_k;
-  const size_t H = static_cast<size_t>(p.H);
-  // Output columns h0 .. h0 + 15 of every live row from the tile's d (16-byte loads of 8 columns
-  // through L2: other multiprocessors wrote them), in moe_down_grouped_kernel's order.
-  auto combine = [&](int h0) {
-    for (int v = lane; v < 2 * n_live; v += kWarp) {
-      const int b = pl.live[v >> 1];
-      const int c0 = h0 + 8 * (v & 1);
-      float o[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) o[j] = 0.0f;
-      for (int i = 0; i < p.routes.top_k; ++i) {
-        const int q = b * p.routes.top_k + i;
-        const int e = p.routes.idx[q] - p.first_expert;
-        if (e < 0 || e >= p.num_local) continue;
-        const float wq = p.routes.weights[q];
-        float dv[8];
-        batch::unpack8(__ldcg(reinterpret_cast<const uint4*>(dg.d + static_cast<size_t>(q) * H + c0)), dv);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = __fadd_rn(o[j], __fmul_rn(wq, dv[j]));
-      }
-      if (p.shared.inter > 0) {
-        float dv[8];
-        batch::unpack8(__ldcg(reinterpret_cast<const uint4*>(dg.d + static_cast<size_t>(P_ + b) * H + c0)), dv);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = __fadd_rn(o[j], __fadd_rn(0.0f, __fmul_rn(1.0f, dv[j])));
-      }
-      float* dst = p.out + static_cast<size_t>(b) * H + c0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) dst[j] = o[j];
-    }
-  };
-  const int groups = n_active > 0 ? pl.a_items[n_active] : 0;
-  const int gw = blockIdx.x * kMoeWarps + warp;
-  const int n_warps = gridDim.x * kMoeWarps;
-  if (groups == 0) {
-    // Nothing this rank owns: every live row's output is the empty sum.
-    for (int tile = gw; tile < n_tiles; tile += n_warps) combine(tile * kDownCols);
-    return;
-  }
-  bf16* ring = rings + warp * P::kStages * P::template stage_elems<1>();
-  const int total = groups * n_tiles;
-  for (int w = gw; w < total; w += n_warps) {
-    const int tile = w / groups;
-    const int item = w - tile * groups;
-    const int h0 = tile * kDownCols;
-    const int a = find_entry(pl, n_active, item);
-    const int expert = pl.a_expert[a];
-    const bool shared = expert < 0;
-    const int K = shared ? p.shared.inter : p.routed.inter;
-    const int grp = item - pl.a_items[a];
-    const int first = pl.a_off[a] + grp * kPairGroup;
-    const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
-    const bf16* Wd =
-        (shared ? p.shared.down : p.routed.down + static_cast<size_t>(expert) * p.H * p.routed.inter) +
-        static_cast<size_t>(h0 + g) * K;
-    const bf16* const wrow[1][2] = {{Wd, Wd + 8 * static_cast<size_t>(K)}};
-    float acc[1][kMoeNT][4];
-    warp_gemm<P, 1>(
-        wrow, K, n_rows,
-        [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; }, ring, acc);
-    for_live_acc(t, n_rows, [&](int j, int e, int q) {
-      const int hh = g + (e >= 2 ? 8 : 0);
-      dg.d[static_cast<size_t>(pl.pr_route[first + q]) * H + h0 + hh] = f_to_bf16(acc[0][j][e]);
-    });
-    __threadfence();  // this lane's d before the warp counts the item done
-    __syncwarp();
-    unsigned int last = 0;
-    if (lane == 0) last = atomicAdd(dg.tile_count + tile, 1u) == static_cast<unsigned>(groups - 1);
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (!last) continue;
-    if (lane == 0) dg.tile_count[tile] = 0;  // every item of the tile has arrived: ready for the next launch
-    __threadfence();
-    combine(h0);
-  }
-}
-
-/// Raises the dynamic shared memory limit of `kernel` to `bytes` when a launch needs more than it
-/// was raised to before (48 KB: the default). One record per kernel.
-template <auto kKernel>
+/// Raises the dynamic shared memory limit of the gate_up (kGateUp) or down kernel of pipeline P
+/// to `bytes` when a launch needs more than it was raised to before (48 KB: the default). One
+/// record per kernel, whichever pipeline pair launches it.
+template <typename P, bool kGateUp>
 void opt_in_smem(size_t bytes) {
   static size_t opted = 48 * 1024;
   if (bytes <= opted) return;
-  MTP_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  if constexpr (kGateUp) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(
+        moe_gate_up_grouped_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  } else {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(
+        moe_down_grouped_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  }
   opted = bytes;
 }
 
-/// Resident blocks of `kernel` a multiprocessor at `smem` bytes of shared memory, asked once per
-/// size (a host computation, also while a graph is being captured).
-template <auto kKernel>
-int blocks_per_sm(size_t smem) {
+/// Resident gate_up blocks of pipeline P a multiprocessor at `smem` bytes of shared memory, asked
+/// once per size (a host computation, also while a graph is being captured).
+template <typename P>
+int gate_up_blocks_per_sm(size_t smem) {
   static size_t asked = 0;
   static int per_sm = 0;
   if (asked != smem) {
-    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kGroupedThreads, smem));
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_grouped_kernel<P>,
+                                                                 kGroupedThreads, smem));
     asked = smem;
   }
   return std::max(1, per_sm);
 }
 
-/// The shared memory limit of either launch (the 227 KB opt-in less a margin).
-constexpr size_t kGroupedSmemMax = 220 * 1024;
-
-/// Launch 1 under pipeline GU.
-template <typename GU>
-void launch_gate_up(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
-                    size_t smem1) {
-  opt_in_smem<moe_gate_up_grouped_kernel<GU>>(smem1);
-  if (items_max <= 0) return;
-  int64_t grid1;
-  if constexpr (GU::kSpread) {
-    // Every resident block (each deals itself items w % grid), no more blocks than items.
-    grid1 = std::min<int64_t>(items_max,
-                              static_cast<int64_t>(blocks_per_sm<moe_gate_up_grouped_kernel<GU>>(smem1)) * ctx.num_sms);
-  } else {
-    // Two blocks per multiprocessor are resident (about 128 registers a thread); the rest of a
-    // large batch's items are walked by the persistent loop.
-    grid1 = std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps, 2 * static_cast<int64_t>(ctx.num_sms));
-  }
-  launch(ctx, moe_gate_up_grouped_kernel<GU>, static_cast<unsigned>(std::max<int64_t>(1, grid1)), kGroupedThreads,
-         smem1, p, layout);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-
-void require_smem(const LaunchCtx& ctx, const GroupedParams& p, size_t smem) {
-  MTP_REQUIRE(smem <= kGroupedSmemMax, "ops::cuda::moe_experts_grouped: ", p.routes.rows, " rows x ",
-              p.routes.top_k, " routes and ", p.num_local, " local experts need ", smem,
-              " bytes of shared memory under moe_pipeline ", to_string(ctx.policy.moe_pipeline),
-              " (at most ", kGroupedSmemMax, "; v1 needs the least)");
-}
-
-/// The two launches under the pipelines GU (gate_up) and DN (down, a block per 16-column tile).
+/// The two launches under the pipelines GU (gate_up) and DN (down).
 template <typename GU, typename DN>
 void launch_grouped(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
                     size_t plan_bytes, size_t d_bytes) {
   const size_t smem1 = sizeof(bf16) * GU::template ring_elems<2>() + plan_bytes;
   const size_t smem2 = sizeof(bf16) * DN::template ring_elems<1>() + d_bytes + plan_bytes;
-  require_smem(ctx, p, std::max(smem1, smem2));
-  opt_in_smem<moe_down_grouped_kernel<DN>>(smem2);
-  launch_gate_up<GU>(ctx, p, layout, items_max, smem1);
+  MTP_REQUIRE(std::max(smem1, smem2) <= 220 * 1024, "ops::cuda::moe_experts_grouped: ", p.routes.rows,
+              " rows x ", p.routes.top_k, " routes and ", p.num_local, " local experts need ",
+              std::max(smem1, smem2), " bytes of shared memory under moe_pipeline ",
+              to_string(ctx.policy.moe_pipeline), " (at most 225280; v1 needs the least)");
+  opt_in_smem<GU, true>(smem1);
+  opt_in_smem<DN, false>(smem2);
+  if (items_max > 0) {
+    int64_t grid1;
+    if constexpr (GU::kSpread) {
+      // Every resident block (each deals itself items w % grid), no more blocks than items.
+      grid1 =
+          std::min<int64_t>(items_max, static_cast<int64_t>(gate_up_blocks_per_sm<GU>(smem1)) * ctx.num_sms);
+    } else {
+      // Two blocks per multiprocessor are resident (about 128 registers a thread); the rest of a
+      // large batch's items are walked by the persistent loop.
+      grid1 =
+          std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps, 2 * static_cast<int64_t>(ctx.num_sms));
+    }
+    launch(ctx, moe_gate_up_grouped_kernel<GU>, static_cast<unsigned>(std::max<int64_t>(1, grid1)),
+           kGroupedThreads, smem1, p, layout);
+    MTP_CUDA_LAUNCH_CHECK();
+  }
   launch(ctx, moe_down_grouped_kernel<DN>, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
-  MTP_CUDA_LAUNCH_CHECK();
-}
-
-/// The two launches under moe_pipeline global: gate_up under GU, the down items over the grid (DN).
-template <typename GU, typename DN>
-void launch_grouped_global(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout,
-                           int64_t items_max, int64_t down_items_max, size_t plan_bytes, const DownGlobal& dg) {
-  const size_t smem1 = sizeof(bf16) * GU::template ring_elems<2>() + plan_bytes;
-  const size_t smem2 = sizeof(bf16) * DN::template ring_elems<1>() + plan_bytes;
-  require_smem(ctx, p, std::max(smem1, smem2));
-  opt_in_smem<moe_down_global_kernel<DN>>(smem2);
-  launch_gate_up<GU>(ctx, p, layout, items_max, smem1);
-  const int64_t resident =
-      static_cast<int64_t>(blocks_per_sm<moe_down_global_kernel<DN>>(smem2)) * ctx.num_sms;
-  const int64_t grid2 = std::clamp<int64_t>((down_items_max + kMoeWarps - 1) / kMoeWarps, 1, resident);
-  launch(ctx, moe_down_global_kernel<DN>, static_cast<unsigned>(grid2), kGroupedThreads, smem2, p, layout, dg);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -1101,15 +970,9 @@ size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter) {
   return static_cast<size_t>(rows) * (top_k + 1) * static_cast<size_t>(std::max(inter, shared_inter));
 }
 
-size_t moe_grouped_scratch_elems(int rows, int top_k, int inter, int shared_inter, int hidden) {
-  return moe_grouped_act_elems(rows, top_k, inter, shared_inter) +
-         static_cast<size_t>(rows) * (top_k + 1) * static_cast<size_t>(hidden);
-}
-
 void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                          const float* weights, const int32_t* slot, int rows, int top_k,
-                         const ExpertWeights* shared, float limit, bf16* scratch, unsigned int* tile_count,
-                         float* out) {
+                         const ExpertWeights* shared, float limit, bf16* act, float* out) {
   const int H = routed.hidden, I = routed.inter;
   const int Is = shared ? shared->inter : 0;
   MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && top_k >= 0 && top_k <= 32,
@@ -1122,7 +985,7 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
               kMaxLocalExperts, ")");
   for (const void* ptr : {static_cast<const void*>(x), static_cast<const void*>(routed.gate),
                           static_cast<const void*>(routed.up), static_cast<const void*>(routed.down),
-                          static_cast<const void*>(scratch)}) {
+                          static_cast<const void*>(act)}) {
     MTP_REQUIRE(
         reinterpret_cast<uintptr_t>(ptr) % 16 == 0,
         "ops::cuda::moe_experts_grouped: x, the expert weights and the scratch must be 16-byte aligned");
@@ -1136,10 +999,8 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   if (shared) p.shared = ExpertMats{shared->gate, shared->up, shared->down, Is};
   p.routes = RoutePairs{idx, weights, slot, rows, top_k};
   p.limit = limit;
-  p.act = scratch;
+  p.act = act;
   p.act_ld = std::max(I, Is);
-  // The global down launch's d after act (act's elements: a multiple of 16, so d stays aligned).
-  const DownGlobal dg{scratch + moe_grouped_act_elems(rows, top_k, I, Is), tile_count};
   p.out = out;
   const int pairs = rows * top_k;
   PlanLayout layout{routed.num_local, pairs, rows, std::min(routed.num_local, pairs) + 1};
@@ -1152,19 +1013,6 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   const int64_t shared_items =
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
-  // The global down launch: at most this many (tile, group) items.
-  const int64_t down_items_max = static_cast<int64_t>(H / kDownCols) * (groups_max + (Is > 0 ? 1 + rows / kPairGroup : 0));
-  auto global_fits = [&] {
-    return std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>(),
-                    sizeof(bf16) * PipeRingDownDeep::template ring_elems<1>()) +
-               plan_bytes <=
-           kGroupedSmemMax;
-  };
-  auto run_global = [&] {
-    MTP_REQUIRE(tile_count, "ops::cuda::moe_experts_grouped: moe_pipeline global needs the tile counters");
-    launch_grouped_global<PipeRingGateUp, PipeRingDownDeep>(ctx, p, layout, items_max, down_items_max, plan_bytes,
-                                                            dg);
-  };
   switch (ctx.policy.moe_pipeline) {
     case MoePipeline::v1:
       return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
@@ -1178,20 +1026,15 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
       const size_t ring_smem =
           std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
                    sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
-      if (ring_smem > kGroupedSmemMax)
+      if (ring_smem > 220 * 1024)
         return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
       return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     }
     case MoePipeline::ring:
       return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-    case MoePipeline::global:
-      MTP_REQUIRE(global_fits(), "ops::cuda::moe_experts_grouped: ", rows, " rows x ", top_k, " routes and ",
-                  routed.num_local, " local experts need more than ", kGroupedSmemMax,
-                  " bytes of shared memory under moe_pipeline global (v1 needs the least)");
-      return run_global();
   }
   MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", static_cast<int>(ctx.policy.moe_pipeline),
-           " is not one of: auto, v1, spread, regs, ring, global");
+           " is not one of: auto, v1, spread, regs, ring");
 }
 
 }  // namespace mtplab::ops::cuda

@@ -25,19 +25,13 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
 void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bias, const int32_t* slot,
                      int rows, int num_experts, int top_k, int n_group, int topk_group, float scaling,
                      int32_t* idx, float* weights);
-/// BF16 activations of moe_experts_grouped for `rows` rows: one activation row per (row, route)
+/// BF16 scratch moe_experts_grouped needs for `rows` rows: one activation row per (row, route)
 /// and per row for the shared expert.
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter);
-/// The whole BF16 scratch moe_experts_grouped needs: the activations, then (moe_pipeline global) one
-/// row of `hidden` down outputs per (row, route) and per row for the shared expert.
-size_t moe_grouped_scratch_elems(int rows, int top_k, int inter, int shared_inter, int hidden);
 /// The routed experts grouped over up to kMaxBatchRows rows (plus the shared expert), two launches
-/// (docs/kernels.md, "Batched kernels"). `scratch`: moe_grouped_scratch_elems, 16-byte aligned;
-/// `tile_count`: hidden / 16 counters, zero before the first launch (every launch leaves them zero;
-/// only moe_pipeline global uses them).
+/// (docs/kernels.md, "Batched kernels"). `act` is moe_grouped_act_elems of scratch.
 void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                          const float* weights, const int32_t* slot, int rows, int top_k,
-                         const ExpertWeights* shared, float limit, bf16* scratch, unsigned int* tile_count,
-                         float* out);
+                         const ExpertWeights* shared, float limit, bf16* act, float* out);
 
 }  // namespace mtplab::ops::cuda
