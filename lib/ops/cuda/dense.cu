@@ -1409,20 +1409,21 @@ __device__ __forceinline__ void rows_gemv_store(const RowsGemvParams& p, int r, 
   }
 }
 
-template <int kR, int kU>
-__global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvParams p) {
+template <int kR, int kU, int kW>
+__global__ void __launch_bounds__(kW* kWarp) rows_gemv_kernel(RowsGemvParams p) {
+  static_assert(kW % kRgWarps == 0, "a block is whole tiles of kRgWarps parts");
   pdl_begin();
   constexpr int kM = kR * kU;  // sums per warp and group: value u * kR + r
   constexpr int kLanesPerValue = kWarp / kM;
-  __shared__ float s_part[kM][kRgWarps];
+  __shared__ float s_part[kM][kW];
   __shared__ bool s_last;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int tile = blockIdx.y;
+  const int tile = blockIdx.y;  // of kW parts (kW / kRgWarps tiles of kRgWarps parts, one launch tile)
   const int n_chunks = p.k / 8;
   const int n_parts = (n_chunks + kWarp - 1) / kWarp;
-  const int tile_parts = min(kRgWarps, n_parts - tile * kRgWarps);
-  const int chunk = (tile * kRgWarps + warp) * kWarp + lane;
+  const int tile_parts = min(kW, n_parts - tile * kW);
+  const int chunk = (tile * kW + warp) * kWarp + lane;
   const bool active = warp < tile_parts && chunk < n_chunks;
 
   // This lane's chunk of every row of X, as fp32 (zeros past the rows or k).
@@ -1479,7 +1480,13 @@ __global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvPara
     const int row = g * kU + t / kR;
     const bool ok = t < kM && r < p.rows && row < p.n;
     float sum = 0.0f;
-    if (ok) sum = sum_parts(&s_part[t][0], tile_parts);
+    if (ok) {
+      // Each kRgWarps parts summed in part order, then those sums in order: the association of
+      // kRgWarps-part tiles summed in tile order, whatever kW.
+      sum = sum_parts(&s_part[t][0], min(kRgWarps, tile_parts));
+      for (int q0 = kRgWarps; q0 < tile_parts; q0 += kRgWarps)
+        sum += sum_parts(&s_part[t][q0], min(kRgWarps, tile_parts - q0));
+    }
     __syncthreads();  // s_part is rewritten by the next group
     if (p.tiles == 1) {
       if (ok) rows_gemv_store(p, r, row, sum);
@@ -1504,25 +1511,28 @@ __global__ void __launch_bounds__(kRgWarps* kWarp) rows_gemv_kernel(RowsGemvPara
 }
 
 /// Blocks of `kernel` with `warps` warps resident per SM, asked of the occupancy calculator once.
-template <int kR, int kU>
+template <int kR, int kU, int kW>
 int rows_gemv_resident(int warps) {
-  static std::array<std::atomic<int>, kRgWarps + 1> cache{};
+  static std::array<std::atomic<int>, kW + 1> cache{};
   int b = cache[static_cast<size_t>(warps)].load(std::memory_order_relaxed);
   if (b == 0) {
     MTP_CUDA_CHECK(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, rows_gemv_kernel<kR, kU>, warps * kWarp, 0));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, rows_gemv_kernel<kR, kU, kW>, warps * kWarp, 0));
     b = std::max(1, b);
     cache[static_cast<size_t>(warps)].store(b, std::memory_order_relaxed);
   }
   return b;
 }
 
-template <int kR, int kU>
-void launch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) {
+template <int kR, int kU, int kW>
+void launch_rows_gemv(const LaunchCtx& ctx, RowsGemvParams p) {
+  const int n_parts = (p.k / 8 + kWarp - 1) / kWarp;
+  const int warps = std::min(kW, n_parts);
+  p.tiles = (n_parts + kW - 1) / kW;
   const int groups = (p.n + kU - 1) / kU;
-  const int resident = rows_gemv_resident<kR, kU>(warps) * ctx.num_sms;
+  const int resident = rows_gemv_resident<kR, kU, kW>(warps) * ctx.num_sms;
   const int gx = std::max(1, std::min(groups, resident / p.tiles));
-  launch(ctx, rows_gemv_kernel<kR, kU>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(p.tiles)),
+  launch(ctx, rows_gemv_kernel<kR, kU, kW>, dim3(static_cast<unsigned>(gx), static_cast<unsigned>(p.tiles)),
          dim3(static_cast<unsigned>(warps * kWarp)), 0, p);
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -1530,11 +1540,21 @@ void launch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) 
 /// kR: the rows rounded up to a power of two (the padded rows load nothing and
 /// skip their FMAs); kU: 4 weight
 /// rows per group up to 8 rows, 2 at 16 (the activations then hold 128 registers).
-void dispatch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p, int warps) {
-  if (p.rows <= 2) return launch_rows_gemv<2, 4>(ctx, p, warps);
-  if (p.rows <= 4) return launch_rows_gemv<4, 4>(ctx, p, warps);
-  if (p.rows <= 8) return launch_rows_gemv<8, 4>(ctx, p, warps);
-  return launch_rows_gemv<16, 2>(ctx, p, warps);
+/// kW: a block of two tiles (16 warps) where k spans exactly two (2048 < k <= 4096) and the rows'
+/// activations leave the registers for it (up to 8 rows): one block sums the whole row, with no
+/// workspace, fence or counter between two blocks (the same association: dense.cu above).
+void dispatch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p) {
+  const bool two_tiles = p.k > kRgTileCols && p.k <= 2 * kRgTileCols;
+  if (p.rows <= 2) {
+    return two_tiles ? launch_rows_gemv<2, 8, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<2, 8, kRgWarps>(ctx, p);
+  }
+  if (p.rows <= 4) {
+    return two_tiles ? launch_rows_gemv<4, 8, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<4, 8, kRgWarps>(ctx, p);
+  }
+  if (p.rows <= 8) {
+    return two_tiles ? launch_rows_gemv<8, 4, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<8, 4, kRgWarps>(ctx, p);
+  }
+  return launch_rows_gemv<16, 2, kRgWarps>(ctx, p);
 }
 
 int rows_gemv_tiles(int k) { return (k + kRgTileCols - 1) / kRgTileCols; }
@@ -2101,8 +2121,7 @@ void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, cons
     p.ws = s.ws;
     p.counter = s.counter;
   }
-  const int n_parts = (k / 8 + kWarp - 1) / kWarp;
-  dispatch_rows_gemv(ctx, p, std::min(kRgWarps, n_parts));
+  dispatch_rows_gemv(ctx, p);
 }
 
 void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
