@@ -1546,10 +1546,10 @@ void launch_rows_gemv(const LaunchCtx& ctx, RowsGemvParams p) {
 void dispatch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p) {
   const bool two_tiles = p.k > kRgTileCols && p.k <= 2 * kRgTileCols;
   if (p.rows <= 2) {
-    return two_tiles ? launch_rows_gemv<2, 8, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<2, 8, kRgWarps>(ctx, p);
+    return two_tiles ? launch_rows_gemv<2, 4, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<2, 4, kRgWarps>(ctx, p);
   }
   if (p.rows <= 4) {
-    return two_tiles ? launch_rows_gemv<4, 8, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<4, 8, kRgWarps>(ctx, p);
+    return two_tiles ? launch_rows_gemv<4, 4, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<4, 4, kRgWarps>(ctx, p);
   }
   if (p.rows <= 8) {
     return two_tiles ? launch_rows_gemv<8, 4, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<8, 4, kRgWarps>(ctx, p);
