@@ -668,8 +668,7 @@ __global__ void __launch_bounds__(kAbsorbBatchThreads)
 // q_abs[b, h] = W_k,h^T q[b, h] as per-head GEMMs: C[b][c] = sum_d q[b][d] W_k,h[d][c] with M = the
 // batch rows, N = kv_lora, K = dqk. Block (head, 128 columns, 64 rows), 4 warps: warp w owns
 // columns 32w .. 32w+31 (4 n-tiles of 8) for the block's 4 m-tiles of 16 rows. K walks in chunks
-// of 32 through a 3-stage cp.async ring in shared memory (two chunks in flight while one is
-// multiplied): the rows' q slab [64][32] (A, row-major: ldmatrix) and W_k,h's slab
+// of 32 through shared memory: the rows' q slab [64][32] (A, row-major: ldmatrix) and W_k,h's slab
 // [32][128] as stored, d-major (B: ldmatrix .trans turns its d-runs into the MMA's k pairs), rows
 // padded by 16 bytes so the 8 row addresses of every 8x8 matrix fall in distinct banks. Zero-filled
 // past dqk, L and the batch's rows. Each output is its 16-wide k-steps summed in ascending chunk
@@ -682,7 +681,6 @@ constexpr int kAbsorbMmaCols = 128;                 // kv_lora columns per block
 constexpr int kAbsorbMmaK = 32;                     // d per shared-memory chunk (2 k-steps)
 constexpr int kAbsorbQStride = kAbsorbMmaK + 8;     // BF16 per staged q row (80 bytes)
 constexpr int kAbsorbWStride = kAbsorbMmaCols + 8;  // BF16 per staged W row (272 bytes)
-constexpr int kAbsorbStages = 3;                    // chunks in the cp.async ring (41.5 KB)
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -702,8 +700,8 @@ __global__ void __launch_bounds__(kAbsorbMmaThreads)
     absorb_q_mma_kernel(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk, int dv,
                         int L) {
   pdl_begin();
-  __shared__ __align__(16) bf16 q_ring[kAbsorbStages][kAbsorbMmaRows][kAbsorbQStride];
-  __shared__ __align__(16) bf16 w_ring[kAbsorbStages][kAbsorbMmaK][kAbsorbWStride];
+  __shared__ __align__(16) bf16 q_s[kAbsorbMmaRows][kAbsorbQStride];
+  __shared__ __align__(16) bf16 w_s[kAbsorbMmaK][kAbsorbWStride];
   const int h = blockIdx.x;
   const int col0 = blockIdx.y * kAbsorbMmaCols;
   const int row0 = blockIdx.z * kAbsorbMmaRows;
@@ -719,37 +717,23 @@ __global__ void __launch_bounds__(kAbsorbMmaThreads)
 #pragma unroll
     for (int n = 0; n < 4; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
-  // Chunk c of q and W_k,h into ring stage st: q 64 rows x 4 vectors of 8, W 32 d-rows x 16
-  // vectors of 8 (16-byte copies, zero past the ends).
-  auto stage = [&](int c, int st) {
-    const int d0 = c * kAbsorbMmaK;
+  for (int d0 = 0; d0 < dqk; d0 += kAbsorbMmaK) {
+    // q: 64 rows x 4 vectors of 8; W: 32 d-rows x 16 vectors of 8 (16-byte copies, zero past the ends).
     for (int v = threadIdx.x; v < kAbsorbMmaRows * (kAbsorbMmaK / 8); v += blockDim.x) {
       const int r = v / (kAbsorbMmaK / 8), d8 = (v % (kAbsorbMmaK / 8)) * 8;
       const bool ok = r < n_rows && d0 + d8 < dqk;
       const bf16* src = ok ? q + (static_cast<size_t>(row0 + r) * n_heads + h) * dqk + d0 + d8 : q;
-      batch::cp_async16(&q_ring[st][r][d8], src, ok ? 16 : 0);
+      batch::cp_async16(&q_s[r][d8], src, ok ? 16 : 0);
     }
     for (int v = threadIdx.x; v < kAbsorbMmaK * (kAbsorbMmaCols / 8); v += blockDim.x) {
       const int dd = v / (kAbsorbMmaCols / 8), c8 = (v % (kAbsorbMmaCols / 8)) * 8;
       const bool ok = d0 + dd < dqk && col0 + c8 < L;
       const bf16* src = ok ? Wk + static_cast<size_t>(d0 + dd) * L + col0 + c8 : Wk;
-      batch::cp_async16(&w_ring[st][dd][c8], src, ok ? 16 : 0);
+      batch::cp_async16(&w_s[dd][c8], src, ok ? 16 : 0);
     }
-  };
-  const int n_chunks = (dqk + kAbsorbMmaK - 1) / kAbsorbMmaK;
-  // A ring of kAbsorbStages chunks: kAbsorbStages - 1 in flight while one is multiplied.
-#pragma unroll
-  for (int c = 0; c < kAbsorbStages - 1; ++c) {
-    if (c < n_chunks) stage(c, c);
     batch::cp_async_commit();
-  }
-  for (int c = 0; c < n_chunks; ++c) {
-    if (c + kAbsorbStages - 1 < n_chunks) stage(c + kAbsorbStages - 1, (c + kAbsorbStages - 1) % kAbsorbStages);
-    batch::cp_async_commit();
-    batch::cp_async_wait<kAbsorbStages - 1>();
+    batch::cp_async_wait<0>();
     __syncthreads();
-    const auto& q_s = q_ring[c % kAbsorbStages];
-    const auto& w_s = w_ring[c % kAbsorbStages];
 #pragma unroll
     for (int ks = 0; ks < kAbsorbMmaK / 16; ++ks) {
       // B: two x4.trans loads, each the fragments of two n-tiles (matrices: k 0-7 / 8-15 of tile
@@ -775,7 +759,7 @@ __global__ void __launch_bounds__(kAbsorbMmaThreads)
         for (int n = 0; n < 4; ++n) batch::mma_16816(acc[m][n], a, bfr[n][0], bfr[n][1]);
       }
     }
-    __syncthreads();  // the stage is refilled by a later iteration's copies
+    __syncthreads();  // the slabs are restaged
   }
   // acc[m][n][e]: row m*16 + g + 8*(e >= 2), column warp*32 + n*8 + 2t + (e & 1).
 #pragma unroll
