@@ -1083,7 +1083,7 @@ void run_batched(Bench& b, ops::Backend& be) {
   struct DecodeCase {
     MlaDecode path;
     int B, splits;
-    int shared = 0;  // 0: tiles; 4: shared; 2: shared2
+    int shared = 0;  // 0: tiles; 4: shared; 2: shared2; 32: shared32
   };
   const DecodeCase decode_cases[] = {
       {MlaDecode::v2, 1, 0},      {MlaDecode::v2, 16, 0},     {MlaDecode::v2, 16, 16},
@@ -1096,22 +1096,26 @@ void run_batched(Bench& b, ops::Backend& be) {
       {MlaDecode::v2, 8, 0, 4},   {MlaDecode::v2, 8, 0, 2},   {MlaDecode::v2, 16, 0, 4},
       {MlaDecode::v2, 16, 0, 2},  {MlaDecode::v2, 16, 16, 4}, {MlaDecode::v2, 32, 0, 4},
       {MlaDecode::v2, 32, 0, 2},  {MlaDecode::v2, 64, 0, 4},  {MlaDecode::v2, 64, 0, 2},
-      {MlaDecode::v2, 128, 0, 4}, {MlaDecode::v2, 128, 0, 2}};
+      {MlaDecode::v2, 128, 0, 4}, {MlaDecode::v2, 128, 0, 2},  {MlaDecode::v2, 8, 0, 32},
+      {MlaDecode::v2, 16, 0, 32}, {MlaDecode::v2, 32, 0, 32}, {MlaDecode::v2, 64, 0, 32},
+      {MlaDecode::v2, 128, 0, 32}};
   for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
     for (const DecodeCase dc : decode_cases) {
       const int B = dc.B;
       const std::string name =
           mtplab::str("batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ",
-                      dc.shared == 4   ? "shared"
-                      : dc.shared == 2 ? "shared2"
-                                       : ops::to_string(dc.path),
+                      dc.shared == 4    ? "shared"
+                      : dc.shared == 2  ? "shared2"
+                      : dc.shared == 32 ? "shared32"
+                                        : ops::to_string(dc.path),
                       " B=", B, dc.splits ? mtplab::str(" splits=", dc.splits) : std::string());
       if (!b.selected(name)) continue;
       with_policy([&](ops::KernelPolicy& p) {
         p.mla_decode = dc.path;
-        p.mla_batch = dc.shared == 4   ? ops::MlaBatch::shared
-                      : dc.shared == 2 ? ops::MlaBatch::shared2
-                                       : ops::MlaBatch::tiles;
+        p.mla_batch = dc.shared == 4    ? ops::MlaBatch::shared
+                      : dc.shared == 2  ? ops::MlaBatch::shared2
+                      : dc.shared == 32 ? ops::MlaBatch::shared32
+                                        : ops::MlaBatch::tiles;
         p.mla_batch_splits = dc.splits;
       });
       const int block_size = 64, rows = 4096, max_blocks = rows / block_size, width = kTopK + kPool - 1;
@@ -1139,6 +1143,30 @@ void run_batched(Bench& b, ops::Backend& be) {
       be.set_kernel_policy(base_policy);
       b.release_all();
     }
+  }
+  // The batched pool scores at a context of 4096 rows (1024 candidate pools per row) in slots of
+  // 65536 rows (16384 pools: the rest of each row is written -inf, as in the draft step). Bytes:
+  // each row's candidate keys and its query, and its scores row.
+  for (int B : {16, 64, 128}) {
+    const std::string name = mtplab::str("batch indexer_scores B=", B);
+    if (!b.selected(name)) continue;
+    const int max_rows = 65536, max_pools = max_rows / kPool, ctx_rows = 4096;
+    ops::IndexerSlots idx;
+    idx.slots = B;
+    idx.max_rows = max_rows;
+    idx.D = kIndexDim;
+    idx.P = kPool;
+    idx.pool_keys = b.rand_f32(static_cast<size_t>(B) * max_pools * kIndexDim);
+    float* q = b.rand_f32(static_cast<size_t>(B) * kIndexHeads * kIndexDim);
+    float* w = b.rand_f32(static_cast<size_t>(B) * kIndexHeads, -0.2f, 0.2f);
+    int32_t* pos = b.upload(std::vector<int32_t>(static_cast<size_t>(B), ctx_rows - 1));
+    int32_t* slots = live_slots(B);
+    float* scores = static_cast<float*>(b.alloc(sizeof(float) * static_cast<size_t>(B) * max_pools));
+    const double bytes = static_cast<double>(B) * (4.0 * (ctx_rows / kPool) * kIndexDim +
+                                                   4.0 * kIndexHeads * (kIndexDim + 1) + 4.0 * max_pools);
+    b.measure(name, dims({B, ctx_rows / kPool, kIndexHeads, kIndexDim}), bytes, 1,
+              [&](int) { be.indexer_scores_batch(q, w, slots, pos, B, idx, scores, kIndexHeads); });
+    b.release_all();
   }
   // Absorb and out_v over W_kvb (once for all rows).
   for (int B : {16, 128}) {

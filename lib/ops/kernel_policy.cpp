@@ -27,8 +27,9 @@ const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // 
 const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt", "gemv", "wgmma"};
 const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs", "ring"};
 const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
-const std::initializer_list<std::string_view> kMlaBatchTexts = {"auto", "tiles", "shared", "shared2"};
-static_assert(static_cast<int>(MlaBatch::tiles) == 1 && static_cast<int>(MlaBatch::shared2) == 3,
+const std::initializer_list<std::string_view> kMlaBatchTexts = {"auto", "tiles", "shared", "shared2", "shared32"};
+static_assert(static_cast<int>(MlaBatch::tiles) == 1 && static_cast<int>(MlaBatch::shared2) == 3 &&
+                  static_cast<int>(MlaBatch::shared32) == 4,
               "kMlaBatchTexts follows MlaBatch's order");
 static_assert(static_cast<int>(RowsLinear::cublaslt) == 1 && static_cast<int>(RowsLinear::gemv) == 2,
               "kRowsLinearTexts follows RowsLinear's order");
@@ -163,7 +164,7 @@ const std::array<Field, 12> kFields{{
     field<ChoiceField<&KernelPolicy::rows_linear, kRowsLinearTexts>>("rows_linear", "MTPLAB_ROWS_LINEAR",
                                                                      "auto, cublaslt, gemv"),
     field<ChoiceField<&KernelPolicy::mla_batch, kMlaBatchTexts>>("mla_batch", "MTPLAB_MLA_BATCH",
-                                                                 "auto, tiles, shared, shared2"),
+                                                                 "auto, tiles, shared, shared2, shared32"),
 }};
 
 const Field& field_of(std::string_view name) {

@@ -36,7 +36,8 @@
 // - mla_batch: shared and shared2 compute v1's scores with all head tiles of a row in one block
 //   and one softmax per tile; the denominator's summation order and their split counts differ
 //   from v1's and v2's: other bits (within the usual tolerances). shared and shared2 give each
-//   other's bits at one split count.
+//   other's bits at one split count. shared32 steps its softmax per 32 rows instead of 16 (the
+//   running max moves at other rows): its own bits, within the tolerances.
 #pragma once
 #include <string>
 #include <string_view>
@@ -88,9 +89,10 @@ enum class RowsLinear { automatic, cublaslt, gemv };
 /// caches, v2 for FP8 or a forced split count); shared, one block per (row, split) whose 4 head
 /// tiles share each chunk of selected rows staged once in shared memory through a cp.async ring
 /// (v1's scores, one softmax per head tile); shared2, the same with 2 head tiles per block
-/// (32 heads, two blocks per multiprocessor); automatic, per shape from the measured table in
+/// (32 heads, two blocks per multiprocessor); shared32, shared's block on chunks of 32 rows
+/// (half the barriers and softmax steps per row); automatic, per shape from the measured table in
 /// cuda/mla.cu.
-enum class MlaBatch { automatic, tiles, shared, shared2 };
+enum class MlaBatch { automatic, tiles, shared, shared2, shared32 };
 
 /// Largest forced split count of the batched MLA decode (mla_batch_splits).
 inline constexpr int kMaxMlaBatchSplits = 64;
@@ -136,7 +138,7 @@ const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv", "wgmma"
 const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
-const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2"
+const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2", "shared32"
 
 /// The field names in their fixed order: gemv_variant, gemv_split, mla_decode, mla_clusters,
 /// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits, moe_pipeline, rows_linear,
@@ -168,7 +170,7 @@ void validate(const KernelPolicy& p);
 /// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
 /// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt|gemv),
 /// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring), MTPLAB_ROWS_LINEAR
-/// (auto|cublaslt|gemv), MTPLAB_MLA_BATCH (auto|tiles|shared|shared2). Every variable that is set is reported
+/// (auto|cublaslt|gemv), MTPLAB_MLA_BATCH (auto|tiles|shared|shared2|shared32). Every variable that is set is reported
 /// in `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the canonical value,
 /// also when it equals base's: the environment decided that field. For benchmarks and tuning runs; an
 /// experiment records the result and the list.

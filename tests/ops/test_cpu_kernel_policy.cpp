@@ -44,7 +44,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
     {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
-    {"mla_batch", {"auto", "tiles", "shared", "shared2"}},
+    {"mla_batch", {"auto", "tiles", "shared", "shared2", "shared32"}},
 };
 
 /// The MTPLAB_* variables env_overrides reads, in field order.
@@ -259,7 +259,9 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   head.head_gemm = static_cast<HeadGemm>(5);
   EXPECT_TRUE(contains(error_of([&] { validate(head); }), "head_gemm"));
   KernelPolicy batch;
-  batch.mla_batch = static_cast<MlaBatch>(4);
+  batch.mla_batch = MlaBatch::shared32;
+  EXPECT_NO_THROW(validate(batch));
+  batch.mla_batch = static_cast<MlaBatch>(5);
   EXPECT_TRUE(contains(error_of([&] { validate(batch); }), "mla_batch"));
 }
 

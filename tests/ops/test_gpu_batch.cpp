@@ -1180,7 +1180,7 @@ TEST_P(GpuBatch, MlaDecode) {
       // split count the two give the same bytes (the same chunk step per head tile and the same
       // split boundaries; only how many tiles share a block differs), and a row decoded alone gives
       // its bytes in the batch: a difference is a staging, barrier or fragment error, not rounding.
-      for (MlaBatch kernel : {MlaBatch::shared, MlaBatch::shared2}) {
+      for (MlaBatch kernel : {MlaBatch::shared, MlaBatch::shared2, MlaBatch::shared32}) {
         const std::string pw = what + ", " + to_string(kernel) + " decode";
         const PolicyScope use([kernel](KernelPolicy& p) {
           p.mla_batch = kernel;
@@ -1225,6 +1225,24 @@ TEST_P(GpuBatch, MlaDecode) {
         const auto fg = four.from_gpu();
         expect_bf16_written(fg, want, mask, fw);
         expect_bytes_equal(two.from_gpu(), fg, fw + ", shared2 against shared");
+        // shared32 at the same split count: its own bits (the softmax steps per 32 rows), against
+        // the CPU, and a row decoded alone gives its bytes in the batch.
+        const std::string w32 = what + ", shared32 decode, " + std::to_string(f) + " forced splits";
+        const PolicyScope force32([f](KernelPolicy& p) {
+          p.mla_batch = MlaBatch::shared32;
+          p.mla_batch_splits = f;
+        });
+        auto batch32 = out_twin<bf16>(want.size()), alone32 = out_twin<bf16>(want.size());
+        decode(batch32);
+        const size_t row = static_cast<size_t>(nh) * L;
+        for (int b = 0; b < B; ++b) {
+          if (slots_h[static_cast<size_t>(b)] < 0) continue;
+          gpu().mla_decode_batch(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width, width,
+                                 sl.g.data() + b, 1, kg, alone32.g.data() + b * row, nh, softmax_scale);
+        }
+        const auto g32 = batch32.from_gpu();
+        expect_bf16_written(g32, want, mask, w32);
+        expect_bytes_equal(alone32.from_gpu(), g32, w32 + ", each row alone against the batch");
       }
     }
   }

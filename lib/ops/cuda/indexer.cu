@@ -654,8 +654,65 @@ __global__ void __launch_bounds__(kRowThreads)
 // The single-row scores kernel's block (kScoreThreads, kScoreWarps, kPoolsPerWarp, above).
 constexpr int kPoolsPerBlock = kScoreWarps * kPoolsPerWarp;
 
+/// A warp's 4 consecutive pools' keys j0 .. j0 + 3 into dst [pool][D] (the rows as stored, so a
+/// straight 16-byte copy; zero-filled past n_cand): cp.async, the caller commits. Whole warp.
+__device__ __forceinline__ void issue_pool_keys(const float* keys, int D, int j0, int n_cand, int lane,
+                                                float* dst) {
+  const int vecs = kPoolsPerWarp * D / 4;
+  const float* src0 = keys + static_cast<size_t>(j0) * D;
+  for (int i = lane; i < vecs; i += kWarp) {
+    const bool ok = j0 + (4 * i) / D < n_cand;
+    batch::cp_async16(dst + 4 * i, ok ? src0 + 4 * i : keys, ok ? 16 : 0);
+  }
+}
+
+/// The batched kernel's group of 4 pools from keys staged [pool][D] (issue_pool_keys): for each head
+/// h = lane, lane + 32, ... the 4 dot products run over c ascending (one fmaf per term, the order
+/// of score_pool_group), the head's term rounded step by step (the CPU's order, no contraction),
+/// then a warp sum per pool into out[j0 + i] (-inf past n_cand, nothing past max_pools).
+__device__ __forceinline__ void score_staged_pools(const float* staged, const float* q_s, const float* w_s,
+                                                   int qstride, int n_heads, int D, int j0, int n_cand,
+                                                   int max_pools, int lane, float inv_sqrt_d, float* out) {
+  float total[kPoolsPerWarp] = {};
+  for (int h = lane; h < n_heads; h += kWarp) {
+    float dot[kPoolsPerWarp] = {};
+    const float* qh = q_s + static_cast<size_t>(h) * qstride;
+#pragma unroll 2
+    for (int c = 0; c < D; c += 4) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
+      float4 k4[kPoolsPerWarp];
+#pragma unroll
+      for (int pl = 0; pl < kPoolsPerWarp; ++pl)
+        k4[pl] = *reinterpret_cast<const float4*>(staged + static_cast<size_t>(pl) * D + c);  // broadcast
+#pragma unroll
+      for (int pl = 0; pl < kPoolsPerWarp; ++pl) {
+        dot[pl] = fmaf(q4.x, k4[pl].x, dot[pl]);
+        dot[pl] = fmaf(q4.y, k4[pl].y, dot[pl]);
+        dot[pl] = fmaf(q4.z, k4[pl].z, dot[pl]);
+        dot[pl] = fmaf(q4.w, k4[pl].w, dot[pl]);
+      }
+    }
+#pragma unroll
+    for (int pl = 0; pl < kPoolsPerWarp; ++pl)
+      total[pl] = __fadd_rn(total[pl], __fmul_rn(w_s[h], fmaxf(__fmul_rn(dot[pl], inv_sqrt_d), 0.0f)));
+  }
+#pragma unroll
+  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
+  if (lane < kPoolsPerWarp) {
+    const int j = j0 + lane;
+    float v = total[0];
+#pragma unroll
+    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
+      if (lane == pl) v = total[pl];
+    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
+  }
+}
+
 /// Block (x, row b): pools j0 = (x * 8 + warp) * 4 + i * gridDim.x * 32 of row b; non-candidates
-/// get -inf. A block with no candidate pool skips the query staging.
+/// get -inf. A block with no candidate pool skips the query staging. Each warp's next group of
+/// keys is copied (cp.async, a 2-stage ring per warp) while it scores the current one, so the
+/// keys' round trip overlaps the arithmetic instead of preceding every group; the arithmetic and
+/// its order are the unpipelined kernel's, so the scores are its bits.
 __global__ void __launch_bounds__(kScoreThreads)
     indexer_scores_batch_kernel(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
                                 IndexerSlots idx, float* scores, int n_heads) {
@@ -680,26 +737,36 @@ __global__ void __launch_bounds__(kScoreThreads)
   const float* qb = q + static_cast<size_t>(b) * n_heads * D;
   const float* wb = w + static_cast<size_t>(b) * n_heads;
   const int qstride = D + 4;
-  float* q_s = smem;                                          // [n_heads][D + 4]
-  float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads, padded to 4]
-  float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
-  stage_queries(qb, wb, q_s, w_s, n_heads, D, qstride);
-  __syncthreads();
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
+  float* q_s = smem;                                          // [n_heads][D + 4]
+  float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads, padded to 4]
+  float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][2 stages][4 pools][D]
+  float* ring = key_s + static_cast<size_t>(warp) * 2 * kPoolsPerWarp * D;
+  const int first = (blockIdx.x * kScoreWarps + warp) * kPoolsPerWarp;
+  // The first group's keys are in flight while the queries are staged.
+  if (first < n_cand) issue_pool_keys(keys, D, first, n_cand, lane, ring);
+  batch::cp_async_commit();
+  stage_queries(qb, wb, q_s, w_s, n_heads, D, qstride);
+  __syncthreads();
   const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
-  float* my_keys = key_s + static_cast<size_t>(warp) * D * kPoolsPerWarp;
-  for (int j0 = (blockIdx.x * kScoreWarps + warp) * kPoolsPerWarp; j0 < max_pools; j0 += stride) {
+  int st = 0;
+  for (int j0 = first; j0 < max_pools; j0 += stride) {
     if (j0 >= n_cand) {
       if (lane < kPoolsPerWarp && j0 + lane < max_pools) out[j0 + lane] = -INFINITY;
       continue;
     }
-    // A head's term rounded step by step, the CPU's order (no contraction).
-    score_pool_group(keys, q_s, w_s, qstride, n_heads, D, j0, n_cand, max_pools, lane, my_keys, out,
-                     [&](float total, float wh, float dot) {
-                       return __fadd_rn(total, __fmul_rn(wh, fmaxf(__fmul_rn(dot, inv_sqrt_d), 0.0f)));
-                     });
+    if (j0 + stride < n_cand)
+      issue_pool_keys(keys, D, j0 + stride, n_cand, lane, ring + static_cast<size_t>(st ^ 1) * kPoolsPerWarp * D);
+    batch::cp_async_commit();
+    batch::cp_async_wait<1>();  // this lane's copies of the current group have landed
+    __syncwarp();               // and the warp's
+    score_staged_pools(ring + static_cast<size_t>(st) * kPoolsPerWarp * D, q_s, w_s, qstride, n_heads, D, j0,
+                       n_cand, max_pools, lane, inv_sqrt_d, out);
+    __syncwarp();  // the stage is refilled two groups on
+    st ^= 1;
   }
+  batch::cp_async_wait<0>();  // no copy in flight at exit
 }
 
 // ---- selection ---------------------------------------------------------------------------------------
@@ -849,7 +916,7 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads) {
   const int D = idx.D, max_pools = (idx.max_rows / idx.P);
   const size_t smem = sizeof(float) * (static_cast<size_t>(n_heads) * (D + 4) + ((n_heads + 3) / 4) * 4 +
-                                       static_cast<size_t>(kScoreWarps) * D * kPoolsPerWarp);
+                                       static_cast<size_t>(kScoreWarps) * 2 * D * kPoolsPerWarp);
   MTP_REQUIRE(smem <= 200 * 1024, "ops::cuda::indexer_scores_batch: ", n_heads, " heads x ", D,
               " do not fit in shared memory");
   static int opted_in = 48 * 1024;

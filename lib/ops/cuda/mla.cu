@@ -668,7 +668,8 @@ __global__ void __launch_bounds__(kAbsorbBatchThreads)
 // q_abs[b, h] = W_k,h^T q[b, h] as per-head GEMMs: C[b][c] = sum_d q[b][d] W_k,h[d][c] with M = the
 // batch rows, N = kv_lora, K = dqk. Block (head, 128 columns, 64 rows), 4 warps: warp w owns
 // columns 32w .. 32w+31 (4 n-tiles of 8) for the block's 4 m-tiles of 16 rows. K walks in chunks
-// of 32 through shared memory: the rows' q slab [64][32] (A, row-major: ldmatrix) and W_k,h's slab
+// of 32 through a 3-stage cp.async ring in shared memory (two chunks in flight while one is
+// multiplied): the rows' q slab [64][32] (A, row-major: ldmatrix) and W_k,h's slab
 // [32][128] as stored, d-major (B: ldmatrix .trans turns its d-runs into the MMA's k pairs), rows
 // padded by 16 bytes so the 8 row addresses of every 8x8 matrix fall in distinct banks. Zero-filled
 // past dqk, L and the batch's rows. Each output is its 16-wide k-steps summed in ascending chunk
@@ -681,6 +682,7 @@ constexpr int kAbsorbMmaCols = 128;                 // kv_lora columns per block
 constexpr int kAbsorbMmaK = 32;                     // d per shared-memory chunk (2 k-steps)
 constexpr int kAbsorbQStride = kAbsorbMmaK + 8;     // BF16 per staged q row (80 bytes)
 constexpr int kAbsorbWStride = kAbsorbMmaCols + 8;  // BF16 per staged W row (272 bytes)
+constexpr int kAbsorbStages = 3;                    // chunks in the cp.async ring (41.5 KB)
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -700,8 +702,8 @@ __global__ void __launch_bounds__(kAbsorbMmaThreads)
     absorb_q_mma_kernel(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk, int dv,
                         int L) {
   pdl_begin();
-  __shared__ __align__(16) bf16 q_s[kAbsorbMmaRows][kAbsorbQStride];
-  __shared__ __align__(16) bf16 w_s[kAbsorbMmaK][kAbsorbWStride];
+  __shared__ __align__(16) bf16 q_ring[kAbsorbStages][kAbsorbMmaRows][kAbsorbQStride];
+  __shared__ __align__(16) bf16 w_ring[kAbsorbStages][kAbsorbMmaK][kAbsorbWStride];
   const int h = blockIdx.x;
   const int col0 = blockIdx.y * kAbsorbMmaCols;
   const int row0 = blockIdx.z * kAbsorbMmaRows;
@@ -717,23 +719,37 @@ __global__ void __launch_bounds__(kAbsorbMmaThreads)
 #pragma unroll
     for (int n = 0; n < 4; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
-  for (int d0 = 0; d0 < dqk; d0 += kAbsorbMmaK) {
-    // q: 64 rows x 4 vectors of 8; W: 32 d-rows x 16 vectors of 8 (16-byte copies, zero past the ends).
+  // Chunk c of q and W_k,h into ring stage st: q 64 rows x 4 vectors of 8, W 32 d-rows x 16
+  // vectors of 8 (16-byte copies, zero past the ends).
+  auto stage = [&](int c, int st) {
+    const int d0 = c * kAbsorbMmaK;
     for (int v = threadIdx.x; v < kAbsorbMmaRows * (kAbsorbMmaK / 8); v += blockDim.x) {
       const int r = v / (kAbsorbMmaK / 8), d8 = (v % (kAbsorbMmaK / 8)) * 8;
       const bool ok = r < n_rows && d0 + d8 < dqk;
       const bf16* src = ok ? q + (static_cast<size_t>(row0 + r) * n_heads + h) * dqk + d0 + d8 : q;
-      batch::cp_async16(&q_s[r][d8], src, ok ? 16 : 0);
+      batch::cp_async16(&q_ring[st][r][d8], src, ok ? 16 : 0);
     }
     for (int v = threadIdx.x; v < kAbsorbMmaK * (kAbsorbMmaCols / 8); v += blockDim.x) {
       const int dd = v / (kAbsorbMmaCols / 8), c8 = (v % (kAbsorbMmaCols / 8)) * 8;
       const bool ok = d0 + dd < dqk && col0 + c8 < L;
       const bf16* src = ok ? Wk + static_cast<size_t>(d0 + dd) * L + col0 + c8 : Wk;
-      batch::cp_async16(&w_s[dd][c8], src, ok ? 16 : 0);
+      batch::cp_async16(&w_ring[st][dd][c8], src, ok ? 16 : 0);
     }
+  };
+  const int n_chunks = (dqk + kAbsorbMmaK - 1) / kAbsorbMmaK;
+  // A ring of kAbsorbStages chunks: kAbsorbStages - 1 in flight while one is multiplied.
+#pragma unroll
+  for (int c = 0; c < kAbsorbStages - 1; ++c) {
+    if (c < n_chunks) stage(c, c);
     batch::cp_async_commit();
-    batch::cp_async_wait<0>();
+  }
+  for (int c = 0; c < n_chunks; ++c) {
+    if (c + kAbsorbStages - 1 < n_chunks) stage(c + kAbsorbStages - 1, (c + kAbsorbStages - 1) % kAbsorbStages);
+    batch::cp_async_commit();
+    batch::cp_async_wait<kAbsorbStages - 1>();
     __syncthreads();
+    const auto& q_s = q_ring[c % kAbsorbStages];
+    const auto& w_s = w_ring[c % kAbsorbStages];
 #pragma unroll
     for (int ks = 0; ks < kAbsorbMmaK / 16; ++ks) {
       // B: two x4.trans loads, each the fragments of two n-tiles (matrices: k 0-7 / 8-15 of tile
@@ -759,7 +775,7 @@ __global__ void __launch_bounds__(kAbsorbMmaThreads)
         for (int n = 0; n < 4; ++n) batch::mma_16816(acc[m][n], a, bfr[n][0], bfr[n][1]);
       }
     }
-    __syncthreads();  // the slabs are restaged
+    __syncthreads();  // the stage is refilled by a later iteration's copies
   }
   // acc[m][n][e]: row m*16 + g + 8*(e >= 2), column warp*32 + n*8 + 2t + (e & 1).
 #pragma unroll
@@ -921,41 +937,69 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 //   Scores, maxima and P are v1's; the denominator is summed per owner lane then over the head's 8
 //   lanes, another order than v1's, so outputs are v1's within rounding. shared and shared2 run the
 //   same step on the same split boundaries: at one split count their bytes are equal.
-constexpr int kSharedStages = 4;           // chunks in the cp.async ring
-constexpr int kSharedMaxSplitRows = 8192;  // the slot table's bound
+// shared32 (mla_batch: shared32) runs the same step on chunks of 32 rows (kRows): two 16-row
+// halves of scores are staged into one exchange of 32 columns, then one softmax step per tile over
+// the 32 rows (each owner lane 4 rows), and O += P C in two k-steps. So a chunk's barriers, maxima,
+// rescale factors and ring waits are shared by twice the rows. The running max then moves per 32
+// rows instead of 16, so P (and the output's rounding) differ from shared's: its own bits, within
+// the tolerances, and again the same bytes for a row alone as in the batch.
+constexpr int kSharedMaxSplitRows = 8192;    // the slot table's bound (16-row chunks)
+constexpr int kShared32MaxSplitRows = 4096;  // the slot table's bound (32-row chunks)
 
-/// A tile's softmax of one chunk, computed once (warp w for heads 4w .. 4w + 3) and read by its 4
-/// column warps: P's BF16 hi / lo parts as the A operand ([head][chunk row], rows of 24: the 8
-/// row addresses of an ldmatrix fall in distinct banks), each head's rescale factor, and at the
-/// end its running max and denominator.
+/// The ring's stages: 4 chunks of 16 rows, 3 of 32 (the same 48 to 64 rows in flight; 3 keep the
+/// BF16 ring of 32-row chunks and a 4096-row slot table within one multiprocessor's memory).
+template <int kRows>
+constexpr int shared_stages() {
+  return kRows == 16 ? 4 : 3;
+}
+
+template <int kRows>
+constexpr int shared_max_split_rows() {
+  return kRows == 16 ? kSharedMaxSplitRows : kShared32MaxSplitRows;
+}
+
+/// A tile's softmax of one chunk of kRows rows, computed once (warp w for heads 4w .. 4w + 3) and
+/// read by its 4 column warps: P's BF16 hi / lo parts as the A operand ([head][chunk row], rows of
+/// kRows + 8: the 8 row addresses of an ldmatrix fall in distinct banks), each head's rescale
+/// factor, and at the end its running max and denominator.
+template <int kRows>
 struct TileSoftmax {
-  uint16_t p_hi[kHeadTile][24];
-  uint16_t p_lo[kHeadTile][24];
+  uint16_t p_hi[kHeadTile][kRows + 8];
+  uint16_t p_lo[kHeadTile][kRows + 8];
   float corr[kHeadTile];
   float m[kHeadTile];
   float l[kHeadTile];
   float pad[4];
 };
-static_assert(sizeof(TileSoftmax) % 16 == 0, "TileSoftmax: 16-byte multiple");
+static_assert(sizeof(TileSoftmax<16>) % 16 == 0 && sizeof(TileSoftmax<32>) % 16 == 0,
+              "TileSoftmax: 16-byte multiple");
+
+/// The 4 column warps' partial scores of a chunk of kRows rows, [warp][head row][chunk row]; rows
+/// of kRows + 8 floats (at 16 rows mla_chunk.cuh's ScoreExchange): the 8-byte accesses of a
+/// half-warp fall in distinct banks.
+template <int kRows>
+using SharedScores = float[kDecodeWarps][kHeadTile][kRows + 8];
+static_assert(sizeof(SharedScores<16>) == sizeof(ScoreExchange), "16-row chunks: v1's exchange");
 
 /// Dynamic shared memory of mla_decode_shared_kernel for `split_rows` rows per split (bytes; each
 /// region a multiple of 16).
-template <int kCw, bool kFp8, int kTiles>
+template <int kCw, bool kFp8, int kTiles, int kRows>
 struct DecodeSharedSmem {
   static constexpr int kL = kDecodeWarps * kCw;
   static constexpr int kRowStride = kL + 8;                             // BF16 per staged row
   static constexpr int kStageStride = kFp8 ? kL + 16 : 2 * kRowStride;  // bytes per staged row
-  static constexpr int kStageBytes = kChunk * kStageStride;
-  static constexpr int kRingBytes = kSharedStages * kStageBytes;
-  static constexpr int kConvBytes = kFp8 ? kChunk * kRowStride * 2 : 0;
-  static constexpr int kScoreBytes = kTiles * static_cast<int>(sizeof(ScoreExchange));
-  static constexpr int kSoftBytes = kTiles * static_cast<int>(sizeof(TileSoftmax));
+  static constexpr int kStageBytes = kRows * kStageStride;
+  static constexpr int kRingBytes = shared_stages<kRows>() * kStageBytes;
+  static constexpr int kConvBytes = kFp8 ? kRows * kRowStride * 2 : 0;
+  static constexpr int kScoreBytes = kTiles * static_cast<int>(sizeof(SharedScores<kRows>));
+  static constexpr int kSoftBytes = kTiles * static_cast<int>(sizeof(TileSoftmax<kRows>));
   static constexpr int kFixedBytes = kRingBytes + kConvBytes + kScoreBytes + kSoftBytes;
   static_assert(kStageBytes % 16 == 0 && kConvBytes % 16 == 0 && kScoreBytes % 16 == 0 &&
                     kSoftBytes % 16 == 0,
                 "16-byte regions");
   static constexpr size_t bytes(int split_rows) {
-    return kFixedBytes + (static_cast<size_t>(split_rows) * sizeof(int64_t) + 15) / 16 * 16;
+    const size_t padded = (static_cast<size_t>(split_rows) + kRows - 1) / kRows * kRows;  // whole chunks
+    return kFixedBytes + (padded * sizeof(int64_t) + 15) / 16 * 16;
   }
 };
 
@@ -963,25 +1007,30 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-/// Block (head group, split, row); see "the shared decode" above. kCw = kv_lora / 4.
-template <int kCw, bool kFp8, int kTiles>
+/// Block (head group, split, row); see "the shared decode" above. kCw = kv_lora / 4; kRows = 16
+/// (shared, shared2) or 32 (shared32) rows per chunk.
+template <int kCw, bool kFp8, int kTiles, int kRows>
 __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
     mla_decode_shared_kernel(DecodeParams p) {
   pdl_begin();
-  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles>;
+  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles, kRows>;
+  constexpr int kStages = shared_stages<kRows>();
+  constexpr int kSub = kRows / 16;   // 16-row halves: k-steps of P C, score MMA pairs
+  constexpr int kPer = kRows / 8;    // chunk rows per softmax owner lane (8 lanes per head)
   constexpr int kKSteps = kCw / 16;
   constexpr int kNTiles = kCw / 8;
   constexpr int kL = Smem::kL;
   constexpr int kRowStride = Smem::kRowStride;
   constexpr int kVecs = kFp8 ? kL / 16 : kL / 8;  // 16-byte copies per row
   static_assert(kNTiles % 2 == 0, "P C loads two column tiles per ldmatrix");
+  static_assert(kRows == 16 || kRows == 32, "chunks of 16 or 32 rows (the ballot covers a warp)");
   extern __shared__ __align__(16) uint8_t shared_smem[];
   uint8_t* ring = shared_smem;
   uint16_t* conv = reinterpret_cast<uint16_t*>(shared_smem + Smem::kRingBytes);
-  ScoreExchange* s_score =
-      reinterpret_cast<ScoreExchange*>(shared_smem + Smem::kRingBytes + Smem::kConvBytes);
-  TileSoftmax* s_soft =
-      reinterpret_cast<TileSoftmax*>(shared_smem + Smem::kRingBytes + Smem::kConvBytes + Smem::kScoreBytes);
+  SharedScores<kRows>* s_score =
+      reinterpret_cast<SharedScores<kRows>*>(shared_smem + Smem::kRingBytes + Smem::kConvBytes);
+  TileSoftmax<kRows>* s_soft = reinterpret_cast<TileSoftmax<kRows>*>(shared_smem + Smem::kRingBytes +
+                                                                     Smem::kConvBytes + Smem::kScoreBytes);
   int64_t* s_slot = reinterpret_cast<int64_t*>(shared_smem + Smem::kFixedBytes);
 
   const int row = blockIdx.z;
@@ -998,11 +1047,11 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   const int split = blockIdx.y;
   const int col0 = wc * kCw;
   const int chunks_all = (p.width + kChunk - 1) / kChunk;
-  const int per_split = (chunks_all + p.splits - 1) / p.splits * kChunk;
+  const int per_split = (chunks_all + p.splits - 1) / p.splits * kChunk;  // whole 16-row chunks
   const int i0 = split * per_split;
   const int i1 = min(p.width, i0 + per_split);
   const int n_local = max(0, i1 - i0);
-  const int nchunks = (n_local + kChunk - 1) / kChunk;
+  const int nchunks = (n_local + kRows - 1) / kRows;
   const bool lo_ok = tile_live && h0 + g < p.n_heads;
   const bool hi_ok = tile_live && h0 + g + 8 < p.n_heads;
   const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * kL;
@@ -1010,7 +1059,7 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
 
   // The split's cache slots, padded to whole chunks with -1.
-  for (int i = threadIdx.x; i < nchunks * kChunk; i += blockDim.x) {
+  for (int i = threadIdx.x; i < nchunks * kRows; i += blockDim.x) {
     int64_t cs = -1;
     if (i < n_local) {
       const int32_t ts = selection[i0 + i];
@@ -1025,10 +1074,10 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   // Chunk c's rows into ring stage st.
   auto issue = [&](int c, int st) {
     uint8_t* dst = ring + static_cast<size_t>(st) * Smem::kStageBytes;
-    for (int v = threadIdx.x; v < kChunk * kVecs; v += blockDim.x) {
+    for (int v = threadIdx.x; v < kRows * kVecs; v += blockDim.x) {
       const int r = v / kVecs;
       const int e = v % kVecs;
-      const int64_t cs = s_slot[c * kChunk + r];
+      const int64_t cs = s_slot[c * kRows + r];
       const uint8_t* src = static_cast<const uint8_t*>(p.cache);
       if (cs >= 0) src += (static_cast<size_t>(cs) * kL) * (kFp8 ? 1 : 2) + static_cast<size_t>(e) * 16;
       cp_async16(dst + r * Smem::kStageStride + e * 16, src, cs >= 0 ? 16 : 0);
@@ -1038,28 +1087,27 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   float o[kNTiles][4];
 #pragma unroll
   for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  // The softmax this lane owns: head hs of the tile, chunk rows rs and rs + 1 (8 lanes per head);
-  // its running max (the same on the head's 8 lanes) and its partial denominator.
+  // The softmax this lane owns: head hs of the tile, chunk rows rs .. rs + kPer - 1 (8 lanes per
+  // head); its running max (the same on the head's 8 lanes) and its partial denominator.
   const int hs = kDecodeWarps * wc + (lane >> 3);
-  const int rs = 2 * (lane & 7);
+  const int rs = kPer * (lane & 7);
   float m_run = -INFINITY, l_run = 0.0f;
-  TileSoftmax& soft = s_soft[tile];
+  TileSoftmax<kRows>& soft = s_soft[tile];
 
 #pragma unroll
-  for (int s = 0; s < kSharedStages - 1; ++s) {
+  for (int s = 0; s < kStages - 1; ++s) {
     if (s < nchunks) issue(s, s);
     cp_async_commit();
   }
   for (int c = 0; c < nchunks; ++c) {
-    cp_async_wait<kSharedStages - 2>();  // this thread's copies of chunk c have landed
-    __syncthreads();                     // everyone's have, and chunk c - 1's stage is free
-    if (c + kSharedStages - 1 < nchunks)
-      issue(c + kSharedStages - 1, (c + kSharedStages - 1) % kSharedStages);
+    cp_async_wait<kStages - 2>();  // this thread's copies of chunk c have landed
+    __syncthreads();               // everyone's have, and chunk c - 1's stage is free
+    if (c + kStages - 1 < nchunks) issue(c + kStages - 1, (c + kStages - 1) % kStages);
     cp_async_commit();
-    const uint8_t* stage = ring + static_cast<size_t>(c % kSharedStages) * Smem::kStageBytes;
+    const uint8_t* stage = ring + static_cast<size_t>(c % kStages) * Smem::kStageBytes;
     const uint16_t* rows;
     if constexpr (kFp8) {
-      for (int v = threadIdx.x; v < kChunk * kVecs; v += blockDim.x) {
+      for (int v = threadIdx.x; v < kRows * kVecs; v += blockDim.x) {
         const int r = v / kVecs;
         const int e = v % kVecs;
         const uint4 f = *reinterpret_cast<const uint4*>(stage + r * Smem::kStageStride + e * 16);
@@ -1074,14 +1122,18 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
     }
     // Bit r: chunk row r is selected (the slot table is -1 past the split and for padding).
     const unsigned valid_rows =
-        __ballot_sync(0xffffffffu, lane < kChunk && s_slot[c * kChunk + (lane & 15)] >= 0);
+        __ballot_sync(0xffffffffu, lane < kRows && s_slot[c * kRows + (lane % kRows)] >= 0);
     if (!tile_live) continue;  // warp-uniform; the named barrier below is the live tiles' own
 
-    // Partial S over this warp's columns (chunk_scores' MMAs, B through ldmatrix: matrices rows
-    // 0-7 / 8-15 of the chunk at k-columns ks*16 and ks*16 + 8).
-    float sc[2][4] = {};
-    {
-      const uint16_t* rb = rows + ((lane & 7) + 8 * (lane >> 4)) * kRowStride + col0 + 8 * ((lane >> 3) & 1);
+    // Partial S over this warp's columns, one 16-row half at a time (chunk_scores' MMAs, B through
+    // ldmatrix: matrices rows 0-7 / 8-15 of the half at k-columns ks*16 and ks*16 + 8), each half
+    // staged at once (the m16n8 accumulator layout: [0..1] head row g, [2..3] row g + 8); one
+    // half at a time (not unrolled), so only one half's accumulators are live beside o.
+#pragma unroll 1
+    for (int j = 0; j < kSub; ++j) {
+      float sc[2][4] = {};
+      const uint16_t* rb =
+          rows + (16 * j + (lane & 7) + 8 * (lane >> 4)) * kRowStride + col0 + 8 * ((lane >> 3) & 1);
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
         uint32_t b4[4];
@@ -1089,57 +1141,83 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
         mma_16816(sc[0], qa[ks], b4[0], b4[1]);
         mma_16816(sc[1], qa[ks], b4[2], b4[3]);
       }
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        *reinterpret_cast<float2*>(&s_score[tile][wc][g][16 * j + 8 * jj + 2 * t]) =
+            make_float2(sc[jj][0], sc[jj][1]);
+        *reinterpret_cast<float2*>(&s_score[tile][wc][g + 8][16 * j + 8 * jj + 2 * t]) =
+            make_float2(sc[jj][2], sc[jj][3]);
+      }
     }
-    stage_scores(s_score[tile], wc, g, t, sc);
     named_barrier(1 + tile, kDecodeThreads);
     {
-      // This lane's two scores: the 4 column warps' partials summed in warp order, scaled, -inf
+      // This lane's kPer scores: the 4 column warps' partials summed in warp order, scaled, -inf
       // where the row is not selected; the head's max over the chunk (its 8 lanes), the rescale,
       // P = exp(s - m) split into BF16 hi + lo, once per (head, row).
-      float sv[2];
+      float sv[kPer];
       {
-        float2 part[kDecodeWarps];
+        // Warp w's partials added in warp order as they are read (few registers live beside o).
 #pragma unroll
-        for (int w = 0; w < kDecodeWarps; ++w)
-          part[w] = *reinterpret_cast<const float2*>(&s_score[tile][w][hs][rs]);
-        float a = part[0].x, b = part[0].y;
+        for (int w = 0; w < kDecodeWarps; ++w) {
+          float v[kPer];
+          if constexpr (kPer == 2) {
+            const float2 f = *reinterpret_cast<const float2*>(&s_score[tile][w][hs][rs]);
+            v[0] = f.x;
+            v[1] = f.y;
+          } else {
+            const float4 f = *reinterpret_cast<const float4*>(&s_score[tile][w][hs][rs]);
+            v[0] = f.x;
+            v[1] = f.y;
+            v[2] = f.z;
+            v[3] = f.w;
+          }
 #pragma unroll
-        for (int w = 1; w < kDecodeWarps; ++w) {
-          a += part[w].x;
-          b += part[w].y;
+          for (int e = 0; e < kPer; ++e) sv[e] = w == 0 ? v[e] : sv[e] + v[e];
         }
-        if constexpr (kFp8) {
-          a *= p.cache_scale;
-          b *= p.cache_scale;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          float a = sv[e];
+          if constexpr (kFp8) a *= p.cache_scale;
+          sv[e] = (valid_rows >> (rs + e)) & 1u ? p.softmax_scale * a : -INFINITY;
         }
-        sv[0] = (valid_rows >> rs) & 1u ? p.softmax_scale * a : -INFINITY;
-        sv[1] = (valid_rows >> (rs + 1)) & 1u ? p.softmax_scale * b : -INFINITY;
       }
-      float mx = fmaxf(sv[0], sv[1]);
+      float mx = sv[0];
+#pragma unroll
+      for (int e = 1; e < kPer; ++e) mx = fmaxf(mx, sv[e]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
       const float mn = fmaxf(m_run, mx);
       const float corr = mn == -INFINITY ? 1.0f : expf(m_run - mn);
-      const float p0 = sv[0] == -INFINITY ? 0.0f : expf(sv[0] - mn);
-      const float p1 = sv[1] == -INFINITY ? 0.0f : expf(sv[1] - mn);
-      l_run = l_run * corr + (p0 + p1);
+      float pr[kPer];
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) pr[e] = sv[e] == -INFINITY ? 0.0f : expf(sv[e] - mn);
+      if constexpr (kPer == 2) {
+        l_run = l_run * corr + (pr[0] + pr[1]);
+      } else {
+        l_run = l_run * corr + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
+      }
       m_run = mn;
-      uint32_t hi, lo;
-      split_bf16x2(p0, p1, hi, lo);
-      *reinterpret_cast<uint32_t*>(&soft.p_hi[hs][rs]) = hi;
-      *reinterpret_cast<uint32_t*>(&soft.p_lo[hs][rs]) = lo;
+#pragma unroll
+      for (int e = 0; e < kPer; e += 2) {
+        uint32_t hi, lo;
+        split_bf16x2(pr[e], pr[e + 1], hi, lo);
+        *reinterpret_cast<uint32_t*>(&soft.p_hi[hs][rs + e]) = hi;
+        *reinterpret_cast<uint32_t*>(&soft.p_lo[hs][rs + e]) = lo;
+      }
       if ((lane & 7) == 0) soft.corr[hs] = corr;
     }
     named_barrier(1 + tile, kDecodeThreads);
-    uint32_t ah[4], al[4];
-    ldmatrix_x4(ah, &soft.p_hi[lane & 15][8 * (lane >> 4)]);
-    ldmatrix_x4(al, &soft.p_lo[lane & 15][8 * (lane >> 4)]);
     rescale_outputs<kNTiles>(o, soft.corr[g], soft.corr[g + 8]);
-    // O += P C (accumulate_pv's MMAs; B through ldmatrix .trans: k = chunk rows 0-7 / 8-15 of
-    // column tiles 2np and 2np + 1).
-    {
-      const uint16_t* rb = rows + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowStride + col0 + 8 * (lane >> 4);
+    // O += P C, a k-step per 16-row half (accumulate_pv's MMAs; A = P through ldmatrix, B through
+    // ldmatrix .trans: k = rows 0-7 / 8-15 of the half, column tiles 2np and 2np + 1).
+#pragma unroll
+    for (int j = 0; j < kSub; ++j) {
+      uint32_t ah[4], al[4];
+      ldmatrix_x4(ah, &soft.p_hi[lane & 15][16 * j + 8 * (lane >> 4)]);
+      ldmatrix_x4(al, &soft.p_lo[lane & 15][16 * j + 8 * (lane >> 4)]);
+      const uint16_t* rb =
+          rows + (16 * j + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowStride + col0 + 8 * (lane >> 4);
 #pragma unroll
       for (int np = 0; np < kNTiles / 2; ++np) {
         uint32_t b4[4];
@@ -1176,10 +1254,10 @@ int split_rows(int width, int splits) {
   return (chunks + splits - 1) / splits * kChunk;
 }
 
-template <int kCw, bool kFp8, int kTiles>
+template <int kCw, bool kFp8, int kTiles, int kRows>
 void launch_decode_shared(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
-  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles>;
-  constexpr auto kernel = mla_decode_shared_kernel<kCw, kFp8, kTiles>;
+  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles, kRows>;
+  constexpr auto kernel = mla_decode_shared_kernel<kCw, kFp8, kTiles, kRows>;
   const size_t smem = Smem::bytes(split_rows(p.width, p.splits));
   static const int max_smem = opt_in_dynamic_smem(kernel);
   MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::mla_decode_batch (shared): ", smem,
@@ -1302,13 +1380,16 @@ BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, 
       return BatchDecodeKernel::shared;
     case MlaBatch::shared2:
       return BatchDecodeKernel::shared2;
+    case MlaBatch::shared32:
+      return BatchDecodeKernel::shared32;
     case MlaBatch::automatic:
       // From two rows a shared kernel (the head tiles of a row share each staged chunk): shared2
       // up to 8 rows, shared above, as measured on one H200 (glm5.3-flash, 2051 selected rows, BF16
       // cache, us; docs/kernels.md): shared2 / shared 24 / 30 at B = 2, 34 / 35 at 4, 43 / 45 at 8,
       // 68 / 67 at 16, 195 / 192 at 64, 324 / 318 at 128, against v1's 86 (4 splits) at 16 and 548 at
       // 128. A batch of one keeps the tiles rule below, as the single-row decode.
-      if (rows >= 2) return rows <= 8 ? BatchDecodeKernel::shared2 : BatchDecodeKernel::shared;
+      // Above 8 rows shared32 (shared's block on 32-row chunks): PROVISIONAL, measured below.
+      if (rows >= 2) return rows <= 8 ? BatchDecodeKernel::shared2 : BatchDecodeKernel::shared32;
       break;
     case MlaBatch::tiles:
       break;
@@ -1328,12 +1409,14 @@ int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int ro
   const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
   const int forced = ctx.policy.mla_batch_splits;
   const BatchDecodeKernel kernel = mla_decode_batch_kernel(ctx, fp8_cache, rows);
-  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2) {
+  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2 ||
+      kernel == BatchDecodeKernel::shared32) {
     // At least enough splits for the slot table's bound; else a forced count (capped at the chunks),
-    // or as many splits as keep the launch within one wave (shared: one block per multiprocessor,
-    // shared2: two), with at least 4 chunks of 16 rows per split (the combine reads splits x
-    // kv_lora per head).
-    const int least = (chunks * kChunk + kSharedMaxSplitRows - 1) / kSharedMaxSplitRows;
+    // or as many splits as keep the launch within one wave (shared, shared32: one block per
+    // multiprocessor, shared2: two), with at least 4 chunks of 16 rows per split (the combine reads
+    // splits x kv_lora per head).
+    const int bound = kernel == BatchDecodeKernel::shared32 ? kShared32MaxSplitRows : kSharedMaxSplitRows;
+    const int least = (chunks * kChunk + bound - 1) / bound;
     if (forced > 0) return std::max(least, std::min(forced, chunks));
     const bool two = kernel == BatchDecodeKernel::shared2;
     const int per_block = (two ? 2 : 4) * kHeadTile;
@@ -1390,35 +1473,39 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
     return decode_v2(ctx, p, fp8, rows);
   }
   MTP_REQUIRE(splits == 1 || scratch, "ops::cuda::mla_decode_batch: ", splits, " splits without scratch");
-  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2) {
+  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2 ||
+      kernel == BatchDecodeKernel::shared32) {
     MTP_REQUIRE(reinterpret_cast<uintptr_t>(o_lat) % 4 == 0 &&
                     (!scratch || reinterpret_cast<uintptr_t>(scratch) % 8 == 0),
                 "ops::cuda::mla_decode_batch: o_lat must be 4-byte and the scratch 8-byte aligned");
-    MTP_REQUIRE(split_rows(width, splits) <= kSharedMaxSplitRows,
-                "ops::cuda::mla_decode_batch: ", split_rows(width, splits),
-                " rows per split (the shared kernel takes at most ", kSharedMaxSplitRows,
+    const int bound = kernel == BatchDecodeKernel::shared32 ? kShared32MaxSplitRows : kSharedMaxSplitRows;
+    MTP_REQUIRE(split_rows(width, splits) <= bound, "ops::cuda::mla_decode_batch: ", split_rows(width, splits),
+                " rows per split (the ", to_string(ctx.policy.mla_batch), " kernel takes at most ", bound,
                 ": use mla_decode_batch_splits)");
-    auto run = [&](auto tiles) {
+    auto run = [&](auto tiles, auto chunk_rows) {
       constexpr int kT = decltype(tiles)::value;
+      constexpr int kR = decltype(chunk_rows)::value;
       switch (L) {
         case 64:
-          return fp8 ? launch_decode_shared<16, true, kT>(ctx, p, rows)
-                     : launch_decode_shared<16, false, kT>(ctx, p, rows);
+          return fp8 ? launch_decode_shared<16, true, kT, kR>(ctx, p, rows)
+                     : launch_decode_shared<16, false, kT, kR>(ctx, p, rows);
         case 128:
-          return fp8 ? launch_decode_shared<32, true, kT>(ctx, p, rows)
-                     : launch_decode_shared<32, false, kT>(ctx, p, rows);
+          return fp8 ? launch_decode_shared<32, true, kT, kR>(ctx, p, rows)
+                     : launch_decode_shared<32, false, kT, kR>(ctx, p, rows);
         case 256:
-          return fp8 ? launch_decode_shared<64, true, kT>(ctx, p, rows)
-                     : launch_decode_shared<64, false, kT>(ctx, p, rows);
+          return fp8 ? launch_decode_shared<64, true, kT, kR>(ctx, p, rows)
+                     : launch_decode_shared<64, false, kT, kR>(ctx, p, rows);
         default:
-          return fp8 ? launch_decode_shared<128, true, kT>(ctx, p, rows)
-                     : launch_decode_shared<128, false, kT>(ctx, p, rows);
+          return fp8 ? launch_decode_shared<128, true, kT, kR>(ctx, p, rows)
+                     : launch_decode_shared<128, false, kT, kR>(ctx, p, rows);
       }
     };
     if (kernel == BatchDecodeKernel::shared2) {
-      run(std::integral_constant<int, 2>{});
+      run(std::integral_constant<int, 2>{}, std::integral_constant<int, 16>{});
+    } else if (kernel == BatchDecodeKernel::shared32) {
+      run(std::integral_constant<int, 4>{}, std::integral_constant<int, 32>{});
     } else {
-      run(std::integral_constant<int, 4>{});
+      run(std::integral_constant<int, 4>{}, std::integral_constant<int, 16>{});
     }
     if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
     return;

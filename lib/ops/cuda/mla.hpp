@@ -46,9 +46,10 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 /// The kernel the batched decode of `rows` rows runs (mla.cu): under mla_batch shared (automatic:
 /// from two rows) the shared kernel, one block per (row, split, 64 heads) whose head tiles share
 /// each staged chunk (v1's scores, one softmax per tile; a forced split count capped at the chunks), shared2
-/// the same with 32 heads per block and two blocks per multiprocessor; else the tiles rule: under mla_decode
+/// the same with 32 heads per block and two blocks per multiprocessor, shared32 shared's block on
+/// chunks of 32 rows; else the tiles rule: under mla_decode
 /// v2, v2 for FP8 caches or a forced split count, v1 otherwise.
-enum class BatchDecodeKernel { v1, v2, shared, shared2 };
+enum class BatchDecodeKernel { v1, v2, shared, shared2, shared32 };
 BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows);
 int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache);
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
