@@ -1157,6 +1157,10 @@ void run_batched(Bench& b, ops::Backend& be) {
     idx.D = kIndexDim;
     idx.P = kPool;
     idx.pool_keys = b.rand_f32(static_cast<size_t>(B) * max_pools * kIndexDim);
+    // The row caches are not read by the scores (stand-ins: the op checks the slots are whole).
+    idx.k_cache = static_cast<bf16*>(b.alloc(16));
+    idx.gate_cache = static_cast<float*>(b.alloc(16));
+    idx.valid = static_cast<uint8_t*>(b.alloc(16));
     float* q = b.rand_f32(static_cast<size_t>(B) * kIndexHeads * kIndexDim);
     float* w = b.rand_f32(static_cast<size_t>(B) * kIndexHeads, -0.2f, 0.2f);
     int32_t* pos = b.upload(std::vector<int32_t>(static_cast<size_t>(B), ctx_rows - 1));
