@@ -923,8 +923,8 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
 //   kernels merge the same partials.
 // - The split's cache slots (selection -> block table) are resolved once into shared memory by the
 //   whole block (two round trips per block, not per chunk), then the chunks stream through a ring
-//   of kSharedStages stages with cp.async (16-byte copies; rows not selected are zero-filled, never
-//   stale: P = 0 times NaN is NaN), kSharedStages - 1 chunks ahead of the one computed. One
+//   of shared_stages<kRows>() stages with cp.async (16-byte copies; rows not selected are zero-filled, never
+//   stale: P = 0 times NaN is NaN), all but one stage ahead of the chunk computed. One
 //   __syncthreads per chunk frees the oldest stage; an FP8 chunk is widened to BF16 (exactly) into
 //   one conversion buffer behind a second one.
 // - Per head tile, the 4 column warps compute their partial scores as v1 does (the same MMAs; B
@@ -1384,11 +1384,11 @@ BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, 
       return BatchDecodeKernel::shared32;
     case MlaBatch::automatic:
       // From two rows a shared kernel (the head tiles of a row share each staged chunk): shared2
-      // up to 8 rows, shared above, as measured on one H200 (glm5.3-flash, 2051 selected rows, BF16
-      // cache, us; docs/kernels.md): shared2 / shared 24 / 30 at B = 2, 34 / 35 at 4, 43 / 45 at 8,
-      // 68 / 67 at 16, 195 / 192 at 64, 324 / 318 at 128, against v1's 86 (4 splits) at 16 and 548 at
-      // 128. A batch of one keeps the tiles rule below, as the single-row decode.
-      // Above 8 rows shared32 (shared's block on 32-row chunks): PROVISIONAL, measured below.
+      // up to 8 rows, shared32 above, as measured on one H200 (glm5.3-flash, 2051 selected rows,
+      // BF16 cache, graph mode, us; docs/kernels.md): shared2 / shared 18.7 / 24.2 at B = 2, 27.8 /
+      // 27.9 at 4; shared2 / shared / shared32 34.8 / 36.1 / 34.6 at 8, 56.4 / 55.9 / 52.8 at 16,
+      // 159.0 / 156.3 / 140.4 at 64, 257.5 / 249.3 / 219.8 at 128. A batch of one keeps the tiles
+      // rule below, as the single-row decode.
       if (rows >= 2) return rows <= 8 ? BatchDecodeKernel::shared2 : BatchDecodeKernel::shared32;
       break;
     case MlaBatch::tiles:
