@@ -10,8 +10,8 @@
 //   - indexer_norm_store_batch: block b layer-norms k_pre row b into k_cache row pos[b] of slot
 //     slot[b], stores the gate row and the valid flag, and when the row completes its pool writes
 //     the pool key from the pool's cached rows.
-//   - indexer_scores_batch: grid (pool blocks, rows); a warp scores 32 pools at once, lane l holding
-//     pool l's dot products with every head (the queries transposed in shared memory, broadcast).
+//   - indexer_scores_batch: grid (pool blocks, rows); a warp scores 4 pools at once, lane h holding
+//     head h's query dot products (the query rows in shared memory, the 4 keys broadcast from it).
 //   - indexer_select_batch: block b selects row b's pools exactly: a 4-pass 8-bit radix select on
 //     the order-preserving score keys finds the n_sel-th largest key; the larger ones and the first
 //     equal ones in pool order are taken (ties to the lower pool index), written at their rank in
@@ -65,9 +65,10 @@ constexpr int kScoreThreads = 256;
 constexpr int kScoreWarps = kScoreThreads / kWarp;
 constexpr int kPoolsPerWarp = 4;
 
-// What the single-row scores kernel runs: the query staging and a warp's group of 4 pools, the
-// accumulation of a head's term passed in (the single-row kernel lets the compiler contract it into
-// an FMA). The batched kernel below maps a pool to a lane instead.
+// What both score kernels (one row, batched rows) run: the query staging and a warp's group of 4
+// pools. Only the accumulation of a head's term differs between them (the single-row kernel lets the
+// compiler contract it into an FMA, the batched one rounds the product and the sum separately), so
+// each passes its own.
 
 /// The query rows (16-byte loads, unrolled so that many are in flight: a scalar loop here was a
 /// chain of dependent round trips) into q_s [n_heads][qstride] and the head weights into w_s.
@@ -650,27 +651,69 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // ---- scores ------------------------------------------------------------------------------------------
 
-// The batched scores put a pool on each lane (a warp: 32 consecutive pools) rather than a head
-// on each lane as the single-row kernel does. The lane keeps the dot products of all heads with its
-// own key in registers (32 heads a pass), its key streaming in by 16-byte loads two ahead of the
-// one being used, while the queries are read from shared memory transposed ([d][head]), so one
-// warp-uniform 16-byte read broadcasts 4 heads' values at one d to every lane: per key value a lane
-// does 32 FMAs against 8 broadcast reads, where the head-per-lane kernel did 4 FMAs per read and
-// re-staged the keys through shared memory. The head terms are then summed in head order, the
-// CPU's order (the head-per-lane kernel summed them as a warp tree), each term rounded step by
-// step (no contraction); each dot product runs over d ascending, one fmaf a term.
-constexpr int kLaneScoreWarps = 4;                              // warps a block
-constexpr int kLaneScoreThreads = kLaneScoreWarps * kWarp;      // 128
-constexpr int kLanePoolsPerBlock = kLaneScoreWarps * kWarp;     // a pool per thread
-constexpr int kLaneScoreHeads = 32;                             // heads a pass (registers)
+// The single-row scores kernel's block (kScoreThreads, kScoreWarps, kPoolsPerWarp, above).
+constexpr int kPoolsPerBlock = kScoreWarps * kPoolsPerWarp;
 
-/// The transposed query rows' stride (floats per d): the heads rounded up to 4 (16-byte reads),
-/// plus 4 (the transposing stores then fall 4 banks apart, not on one).
-__host__ __device__ constexpr int lane_score_qstride(int n_heads) { return (n_heads + 3) / 4 * 4 + 4; }
+/// A warp's 4 consecutive pools' keys j0 .. j0 + 3 into dst [pool][D] (the rows as stored, so a
+/// straight 16-byte copy; zero-filled past n_cand): cp.async, the caller commits. Whole warp.
+__device__ __forceinline__ void issue_pool_keys(const float* keys, int D, int j0, int n_cand, int lane,
+                                                float* dst) {
+  const int vecs = kPoolsPerWarp * D / 4;
+  const float* src0 = keys + static_cast<size_t>(j0) * D;
+  for (int i = lane; i < vecs; i += kWarp) {
+    const bool ok = j0 + (4 * i) / D < n_cand;
+    batch::cp_async16(dst + 4 * i, ok ? src0 + 4 * i : keys, ok ? 16 : 0);
+  }
+}
 
-/// Block (x, row b): pools (x * 4 + warp) * 32 + lane + i * gridDim.x * 128 of row b; non-candidates
-/// get -inf. A block with no candidate pool skips the query staging.
-__global__ void __launch_bounds__(kLaneScoreThreads)
+/// The batched kernel's group of 4 pools from keys staged [pool][D] (issue_pool_keys): for each head
+/// h = lane, lane + 32, ... the 4 dot products run over c ascending (one fmaf per term, the order
+/// of score_pool_group), the head's term rounded step by step (the CPU's order, no contraction),
+/// then a warp sum per pool into out[j0 + i] (-inf past n_cand, nothing past max_pools).
+__device__ __forceinline__ void score_staged_pools(const float* staged, const float* q_s, const float* w_s,
+                                                   int qstride, int n_heads, int D, int j0, int n_cand,
+                                                   int max_pools, int lane, float inv_sqrt_d, float* out) {
+  float total[kPoolsPerWarp] = {};
+  for (int h = lane; h < n_heads; h += kWarp) {
+    float dot[kPoolsPerWarp] = {};
+    const float* qh = q_s + static_cast<size_t>(h) * qstride;
+#pragma unroll 2
+    for (int c = 0; c < D; c += 4) {
+      const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
+      float4 k4[kPoolsPerWarp];
+#pragma unroll
+      for (int pl = 0; pl < kPoolsPerWarp; ++pl)
+        k4[pl] = *reinterpret_cast<const float4*>(staged + static_cast<size_t>(pl) * D + c);  // broadcast
+#pragma unroll
+      for (int pl = 0; pl < kPoolsPerWarp; ++pl) {
+        dot[pl] = fmaf(q4.x, k4[pl].x, dot[pl]);
+        dot[pl] = fmaf(q4.y, k4[pl].y, dot[pl]);
+        dot[pl] = fmaf(q4.z, k4[pl].z, dot[pl]);
+        dot[pl] = fmaf(q4.w, k4[pl].w, dot[pl]);
+      }
+    }
+#pragma unroll
+    for (int pl = 0; pl < kPoolsPerWarp; ++pl)
+      total[pl] = __fadd_rn(total[pl], __fmul_rn(w_s[h], fmaxf(__fmul_rn(dot[pl], inv_sqrt_d), 0.0f)));
+  }
+#pragma unroll
+  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
+  if (lane < kPoolsPerWarp) {
+    const int j = j0 + lane;
+    float v = total[0];
+#pragma unroll
+    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
+      if (lane == pl) v = total[pl];
+    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
+  }
+}
+
+/// Block (x, row b): pools j0 = (x * 8 + warp) * 4 + i * gridDim.x * 32 of row b; non-candidates
+/// get -inf. A block with no candidate pool skips the query staging. Each warp's next group of
+/// keys is copied (cp.async, a 2-stage ring per warp) while it scores the current one, so the
+/// keys' round trip overlaps the arithmetic instead of preceding every group; the arithmetic and
+/// its order are the unpipelined kernel's, so the scores are its bits.
+__global__ void __launch_bounds__(kScoreThreads)
     indexer_scores_batch_kernel(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
                                 IndexerSlots idx, float* scores, int n_heads) {
   pdl_begin();
@@ -683,80 +726,47 @@ __global__ void __launch_bounds__(kLaneScoreThreads)
   const int64_t p = pos[b];
   const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
   float* out = scores + static_cast<size_t>(b) * max_pools;
-  const int stride = gridDim.x * kLanePoolsPerBlock;
-  if (static_cast<int>(blockIdx.x) * kLanePoolsPerBlock >= n_cand) {  // uniform: every pool of the block
-    for (int j = blockIdx.x * kLanePoolsPerBlock + threadIdx.x; j < max_pools; j += stride) out[j] = -INFINITY;
+  const int stride = gridDim.x * kPoolsPerBlock;
+  if (static_cast<int>(blockIdx.x) * kPoolsPerBlock >= n_cand) {  // uniform: every pool of the block
+    for (int j0 = blockIdx.x * kPoolsPerBlock; j0 < max_pools; j0 += stride)
+      for (int i = threadIdx.x; i < kPoolsPerBlock && j0 + i < max_pools; i += blockDim.x)
+        out[j0 + i] = -INFINITY;
     return;
   }
   const float* keys = idx.pool_keys + static_cast<size_t>(s) * max_pools * D;
   const float* qb = q + static_cast<size_t>(b) * n_heads * D;
   const float* wb = w + static_cast<size_t>(b) * n_heads;
-  const int hs = lane_score_qstride(n_heads);
-  float* q_t = smem;                             // [D][hs]: q_t[d * hs + h] = q[h][d], zeros past n_heads
-  float* w_s = q_t + static_cast<size_t>(D) * hs;  // [n_heads]
-  // The query rows by coalesced 16-byte loads (many in flight), each value stored at its [d][h].
-  const int q_vecs = n_heads * D / 4;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(qb) + i);
-    const int h = (4 * i) / D, d = (4 * i) % D;
-    q_t[(d + 0) * hs + h] = v.x;
-    q_t[(d + 1) * hs + h] = v.y;
-    q_t[(d + 2) * hs + h] = v.z;
-    q_t[(d + 3) * hs + h] = v.w;
-  }
-  const int pad = hs - n_heads;  // zeros past the heads (read by the last 16-byte reads of a d)
-  for (int i = threadIdx.x; i < D * pad; i += blockDim.x) q_t[(i / pad) * hs + n_heads + i % pad] = 0.0f;
-  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = wb[i];
-  __syncthreads();
+  const int qstride = D + 4;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
+  float* q_s = smem;                                          // [n_heads][D + 4]
+  float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads, padded to 4]
+  float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][2 stages][4 pools][D]
+  float* ring = key_s + static_cast<size_t>(warp) * 2 * kPoolsPerWarp * D;
+  const int first = (blockIdx.x * kScoreWarps + warp) * kPoolsPerWarp;
+  // The first group's keys are in flight while the queries are staged.
+  if (first < n_cand) issue_pool_keys(keys, D, first, n_cand, lane, ring);
+  batch::cp_async_commit();
+  stage_queries(qb, wb, q_s, w_s, n_heads, D, qstride);
+  __syncthreads();
   const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
-  const int nv = D / 4;  // 16-byte key loads a pool
-  for (int jw = (blockIdx.x * kLaneScoreWarps + warp) * kWarp; jw < max_pools; jw += stride) {
-    const int j = jw + lane;
-    if (jw >= n_cand) {  // warp-uniform: no candidate in the warp's 32 pools
-      if (j < max_pools) out[j] = -INFINITY;
+  int st = 0;
+  for (int j0 = first; j0 < max_pools; j0 += stride) {
+    if (j0 >= n_cand) {
+      if (lane < kPoolsPerWarp && j0 + lane < max_pools) out[j0 + lane] = -INFINITY;
       continue;
     }
-    const bool live = j < n_cand;
-    const float4* key4 = reinterpret_cast<const float4*>(keys + static_cast<size_t>(live ? j : 0) * D);
-    float total = 0.0f;
-    for (int h0 = 0; h0 < n_heads; h0 += kLaneScoreHeads) {
-      float dot[kLaneScoreHeads];
-#pragma unroll
-      for (int hh = 0; hh < kLaneScoreHeads; ++hh) dot[hh] = 0.0f;
-      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      float4 k_next = __ldg(key4);
-      float4 k_after = nv > 1 ? __ldg(key4 + 1) : zero;
-      for (int v = 0; v < nv; ++v) {
-        const float4 k = k_next;
-        k_next = k_after;
-        k_after = v + 2 < nv ? __ldg(key4 + v + 2) : zero;
-        const float kv[4] = {k.x, k.y, k.z, k.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float* qd = q_t + static_cast<size_t>(4 * v + e) * hs + h0;
-#pragma unroll
-          for (int hh = 0; hh < kLaneScoreHeads; hh += 4) {
-            if (h0 + hh >= n_heads) break;  // uniform
-            const float4 q4 = *reinterpret_cast<const float4*>(qd + hh);  // broadcast
-            dot[hh + 0] = fmaf(q4.x, kv[e], dot[hh + 0]);
-            dot[hh + 1] = fmaf(q4.y, kv[e], dot[hh + 1]);
-            dot[hh + 2] = fmaf(q4.z, kv[e], dot[hh + 2]);
-            dot[hh + 3] = fmaf(q4.w, kv[e], dot[hh + 3]);
-          }
-        }
-      }
-      // A head's term rounded step by step, in head order (the CPU's order, no contraction).
-#pragma unroll
-      for (int hh = 0; hh < kLaneScoreHeads; ++hh) {
-        if (h0 + hh >= n_heads) break;  // uniform
-        total = __fadd_rn(total, __fmul_rn(w_s[h0 + hh], fmaxf(__fmul_rn(dot[hh], inv_sqrt_d), 0.0f)));
-      }
-    }
-    if (j < max_pools) out[j] = live ? total : -INFINITY;
+    if (j0 + stride < n_cand)
+      issue_pool_keys(keys, D, j0 + stride, n_cand, lane, ring + static_cast<size_t>(st ^ 1) * kPoolsPerWarp * D);
+    batch::cp_async_commit();
+    batch::cp_async_wait<1>();  // this lane's copies of the current group have landed
+    __syncwarp();               // and the warp's
+    score_staged_pools(ring + static_cast<size_t>(st) * kPoolsPerWarp * D, q_s, w_s, qstride, n_heads, D, j0,
+                       n_cand, max_pools, lane, inv_sqrt_d, out);
+    __syncwarp();  // the stage is refilled two groups on
+    st ^= 1;
   }
+  batch::cp_async_wait<0>();  // no copy in flight at exit
 }
 
 // ---- selection ---------------------------------------------------------------------------------------
@@ -905,7 +915,8 @@ void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf1
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads) {
   const int D = idx.D, max_pools = (idx.max_rows / idx.P);
-  const size_t smem = sizeof(float) * (static_cast<size_t>(D) * lane_score_qstride(n_heads) + n_heads);
+  const size_t smem = sizeof(float) * (static_cast<size_t>(n_heads) * (D + 4) + ((n_heads + 3) / 4) * 4 +
+                                       static_cast<size_t>(kScoreWarps) * 2 * D * kPoolsPerWarp);
   MTP_REQUIRE(smem <= 200 * 1024, "ops::cuda::indexer_scores_batch: ", n_heads, " heads x ", D,
               " do not fit in shared memory");
   static int opted_in = 48 * 1024;
@@ -914,10 +925,10 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     opted_in = static_cast<int>(smem);
   }
-  // About 8 blocks of 4 warps per multiprocessor over the whole batch; each block walks its pools.
-  const int per_row = std::max(1, std::min((max_pools + kLanePoolsPerBlock - 1) / kLanePoolsPerBlock,
-                                           (8 * ctx.num_sms + rows - 1) / rows));
-  launch(ctx, indexer_scores_batch_kernel, dim3(per_row, rows), kLaneScoreThreads, smem, q, w, slot, pos, idx,
+  // About 4 blocks per multiprocessor over the whole batch; each block walks its pools.
+  const int per_row = std::max(
+      1, std::min((max_pools + kPoolsPerBlock - 1) / kPoolsPerBlock, (4 * ctx.num_sms + rows - 1) / rows));
+  launch(ctx, indexer_scores_batch_kernel, dim3(per_row, rows), kScoreThreads, smem, q, w, slot, pos, idx,
          scores, n_heads);
   MTP_CUDA_LAUNCH_CHECK();
 }
