@@ -107,7 +107,7 @@ if ((bench)); then
     CUDA_VISIBLE_DEVICES=0 timeout 150 build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
       --set 'sweep.grid.head_sharding=[none]' --out "$OUT/rank-scaling-1gpu.h5" >"$OUT/rank-scaling-1gpu.log" 2>&1
     echo "1 GPU rc=$?"
-    timeout 200 mpirun -np 2 --oversubscribe build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
+    timeout 300 mpirun -np 2 --oversubscribe build-gpu/bin/mtplab run experiments/rank-scaling.yaml \
       --out "$OUT/rank-scaling-2gpu.h5" >"$OUT/rank-scaling-2gpu.log" 2>&1
     echo "2 GPUs rc=$?"
     python3 - "$OUT" <<'PY' 2>&1 | tee "$OUT/rank-scaling.txt"
@@ -120,6 +120,9 @@ for name in ("rank-scaling-1gpu", "rank-scaling-2gpu"):
     print(name)
     print(p[["label", "steps", "propose_ms_median", "step_ms_median", "step_ms_rel_spread"]].to_string(index=False))
 PY
+    # Drafts on 2 GPUs against 1 (the head_sharding: none points; near-ties counted).
+    python3 analysis/compare_drafts.py "$OUT/rank-scaling-1gpu.h5" "$OUT/rank-scaling-2gpu.h5" 2>&1 |
+      grep -v UNPAIRED | tee -a "$OUT/rank-scaling.txt"
   fi
   [[ ${NCU:-0} == 1 ]] || { echo "== done ($(elapsed))"; exit $status; }
   echo "== ncu: one eager FP8 draft ($(elapsed))"
