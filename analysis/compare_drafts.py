@@ -21,8 +21,6 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import numpy as np  # noqa: E402
-
 import mtplab_results as mr  # noqa: E402
 
 
@@ -48,24 +46,11 @@ def compare(ref_path, other_path):
             unpaired.append(f"{other_path}: {name} ({dict(key)}) has no partner in {ref_path}")
             continue
         (mine, _), (theirs, margins) = repeat0(other, name), repeat0(ref, ref_by[key])
-        common = [k for k in mine if k in theirs]
-        any_ = first = with_margin = near_tie = 0
-        max_margin = np.nan
-        for k in common:
-            n = min(len(mine[k]), len(theirs[k]))
-            differ = np.flatnonzero(mine[k][:n] != theirs[k][:n])
-            if len(differ) == 0:
-                continue
-            any_ += 1
-            first += bool(differ[0] == 0)
-            if margins is not None:
-                with_margin += 1
-                near_tie += bool(margins[k][differ[0]] == 0)
-                flip = float(margins[k][differ[0]])
-                max_margin = flip if np.isnan(max_margin) else max(max_margin, flip)
+        c = mr.count_flips(mine, theirs, margins)
         rows.append(dict(point=name, reference=ref_by[key], label=other.group(name).attrs.get("label", ""),
-                         steps=len(mine), common=len(common), differ_any=any_, differ_first=first,
-                         with_margin=with_margin, near_tie=near_tie, max_flip_margin=max_margin))
+                         steps=len(mine), common=c["common"], differ_any=c["differ_any"],
+                         differ_first=c["differ_first"], with_margin=c["differ_with_margin"],
+                         near_tie=c["differ_near_tie"], max_flip_margin=c["max_flip_margin"]))
     for key, name in ref_by.items():
         if key not in other_by:
             unpaired.append(f"{ref_path}: {name} ({dict(key)}) has no partner in {other_path}")

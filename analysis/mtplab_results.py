@@ -260,22 +260,13 @@ class Results:
                     continue
                 value, first = self.axis_values[axis][at], self.axis_values[axis][0]
                 (mine, _), (theirs, ref_margins) = repeat0(name), repeat0(ref)
-                common = [k for k in mine if k in theirs]
-                any_, first_, with_margin, near_tie = 0, 0, 0, 0
-                for k in common:
-                    n = min(len(mine[k]), len(theirs[k]))
-                    differ = np.flatnonzero(mine[k][:n] != theirs[k][:n])
-                    if len(differ) == 0:
-                        continue
-                    any_ += 1
-                    first_ += bool(differ[0] == 0)
-                    if ref_margins is not None:
-                        with_margin += 1
-                        near_tie += bool(ref_margins[k][differ[0]] == 0)
+                c = count_flips(mine, theirs, ref_margins)
+                common, any_, first_ = c["common"], c["differ_any"], c["differ_first"]
+                with_margin, near_tie = c["differ_with_margin"], c["differ_near_tie"]
                 rows.append(dict(point=idx, reference=pts[ref][0], axis=axis, value=value, reference_value=first,
-                                 steps=len(mine), common_steps=len(common), differ_any=any_, differ_first=first_,
-                                 rate_any=any_ / len(common) if common else np.nan,
-                                 rate_first=first_ / len(common) if common else np.nan,
+                                 steps=len(mine), common_steps=common, differ_any=any_, differ_first=first_,
+                                 rate_any=any_ / common if common else np.nan,
+                                 rate_first=first_ / common if common else np.nan,
                                  differ_with_margin=with_margin, differ_near_tie=near_tie,
                                  near_tie_rate=near_tie / with_margin if with_margin else np.nan))
         cols = ["point", "reference", "axis", "value", "reference_value", "steps", "common_steps", "differ_any",
@@ -295,6 +286,32 @@ class Results:
             row.update({m: s.loc[m, "median"] for m in s.index})
             rows.append(row)
         return pd.DataFrame(rows).set_index("point").sort_index()
+
+
+def count_flips(mine, theirs, ref_margins):
+    """How two runs' drafts compare over the steps both have. mine / theirs: {(sequence, position):
+    drafts row} (repeat 0); ref_margins: theirs' {key: margins row} or None. Over the first
+    min(k, k') drafts of each common step: common, differ_any, differ_first, differ_with_margin,
+    differ_near_tie (the first differing draft at a reference margin of 0: an exact tie, the only
+    one the margin alone decides, docs/numerics.md) and max_flip_margin (the largest reference
+    margin at a first differing draft; NaN when none was recorded)."""
+    common = [k for k in mine if k in theirs]
+    out = dict(common=len(common), differ_any=0, differ_first=0, differ_with_margin=0, differ_near_tie=0,
+               max_flip_margin=np.nan)
+    for k in common:
+        n = min(len(mine[k]), len(theirs[k]))
+        differ = np.flatnonzero(mine[k][:n] != theirs[k][:n])
+        if len(differ) == 0:
+            continue
+        out["differ_any"] += 1
+        out["differ_first"] += bool(differ[0] == 0)
+        if ref_margins is not None:
+            flip = float(ref_margins[k][differ[0]])
+            out["differ_with_margin"] += 1
+            out["differ_near_tie"] += bool(flip == 0)
+            m = out["max_flip_margin"]
+            out["max_flip_margin"] = flip if np.isnan(m) else max(m, flip)
+    return out
 
 
 _M64 = (1 << 64) - 1

@@ -85,6 +85,22 @@ __device__ __forceinline__ void stage_queries(const float* q, const float* w, fl
   for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
 }
 
+/// The warp's 4 pool totals (each lane's partial over its heads) summed over the warp and written
+/// to out[j0 + i] by lane i: -inf past n_cand, nothing past max_pools. Whole warp.
+__device__ __forceinline__ void write_pool_totals(float (&total)[kPoolsPerWarp], int j0, int n_cand, int max_pools,
+                                                  int lane, float* out) {
+#pragma unroll
+  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
+  if (lane < kPoolsPerWarp) {
+    const int j = j0 + lane;
+    float v = total[0];
+#pragma unroll
+    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
+      if (lane == pl) v = total[pl];
+    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
+  }
+}
+
 /// The scores of the warp's 4 pools j0 .. j0 + 3 (a group with a candidate: j0 < n_cand) into
 /// out[j0 + i]: -inf past n_cand, nothing past max_pools. The 4 keys are staged in my_keys [c][pool]
 /// (zeros past n_cand); for each head h = lane, lane + 32, ... the 4 dot products with the staged
@@ -129,16 +145,7 @@ __device__ __forceinline__ void score_pool_group(const float* keys, const float*
 #pragma unroll
     for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = add(total[pl], w_s[h], dot[pl]);
   }
-#pragma unroll
-  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
-  if (lane < kPoolsPerWarp) {
-    const int j = j0 + lane;
-    float v = total[0];
-#pragma unroll
-    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
-      if (lane == pl) v = total[pl];
-    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
-  }
+  write_pool_totals(total, j0, n_cand, max_pools, lane, out);
   __syncwarp();  // my_keys is restaged by the next group
 }
 
@@ -696,16 +703,7 @@ __device__ __forceinline__ void score_staged_pools(const float* staged, const fl
     for (int pl = 0; pl < kPoolsPerWarp; ++pl)
       total[pl] = __fadd_rn(total[pl], __fmul_rn(w_s[h], fmaxf(__fmul_rn(dot[pl], inv_sqrt_d), 0.0f)));
   }
-#pragma unroll
-  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
-  if (lane < kPoolsPerWarp) {
-    const int j = j0 + lane;
-    float v = total[0];
-#pragma unroll
-    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
-      if (lane == pl) v = total[pl];
-    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
-  }
+  write_pool_totals(total, j0, n_cand, max_pools, lane, out);
 }
 
 /// Block (x, row b): pools j0 = (x * 8 + warp) * 4 + i * gridDim.x * 32 of row b; non-candidates
