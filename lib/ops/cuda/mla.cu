@@ -1480,7 +1480,8 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                 "ops::cuda::mla_decode_batch: o_lat must be 4-byte and the scratch 8-byte aligned");
     const int bound = kernel == BatchDecodeKernel::shared32 ? kShared32MaxSplitRows : kSharedMaxSplitRows;
     MTP_REQUIRE(split_rows(width, splits) <= bound, "ops::cuda::mla_decode_batch: ", split_rows(width, splits),
-                " rows per split (the ", to_string(ctx.policy.mla_batch), " kernel takes at most ", bound,
+                " rows per split (the ",
+                kernel == BatchDecodeKernel::shared32 ? "shared32" : "shared", " kernel takes at most ", bound,
                 ": use mla_decode_batch_splits)");
     auto run = [&](auto tiles, auto chunk_rows) {
       constexpr int kT = decltype(tiles)::value;
