@@ -631,6 +631,50 @@ using PipeRingGateUp = Pipe<3, 1, true, true, 1>;
 using PipeRingDown = Pipe<4, 1, true, true, 1>;
 
 // ---- grouped experts: one warp's small GEMM ------------------------------------------------------------
+
+/// This lane's A words of a chunk's weight tiles staged in a ring stage (rows 16m + g and
+/// 16m + g + 8 of the stage, physical columns 16t .. 16t + 15).
+template <int kMats>
+__device__ __forceinline__ void stage_weight_words(const bf16* st, uint4 (&w)[kMats][4]) {
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const bf16* row = st + (16 * m + g + 8 * h) * kMoeXStride + 16 * t;
+      w[m][2 * h] = *reinterpret_cast<const uint4*>(row);
+      w[m][2 * h + 1] = *reinterpret_cast<const uint4*>(row + 8);
+    }
+  }
+}
+
+/// The MMAs of one chunk: acc[m][j] += the weight words w[m] (rows g, g + 8 of a 16-row tile) x
+/// the staged input rows xs (8j + g: row of n-tile j, padded to kMoeXStride), n_tiles of them.
+template <int kMats>
+__device__ __forceinline__ void chunk_mma(const bf16* xs, const uint4 (&w)[kMats][4], int n_tiles,
+                                          float (&acc)[kMats][kMoeNT][4]) {
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  uint32_t a[kMats][4][4];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+    uint32_t w0[8], w1[8];
+    batch::words8(w[m][0], w[m][1], w0);
+    batch::words8(w[m][2], w[m][3], w1);
+    batch::a_frags(w0, w1, a[m]);
+  }
+#pragma unroll
+  for (int j = 0; j < kMoeNT; ++j) {
+    if (j >= n_tiles) break;  // uniform over the warp
+    const bf16* xr = xs + (8 * j + g) * kMoeXStride + 16 * t;
+    uint32_t bw[8];
+    batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
+#pragma unroll
+    for (int m = 0; m < kMats; ++m) batch::mma_chunk(acc[m][j], a[m], bw);
+  }
+}
+
 //
 // acc[m][j] += W_m (16 rows: row g at wrow[m][0], row g + 8 at wrow[m][1], row stride K, K columns) x the
 // group's input rows (n_rows <= kPairGroup, row r at brow(r)), kMats weight matrices against the
@@ -682,26 +726,8 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
       batch::cp_async16(xdst + r * kMoeXStride + c8, ok ? src_row[i] + col : wrow[0][0], ok ? 16 : 0);
     }
   };
-  // The MMAs of chunk c: A from the weight words w[m] (rows g, g + 8), B from the ring's stage.
   auto mma_step = [&](const bf16* st, const uint4(&w)[kMats][4]) {
-    uint32_t a[kMats][4][4];
-#pragma unroll
-    for (int m = 0; m < kMats; ++m) {
-      uint32_t w0[8], w1[8];
-      batch::words8(w[m][0], w[m][1], w0);
-      batch::words8(w[m][2], w[m][3], w1);
-      batch::a_frags(w0, w1, a[m]);
-    }
-    const bf16* xs = st + kWRows * kMoeXStride;
-#pragma unroll
-    for (int j = 0; j < kMoeNT; ++j) {
-      if (j >= n_tiles) break;  // uniform over the warp
-      const bf16* xr = xs + (8 * j + g) * kMoeXStride + 16 * t;
-      uint32_t bw[8];
-      batch::words8(*reinterpret_cast<const uint4*>(xr), *reinterpret_cast<const uint4*>(xr + 8), bw);
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) batch::mma_chunk(acc[m][j], a[m], bw);
-    }
+    chunk_mma<kMats>(st + kWRows * kMoeXStride, w, n_tiles, acc);
   };
 #pragma unroll
   for (int m = 0; m < kMats; ++m)
@@ -719,15 +745,7 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
       __syncwarp();  // every lane's copies of chunk c are visible to the warp
       const bf16* st = ring + static_cast<size_t>(c % P::kStages) * kStageElems;
       uint4 w[kMats][4];
-#pragma unroll
-      for (int m = 0; m < kMats; ++m) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const bf16* row = st + (16 * m + g + 8 * h) * kMoeXStride + 16 * t;
-          w[m][2 * h] = *reinterpret_cast<const uint4*>(row);
-          w[m][2 * h + 1] = *reinterpret_cast<const uint4*>(row + 8);
-        }
-      }
+      stage_weight_words<kMats>(st, w);
       mma_step(st, w);
       __syncwarp();  // the stage is refilled by a later iteration's copies
     }
@@ -766,100 +784,73 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
   }
 }
 
-// ---- grouped experts: the kernels -----------------------------------------------------------------------
+// ---- grouped experts: the work items ----------------------------------------------------------------------
 
-/// Launch 1: act for every (active entry, 16 inter rows, pair group) item, one warp per item.
-template <typename P>
-__global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
-    moe_gate_up_grouped_kernel(GroupedParams p, PlanLayout layout) {
-  pdl_begin();
-  extern __shared__ __align__(16) uint8_t moe_smem[];
-  bf16* rings = reinterpret_cast<bf16*>(moe_smem);  // [warps][stages][stage rows][kMoeXStride]
-  const Plan pl = carve_plan(reinterpret_cast<int*>(rings + P::template ring_elems<2>()), layout);
-  const int n_active = build_plan(p, pl, true);
-  if (n_active == 0) return;
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2, t = lane & 3;
-  bf16* ring = rings + warp * P::kStages * P::template stage_elems<2>();
-  const int total = pl.a_items[n_active];
-  // v1: block b's warps take items 8b .. 8b + 7; spread: item w goes to block w % gridDim.
-  const int w0 = P::kSpread ? warp * gridDim.x + blockIdx.x : blockIdx.x * kMoeWarps + warp;
-  for (int w = w0; w < total; w += gridDim.x * kMoeWarps) {
-    const int a = find_entry(pl, n_active, w);
-    const int expert = pl.a_expert[a];
-    const bool shared = expert < 0;
-    const int groups = (pl.a_cnt[a] + kPairGroup - 1) / kPairGroup;
-    const int rem = w - pl.a_items[a];
-    const int tile = rem / groups;
-    const int grp = rem - tile * groups;
-    const int first = pl.a_off[a] + grp * kPairGroup;
-    const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
-    const size_t eo = shared ? 0 : static_cast<size_t>(expert) * p.routed.inter * p.H;
-    const bf16* Wg = (shared ? p.shared.gate : p.routed.gate + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
-    const bf16* Wu = (shared ? p.shared.up : p.routed.up + eo) + static_cast<size_t>(tile * 16 + g) * p.H;
-    const bf16* const wrow[2][2] = {{Wg, Wg + 8 * static_cast<size_t>(p.H)},
-                                    {Wu, Wu + 8 * static_cast<size_t>(p.H)}};
-    float acc[2][kMoeNT][4];
-    warp_gemm<P, 2>(
-        wrow, p.H, n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, ring,
-        acc);
-    const bool clamp = p.limit > 0.0f;
-    for_live_acc(t, n_rows, [&](int j, int e, int q) {
-      const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
-      float gv = round_to_bf16(acc[0][j][e]);
-      float uv = round_to_bf16(acc[1][j][e]);
-      if (clamp) {
-        gv = fminf(gv, p.limit);
-        uv = fminf(fmaxf(uv, -p.limit), p.limit);
-      }
-      const float av = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv);
-      p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] = f_to_bf16(av);
-    });
-  }
+/// A work item's operands: row 0 of its 16-row weight tile in each matrix (gate_up: gate, up;
+/// down: w[0], the block's 16 output columns), the rows' length K, and its group of pairs.
+struct ItemOperands {
+  const bf16* w[2];
+  int K;
+  int first;   // the group's first placed pair
+  int n_rows;  // pairs in the group (1 .. kPairGroup)
+  int tile;    // gate_up: which 16 rows of inter; down: 0
+};
+
+/// gate_up item w: (active entry, 16-row tile of its inter, pair group), groups fastest.
+__device__ __forceinline__ ItemOperands gate_up_item(const GroupedParams& p, const Plan& pl, int n_active,
+                                                     int w) {
+  const int a = find_entry(pl, n_active, w);
+  const int expert = pl.a_expert[a];
+  const bool shared = expert < 0;
+  const int groups = (pl.a_cnt[a] + kPairGroup - 1) / kPairGroup;
+  const int rem = w - pl.a_items[a];
+  const int tile = rem / groups;
+  const int grp = rem - tile * groups;
+  ItemOperands it;
+  it.K = p.H;
+  it.first = pl.a_off[a] + grp * kPairGroup;
+  it.n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
+  it.tile = tile;
+  const size_t eo = shared ? 0 : static_cast<size_t>(expert) * p.routed.inter * p.H;
+  const size_t ro = static_cast<size_t>(tile) * 16 * p.H;
+  it.w[0] = (shared ? p.shared.gate : p.routed.gate + eo) + ro;
+  it.w[1] = (shared ? p.shared.up : p.routed.up + eo) + ro;
+  return it;
 }
 
-/// Launch 2: block = output columns [16 * blockIdx.x, + 16) of every live row.
-template <typename P>
-__global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
-    moe_down_grouped_kernel(GroupedParams p, PlanLayout layout) {
-  pdl_begin();
-  extern __shared__ __align__(16) uint8_t moe_smem[];
-  bf16* rings = reinterpret_cast<bf16*>(moe_smem);
-  bf16* d_s = rings + P::template ring_elems<1>();  // [pairs + rows][kDownCols]: bf16(d) per route
-  const int routes = p.routes.rows * p.routes.top_k + p.routes.rows;
-  // routes * 16 BF16 = a multiple of 16 bytes: the plan after it stays aligned.
-  const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
-  const int n_active = build_plan(p, pl, false);
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2, t = lane & 3;
-  const int h0 = blockIdx.x * kDownCols;
-  bf16* ring = rings + warp * P::kStages * P::template stage_elems<1>();
-  const int total = n_active > 0 ? pl.a_items[n_active] : 0;
-  for (int w = warp; w < total; w += kMoeWarps) {
-    const int a = find_entry(pl, n_active, w);
-    const int expert = pl.a_expert[a];
-    const bool shared = expert < 0;
-    const int K = shared ? p.shared.inter : p.routed.inter;
-    const int grp = w - pl.a_items[a];
-    const int first = pl.a_off[a] + grp * kPairGroup;
-    const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
-    const bf16* Wd =
-        (shared ? p.shared.down : p.routed.down + static_cast<size_t>(expert) * p.H * p.routed.inter) +
-        static_cast<size_t>(h0 + g) * K;
-    const bf16* const wrow[1][2] = {{Wd, Wd + 8 * static_cast<size_t>(K)}};
-    float acc[1][kMoeNT][4];
-    warp_gemm<P, 1>(
-        wrow, K, n_rows,
-        [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; }, ring, acc);
-    for_live_acc(t, n_rows, [&](int j, int e, int q) {
-      const int hh = g + (e >= 2 ? 8 : 0);
-      d_s[static_cast<size_t>(pl.pr_route[first + q]) * kDownCols + hh] = f_to_bf16(acc[0][j][e]);
-    });
+/// down item w of the block whose output columns start at h0: (active entry, pair group).
+__device__ __forceinline__ ItemOperands down_item(const GroupedParams& p, const Plan& pl, int n_active, int w,
+                                                  int h0) {
+  const int a = find_entry(pl, n_active, w);
+  const int expert = pl.a_expert[a];
+  const bool shared = expert < 0;
+  const int grp = w - pl.a_items[a];
+  ItemOperands it;
+  it.K = shared ? p.shared.inter : p.routed.inter;
+  it.first = pl.a_off[a] + grp * kPairGroup;
+  it.n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
+  it.tile = 0;
+  it.w[0] = (shared ? p.shared.down : p.routed.down + static_cast<size_t>(expert) * p.H * p.routed.inter) +
+            static_cast<size_t>(h0) * it.K;
+  it.w[1] = it.w[0];
+  return it;
+}
+
+/// act = bf16(silu(min(g, L)) * clamp(u, -L, L)) of the fp32 projections g, u (rounded to BF16
+/// first); L = limit, none when limit <= 0.
+__device__ __forceinline__ bf16 swiglu_act(float g_acc, float u_acc, float limit) {
+  float gv = round_to_bf16(g_acc);
+  float uv = round_to_bf16(u_acc);
+  if (limit > 0.0f) {
+    gv = fminf(gv, limit);
+    uv = fminf(fmaxf(uv, -limit), limit);
   }
-  __syncthreads();
-  // Each live row: its routes in idx order, as moe_experts sums them, then the shared expert.
+  return f_to_bf16(__fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv));
+}
+
+/// The down kernels' last step, after every item of the block wrote d_s: each live row sums its own
+/// routes in idx order, as moe_experts sums them, then the shared expert; block-wide.
+__device__ __forceinline__ void combine_rows(const GroupedParams& p, const Plan& pl, const bf16* d_s, int h0) {
   const int P_ = p.routes.rows * p.routes.top_k;
   __shared__ int s_live_count;
   if (threadIdx.x == 0) {
@@ -888,35 +879,313 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
   }
 }
 
-/// Raises the dynamic shared memory limit of the gate_up (kGateUp) or down kernel of pipeline P
-/// to `bytes` when a launch needs more than it was raised to before (48 KB: the default). One
-/// record per kernel, whichever pipeline pair launches it.
-template <typename P, bool kGateUp>
+// ---- grouped experts: the kernels -----------------------------------------------------------------------
+
+/// Launch 1: act for every (active entry, 16 inter rows, pair group) item, one warp per item.
+template <typename P>
+__global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
+    moe_gate_up_grouped_kernel(GroupedParams p, PlanLayout layout) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  bf16* rings = reinterpret_cast<bf16*>(moe_smem);  // [warps][stages][stage rows][kMoeXStride]
+  const Plan pl = carve_plan(reinterpret_cast<int*>(rings + P::template ring_elems<2>()), layout);
+  const int n_active = build_plan(p, pl, true);
+  if (n_active == 0) return;
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  bf16* ring = rings + warp * P::kStages * P::template stage_elems<2>();
+  const int total = pl.a_items[n_active];
+  // v1: block b's warps take items 8b .. 8b + 7; spread: item w goes to block w % gridDim.
+  const int w0 = P::kSpread ? warp * gridDim.x + blockIdx.x : blockIdx.x * kMoeWarps + warp;
+  for (int w = w0; w < total; w += gridDim.x * kMoeWarps) {
+    const ItemOperands it = gate_up_item(p, pl, n_active, w);
+    const size_t H = p.H;
+    const bf16* const wrow[2][2] = {{it.w[0] + g * H, it.w[0] + (g + 8) * H},
+                                    {it.w[1] + g * H, it.w[1] + (g + 8) * H}};
+    float acc[2][kMoeNT][4];
+    warp_gemm<P, 2>(
+        wrow, p.H, it.n_rows,
+        [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[it.first + r]) * p.H; }, ring, acc);
+    for_live_acc(t, it.n_rows, [&](int j, int e, int q) {
+      const int i = it.tile * 16 + g + (e >= 2 ? 8 : 0);
+      p.act[static_cast<size_t>(pl.pr_route[it.first + q]) * p.act_ld + i] =
+          swiglu_act(acc[0][j][e], acc[1][j][e], p.limit);
+    });
+  }
+}
+
+/// Launch 2: block = output columns [16 * blockIdx.x, + 16) of every live row.
+template <typename P>
+__global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
+    moe_down_grouped_kernel(GroupedParams p, PlanLayout layout) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  bf16* rings = reinterpret_cast<bf16*>(moe_smem);
+  bf16* d_s = rings + P::template ring_elems<1>();  // [pairs + rows][kDownCols]: bf16(d) per route
+  const int routes = p.routes.rows * p.routes.top_k + p.routes.rows;
+  // routes * 16 BF16 = a multiple of 16 bytes: the plan after it stays aligned.
+  const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
+  const int n_active = build_plan(p, pl, false);
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  const int h0 = blockIdx.x * kDownCols;
+  bf16* ring = rings + warp * P::kStages * P::template stage_elems<1>();
+  const int total = n_active > 0 ? pl.a_items[n_active] : 0;
+  for (int w = warp; w < total; w += kMoeWarps) {
+    const ItemOperands it = down_item(p, pl, n_active, w, h0);
+    const size_t K = it.K;
+    const bf16* const wrow[1][2] = {{it.w[0] + g * K, it.w[0] + (g + 8) * K}};
+    float acc[1][kMoeNT][4];
+    warp_gemm<P, 1>(
+        wrow, it.K, it.n_rows,
+        [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[it.first + r]) * p.act_ld; }, ring, acc);
+    for_live_acc(t, it.n_rows, [&](int j, int e, int q) {
+      const int hh = g + (e >= 2 ? 8 : 0);
+      d_s[static_cast<size_t>(pl.pr_route[it.first + q]) * kDownCols + hh] = f_to_bf16(acc[0][j][e]);
+    });
+  }
+  __syncthreads();
+  combine_rows(p, pl, d_s, h0);
+}
+
+// ---- grouped experts: the split pipeline ----------------------------------------------------------------
+//
+// moe_pipeline split: every warp of a block works on the same item at once, each on its own fixed
+// eighth of the item's reduction (warp w: chunks [w n / 8, (w + 1) n / 8) of the item's n chunks of 64
+// columns), streaming its chunks of the block's items one after another through its own cp.async
+// ring (the ring pipeline's stages: weight tile and input rows, 144-byte rows), so the ring never
+// drains between items. At an item's end each warp writes its partial sums to shared memory (two
+// buffers, one block barrier an item), and thread (k, lane) adds the 8 warps' partials of MMA
+// element k of lane `lane` in warp order, then applies the item's epilogue (gate_up: the
+// activation into act; down: bf16(d) into d_s). The blocks take whole items (gate_up: item w to
+// block w % grid; down: every item of its 16 columns), so the work a multiprocessor gets differs by
+// at most one item, where one warp per item left a block's last round to one or two warps.
+// Bits: the reduction of an item is cut at fixed chunks (they depend on K alone, not on B, the
+// other rows or the grid), so a row's numbers do not depend on the batch; they are not the other
+// pipelines' (those sum all chunks in one accumulator), and stay within the CPU's tolerances.
+
+using PipeSplitGateUp = PipeRingGateUp;  // the ring's stage layout and depth
+using PipeSplitDown = PipeRingDown;
+static_assert(kMoeNT * 4 == kMoeWarps, "the partials' reduction gives one MMA element of a lane to each warp");
+
+/// The floats of the split pipeline's partial sums: two buffers x warps x (kMats x kMoeNT x 4) x lanes.
+template <int kMats>
+constexpr size_t split_part_floats() {
+  return static_cast<size_t>(2) * kMoeWarps * kMats * kMoeNT * 4 * kWarp;
+}
+
+/// This warp's chunks [c0, c1) of an item whose rows are K long.
+__device__ __forceinline__ void split_segment(int K, int warp, int& c0, int& c1) {
+  const int n = (K + kChunkK - 1) / kChunkK;
+  c0 = warp * n / kMoeWarps;
+  c1 = (warp + 1) * n / kMoeWarps;
+}
+
+/// The block's items it0, it0 + stride, ... < total (block-uniform), every warp its segment of
+/// each (see above); item_at(w) gives item w's operands, xrow(it, r) its input row r, and
+/// epilogue(it, sum) is called by every thread after an item with sum(m) = the item's element of
+/// this thread (MMA element k = threadIdx.x / 32 of lane threadIdx.x % 32) in matrix m, the warps'
+/// partials added in warp order.
+template <typename P, int kMats, typename ItemAt, typename RowPtr, typename Epilogue>
+__device__ __forceinline__ void split_stream(int it0, int stride, int total, ItemAt&& item_at, RowPtr&& xrow,
+                                             bf16* ring, float* part, Epilogue&& epilogue) {
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  constexpr int kStages = P::kStages;
+  constexpr int kWRows = 16 * kMats;
+  constexpr size_t kStageElems = P::template stage_elems<kMats>();
+  constexpr int kStageRows = kPairGroup / 4;
+  constexpr int kPer = kMats * kMoeNT * 4 * kWarp;  // one warp's partials
+  // The stager: the next chunk of this warp's stream to copy (kStages - 1 ahead of the MMAs).
+  int s_idx = it0, s_c = 0, s_c1 = 0, s_tiles = 0;
+  ItemOperands s_it{};
+  const bf16* src_row[kStageRows];
+  auto s_load = [&]() {
+    s_it = item_at(s_idx);
+    split_segment(s_it.K, warp, s_c, s_c1);
+    s_tiles = (s_it.n_rows + 7) / 8;
+#pragma unroll
+    for (int i = 0; i < kStageRows; ++i) {
+      const int r = lane / 8 + 4 * i;
+      src_row[i] = r < s_it.n_rows ? xrow(s_it, r) : nullptr;
+    }
+  };
+  if (s_idx < total) s_load();
+  auto stage_next = [&](int st) {
+    while (s_idx < total && s_c >= s_c1) {
+      s_idx += stride;
+      if (s_idx < total) s_load();
+    }
+    if (s_idx >= total) return;  // past the stream: the caller commits an empty group
+    bf16* dst = ring + static_cast<size_t>(st) * kStageElems;
+    const int c8 = (lane % 8) * 8;
+    const int col = s_c * kChunkK + c8;
+    const bool ok = col < s_it.K;
+    const size_t K = s_it.K;
+#pragma unroll
+    for (int i = 0; i < 4 * kMats; ++i) {
+      const int r = lane / 8 + 4 * i;
+      const bf16* src = s_it.w[r / 16] + (r % 16) * K + col;
+      batch::cp_async16(dst + r * kMoeXStride + c8, ok ? src : s_it.w[0], ok ? 16 : 0);
+    }
+    bf16* xdst = dst + kWRows * kMoeXStride;
+#pragma unroll
+    for (int i = 0; i < kStageRows; ++i) {
+      const int r = lane / 8 + 4 * i;
+      if (r >= 8 * s_tiles) continue;
+      const bool okx = src_row[i] != nullptr && ok;
+      batch::cp_async16(xdst + r * kMoeXStride + c8, okx ? src_row[i] + col : s_it.w[0], okx ? 16 : 0);
+    }
+    ++s_c;
+  };
+  for (int s = 0; s < kStages - 1; ++s) {
+    stage_next(s);
+    batch::cp_async_commit();
+  }
+  int j = 0;    // this warp's stream position: the chunk the MMAs take next
+  int buf = 0;  // the partials' buffer of the current item
+  for (int idx = it0; idx < total; idx += stride) {
+    const ItemOperands it = item_at(idx);
+    int c0, c1;
+    split_segment(it.K, warp, c0, c1);
+    const int n_tiles = (it.n_rows + 7) / 8;
+    float acc[kMats][kMoeNT][4];
+#pragma unroll
+    for (int m = 0; m < kMats; ++m)
+#pragma unroll
+      for (int q = 0; q < kMoeNT; ++q) acc[m][q][0] = acc[m][q][1] = acc[m][q][2] = acc[m][q][3] = 0.0f;
+    for (int c = c0; c < c1; ++c, ++j) {
+      stage_next((j + kStages - 1) % kStages);
+      batch::cp_async_commit();
+      batch::cp_async_wait<kStages - 1>();
+      __syncwarp();  // every lane's copies of this chunk are visible to the warp
+      const bf16* st = ring + static_cast<size_t>(j % kStages) * kStageElems;
+      uint4 w[kMats][4];
+      stage_weight_words<kMats>(st, w);
+      chunk_mma<kMats>(st + kWRows * kMoeXStride, w, n_tiles, acc);
+      __syncwarp();  // the stage is refilled by a later iteration's copies
+    }
+    float* mine = part + static_cast<size_t>(buf * kMoeWarps + warp) * kPer;
+#pragma unroll
+    for (int m = 0; m < kMats; ++m)
+#pragma unroll
+      for (int q = 0; q < kMoeNT; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[((m * kMoeNT + q) * 4 + e) * kWarp + lane] = acc[m][q][e];
+    // Every warp's partials of this item are written; the other buffer's readers (the previous
+    // item's epilogue) are done before any warp writes it again, one barrier later.
+    __syncthreads();
+    const float* pb = part + static_cast<size_t>(buf) * kMoeWarps * kPer;
+    const int k = warp;  // this thread's MMA element: n-tile k / 4, element k % 4
+    epilogue(it, [&](int m) {
+      const float* v = pb + static_cast<size_t>((m * kMoeNT * 4 + k) * kWarp + lane);
+      float s = v[0];
+#pragma unroll
+      for (int w2 = 1; w2 < kMoeWarps; ++w2) s = __fadd_rn(s, v[static_cast<size_t>(w2) * kPer]);
+      return s;
+    });
+    buf ^= 1;
+  }
+}
+
+/// The pair column q and the tile row i (0 .. 15) of this thread's MMA element in split_stream's
+/// epilogue (n-tile k / 4, element k % 4 of lane (g, t); k = threadIdx.x / 32).
+__device__ __forceinline__ void split_element(int& q, int& i) {
+  const int k = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  const int jj = k >> 2, e = k & 3;
+  q = 8 * jj + 2 * t + (e & 1);
+  i = g + (e >= 2 ? 8 : 0);
+}
+
+/// Launch 1 of the split pipeline: act for the block's gate_up items (w % gridDim.x == blockIdx.x).
+__global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_split_kernel(GroupedParams p, PlanLayout layout) {
+  using P = PipeSplitGateUp;
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  bf16* rings = reinterpret_cast<bf16*>(moe_smem);
+  float* part = reinterpret_cast<float*>(rings + P::template ring_elems<2>());
+  const Plan pl = carve_plan(reinterpret_cast<int*>(part + split_part_floats<2>()), layout);
+  const int n_active = build_plan(p, pl, true);
+  if (n_active == 0) return;
+  const int warp = threadIdx.x / kWarp;
+  bf16* ring = rings + warp * P::kStages * P::template stage_elems<2>();
+  split_stream<P, 2>(
+      blockIdx.x, gridDim.x, pl.a_items[n_active], [&](int w) { return gate_up_item(p, pl, n_active, w); },
+      [&](const ItemOperands& it, int r) { return p.x + static_cast<size_t>(pl.pr_row[it.first + r]) * p.H; },
+      ring, part, [&](const ItemOperands& it, auto&& sum) {
+        int q, i;
+        split_element(q, i);
+        if (q >= it.n_rows) return;
+        const float gs = sum(0), us = sum(1);
+        p.act[static_cast<size_t>(pl.pr_route[it.first + q]) * p.act_ld + it.tile * 16 + i] =
+            swiglu_act(gs, us, p.limit);
+      });
+}
+
+/// Launch 2 of the split pipeline: block = output columns [16 * blockIdx.x, + 16) of every live row.
+__global__ void __launch_bounds__(kGroupedThreads, 1) moe_down_split_kernel(GroupedParams p, PlanLayout layout) {
+  using P = PipeSplitDown;
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  bf16* rings = reinterpret_cast<bf16*>(moe_smem);
+  float* part = reinterpret_cast<float*>(rings + P::template ring_elems<1>());
+  bf16* d_s = reinterpret_cast<bf16*>(part + split_part_floats<1>());
+  const int routes = p.routes.rows * p.routes.top_k + p.routes.rows;
+  const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
+  const int n_active = build_plan(p, pl, false);
+  const int warp = threadIdx.x / kWarp;
+  const int h0 = blockIdx.x * kDownCols;
+  bf16* ring = rings + warp * P::kStages * P::template stage_elems<1>();
+  const int total = n_active > 0 ? pl.a_items[n_active] : 0;
+  split_stream<P, 1>(
+      0, 1, total, [&](int w) { return down_item(p, pl, n_active, w, h0); },
+      [&](const ItemOperands& it, int r) {
+        return p.act + static_cast<size_t>(pl.pr_route[it.first + r]) * p.act_ld;
+      },
+      ring, part, [&](const ItemOperands& it, auto&& sum) {
+        int q, i;
+        split_element(q, i);
+        if (q >= it.n_rows) return;
+        d_s[static_cast<size_t>(pl.pr_route[it.first + q]) * kDownCols + i] = f_to_bf16(sum(0));
+      });
+  __syncthreads();
+  combine_rows(p, pl, d_s, h0);
+}
+
+/// Raises the dynamic shared memory limit of kernel K to `bytes` when a launch needs more than it
+/// was raised to before (48 KB: the default). One record per kernel, whichever pipeline pair
+/// launches it.
+template <auto K>
 void opt_in_smem(size_t bytes) {
   static size_t opted = 48 * 1024;
   if (bytes <= opted) return;
-  if constexpr (kGateUp) {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(
-        moe_gate_up_grouped_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  } else {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(
-        moe_down_grouped_kernel<P>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  }
+  MTP_CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   opted = bytes;
 }
 
-/// Resident gate_up blocks of pipeline P a multiprocessor at `smem` bytes of shared memory, asked
-/// once per size (a host computation, also while a graph is being captured).
-template <typename P>
-int gate_up_blocks_per_sm(size_t smem) {
+/// Resident blocks of kernel K a multiprocessor at `smem` bytes of shared memory, asked once per
+/// size (a host computation, also while a graph is being captured).
+template <auto K>
+int blocks_per_sm(size_t smem) {
   static size_t asked = 0;
   static int per_sm = 0;
   if (asked != smem) {
-    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_grouped_kernel<P>,
-                                                                 kGroupedThreads, smem));
+    MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K, kGroupedThreads, smem));
     asked = smem;
   }
   return std::max(1, per_sm);
+}
+
+/// The shared memory limit of a grouped launch: 220 KB (the multiprocessor's 227 less what the
+/// static variables and the runtime take).
+void require_grouped_smem(const LaunchCtx& ctx, const GroupedParams& p, size_t smem1, size_t smem2) {
+  MTP_REQUIRE(std::max(smem1, smem2) <= 220 * 1024, "ops::cuda::moe_experts_grouped: ", p.routes.rows,
+              " rows x ", p.routes.top_k, " routes and ", p.num_local, " local experts need ",
+              std::max(smem1, smem2), " bytes of shared memory under moe_pipeline ",
+              to_string(ctx.policy.moe_pipeline), " (at most 225280; v1 needs the least)");
 }
 
 /// The two launches under the pipelines GU (gate_up) and DN (down).
@@ -925,18 +1194,15 @@ void launch_grouped(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayo
                     size_t plan_bytes, size_t d_bytes) {
   const size_t smem1 = sizeof(bf16) * GU::template ring_elems<2>() + plan_bytes;
   const size_t smem2 = sizeof(bf16) * DN::template ring_elems<1>() + d_bytes + plan_bytes;
-  MTP_REQUIRE(std::max(smem1, smem2) <= 220 * 1024, "ops::cuda::moe_experts_grouped: ", p.routes.rows,
-              " rows x ", p.routes.top_k, " routes and ", p.num_local, " local experts need ",
-              std::max(smem1, smem2), " bytes of shared memory under moe_pipeline ",
-              to_string(ctx.policy.moe_pipeline), " (at most 225280; v1 needs the least)");
-  opt_in_smem<GU, true>(smem1);
-  opt_in_smem<DN, false>(smem2);
+  require_grouped_smem(ctx, p, smem1, smem2);
+  opt_in_smem<moe_gate_up_grouped_kernel<GU>>(smem1);
+  opt_in_smem<moe_down_grouped_kernel<DN>>(smem2);
   if (items_max > 0) {
     int64_t grid1;
     if constexpr (GU::kSpread) {
       // Every resident block (each deals itself items w % grid), no more blocks than items.
-      grid1 =
-          std::min<int64_t>(items_max, static_cast<int64_t>(gate_up_blocks_per_sm<GU>(smem1)) * ctx.num_sms);
+      grid1 = std::min<int64_t>(
+          items_max, static_cast<int64_t>(blocks_per_sm<moe_gate_up_grouped_kernel<GU>>(smem1)) * ctx.num_sms);
     } else {
       // Two blocks per multiprocessor are resident (about 128 registers a thread); the rest of a
       // large batch's items are walked by the persistent loop.
@@ -948,6 +1214,33 @@ void launch_grouped(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayo
     MTP_CUDA_LAUNCH_CHECK();
   }
   launch(ctx, moe_down_grouped_kernel<DN>, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+/// The shared memory of the split pipeline's two launches (see "the split pipeline").
+void split_smem(size_t plan_bytes, size_t d_bytes, size_t& smem1, size_t& smem2) {
+  smem1 = sizeof(bf16) * PipeSplitGateUp::ring_elems<2>() + sizeof(float) * split_part_floats<2>() + plan_bytes;
+  smem2 = sizeof(bf16) * PipeSplitDown::ring_elems<1>() + sizeof(float) * split_part_floats<1>() + d_bytes +
+          plan_bytes;
+}
+
+/// The two launches of the split pipeline: gate_up over every resident block (each whole items
+/// w % grid), down a block per 16 output columns.
+void launch_split(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
+                  size_t plan_bytes, size_t d_bytes) {
+  size_t smem1, smem2;
+  split_smem(plan_bytes, d_bytes, smem1, smem2);
+  require_grouped_smem(ctx, p, smem1, smem2);
+  opt_in_smem<moe_gate_up_split_kernel>(smem1);
+  opt_in_smem<moe_down_split_kernel>(smem2);
+  if (items_max > 0) {
+    const int64_t grid1 = std::min<int64_t>(
+        items_max, static_cast<int64_t>(blocks_per_sm<moe_gate_up_split_kernel>(smem1)) * ctx.num_sms);
+    launch(ctx, moe_gate_up_split_kernel, static_cast<unsigned>(std::max<int64_t>(1, grid1)), kGroupedThreads,
+           smem1, p, layout);
+    MTP_CUDA_LAUNCH_CHECK();
+  }
+  launch(ctx, moe_down_split_kernel, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -1032,9 +1325,11 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     }
     case MoePipeline::ring:
       return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoePipeline::split:
+      return launch_split(ctx, p, layout, items_max, plan_bytes, d_bytes);
   }
   MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", static_cast<int>(ctx.policy.moe_pipeline),
-           " is not one of: auto, v1, spread, regs, ring");
+           " is not one of: auto, v1, spread, regs, ring, split");
 }
 
 }  // namespace mtplab::ops::cuda
