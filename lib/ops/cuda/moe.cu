@@ -349,6 +349,7 @@ constexpr int kMoeXStride = kChunkK + 8;  // BF16 per staged row (144 bytes)
 constexpr int kMoeWBuf = 2;               // weight chunks in registers: one ahead
 constexpr int kDownCols = 16;             // output columns per down block (the MMA's M)
 constexpr int kMaxLocalExperts = 4096;
+constexpr int kMaxRowsSplitAuto = 2;      // moe_pipeline auto takes split up to this many rows
 
 /// One set of expert matrices: gate / up [inter, H] and down [H, inter] rows, BF16.
 struct ExpertMats {
@@ -1314,8 +1315,15 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     case MoePipeline::regs:
       return launch_grouped<PipeSpread, PipeRegsDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::automatic: {
-      // ring: measured fastest or level at every B (docs/kernels.md), where its deeper rings fit
-      // in shared memory; v1 (the least shared memory) otherwise. The same bits either way.
+      // split at 2 rows (measured: 244 against ring's 268 us, but 443 against 423 at 4 rows and
+      // behind from there; docs/kernels.md), where its rings fit. Otherwise ring: measured fastest
+      // or level at every B from 4, where its deeper rings fit in shared memory; v1 (the least
+      // shared memory) otherwise. ring and v1 give the same bits; split its own.
+      if (rows <= kMaxRowsSplitAuto) {
+        size_t s1, s2;
+        split_smem(plan_bytes, d_bytes, s1, s2);
+        if (std::max(s1, s2) <= 220 * 1024) return launch_split(ctx, p, layout, items_max, plan_bytes, d_bytes);
+      }
       const size_t ring_smem =
           std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
                    sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
