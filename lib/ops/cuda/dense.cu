@@ -44,7 +44,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
 
 #include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/cuda_check.hpp"
@@ -1260,123 +1259,13 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
 #endif
 }
 
-/// The W-ring variant of the wgmma head: W's chunks go through shared memory too, each thread
-/// copying (cp.async) and reading back only its own two 16-byte pieces, kWAhead chunks ahead of the
-/// MMAs, so the bytes in flight no longer compete with the accumulators for registers; x keeps its
-/// block-wide ring, kXAhead chunks ahead. Same operands, same wgmmas in the same order: the same bits.
-template <int kNB>
-struct WgRing {
-  static constexpr int kXAhead = kNB >= 128 ? 2 : 3;
-  static constexpr int kXStages = kXAhead + 1;  // chunk c + kXAhead refills chunk c - 1's stage
-  static constexpr int kWAhead = 6;
-  static constexpr int kWStages = kWAhead + 1;
-  static constexpr size_t kXStageElems = static_cast<size_t>(kNB) * kChunkK;
-  static constexpr size_t kWStageBytes = static_cast<size_t>(kGemmThreads) * 32;
-  static constexpr size_t bytes() { return kXStages * kXStageElems * sizeof(bf16) + kWStages * kWStageBytes; }
-};
-
-template <int kNB>
-__global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_wring_kernel(GemmParams p, const bf16* xp) {
-  pdl_begin();
-#if MTPLAB_WGMMA
-  using R = WgRing<kNB>;
-  constexpr int kNT = kNB / 8;
-  constexpr uint32_t kLbo = 16 * kNB;
-  constexpr uint32_t kSbo = 128;
-  extern __shared__ __align__(128) uint8_t wg_smem[];
-  bf16* xs = reinterpret_cast<bf16*>(wg_smem);  // [kXStages][kXStageElems]
-  uint8_t* wring = wg_smem + R::kXStages * R::kXStageElems * sizeof(bf16);  // [kWStages][threads][32 B]
-  __shared__ uint8_t s_live[kNB];
-  __shared__ unsigned long long s_best[kNB];
-  __shared__ int s_shift[kNB];
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const int* shifts = packed_x_shifts(const_cast<bf16*>(xp), p.k);
-  for (int b = threadIdx.x; b < kNB; b += blockDim.x) {
-    s_live[b] = b < p.rows && (p.slot == nullptr || p.slot[b] >= 0);
-    s_best[b] = 0;
-    s_shift[b] = shifts[b];
-  }
-  const int nchunks = (p.k + kChunkK - 1) / kChunkK;
-  const size_t row_bytes = static_cast<size_t>(p.k);
-  const int rpg = p.map.rows_per_group;
-  uint8_t* my_w = wring + static_cast<size_t>(threadIdx.x) * 32;
-
-  for (int tile = blockIdx.x; tile < p.total_tiles; tile += gridDim.x) {
-    __syncthreads();  // s_live is set; the last tile's wgmmas of both warpgroups have retired
-    const int r0 = tile * kTileRows + warp * 16 + g;
-    const int r1 = r0 + 8;
-    const bool ok0 = r0 < rpg;
-    const bool ok1 = r1 < rpg;
-    const uint8_t* w0 = p.W + static_cast<size_t>(r0) * row_bytes;
-    const uint8_t* w1 = w0 + 8 * row_bytes;
-    auto stage_x = [&](int c) {
-      const bf16* src = xp + static_cast<size_t>(c) * R::kXStageElems;
-      bf16* dst = xs + static_cast<size_t>(c % R::kXStages) * R::kXStageElems;
-      for (int v = threadIdx.x; v < kNB * 8; v += blockDim.x) batch::cp_async16(dst + 8 * v, src + 8 * v, 16);
-    };
-    auto stage_w = [&](int c) {  // rows r0 and r1, columns 16t .. 16t + 15 of chunk c; zeros outside
-      uint8_t* dst = my_w + static_cast<size_t>(c % R::kWStages) * R::kWStageBytes;
-      const int col = c * kChunkK + 16 * t;
-      const bool in = col < p.k;
-      batch::cp_async16(dst, ok0 && in ? w0 + col : p.W, ok0 && in ? 16 : 0);
-      batch::cp_async16(dst + 16, ok1 && in ? w1 + col : p.W, ok1 && in ? 16 : 0);
-    };
-    // Commit groups: the prologue's group i holds W chunk i (and group 0 x chunks 0 .. kXAhead - 1);
-    // iteration c's group W chunk c + kWAhead and x chunk c + kXAhead. So W chunk c is in the
-    // tile's group c, and x chunk c >= kXAhead in group kWAhead + c - kXAhead.
-    for (int i = 0; i < R::kWAhead; ++i) {
-      if (i < nchunks) stage_w(i);
-      if (i == 0)
-        for (int c = 0; c < R::kXAhead && c < nchunks; ++c) stage_x(c);
-      batch::cp_async_commit();
-    }
-    float acc[kNT][4];
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    uint32_t a[4][4];
-    for (int c = 0; c < nchunks; ++c) {
-      if (c < R::kXAhead) {
-        batch::cp_async_wait<R::kWAhead - 1>();  // group c (W chunk c; x in group 0) has landed
-      } else {
-        batch::cp_async_wait<R::kXAhead - 1>();  // x chunk c's group, and every older one
-      }
-      wg::fence_proxy_shared();
-      __syncthreads();  // everyone's copies of x chunk c; every warpgroup past chunk c - 1's group
-      {
-        const uint8_t* ws = my_w + static_cast<size_t>(c % R::kWStages) * R::kWStageBytes;
-        uint32_t wa[8], wb[8];
-        batch::fp8x16_to_f16x16(*reinterpret_cast<const uint4*>(ws), wa);
-        batch::fp8x16_to_f16x16(*reinterpret_cast<const uint4*>(ws + 16), wb);
-        batch::a_frags(wa, wb, a);
-      }
-      if (c + R::kWAhead < nchunks) stage_w(c + R::kWAhead);  // into chunk c - 1's stage (read)
-      if (c + R::kXAhead < nchunks) stage_x(c + R::kXAhead);  // into chunk c - 1's stage (retired)
-      batch::cp_async_commit();
-      const bf16* xc = xs + static_cast<size_t>(c % R::kXStages) * R::kXStageElems;
-      wg::fence();
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-        wg::mma_f16<kNB>(&acc[0][0], a[s], wg::desc(xc + static_cast<size_t>(s) * 2 * kNB * 8, kLbo, kSbo));
-      wg::commit();
-      wg::wait<0>();
-    }
-    wg::fence_acc<kNB / 2>(&acc[0][0]);
-    tile_epilogue<true, kNT, Epi::head>(p, acc, 0, r0, r1, ok0, ok1, g, t, s_live, s_best, s_shift);
-  }
-  head_grid_finish<kNB>(p, s_live, s_best);
-#endif
-}
-
 /// Bytes of the wgmma head's ring at kNB batch rows.
 constexpr size_t wgmma_ring_bytes(int nb) { return static_cast<size_t>(kWgStages) * nb * kChunkK * sizeof(bf16); }
 
-template <int kNB, bool kWRing>
+template <int kNB>
 void launch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
-  constexpr auto kernel = kWRing ? head_wgmma_wring_kernel<kNB> : head_wgmma_kernel<kNB>;
-  constexpr size_t smem = kWRing ? WgRing<kNB>::bytes() : wgmma_ring_bytes(kNB);
+  constexpr auto kernel = head_wgmma_kernel<kNB>;
+  constexpr size_t smem = wgmma_ring_bytes(kNB);
   static const int per_sm = [] {
     MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     int b = 0;
@@ -1388,16 +1277,6 @@ void launch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
   const int grid = std::max(1, std::min(p.total_tiles, per_sm * ctx.num_sms));
   launch(ctx, kernel, static_cast<unsigned>(grid), kGemmThreads, smem, p, static_cast<const bf16*>(xp));
   MTP_CUDA_LAUNCH_CHECK();
-}
-
-template <int kNB>
-void launch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
-  static const bool wring = [] {
-    const char* e = std::getenv("MTPLAB_TRY_WRING");
-    return e != nullptr && e[0] == '1';
-  }();
-  if (wring) return launch_head_wgmma<kNB, true>(ctx, p, xp);
-  return launch_head_wgmma<kNB, false>(ctx, p, xp);
 }
 
 void dispatch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
