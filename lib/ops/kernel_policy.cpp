@@ -25,7 +25,7 @@ const std::initializer_list<std::string_view> kGemvVariantTexts = {"auto",  "v1"
                                                                    "rows4", "occ", "fp8split"};
 const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // MlaDecode, IndexerSelect
 const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt", "gemv", "wgmma"};
-const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs", "ring", "split", "stream"};
+const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs", "ring", "split"};
 const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
 const std::initializer_list<std::string_view> kMlaBatchTexts = {"auto", "tiles", "shared", "shared2", "shared32"};
 static_assert(static_cast<int>(MlaBatch::tiles) == 1 && static_cast<int>(MlaBatch::shared2) == 3 &&
@@ -37,8 +37,7 @@ static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(
                   static_cast<int>(MlaDecode::v2) == 1 && static_cast<int>(IndexerSelect::v2) == 1 &&
                   static_cast<int>(HeadGemm::cublaslt) == 2 && static_cast<int>(HeadGemm::gemv) == 3 &&
                   static_cast<int>(HeadGemm::wgmma) == 4 &&
-                  static_cast<int>(MoePipeline::ring) == 4 && static_cast<int>(MoePipeline::split) == 5 &&
-                  static_cast<int>(MoePipeline::stream) == 6,
+                  static_cast<int>(MoePipeline::ring) == 4 && static_cast<int>(MoePipeline::split) == 5,
               "the texts above follow the enums' order");
 
 template <typename E>
@@ -161,7 +160,7 @@ const std::array<Field, 12> kFields{{
     field<MlaBatchSplitsField>("mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS", "auto (or 0), 1 .. 64",
                                batch_splits_from_env),
     field<ChoiceField<&KernelPolicy::moe_pipeline, kMoePipelineTexts>>("moe_pipeline", "MTPLAB_MOE_PIPELINE",
-                                                                       "auto, v1, spread, regs, ring, split, stream"),
+                                                                       "auto, v1, spread, regs, ring, split"),
     field<ChoiceField<&KernelPolicy::rows_linear, kRowsLinearTexts>>("rows_linear", "MTPLAB_ROWS_LINEAR",
                                                                      "auto, cublaslt, gemv"),
     field<ChoiceField<&KernelPolicy::mla_batch, kMlaBatchTexts>>("mla_batch", "MTPLAB_MLA_BATCH",

@@ -29,9 +29,9 @@
 //   near-ties.
 // - mla_batch_splits: the split count fixes the merge order of the batched decode (v1 and v2):
 //   other bits.
-// - moe_pipeline: how the grouped experts' kernels bring their weights in; v1, spread, regs,
-//   ring and stream feed the tensor cores the same operands in the same order: the same bits,
-//   other timing; split cuts each item's reduction into 8 fixed parts added in order: its own bits (within the
+// - moe_pipeline: how the grouped experts' kernels bring their weights in; v1, spread, regs and
+//   ring feed the tensor cores the same operands in the same order: the same bits, other timing;
+//   split cuts each item's reduction into 8 fixed parts added in order: its own bits (within the
 //   tolerances), which do not depend on the batch either.
 // - rows_linear: the multi-row GEMV sums a batched linear's outputs in another order than
 //   cuBLASLt: other bits (within the usual tolerances); its own bits do not depend on the batch.
@@ -80,9 +80,9 @@ enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
 /// block; regs, spread with the down kernel's weights three chunks ahead in registers; ring, the
 /// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
 /// deep, dealt as spread; split, the ring's stages with all 8 warps of a block on one item at a
-/// time, each on a fixed eighth of its reduction (other bits); stream, ring's items with each
-/// warp's ring running on from one item into the next (v1's bits); automatic: see moe.cu.
-enum class MoePipeline { automatic, v1, spread, regs, ring, split, stream };
+/// time, each on a fixed eighth of its reduction (other bits); automatic: ring where its rings fit
+/// in shared memory, else v1.
+enum class MoePipeline { automatic, v1, spread, regs, ring, split };
 /// The kernel of a batched linear (linear / linear_f32 with RowsMode::batched) of 2 or more rows:
 /// gemv, the multi-row GEMV (cuda::rows_gemv: every weight read once for all rows, up to
 /// cuda::kMaxRowsGemv rows; more rows take cuBLASLt); cublaslt, the cuBLASLt GEMM; automatic, the
@@ -140,7 +140,7 @@ const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "o
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv", "wgmma"
-const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring", "split", "stream"
+const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring", "split"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
 const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2", "shared32"
 

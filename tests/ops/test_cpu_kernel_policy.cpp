@@ -42,7 +42,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"nccl_blocking", {"on", "off"}},
     {"head_gemm", {"auto", "mma", "cublaslt", "gemv", "wgmma"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
-    {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split", "stream"}},
+    {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
     {"mla_batch", {"auto", "tiles", "shared", "shared2", "shared32"}},
 };
@@ -249,7 +249,7 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   variant.gemv_variant = static_cast<GemvVariant>(17);
   EXPECT_TRUE(contains(error_of([&] { validate(variant); }), "gemv_variant"));
   KernelPolicy pipeline;
-  pipeline.moe_pipeline = static_cast<MoePipeline>(7);
+  pipeline.moe_pipeline = static_cast<MoePipeline>(6);
   EXPECT_TRUE(contains(error_of([&] { validate(pipeline); }), "moe_pipeline"));
   KernelPolicy head;
   head.head_gemm = HeadGemm::gemv;

@@ -1321,7 +1321,7 @@ struct GroupedCase {
 
 /// Every memory pipeline of the grouped experts, v1 first (the one the others but split must match).
 constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1, MoePipeline::spread, MoePipeline::regs,
-                                         MoePipeline::ring, MoePipeline::split, MoePipeline::stream};
+                                         MoePipeline::ring, MoePipeline::split};
 /// Whether a pipeline gives v1's bytes (split cuts each item's reduction into fixed parts: its own).
 constexpr bool gives_v1_bits(MoePipeline m) { return m != MoePipeline::split; }
 

@@ -349,7 +349,6 @@ constexpr int kMoeXStride = kChunkK + 8;  // BF16 per staged row (144 bytes)
 constexpr int kMoeWBuf = 2;               // weight chunks in registers: one ahead
 constexpr int kDownCols = 16;             // output columns per down block (the MMA's M)
 constexpr int kMaxLocalExperts = 4096;
-constexpr int kMaxRowsSplitAuto = 2;      // moe_pipeline auto takes split up to this many rows
 
 /// One set of expert matrices: gate / up [inter, H] and down [H, inter] rows, BF16.
 struct ExpertMats {
@@ -951,62 +950,47 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
   combine_rows(p, pl, d_s, h0);
 }
 
-// ---- grouped experts: the streaming pipelines (split, stream) ------------------------------------------
+// ---- grouped experts: the split pipeline ----------------------------------------------------------------
 //
-// Both stream each warp's chunks of its items one after another through its own cp.async ring (the
-// ring pipeline's stages: weight tile and input rows, 144-byte rows), so the ring never drains
-// between items: the copies of an item's first chunks are in flight while the previous item's
-// last chunks are multiplied.
-// - stream: each warp takes whole items, dealt as the ring pipeline deals them (gate_up: item w to
-//   block w % grid, warp w / grid; down: a block's items round-robin over its warps), and applies an
-//   item's epilogue from its own accumulators, as ring does. The same MMAs in the same order: v1's
-//   bits.
-// - split: every warp of a block works on the same item at once, each on its own fixed eighth of
-//   the item's reduction (warp w: chunks [w n / 8, (w + 1) n / 8) of the item's n chunks of 64
-//   columns). At an item's end each warp writes its partial sums to shared memory (two buffers,
-//   one block barrier an item), and thread (k, lane) adds the 8 warps' partials of MMA element k of
-//   lane `lane` in warp order, then applies the item's epilogue. The blocks take whole items
-//   (gate_up: item w to block w % grid; down: every item of its 16 columns), so the work a
-//   multiprocessor gets differs by at most one item, where one warp per item leaves a block's last
-//   round to one or two warps. Bits: the reduction of an item is cut at fixed chunks (they depend
-//   on K alone, not on B, the other rows or the grid), so a row's numbers do not depend on the
-//   batch; they are not the other pipelines' (those sum all chunks in one accumulator), and stay
-//   within the CPU's tolerances.
+// moe_pipeline split: every warp of a block works on the same item at once, each on its own fixed
+// eighth of the item's reduction (warp w: chunks [w n / 8, (w + 1) n / 8) of the item's n chunks of 64
+// columns), streaming its chunks of the block's items one after another through its own cp.async
+// ring (the ring pipeline's stages: weight tile and input rows, 144-byte rows), so the ring never
+// drains between items. At an item's end each warp writes its partial sums to shared memory (two
+// buffers, one block barrier an item), and thread (k, lane) adds the 8 warps' partials of MMA
+// element k of lane `lane` in warp order, then applies the item's epilogue (gate_up: the
+// activation into act; down: bf16(d) into d_s). The blocks take whole items (gate_up: item w to
+// block w % grid; down: every item of its 16 columns), so the work a multiprocessor gets differs by
+// at most one item, where one warp per item left a block's last round to one or two warps.
+// Bits: the reduction of an item is cut at fixed chunks (they depend on K alone, not on B, the
+// other rows or the grid), so a row's numbers do not depend on the batch; they are not the other
+// pipelines' (those sum all chunks in one accumulator), and stay within the CPU's tolerances.
 
-using PipeStreamGateUp = PipeRingGateUp;  // the ring's stage layout and depth
-using PipeStreamDown = PipeRingDown;
+using PipeSplitGateUp = PipeRingGateUp;  // the ring's stage layout and depth
+using PipeSplitDown = PipeRingDown;
 static_assert(kMoeNT * 4 == kMoeWarps, "the partials' reduction gives one MMA element of a lane to each warp");
 
-/// The floats of the split pipeline's partial sums: two buffers x warps x (kMats x kMoeNT x 4) x
-/// lanes (none for stream).
-template <int kMats, bool kSplitK>
-constexpr size_t stream_part_floats() {
-  return kSplitK ? static_cast<size_t>(2) * kMoeWarps * kMats * kMoeNT * 4 * kWarp : 0;
+/// The floats of the split pipeline's partial sums: two buffers x warps x (kMats x kMoeNT x 4) x lanes.
+template <int kMats>
+constexpr size_t split_part_floats() {
+  return static_cast<size_t>(2) * kMoeWarps * kMats * kMoeNT * 4 * kWarp;
 }
 
-/// This warp's chunks [c0, c1) of an item whose rows are K long: its eighth under split, all of
-/// them under stream.
-template <bool kSplitK>
-__device__ __forceinline__ void stream_segment(int K, int warp, int& c0, int& c1) {
+/// This warp's chunks [c0, c1) of an item whose rows are K long.
+__device__ __forceinline__ void split_segment(int K, int warp, int& c0, int& c1) {
   const int n = (K + kChunkK - 1) / kChunkK;
-  if constexpr (kSplitK) {
-    c0 = warp * n / kMoeWarps;
-    c1 = (warp + 1) * n / kMoeWarps;
-  } else {
-    c0 = 0;
-    c1 = n;
-  }
+  c0 = warp * n / kMoeWarps;
+  c1 = (warp + 1) * n / kMoeWarps;
 }
 
-/// This warp's items it0, it0 + stride, ... < total (under split block-uniform: every warp its
-/// segment of each); item_at(w) gives item w's operands, xrow(it, r) its input row r.
-/// split: epilogue(it, sum) is called by every thread after each item, with sum(m) = the item's
-/// element of this thread (MMA element k = threadIdx.x / 32 of lane threadIdx.x % 32) in matrix m,
-/// the warps' partials added in warp order. stream: epilogue(it, acc) by the warp, with its
-/// accumulators.
-template <typename P, int kMats, bool kSplitK, typename ItemAt, typename RowPtr, typename Epilogue>
-__device__ __forceinline__ void item_stream(int it0, int stride, int total, ItemAt&& item_at, RowPtr&& xrow,
-                                            bf16* ring, float* part, Epilogue&& epilogue) {
+/// The block's items it0, it0 + stride, ... < total (block-uniform), every warp its segment of
+/// each (see above); item_at(w) gives item w's operands, xrow(it, r) its input row r, and
+/// epilogue(it, sum) is called by every thread after an item with sum(m) = the item's element of
+/// this thread (MMA element k = threadIdx.x / 32 of lane threadIdx.x % 32) in matrix m, the warps'
+/// partials added in warp order.
+template <typename P, int kMats, typename ItemAt, typename RowPtr, typename Epilogue>
+__device__ __forceinline__ void split_stream(int it0, int stride, int total, ItemAt&& item_at, RowPtr&& xrow,
+                                             bf16* ring, float* part, Epilogue&& epilogue) {
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   constexpr int kStages = P::kStages;
@@ -1020,7 +1004,7 @@ __device__ __forceinline__ void item_stream(int it0, int stride, int total, Item
   const bf16* src_row[kStageRows];
   auto s_load = [&]() {
     s_it = item_at(s_idx);
-    stream_segment<kSplitK>(s_it.K, warp, s_c, s_c1);
+    split_segment(s_it.K, warp, s_c, s_c1);
     s_tiles = (s_it.n_rows + 7) / 8;
 #pragma unroll
     for (int i = 0; i < kStageRows; ++i) {
@@ -1061,11 +1045,11 @@ __device__ __forceinline__ void item_stream(int it0, int stride, int total, Item
     batch::cp_async_commit();
   }
   int j = 0;    // this warp's stream position: the chunk the MMAs take next
-  int buf = 0;  // split: the partials' buffer of the current item
+  int buf = 0;  // the partials' buffer of the current item
   for (int idx = it0; idx < total; idx += stride) {
     const ItemOperands it = item_at(idx);
     int c0, c1;
-    stream_segment<kSplitK>(it.K, warp, c0, c1);
+    split_segment(it.K, warp, c0, c1);
     const int n_tiles = (it.n_rows + 7) / 8;
     float acc[kMats][kMoeNT][4];
 #pragma unroll
@@ -1083,34 +1067,30 @@ __device__ __forceinline__ void item_stream(int it0, int stride, int total, Item
       chunk_mma<kMats>(st + kWRows * kMoeXStride, w, n_tiles, acc);
       __syncwarp();  // the stage is refilled by a later iteration's copies
     }
-    if constexpr (!kSplitK) {
-      epilogue(it, acc);
-    } else {
-      float* mine = part + static_cast<size_t>(buf * kMoeWarps + warp) * kPer;
+    float* mine = part + static_cast<size_t>(buf * kMoeWarps + warp) * kPer;
 #pragma unroll
-      for (int m = 0; m < kMats; ++m)
+    for (int m = 0; m < kMats; ++m)
 #pragma unroll
-        for (int q = 0; q < kMoeNT; ++q)
+      for (int q = 0; q < kMoeNT; ++q)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) mine[((m * kMoeNT + q) * 4 + e) * kWarp + lane] = acc[m][q][e];
-      // Every warp's partials of this item are written; the other buffer's readers (the previous
-      // item's epilogue) are done before any warp writes it again, one barrier later.
-      __syncthreads();
-      const float* pb = part + static_cast<size_t>(buf) * kMoeWarps * kPer;
-      const int k = warp;  // this thread's MMA element: n-tile k / 4, element k % 4
-      epilogue(it, [&](int m) {
-        const float* v = pb + static_cast<size_t>((m * kMoeNT * 4 + k) * kWarp + lane);
-        float sum = v[0];
+        for (int e = 0; e < 4; ++e) mine[((m * kMoeNT + q) * 4 + e) * kWarp + lane] = acc[m][q][e];
+    // Every warp's partials of this item are written; the other buffer's readers (the previous
+    // item's epilogue) are done before any warp writes it again, one barrier later.
+    __syncthreads();
+    const float* pb = part + static_cast<size_t>(buf) * kMoeWarps * kPer;
+    const int k = warp;  // this thread's MMA element: n-tile k / 4, element k % 4
+    epilogue(it, [&](int m) {
+      const float* v = pb + static_cast<size_t>((m * kMoeNT * 4 + k) * kWarp + lane);
+      float s = v[0];
 #pragma unroll
-        for (int w2 = 1; w2 < kMoeWarps; ++w2) sum = __fadd_rn(sum, v[static_cast<size_t>(w2) * kPer]);
-        return sum;
-      });
-      buf ^= 1;
-    }
+      for (int w2 = 1; w2 < kMoeWarps; ++w2) s = __fadd_rn(s, v[static_cast<size_t>(w2) * kPer]);
+      return s;
+    });
+    buf ^= 1;
   }
 }
 
-/// The pair column q and the tile row i (0 .. 15) of this thread's MMA element in the split
+/// The pair column q and the tile row i (0 .. 15) of this thread's MMA element in split_stream's
 /// epilogue (n-tile k / 4, element k % 4 of lane (g, t); k = threadIdx.x / 32).
 __device__ __forceinline__ void split_element(int& q, int& i) {
   const int k = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -1120,82 +1100,56 @@ __device__ __forceinline__ void split_element(int& q, int& i) {
   i = g + (e >= 2 ? 8 : 0);
 }
 
-/// Launch 1 of split / stream: act for the gate_up items (split: w % gridDim.x == blockIdx.x, all
-/// warps on each; stream: dealt as the ring pipeline deals them).
-template <bool kSplitK>
-__global__ void __launch_bounds__(kGroupedThreads, 1)
-    moe_gate_up_stream_kernel(GroupedParams p, PlanLayout layout) {
-  using P = PipeStreamGateUp;
+/// Launch 1 of the split pipeline: act for the block's gate_up items (w % gridDim.x == blockIdx.x).
+__global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_split_kernel(GroupedParams p, PlanLayout layout) {
+  using P = PipeSplitGateUp;
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);
   float* part = reinterpret_cast<float*>(rings + P::template ring_elems<2>());
-  const Plan pl = carve_plan(reinterpret_cast<int*>(part + stream_part_floats<2, kSplitK>()), layout);
+  const Plan pl = carve_plan(reinterpret_cast<int*>(part + split_part_floats<2>()), layout);
   const int n_active = build_plan(p, pl, true);
   if (n_active == 0) return;
   const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2, t = lane & 3;
   bf16* ring = rings + warp * P::kStages * P::template stage_elems<2>();
-  const int it0 = kSplitK ? blockIdx.x : warp * gridDim.x + blockIdx.x;
-  const int stride = kSplitK ? gridDim.x : gridDim.x * kMoeWarps;
-  item_stream<P, 2, kSplitK>(
-      it0, stride, pl.a_items[n_active], [&](int w) { return gate_up_item(p, pl, n_active, w); },
+  split_stream<P, 2>(
+      blockIdx.x, gridDim.x, pl.a_items[n_active], [&](int w) { return gate_up_item(p, pl, n_active, w); },
       [&](const ItemOperands& it, int r) { return p.x + static_cast<size_t>(pl.pr_row[it.first + r]) * p.H; },
-      ring, part, [&](const ItemOperands& it, auto&& res) {
-        if constexpr (kSplitK) {
-          int q, i;
-          split_element(q, i);
-          if (q >= it.n_rows) return;
-          const float gs = res(0), us = res(1);
-          p.act[static_cast<size_t>(pl.pr_route[it.first + q]) * p.act_ld + it.tile * 16 + i] =
-              swiglu_act(gs, us, p.limit);
-        } else {
-          for_live_acc(t, it.n_rows, [&](int j, int e, int q) {
-            const int i = it.tile * 16 + g + (e >= 2 ? 8 : 0);
-            p.act[static_cast<size_t>(pl.pr_route[it.first + q]) * p.act_ld + i] =
-                swiglu_act(res[0][j][e], res[1][j][e], p.limit);
-          });
-        }
+      ring, part, [&](const ItemOperands& it, auto&& sum) {
+        int q, i;
+        split_element(q, i);
+        if (q >= it.n_rows) return;
+        const float gs = sum(0), us = sum(1);
+        p.act[static_cast<size_t>(pl.pr_route[it.first + q]) * p.act_ld + it.tile * 16 + i] =
+            swiglu_act(gs, us, p.limit);
       });
 }
 
-/// Launch 2 of split / stream: block = output columns [16 * blockIdx.x, + 16) of every live row.
-template <bool kSplitK>
-__global__ void __launch_bounds__(kGroupedThreads, 1) moe_down_stream_kernel(GroupedParams p, PlanLayout layout) {
-  using P = PipeStreamDown;
+/// Launch 2 of the split pipeline: block = output columns [16 * blockIdx.x, + 16) of every live row.
+__global__ void __launch_bounds__(kGroupedThreads, 1) moe_down_split_kernel(GroupedParams p, PlanLayout layout) {
+  using P = PipeSplitDown;
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);
   float* part = reinterpret_cast<float*>(rings + P::template ring_elems<1>());
-  bf16* d_s = reinterpret_cast<bf16*>(part + stream_part_floats<1, kSplitK>());
+  bf16* d_s = reinterpret_cast<bf16*>(part + split_part_floats<1>());
   const int routes = p.routes.rows * p.routes.top_k + p.routes.rows;
   const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
   const int n_active = build_plan(p, pl, false);
   const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2, t = lane & 3;
   const int h0 = blockIdx.x * kDownCols;
   bf16* ring = rings + warp * P::kStages * P::template stage_elems<1>();
   const int total = n_active > 0 ? pl.a_items[n_active] : 0;
-  item_stream<P, 1, kSplitK>(
-      kSplitK ? 0 : warp, kSplitK ? 1 : kMoeWarps, total,
-      [&](int w) { return down_item(p, pl, n_active, w, h0); },
+  split_stream<P, 1>(
+      0, 1, total, [&](int w) { return down_item(p, pl, n_active, w, h0); },
       [&](const ItemOperands& it, int r) {
         return p.act + static_cast<size_t>(pl.pr_route[it.first + r]) * p.act_ld;
       },
-      ring, part, [&](const ItemOperands& it, auto&& res) {
-        if constexpr (kSplitK) {
-          int q, i;
-          split_element(q, i);
-          if (q >= it.n_rows) return;
-          d_s[static_cast<size_t>(pl.pr_route[it.first + q]) * kDownCols + i] = f_to_bf16(res(0));
-        } else {
-          for_live_acc(t, it.n_rows, [&](int j, int e, int q) {
-            const int hh = g + (e >= 2 ? 8 : 0);
-            d_s[static_cast<size_t>(pl.pr_route[it.first + q]) * kDownCols + hh] = f_to_bf16(res[0][j][e]);
-          });
-        }
+      ring, part, [&](const ItemOperands& it, auto&& sum) {
+        int q, i;
+        split_element(q, i);
+        if (q >= it.n_rows) return;
+        d_s[static_cast<size_t>(pl.pr_route[it.first + q]) * kDownCols + i] = f_to_bf16(sum(0));
       });
   __syncthreads();
   combine_rows(p, pl, d_s, h0);
@@ -1263,34 +1217,30 @@ void launch_grouped(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayo
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-/// The shared memory of the split (kSplitK) or stream pipeline's two launches.
-template <bool kSplitK>
-void stream_smem(size_t plan_bytes, size_t d_bytes, size_t& smem1, size_t& smem2) {
-  smem1 = sizeof(bf16) * PipeStreamGateUp::ring_elems<2>() + sizeof(float) * stream_part_floats<2, kSplitK>() +
+/// The shared memory of the split pipeline's two launches (see "the split pipeline").
+void split_smem(size_t plan_bytes, size_t d_bytes, size_t& smem1, size_t& smem2) {
+  smem1 = sizeof(bf16) * PipeSplitGateUp::ring_elems<2>() + sizeof(float) * split_part_floats<2>() + plan_bytes;
+  smem2 = sizeof(bf16) * PipeSplitDown::ring_elems<1>() + sizeof(float) * split_part_floats<1>() + d_bytes +
           plan_bytes;
-  smem2 = sizeof(bf16) * PipeStreamDown::ring_elems<1>() + sizeof(float) * stream_part_floats<1, kSplitK>() +
-          d_bytes + plan_bytes;
 }
 
-/// The two launches of the split (kSplitK) or stream pipeline: gate_up over every resident block,
-/// down a block per 16 output columns.
-template <bool kSplitK>
-void launch_stream(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
-                   size_t plan_bytes, size_t d_bytes) {
+/// The two launches of the split pipeline: gate_up over every resident block (each whole items
+/// w % grid), down a block per 16 output columns.
+void launch_split(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
+                  size_t plan_bytes, size_t d_bytes) {
   size_t smem1, smem2;
-  stream_smem<kSplitK>(plan_bytes, d_bytes, smem1, smem2);
+  split_smem(plan_bytes, d_bytes, smem1, smem2);
   require_grouped_smem(ctx, p, smem1, smem2);
-  constexpr auto gate_up = moe_gate_up_stream_kernel<kSplitK>;
-  constexpr auto down = moe_down_stream_kernel<kSplitK>;
-  opt_in_smem<gate_up>(smem1);
-  opt_in_smem<down>(smem2);
+  opt_in_smem<moe_gate_up_split_kernel>(smem1);
+  opt_in_smem<moe_down_split_kernel>(smem2);
   if (items_max > 0) {
-    const int64_t grid1 =
-        std::min<int64_t>(items_max, static_cast<int64_t>(blocks_per_sm<gate_up>(smem1)) * ctx.num_sms);
-    launch(ctx, gate_up, static_cast<unsigned>(std::max<int64_t>(1, grid1)), kGroupedThreads, smem1, p, layout);
+    const int64_t grid1 = std::min<int64_t>(
+        items_max, static_cast<int64_t>(blocks_per_sm<moe_gate_up_split_kernel>(smem1)) * ctx.num_sms);
+    launch(ctx, moe_gate_up_split_kernel, static_cast<unsigned>(std::max<int64_t>(1, grid1)), kGroupedThreads,
+           smem1, p, layout);
     MTP_CUDA_LAUNCH_CHECK();
   }
-  launch(ctx, down, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
+  launch(ctx, moe_down_split_kernel, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -1364,15 +1314,10 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     case MoePipeline::regs:
       return launch_grouped<PipeSpread, PipeRegsDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::automatic: {
-      // split at 2 rows (measured: 244 against ring's 268 us, but 443 against 423 at 4 rows and
-      // behind from there; docs/kernels.md), where its rings fit. Otherwise ring: measured fastest
-      // or level at every B from 4, where its deeper rings fit in shared memory; v1 (the least
-      // shared memory) otherwise. ring and v1 give the same bits; split its own.
-      if (rows <= kMaxRowsSplitAuto) {
-        size_t s1, s2;
-        stream_smem<true>(plan_bytes, d_bytes, s1, s2);
-        if (std::max(s1, s2) <= 220 * 1024) return launch_stream<true>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-      }
+      // ring: measured fastest or level at every B (docs/kernels.md), where its deeper rings fit
+      // in shared memory; v1 (the least shared memory) otherwise. The same bits either way. split
+      // is faster as a launch at 1 - 2 rows but gave no step a gain (docs/kernels.md), so auto
+      // keeps ring's bits.
       const size_t ring_smem =
           std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
                    sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
@@ -1383,12 +1328,10 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     case MoePipeline::ring:
       return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::split:
-      return launch_stream<true>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-    case MoePipeline::stream:
-      return launch_stream<false>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+      return launch_split(ctx, p, layout, items_max, plan_bytes, d_bytes);
   }
   MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", static_cast<int>(ctx.policy.moe_pipeline),
-           " is not one of: auto, v1, spread, regs, ring, split, stream");
+           " is not one of: auto, v1, spread, regs, ring, split");
 }
 
 }  // namespace mtplab::ops::cuda
