@@ -579,9 +579,9 @@ __device__ __forceinline__ int find_entry(const Plan& pl, int n_active, int w) {
 //
 // KernelPolicy::moe_pipeline picks how a warp brings its chunks in; the variants differ in where a
 // weight chunk waits between its load and its MMA, and in which warp takes which gate_up item,
-// never in what the MMAs compute: every variant hands the tensor cores the same A and B words of
-// the same chunks in ascending chunk order, each item's pairs in the same columns, so every variant
-// gives v1's bits. Which warp computes an item changes nothing either: an item's numbers depend on
+// never in what the MMAs compute: each of them hands the tensor cores the same A and B words of
+// the same chunks in ascending chunk order, each item's pairs in the same columns, so they give
+// v1's bits (split, below, is the exception: it cuts an item's reduction into eight parts). Which warp computes an item changes nothing either: an item's numbers depend on
 // its weights and its own group's rows only.
 // - v1: the weights one 64-column chunk ahead in registers (two buffers), the input rows through a
 //   3-stage per-warp cp.async ring; gate_up's items go to the blocks in runs of 8 (block b: items
@@ -649,6 +649,37 @@ __device__ __forceinline__ void stage_weight_words(const bf16* st, uint4 (&w)[kM
   }
 }
 
+/// Copies the chunk of a work item whose first column is col0 into a ring stage (cp.async, this
+/// lane's 16-byte pieces): with kWeights, the kMats 16-row weight tiles first (tile m's row i at
+/// tile[m] + i K, m < kMats; row r = lane / 8 + 4i of the stage, matrix r / 16: one instruction copies 4 whole
+/// 128-byte row pieces), then the group's input rows (this lane's rows lane / 8 + 4i from src_row,
+/// null: zeros), the first 8 n_tiles of them. Zeros past K (a multiple of 16, so the zero-filled
+/// columns are the ones v1's register loads zero).
+template <int kMats, bool kWeights>
+__device__ __forceinline__ void stage_chunk(bf16* dst, const bf16* const* tile, size_t K, int col0,
+                                            const bf16* const (&src_row)[kPairGroup / 4], int n_tiles) {
+  const int lane = threadIdx.x % kWarp;
+  const int c8 = (lane % 8) * 8;
+  const int col = col0 + c8;
+  const bool ok = static_cast<size_t>(col) < K;
+  constexpr int kWRows = kWeights ? 16 * kMats : 0;
+  if constexpr (kWeights) {
+#pragma unroll
+    for (int i = 0; i < 4 * kMats; ++i) {
+      const int r = lane / 8 + 4 * i;
+      batch::cp_async16(dst + r * kMoeXStride + c8, ok ? tile[r / 16] + (r % 16) * K + col : tile[0], ok ? 16 : 0);
+    }
+  }
+  bf16* xdst = dst + kWRows * kMoeXStride;
+#pragma unroll
+  for (int i = 0; i < kPairGroup / 4; ++i) {
+    const int r = lane / 8 + 4 * i;
+    if (r >= 8 * n_tiles) continue;
+    const bool okx = src_row[i] != nullptr && ok;
+    batch::cp_async16(xdst + r * kMoeXStride + c8, okx ? src_row[i] + col : tile[0], okx ? 16 : 0);
+  }
+}
+
 /// The MMAs of one chunk: acc[m][j] += the weight words w[m] (rows g, g + 8 of a 16-row tile) x
 /// the staged input rows xs (8j + g: row of n-tile j, padded to kMoeXStride), n_tiles of them.
 template <int kMats>
@@ -700,31 +731,13 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
     const int r = lane / 8 + 4 * i;
     src_row[i] = r < n_rows ? brow(r) : nullptr;
   }
+  const size_t Ks = static_cast<size_t>(K);
+  const bf16* tile[kMats];  // row 0 of each weight tile
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) tile[m] = wrow[m][0] - g * Ks;
   auto stage = [&](int c, int st) {
-    bf16* dst = ring + static_cast<size_t>(st) * kStageElems;
-    const int c8 = (lane % 8) * 8;
-    const int col = c * kChunkK + c8;
-    if constexpr (P::kRing) {
-      // The tiles' 16 kMats rows, 8 vectors each: row r = lane / 8 + 4i (matrix r / 16), this
-      // lane's 8 columns; one instruction copies 4 whole 128-byte row pieces. K is a multiple of
-      // 16, so the zero-filled columns are the ones v1's loads zero.
-#pragma unroll
-      for (int i = 0; i < 4 * kMats; ++i) {
-        const int r = lane / 8 + 4 * i;
-        const bool ok = col < K;
-        // Row r % 16 of the tile whose row g is wrow[r / 16][0].
-        const bf16* src = wrow[r / 16][0] + (static_cast<ptrdiff_t>(r % 16) - g) * K + col;
-        batch::cp_async16(dst + r * kMoeXStride + c8, ok ? src : wrow[0][0], ok ? 16 : 0);
-      }
-    }
-    bf16* xdst = dst + kWRows * kMoeXStride;
-#pragma unroll
-    for (int i = 0; i < kStageRows; ++i) {
-      const int r = lane / 8 + 4 * i;
-      if (r >= 8 * n_tiles) continue;
-      const bool ok = src_row[i] != nullptr && col < K;
-      batch::cp_async16(xdst + r * kMoeXStride + c8, ok ? src_row[i] + col : wrow[0][0], ok ? 16 : 0);
-    }
+    stage_chunk<kMats, P::kRing>(ring + static_cast<size_t>(st) * kStageElems, tile, Ks, c * kChunkK, src_row,
+                                 n_tiles);
   };
   auto mma_step = [&](const bf16* st, const uint4(&w)[kMats][4]) {
     chunk_mma<kMats>(st + kWRows * kMoeXStride, w, n_tiles, acc);
@@ -1019,25 +1032,8 @@ __device__ __forceinline__ void split_stream(int it0, int stride, int total, Ite
       if (s_idx < total) s_load();
     }
     if (s_idx >= total) return;  // past the stream: the caller commits an empty group
-    bf16* dst = ring + static_cast<size_t>(st) * kStageElems;
-    const int c8 = (lane % 8) * 8;
-    const int col = s_c * kChunkK + c8;
-    const bool ok = col < s_it.K;
-    const size_t K = s_it.K;
-#pragma unroll
-    for (int i = 0; i < 4 * kMats; ++i) {
-      const int r = lane / 8 + 4 * i;
-      const bf16* src = s_it.w[r / 16] + (r % 16) * K + col;
-      batch::cp_async16(dst + r * kMoeXStride + c8, ok ? src : s_it.w[0], ok ? 16 : 0);
-    }
-    bf16* xdst = dst + kWRows * kMoeXStride;
-#pragma unroll
-    for (int i = 0; i < kStageRows; ++i) {
-      const int r = lane / 8 + 4 * i;
-      if (r >= 8 * s_tiles) continue;
-      const bool okx = src_row[i] != nullptr && ok;
-      batch::cp_async16(xdst + r * kMoeXStride + c8, okx ? src_row[i] + col : s_it.w[0], okx ? 16 : 0);
-    }
+    stage_chunk<kMats, true>(ring + static_cast<size_t>(st) * kStageElems, s_it.w, static_cast<size_t>(s_it.K),
+                             s_c * kChunkK, src_row, s_tiles);
     ++s_c;
   };
   for (int s = 0; s < kStages - 1; ++s) {
