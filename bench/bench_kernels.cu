@@ -1029,7 +1029,8 @@ void run_batched(Bench& b, ops::Backend& be) {
     // " v1", " spread", ...: the same bits, other timing; " split": its own bits).
     const ops::MoePipeline pipes[] = {ops::MoePipeline::automatic, ops::MoePipeline::v1,
                                       ops::MoePipeline::spread, ops::MoePipeline::regs,
-                                      ops::MoePipeline::ring, ops::MoePipeline::split};
+                                      ops::MoePipeline::ring, ops::MoePipeline::split,
+                                      ops::MoePipeline::slots};
     for (const ops::MoePipeline pipe : pipes)
       for (int B : {1, 2, 4, 16, 64, 128}) {
         const bool forced = pipe != ops::MoePipeline::automatic;

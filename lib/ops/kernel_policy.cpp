@@ -25,7 +25,8 @@ const std::initializer_list<std::string_view> kGemvVariantTexts = {"auto",  "v1"
                                                                    "rows4", "occ", "fp8split"};
 const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // MlaDecode, IndexerSelect
 const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt", "gemv", "wgmma"};
-const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs", "ring", "split"};
+const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs",
+                                                                   "ring", "split", "slots"};
 const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
 const std::initializer_list<std::string_view> kMlaBatchTexts = {"auto", "tiles", "shared", "shared2", "shared32"};
 static_assert(static_cast<int>(MlaBatch::tiles) == 1 && static_cast<int>(MlaBatch::shared2) == 3 &&
@@ -37,7 +38,8 @@ static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(
                   static_cast<int>(MlaDecode::v2) == 1 && static_cast<int>(IndexerSelect::v2) == 1 &&
                   static_cast<int>(HeadGemm::cublaslt) == 2 && static_cast<int>(HeadGemm::gemv) == 3 &&
                   static_cast<int>(HeadGemm::wgmma) == 4 &&
-                  static_cast<int>(MoePipeline::ring) == 4 && static_cast<int>(MoePipeline::split) == 5,
+                  static_cast<int>(MoePipeline::ring) == 4 && static_cast<int>(MoePipeline::split) == 5 &&
+                  static_cast<int>(MoePipeline::slots) == 6,
               "the texts above follow the enums' order");
 
 template <typename E>

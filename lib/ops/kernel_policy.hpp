@@ -80,9 +80,11 @@ enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
 /// block; regs, spread with the down kernel's weights three chunks ahead in registers; ring, the
 /// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
 /// deep, dealt as spread; split, the ring's stages with all 8 warps of a block on one item at a
-/// time, each on a fixed eighth of its reduction (other bits); automatic: ring where its rings fit
-/// in shared memory, else v1.
-enum class MoePipeline { automatic, v1, spread, regs, ring, split };
+/// time, each on a fixed eighth of its reduction (other bits); slots, up to cuda::kMaxRowsSlotsMoe
+/// rows the single-row kernels for every (row, route) pair (each row the one-row op's bits; more
+/// rows take ring); automatic: slots up to cuda::kMaxRowsSlotsMoeAuto rows, above that ring where
+/// its rings fit in shared memory, else v1.
+enum class MoePipeline { automatic, v1, spread, regs, ring, split, slots };
 /// The kernel of a batched linear (linear / linear_f32 with RowsMode::batched) of 2 or more rows:
 /// gemv, the multi-row GEMV (cuda::rows_gemv: every weight read once for all rows, up to
 /// cuda::kMaxRowsGemv rows; more rows take cuBLASLt); cublaslt, the cuBLASLt GEMM; automatic, the
@@ -140,7 +142,7 @@ const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "o
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv", "wgmma"
-const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring", "split"
+const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring", "split", "slots"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
 const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2", "shared32"
 

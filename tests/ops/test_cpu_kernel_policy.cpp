@@ -42,7 +42,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"nccl_blocking", {"on", "off"}},
     {"head_gemm", {"auto", "mma", "cublaslt", "gemv", "wgmma"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
-    {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split"}},
+    {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split", "slots"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
     {"mla_batch", {"auto", "tiles", "shared", "shared2", "shared32"}},
 };

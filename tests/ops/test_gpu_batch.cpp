@@ -69,6 +69,7 @@
 
 #include "gpu_test_util.hpp"
 #include "ops/cuda/dense.hpp"
+#include "ops/cuda/moe.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -1311,6 +1312,12 @@ TEST_P(GpuBatch, MoeRoute) {
   std::printf("[gpu-batch] %s router: %d rows with a near-tie choice\n", s.name, near);
 }
 
+/// Row r of a row-major [rows, n] float output.
+std::vector<float> got_row(const std::vector<float>& all, int r, int n) {
+  return std::vector<float>(all.begin() + static_cast<ptrdiff_t>(r) * n,
+                            all.begin() + static_cast<ptrdiff_t>(r + 1) * n);
+}
+
 struct GroupedCase {
   const char* name;
   bool ep;       ///< a third of the experts from E / 3: rows route to experts other ranks own
@@ -1319,11 +1326,17 @@ struct GroupedCase {
   bool crowded;  ///< every row among 3 experts: pairs of one expert span several work groups
 };
 
-/// Every memory pipeline of the grouped experts, v1 first (the one the others but split must match).
-constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1, MoePipeline::spread, MoePipeline::regs,
-                                         MoePipeline::ring, MoePipeline::split};
-/// Whether a pipeline gives v1's bytes (split cuts each item's reduction into fixed parts: its own).
-constexpr bool gives_v1_bits(MoePipeline m) { return m != MoePipeline::split; }
+/// Every memory pipeline of the grouped experts, v1 first (the one the others but split and slots
+/// must match).
+constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1,   MoePipeline::spread, MoePipeline::regs,
+                                         MoePipeline::ring, MoePipeline::split,  MoePipeline::slots};
+/// Whether a pipeline gives v1's bytes at B rows: split cuts each item's reduction into fixed parts
+/// (its own bytes); slots runs the single-row kernels up to cuda::kMaxRowsSlotsMoe rows (the
+/// one-row op's bytes) and ring above.
+bool gives_v1_bits(MoePipeline m, int B) {
+  if (m == MoePipeline::slots) return B > cuda::kMaxRowsSlotsMoe;
+  return m != MoePipeline::split;
+}
 
 TEST_P(GpuBatch, MoeExpertsGrouped) {
   const Shape s = GetParam();
@@ -1348,7 +1361,9 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         gate.g.data() + off, up.g.data() + off, down.g.data() + off, first, num_local, H, I};
     const ExpertWeights shc{sg.c.data(), su.c.data(), sd.c.data(), 0, 1, H, I};
     const ExpertWeights shg{sg.g.data(), su.g.data(), sd.g.data(), 0, 1, H, I};
-    for (int B : kBatches) {
+    // The test batches, and 2 and 4: the slots pipeline's kernels at two rows and at four (two
+    // (row, route) pairs a down warp).
+    for (int B : {1, 2, 3, 4, 16, 64, 128}) {
       const std::string what = where(std::string("moe_experts_grouped ") + c.name, B);
       const auto slots_h = make_slots(rng, B, B);
       std::vector<int32_t> idx_h(static_cast<size_t>(B) * k);
@@ -1392,7 +1407,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         expect_outside_unchanged(got, want, mask, pwhat);
         if (pipe == MoePipeline::v1) {
           v1_bytes = got;
-        } else if (gives_v1_bits(pipe)) {
+        } else if (gives_v1_bits(pipe, B)) {
           expect_bytes_equal(got, v1_bytes, pwhat + " against v1");
         } else {
           // Printed, not asserted: with few chunks (the tiny shape's rows are 2 chunks long) the
@@ -1403,8 +1418,27 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
           std::printf("[gpu-batch] %s: %zu of %zu outputs differ from v1's bytes\n", pwhat.c_str(), differ,
                       a.size());
         }
+        if (pipe == MoePipeline::slots && B <= cuda::kMaxRowsSlotsMoe) {
+          // The single-row kernels: every live row has the bytes of the one-row op on that row
+          // alone (moe_experts_shared / moe_experts), and a padded row's stay poisoned (above).
+          for (int r = 0; r < B; ++r) {
+            if (slots_h[static_cast<size_t>(r)] < 0) continue;
+            auto one = out_twin<float>(static_cast<size_t>(H));
+            const bf16* xr = x.g.data() + static_cast<size_t>(r) * H;
+            const int32_t* ir = idx.g.data() + static_cast<size_t>(r) * k;
+            const float* wr = wts.g.data() + static_cast<size_t>(r) * k;
+            if (c.shared) {
+              gpu().moe_experts_shared(xr, wg, ir, wr, k, shg, c.limit, one.g.data());
+            } else {
+              gpu().moe_experts(xr, wg, ir, wr, k, c.limit, one.g.data());
+            }
+            expect_bytes_equal(got_row(got, r, H), one.from_gpu(),
+                               pwhat + ", row " + std::to_string(r) + " against the one-row op");
+          }
+        }
         // A row's numbers do not depend on B or the other rows: live rows alone, the same bytes.
-        if (B != 64) continue;
+        // (Not under slots: a row alone takes the single-row kernels, a batch of 64 ring's.)
+        if (B != 64 || pipe == MoePipeline::slots) continue;
         for (const int r : {0, B / 2, B - 1}) {
           if (slots_h[static_cast<size_t>(r)] < 0) continue;
           auto one = out_twin<float>(static_cast<size_t>(H));
@@ -1412,10 +1446,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
                                     idx.g.data() + static_cast<size_t>(r) * k,
                                     wts.g.data() + static_cast<size_t>(r) * k, sl.g.data() + r, 1, k,
                                     c.shared ? &shg : nullptr, c.limit, one.g.data());
-          expect_bytes_equal(one.from_gpu(),
-                             std::vector<float>(got.begin() + static_cast<ptrdiff_t>(r) * H,
-                                                got.begin() + static_cast<ptrdiff_t>(r + 1) * H),
-                             pwhat + ", row " + std::to_string(r) + " alone");
+          expect_bytes_equal(one.from_gpu(), got_row(got, r, H), pwhat + ", row " + std::to_string(r) + " alone");
         }
       }
       gpu().set_kernel_policy(before);

@@ -57,72 +57,157 @@ struct SharedExpert {
   int inter = 0;
 };
 
-/// act[s, i] = bf16(silu(min(g, L)) * clamp(u, -L, L)), g / u the BF16-rounded gate / up rows of
-/// the expert in slot s; zero for slots whose expert another rank owns; then the shared expert's
-/// rows, if any. One warp per (s, i).
+/// act = bf16(silu(min(g, L)) * clamp(u, -L, L)) of the fp32 projections g, u (rounded to BF16
+/// first); L = limit, none when limit <= 0. Every expert kernel's activation.
+__device__ __forceinline__ bf16 swiglu_act(float g_acc, float u_acc, float limit) {
+  float gv = round_to_bf16(g_acc);
+  float uv = round_to_bf16(u_acc);
+  if (limit > 0.0f) {
+    gv = fminf(gv, limit);
+    uv = fminf(fmaxf(uv, -limit), limit);
+  }
+  return f_to_bf16(__fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv));
+}
+
+/// Row b of R is live: no slot table (the single-row op), or slot[b] >= 0.
+template <int R>
+__device__ __forceinline__ void live_rows(const int32_t* slot, bool (&live)[R]) {
+#pragma unroll
+  for (int b = 0; b < R; ++b) live[b] = slot == nullptr || slot[b] >= 0;
+}
+
+/// This lane's share of the dot products of one weight row with R activation rows x[b] over 16-byte
+/// chunks [0, n_chunks), kMoeUnroll weight loads in flight: each weight chunk is loaded once for
+/// every row, and row b's sum takes its chunks in slice_dot's order (so its bits are the one-row
+/// dot product's whatever R). Rows with !live[b] add nothing.
+template <int R>
+__device__ __forceinline__ void dot_rows_one_weight(const bf16* w_row, const bf16* const (&x)[R],
+                                                    const bool (&live)[R], int n_chunks, int lane,
+                                                    float (&acc)[R]) {
+  for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
+    uint4 wv[kMoeUnroll];
+#pragma unroll
+    for (int q = 0; q < kMoeUnroll; ++q) {
+      const int cc = c + q * kWarp;
+      wv[q] = cc < n_chunks ? load_stream(w_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int q = 0; q < kMoeUnroll; ++q) {
+      const int cc = c + q * kWarp;
+      if (cc < n_chunks) {
+#pragma unroll
+        for (int b = 0; b < R; ++b)
+          if (live[b]) acc[b] = dot_bf16x8(wv[q], load_cached(x[b] + static_cast<size_t>(cc) * 8), acc[b]);
+      }
+    }
+  }
+}
+
+/// act[b][s, i] = swiglu_act of row b's gate and up projections through the expert in its slot s
+/// (row b's activations at act + b * (top_k * I + shared inter)); zero for slots whose expert another
+/// rank owns; then the shared expert's rows, if any. One warp per (b, s, i), and one per shared row i
+/// for all R rows (its weights loaded once). Padded rows (slot[b] < 0) are skipped: nothing read or
+/// written. Each (b, s, i) is the one-row op's dot product, so a row's bits do not depend on R.
+template <int R>
 __global__ void __launch_bounds__(kMoeThreads)
-    moe_gate_up_kernel(const bf16* x, const bf16* gate, const bf16* up, int first_expert, int num_local,
-                       int H, int I, const int32_t* idx, int top_k, float limit, bf16* act, SharedExpert sh) {
+    moe_gate_up_kernel(const bf16* x, const int32_t* slot, const bf16* gate, const bf16* up, int first_expert,
+                       int num_local, int H, int I, const int32_t* idx, int top_k, float limit, bf16* act,
+                       SharedExpert sh) {
   pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
   const int n_chunks = H / 8;
-  const int64_t routed_tasks = static_cast<int64_t>(top_k) * I;
+  const int64_t per_row = static_cast<int64_t>(top_k) * I;
+  const int64_t act_ld = per_row + sh.inter;
+  const int64_t routed_tasks = R * per_row;
+  bool live[R];
+  live_rows<R>(slot, live);
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
        t < routed_tasks + sh.inter; t += warps_total) {
-    const bf16* g_row;
-    const bf16* u_row;
     if (t < routed_tasks) {
-      const int s = static_cast<int>(t / I);
-      const int i = static_cast<int>(t - static_cast<int64_t>(s) * I);
-      const int local = idx[s] - first_expert;
+      const int b = R == 1 ? 0 : static_cast<int>(t / per_row);
+      if (!live[b]) continue;
+      const int64_t r = t - b * per_row;
+      const int s = static_cast<int>(r / I);
+      const int i = static_cast<int>(r - static_cast<int64_t>(s) * I);
+      bf16* a = act + b * act_ld + r;
+      const int local = idx[b * top_k + s] - first_expert;
       if (local < 0 || local >= num_local) {
-        if (lane == 0) act[t] = bf16{0};
+        if (lane == 0) *a = bf16{0};
         continue;
       }
       const size_t row = (static_cast<size_t>(local) * I + i) * H;
-      g_row = gate + row;
-      u_row = up + row;
-    } else {
-      const size_t row = static_cast<size_t>(t - routed_tasks) * H;
-      g_row = sh.gate + row;
-      u_row = sh.up + row;
-    }
-    float g = 0.0f, u = 0.0f;
-    for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
-      uint4 gv[kMoeUnroll], uv[kMoeUnroll];
+      const bf16* xb = x + static_cast<size_t>(b) * H;
+      float g = 0.0f, u = 0.0f;
+      for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
+        uint4 gv[kMoeUnroll], uv[kMoeUnroll];
 #pragma unroll
-      for (int q = 0; q < kMoeUnroll; ++q) {
-        const int cc = c + q * kWarp;
-        gv[q] = cc < n_chunks ? load_stream(g_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-        uv[q] = cc < n_chunks ? load_stream(u_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-      }
+        for (int q = 0; q < kMoeUnroll; ++q) {
+          const int cc = c + q * kWarp;
+          gv[q] = cc < n_chunks ? load_stream(gate + row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+          uv[q] = cc < n_chunks ? load_stream(up + row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-      for (int q = 0; q < kMoeUnroll; ++q) {
-        const int cc = c + q * kWarp;
-        if (cc < n_chunks) {
-          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
-          g = dot_bf16x8(gv[q], xv, g);
-          u = dot_bf16x8(uv[q], xv, u);
+        for (int q = 0; q < kMoeUnroll; ++q) {
+          const int cc = c + q * kWarp;
+          if (cc < n_chunks) {
+            const uint4 xv = load_cached(xb + static_cast<size_t>(cc) * 8);
+            g = dot_bf16x8(gv[q], xv, g);
+            u = dot_bf16x8(uv[q], xv, u);
+          }
         }
       }
-    }
-    g = warp_sum(g);
-    u = warp_sum(u);
-    if (lane == 0) {
-      g = round_to_bf16(g);
-      u = round_to_bf16(u);
-      if (limit > 0.0f) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
+      g = warp_sum(g);
+      u = warp_sum(u);
+      if (lane == 0) *a = swiglu_act(g, u, limit);
+    } else {
+      // The shared expert's row i for every row: the gate row's loads, then the up row's (each
+      // row's sums in slice order, as the routed rows' are).
+      const int64_t i = t - routed_tasks;
+      const bf16* xs[R];
+#pragma unroll
+      for (int b = 0; b < R; ++b) xs[b] = x + static_cast<size_t>(b) * H;
+      float g[R], u[R];
+#pragma unroll
+      for (int b = 0; b < R; ++b) g[b] = u[b] = 0.0f;
+      if constexpr (R == 1) {
+        // One row: gate and up loads in flight together, as the routed rows.
+        const bf16* g_row = sh.gate + static_cast<size_t>(i) * H;
+        const bf16* u_row = sh.up + static_cast<size_t>(i) * H;
+        for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
+          uint4 gv[kMoeUnroll], uv[kMoeUnroll];
+#pragma unroll
+          for (int q = 0; q < kMoeUnroll; ++q) {
+            const int cc = c + q * kWarp;
+            gv[q] = cc < n_chunks ? load_stream(g_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+            uv[q] = cc < n_chunks ? load_stream(u_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int q = 0; q < kMoeUnroll; ++q) {
+            const int cc = c + q * kWarp;
+            if (cc < n_chunks && live[0]) {
+              const uint4 xv = load_cached(xs[0] + static_cast<size_t>(cc) * 8);
+              g[0] = dot_bf16x8(gv[q], xv, g[0]);
+              u[0] = dot_bf16x8(uv[q], xv, u[0]);
+            }
+          }
+        }
+      } else {
+        dot_rows_one_weight<R>(sh.gate + static_cast<size_t>(i) * H, xs, live, n_chunks, lane, g);
+        dot_rows_one_weight<R>(sh.up + static_cast<size_t>(i) * H, xs, live, n_chunks, lane, u);
       }
-      act[t] = f_to_bf16(g / (1.0f + expf(-g)) * u);
+#pragma unroll
+      for (int b = 0; b < R; ++b) {
+        g[b] = warp_sum(g[b]);
+        u[b] = warp_sum(u[b]);
+        if (lane == 0 && live[b]) act[b * act_ld + per_row + i] = swiglu_act(g[b], u[b], limit);
+      }
     }
   }
 }
 
 /// out[h] = sum over owned slots s, in slot order, of weights[s] * bf16(W_down,s[h] . act[s]).
-/// One warp per output h; the slots' rows are read back to back.
+/// One warp per output h; the slots' rows are read back to back (one row, more than 31 slots).
 __global__ void __launch_bounds__(kMoeThreads)
     moe_down_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
                     const float* weights, int top_k, const bf16* act, float* out) {
@@ -145,56 +230,175 @@ __global__ void __launch_bounds__(kMoeThreads)
   }
 }
 
-/// moe_down_kernel with the slots of an output spread over warps: a block holds `per_block`
-/// outputs x `slots` warps; warp (o, s) computes bf16(W_down,s[h] . act[s]) for output h of the
-/// block, and one lane per output sums the slots in slot order, as moe_down_kernel does (same
-/// products, same order: the same bits). moe_down_kernel walked the slots one after the other in
-/// one warp, a chain of top_k memory round trips per output; here the whole block's rows are in
-/// flight at once and finished blocks are replaced by new ones.
+/// (row, route) pairs per routed warp of moe_down_slots_kernel: one while a warp per pair and the
+/// shared expert's fit the block's 32 warps, else two.
+__host__ __device__ constexpr int down_pairs_per_warp(int rows, int top_k, bool shared) {
+  return rows * top_k + (shared ? 1 : 0) <= 32 ? 1 : 2;
+}
+/// Warps per output of moe_down_slots_kernel: the routed warps, plus one for the shared expert's
+/// row of every row.
+__host__ __device__ constexpr int down_warps(int rows, int top_k, bool shared) {
+  const int per = down_pairs_per_warp(rows, top_k, shared);
+  return (rows * top_k + per - 1) / per + (shared ? 1 : 0);
+}
+/// Partial sums per output of moe_down_slots_kernel: one per (row, route), one per row's shared.
+__host__ __device__ constexpr int down_entries(int rows, int top_k, bool shared) {
+  return rows * top_k + (shared ? rows : 0);
+}
+constexpr int kDownPartEntries = 256;  // moe_down_slots_kernel's shared partial sums
+
+/// This lane's share of kP dot products, pair j of weight row w[j] with activation row x[j] over
+/// 16-byte chunks [0, n_chunks): the loads of every pair issued before the first FMA (8 / kP per
+/// pair and lane), each pair's chunks added in ascending order, so a pair's bits are slice_dot's.
+/// Pairs with !ok[j] load and add nothing.
+template <int kP>
+__device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kP], const bf16* const (&x)[kP],
+                                          const bool (&ok)[kP], int n_chunks, int lane, float (&acc)[kP]) {
+  constexpr int kU = kUnroll / kP;
+  for (int c = lane; c < n_chunks; c += kWarp * kU) {
+    uint4 wv[kP][kU];
+#pragma unroll
+    for (int j = 0; j < kP; ++j) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int cc = c + u * kWarp;
+        wv[j][u] = ok[j] && cc < n_chunks ? load_stream(w[j] + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int cc = c + u * kWarp;
+      if (cc < n_chunks) {
+#pragma unroll
+        for (int j = 0; j < kP; ++j)
+          if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], load_cached(x[j] + static_cast<size_t>(cc) * 8), acc[j]);
+      }
+    }
+  }
+}
+
+/// The down projection and the combine of R rows: a block holds `per_block` outputs x
+/// down_warps(R) warps. Routed warp (o, w) computes bf16(W_down,s[h] . act[b][s]) for kP of the
+/// (b, s) pairs of output h of the block, the shared warp (o) the shared expert's for every row
+/// (its weights loaded once); then one lane per (output, live row) sums that row's slots in slot
+/// order and adds the shared expert last with one IEEE add (what accumulate_f32 of its own output
+/// did). Every sum is the one-row op's, so a row's bits do not depend on R. The single-row kernel
+/// walked the slots one after the other in one warp, a chain of top_k memory round trips per
+/// output; here the whole block's rows are in flight at once. Padded rows write nothing.
+template <int R, int kP>
 __global__ void __launch_bounds__(1024)
-    moe_down_slots_kernel(const bf16* down, int first_expert, int num_local, int H, int I, const int32_t* idx,
-                          const float* weights, int top_k, int per_block, const bf16* act, float* out,
-                          SharedExpert sh) {
+    moe_down_slots_kernel(const bf16* down, const int32_t* slot, int first_expert, int num_local, int H, int I,
+                          const int32_t* idx, const float* weights, int top_k, int per_block, const bf16* act,
+                          float* out, SharedExpert sh) {
   pdl_begin();
-  __shared__ float part[32];
-  const int slots = top_k + (sh.inter > 0 ? 1 : 0);  // the shared expert is the last slot
+  __shared__ float part[kDownPartEntries];  // per output: R * top_k routed, then R shared sums
+  const bool has_shared = sh.inter > 0;
+  const int warps = down_warps(R, top_k, has_shared);
+  const int routed_warps = warps - (has_shared ? 1 : 0);
+  const int entries = down_entries(R, top_k, has_shared);
+  const int64_t act_ld = static_cast<int64_t>(top_k) * I + sh.inter;
+  bool live[R];
+  live_rows<R>(slot, live);
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
-  const int s = warp % slots;
-  const int o = warp / slots;
+  const int w = warp % warps;
+  const int o = warp / warps;
   const int h = blockIdx.x * per_block + o;
   if (h < H) {
-    const bf16* d_row = nullptr;
-    const bf16* a = nullptr;
-    int n_chunks = 0;
-    if (s < top_k) {
-      const int local = idx[s] - first_expert;
-      if (local >= 0 && local < num_local) {
-        d_row = down + (static_cast<size_t>(local) * H + h) * I;
-        a = act + static_cast<size_t>(s) * I;
-        n_chunks = I / 8;
+    if (w < routed_warps) {
+      const bf16* rows[kP];
+      const bf16* as[kP];
+      bool ok[kP];
+      float d[kP];
+#pragma unroll
+      for (int j = 0; j < kP; ++j) {
+        const int q = w * kP + j;  // pair (b, s)
+        const int b = q / top_k, s = q - b * top_k;
+        const int local = q < R * top_k ? idx[q] - first_expert : -1;
+        ok[j] = q < R * top_k && live[b] && local >= 0 && local < num_local;
+        rows[j] = down + (static_cast<size_t>(ok[j] ? local : 0) * H + h) * I;
+        as[j] = act + b * act_ld + static_cast<int64_t>(s) * I;
+        d[j] = 0.0f;
+      }
+      if constexpr (kP == 1) {
+        if (ok[0]) d[0] = slice_dot<false>(reinterpret_cast<const uint8_t*>(rows[0]), as[0], 0, I / 8, lane);
+      } else {
+        dot_pairs<kP>(rows, as, ok, I / 8, lane, d);
+      }
+#pragma unroll
+      for (int j = 0; j < kP; ++j) {
+        d[j] = warp_sum(d[j]);
+        if (lane == 0 && w * kP + j < R * top_k) part[o * entries + w * kP + j] = d[j];
       }
     } else {
-      d_row = sh.down + static_cast<size_t>(h) * sh.inter;
-      a = act + static_cast<size_t>(top_k) * I;
-      n_chunks = sh.inter / 8;
+      const bf16* as[R];
+#pragma unroll
+      for (int b = 0; b < R; ++b) as[b] = act + b * act_ld + static_cast<int64_t>(top_k) * I;
+      float d[R];
+#pragma unroll
+      for (int b = 0; b < R; ++b) d[b] = 0.0f;
+      const bf16* d_row = sh.down + static_cast<size_t>(h) * sh.inter;
+      if constexpr (R == 1) {
+        if (live[0]) d[0] = slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), as[0], 0, sh.inter / 8, lane);
+      } else {
+        dot_rows_one_weight<R>(d_row, as, live, sh.inter / 8, lane, d);
+      }
+#pragma unroll
+      for (int b = 0; b < R; ++b) {
+        d[b] = warp_sum(d[b]);
+        if (lane == 0) part[o * entries + R * top_k + b] = d[b];
+      }
     }
-    float d = 0.0f;
-    if (d_row) d = warp_sum(slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), a, 0, n_chunks, lane));
-    if (lane == 0) part[warp] = d;
   }
   __syncthreads();
-  if (s == 0 && lane == 0 && h < H) {
+  if (w < R && live[w] && lane == 0 && h < H) {
+    const int b = w;
     float total = 0.0f;
     for (int t = 0; t < top_k; ++t) {
-      const int local = idx[t] - first_expert;
+      const int local = idx[b * top_k + t] - first_expert;
       if (local < 0 || local >= num_local) continue;
-      total += weights[t] * round_to_bf16(part[o * slots + t]);
+      total += weights[b * top_k + t] * round_to_bf16(part[o * entries + b * top_k + t]);
     }
-    // The shared expert (weight 1) last, one IEEE add: what accumulate_f32 of its own output did.
-    if (sh.inter > 0) total = __fadd_rn(total, round_to_bf16(part[o * slots + top_k]));
-    out[h] = total;
+    if (has_shared) total = __fadd_rn(total, round_to_bf16(part[o * entries + R * top_k + b]));
+    out[static_cast<size_t>(b) * H + h] = total;
   }
+}
+
+/// moe_experts of R rows (slot nullptr: all live), both launches.
+template <int R>
+void launch_expert_rows(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, const ExpertWeights& w,
+                        const int32_t* idx, const float* weights, int top_k, float limit, bf16* act,
+                        float* out, const SharedExpert& sh) {
+  const int H = w.hidden;
+  const int I = w.inter;
+  const int warps_per_block = kMoeThreads / kWarp;
+  const int64_t tasks = static_cast<int64_t>(R) * top_k * I + sh.inter;
+  const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
+                                                       static_cast<int64_t>(ctx.num_sms) * 8));
+  launch(ctx, moe_gate_up_kernel<R>, grid1, kMoeThreads, 0, x, slot, w.gate, w.up, w.first_expert,
+         w.num_local, H, I, idx, top_k, limit, act, sh);
+  MTP_CUDA_LAUNCH_CHECK();
+  const bool has_shared = sh.inter > 0;
+  const int warps = down_warps(R, top_k, has_shared);
+  if (warps <= 32) {
+    // Warps per output: one per (row, slot) or per two of them, and the shared expert's; at least
+    // 8 warps a block (e.g. 1 output x 9 slots, 8 x 1).
+    const int per_block = std::max(1, warps_per_block / warps);
+    MTP_REQUIRE(per_block * down_entries(R, top_k, has_shared) <= kDownPartEntries,
+                "ops::cuda::moe_experts: ", R, " rows x ", top_k, " slots exceed the down kernel's partials");
+    const int grid2 = (H + per_block - 1) / per_block;
+    auto kernel = down_pairs_per_warp(R, top_k, has_shared) == 1 ? moe_down_slots_kernel<R, 1>
+                                                                  : moe_down_slots_kernel<R, 2>;
+    launch(ctx, kernel, grid2, per_block * warps * kWarp, 0, w.down, slot, w.first_expert, w.num_local, H, I,
+           idx, weights, top_k, per_block, act, out, sh);
+  } else {
+    MTP_REQUIRE(R == 1 && sh.inter == 0, "ops::cuda::moe_experts: ", R, " rows x ", top_k,
+                " slots exceed the down kernel's 32 warps");
+    const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
+    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx,
+           weights, top_k, act, out);
+  }
+  MTP_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -231,30 +435,11 @@ void moe_experts(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& w, co
                 ", have an inter that is a multiple of 8, and at most 31 routed slots");
     sh = SharedExpert{shared->gate, shared->up, shared->down, shared->inter};
   }
-  const int warps_per_block = kMoeThreads / kWarp;
   if (top_k == 0 && !shared) {
     MTP_CUDA_CHECK(cudaMemsetAsync(out, 0, sizeof(float) * static_cast<size_t>(H), ctx.stream));
     return;
   }
-  const int64_t tasks = static_cast<int64_t>(top_k) * I + sh.inter;
-  const int grid1 = static_cast<int>(std::min<int64_t>((tasks + warps_per_block - 1) / warps_per_block,
-                                                       static_cast<int64_t>(ctx.num_sms) * 8));
-  launch(ctx, moe_gate_up_kernel, grid1, kMoeThreads, 0, x, w.gate, w.up, w.first_expert, w.num_local, H, I,
-         idx, top_k, limit, act, sh);
-  MTP_CUDA_LAUNCH_CHECK();
-  const int slots = top_k + (shared ? 1 : 0);
-  if (slots <= 32) {
-    // One warp per (output, slot); at least 8 warps a block (e.g. 1 output x 8 slots, 8 x 1).
-    const int per_block = std::max(1, warps_per_block / slots);
-    const int grid2 = (H + per_block - 1) / per_block;
-    launch(ctx, moe_down_slots_kernel, grid2, per_block * slots * kWarp, 0, w.down, w.first_expert,
-           w.num_local, H, I, idx, weights, top_k, per_block, act, out, sh);
-  } else {
-    const int grid2 = std::min((H + warps_per_block - 1) / warps_per_block, ctx.num_sms * 8);
-    launch(ctx, moe_down_kernel, grid2, kMoeThreads, 0, w.down, w.first_expert, w.num_local, H, I, idx,
-           weights, top_k, act, out);
-  }
-  MTP_CUDA_LAUNCH_CHECK();
+  launch_expert_rows<1>(ctx, x, nullptr, w, idx, weights, top_k, limit, act, out, sh);
 }
 
 // ==== batched rows =====================================================================================
@@ -849,18 +1034,6 @@ __device__ __forceinline__ ItemOperands down_item(const GroupedParams& p, const 
   return it;
 }
 
-/// act = bf16(silu(min(g, L)) * clamp(u, -L, L)) of the fp32 projections g, u (rounded to BF16
-/// first); L = limit, none when limit <= 0.
-__device__ __forceinline__ bf16 swiglu_act(float g_acc, float u_acc, float limit) {
-  float gv = round_to_bf16(g_acc);
-  float uv = round_to_bf16(u_acc);
-  if (limit > 0.0f) {
-    gv = fminf(gv, limit);
-    uv = fminf(fmaxf(uv, -limit), limit);
-  }
-  return f_to_bf16(__fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), uv));
-}
-
 /// The down kernels' last step, after every item of the block wrote d_s: each live row sums its own
 /// routes in idx order, as moe_experts sums them, then the shared expert; block-wide.
 __device__ __forceinline__ void combine_rows(const GroupedParams& p, const Plan& pl, const bf16* d_s, int h0) {
@@ -1255,6 +1428,13 @@ void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bia
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+bool moe_grouped_on_slots(MoePipeline pipeline, int rows, int top_k, bool shared) {
+  const int most = pipeline == MoePipeline::slots       ? kMaxRowsSlotsMoe
+                   : pipeline == MoePipeline::automatic ? kMaxRowsSlotsMoeAuto
+                                                        : 0;
+  return top_k >= 1 && rows <= most && down_warps(rows, top_k, shared) <= 32;
+}
+
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter) {
   return static_cast<size_t>(rows) * (top_k + 1) * static_cast<size_t>(std::max(inter, shared_inter));
 }
@@ -1278,6 +1458,16 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     MTP_REQUIRE(
         reinterpret_cast<uintptr_t>(ptr) % 16 == 0,
         "ops::cuda::moe_experts_grouped: x, the expert weights and the scratch must be 16-byte aligned");
+  }
+  if (moe_grouped_on_slots(ctx.policy.moe_pipeline, rows, top_k, shared != nullptr)) {
+    // The single-row kernels for every (row, route): each row's bytes are the one-row op's.
+    SharedExpert sh;
+    if (shared) sh = SharedExpert{shared->gate, shared->up, shared->down, Is};
+    static_assert(kMaxRowsSlotsMoe == 4, "the dispatch below covers 1 .. kMaxRowsSlotsMoe rows");
+    if (rows == 1) return launch_expert_rows<1>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
+    if (rows == 2) return launch_expert_rows<2>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
+    if (rows == 3) return launch_expert_rows<3>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
+    return launch_expert_rows<4>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
   }
   GroupedParams p;
   p.x = x;
@@ -1309,8 +1499,9 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
       return launch_grouped<PipeSpread, PipeSpread>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::regs:
       return launch_grouped<PipeSpread, PipeRegsDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoePipeline::slots:  // more rows than the single-row kernels take: ring's
     case MoePipeline::automatic: {
-      // ring: measured fastest or level at every B (docs/kernels.md), where its deeper rings fit
+      // slots up to kMaxRowsSlotsMoeAuto rows (above). ring: measured fastest or level at every B (docs/kernels.md), where its deeper rings fit
       // in shared memory; v1 (the least shared memory) otherwise. The same bits either way. split
       // is faster as a launch at 1 - 2 rows but gave no step a gain (docs/kernels.md), so auto
       // keeps ring's bits.

@@ -28,6 +28,14 @@ void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bia
 /// BF16 scratch moe_experts_grouped needs for `rows` rows: one activation row per (row, route)
 /// and per row for the shared expert.
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter);
+/// Most rows moe_pipeline slots runs on the single-row kernels (their down launch has a warp per
+/// (row, route) or per two, 32 at most); more rows take ring.
+inline constexpr int kMaxRowsSlotsMoe = 4;
+/// Most rows moe_pipeline auto gives to slots (docs/kernels.md, "The grouped experts").
+inline constexpr int kMaxRowsSlotsMoeAuto = 2;
+/// Whether moe_experts_grouped runs `rows` rows of top_k routes on the single-row kernels under
+/// `pipeline` (slots, or auto at few rows; the down launch must fit its warps).
+bool moe_grouped_on_slots(MoePipeline pipeline, int rows, int top_k, bool shared);
 /// The routed experts grouped over up to kMaxBatchRows rows (plus the shared expert), two launches
 /// (docs/kernels.md, "Batched kernels"). `act` is moe_grouped_act_elems of scratch.
 void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
