@@ -246,31 +246,19 @@ __host__ __device__ constexpr int down_entries(int rows, int top_k, bool shared)
   return rows * top_k + (shared ? rows : 0);
 }
 constexpr int kDownPartEntries = 256;  // moe_down_slots_kernel's shared partial sums
-/// Most threads of a moe_down_slots_kernel block: four rows take at most 18 warps (top_k 8: 17),
-/// which leaves ptxas the registers its eight pairs in flight need (at 1024 it spilled).
-__host__ __device__ constexpr int down_max_threads(int rows) { return rows >= 4 ? 576 : 1024; }
-/// Threads of a moe_down_slots_kernel block: per_block groups x down_warps, at least 8 warps.
-__host__ __device__ constexpr int down_threads(int rows, int top_k, bool shared) {
-  const int warps = down_warps(rows, top_k, shared);
-  return (warps >= 8 ? warps : 8 / warps * warps) * kWarp;
-}
 
-/// Outputs per warp of moe_down_slots_kernel: a warp streams the rows of kDownOuts neighbouring
-/// outputs (adjacent in memory) at once, so each block keeps twice the bytes in flight.
-constexpr int kDownOuts = 2;
-
-/// This lane's share of kN dot products, pair j of weight row w[j] with activation row x[j] over
-/// 16-byte chunks [0, n_chunks): the loads of every pair issued before the first FMA (8 / kN per
+/// This lane's share of kP dot products, pair j of weight row w[j] with activation row x[j] over
+/// 16-byte chunks [0, n_chunks): the loads of every pair issued before the first FMA (8 / kP per
 /// pair and lane), each pair's chunks added in ascending order, so a pair's bits are slice_dot's.
 /// Pairs with !ok[j] load and add nothing.
-template <int kN>
-__device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kN], const bf16* const (&x)[kN],
-                                          const bool (&ok)[kN], int n_chunks, int lane, float (&acc)[kN]) {
-  constexpr int kU = kUnroll / kN > 0 ? kUnroll / kN : 1;
+template <int kP>
+__device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kP], const bf16* const (&x)[kP],
+                                          const bool (&ok)[kP], int n_chunks, int lane, float (&acc)[kP]) {
+  constexpr int kU = kUnroll / kP;
   for (int c = lane; c < n_chunks; c += kWarp * kU) {
-    uint4 wv[kN][kU];
+    uint4 wv[kP][kU];
 #pragma unroll
-    for (int j = 0; j < kN; ++j) {
+    for (int j = 0; j < kP; ++j) {
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int cc = c + u * kWarp;
@@ -282,24 +270,23 @@ __device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kN], const bf16
       const int cc = c + u * kWarp;
       if (cc < n_chunks) {
 #pragma unroll
-        for (int j = 0; j < kN; ++j)
+        for (int j = 0; j < kP; ++j)
           if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], load_cached(x[j] + static_cast<size_t>(cc) * 8), acc[j]);
       }
     }
   }
 }
 
-/// The down projection and the combine of R rows: a block holds `per_block` groups of kDownOuts
-/// outputs x down_warps(R) warps. Routed warp (o, w) computes bf16(W_down,s[h] . act[b][s]) for kP
-/// of the (b, s) pairs and the group's kDownOuts outputs h, the shared warp (o) the shared
-/// expert's for every row (its weights loaded once); then one lane per (output, live row) sums that
-/// row's slots in slot order and adds the shared expert last with one IEEE add (what
-/// accumulate_f32 of its own output did). Every sum is the one-row op's, so a row's bits do not
-/// depend on R. The single-row kernel walked the slots one after the other in one warp, a chain of
-/// top_k memory round trips per output; here the whole block's rows are in flight at once. Padded
-/// rows write nothing.
+/// The down projection and the combine of R rows: a block holds `per_block` outputs x
+/// down_warps(R) warps. Routed warp (o, w) computes bf16(W_down,s[h] . act[b][s]) for kP of the
+/// (b, s) pairs of output h of the block, the shared warp (o) the shared expert's for every row
+/// (its weights loaded once); then one lane per (output, live row) sums that row's slots in slot
+/// order and adds the shared expert last with one IEEE add (what accumulate_f32 of its own output
+/// did). Every sum is the one-row op's, so a row's bits do not depend on R. The single-row kernel
+/// walked the slots one after the other in one warp, a chain of top_k memory round trips per
+/// output; here the whole block's rows are in flight at once. Padded rows write nothing.
 template <int R, int kP>
-__global__ void __launch_bounds__(down_max_threads(R))
+__global__ void __launch_bounds__(1024)
     moe_down_slots_kernel(const bf16* down, const int32_t* slot, int first_expert, int num_local, int H, int I,
                           const int32_t* idx, const float* weights, int top_k, int per_block, const bf16* act,
                           float* out, SharedExpert sh) {
@@ -316,80 +303,64 @@ __global__ void __launch_bounds__(down_max_threads(R))
   const int lane = threadIdx.x % kWarp;
   const int w = warp % warps;
   const int o = warp / warps;
-  const int h0 = (blockIdx.x * per_block + o) * kDownOuts;
-  float* po = part + o * kDownOuts * entries;  // [kDownOuts][entries]
-  if (h0 < H) {
+  const int h = blockIdx.x * per_block + o;
+  if (h < H) {
     if (w < routed_warps) {
-      constexpr int kN = kP * kDownOuts;
-      const bf16* rows[kN];
-      const bf16* as[kN];
-      bool ok[kN];
-      float d[kN];
+      const bf16* rows[kP];
+      const bf16* as[kP];
+      bool ok[kP];
+      float d[kP];
 #pragma unroll
       for (int j = 0; j < kP; ++j) {
         const int q = w * kP + j;  // pair (b, s)
         const int b = q / top_k, s = q - b * top_k;
         const int local = q < R * top_k ? idx[q] - first_expert : -1;
-        const bool owned = q < R * top_k && live[b] && local >= 0 && local < num_local;
-#pragma unroll
-        for (int oo = 0; oo < kDownOuts; ++oo) {
-          const int n = j * kDownOuts + oo;
-          ok[n] = owned && h0 + oo < H;
-          rows[n] = down + (static_cast<size_t>(owned ? local : 0) * H + h0 + oo) * I;
-          as[n] = act + b * act_ld + static_cast<int64_t>(s) * I;
-          d[n] = 0.0f;
-        }
+        ok[j] = q < R * top_k && live[b] && local >= 0 && local < num_local;
+        rows[j] = down + (static_cast<size_t>(ok[j] ? local : 0) * H + h) * I;
+        as[j] = act + b * act_ld + static_cast<int64_t>(s) * I;
+        d[j] = 0.0f;
       }
-      dot_pairs<kN>(rows, as, ok, I / 8, lane, d);
+      if constexpr (kP == 1) {
+        if (ok[0]) d[0] = slice_dot<false>(reinterpret_cast<const uint8_t*>(rows[0]), as[0], 0, I / 8, lane);
+      } else {
+        dot_pairs<kP>(rows, as, ok, I / 8, lane, d);
+      }
 #pragma unroll
       for (int j = 0; j < kP; ++j) {
-#pragma unroll
-        for (int oo = 0; oo < kDownOuts; ++oo) {
-          const float v = warp_sum(d[j * kDownOuts + oo]);
-          if (lane == 0 && w * kP + j < R * top_k) po[oo * entries + w * kP + j] = v;
-        }
+        d[j] = warp_sum(d[j]);
+        if (lane == 0 && w * kP + j < R * top_k) part[o * entries + w * kP + j] = d[j];
       }
     } else {
-      constexpr int kN = R * kDownOuts;
-      const bf16* rows[kN];
-      const bf16* as[kN];
-      bool ok[kN];
-      float d[kN];
+      const bf16* as[R];
 #pragma unroll
-      for (int b = 0; b < R; ++b) {
+      for (int b = 0; b < R; ++b) as[b] = act + b * act_ld + static_cast<int64_t>(top_k) * I;
+      float d[R];
 #pragma unroll
-        for (int oo = 0; oo < kDownOuts; ++oo) {
-          const int n = b * kDownOuts + oo;
-          ok[n] = live[b] && h0 + oo < H;
-          rows[n] = sh.down + static_cast<size_t>(h0 + oo) * sh.inter;
-          as[n] = act + b * act_ld + static_cast<int64_t>(top_k) * I;
-          d[n] = 0.0f;
-        }
+      for (int b = 0; b < R; ++b) d[b] = 0.0f;
+      const bf16* d_row = sh.down + static_cast<size_t>(h) * sh.inter;
+      if constexpr (R == 1) {
+        if (live[0]) d[0] = slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), as[0], 0, sh.inter / 8, lane);
+      } else {
+        dot_rows_one_weight<R>(d_row, as, live, sh.inter / 8, lane, d);
       }
-      dot_pairs<kN>(rows, as, ok, sh.inter / 8, lane, d);
 #pragma unroll
       for (int b = 0; b < R; ++b) {
-#pragma unroll
-        for (int oo = 0; oo < kDownOuts; ++oo) {
-          const float v = warp_sum(d[b * kDownOuts + oo]);
-          if (lane == 0) po[oo * entries + R * top_k + b] = v;
-        }
+        d[b] = warp_sum(d[b]);
+        if (lane == 0) part[o * entries + R * top_k + b] = d[b];
       }
     }
   }
   __syncthreads();
-  // Lane oo of warp b (b < R) combines live row b's output h0 + oo.
-  if (w < R && live[w] && lane < kDownOuts && h0 + lane < H) {
+  if (w < R && live[w] && lane == 0 && h < H) {
     const int b = w;
-    const float* pe = po + lane * entries;
     float total = 0.0f;
     for (int t = 0; t < top_k; ++t) {
       const int local = idx[b * top_k + t] - first_expert;
       if (local < 0 || local >= num_local) continue;
-      total += weights[b * top_k + t] * round_to_bf16(pe[b * top_k + t]);
+      total += weights[b * top_k + t] * round_to_bf16(part[o * entries + b * top_k + t]);
     }
-    if (has_shared) total = __fadd_rn(total, round_to_bf16(pe[R * top_k + b]));
-    out[static_cast<size_t>(b) * H + h0 + lane] = total;
+    if (has_shared) total = __fadd_rn(total, round_to_bf16(part[o * entries + R * top_k + b]));
+    out[static_cast<size_t>(b) * H + h] = total;
   }
 }
 
@@ -409,14 +380,13 @@ void launch_expert_rows(const LaunchCtx& ctx, const bf16* x, const int32_t* slot
   MTP_CUDA_LAUNCH_CHECK();
   const bool has_shared = sh.inter > 0;
   const int warps = down_warps(R, top_k, has_shared);
-  if (warps <= 32 && down_threads(R, top_k, has_shared) <= down_max_threads(R)) {
-    // Warps per group of kDownOuts outputs: one per (row, slot) or per two of them, and the shared
-    // expert's; at least 8 warps a block (e.g. 1 group x 9 slots, 8 x 1).
+  if (warps <= 32) {
+    // Warps per output: one per (row, slot) or per two of them, and the shared expert's; at least
+    // 8 warps a block (e.g. 1 output x 9 slots, 8 x 1).
     const int per_block = std::max(1, warps_per_block / warps);
-    MTP_REQUIRE(per_block * kDownOuts * down_entries(R, top_k, has_shared) <= kDownPartEntries,
+    MTP_REQUIRE(per_block * down_entries(R, top_k, has_shared) <= kDownPartEntries,
                 "ops::cuda::moe_experts: ", R, " rows x ", top_k, " slots exceed the down kernel's partials");
-    const int groups = (H + kDownOuts - 1) / kDownOuts;
-    const int grid2 = (groups + per_block - 1) / per_block;
+    const int grid2 = (H + per_block - 1) / per_block;
     auto kernel = down_pairs_per_warp(R, top_k, has_shared) == 1 ? moe_down_slots_kernel<R, 1>
                                                                   : moe_down_slots_kernel<R, 2>;
     launch(ctx, kernel, grid2, per_block * warps * kWarp, 0, w.down, slot, w.first_expert, w.num_local, H, I,
@@ -1462,8 +1432,7 @@ bool moe_grouped_on_slots(MoePipeline pipeline, int rows, int top_k, bool shared
   const int most = pipeline == MoePipeline::slots       ? kMaxRowsSlotsMoe
                    : pipeline == MoePipeline::automatic ? kMaxRowsSlotsMoeAuto
                                                         : 0;
-  return top_k >= 1 && rows <= most && down_warps(rows, top_k, shared) <= 32 &&
-         down_threads(rows, top_k, shared) <= down_max_threads(rows);
+  return top_k >= 1 && rows <= most && down_warps(rows, top_k, shared) <= 32;
 }
 
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter) {
