@@ -1330,12 +1330,15 @@ struct GroupedCase {
 /// must match).
 constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1,   MoePipeline::spread, MoePipeline::regs,
                                          MoePipeline::ring, MoePipeline::split,  MoePipeline::slots};
+/// Whether slots runs B rows of k routes on the single-row kernels (up to cuda::kMaxRowsSlotsMoe
+/// rows, where their down launch fits: the one-row op's bytes); elsewhere it runs ring.
+bool on_slots(MoePipeline m, int B, int k, bool shared) {
+  return m == MoePipeline::slots && cuda::moe_grouped_on_slots(m, B, k, shared);
+}
 /// Whether a pipeline gives v1's bytes at B rows: split cuts each item's reduction into fixed parts
-/// (its own bytes); slots runs the single-row kernels up to cuda::kMaxRowsSlotsMoe rows (the
-/// one-row op's bytes) and ring above.
-bool gives_v1_bits(MoePipeline m, int B) {
-  if (m == MoePipeline::slots) return B > cuda::kMaxRowsSlotsMoe;
-  return m != MoePipeline::split;
+/// (its own bytes); slots on the single-row kernels gives the one-row op's.
+bool gives_v1_bits(MoePipeline m, int B, int k, bool shared) {
+  return m != MoePipeline::split && !on_slots(m, B, k, shared);
 }
 
 TEST_P(GpuBatch, MoeExpertsGrouped) {
@@ -1407,7 +1410,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         expect_outside_unchanged(got, want, mask, pwhat);
         if (pipe == MoePipeline::v1) {
           v1_bytes = got;
-        } else if (gives_v1_bits(pipe, B)) {
+        } else if (gives_v1_bits(pipe, B, k, c.shared)) {
           expect_bytes_equal(got, v1_bytes, pwhat + " against v1");
         } else {
           // Printed, not asserted: with few chunks (the tiny shape's rows are 2 chunks long) the
@@ -1418,7 +1421,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
           std::printf("[gpu-batch] %s: %zu of %zu outputs differ from v1's bytes\n", pwhat.c_str(), differ,
                       a.size());
         }
-        if (pipe == MoePipeline::slots && B <= cuda::kMaxRowsSlotsMoe) {
+        if (on_slots(pipe, B, k, c.shared)) {
           // The single-row kernels: every live row has the bytes of the one-row op on that row
           // alone (moe_experts_shared / moe_experts), and a padded row's stay poisoned (above).
           for (int r = 0; r < B; ++r) {

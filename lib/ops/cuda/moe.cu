@@ -246,6 +246,19 @@ __host__ __device__ constexpr int down_entries(int rows, int top_k, bool shared)
   return rows * top_k + (shared ? rows : 0);
 }
 constexpr int kDownPartEntries = 256;  // moe_down_slots_kernel's shared partial sums
+/// Most threads of a moe_down_slots_kernel block with kP pairs a warp: two pairs (four rows at
+/// top_k 8: 17 warps) get the registers their loads in flight need (at 1024 ptxas spilled).
+__host__ __device__ constexpr int down_max_threads(int kP) { return kP == 2 ? 576 : 1024; }
+/// Threads of a moe_down_slots_kernel block: per_block outputs x down_warps, at least 8 warps.
+__host__ __device__ constexpr int down_threads(int rows, int top_k, bool shared) {
+  const int warps = down_warps(rows, top_k, shared);
+  return (warps >= 8 ? warps : 8 / warps * warps) * kWarp;
+}
+/// Whether moe_down_slots_kernel takes rows x top_k (+ the shared expert) in one block.
+__host__ __device__ constexpr bool down_fits(int rows, int top_k, bool shared) {
+  return down_warps(rows, top_k, shared) <= 32 &&
+         down_threads(rows, top_k, shared) <= down_max_threads(down_pairs_per_warp(rows, top_k, shared));
+}
 
 /// This lane's share of kP dot products, pair j of weight row w[j] with activation row x[j] over
 /// 16-byte chunks [0, n_chunks): the loads of every pair issued before the first FMA (8 / kP per
@@ -286,7 +299,7 @@ __device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kP], const bf16
 /// walked the slots one after the other in one warp, a chain of top_k memory round trips per
 /// output; here the whole block's rows are in flight at once. Padded rows write nothing.
 template <int R, int kP>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(down_max_threads(kP))
     moe_down_slots_kernel(const bf16* down, const int32_t* slot, int first_expert, int num_local, int H, int I,
                           const int32_t* idx, const float* weights, int top_k, int per_block, const bf16* act,
                           float* out, SharedExpert sh) {
@@ -380,7 +393,7 @@ void launch_expert_rows(const LaunchCtx& ctx, const bf16* x, const int32_t* slot
   MTP_CUDA_LAUNCH_CHECK();
   const bool has_shared = sh.inter > 0;
   const int warps = down_warps(R, top_k, has_shared);
-  if (warps <= 32) {
+  if (down_fits(R, top_k, has_shared)) {
     // Warps per output: one per (row, slot) or per two of them, and the shared expert's; at least
     // 8 warps a block (e.g. 1 output x 9 slots, 8 x 1).
     const int per_block = std::max(1, warps_per_block / warps);
@@ -1432,7 +1445,7 @@ bool moe_grouped_on_slots(MoePipeline pipeline, int rows, int top_k, bool shared
   const int most = pipeline == MoePipeline::slots       ? kMaxRowsSlotsMoe
                    : pipeline == MoePipeline::automatic ? kMaxRowsSlotsMoeAuto
                                                         : 0;
-  return top_k >= 1 && rows <= most && down_warps(rows, top_k, shared) <= 32;
+  return top_k >= 1 && rows <= most && down_fits(rows, top_k, shared);
 }
 
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter) {

@@ -29,7 +29,8 @@ void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bia
 /// and per row for the shared expert.
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter);
 /// Most rows moe_pipeline slots runs on the single-row kernels (their down launch has a warp per
-/// (row, route) or per two, 32 at most); more rows take ring.
+/// (row, route) or per two, 32 at most; moe_grouped_on_slots says where they fit); more rows, and
+/// rows that do not fit, take ring.
 inline constexpr int kMaxRowsSlotsMoe = 4;
 /// Most rows moe_pipeline auto gives to slots (docs/kernels.md, "The grouped experts").
 inline constexpr int kMaxRowsSlotsMoeAuto = 2;
