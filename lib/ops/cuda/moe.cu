@@ -3,7 +3,9 @@
 //   (gate/up + activation, then down + weighted combine), warps streaming the expert rows with the
 //   GEMV family's lane dot product (slice_dot, device_common.cuh), expert ids read on the device;
 //   the shared expert runs in the same two launches as one more slot of weight 1, added last.
-// - Batched rows: the router per row, and the routed experts grouped over the batch.
+// - Batched rows: the router per row, and the routed experts grouped over the batch; at 1 .. 4
+//   rows (moe_pipeline slots, auto at 1 - 2) the single-row kernels instead, a warp per (row,
+//   route) and the shared expert's weights loaded once for all rows: each row the one-row bits.
 //
 // moe_route_batch: block b routes row b (one thread per expert, up to 1024): sigmoid, bias, group
 // limit, then every expert's packed key (biased score, lower id first on ties) is ranked against all
@@ -1514,10 +1516,11 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
       return launch_grouped<PipeSpread, PipeRegsDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::slots:  // more rows than the single-row kernels take: ring's
     case MoePipeline::automatic: {
-      // slots up to kMaxRowsSlotsMoeAuto rows (above). ring: measured fastest or level at every B (docs/kernels.md), where its deeper rings fit
-      // in shared memory; v1 (the least shared memory) otherwise. The same bits either way. split
-      // is faster as a launch at 1 - 2 rows but gave no step a gain (docs/kernels.md), so auto
-      // keeps ring's bits.
+      // slots up to kMaxRowsSlotsMoeAuto rows (above: the step at B = 2 measured faster, at 4
+      // slower; docs/kernels.md). Above that ring, measured fastest or level at every B, where its
+      // deeper rings fit in shared memory; v1 (the least shared memory) otherwise, the same bits.
+      // split is faster as a launch at 1 - 2 rows but gave no step a gain, so auto keeps ring's
+      // bits above the slots rows.
       const size_t ring_smem =
           std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
                    sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
