@@ -105,6 +105,30 @@ __device__ __forceinline__ void dot_rows_one_weight(const bf16* w_row, const bf1
   }
 }
 
+/// This lane's share of one x row's dot products with a gate row and an up row over 16-byte
+/// chunks [0, n_chunks): kMoeUnroll loads of each in flight, the chunks added in ascending order.
+__device__ __forceinline__ void gate_up_dot(const bf16* g_row, const bf16* u_row, const bf16* x, int n_chunks,
+                                            int lane, float& g, float& u) {
+  for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
+    uint4 gv[kMoeUnroll], uv[kMoeUnroll];
+#pragma unroll
+    for (int q = 0; q < kMoeUnroll; ++q) {
+      const int cc = c + q * kWarp;
+      gv[q] = cc < n_chunks ? load_stream(g_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+      uv[q] = cc < n_chunks ? load_stream(u_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int q = 0; q < kMoeUnroll; ++q) {
+      const int cc = c + q * kWarp;
+      if (cc < n_chunks) {
+        const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
+        g = dot_bf16x8(gv[q], xv, g);
+        u = dot_bf16x8(uv[q], xv, u);
+      }
+    }
+  }
+}
+
 /// act[b][s, i] = swiglu_act of row b's gate and up projections through the expert in its slot s
 /// (row b's activations at act + b * (top_k * I + shared inter)); zero for slots whose expert another
 /// rank owns; then the shared expert's rows, if any. One warp per (b, s, i), and one per shared row i
@@ -141,24 +165,7 @@ __global__ void __launch_bounds__(kMoeThreads)
       const size_t row = (static_cast<size_t>(local) * I + i) * H;
       const bf16* xb = x + static_cast<size_t>(b) * H;
       float g = 0.0f, u = 0.0f;
-      for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
-        uint4 gv[kMoeUnroll], uv[kMoeUnroll];
-#pragma unroll
-        for (int q = 0; q < kMoeUnroll; ++q) {
-          const int cc = c + q * kWarp;
-          gv[q] = cc < n_chunks ? load_stream(gate + row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-          uv[q] = cc < n_chunks ? load_stream(up + row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int q = 0; q < kMoeUnroll; ++q) {
-          const int cc = c + q * kWarp;
-          if (cc < n_chunks) {
-            const uint4 xv = load_cached(xb + static_cast<size_t>(cc) * 8);
-            g = dot_bf16x8(gv[q], xv, g);
-            u = dot_bf16x8(uv[q], xv, u);
-          }
-        }
-      }
+      gate_up_dot(gate + row, up + row, xb, n_chunks, lane, g, u);
       g = warp_sum(g);
       u = warp_sum(u);
       if (lane == 0) *a = swiglu_act(g, u, limit);
@@ -174,26 +181,9 @@ __global__ void __launch_bounds__(kMoeThreads)
       for (int b = 0; b < R; ++b) g[b] = u[b] = 0.0f;
       if constexpr (R == 1) {
         // One row: gate and up loads in flight together, as the routed rows.
-        const bf16* g_row = sh.gate + static_cast<size_t>(i) * H;
-        const bf16* u_row = sh.up + static_cast<size_t>(i) * H;
-        for (int c = lane; c < n_chunks; c += kWarp * kMoeUnroll) {
-          uint4 gv[kMoeUnroll], uv[kMoeUnroll];
-#pragma unroll
-          for (int q = 0; q < kMoeUnroll; ++q) {
-            const int cc = c + q * kWarp;
-            gv[q] = cc < n_chunks ? load_stream(g_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-            uv[q] = cc < n_chunks ? load_stream(u_row + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-          }
-#pragma unroll
-          for (int q = 0; q < kMoeUnroll; ++q) {
-            const int cc = c + q * kWarp;
-            if (cc < n_chunks && live[0]) {
-              const uint4 xv = load_cached(xs[0] + static_cast<size_t>(cc) * 8);
-              g[0] = dot_bf16x8(gv[q], xv, g[0]);
-              u[0] = dot_bf16x8(uv[q], xv, u[0]);
-            }
-          }
-        }
+        if (live[0])
+          gate_up_dot(sh.gate + static_cast<size_t>(i) * H, sh.up + static_cast<size_t>(i) * H, xs[0], n_chunks,
+                      lane, g[0], u[0]);
       } else {
         dot_rows_one_weight<R>(sh.gate + static_cast<size_t>(i) * H, xs, live, n_chunks, lane, g);
         dot_rows_one_weight<R>(sh.up + static_cast<size_t>(i) * H, xs, live, n_chunks, lane, u);
