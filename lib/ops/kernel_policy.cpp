@@ -162,7 +162,7 @@ const std::array<Field, 12> kFields{{
     field<MlaBatchSplitsField>("mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS", "auto (or 0), 1 .. 64",
                                batch_splits_from_env),
     field<ChoiceField<&KernelPolicy::moe_pipeline, kMoePipelineTexts>>("moe_pipeline", "MTPLAB_MOE_PIPELINE",
-                                                                       "auto, v1, spread, regs, ring, split"),
+                                                                       "auto, v1, spread, regs, ring, split, slots"),
     field<ChoiceField<&KernelPolicy::rows_linear, kRowsLinearTexts>>("rows_linear", "MTPLAB_ROWS_LINEAR",
                                                                      "auto, cublaslt, gemv"),
     field<ChoiceField<&KernelPolicy::mla_batch, kMlaBatchTexts>>("mla_batch", "MTPLAB_MLA_BATCH",

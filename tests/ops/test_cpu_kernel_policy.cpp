@@ -249,7 +249,7 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   variant.gemv_variant = static_cast<GemvVariant>(17);
   EXPECT_TRUE(contains(error_of([&] { validate(variant); }), "gemv_variant"));
   KernelPolicy pipeline;
-  pipeline.moe_pipeline = static_cast<MoePipeline>(6);
+  pipeline.moe_pipeline = static_cast<MoePipeline>(7);
   EXPECT_TRUE(contains(error_of([&] { validate(pipeline); }), "moe_pipeline"));
   KernelPolicy head;
   head.head_gemm = HeadGemm::gemv;
