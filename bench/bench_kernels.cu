@@ -895,6 +895,7 @@ void run_batched(Bench& b, ops::Backend& be) {
       {true, true, ops::HeadGemm::wgmma, " wgmma", {4, 8, 16, 32, 64, 128}},
       {true, false, ops::HeadGemm::automatic, " auto", {1, 2, 4, 8, 16, 32, 64, 128}},
       {false, true, ops::HeadGemm::cublaslt, " cublaslt", all_batches},
+      {true, true, ops::HeadGemm::cublaslt, " cublaslt", {2, 4, 8, 16, 32, 64, 128}},
   };
   for (const HeadCase& hc : head_cases) {
     const bool fp8 = hc.fp8;
@@ -1032,7 +1033,7 @@ void run_batched(Bench& b, ops::Backend& be) {
                                       ops::MoePipeline::ring, ops::MoePipeline::split,
                                       ops::MoePipeline::slots};
     for (const ops::MoePipeline pipe : pipes)
-      for (int B : {1, 2, 4, 16, 64, 128}) {
+      for (int B : {1, 2, 3, 4, 16, 64, 128}) {
         const bool forced = pipe != ops::MoePipeline::automatic;
         const std::string name = mtplab::str("batch moe_experts_grouped B=", B, forced ? " " : "",
                                              forced ? ops::to_string(pipe) : "");

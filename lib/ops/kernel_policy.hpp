@@ -68,11 +68,14 @@ enum class IndexerSelect { v1, v2 };
 /// "The FP8 head on wgmma"; two launches: x packed, then the GEMM with its argmax fused), at every
 /// batch size; it needs the sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a, the default) and fails with
 /// a clear error without it. automatic: BF16 rows per batch size from the measured table in
-/// cuda_backend.cpp; FP8 rows the multi-row GEMV at 1 .. cuda::kMaxRowsGemvHeadAuto rows, mma up to
-/// 16 rows, wgmma from cuda::kMinRowsWgmmaHead (17) rows where the build has sm_90a (mma
-/// otherwise), each from the measured comparison in docs/kernels.md. FP8 rows under cublaslt take
-/// mma (cuBLASLt's FP8 GEMMs want both operands in FP8); BF16 rows under gemv or wgmma take what
-/// automatic takes (there is no BF16 multi-row or wgmma head).
+/// cuda_backend.cpp; FP8 rows the multi-row GEMV at 1 .. cuda::kMaxRowsGemvHeadAuto rows and
+/// cublaslt from 4 rows where cuBLASLt has an FP8 algorithm for the shape (else mma up to 16 rows,
+/// wgmma from cuda::kMinRowsWgmmaHead (17) rows where the build has sm_90a), each from the measured
+/// comparison in docs/kernels.md. FP8 rows under cublaslt: x split into two E4M3 parts a row, so
+/// that cuBLASLt's FP8 GEMM takes it, the parts' fp32 sums scaled into BF16 logits, then the
+/// argmax and finish (docs/kernels.md, "The FP8 head on cuBLASLt"; the FP8 tensor core's rounding:
+/// logits within 1/1024 of the largest, not fp32 sums in another order); BF16 rows under gemv or
+/// wgmma take what automatic takes (there is no BF16 multi-row or wgmma head).
 enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
 /// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "The
 /// grouped experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in

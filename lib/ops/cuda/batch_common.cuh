@@ -331,6 +331,27 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2_shifted(uint32_t two, int sh
                                       ldexpf(__uint_as_float(two & 0xffff0000u), shift));
   return *reinterpret_cast<const uint32_t*>(&h);
 }
+// E4M3 activations for cuBLASLt's FP8 GEMM (the FP8 head under head_gemm cublaslt; docs/kernels.md,
+// "The FP8 head on cuBLASLt"): a batch row of x is scaled by 2^shift, shift = 7 - floor(log2
+// max|x|), so its largest magnitude falls in [2^7, 2^8) (E4M3's largest finite value is 448), and
+// split into two E4M3 parts, hi = E4M3(x') and lo = E4M3(x' - hi), both round-to-nearest. hi holds
+// x's 4 leading significant bits and lo the next 4, so hi + lo is x' exactly for every entry of
+// magnitude >= 2^-2 (2^-10 of the row's largest; below that lo falls into E4M3's subnormals and
+// rounds, by at most 2^-10). Rows of zeros keep shift 0; a row with a non-finite entry is marked
+// (kE4m3NonFinite) and its parts are NaN, so its logits are NaN (E4M3 has no infinity).
+constexpr int kE4m3NonFinite = 1 << 20;
+__device__ __forceinline__ int e4m3_row_shift(float max_abs) {
+  if (!isfinite(max_abs)) return kE4m3NonFinite;
+  return max_abs > 0.0f ? 7 - ilogbf(max_abs) : 0;
+}
+/// The two E4M3 parts of value v at `shift` (e4m3_row_shift): hi in the low byte, lo above.
+__device__ __forceinline__ uint32_t e4m3_parts(float v, int shift) {
+  const float s = shift == kE4m3NonFinite ? __int_as_float(0x7fffffff) : ldexpf(v, shift);
+  const __nv_fp8_storage_t hi = __nv_cvt_float_to_fp8(s, __NV_SATFINITE, __NV_E4M3);
+  const float hv = __half2float(__half(__nv_cvt_fp8_to_halfraw(hi, __NV_E4M3)));
+  const __nv_fp8_storage_t lo = __nv_cvt_float_to_fp8(s - hv, __NV_SATFINITE, __NV_E4M3);
+  return static_cast<uint32_t>(hi) | (static_cast<uint32_t>(lo) << 8);
+}
 /// The largest magnitude of a BF16 pair and m.
 __device__ __forceinline__ float bf16x2_max_abs(uint32_t two, float m) {
   return fmaxf(m, fmaxf(fabsf(__uint_as_float(two << 16)), fabsf(__uint_as_float(two & 0xffff0000u))));

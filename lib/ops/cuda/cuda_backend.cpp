@@ -133,6 +133,14 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algo{};
 };
 
+void destroy_plan(GemmPlan& plan) {
+  if (plan.a) cublasLtMatrixLayoutDestroy(plan.a);
+  if (plan.b) cublasLtMatrixLayoutDestroy(plan.b);
+  if (plan.c) cublasLtMatrixLayoutDestroy(plan.c);
+  if (plan.op) cublasLtMatmulDescDestroy(plan.op);
+  plan = GemmPlan{};
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -162,12 +170,8 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     // Destructors must not throw: errors here are reported by the next CUDA call, if any.
     cudaStreamSynchronize(ctx_.stream);
-    for (auto& [key, plan] : plans_) {
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.c);
-      cublasLtMatmulDescDestroy(plan.op);
-    }
+    for (auto& [key, plan] : plans_) destroy_plan(plan);
+    for (auto& [key, plan] : fp8_plans_) destroy_plan(plan);
     cublasLtDestroy(lt_);
     cudaFree(workspace_);
     cudaFree(argmax_.partials);
@@ -521,8 +525,8 @@ class CudaBackend final : public Backend {
     }
     if (logits)
       MTP_REQUIRE(ld_logits >= n, "ops::cuda::head_argmax_batch: ld_logits ", ld_logits, " < n ", n);
-    if (!W_fp8 && head_lt_wanted(rows)) {
-      head_argmax_lt(W, x, slot, rows, n, k, index_base, logits, ld_logits, out, extras);
+    if (W_fp8 ? fp8_head_lt_wanted(rows, n, k) : head_lt_wanted(rows)) {
+      head_argmax_lt(W, W_fp8, row_scale, x, slot, rows, n, k, index_base, logits, ld_logits, out, extras);
       return;
     }
     const cuda::HeadBatchScratch s = head_batch_scratch(W_fp8 ? k : 0);
@@ -768,28 +772,61 @@ class CudaBackend final : public Backend {
     return rows >= kHeadLtMinRows;
   }
   static constexpr int kHeadLtMinRows = 2;
+  /// The FP8 head through cuBLASLt's FP8 GEMM (head_argmax_lt): under cublaslt always, under
+  /// automatic from kFp8HeadLtMinRows rows; in both only where cuBLASLt has an algorithm for the
+  /// shape (fp8_plan_for), else the fused kernels (cuda::head_argmax_batch) as before.
+  bool fp8_head_lt_wanted(int rows, int n, int k) {
+    const HeadGemm h = ctx_.policy.head_gemm;
+    if (h != HeadGemm::cublaslt && !(h == HeadGemm::automatic && rows >= kFp8HeadLtMinRows)) return false;
+    return fp8_plan_for(std::min(rows, cuda::kMaxBatchRows), n, k) != nullptr;
+  }
+  /// Measured on an H200 (docs/kernels.md, "The FP8 head on cuBLASLt"; graph mode, per launch):
+  /// 164 / 170 / 179 / 200 / 242 / 395 us at 4 / 8 / 16 / 32 / 64 / 128 rows against the fused
+  /// kernels' 189 / 190 / 252 / 279 / 330 / 467, and 161 against the multi-row GEMV's 155 at 2 rows.
+  static constexpr int kFp8HeadLtMinRows = 4;
   /// head_argmax_batch through cuBLASLt: logits [r][n] into scratch, the per-row argmax over them,
-  /// then head_finish_rows writes the live rows' results (and their logits when wanted).
-  void head_argmax_lt(const bf16* W, const bf16* x, const int32_t* slot, int rows, int n, int k,
-                      int64_t index_base, bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras) {
+  /// then head_finish_rows writes the live rows' results (and their logits when wanted). FP8 rows
+  /// (W_fp8): x split into two E4M3 parts a row (cuda::head_split_e4m3), cuBLASLt's FP8 GEMM of W
+  /// and the parts into fp32 [2r][n], then one pass over it that scales the parts' sums into the
+  /// BF16 logits (stored only when wanted) and takes their argmax (cuda::head_combine_argmax_e4m3),
+  /// and the finish.
+  void head_argmax_lt(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
+                      const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits, int ld_logits,
+                      ArgMax* out, HeadExtras extras) {
     const char* op = "head_argmax_batch (cublaslt)";
     // Sized for a full launch of kMaxBatchRows rows whatever this call's rows, so that a graph
     // captured at a larger batch bucket than the eager call before it needs no growth (Scratch
     // refuses to grow while capturing).
     const int chunk = cuda::kMaxBatchRows;
-    const size_t logit_bytes = (sizeof(bf16) * static_cast<size_t>(chunk) * n + 255) / 256 * 256;
-    auto* base =
-        static_cast<uint8_t*>(head_lt_scratch_.ensure(logit_bytes + sizeof(ArgMax) * chunk, ctx_.stream, op));
+    const size_t logit_bytes = W_fp8 ? 0 : (sizeof(bf16) * static_cast<size_t>(chunk) * n + 255) / 256 * 256;
+    const size_t pair_bytes = (sizeof(ArgMax) * chunk + 255) / 256 * 256;
+    const size_t d_bytes = W_fp8 ? sizeof(float) * 2 * static_cast<size_t>(chunk) * n : 0;
+    const size_t part_bytes = W_fp8 ? (2 * static_cast<size_t>(chunk) * k + 255) / 256 * 256 : 0;
+    const size_t shift_bytes = W_fp8 ? sizeof(int) * chunk : 0;
+    auto* base = static_cast<uint8_t*>(
+        head_lt_scratch_.ensure(logit_bytes + pair_bytes + d_bytes + part_bytes + shift_bytes, ctx_.stream, op));
     auto* buf = reinterpret_cast<bf16*>(base);
     auto* pairs = reinterpret_cast<ArgMax*>(base + logit_bytes);
+    auto* D = reinterpret_cast<float*>(base + logit_bytes + pair_bytes);
+    auto* parts = base + logit_bytes + pair_bytes + d_bytes;
+    auto* shifts = reinterpret_cast<int*>(parts + part_bytes);
     for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
       const int r = std::min(cuda::kMaxBatchRows, rows - b0);
-      gemm(W, x + static_cast<size_t>(b0) * k, buf, false, r, n, k);
-      cuda::argmax_batch(ctx_, buf, n, r, n, index_base, pairs, argmax_);
+      const int32_t* sl = slot ? slot + b0 : nullptr;
+      bf16* dst = logits ? logits + static_cast<size_t>(b0) * ld_logits : nullptr;
       const HeadExtras e{extras.key ? extras.key + b0 : nullptr, extras.token ? extras.token + b0 : nullptr};
-      cuda::head_finish_rows(ctx_, pairs, slot ? slot + b0 : nullptr, r, buf, n,
-                             logits ? logits + static_cast<size_t>(b0) * ld_logits : nullptr, ld_logits,
-                             out + b0, e);
+      if (W_fp8) {
+        // The logits go straight to dst (the combine is the argmax's pass): finish copies nothing.
+        cuda::head_split_e4m3(ctx_, x + static_cast<size_t>(b0) * k, sl, r, k, parts, shifts);
+        gemm_fp8(W_fp8, parts, D, r, n, k);
+        cuda::head_combine_argmax_e4m3(ctx_, D, r, n, row_scale, shifts, sl, index_base, dst, ld_logits, pairs,
+                                       argmax_);
+        cuda::head_finish_rows(ctx_, pairs, sl, r, nullptr, n, nullptr, ld_logits, out + b0, e);
+      } else {
+        gemm(W, x + static_cast<size_t>(b0) * k, buf, false, r, n, k);
+        cuda::argmax_batch(ctx_, buf, n, r, n, index_base, pairs, argmax_);
+        cuda::head_finish_rows(ctx_, pairs, sl, r, buf, n, dst, ld_logits, out + b0, e);
+      }
     }
   }
   /// The head's per-row keys and counter: zero when allocated, reset by every launch's last block.
@@ -919,6 +956,62 @@ class CudaBackend final : public Backend {
                                     &plan.algo, workspace_, kWorkspaceBytes, ctx_.stream));
   }
 
+  /// D[2 rows, n] (fp32) = parts[2 rows, k] (E4M3) W[n, k]^T (E4M3): cuBLASLt's FP8 GEMM in its
+  /// accurate accumulation (no fast accumulation), unit scales (the row scales are the combine's).
+  void gemm_fp8(const fp8e4m3* W, const uint8_t* parts, float* D, int rows, int n, int k) {
+    const GemmPlan* plan = fp8_plan_for(rows, n, k);
+    MTP_REQUIRE(plan != nullptr, "ops::cuda::head_argmax_batch (cublaslt): cuBLASLt has no FP8 algorithm for [",
+                2 * rows, " x ", k, "] x [", n, " x ", k, "]^T");
+    const float alpha = 1.0f, beta = 0.0f;
+    MTP_CUBLAS_CHECK(cublasLtMatmul(lt_, plan->op, &alpha, W, plan->a, parts, plan->b, &beta, D, plan->c, D,
+                                    plan->c, &plan->algo, workspace_, kWorkspaceBytes, ctx_.stream));
+  }
+  /// The FP8 plan for `rows` batch rows (2 rows of parts), or nullptr where cuBLASLt has none; the
+  /// scratch pointers are 256-byte aligned (head_argmax_lt), so the plan depends on the shape only.
+  const GemmPlan* fp8_plan_for(int rows, int n, int k) {
+    const auto key = std::make_tuple(rows, n, k);
+    auto it = fp8_plans_.find(key);
+    if (it == fp8_plans_.end()) it = fp8_plans_.emplace(key, make_fp8_plan(rows, n, k)).first;
+    return it->second.op ? &it->second : nullptr;
+  }
+  GemmPlan make_fp8_plan(int rows, int n, int k) {
+    GemmPlan plan;
+    MTP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+    const int8_t fast_accum = 0;
+    MTP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+    MTP_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    MTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
+                                                    sizeof(fast_accum)));
+    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, k, n, k));
+    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, k, 2 * rows, k));
+    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, 2 * rows, n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kWorkspaceBytes;
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    MTP_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // An unsupported combination is a status, not an error: the caller falls back (or names it).
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
+      log_debug("ops::cuda: cuBLASLt has no FP8 algorithm for [", 2 * rows, " x ", k, "] x [", n, " x ", k,
+                "]^T (status ", static_cast<int>(st), ")");
+      cublasLtMatrixLayoutDestroy(plan.a);
+      cublasLtMatrixLayoutDestroy(plan.b);
+      cublasLtMatrixLayoutDestroy(plan.c);
+      cublasLtMatmulDescDestroy(plan.op);
+      return GemmPlan{};
+    }
+    plan.algo = result.algo;
+    return plan;
+  }
+
   GemmPlan make_plan(int rows, int n, int k, bool f32_out, uint32_t align) {
     GemmPlan plan;
     MTP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -975,6 +1068,7 @@ class CudaBackend final : public Backend {
   bool stats_zeroed_ = false;
   cuda::HeadBatchScratch head_batch_;
   std::map<std::tuple<int, int, int, bool, uint32_t>, GemmPlan> plans_;
+  std::map<std::tuple<int, int, int>, GemmPlan> fp8_plans_;  // op == nullptr: no algorithm
 };
 
 }  // namespace

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cfloat>
 #include <cstdint>
 
 #include "ops/cuda/batch_common.cuh"
@@ -2179,6 +2180,115 @@ __global__ void __launch_bounds__(kFinishThreads)
   for (int i = threadIdx.x; i < n; i += blockDim.x) row[i] = src[i];
 }
 }  // namespace
+
+namespace {
+constexpr int kSplitThreads = 256;
+/// Block b: batch row b's largest magnitude (a non-finite entry counts as infinite), its shift,
+/// then its two E4M3 parts as rows 2b and 2b + 1 of `parts` (k bytes each); a padded row's parts
+/// are zeros.
+__global__ void __launch_bounds__(kSplitThreads) head_split_e4m3_kernel(const bf16* x, const int32_t* slot, int k,
+                                                                         uint8_t* parts, int* shifts) {
+  pdl_begin();
+  __shared__ float s_max[kSplitThreads / kWarp];
+  const int b = blockIdx.x;
+  const bool live = slot == nullptr || slot[b] >= 0;
+  const bf16* xr = x + static_cast<size_t>(b) * k;
+  float m = 0.0f;
+  if (live)
+    for (int col = 2 * threadIdx.x; col < k; col += 2 * blockDim.x) {
+      const uint32_t two = *reinterpret_cast<const uint32_t*>(xr + col);
+      const float a = fabsf(__uint_as_float(two << 16)), c = fabsf(__uint_as_float(two & 0xffff0000u));
+      m = !(a <= FLT_MAX) || !(c <= FLT_MAX) ? INFINITY : fmaxf(m, fmaxf(a, c));  // NaN or inf: not finite
+    }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % kWarp == 0) s_max[threadIdx.x / kWarp] = m;
+  __syncthreads();
+  m = 0.0f;
+  for (int w = 0; w < kSplitThreads / kWarp; ++w) m = fmaxf(m, s_max[w]);
+  const int shift = batch::e4m3_row_shift(m);
+  if (threadIdx.x == 0) shifts[b] = live ? shift : 0;
+  uint8_t* hi = parts + static_cast<size_t>(2 * b) * k;
+  uint8_t* lo = hi + k;
+  for (int c4 = 4 * threadIdx.x; c4 < k; c4 += 4 * blockDim.x) {  // k % 16 == 0
+    uint32_t h = 0, l = 0;
+    if (live) {
+      const uint2 four = *reinterpret_cast<const uint2*>(xr + c4);
+      const float v[4] = {__uint_as_float(four.x << 16), __uint_as_float(four.x & 0xffff0000u),
+                          __uint_as_float(four.y << 16), __uint_as_float(four.y & 0xffff0000u)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const uint32_t p2 = batch::e4m3_parts(v[e], shift);
+        h |= (p2 & 0xffu) << (8 * e);
+        l |= (p2 >> 8) << (8 * e);
+      }
+    }
+    *reinterpret_cast<uint32_t*>(hi + c4) = h;
+    *reinterpret_cast<uint32_t*>(lo + c4) = l;
+  }
+}
+
+/// Grid (parts, rows): part p of live row b's logits, logit j = BF16(scale[j] (D[2b][j] +
+/// D[2b + 1][j])) with the row's shift taken out (exact), NaN for a row marked not finite; stored
+/// to dst (row b at dst + b * ld_dst) when dst is not null, and the part's best argmax_key into
+/// keys[b * parts + p] (argmax_parts_reduce_kernel finishes the rows). Padded rows: nothing.
+__global__ void __launch_bounds__(kArgmaxRowThreads)
+    head_combine_argmax_e4m3_kernel(const float* D, int n, const float* row_scale, const int* shifts,
+                                    const int32_t* slot, int64_t index_base, bf16* dst, int ld_dst,
+                                    unsigned long long* keys) {
+  pdl_begin();
+  __shared__ unsigned long long s_best[kArgmaxRowThreads / kWarp];
+  const int b = blockIdx.y, part = blockIdx.x, parts = gridDim.x;
+  if (slot && slot[b] < 0) return;  // the whole block
+  const int sh = shifts[b];
+  const float* hi = D + static_cast<size_t>(2 * b) * n;
+  const float* lo = hi + n;
+  bf16* out = dst ? dst + static_cast<size_t>(b) * ld_dst : nullptr;
+  const int j0 = static_cast<int>(static_cast<int64_t>(part) * n / parts);
+  const int j1 = static_cast<int>(static_cast<int64_t>(part + 1) * n / parts);
+  unsigned long long best = 0;
+  for (int j = j0 + static_cast<int>(threadIdx.x); j < j1; j += blockDim.x) {
+    const float v = __fmul_rn(row_scale[j], __fadd_rn(hi[j], lo[j]));
+    const bf16 lv = f_to_bf16(sh == batch::kE4m3NonFinite ? __int_as_float(0x7fffffff) : ldexpf(v, -sh));
+    if (out) out[j] = lv;
+    const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(index_base + j));
+    best = key > best ? key : best;
+  }
+  best = warp_max_u64(best);
+  if (threadIdx.x % kWarp == 0) s_best[threadIdx.x / kWarp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxRowThreads / kWarp; ++w) best = s_best[w] > best ? s_best[w] : best;
+    keys[static_cast<size_t>(b) * parts + part] = best > s_best[0] ? best : s_best[0];
+  }
+}
+}  // namespace
+
+void head_split_e4m3(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, int rows, int k, uint8_t* parts,
+                     int* shifts) {
+  MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && k >= 16 && k % 16 == 0, "ops::cuda::head_split_e4m3: rows ",
+              rows, " (1 .. ", kMaxBatchRows, "), k ", k, " (a positive multiple of 16)");
+  require_aligned16("head_split_e4m3", "x", x);
+  launch(ctx, head_split_e4m3_kernel, static_cast<unsigned>(rows), kSplitThreads, 0, x, slot, k, parts, shifts);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void head_combine_argmax_e4m3(const LaunchCtx& ctx, const float* D, int rows, int n, const float* row_scale,
+                              const int* shifts, const int32_t* slot, int64_t index_base, bf16* dst, int ld_dst,
+                              ArgMax* pairs, const ArgmaxScratch& scratch) {
+  // About two blocks per multiprocessor over the batch, at least 4 values per thread of a part (as
+  // argmax_batch), then one warp per row reduces the parts' keys.
+  const int per_part = kArgmaxRowThreads * 4;
+  const int parts = std::max(1, std::min({(2 * ctx.num_sms + rows - 1) / rows, (n + per_part - 1) / per_part,
+                                          scratch.capacity / rows, 64}));
+  launch(ctx, head_combine_argmax_e4m3_kernel, dim3(static_cast<unsigned>(parts), static_cast<unsigned>(rows)),
+         kArgmaxRowThreads, 0, D, n, row_scale, shifts, slot, index_base, dst, ld_dst, scratch.partials);
+  MTP_CUDA_LAUNCH_CHECK();
+  constexpr int kReduceWarps = 4;
+  launch(ctx, argmax_parts_reduce_kernel, (rows + kReduceWarps - 1) / kReduceWarps, kReduceWarps * kWarp, 0,
+         static_cast<const unsigned long long*>(scratch.partials), parts, rows, pairs);
+  MTP_CUDA_LAUNCH_CHECK();
+}
 
 void head_finish_rows(const LaunchCtx& ctx, const ArgMax* pairs, const int32_t* slot, int rows,
                       const bf16* logits, int n, bf16* dst, int ld_dst, ArgMax* out, HeadExtras extras) {
