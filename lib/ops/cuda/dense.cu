@@ -1827,6 +1827,17 @@ void dispatch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p, int rows)
 
 constexpr int kArgmaxRowThreads = 512;
 
+/// The largest of every thread's key in a block of kArgmaxRowThreads (s: one slot a warp); valid
+/// in thread 0.
+__device__ __forceinline__ unsigned long long block_max_key(unsigned long long best, unsigned long long* s) {
+  best = warp_max_u64(best);
+  if (threadIdx.x % kWarp == 0) s[threadIdx.x / kWarp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int w = 0; w < kArgmaxRowThreads / kWarp; ++w) best = s[w] > best ? s[w] : best;
+  return best;
+}
+
 /// Block b: the argmax of row b (16-byte loads when the rows are aligned), ties to the lowest index.
 __global__ void __launch_bounds__(kArgmaxRowThreads)
     argmax_rows_kernel(const bf16* x, int ld_x, int n, int64_t index_base, ArgMax* out, int vec) {
@@ -1852,11 +1863,8 @@ __global__ void __launch_bounds__(kArgmaxRowThreads)
     const unsigned long long key = argmax_key(bf16_to_f(row[i]), static_cast<int32_t>(index_base + i));
     best = key > best ? key : best;
   }
-  best = warp_max_u64(best);
-  if (threadIdx.x % kWarp == 0) s_best[threadIdx.x / kWarp] = best;
-  __syncthreads();
+  best = block_max_key(best, s_best);
   if (threadIdx.x == 0) {
-    for (int w = 0; w < kArgmaxRowThreads / kWarp; ++w) best = s_best[w] > best ? s_best[w] : best;
     ArgMax a;
     a.value = from_order_preserving_u32(static_cast<uint32_t>(best >> 32));
     a.index = static_cast<int32_t>(~static_cast<uint32_t>(best & 0xffffffffull));
@@ -1900,13 +1908,8 @@ __global__ void __launch_bounds__(kArgmaxRowThreads)
       best = key > best ? key : best;
     }
   }
-  best = warp_max_u64(best);
-  if (threadIdx.x % kWarp == 0) s_best[threadIdx.x / kWarp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 0; w < kArgmaxRowThreads / kWarp; ++w) best = s_best[w] > best ? s_best[w] : best;
-    keys[static_cast<size_t>(blockIdx.y) * parts + part] = best;
-  }
+  best = block_max_key(best, s_best);
+  if (threadIdx.x == 0) keys[static_cast<size_t>(blockIdx.y) * parts + part] = best;
 }
 
 /// Warp b: row b's largest key over its parts, as the ArgMax pair (ties: lowest index, the key's).
@@ -2254,13 +2257,8 @@ __global__ void __launch_bounds__(kArgmaxRowThreads)
     const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(index_base + j));
     best = key > best ? key : best;
   }
-  best = warp_max_u64(best);
-  if (threadIdx.x % kWarp == 0) s_best[threadIdx.x / kWarp] = best;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kArgmaxRowThreads / kWarp; ++w) best = s_best[w] > best ? s_best[w] : best;
-    keys[static_cast<size_t>(b) * parts + part] = best > s_best[0] ? best : s_best[0];
-  }
+  best = block_max_key(best, s_best);
+  if (threadIdx.x == 0) keys[static_cast<size_t>(b) * parts + part] = best;
 }
 }  // namespace
 
