@@ -778,7 +778,10 @@ class CudaBackend final : public Backend {
   bool fp8_head_lt_wanted(int rows, int n, int k) {
     const HeadGemm h = ctx_.policy.head_gemm;
     if (h != HeadGemm::cublaslt && !(h == HeadGemm::automatic && rows >= kFp8HeadLtMinRows)) return false;
-    return fp8_plan_for(std::min(rows, cuda::kMaxBatchRows), n, k) != nullptr;
+    // Every launch's rows: kMaxBatchRows at a time, then the rest.
+    const int rest = rows % cuda::kMaxBatchRows;
+    return (rows < cuda::kMaxBatchRows || fp8_plan_for(cuda::kMaxBatchRows, n, k) != nullptr) &&
+           (rest == 0 || fp8_plan_for(rest, n, k) != nullptr);
   }
   /// Measured on an H200 (docs/kernels.md, "The FP8 head on cuBLASLt"; graph mode, per launch):
   /// 164 / 170 / 179 / 200 / 242 / 395 us at 4 / 8 / 16 / 32 / 64 / 128 rows against the fused
