@@ -977,39 +977,46 @@ class CudaBackend final : public Backend {
     if (it == fp8_plans_.end()) it = fp8_plans_.emplace(key, make_fp8_plan(rows, n, k)).first;
     return it->second.op ? &it->second : nullptr;
   }
-  GemmPlan make_fp8_plan(int rows, int n, int k) {
-    GemmPlan plan;
+  /// The fp32-compute operation both plans use: D = op_T(A) * B.
+  static void create_tn_op(GemmPlan& plan) {
     MTP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    const int8_t fast_accum = 0;
     MTP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
     MTP_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-    MTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
-                                                    sizeof(fast_accum)));
-    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, k, n, k));
-    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, k, 2 * rows, k));
-    MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, 2 * rows, n));
+  }
+  GemmPlan make_fp8_plan(int rows, int n, int k) {
+    GemmPlan plan;
     cublasLtMatmulPreference_t pref = nullptr;
-    MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t ws = kWorkspaceBytes;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    MTP_CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    // An unsupported combination is a status, not an error: the caller falls back (or names it).
-    const cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+    try {
+      create_tn_op(plan);
+      const int8_t fast_accum = 0;
+      MTP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast_accum,
+                                                      sizeof(fast_accum)));
+      MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_8F_E4M3, k, n, k));
+      MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_8F_E4M3, k, 2 * rows, k));
+      MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, 2 * rows, n));
+      MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const size_t ws = kWorkspaceBytes;
+      MTP_CUBLAS_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      // An unsupported combination is a status, not an error: the caller falls back (or names it).
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+    } catch (...) {
+      if (pref) cublasLtMatmulPreferenceDestroy(pref);
+      destroy_plan(plan);
+      throw;
+    }
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found < 1) {
       log_debug("ops::cuda: cuBLASLt has no FP8 algorithm for [", 2 * rows, " x ", k, "] x [", n, " x ", k,
                 "]^T (status ", static_cast<int>(st), ")");
-      cublasLtMatrixLayoutDestroy(plan.a);
-      cublasLtMatrixLayoutDestroy(plan.b);
-      cublasLtMatrixLayoutDestroy(plan.c);
-      cublasLtMatmulDescDestroy(plan.op);
-      return GemmPlan{};
+      destroy_plan(plan);  // op == nullptr: no algorithm
+      return plan;
     }
     plan.algo = result.algo;
     return plan;
@@ -1017,12 +1024,7 @@ class CudaBackend final : public Backend {
 
   GemmPlan make_plan(int rows, int n, int k, bool f32_out, uint32_t align) {
     GemmPlan plan;
-    MTP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
-    MTP_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-    MTP_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+    create_tn_op(plan);
     MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, CUDA_R_16BF, k, n, k));
     MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, CUDA_R_16BF, k, rows, k));
     MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, f32_out ? CUDA_R_32F : CUDA_R_16BF, n, rows, n));

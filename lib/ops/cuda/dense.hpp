@@ -138,8 +138,6 @@ void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool
 /// times f32_scale, as scale_f32). 1 .. kMaxLinearGroup outputs; the scratch sized for their summed n.
 void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int rows, int k,
                      const RowsGemvScratch& s);
-/// out[b] = argmax of row b (x + b * ld_x, n values): one block per row (rows = 1: the single-row
-/// multi-block kernel).
 /// The FP8 head on cuBLASLt (KernelPolicy::head_gemm cublaslt; docs/kernels.md, "The FP8 head on
 /// cuBLASLt"), first launch: each live row b of x [rows][k] as two E4M3 parts, rows 2b (hi) and
 /// 2b + 1 (lo) of parts [2 rows][k] (batch::e4m3_parts: x times 2^shifts[b]), zeros for a padded
@@ -159,6 +157,8 @@ void head_combine_argmax_e4m3(const LaunchCtx& ctx, const float* D, int rows, in
 /// dst is not null, row b of logits [rows][n] copied to dst + b * ld_dst. Padded rows: nothing.
 void head_finish_rows(const LaunchCtx& ctx, const ArgMax* pairs, const int32_t* slot, int rows,
                       const bf16* logits, int n, bf16* dst, int ld_dst, ArgMax* out, HeadExtras extras);
+/// out[b] = argmax of row b (x + b * ld_x, n values): one block per row (rows = 1: the single-row
+/// multi-block kernel).
 void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n, int64_t index_base,
                   ArgMax* out, const ArgmaxScratch& single_row);
 void argmax_unpack_key_batch(const LaunchCtx& ctx, const uint64_t* key, int32_t* token, int rows);

@@ -1507,8 +1507,9 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     case MoePipeline::slots:  // more rows than the single-row kernels take: ring's
     case MoePipeline::automatic: {
       // slots up to kMaxRowsSlotsMoeAuto rows (the step at B = 2 and the launch at 3 measured
-      // faster, the launch at 4 slower; docs/kernels.md). Above that ring, measured fastest or level at every B, where its
-      // deeper rings fit in shared memory; v1 (the least shared memory) otherwise, the same bits.
+      // faster, the launch at 4 slower; docs/kernels.md). Above that ring, measured fastest or
+      // level at every B, where its deeper rings fit in shared memory; v1 (the least shared
+      // memory) otherwise, the same bits.
       // split is faster as a launch at 1 - 2 rows but gave no step a gain, so auto keeps ring's
       // bits above the slots rows.
       const size_t ring_smem =
