@@ -1031,7 +1031,7 @@ void run_batched(Bench& b, ops::Backend& be) {
     const ops::MoePipeline pipes[] = {ops::MoePipeline::automatic, ops::MoePipeline::v1,
                                       ops::MoePipeline::spread, ops::MoePipeline::regs,
                                       ops::MoePipeline::ring, ops::MoePipeline::split,
-                                      ops::MoePipeline::slots};
+                                      ops::MoePipeline::slots, ops::MoePipeline::ringpf};
     for (const ops::MoePipeline pipe : pipes)
       for (int B : {1, 2, 3, 4, 16, 64, 128}) {
         const bool forced = pipe != ops::MoePipeline::automatic;
@@ -1147,9 +1147,9 @@ void run_batched(Bench& b, ops::Backend& be) {
     }
   }
   // The batched pool scores at a context of 4096 rows (1024 candidate pools per row) in slots of
-  // 65536 rows (16384 pools: the rest of each row is written -inf, as in the draft step). Bytes:
-  // each row's candidate keys and its query, and its scores row.
-  for (int B : {16, 64, 128}) {
+  // 65536 rows (16384 pools: the rest of each row is written -inf, as in the draft step), under both
+  // kernels. Bytes: each row's candidate keys and its query, and its scores row.
+  for (int B : {1, 16, 32, 64, 128}) {
     const std::string name = mtplab::str("batch indexer_scores B=", B);
     if (!b.selected(name)) continue;
     const int max_rows = 65536, max_pools = max_rows / kPool, ctx_rows = 4096;
@@ -1170,12 +1170,17 @@ void run_batched(Bench& b, ops::Backend& be) {
     float* scores = static_cast<float*>(b.alloc(sizeof(float) * static_cast<size_t>(B) * max_pools));
     const double bytes = static_cast<double>(B) * (4.0 * (ctx_rows / kPool) * kIndexDim +
                                                    4.0 * kIndexHeads * (kIndexDim + 1) + 4.0 * max_pools);
-    b.measure(name, dims({B, ctx_rows / kPool, kIndexHeads, kIndexDim}), bytes, 1,
-              [&](int) { be.indexer_scores_batch(q, w, slots, pos, B, idx, scores, kIndexHeads); });
+    // Both kernels (same bits), named in the row.
+    for (const auto kernel : {ops::IndexerScores::pools4, ops::IndexerScores::tiled}) {
+      const PolicyScope use(be, [kernel](ops::KernelPolicy& p) { p.indexer_scores = kernel; });
+      b.measure(name + " " + ops::to_string(kernel), dims({B, ctx_rows / kPool, kIndexHeads, kIndexDim}),
+                bytes, 1,
+                [&](int) { be.indexer_scores_batch(q, w, slots, pos, B, idx, scores, kIndexHeads); });
+    }
     b.release_all();
   }
   // Absorb and out_v over W_kvb (once for all rows).
-  for (int B : {16, 128}) {
+  for (int B : {1, 16, 128}) {
     const std::string absorb = mtplab::str("batch mla_absorb_q B=", B),
                       outv = mtplab::str("batch mla_out_v B=", B);
     if (!b.selected(absorb) && !b.selected(outv)) continue;

@@ -25,10 +25,13 @@ const std::initializer_list<std::string_view> kGemvVariantTexts = {"auto",  "v1"
                                                                    "rows4", "occ", "fp8split"};
 const std::initializer_list<std::string_view> kVersionTexts = {"v1", "v2"};  // MlaDecode, IndexerSelect
 const std::initializer_list<std::string_view> kHeadGemmTexts = {"auto", "mma", "cublaslt", "gemv", "wgmma"};
-const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1", "spread", "regs",
-                                                                   "ring", "split", "slots"};
+const std::initializer_list<std::string_view> kMoePipelineTexts = {"auto", "v1",    "spread", "regs",
+                                                                   "ring", "split", "slots",  "ringpf"};
 const std::initializer_list<std::string_view> kRowsLinearTexts = {"auto", "cublaslt", "gemv"};
 const std::initializer_list<std::string_view> kMlaBatchTexts = {"auto", "tiles", "shared", "shared2", "shared32"};
+const std::initializer_list<std::string_view> kIndexerScoresTexts = {"auto", "pools4", "tiled"};
+static_assert(static_cast<int>(IndexerScores::pools4) == 1 && static_cast<int>(IndexerScores::tiled) == 2,
+              "kIndexerScoresTexts follows IndexerScores' order");
 static_assert(static_cast<int>(MlaBatch::tiles) == 1 && static_cast<int>(MlaBatch::shared2) == 3 &&
                   static_cast<int>(MlaBatch::shared32) == 4,
               "kMlaBatchTexts follows MlaBatch's order");
@@ -39,7 +42,7 @@ static_assert(static_cast<int>(GemvVariant::automatic) == 0 && static_cast<int>(
                   static_cast<int>(HeadGemm::cublaslt) == 2 && static_cast<int>(HeadGemm::gemv) == 3 &&
                   static_cast<int>(HeadGemm::wgmma) == 4 &&
                   static_cast<int>(MoePipeline::ring) == 4 && static_cast<int>(MoePipeline::split) == 5 &&
-                  static_cast<int>(MoePipeline::slots) == 6,
+                  static_cast<int>(MoePipeline::slots) == 6 && static_cast<int>(MoePipeline::ringpf) == 7,
               "the texts above follow the enums' order");
 
 template <typename E>
@@ -146,7 +149,7 @@ bool batch_splits_from_env(KernelPolicy& p, const char* env) {
   return v.has_value();
 }
 
-const std::array<Field, 12> kFields{{
+const std::array<Field, 13> kFields{{
     field<ChoiceField<&KernelPolicy::gemv_variant, kGemvVariantTexts>>(
         "gemv_variant", "MTPLAB_GEMV_VARIANT", "auto, v1, rows2, rows4, occ, fp8split"),
     field<GemvSplitField>("gemv_split", "MTPLAB_GEMV_SPLIT", "auto (or 0), 1, 2, 4, 8", split_from_env),
@@ -161,12 +164,14 @@ const std::array<Field, 12> kFields{{
                                                                  "auto, mma, cublaslt, gemv, wgmma"),
     field<MlaBatchSplitsField>("mla_batch_splits", "MTPLAB_MLA_BATCH_SPLITS", "auto (or 0), 1 .. 64",
                                batch_splits_from_env),
-    field<ChoiceField<&KernelPolicy::moe_pipeline, kMoePipelineTexts>>("moe_pipeline", "MTPLAB_MOE_PIPELINE",
-                                                                       "auto, v1, spread, regs, ring, split, slots"),
+    field<ChoiceField<&KernelPolicy::moe_pipeline, kMoePipelineTexts>>(
+        "moe_pipeline", "MTPLAB_MOE_PIPELINE", "auto, v1, spread, regs, ring, split, slots, ringpf"),
     field<ChoiceField<&KernelPolicy::rows_linear, kRowsLinearTexts>>("rows_linear", "MTPLAB_ROWS_LINEAR",
                                                                      "auto, cublaslt, gemv"),
     field<ChoiceField<&KernelPolicy::mla_batch, kMlaBatchTexts>>("mla_batch", "MTPLAB_MLA_BATCH",
                                                                  "auto, tiles, shared, shared2, shared32"),
+    field<ChoiceField<&KernelPolicy::indexer_scores, kIndexerScoresTexts>>(
+        "indexer_scores", "MTPLAB_INDEXER_SCORES", "auto, pools4, tiled"),
 }};
 
 const Field& field_of(std::string_view name) {
@@ -184,6 +189,7 @@ const char* to_string(HeadGemm h) { return text_of(kHeadGemmTexts, h); }
 const char* to_string(MoePipeline m) { return text_of(kMoePipelineTexts, m); }
 const char* to_string(RowsLinear r) { return text_of(kRowsLinearTexts, r); }
 const char* to_string(MlaBatch m) { return text_of(kMlaBatchTexts, m); }
+const char* to_string(IndexerScores s) { return text_of(kIndexerScoresTexts, s); }
 
 const std::vector<std::string_view>& kernel_policy_fields() {
   static const std::vector<std::string_view> names = [] {

@@ -32,9 +32,12 @@
 // - moe_pipeline: how the grouped experts' kernels bring their weights in; v1, spread, regs and
 //   ring feed the tensor cores the same operands in the same order: the same bits, other timing;
 //   split cuts each item's reduction into 8 fixed parts added in order: its own bits (within the
-//   tolerances), which do not depend on the batch either.
+//   tolerances), which do not depend on the batch either. ringpf is ring with an L2 prefetch hint
+//   on its weight copies: ring's bits.
 // - rows_linear: the multi-row GEMV sums a batched linear's outputs in another order than
 //   cuBLASLt: other bits (within the usual tolerances); its own bits do not depend on the batch.
+// - indexer_scores: pools4 and tiled compute every score with the same operations in the same
+//   order: the same bits, other timing.
 // - mla_batch: shared and shared2 compute v1's scores with all head tiles of a row in one block
 //   and one softmax per tile; the denominator's summation order and their split counts differ
 //   from v1's and v2's: other bits (within the usual tolerances). shared and shared2 give each
@@ -85,9 +88,10 @@ enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
 /// deep, dealt as spread; split, the ring's stages with all 8 warps of a block on one item at a
 /// time, each on a fixed eighth of its reduction (other bits); slots, up to cuda::kMaxRowsSlotsMoe
 /// rows the single-row kernels for every (row, route) pair (each row the one-row op's bits; more
-/// rows take ring); automatic: slots up to cuda::kMaxRowsSlotsMoeAuto rows, above that ring where
-/// its rings fit in shared memory, else v1.
-enum class MoePipeline { automatic, v1, spread, regs, ring, split, slots };
+/// rows take ring); ringpf, ring whose weight copies ask the L2 for the aligned 256 bytes around each
+/// (a row's next 128-byte chunk arrives with the current one; the same bits); automatic: slots up to
+/// cuda::kMaxRowsSlotsMoeAuto rows, above that ring where its rings fit in shared memory, else v1.
+enum class MoePipeline { automatic, v1, spread, regs, ring, split, slots, ringpf };
 /// The kernel of a batched linear (linear / linear_f32 with RowsMode::batched) of 2 or more rows:
 /// gemv, the multi-row GEMV (cuda::rows_gemv: every weight read once for all rows, up to
 /// cuda::kMaxRowsGemv rows; more rows take cuBLASLt); cublaslt, the cuBLASLt GEMM; automatic, the
@@ -102,6 +106,11 @@ enum class RowsLinear { automatic, cublaslt, gemv };
 /// (half the barriers and softmax steps per row); automatic, per shape from the measured table in
 /// cuda/mla.cu.
 enum class MlaBatch { automatic, tiles, shared, shared2, shared32 };
+/// The kernel of the batched pool scores (indexer_scores_batch): pools4, a warp per 4 pools of a
+/// row, lane h holding head h; tiled, a warp per 16 pools of a row on 4 x 4 register tiles of
+/// (head, pool) dot products (32 heads; other head counts run pools4); automatic, tiled from
+/// cuda::indexer_scores_tiled's row count. Both give the same bits.
+enum class IndexerScores { automatic, pools4, tiled };
 
 /// Largest forced split count of the batched MLA decode (mla_batch_splits).
 inline constexpr int kMaxMlaBatchSplits = 64;
@@ -137,6 +146,8 @@ struct KernelPolicy {
   RowsLinear rows_linear = RowsLinear::automatic;
   /// The batched MLA decode's kernel (MlaBatch).
   MlaBatch mla_batch = MlaBatch::automatic;
+  /// The batched pool scores' kernel (IndexerScores).
+  IndexerScores indexer_scores = IndexerScores::automatic;
 
   friend bool operator==(const KernelPolicy&, const KernelPolicy&) = default;
 };
@@ -145,14 +156,16 @@ const char* to_string(GemvVariant v);    ///< "auto", "v1", "rows2", "rows4", "o
 const char* to_string(MlaDecode d);      ///< "v1", "v2"
 const char* to_string(IndexerSelect s);  ///< "v1", "v2"
 const char* to_string(HeadGemm h);       ///< "auto", "mma", "cublaslt", "gemv", "wgmma"
-const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring", "split", "slots"
+const char* to_string(MoePipeline m);    ///< "auto", "v1", "spread", "regs", "ring", "split", "slots",
+                                         ///< "ringpf"
 const char* to_string(RowsLinear r);     ///< "auto", "cublaslt", "gemv"
 const char* to_string(MlaBatch m);       ///< "auto", "tiles", "shared", "shared2", "shared32"
+const char* to_string(IndexerScores s);  ///< "auto", "pools4", "tiled"
 
 /// The field names in their fixed order: gemv_variant, gemv_split, mla_decode, mla_clusters,
 /// indexer_select, pdl, nccl_blocking, head_gemm, mla_batch_splits, moe_pipeline, rows_linear,
-/// mla_batch (the order of named(); the last five were added later, so older records end at
-/// nccl_blocking, mla_batch_splits or rows_linear).
+/// mla_batch, indexer_scores (the order of named(); the last six were added later, so older records
+/// end at nccl_blocking, mla_batch_splits, rows_linear or mla_batch).
 const std::vector<std::string_view>& kernel_policy_fields();
 
 /// The canonical text of one field of `p` (its YAML spelling: "auto", "rows2", "4", "on", ...).
@@ -178,8 +191,9 @@ void validate(const KernelPolicy& p);
 /// MTPLAB_GEMV_VARIANT (auto|v1|rows2|rows4|occ|fp8split), MTPLAB_GEMV_SPLIT (1|2|4|8),
 /// MTPLAB_MLA_DECODE (v1|v2), MTPLAB_MLA_CLUSTERS (1..1024), MTPLAB_INDEXER_SELECT (v1|v2),
 /// MTPLAB_CUDA_PDL (0|1), MTPLAB_NCCL_BLOCKING (0|1), MTPLAB_HEAD_GEMM (auto|mma|cublaslt|gemv),
-/// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring), MTPLAB_ROWS_LINEAR
-/// (auto|cublaslt|gemv), MTPLAB_MLA_BATCH (auto|tiles|shared|shared2|shared32). Every variable that is set is reported
+/// MTPLAB_MLA_BATCH_SPLITS (1..64), MTPLAB_MOE_PIPELINE (auto|v1|spread|regs|ring|split|slots|ringpf),
+/// MTPLAB_ROWS_LINEAR (auto|cublaslt|gemv), MTPLAB_MLA_BATCH (auto|tiles|shared|shared2|shared32),
+/// MTPLAB_INDEXER_SCORES (auto|pools4|tiled). Every variable that is set is reported
 /// in `overridden` (when not null), in field order, as "field=value (VARIABLE)" with the canonical value,
 /// also when it equals base's: the environment decided that field. For benchmarks and tuning runs; an
 /// experiment records the result and the list.

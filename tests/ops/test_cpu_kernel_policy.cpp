@@ -42,9 +42,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"nccl_blocking", {"on", "off"}},
     {"head_gemm", {"auto", "mma", "cublaslt", "gemv", "wgmma"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
-    {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split", "slots"}},
+    {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split", "slots", "ringpf"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
     {"mla_batch", {"auto", "tiles", "shared", "shared2", "shared32"}},
+    {"indexer_scores", {"auto", "pools4", "tiled"}},
 };
 
 /// The MTPLAB_* variables env_overrides reads, in field order.
@@ -61,6 +62,7 @@ const std::vector<std::pair<std::string, std::string>> kVariables = {
     {"moe_pipeline", "MTPLAB_MOE_PIPELINE"},
     {"rows_linear", "MTPLAB_ROWS_LINEAR"},
     {"mla_batch", "MTPLAB_MLA_BATCH"},
+    {"indexer_scores", "MTPLAB_INDEXER_SCORES"},
 };
 
 /// Unsets every policy variable for the test's lifetime and restores the values found before.
@@ -102,11 +104,12 @@ TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
   EXPECT_EQ(p.moe_pipeline, MoePipeline::automatic);
   EXPECT_EQ(p.rows_linear, RowsLinear::automatic);
   EXPECT_EQ(p.mla_batch, MlaBatch::automatic);
+  EXPECT_EQ(p.indexer_scores, IndexerScores::automatic);
   for (const auto& [field, texts] : kCanonical) EXPECT_EQ(field_text(p, field), texts.front()) << field;
   EXPECT_EQ(to_string(p),
             "gemv_variant=auto gemv_split=auto mla_decode=v2 mla_clusters=auto indexer_select=v2 pdl=on "
             "nccl_blocking=on head_gemm=auto mla_batch_splits=auto moe_pipeline=auto rows_linear=auto "
-            "mla_batch=auto");
+            "mla_batch=auto indexer_scores=auto");
 }
 
 TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
@@ -201,6 +204,9 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
       {"mla_batch", "v3"},
       {"mla_batch", "Shared"},
       {"mla_batch", "shared4"},
+      {"indexer_scores", "v1"},
+      {"indexer_scores", "Tiled"},
+      {"indexer_scores", "pools16"},
   };
   for (const auto& [field, text] : bad) {
     SCOPED_TRACE(field + " = \"" + text + "\"");
@@ -249,7 +255,7 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   variant.gemv_variant = static_cast<GemvVariant>(17);
   EXPECT_TRUE(contains(error_of([&] { validate(variant); }), "gemv_variant"));
   KernelPolicy pipeline;
-  pipeline.moe_pipeline = static_cast<MoePipeline>(7);
+  pipeline.moe_pipeline = static_cast<MoePipeline>(8);
   EXPECT_TRUE(contains(error_of([&] { validate(pipeline); }), "moe_pipeline"));
   KernelPolicy head;
   head.head_gemm = HeadGemm::gemv;
@@ -263,6 +269,11 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   EXPECT_NO_THROW(validate(batch));
   batch.mla_batch = static_cast<MlaBatch>(5);
   EXPECT_TRUE(contains(error_of([&] { validate(batch); }), "mla_batch"));
+  KernelPolicy scores;
+  scores.indexer_scores = IndexerScores::tiled;
+  EXPECT_NO_THROW(validate(scores));
+  scores.indexer_scores = static_cast<IndexerScores>(3);
+  EXPECT_TRUE(contains(error_of([&] { validate(scores); }), "indexer_scores"));
 }
 
 TEST(KernelPolicy, CpuBackendStoresThePolicyAndRefusesAMalformedOne) {
@@ -320,6 +331,8 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_ROWS_LINEAR", "cublaslt", "rows_linear", "cublaslt"},
       {"MTPLAB_MLA_BATCH", "shared", "mla_batch", "shared"},
       {"MTPLAB_MLA_BATCH", "tiles", "mla_batch", "tiles"},
+      {"MTPLAB_INDEXER_SCORES", "tiled", "indexer_scores", "tiled"},
+      {"MTPLAB_INDEXER_SCORES", "pools4", "indexer_scores", "pools4"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.var + "=" + c.value);
@@ -355,6 +368,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   setenv("MTPLAB_MOE_PIPELINE", "regs", 1);
   setenv("MTPLAB_ROWS_LINEAR", "gemv", 1);
   setenv("MTPLAB_MLA_BATCH", "tiles", 1);
+  setenv("MTPLAB_INDEXER_SCORES", "pools4", 1);
   std::vector<std::string> overridden;
   const KernelPolicy got = env_overrides(KernelPolicy{}, &overridden);
   KernelPolicy want;
@@ -370,6 +384,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   want.moe_pipeline = MoePipeline::regs;
   want.rows_linear = RowsLinear::gemv;
   want.mla_batch = MlaBatch::tiles;
+  want.indexer_scores = IndexerScores::pools4;
   EXPECT_EQ(got, want) << to_string(got);
   const std::vector<std::string> expected = {"gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)",
                                              "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
@@ -382,7 +397,8 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
                                              "mla_batch_splits=2 (MTPLAB_MLA_BATCH_SPLITS)",
                                              "moe_pipeline=regs (MTPLAB_MOE_PIPELINE)",
                                              "rows_linear=gemv (MTPLAB_ROWS_LINEAR)",
-                                             "mla_batch=tiles (MTPLAB_MLA_BATCH)"};
+                                             "mla_batch=tiles (MTPLAB_MLA_BATCH)",
+                                             "indexer_scores=pools4 (MTPLAB_INDEXER_SCORES)"};
   EXPECT_EQ(overridden, expected);
 }
 
@@ -393,7 +409,7 @@ TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
       {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"},  {"MTPLAB_INDEXER_SELECT", "v0"},
       {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},      {"MTPLAB_NCCL_BLOCKING", "on"},
       {"MTPLAB_MOE_PIPELINE", "v2"},    {"MTPLAB_ROWS_LINEAR", "mma"}, {"MTPLAB_ROWS_LINEAR", "1"},
-      {"MTPLAB_HEAD_GEMM", "rows"},     {"MTPLAB_MLA_BATCH", "v3"},
+      {"MTPLAB_HEAD_GEMM", "rows"},     {"MTPLAB_MLA_BATCH", "v3"},    {"MTPLAB_INDEXER_SCORES", "v2"},
   };
   for (const auto& [var, value] : bad) {
     SCOPED_TRACE(var + "=" + value);

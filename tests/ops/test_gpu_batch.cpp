@@ -49,6 +49,9 @@
 //   each against the CPU with the BF16 tolerance; the batched v2 must also give, row by row, the
 //   single-row v2 decode's bytes at the same split count; the shared kernels give each other's
 //   bytes at a forced split count, and a row decoded alone its bytes in the batch.
+// - The pool scores under both kernels (KernelPolicy::indexer_scores: pools4, tiled) give the same
+//   bytes, and auto takes the tiled kernel where the shape and the row count say so.
+// - A batch of one runs the single-row absorb_q and out_v: their bytes.
 // The CPU reference runs on as many threads as the machine has (one CPU backend per thread, each
 // on a contiguous range of rows: a row's result does not depend on the others), so the
 // glm5.3-flash shapes (the whole 154880-row head, all 288 experts resident) stay in seconds;
@@ -71,6 +74,7 @@
 
 #include "gpu_test_util.hpp"
 #include "ops/cuda/dense.hpp"
+#include "ops/cuda/indexer.hpp"
 #include "ops/cuda/moe.hpp"
 
 namespace mtplab::ops::gputest {
@@ -1061,6 +1065,22 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
     expect_f32_with_inf(masked(scores.from_gpu(), mask), masked(cs, mask), where("indexer_scores_batch", B),
                         1e-5, 1e-5);
     expect_outside_unchanged(scores.from_gpu(), cs, mask, where("indexer_scores_batch", B));
+    // Both kernels (KernelPolicy::indexer_scores) write the same bytes: the tiled one runs where the
+    // shape has 32 heads (glm5.3-flash), pools4 elsewhere whatever the policy.
+    const bool tiled_shape = nI == 32 && D % 4 == 0;
+    EXPECT_EQ(ops::cuda::indexer_scores_tiled(gpu().kernel_policy(), B, nI, D), tiled_shape && B >= 16);
+    for (const IndexerScores kernel : {IndexerScores::pools4, IndexerScores::tiled}) {
+      const PolicyScope use([kernel](KernelPolicy& p) { p.indexer_scores = kernel; });
+      EXPECT_EQ(ops::cuda::indexer_scores_tiled(gpu().kernel_policy(), B, nI, D),
+                tiled_shape && kernel == IndexerScores::tiled);
+      auto again = out_twin<float>(static_cast<size_t>(B) * mp);
+      gpu().indexer_scores_batch(q.g.data(), w.g.data(), sl.g.data(), pos.g.data(), B, igg, again.g.data(),
+                                 nI);
+      expect_bytes_equal(again.from_gpu(), scores.from_gpu(),
+                         where(kernel == IndexerScores::tiled ? "indexer_scores_batch tiled vs auto"
+                                                              : "indexer_scores_batch pools4 vs auto",
+                               B));
+    }
 
     // The selection, both backends on the CPU's scores (exact), ties made common in half the rows.
     std::vector<float> sc = cs;
@@ -1082,6 +1102,15 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
                               P, mp);
     });
     expect_bytes_equal(sel.from_gpu(), sel.from_cpu(), where("indexer_select_batch", B));
+    if (B == 1) {
+      // A batch of one runs the single-row kernel: a padded row there must stay untouched too (its
+      // position is garbage and must not be read).
+      Twin<int32_t> pad_slot(std::vector<int32_t>{-1}), bad_pos(std::vector<int32_t>{-12345});
+      auto untouched = out_twin<int32_t>(static_cast<size_t>(width));
+      gpu().indexer_select_batch(sct.g.data(), pad_slot.g.data(), bad_pos.g.data(), 1, untouched.g.data(), K,
+                                 P, mp);
+      expect_bytes_equal(untouched.from_gpu(), untouched.from_cpu(), where("indexer_select_batch padded", B));
+    }
   }
 }
 
@@ -1116,6 +1145,15 @@ TEST_P(GpuBatch, MlaAbsorbAndOutV) {
                          o.c.data() + static_cast<size_t>(b0) * nh * dv, b1 - b0, nh, dqk, dv, L);
     });
     expect_bf16_close(o.from_gpu(), o.from_cpu(), where("mla_out_v_batch", B));
+    if (B == 1) {
+      // A batch of one runs the single-row ops themselves: their bytes.
+      auto q_abs1 = out_twin<bf16>(static_cast<size_t>(nh) * L);
+      auto o1 = out_twin<bf16>(static_cast<size_t>(nh) * dv);
+      gpu().mla_absorb_q(q.g.data(), W.g.data(), q_abs1.g.data(), nh, dqk, dv, L);
+      gpu().mla_out_v(o_lat.g.data(), W.g.data(), o1.g.data(), nh, dqk, dv, L);
+      expect_bytes_equal(q_abs.from_gpu(), q_abs1.from_gpu(), where("mla_absorb_q_batch vs mla_absorb_q", B));
+      expect_bytes_equal(o.from_gpu(), o1.from_gpu(), where("mla_out_v_batch vs mla_out_v", B));
+    }
   }
 }
 
@@ -1388,8 +1426,9 @@ struct GroupedCase {
 
 /// Every memory pipeline of the grouped experts, v1 first (the one the others but split and slots
 /// must match).
-constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1,   MoePipeline::spread, MoePipeline::regs,
-                                         MoePipeline::ring, MoePipeline::split,  MoePipeline::slots};
+constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1,    MoePipeline::spread, MoePipeline::regs,
+                                         MoePipeline::ring,  MoePipeline::split,  MoePipeline::slots,
+                                         MoePipeline::ringpf};
 /// Whether slots runs B rows of k routes on the single-row kernels (up to cuda::kMaxRowsSlotsMoe
 /// rows, where their down launch fits: the one-row op's bytes); elsewhere it runs ring.
 bool on_slots(MoePipeline m, int B, int k, bool shared) {

@@ -434,6 +434,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+/// cp_async16 with an L2 prefetch hint: the L2 fetches the whole aligned 256 bytes around the 16 bytes
+/// copied (the next chunk of a row streamed 128 bytes at a time then comes from L2).
+__device__ __forceinline__ void cp_async16_l2pf256(void* smem, const void* gmem, int src_bytes) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 /// Waits until at most N of this thread's committed groups are pending.
 template <int N>

@@ -10,12 +10,15 @@
 //   - indexer_norm_store_batch: block b layer-norms k_pre row b into k_cache row pos[b] of slot
 //     slot[b], stores the gate row and the valid flag, and when the row completes its pool writes
 //     the pool key from the pool's cached rows.
-//   - indexer_scores_batch: grid (pool blocks, rows); a warp scores 4 pools at once, lane h holding
-//     head h's query dot products (the query rows in shared memory, the 4 keys broadcast from it).
+//   - indexer_scores_batch: grid (pool blocks, rows); by the policy's indexer_scores, pools4: a warp
+//     scores 4 pools at once, lane h holding head h's query dot products (the query rows in shared
+//     memory, the 4 keys broadcast from it); tiled: a warp scores 16 pools, each lane 4 heads x 4
+//     pools on register tiles ("scores on register tiles"). The same bits.
 //   - indexer_select_batch: block b selects row b's pools exactly: a 4-pass 8-bit radix select on
 //     the order-preserving score keys finds the n_sel-th largest key; the larger ones and the first
 //     equal ones in pool order are taken (ties to the lower pool index), written at their rank in
-//     pool order by a block scan, then the tail rows and the -1 padding.
+//     pool order by a block scan, then the tail rows and the -1 padding. A batch of one runs the
+//     single-row v2 kernel (under indexer_select v2), which does nothing for a padded row.
 //   - indexer_share_select (the index_share arm): block b copies anchor row b's pool entries, then
 //     the rows from the anchor's tail to pos[b], then -1 (integer copies: the CPU's entries).
 //
@@ -395,8 +398,8 @@ __device__ __forceinline__ RadixDigit radix_digit(unsigned int* hist, int nbins,
 /// totals give each warp its offsets, and a second walk writes each taken pool at its rank in
 /// pool order (equal keys: the lowest pools first, `need` of them).
 __global__ void __launch_bounds__(kSelectThreads)
-    indexer_select_radix_kernel(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
-                                int max_pools, int cached, int cand_cap) {
+    indexer_select_radix_kernel(const float* scores, const int32_t* slot, const int32_t* pos,
+                                int32_t* selection, int K, int P, int max_pools, int cached, int cand_cap) {
   extern __shared__ uint32_t radix_smem[];
   unsigned int* hist = radix_smem;           // [kRadixBins], zero outside a pass
   uint32_t* cand = radix_smem + kRadixBins;  // [cand_cap]
@@ -405,6 +408,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   __shared__ unsigned int s_gt[kWarp];
   __shared__ unsigned int s_eq[kWarp];
   pdl_begin();
+  if (slot && slot[0] < 0) return;  // a batch of one whose row is padding: nothing read or written
   const int tid = threadIdx.x;
   const int warp = tid / kWarp;
   const int lane = tid % kWarp;
@@ -589,6 +593,29 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+
+/// The v2 selection of one row (slot: null, or a batch of one's slot: nothing done when < 0).
+void launch_select_radix(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
+                         int32_t* selection, int K, int P, int max_pools) {
+  // The histogram, the candidate buffer (never more than the pools), then the cached keys: at most
+  // 8 + 16 + 160 KB (keys in shared memory up to 40960 pools; beyond, the passes read global memory).
+  // Without the opt-in, static (400 bytes) plus dynamic must fit in 48 KB.
+  const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
+  const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
+  const int cand_cap = std::min(max_pools, kRadixCandidates);
+  const size_t smem =
+      sizeof(uint32_t) * (static_cast<size_t>(kRadixBins) + cand_cap) + (cached ? cache_bytes : 0);
+  if (smem > 47 * 1024) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_radix_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  launch(ctx, indexer_select_radix_kernel, 1, kSelectThreads, smem, scores, slot, pos, selection, K, P,
+         max_pools, cached, cand_cap);
+}
+
+}  // namespace
+
 void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
                     int P, int max_pools) {
   MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select: K ", K, ", P ", P,
@@ -605,17 +632,7 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
     launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
            cached);
   } else {
-    // The histogram, the candidate buffer (never more than the pools), then the cached keys: at most
-    // 8 + 16 + 160 KB. Without the opt-in, static (400 bytes) plus dynamic must fit in 48 KB.
-    const int cand_cap = std::min(max_pools, kRadixCandidates);
-    const size_t smem =
-        sizeof(uint32_t) * (static_cast<size_t>(kRadixBins) + cand_cap) + (cached ? cache_bytes : 0);
-    if (smem > 47 * 1024) {
-      MTP_CUDA_CHECK(cudaFuncSetAttribute(
-          indexer_select_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    }
-    launch(ctx, indexer_select_radix_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
-           cached, cand_cap);
+    launch_select_radix(ctx, scores, nullptr, pos, selection, K, P, max_pools);
   }
   MTP_CUDA_LAUNCH_CHECK();
 }
@@ -767,6 +784,148 @@ __global__ void __launch_bounds__(kScoreThreads)
   batch::cp_async_wait<0>();  // no copy in flight at exit
 }
 
+// ---- scores on register tiles ----------------------------------------------------------------------
+//
+// indexer_scores: tiled (KernelPolicy::indexer_scores; auto from kMinRowsTiledScores rows). The
+// pools4 kernel above gives lane h one head and 4 pools, so every 4 FMAs of a lane wait on a
+// shared-memory load of its query row (the 4 keys are broadcasts): at B = 128 its time went to
+// shared-memory traffic, not to the FMAs or the keys' bytes. Here a warp scores 16 pools of one
+// row against its 32 heads, lane = 8 pg + hg holding the 4 x 4 dot products of heads hg + 8i and
+// pools pg + 4p (i, p < 4): per 4 columns 8 conflict-free 16-byte loads feed 64 FMAs. Each dot
+// product is the same fmaf chain over c ascending, and the head sum follows warp_sum's butterfly
+// (xor 16, 8, 4, 2, 1 on the head index): the levels 16 and 8 are i ^ 2 and i ^ 1 inside the lane,
+// 4, 2, 1 are hg's bits, which are the lane's low bits. Floating-point addition commutes, so every
+// pair is added as the butterfly adds it: the scores are pools4's bits. The keys of a group go
+// through a 2-stage cp.async ring per warp ([pool][D + 4] floats: conflict-free key reads); the
+// pools past n_cand of the last group are zero-filled and written -inf, and the rest of the row
+// (n_cand rounded up to groups, to max_pools) is filled with -inf by all the row's blocks.
+
+constexpr int kTileHeads = 32;  // the kernel's head count (others run pools4)
+constexpr int kTilePools = 16;  // pools per warp group
+constexpr int kTileThreads = 256;
+constexpr int kTileWarps = kTileThreads / kWarp;
+constexpr int kMinRowsTiledScores = 16;
+
+/// A warp group's 16 pools j0 .. j0 + 15 of keys into dst [pool][D + 4] (zeros past n_cand): cp.async,
+/// the caller commits. Whole warp.
+__device__ __forceinline__ void issue_tile_keys(const float* keys, int D, int j0, int n_cand, int lane,
+                                                float* dst) {
+  const int vpr = D / 4;  // 16-byte vectors per key row
+  for (int i = lane; i < kTilePools * vpr; i += kWarp) {
+    const int pl = i / vpr;
+    const int c = 4 * (i - pl * vpr);
+    const bool ok = j0 + pl < n_cand;
+    batch::cp_async16(dst + static_cast<size_t>(pl) * (D + 4) + c,
+                      ok ? keys + static_cast<size_t>(j0 + pl) * D + c : keys, ok ? 16 : 0);
+  }
+}
+
+/// Scores of the warp's group of 16 pools from the staged keys (see above) into out[j0 + ..]:
+/// -inf past n_cand, nothing past max_pools. Whole warp.
+__device__ __forceinline__ void score_tile(const float* staged, const float* q_s, const float* w_s, int D,
+                                           int j0, int n_cand, int max_pools, int lane, float inv_sqrt_d,
+                                           float* out) {
+  const int hg = lane & 7, pg = lane >> 3;
+  const int ks = D + 4;
+  const float* qr = q_s + static_cast<size_t>(hg) * ks;     // head hg + 8i at qr + 8i ks
+  const float* kr = staged + static_cast<size_t>(pg) * ks;  // pool pg + 4p at kr + 4p ks
+  float acc[4][4] = {};                                     // [head i][pool p]
+#pragma unroll 2
+  for (int c = 0; c < D; c += 4) {
+    float4 q4[4], k4[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      q4[i] = *reinterpret_cast<const float4*>(qr + static_cast<size_t>(8 * i) * ks + c);
+#pragma unroll
+    for (int p = 0; p < 4; ++p)
+      k4[p] = *reinterpret_cast<const float4*>(kr + static_cast<size_t>(4 * p) * ks + c);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        acc[i][p] = fmaf(q4[i].x, k4[p].x, acc[i][p]);
+        acc[i][p] = fmaf(q4[i].y, k4[p].y, acc[i][p]);
+        acc[i][p] = fmaf(q4[i].z, k4[p].z, acc[i][p]);
+        acc[i][p] = fmaf(q4[i].w, k4[p].w, acc[i][p]);
+      }
+    }
+  }
+  float s[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    float t[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      t[i] = __fadd_rn(0.0f, __fmul_rn(w_s[hg + 8 * i], fmaxf(__fmul_rn(acc[i][p], inv_sqrt_d), 0.0f)));
+    s[p] = __fadd_rn(__fadd_rn(t[0], t[2]), __fadd_rn(t[1], t[3]));  // butterfly levels 16, 8
+  }
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) {  // levels 4, 2, 1: the lane's low bits are hg's
+#pragma unroll
+    for (int p = 0; p < 4; ++p) s[p] = __fadd_rn(s[p], __shfl_xor_sync(0xffffffffu, s[p], o));
+  }
+  if (hg < 4) {  // lane (pg, hg < 4) writes pool pg + 4 hg
+    float v = s[0];
+#pragma unroll
+    for (int p = 1; p < 4; ++p)
+      if (hg == p) v = s[p];
+    const int j = j0 + pg + 4 * hg;
+    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
+  }
+}
+
+/// Block (x, row b): the warp groups g = x * 8 + warp + k * gridDim.x * 8 below n_cand, 16 pools each,
+/// then this block's share of the -inf tail of the row. 32 heads, D % 4 == 0 (checked at launch).
+__global__ void __launch_bounds__(kTileThreads)
+    indexer_scores_tiled_kernel(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
+                                IndexerSlots idx, float* scores) {
+  pdl_begin();
+  extern __shared__ float4 tile_smem_vec[];
+  float* smem = reinterpret_cast<float*>(tile_smem_vec);
+  const int b = blockIdx.y;
+  const int s = slot[b];
+  if (s < 0) return;  // padded row
+  const int D = idx.D, P = idx.P, max_pools = idx.max_rows / idx.P;
+  const int64_t p = pos[b];
+  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
+  float* out = scores + static_cast<size_t>(b) * max_pools;
+  const int groups = (n_cand + kTilePools - 1) / kTilePools;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int gstride = gridDim.x * kTileWarps;
+  if (static_cast<int>(blockIdx.x) * kTileWarps < groups) {  // uniform: the block has a group
+    const float* keys = idx.pool_keys + static_cast<size_t>(s) * max_pools * D;
+    const int ks = D + 4;
+    float* q_s = smem;                                                                 // [32][D + 4]
+    float* w_s = q_s + static_cast<size_t>(kTileHeads) * ks;                           // [32]
+    float* ring = w_s + kTileHeads + static_cast<size_t>(warp) * 2 * kTilePools * ks;  // [2][16][D + 4]
+    const int first = blockIdx.x * kTileWarps + warp;
+    if (first < groups) issue_tile_keys(keys, D, first * kTilePools, n_cand, lane, ring);
+    batch::cp_async_commit();
+    stage_queries(q + static_cast<size_t>(b) * kTileHeads * D, w + static_cast<size_t>(b) * kTileHeads, q_s,
+                  w_s, kTileHeads, D, ks);
+    __syncthreads();
+    const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
+    int st = 0;
+    for (int g = first; g < groups; g += gstride) {
+      if (g + gstride < groups)
+        issue_tile_keys(keys, D, (g + gstride) * kTilePools, n_cand, lane,
+                        ring + static_cast<size_t>(st ^ 1) * kTilePools * ks);
+      batch::cp_async_commit();
+      batch::cp_async_wait<1>();  // this lane's copies of the current group have landed
+      __syncwarp();               // and the warp's
+      score_tile(ring + static_cast<size_t>(st) * kTilePools * ks, q_s, w_s, D, g * kTilePools, n_cand,
+                 max_pools, lane, inv_sqrt_d, out);
+      __syncwarp();  // the stage is refilled two groups on
+      st ^= 1;
+    }
+    batch::cp_async_wait<0>();  // no copy in flight at exit
+  }
+  // -inf from the first pool no group covers to max_pools, the row's blocks interleaved.
+  for (int j = groups * kTilePools + blockIdx.x * kTileThreads + threadIdx.x; j < max_pools;
+       j += gridDim.x * kTileThreads)
+    out[j] = -INFINITY;
+}
+
 // ---- selection ---------------------------------------------------------------------------------------
 
 // kSelectThreads: the single-row selection's block (above).
@@ -910,6 +1069,19 @@ void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf1
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D) {
+  if (n_heads != kTileHeads || D % 4 != 0) return false;  // the tiled kernel's shape
+  switch (policy.indexer_scores) {
+    case IndexerScores::tiled:
+      return true;
+    case IndexerScores::pools4:
+      return false;
+    case IndexerScores::automatic:
+      break;
+  }
+  return rows >= kMinRowsTiledScores;
+}
+
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads) {
   const int D = idx.D, max_pools = (idx.max_rows / idx.P);
@@ -922,6 +1094,27 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
     MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_batch_kernel,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     opted_in = static_cast<int>(smem);
+  }
+  if (indexer_scores_tiled(ctx.policy, rows, n_heads, D)) {
+    const size_t tsmem = sizeof(float) * (static_cast<size_t>(kTileHeads) * (D + 4) + kTileHeads +
+                                          static_cast<size_t>(kTileWarps) * 2 * kTilePools * (D + 4));
+    MTP_REQUIRE(tsmem <= 200 * 1024, "ops::cuda::indexer_scores_batch: keys of ", D,
+                " columns do not fit the tiled kernel's shared memory");
+    static int tiled_opted_in = 48 * 1024;
+    if (static_cast<int>(tsmem) > tiled_opted_in) {
+      MTP_CUDA_CHECK(cudaFuncSetAttribute(
+          indexer_scores_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(tsmem)));
+      tiled_opted_in = static_cast<int>(tsmem);
+    }
+    // One block per multiprocessor over the whole batch (the ring takes most of its shared memory);
+    // a row's blocks deal its groups of 16 pools round-robin.
+    const int groups_max = (max_pools + kTilePools - 1) / kTilePools;
+    const int per_row_t =
+        std::max(1, std::min((groups_max + kTileWarps - 1) / kTileWarps, ctx.num_sms / rows));
+    launch(ctx, indexer_scores_tiled_kernel, dim3(per_row_t, rows), kTileThreads, tsmem, q, w, slot, pos, idx,
+           scores);
+    MTP_CUDA_LAUNCH_CHECK();
+    return;
   }
   // About 4 blocks per multiprocessor over the whole batch; each block walks its pools.
   const int per_row = std::max(
@@ -940,6 +1133,13 @@ void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int
 
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools) {
+  if (rows == 1 && ctx.policy.indexer_select == IndexerSelect::v2) {
+    // A batch of one: the single-row v2 kernel (the same exact selection; its digit search ends
+    // early where the batched kernel's 4 passes of 8 bits do not).
+    launch_select_radix(ctx, scores, slot, pos, selection, K, P, max_pools);
+    MTP_CUDA_LAUNCH_CHECK();
+    return;
+  }
   const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
   const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
   const size_t smem = cached ? cache_bytes : 0;

@@ -7,10 +7,8 @@
 //   every row of the batch in one launch:
 //   - kv_norm_write_batch: block b rms-norms ckv_pre row b and stores it (BF16 copy or FP8 code) at
 //     row pos[b] of slot slot[b], through that slot's block table.
-//   - mla_absorb_q_batch: q_abs[b, h] = W_k,h^T q[b, h] on the CUDA cores. Block (head, 64 columns,
-//     32 rows): W_k,h's slab of 64 d-rows and the rows' q slab go through shared memory, each thread
-//     keeps 8 rows x 1 column of fp32 sums over d in ascending order. (W_k,h's d is its row index,
-//     so the reduction is not along contiguous memory; the MMA path would need a transpose.)
+//   - mla_absorb_q_batch: q_abs[b, h] = W_k,h^T q[b, h]: from two rows per-head GEMMs on the tensor
+//     cores ("absorb_q on the tensor cores"); one row runs the single-row absorb_q kernel.
 //   - mla_decode_batch, by the policy's mla_decode: v2 (the default), the decode v2 kernel below with
 //     grid (splits, head tiles, rows); v1, mla_decode_batch_kernel, grid (head tiles of 16, row
 //     splits, rows), each block the decode's v1 chunk step (mla_chunk.cuh): 4 warps each owning
@@ -587,79 +585,6 @@ __global__ void __launch_bounds__(kRowThreads)
     } else {
       batch::rmsnorm_row_vec<V>(x, w, L, eps, batch::StoreOctets{row});
     }
-  }
-}
-
-// ---- absorb_q -------------------------------------------------------------------------------------------
-
-constexpr int kAbsorbBatchThreads = 256;
-constexpr int kAbsorbBatchCols = 64;  // columns of kv_lora per block (one per thread, 4 row groups)
-constexpr int kAbsorbRows = 32;       // batch rows per block: 8 per thread
-constexpr int kAbsorbSlab = 64;       // d rows of W_k,h per shared-memory slab
-constexpr int kAbsorbRowGroups = kAbsorbBatchThreads / kAbsorbBatchCols;
-constexpr int kAbsorbPerThread = kAbsorbRows / kAbsorbRowGroups;
-
-/// Block (h, column tile, row tile); thread (column c, row group rg) sums rows rg, rg + 4, ...
-__global__ void __launch_bounds__(kAbsorbBatchThreads)
-    absorb_q_batch_kernel(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
-                          int dv, int L) {
-  pdl_begin();
-  __shared__ __align__(16) bf16 w_s[kAbsorbSlab][kAbsorbBatchCols];
-  __shared__ __align__(16) float q_s[kAbsorbRows][kAbsorbSlab + 4];
-  const int h = blockIdx.x;
-  const int col0 = blockIdx.y * kAbsorbBatchCols;
-  const int row0 = blockIdx.z * kAbsorbRows;
-  const int c = threadIdx.x % kAbsorbBatchCols;
-  const int rg = threadIdx.x / kAbsorbBatchCols;  // uniform per warp (64 columns = 2 warps)
-  const int n_rows = min(kAbsorbRows, rows - row0);
-  // This thread's rows: rg + 4i < n_rows.
-  const int mine = n_rows > rg ? (n_rows - rg + kAbsorbRowGroups - 1) / kAbsorbRowGroups : 0;
-  const bf16* Wk = W_kvb + static_cast<size_t>(h) * (dqk + dv) * L;
-  float acc[kAbsorbPerThread] = {};
-  for (int d0 = 0; d0 < dqk; d0 += kAbsorbSlab) {
-    // W_k,h rows d0 .. d0 + 63, columns col0 .. col0 + 63: 64 x 8 vectors of 8.
-    for (int v = threadIdx.x; v < kAbsorbSlab * (kAbsorbBatchCols / 8); v += blockDim.x) {
-      const int dd = v / (kAbsorbBatchCols / 8);
-      const int c8 = (v % (kAbsorbBatchCols / 8)) * 8;
-      const bool ok = d0 + dd < dqk && col0 + c8 < L;
-      const uint4 wv =
-          ok ? load_stream(Wk + static_cast<size_t>(d0 + dd) * L + col0 + c8) : make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(&w_s[dd][c8]) = wv;
-    }
-    // q rows row0 .. row0 + 31, head h's d0 .. d0 + 63, widened.
-    for (int v = threadIdx.x; v < kAbsorbRows * (kAbsorbSlab / 8); v += blockDim.x) {
-      const int r = v / (kAbsorbSlab / 8);
-      const int d8 = (v % (kAbsorbSlab / 8)) * 8;
-      float f[8] = {};
-      if (r < n_rows && d0 + d8 < dqk) {
-        batch::unpack8(load_cached(q + (static_cast<size_t>(row0 + r) * n_heads + h) * dqk + d0 + d8), f);
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) q_s[r][d8 + e] = f[e];
-    }
-    __syncthreads();
-    const int slab = min(kAbsorbSlab, dqk - d0);
-    for (int dd = 0; dd < slab; dd += 4) {
-      const float w4[4] = {bf16_to_f(w_s[dd][c]), bf16_to_f(w_s[dd + 1][c]), bf16_to_f(w_s[dd + 2][c]),
-                           bf16_to_f(w_s[dd + 3][c])};
-#pragma unroll
-      for (int i = 0; i < kAbsorbPerThread; ++i) {
-        if (i >= mine) break;  // uniform per warp
-        const float4 q4 = *reinterpret_cast<const float4*>(&q_s[rg + kAbsorbRowGroups * i][dd]);
-        acc[i] = fmaf(w4[0], q4.x, acc[i]);
-        acc[i] = fmaf(w4[1], q4.y, acc[i]);
-        acc[i] = fmaf(w4[2], q4.z, acc[i]);
-        acc[i] = fmaf(w4[3], q4.w, acc[i]);
-      }
-    }
-    __syncthreads();  // the slabs are restaged
-  }
-  if (col0 + c >= L) return;
-#pragma unroll
-  for (int i = 0; i < kAbsorbPerThread; ++i) {
-    if (i >= mine) break;
-    const int r = row0 + rg + kAbsorbRowGroups * i;
-    q_abs[(static_cast<size_t>(r) * n_heads + h) * L + col0 + c] = f_to_bf16(acc[i]);
   }
 }
 
@@ -1358,8 +1283,8 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(W_kvb) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0,
               "ops::cuda::mla_absorb_q_batch: q and W_kvb must be 16-byte aligned");
   if (rows >= 2) {
-    // Two rows and more: the per-head GEMMs on the tensor cores (one row keeps the CUDA-core sums of
-    // the single-row op's order, so a batch of one drafts as the single-sequence path).
+    // Two rows and more: the per-head GEMMs on the tensor cores. One row is the single-row op itself
+    // (its kernel, its bits), so a batch of one drafts as the single-sequence path.
     const dim3 grid(n_heads, (kv_lora + kAbsorbMmaCols - 1) / kAbsorbMmaCols,
                     (rows + kAbsorbMmaRows - 1) / kAbsorbMmaRows);
     launch(ctx, absorb_q_mma_kernel, grid, kAbsorbMmaThreads, 0, q, W_kvb, q_abs, rows, n_heads, dqk, dv,
@@ -1367,11 +1292,7 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
     MTP_CUDA_LAUNCH_CHECK();
     return;
   }
-  const dim3 grid(n_heads, (kv_lora + kAbsorbBatchCols - 1) / kAbsorbBatchCols,
-                  (rows + kAbsorbRows - 1) / kAbsorbRows);
-  launch(ctx, absorb_q_batch_kernel, grid, kAbsorbBatchThreads, 0, q, W_kvb, q_abs, rows, n_heads, dqk, dv,
-         kv_lora);
-  MTP_CUDA_LAUNCH_CHECK();
+  mla_absorb_q(ctx, q, W_kvb, q_abs, n_heads, dqk, dv, kv_lora);
 }
 
 BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows) {
@@ -1542,6 +1463,12 @@ void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb,
               ", kv_lora ", kv_lora, " (kv_lora must be a positive multiple of 16)");
   // Output row r = h * dv + i reads W_kvb row h * (dqk + dv) + dqk + i and x = o_lat[b, h].
   const GemvRowMap map{dv, static_cast<int64_t>(dqk) + dv, dqk, kv_lora};
+  if (rows == 1) {
+    // One row: the single-row op's GEMV, its kernel and bits (the skinny GEMM would spend 15 of its
+    // 16 MMA rows on padding; docs/kernels.md has both timed).
+    gemv_bf16(ctx, W_kvb, o_lat, o, false, n_heads * dv, kv_lora, map);
+    return;
+  }
   rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o, false,
             static_cast<int64_t>(n_heads) * dv, rows, n_heads * dv, kv_lora, map);
 }

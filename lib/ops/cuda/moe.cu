@@ -790,13 +790,15 @@ __device__ __forceinline__ int find_entry(const Plan& pl, int n_active, int w) {
 /// A chunk pipeline: kStages cp.async stages per warp, kWBuf register weight buffers (kRing: none,
 /// the weights go through the ring too), gate_up items dealt round-robin over the blocks (kSpread),
 /// and the blocks a multiprocessor the kernels are compiled for.
-template <int kStages_, int kWBuf_, bool kRing_, bool kSpread_, int kMinBlocks_>
+template <int kStages_, int kWBuf_, bool kRing_, bool kSpread_, int kMinBlocks_, bool kL2Pf_ = false>
 struct Pipe {
   static constexpr int kStages = kStages_;
   static constexpr int kWBuf = kWBuf_;
   static constexpr bool kRing = kRing_;
   static constexpr bool kSpread = kSpread_;
   static constexpr int kMinBlocks = kMinBlocks_;
+  /// The ring's weight copies ask the L2 for the 256 aligned bytes around each (ringpf).
+  static constexpr bool kL2Pf = kL2Pf_;
   static_assert(kStages >= 2 && kWBuf >= 1 && kMinBlocks >= 1 && (kSpread || !kRing),
                 "a ring needs two stages; the ring pipelines are dealt round-robin");
   /// Weight rows at the start of a stage (the kMats matrices' 16-row tiles), then the group's rows.
@@ -819,6 +821,8 @@ using PipeSpread = Pipe<kMoeStages, kMoeWBuf, false, true, 2>;
 using PipeRegsDown = Pipe<kMoeStages, 4, false, true, 2>;
 using PipeRingGateUp = Pipe<3, 1, true, true, 1>;
 using PipeRingDown = Pipe<4, 1, true, true, 1>;
+using PipeRingPfGateUp = Pipe<3, 1, true, true, 1, true>;
+using PipeRingPfDown = Pipe<4, 1, true, true, 1, true>;
 
 // ---- grouped experts: one warp's small GEMM ------------------------------------------------------------
 
@@ -845,7 +849,7 @@ __device__ __forceinline__ void stage_weight_words(const bf16* st, uint4 (&w)[kM
 /// 128-byte row pieces), then the group's input rows (this lane's rows lane / 8 + 4i from src_row,
 /// null: zeros), the first 8 n_tiles of them. Zeros past K (a multiple of 16, so the zero-filled
 /// columns are the ones v1's register loads zero).
-template <int kMats, bool kWeights>
+template <int kMats, bool kWeights, bool kL2Pf = false>
 __device__ __forceinline__ void stage_chunk(bf16* dst, const bf16* const* tile, size_t K, int col0,
                                             const bf16* const (&src_row)[kPairGroup / 4], int n_tiles) {
   const int lane = threadIdx.x % kWarp;
@@ -857,7 +861,12 @@ __device__ __forceinline__ void stage_chunk(bf16* dst, const bf16* const* tile, 
 #pragma unroll
     for (int i = 0; i < 4 * kMats; ++i) {
       const int r = lane / 8 + 4 * i;
-      batch::cp_async16(dst + r * kMoeXStride + c8, ok ? tile[r / 16] + (r % 16) * K + col : tile[0], ok ? 16 : 0);
+      const bf16* src = ok ? tile[r / 16] + (r % 16) * K + col : tile[0];
+      if constexpr (kL2Pf) {
+        batch::cp_async16_l2pf256(dst + r * kMoeXStride + c8, src, ok ? 16 : 0);
+      } else {
+        batch::cp_async16(dst + r * kMoeXStride + c8, src, ok ? 16 : 0);
+      }
     }
   }
   bf16* xdst = dst + kWRows * kMoeXStride;
@@ -926,8 +935,8 @@ __device__ __forceinline__ void warp_gemm(const bf16* const (&wrow)[kMats][2], i
 #pragma unroll
   for (int m = 0; m < kMats; ++m) tile[m] = wrow[m][0] - g * Ks;
   auto stage = [&](int c, int st) {
-    stage_chunk<kMats, P::kRing>(ring + static_cast<size_t>(st) * kStageElems, tile, Ks, c * kChunkK, src_row,
-                                 n_tiles);
+    stage_chunk<kMats, P::kRing, P::kL2Pf>(ring + static_cast<size_t>(st) * kStageElems, tile, Ks,
+                                           c * kChunkK, src_row, n_tiles);
   };
   auto mma_step = [&](const bf16* st, const uint4(&w)[kMats][4]) {
     chunk_mma<kMats>(st + kWRows * kMoeXStride, w, n_tiles, acc);
@@ -1521,11 +1530,13 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     }
     case MoePipeline::ring:
       return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoePipeline::ringpf:
+      return launch_grouped<PipeRingPfGateUp, PipeRingPfDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoePipeline::split:
       return launch_split(ctx, p, layout, items_max, plan_bytes, d_bytes);
   }
   MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", static_cast<int>(ctx.policy.moe_pipeline),
-           " is not one of: auto, v1, spread, regs, ring, split");
+           " is not one of: auto, v1, spread, regs, ring, split, slots, ringpf");
 }
 
 }  // namespace mtplab::ops::cuda
