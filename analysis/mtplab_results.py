@@ -392,9 +392,21 @@ def config_dict(text):
     return out
 
 
-# The copy bandwidth of an H200 measured by mtplab_bench_step (docs/performance.md), for floors
-# drawn from a results file, which records no bandwidth.
+# The copy bandwidth (bytes read + written) mtplab_bench_step measured on each GPU kind the project
+# has run on (docs/performance.md), for floors drawn from a results file, which records its devices
+# but no bandwidth.
 H200_COPY_GBPS = 4230.0
+COPY_GBPS = {"H200": H200_COPY_GBPS, "H100": 3005.0}
+
+
+def copy_gbps(devices):
+    """(GB/s, GPU name) for a results file's `devices` attribute: the measured copy bandwidth of the
+    first GPU kind of COPY_GBPS named there, else the H200's (name "H200, assumed")."""
+    text = str(devices)
+    for name, gbps in COPY_GBPS.items():
+        if name in text:
+            return gbps, name
+    return H200_COPY_GBPS, "H200, assumed"
 
 
 def draft_byte_floor(config, batch, context, head_fp8=False, distinct_experts=None):
