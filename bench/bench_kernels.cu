@@ -4,7 +4,8 @@
 //   mtplab_bench_kernels [--out DIR] [--reps N] [--warmup N] [--only SUBSTRING[,SUBSTRING..]]
 //                        [--device D] [--graph-launches R]
 //
-// --only runs the cases whose name contains any of the comma-separated substrings. The backend runs
+// --only runs the cases whose name contains any of the comma-separated substrings (the copy ceiling
+// always runs; an --only that names no case is an error). The backend runs
 // the default kernel policy with the MTPLAB_* overrides of the environment applied
 // (ops::env_overrides, docs/kernels.md), e.g. MTPLAB_GEMV_VARIANT=rows2; the policy and what the
 // environment set are printed first, and the policy and the GEMV variant are in the CSV's first line.
@@ -245,14 +246,16 @@ class Bench {
 
   /// Whether --only (comma-separated substrings) names this case; every case without --only.
   bool selected(const std::string& name) const {
-    if (opt_.only.empty()) return true;
-    for (size_t start = 0; start <= opt_.only.size();) {
-      const size_t end = std::min(opt_.only.find(',', start), opt_.only.size());
-      const std::string part = opt_.only.substr(start, end - start);
-      if (!part.empty() && name.find(part) != std::string::npos) return true;
-      start = end + 1;
-    }
-    return false;
+    return any_part([&](const std::string& part) { return name.find(part) != std::string::npos; });
+  }
+  /// Whether --only may name a case of the group whose case names all start with `prefix`: a part
+  /// inside the prefix (every case of the group), or one that starts with it (e.g. "batch
+  /// moe_experts_grouped B=128 ring" for the group "batch moe_experts_grouped"). Guards a group's
+  /// inputs; measure() then runs only the selected cases.
+  bool group_selected(const std::string& prefix) const {
+    return any_part([&](const std::string& part) {
+      return prefix.find(part) != std::string::npos || part.rfind(prefix, 0) == 0;
+    });
   }
 
   /// Times `call(i)` (i = launch index, for rotation) in both modes, opt_.reps samples each.
@@ -260,6 +263,15 @@ class Bench {
   /// over; 1 when it has none). `no_graph`: why this case has no graph figure (null: it has one).
   void measure(const std::string& name, const std::string& shape, double bytes, int period,
                const std::function<void(int)>& call, const char* no_graph = nullptr) {
+    if (!selected(name)) return;  // a case of a selected group that --only does not name
+    ++cases_run_;
+    measure_always(name, shape, bytes, period, call, no_graph);
+  }
+  /// Cases measure() ran (the ceiling, which always runs, not counted).
+  int cases_run() const { return cases_run_; }
+  /// measure() whatever --only says (the copy ceiling every percentage is taken against).
+  void measure_always(const std::string& name, const std::string& shape, double bytes, int period,
+                      const std::function<void(int)>& call, const char* no_graph = nullptr) {
     MTP_REQUIRE(period >= 1, "bench_kernels: ", name, ": rotation period ", period);
     Result r;
     r.name = name;
@@ -402,6 +414,19 @@ class Bench {
   uint64_t seed_ = 0x5eed;
   std::vector<void*> owned_;
   std::vector<Result> results_;
+  int cases_run_ = 0;
+  /// Whether `match` holds for a non-empty part of --only (true without --only).
+  template <typename Match>
+  bool any_part(Match&& match) const {
+    if (opt_.only.empty()) return true;
+    for (size_t start = 0; start <= opt_.only.size();) {
+      const size_t end = std::min(opt_.only.find(',', start), opt_.only.size());
+      const std::string part = opt_.only.substr(start, end - start);
+      if (!part.empty() && match(part)) return true;
+      start = end + 1;
+    }
+    return false;
+  }
   double copy_gbps_ = 0;
 };
 
@@ -429,14 +454,14 @@ void run_all(Bench& b, ops::Backend& be) {
     void* src = b.alloc(bytes);
     void* dst = b.alloc(bytes);
     MTP_CUDA_CHECK(cudaMemsetAsync(src, 0x5a, bytes, st));
-    b.measure(
+    b.measure_always(
         "copy_d2d (ceiling)", "2 x 1 GiB", 2.0 * bytes, 1,
         [&](int) { MTP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st)); },
         "the ceiling is single large copies");
     const Result& r = b.results().back();
     b.set_ceiling(gbps_of(r.bytes, r.single.median));
     auto* sink = static_cast<unsigned int*>(b.alloc(4));
-    if (b.selected("read_only")) {
+    if (b.group_selected("read_only")) {
       b.measure("read_only (reference)", "1 GiB", static_cast<double>(bytes), 1, [&](int) {
         read_sum_kernel<<<4 * 132 * 8, 256, 0, st>>>(static_cast<const uint4*>(src), bytes / 16, sink);
         MTP_CUDA_LAUNCH_CHECK();
@@ -647,7 +672,7 @@ void run_all(Bench& b, ops::Backend& be) {
     }
   }
 
-  if (b.selected("linear_fp8 eh_proj")) {
+  if (b.group_selected("linear_fp8 eh_proj")) {
     const int n = kH, k = 2 * kH;
     const double wbytes = 1.0 * n * k + 4.0 * n;
     const int rot = b.rotations(wbytes);
@@ -687,7 +712,7 @@ void run_all(Bench& b, ops::Backend& be) {
     b.release_all();
   }
 
-  if (b.selected("argmax")) {
+  if (b.group_selected("argmax")) {
     const int rot = b.rotations(2.0 * kV);
     std::vector<bf16*> L(rot);
     for (auto& l : L) l = b.rand_bf16(kV, -10.0f, 10.0f);
@@ -697,7 +722,7 @@ void run_all(Bench& b, ops::Backend& be) {
   }
 
   // ---- MoE ----
-  if (b.selected("moe_route")) {
+  if (b.group_selected("moe_route")) {
     float* logits = b.rand_f32(kExperts, -4.0f, 4.0f);
     float* bias = b.rand_f32(kExperts, -0.1f, 0.1f);
     auto* idx = static_cast<int32_t*>(b.alloc(4 * kExpertTopK));
@@ -706,7 +731,7 @@ void run_all(Bench& b, ops::Backend& be) {
               [&](int) { be.moe_route(logits, bias, kExperts, kExpertTopK, 1, 1, 2.5f, idx, w); });
     b.release_all();
   }
-  if (b.selected("moe_experts")) {
+  if (b.group_selected("moe_experts")) {
     // All 288 experts resident; each call picks 8 distinct random ones (so L2 never holds them).
     const size_t per = static_cast<size_t>(kInter) * kH;
     bf16* gate = b.rand_bf16(per * kExperts, -1.0f, 1.0f);
@@ -751,7 +776,7 @@ void run_all(Bench& b, ops::Backend& be) {
   // ---- indexer ----
   // 1024 pools: the draft step at a context of 4096 rows; 16384: a long context.
   for (const int pools : {1024, 16384}) {
-    if (b.selected("indexer_scores")) {
+    if (b.group_selected("indexer_scores")) {
       const double kbytes = 4.0 * pools * kIndexDim;
       const int rot = b.rotations(kbytes);
       std::vector<float*> keys(rot);
@@ -768,7 +793,7 @@ void run_all(Bench& b, ops::Backend& be) {
     }
     // Both kernels, named in the row (v2 is the default; kernels.indexer_select = v1 picks v1 in an
     // experiment). Top kTopK / kPool = 512 pools.
-    if (b.selected("indexer_select")) {
+    if (b.group_selected("indexer_select")) {
       const int rot = 16;
       std::vector<float*> scores(rot);
       for (auto& s : scores) s = b.rand_f32(pools);
@@ -786,7 +811,7 @@ void run_all(Bench& b, ops::Backend& be) {
 
   // ---- MLA ----
   const size_t kvb_elems = static_cast<size_t>(kHeads) * 2 * kHeadDim * kKvLora;
-  if (b.selected("mla_absorb_q") || b.selected("mla_out_v")) {
+  if (b.group_selected("mla_absorb_q") || b.group_selected("mla_out_v")) {
     const int rot = b.rotations(2.0 * kvb_elems);
     std::vector<bf16*> W(rot);
     for (auto& w : W) w = b.rand_bf16(kvb_elems, -0.05f, 0.05f);
@@ -845,7 +870,7 @@ void run_all(Bench& b, ops::Backend& be) {
   }
 
   // ---- small ops (launch-latency bound) ----
-  if (b.selected("rmsnorm")) {
+  if (b.group_selected("rmsnorm")) {
     bf16* x = b.rand_bf16(kH);
     bf16* w = b.rand_bf16(kH, 0.5f, 1.5f);
     bf16* y = static_cast<bf16*>(b.alloc(2 * kH));
@@ -1016,7 +1041,7 @@ void run_batched(Bench& b, ops::Backend& be) {
     }
   }
   // The grouped experts, every expert resident (the union grows with B: bytes = the union's weights).
-  if (b.selected("batch moe_experts_grouped")) {
+  if (b.group_selected("batch moe_experts_grouped")) {
     const size_t per = static_cast<size_t>(kInter) * kH;
     bf16* gate = b.rand_bf16(per * kExperts);
     bf16* up = b.rand_bf16(per * kExperts);
@@ -1151,7 +1176,7 @@ void run_batched(Bench& b, ops::Backend& be) {
   // kernels. Bytes: each row's candidate keys and its query, and its scores row.
   for (int B : {1, 16, 32, 64, 128}) {
     const std::string name = mtplab::str("batch indexer_scores B=", B);
-    if (!b.selected(name)) continue;
+    if (!b.group_selected(name)) continue;
     const int max_rows = 65536, max_pools = max_rows / kPool, ctx_rows = 4096;
     ops::IndexerSlots idx;
     idx.slots = B;
@@ -1296,6 +1321,9 @@ int main(int argc, char** argv) {
     bench.print_header();
     run_all(bench, *be);
     run_batched(bench, *be);
+    MTP_REQUIRE(opt.only.empty() || bench.cases_run() > 0, "mtplab_bench_kernels: --only \"", opt.only,
+                "\" names no case (a case runs when its name, as a run without --only prints it, contains one "
+                "of the comma-separated parts)");
     write_csv(bench, opt.out, be->device_name(), policy);
     std::printf("wrote %s/bench_kernels.csv\n", opt.out.c_str());
     return 0;
