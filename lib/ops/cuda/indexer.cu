@@ -1069,8 +1069,19 @@ void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf1
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+/// The tiled scores kernel's dynamic shared memory: the 32 query rows and weights, then every warp's
+/// 2-stage ring of 16 key rows, rows padded to D + 4 floats.
+size_t tiled_scores_smem(int D) {
+  return sizeof(float) * (static_cast<size_t>(kTileHeads) * (D + 4) + kTileHeads +
+                          static_cast<size_t>(kTileWarps) * 2 * kTilePools * (D + 4));
+}
+constexpr size_t kTiledScoresMaxSmem = 200 * 1024;
+}  // namespace
+
 bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D) {
-  if (n_heads != kTileHeads || D % 4 != 0) return false;  // the tiled kernel's shape
+  // The tiled kernel's shape: 32 heads, whole 16-byte vectors, keys that fit its rings (D <= 172).
+  if (n_heads != kTileHeads || D % 4 != 0 || tiled_scores_smem(D) > kTiledScoresMaxSmem) return false;
   switch (policy.indexer_scores) {
     case IndexerScores::tiled:
       return true;
@@ -1096,10 +1107,7 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
     opted_in = static_cast<int>(smem);
   }
   if (indexer_scores_tiled(ctx.policy, rows, n_heads, D)) {
-    const size_t tsmem = sizeof(float) * (static_cast<size_t>(kTileHeads) * (D + 4) + kTileHeads +
-                                          static_cast<size_t>(kTileWarps) * 2 * kTilePools * (D + 4));
-    MTP_REQUIRE(tsmem <= 200 * 1024, "ops::cuda::indexer_scores_batch: keys of ", D,
-                " columns do not fit the tiled kernel's shared memory");
+    const size_t tsmem = tiled_scores_smem(D);  // within kTiledScoresMaxSmem (indexer_scores_tiled)
     static int tiled_opted_in = 48 * 1024;
     if (static_cast<int>(tsmem) > tiled_opted_in) {
       MTP_CUDA_CHECK(cudaFuncSetAttribute(

@@ -39,7 +39,8 @@ void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf1
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads);
 /// Whether indexer_scores_batch runs the tiled kernel: the policy's choice where the shape has 32
-/// heads and D % 4 == 0 (else pools4); automatic from kMinRowsTiledScores (16) rows.
+/// heads, D % 4 == 0 and D <= 172 (its rings' shared memory; else pools4); automatic from
+/// kMinRowsTiledScores (16) rows.
 bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D);
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools);
