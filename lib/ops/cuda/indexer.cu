@@ -1096,16 +1096,6 @@ bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads) {
   const int D = idx.D, max_pools = (idx.max_rows / idx.P);
-  const size_t smem = sizeof(float) * (static_cast<size_t>(n_heads) * (D + 4) + ((n_heads + 3) / 4) * 4 +
-                                       static_cast<size_t>(kScoreWarps) * 2 * D * kPoolsPerWarp);
-  MTP_REQUIRE(smem <= 200 * 1024, "ops::cuda::indexer_scores_batch: ", n_heads, " heads x ", D,
-              " do not fit in shared memory");
-  static int opted_in = 48 * 1024;
-  if (static_cast<int>(smem) > opted_in) {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_batch_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    opted_in = static_cast<int>(smem);
-  }
   if (indexer_scores_tiled(ctx.policy, rows, n_heads, D)) {
     const size_t tsmem = tiled_scores_smem(D);  // within kTiledScoresMaxSmem (indexer_scores_tiled)
     static int tiled_opted_in = 48 * 1024;
@@ -1123,6 +1113,16 @@ void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, 
            scores);
     MTP_CUDA_LAUNCH_CHECK();
     return;
+  }
+  const size_t smem = sizeof(float) * (static_cast<size_t>(n_heads) * (D + 4) + ((n_heads + 3) / 4) * 4 +
+                                       static_cast<size_t>(kScoreWarps) * 2 * D * kPoolsPerWarp);
+  MTP_REQUIRE(smem <= 200 * 1024, "ops::cuda::indexer_scores_batch: ", n_heads, " heads x ", D,
+              " do not fit in shared memory");
+  static int opted_in = 48 * 1024;
+  if (static_cast<int>(smem) > opted_in) {
+    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_batch_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    opted_in = static_cast<int>(smem);
   }
   // About 4 blocks per multiprocessor over the whole batch; each block walks its pools.
   const int per_row = std::max(
