@@ -5,6 +5,7 @@
 //   mtplab_bench_step [--preset NAME] [--context ROWS] [--reps N] [--warmup N] [--k 1,4]
 //                     [--heads bf16,fp8] [--graphs off,on] [--index-share off,on] [--profile]
 //                     [--context-gemm] [--out DIR] [--device D] [--batch 1,2,4,8,16,32,64,128]
+//                     [--router-bias-scale S]
 //
 // --index-share off,on: drafters with the index_share arm off and / or on (default off): drafts
 // 2..k of a step reuse draft 1's indexer selection, so their floor leaves out the indexer query
@@ -17,6 +18,9 @@
 // and the byte floor at B: the dense weights, the distinct routed experts of the step (counted
 // from the router's choice of the step's last draft, outside the timed phase), the shared expert,
 // the head, and B x (selected latent rows + pool keys). Writes DIR/bench_step_batch.csv.
+// --router-bias-scale S multiplies the synthetic router bias (std 0.05) by S: the bias's spread
+// sets how many distinct experts a batch routes to (0.2, std 0.01, routes as the PyTorch peer
+// does: docs/performance.md, session 17). The CSV's first line records S.
 //
 // --heads / --graphs pick a subset of the four drafters. --profile turns the CUDA profiler on
 // (cudaProfilerStart) only around the timed steps, so `ncu --profile-from-start off` sees the
@@ -82,6 +86,7 @@ struct Options {
   bool context_gemm = false;
   std::vector<int> batches;  ///< --batch: the batched step at these B
   bool with_single = false;  ///< --with-single: with --batch, the single-sequence step too
+  double router_bias_scale = 1.0;  ///< --router-bias-scale: the synthetic router bias times this
 };
 
 /// Records the Phase::propose events of each step.
@@ -210,6 +215,11 @@ Setup make_setup(const Options& opt) {
   const double synth_s = std::chrono::duration<double>(Clock::now() - t0).count();
   t0 = Clock::now();
   if (opt.heads[1]) model::quantize_head_fp8(s.w);
+  if (opt.router_bias_scale != 1.0) {
+    // The bias shifts which experts win; its spread sets how many distinct experts a batch touches.
+    for (float& v : s.w.moe.e_score_correction_bias.data) v = static_cast<float>(v * opt.router_bias_scale);
+    std::printf("router bias scaled by %g (std %.4g)\n", opt.router_bias_scale, 0.05 * opt.router_bias_scale);
+  }
   const double quant_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("synthesize_mtp_weights: %.2f GB in %.1f s (%u threads); quantize_head_fp8 %.1f s\n",
               s.w.bytes() / 1e9, synth_s, std::thread::hardware_concurrency(), quant_s);
@@ -274,7 +284,8 @@ int run_batched(const Options& opt, Setup& s) {
   MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_step_batch.csv");
   csv << "# mtplab_bench_step --batch git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
       << be.device_name() << " preset " << opt.preset << " contexts " << join(opt.contexts, ",")
-      << " copy_GBps " << s.copy_gbps << " kernel_policy " << ops::to_string(be.kernel_policy()) << "\n";
+      << " copy_GBps " << s.copy_gbps << " router_bias_scale " << opt.router_bias_scale << " kernel_policy "
+      << ops::to_string(be.kernel_policy()) << "\n";
   csv << "head,cuda_graph,index_share,context,k,B,reps,median_us,p10_us,p90_us,per_seq_us,distinct_experts,"
          "floor_bytes,floor_us,x_floor,launches_per_draft\n";
   std::printf("\nbatched step (propose_batch), B sequences of the context each\n");
@@ -473,7 +484,11 @@ int main(int argc, char** argv) {
       .text("out", "DIR", "where bench_step.csv goes (default bench-out)")
       .integer("device", "D", "CUDA device (default 0)", 0, 1023)
       .integer_list("batch", "1,8,64", "the batched step at these batch sizes (1 .. 128)", 1, 128)
-      .flag("with-single", "with --batch: the single-sequence step too, on the same weights");
+      .flag("with-single", "with --batch: the single-sequence step too, on the same weights")
+      .number("router-bias-scale", "S",
+              "the synthetic router bias (e_score_correction_bias, std 0.05) times S (default 1; 0.2 routes "
+              "as the PyTorch peer's std 0.01)",
+              0, 100);
   p.run_main(argc, argv, [&](const cli::Args& a) {
     opt.preset = a.text("preset", opt.preset);
     opt.contexts.clear();
@@ -491,6 +506,7 @@ int main(int argc, char** argv) {
     opt.device = static_cast<int>(a.integer("device", opt.device));
     for (const int64_t b : a.integers("batch", {})) opt.batches.push_back(static_cast<int>(b));
     opt.with_single = a.flag("with-single");
+    opt.router_bias_scale = a.number("router-bias-scale", opt.router_bias_scale);
     if (opt.with_single && opt.batches.empty()) MTP_FAIL("--with-single goes with --batch");
   });
   return bench::guarded_main([&] {

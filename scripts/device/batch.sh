@@ -7,6 +7,7 @@
 # by scripts/device/ncu_summary.py. TESTS=0 leaves the GPU tests out; TESTS=regex runs only those.
 # EXP=1 runs experiments/batch-scaling.yaml into $OUT/batch-scaling.h5 (EXP_S seconds at most, then
 # SIGTERM: the points done stay in the file; the log names the synthetic trace's generation time).
+# STEP_ARGS adds arguments to the batched mtplab_bench_step (e.g. "--router-bias-scale 0.2").
 #
 #   OUT=/some/dir [PEER=file.py] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1] scripts/device/batch.sh
 #
@@ -36,7 +37,7 @@ step "draft step, B = 1"
 timeout 120 build-gpu/bin/mtplab_bench_step --k 1 --graphs on --reps 30 --out "$OUT" >"$OUT/bench_step.txt" 2>&1
 echo "rc=$?"; tail -6 "$OUT/bench_step.txt"
 step "batched draft step"
-timeout 240 build-gpu/bin/mtplab_bench_step --batch "$BATCHES" --k 1 --graphs on --reps "$REPS" --out "$OUT" \
+timeout 240 build-gpu/bin/mtplab_bench_step --batch "$BATCHES" --k 1 --graphs on --reps "$REPS" --out "$OUT" ${STEP_ARGS:-} \
   >"$OUT/bench_step_batch.txt" 2>&1
 echo "rc=$?"; tail -20 "$OUT/bench_step_batch.txt"
 if [[ -n ${PEER:-} && -f $PEER ]]; then
