@@ -8,11 +8,18 @@
 # EXP=1 runs experiments/batch-scaling.yaml into $OUT/batch-scaling.h5 (EXP_S seconds at most, then
 # SIGTERM: the points done stay in the file; the log names the synthetic trace's generation time).
 # STEP_ARGS adds arguments to the batched mtplab_bench_step (e.g. "--router-bias-scale 0.2").
+# EQ=1 (with PEER) runs the batched bench a second time with --router-bias-scale 0.2, so that its
+# steps route to as many distinct experts as the peer's, into $OUT/eq/, and prints that ratio table
+# too (docs/performance.md, session 17). GPU=H200 (any text) stops at once, before the build, when
+# the first GPU's name does not contain it: a call that asked for one kind and got another spends
+# seconds, not minutes.
 #
-#   OUT=/some/dir [PEER=file.py] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1] scripts/device/batch.sh
+#   OUT=/some/dir [GPU=H200] [PEER=file.py [EQ=1]] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1]
+#     scripts/device/batch.sh
 #
 # $OUT: build.log, gpu_tests.log, bench_step.txt (B = 1), bench_step_batch.txt / .csv, peer.txt /
-# torch_graph_peer_batched.json, batch_ratio.txt, ncu_batch.csv / ncu_batch.txt, batch-scaling.h5 / .log.
+# torch_graph_peer_batched.json, batch_ratio.txt, eq/ (EQ=1), ncu_batch.csv / ncu_batch.txt,
+# batch-scaling.h5 / .log.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
@@ -22,6 +29,12 @@ REPS=${REPS:-20}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 MTPLAB_SHA_FROM_FILE=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 step() { echo "== $1 ($(date +%T))"; }
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+echo "GPU: ${gpu_name:-none found}"
+if [[ -n ${GPU:-} && $gpu_name != *"$GPU"* ]]; then
+  echo "batch.sh: GPU=$GPU asked for, this machine has '${gpu_name:-no GPU}': nothing run" >&2
+  exit 3
+fi
 step build
 { cmake --preset cuda -B build-gpu -DMTPLAB_WERROR=OFF && cmake --build build-gpu -j"$(nproc)"; } >"$OUT/build.log" 2>&1 ||
   { tail -40 "$OUT/build.log"; exit 1; }
@@ -47,6 +60,16 @@ if [[ -n ${PEER:-} && -f $PEER ]]; then
   python3 bench/peer/batch_ratio.py "$OUT/bench_step_batch.csv" "$OUT/torch_graph_peer_batched.json" \
     >"$OUT/batch_ratio.txt" 2>&1
   cat "$OUT/batch_ratio.txt"
+  if [[ ${EQ:-0} == 1 ]]; then
+    step "batched draft step, the peer's routing (--router-bias-scale 0.2)"
+    mkdir -p "$OUT/eq"
+    timeout 240 build-gpu/bin/mtplab_bench_step --batch "$BATCHES" --k 1 --graphs on --reps "$REPS" \
+      --router-bias-scale 0.2 --out "$OUT/eq" >"$OUT/eq/bench_step_batch.txt" 2>&1
+    echo "rc=$?"
+    python3 bench/peer/batch_ratio.py "$OUT/eq/bench_step_batch.csv" "$OUT/torch_graph_peer_batched.json" \
+      >"$OUT/eq/batch_ratio.txt" 2>&1
+    cat "$OUT/eq/batch_ratio.txt"
+  fi
 fi
 if [[ ${NCU:-0} == 1 ]]; then
   NCU_BATCHES=${NCU_BATCHES:-1,2,16,128}
