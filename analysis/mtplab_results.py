@@ -113,6 +113,20 @@ class Results:
         s = self.steps(point)
         return s[s["warmup"] == 0]
 
+    def step_experts(self, point, rows=None):
+        """The median over the point's measured (batched) steps, each counted once, of the distinct
+        routed experts its last draft read (steps/batch_experts); with `rows`, over the steps that
+        drafted for that many sequences (all steps where none did). None for files written before
+        the column."""
+        s = self.measured_steps(point)
+        if "batch_experts" not in s.columns or len(s) == 0:
+            return None
+        first = np.concatenate([[True], np.diff(s["batch_step"].values) != 0])
+        ex, n = s["batch_experts"].values[first], s["batch_rows"].values[first]
+        if rows is not None and (n == rows).any():
+            ex = ex[n == rows]
+        return float(np.median(ex))
+
     def summary(self, point):
         return _table(self.group(point)["summary"]).set_index("metric")
 

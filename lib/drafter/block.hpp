@@ -206,6 +206,8 @@ class Block {
                const OutNorm* out_norm = nullptr, const int32_t* share_anchor_pos = nullptr);
   /// The selection the last scoring forward used (K + P - 1 rows, -1 padded), for tests.
   const int32_t* last_selection() const { return scratch_.selection.data(); }
+  /// The routed experts (global ids, [top_k]) of the last single-row forward().
+  const int32_t* last_experts() const { return scratch_.expert_idx.data(); }
 
   /// The index_share arm: the buffers of chained drafts' selections for proposes of up to
   /// `max_drafts` drafts (share_width() entries per row), now and for every reserve_batch after.

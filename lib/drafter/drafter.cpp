@@ -362,6 +362,7 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
   MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
   MTP_REQUIRE(token >= 0 && token < vocab_, "drafter: token id ", token, " is outside the vocab of ", vocab_);
   MTP_REQUIRE(st.rc_.propose_start < 0, "drafter: propose called twice without after_verify");
+  last_propose_ = 1;
   if (st.rc_.seq_len + k > max_rows_)
     MTP_FAIL("drafter: a propose of ", k, " drafts at row ", st.rc_.seq_len, " would pass the capacity of ",
              max_rows_, " rows");
@@ -603,6 +604,22 @@ int MtpDrafter::last_batch_distinct_experts(int rows) {
   return static_cast<int>(std::unique(ids.begin(), ids.end()) - ids.begin());
 }
 
+std::vector<int32_t> MtpDrafter::last_experts(int rows) {
+  if (last_propose_ == 0 || rows <= 0 || opt_.skip == Skip::block) return {};
+  const bool batched = last_propose_ == 2;
+  const int32_t* dev = batched ? block_.batch_experts() : block_.last_experts();
+  if (!dev) return {};
+  MTP_REQUIRE(!batched || rows <= last_batch_rows_, "drafter: the experts of ", rows,
+              " rows asked for; the last batched propose drafted for ", last_batch_rows_);
+  const int n = batched ? rows : 1;
+  std::vector<int32_t> ids(static_cast<size_t>(n) * block_.dims().top_k);
+  wait_comm();
+  be_.download(ids.data(), dev, ids.size() * sizeof(int32_t));
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 int MtpDrafter::fork_sequence(BatchState& batch, int from) {
   const RowCounters src = batch.at(from);  // checks the slot is live
   MTP_REQUIRE(src.propose_start < 0, "drafter: slot ", from,
@@ -641,6 +658,7 @@ std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<cons
                                                const ProposeExtras& extras) {
   const int B = static_cast<int>(rows.size());
   MTP_REQUIRE(B >= 1 && B <= kMaxBatch, "drafter: a batched propose of ", B, " rows (1 .. ", kMaxBatch, ")");
+  last_propose_ = 2;
   MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
   std::vector<uint8_t> seen(static_cast<size_t>(batch.slots()), 0);
   for (int b = 0; b < B; ++b) {

@@ -243,6 +243,13 @@ class MtpDrafter {
   /// `rows` rows (downloads the router's choice: for benchmarks, outside any timed phase; 0 with
   /// skip: block or before any batched step).
   int last_batch_distinct_experts(int rows);
+  /// The distinct routed experts (global ids, ascending) of the last draft of the last propose or
+  /// propose_batch (over the latter's first `rows` rows; a propose has one row, so its top_k ids):
+  /// downloads the router's choice, so call it outside timed phases. Empty with skip: block or
+  /// before any propose.
+  std::vector<int32_t> last_experts(int rows);
+  /// last_experts(rows).size(): what the step's routed-expert bytes scale with.
+  int last_distinct_experts(int rows) { return static_cast<int>(last_experts(rows).size()); }
 
   /// Destroys the recorded CUDA graphs (they are re-recorded when needed). Call before the
   /// communicator goes if the drafter outlives it.
@@ -342,6 +349,7 @@ class MtpDrafter {
   bool keep_head_inputs_ = false;
   ops::Array<bf16> batch_head_inputs_;  // [max_draft, rows, H] when keep_head_inputs is on
   int last_batch_k_ = 0, last_batch_n_ = 0, last_batch_rows_ = 0;
+  int last_propose_ = 0;  // 0 none yet, 1 propose, 2 propose_batch (last_distinct_experts)
   int last_k_ = 0;
   bool graph_warm_ = false;  // an op-by-op propose has sized the backend's scratch
   // The batched step's buffers, [batch_rows_] rows (padded rows included).

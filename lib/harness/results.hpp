@@ -68,6 +68,9 @@ struct PointResult {
   /// The batched step each row belongs to (0, 1, ... over the point's repeats) and how many
   /// sequences that step drafted for; at batch_size 1 every row is its own step.
   std::vector<int32_t> batch_step, batch_rows;
+  /// The distinct routed experts of the last draft of the row's (batched) step (top_k at one row;
+  /// 0 under skip: block): what the step's routed-expert bytes scale with.
+  std::vector<int32_t> batch_experts;
   std::vector<uint8_t> warmup;
   /// timing[c][row] for c over timing_columns(): the row's batched step's time (every row of a
   /// step carries the same values).

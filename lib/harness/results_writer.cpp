@@ -370,6 +370,11 @@ std::set<int> prepare_results_file(const std::string& path, const Experiment& ex
 
 void append_point(const std::string& path, const Experiment& ex, const PointConfig& point,
                   const PointResult& r, const RunProvenance& prov) {
+  // Checked before the file is touched: a point written half is worse than none.
+  const size_t rows = static_cast<size_t>(r.rows());
+  MTP_REQUIRE(r.batch_step.size() == rows && r.batch_rows.size() == rows && r.batch_experts.size() == rows,
+              point.name(), ": the step table's batch columns hold ", r.batch_step.size(), ", ",
+              r.batch_rows.size(), " and ", r.batch_experts.size(), " rows for ", rows, " steps");
   H5File f = H5File::open_append(path);
   MTP_REQUIRE(f.attr_string("experiment_identity") == results_identity(ex.identity, prov.identity_inputs),
               path, ": was replaced by a file of another experiment while this run was going");
@@ -461,6 +466,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   steps.write("warmup", r.warmup, results_format::column_options());
   steps.write("batch_step", r.batch_step, results_format::column_options());
   steps.write("batch_rows", r.batch_rows, results_format::column_options());
+  steps.write("batch_experts", r.batch_experts, results_format::column_options());
   steps.write("expected_accepted", r.expected_accepted, results_format::column_options());
   for (size_t c = 0; c < timing_columns().size(); ++c)
     steps.write(timing_columns()[c], r.timing[c], results_format::column_options());

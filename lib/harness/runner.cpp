@@ -147,6 +147,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   drafter->reset_selection_check();  // a fresh drafter per point; counters are the point's own
 
   StepRecorder rec(c.be, timer, p, seqs, r);
+  rec.count_experts([&drafter](int rows) { return drafter->last_distinct_experts(rows); });
   bool stopped = false, limit = false;
   // After each (batched) step: progress, an agreed stop, the step limit.
   auto go_on = [&]() {

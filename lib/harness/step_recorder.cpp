@@ -66,6 +66,7 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
                          ph.exchange_total(), ph.after_verify, ph.catch_up,      ph.stats};
   static_assert(std::size(cols) == 8);
   MTP_REQUIRE(r_.timing.size() == std::size(cols), "step recorder: ", r_.timing.size(), " timing columns");
+  const int32_t experts = count_experts_ ? count_experts_(static_cast<int>(rows.size())) : 0;
   for (const StepRecord& rec : rows) {
     const size_t row = r_.sequence.size();
     r_.repeat.push_back(rep_);
@@ -74,6 +75,7 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
     r_.accepted.push_back(rec.accepted);
     r_.batch_step.push_back(static_cast<int32_t>(global_step_));
     r_.batch_rows.push_back(rec.batch_rows);
+    r_.batch_experts.push_back(experts);
     r_.warmup.push_back(global_step_ < p_.measure.warmup_steps ? 1 : 0);
     for (size_t col = 0; col < r_.timing.size(); ++col) r_.timing[col].push_back(cols[col]);
     for (int i = 0; i < k_; ++i) {

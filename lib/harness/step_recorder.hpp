@@ -11,6 +11,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -41,6 +42,10 @@ class StepRecorder {
   void before_step();
   /// The rows of the step that just finished (verify and catch-up included).
   void after_step(const std::vector<StepRecord>& rows);
+  /// How after_step counts the distinct routed experts of a step of `rows` rows (its batch_experts
+  /// column; MtpDrafter::last_distinct_experts). It runs after the step's times are taken, so its
+  /// download does not count in them. Without one the column is 0.
+  void count_experts(std::function<int(int rows)> count) { count_experts_ = std::move(count); }
   /// Trace sequence `i` left the replay after `steps` steps.
   void after_sequence(int i, int steps);
   /// Ends the repeat: in repeat 0, the per-sequence rows in trace order.
@@ -64,6 +69,7 @@ class StepRecorder {
   int rep_ = 0;
   int64_t global_step_ = 0, steps_in_repeat_ = 0;
   Clock::time_point t0_;
+  std::function<int(int)> count_experts_;
   std::map<std::pair<int32_t, int32_t>, size_t> repeat0_row_;  // (sequence, position) -> row
   std::map<int32_t, int> by_trace_index_;                      // TraceSequence::index -> i
   // Per sequence of the current repeat: prefill time, steps, positions advanced.

@@ -8,6 +8,7 @@
 // rules: slots, refusals, the timed phases.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "batch_replay.hpp"
@@ -255,4 +256,50 @@ TEST(DrafterBatch, ForkedSequencesDraftAsTheirOrigin) {
   EXPECT_THROW(d->fork_sequence(*batch, s0), Error);
   d->after_verify(*batch, s0, 0);
   EXPECT_EQ(d->fork_sequence(*batch, s0), s2);
+}
+
+// last_experts: the distinct routed experts of the last draft, single-sequence and batched. On the
+// CPU a row routes the same at any batch, so a batch's experts are the union of its sequences'.
+TEST(DrafterBatch, LastExpertsAreTheUnionOfTheRowsRoutes) {
+  Fixture f;
+  const int H = f.cfg.hidden, top_k = f.cfg.num_experts_per_tok;
+  const int P = 40;
+  const std::vector<int> picks = {3, 5, 8};
+  auto single = f.make({});
+  EXPECT_TRUE(single->last_experts(1).empty()) << "before any propose";
+  std::vector<int32_t> want;
+  for (int i : picks) {
+    const auto& seq = shared_trace().at(static_cast<size_t>(i));
+    auto st = single->new_sequence();
+    single->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), P - 1, 0);
+    single->propose(*st, seq.tokens[P], seq.hiddens.data() + static_cast<size_t>(P - 1) * H, kDraft);
+    const auto mine = single->last_experts(1);
+    EXPECT_EQ(static_cast<int>(mine.size()), top_k) << "one row's top_k picks are distinct";
+    EXPECT_TRUE(std::is_sorted(mine.begin(), mine.end()));
+    want.insert(want.end(), mine.begin(), mine.end());
+  }
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  ASSERT_GT(want.size(), static_cast<size_t>(top_k)) << "the picked sequences should not all route alike";
+
+  auto d = f.make({});
+  auto batch = d->new_batch(4);  // a bucket of 4: one padded row the count must not read
+  std::vector<drafter::BatchRow> rows;
+  for (int i : picks) {
+    const auto& seq = shared_trace().at(static_cast<size_t>(i));
+    const int s = d->new_sequence(*batch);
+    d->append_rows(*batch, s, seq.tokens.data() + 1, seq.hiddens.data(), P - 1, 0);
+    rows.push_back({s, seq.tokens[P], seq.hiddens.data() + static_cast<size_t>(P - 1) * H});
+  }
+  d->propose_batch(*batch, rows, kDraft);
+  EXPECT_EQ(d->last_experts(3), want);
+  EXPECT_EQ(d->last_distinct_experts(3), static_cast<int>(want.size()));
+  EXPECT_THROW(d->last_experts(4), Error) << "more rows than the batched propose drafted for";
+
+  auto skip = f.make({.skip = drafter::Skip::block});
+  auto st = skip->new_sequence();
+  const auto& seq = shared_trace().at(3);
+  skip->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), P - 1, 0);
+  skip->propose(*st, seq.tokens[P], seq.hiddens.data() + static_cast<size_t>(P - 1) * H, kDraft);
+  EXPECT_TRUE(skip->last_experts(1).empty()) << "skip: block runs no router";
 }

@@ -115,9 +115,30 @@ def check_point(res, name):
     _, first, counts = np.unique(bs, return_index=True, return_counts=True)
     check(bool((rows[first] == counts).all()), f"{name}: batch_rows is not the rows of its batched step")
     check(int(rows.max(initial=1)) <= int(g.attrs["batch_size"]), f"{name}: a step drafted for more than batch_size")
+    check_batch_experts(name, g, df)
     check_uncertainty(res, name, df, k)
     check_draft_stats(res, name, df, k)
     check_replay_mode(res, name, df, k)
+
+
+def check_batch_experts(name, g, df):
+    """steps/batch_experts: one count per batched step, between the top_k of one row and
+    min(E, rows x top_k) (exactly top_k at one row: a row's picks are distinct), 0 under skip: block;
+    absent only in files written before it."""
+    if "batch_experts" not in df.columns:
+        return
+    cfg = mr.config_dict(g.attrs["config"])
+    E, k = int(cfg["model.n_routed_experts"]), int(cfg["model.num_experts_per_tok"])
+    ex, rows, bs = df["batch_experts"].values, df["batch_rows"].values, df["batch_step"].values
+    _, first, inv = np.unique(bs, return_index=True, return_inverse=True)
+    check(bool((ex == ex[first][inv]).all()), f"{name}: batch_experts differs within a batched step")
+    if cfg.get("skip", "none") == "block":
+        check(bool((ex == 0).all()), f"{name}: batch_experts {sorted(set(ex.tolist()))} under skip: block")
+        return
+    hi = np.minimum(E, rows * k)
+    check(bool(((ex >= k) & (ex <= hi)).all()),
+          f"{name}: batch_experts outside [top_k {k}, min(E {E}, rows x top_k)]: {sorted(set(ex.tolist()))[:8]}")
+    check(bool((ex[rows == 1] == k).all()), f"{name}: a one-row step with batch_experts != top_k {k}")
 
 
 def attr_str(g, key, default):

@@ -55,6 +55,7 @@ PointResult result_of(const std::vector<Row>& rows, int k) {
           row.drafts[static_cast<size_t>(j)] == row.targets[static_cast<size_t>(j)] ? 1.f : 0.f);
     r.batch_step.push_back(static_cast<int32_t>(r.batch_step.size()));
     r.batch_rows.push_back(1);
+    r.batch_experts.push_back(8);
     r.warmup.push_back(0);
     for (auto& col : r.timing) col.push_back(0.0);
     for (int j = 0; j < k; ++j) {
