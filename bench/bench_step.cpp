@@ -215,12 +215,12 @@ Setup make_setup(const Options& opt) {
   const double synth_s = std::chrono::duration<double>(Clock::now() - t0).count();
   t0 = Clock::now();
   if (opt.heads[1]) model::quantize_head_fp8(s.w);
+  const double quant_s = std::chrono::duration<double>(Clock::now() - t0).count();
   if (opt.router_bias_scale != 1.0) {
     // The bias shifts which experts win; its spread sets how many distinct experts a batch touches.
     for (float& v : s.w.moe.e_score_correction_bias.data) v = static_cast<float>(v * opt.router_bias_scale);
-    std::printf("router bias scaled by %g (std %.4g)\n", opt.router_bias_scale, 0.05 * opt.router_bias_scale);
+    std::printf("router bias scaled by %g\n", opt.router_bias_scale);
   }
-  const double quant_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("synthesize_mtp_weights: %.2f GB in %.1f s (%u threads); quantize_head_fp8 %.1f s\n",
               s.w.bytes() / 1e9, synth_s, std::thread::hardware_concurrency(), quant_s);
   // Context: random tokens and hiddens (target-like scale: post-norm hiddens are O(1)).
@@ -324,7 +324,7 @@ int run_batched(const Options& opt, Setup& s) {
                 std::max(launches_per_draft, static_cast<double>(be.kernels_enqueued() - before) / k);
             if (i >= opt.warmup) {
               us.push_back(timer.last_ms() * 1e3);
-              experts.push_back(d->last_batch_distinct_experts(B));
+              experts.push_back(d->last_distinct_experts(B));
             }
             for (int b = 0; b < B; ++b) d->after_verify(*batch, b, 0);
           }

@@ -593,17 +593,6 @@ int MtpDrafter::new_sequence(BatchState& batch) {
   MTP_FAIL("drafter: every one of the batch's ", batch.slots(), " slots holds a sequence; release one first");
 }
 
-int MtpDrafter::last_batch_distinct_experts(int rows) {
-  const int32_t* dev = block_.batch_experts();
-  if (!dev || rows <= 0 || opt_.skip == Skip::block) return 0;
-  const int top_k = block_.dims().top_k;
-  std::vector<int32_t> ids(static_cast<size_t>(rows) * top_k);
-  wait_comm();
-  be_.download(ids.data(), dev, ids.size() * sizeof(int32_t));
-  std::sort(ids.begin(), ids.end());
-  return static_cast<int>(std::unique(ids.begin(), ids.end()) - ids.begin());
-}
-
 std::vector<int32_t> MtpDrafter::last_experts(int rows) {
   if (last_propose_ == 0 || rows <= 0 || opt_.skip == Skip::block) return {};
   const bool batched = last_propose_ == 2;

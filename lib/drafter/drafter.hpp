@@ -239,10 +239,6 @@ class MtpDrafter {
                                      const SamplingTransform&);
   /// after_verify for the sequence in `slot`.
   void after_verify(BatchState& batch, int slot, int accepted);
-  /// The distinct routed experts of the last draft of the last propose_batch over its first
-  /// `rows` rows (downloads the router's choice: for benchmarks, outside any timed phase; 0 with
-  /// skip: block or before any batched step).
-  int last_batch_distinct_experts(int rows);
   /// The distinct routed experts (global ids, ascending) of the last draft of the last propose or
   /// propose_batch (over the latter's first `rows` rows; a propose has one row, so its top_k ids):
   /// downloads the router's choice, so call it outside timed phases. Empty with skip: block or
