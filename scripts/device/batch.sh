@@ -12,14 +12,16 @@
 # steps route to as many distinct experts as the peer's, into $OUT/eq/, and prints that ratio table
 # too (docs/performance.md, session 17). GPU=H200 (any text) stops at once, before the build, when
 # the first GPU's name does not contain it: a call that asked for one kind and got another spends
-# seconds, not minutes.
+# seconds, not minutes. BASE=1 builds the earlier commit exported into .base/ by
+# scripts/device/base-tree.sh and runs its B = 1 step and the current one in turn, twice each
+# (bench_step_b1_base.txt): "B = 1 stays as fast as commit X" measured on this call's GPU.
 #
-#   OUT=/some/dir [GPU=H200] [PEER=file.py [EQ=1]] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1]
+#   OUT=/some/dir [GPU=H200] [BASE=1] [PEER=file.py [EQ=1]] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1]
 #     scripts/device/batch.sh
 #
 # $OUT: build.log, gpu_tests.log, bench_step.txt (B = 1), bench_step_batch.txt / .csv, peer.txt /
-# torch_graph_peer_batched.json, batch_ratio.txt, eq/ (EQ=1), ncu_batch.csv / ncu_batch.txt,
-# batch-scaling.h5 / .log.
+# torch_graph_peer_batched.json, batch_ratio.txt, eq/ (EQ=1), bench_step_b1_base.txt (BASE=1),
+# ncu_batch.csv / ncu_batch.txt, batch-scaling.h5 / .log.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root" || exit 1
@@ -49,6 +51,28 @@ fi
 step "draft step, B = 1"
 timeout 120 build-gpu/bin/mtplab_bench_step --k 1 --graphs on --reps 30 --out "$OUT" >"$OUT/bench_step.txt" 2>&1
 echo "rc=$?"; tail -6 "$OUT/bench_step.txt"
+if [[ ${BASE:-0} == 1 ]]; then
+  step "B = 1 against the baseline tree .base/ (scripts/device/base-tree.sh), in turn, same GPU"
+  if [[ -f .base/CMakeLists.txt ]]; then
+    { (cd .base && cmake --preset cuda -B build-base -DMTPLAB_WERROR=OFF -DMTPLAB_TESTS=OFF &&
+        cmake --build build-base -j"$(nproc)" --target mtplab_bench_step); } >"$OUT/base_build.log" 2>&1 ||
+      { echo "baseline build failed:"; tail -20 "$OUT/base_build.log"; }
+    if [[ -x .base/build-base/bin/mtplab_bench_step ]]; then
+      for i in 1 2; do
+        for who in base head; do
+          bin=build-gpu/bin/mtplab_bench_step; [[ $who == base ]] && bin=.base/build-base/bin/mtplab_bench_step
+          echo "=== $who, run $i" >>"$OUT/bench_step_b1_base.txt"
+          timeout 120 "$bin" --context 4096 --k 1 --graphs on --reps 30 --out "$OUT/base_$who$i" \
+            >>"$OUT/bench_step_b1_base.txt" 2>&1
+          echo "$who run $i rc=$?"
+        done
+      done
+      grep -E "^=== |git |^(bf16|fp8) " "$OUT/bench_step_b1_base.txt"
+    fi
+  else
+    echo "BASE=1 but no .base/ here: run scripts/device/base-tree.sh COMMIT and carry .base"
+  fi
+fi
 step "batched draft step"
 timeout 240 build-gpu/bin/mtplab_bench_step --batch "$BATCHES" --k 1 --graphs on --reps "$REPS" --out "$OUT" ${STEP_ARGS:-} \
   >"$OUT/bench_step_batch.txt" 2>&1
