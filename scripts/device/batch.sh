@@ -13,7 +13,7 @@
 # too (docs/performance.md, session 17). GPU=H200 (any text) stops at once, before the build, when
 # the first GPU's name does not contain it: a call that asked for one kind and got another spends
 # seconds, not minutes. BASE=1 builds the earlier commit exported into .base/ by
-# scripts/device/base-tree.sh and runs its B = 1 step and the current one in turn, twice each
+# scripts/device/base-tree.sh and runs its B = 1 step and the current one in turn, BASE_RUNS times each (2)
 # (bench_step_b1_base.txt): "B = 1 stays as fast as commit X" measured on this call's GPU.
 #
 #   OUT=/some/dir [GPU=H200] [BASE=1] [PEER=file.py [EQ=1]] [BATCHES=1,2,4,8,16,32,64,128] [REPS=20] [NCU=1]
@@ -58,7 +58,7 @@ if [[ ${BASE:-0} == 1 ]]; then
         cmake --build build-base -j"$(nproc)" --target mtplab_bench_step); } >"$OUT/base_build.log" 2>&1 ||
       { echo "baseline build failed:"; tail -20 "$OUT/base_build.log"; }
     if [[ -x .base/build-base/bin/mtplab_bench_step ]]; then
-      for i in 1 2; do
+      for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
         for who in base head; do
           bin=build-gpu/bin/mtplab_bench_step; [[ $who == base ]] && bin=.base/build-base/bin/mtplab_bench_step
           echo "=== $who, run $i" >>"$OUT/bench_step_b1_base.txt"
