@@ -2,9 +2,11 @@
 // norm and the lm_head, decoding greedily from seeded random prompts). Rank 0 writes the file;
 // other ranks (if any) wait. The embedding and lm_head are the MTP weights' own (--weight-seed),
 // so the drafter replaying the trace uses the same trunk the target did.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
+#include <vector>
 
 #include "commands.hpp"
 #include "core/build_info.hpp"
@@ -32,6 +34,10 @@ cli::Parser trace_cli() {
                "target shares (default 1; use the experiment's weights seed)",
                0, INT64_MAX)
       .integer("layers", "N", "target layers (default 2)", 1, 64)
+      .integer("batch", "N",
+               "sequences generated together (default 128; 1 = one at a time: on cuda\n"
+               "the tokens may differ at head near-ties, on cpu never)",
+               1, drafter::kMaxTargetBatch)
       .choice("backend", {"cpu", "cuda"}, "where the target runs (default cpu)");
 }
 }  // namespace
@@ -47,6 +53,7 @@ int cmd_trace(const Args& args) {
   const uint64_t seed = static_cast<uint64_t>(cli->integer("seed", 1));
   const uint64_t weight_seed = static_cast<uint64_t>(cli->integer("weight-seed", 1));
   const int layers = static_cast<int>(cli->integer("layers", 2));
+  const int batch = static_cast<int>(cli->integer("batch", drafter::kMaxTargetBatch));
   const std::string backend = cli->choice("backend", "cpu");
 
   dist::Runtime rt;
@@ -60,20 +67,29 @@ int cmd_trace(const Args& args) {
   } else {
     be = ops::make_cpu_backend();
   }
-  drafter::SyntheticTarget target(*be, cfg, layers, weight_seed, seed);
+  drafter::SyntheticTarget target(*be, cfg, layers, weight_seed, seed, prompt_len + new_tokens);
   io::TraceProvenance prov;
   prov.generator = "mtplab trace (synthetic target)";
   prov.model = cfg.name;
   prov.seed = str("prompts/target ", seed, ", weights ", weight_seed, ", layers ", layers);
   prov.config = str("model: ", cfg.name, "\nsequences: ", sequences, "\nprompt_len: ", prompt_len,
                     "\nnew_tokens: ", new_tokens, "\nseed: ", seed, "\nweight_seed: ", weight_seed,
-                    "\nlayers: ", layers, "\nbackend: ", backend, "\n");
+                    "\nlayers: ", layers, "\nbatch: ", batch, "\nbackend: ", backend, "\n");
   io::TraceWriter writer(out, cfg.hidden, cfg.vocab, prov);
   drafter::PromptGenerator prompts(seed, cfg.vocab);
-  for (int s = 0; s < sequences; ++s) {
-    const io::TraceSequence seq = target.generate(prompts.next(prompt_len), new_tokens);
-    writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
-    log_info("trace: sequence ", s + 1, "/", sequences, " (", seq.tokens.size(), " positions)");
+  for (int s0 = 0; s0 < sequences; s0 += batch) {
+    const int m = std::min(batch, sequences - s0);
+    std::vector<io::TraceSequence> group;
+    if (batch == 1) {
+      group.push_back(target.generate(prompts.next(prompt_len), new_tokens));
+    } else {
+      std::vector<std::vector<int32_t>> ps;
+      for (int i = 0; i < m; ++i) ps.push_back(prompts.next(prompt_len));
+      group = target.generate_batch(ps, new_tokens, io::TraceSampling{}, s0);
+    }
+    for (const io::TraceSequence& seq : group) writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
+    log_info("trace: sequences ", s0 + 1, "..", s0 + m, "/", sequences, " (", prompt_len + new_tokens,
+             " positions each)");
   }
   writer.commit();
   std::printf("wrote %s: %d sequences of %d positions (model %s, hidden %d, vocab %d)\n", out.c_str(), sequences,

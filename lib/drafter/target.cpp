@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -12,9 +13,15 @@
 namespace mtplab::drafter {
 
 SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg, int layers,
-                                 uint64_t weight_seed, uint64_t target_seed)
+                                 uint64_t weight_seed, uint64_t target_seed, int max_positions)
     : be_(be), cfg_(cfg) {
   MTP_REQUIRE(layers >= 1 && layers <= 64, "synthetic target: layers ", layers, " outside 1..64");
+  MTP_REQUIRE(max_positions >= 0, "synthetic target: max_positions ", max_positions, " is negative");
+  if (max_positions > 0) {
+    const int P = cfg.index_kpool;
+    const int64_t rows = (static_cast<int64_t>(max_positions) + P - 1) / P * P;
+    if (rows < cfg_.max_seq_len) cfg_.set_max_seq_len(static_cast<int>(rows));
+  }
   const model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   {
     model::MtpWeights trunk =
@@ -98,6 +105,88 @@ io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, 
   return seq;
 }
 
+std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector<std::vector<int32_t>>& prompts,
+                                                              int new_tokens, const io::TraceSampling& sampling,
+                                                              int64_t first_sequence) {
+  io::validate(sampling, "synthetic target");
+  const int n = static_cast<int>(prompts.size());
+  MTP_REQUIRE(n >= 1 && n <= kMaxTargetBatch, "synthetic target: a batch of ", n, " sequences (1 .. ",
+              kMaxTargetBatch, ")");
+  const int prompt_len = static_cast<int>(prompts[0].size());
+  MTP_REQUIRE(prompt_len > 0, "synthetic target: empty prompt");
+  for (const auto& pr : prompts)
+    MTP_REQUIRE(static_cast<int>(pr.size()) == prompt_len,
+                "synthetic target: the prompts of a batch differ in length (", pr.size(), " and ", prompt_len,
+                " tokens)");
+  MTP_REQUIRE(new_tokens >= 0, "synthetic target: ", new_tokens, " new tokens");
+  const int total = prompt_len + new_tokens;
+  MTP_REQUIRE(total <= cfg_.max_seq_len, "synthetic target: ", total, " positions exceed max_seq_len ",
+              cfg_.max_seq_len);
+  const int H = cfg_.hidden;
+  const size_t V = static_cast<size_t>(cfg_.vocab);
+  const size_t row = static_cast<size_t>(H);
+  const size_t rows = static_cast<size_t>(n);
+  std::vector<io::TraceSequence> seqs(rows);
+  for (size_t b = 0; b < rows; ++b) {
+    io::TraceSequence& q = seqs[b];
+    q.hidden = H;
+    q.prompt_length = prompt_len;
+    q.tokens = prompts[b];
+    q.tokens.reserve(static_cast<size_t>(total));
+    q.hiddens.resize(static_cast<size_t>(total) * row);
+  }
+  // Sequence b is slot b of every layer's pool; all rows of a step sit at the same position.
+  std::vector<std::unique_ptr<SlotCaches>> caches;
+  for (auto& blk : blocks_) {
+    blk->reserve_batch(n);
+    caches.push_back(std::make_unique<SlotCaches>(be_, blk->dims(), n));
+  }
+  ops::Array<bf16> x(be_, rows * row), normed(be_, rows * row);
+  ops::Array<int32_t> slot(be_, rows), pos(be_, rows);
+  ops::Array<ops::ArgMax> arg(be_, rows);
+  std::optional<ops::Array<bf16>> logits;
+  if (sampling.sampled) logits.emplace(be_, rows * V);
+  std::vector<int32_t> host_i(rows);
+  std::iota(host_i.begin(), host_i.end(), 0);
+  be_.upload(slot.data(), host_i.data(), host_i.size() * sizeof(int32_t));
+  std::vector<bf16> host_h(rows * row);
+  std::vector<ops::ArgMax> host_arg(rows);
+  std::vector<bf16> host_logits(sampling.sampled ? rows * V : 0);
+  for (int p = 0; p < total; ++p) {
+    const size_t at = static_cast<size_t>(p);
+    for (size_t b = 0; b < rows; ++b) {
+      const int32_t tok = seqs[b].tokens[at];
+      MTP_REQUIRE(tok >= 0 && tok < cfg_.vocab, "synthetic target: token ", tok, " at position ", p,
+                  " of sequence ", first_sequence + static_cast<int64_t>(b), " is outside the vocab of ",
+                  cfg_.vocab);
+      be_.copy(x.data() + b * row, embed_.data() + static_cast<size_t>(tok) * row, row * sizeof(bf16));
+    }
+    std::fill(host_i.begin(), host_i.end(), p);
+    be_.upload(pos.data(), host_i.data(), host_i.size() * sizeof(int32_t));
+    for (size_t l = 0; l < blocks_.size(); ++l)
+      blocks_[l]->forward_batch(n, x.data(), slot.data(), pos.data(), *caches[l], x.data());
+    be_.rmsnorm(x.data(), final_norm_.data(), normed.data(), n, H, cfg_.rms_norm_eps);
+    be_.download(host_h.data(), normed.data(), host_h.size() * sizeof(bf16));
+    for (size_t b = 0; b < rows; ++b)
+      std::copy_n(host_h.data() + b * row, row, seqs[b].hiddens.data() + at * row);
+    if (p + 1 < total && p + 1 >= prompt_len) {
+      be_.head_argmax_batch(lm_head_.data(), nullptr, nullptr, normed.data(), slot.data(), n, cfg_.vocab, H, 0,
+                            logits ? logits->data() : nullptr, cfg_.vocab, arg.data());
+      if (!sampling.sampled) {
+        be_.download(host_arg.data(), arg.data(), host_arg.size() * sizeof(ops::ArgMax));
+        for (size_t b = 0; b < rows; ++b) seqs[b].tokens.push_back(host_arg[b].index);
+      } else {
+        be_.download(host_logits.data(), logits->data(), host_logits.size() * sizeof(bf16));
+        for (size_t b = 0; b < rows; ++b)
+          seqs[b].tokens.push_back(sample_transformed(
+              std::span<const bf16>(host_logits.data() + b * V, V), sampling.temperature, sampling.top_k,
+              sampling.top_p, sampling_uniform(sampling.seed, first_sequence + static_cast<int64_t>(b), p + 1)));
+      }
+    }
+  }
+  return seqs;
+}
+
 std::vector<int32_t> PromptGenerator::next(int length) {
   std::vector<int32_t> prompt(static_cast<size_t>(length));
   for (auto& t : prompt) {
@@ -108,13 +197,24 @@ std::vector<int32_t> PromptGenerator::next(int length) {
 }
 
 std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
-                                               int new_tokens, uint64_t seed,
-                                               const io::TraceSampling& sampling) {
+                                               int new_tokens, uint64_t seed, const io::TraceSampling& sampling,
+                                               int batch, const std::function<void(int)>& progress) {
+  MTP_REQUIRE(batch >= 1 && batch <= kMaxTargetBatch, "synthetic trace: batch ", batch, " outside 1 .. ",
+              kMaxTargetBatch);
   PromptGenerator prompts(seed, vocab);
   std::vector<io::TraceSequence> out;
-  for (int s = 0; s < count; ++s) {
-    out.push_back(target.generate(prompts.next(prompt_len), new_tokens, sampling, s));
-    out.back().index = s;
+  out.reserve(static_cast<size_t>(std::max(count, 0)));
+  for (int s0 = 0; s0 < count; s0 += batch) {
+    const int m = std::min(batch, count - s0);
+    if (batch == 1) {
+      out.push_back(target.generate(prompts.next(prompt_len), new_tokens, sampling, s0));
+    } else {
+      std::vector<std::vector<int32_t>> group;
+      for (int i = 0; i < m; ++i) group.push_back(prompts.next(prompt_len));
+      for (io::TraceSequence& q : target.generate_batch(group, new_tokens, sampling, s0)) out.push_back(std::move(q));
+    }
+    for (int i = 0; i < m; ++i) out[static_cast<size_t>(s0 + i)].index = s0 + i;
+    if (progress) progress(s0 + m);
   }
   return out;
 }

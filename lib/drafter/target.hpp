@@ -8,11 +8,19 @@
 // uniform sampling_uniform(seed, sequence, t + 1): counter-based, so a sequence's tokens do not
 // depend on how many sequences are generated or where.
 //
+// Batched generation (generate_batch, synthetic_trace's `batch`): up to kMaxTargetBatch sequences
+// of one prompt length step through the target together, one Block::forward_batch per position,
+// so each weight is read once per position for all of them instead of once per sequence. On the
+// CPU backend a sequence's tokens and hiddens are the same bits at every batch size (forward_batch,
+// rmsnorm and head_argmax_batch are the single-row ops row by row); on CUDA the batched kernels
+// sum in other orders, so a hidden may differ in its last bits and a token at a head near-tie.
+//
 // Weights: the embedding and lm_head are the MTP weights' own (seed `weight_seed`), because the
 // MTP layer uses the target's embedding and head; layer i's block weights come from seed
 // `target_seed + 1 + i` and the final norm from `target_seed` (docs/weights.md).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -24,10 +32,16 @@
 
 namespace mtplab::drafter {
 
+/// The most sequences one batched target step takes (the batched drafter's largest batch).
+inline constexpr int kMaxTargetBatch = 128;
+
 class SyntheticTarget {
  public:
+  /// `max_positions` > 0 sizes the caches for sequences of at most that many positions (rounded
+  /// up to whole index pools, at most the config's max_seq_len) instead of max_seq_len: the
+  /// capacity changes no result, only memory, which batched generation multiplies by the batch.
   SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg, int layers, uint64_t weight_seed,
-                  uint64_t target_seed);
+                  uint64_t target_seed, int max_positions = 0);
   ~SyntheticTarget();
   /// Greedy decoding: runs the prompt, then generates `new_tokens` tokens. Returns the whole
   /// sequence (prompt + generated tokens) and the hidden after each token; the hidden of the last
@@ -37,7 +51,14 @@ class SyntheticTarget {
   /// sequence's uniforms (sampling only).
   io::TraceSequence generate(const std::vector<int32_t>& prompt, int new_tokens,
                              const io::TraceSampling& sampling, int64_t sequence);
+  /// generate() for every prompt of `prompts` (one length, 1 .. kMaxTargetBatch of them) at
+  /// once: sequence i is generate(prompts[i], new_tokens, sampling, first_sequence + i), the same
+  /// bits on the CPU backend (header comment).
+  std::vector<io::TraceSequence> generate_batch(const std::vector<std::vector<int32_t>>& prompts, int new_tokens,
+                                                const io::TraceSampling& sampling, int64_t first_sequence);
   int layers() const { return static_cast<int>(blocks_.size()); }
+  /// The rows the caches hold per sequence.
+  int capacity() const { return cfg_.max_seq_len; }
 
  private:
   ops::Backend& be_;
@@ -61,10 +82,13 @@ class PromptGenerator {
 };
 
 /// `count` sequences of `target`: prompts of `prompt_len` tokens from PromptGenerator(seed), then
-/// `new_tokens` tokens each, greedy or as `sampling` says; sequence s gets index s.
+/// `new_tokens` tokens each, greedy or as `sampling` says; sequence s gets index s. `batch`
+/// (1 .. kMaxTargetBatch): sequences generated together (generate_batch), 1 = one at a time.
+/// `progress` (optional) is called after each group with the sequences done so far.
 std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
                                                int new_tokens, uint64_t seed,
-                                               const io::TraceSampling& sampling = {});
+                                               const io::TraceSampling& sampling = {}, int batch = 1,
+                                               const std::function<void(int)>& progress = {});
 
 /// The synthetic sampler's uniform in [0, 1) for trace token `position` of sequence `sequence`:
 ///   h = mix(seed ^ 0x73796e7468657469); h = mix(h ^ (sequence * 0x9e3779b97f4a7c15));

@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "drafter/target.hpp"
 #include "harness/replay.hpp"
 
 namespace mtplab::harness {
@@ -159,6 +160,7 @@ struct DocReader {
       t.new_tokens = static_cast<int>(s.opt_int("new_tokens", t.new_tokens, 1, 1 << 24));
       t.seed = static_cast<uint64_t>(s.opt_int("seed", 1, 0, INT64_MAX));
       t.layers = static_cast<int>(s.opt_int("layers", t.layers, 1, 64));
+      t.batch = static_cast<int>(s.opt_int("batch", t.batch, 1, drafter::kMaxTargetBatch));
       io::TraceSampling& smp = t.sampling;
       smp.sampled = s.opt_choice("sampling", "greedy", {"greedy", "sampling"}) == "sampling";
       // Read (and checked) either way; not in effect, hence normalised, when greedy.
@@ -309,6 +311,7 @@ std::string canonical_text(const PointConfig& p) {
     e << YAML::Key << "new_tokens" << YAML::Value << str(p.trace.new_tokens);
     e << YAML::Key << "seed" << YAML::Value << str(p.trace.seed);
     e << YAML::Key << "layers" << YAML::Value << str(p.trace.layers);
+    e << YAML::Key << "batch" << YAML::Value << str(p.trace.batch);
     if (p.trace.sampling.sampled) {  // absent when greedy: older results files keep their identity
       const io::TraceSampling& smp = p.trace.sampling;
       e << YAML::Key << "sampling" << YAML::Value << "sampling";

@@ -36,7 +36,7 @@ struct WeightsSpec {
   friend bool operator==(const WeightsSpec&, const WeightsSpec&) = default;
 };
 
-/// `trace:` {path: file.h5} or {synthetic: {sequences, prompt_len, new_tokens, seed, layers,
+/// `trace:` {path: file.h5} or {synthetic: {sequences, prompt_len, new_tokens, seed, layers, batch,
 /// sampling, temperature, top_k, top_p, sampling_seed}}.
 struct TraceSpec {
   bool synthetic = false;
@@ -46,6 +46,10 @@ struct TraceSpec {
   int new_tokens = 64;
   uint64_t seed = 1;
   int layers = 2;
+  /// Sequences the synthetic target generates together (1 .. 128; 1 = one at a time): the same
+  /// trace on the CPU backend at every value, on CUDA the same except at near-ties
+  /// (drafter::SyntheticTarget::generate_batch), so it is part of the point's configuration.
+  int batch = 128;
   /// A synthetic trace's continuation: greedy (default) or sampled at a temperature / top-k /
   /// top-p with a seed (`sampling: sampling`; the other keys are ignored, and normalised, when
   /// greedy). A file's comes from the file (io::TraceReader::sampling).

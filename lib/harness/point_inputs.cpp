@@ -72,12 +72,23 @@ const std::vector<io::TraceSequence>& PointInputs::trace(const PointConfig& p) {
     if (rank_ != 0) patient.emplace("rank 0 generates the synthetic trace");
     if (rank_ == 0) {
       const auto t0 = Clock::now();
-      drafter::SyntheticTarget target(be_, cfg, p.trace.layers, p.weights.seed, p.trace.seed);
-      trace_ = drafter::synthetic_trace(target, cfg.vocab, count, p.trace.prompt_len, p.trace.new_tokens,
-                                        p.trace.seed, p.trace.sampling);
+      auto last_log = t0;
+      drafter::SyntheticTarget target(be_, cfg, p.trace.layers, p.weights.seed, p.trace.seed,
+                                      p.trace.prompt_len + p.trace.new_tokens);
+      const int batch = std::min(p.trace.batch, std::max(count, 1));
+      trace_ = drafter::synthetic_trace(
+          target, cfg.vocab, count, p.trace.prompt_len, p.trace.new_tokens, p.trace.seed, p.trace.sampling, batch,
+          [&](int done) {
+            const auto now = Clock::now();
+            if (done < count && now - last_log > std::chrono::seconds(10)) {
+              last_log = now;
+              log_info("synthetic trace: ", done, "/", count, " sequence(s) after ",
+                       format_duration(std::chrono::duration<double>(now - t0).count()));
+            }
+          });
       log_info("synthetic trace: ", count, " sequence(s) of ", p.trace.prompt_len, " + ", p.trace.new_tokens,
-               " tokens (", p.trace.sampling.describe(), ") from a ", p.trace.layers, "-layer target in ",
-               format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
+               " tokens (", p.trace.sampling.describe(), ") from a ", p.trace.layers, "-layer target, ", batch,
+               " at a time, in ", format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
     }
     broadcast_trace(trace_, cfg.hidden, world_, rank_);
   } else {

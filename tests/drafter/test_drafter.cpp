@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/drafter.hpp"
 #include "common/trace.hpp"
@@ -50,6 +51,65 @@ TEST(Drafter, SyntheticTargetIsDeterministicAndInVocab) {
   for (int i = 0; i < 128; ++i) ss += std::pow(to_float(seq.hiddens[40 * 128 + i]), 2);
   EXPECT_GT(std::sqrt(ss / 128), 0.3);
   EXPECT_LT(std::sqrt(ss / 128), 3.0);
+}
+
+// Batched generation: the same tokens and hiddens, bit for bit, as one sequence at a time on the
+// CPU, with groups that do not divide the count (5 = 3 + 2, 2 + 2 + 1), greedy and sampled; and
+// a cache capacity cut to the sequences' length changes nothing. 24 + 16 positions: past the
+// tiny model's K + P - 1 = 19 rows, so the indexer's sparse selection runs.
+TEST(SyntheticTrace, BatchedIsTheOneAtATimeTraceOnTheCpu) {
+  auto be = ops::make_cpu_backend();
+  const model::ModelConfig cfg = test::tiny_config(256);
+  io::TraceSampling sampled;
+  sampled.sampled = true;
+  sampled.temperature = 1.0;
+  sampled.top_k = 50;
+  sampled.seed = 11;
+  for (const io::TraceSampling& smp : {io::TraceSampling{}, sampled}) {
+    SCOPED_TRACE(smp.sampled ? "sampled" : "greedy");
+    drafter::SyntheticTarget full(*be, cfg, 2, 7, 3);
+    const auto one = drafter::synthetic_trace(full, cfg.vocab, 5, 24, 16, 3, smp, 1);
+    ASSERT_EQ(one.size(), 5u);
+    // The sequences differ from each other (a batch that mixed up its rows would show).
+    EXPECT_NE(one[0].tokens, one[1].tokens);
+    int calls = 0;
+    for (int batch : {2, 3, 5}) {
+      SCOPED_TRACE(batch);
+      int last = 0;
+      drafter::SyntheticTarget cut(*be, cfg, 2, 7, 3, 40);
+      EXPECT_EQ(cut.capacity(), 40);
+      const auto many = drafter::synthetic_trace(cut, cfg.vocab, 5, 24, 16, 3, smp, batch, [&](int done) {
+        ++calls;
+        EXPECT_GT(done, last);  // sequences done so far, after each group
+        last = done;
+      });
+      ASSERT_EQ(many.size(), 5u);
+      EXPECT_EQ(last, 5);
+      for (size_t s = 0; s < 5; ++s) {
+        EXPECT_EQ(many[s].index, static_cast<int64_t>(s));
+        EXPECT_EQ(many[s].prompt_length, 24);
+        EXPECT_EQ(many[s].tokens, one[s].tokens) << "sequence " << s;
+        ASSERT_EQ(many[s].hiddens.size(), one[s].hiddens.size());
+        EXPECT_EQ(0, std::memcmp(many[s].hiddens.data(), one[s].hiddens.data(), one[s].hiddens.size() * sizeof(bf16)))
+            << "sequence " << s;
+      }
+    }
+    EXPECT_EQ(calls, 3 + 2 + 1);
+  }
+}
+
+TEST(SyntheticTrace, BadBatchesAreRefused) {
+  auto be = ops::make_cpu_backend();
+  const model::ModelConfig cfg = test::tiny_config(256);
+  drafter::SyntheticTarget t(*be, cfg, 1, 7, 3, 37);
+  EXPECT_EQ(t.capacity(), 40);  // rounded up to whole pools of 4
+  EXPECT_THROW(drafter::synthetic_trace(t, cfg.vocab, 2, 8, 4, 3, {}, 0), Error);
+  EXPECT_THROW(drafter::synthetic_trace(t, cfg.vocab, 2, 8, 4, 3, {}, drafter::kMaxTargetBatch + 1), Error);
+  EXPECT_THROW(t.generate_batch({{1, 2, 3}, {1, 2}}, 4, {}, 0), Error);     // prompt lengths differ
+  EXPECT_THROW(t.generate_batch({{1, 2, 3}, {1, 4096, 3}}, 4, {}, 0), Error);  // token past the vocab
+  EXPECT_THROW(t.generate_batch({{1, 2, 3}}, 38, {}, 0), Error);           // 41 positions > 40
+  EXPECT_THROW(t.generate_batch({}, 4, {}, 0), Error);
+  EXPECT_NO_THROW(t.generate_batch({{1, 2, 3}}, 37, {}, 0));
 }
 
 TEST(Drafter, WriteAtWrongRowIsRefusedAndCounted) {

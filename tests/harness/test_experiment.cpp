@@ -180,6 +180,22 @@ TEST(Experiment, UnrunnablePointsReportedAtExpansion) {
   const std::string ml =
       message_of([&] { parse_experiment(kBase, "exp.yaml", {"trace.synthetic.new_tokens=200"}, 2); });
   EXPECT_NE(ml.find("exceeds model.max_seq_len"), std::string::npos) << ml;
+  // The synthetic target's batch: 1 .. 128, named when out of range.
+  for (const char* bad : {"trace.synthetic.batch=0", "trace.synthetic.batch=129", "trace.synthetic.batch=two"}) {
+    const std::string mb = message_of([&] { parse_experiment(kBase, "exp.yaml", {bad}, 2); });
+    EXPECT_NE(mb.find("batch"), std::string::npos) << bad << ": " << mb;
+  }
+}
+
+// The synthetic target's batch is part of a point's configuration (on CUDA it may change the
+// trace's bits), 128 unless given.
+TEST(Experiment, SyntheticTraceBatchIsConfiguration) {
+  const Experiment a = parse_experiment(kBase, "exp.yaml", {}, 2);
+  const Experiment b = parse_experiment(kBase, "exp.yaml", {"trace.synthetic.batch=1"}, 2);
+  EXPECT_EQ(a.points[0].trace.batch, 128);
+  EXPECT_EQ(b.points[0].trace.batch, 1);
+  EXPECT_NE(a.identity, b.identity);
+  EXPECT_NE(a.points[0].canonical.find("batch: 128"), std::string::npos) << a.points[0].canonical;
 }
 
 TEST(Experiment, CanonicalConfigIgnoresSpelling) {
