@@ -1,4 +1,5 @@
-// The drafter across ranks (MPI communicator, CPU backend), at 1, 2 and 4 ranks:
+// The drafter across ranks (MPI communicator, CPU backend), at 1, 2, 4 and 8 ranks (tiny: one head,
+// one routed expert and 8 of the shared expert's 64 columns a rank at 8):
 // - every head_sharding x exchange x context_rows arm gives exactly the drafts of the reference
 //   arm (none, packed_u64, cache_only) at the same world size;
 // - the rate at which drafts differ from the single-rank drafter (EP / TP partial sums change

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# experiments/rank-scaling.yaml on the CPU backend at 1, 2 and 4 ranks, shrunk to the tiny model
+# experiments/rank-scaling.yaml on the CPU backend at 1, 2, 4 and 8 ranks, shrunk to the tiny model
 # (its batch_size, head_sharding and exchange axes as shipped, eager only), then the checks that do
 # not need a GPU:
 # - every rank count runs every point, and the file's own comparisons hold: the arms that must not
@@ -25,7 +25,7 @@ shrink=(--set model.preset=tiny --set model.max_seq_len=256 --set backend=cpu --
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
-for n in 1 2 4; do
+for n in 1 2 4 8; do
   "$mpiexec" -np "$n" --oversubscribe --bind-to none "$mtplab" run "$src/experiments/rank-scaling.yaml" "${shrink[@]}" \
     --out "$work/r$n.h5" >"$work/r$n.log" 2>&1 || { fail "$n rank(s): mtplab run exited $?"; cat "$work/r$n.log"; continue; }
   # Every point, and no differing step along the axes that must not change drafts.
@@ -61,7 +61,7 @@ EOF
 done
 
 # Across rank counts: every point paired, over all of its steps.
-for n in 2 4; do
+for n in 2 4 8; do
   [[ -f $work/r1.h5 && -f $work/r$n.h5 ]] || continue
   out=$("$python" "$src/analysis/compare_drafts.py" "$work/r1.h5" "$work/r$n.h5") || fail "compare_drafts 1 vs $n exited $?"
   echo "$out" | tail -1
@@ -83,5 +83,5 @@ if [[ -f $work/r2.h5 ]]; then
   rc=$?
   ((rc == 2)) || fail "a missing file: exit $rc, 2 expected"
 fi
-((failures == 0)) && echo "ok: rank-scaling on the CPU backend at 1, 2 and 4 ranks"
+((failures == 0)) && echo "ok: rank-scaling on the CPU backend at 1, 2, 4 and 8 ranks"
 exit $((failures > 0))
