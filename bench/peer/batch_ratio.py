@@ -8,7 +8,9 @@ The two route with their own random weights, so a step of theirs need not touch 
 distinct experts (the `experts` columns: mtplab's from its router, the peer's from its own), and the
 bytes each must read differ with them. The last column compares the two at equal bytes: the peer's
 x floor over mtplab's (each step against its own byte floor at the same copy rate), which is what
-the ratio would be had both routed to the same experts.
+the ratio would be had both routed to the same experts. The peer's x floor is also the most any
+step reading the same bytes could gain on it (a step at exactly its floor): the last line names
+its smallest, the bound on the smallest equal-bytes ratio on this GPU.
 
     python3 bench/peer/batch_ratio.py BENCH_STEP_BATCH.csv PEER.json [--graph on] [--k 1]
 """
@@ -31,7 +33,7 @@ def main(argv):
           f"copy {peer.get('copy_GBps', float('nan')):.0f} GB/s in the peer's run")
     print(f"{'head':5s} {'B':>4s} {'step_us':>9s} {'per_seq':>8s} {'experts':>7s} {'floor_us':>9s} "
           f"{'x_floor':>7s} {'peer_us':>9s} {'experts':>7s} {'x_floor':>7s} {'peer/mt':>8s} {'eq_bytes':>8s}")
-    worst = worst_eq = None
+    worst = worst_eq = bound = None
     for r in rows:
         if r["cuda_graph"] != graph or r["k"] != k:
             continue
@@ -46,12 +48,15 @@ def main(argv):
         if p:
             worst = ratio if worst is None else min(worst, ratio)
             worst_eq = eq if worst_eq is None else min(worst_eq, eq)
+            if bound is None or peer_x < bound[0]:
+                bound = (peer_x, head, B)
         print(f"{head:5s} {B:4d} {step:9.1f} {step / B:8.1f} {float(r['distinct_experts']):7.1f} "
               f"{float(r['floor_us']) / int(k):9.1f} {x_floor:7.2f} {p['median_us'] if p else nan:9.1f} "
               f"{p['distinct_experts'] if p else nan:7.1f} {peer_x:7.2f} {ratio:8.2f} {eq:8.2f}")
     if worst is not None:
         print(f"smallest peer/mtplab ratio: {worst:.2f}; at equal bytes (peer x floor / mtplab x floor): "
-              f"{worst_eq:.2f}")
+              f"{worst_eq:.2f}\nat equal bytes a step exactly at its floor would be at most {bound[0]:.2f}x faster "
+              f"than the peer at every B (the peer's smallest x floor: {bound[1]} B = {bound[2]})")
     return 0
 
 
