@@ -55,8 +55,8 @@ def main(argv):
               f"{p['distinct_experts'] if p else nan:7.1f} {peer_x:7.2f} {ratio:8.2f} {eq:8.2f}")
     if worst is not None:
         print(f"smallest peer/mtplab ratio: {worst:.2f}; at equal bytes (peer x floor / mtplab x floor): "
-              f"{worst_eq:.2f}\nat equal bytes a step exactly at its floor would be at most {bound[0]:.2f}x faster "
-              f"than the peer at every B (the peer's smallest x floor: {bound[1]} B = {bound[2]})")
+              f"{worst_eq:.2f}\nbound: at {bound[1]} B = {bound[2]} a step exactly at its byte floor would be "
+              f"{bound[0]:.2f}x faster than the peer at equal bytes (the peer's smallest x floor)")
     return 0
 
 
