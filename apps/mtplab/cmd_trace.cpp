@@ -2,7 +2,6 @@
 // norm and the lm_head, decoding greedily from seeded random prompts). Rank 0 writes the file;
 // other ranks (if any) wait. The embedding and lm_head are the MTP weights' own (--weight-seed),
 // so the drafter replaying the trace uses the same trunk the target did.
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <ctime>
@@ -76,21 +75,15 @@ int cmd_trace(const Args& args) {
                     "\nnew_tokens: ", new_tokens, "\nseed: ", seed, "\nweight_seed: ", weight_seed,
                     "\nlayers: ", layers, "\nbatch: ", batch, "\nbackend: ", backend, "\n");
   io::TraceWriter writer(out, cfg.hidden, cfg.vocab, prov);
-  drafter::PromptGenerator prompts(seed, cfg.vocab);
-  for (int s0 = 0; s0 < sequences; s0 += batch) {
-    const int m = std::min(batch, sequences - s0);
-    std::vector<io::TraceSequence> group;
-    if (batch == 1) {
-      group.push_back(target.generate(prompts.next(prompt_len), new_tokens));
-    } else {
-      std::vector<std::vector<int32_t>> ps;
-      for (int i = 0; i < m; ++i) ps.push_back(prompts.next(prompt_len));
-      group = target.generate_batch(ps, new_tokens, io::TraceSampling{}, s0);
-    }
-    for (const io::TraceSequence& seq : group) writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
-    log_info("trace: sequences ", s0 + 1, "..", s0 + m, "/", sequences, " (", prompt_len + new_tokens,
-             " positions each)");
-  }
+  int done = 0;
+  drafter::synthetic_trace_groups(
+      target, cfg.vocab, sequences, prompt_len, new_tokens, seed, io::TraceSampling{}, batch,
+      [&](std::vector<io::TraceSequence>&& group) {
+        for (const io::TraceSequence& seq : group) writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
+        log_info("trace: sequences ", done + 1, "..", done + static_cast<int>(group.size()), "/", sequences, " (",
+                 prompt_len + new_tokens, " positions each)");
+        done += static_cast<int>(group.size());
+      });
   writer.commit();
   std::printf("wrote %s: %d sequences of %d positions (model %s, hidden %d, vocab %d)\n", out.c_str(), sequences,
               prompt_len + new_tokens, cfg.name.c_str(), cfg.hidden, cfg.vocab);

@@ -196,26 +196,37 @@ std::vector<int32_t> PromptGenerator::next(int length) {
   return prompt;
 }
 
-std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
-                                               int new_tokens, uint64_t seed, const io::TraceSampling& sampling,
-                                               int batch, const std::function<void(int)>& progress) {
+void synthetic_trace_groups(SyntheticTarget& target, int vocab, int count, int prompt_len, int new_tokens,
+                            uint64_t seed, const io::TraceSampling& sampling, int batch,
+                            const std::function<void(std::vector<io::TraceSequence>&&)>& fn) {
   MTP_REQUIRE(batch >= 1 && batch <= kMaxTargetBatch, "synthetic trace: batch ", batch, " outside 1 .. ",
               kMaxTargetBatch);
   PromptGenerator prompts(seed, vocab);
-  std::vector<io::TraceSequence> out;
-  out.reserve(static_cast<size_t>(std::max(count, 0)));
   for (int s0 = 0; s0 < count; s0 += batch) {
     const int m = std::min(batch, count - s0);
+    std::vector<io::TraceSequence> group;
     if (batch == 1) {
-      out.push_back(target.generate(prompts.next(prompt_len), new_tokens, sampling, s0));
+      group.push_back(target.generate(prompts.next(prompt_len), new_tokens, sampling, s0));
     } else {
-      std::vector<std::vector<int32_t>> group;
-      for (int i = 0; i < m; ++i) group.push_back(prompts.next(prompt_len));
-      for (io::TraceSequence& q : target.generate_batch(group, new_tokens, sampling, s0)) out.push_back(std::move(q));
+      std::vector<std::vector<int32_t>> ps;
+      for (int i = 0; i < m; ++i) ps.push_back(prompts.next(prompt_len));
+      group = target.generate_batch(ps, new_tokens, sampling, s0);
     }
-    for (int i = 0; i < m; ++i) out[static_cast<size_t>(s0 + i)].index = s0 + i;
-    if (progress) progress(s0 + m);
+    for (int i = 0; i < m; ++i) group[static_cast<size_t>(i)].index = s0 + i;
+    fn(std::move(group));
   }
+}
+
+std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
+                                               int new_tokens, uint64_t seed, const io::TraceSampling& sampling,
+                                               int batch, const std::function<void(int)>& progress) {
+  std::vector<io::TraceSequence> out;
+  out.reserve(static_cast<size_t>(std::max(count, 0)));
+  synthetic_trace_groups(target, vocab, count, prompt_len, new_tokens, seed, sampling, batch,
+                         [&](std::vector<io::TraceSequence>&& group) {
+                           for (io::TraceSequence& q : group) out.push_back(std::move(q));
+                           if (progress) progress(static_cast<int>(out.size()));
+                         });
   return out;
 }
 

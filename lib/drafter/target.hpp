@@ -81,6 +81,12 @@ class PromptGenerator {
   int vocab_;
 };
 
+/// synthetic_trace's sequences group by group, in order (at most `batch` a group, indices set):
+/// `fn` takes each group as it is made, so a caller can write it out and let it go.
+void synthetic_trace_groups(SyntheticTarget& target, int vocab, int count, int prompt_len, int new_tokens,
+                            uint64_t seed, const io::TraceSampling& sampling, int batch,
+                            const std::function<void(std::vector<io::TraceSequence>&&)>& fn);
+
 /// `count` sequences of `target`: prompts of `prompt_len` tokens from PromptGenerator(seed), then
 /// `new_tokens` tokens each, greedy or as `sampling` says; sequence s gets index s. `batch`
 /// (1 .. kMaxTargetBatch): sequences generated together (generate_batch), 1 = one at a time.
