@@ -37,9 +37,9 @@ done
 # The executed notebook carries no error output.
 grep -q '"output_type": "error"' "$work/nb/results.ipynb" && { echo "FAIL: a cell raised"; failures=$((failures + 1)); }
 
-# The same notebook on the GPU run of experiments/seed-ablations.yaml checked into docs/perf/results
-# (60 points, 2 ranks, CUDA): a file written on other machines reads the same way.
-gpu_results=$src/docs/perf/results/2026-11-30-h200x2-seed-ablations.h5
+# The same notebook on the GPU run of experiments/seed-ablations.yaml kept in tests/data
+# (60 points, 2 ranks, CUDA, schema v1): a file written on other machines reads the same way.
+gpu_results=$src/tests/data/seed-ablations-gpu.h5
 if [[ -f $gpu_results ]]; then
   MTPLAB_RESULTS=$gpu_results MTPLAB_FIGURES=$work/figures-gpu PYDEVD_DISABLE_FILE_VALIDATION=1 \
     timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb-gpu" \
