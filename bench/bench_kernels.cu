@@ -947,7 +947,7 @@ void run_batched(Bench& b, ops::Backend& be) {
       auto* out = static_cast<ops::ArgMax*>(b.alloc(sizeof(ops::ArgMax) * B));
       auto* tok = static_cast<int32_t*>(b.alloc(sizeof(int32_t) * B));
       b.measure(name, dims({B, kV, kH}), wbytes + 2.0 * B * kH + 12.0 * B, rot, [&](int i) {
-        be.head_argmax_batch(W[i % rot], W8[i % rot], scale, x, slots, B, kV, kH, 0, nullptr, 0, out,
+        be.head_argmax_batch(W[i % rot], W8[i % rot], scale, x, ops::RowBatch{slots, nullptr, B, 1}, kV, kH, 0, nullptr, 0, out,
                              ops::HeadExtras{nullptr, tok});
       });
       be.set_kernel_policy(base_policy);
@@ -1092,7 +1092,7 @@ void run_batched(Bench& b, ops::Backend& be) {
         const double bytes = 2.0 * 3.0 * per * (distinct + 1) + 2.0 * B * kH + 4.0 * B * kH;
         b.measure(name, mtplab::str(dims({B, kExpertTopK, 3, kInter, kH}), " ", distinct, " experts"), bytes,
                   1, [&](int) {
-                    be.moe_experts_grouped(x, routed, idx, wts, slots, B, kExpertTopK, &shared, 10.0f, out);
+                    be.moe_experts_grouped(x, routed, idx, wts, ops::RowBatch{slots, nullptr, B, 1}, kExpertTopK, &shared, 10.0f, out);
                   });
         be.set_kernel_policy(base_policy);
       }
@@ -1165,7 +1165,7 @@ void run_batched(Bench& b, ops::Backend& be) {
           table, B, max_blocks};
       b.measure(name, dims({B, width, kHeads, kKvLora}),
                 static_cast<double>(B) * (width * kKvLora * elem + 4.0 * kHeads * kKvLora), 1, [&](int) {
-                  be.mla_decode_batch(q_abs, selection, width, slots, B, kv, o_lat, kHeads, 1.0f / 16.0f);
+                  be.mla_decode_batch(q_abs, selection, width, ops::RowBatch{slots, nullptr, B, 1}, kv, o_lat, kHeads, 1.0f / 16.0f);
                 });
       be.set_kernel_policy(base_policy);
       b.release_all();
@@ -1200,7 +1200,7 @@ void run_batched(Bench& b, ops::Backend& be) {
       const PolicyScope use(be, [kernel](ops::KernelPolicy& p) { p.indexer_scores = kernel; });
       b.measure(name + " " + ops::to_string(kernel), dims({B, ctx_rows / kPool, kIndexHeads, kIndexDim}),
                 bytes, 1,
-                [&](int) { be.indexer_scores_batch(q, w, slots, pos, B, idx, scores, kIndexHeads); });
+                [&](int) { be.indexer_scores_batch(q, w, ops::RowBatch{slots, pos, B, 1}, idx, scores, kIndexHeads); });
     }
     b.release_all();
   }

@@ -93,11 +93,14 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
   row_chunk_ = 256;
   row_tokens_ = ops::Array<int32_t>(be_, row_chunk_);
   row_positions_ = ops::Array<int32_t>(be_, row_chunk_);
+  row_slots_ = ops::Array<int32_t>(be_, row_chunk_);
   row_hiddens_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
-  if (opt_.context_rows == ContextRows::full || opt_.context_gemm) {
-    row_x_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
-    block_.reserve_rows(row_chunk_, checks_selection(), opt_.context_gemm);
-  }
+  row_x_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
+  slot0_ = ops::Array<int32_t>(be_, 1);
+  be_.fill_bytes(slot0_.data(), 0, slot0_.bytes());
+  // One set of block buffers serves every forward: a chunk of context rows, a propose's row, a
+  // batched step's rows (reserve_batch grows it).
+  block_.reserve(row_chunk_, checks_selection());
   if (opt_.context_gemm) row_concat_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * 2 * hidden_);
 }
 
@@ -175,11 +178,10 @@ void MtpDrafter::front_rows(int rows) {
 
 void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n,
                              int row_base, Phase phase) {
-  append_rows_to(st.rc_, st.cache.view(), next_tokens, hiddens, n, row_base, phase);
-  st.cache.set_rows(st.rc_.seq_len);
+  append_rows_to(st.rc_, st.cache, 0, next_tokens, hiddens, n, row_base, phase);
 }
 
-void MtpDrafter::append_rows_to(RowCounters& rc, const CacheView& view, const int32_t* next_tokens,
+void MtpDrafter::append_rows_to(RowCounters& rc, SlotCaches& caches, int slot, const int32_t* next_tokens,
                                 const bf16* hiddens, int n, int row_base, Phase phase) {
   if (row_base != rc.seq_len) {
     ++rc.refused_writes;
@@ -197,8 +199,11 @@ void MtpDrafter::append_rows_to(RowCounters& rc, const CacheView& view, const in
                 " at row ", row_base + i, " is outside the vocab of ", vocab_);
   mark_begin(phase, 0);
   std::vector<int32_t> pos(row_chunk_);
-  const bool full = opt_.context_rows == ContextRows::full;
-  const ops::RowsMode qidx_mode = opt_.batch_qidx ? ops::RowsMode::batched : ops::RowsMode::per_row;
+  const std::vector<int32_t> slots(static_cast<size_t>(row_chunk_), slot);
+  Block::Options o;
+  o.cache_only = opt_.context_rows == ContextRows::cache_only;
+  o.proj_mode = opt_.context_gemm ? ops::RowsMode::batched : ops::RowsMode::per_row;
+  o.qidx_mode = opt_.batch_qidx ? ops::RowsMode::batched : ops::RowsMode::per_row;
   for (int c0 = 0; c0 < n; c0 += row_chunk_) {
     const int rows = std::min(row_chunk_, n - c0);
     const int held = row_base + c0;  // rows the sequence holds before this chunk
@@ -206,21 +211,11 @@ void MtpDrafter::append_rows_to(RowCounters& rc, const CacheView& view, const in
     for (int r = 0; r < rows; ++r) pos[r] = held + r;
     be_.upload(row_tokens_.data(), next_tokens + c0, rows * sizeof(int32_t));
     be_.upload(row_positions_.data(), pos.data(), rows * sizeof(int32_t));
+    be_.upload(row_slots_.data(), slots.data(), rows * sizeof(int32_t));
     be_.upload(row_hiddens_.data(), hiddens + static_cast<size_t>(c0) * hidden_,
                static_cast<size_t>(rows) * hidden_ * sizeof(bf16));
-    if (!full && opt_.context_gemm) {
-      front_rows(rows);
-      block_.write_context_rows(rows, row_x_.data(), row_positions_.data(), view, held);
-      continue;
-    }
-    if (!full) {
-      for (int r = 0; r < rows; ++r) {
-        front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x_.data());
-        block_.write_context_row(x_.data(), row_positions_.data() + r, view, held + r);
-      }
-      continue;
-    }
-    // The MTP front of a row does not depend on other rows: all of the chunk's, then the block.
+    // The MTP front of a row does not depend on other rows: all of the chunk's, then the block
+    // on the chunk as one sequence's ragged rows.
     if (opt_.context_gemm) {
       front_rows(rows);
     } else {
@@ -229,12 +224,12 @@ void MtpDrafter::append_rows_to(RowCounters& rc, const CacheView& view, const in
         front(row_tokens_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x);
       }
     }
-    block_.forward_rows(rows, row_x_.data(), row_positions_.data(), view, held, row_x_.data(), qidx_mode,
-                        opt_.context_gemm ? ops::RowsMode::batched : ops::RowsMode::per_row);
-    if (checks_selection()) {
+    const ops::RowBatch rb{row_slots_.data(), row_positions_.data(), rows, rows};
+    block_.forward(rb, row_x_.data(), caches, row_x_.data(), o);
+    if (!o.cache_only && checks_selection()) {
       // Untimed: the phase is closed while the per-row selections are made and compared.
       mark_end(phase, 0);
-      check_chunk(view, rows);
+      check_chunk(rb, caches);
       mark_begin(phase, 0);
     }
   }
@@ -242,15 +237,15 @@ void MtpDrafter::append_rows_to(RowCounters& rc, const CacheView& view, const in
   mark_end(phase, 0);
 }
 
-void MtpDrafter::check_chunk(const CacheView& view, int rows) {
+void MtpDrafter::check_chunk(const ops::RowBatch& rb, SlotCaches& caches) {
+  const int rows = rb.rows;
   const size_t width = static_cast<size_t>(block_.dims().selection_width());
-  block_.shadow_select_rows(rows, row_positions_.data(), view);
+  block_.shadow_select(rb, caches);
   check_batched_.resize(static_cast<size_t>(rows) * width);
   check_per_row_.resize(static_cast<size_t>(rows) * width);
   wait_comm();
-  be_.download(check_batched_.data(), block_.rows_selection(), check_batched_.size() * sizeof(int32_t));
-  be_.download(check_per_row_.data(), block_.rows_shadow_selection(),
-               check_per_row_.size() * sizeof(int32_t));
+  be_.download(check_batched_.data(), block_.selection(), check_batched_.size() * sizeof(int32_t));
+  be_.download(check_per_row_.data(), block_.shadow_selection(), check_per_row_.size() * sizeof(int32_t));
   SelectionCheck c =
       compare_selections(check_batched_.data(), check_per_row_.data(), rows, static_cast<int>(width));
   c.rows_multi = rows >= 2 ? rows : 0;
@@ -391,21 +386,17 @@ std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const
     // Only Phase::propose is timed: the inner phases run inside the graph.
     PhaseTimer* const timer = timer_;
     timer_ = nullptr;
-    const int rows_before = st.cache.rows();
+    SlotCaches& c = st.cache;
     const StepGraphs::Key key{k,
-                              {st.cache.block_table.data(), st.cache.kv().data, st.cache.k_cache.data(),
-                               st.cache.gate_cache.data(), st.cache.valid.data(), st.cache.pool_keys.data()},
+                              {c.block_tables.data(), c.kv_slots().cache.data, c.k_cache.data(),
+                               c.gate_cache.data(), c.valid.data(), c.pool_keys.data()},
                               1,
                               step_variant(chain, stats)};
     bool recorded = false;
     try {
       ops::Graph& graph = graphs_->get(
           key, [&] { written = draft_step(st, k); }, recorded);
-      if (!recorded) {
-        // A replay: apply the host-side effects the recording applied once.
-        written = opt_.skip == Skip::block ? 0 : k;
-        st.cache.set_rows(rows_before + written);
-      }
+      if (!recorded) written = opt_.skip == Skip::block ? 0 : k;  // a replay: what the recording counted
       graph.launch();
     } catch (...) {
       timer_ = timer;
@@ -451,9 +442,11 @@ int MtpDrafter::draft_step(SequenceState& st, int k) {
     if (opt_.skip != Skip::block) {
       const Block::OutNorm head_norm{fw_.shared_head_norm.data(), y_.data(), eps_};
       // index_share: drafts 2..k reuse draft 1's (at positions_[0]) indexer selection.
-      block_.forward(x_.data(), positions_.data() + i, st.cache, x_.data(),
-                     norm_in_block ? &head_norm : nullptr,
-                     opt_.index_share && i > 0 ? positions_.data() : nullptr);
+      Block::Options o;
+      o.out_norm = norm_in_block ? &head_norm : nullptr;
+      o.share_anchor_pos = opt_.index_share && i > 0 ? positions_.data() : nullptr;
+      block_.forward(ops::RowBatch{slot0_.data(), positions_.data() + i, 1, 1}, x_.data(), st.cache, x_.data(),
+                     o);
       ++written;
     }
     mark_end(Phase::block, i);
@@ -508,7 +501,7 @@ void MtpDrafter::after_verify(SequenceState& st, int accepted) {
   mark_begin(Phase::after_verify, 0);
   // Rewinding the host-side length is enough: rows past it are rewritten before any read (the
   // indexer reads pools whose last row is <= pos, and a pool's key is rewritten with its last row).
-  st.cache.set_rows(trim_rows(st.rc_, accepted));
+  trim_rows(st.rc_, accepted);
   mark_end(Phase::after_verify, 0);
 }
 
@@ -555,7 +548,7 @@ std::unique_ptr<BatchState> MtpDrafter::new_batch(int slots, std::optional<Batch
 
 void MtpDrafter::reserve_batch(int rows) {
   if (rows <= batch_rows_) return;
-  block_.reserve_batch(rows);
+  block_.reserve(rows);
   batch_rows_ = rows;
   const size_t R = static_cast<size_t>(rows), H = static_cast<size_t>(hidden_);
   const size_t k = static_cast<size_t>(opt_.draft_len);
@@ -596,7 +589,7 @@ int MtpDrafter::new_sequence(BatchState& batch) {
 std::vector<int32_t> MtpDrafter::last_experts(int rows) {
   if (last_propose_ == 0 || rows <= 0 || opt_.skip == Skip::block) return {};
   const bool batched = last_propose_ == 2;
-  const int32_t* dev = batched ? block_.batch_experts() : block_.last_experts();
+  const int32_t* dev = block_.experts();
   if (!dev) return {};
   MTP_REQUIRE(!batched || rows <= last_batch_rows_, "drafter: the experts of ", rows,
               " rows asked for; the last batched propose drafted for ", last_batch_rows_);
@@ -628,7 +621,7 @@ void MtpDrafter::release(BatchState& batch, int slot) {
 
 void MtpDrafter::append_rows(BatchState& batch, int slot, const int32_t* next_tokens, const bf16* hiddens,
                              int n, int row_base, Phase phase) {
-  append_rows_to(batch.at(slot), batch.caches.view(slot), next_tokens, hiddens, n, row_base, phase);
+  append_rows_to(batch.at(slot), batch.caches, slot, next_tokens, hiddens, n, row_base, phase);
 }
 
 void MtpDrafter::after_verify(BatchState& batch, int slot, int accepted) {
@@ -768,8 +761,8 @@ std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<cons
 void MtpDrafter::front_batch(int n, const int32_t* tokens_dev, const bf16* hiddens_dev) {
   // [enorm(embed(t_b)); hnorm(h_b)] per row (the single front's two norms, strided into the
   // [e ; h] rows), then eh_proj once for the n rows.
-  be_.embed_rmsnorm_batch(fw_.embed.data(), tokens_dev, batch_slot_.data(), fw_.enorm.data(),
-                          batch_concat_.data(), 2 * hidden_, n, hidden_, eps_);
+  be_.embed_rmsnorm_batch(fw_.embed.data(), tokens_dev, ops::RowBatch{batch_slot_.data(), nullptr, n, 1},
+                          fw_.enorm.data(), batch_concat_.data(), 2 * hidden_, hidden_, eps_);
   be_.rmsnorm_strided(hiddens_dev, hidden_, fw_.hnorm.data(), batch_concat_.data() + hidden_, 2 * hidden_, n,
                       hidden_, eps_);
   be_.linear(fw_.eh_proj.data(), batch_concat_.data(), batch_x_.data(), n, hidden_, 2 * hidden_,
@@ -788,9 +781,11 @@ int MtpDrafter::draft_step_batch(BatchState& batch, int n, int k) {
     const bool norm_in_block = opt_.skip == Skip::none;
     if (opt_.skip != Skip::block) {
       const Block::OutNorm head_norm{fw_.shared_head_norm.data(), batch_y_.data(), eps_};
-      block_.forward_batch(n, batch_x_.data(), batch_slot_.data(), pos, batch.caches, batch_x_.data(),
-                           norm_in_block ? &head_norm : nullptr,
-                           opt_.index_share && i > 0 ? batch_pos_.data() : nullptr);  // draft 1's positions
+      Block::Options o;
+      o.out_norm = norm_in_block ? &head_norm : nullptr;
+      o.share_anchor_pos = opt_.index_share && i > 0 ? batch_pos_.data() : nullptr;  // draft 1's positions
+      block_.forward(ops::RowBatch{batch_slot_.data(), pos, n, 1}, batch_x_.data(), batch.caches, batch_x_.data(),
+                     o);
       ++written;
     }
     mark_end(Phase::block, i);
@@ -836,9 +831,9 @@ void MtpDrafter::head_pick_batch(int draft_index, int n, int32_t* tokens_out) {
     be_.head_argmax(W, W8, scale, batch_y_.data(), static_cast<int>(shard_.n), hidden_, shard_.v0, logits,
                     xb.local_max.data(), extras);
   } else {
-    be_.head_argmax_batch(W, W8, scale, batch_y_.data(), batch_slot_.data(), n, static_cast<int>(shard_.n),
-                          hidden_, shard_.v0, logits, static_cast<int>(xb.stride), xb.local_max.data(),
-                          extras);
+    be_.head_argmax_batch(W, W8, scale, batch_y_.data(), ops::RowBatch{batch_slot_.data(), nullptr, n, 1},
+                          static_cast<int>(shard_.n), hidden_, shard_.v0, logits, static_cast<int>(xb.stride),
+                          xb.local_max.data(), extras);
   }
   if (kept && exchange_logits)
     be_.copy(exchange_logits, kept, static_cast<size_t>(n) * static_cast<size_t>(xb.stride) * sizeof(bf16));
@@ -879,9 +874,10 @@ std::vector<float> MtpDrafter::target_logprobs(const bf16* hiddens, const int32_
     be_.upload(target_->requested.data(), tokens + r0, static_cast<size_t>(rows) * sizeof(int32_t));
     // The target's head is the BF16 lm_head (whatever head_fp8 says of the drafter's), no norm:
     // the trace's hidden is already post-final-norm.
-    be_.head_argmax_batch(fw_.lm_head.data(), nullptr, nullptr, target_hidden_.data(), target_slot_.data(),
-                          rows, static_cast<int>(shard_.n), hidden_, shard_.v0, target_->logits.data(),
-                          static_cast<int>(target_->stride), target_max_.data(), {});
+    be_.head_argmax_batch(fw_.lm_head.data(), nullptr, nullptr, target_hidden_.data(),
+                          ops::RowBatch{target_slot_.data(), nullptr, rows, rows}, static_cast<int>(shard_.n),
+                          hidden_, shard_.v0, target_->logits.data(), static_cast<int>(target_->stride),
+                          target_max_.data(), {});
     stats_rows(be_, comm_, sharded, vocab_, shard_.v0, shard_.n, *target_, rows, true, truncates(transform));
     wait_comm();
     be_.download(st.data(), target_->out.data(), static_cast<size_t>(rows) * sizeof(ops::TokenStats));

@@ -18,10 +18,13 @@
 // scratch), later ones replay a CUDA graph of the whole step per (k, sequence caches); only
 // Phase::propose is timed then (the inner phases are inside the graph). The drafter owns the
 // graphs: destroy it, or call release_graphs(), before the communicator it was built with.
-// context_rows full: a chunk of context rows goes through Block::forward_rows (all rows' caches
-// first, then each row's selection and attention). With batch_qidx the chunk's indexer queries
-// are one batched linear; with the selection check on, each chunk's per-row selections are then
-// computed and compared outside the timed phase (the phase's events are closed around it).
+// Every block forward is one ragged batch of rows (Block::forward): a propose's draft row, a
+// batched step's B rows, a chunk of one sequence's context rows. Context rows under
+// context_rows full run the whole block (all rows' caches first, then each row's selection and
+// attention; their outputs are discarded), under cache_only only the cache writes. With batch_qidx
+// the chunk's indexer queries are one batched linear; with the selection check on, each chunk's
+// per-row selections are then computed and compared outside the timed phase (the phase's events
+// are closed around it).
 // NCCL: every host read after collectives goes through comm->wait() (bounded by the collective
 // timeout) before the download, never a bare stream synchronise.
 //
@@ -89,17 +92,17 @@ struct RowCounters {
   int refused_writes = 0;
 };
 
-/// Per-sequence drafter state: its block caches and its row count.
+/// Per-sequence drafter state: its block caches (a pool of one slot) and its row count.
 class SequenceState {
  public:
-  SequenceState(ops::Backend& be, const BlockDims& dims) : cache(be, dims) {}
+  SequenceState(ops::Backend& be, const BlockDims& dims) : cache(be, dims, 1) {}
   int seq_len() const { return rc_.seq_len; }
   /// Rows the last propose started at and how many it wrote (after_verify needs both).
   int propose_start() const { return rc_.propose_start; }
   int last_drafted() const { return rc_.last_drafted; }
   /// Writes that were refused because they were not at the current length.
   int refused_writes() const { return rc_.refused_writes; }
-  LayerCache cache;
+  SlotCaches cache;
 
  private:
   friend class MtpDrafter;
@@ -280,15 +283,15 @@ class MtpDrafter {
   void front_rows(int rows);
   /// The k drafts of one propose on the backend's stream; returns the rows written.
   int draft_step(SequenceState& st, int k);
-  /// append_rows on any sequence's caches: rc's rules and counts, `view` the caches it writes
-  /// (LayerCache or a slot); the rows are appended at rc.seq_len.
-  void append_rows_to(RowCounters& rc, const CacheView& view, const int32_t* next_tokens, const bf16* hiddens,
-                      int n, int row_base, Phase phase);
+  /// append_rows on any sequence's caches: rc's rules and counts, slot `slot` of `caches` the
+  /// caches it writes; the rows are appended at rc.seq_len, one ragged forward per chunk.
+  void append_rows_to(RowCounters& rc, SlotCaches& caches, int slot, const int32_t* next_tokens,
+                      const bf16* hiddens, int n, int row_base, Phase phase);
   /// after_verify's checks, and its trim of rc (returns the new length).
   void require_verify(const RowCounters& rc, int accepted) const;
   int trim_rows(RowCounters& rc, int accepted);
-  /// The selection check of the chunk of `rows` context rows forward_rows just ran on `view`.
-  void check_chunk(const CacheView& view, int rows);
+  /// The selection check of the chunk of context rows the block's last forward ran on `rb`.
+  void check_chunk(const ops::RowBatch& rb, SlotCaches& caches);
   /// Sizes the batched step's buffers for `rows` padded rows (drops the graphs when they move).
   void reserve_batch(int rows);
   /// The MTP front of n batched rows: tokens [n], hiddens [n, H] -> batch_x_.
@@ -333,9 +336,10 @@ class MtpDrafter {
   ops::Array<int32_t> positions_;                   // [max_draft] propose positions (base + i)
   ops::Array<int32_t> pos_base_;                    // [1]
   std::unique_ptr<ExchangeBuffers> xchg_;           // the head's (max, argmax) and the pick's buffers
-  ops::Array<int32_t> row_tokens_, row_positions_;  // context-row staging
+  ops::Array<int32_t> row_tokens_, row_positions_, row_slots_;  // context-row staging
+  ops::Array<int32_t> slot0_;  // [1] slot 0: a SequenceState's one slot
   ops::Array<bf16> row_hiddens_;
-  ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk (context_rows full, context_gemm)
+  ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk
   ops::Array<bf16> row_concat_;  // [row_chunk, 2H]: the fronts' [e; h] rows (context_gemm)
   int row_chunk_ = 0;
   SelectionCheck check_;

@@ -39,9 +39,6 @@ SyntheticTarget::SyntheticTarget(ops::Backend& be, const model::ModelConfig& cfg
                                                         model::kNormParts | model::kLayerPart);
     blocks_.push_back(std::make_unique<Block>(be, nullptr, dims, upload_block_weights(be, w)));
   }
-  x_ = ops::Array<bf16>(be, cfg.hidden);
-  logits_ = ops::Array<bf16>(be, cfg.vocab);
-  arg_ = ops::Array<ops::ArgMax>(be, 1);
 }
 
 SyntheticTarget::~SyntheticTarget() = default;
@@ -52,57 +49,8 @@ io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, 
 
 io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, int new_tokens,
                                             const io::TraceSampling& sampling, int64_t sequence) {
-  io::validate(sampling, "synthetic target");
-  const int H = cfg_.hidden;
-  std::vector<bf16> logits(sampling.sampled ? static_cast<size_t>(cfg_.vocab) : 0);
-  const int total = static_cast<int>(prompt.size()) + new_tokens;
-  MTP_REQUIRE(!prompt.empty(), "synthetic target: empty prompt");
-  MTP_REQUIRE(total <= cfg_.max_seq_len, "synthetic target: ", total, " positions exceed max_seq_len ",
-              cfg_.max_seq_len);
-  std::vector<LayerCache> caches;
-  caches.reserve(blocks_.size());
-  for (auto& b : blocks_) caches.emplace_back(be_, b->dims());
-  io::TraceSequence seq;
-  seq.hidden = H;
-  seq.prompt_length = static_cast<int32_t>(prompt.size());
-  seq.tokens = prompt;
-  seq.hiddens.resize(static_cast<size_t>(total) * H);
-  // Every position's hidden stays in backend memory until the end and the positions go up once,
-  // so the prompt's rows run without a host round trip per row (only a generated token, which the
-  // next row embeds, is read back as it is made).
-  ops::Array<bf16> hiddens(be_, static_cast<size_t>(total) * H);
-  ops::Array<int32_t> positions(be_, static_cast<size_t>(total));
-  {
-    std::vector<int32_t> pos_h(static_cast<size_t>(total));
-    std::iota(pos_h.begin(), pos_h.end(), 0);
-    be_.upload(positions.data(), pos_h.data(), pos_h.size() * sizeof(int32_t));
-  }
-  for (int p = 0; p < total; ++p) {
-    const int32_t tok = seq.tokens[p];
-    MTP_REQUIRE(tok >= 0 && tok < cfg_.vocab, "synthetic target: token ", tok, " at position ", p,
-                " is outside the vocab of ", cfg_.vocab);
-    be_.copy(x_.data(), embed_.data() + static_cast<size_t>(tok) * H, H * sizeof(bf16));
-    for (size_t l = 0; l < blocks_.size(); ++l)
-      blocks_[l]->forward(x_.data(), positions.data() + p, caches[l], x_.data());
-    bf16* h = hiddens.data() + static_cast<size_t>(p) * H;
-    be_.rmsnorm(x_.data(), final_norm_.data(), h, 1, H, cfg_.rms_norm_eps);
-    if (p + 1 < total && p + 1 >= static_cast<int>(prompt.size())) {
-      if (!sampling.sampled) {
-        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h, cfg_.vocab, H, 0, nullptr, arg_.data());
-        ops::ArgMax a{};
-        be_.download(&a, arg_.data(), sizeof a);
-        seq.tokens.push_back(a.index);
-      } else {
-        // The head's own BF16 logits (the op the drafter's head uses), sampled on the host.
-        be_.head_argmax(lm_head_.data(), nullptr, nullptr, h, cfg_.vocab, H, 0, logits_.data(), arg_.data());
-        be_.download(logits.data(), logits_.data(), logits.size() * sizeof(bf16));
-        seq.tokens.push_back(sample_transformed(logits, sampling.temperature, sampling.top_k, sampling.top_p,
-                                                sampling_uniform(sampling.seed, sequence, p + 1)));
-      }
-    }
-  }
-  be_.download(seq.hiddens.data(), hiddens.data(), seq.hiddens.size() * sizeof(bf16));
-  return seq;
+  // A batch of one: the same forward as every batch (the same bits at every batch size on the CPU).
+  return std::move(generate_batch({prompt}, new_tokens, sampling, sequence).front());
 }
 
 std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector<std::vector<int32_t>>& prompts,
@@ -138,7 +86,7 @@ std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector
   // Sequence b is slot b of every layer's pool; all rows of a step sit at the same position.
   std::vector<std::unique_ptr<SlotCaches>> caches;
   for (auto& blk : blocks_) {
-    blk->reserve_batch(n);
+    blk->reserve(n);
     caches.push_back(std::make_unique<SlotCaches>(be_, blk->dims(), n));
   }
   ops::Array<bf16> x(be_, rows * row), normed(be_, rows * row);
@@ -164,14 +112,14 @@ std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector
     std::fill(host_i.begin(), host_i.end(), p);
     be_.upload(pos.data(), host_i.data(), host_i.size() * sizeof(int32_t));
     for (size_t l = 0; l < blocks_.size(); ++l)
-      blocks_[l]->forward_batch(n, x.data(), slot.data(), pos.data(), *caches[l], x.data());
+      blocks_[l]->forward(ops::RowBatch{slot.data(), pos.data(), n, 1}, x.data(), *caches[l], x.data());
     be_.rmsnorm(x.data(), final_norm_.data(), normed.data(), n, H, cfg_.rms_norm_eps);
     be_.download(host_h.data(), normed.data(), host_h.size() * sizeof(bf16));
     for (size_t b = 0; b < rows; ++b)
       std::copy_n(host_h.data() + b * row, row, seqs[b].hiddens.data() + at * row);
     if (p + 1 < total && p + 1 >= prompt_len) {
-      be_.head_argmax_batch(lm_head_.data(), nullptr, nullptr, normed.data(), slot.data(), n, cfg_.vocab, H, 0,
-                            logits ? logits->data() : nullptr, cfg_.vocab, arg.data());
+      be_.head_argmax_batch(lm_head_.data(), nullptr, nullptr, normed.data(), ops::RowBatch{slot.data(), nullptr, n, 1},
+                            cfg_.vocab, H, 0, logits ? logits->data() : nullptr, cfg_.vocab, arg.data());
       if (!sampling.sampled) {
         be_.download(host_arg.data(), arg.data(), host_arg.size() * sizeof(ops::ArgMax));
         for (size_t b = 0; b < rows; ++b) seqs[b].tokens.push_back(host_arg[b].index);

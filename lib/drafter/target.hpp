@@ -8,12 +8,13 @@
 // uniform sampling_uniform(seed, sequence, t + 1): counter-based, so a sequence's tokens do not
 // depend on how many sequences are generated or where.
 //
-// Batched generation (generate_batch, synthetic_trace's `batch`): up to kMaxTargetBatch sequences
-// of one prompt length step through the target together, one Block::forward_batch per position,
-// so each weight is read once per position for all of them instead of once per sequence. On the
-// CPU backend a sequence's tokens and hiddens are the same bits at every batch size (forward_batch,
-// rmsnorm and head_argmax_batch are the single-row ops row by row); on CUDA the batched kernels
-// sum in other orders, so a hidden may differ in its last bits and a token at a head near-tie.
+// Batched generation (generate_batch, synthetic_trace's `batch`; generate is a batch of one): up to
+// kMaxTargetBatch sequences of one prompt length step through the target together, one
+// Block::forward per position over one row per sequence, so each weight is read once per position
+// for all of them instead of once per sequence. On the CPU backend a sequence's tokens and hiddens
+// are the same bits at every batch size (the block, rmsnorm and head_argmax_batch compute each row
+// as the single-row reference does); on CUDA the batched kernels sum in other orders, so a hidden
+// may differ in its last bits and a token at a head near-tie.
 //
 // Weights: the embedding and lm_head are the MTP weights' own (seed `weight_seed`), because the
 // MTP layer uses the target's embedding and head; layer i's block weights come from seed
@@ -65,8 +66,6 @@ class SyntheticTarget {
   model::ModelConfig cfg_;
   std::vector<std::unique_ptr<Block>> blocks_;
   ops::Array<bf16> embed_, lm_head_, final_norm_;
-  ops::Array<bf16> x_, logits_;
-  ops::Array<ops::ArgMax> arg_;
 };
 
 /// Seeded random prompts (xorshift64 over token ids): the one generator every synthetic trace uses

@@ -85,14 +85,31 @@ struct LinearOut {
 /// Most outputs one linear_group takes.
 inline constexpr int kMaxLinearGroup = 8;
 
-// ---- batched rows: the caches of a pool of sequence slots -------------------------------------
+// ---- ragged rows: a batch of rows over the caches of a pool of sequence slots ----------------
 //
-// A batched op runs `rows` rows at once, one per sequence of the decode batch (docs/drafter.md,
-// "Batched drafting"). Everything that varies per step is backend memory: per row its sequence
-// slot `slot[b]`, its position `pos[b]`, its token; the caches of every slot live in one
-// allocation per kind, addressed by (slot, position), so one launch reaches every row's caches
-// and one captured graph per batch size serves every step. slot[b] < 0 marks a padded row (a
-// batch padded up to its graph's bucket): it reads nothing and writes nothing.
+// Every forward is one batch of rows (docs/drafter.md, "Ragged rows"): one draft row, one row for
+// each of B sequences (a decode batch), n rows of one sequence (prefill, catch-up), B sequences of
+// k + 1 rows (the target's verification). Per row: the slot whose caches it uses, and its position,
+// which is also the cache row it writes. A sequence's rows are consecutive in the batch and in
+// ascending position; a row sees its sequence's cached rows and the batch's earlier rows of its
+// sequence (positions <= its own, which the ops that write caches store before any op reads them),
+// and nothing of another slot. Everything that varies per step is backend memory, so one recorded
+// graph per shape serves every step; the caches of every slot live in one allocation per kind,
+// addressed by (slot, position), so one launch reaches every row's caches. slot[b] < 0 marks a
+// padded row (a batch padded up to its graph's bucket): it reads nothing and writes nothing.
+//
+// A tree of draft rows (each row seeing its ancestors only) adds a per-row parent here; the rows a
+// row attends to then follow its parents instead of its position, on the same ops.
+
+/// A batch of ragged rows as the ops see it. `max_seq_rows` is a host-side bound the CUDA dispatch
+/// reads: the most live rows of one slot in the batch (1: every live row has its own slot, as in a
+/// decode batch, so cache writes of different rows never meet).
+struct RowBatch {
+  const int32_t* slot = nullptr;  ///< [rows], backend memory; < 0: a padded row
+  const int32_t* pos = nullptr;   ///< [rows], backend memory (ops that need no position accept null)
+  int rows = 0;
+  int max_seq_rows = 1;
+};
 
 /// The paged latent KV caches of a pool of slots: one block pool shared by all of them (`cache`,
 /// num_blocks counting every slot's blocks) and one block table of `max_blocks` entries per slot.
@@ -415,17 +432,18 @@ class Backend {
   // row strides in elements). Two kinds of op:
   // - row ops (no `slot` argument) compute every row, padded ones included, each from its own
   //   input row into its own output row, and touch nothing else;
-  // - slot ops (a `slot` [rows] argument) skip padded rows (slot[b] < 0) entirely: nothing of
-  //   such a row is read (its token, position or inputs may be anything) and nothing is written
-  //   (its output rows and every cache keep their bytes). A live slot must be < the pool's slots.
+  // - slot ops (a RowBatch argument: rb.rows rows, rb.slot, rb.pos) skip padded rows
+  //   (slot[b] < 0) entirely: nothing of such a row is read (its token, position or inputs may be
+  //   anything) and nothing is written (its output rows and every cache keep their bytes). A live
+  //   slot must be < the pool's slots. Several rows may share a slot (ragged rows, above).
   // On the CPU backend every row is bit-identical to the single-row op it names on the same
   // inputs (same rounding points, same summation order), whatever the batch: a sequence's drafts
   // do not depend on B. On CUDA a batched kernel may sum in another order (GEMM vs GEMV).
 
   /// Slot op: y[b * ld_y .. + n) = embed_rmsnorm of token tokens[b] (tokens [rows]). y rows must
   /// not overlap the table.
-  virtual void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const int32_t* slot,
-                                   const bf16* w, bf16* y, int ld_y, int rows, int n, float eps) = 0;
+  virtual void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb,
+                                   const bf16* w, bf16* y, int ld_y, int n, float eps) = 0;
   /// Row op: y[b * ld_y ..] = rmsnorm(x[b * ld_x .. + n)); the strided rows of rmsnorm (e.g. the
   /// second half of each [e ; h] row of the MTP front). Rows of x and y must not overlap unless
   /// they are the same rows (ld_x == ld_y, x == y).
@@ -441,8 +459,8 @@ class Backend {
   /// of a row are not written), extras.key[b] / extras.token[b] when given. Every weight row is
   /// read once for all rows (on the CPU too); ties to the lowest index per row.
   virtual void head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
-                                 const int32_t* slot, int rows, int n, int k, int64_t index_base,
-                                 bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras = {}) = 0;
+                                 const RowBatch& rb, int n, int k, int64_t index_base, bf16* logits,
+                                 int ld_logits, ArgMax* out, HeadExtras extras = {}) = 0;
   /// Row op: out[b] = argmax of x[b * ld_x .. + n) with index_base added.
   virtual void argmax_batch(const bf16* x, int ld_x, int rows, int n, int64_t index_base, ArgMax* out) = 0;
   /// Row op: token[b] = argmax_unpack_key(key[b]).
@@ -452,21 +470,24 @@ class Backend {
   virtual void argmax_pick_batch(const ArgMax* pairs, int n, int rows, int32_t* token) = 0;
 
   /// Slot op: kv_norm_write of ckv_pre [rows, kv_lora] to row pos[b] of slot slot[b], through that
-  /// slot's block table. Live rows must name distinct slots (the CPU refuses a repeat).
-  virtual void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
-                                   const int32_t* pos, int rows, KvSlots kv) = 0;
+  /// slot's block table. Live rows of one slot must be at distinct, ascending positions (the CPU
+  /// refuses otherwise); at most rb.max_seq_rows of them.
+  virtual void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const RowBatch& rb,
+                                   KvSlots kv) = 0;
   /// Slot op: indexer_norm_store of k_pre [rows, D] and gate [rows, D] to row pos[b] of slot
-  /// slot[b] (its pool key when the row completes a pool). Live rows must name distinct slots.
+  /// slot[b], and the pool key of every pool a row completes, from the pool's rows as stored by
+  /// this op or before it: the same cache as the rows stored one at a time in batch order. Live rows
+  /// of one slot at distinct, ascending positions; at most rb.max_seq_rows of them.
   virtual void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps,
-                                        const float* gate, const float* ape, const int32_t* slot,
-                                        const int32_t* pos, int rows, IndexerSlots idx) = 0;
+                                        const float* gate, const float* ape, const RowBatch& rb,
+                                        IndexerSlots idx) = 0;
   /// Slot op: indexer_scores of q [rows, n_heads * D] and w [rows, n_heads] over slot slot[b]'s
   /// pool keys at pos[b], into scores [rows, idx.max_pools()].
-  virtual void indexer_scores_batch(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
-                                    int rows, IndexerSlots idx, float* scores, int n_heads) = 0;
+  virtual void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx,
+                                    float* scores, int n_heads) = 0;
   /// Slot op: indexer_select of scores [rows, max_pools] at pos[b] into selection [rows, K + P - 1].
-  virtual void indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
-                                    int32_t* selection, int K, int P, int max_pools) = 0;
+  virtual void indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
+                                    int max_pools) = 0;
   /// Row op (the index_share arm): the selection of a chained draft that reuses its propose's first
   /// draft's pools instead of scoring them. Row b, with a = anchor_pos[b] (the first draft's
   /// position) and p = pos[b] (this draft's, a <= p): the first min(K/P, floor((a+1)/P)) * P entries
@@ -483,16 +504,16 @@ class Backend {
   /// Slot op: mla_decode of q_abs [rows, n_heads * kv_lora] over selection [rows, width] (row
   /// ids of slot slot[b], read through its block table) into o_lat [rows, n_heads * kv_lora].
   /// Selected rows must lie inside the slot's table (< max_blocks * block_size).
-  virtual void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot,
-                                int rows, KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) = 0;
+  virtual void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb,
+                                KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) = 0;
   /// Row op: mla_out_v of each row: o_lat [rows, n_heads * kv_lora] -> o [rows, n_heads * dv].
   virtual void mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads, int dqk,
                                int dv, int kv_lora) = 0;
 
   /// Slot op: moe_route of logits [rows, num_experts] into idx / weights [rows, top_k].
-  virtual void moe_route_batch(const float* logits, const float* bias, const int32_t* slot, int rows,
-                               int num_experts, int top_k, int n_group, int topk_group, float scaling,
-                               int32_t* idx, float* weights) = 0;
+  virtual void moe_route_batch(const float* logits, const float* bias, const RowBatch& rb, int num_experts,
+                               int top_k, int n_group, int topk_group, float scaling, int32_t* idx,
+                               float* weights) = 0;
   /// Slot op, the routed experts grouped over the batch: out [rows, H] (fp32), row b exactly
   /// moe_experts(x[b], routed, idx[b], weights[b]) (idx / weights [rows, top_k]), or with `shared`
   /// exactly moe_experts_shared of that row. Each owned expert that any live row routes to is
@@ -500,7 +521,7 @@ class Backend {
   /// reads); each row still sums its experts in its own idx order, so the bits match. A row
   /// routed to no local expert gets 0 (plus the shared expert). Duplicates are allowed.
   virtual void moe_experts_grouped(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
-                                   const float* weights, const int32_t* slot, int rows, int top_k,
+                                   const float* weights, const RowBatch& rb, int top_k,
                                    const ExpertWeights* shared, float limit, float* out) = 0;
 
   // ---- sampling statistics (SampleParams, LogitStats above) -----------------------------------

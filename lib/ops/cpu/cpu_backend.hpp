@@ -98,41 +98,39 @@ class CpuBackend final : public Backend {
 
   // ---- batched rows: each row through the single-row code above (bit-identical by construction),
   // except the head and the grouped experts, which read each weight row once for all rows.
-  void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const int32_t* slot, const bf16* w,
-                           bf16* y, int ld_y, int rows, int n, float eps) override;
+  void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w,
+                           bf16* y, int ld_y, int n, float eps) override;
   void rmsnorm_strided(const bf16* x, int ld_x, const bf16* w, bf16* y, int ld_y, int rows, int n,
                        float eps) override;
   void residual_add_rmsnorm_rows(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
                                  int rows, int n, float eps) override;
   void head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
-                         const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits,
-                         int ld_logits, ArgMax* out, HeadExtras extras = {}) override;
+                         const RowBatch& rb, int n, int k, int64_t index_base, bf16* logits, int ld_logits,
+                         ArgMax* out, HeadExtras extras = {}) override;
   void argmax_batch(const bf16* x, int ld_x, int rows, int n, int64_t index_base, ArgMax* out) override;
   void argmax_unpack_key_batch(const uint64_t* key, int32_t* token, int rows) override;
   void argmax_pick_batch(const ArgMax* pairs, int n, int rows, int32_t* token) override;
-  void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
-                           const int32_t* pos, int rows, KvSlots kv) override;
+  void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const RowBatch& rb,
+                           KvSlots kv) override;
   void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
-                                const float* ape, const int32_t* slot, const int32_t* pos, int rows,
-                                IndexerSlots idx) override;
-  void indexer_scores_batch(const float* q, const float* w, const int32_t* slot, const int32_t* pos, int rows,
-                            IndexerSlots idx, float* scores, int n_heads) override;
-  void indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
-                            int32_t* selection, int K, int P, int max_pools) override;
+                                const float* ape, const RowBatch& rb, IndexerSlots idx) override;
+  void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx, float* scores,
+                            int n_heads) override;
+  void indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
+                            int max_pools) override;
   void indexer_share_select(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos, int rows,
                             int32_t* selection, int width, int K, int P) override;
   void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
                           int dv, int kv_lora) override;
-  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot, int rows,
-                        KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) override;
+  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb, KvSlots kv,
+                        bf16* o_lat, int n_heads, float softmax_scale) override;
   void mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads, int dqk, int dv,
                        int kv_lora) override;
-  void moe_route_batch(const float* logits, const float* bias, const int32_t* slot, int rows, int num_experts,
-                       int top_k, int n_group, int topk_group, float scaling, int32_t* idx,
-                       float* weights) override;
+  void moe_route_batch(const float* logits, const float* bias, const RowBatch& rb, int num_experts, int top_k,
+                       int n_group, int topk_group, float scaling, int32_t* idx, float* weights) override;
   void moe_experts_grouped(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
-                           const float* weights, const int32_t* slot, int rows, int top_k,
-                           const ExpertWeights* shared, float limit, float* out) override;
+                           const float* weights, const RowBatch& rb, int top_k, const ExpertWeights* shared,
+                           float limit, float* out) override;
 
   // ---- sampling statistics (cpu/sample_stats.cpp) ---------------------------------------------
   void logit_stats_batch(const LogitRows& view, const int32_t* requested, const SampleParams* params,

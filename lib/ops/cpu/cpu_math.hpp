@@ -10,6 +10,7 @@
 
 #include "core/error.hpp"
 #include "core/numeric.hpp"
+#include "ops/ops.hpp"
 
 namespace mtplab::ops::cpu {
 
@@ -102,23 +103,27 @@ inline void require_rows(const char* op, const int32_t* slot, int rows) {
   require_ptr(op, "slot", slot);
 }
 
-/// Live rows that write caches must name distinct slots: two rows of one slot in one op would
-/// race on a GPU (and their order would be unspecified).
-inline void require_distinct_slots(const char* op, const int32_t* slot, int rows) {
-  for (int b = 0; b < rows; ++b) {
-    if (slot[b] < 0) continue;
-    for (int c = 0; c < b; ++c)
-      MTP_REQUIRE(slot[c] != slot[b], "ops::", op, ": rows ", c, " and ", b, " both write slot ", slot[b],
-                  " (the rows of one op must name distinct slots)");
+/// The checks of a slot op that writes caches at (slot, pos): require_rows, a position array, and
+/// the ragged layout the writes rely on: the live rows of one slot at distinct, ascending positions
+/// (a sequence's rows in order, so a row that completes a pool finds the pool's earlier rows
+/// stored), at most rb.max_seq_rows of them (the bound the CUDA dispatch plans with).
+inline void require_cache_write_rows(const char* op, const RowBatch& rb) {
+  require_rows(op, rb.slot, rb.rows);
+  require_ptr(op, "pos", rb.pos);
+  require_size(op, "max_seq_rows", rb.max_seq_rows);
+  for (int b = 0; b < rb.rows; ++b) {
+    if (rb.slot[b] < 0) continue;
+    int same = 1;
+    for (int c = 0; c < b; ++c) {
+      if (rb.slot[c] != rb.slot[b]) continue;
+      ++same;
+      MTP_REQUIRE(rb.pos[c] < rb.pos[b], "ops::", op, ": rows ", c, " and ", b, " of slot ", rb.slot[b],
+                  " are at positions ", rb.pos[c], " and ", rb.pos[b],
+                  " (the rows of one slot must be at ascending positions)");
+    }
+    MTP_REQUIRE(same <= rb.max_seq_rows, "ops::", op, ": slot ", rb.slot[b], " has ", same,
+                " rows in the batch, more than max_seq_rows ", rb.max_seq_rows);
   }
-}
-
-/// The checks of a slot op that writes caches at (slot, pos): require_rows, a position array,
-/// distinct slots.
-inline void require_cache_write_rows(const char* op, const int32_t* slot, const int32_t* pos, int rows) {
-  require_rows(op, slot, rows);
-  require_ptr(op, "pos", pos);
-  require_distinct_slots(op, slot, rows);
 }
 
 }  // namespace mtplab::ops::cpu

@@ -196,8 +196,10 @@ void CpuBackend::argmax_pick(const ArgMax* pairs, int n, int32_t* token) {
 // widened x, same lanes) as head_argmax computes, and each row keeps its own running best with the
 // same strict comparison, so every row's result is head_argmax's.
 void CpuBackend::head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
-                                   const int32_t* slot, int rows, int n, int k, int64_t index_base,
-                                   bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras) {
+                                   const RowBatch& rb, int n, int k, int64_t index_base, bf16* logits,
+                                   int ld_logits, ArgMax* out, HeadExtras extras) {
+  const int32_t* slot = rb.slot;
+  const int rows = rb.rows;
   require_rows("head_argmax_batch", slot, rows);
   require_size("head_argmax_batch", "n", n);
   require_size("head_argmax_batch", "k", k);

@@ -181,10 +181,13 @@ int32_t slot_pos(const char* op, const int32_t* pos, int b, int max_rows) {
 }  // namespace
 
 void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps,
-                                          const float* gate, const float* ape, const int32_t* slot,
-                                          const int32_t* pos, int rows, IndexerSlots idx) {
+                                          const float* gate, const float* ape, const RowBatch& rb,
+                                          IndexerSlots idx) {
   const char* op = "indexer_norm_store_batch";
-  require_cache_write_rows(op, slot, pos, rows);
+  const int32_t* slot = rb.slot;
+  const int32_t* pos = rb.pos;
+  const int rows = rb.rows;
+  require_cache_write_rows(op, rb);
   check_indexer_slots(op, idx);
   const size_t D = static_cast<size_t>(idx.D);
   for (int r = 0; r < rows; ++r) {
@@ -196,8 +199,11 @@ void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, cons
   }
 }
 
-void CpuBackend::indexer_scores_batch(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
-                                      int rows, IndexerSlots idx, float* scores, int n_heads) {
+void CpuBackend::indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx,
+                                      float* scores, int n_heads) {
+  const int32_t* slot = rb.slot;
+  const int32_t* pos = rb.pos;
+  const int rows = rb.rows;
   const char* op = "indexer_scores_batch";
   require_rows(op, slot, rows);
   require_ptr(op, "pos", pos);
@@ -214,8 +220,11 @@ void CpuBackend::indexer_scores_batch(const float* q, const float* w, const int3
   }
 }
 
-void CpuBackend::indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
-                                      int32_t* selection, int K, int P, int max_pools) {
+void CpuBackend::indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
+                                      int max_pools) {
+  const int32_t* slot = rb.slot;
+  const int32_t* pos = rb.pos;
+  const int rows = rb.rows;
   const char* op = "indexer_select_batch";
   require_rows(op, slot, rows);
   require_ptr(op, "pos", pos);

@@ -182,10 +182,13 @@ void check_kv_slots(const char* op, const KvSlots& kv) {
 
 }  // namespace
 
-void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
-                                     const int32_t* pos, int rows, KvSlots kv) {
+void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const RowBatch& rb,
+                                     KvSlots kv) {
   const char* op = "kv_norm_write_batch";
-  require_cache_write_rows(op, slot, pos, rows);
+  const int32_t* slot = rb.slot;
+  const int32_t* pos = rb.pos;
+  const int rows = rb.rows;
+  require_cache_write_rows(op, rb);
   check_kv_slots(op, kv);
   const size_t L = static_cast<size_t>(kv.cache.kv_lora);
   const int64_t capacity = static_cast<int64_t>(kv.max_blocks) * kv.cache.block_size;
@@ -205,8 +208,10 @@ void CpuBackend::mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_ab
           [&](const bf16* in, bf16* out) { mla_absorb_q(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
 }
 
-void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot,
-                                  int rows, KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) {
+void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb,
+                                  KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) {
+  const int32_t* slot = rb.slot;
+  const int rows = rb.rows;
   const char* op = "mla_decode_batch";
   require_rows(op, slot, rows);
   check_kv_slots(op, kv);

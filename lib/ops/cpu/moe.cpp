@@ -138,9 +138,11 @@ void CpuBackend::moe_experts_shared(const bf16* x, const ExpertWeights& routed, 
 
 // ---- batched rows -------------------------------------------------------------------------------
 
-void CpuBackend::moe_route_batch(const float* logits, const float* bias, const int32_t* slot, int rows,
-                                 int num_experts, int top_k, int n_group, int topk_group, float scaling,
-                                 int32_t* idx, float* weights) {
+void CpuBackend::moe_route_batch(const float* logits, const float* bias, const RowBatch& rb, int num_experts,
+                                 int top_k, int n_group, int topk_group, float scaling, int32_t* idx,
+                                 float* weights) {
+  const int32_t* slot = rb.slot;
+  const int rows = rb.rows;
   require_rows("moe_route_batch", slot, rows);
   require_size("moe_route_batch", "top_k", top_k);
   for (int b = 0; b < rows; ++b) {
@@ -196,8 +198,10 @@ void apply_expert(const bf16* Wg, const bf16* Wu, const bf16* Wd, int H, int I, 
 // its (row, slot) pairs at once; the rounded down-projections are kept per pair, then every row
 // sums its own experts in its idx order, as moe_experts does, so the fp32 sums are the same.
 void CpuBackend::moe_experts_grouped(const bf16* x, const ExpertWeights& w, const int32_t* idx,
-                                     const float* weights, const int32_t* slot, int rows, int top_k,
+                                     const float* weights, const RowBatch& rb, int top_k,
                                      const ExpertWeights* shared, float limit, float* out) {
+  const int32_t* slot = rb.slot;
+  const int rows = rb.rows;
   const char* op = "moe_experts_grouped";
   require_rows(op, slot, rows);
   require_size(op, "top_k", top_k, 0);

@@ -487,9 +487,11 @@ class CudaBackend final : public Backend {
   // that many. The host checks sizes and pointers; slots, positions, tokens and selections are read
   // on the device only (a padded row, slot < 0, is skipped there), so the distinct-slot and
   // in-range rules the CPU reference enforces are the caller's here.
-  void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const int32_t* slot, const bf16* w,
-                           bf16* y, int ld_y, int rows, int n, float eps) override {
+  void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w, bf16* y,
+                           int ld_y, int n, float eps) override {
     const char* op = "embed_rmsnorm_batch";
+    const int32_t* slot = rb.slot;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     MTP_REQUIRE(n >= 1 && ld_y >= n, "ops::cuda::", op, ": n ", n, ", ld_y ", ld_y);
     require_ptrs(op, {table, tokens, w, y});
@@ -512,9 +514,11 @@ class CudaBackend final : public Backend {
     cuda::residual_add_rmsnorm_rows(ctx_, x, delta, y, w, normed, rows, n, eps);
   }
   void head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
-                         const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits,
-                         int ld_logits, ArgMax* out, HeadExtras extras = {}) override {
+                         const RowBatch& rb, int n, int k, int64_t index_base, bf16* logits, int ld_logits,
+                         ArgMax* out, HeadExtras extras = {}) override {
     const char* op = "head_argmax_batch";
+    const int32_t* slot = rb.slot;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     require_index_range(op, index_base, n);
     require_ptrs(op, {x, out});
@@ -554,28 +558,40 @@ class CudaBackend final : public Backend {
     require_ptrs("argmax_pick_batch", {pairs, token});
     cuda::argmax_pick_batch(ctx_, pairs, n, rows, token);
   }
-  void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* slot,
-                           const int32_t* pos, int rows, KvSlots kv) override {
+  // The rows of one slot write distinct cache rows: independent blocks, whatever max_seq_rows.
+  void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const RowBatch& rb,
+                           KvSlots kv) override {
     const char* op = "kv_norm_write_batch";
+    const int32_t* slot = rb.slot;
+    const int32_t* pos = rb.pos;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     require_kv_slots(op, kv);
     require_ptrs(op, {ckv_pre, w, pos});
     cuda::kv_norm_write_batch(ctx_, ckv_pre, w, eps, slot, pos, rows, kv);
   }
   void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
-                                const float* ape, const int32_t* slot, const int32_t* pos, int rows,
-                                IndexerSlots idx) override {
+                                const float* ape, const RowBatch& rb, IndexerSlots idx) override {
     const char* op = "indexer_norm_store_batch";
+    const int32_t* slot = rb.slot;
+    const int32_t* pos = rb.pos;
+    const int rows = rb.rows;
+    MTP_REQUIRE(rb.max_seq_rows >= 1, "ops::cuda::", op, ": max_seq_rows ", rb.max_seq_rows);
     require_rows(op, slot, rows);
     require_indexer_slots(op, idx);
     require_ptrs(op, {k_pre, w, b, gate, ape, pos});
     MTP_REQUIRE(reinterpret_cast<uintptr_t>(idx.k_cache) % 16 == 0,
                 "ops::cuda::indexer_norm_store_batch: k_cache must be 16-byte aligned");
-    cuda::indexer_norm_store_batch(ctx_, k_pre, w, b, eps, gate, ape, slot, pos, rows, idx);
+    // Rows of one slot in one launch: a pool's key waits for all its rows (two launches).
+    cuda::indexer_norm_store_batch(ctx_, k_pre, w, b, eps, gate, ape, slot, pos, rows, idx,
+                                   /*keys_after_rows=*/rb.max_seq_rows > 1);
   }
-  void indexer_scores_batch(const float* q, const float* w, const int32_t* slot, const int32_t* pos, int rows,
-                            IndexerSlots idx, float* scores, int n_heads) override {
+  void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx, float* scores,
+                            int n_heads) override {
     const char* op = "indexer_scores_batch";
+    const int32_t* slot = rb.slot;
+    const int32_t* pos = rb.pos;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     require_indexer_slots(op, idx);
     require_ptrs(op, {q, w, pos, scores});
@@ -587,9 +603,12 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(rows <= 65535, "ops::cuda::indexer_scores_batch: ", rows, " rows (at most 65535)");
     cuda::indexer_scores_batch(ctx_, q, w, slot, pos, rows, idx, scores, n_heads);
   }
-  void indexer_select_batch(const float* scores, const int32_t* slot, const int32_t* pos, int rows,
-                            int32_t* selection, int K, int P, int max_pools) override {
+  void indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
+                            int max_pools) override {
     const char* op = "indexer_select_batch";
+    const int32_t* slot = rb.slot;
+    const int32_t* pos = rb.pos;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select_batch: K ", K, ", P ", P,
                 ", max_pools ", max_pools);
@@ -610,9 +629,11 @@ class CudaBackend final : public Backend {
     require_ptrs("mla_absorb_q_batch", {q, W_kvb, q_abs});
     cuda::mla_absorb_q_batch(ctx_, q, W_kvb, q_abs, rows, n_heads, dqk, dv, kv_lora);
   }
-  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const int32_t* slot, int rows,
-                        KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) override {
+  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb, KvSlots kv,
+                        bf16* o_lat, int n_heads, float softmax_scale) override {
     const char* op = "mla_decode_batch";
+    const int32_t* slot = rb.slot;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     require_kv_slots(op, kv);
     require_ptrs(op, {q_abs, o_lat});
@@ -640,10 +661,11 @@ class CudaBackend final : public Backend {
       cuda::mla_out_v_batch(ctx_, o_lat + b0 * in_row, W_kvb, o + b0 * out_row,
                             std::min(cuda::kMaxBatchRows, rows - b0), n_heads, dqk, dv, kv_lora);
   }
-  void moe_route_batch(const float* logits, const float* bias, const int32_t* slot, int rows, int num_experts,
-                       int top_k, int n_group, int topk_group, float scaling, int32_t* idx,
-                       float* weights) override {
+  void moe_route_batch(const float* logits, const float* bias, const RowBatch& rb, int num_experts, int top_k,
+                       int n_group, int topk_group, float scaling, int32_t* idx, float* weights) override {
     const char* op = "moe_route_batch";
+    const int32_t* slot = rb.slot;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     require_ptrs(op, {logits, idx, weights});
     MTP_REQUIRE(num_experts >= 1 && top_k >= 1 && top_k <= num_experts && n_group >= 1,
@@ -659,9 +681,11 @@ class CudaBackend final : public Backend {
                           idx, weights);
   }
   void moe_experts_grouped(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
-                           const float* weights, const int32_t* slot, int rows, int top_k,
-                           const ExpertWeights* shared, float limit, float* out) override {
+                           const float* weights, const RowBatch& rb, int top_k, const ExpertWeights* shared,
+                           float limit, float* out) override {
     const char* op = "moe_experts_grouped";
+    const int32_t* slot = rb.slot;
+    const int rows = rb.rows;
     require_rows(op, slot, rows);
     require_ptrs(op, {x, out});
     MTP_REQUIRE(top_k >= 0 && routed.hidden >= 1 && routed.inter >= 1 && routed.num_local >= 0,

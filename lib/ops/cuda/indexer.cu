@@ -9,7 +9,8 @@
 //   arrays (ops::IndexerSlots):
 //   - indexer_norm_store_batch: block b layer-norms k_pre row b into k_cache row pos[b] of slot
 //     slot[b], stores the gate row and the valid flag, and when the row completes its pool writes
-//     the pool key from the pool's cached rows.
+//     the pool key from the pool's cached rows. Rows that share a slot (ragged rows) store in one
+//     launch and write the keys in a second, so a key never reads a row another block is writing.
 //   - indexer_scores_batch: grid (pool blocks, rows); by the policy's indexer_scores, pools4: a warp
 //     scores 4 pools at once, lane h holding head h's query dot products (the query rows in shared
 //     memory, the 4 keys broadcast from it); tiled: a warp scores 16 pools, each lane 4 heads x 4
@@ -645,12 +646,16 @@ using batch::kRowThreads;
 
 // ---- norm + store ------------------------------------------------------------------------------------
 
+/// What one launch of the store kernel does: rows and their completed pools' keys (rows of distinct
+/// slots), the rows only, or the keys only (a second launch after the rows: rows of one slot).
+enum class StorePhase : int { rows_and_keys, rows, keys };
+
 /// Block b: row b of the batch (see the file comment). V: the layernorm's path (0 scalar).
 template <int V>
 __global__ void __launch_bounds__(kRowThreads)
     indexer_norm_store_batch_kernel(const bf16* k_pre, const bf16* w, const bf16* bias, float eps,
                                     const float* gate, const float* ape, const int32_t* slot,
-                                    const int32_t* pos, IndexerSlots idx) {
+                                    const int32_t* pos, IndexerSlots idx, StorePhase phase) {
   pdl_begin();
   const int b = blockIdx.x;
   const int s = slot ? slot[b] : 0;  // no slots: the single sequence's caches
@@ -662,6 +667,15 @@ __global__ void __launch_bounds__(kRowThreads)
   float* gate_cache = idx.gate_cache + static_cast<size_t>(s) * rows_per_slot * D;
   uint8_t* valid = idx.valid + static_cast<size_t>(s) * rows_per_slot;
   float* pool_keys = idx.pool_keys + static_cast<size_t>(s) * (idx.max_rows / idx.P) * D;
+  if (phase == StorePhase::keys) {
+    // Every row of the pool is stored (this batch's by the launch before): the key as finish_row
+    // computes it.
+    if (p % P != P - 1) return;
+    const int64_t j = p / P;
+    for (int c = threadIdx.x; c < D; c += blockDim.x)
+      pool_keys[static_cast<size_t>(j) * D + c] = indexer::pool_key_column(k_cache, gate_cache, ape, j * P, c, D, P);
+    return;
+  }
   const bf16* x = k_pre + static_cast<size_t>(b) * D;
   const float* g = gate + static_cast<size_t>(b) * D;
   bf16* krow = k_cache + static_cast<size_t>(p) * D;
@@ -669,6 +683,12 @@ __global__ void __launch_bounds__(kRowThreads)
     batch::layernorm_row_scalar(x, w, bias, D, eps, batch::StoreElems{krow});
   } else {
     batch::layernorm_row_vec<V>(x, w, bias, D, eps, batch::StoreOctets{krow});
+  }
+  if (phase == StorePhase::rows) {
+    const size_t row = static_cast<size_t>(p) * D;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) gate_cache[row + c] = g[c];
+    if (threadIdx.x == 0) valid[p] = 1;
+    return;
   }
   indexer::finish_row(g, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
 }
@@ -1059,14 +1079,20 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf16* w, const bf16* b,
                               float eps, const float* gate, const float* ape, const int32_t* slot,
-                              const int32_t* pos, int rows, const IndexerSlots& idx) {
+                              const int32_t* pos, int rows, const IndexerSlots& idx, bool keys_after_rows) {
   // k rows start at multiples of D in 16-byte aligned arrays: aligned when D is a whole number of octets.
   const int v = batch::row_vecs(idx.D, {k_pre, w, b, idx.k_cache});
+  const StorePhase first = keys_after_rows ? StorePhase::rows : StorePhase::rows_and_keys;
   batch::with_vecs(v, [&](auto V) {
     launch(ctx, indexer_norm_store_batch_kernel<decltype(V)::value>, rows, kRowThreads, 0, k_pre, w, b, eps,
-           gate, ape, slot, pos, idx);
+           gate, ape, slot, pos, idx, first);
+    MTP_CUDA_LAUNCH_CHECK();
+    if (keys_after_rows) {
+      launch(ctx, indexer_norm_store_batch_kernel<decltype(V)::value>, rows, kRowThreads, 0, k_pre, w, b, eps,
+             gate, ape, slot, pos, idx, StorePhase::keys);
+      MTP_CUDA_LAUNCH_CHECK();
+    }
   });
-  MTP_CUDA_LAUNCH_CHECK();
 }
 
 namespace {
