@@ -269,6 +269,10 @@ void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, 
   }
 }
 
+void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out) {
+  forward(rb, x, caches, x_out, Options{});
+}
+
 void Block::shadow_select(const ops::RowBatch& rb, SlotCaches& caches) {
   const BlockDims& d = dims_;
   const int n = rb.rows;

@@ -176,8 +176,9 @@ class Block {
   /// these keys); indexer_select ranks those pools and adds the tail rows up to p; mla_decode reads
   /// the latent rows of that selection only, all <= p. The rows after p that the batch wrote are
   /// never read by row r.
-  void forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out,
-               const Options& options = {});
+  void forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out, const Options& options);
+  /// forward with the default Options: the full block, no output norm, every projection batched.
+  void forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out);
   /// The batch_qidx check, after a forward on the same rows: each row's per-row (GEMV) indexer
   /// query from its kept c_q, and the selection it gives, into shadow_selection(). Writes no cache
   /// and no row output. Needs reserve(.., shadow = true).

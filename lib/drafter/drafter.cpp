@@ -1,5 +1,6 @@
-// MtpDrafter: forward_one chained k times, the context rows, rollback, and the cross-rank pick
-// of the draft token (the four exchange protocols of docs/model.md, "The head, sharded and in FP8").
+// MtpDrafter: forward_one chained k times over a batch of sequences (one sequence is a batch of
+// one), the context rows, rollback, and the cross-rank pick of the draft token (the four exchange
+// protocols of docs/model.md, "The head, sharded and in FP8").
 #include "drafter/drafter.hpp"
 
 #include <algorithm>
@@ -72,34 +73,21 @@ MtpDrafter::MtpDrafter(ops::Backend& be, dist::Communicator* comm, const model::
       block_(be, comm, dims, std::move(block)),
       max_rows_(dims.max_rows) {
   check_options(opt_, OptionsContext{world_, vocab_, be_.supports_graphs() ? 1 : 0});
-  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
   if (opt_.cuda_graph) {
     graphs_ = std::make_unique<StepGraphs>(be_);
   }
   if (opt_.index_share) block_.enable_index_share(opt_.draft_len);
   MTP_REQUIRE(!opt_.head_fp8 || fw_.lm_head_fp8.size() == static_cast<size_t>(shard_.n) * hidden_,
               "head_fp8 is on but the FP8 copy of the head shard is missing");
-  const int k = opt_.draft_len;
   concat_ = ops::Array<bf16>(be_, 2 * static_cast<size_t>(hidden_));
-  x_ = ops::Array<bf16>(be_, hidden_);
-  y_ = ops::Array<bf16>(be_, hidden_);
-  hidden_in_ = ops::Array<bf16>(be_, hidden_);
-  tokens_ = ops::Array<int32_t>(be_, k + 1);
-  positions_ = ops::Array<int32_t>(be_, k);
-  pos_base_ = ops::Array<int32_t>(be_, 1);
-  chain_ = ops::Array<int32_t>(be_, static_cast<size_t>(std::max(1, k - 1)));
-  xchg_ = std::make_unique<ExchangeBuffers>(be_, world_, shard_.stride,
-                                            sharded && opt_.exchange == Exchange::allgather_logits);
   row_chunk_ = 256;
   row_tokens_ = ops::Array<int32_t>(be_, row_chunk_);
   row_positions_ = ops::Array<int32_t>(be_, row_chunk_);
   row_slots_ = ops::Array<int32_t>(be_, row_chunk_);
   row_hiddens_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
   row_x_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * hidden_);
-  slot0_ = ops::Array<int32_t>(be_, 1);
-  be_.fill_bytes(slot0_.data(), 0, slot0_.bytes());
-  // One set of block buffers serves every forward: a chunk of context rows, a propose's row, a
-  // batched step's rows (reserve_batch grows it).
+  // One set of block buffers serves every forward: a chunk of context rows, a step's rows
+  // (reserve_batch grows it).
   block_.reserve(row_chunk_, checks_selection());
   if (opt_.context_gemm) row_concat_ = ops::Array<bf16>(be_, static_cast<size_t>(row_chunk_) * 2 * hidden_);
 }
@@ -118,8 +106,6 @@ int MtpDrafter::graph_recordings() const { return graphs_ ? graphs_->recordings(
 
 void MtpDrafter::keep_head_inputs(bool on) {
   keep_head_inputs_ = on;
-  if (on && head_inputs_.size() == 0)
-    head_inputs_ = ops::Array<bf16>(be_, static_cast<size_t>(opt_.draft_len) * hidden_);
   if (on && batch_rows_ > 0 && batch_head_inputs_.size() == 0)
     batch_head_inputs_ = ops::Array<bf16>(
         be_, static_cast<size_t>(opt_.draft_len) * batch_rows_ * static_cast<size_t>(hidden_));
@@ -143,19 +129,44 @@ std::vector<bf16> MtpDrafter::batch_head_inputs() {
 }
 
 std::vector<bf16> MtpDrafter::head_inputs() {
-  MTP_REQUIRE(keep_head_inputs_, "drafter: head_inputs() needs keep_head_inputs(true) before the propose");
-  std::vector<bf16> out(static_cast<size_t>(last_k_) * hidden_);
-  wait_comm();
-  be_.download(out.data(), head_inputs_.data(), out.size() * sizeof(bf16));
-  return out;
+  MTP_REQUIRE(last_batch_rows_ == 1, "drafter: head_inputs() is a batch of one's; the last propose drafted for ",
+              last_batch_rows_, " rows (batch_head_inputs())");
+  return batch_head_inputs();
 }
 
 void MtpDrafter::wait_comm() {
   if (comm_ && comm_->size() > 1) comm_->wait();
 }
 
-std::unique_ptr<SequenceState> MtpDrafter::new_sequence() {
-  return std::make_unique<SequenceState>(be_, block_.dims());
+std::unique_ptr<BatchState> MtpDrafter::new_sequence() {
+  auto one = new_batch(1);
+  new_sequence(*one);
+  return one;
+}
+
+namespace {
+void require_one(const BatchState& one, const char* call) {
+  MTP_REQUIRE(one.slots() == 1 && one.live(0), "drafter: ", call, " without a slot is for a batch of one (",
+              "new_sequence()); this batch has ", one.slots(), " slots (name the slot)");
+}
+}  // namespace
+
+void MtpDrafter::append_rows(BatchState& one, const int32_t* next_tokens, const bf16* hiddens, int n,
+                             int row_base, Phase phase) {
+  require_one(one, "append_rows");
+  append_rows(one, 0, next_tokens, hiddens, n, row_base, phase);
+}
+
+std::vector<int32_t> MtpDrafter::propose(BatchState& one, int32_t token, const bf16* hidden, int k,
+                                         const ProposeExtras& extras) {
+  require_one(one, "propose");
+  const BatchRow row{0, token, hidden};
+  return propose_batch(one, std::span<const BatchRow>(&row, 1), k, extras);
+}
+
+void MtpDrafter::after_verify(BatchState& one, int accepted) {
+  require_one(one, "after_verify");
+  after_verify(one, 0, accepted);
 }
 
 void MtpDrafter::front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x0) {
@@ -174,11 +185,6 @@ void MtpDrafter::front_rows(int rows) {
   }
   be_.linear(fw_.eh_proj.data(), row_concat_.data(), row_x_.data(), rows, hidden_, 2 * hidden_,
              ops::RowsMode::batched);
-}
-
-void MtpDrafter::append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n,
-                             int row_base, Phase phase) {
-  append_rows_to(st.rc_, st.cache, 0, next_tokens, hiddens, n, row_base, phase);
 }
 
 void MtpDrafter::append_rows_to(RowCounters& rc, SlotCaches& caches, int slot, const int32_t* next_tokens,
@@ -275,10 +281,6 @@ int step_variant(bool chain, bool logits) { return (chain ? 1 : 0) | (logits ? 2
 
 }  // namespace
 
-std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k) {
-  return propose(st, token, hidden, k, ProposeExtras{});
-}
-
 bool MtpDrafter::check_extras(const ProposeExtras& x, int rows, int k) const {
   const size_t R = static_cast<size_t>(rows), K = static_cast<size_t>(k);
   if (!x.chain_tokens.empty()) {
@@ -350,159 +352,6 @@ void MtpDrafter::stats_pass(int k, int n, int B, bool with_requested, bool trunc
       out[static_cast<size_t>(b) * k + i] =
           DraftStats{t.margin, t.logprob, with_requested ? t.req_logprob : none};
     }
-}
-
-std::vector<int32_t> MtpDrafter::propose(SequenceState& st, int32_t token, const bf16* hidden, int k,
-                                         const ProposeExtras& extras) {
-  MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
-  MTP_REQUIRE(token >= 0 && token < vocab_, "drafter: token id ", token, " is outside the vocab of ", vocab_);
-  MTP_REQUIRE(st.rc_.propose_start < 0, "drafter: propose called twice without after_verify");
-  last_propose_ = 1;
-  if (st.rc_.seq_len + k > max_rows_)
-    MTP_FAIL("drafter: a propose of ", k, " drafts at row ", st.rc_.seq_len, " would pass the capacity of ",
-             max_rows_, " rows");
-  const bool chain = check_extras(extras, 1, k);
-  const bool stats = extras.stats != nullptr;
-  const int32_t base = st.rc_.seq_len;
-  if (stats) reserve_stats(1);
-  be_.upload(tokens_.data(), &token, sizeof token);
-  be_.upload(hidden_in_.data(), hidden, static_cast<size_t>(hidden_) * sizeof(bf16));
-  be_.upload(pos_base_.data(), &base, sizeof base);
-  if (chain)
-    be_.upload(chain_.data(), extras.chain_tokens.data(), static_cast<size_t>(k - 1) * sizeof(int32_t));
-  if (stats) {
-    const ops::SampleParams p = sample_params(extras.transform);
-    be_.upload(stats_->params.data(), &p, sizeof p);
-    if (!extras.requested.empty())
-      be_.upload(stats_->requested.data(), extras.requested.data(), static_cast<size_t>(k) * sizeof(int32_t));
-  }
-  const StepFlags flags(step_chain_, step_logits_, chain, stats);
-  st.rc_.propose_start = base;
-  st.rc_.last_drafted = k;
-  last_k_ = k;
-  int written = 0;
-  mark_begin(Phase::propose, 0);
-  if (graphs_ && graph_warm_) {
-    // Only Phase::propose is timed: the inner phases run inside the graph.
-    PhaseTimer* const timer = timer_;
-    timer_ = nullptr;
-    SlotCaches& c = st.cache;
-    const StepGraphs::Key key{k,
-                              {c.block_tables.data(), c.kv_slots().cache.data, c.k_cache.data(),
-                               c.gate_cache.data(), c.valid.data(), c.pool_keys.data()},
-                              1,
-                              step_variant(chain, stats)};
-    bool recorded = false;
-    try {
-      ops::Graph& graph = graphs_->get(
-          key, [&] { written = draft_step(st, k); }, recorded);
-      if (!recorded) written = opt_.skip == Skip::block ? 0 : k;  // a replay: what the recording counted
-      graph.launch();
-    } catch (...) {
-      timer_ = timer;
-      st.rc_.propose_start = -1;
-      throw;
-    }
-    timer_ = timer;
-  } else if (graphs_) {
-    PhaseTimer* const timer = timer_;
-    timer_ = nullptr;
-    try {
-      written = draft_step(st, k);
-    } catch (...) {
-      timer_ = timer;
-      throw;
-    }
-    timer_ = timer;
-    graph_warm_ = true;
-  } else {
-    written = draft_step(st, k);
-  }
-  mark_end(Phase::propose, 0);
-  st.rc_.rows_written_by_propose = written;
-  st.rc_.seq_len += written;
-  if (stats) stats_pass(k, 1, 1, !extras.requested.empty(), truncates(extras.transform), *extras.stats);
-  std::vector<int32_t> drafts(k);
-  wait_comm();
-  be_.download(drafts.data(), tokens_.data() + 1, k * sizeof(int32_t));
-  return drafts;
-}
-
-int MtpDrafter::draft_step(SequenceState& st, int k) {
-  int written = 0;
-  for (int i = 0; i < k; ++i) {
-    be_.add_i32(pos_base_.data(), i, positions_.data() + i);
-    // Draft i's input token: the last draft, or with chain tokens the given one (teacher forcing).
-    const int32_t* in_token = i > 0 && step_chain_ ? chain_.data() + (i - 1) : tokens_.data() + i;
-    front(in_token, i == 0 ? hidden_in_.data() : y_.data(), x_.data());
-    mark_begin(Phase::block, i);
-    // The head's shared_head.norm rides on the block's last residual add (one launch less; its
-    // time counts in Phase::block then).
-    const bool norm_in_block = opt_.skip == Skip::none;
-    if (opt_.skip != Skip::block) {
-      const Block::OutNorm head_norm{fw_.shared_head_norm.data(), y_.data(), eps_};
-      // index_share: drafts 2..k reuse draft 1's (at positions_[0]) indexer selection.
-      Block::Options o;
-      o.out_norm = norm_in_block ? &head_norm : nullptr;
-      o.share_anchor_pos = opt_.index_share && i > 0 ? positions_.data() : nullptr;
-      block_.forward(ops::RowBatch{slot0_.data(), positions_.data() + i, 1, 1}, x_.data(), st.cache, x_.data(),
-                     o);
-      ++written;
-    }
-    mark_end(Phase::block, i);
-    if (opt_.skip == Skip::head) {
-      // Timing arm: no shared_head.norm, head or pick; the draft is token 0 and the block
-      // output is recycled as the next hidden.
-      be_.fill_bytes(tokens_.data() + i + 1, 0, sizeof(int32_t));
-      be_.copy(y_.data(), x_.data(), static_cast<size_t>(hidden_) * sizeof(bf16));
-      continue;
-    }
-    mark_begin(Phase::head, i);
-    if (!norm_in_block) be_.rmsnorm(x_.data(), fw_.shared_head_norm.data(), y_.data(), 1, hidden_, eps_);
-    if (keep_head_inputs_)
-      be_.copy(head_inputs_.data() + static_cast<size_t>(i) * hidden_, y_.data(),
-               static_cast<size_t>(hidden_) * sizeof(bf16));
-    head_pick(i, tokens_.data() + i + 1);
-    mark_end(Phase::head, i);
-  }
-  return written;
-}
-
-void MtpDrafter::head_pick(int draft_index, int32_t* token_out) {
-  const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
-  const bf16* W = fw_.lm_head.data();
-  const fp8e4m3* W8 = opt_.head_fp8 ? fw_.lm_head_fp8.data() : nullptr;
-  const float* scale = opt_.head_fp8 ? fw_.lm_head_scale.data() : nullptr;
-  const int n = static_cast<int>(shard_.n);
-  bf16* exchange_logits =
-      (sharded && opt_.exchange == Exchange::allgather_logits) ? xchg_->logits.data() : nullptr;
-  // With stats the head keeps this draft's logits for the stats pass (the exchange reads a copy).
-  bf16* kept = step_logits(draft_index, 1);
-  bf16* logits = kept ? kept : exchange_logits;
-  // Unsharded, the head writes the token itself; sharded, what the protocol starts from (the
-  // packed key for packed_u64), so no launch sits between the head and the collective.
-  ops::HeadExtras extras;
-  if (sharded) {
-    extras = head_extras_for(opt_.exchange, *xchg_);
-  } else {
-    extras.token = token_out;
-  }
-  be_.head_argmax(W, W8, scale, y_.data(), n, hidden_, shard_.v0, logits, xchg_->local_max.data(), extras);
-  if (kept && exchange_logits)
-    be_.copy(exchange_logits, kept, static_cast<size_t>(xchg_->stride) * sizeof(bf16));
-  if (!sharded) return;
-  mark_begin(Phase::exchange, draft_index);
-  exchange_pick(be_, *comm_, opt_.exchange, vocab_, *xchg_, token_out, /*key_from_head=*/true);
-  mark_end(Phase::exchange, draft_index);
-}
-
-void MtpDrafter::after_verify(SequenceState& st, int accepted) {
-  require_verify(st.rc_, accepted);
-  mark_begin(Phase::after_verify, 0);
-  // Rewinding the host-side length is enough: rows past it are rewritten before any read (the
-  // indexer reads pools whose last row is <= pos, and a pool's key is rewritten with its last row).
-  trim_rows(st.rc_, accepted);
-  mark_end(Phase::after_verify, 0);
 }
 
 void MtpDrafter::require_verify(const RowCounters& rc, int accepted) const {
@@ -587,13 +436,12 @@ int MtpDrafter::new_sequence(BatchState& batch) {
 }
 
 std::vector<int32_t> MtpDrafter::last_experts(int rows) {
-  if (last_propose_ == 0 || rows <= 0 || opt_.skip == Skip::block) return {};
-  const bool batched = last_propose_ == 2;
+  if (!proposed_ || rows <= 0 || opt_.skip == Skip::block) return {};
   const int32_t* dev = block_.experts();
   if (!dev) return {};
-  MTP_REQUIRE(!batched || rows <= last_batch_rows_, "drafter: the experts of ", rows,
-              " rows asked for; the last batched propose drafted for ", last_batch_rows_);
-  const int n = batched ? rows : 1;
+  MTP_REQUIRE(rows <= last_batch_rows_, "drafter: the experts of ", rows,
+              " rows asked for; the last propose drafted for ", last_batch_rows_);
+  const int n = rows;
   std::vector<int32_t> ids(static_cast<size_t>(n) * block_.dims().top_k);
   wait_comm();
   be_.download(ids.data(), dev, ids.size() * sizeof(int32_t));
@@ -632,15 +480,11 @@ void MtpDrafter::after_verify(BatchState& batch, int slot, int accepted) {
   mark_end(Phase::after_verify, 0);
 }
 
-std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k) {
-  return propose_batch(batch, rows, k, ProposeExtras{});
-}
-
 std::vector<int32_t> MtpDrafter::propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k,
                                                const ProposeExtras& extras) {
   const int B = static_cast<int>(rows.size());
   MTP_REQUIRE(B >= 1 && B <= kMaxBatch, "drafter: a batched propose of ", B, " rows (1 .. ", kMaxBatch, ")");
-  last_propose_ = 2;
+  proposed_ = true;
   MTP_REQUIRE(k >= 1 && k <= opt_.draft_len, "drafter: draft length ", k, " outside 1..", opt_.draft_len);
   std::vector<uint8_t> seen(static_cast<size_t>(batch.slots()), 0);
   for (int b = 0; b < B; ++b) {
@@ -816,10 +660,12 @@ void MtpDrafter::head_pick_batch(int draft_index, int n, int32_t* tokens_out) {
   ExchangeBuffers& xb = *batch_xchg_;
   bf16* exchange_logits =
       (sharded && opt_.exchange == Exchange::allgather_logits) ? xb.logits.data() : nullptr;
-  bf16* kept = step_logits(draft_index, n);  // as head_pick: the stats pass's copy of the logits
+  // With stats the head keeps this draft's logits for the stats pass (the exchange reads a copy).
+  bf16* kept = step_logits(draft_index, n);
   bf16* logits = kept ? kept : exchange_logits;
-  // As head_pick: unsharded, the head writes each row's token; sharded, what the protocol starts
-  // from, and then ONE collective carries every row's.
+  // Unsharded, the head writes each row's token itself; sharded, what the protocol starts from
+  // (the packed key for packed_u64), so no launch sits between the head and the collective, and
+  // then ONE collective carries every row's.
   ops::HeadExtras extras;
   if (sharded) {
     extras = head_extras_for(opt_.exchange, xb);

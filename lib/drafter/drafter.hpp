@@ -92,23 +92,6 @@ struct RowCounters {
   int refused_writes = 0;
 };
 
-/// Per-sequence drafter state: its block caches (a pool of one slot) and its row count.
-class SequenceState {
- public:
-  SequenceState(ops::Backend& be, const BlockDims& dims) : cache(be, dims, 1) {}
-  int seq_len() const { return rc_.seq_len; }
-  /// Rows the last propose started at and how many it wrote (after_verify needs both).
-  int propose_start() const { return rc_.propose_start; }
-  int last_drafted() const { return rc_.last_drafted; }
-  /// Writes that were refused because they were not at the current length.
-  int refused_writes() const { return rc_.refused_writes; }
-  SlotCaches cache;
-
- private:
-  friend class MtpDrafter;
-  RowCounters rc_;
-};
-
 /// Largest decode batch one propose_batch drafts for.
 inline constexpr int kMaxBatch = 128;
 /// The CUDA graph bucket of a batch of B rows: the smallest of 1, 2, 4, ..., 128 that holds B.
@@ -118,10 +101,10 @@ int batch_bucket(int rows);
 /// rows (slot -1, which read and write nothing), so one recorded graph serves every B of a bucket.
 enum class BatchPadding { exact, bucket };
 
-/// The state of a batch of sequences: a pool of sequence slots, each with its own caches (in one
-/// SlotCaches allocation per kind) and its own row bookkeeping. A slot holds one sequence from
+/// The drafter's state: a pool of sequence slots, each with its own caches (in one SlotCaches
+/// allocation per kind) and its own row bookkeeping. A slot holds one sequence from
 /// MtpDrafter::new_sequence(batch) until release(batch, slot); a released slot takes the next
-/// sequence (continuous batching).
+/// sequence (continuous batching). One sequence is a batch of one (MtpDrafter::new_sequence()).
 class BatchState {
  public:
   BatchState(ops::Backend& be, const BlockDims& dims, int slots, BatchPadding padding)
@@ -134,7 +117,9 @@ class BatchState {
   /// Whether slot s holds a sequence, and how many do.
   bool live(int slot) const { return slot >= 0 && slot < slots() && live_[static_cast<size_t>(slot)]; }
   int live_count() const;
-  /// The sequence in slot s (as SequenceState's accessors; a live slot only).
+  /// The sequence in slot s (a live slot only): its rows, the row its pending propose started at
+  /// (-1: none), the drafts of its last propose, and the writes refused because they were not at
+  /// its length.
   int seq_len(int slot) const { return at(slot).seq_len; }
   int propose_start(int slot) const { return at(slot).propose_start; }
   int last_drafted(int slot) const { return at(slot).last_drafted; }
@@ -187,24 +172,15 @@ class MtpDrafter {
              FrontWeights front, BlockWeights block, VocabShard shard, DrafterOptions options);
   ~MtpDrafter();
 
-  std::unique_ptr<SequenceState> new_sequence();
-  /// Writes n context rows starting at row_base: row r = (embed(next_tokens[r]), hiddens[r]),
-  /// next_tokens[r] being tokens[row_base + r + 1] of the trace. Host inputs; hiddens BF16 [n, H].
-  /// row_base must equal the state's length, else an Error (and the refusal is counted).
-  void append_rows(SequenceState& st, const int32_t* next_tokens, const bf16* hiddens, int n, int row_base,
+  // ---- one sequence: a batch of one ------------------------------------------------------------
+  /// A batch of one slot whose slot 0 holds a new sequence (empty: no rows). The calls below
+  /// without a slot are the batch calls on that slot; they refuse a batch of more slots.
+  std::unique_ptr<BatchState> new_sequence();
+  void append_rows(BatchState& one, const int32_t* next_tokens, const bf16* hiddens, int n, int row_base,
                    Phase phase = Phase::prefill);
-  /// k drafts from (token, hidden) at position st.seq_len(); writes k rows (none when skip=block).
-  std::vector<int32_t> propose(SequenceState& st, int32_t token, const bf16* hidden, int k);
-  /// propose with extras (docs/drafter.md, "Sampling statistics"): chain tokens replace the input
-  /// of drafts 2..k (drafts, rows and rollback are then those of a propose that had drafted them),
-  /// and `stats` gets each draft's DraftStats under the transform (timed in Phase::stats, after the
-  /// drafts). Refused: sizes other than k - 1 / k, tokens outside the vocab, requested without
-  /// stats, stats with skip: head (no head runs). Empty extras: exactly propose(st, token, hidden, k).
-  std::vector<int32_t> propose(SequenceState& st, int32_t token, const bf16* hidden, int k,
-                               const ProposeExtras& extras);
-  /// Trims the rows of the last propose that must not stay: keeps the first (true-hidden) row
-  /// under DraftRows::rewrite, the `accepted` rows of accepted drafts under DraftRows::keep.
-  void after_verify(SequenceState& st, int accepted);
+  std::vector<int32_t> propose(BatchState& one, int32_t token, const bf16* hidden, int k,
+                               const ProposeExtras& extras = {});
+  void after_verify(BatchState& one, int accepted);
 
   // ---- batched drafting (docs/drafter.md, "Batched drafting") --------------------------------
   /// A pool of `slots` sequence slots (1 .. any; a step drafts for up to kMaxBatch of them).
@@ -219,31 +195,37 @@ class MtpDrafter {
   /// count; no pending propose): a shared prefix, e.g. one prefilled context for every slot of a
   /// benchmark. Returns its slot; an Error when every slot is live or `from` has a pending propose.
   int fork_sequence(BatchState& batch, int from);
-  /// append_rows for the sequence in `slot` (one sequence at a time, as the single-sequence
-  /// call: the same rules, arms and row chunks).
+  /// Writes n context rows of the sequence in `slot` starting at row_base: row r = (embed(
+  /// next_tokens[r]), hiddens[r]), next_tokens[r] being tokens[row_base + r + 1] of the trace, as
+  /// ragged forwards of up to 256 rows of that sequence. Host inputs; hiddens BF16 [n, H]. row_base
+  /// must equal the sequence's length, else an Error (and the refusal is counted).
   void append_rows(BatchState& batch, int slot, const int32_t* next_tokens, const bf16* hiddens, int n,
                    int row_base, Phase phase = Phase::prefill);
-  /// k drafts for each of the B = rows.size() sequences (1 .. kMaxBatch, distinct live slots, none
-  /// with a pending propose), each at its own position seq_len(slot), in one batched step: every
-  /// op of a draft runs once for all B rows (docs/drafter.md). Returns drafts [B, k] row-major
-  /// (row b's drafts at b * k). Row b's drafts equal propose() of that sequence alone, bit for bit
-  /// on the CPU backend. Writes k rows per sequence (none with skip: block). Phases are timed as
-  /// propose's, once per batched step.
-  std::vector<int32_t> propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k);
-  /// propose_batch with extras, row b's extras at row b of each array (chain [B, k - 1], requested
-  /// and stats [B, k]); row b's drafts and stats equal propose() of that sequence alone with its
-  /// row of extras (bit for bit on the CPU). One stats pass for all B rows and k drafts.
+  /// k drafts from (token, hidden) for each of the B = rows.size() sequences (1 .. kMaxBatch,
+  /// distinct live slots, none with a pending propose), each at its own position seq_len(slot), in
+  /// one step: every op of a draft runs once for all B rows (docs/drafter.md). Returns drafts
+  /// [B, k] row-major (row b's drafts at b * k). Row b's drafts equal those of that sequence
+  /// drafted alone, bit for bit on the CPU backend. Writes k rows per sequence (none with skip:
+  /// block). Phases are timed once per step.
+  /// Extras (docs/drafter.md, "Sampling statistics"), row b's at row b of each array: chain tokens
+  /// [B, k - 1] replace the input of drafts 2..k (drafts, rows and rollback are then those of a
+  /// propose that had drafted them), and `stats` [B, k] gets each draft's DraftStats under the
+  /// transform (one stats pass for all rows and drafts, timed in Phase::stats after the drafts).
+  /// Refused: sizes other than those, tokens outside the vocab, requested without stats, stats
+  /// with skip: head (no head runs).
   std::vector<int32_t> propose_batch(BatchState& batch, std::span<const BatchRow> rows, int k,
-                                     const ProposeExtras& extras);
+                                     const ProposeExtras& extras = {});
   /// The target's log p(tokens[r]) for n trace rows: lm_head(hiddens[r]) with the BF16 head (no
   /// norm), the transform, at the requested token. hiddens [n, H] host BF16; vocab-sharded: every
   /// rank returns the same values (collective). Batches rows internally (e.g. 64 per head call).
   std::vector<float> target_logprobs(const bf16* hiddens, const int32_t* tokens, int n,
                                      const SamplingTransform&);
-  /// after_verify for the sequence in `slot`.
+  /// Trims the rows of the sequence in `slot`'s last propose that must not stay: keeps the first
+  /// (true-hidden) row under DraftRows::rewrite, the `accepted` rows of accepted drafts under
+  /// DraftRows::keep.
   void after_verify(BatchState& batch, int slot, int accepted);
-  /// The distinct routed experts (global ids, ascending) of the last draft of the last propose or
-  /// propose_batch (over the latter's first `rows` rows; a propose has one row, so its top_k ids):
+  /// The distinct routed experts (global ids, ascending) of the last draft of the last propose
+  /// (over its first `rows` rows; a batch of one: its top_k ids):
   /// downloads the router's choice, so call it outside timed phases. Empty with skip: block or
   /// before any propose.
   std::vector<int32_t> last_experts(int rows);
@@ -257,11 +239,10 @@ class MtpDrafter {
   int graph_recordings() const;
 
   /// For tests: keep every draft's head input y (post shared_head.norm) of the last propose,
-  /// readable with head_inputs() as BF16 [k, H] on the host (of the last propose_batch:
-  /// batch_head_inputs()). Off by default (one copy per draft).
+  /// readable with batch_head_inputs() as BF16 [B, k, H] on the host (row b's draft i at
+  /// (b * k + i) * H; head_inputs(): [k, H] of a batch of one). Off by default (one copy per draft).
   void keep_head_inputs(bool on);
   std::vector<bf16> head_inputs();
-  /// As head_inputs, of the last propose_batch: BF16 [B, k, H] (row b's draft i at (b * k + i) * H).
   std::vector<bf16> batch_head_inputs();
 
   /// The batch_qidx selection check so far (DrafterOptions::selection_check): every context row
@@ -281,8 +262,6 @@ class MtpDrafter {
   void front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x0);
   /// context_gemm: the front of the `rows` staged context rows into row_x_, eh_proj batched.
   void front_rows(int rows);
-  /// The k drafts of one propose on the backend's stream; returns the rows written.
-  int draft_step(SequenceState& st, int k);
   /// append_rows on any sequence's caches: rc's rules and counts, slot `slot` of `caches` the
   /// caches it writes; the rows are appended at rc.seq_len, one ragged forward per chunk.
   void append_rows_to(RowCounters& rc, SlotCaches& caches, int slot, const int32_t* next_tokens,
@@ -310,7 +289,6 @@ class MtpDrafter {
   bf16* step_logits(int draft_index, int n);
   /// comm->wait() when collectives may be pending on a multi-rank communicator.
   void wait_comm();
-  void head_pick(int draft_index, int32_t* token_out);
   void mark_begin(Phase p, int i) {
     if (timer_) timer_->begin(p, i);
   }
@@ -331,13 +309,8 @@ class MtpDrafter {
   PhaseTimer* timer_ = nullptr;
 
   // Scratch in backend memory.
-  ops::Array<bf16> concat_, x_, y_, hidden_in_;
-  ops::Array<int32_t> tokens_;                      // [1 + max_draft]: the input token, then each draft
-  ops::Array<int32_t> positions_;                   // [max_draft] propose positions (base + i)
-  ops::Array<int32_t> pos_base_;                    // [1]
-  std::unique_ptr<ExchangeBuffers> xchg_;           // the head's (max, argmax) and the pick's buffers
+  ops::Array<bf16> concat_;  // [2H]: one context row's [e ; h] (context_gemm off)
   ops::Array<int32_t> row_tokens_, row_positions_, row_slots_;  // context-row staging
-  ops::Array<int32_t> slot0_;  // [1] slot 0: a SequenceState's one slot
   ops::Array<bf16> row_hiddens_;
   ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk
   ops::Array<bf16> row_concat_;  // [row_chunk, 2H]: the fronts' [e; h] rows (context_gemm)
@@ -345,13 +318,10 @@ class MtpDrafter {
   SelectionCheck check_;
   std::vector<int32_t> check_batched_, check_per_row_;  // host copies of a chunk's selections
   int max_rows_ = 0;
-  ops::Array<bf16> head_inputs_;  // [max_draft, H] when keep_head_inputs is on
   bool keep_head_inputs_ = false;
   ops::Array<bf16> batch_head_inputs_;  // [max_draft, rows, H] when keep_head_inputs is on
   int last_batch_k_ = 0, last_batch_n_ = 0, last_batch_rows_ = 0;
-  int last_propose_ = 0;  // 0 none yet, 1 propose, 2 propose_batch (last_distinct_experts)
-  int last_k_ = 0;
-  bool graph_warm_ = false;  // an op-by-op propose has sized the backend's scratch
+  bool proposed_ = false;  // a propose ran (last_experts)
   // The batched step's buffers, [batch_rows_] rows (padded rows included).
   int batch_rows_ = 0;
   ops::Array<int32_t> batch_slot_;      // [rows]: slot per row, -1 padded
@@ -364,7 +334,6 @@ class MtpDrafter {
   // Extras of the step being drafted (set per call, read while recording: graph key variants).
   bool step_chain_ = false;               // drafts 2..k read chain_tokens (chain_ / batch_chain_)
   bool step_logits_ = false;              // the head keeps every draft's logits in stats_ for the stats pass
-  ops::Array<int32_t> chain_;             // [max_draft - 1] single-sequence chain tokens
   ops::Array<int32_t> batch_chain_;       // [max_draft - 1, rows] draft-major, as batch_tokens_
   std::unique_ptr<StatsBuffers> stats_;   // [max_draft * rows] logit rows, draft-major
   bool stats_warm_ = false;               // an op-by-op stats pass has sized the backend's scratch

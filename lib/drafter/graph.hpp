@@ -2,13 +2,13 @@
 // head and the cross-rank pick, collectives included) recorded once and replayed every step.
 //
 // Invariants:
-// - A graph bakes in device addresses and host scalars: it is keyed by the draft count k and the
-//   addresses of the sequence's caches (a new SequenceState at new addresses gets a new graph;
-//   one at reused addresses reuses the graph, which is then exactly right), and for a batched
-//   step by the slot pool's addresses and the padded row count (one graph per batch bucket). The
-//   drafter's own scratch and weights never move (growing the batch scratch drops the graphs).
-// - Everything that changes per step is read on the device: the position base, the input token
-//   and hidden are uploaded into fixed buffers before the launch, the drafts downloaded after.
+// - A graph bakes in device addresses and host scalars: it is keyed by the draft count k, the
+//   addresses of the slot pool's caches (a new pool at new addresses gets a new graph; one at
+//   reused addresses reuses the graph, which is then exactly right) and the padded row count (one
+//   graph per batch bucket). The drafter's own scratch and weights never move (growing the step's
+//   scratch drops the graphs).
+// - Everything that changes per step is read on the device: the slots, positions, input tokens
+//   and hiddens are uploaded into fixed buffers before the launch, the drafts downloaded after.
 // - Recording does not run the work: the caller launches the graph it gets back.
 // - At most kMaxGraphs graphs live at once (oldest dropped first), so replaying many sequences
 //   does not grow device memory without bound.

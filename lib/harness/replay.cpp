@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <deque>
+#include <optional>
 #include <limits>
 
 #include "core/error.hpp"
@@ -164,44 +165,21 @@ void verify_row(StepRecord& rec, const SamplingVerify* sampling, const drafter::
 }
 }  // namespace
 
+// One sequence is the batched loop at batch 1: the same steps, verification and records.
 std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,
                                         int sequence_index, int k, int hidden, AcceptanceStats& stats,
                                         const ReplayHooks& hooks, const SamplingVerify* sampling,
                                         std::span<const float> target_logprob) {
   detail::check_sequence(seq, sequence_index, hidden);
   if (sampling) check_target_logprob(seq, target_logprob);
-  std::vector<int32_t> chain, requested;
-  std::vector<drafter::DraftStats> draft_stats;
-  detail::SequenceSteps run(drafter, seq, sequence_index, k, hidden, hooks);
-  while (run.more()) {
-    run.begin_step();
-    const int L = run.position();
-    std::vector<int32_t> drafts;
-    if (sampling) {
-      chain.clear();
-      requested.clear();
-      forced_tokens(seq, L, k, chain, requested);
-      drafter::ProposeExtras extras;
-      extras.chain_tokens = chain;
-      extras.requested = requested;
-      extras.transform = sampling->transform;
-      extras.stats = &draft_stats;
-      drafts = drafter.propose(run.state(), run.token(), run.hidden(), k, extras);
-      MTP_REQUIRE(draft_stats.size() == static_cast<size_t>(k), "replay: the drafter reported ",
-                  draft_stats.size(), " draft stats for ", k, " drafts");
-    } else {
-      drafter::ProposeExtras extras;  // the head's figures only when the point records them
-      if (hooks.draft_stats) extras.stats = &draft_stats;
-      drafts = drafter.propose(run.state(), run.token(), run.hidden(), k, extras);
-    }
-    StepRecord rec = detail::step_record(seq, sequence_index, L, k, drafts);
-    if (hooks.draft_stats) rec.stats = draft_stats;
-    verify_row(rec, sampling, draft_stats.data(), target_logprob);
-    run.advance(rec.accepted);
-    stats.add(k, rec.accepted, rec.expected_accepted());
-    if (!run.finish(std::move(rec))) break;
-  }
-  return run.take_steps();
+  std::optional<io::TraceSequence> copy;
+  const io::TraceSequence& one = detail::indexed(seq, sequence_index, copy);
+  std::vector<std::vector<float>> logp;
+  if (sampling) logp.emplace_back(target_logprob.begin(), target_logprob.end());
+  std::vector<StepRecord> steps;
+  const BatchReplayHooks batch_hooks = detail::one_sequence_hooks(hooks, k, steps, &stats);
+  replay_batched(drafter, std::span<const io::TraceSequence>(&one, 1), 1, k, hidden, batch_hooks, sampling, logp);
+  return steps;
 }
 
 int64_t replay_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSequence> seqs, int batch_size,

@@ -32,43 +32,30 @@ StepRecord step_record(const io::TraceSequence& seq, int32_t sequence, int L, in
   return rec;
 }
 
-// ---- SequenceSteps -----------------------------------------------------------------------------
+// ---- one sequence ------------------------------------------------------------------------------
 
-SequenceSteps::SequenceSteps(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index,
-                             int k, int hidden, const ReplayHooks& hooks)
-    : drafter_(drafter),
-      seq_(seq),
-      sequence_index_(sequence_index),
-      k_(k),
-      hidden_(hidden),
-      hooks_(hooks),
-      st_(drafter.new_sequence()),
-      L_(seq.prompt_length) {
-  drafter_.append_rows(*st_, seq_.tokens.data() + 1, hidden_row(seq_, 0, hidden_), seq_.prompt_length - 1, 0,
-                       drafter::Phase::prefill);
-  if (hooks_.after_prefill) hooks_.after_prefill();
+BatchReplayHooks one_sequence_hooks(const ReplayHooks& hooks, int k, std::vector<StepRecord>& steps,
+                                    AcceptanceStats* stats) {
+  BatchReplayHooks b;
+  if (hooks.after_prefill) b.after_prefill = [&hooks](int) { hooks.after_prefill(); };
+  b.before_step = hooks.before_step;
+  b.after_step = [&hooks, k, &steps, stats](const std::vector<StepRecord>& rows) {
+    MTP_REQUIRE(rows.size() == 1, "replay: a step of one sequence has ", rows.size(), " rows");
+    if (stats) stats->add(k, rows[0].accepted, rows[0].expected_accepted());
+    const bool go_on = !hooks.after_step || hooks.after_step(rows[0]);
+    steps.push_back(rows[0]);
+    return go_on;
+  };
+  b.draft_stats = hooks.draft_stats;
+  return b;
 }
 
-void SequenceSteps::begin_step() const {
-  if (hooks_.before_step) hooks_.before_step();
-}
-
-void SequenceSteps::advance(int keep) {
-  drafter_.after_verify(*st_, keep);
-  const int rows = L_ + keep;  // rows 0 .. L + keep - 1 are the verified prefix
-  const int from = st_->seq_len();
-  const int n = rows - from;
-  MTP_REQUIRE(n >= 0, "sequence ", sequence_index_, ": drafter holds ", from, " rows, more than the ", rows,
-              " verified");
-  drafter_.append_rows(*st_, seq_.tokens.data() + from + 1, hidden_row(seq_, from, hidden_), n, from,
-                       drafter::Phase::catch_up);
-  L_ = rows + 1;
-}
-
-bool SequenceSteps::finish(StepRecord rec) {
-  const bool go_on = !hooks_.after_step || hooks_.after_step(rec);
-  steps_.push_back(std::move(rec));
-  return go_on;
+const io::TraceSequence& indexed(const io::TraceSequence& seq, int sequence_index,
+                                 std::optional<io::TraceSequence>& copy) {
+  if (seq.index == sequence_index) return seq;
+  copy = seq;
+  copy->index = sequence_index;
+  return *copy;
 }
 
 // ---- ContinuousBatch ---------------------------------------------------------------------------

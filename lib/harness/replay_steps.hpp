@@ -3,12 +3,13 @@
 // the end of every step, after_verify(keep) then the catch-up rows from the trace's true hiddens
 // up to row L + keep, the next position being L + keep + 1. A speculative step keeps its
 // accepted drafts (keep = accepted); a teacher-forced position keeps none (keep = 0: the next
-// position is L + 1). SequenceSteps steps one sequence; ContinuousBatch steps a batch of slots,
-// a finished sequence leaving its slot to the next one of the trace (continuous batching, in
-// trace order). What differs between the replays, the propose and the verification, stays theirs.
+// position is L + 1). ContinuousBatch steps a batch of slots, a finished sequence leaving its slot
+// to the next one of the trace (continuous batching, in trace order); one sequence is a batch of
+// one. What differs between the replays, the propose and the verification, stays theirs.
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -33,37 +34,13 @@ inline const bf16* hidden_row(const io::TraceSequence& seq, int r, int hidden) {
 StepRecord step_record(const io::TraceSequence& seq, int32_t sequence, int L, int k,
                        std::span<const int32_t> drafts);
 
-/// One sequence stepped from its prompt: created and prefilled at construction (then
-/// hooks.after_prefill); each step is begin_step, the replay's propose and verify, advance, finish.
-class SequenceSteps {
- public:
-  SequenceSteps(drafter::MtpDrafter& drafter, const io::TraceSequence& seq, int sequence_index, int k,
-                int hidden, const ReplayHooks& hooks);
-  /// Whether a step at the position fits: k targets t_{L+1} .. t_{L+k} remain.
-  bool more() const { return L_ + k_ <= static_cast<int>(seq_.tokens.size()) - 1; }
-  /// The next step's position L.
-  int position() const { return L_; }
-  drafter::SequenceState& state() { return *st_; }
-  /// The step's inputs: t_L and h_{L-1}.
-  int32_t token() const { return seq_.tokens[static_cast<size_t>(L_)]; }
-  const bf16* hidden() const { return hidden_row(seq_, L_ - 1, hidden_); }
-  /// hooks.before_step.
-  void begin_step() const;
-  /// after_verify(keep), the catch-up rows up to row L + keep, the next position L + keep + 1.
-  void advance(int keep);
-  /// hooks.after_step(rec), then `rec` joins the steps; false ends the replay.
-  bool finish(StepRecord rec);
-  std::vector<StepRecord> take_steps() { return std::move(steps_); }
-
- private:
-  drafter::MtpDrafter& drafter_;
-  const io::TraceSequence& seq_;
-  int sequence_index_, k_, hidden_;
-  const ReplayHooks& hooks_;
-  std::unique_ptr<drafter::SequenceState> st_;
-  int L_;
-  std::vector<StepRecord> steps_;
-};
+/// The hooks of one sequence's replay as the batched loop's at batch 1, with its steps collected
+/// into `steps` and counted into `stats` (when not null) before hooks.after_step sees each.
+BatchReplayHooks one_sequence_hooks(const ReplayHooks& hooks, int k, std::vector<StepRecord>& steps,
+                                    AcceptanceStats* stats);
+/// `seq` under the index `sequence_index` (a copy only when its own index differs).
+const io::TraceSequence& indexed(const io::TraceSequence& seq, int sequence_index,
+                                 std::optional<io::TraceSequence>& copy);
 
 /// `seqs` stepped at batch `batch_size` through the drafter's batched step, continuous batching in
 /// trace order: slots are filled at construction and after each finished step (a sequence too

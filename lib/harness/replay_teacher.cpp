@@ -2,6 +2,7 @@
 #include "harness/replay_teacher.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.hpp"
 #include "harness/replay_steps.hpp"
@@ -16,33 +17,21 @@ void append_chain(const io::TraceSequence& seq, int L, int k, std::vector<int32_
 
 }  // namespace
 
-// Every position keeps none of its drafts (advance(0)): only the true row L - 1 stays, then the
-// catch-up to it (nothing to do under draft_rows rewrite), and the next position is L + 1.
+// One sequence is the batched loop at batch 1.
 std::vector<StepRecord> replay_teacher_forced(drafter::MtpDrafter& drafter, const io::TraceSequence& seq,
                                               int sequence_index, int k, int hidden,
                                               const ReplayHooks& hooks) {
   detail::check_sequence(seq, sequence_index, hidden);
-  std::vector<int32_t> chain;
-  std::vector<drafter::DraftStats> stats;
-  detail::SequenceSteps run(drafter, seq, sequence_index, k, hidden, hooks);
-  while (run.more()) {
-    run.begin_step();
-    const int L = run.position();
-    chain.clear();
-    append_chain(seq, L, k, chain);
-    drafter::ProposeExtras extras;
-    extras.chain_tokens = chain;
-    if (hooks.draft_stats) extras.stats = &stats;
-    const std::vector<int32_t> drafts = drafter.propose(run.state(), run.token(), run.hidden(), k, extras);
-    StepRecord rec = detail::step_record(seq, sequence_index, L, k, drafts);
-    rec.accepted = accepted_prefix(rec.drafts, rec.targets);
-    if (hooks.draft_stats) rec.stats = stats;
-    run.advance(0);
-    if (!run.finish(std::move(rec))) break;
-  }
-  return run.take_steps();
+  std::optional<io::TraceSequence> copy;
+  const io::TraceSequence& one = detail::indexed(seq, sequence_index, copy);
+  std::vector<StepRecord> steps;
+  const BatchReplayHooks batch_hooks = detail::one_sequence_hooks(hooks, k, steps, nullptr);
+  replay_teacher_forced_batched(drafter, std::span<const io::TraceSequence>(&one, 1), 1, k, hidden, batch_hooks);
+  return steps;
 }
 
+// Every position keeps none of its drafts (advance(0)): only the true row L - 1 stays, then the
+// catch-up to it (nothing to do under draft_rows rewrite), and the next position is L + 1.
 int64_t replay_teacher_forced_batched(drafter::MtpDrafter& drafter, std::span<const io::TraceSequence> seqs,
                                       int batch_size, int k, int hidden, const BatchReplayHooks& hooks) {
   detail::check_batch(seqs, batch_size, hidden);

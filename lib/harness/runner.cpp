@@ -161,42 +161,20 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   for (int rep = 0; rep < p.measure.repeats && !stopped; ++rep) {
     rec.begin_repeat(rep);
     limit = false;
-    if (batch == 1) {
-      // One sequence at a time through the single-sequence drafter (the fastest path at B = 1).
-      for (size_t i = 0; i < seqs.size() && !limit && !stopped; ++i) {
-        AcceptanceStats unused;
-        ReplayHooks hooks;
-        hooks.after_prefill = [&] { rec.after_prefill(static_cast<int>(i)); };
-        hooks.before_step = [&] { rec.before_step(); };
-        hooks.after_step = [&](const StepRecord& one) {
-          rec.after_step({one});
-          return go_on();
-        };
-        hooks.draft_stats = records_draft_stats(p);
-        const auto steps =
-            teacher_forced
-                ? replay_teacher_forced(*drafter, seqs[i], static_cast<int>(seqs[i].index), k, p.model.hidden,
-                                        hooks)
-                : replay_sequence(*drafter, seqs[i], static_cast<int>(seqs[i].index), k, p.model.hidden, unused,
-                                  hooks, sampling ? &verify : nullptr,
-                                  sampling ? std::span<const float>(target_logp[i]) : std::span<const float>());
-        rec.after_sequence(static_cast<int>(i), static_cast<int>(steps.size()));
-      }
-    } else {
-      BatchReplayHooks hooks;
-      hooks.after_prefill = [&](int i) { rec.after_prefill(i); };
-      hooks.before_step = [&] { rec.before_step(); };
-      hooks.after_step = [&](const std::vector<StepRecord>& rows) {
-        rec.after_step(rows);
-        return go_on();
-      };
-      hooks.after_sequence = [&](int i, int steps) { rec.after_sequence(i, steps); };
-      hooks.draft_stats = records_draft_stats(p);
-      if (teacher_forced)
-        replay_teacher_forced_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
-      else
-        replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks, sampling ? &verify : nullptr, target_logp);
-    }
+    // Every batch size, 1 included, is the same continuous-batch loop.
+    BatchReplayHooks hooks;
+    hooks.after_prefill = [&](int i) { rec.after_prefill(i); };
+    hooks.before_step = [&] { rec.before_step(); };
+    hooks.after_step = [&](const std::vector<StepRecord>& rows) {
+      rec.after_step(rows);
+      return go_on();
+    };
+    hooks.after_sequence = [&](int i, int steps) { rec.after_sequence(i, steps); };
+    hooks.draft_stats = records_draft_stats(p);
+    if (teacher_forced)
+      replay_teacher_forced_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
+    else
+      replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks, sampling ? &verify : nullptr, target_logp);
     rec.end_repeat();
   }
   r.selection_checked = drafter->checks_selection();

@@ -72,7 +72,7 @@ inline void replay_scripted(drafter::MtpDrafter& d, const io::TraceSequence& t, 
     const int a = scripted_accepted(static_cast<int>(s), step, k);
     d.after_verify(*st, a);
     const int next_L = L + a + 1;
-    const int from = st->seq_len();
+    const int from = st->seq_len(0);
     d.append_rows(*st, t.tokens.data() + from + 1, hidden_row(t, from, H), next_L - 1 - from, from,
                   drafter::Phase::catch_up);
     L = next_L;

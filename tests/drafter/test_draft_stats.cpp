@@ -459,7 +459,7 @@ TEST(DraftStats, OtherChainTokensMatchOneDraftAtATime) {
     // past that go too. The next propose from both states must agree.
     const int accepted = 3;
     d->after_verify(*st, accepted);
-    const int kept = st->seq_len();
+    const int kept = st->seq_len(0);
     EXPECT_EQ(kept, rows_policy == drafter::DraftRows::keep ? L - 1 + accepted : L);
     // Trim the reference to the same rows: a propose of 0 more rows is not possible, so rebuild
     // the reference's rows from its one-draft proposes up to `kept`.
@@ -473,7 +473,7 @@ TEST(DraftStats, OtherChainTokensMatchOneDraftAtATime) {
       d->after_verify(*ref2, 1);
       token = chain[static_cast<size_t>(i)];
     }
-    ASSERT_EQ(ref2->seq_len(), kept);
+    ASSERT_EQ(ref2->seq_len(0), kept);
     const int next = kept + 1;
     const auto p1 = d->propose(*st, f.seq.tokens[next], f.seq.hiddens.data() + (next - 1) * f.H, k);
     const auto p2 = d->propose(*ref2, f.seq.tokens[next], f.seq.hiddens.data() + (next - 1) * f.H, k);
@@ -523,7 +523,7 @@ TEST(DraftStats, BadExtrasAreRefused) {
   std::vector<int32_t> two = {1, 2}, three = {1, 2, 3}, bad = {1, f.V};
   auto expect_refused = [&](const drafter::ProposeExtras& x, const char* what) {
     EXPECT_THROW(d->propose(*st, tok, h, k, x), Error) << what;
-    EXPECT_EQ(st->propose_start(), -1) << what << ": a refused call leaves no pending propose";
+    EXPECT_EQ(st->propose_start(0), -1) << what << ": a refused call leaves no pending propose";
   };
   drafter::ProposeExtras x;
   x.chain_tokens = three;

@@ -27,9 +27,9 @@ const io::TraceSequence& shared_sequence() {
   return seq;
 }
 
-std::vector<bf16> download_kv(ops::Backend& be, drafter::SequenceState& st, int rows, int kv_lora) {
+std::vector<bf16> download_kv(ops::Backend& be, drafter::BatchState& st, int rows, int kv_lora) {
   std::vector<bf16> out(static_cast<size_t>(rows) * kv_lora);
-  be.download(out.data(), st.cache.kv().data, out.size() * sizeof(bf16));  // identity block table
+  be.download(out.data(), st.caches.kv_slots().cache.data, out.size() * sizeof(bf16));  // one slot: identity table
   return out;
 }
 
@@ -118,11 +118,11 @@ TEST(Drafter, WriteAtWrongRowIsRefusedAndCounted) {
   auto st = d->new_sequence();
   const auto& seq = shared_sequence();
   d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), 5, 0);
-  EXPECT_EQ(st->seq_len(), 5);
+  EXPECT_EQ(st->seq_len(0), 5);
   EXPECT_THROW(d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), 1, 7), Error);
   EXPECT_THROW(d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), 1, 4), Error);
-  EXPECT_EQ(st->refused_writes(), 2);
-  EXPECT_EQ(st->seq_len(), 5);
+  EXPECT_EQ(st->refused_writes(0), 2);
+  EXPECT_EQ(st->seq_len(0), 5);
   std::vector<int32_t> bad = {4096};
   EXPECT_THROW(d->append_rows(*st, bad.data(), seq.hiddens.data(), 1, 5), Error);
   EXPECT_THROW(d->propose(*st, -1, seq.hiddens.data(), 2), Error);
@@ -157,9 +157,9 @@ TEST(Drafter, RewriteRollbackEqualsAFreshPrefill) {
     const int L = 26;
     d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), L - 1, 0);
     auto drafts = d->propose(*st, seq.tokens[L], seq.hiddens.data() + (L - 1) * H, 3);
-    EXPECT_EQ(st->seq_len(), L - 1 + 3);
+    EXPECT_EQ(st->seq_len(0), L - 1 + 3);
     d->after_verify(*st, accepted);
-    EXPECT_EQ(st->seq_len(), L);
+    EXPECT_EQ(st->seq_len(0), L);
     const int next_L = L + accepted + 1;
     d->append_rows(*st, seq.tokens.data() + L + 1, seq.hiddens.data() + L * H, next_L - 1 - L, L,
                    drafter::Phase::catch_up);
@@ -181,7 +181,7 @@ TEST(Drafter, KeepRollbackKeepsAcceptedRows) {
   d->append_rows(*st, seq.tokens.data() + 1, seq.hiddens.data(), 20, 0);
   d->propose(*st, seq.tokens[21], seq.hiddens.data() + 20 * 128, 4);
   d->after_verify(*st, 2);
-  EXPECT_EQ(st->seq_len(), 22);
+  EXPECT_EQ(st->seq_len(0), 22);
 }
 
 TEST(Drafter, SkipArms) {
@@ -196,12 +196,12 @@ TEST(Drafter, SkipArms) {
   db->append_rows(*sb, seq.tokens.data() + 1, seq.hiddens.data(), 10, 0);
   EXPECT_EQ(dh->propose(*sh, seq.tokens[11], seq.hiddens.data() + 10 * 128, 3),
             (std::vector<int32_t>{0, 0, 0}));
-  EXPECT_EQ(sh->seq_len(), 13);
+  EXPECT_EQ(sh->seq_len(0), 13);
   auto drafts = db->propose(*sb, seq.tokens[11], seq.hiddens.data() + 10 * 128, 3);
-  EXPECT_EQ(sb->seq_len(), 10);  // the block (and its cache writes) skipped
+  EXPECT_EQ(sb->seq_len(0), 10);  // the block (and its cache writes) skipped
   for (int32_t t : drafts) EXPECT_TRUE(t >= 0 && t < 4096);
   db->after_verify(*sb, 1);
-  EXPECT_EQ(sb->seq_len(), 10);
+  EXPECT_EQ(sb->seq_len(0), 10);
 }
 
 TEST(Drafter, Fp8HeadDraftsAreMostlyTheBf16Drafts) {

@@ -1,10 +1,11 @@
-// Block::forward_rows (context_rows full, chunks of rows) against one Block::forward per row, the
-// batch_qidx selection check of the drafter, and the pure selection comparison, on the CPU.
+// Block::forward over ragged rows (context chunks of one sequence; several sequences of several
+// rows) against one row at a time, the batch_qidx selection check of the drafter, and the pure
+// selection comparison, on the CPU.
 //
-// - forward_rows with RowsMode::per_row writes every row's caches before any row's selection;
-//   a row reads pools and rows <= its own position only, so it must give bit-identical row
-//   outputs, selections and caches to the per-row loop, also across propose / rollback /
-//   catch-up (stale rows past the length) and across chunk boundaries.
+// - A ragged forward writes every row's caches before any row's selection; a row reads pools and
+//   rows <= its own position only, so it must give bit-identical row outputs, selections and caches
+//   to the per-row loop, also across propose / rollback / catch-up (stale rows past the length),
+//   across chunk boundaries and with several sequences of several rows in one batch.
 // - The CPU's batched linear computes exactly what the per-row one does, so with batch_qidx the
 //   check must count every context row and find no difference; the drafts equal the other arms'.
 #include <gtest/gtest.h>
@@ -63,14 +64,14 @@ TEST(SelectionCheck, PlantedDifferencesAreCounted) {
   EXPECT_EQ(drafter::compare_selections(b.data(), r.data(), 0, width).rows_checked, 0);
 }
 
-// ---- forward_rows vs forward --------------------------------------------------------------------
+// ---- ragged rows vs one row at a time -------------------------------------------------------------
 
-/// One block on the tiny preset with its own cache.
+/// One block on the tiny preset with a pool of `slots` sequence slots.
 struct BlockRig {
-  BlockRig(ops::Backend& be, const model::ModelConfig& cfg, const model::MtpWeights& w)
+  BlockRig(ops::Backend& be, const model::ModelConfig& cfg, const model::MtpWeights& w, int slots = 1)
       : dims(make_dims(cfg, w)),
         block(be, nullptr, dims, drafter::upload_block_weights(be, w)),
-        cache(be, dims) {}
+        cache(be, dims, slots) {}
   static drafter::BlockDims make_dims(const model::ModelConfig& cfg, const model::MtpWeights& w) {
     drafter::BlockDims d = drafter::block_dims(cfg, 1, 0, ops::KvDtype::bf16);
     d.n_heads_local = static_cast<int>(w.plan.heads.count);
@@ -79,7 +80,7 @@ struct BlockRig {
   }
   drafter::BlockDims dims;
   drafter::Block block;
-  drafter::LayerCache cache;
+  drafter::SlotCaches cache;
 };
 
 template <typename T>
@@ -89,34 +90,44 @@ std::vector<T> fetch(ops::Backend& be, const T* src, size_t n) {
   return out;
 }
 
-/// The caches' rows 0 .. rows-1 (and the pools they complete), bit for bit.
-void expect_same_caches(ops::Backend& be, BlockRig& a, BlockRig& b, int rows, const std::string& where) {
+/// Slot sa of a's caches and slot sb of b's: rows 0 .. rows-1 (and the pools they complete), bit for
+/// bit. Logical block j of slot s of a pool of S slots is physical block j * S + s.
+void expect_same_caches(ops::Backend& be, BlockRig& a, int sa, BlockRig& b, int sb, int rows,
+                        const std::string& where) {
   const auto& d = a.dims;
-  const size_t D = static_cast<size_t>(d.index_dim);
+  const size_t D = static_cast<size_t>(d.index_dim), R = static_cast<size_t>(d.max_rows);
   const size_t n = static_cast<size_t>(rows);
-  // Identity block table: slot = row.
-  EXPECT_EQ(fetch(be, static_cast<const bf16*>(a.cache.kv().data), n * d.kv_lora),
-            fetch(be, static_cast<const bf16*>(b.cache.kv().data), n * d.kv_lora))
-      << where << ": latent rows";
-  EXPECT_EQ(fetch(be, a.cache.k_cache.data(), n * D), fetch(be, b.cache.k_cache.data(), n * D)) << where;
-  const auto ga = fetch(be, a.cache.gate_cache.data(), n * D),
-             gb = fetch(be, b.cache.gate_cache.data(), n * D);
+  auto latent = [&](BlockRig& rig, int slot) {
+    std::vector<bf16> out;
+    const size_t S = static_cast<size_t>(rig.cache.slots()), B = static_cast<size_t>(d.block_size);
+    const auto* kv = static_cast<const bf16*>(rig.cache.kv_slots().cache.data);
+    for (size_t j = 0; j * B < n; ++j) {
+      const auto blk = fetch(be, kv + (j * S + static_cast<size_t>(slot)) * B * d.kv_lora, B * d.kv_lora);
+      out.insert(out.end(), blk.begin(), blk.begin() + static_cast<std::ptrdiff_t>(std::min(B, n - j * B) * d.kv_lora));
+    }
+    return out;
+  };
+  EXPECT_EQ(latent(a, sa), latent(b, sb)) << where << ": latent rows";
+  const size_t oa = static_cast<size_t>(sa), ob = static_cast<size_t>(sb);
+  EXPECT_EQ(fetch(be, a.cache.k_cache.data() + oa * R * D, n * D), fetch(be, b.cache.k_cache.data() + ob * R * D, n * D))
+      << where << ": indexer rows";
+  const auto ga = fetch(be, a.cache.gate_cache.data() + oa * R * D, n * D),
+             gb = fetch(be, b.cache.gate_cache.data() + ob * R * D, n * D);
   EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float))) << where << ": gate rows";
-  EXPECT_EQ(fetch(be, a.cache.valid.data(), d.max_rows), fetch(be, b.cache.valid.data(), d.max_rows))
-      << where;
-  const size_t pools = n / d.index_kpool;
-  const auto ka = fetch(be, a.cache.pool_keys.data(), pools * D),
-             kb = fetch(be, b.cache.pool_keys.data(), pools * D);
+  EXPECT_EQ(fetch(be, a.cache.valid.data() + oa * R, R), fetch(be, b.cache.valid.data() + ob * R, R)) << where;
+  const size_t P = static_cast<size_t>(d.max_pools()), pools = n / d.index_kpool;
+  const auto ka = fetch(be, a.cache.pool_keys.data() + oa * P * D, pools * D),
+             kb = fetch(be, b.cache.pool_keys.data() + ob * P * D, pools * D);
   EXPECT_EQ(0, std::memcmp(ka.data(), kb.data(), ka.size() * sizeof(float))) << where << ": pool keys";
 }
 
 class ForwardRows : public ::testing::TestWithParam<ops::RowsMode> {};
 
-// A scripted replay on two blocks with the same weights: A runs every row through forward; B
-// runs the context rows (prefill, catch-up) through forward_rows in chunks of 64 and the draft
-// rows through forward, as the drafter does. Inputs are fresh random rows; the script covers
-// several prefill chunks, sparse selections (K + P - 1 = 19 < rows), rollbacks that leave stale
-// rows and pools past the length, and catch-ups of 0 to 3 rows.
+// A scripted replay on two blocks with the same weights: A runs every row as a forward of one row;
+// B runs the context rows (prefill, catch-up) as ragged forwards of up to 64 rows of one sequence
+// and the draft rows one at a time, as the drafter does. Inputs are fresh random rows; the script
+// covers several prefill chunks, sparse selections (K + P - 1 = 19 < rows), rollbacks that leave
+// stale rows and pools past the length, and catch-ups of 0 to 3 rows.
 TEST_P(ForwardRows, EqualsOneForwardPerRow) {
   const ops::RowsMode mode = GetParam();
   const model::ModelConfig cfg = test::tiny_config(512);
@@ -125,7 +136,10 @@ TEST_P(ForwardRows, EqualsOneForwardPerRow) {
   const auto w = model::synthesize_mtp_weights(cfg, plan, 11);
   BlockRig a(*be, cfg, w), b(*be, cfg, w);
   const int chunk = 64;
-  b.block.reserve_rows(chunk, true);
+  a.block.reserve(1);
+  b.block.reserve(chunk, true);
+  drafter::Block::Options ob;
+  ob.proj_mode = ob.qidx_mode = mode;
   const int H = cfg.hidden;
   const size_t width = static_cast<size_t>(a.dims.selection_width());
   std::mt19937 gen(20261207);
@@ -136,10 +150,11 @@ TEST_P(ForwardRows, EqualsOneForwardPerRow) {
     return v;
   };
   ops::Array<bf16> xa(*be, static_cast<size_t>(chunk) * H), xb(*be, static_cast<size_t>(chunk) * H);
-  ops::Array<int32_t> pos(*be, chunk);
+  ops::Array<int32_t> pos(*be, chunk), slot(*be, chunk);
+  be->fill_bytes(slot.data(), 0, slot.bytes());
   int rows_compared = 0;
 
-  // Context rows base .. base+n-1: A one forward each, B forward_rows per chunk of 64.
+  // Context rows base .. base+n-1: A one forward each, B one ragged forward per chunk of 64.
   auto context = [&](int base, int n, const std::string& what) {
     for (int c0 = 0; c0 < n; c0 += chunk) {
       const int m = std::min(chunk, n - c0);
@@ -151,25 +166,24 @@ TEST_P(ForwardRows, EqualsOneForwardPerRow) {
       be->upload(xb.data(), x.data(), x.size() * sizeof(bf16));
       std::vector<int32_t> sel_a;
       for (int r = 0; r < m; ++r) {
-        a.block.forward(xa.data() + static_cast<size_t>(r) * H, pos.data() + r, a.cache,
-                        xa.data() + static_cast<size_t>(r) * H);
-        const auto s = fetch(*be, a.block.last_selection(), width);
+        a.block.forward(ops::RowBatch{slot.data(), pos.data() + r, 1, 1}, xa.data() + static_cast<size_t>(r) * H,
+                        a.cache, xa.data() + static_cast<size_t>(r) * H);
+        const auto s = fetch(*be, a.block.selection(), width);
         sel_a.insert(sel_a.end(), s.begin(), s.end());
       }
-      b.block.forward_rows(m, xb.data(), pos.data(), b.cache, xb.data(), mode);
+      const ops::RowBatch rb{slot.data(), pos.data(), m, m};
+      b.block.forward(rb, xb.data(), b.cache, xb.data(), ob);
       const std::string where =
           what + " rows " + std::to_string(base + c0) + ".." + std::to_string(base + c0 + m - 1);
       EXPECT_EQ(fetch(*be, xa.data(), x.size()), fetch(*be, xb.data(), x.size())) << where << ": row outputs";
-      EXPECT_EQ(sel_a, fetch(*be, b.block.rows_selection(), static_cast<size_t>(m) * width)) << where;
+      EXPECT_EQ(sel_a, fetch(*be, b.block.selection(), static_cast<size_t>(m) * width)) << where;
       // The shadow (per-row GEMV) selection, made after the chunk, is the one A used.
-      b.block.shadow_select_rows(m, pos.data(), b.cache);
-      EXPECT_EQ(sel_a, fetch(*be, b.block.rows_shadow_selection(), static_cast<size_t>(m) * width)) << where;
+      b.block.shadow_select(rb, b.cache);
+      EXPECT_EQ(sel_a, fetch(*be, b.block.shadow_selection(), static_cast<size_t>(m) * width)) << where;
       rows_compared += m;
     }
-    EXPECT_EQ(a.cache.rows(), base + n);
-    EXPECT_EQ(b.cache.rows(), base + n);
   };
-  // Draft rows (propose): forward on both, from the same inputs.
+  // Draft rows (propose): one row at a time on both, from the same inputs.
   auto drafts = [&](int base, int k) {
     const auto x = random_rows(k);
     std::vector<int32_t> p(static_cast<size_t>(k));
@@ -178,28 +192,25 @@ TEST_P(ForwardRows, EqualsOneForwardPerRow) {
     be->upload(xa.data(), x.data(), x.size() * sizeof(bf16));
     be->upload(xb.data(), x.data(), x.size() * sizeof(bf16));
     for (int r = 0; r < k; ++r) {
-      a.block.forward(xa.data() + static_cast<size_t>(r) * H, pos.data() + r, a.cache,
-                      xa.data() + static_cast<size_t>(r) * H);
-      b.block.forward(xb.data() + static_cast<size_t>(r) * H, pos.data() + r, b.cache,
-                      xb.data() + static_cast<size_t>(r) * H);
+      const ops::RowBatch one{slot.data(), pos.data() + r, 1, 1};
+      a.block.forward(one, xa.data() + static_cast<size_t>(r) * H, a.cache, xa.data() + static_cast<size_t>(r) * H);
+      b.block.forward(one, xb.data() + static_cast<size_t>(r) * H, b.cache, xb.data() + static_cast<size_t>(r) * H);
     }
     EXPECT_EQ(fetch(*be, xa.data(), x.size()), fetch(*be, xb.data(), x.size())) << "draft rows at " << base;
   };
 
   int L = 150;
   context(0, L - 1, "prefill");
-  expect_same_caches(*be, a, b, L - 1, "after the prefill");
+  expect_same_caches(*be, a, 0, b, 0, L - 1, "after the prefill");
   int high = L - 1;
   for (int step = 0; step < 12; ++step) {
     const int k = 3, accepted = (step * 7) % 4;  // 0..3
     drafts(L - 1, k);
     high = std::max(high, L - 1 + k);
     // Rollback (rewrite): keep row L-1; the rows after it stay in the caches, stale.
-    a.cache.set_rows(L);
-    b.cache.set_rows(L);
     if (accepted > 0) context(L, accepted, "catch-up");
     L += accepted + 1;
-    expect_same_caches(*be, a, b, high, "step " + std::to_string(step));
+    expect_same_caches(*be, a, 0, b, 0, high, "step " + std::to_string(step));
   }
   EXPECT_GE(rows_compared, 149 + 12);
 }
@@ -210,20 +221,135 @@ INSTANTIATE_TEST_SUITE_P(Modes, ForwardRows,
                            return std::string(p.param == ops::RowsMode::batched ? "batched" : "per_row");
                          });
 
-TEST(ForwardRowsLimits, RefusesMoreRowsThanReserved) {
+// B sequences of R rows each in one ragged forward (the verification shape: every sequence's last
+// token and its k drafts), padded rows mixed in, sequences at different lengths and sparse
+// positions: each row's output, selection and routed experts, and every slot's caches, equal the
+// rows run one at a time per sequence in order, bit for bit on the CPU.
+TEST(RaggedRows, SequencesOfSeveralRowsEqualOneRowAtATime) {
+  const model::ModelConfig cfg = test::tiny_config(256);
+  auto be = ops::make_cpu_backend();
+  const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  const auto w = model::synthesize_mtp_weights(cfg, plan, 13);
+  const int S = 4;
+  BlockRig a(*be, cfg, w, S), b(*be, cfg, w, S);
+  const int H = cfg.hidden, top_k = a.dims.top_k;
+  const size_t width = static_cast<size_t>(a.dims.selection_width());
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random_rows = [&](int n) {
+    std::vector<bf16> v(static_cast<size_t>(n) * H);
+    for (auto& x : v) x = to_bf16(normal(gen));
+    return v;
+  };
+  const int max_rows = 64;
+  a.block.reserve(max_rows);
+  b.block.reserve(max_rows);
+  ops::Array<bf16> xa(*be, static_cast<size_t>(max_rows) * H), xb(*be, static_cast<size_t>(max_rows) * H);
+  ops::Array<int32_t> pos(*be, max_rows), slot(*be, max_rows);
+  // Prefill each slot to its own length, one row at a time on A, one ragged forward per slot on B.
+  std::vector<int> len = {37, 5, 90, 61};
+  auto run = [&](const std::vector<int32_t>& slots, const std::vector<int32_t>& p, int max_seq_rows,
+                 const std::string& where) {
+    const int n = static_cast<int>(slots.size());
+    const auto x = random_rows(n);
+    be->upload(slot.data(), slots.data(), slots.size() * sizeof(int32_t));
+    be->upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
+    be->upload(xa.data(), x.data(), x.size() * sizeof(bf16));
+    be->upload(xb.data(), x.data(), x.size() * sizeof(bf16));
+    std::vector<int32_t> sel_a, exp_a;
+    for (int r = 0; r < n; ++r) {
+      if (slots[static_cast<size_t>(r)] < 0) {
+        sel_a.insert(sel_a.end(), width, -2);
+        exp_a.insert(exp_a.end(), static_cast<size_t>(top_k), -2);
+        continue;
+      }
+      a.block.forward(ops::RowBatch{slot.data() + r, pos.data() + r, 1, 1}, xa.data() + static_cast<size_t>(r) * H,
+                      a.cache, xa.data() + static_cast<size_t>(r) * H);
+      const auto s = fetch(*be, a.block.selection(), width);
+      const auto e = fetch(*be, a.block.experts(), static_cast<size_t>(top_k));
+      sel_a.insert(sel_a.end(), s.begin(), s.end());
+      exp_a.insert(exp_a.end(), e.begin(), e.end());
+    }
+    b.block.forward(ops::RowBatch{slot.data(), pos.data(), n, max_seq_rows}, xb.data(), b.cache, xb.data());
+    const auto ya = fetch(*be, xa.data(), x.size()), yb = fetch(*be, xb.data(), x.size());
+    auto sel_b = fetch(*be, b.block.selection(), static_cast<size_t>(n) * width);
+    auto exp_b = fetch(*be, b.block.experts(), static_cast<size_t>(n) * top_k);
+    for (int r = 0; r < n; ++r) {
+      const size_t R = static_cast<size_t>(r);
+      if (slots[R] < 0) {  // a padded row: nothing of it is compared
+        std::fill_n(sel_b.begin() + static_cast<std::ptrdiff_t>(R * width), width, -2);
+        std::fill_n(exp_b.begin() + static_cast<std::ptrdiff_t>(R * top_k), top_k, -2);
+        continue;
+      }
+      EXPECT_TRUE(std::equal(ya.begin() + static_cast<std::ptrdiff_t>(R * H), ya.begin() + static_cast<std::ptrdiff_t>((R + 1) * H),
+                             yb.begin() + static_cast<std::ptrdiff_t>(R * H)))
+          << where << ": row " << r << " (slot " << slots[R] << ", position " << p[R] << ")";
+    }
+    EXPECT_EQ(sel_a, sel_b) << where << ": selections";
+    EXPECT_EQ(exp_a, exp_b) << where << ": routed experts";
+  };
+  for (int s = 0; s < S; ++s) {
+    for (int c0 = 0; c0 < len[static_cast<size_t>(s)]; c0 += max_rows) {
+      const int m = std::min(max_rows, len[static_cast<size_t>(s)] - c0);
+      std::vector<int32_t> slots(static_cast<size_t>(m), s), p(static_cast<size_t>(m));
+      for (int r = 0; r < m; ++r) p[static_cast<size_t>(r)] = c0 + r;
+      run(slots, p, m, "prefill of slot " + std::to_string(s));
+    }
+  }
+  // Verification-shaped steps: every slot's next R rows (R = 2 .. 5, differing per slot), with a
+  // padded row between two sequences; then the next step starts after a partial acceptance.
+  for (int step = 0; step < 6; ++step) {
+    std::vector<int32_t> slots, p;
+    int most = 0;
+    for (int s = 0; s < S; ++s) {
+      const int R = 2 + (s + step) % 4;
+      most = std::max(most, R);
+      for (int r = 0; r < R; ++r) {
+        slots.push_back(s);
+        p.push_back(len[static_cast<size_t>(s)] + r);
+      }
+      if (s == 1) {
+        slots.push_back(-1);
+        p.push_back(0);
+      }
+      len[static_cast<size_t>(s)] += 1 + (s * 3 + step) % R;  // the accepted rows stay, the rest go stale
+    }
+    run(slots, p, most, "step " + std::to_string(step));
+  }
+  for (int s = 0; s < S; ++s)
+    expect_same_caches(*be, a, s, b, s, len[static_cast<size_t>(s)], "slot " + std::to_string(s));
+}
+
+TEST(RaggedRows, Refusals) {
   const model::ModelConfig cfg = test::tiny_config(128);
   auto be = ops::make_cpu_backend();
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   const auto w = model::synthesize_mtp_weights(cfg, plan, 11);
-  BlockRig rig(*be, cfg, w);
+  BlockRig rig(*be, cfg, w, 2);
   ops::Array<bf16> x(*be, static_cast<size_t>(8) * cfg.hidden);
-  ops::Array<int32_t> pos(*be, 8);
-  EXPECT_THROW(rig.block.forward_rows(4, x.data(), pos.data(), rig.cache, x.data(), ops::RowsMode::per_row),
-               Error);
-  rig.block.reserve_rows(4, false);
-  EXPECT_THROW(rig.block.forward_rows(5, x.data(), pos.data(), rig.cache, x.data(), ops::RowsMode::per_row),
-               Error);
-  EXPECT_THROW(rig.block.shadow_select_rows(4, pos.data(), rig.cache), Error);  // no shadow buffers
+  ops::Array<int32_t> pos(*be, 8), slot(*be, 8);
+  auto put = [&](std::vector<int32_t> s, std::vector<int32_t> p) {
+    be->upload(slot.data(), s.data(), s.size() * sizeof(int32_t));
+    be->upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
+  };
+  put({0, 0, 0, 0}, {0, 1, 2, 3});
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 4}, x.data(), rig.cache, x.data()), Error)
+      << "no buffers reserved";
+  rig.block.reserve(4);
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 5, 5}, x.data(), rig.cache, x.data()), Error)
+      << "more rows than reserved";
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 3}, x.data(), rig.cache, x.data()), Error)
+      << "more rows of one slot than max_seq_rows";
+  put({0, 1, 0, 1}, {0, 0, 2, 1});
+  EXPECT_NO_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 2}, x.data(), rig.cache, x.data()));
+  put({0, 0, 1, 1}, {3, 2, 0, 1});
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 2}, x.data(), rig.cache, x.data()), Error)
+      << "rows of one slot at descending positions";
+  put({0, 1, 1, 1}, {0, 1, 1, 2});
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 3}, x.data(), rig.cache, x.data()), Error)
+      << "two rows of one slot at one position";
+  EXPECT_THROW(rig.block.shadow_select(ops::RowBatch{slot.data(), pos.data(), 1, 1}, rig.cache), Error)
+      << "no shadow buffers";
 }
 
 // ---- the drafter: arms and the selection check over a replay ------------------------------------
@@ -252,16 +378,17 @@ Replayed replay(const DrafterOptions& opt, const model::ModelConfig& cfg, model:
     const std::vector<int32_t> targets(seq.tokens.begin() + L + 1, seq.tokens.begin() + L + 1 + k);
     const int a = harness::accepted_prefix(out.drafts.back(), targets);
     d->after_verify(*st, a);
-    const int from = st->seq_len(), n = L + a - from;
+    const int from = st->seq_len(0), n = L + a - from;
     d->append_rows(*st, seq.tokens.data() + from + 1, hidden_row(from), n, from, drafter::Phase::catch_up);
     out.context_rows += n;
     L += a + 1;
   }
-  const size_t rows = static_cast<size_t>(st->seq_len());
+  const size_t rows = static_cast<size_t>(st->seq_len(0));
   out.kv.resize(rows * cfg.kv_lora_rank);
-  be->download(out.kv.data(), st->cache.kv().data, out.kv.size() * sizeof(bf16));  // identity block table
+  // A pool of one slot: logical block j is physical block j.
+  be->download(out.kv.data(), st->caches.kv_slots().cache.data, out.kv.size() * sizeof(bf16));
   out.k_rows.resize(rows * cfg.index_head_dim);
-  be->download(out.k_rows.data(), st->cache.k_cache.data(), out.k_rows.size() * sizeof(bf16));
+  be->download(out.k_rows.data(), st->caches.k_cache.data(), out.k_rows.size() * sizeof(bf16));
   out.check = d->selection_check();
   return out;
 }

@@ -108,7 +108,8 @@ class ChainReference {
     std::vector<std::vector<int32_t>> own;  ///< each draft's own selection (drafts 2..k: not used with share)
   };
 
-  Chain run(const drafter::CacheView& cache, int base, int32_t token, const bf16* hidden, int k, bool share) {
+  /// `cache`: a sequence's pool of one slot (slot 0).
+  Chain run(drafter::SlotCaches& cache, int base, int32_t token, const bf16* hidden, int k, bool share) {
     const int H = cfg_.hidden, K = d_.index_topk, P = d_.index_kpool;
     const int nh = d_.n_heads_local, L = d_.kv_lora, nI = d_.index_heads, D = d_.index_dim;
     const int width = d_.selection_width() + (share ? k - 1 : 0);
@@ -144,7 +145,7 @@ class ChainReference {
       be_.linear_f32(bw_.idx_wq_b.data(), cq.data(), q_idx.data(), 1, nI * D, d_.q_lora);
       be_.linear_f32(bw_.idx_weights_proj.data(), u.data(), w_idx.data(), 1, nI, H);
       be_.scale_f32(w_idx.data(), 1.0f / std::sqrt(static_cast<float>(nI)), nI);
-      be_.indexer_scores(q_idx.data(), w_idx.data(), cache.pool_keys, pos.data(), scores.data(), nI, D, P,
+      be_.indexer_scores(q_idx.data(), w_idx.data(), cache.pool_keys.data(), pos.data(), scores.data(), nI, D, P,
                          d_.max_pools());
       be_.indexer_select(scores.data(), pos.data(), own_sel.data(), K, P, d_.max_pools());
       std::vector<int32_t> own(static_cast<size_t>(d_.selection_width()));
@@ -156,7 +157,7 @@ class ChainReference {
       be_.upload(sel.data(), chosen.data(), chosen.size() * sizeof(int32_t));
       // absorbed sparse MLA, o_proj, MoE, shared_head.norm, head
       be_.mla_absorb_q(q.data(), bw_.kv_b.data(), q_abs.data(), nh, d_.qk_nope, d_.v_head, L);
-      be_.mla_decode(q_abs.data(), sel.data(), width, cache.block_table, cache.kv, o_lat.data(), nh,
+      be_.mla_decode(q_abs.data(), sel.data(), width, cache.block_tables.data(), cache.kv_slots().cache, o_lat.data(), nh,
                      d_.softmax_scale);
       be_.mla_out_v(o_lat.data(), bw_.kv_b.data(), o.data(), nh, d_.qk_nope, d_.v_head, L);
       be_.linear_f32(bw_.o_proj.data(), o.data(), attn.data(), 1, H, nh * d_.v_head);
@@ -225,10 +226,10 @@ ReferenceReplay replay_against_reference(Fixture& f, drafter::MtpDrafter& d, Cha
     auto st = d.new_sequence();
     d.append_rows(*st, t.tokens.data() + 1, test::hidden_row(t, 0, H), prompts[s] - 1, 0);
     for (int L = prompts[s], step = 0; L + kDraft <= N - 1; ++step) {
-      const int base = st->seq_len();
+      const int base = st->seq_len(0);
       const auto drafts = d.propose(*st, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft);
       const auto chain =
-          ref.run(st->cache.view(), base, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft, share);
+          ref.run(st->caches, base, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft, share);
       const std::string where = "sequence " + std::to_string(s) + ", propose at row " + std::to_string(base) +
                                 (share ? " (index_share on)" : " (index_share off)");
       EXPECT_EQ(drafts, chain.drafts) << where;
@@ -246,7 +247,7 @@ ReferenceReplay replay_against_reference(Fixture& f, drafter::MtpDrafter& d, Cha
       const int a = test::scripted_accepted(static_cast<int>(s), step, kDraft);
       d.after_verify(*st, a);
       const int next_L = L + a + 1;
-      const int from = st->seq_len();
+      const int from = st->seq_len(0);
       d.append_rows(*st, t.tokens.data() + from + 1, test::hidden_row(t, from, H), next_L - 1 - from, from,
                     drafter::Phase::catch_up);
       L = next_L;
@@ -323,7 +324,7 @@ TEST(IndexShare, DenseContextsGiveBitIdenticalDraftsSingleAndBatched) {
       off->append_rows(*so, t.tokens.data() + 1, test::hidden_row(t, 0, H), prompts[s] - 1, 0);
       on->append_rows(*sn, t.tokens.data() + 1, test::hidden_row(t, 0, H), prompts[s] - 1, 0);
       for (int L = prompts[s], step = 0; L + kDraft <= N - 1; ++step) {
-        const int base = so->seq_len();
+        const int base = so->seq_len(0);
         ASSERT_LE(base + kDraft - 1, 18) << arm.name;
         const auto a = off->propose(*so, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft);
         const auto b = on->propose(*sn, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft);
@@ -337,8 +338,8 @@ TEST(IndexShare, DenseContextsGiveBitIdenticalDraftsSingleAndBatched) {
         off->after_verify(*so, acc);
         on->after_verify(*sn, acc);
         const int next_L = L + acc + 1;
-        const int from = so->seq_len();
-        ASSERT_EQ(sn->seq_len(), from);
+        const int from = so->seq_len(0);
+        ASSERT_EQ(sn->seq_len(0), from);
         off->append_rows(*so, t.tokens.data() + from + 1, test::hidden_row(t, from, H), next_L - 1 - from,
                          from, drafter::Phase::catch_up);
         on->append_rows(*sn, t.tokens.data() + from + 1, test::hidden_row(t, from, H), next_L - 1 - from,

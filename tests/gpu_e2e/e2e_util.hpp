@@ -138,8 +138,8 @@ inline void lockstep(drafter::MtpDrafter& ref, drafter::MtpDrafter& other, ops::
     ref.after_verify(*st_ref, acc);
     other.after_verify(*st_other, acc);
     const int next_L = L + acc + 1;
-    const int from = st_ref->seq_len();
-    EXPECT_EQ(st_other->seq_len(), from);
+    const int from = st_ref->seq_len(0);
+    EXPECT_EQ(st_other->seq_len(0), from);
     const int n = next_L - 1 - from;
     ref.append_rows(*st_ref, seq.tokens.data() + from + 1, hidden_row(from), n, from,
                     drafter::Phase::catch_up);

@@ -78,9 +78,9 @@ TEST(GpuContextGemm, CachesAndDraftsOnTheSmallPreset) {
     const size_t kv = static_cast<size_t>(n) * cfg.kv_lora_rank;  // identity block table
     const size_t kr = static_cast<size_t>(n) * cfg.index_head_dim;
     const CacheDiff dl =
-        compare(download_rows(sa->cache.kv().data, kv), download_rows(sb->cache.kv().data, kv));
+        compare(download_rows(sa->caches.kv_slots().cache.data, kv), download_rows(sb->caches.kv_slots().cache.data, kv));
     const CacheDiff dk =
-        compare(download_rows(sa->cache.k_cache.data(), kr), download_rows(sb->cache.k_cache.data(), kr));
+        compare(download_rows(sa->caches.k_cache.data(), kr), download_rows(sb->caches.k_cache.data(), kr));
     std::printf(
         "[gpu-context-gemm] %s, %d rows: latent %.4f identical, rel-rms %.2e; indexer k %.4f identical, "
         "rel-rms %.2e\n",

@@ -274,7 +274,7 @@ TEST_F(CpuFused, KvNormWriteEqualsTheTwoOpsBitForBit) {
 
 // indexer_norm_store: k cache, gate cache, valid flags and pool keys after each fused store equal
 // those after layernorm + indexer_store (same poison on both sides; valid starts at 0 as in a
-// LayerCache), D a multiple of the 8 lanes and not, rows in order over three pools, then a pool's
+// SlotCaches), D a multiple of the 8 lanes and not, rows in order over three pools, then a pool's
 // last row stored again with new values (after a rollback: the key is recomputed). The k rows
 // against the double formula; a pool completed with a row missing is refused.
 TEST_F(CpuFused, IndexerNormStoreEqualsTheTwoOpsBitForBit) {

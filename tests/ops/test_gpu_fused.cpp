@@ -72,7 +72,7 @@ TEST_P(GpuFused, LinearGroupIsBitIdenticalToSeparateGemvs) {
   const Shape s = GetParam();
   Rng rng(31);
   const float w_scale = 1.0f / std::sqrt(static_cast<float>(s.index_heads));
-  // Block::forward's group (every projection of u) and write_context_row's (the cache side).
+  // Block::forward's group (every projection of u) and a cache-only forward's (the cache side).
   check_group({{"q_a", s.q_lora, false, 1.0f},
                {"kv_a", s.kv_lora, false, 1.0f},
                {"indexer.wk", s.index_dim, false, 1.0f},

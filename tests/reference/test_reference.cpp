@@ -387,7 +387,7 @@ TEST_F(Reference, PiecesMatchTransformers) {
   // Pool keys through the cache op, rows stored in order from the fixture's k_normed and this
   // side's fp32 gate. transformers rounds the gate, alpha, the products and the sum to BF16
   // (row 7): a few 2^-9 relative roundings, so RMS 1e-2 (measured 2.7e-3).
-  drafter::LayerCache cache(be, dims);
+  drafter::SlotCaches cache(be, dims, 1);
   be.fill_bytes(cache.pool_keys.data(), 0xFF, cache.pool_keys.bytes());
   {
     auto kn_ref = put(be, X.bf16s("indexer.k_normed", {T, D}));
@@ -494,7 +494,7 @@ TEST_F(Reference, PiecesMatchTransformers) {
   // (measured 5.1e-3).
   std::vector<float> att;
   {
-    drafter::LayerCache kv(be, dims);
+    drafter::SlotCaches kv(be, dims, 1);
     auto ckv_dev = put(be, ckv_ref);
     auto sel_dev = put(be, canon);
     auto q = poisoned_array<bf16>(be, static_cast<size_t>(T) * nh * dq);
@@ -504,12 +504,12 @@ TEST_F(Reference, PiecesMatchTransformers) {
     auto o = poisoned_array<bf16>(be, static_cast<size_t>(nh) * dv);
     auto out = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
     for (int t = 0; t < T; ++t) {
-      be.kv_write(ckv_dev.data() + static_cast<size_t>(t) * c.kv_lora_rank, kv.block_table.data(),
-                  pos.data() + t, kv.kv());
+      be.kv_write(ckv_dev.data() + static_cast<size_t>(t) * c.kv_lora_rank, kv.block_tables.data(),
+                  pos.data() + t, kv.kv_slots().cache);
       be.mla_absorb_q(q.data() + static_cast<size_t>(t) * nh * dq, bw.kv_b.data(), q_abs.data(), nh, dq, dv,
                       c.kv_lora_rank);
       be.mla_decode(q_abs.data(), sel_dev.data() + static_cast<size_t>(t) * width, width,
-                    kv.block_table.data(), kv.kv(), o_lat.data(), nh, c.softmax_scale());
+                    kv.block_tables.data(), kv.kv_slots().cache, o_lat.data(), nh, c.softmax_scale());
       be.mla_out_v(o_lat.data(), bw.kv_b.data(), o.data(), nh, dq, dv, c.kv_lora_rank);
       be.linear(bw.o_proj.data(), o.data(), out.data() + static_cast<size_t>(t) * H, 1, H, nh * dv);
     }
@@ -705,7 +705,9 @@ TEST_F(Reference, BlockMatchesTransformers) {
   const drafter::BlockDims dims = drafter::block_dims(c, 1, 0, ops::KvDtype::bf16);
   const Front f(be, R.w);
   drafter::Block block(be, nullptr, dims, drafter::upload_block_weights(be, R.w));
-  drafter::LayerCache cache(be, dims);
+  drafter::SlotCaches cache(be, dims, 1);
+  block.reserve(1);
+  auto slot0 = put(be, std::vector<int32_t>{0});
   PieceTable tab(str("Block::forward over the fixture rows (input front.x0), head, chain: ", R.provenance));
 
   std::vector<int32_t> positions(static_cast<size_t>(c.max_seq_len));
@@ -716,13 +718,17 @@ TEST_F(Reference, BlockMatchesTransformers) {
   auto y = poisoned_array<bf16>(be, static_cast<size_t>(rows) * H);
   std::vector<int32_t> sel(static_cast<size_t>(T) * width);
   for (int t = 0; t < T; ++t) {
-    block.forward(x0_ref.data() + static_cast<size_t>(t) * H, pos.data() + t, cache,
-                  x1.data() + static_cast<size_t>(t) * H);
-    const std::vector<int32_t> s = get(be, block.last_selection(), static_cast<size_t>(width));
+    block.forward(ops::RowBatch{slot0.data(), pos.data() + t, 1, 1}, x0_ref.data() + static_cast<size_t>(t) * H,
+                  cache, x1.data() + static_cast<size_t>(t) * H);
+    const std::vector<int32_t> s = get(be, block.selection(), static_cast<size_t>(width));
     std::copy(s.begin(), s.end(), sel.begin() + static_cast<ptrdiff_t>(t) * width);
   }
-  tab.check("cache rows after the prefill", cache.rows() == T, str(cache.rows()), str(T),
-            "dense rows, one per forward");
+  {
+    const std::vector<uint8_t> valid = get(be, cache.valid);
+    const auto held = std::count(valid.begin(), valid.end(), uint8_t{1});
+    tab.check("cache rows after the prefill", held == T && valid[static_cast<size_t>(T) - 1] == 1, str(held), str(T),
+              "dense rows, one per forward");
+  }
 
   // Chained rows: draft i+1 embeds draft i (the fixture's chain.input_tokens, checked above to be
   // the previous drafts) and recycles this side's y of the row before (post shared_head.norm).
@@ -733,7 +739,7 @@ TEST_F(Reference, BlockMatchesTransformers) {
     const size_t row = static_cast<size_t>(T + i) * H;
     auto x0 = poisoned_array<bf16>(be, H);
     front_row(be, c, f, chain_tok.data() + i, y.data() + row - H, x0.data());
-    block.forward(x0.data(), pos.data() + T + i, cache, x1.data() + row);
+    block.forward(ops::RowBatch{slot0.data(), pos.data() + T + i, 1, 1}, x0.data(), cache, x1.data() + row);
     be.rmsnorm(x1.data() + row, f.shared_head_norm.data(), y.data() + row, 1, H, c.rms_norm_eps);
   }
   const std::vector<bf16> x1_all = get(be, x1), y_all = get(be, y);
@@ -855,18 +861,18 @@ TEST_F(Reference, DrafterMatchesTransformers) {
     opt.draft_len = 1 + R.chain;
     auto d = drafter::make_drafter(be, nullptr, c, w, opt);
     auto st = d->new_sequence();
-    be.fill_bytes(st->cache.kv().data, 0xFF, static_cast<size_t>(c.max_seq_len) * L * sizeof(bf16));
-    be.fill_bytes(st->cache.k_cache.data(), 0xFF, st->cache.k_cache.bytes());
-    be.fill_bytes(st->cache.pool_keys.data(), 0xFF, st->cache.pool_keys.bytes());
+    be.fill_bytes(st->caches.kv_slots().cache.data, 0xFF, static_cast<size_t>(c.max_seq_len) * L * sizeof(bf16));
+    be.fill_bytes(st->caches.k_cache.data(), 0xFF, st->caches.k_cache.bytes());
+    be.fill_bytes(st->caches.pool_keys.data(), 0xFF, st->caches.pool_keys.bytes());
     d->append_rows(*st, tokens.data() + 1, hidden.data(), T - 1, 0);
     const std::vector<int32_t> drafts =
         d->propose(*st, tokens[T], hidden.data() + static_cast<size_t>(T - 1) * H, 1 + R.chain);
-    tab.check(str("[", tag, "] rows written"), st->seq_len() == rows, str(st->seq_len()), str(rows),
+    tab.check(str("[", tag, "] rows written"), st->seq_len(0) == rows, str(st->seq_len(0)), str(rows),
               "T-1 context rows + 1 + chain propose rows");
-    // The cache's block table is the identity (LayerCache), so slot t holds row t.
+    // A pool of one slot: its block table is the identity, so row t is at offset t.
     const std::vector<bf16> kv =
-        get(be, static_cast<const bf16*>(st->cache.kv().data), static_cast<size_t>(rows) * L);
-    const std::vector<bf16> kc = get(be, st->cache.k_cache.data(), static_cast<size_t>(rows) * D);
+        get(be, static_cast<const bf16*>(st->caches.kv_slots().cache.data), static_cast<size_t>(rows) * L);
+    const std::vector<bf16> kc = get(be, st->caches.k_cache.data(), static_cast<size_t>(rows) * D);
 
     // The drafter's own front: e and h each 1 ulp from transformers' (2.8e-3 RMS, pieces), which
     // x0 carries, then input_layernorm's and the latent norm's own ulp: ~5e-3 RMS in quadrature
@@ -877,7 +883,7 @@ TEST_F(Reference, DrafterMatchesTransformers) {
     tab.rms(str("[", tag, "] cache k_normed rows 0..", T - 1), rows_of(widen(kc), D, 0, T),
             X.floats("indexer.k_normed", {T, D}), 1e-2, "front + input norm + indexer key", 4);
     tab.rms(str("[", tag, "] cache pool keys"),
-            get(be, st->cache.pool_keys.data(), static_cast<size_t>(R.pools) * D),
+            get(be, st->caches.pool_keys.data(), static_cast<size_t>(R.pools) * D),
             X.floats("indexer.pool_keys", {R.pools, D}), 1e-2, "as the pool-key piece");
     // Chained rows: the drafter's recycled y carries the block's compounded error (kRowRel for
     // row T-1, growing along the chain as in kChainRel), which hnorm and eh_proj pass with gain
