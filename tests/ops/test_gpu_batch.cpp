@@ -286,13 +286,14 @@ TEST_P(GpuBatch, Norms) {
     const int ld = 2 * H;
     auto y = out_twin<bf16>(static_cast<size_t>(B) * ld);
     EXPECT_EQ(kernels_of([&] {
-                gpu().embed_rmsnorm_batch(table.g.data(), tok.g.data(), slots.g.data(), w.g.data(),
-                                          y.g.data(), ld, B, H, 1e-5f);
+                gpu().embed_rmsnorm_batch(table.g.data(), tok.g.data(), RowBatch{slots.g.data(), nullptr, B},
+                                          w.g.data(), y.g.data(), ld, H, 1e-5f);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      be.embed_rmsnorm_batch(table.c.data(), tok.c.data() + b0, slots.c.data() + b0, w.c.data(),
-                             y.c.data() + static_cast<size_t>(b0) * ld, ld, b1 - b0, H, 1e-5f);
+      be.embed_rmsnorm_batch(table.c.data(), tok.c.data() + b0,
+                             RowBatch{slots.c.data() + b0, nullptr, b1 - b0}, w.c.data(),
+                             y.c.data() + static_cast<size_t>(b0) * ld, ld, H, 1e-5f);
     });
     expect_bf16_written(y.from_gpu(), y.from_cpu(), row_mask(B, ld, H, &slots_h),
                         where("embed_rmsnorm_batch", B));
@@ -417,8 +418,8 @@ TEST_P(GpuBatch, HeadArgmax) {
       auto key = out_twin<uint64_t>(B);
       auto token = out_twin<int32_t>(B);
       const uint64_t launches = kernels_of([&] {
-        gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), slots.g.data(), B, V, H, base, logits.g.data(), ld,
-                                out.g.data(), HeadExtras{key.g.data(), token.g.data()});
+        gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), RowBatch{slots.g.data(), nullptr, B}, V, H, base,
+                                logits.g.data(), ld, out.g.data(), HeadExtras{key.g.data(), token.g.data()});
       });
       if (lt) {
         // The backend counts the launches it makes itself: the argmax (one launch, or two when
@@ -433,9 +434,10 @@ TEST_P(GpuBatch, HeadArgmax) {
         EXPECT_EQ(launches, 1u) << what;
       }
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-        be.head_argmax_batch(Wc, W8c, Sc, x.c.data() + static_cast<size_t>(b0) * H, slots.c.data() + b0,
-                             b1 - b0, V, H, base, logits.c.data() + static_cast<size_t>(b0) * ld, ld,
-                             out.c.data() + b0, HeadExtras{key.c.data() + b0, token.c.data() + b0});
+        be.head_argmax_batch(Wc, W8c, Sc, x.c.data() + static_cast<size_t>(b0) * H,
+                             RowBatch{slots.c.data() + b0, nullptr, b1 - b0}, V, H, base,
+                             logits.c.data() + static_cast<size_t>(b0) * ld, ld, out.c.data() + b0,
+                             HeadExtras{key.c.data() + b0, token.c.data() + b0});
       });
       const auto gl = logits.from_gpu(), cl = logits.from_cpu();
       // FP8 rows on cuBLASLt: the tensor core's FP8 sums are not fp32 sums in another order. Its
@@ -479,8 +481,8 @@ TEST_P(GpuBatch, HeadArgmax) {
       }
       // Without logits and extras: the same pairs (the same sums; only the epilogue's stores differ).
       auto out2 = out_twin<ArgMax>(B);
-      gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), slots.g.data(), B, V, H, base, nullptr, 0,
-                              out2.g.data());
+      gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), RowBatch{slots.g.data(), nullptr, B}, V, H, base,
+                              nullptr, 0, out2.g.data());
       expect_bytes_equal(masked(out2.from_gpu(), one), masked(go, one), what + " without logits");
       expect_outside_unchanged(out2.from_gpu(), out2.from_cpu(), one, what + " without logits, padded rows");
     }
@@ -524,8 +526,9 @@ TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
     auto key = out_twin<uint64_t>(B);
     auto token = out_twin<int32_t>(B);
     const uint64_t launches = kernels_of([&] {
-      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, base,
-                              logits.g.data(), V, out.g.data(), HeadExtras{key.g.data(), token.g.data()});
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, V, H, base, logits.g.data(), V,
+                              out.g.data(), HeadExtras{key.g.data(), token.g.data()});
     });
     if (gemm == HeadGemm::cublaslt || (gemm == HeadGemm::automatic && B >= 4)) {
       EXPECT_GE(launches, 4u) << "FP8 head, head_gemm " << to_string(gemm) << ", B = " << B
@@ -598,8 +601,9 @@ TEST_P(GpuBatch, HeadWgmmaRowBitsDoNotDependOnTheBatch) {
     auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
     auto out = out_twin<ArgMax>(B);
     const uint64_t launches = kernels_of([&] {
-      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
-                              logits.g.data(), V, out.g.data());
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, V, H, 0, logits.g.data(), V,
+                              out.g.data());
     });
     if (gemm == HeadGemm::wgmma) {
       EXPECT_EQ(launches, 2u) << "wgmma head at B = " << B << ": x packed, then the GEMM";
@@ -642,8 +646,8 @@ TEST(GpuBatchHead, Fp8CublasltNonFiniteRowsGiveNanLogitsAndLeaveTheOthers) {
     Twin<bf16> x(xv);
     auto logits = out_twin<bf16>(static_cast<size_t>(B) * n);
     auto out = out_twin<ArgMax>(B);
-    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, n, k, 0,
-                            logits.g.data(), n, out.g.data());
+    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(),
+                            RowBatch{slots.g.data(), nullptr, B}, n, k, 0, logits.g.data(), n, out.g.data());
     return logits.from_gpu();
   };
   const auto clean = run(x_h);
@@ -699,8 +703,9 @@ TEST_P(GpuBatch, HeadFp16OperandsScaleExactly) {
       Twin<int32_t> slots(slots_h);
       auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
       auto out = out_twin<ArgMax>(B);
-      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
-                              logits.g.data(), V, out.g.data());
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, V, H, 0, logits.g.data(), V,
+                              out.g.data());
       const auto gl = logits.from_gpu();
       const auto go = out.from_gpu();
       for (int b = 1; b < B; ++b) {
@@ -745,8 +750,8 @@ TEST(GpuBatchHead, Fp8TiesGoToTheLowestRowUnderEitherKernel) {
       std::iota(slots_h.begin(), slots_h.end(), 0);
       Twin<int32_t> slots(slots_h);
       auto out = out_twin<ArgMax>(B);
-      gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, n, k, 5,
-                              nullptr, 0, out.g.data());
+      gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, n, k, 5, nullptr, 0, out.g.data());
       for (const ArgMax& a : out.from_gpu())
         EXPECT_EQ(a.index, 5 + 7) << "head_gemm " << to_string(gemm) << ", B = " << B << "; " << seed_note();
     }
@@ -770,8 +775,8 @@ TEST(GpuBatchHead, TiesGoToTheLowestRowInEveryRow) {
   std::iota(slots_h.begin(), slots_h.end(), 0);
   Twin<int32_t> slots(slots_h);
   auto out = out_twin<ArgMax>(B);
-  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), slots.g.data(), B, n, k, 5, nullptr, 0,
-                          out.g.data());
+  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{slots.g.data(), nullptr, B}, n,
+                          k, 5, nullptr, 0, out.g.data());
   for (const ArgMax& a : out.from_gpu()) EXPECT_EQ(a.index, 5 + 7) << seed_note();
 }
 
@@ -885,13 +890,13 @@ TEST_P(GpuBatch, KvNormWrite) {
       KvSlots kc{KvCache{data.c.data(), dtype, 0.0123f, blocks, bs, L}, tables.c.data(), slots, max_blocks};
       KvSlots kg{KvCache{data.g.data(), dtype, 0.0123f, blocks, bs, L}, tables.g.data(), slots, max_blocks};
       EXPECT_EQ(kernels_of([&] {
-                  gpu().kv_norm_write_batch(ckv.g.data(), w.g.data(), 1e-5f, sl.g.data(), pos.g.data(), B,
-                                            kg);
+                  gpu().kv_norm_write_batch(ckv.g.data(), w.g.data(), 1e-5f,
+                                            RowBatch{sl.g.data(), pos.g.data(), B}, kg);
                 }),
                 1u);
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
         be.kv_norm_write_batch(ckv.c.data() + static_cast<size_t>(b0) * L, w.c.data(), 1e-5f,
-                               sl.c.data() + b0, pos.c.data() + b0, b1 - b0, kc);
+                               RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0}, kc);
       });
       // The written cache rows: (slot, pos) of each live row through its table.
       std::vector<uint8_t> mask(data.c.size() / elem, 0);
@@ -963,13 +968,13 @@ TEST_P(GpuBatch, IndexerNormStore) {
         k_cache.g.data(), gate_cache.g.data(), valid.g.data(), pool_keys.g.data(), slots, max_rows, D, P};
     EXPECT_EQ(kernels_of([&] {
                 gpu().indexer_norm_store_batch(k_pre.g.data(), lw.g.data(), lb.g.data(), 1e-6f, gate.g.data(),
-                                               ape.g.data(), sl.g.data(), pos.g.data(), B, ig);
+                                               ape.g.data(), RowBatch{sl.g.data(), pos.g.data(), B}, ig);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
       be.indexer_norm_store_batch(k_pre.c.data() + static_cast<size_t>(b0) * D, lw.c.data(), lb.c.data(),
                                   1e-6f, gate.c.data() + static_cast<size_t>(b0) * D, ape.c.data(),
-                                  sl.c.data() + b0, pos.c.data() + b0, b1 - b0, ic);
+                                  RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0}, ic);
     });
     std::vector<uint8_t> k_mask(rows_all * D, 0), key_mask(static_cast<size_t>(slots) * mp * D, 0);
     for (int b = 0; b < B; ++b) {
@@ -1051,14 +1056,15 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
     const IndexerSlots igg{k_g.data(), gate_g.data(), valid.g.data(), keys.g.data(), slots, max_rows, D, P};
     auto scores = out_twin<float>(static_cast<size_t>(B) * mp);
     EXPECT_EQ(kernels_of([&] {
-                gpu().indexer_scores_batch(q.g.data(), w.g.data(), sl.g.data(), pos.g.data(), B, igg,
-                                           scores.g.data(), nI);
+                gpu().indexer_scores_batch(q.g.data(), w.g.data(), RowBatch{sl.g.data(), pos.g.data(), B},
+                                           igg, scores.g.data(), nI);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
       be.indexer_scores_batch(q.c.data() + static_cast<size_t>(b0) * nI * D,
-                              w.c.data() + static_cast<size_t>(b0) * nI, sl.c.data() + b0, pos.c.data() + b0,
-                              b1 - b0, icc, scores.c.data() + static_cast<size_t>(b0) * mp, nI);
+                              w.c.data() + static_cast<size_t>(b0) * nI,
+                              RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0}, icc,
+                              scores.c.data() + static_cast<size_t>(b0) * mp, nI);
     });
     const auto mask = row_mask(B, mp, mp, &slots_h);
     const auto cs = scores.from_cpu();
@@ -1074,8 +1080,8 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
       EXPECT_EQ(ops::cuda::indexer_scores_tiled(gpu().kernel_policy(), B, nI, D),
                 tiled_shape && kernel == IndexerScores::tiled);
       auto again = out_twin<float>(static_cast<size_t>(B) * mp);
-      gpu().indexer_scores_batch(q.g.data(), w.g.data(), sl.g.data(), pos.g.data(), B, igg, again.g.data(),
-                                 nI);
+      gpu().indexer_scores_batch(q.g.data(), w.g.data(), RowBatch{sl.g.data(), pos.g.data(), B}, igg,
+                                 again.g.data(), nI);
       expect_bytes_equal(again.from_gpu(), scores.from_gpu(),
                          where(kernel == IndexerScores::tiled ? "indexer_scores_batch tiled vs auto"
                                                               : "indexer_scores_batch pools4 vs auto",
@@ -1092,14 +1098,14 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
     Twin<float> sct(sc);
     auto sel = out_twin<int32_t>(static_cast<size_t>(B) * width);
     EXPECT_EQ(kernels_of([&] {
-                gpu().indexer_select_batch(sct.g.data(), sl.g.data(), pos.g.data(), B, sel.g.data(), K, P,
-                                           mp);
+                gpu().indexer_select_batch(sct.g.data(), RowBatch{sl.g.data(), pos.g.data(), B}, sel.g.data(),
+                                           K, P, mp);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      be.indexer_select_batch(sct.c.data() + static_cast<size_t>(b0) * mp, sl.c.data() + b0,
-                              pos.c.data() + b0, b1 - b0, sel.c.data() + static_cast<size_t>(b0) * width, K,
-                              P, mp);
+      be.indexer_select_batch(sct.c.data() + static_cast<size_t>(b0) * mp,
+                              RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0},
+                              sel.c.data() + static_cast<size_t>(b0) * width, K, P, mp);
     });
     expect_bytes_equal(sel.from_gpu(), sel.from_cpu(), where("indexer_select_batch", B));
     if (B == 1) {
@@ -1107,8 +1113,8 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
       // position is garbage and must not be read).
       Twin<int32_t> pad_slot(std::vector<int32_t>{-1}), bad_pos(std::vector<int32_t>{-12345});
       auto untouched = out_twin<int32_t>(static_cast<size_t>(width));
-      gpu().indexer_select_batch(sct.g.data(), pad_slot.g.data(), bad_pos.g.data(), 1, untouched.g.data(), K,
-                                 P, mp);
+      gpu().indexer_select_batch(sct.g.data(), RowBatch{pad_slot.g.data(), bad_pos.g.data(), 1},
+                                 untouched.g.data(), K, P, mp);
       expect_bytes_equal(untouched.from_gpu(), untouched.from_cpu(), where("indexer_select_batch padded", B));
     }
   }
@@ -1212,14 +1218,15 @@ TEST_P(GpuBatch, MlaDecode) {
       auto ref = out_twin<bf16>(static_cast<size_t>(B) * nh * L);
       on_cpu_rows(B, [&](Backend& cb, int b0, int b1) {
         cb.mla_decode_batch(q.c.data() + static_cast<size_t>(b0) * nh * L,
-                            sel.c.data() + static_cast<size_t>(b0) * width, width, sl.c.data() + b0, b1 - b0,
-                            kc, ref.c.data() + static_cast<size_t>(b0) * nh * L, nh, softmax_scale);
+                            sel.c.data() + static_cast<size_t>(b0) * width, width,
+                            RowBatch{sl.c.data() + b0, nullptr, b1 - b0}, kc,
+                            ref.c.data() + static_cast<size_t>(b0) * nh * L, nh, softmax_scale);
       });
       const auto want = ref.from_cpu();
       const auto mask = row_mask(B, static_cast<size_t>(nh) * L, static_cast<size_t>(nh) * L, &slots_h);
       auto decode = [&](Twin<bf16>& out) {
-        gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, sl.g.data(), B, kg, out.g.data(), nh,
-                               softmax_scale);
+        gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, RowBatch{sl.g.data(), nullptr, B}, kg,
+                               out.g.data(), nh, softmax_scale);
       };
 
       // Both kernels (KernelPolicy::mla_decode), automatic splits: at most two launches (the
@@ -1309,8 +1316,8 @@ TEST_P(GpuBatch, MlaDecode) {
             for (int b = 0; b < B; ++b) {
               if (slots_h[static_cast<size_t>(b)] < 0) continue;
               gpu().mla_decode_batch(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width,
-                                     width, sl.g.data() + b, 1, kg, alone.g.data() + b * row, nh,
-                                     softmax_scale);
+                                     width, RowBatch{sl.g.data() + b, nullptr, 1}, kg,
+                                     alone.g.data() + b * row, nh, softmax_scale);
             }
             expect_bytes_equal(alone.from_gpu(), four.from_gpu(), fw + ", each row alone against the batch");
           }
@@ -1338,7 +1345,8 @@ TEST_P(GpuBatch, MlaDecode) {
         for (int b = 0; b < B; ++b) {
           if (slots_h[static_cast<size_t>(b)] < 0) continue;
           gpu().mla_decode_batch(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width, width,
-                                 sl.g.data() + b, 1, kg, alone32.g.data() + b * row, nh, softmax_scale);
+                                 RowBatch{sl.g.data() + b, nullptr, 1}, kg, alone32.g.data() + b * row, nh,
+                                 softmax_scale);
         }
         const auto g32 = batch32.from_gpu();
         expect_bf16_written(g32, want, mask, w32);
@@ -1372,12 +1380,12 @@ TEST_P(GpuBatch, MoeRoute) {
       auto idx = out_twin<int32_t>(static_cast<size_t>(B) * k);
       auto wts = out_twin<float>(static_cast<size_t>(B) * k);
       EXPECT_EQ(kernels_of([&] {
-                  gpu().moe_route_batch(logits.g.data(), bias.g.data(), sl.g.data(), B, E, k, groups,
-                                        topk_group, 2.5f, idx.g.data(), wts.g.data());
+                  gpu().moe_route_batch(logits.g.data(), bias.g.data(), RowBatch{sl.g.data(), nullptr, B}, E,
+                                        k, groups, topk_group, 2.5f, idx.g.data(), wts.g.data());
                 }),
                 1u);
-      cpu().moe_route_batch(logits.c.data(), bias.c.data(), sl.c.data(), B, E, k, groups, topk_group, 2.5f,
-                            idx.c.data(), wts.c.data());
+      cpu().moe_route_batch(logits.c.data(), bias.c.data(), RowBatch{sl.c.data(), nullptr, B}, E, k, groups,
+                            topk_group, 2.5f, idx.c.data(), wts.c.data());
       const auto gi = idx.from_gpu(), ci = idx.from_cpu();
       const auto gw = wts.from_gpu(), cw = wts.from_cpu();
       const auto mask = row_mask(B, k, k, &slots_h);
@@ -1482,7 +1490,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
         be.moe_experts_grouped(
             x.c.data() + static_cast<size_t>(b0) * H, wc, idx.c.data() + static_cast<size_t>(b0) * k,
-            wts.c.data() + static_cast<size_t>(b0) * k, sl.c.data() + b0, b1 - b0, k,
+            wts.c.data() + static_cast<size_t>(b0) * k, RowBatch{sl.c.data() + b0, nullptr, b1 - b0}, k,
             c.shared ? &shc : nullptr, c.limit, cpu_out.c.data() + static_cast<size_t>(b0) * H);
       });
       const auto mask = row_mask(B, H, H, &slots_h);
@@ -1499,8 +1507,9 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         gpu().set_kernel_policy(policy);
         auto out = out_twin<float>(static_cast<size_t>(B) * H);
         EXPECT_EQ(kernels_of([&] {
-                    gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(), sl.g.data(), B, k,
-                                              c.shared ? &shg : nullptr, c.limit, out.g.data());
+                    gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
+                                              RowBatch{sl.g.data(), nullptr, B}, k, c.shared ? &shg : nullptr,
+                                              c.limit, out.g.data());
                   }),
                   2u)
             << pwhat;
@@ -1544,10 +1553,10 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         for (const int r : {0, B / 2, B - 1}) {
           if (slots_h[static_cast<size_t>(r)] < 0) continue;
           auto one = out_twin<float>(static_cast<size_t>(H));
-          gpu().moe_experts_grouped(x.g.data() + static_cast<size_t>(r) * H, wg,
-                                    idx.g.data() + static_cast<size_t>(r) * k,
-                                    wts.g.data() + static_cast<size_t>(r) * k, sl.g.data() + r, 1, k,
-                                    c.shared ? &shg : nullptr, c.limit, one.g.data());
+          gpu().moe_experts_grouped(
+              x.g.data() + static_cast<size_t>(r) * H, wg, idx.g.data() + static_cast<size_t>(r) * k,
+              wts.g.data() + static_cast<size_t>(r) * k, RowBatch{sl.g.data() + r, nullptr, 1}, k,
+              c.shared ? &shg : nullptr, c.limit, one.g.data());
           expect_bytes_equal(one.from_gpu(), got_row(got, r, H), pwhat + ", row " + std::to_string(r) + " alone");
         }
       }
@@ -1846,22 +1855,22 @@ TEST(GpuBatchPadding, AllRowsPaddedWriteNothing) {
     KernelPolicy policy = before;
     policy.moe_pipeline = pipe;
     gpu().set_kernel_policy(policy);
-    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), none.g.data(), B, k, &w, 10.0f,
-                              out.g.data());
+    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), RowBatch{none.g.data(), nullptr, B},
+                              k, &w, 10.0f, out.g.data());
     expect_bytes_equal(out.from_gpu(), out.from_cpu(),
                        std::string("grouped experts, every row padded, moe_pipeline ") + to_string(pipe));
   }
   gpu().set_kernel_policy(before);
-  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), none.g.data(), B, V, H, 0, nullptr, 0,
-                          head.g.data());
+  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{none.g.data(), nullptr, B}, V, H,
+                          0, nullptr, 0, head.g.data());
   expect_bytes_equal(head.from_gpu(), head.from_cpu(), "head, every row padded");
   // The head's scratch is left clean: a live call after it picks the right rows.
   Twin<int32_t> live(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
   auto head2 = out_twin<ArgMax>(B);
-  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), live.g.data(), B, V, H, 0, nullptr, 0,
-                          head2.g.data());
-  cpu().head_argmax_batch(W.c.data(), nullptr, nullptr, x.c.data(), live.c.data(), B, V, H, 0, nullptr, 0,
-                          head2.c.data());
+  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{live.g.data(), nullptr, B}, V, H,
+                          0, nullptr, 0, head2.g.data());
+  cpu().head_argmax_batch(W.c.data(), nullptr, nullptr, x.c.data(), RowBatch{live.c.data(), nullptr, B}, V, H,
+                          0, nullptr, 0, head2.c.data());
   size_t differ = 0;
   for (int b = 0; b < B; ++b)
     differ +=
@@ -1876,15 +1885,15 @@ TEST(GpuBatchPadding, AllRowsPaddedWriteNothing) {
     Twin<float> sc(rng.floats(static_cast<size_t>(V), 0.5f / 448, 1.5f / 448));
     auto logits = out_twin<bf16>(static_cast<size_t>(B4) * V);
     auto h = out_twin<ArgMax>(B4);
-    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(), none.g.data(), B4, V, H, 0,
-                            logits.g.data(), V, h.g.data());
+    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(),
+                            RowBatch{none.g.data(), nullptr, B4}, V, H, 0, logits.g.data(), V, h.g.data());
     expect_bytes_equal(h.from_gpu(), h.from_cpu(), "FP8 gemv head, every row padded: pairs");
     expect_bytes_equal(logits.from_gpu(), logits.from_cpu(), "FP8 gemv head, every row padded: logits");
     auto h2 = out_twin<ArgMax>(B4);
-    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(), live.g.data(), B4, V, H, 0,
-                            nullptr, 0, h2.g.data());
-    cpu().head_argmax_batch(nullptr, W8.c.data(), sc.c.data(), x.c.data(), live.c.data(), B4, V, H, 0,
-                            nullptr, 0, h2.c.data());
+    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(),
+                            RowBatch{live.g.data(), nullptr, B4}, V, H, 0, nullptr, 0, h2.g.data());
+    cpu().head_argmax_batch(nullptr, W8.c.data(), sc.c.data(), x.c.data(),
+                            RowBatch{live.c.data(), nullptr, B4}, V, H, 0, nullptr, 0, h2.c.data());
     size_t differ4 = 0;
     for (int b = 0; b < B4; ++b)
       differ4 += h2.from_gpu()[static_cast<size_t>(b)].index != h2.from_cpu()[static_cast<size_t>(b)].index;
@@ -1905,8 +1914,9 @@ TEST(GpuBatchHead, Fp8GemvGraphReplayMatchesEager) {
   Twin<int32_t> slots(std::vector<int32_t>{2, 0, 3, 1});
   PolicyScope scope([](KernelPolicy& p) { p.head_gemm = HeadGemm::gemv; });
   auto head = [&](const Twin<bf16>& in, int rows, Twin<bf16>& logits, Twin<ArgMax>& out) {
-    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), in.g.data(), slots.g.data(), rows, n, k, 0,
-                            logits.g.data(), n, out.g.data());
+    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), in.g.data(),
+                            RowBatch{slots.g.data(), nullptr, rows}, n, k, 0, logits.g.data(), n,
+                            out.g.data());
   };
   auto small_l = out_twin<bf16>(static_cast<size_t>(2) * n);
   auto small_o = out_twin<ArgMax>(2);
@@ -1960,9 +1970,12 @@ TEST_P(GpuBatch, GraphReplayMatchesEager) {
   auto out = out_twin<ArgMax>(B), out_g = out_twin<ArgMax>(B);
   auto moe = out_twin<float>(static_cast<size_t>(B) * H), moe_g = out_twin<float>(static_cast<size_t>(B) * H);
   auto step = [&](ArgMax* o, float* m) {
-    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), sl.g.data(), B, V, H, 0, nullptr, 0, o);
-    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), sl.g.data(), B, k, &w, 10.0f, m);
-    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), sl.g.data(), B, V, H, 0, nullptr, 0, o);
+    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{sl.g.data(), nullptr, B}, V, H,
+                            0, nullptr, 0, o);
+    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), RowBatch{sl.g.data(), nullptr, B}, k,
+                              &w, 10.0f, m);
+    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{sl.g.data(), nullptr, B}, V, H,
+                            0, nullptr, 0, o);
   };
   step(out.g.data(), moe.g.data());  // eager, sizes the scratch
   gpu().begin_capture();
