@@ -81,8 +81,8 @@ struct Fixture {
       for (int b = 0; b < rows; ++b) slot[static_cast<size_t>(b)] = b;
       ops::Array<int32_t> s(gpu(), slot.size());
       gpu().upload(s.data(), slot.data(), slot.size() * sizeof(int32_t));
-      gpu().head_argmax_batch(W.data(), w8, sc, x.data(), s.data(), padded, V, H, 0, logits.data(), V,
-                              am.data());
+      gpu().head_argmax_batch(W.data(), w8, sc, x.data(), ops::RowBatch{s.data(), nullptr, padded}, V, H, 0,
+                              logits.data(), V, am.data());
     }
     std::vector<bf16> out(static_cast<size_t>(rows) * V);
     gpu().download(out.data(), logits.data(), out.size() * sizeof(bf16));

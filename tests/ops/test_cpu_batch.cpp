@@ -11,16 +11,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
+#include "common/error_of.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
 
 namespace mtplab::ops::test {
 namespace {
+
+using ::mtplab::test::error_of;
 
 constexpr int kBatches[] = {1, 3, 16, 64, 128};
 
@@ -75,7 +79,8 @@ TEST_F(CpuBatch, EmbedRmsnormEqualsTheSingleRowOpAndSkipsPaddedRows) {
     auto slots = upload(*be, slots_h), tok = upload(*be, tok_h);
     auto y = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
     auto ref = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
-    be->embed_rmsnorm_batch(table.data(), tok.data(), slots.data(), w.data(), y.data(), ld, B, n, 1e-5f);
+    be->embed_rmsnorm_batch(table.data(), tok.data(), RowBatch{slots.data(), nullptr, B}, w.data(), y.data(),
+                            ld, n, 1e-5f);
     for (int b = 0; b < B; ++b)
       if (slots_h[b] >= 0)
         be->embed_rmsnorm(table.data(), tok.data() + b, w.data(), ref.data() + b * ld, n, 1e-5f);
@@ -166,7 +171,7 @@ TEST_F(CpuBatch, HeadArgmaxEqualsTheSingleRowOpBf16AndFp8) {
       const float* sc = c.fp8 ? scale.data() : nullptr;
       HeadExtras extras;
       if (c.extras) extras = {key.data(), token.data()};
-      be->head_argmax_batch(w16, w8, sc, x.data(), slots.data(), B, n, k, base,
+      be->head_argmax_batch(w16, w8, sc, x.data(), RowBatch{slots.data(), nullptr, B}, n, k, base,
                             c.logits ? logits.data() : nullptr, ld, out.data(), extras);
       for (int b = 0; b < B; ++b) {
         if (slots_h[b] < 0) continue;
@@ -202,8 +207,8 @@ TEST_F(CpuBatch, HeadArgmaxTiesGoToTheLowestRowInEveryRow) {
   std::iota(slots_h.begin(), slots_h.end(), 0);
   auto slots = upload(*be, slots_h);
   auto out = poisoned<ArgMax>(*be, B);
-  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), slots.data(), B, n, k, 5, nullptr, 0,
-                        out.data());
+  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), RowBatch{slots.data(), nullptr, B}, n, k, 5,
+                        nullptr, 0, out.data());
   for (const ArgMax& a : download(*be, out)) EXPECT_EQ(a.index, 5 + 7);
 }
 
@@ -272,6 +277,11 @@ struct Pool {
   }
   /// Slot s's block table, as the single-row ops take it.
   const int32_t* table(int s) const { return tables.data() + static_cast<size_t>(s) * kMaxBlocks; }
+  /// Slot s's indexer arrays, as the single-row ops take them.
+  bf16* k_of(int s) { return k_cache.data() + static_cast<size_t>(s) * kMaxRows * kD; }
+  float* gate_of(int s) { return gate_cache.data() + static_cast<size_t>(s) * kMaxRows * kD; }
+  uint8_t* valid_of(int s) { return valid.data() + static_cast<size_t>(s) * kMaxRows; }
+  float* keys_of(int s) { return pool_keys.data() + static_cast<size_t>(s) * (kMaxRows / kP) * kD; }
   int slots;
   std::vector<int32_t> tables_h;
   Array<int32_t> tables;
@@ -283,6 +293,62 @@ struct Pool {
   Array<float> pool_keys;
   IndexerSlots idx;
 };
+
+/// Every cache byte of the pool's indexer arrays, in one vector (k_cache, gate_cache, valid, pool_keys).
+std::vector<uint8_t> indexer_bytes(Backend& be, const Pool& pool) {
+  std::vector<uint8_t> all;
+  auto add = [&](const void* p, size_t bytes) {
+    std::vector<uint8_t> part(bytes);
+    be.download(part.data(), p, bytes);
+    all.insert(all.end(), part.begin(), part.end());
+  };
+  add(pool.k_cache.data(), pool.k_cache.bytes());
+  add(pool.gate_cache.data(), pool.gate_cache.bytes());
+  add(pool.valid.data(), pool.valid.bytes());
+  add(pool.pool_keys.data(), pool.pool_keys.bytes());
+  return all;
+}
+
+/// The ragged-row rules of an op that writes caches, `write(rb)` with 3 rows of inputs on a pool of
+/// at least 3 slots (positions < 8): a repeated slot at an equal or a descending position is refused
+/// with a message naming the two rows, more live rows of one slot than rb.max_seq_rows is refused
+/// with a message naming the slot and the bound, and a refused call writes nothing (`bytes()`, the
+/// caches, is unchanged); rows of one slot at ascending positions within the bound are accepted.
+template <typename Write, typename Bytes>
+void expect_ragged_write_rules(Backend& be, Write&& write, Bytes&& bytes) {
+  auto run = [&](std::vector<int32_t> slot, std::vector<int32_t> pos, int max_seq_rows) {
+    auto s = upload(be, slot), p = upload(be, pos);
+    write(RowBatch{s.data(), p.data(), static_cast<int>(slot.size()), max_seq_rows});
+  };
+  auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << "\"" << msg << "\" should name \"" << part << "\"";
+  };
+  const auto before = bytes();
+  // Slot 2 twice at one position (rows 0 and 2, a row of slot 0 between them).
+  std::string msg = error_of([&] { run({2, 0, 2}, {5, 0, 5}, 2); });
+  has(msg, "rows 0 and 2 of slot 2");
+  has(msg, "positions 5 and 5");
+  // Slot 2 at a descending position.
+  msg = error_of([&] { run({0, 2, 2}, {0, 6, 4}, 2); });
+  has(msg, "rows 1 and 2 of slot 2");
+  has(msg, "positions 6 and 4");
+  // Slot 1 three times at ascending positions, max_seq_rows 2; then twice with the default 1.
+  msg = error_of([&] { run({1, 1, 1}, {0, 1, 2}, 2); });
+  has(msg, "slot 1 has 3 rows");
+  has(msg, "max_seq_rows 2");
+  msg = error_of([&] { run({1, 1, -1}, {3, 4, -5}, 1); });
+  has(msg, "slot 1 has 2 rows");
+  has(msg, "max_seq_rows 1");
+  EXPECT_TRUE(same_bytes(bytes(), before)) << "a refused call wrote";
+  // Padded rows repeat no slot: two of them at one position are not a repeat.
+  EXPECT_NO_THROW(run({-1, 0, -1}, {7, 2, 7}, 1));
+  // Ascending rows of one slot within the bound (no row completes a pool whose rows are missing:
+  // the row at 3 below completes slot 1's pool 0 from its rows 0 and 1 stored before and row 2 of
+  // the same batch).
+  EXPECT_NO_THROW(run({0, 1, 1}, {0, 0, 1}, 2));
+  EXPECT_NO_THROW(run({1, 1, 1}, {2, 3, 4}, 3));
+  EXPECT_NO_THROW(run({2, 2, 2}, {0, 1, 2}, 8));  // a bound above the count
+}
 
 /// Positions of live rows, different per row (0 .. capacity - 1), and for padded rows `pad_pos`.
 std::vector<int32_t> make_positions(Rng& rng, const std::vector<int32_t>& slots, int capacity,
@@ -306,7 +372,7 @@ TEST_F(CpuBatch, KvNormWriteWritesEachRowToItsOwnSlotOnly) {
       const auto pos_h = make_positions(rng, slots_h, Pool::kMaxBlocks * Pool::kBlockSize, 1 << 20);
       auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
       auto ckv = upload(*be, rng.bf16s(static_cast<size_t>(B) * L, -3, 3));
-      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, s.data(), pos.data(), B, pool.kv);
+      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, RowBatch{s.data(), pos.data(), B}, pool.kv);
       for (int b = 0; b < B; ++b)
         if (slots_h[b] >= 0)
           be->kv_norm_write(ckv.data() + b * L, w.data(), 1e-5f, ref.table(slots_h[b]), pos.data() + b,
@@ -315,18 +381,21 @@ TEST_F(CpuBatch, KvNormWriteWritesEachRowToItsOwnSlotOnly) {
           << (dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") << where(B);
     }
   }
-  // Refusals: a repeated slot, a slot past the pool, a position past the slot's blocks.
+  // Refusals: the ragged-row rules, a slot past the pool, a position past the slot's blocks.
   Pool pool(*be, rng, 4, KvDtype::bf16);
-  auto ckv = upload(*be, rng.bf16s(2 * L, -1, 1));
-  auto twice = upload(*be, std::vector<int32_t>{2, 2}), past = upload(*be, std::vector<int32_t>{1, 4});
+  auto ckv = upload(*be, rng.bf16s(3 * L, -1, 1));
+  expect_ragged_write_rules(
+      *be, [&](const RowBatch& rb) { be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, rb, pool.kv); },
+      [&] { return download(*be, pool.kv_data); });
+  auto past = upload(*be, std::vector<int32_t>{1, 4});
   auto p0 = upload(*be, std::vector<int32_t>{0, 1}), far = upload(*be, std::vector<int32_t>{0, 40});
   auto ok = upload(*be, std::vector<int32_t>{0, 1});
-  EXPECT_THROW(be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, twice.data(), p0.data(), 2, pool.kv),
-               Error);
-  EXPECT_THROW(be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, past.data(), p0.data(), 2, pool.kv),
-               Error);
-  EXPECT_THROW(be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, ok.data(), far.data(), 2, pool.kv),
-               Error);
+  EXPECT_THROW(
+      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, RowBatch{past.data(), p0.data(), 2}, pool.kv),
+      Error);
+  EXPECT_THROW(
+      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, RowBatch{ok.data(), far.data(), 2}, pool.kv),
+      Error);
 }
 
 TEST_F(CpuBatch, IndexerNormStoreWritesEachRowToItsOwnSlotAndCompletesPools) {
@@ -366,8 +435,8 @@ TEST_F(CpuBatch, IndexerNormStoreWritesEachRowToItsOwnSlotAndCompletesPools) {
     auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
     auto k_pre = upload(*be, rng.bf16s(static_cast<size_t>(B) * D, -2, 2));
     auto gate = upload(*be, rng.floats(static_cast<size_t>(B) * D, -2, 2));
-    be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), s.data(),
-                                 pos.data(), B, pool.idx);
+    be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(),
+                                 RowBatch{s.data(), pos.data(), B}, pool.idx);
     for (int b = 0; b < B; ++b) {
       if (slots_h[b] < 0) continue;
       const size_t so = static_cast<size_t>(slots_h[b]);
@@ -382,16 +451,19 @@ TEST_F(CpuBatch, IndexerNormStoreWritesEachRowToItsOwnSlotAndCompletesPools) {
     EXPECT_TRUE(same_bytes(download(*be, pool.pool_keys), download(*be, ref.pool_keys))) << where(B);
   }
   Pool pool(*be, rng, 3, KvDtype::bf16);
-  auto k_pre = upload(*be, rng.bf16s(2 * D, -1, 1));
-  auto gate = upload(*be, rng.floats(2 * D, -1, 1));
-  auto twice = upload(*be, std::vector<int32_t>{1, 1}), p0 = upload(*be, std::vector<int32_t>{0, 0});
+  auto k_pre = upload(*be, rng.bf16s(3 * D, -1, 1));
+  auto gate = upload(*be, rng.floats(3 * D, -1, 1));
+  expect_ragged_write_rules(
+      *be,
+      [&](const RowBatch& rb) {
+        be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), rb,
+                                     pool.idx);
+      },
+      [&] { return indexer_bytes(*be, pool); });
   auto two = upload(*be, std::vector<int32_t>{0, 1}),
        past = upload(*be, std::vector<int32_t>{0, Pool::kMaxRows});
   EXPECT_THROW(be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(),
-                                            ape.data(), twice.data(), p0.data(), 2, pool.idx),
-               Error);
-  EXPECT_THROW(be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(),
-                                            ape.data(), two.data(), past.data(), 2, pool.idx),
+                                            ape.data(), RowBatch{two.data(), past.data(), 2}, pool.idx),
                Error);
 }
 
@@ -411,7 +483,8 @@ TEST_F(CpuBatch, IndexerScoresReadEachRowsOwnPoolKeys) {
     const int mp = pool.idx.max_pools();
     auto scores = poisoned<float>(*be, static_cast<size_t>(B) * mp),
          ref = poisoned<float>(*be, scores.size());
-    be->indexer_scores_batch(q.data(), w.data(), s.data(), pos.data(), B, pool.idx, scores.data(), nh);
+    be->indexer_scores_batch(q.data(), w.data(), RowBatch{s.data(), pos.data(), B}, pool.idx, scores.data(),
+                             nh);
     for (int b = 0; b < B; ++b) {
       if (slots_h[b] < 0) continue;
       be->indexer_scores(q.data() + b * nh * D, w.data() + b * nh,
@@ -434,7 +507,7 @@ TEST_F(CpuBatch, IndexerSelectEqualsTheSingleRowOp) {
     auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
     auto sel = poisoned<int32_t>(*be, static_cast<size_t>(B) * width, 0x7B);
     auto ref = poisoned<int32_t>(*be, sel.size(), 0x7B);
-    be->indexer_select_batch(scores.data(), s.data(), pos.data(), B, sel.data(), K, P, max_pools);
+    be->indexer_select_batch(scores.data(), RowBatch{s.data(), pos.data(), B}, sel.data(), K, P, max_pools);
     for (int b = 0; b < B; ++b)
       if (slots_h[b] >= 0)
         be->indexer_select(scores.data() + b * max_pools, pos.data() + b, ref.data() + b * width, K, P,
@@ -499,7 +572,8 @@ TEST_F(CpuBatch, MlaDecodeReadsEachRowsOwnCacheThroughItsBlockTable) {
       auto sel = upload(*be, sel_h), s = upload(*be, slots_h);
       auto q_abs = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * L, -1, 1));
       auto o = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * L), o_ref = poisoned<bf16>(*be, o.size());
-      be->mla_decode_batch(q_abs.data(), sel.data(), width, s.data(), B, pool.kv, o.data(), nh, 0.3f);
+      be->mla_decode_batch(q_abs.data(), sel.data(), width, RowBatch{s.data(), nullptr, B}, pool.kv, o.data(),
+                           nh, 0.3f);
       for (int b = 0; b < B; ++b) {
         if (slots_h[b] < 0) continue;
         be->mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width, pool.table(slots_h[b]),
@@ -514,8 +588,169 @@ TEST_F(CpuBatch, MlaDecodeReadsEachRowsOwnCacheThroughItsBlockTable) {
   auto o = poisoned<bf16>(*be, static_cast<size_t>(nh) * L);
   auto s = upload(*be, std::vector<int32_t>{1});
   auto past = upload(*be, std::vector<int32_t>{capacity});  // inside the pool, outside the slot's table
-  EXPECT_THROW(be->mla_decode_batch(q_abs.data(), past.data(), 1, s.data(), 1, pool.kv, o.data(), nh, 0.3f),
+  EXPECT_THROW(be->mla_decode_batch(q_abs.data(), past.data(), 1, RowBatch{s.data(), nullptr, 1}, pool.kv,
+                                    o.data(), nh, 0.3f),
                Error);
+}
+
+// ---- ragged rows ------------------------------------------------------------------------------------
+
+/// One sequence of a ragged batch: `count` rows of slot `slot` at positions start .. start + count - 1.
+struct Seq {
+  int slot, start, count;
+};
+
+/// A ragged batch: each sequence's rows consecutive, in `seqs` order, with pads[i] padded rows
+/// (slot -1 at `pad_pos`) before sequence i and pads[seqs.size()] after the last.
+struct Ragged {
+  std::vector<Seq> seqs;
+  std::vector<int> pads;
+  std::vector<int32_t> slot, pos;
+  int max_seq_rows = 1;
+  int rows() const { return static_cast<int>(slot.size()); }
+};
+
+Ragged make_ragged(std::vector<Seq> seqs, std::vector<int> pads, int32_t pad_pos) {
+  Ragged r{std::move(seqs), std::move(pads), {}, {}, 1};
+  for (size_t i = 0; i <= r.seqs.size(); ++i) {
+    for (int k = 0; k < r.pads[i]; ++k) {
+      r.slot.push_back(-1);
+      r.pos.push_back(pad_pos);
+    }
+    if (i == r.seqs.size()) break;
+    const Seq& q = r.seqs[i];
+    for (int k = 0; k < q.count; ++k) {
+      r.slot.push_back(q.slot);
+      r.pos.push_back(q.start + k);
+    }
+    r.max_seq_rows = std::max(r.max_seq_rows, q.count);
+  }
+  return r;
+}
+
+std::string describe(const Ragged& r) {
+  std::string d = "rows";
+  for (size_t i = 0; i < r.seqs.size(); ++i)
+    d += " | " + std::to_string(r.pads[i]) + " padded, slot " + std::to_string(r.seqs[i].slot) + " at " +
+         std::to_string(r.seqs[i].start) + " .. " + std::to_string(r.seqs[i].start + r.seqs[i].count - 1);
+  return d + " | " + std::to_string(r.pads.back()) + " padded; " + seed_note();
+}
+
+// Ragged rows (several rows of one slot at ascending positions, ops.hpp "ragged rows") through the
+// cache writes: 3 sequences of 1, 4 and 7 rows over a pool of 5 slots at different starting
+// positions (each slot holding rows 0 .. start - 1 already), positions crossing pool boundaries
+// (P = 4) so the batch completes pools from rows stored before it and by its own earlier rows,
+// padded rows between and around the sequences. kv_norm_write_batch and indexer_norm_store_batch
+// must leave the same cache bytes (latent rows, k and gate rows, valid flags, every pool key) as
+// the single-row ops storing the rows one at a time in batch order; then indexer_scores_batch,
+// indexer_select_batch and mla_decode_batch over the same rows must equal the single-row ops per
+// row at its position.
+TEST_F(CpuBatch, RaggedRowsEqualTheSingleRowOpsOneRowAtATime) {
+  Rng rng(716);
+  const int L = Pool::kLora, D = Pool::kD, P = Pool::kP, nh = 3, K = 8, width = K + P - 1, slots = 5;
+  auto kw = upload(*be, rng.bf16s(L, 0.5f, 1.5f));
+  auto lw = upload(*be, rng.bf16s(D, 0.5f, 1.5f)), lb = upload(*be, rng.bf16s(D, -0.2f, 0.2f));
+  auto ape = upload(*be, rng.floats(static_cast<size_t>(P) * D, -1, 1));
+  constexpr int32_t kPadPos = 1 << 20;  // refused if a padded row's position were read
+  std::vector<Ragged> cases = {
+      // Slots 1 and 2 hold nothing and must keep their poison; slot 4 completes pools 3 and 4.
+      make_ragged({{3, 9, 1}, {0, 2, 4}, {4, 13, 7}}, {1, 1, 0, 1}, kPadPos),
+      // From an empty slot, and up to the slots' last row (pools 8 and 9 completed by the batch).
+      make_ragged({{1, 33, 7}, {2, 0, 1}, {0, 3, 4}}, {0, 0, 2, 0}, kPadPos),
+  };
+  for (int i = 0; i < 6; ++i) {  // random slots, orders, starts and padding
+    std::vector<int> counts = {1, 4, 7}, slot_ids = {0, 1, 2, 3, 4};
+    std::shuffle(counts.begin(), counts.end(), rng.engine());
+    std::shuffle(slot_ids.begin(), slot_ids.end(), rng.engine());
+    std::vector<Seq> seqs;
+    for (int j = 0; j < 3; ++j)
+      seqs.push_back({slot_ids[j], rng.integer(0, Pool::kMaxRows - counts[j]), counts[j]});
+    cases.push_back(make_ragged(
+        seqs, {rng.integer(0, 2), rng.integer(0, 2), rng.integer(0, 2), rng.integer(0, 2)}, kPadPos));
+  }
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    for (const Ragged& r : cases) {
+      const std::string what = std::string(dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") + describe(r);
+      const int R = r.rows();
+      Pool pool(*be, rng, slots, dtype), ref(*be, rng, slots, dtype);
+      be->upload(ref.tables.data(), pool.tables_h.data(), pool.tables.bytes());  // the same tables
+      // The rows before each sequence, stored one at a time by the single-row ops.
+      for (const Seq& q : r.seqs) {
+        for (int32_t t = 0; t < q.start; ++t) {
+          auto ckv = upload(*be, rng.bf16s(L, -3, 3)), k_pre = upload(*be, rng.bf16s(D, -2, 2));
+          auto gate = upload(*be, rng.floats(D, -2, 2));
+          auto tp = upload(*be, std::vector<int32_t>{t});
+          be->kv_norm_write(ckv.data(), kw.data(), 1e-5f, pool.table(q.slot), tp.data(), pool.kv.cache);
+          be->indexer_norm_store(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(),
+                                 tp.data(), pool.k_of(q.slot), pool.gate_of(q.slot), pool.valid_of(q.slot),
+                                 pool.keys_of(q.slot), D, P);
+        }
+      }
+      be->copy(ref.kv_data.data(), pool.kv_data.data(), pool.kv_data.bytes());
+      be->copy(ref.k_cache.data(), pool.k_cache.data(), pool.k_cache.bytes());
+      be->copy(ref.gate_cache.data(), pool.gate_cache.data(), pool.gate_cache.bytes());
+      be->copy(ref.valid.data(), pool.valid.data(), pool.valid.bytes());
+      be->copy(ref.pool_keys.data(), pool.pool_keys.data(), pool.pool_keys.bytes());
+
+      auto s = upload(*be, r.slot), pos = upload(*be, r.pos);
+      const RowBatch rb{s.data(), pos.data(), R, r.max_seq_rows};
+      auto ckv = upload(*be, rng.bf16s(static_cast<size_t>(R) * L, -3, 3));
+      auto k_pre = upload(*be, rng.bf16s(static_cast<size_t>(R) * D, -2, 2));
+      auto gate = upload(*be, rng.floats(static_cast<size_t>(R) * D, -2, 2));
+      be->kv_norm_write_batch(ckv.data(), kw.data(), 1e-5f, rb, pool.kv);
+      be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), rb,
+                                   pool.idx);
+      for (int b = 0; b < R; ++b) {
+        const int sl = r.slot[b];
+        if (sl < 0) continue;
+        be->kv_norm_write(ckv.data() + b * L, kw.data(), 1e-5f, ref.table(sl), pos.data() + b, ref.kv.cache);
+        be->indexer_norm_store(k_pre.data() + b * D, lw.data(), lb.data(), 1e-6f, gate.data() + b * D,
+                               ape.data(), pos.data() + b, ref.k_of(sl), ref.gate_of(sl), ref.valid_of(sl),
+                               ref.keys_of(sl), D, P);
+      }
+      EXPECT_TRUE(same_bytes(download(*be, pool.kv_data), download(*be, ref.kv_data))) << "latent, " << what;
+      EXPECT_TRUE(same_bytes(download(*be, pool.k_cache), download(*be, ref.k_cache))) << "k, " << what;
+      EXPECT_TRUE(same_bytes(download(*be, pool.gate_cache), download(*be, ref.gate_cache)))
+          << "gate, " << what;
+      EXPECT_TRUE(same_bytes(download(*be, pool.valid), download(*be, ref.valid))) << "valid, " << what;
+      const auto keys = download(*be, pool.pool_keys);
+      EXPECT_TRUE(same_bytes(keys, download(*be, ref.pool_keys))) << "pool keys, " << what;
+      // Every pool a sequence has completed by its last row has a key (not the poison).
+      for (const Seq& q : r.seqs) {
+        for (int j = 0; (j + 1) * P <= q.start + q.count; ++j) {
+          const float* key = keys.data() + (static_cast<size_t>(q.slot) * (Pool::kMaxRows / P) + j) * D;
+          EXPECT_TRUE(std::all_of(key, key + D, [](float v) { return std::isfinite(v); }))
+              << "slot " << q.slot << " pool " << j << ", " << what;
+        }
+      }
+
+      // The reads over the same rows: each row sees its slot's rows up to its own position.
+      const int mp = pool.idx.max_pools();
+      auto q = upload(*be, rng.floats(static_cast<size_t>(R) * nh * D, -1, 1));
+      auto qw = upload(*be, rng.floats(static_cast<size_t>(R) * nh, 0, 1));
+      auto scores = poisoned<float>(*be, static_cast<size_t>(R) * mp),
+           scores_ref = poisoned<float>(*be, scores.size());
+      be->indexer_scores_batch(q.data(), qw.data(), rb, pool.idx, scores.data(), nh);
+      auto sel = poisoned<int32_t>(*be, static_cast<size_t>(R) * width, 0x7B);
+      auto sel_ref = poisoned<int32_t>(*be, sel.size(), 0x7B);
+      be->indexer_select_batch(scores.data(), rb, sel.data(), K, P, mp);
+      auto q_abs = upload(*be, rng.bf16s(static_cast<size_t>(R) * nh * L, -1, 1));
+      auto o = poisoned<bf16>(*be, static_cast<size_t>(R) * nh * L), o_ref = poisoned<bf16>(*be, o.size());
+      be->mla_decode_batch(q_abs.data(), sel.data(), width, rb, pool.kv, o.data(), nh, 0.3f);
+      for (int b = 0; b < R; ++b) {
+        const int sl = r.slot[b];
+        if (sl < 0) continue;
+        be->indexer_scores(q.data() + b * nh * D, qw.data() + b * nh, pool.keys_of(sl), pos.data() + b,
+                           scores_ref.data() + b * mp, nh, D, P, mp);
+        be->indexer_select(scores.data() + b * mp, pos.data() + b, sel_ref.data() + b * width, K, P, mp);
+        be->mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width, pool.table(sl),
+                       pool.kv.cache, o_ref.data() + b * nh * L, nh, 0.3f);
+      }
+      EXPECT_TRUE(same_bytes(download(*be, scores), download(*be, scores_ref))) << "scores, " << what;
+      EXPECT_TRUE(same_bytes(download(*be, sel), download(*be, sel_ref))) << "selection, " << what;
+      EXPECT_TRUE(same_bytes(download(*be, o), download(*be, o_ref))) << "decode, " << what;
+    }
+  }
 }
 
 // ---- MoE -------------------------------------------------------------------------------------------
@@ -537,8 +772,8 @@ TEST_F(CpuBatch, MoeRouteEqualsTheSingleRowOp) {
       const size_t n = static_cast<size_t>(B) * sh.top_k;
       auto idx = poisoned<int32_t>(*be, n), idx_ref = poisoned<int32_t>(*be, n);
       auto w = poisoned<float>(*be, n), w_ref = poisoned<float>(*be, n);
-      be->moe_route_batch(logits.data(), bias.data(), s.data(), B, sh.E, sh.top_k, sh.n_group, sh.topk_group,
-                          2.5f, idx.data(), w.data());
+      be->moe_route_batch(logits.data(), bias.data(), RowBatch{s.data(), nullptr, B}, sh.E, sh.top_k,
+                          sh.n_group, sh.topk_group, 2.5f, idx.data(), w.data());
       for (int b = 0; b < B; ++b)
         if (slots_h[b] >= 0)
           be->moe_route(logits.data() + b * sh.E, bias.data(), sh.E, sh.top_k, sh.n_group, sh.topk_group,
@@ -613,7 +848,7 @@ TEST_F(CpuBatch, MoeExpertsGroupedEqualsTheSingleRowOpsPerRow) {
       auto rw = upload(*be, rng.floats(static_cast<size_t>(B) * top_k, 0.1f, 1.0f));
       auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * H, -1, 1));
       auto out = poisoned<float>(*be, static_cast<size_t>(B) * H), ref = poisoned<float>(*be, out.size());
-      be->moe_experts_grouped(x.data(), w, idx.data(), rw.data(), s.data(), B, top_k,
+      be->moe_experts_grouped(x.data(), w, idx.data(), rw.data(), RowBatch{s.data(), nullptr, B}, top_k,
                               c.shared ? &shared : nullptr, c.limit, out.data());
       for (int b = 0; b < B; ++b) {
         if (slots_h[b] < 0) continue;
@@ -645,14 +880,14 @@ TEST_F(CpuBatch, AllRowsPaddedWritesNothing) {
   auto rw = upload(*be, rng.floats(static_cast<size_t>(B) * top_k, 0, 1));
   auto out = poisoned<float>(*be, static_cast<size_t>(B) * H);
   const auto before = download(*be, out);
-  be->moe_experts_grouped(x.data(), routed.weights(0, 4, H, I), idx.data(), rw.data(), s.data(), B, top_k,
-                          nullptr, 0.0f, out.data());
+  be->moe_experts_grouped(x.data(), routed.weights(0, 4, H, I), idx.data(), rw.data(),
+                          RowBatch{s.data(), nullptr, B}, top_k, nullptr, 0.0f, out.data());
   EXPECT_TRUE(same_bytes(download(*be, out), before));
   auto head_out = poisoned<ArgMax>(*be, B);
   const auto head_before = download(*be, head_out);
   auto W = upload(*be, rng.bf16s(static_cast<size_t>(10) * H, -1, 1));
-  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), s.data(), B, 10, H, 0, nullptr, 0,
-                        head_out.data());
+  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), RowBatch{s.data(), nullptr, B}, 10, H, 0,
+                        nullptr, 0, head_out.data());
   EXPECT_TRUE(same_bytes(download(*be, head_out), head_before));
 }
 

@@ -286,13 +286,14 @@ TEST_P(GpuBatch, Norms) {
     const int ld = 2 * H;
     auto y = out_twin<bf16>(static_cast<size_t>(B) * ld);
     EXPECT_EQ(kernels_of([&] {
-                gpu().embed_rmsnorm_batch(table.g.data(), tok.g.data(), slots.g.data(), w.g.data(),
-                                          y.g.data(), ld, B, H, 1e-5f);
+                gpu().embed_rmsnorm_batch(table.g.data(), tok.g.data(), RowBatch{slots.g.data(), nullptr, B},
+                                          w.g.data(), y.g.data(), ld, H, 1e-5f);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      be.embed_rmsnorm_batch(table.c.data(), tok.c.data() + b0, slots.c.data() + b0, w.c.data(),
-                             y.c.data() + static_cast<size_t>(b0) * ld, ld, b1 - b0, H, 1e-5f);
+      be.embed_rmsnorm_batch(table.c.data(), tok.c.data() + b0,
+                             RowBatch{slots.c.data() + b0, nullptr, b1 - b0}, w.c.data(),
+                             y.c.data() + static_cast<size_t>(b0) * ld, ld, H, 1e-5f);
     });
     expect_bf16_written(y.from_gpu(), y.from_cpu(), row_mask(B, ld, H, &slots_h),
                         where("embed_rmsnorm_batch", B));
@@ -417,8 +418,8 @@ TEST_P(GpuBatch, HeadArgmax) {
       auto key = out_twin<uint64_t>(B);
       auto token = out_twin<int32_t>(B);
       const uint64_t launches = kernels_of([&] {
-        gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), slots.g.data(), B, V, H, base, logits.g.data(), ld,
-                                out.g.data(), HeadExtras{key.g.data(), token.g.data()});
+        gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), RowBatch{slots.g.data(), nullptr, B}, V, H, base,
+                                logits.g.data(), ld, out.g.data(), HeadExtras{key.g.data(), token.g.data()});
       });
       if (lt) {
         // The backend counts the launches it makes itself: the argmax (one launch, or two when
@@ -433,9 +434,10 @@ TEST_P(GpuBatch, HeadArgmax) {
         EXPECT_EQ(launches, 1u) << what;
       }
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-        be.head_argmax_batch(Wc, W8c, Sc, x.c.data() + static_cast<size_t>(b0) * H, slots.c.data() + b0,
-                             b1 - b0, V, H, base, logits.c.data() + static_cast<size_t>(b0) * ld, ld,
-                             out.c.data() + b0, HeadExtras{key.c.data() + b0, token.c.data() + b0});
+        be.head_argmax_batch(Wc, W8c, Sc, x.c.data() + static_cast<size_t>(b0) * H,
+                             RowBatch{slots.c.data() + b0, nullptr, b1 - b0}, V, H, base,
+                             logits.c.data() + static_cast<size_t>(b0) * ld, ld, out.c.data() + b0,
+                             HeadExtras{key.c.data() + b0, token.c.data() + b0});
       });
       const auto gl = logits.from_gpu(), cl = logits.from_cpu();
       // FP8 rows on cuBLASLt: the tensor core's FP8 sums are not fp32 sums in another order. Its
@@ -479,8 +481,8 @@ TEST_P(GpuBatch, HeadArgmax) {
       }
       // Without logits and extras: the same pairs (the same sums; only the epilogue's stores differ).
       auto out2 = out_twin<ArgMax>(B);
-      gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), slots.g.data(), B, V, H, base, nullptr, 0,
-                              out2.g.data());
+      gpu().head_argmax_batch(Wg, W8g, Sg, x.g.data(), RowBatch{slots.g.data(), nullptr, B}, V, H, base,
+                              nullptr, 0, out2.g.data());
       expect_bytes_equal(masked(out2.from_gpu(), one), masked(go, one), what + " without logits");
       expect_outside_unchanged(out2.from_gpu(), out2.from_cpu(), one, what + " without logits, padded rows");
     }
@@ -524,8 +526,9 @@ TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
     auto key = out_twin<uint64_t>(B);
     auto token = out_twin<int32_t>(B);
     const uint64_t launches = kernels_of([&] {
-      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, base,
-                              logits.g.data(), V, out.g.data(), HeadExtras{key.g.data(), token.g.data()});
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, V, H, base, logits.g.data(), V,
+                              out.g.data(), HeadExtras{key.g.data(), token.g.data()});
     });
     if (gemm == HeadGemm::cublaslt || (gemm == HeadGemm::automatic && B >= 4)) {
       EXPECT_GE(launches, 4u) << "FP8 head, head_gemm " << to_string(gemm) << ", B = " << B
@@ -598,8 +601,9 @@ TEST_P(GpuBatch, HeadWgmmaRowBitsDoNotDependOnTheBatch) {
     auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
     auto out = out_twin<ArgMax>(B);
     const uint64_t launches = kernels_of([&] {
-      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
-                              logits.g.data(), V, out.g.data());
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, V, H, 0, logits.g.data(), V,
+                              out.g.data());
     });
     if (gemm == HeadGemm::wgmma) {
       EXPECT_EQ(launches, 2u) << "wgmma head at B = " << B << ": x packed, then the GEMM";
@@ -642,8 +646,8 @@ TEST(GpuBatchHead, Fp8CublasltNonFiniteRowsGiveNanLogitsAndLeaveTheOthers) {
     Twin<bf16> x(xv);
     auto logits = out_twin<bf16>(static_cast<size_t>(B) * n);
     auto out = out_twin<ArgMax>(B);
-    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, n, k, 0,
-                            logits.g.data(), n, out.g.data());
+    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(),
+                            RowBatch{slots.g.data(), nullptr, B}, n, k, 0, logits.g.data(), n, out.g.data());
     return logits.from_gpu();
   };
   const auto clean = run(x_h);
@@ -699,8 +703,9 @@ TEST_P(GpuBatch, HeadFp16OperandsScaleExactly) {
       Twin<int32_t> slots(slots_h);
       auto logits = out_twin<bf16>(static_cast<size_t>(B) * V);
       auto out = out_twin<ArgMax>(B);
-      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, V, H, 0,
-                              logits.g.data(), V, out.g.data());
+      gpu().head_argmax_batch(nullptr, W8.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, V, H, 0, logits.g.data(), V,
+                              out.g.data());
       const auto gl = logits.from_gpu();
       const auto go = out.from_gpu();
       for (int b = 1; b < B; ++b) {
@@ -745,8 +750,8 @@ TEST(GpuBatchHead, Fp8TiesGoToTheLowestRowUnderEitherKernel) {
       std::iota(slots_h.begin(), slots_h.end(), 0);
       Twin<int32_t> slots(slots_h);
       auto out = out_twin<ArgMax>(B);
-      gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(), slots.g.data(), B, n, k, 5,
-                              nullptr, 0, out.g.data());
+      gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), x.g.data(),
+                              RowBatch{slots.g.data(), nullptr, B}, n, k, 5, nullptr, 0, out.g.data());
       for (const ArgMax& a : out.from_gpu())
         EXPECT_EQ(a.index, 5 + 7) << "head_gemm " << to_string(gemm) << ", B = " << B << "; " << seed_note();
     }
@@ -770,8 +775,8 @@ TEST(GpuBatchHead, TiesGoToTheLowestRowInEveryRow) {
   std::iota(slots_h.begin(), slots_h.end(), 0);
   Twin<int32_t> slots(slots_h);
   auto out = out_twin<ArgMax>(B);
-  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), slots.g.data(), B, n, k, 5, nullptr, 0,
-                          out.g.data());
+  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{slots.g.data(), nullptr, B}, n,
+                          k, 5, nullptr, 0, out.g.data());
   for (const ArgMax& a : out.from_gpu()) EXPECT_EQ(a.index, 5 + 7) << seed_note();
 }
 
@@ -885,13 +890,13 @@ TEST_P(GpuBatch, KvNormWrite) {
       KvSlots kc{KvCache{data.c.data(), dtype, 0.0123f, blocks, bs, L}, tables.c.data(), slots, max_blocks};
       KvSlots kg{KvCache{data.g.data(), dtype, 0.0123f, blocks, bs, L}, tables.g.data(), slots, max_blocks};
       EXPECT_EQ(kernels_of([&] {
-                  gpu().kv_norm_write_batch(ckv.g.data(), w.g.data(), 1e-5f, sl.g.data(), pos.g.data(), B,
-                                            kg);
+                  gpu().kv_norm_write_batch(ckv.g.data(), w.g.data(), 1e-5f,
+                                            RowBatch{sl.g.data(), pos.g.data(), B}, kg);
                 }),
                 1u);
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
         be.kv_norm_write_batch(ckv.c.data() + static_cast<size_t>(b0) * L, w.c.data(), 1e-5f,
-                               sl.c.data() + b0, pos.c.data() + b0, b1 - b0, kc);
+                               RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0}, kc);
       });
       // The written cache rows: (slot, pos) of each live row through its table.
       std::vector<uint8_t> mask(data.c.size() / elem, 0);
@@ -963,13 +968,13 @@ TEST_P(GpuBatch, IndexerNormStore) {
         k_cache.g.data(), gate_cache.g.data(), valid.g.data(), pool_keys.g.data(), slots, max_rows, D, P};
     EXPECT_EQ(kernels_of([&] {
                 gpu().indexer_norm_store_batch(k_pre.g.data(), lw.g.data(), lb.g.data(), 1e-6f, gate.g.data(),
-                                               ape.g.data(), sl.g.data(), pos.g.data(), B, ig);
+                                               ape.g.data(), RowBatch{sl.g.data(), pos.g.data(), B}, ig);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
       be.indexer_norm_store_batch(k_pre.c.data() + static_cast<size_t>(b0) * D, lw.c.data(), lb.c.data(),
                                   1e-6f, gate.c.data() + static_cast<size_t>(b0) * D, ape.c.data(),
-                                  sl.c.data() + b0, pos.c.data() + b0, b1 - b0, ic);
+                                  RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0}, ic);
     });
     std::vector<uint8_t> k_mask(rows_all * D, 0), key_mask(static_cast<size_t>(slots) * mp * D, 0);
     for (int b = 0; b < B; ++b) {
@@ -1051,14 +1056,15 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
     const IndexerSlots igg{k_g.data(), gate_g.data(), valid.g.data(), keys.g.data(), slots, max_rows, D, P};
     auto scores = out_twin<float>(static_cast<size_t>(B) * mp);
     EXPECT_EQ(kernels_of([&] {
-                gpu().indexer_scores_batch(q.g.data(), w.g.data(), sl.g.data(), pos.g.data(), B, igg,
-                                           scores.g.data(), nI);
+                gpu().indexer_scores_batch(q.g.data(), w.g.data(), RowBatch{sl.g.data(), pos.g.data(), B},
+                                           igg, scores.g.data(), nI);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
       be.indexer_scores_batch(q.c.data() + static_cast<size_t>(b0) * nI * D,
-                              w.c.data() + static_cast<size_t>(b0) * nI, sl.c.data() + b0, pos.c.data() + b0,
-                              b1 - b0, icc, scores.c.data() + static_cast<size_t>(b0) * mp, nI);
+                              w.c.data() + static_cast<size_t>(b0) * nI,
+                              RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0}, icc,
+                              scores.c.data() + static_cast<size_t>(b0) * mp, nI);
     });
     const auto mask = row_mask(B, mp, mp, &slots_h);
     const auto cs = scores.from_cpu();
@@ -1074,8 +1080,8 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
       EXPECT_EQ(ops::cuda::indexer_scores_tiled(gpu().kernel_policy(), B, nI, D),
                 tiled_shape && kernel == IndexerScores::tiled);
       auto again = out_twin<float>(static_cast<size_t>(B) * mp);
-      gpu().indexer_scores_batch(q.g.data(), w.g.data(), sl.g.data(), pos.g.data(), B, igg, again.g.data(),
-                                 nI);
+      gpu().indexer_scores_batch(q.g.data(), w.g.data(), RowBatch{sl.g.data(), pos.g.data(), B}, igg,
+                                 again.g.data(), nI);
       expect_bytes_equal(again.from_gpu(), scores.from_gpu(),
                          where(kernel == IndexerScores::tiled ? "indexer_scores_batch tiled vs auto"
                                                               : "indexer_scores_batch pools4 vs auto",
@@ -1092,14 +1098,14 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
     Twin<float> sct(sc);
     auto sel = out_twin<int32_t>(static_cast<size_t>(B) * width);
     EXPECT_EQ(kernels_of([&] {
-                gpu().indexer_select_batch(sct.g.data(), sl.g.data(), pos.g.data(), B, sel.g.data(), K, P,
-                                           mp);
+                gpu().indexer_select_batch(sct.g.data(), RowBatch{sl.g.data(), pos.g.data(), B}, sel.g.data(),
+                                           K, P, mp);
               }),
               1u);
     on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      be.indexer_select_batch(sct.c.data() + static_cast<size_t>(b0) * mp, sl.c.data() + b0,
-                              pos.c.data() + b0, b1 - b0, sel.c.data() + static_cast<size_t>(b0) * width, K,
-                              P, mp);
+      be.indexer_select_batch(sct.c.data() + static_cast<size_t>(b0) * mp,
+                              RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0},
+                              sel.c.data() + static_cast<size_t>(b0) * width, K, P, mp);
     });
     expect_bytes_equal(sel.from_gpu(), sel.from_cpu(), where("indexer_select_batch", B));
     if (B == 1) {
@@ -1107,8 +1113,8 @@ TEST_P(GpuBatch, IndexerScoresAndSelect) {
       // position is garbage and must not be read).
       Twin<int32_t> pad_slot(std::vector<int32_t>{-1}), bad_pos(std::vector<int32_t>{-12345});
       auto untouched = out_twin<int32_t>(static_cast<size_t>(width));
-      gpu().indexer_select_batch(sct.g.data(), pad_slot.g.data(), bad_pos.g.data(), 1, untouched.g.data(), K,
-                                 P, mp);
+      gpu().indexer_select_batch(sct.g.data(), RowBatch{pad_slot.g.data(), bad_pos.g.data(), 1},
+                                 untouched.g.data(), K, P, mp);
       expect_bytes_equal(untouched.from_gpu(), untouched.from_cpu(), where("indexer_select_batch padded", B));
     }
   }
@@ -1212,14 +1218,15 @@ TEST_P(GpuBatch, MlaDecode) {
       auto ref = out_twin<bf16>(static_cast<size_t>(B) * nh * L);
       on_cpu_rows(B, [&](Backend& cb, int b0, int b1) {
         cb.mla_decode_batch(q.c.data() + static_cast<size_t>(b0) * nh * L,
-                            sel.c.data() + static_cast<size_t>(b0) * width, width, sl.c.data() + b0, b1 - b0,
-                            kc, ref.c.data() + static_cast<size_t>(b0) * nh * L, nh, softmax_scale);
+                            sel.c.data() + static_cast<size_t>(b0) * width, width,
+                            RowBatch{sl.c.data() + b0, nullptr, b1 - b0}, kc,
+                            ref.c.data() + static_cast<size_t>(b0) * nh * L, nh, softmax_scale);
       });
       const auto want = ref.from_cpu();
       const auto mask = row_mask(B, static_cast<size_t>(nh) * L, static_cast<size_t>(nh) * L, &slots_h);
       auto decode = [&](Twin<bf16>& out) {
-        gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, sl.g.data(), B, kg, out.g.data(), nh,
-                               softmax_scale);
+        gpu().mla_decode_batch(q.g.data(), sel.g.data(), width, RowBatch{sl.g.data(), nullptr, B}, kg,
+                               out.g.data(), nh, softmax_scale);
       };
 
       // Both kernels (KernelPolicy::mla_decode), automatic splits: at most two launches (the
@@ -1309,8 +1316,8 @@ TEST_P(GpuBatch, MlaDecode) {
             for (int b = 0; b < B; ++b) {
               if (slots_h[static_cast<size_t>(b)] < 0) continue;
               gpu().mla_decode_batch(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width,
-                                     width, sl.g.data() + b, 1, kg, alone.g.data() + b * row, nh,
-                                     softmax_scale);
+                                     width, RowBatch{sl.g.data() + b, nullptr, 1}, kg,
+                                     alone.g.data() + b * row, nh, softmax_scale);
             }
             expect_bytes_equal(alone.from_gpu(), four.from_gpu(), fw + ", each row alone against the batch");
           }
@@ -1338,12 +1345,332 @@ TEST_P(GpuBatch, MlaDecode) {
         for (int b = 0; b < B; ++b) {
           if (slots_h[static_cast<size_t>(b)] < 0) continue;
           gpu().mla_decode_batch(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width, width,
-                                 sl.g.data() + b, 1, kg, alone32.g.data() + b * row, nh, softmax_scale);
+                                 RowBatch{sl.g.data() + b, nullptr, 1}, kg, alone32.g.data() + b * row, nh,
+                                 softmax_scale);
         }
         const auto g32 = batch32.from_gpu();
         expect_bf16_written(g32, want, mask, w32);
         expect_bytes_equal(alone32.from_gpu(), g32, w32 + ", each row alone against the batch");
       }
+    }
+  }
+}
+
+// ---- ragged rows ---------------------------------------------------------------------------------------
+
+/// One sequence of a ragged batch: `count` rows of slot `slot` at positions start .. start + count - 1.
+struct Seq {
+  int slot, start, count;
+};
+
+/// A ragged batch (ops.hpp, "ragged rows") over a pool of `slots` slots: each sequence's rows
+/// consecutive at ascending positions; padded rows (slot -1) at a position past every slot.
+struct Ragged {
+  std::string name;
+  std::vector<Seq> seqs;
+  std::vector<int32_t> slot, pos;
+  int max_seq_rows = 1;
+  int slots = 0;
+  int rows() const { return static_cast<int>(slot.size()); }
+};
+
+/// Sequences of counts[i] rows in distinct shuffled slots of a pool of counts.size() + 1 (one slot
+/// no row names), each at a random start in [0, capacity - count]; with two or more sequences the
+/// first starts at 0 (an empty slot) and the second ends at capacity - 1. With `pad`, a padded row
+/// before every third sequence (from the second) and one after the last.
+Ragged make_ragged(Rng& rng, std::string name, const std::vector<int>& counts, int capacity, bool pad) {
+  Ragged r;
+  r.name = std::move(name);
+  const int n = static_cast<int>(counts.size());
+  r.slots = n + 1;
+  std::vector<int32_t> ids(static_cast<size_t>(r.slots));
+  std::iota(ids.begin(), ids.end(), 0);
+  shuffle(ids, rng);
+  auto padded = [&r] {
+    r.slot.push_back(-1);
+    r.pos.push_back(1 << 20);  // a write there would fault or land in another slot
+  };
+  for (int i = 0; i < n; ++i) {
+    const int c = counts[static_cast<size_t>(i)];
+    const int start = n >= 2 && i == 0 ? 0 : n >= 2 && i == 1 ? capacity - c : rng.integer(0, capacity - c);
+    r.seqs.push_back({ids[static_cast<size_t>(i)], start, c});
+    if (pad && i % 3 == 1) padded();
+    for (int k = 0; k < c; ++k) {
+      r.slot.push_back(ids[static_cast<size_t>(i)]);
+      r.pos.push_back(start + k);
+    }
+    r.max_seq_rows = std::max(r.max_seq_rows, c);
+  }
+  if (pad) padded();
+  return r;
+}
+
+// Ragged rows through the cache writes and the reads after them, CUDA against the CPU reference:
+// 1 row; B = 3 and 16 sequences of one row; one sequence of n = 1 .. 64 rows (the glm5.3-flash
+// shape n = 1 .. 5, 16, 17, 32, 33, 48, 49, 63, 64: its CPU decode is the cost); B = 4 and 16
+// sequences of 2 .. 5 rows. Random starts (see make_ragged), so rows cross pool boundaries and
+// complete pools begun before the batch; each slot holds random rows 0 .. start - 1 already (valid,
+// and random keys for its complete pools); every cache and output is poisoned first. Both KV dtypes.
+// - kv_norm_write_batch (one launch): the written latent rows within the BF16 tolerance (FP8: codes
+//   within one step, >= 90% identical), every other byte unchanged.
+// - indexer_norm_store_batch (one launch at max_seq_rows 1, two above it: the rows, then the
+//   completed pools' keys): k rows within the BF16 tolerance, gate rows and valid flags exact; the
+//   keys of the pools the batch completes within rel 2^-7 + 2^-8 of the largest key of the CPU's
+//   (GpuFused.IndexerNormStoreIsBitIdenticalToTheTwoOps's bound for the single-row store: a k row
+//   may differ by an ulp) and within 1e-5 of the sum of |terms| of a double recomputation from the
+//   GPU's own cached rows (the IndexerNormStore bound); every other key unchanged.
+// - Then, on identical caches (the GPU's copied to the CPU): indexer_scores_batch within 1e-5
+//   relative + 1e-5 of the largest finite score, -inf exactly where the CPU has it (one launch);
+//   indexer_select_batch on the CPU's scores exact (one launch); mla_decode_batch over the CPU's
+//   selection within the BF16 tolerance (at most two launches); padded rows' outputs untouched.
+TEST_P(GpuBatch, RaggedRowsCacheWritesAndReads) {
+  const Shape s = GetParam();
+  Rng rng(814);
+  const int L = s.kv_lora, D = s.index_dim, P = s.index_kpool, nI = s.index_heads, K = s.index_topk;
+  const int nh = s.n_heads, width = K + P - 1;
+  const int bs = block_size_for(s), capacity = max_rows_for(s), max_blocks = capacity / bs, mp = capacity / P;
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  const bool flash = s.hidden >= 4096;
+  Twin<bf16> kw(rng.bf16s(L, 0.5f, 1.5f)), lw(rng.bf16s(D, 0.5f, 1.5f)), lb(rng.bf16s(D, -0.5f, 0.5f));
+  Twin<float> ape(rng.floats(static_cast<size_t>(P) * D, -1.0f, 1.0f));
+  const auto ape_h = ape.from_cpu();
+
+  std::vector<Ragged> layouts;
+  layouts.push_back(make_ragged(rng, "1 row", {1}, capacity, false));
+  layouts.push_back(make_ragged(rng, "B = 3 sequences of one row", std::vector<int>(3, 1), capacity, true));
+  layouts.push_back(make_ragged(rng, "B = 16 sequences of one row", std::vector<int>(16, 1), capacity, true));
+  for (int n = 1; n <= 64; ++n) {
+    if (flash && !(n <= 5 || n % 16 <= 1 || n == 63)) continue;
+    layouts.push_back(
+        make_ragged(rng, "one sequence of " + std::to_string(n) + " rows", {n}, capacity, n % 2 == 1));
+  }
+  for (int B : {4, 16}) {
+    std::vector<int> counts(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) counts[static_cast<size_t>(i)] = i < 4 ? 2 + i : rng.integer(2, 5);
+    shuffle(counts, rng);
+    layouts.push_back(
+        make_ragged(rng, "B = " + std::to_string(B) + " sequences of 2 .. 5 rows", counts, capacity, true));
+  }
+
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    const size_t elem = dtype == KvDtype::bf16 ? 2 : 1;
+    for (const Ragged& r : layouts) {
+      const std::string what =
+          std::string(s.name) + ", " + r.name + (dtype == KvDtype::bf16 ? ", BF16 cache" : ", FP8 cache");
+      const int R = r.rows(), slots = r.slots, blocks = slots * max_blocks;
+      const size_t rows_all = static_cast<size_t>(slots) * capacity;
+      const auto tables_h = make_tables(rng, slots, max_blocks);
+      Twin<int32_t> tables(tables_h), sl(r.slot), pos(r.pos);
+      auto phys = [&](int slot, int t) {
+        return static_cast<size_t>(tables_h[static_cast<size_t>(slot) * max_blocks + t / bs]) * bs + t % bs;
+      };
+
+      // The caches, poisoned; the rows before each sequence random (and valid), as are the keys of
+      // the pools they complete.
+      auto data = out_twin<uint8_t>(static_cast<size_t>(blocks) * bs * L * elem);
+      data.poison(0xFF);
+      auto k_cache = out_twin<bf16>(rows_all * D);
+      auto gate_cache = out_twin<float>(rows_all * D);
+      Twin<uint8_t> valid(std::vector<uint8_t>(rows_all, 0));
+      auto pool_keys = out_twin<float>(static_cast<size_t>(slots) * mp * D);
+      {
+        auto dh = data.from_cpu();
+        auto kh = k_cache.from_cpu();
+        auto gh = gate_cache.from_cpu();
+        auto vh = valid.from_cpu();
+        auto ph = pool_keys.from_cpu();
+        for (const Seq& q : r.seqs) {
+          for (int t = 0; t < q.start; ++t) {
+            uint8_t* lat = dh.data() + phys(q.slot, t) * L * elem;
+            for (int c = 0; c < L; ++c) {
+              if (dtype == KvDtype::bf16) {
+                const bf16 v = to_bf16(rng.uniform(-2.0f, 2.0f));
+                std::memcpy(lat + 2 * c, &v, 2);
+              } else {
+                uint8_t code = static_cast<uint8_t>(rng.next() >> 56);
+                if ((code & 0x7f) == 0x7f) code ^= 0x01;
+                lat[c] = code;
+              }
+            }
+            const size_t row = static_cast<size_t>(q.slot) * capacity + t;
+            for (int c = 0; c < D; ++c) {
+              kh[row * D + c] = to_bf16(rng.uniform(-2.0f, 2.0f));
+              gh[row * D + c] = rng.uniform(-3.0f, 3.0f);
+            }
+            vh[row] = 1;
+          }
+          for (int j = 0; (j + 1) * P <= q.start; ++j)
+            for (int c = 0; c < D; ++c)
+              ph[(static_cast<size_t>(q.slot) * mp + j) * D + c] = rng.uniform(-1.0f, 1.0f);
+        }
+        data.set(dh);
+        k_cache.set(kh);
+        gate_cache.set(gh);
+        valid.set(vh);
+        pool_keys.set(ph);
+      }
+      const KvSlots kc{KvCache{data.c.data(), dtype, 0.0123f, blocks, bs, L}, tables.c.data(), slots,
+                       max_blocks};
+      const KvSlots kg{KvCache{data.g.data(), dtype, 0.0123f, blocks, bs, L}, tables.g.data(), slots,
+                       max_blocks};
+      const IndexerSlots ic{
+          k_cache.c.data(), gate_cache.c.data(), valid.c.data(), pool_keys.c.data(), slots, capacity, D, P};
+      const IndexerSlots ig{
+          k_cache.g.data(), gate_cache.g.data(), valid.g.data(), pool_keys.g.data(), slots, capacity, D, P};
+      const RowBatch rc{sl.c.data(), pos.c.data(), R, r.max_seq_rows};
+      const RowBatch rg{sl.g.data(), pos.g.data(), R, r.max_seq_rows};
+
+      // The cache writes. The CPU reference on one backend: a sequence's rows in batch order.
+      Twin<bf16> ckv(rng.bf16s(static_cast<size_t>(R) * L, -3.0f, 3.0f));
+      Twin<bf16> k_pre(rng.bf16s(static_cast<size_t>(R) * D, -2.0f, 4.0f));  // non-zero mean
+      Twin<float> gate(rng.floats(static_cast<size_t>(R) * D, -3.0f, 3.0f));
+      EXPECT_EQ(kernels_of([&] { gpu().kv_norm_write_batch(ckv.g.data(), kw.g.data(), 1e-5f, rg, kg); }), 1u)
+          << what;
+      EXPECT_EQ(kernels_of([&] {
+                  gpu().indexer_norm_store_batch(k_pre.g.data(), lw.g.data(), lb.g.data(), 1e-6f,
+                                                 gate.g.data(), ape.g.data(), rg, ig);
+                }),
+                r.max_seq_rows > 1 ? 2u : 1u)
+          << what;
+      cpu().kv_norm_write_batch(ckv.c.data(), kw.c.data(), 1e-5f, rc, kc);
+      cpu().indexer_norm_store_batch(k_pre.c.data(), lw.c.data(), lb.c.data(), 1e-6f, gate.c.data(),
+                                     ape.c.data(), rc, ic);
+
+      std::vector<uint8_t> lat_mask(data.c.size() / elem, 0), k_mask(rows_all * D, 0);
+      std::vector<uint8_t> key_mask(static_cast<size_t>(slots) * mp * D, 0);
+      size_t completed = 0;
+      for (int b = 0; b < R; ++b) {
+        const int32_t sb = r.slot[static_cast<size_t>(b)];
+        if (sb < 0) continue;
+        const int32_t p = r.pos[static_cast<size_t>(b)];
+        std::fill_n(lat_mask.begin() + static_cast<ptrdiff_t>(phys(sb, p) * L), L, 1);
+        std::fill_n(k_mask.begin() + static_cast<ptrdiff_t>((static_cast<size_t>(sb) * capacity + p) * D), D,
+                    1);
+        if (p % P == P - 1) {
+          std::fill_n(key_mask.begin() + static_cast<ptrdiff_t>((static_cast<size_t>(sb) * mp + p / P) * D),
+                      D, 1);
+          ++completed;
+        }
+      }
+      const auto glat = data.from_gpu(), clat = data.from_cpu();
+      if (dtype == KvDtype::bf16) {
+        std::vector<bf16> g16(glat.size() / 2), c16(clat.size() / 2);
+        std::memcpy(g16.data(), glat.data(), glat.size());
+        std::memcpy(c16.data(), clat.data(), clat.size());
+        expect_bf16_written(g16, c16, lat_mask, what + ", kv_norm_write_batch latent rows");
+      } else {
+        expect_fp8_codes_close(masked(glat, lat_mask), masked(clat, lat_mask),
+                               what + ", kv_norm_write_batch latent codes");
+        expect_outside_unchanged(glat, clat, lat_mask, what + ", kv_norm_write_batch latent codes");
+      }
+      const auto gk = k_cache.from_gpu();
+      const auto ggate = gate_cache.from_gpu();
+      const auto gvalid = valid.from_gpu();
+      const auto gkeys = pool_keys.from_gpu(), ckeys = pool_keys.from_cpu();
+      expect_bf16_written(gk, k_cache.from_cpu(), k_mask, what + ", indexer_norm_store_batch k rows");
+      expect_bytes_equal(ggate, gate_cache.from_cpu(), what + ", indexer_norm_store_batch gate rows");
+      expect_bytes_equal(gvalid, valid.from_cpu(), what + ", indexer_norm_store_batch valid flags");
+      expect_f32_close(masked(gkeys, key_mask), masked(ckeys, key_mask),
+                       what + ", indexer_norm_store_batch pool keys vs cpu", 1.0 / 128, 1.0 / 256);
+      expect_outside_unchanged(gkeys, ckeys, key_mask, what + ", indexer_norm_store_batch pool keys");
+      // The completed pools' keys against double arithmetic on the GPU's own cached rows: a key
+      // computed before all its rows were stored (the rows of the batch) fails here.
+      size_t bad = 0, checked = 0;
+      for (int b = 0; b < R; ++b) {
+        const int32_t sb = r.slot[static_cast<size_t>(b)], p = r.pos[static_cast<size_t>(b)];
+        if (sb < 0 || p % P != P - 1) continue;
+        const size_t first = static_cast<size_t>(sb) * capacity + static_cast<size_t>(p / P) * P;
+        for (int c = 0; c < D; ++c) {
+          std::vector<double> lg(static_cast<size_t>(P));
+          double mx = -INFINITY;
+          for (int m = 0; m < P; ++m) {
+            lg[static_cast<size_t>(m)] =
+                static_cast<double>(ggate[(first + m) * D + c]) + ape_h[static_cast<size_t>(m) * D + c];
+            mx = std::max(mx, lg[static_cast<size_t>(m)]);
+          }
+          double den = 0, ref = 0, mag = 0;
+          for (int m = 0; m < P; ++m) den += std::exp(lg[static_cast<size_t>(m)] - mx);
+          for (int m = 0; m < P; ++m) {
+            const double term =
+                std::exp(lg[static_cast<size_t>(m)] - mx) / den * to_float(gk[(first + m) * D + c]);
+            ref += term;
+            mag += std::fabs(term);
+          }
+          const double got = gkeys[(static_cast<size_t>(sb) * mp + p / P) * D + c];
+          bad += !(std::fabs(got - ref) <= 1e-5 * mag + 1e-30);
+          ++checked;
+        }
+      }
+      EXPECT_EQ(checked, completed * D) << what;
+      EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << checked
+                         << " pool key values off the GPU's own rows; " << seed_note();
+
+      // The reads, on identical caches: the GPU's, copied to the CPU.
+      data.set(glat);
+      k_cache.set(gk);
+      gate_cache.set(ggate);
+      valid.set(gvalid);
+      pool_keys.set(gkeys);
+      Twin<float> q(rng.floats(static_cast<size_t>(R) * nI * D, -1.0f, 1.0f));
+      std::vector<float> w_h = rng.floats(static_cast<size_t>(R) * nI, -1.0f, 1.0f);
+      for (auto& v : w_h) v /= std::sqrt(static_cast<float>(nI));
+      Twin<float> qw(w_h);
+      auto scores = out_twin<float>(static_cast<size_t>(R) * mp);
+      EXPECT_EQ(kernels_of([&] {
+                  gpu().indexer_scores_batch(q.g.data(), qw.g.data(), rg, ig, scores.g.data(), nI);
+                }),
+                1u)
+          << what;
+      // The reads write no cache: the CPU reference on every core.
+      auto sub = [&](int b0, int b1) {
+        return RowBatch{sl.c.data() + b0, pos.c.data() + b0, b1 - b0, r.max_seq_rows};
+      };
+      on_cpu_rows(R, [&](Backend& be, int b0, int b1) {
+        be.indexer_scores_batch(q.c.data() + static_cast<size_t>(b0) * nI * D,
+                                qw.c.data() + static_cast<size_t>(b0) * nI, sub(b0, b1), ic,
+                                scores.c.data() + static_cast<size_t>(b0) * mp, nI);
+      });
+      const auto score_mask = row_mask(R, mp, mp, &r.slot);
+      const auto gs = scores.from_gpu(), cs = scores.from_cpu();
+      expect_f32_with_inf(masked(gs, score_mask), masked(cs, score_mask), what + ", indexer_scores_batch",
+                          1e-5, 1e-5);
+      expect_outside_unchanged(gs, cs, score_mask, what + ", indexer_scores_batch");
+
+      // The selection, both backends on the CPU's scores (exact), ties made common in half the rows.
+      std::vector<float> sc = cs;
+      for (int b = 0; b < R; b += 2)
+        for (int j = 0; j < mp; ++j) {
+          float& v = sc[static_cast<size_t>(b) * mp + j];
+          if (std::isfinite(v)) v = std::floor(v * 4.0f) / 4.0f;
+        }
+      Twin<float> sct(sc);
+      auto sel = out_twin<int32_t>(static_cast<size_t>(R) * width);
+      EXPECT_EQ(kernels_of([&] { gpu().indexer_select_batch(sct.g.data(), rg, sel.g.data(), K, P, mp); }), 1u)
+          << what;
+      on_cpu_rows(R, [&](Backend& be, int b0, int b1) {
+        be.indexer_select_batch(sct.c.data() + static_cast<size_t>(b0) * mp, sub(b0, b1),
+                                sel.c.data() + static_cast<size_t>(b0) * width, K, P, mp);
+      });
+      const auto csel = sel.from_cpu();
+      expect_bytes_equal(sel.from_gpu(), csel, what + ", indexer_select_batch");
+
+      // The decode over the CPU's selection (a padded row's is poison: a read would fault).
+      Twin<int32_t> selc(csel);
+      Twin<bf16> q_abs(rng.bf16s(static_cast<size_t>(R) * nh * L, -1.0f, 1.0f));
+      const size_t row = static_cast<size_t>(nh) * L;
+      auto o = out_twin<bf16>(static_cast<size_t>(R) * row);
+      EXPECT_LE(kernels_of([&] {
+                  gpu().mla_decode_batch(q_abs.g.data(), selc.g.data(), width, rg, kg, o.g.data(), nh,
+                                         softmax_scale);
+                }),
+                2u)
+          << what;
+      on_cpu_rows(R, [&](Backend& be, int b0, int b1) {
+        be.mla_decode_batch(q_abs.c.data() + b0 * row, selc.c.data() + static_cast<size_t>(b0) * width, width,
+                            sub(b0, b1), kc, o.c.data() + b0 * row, nh, softmax_scale);
+      });
+      expect_bf16_written(o.from_gpu(), o.from_cpu(), row_mask(R, row, row, &r.slot),
+                          what + ", mla_decode_batch");
     }
   }
 }
@@ -1372,12 +1699,12 @@ TEST_P(GpuBatch, MoeRoute) {
       auto idx = out_twin<int32_t>(static_cast<size_t>(B) * k);
       auto wts = out_twin<float>(static_cast<size_t>(B) * k);
       EXPECT_EQ(kernels_of([&] {
-                  gpu().moe_route_batch(logits.g.data(), bias.g.data(), sl.g.data(), B, E, k, groups,
-                                        topk_group, 2.5f, idx.g.data(), wts.g.data());
+                  gpu().moe_route_batch(logits.g.data(), bias.g.data(), RowBatch{sl.g.data(), nullptr, B}, E,
+                                        k, groups, topk_group, 2.5f, idx.g.data(), wts.g.data());
                 }),
                 1u);
-      cpu().moe_route_batch(logits.c.data(), bias.c.data(), sl.c.data(), B, E, k, groups, topk_group, 2.5f,
-                            idx.c.data(), wts.c.data());
+      cpu().moe_route_batch(logits.c.data(), bias.c.data(), RowBatch{sl.c.data(), nullptr, B}, E, k, groups,
+                            topk_group, 2.5f, idx.c.data(), wts.c.data());
       const auto gi = idx.from_gpu(), ci = idx.from_cpu();
       const auto gw = wts.from_gpu(), cw = wts.from_cpu();
       const auto mask = row_mask(B, k, k, &slots_h);
@@ -1482,7 +1809,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
       on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
         be.moe_experts_grouped(
             x.c.data() + static_cast<size_t>(b0) * H, wc, idx.c.data() + static_cast<size_t>(b0) * k,
-            wts.c.data() + static_cast<size_t>(b0) * k, sl.c.data() + b0, b1 - b0, k,
+            wts.c.data() + static_cast<size_t>(b0) * k, RowBatch{sl.c.data() + b0, nullptr, b1 - b0}, k,
             c.shared ? &shc : nullptr, c.limit, cpu_out.c.data() + static_cast<size_t>(b0) * H);
       });
       const auto mask = row_mask(B, H, H, &slots_h);
@@ -1499,8 +1826,9 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         gpu().set_kernel_policy(policy);
         auto out = out_twin<float>(static_cast<size_t>(B) * H);
         EXPECT_EQ(kernels_of([&] {
-                    gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(), sl.g.data(), B, k,
-                                              c.shared ? &shg : nullptr, c.limit, out.g.data());
+                    gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
+                                              RowBatch{sl.g.data(), nullptr, B}, k, c.shared ? &shg : nullptr,
+                                              c.limit, out.g.data());
                   }),
                   2u)
             << pwhat;
@@ -1544,10 +1872,10 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         for (const int r : {0, B / 2, B - 1}) {
           if (slots_h[static_cast<size_t>(r)] < 0) continue;
           auto one = out_twin<float>(static_cast<size_t>(H));
-          gpu().moe_experts_grouped(x.g.data() + static_cast<size_t>(r) * H, wg,
-                                    idx.g.data() + static_cast<size_t>(r) * k,
-                                    wts.g.data() + static_cast<size_t>(r) * k, sl.g.data() + r, 1, k,
-                                    c.shared ? &shg : nullptr, c.limit, one.g.data());
+          gpu().moe_experts_grouped(
+              x.g.data() + static_cast<size_t>(r) * H, wg, idx.g.data() + static_cast<size_t>(r) * k,
+              wts.g.data() + static_cast<size_t>(r) * k, RowBatch{sl.g.data() + r, nullptr, 1}, k,
+              c.shared ? &shg : nullptr, c.limit, one.g.data());
           expect_bytes_equal(one.from_gpu(), got_row(got, r, H), pwhat + ", row " + std::to_string(r) + " alone");
         }
       }
@@ -1846,22 +2174,22 @@ TEST(GpuBatchPadding, AllRowsPaddedWriteNothing) {
     KernelPolicy policy = before;
     policy.moe_pipeline = pipe;
     gpu().set_kernel_policy(policy);
-    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), none.g.data(), B, k, &w, 10.0f,
-                              out.g.data());
+    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), RowBatch{none.g.data(), nullptr, B},
+                              k, &w, 10.0f, out.g.data());
     expect_bytes_equal(out.from_gpu(), out.from_cpu(),
                        std::string("grouped experts, every row padded, moe_pipeline ") + to_string(pipe));
   }
   gpu().set_kernel_policy(before);
-  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), none.g.data(), B, V, H, 0, nullptr, 0,
-                          head.g.data());
+  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{none.g.data(), nullptr, B}, V, H,
+                          0, nullptr, 0, head.g.data());
   expect_bytes_equal(head.from_gpu(), head.from_cpu(), "head, every row padded");
   // The head's scratch is left clean: a live call after it picks the right rows.
   Twin<int32_t> live(std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
   auto head2 = out_twin<ArgMax>(B);
-  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), live.g.data(), B, V, H, 0, nullptr, 0,
-                          head2.g.data());
-  cpu().head_argmax_batch(W.c.data(), nullptr, nullptr, x.c.data(), live.c.data(), B, V, H, 0, nullptr, 0,
-                          head2.c.data());
+  gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{live.g.data(), nullptr, B}, V, H,
+                          0, nullptr, 0, head2.g.data());
+  cpu().head_argmax_batch(W.c.data(), nullptr, nullptr, x.c.data(), RowBatch{live.c.data(), nullptr, B}, V, H,
+                          0, nullptr, 0, head2.c.data());
   size_t differ = 0;
   for (int b = 0; b < B; ++b)
     differ +=
@@ -1876,15 +2204,15 @@ TEST(GpuBatchPadding, AllRowsPaddedWriteNothing) {
     Twin<float> sc(rng.floats(static_cast<size_t>(V), 0.5f / 448, 1.5f / 448));
     auto logits = out_twin<bf16>(static_cast<size_t>(B4) * V);
     auto h = out_twin<ArgMax>(B4);
-    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(), none.g.data(), B4, V, H, 0,
-                            logits.g.data(), V, h.g.data());
+    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(),
+                            RowBatch{none.g.data(), nullptr, B4}, V, H, 0, logits.g.data(), V, h.g.data());
     expect_bytes_equal(h.from_gpu(), h.from_cpu(), "FP8 gemv head, every row padded: pairs");
     expect_bytes_equal(logits.from_gpu(), logits.from_cpu(), "FP8 gemv head, every row padded: logits");
     auto h2 = out_twin<ArgMax>(B4);
-    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(), live.g.data(), B4, V, H, 0,
-                            nullptr, 0, h2.g.data());
-    cpu().head_argmax_batch(nullptr, W8.c.data(), sc.c.data(), x.c.data(), live.c.data(), B4, V, H, 0,
-                            nullptr, 0, h2.c.data());
+    gpu().head_argmax_batch(nullptr, W8.g.data(), sc.g.data(), x.g.data(),
+                            RowBatch{live.g.data(), nullptr, B4}, V, H, 0, nullptr, 0, h2.g.data());
+    cpu().head_argmax_batch(nullptr, W8.c.data(), sc.c.data(), x.c.data(),
+                            RowBatch{live.c.data(), nullptr, B4}, V, H, 0, nullptr, 0, h2.c.data());
     size_t differ4 = 0;
     for (int b = 0; b < B4; ++b)
       differ4 += h2.from_gpu()[static_cast<size_t>(b)].index != h2.from_cpu()[static_cast<size_t>(b)].index;
@@ -1905,8 +2233,9 @@ TEST(GpuBatchHead, Fp8GemvGraphReplayMatchesEager) {
   Twin<int32_t> slots(std::vector<int32_t>{2, 0, 3, 1});
   PolicyScope scope([](KernelPolicy& p) { p.head_gemm = HeadGemm::gemv; });
   auto head = [&](const Twin<bf16>& in, int rows, Twin<bf16>& logits, Twin<ArgMax>& out) {
-    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), in.g.data(), slots.g.data(), rows, n, k, 0,
-                            logits.g.data(), n, out.g.data());
+    gpu().head_argmax_batch(nullptr, W.g.data(), scale.g.data(), in.g.data(),
+                            RowBatch{slots.g.data(), nullptr, rows}, n, k, 0, logits.g.data(), n,
+                            out.g.data());
   };
   auto small_l = out_twin<bf16>(static_cast<size_t>(2) * n);
   auto small_o = out_twin<ArgMax>(2);
@@ -1960,9 +2289,12 @@ TEST_P(GpuBatch, GraphReplayMatchesEager) {
   auto out = out_twin<ArgMax>(B), out_g = out_twin<ArgMax>(B);
   auto moe = out_twin<float>(static_cast<size_t>(B) * H), moe_g = out_twin<float>(static_cast<size_t>(B) * H);
   auto step = [&](ArgMax* o, float* m) {
-    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), sl.g.data(), B, V, H, 0, nullptr, 0, o);
-    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), sl.g.data(), B, k, &w, 10.0f, m);
-    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), sl.g.data(), B, V, H, 0, nullptr, 0, o);
+    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{sl.g.data(), nullptr, B}, V, H,
+                            0, nullptr, 0, o);
+    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), RowBatch{sl.g.data(), nullptr, B}, k,
+                              &w, 10.0f, m);
+    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{sl.g.data(), nullptr, B}, V, H,
+                            0, nullptr, 0, o);
   };
   step(out.g.data(), moe.g.data());  // eager, sizes the scratch
   gpu().begin_capture();
