@@ -12,8 +12,8 @@
 #   step TEXT                    a heading on stdout, with the seconds since the start
 #   run NAME SECONDS CMD...      CMD under `timeout SECONDS`, stdout and stderr to $LOG/NAME.log;
 #                                prints "NAME rc=N"; a non-zero rc sets dev_status=1 and returns it.
-#                                TIMEOUT_SIGNAL=TERM in the environment stops CMD with SIGTERM
-#                                (an experiment keeps the points it finished).
+#                                At SECONDS CMD gets SIGTERM (an experiment keeps the points it
+#                                finished), 30 s later SIGKILL; TIMEOUT_SIGNAL picks another.
 #   gpu_build [TARGET...]        configure the `gpu` preset (build-gpu/) and build the targets
 #                                (everything when none); BUILD=0 skips it (use the build there)
 #   gpu_guard                    exit 3 when GPU=text is set and the first GPU's name lacks it
@@ -51,7 +51,7 @@ run() {
     echo "  [dry run] timeout $secs $* >$LOG/$name.log"
     return 0
   fi
-  timeout -s "${TIMEOUT_SIGNAL:-KILL}" -k 30 "$secs" "$@" >"$LOG/$name.log" 2>&1
+  timeout -s "${TIMEOUT_SIGNAL:-TERM}" -k 30 "$secs" "$@" >"$LOG/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc"
   ((rc == 0)) || dev_status=1

@@ -12,8 +12,6 @@
 # The tables worth reading are copied from $OUT/logs to $OUT/*.txt. scripts/device/README.md
 # gives the task lists that reproduce each figure of docs/performance.md.
 set -uo pipefail
-# shellcheck source=scripts/device/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 tasks_help() {
   cat <<'EOF'
@@ -64,6 +62,9 @@ if [[ ${1:-} == --list || ${1:-} == -h || ${1:-} == --help || $# -eq 0 ]]; then
   (($#)) || exit 2
   exit 0
 fi
+
+# shellcheck source=scripts/device/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # The CMake targets a task runs ("all": the whole build).
 targets_of() {
@@ -374,7 +375,7 @@ run_exp() {
   ((n > 1)) && launch=(mpirun -np "$n" --oversubscribe --bind-to none "$BIN/mtplab")
   local visible=()
   ((n == 1)) && visible=(env CUDA_VISIBLE_DEVICES=0)
-  TIMEOUT_SIGNAL=TERM run "$logname" "${EXP_S:-600}" "${visible[@]}" "${launch[@]}" run "experiments/$name.yaml" \
+  run "$logname" "${EXP_S:-600}" "${visible[@]}" "${launch[@]}" run "experiments/$name.yaml" \
     --out "$h5" "$@"
   dry || grep -vE "^\s*$" "$LOG/$logname.log" | tail -30 | cut -c1-220
 }
