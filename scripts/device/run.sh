@@ -153,6 +153,7 @@ task_bench_step() {
     dev_status=1
     return
   fi
+  # The cuda preset with the gpu preset's settings: an earlier tree may predate the gpu preset.
   (cd .base && run base_configure 300 cmake --preset cuda -B build-base -DMTPLAB_WERROR=OFF -DMTPLAB_TESTS=OFF &&
     run base_build 600 cmake --build build-base -j "$(nproc)" --target mtplab_bench_step)
   local i who bin
