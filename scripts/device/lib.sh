@@ -1,4 +1,5 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
+# (SC2034: the variables set here are read by the scripts that source this file.)
 # Sourced by scripts/device/run.sh and scripts/device/train_mini.sh: what every GPU-node script
 # needs, written once. Not meant to be run on its own.
 #

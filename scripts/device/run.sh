@@ -123,7 +123,7 @@ task_test() {
     step "compute-sanitizer"
     local tool
     for tool in memcheck racecheck; do
-      CUDA_VISIBLE_DEVICES=0 run "sanitizer_$tool" 300 compute-sanitizer --tool $tool --error-exitcode 9 \
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
         "$TESTS_BIN/test_ops_gpu" \
         --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
@@ -205,6 +205,7 @@ task_bench_verify() {
     echo "no mtplab_bench_verify in this tree: skipped"
     return
   fi
+  # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=0 run bench_verify 300 "$BIN/mtplab_bench_verify" ${VERIFY_ARGS:-} --out "$LOG/verify"
   keep bench_verify
   dry || tail -20 "$LOG/bench_verify.log"
