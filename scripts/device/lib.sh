@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034
 # (SC2034: the variables set here are read by the scripts that source this file.)
-# Sourced by scripts/device/run.sh and scripts/device/train_mini.sh: what every GPU-node script
+# Sourced by scripts/device/run.sh: what every GPU-node script
 # needs, written once. Not meant to be run on its own.
 #
 # Sets: dev_root (the repository root, also the working directory), OUT (every output goes under
