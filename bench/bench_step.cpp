@@ -20,7 +20,7 @@
 // the head, and B x (selected latent rows + pool keys). Writes DIR/bench_step_batch.csv.
 // --router-bias-scale S multiplies the synthetic router bias (std 0.05) by S: the bias's spread
 // sets how many distinct experts a batch routes to (0.2, std 0.01, routes as the PyTorch peer
-// does: docs/performance.md, session 17). The CSV's first line records S.
+// does: docs/performance.md, "Method"). The CSV's first line records S.
 //
 // --heads / --graphs pick a subset of the four drafters. --profile turns the CUDA profiler on
 // (cudaProfilerStart) only around the timed steps, so `ncu --profile-from-start off` sees the

@@ -2,7 +2,8 @@
 # Sourced by quickstart.sh and test.sh: the shared steps (install what is missing, configure with
 # a CMake preset using Ninja, build with every core). Not meant to be run on its own.
 # Invariants: runs from the repository root; every step stops the script on failure (set -e in
-# the caller); the preset decides the build directory (build/ for default, cpu, cuda, ci).
+# the caller); the preset decides the build directory (build/ for default, cpu, cuda; build-ci/
+# for ci), and the build directory records which preset configured it (.mtplab-preset).
 
 mtplab_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$mtplab_root" || exit 1
@@ -30,9 +31,19 @@ install_deps() {
   scripts/install-deps.sh
 }
 
-# Configures with Ninja the first time; an existing build directory keeps its generator.
+# The preset that configured a build directory, as configure_and_build recorded it (empty when
+# none did): test.sh builds and tests in the tree quickstart.sh left, whatever its preset.
+recorded_preset() {
+  local dir
+  dir=$(preset_binary_dir "${1:-default}")
+  cat "$dir/.mtplab-preset" 2>/dev/null || true
+}
+
+# configure_and_build PRESET [TARGET...]: configures with Ninja the first time (an existing build
+# directory keeps its generator), then builds the targets (everything when none are named).
 configure_and_build() {
   local preset=$1 dir
+  shift
   dir=$(preset_binary_dir "$preset")
   step "configure (preset $preset, $dir/)"
   if [[ -f "$dir/CMakeCache.txt" ]]; then
@@ -40,8 +51,11 @@ configure_and_build() {
   else
     cmake --preset "$preset" -G Ninja
   fi
-  step "build ($mtplab_jobs jobs)"
-  cmake --build --preset "$preset" -j "$mtplab_jobs"
+  echo "$preset" >"$dir/.mtplab-preset"
+  local targets=()
+  (($#)) && targets=(--target "$@")
+  step "build (${*:-everything}, $mtplab_jobs jobs)"
+  cmake --build --preset "$preset" -j "$mtplab_jobs" "${targets[@]}"
 }
 
 # mpirun with what a laptop or a container needs: more ranks than cores, no pinning, and the

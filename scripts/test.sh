@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the missing system packages, builds, and runs every test with ctest. GPU tests skip
 # (exit 77) without a GPU; Slurm tests skip unless root with Slurm installed. CI runs exactly this
-# with CI=true, which selects the `ci` preset (warnings are errors).
+# with CI=true, which selects the `ci` preset (warnings are errors). Without CI or MTPLAB_PRESET it
+# builds in the tree quickstart.sh configured (build/, preset `cpu`), or with `default` when none.
 #
 #   scripts/test.sh                 all tests
 #   scripts/test.sh -L unit         extra arguments go to ctest (-L mpi, -R name, ...)
@@ -9,10 +10,15 @@ set -euo pipefail
 # shellcheck source=scripts/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-if [[ "${CI:-}" == "true" ]]; then
-  preset=${MTPLAB_PRESET:-ci}
+# The preset: MTPLAB_PRESET; else `ci` under CI; else the one that configured build/ (so that the
+# build quickstart.sh made is reused, not reconfigured); else `default`.
+if [[ -n "${MTPLAB_PRESET:-}" ]]; then
+  preset=$MTPLAB_PRESET
+elif [[ "${CI:-}" == "true" ]]; then
+  preset=ci
 else
-  preset=${MTPLAB_PRESET:-default}
+  preset=$(recorded_preset default)
+  preset=${preset:-default}
 fi
 
 install_deps

@@ -1,7 +1,7 @@
 """The batch-scaling table: mtplab's batched draft step (mtplab_bench_step --batch's CSV) next to
 the strong PyTorch peer's (its JSON: the whole step in one CUDA graph, torch._grouped_mm MoE, the
 absorbed MLA decode over the indexer's selection, head GEMM + argmax), both measured in the same
-device call. Per head and B: step us, per-sequence us, mtplab's byte floor and x floor, the peer's
+run on the same GPU. Per head and B: step us, per-sequence us, mtplab's byte floor and x floor, the peer's
 step, and how many times faster mtplab is (peer / mtplab).
 
 The two route with their own random weights, so a step of theirs need not touch the same number of

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call that makes data/trained-mini/ (docs/trained-mini.md) on one H200, every phase
+# Makes data/trained-mini/ (docs/trained-mini.md) on one H200, every phase
 # under one wall-clock budget (WALL, default 570 s):
 #   train   tools/train_tiny/train_tiny.py at configs/mini.yaml: the corpus (every .py, and the .md /
 #           .rst / .txt files, under this machine's Python stdlib and site-packages, capped), the
@@ -10,9 +10,9 @@
 #           sampling-verification oracle;
 #   pack    $OUT/trained-mini/model.safetensors and $OUT/trained-mini/files.tar (every other file
 #           of the data folder), $OUT/summary.txt (the figures, sizes and phase times) and
-#           $OUT/train_mini.log (everything printed). At most 8 files come back from a device
-#           call, hence the tar: `tar -xf files.tar -C data/trained-mini` restores the folder.
-#   check   (CHECK=1, the default with SMOKE=1; only when time is left) builds build-gpu/ (cuda
+#           $OUT/train_mini.log (everything printed). Few files, so that they are easy to copy
+#           back: `tar -xf files.tar -C data/trained-mini` restores the folder.
+#   check   (CHECK=1, the default with SMOKE=1; only when time is left) builds build-gpu/ (gpu
 #           preset) with the data copied to data/trained-mini/ of this tree, runs the CPU drafter
 #           tests against the oracle (test_trained_mini, test_trained_mini_sampling) and
 #           experiments/trained-mini.yaml on the CUDA backend (k = 1 and 3, one point each);
@@ -149,8 +149,8 @@ if [ "$CHECK" = 1 ] && [ $status = 0 ] && [ "$(left)" -gt 150 ]; then
   # single flipped draft moves a figure by about 0.5 point and the "not vacuous" floors fail, so
   # there their result is reported, not counted.
   {
-    timeout 60 cmake --preset cuda -B build-gpu -G Ninja -DMTPLAB_WERROR=OFF &&
-      timeout $(($(left) - 60)) cmake --build build-gpu -j 16 --target mtplab test_trained_mini test_trained_mini_sampling
+    timeout 60 cmake --preset gpu &&
+      timeout $(($(left) - 60)) cmake --build --preset gpu -j "$(nproc)" --target mtplab test_trained_mini test_trained_mini_sampling
   } >"$OUT/check.log" 2>&1
   rc=$?
   if [ $rc = 0 ]; then

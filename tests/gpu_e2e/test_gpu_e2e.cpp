@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
   return e2e::gpu_test_main(
       argc, argv, g_gpu, "the end-to-end GPU tests need one", nullptr, [](ops::Backend& gpu) {
         // The default kernel policy with the environment's MTPLAB_* overrides (MTPLAB_CUDA_PDL=0 in
-        // scripts/device/validate.sh's run without programmatic launch).
+        // scripts/device/run.sh test's run without programmatic launch).
         std::vector<std::string> overridden;
         gpu.set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
         std::printf("end-to-end GPU tests on %s, kernel policy %s%s%s\n", gpu.device_name().c_str(),

@@ -170,12 +170,12 @@ PY
     ;;
   teacher)
     out=$work/t.h5
-    tiny=$src/experiments/quickstart.yaml
+    tiny=$src/experiments/trained-tiny.yaml
     [[ -f $src/data/trained-tiny/meta.json ]] || { echo "SKIPPED: no data/trained-tiny"; exit 77; }
     cd "$src" || exit 1  # the experiment names its model, weights and trace relative to the repository root
     # 8 points: replay x head_fp8 x batch_size, the head vocab-sharded over the 2 ranks (the stats'
     # cross-rank combine), 3 sequences of the trained tiny trace.
-    teach=(--set measure.sequences=3 --set measure.warmup_steps=1 --set 'sweep.grid.skip=[none]'
+    teach=(--set measure.sequences=3 --set measure.warmup_steps=1 --set 'sweep.grid.draft_len=[3]' --set 'sweep.grid.skip=[none]'
            --set 'sweep.grid.context_rows=[cache_only]' --set 'sweep.grid.head_sharding=[vocab]'
            --set 'sweep.grid.replay=[speculative,teacher_forced]' --set 'sweep.grid.batch_size=[1,3]')
     "${launch[@]}" run "$tiny" "${teach[@]}" --out "$out" >"$work/run.log" 2>&1 ||

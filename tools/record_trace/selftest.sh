@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The recorder end to end, in one call on a machine with torch + transformers (the GPU machine):
+# The recorder end to end, in one run on a machine with torch + transformers (the GPU machine):
 #   1. build mtplab (cpu preset, the mtplab target only) in the background;
 #   2. make_tiny_glm5.py: a tiny random glm5_next checkpoint saved by transformers, plus the MTP
 #      layer's tensors under the names its config implies;
