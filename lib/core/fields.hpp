@@ -8,6 +8,7 @@
 // index of the alternative, so a table row's type cannot disagree with its member.
 #pragma once
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <variant>
 
@@ -64,9 +65,15 @@ struct FieldRange {
 template <class Owner>
 void read_field(Owner& o, const FieldMember<Owner>& m, const FieldRange& range, const YamlNode& n) {
   switch (field_type(m)) {
-    case FieldType::integer: int_field(o, m) = static_cast<int>(n.as_int(range.min, range.max)); break;
-    case FieldType::real: real_field(o, m) = static_cast<float>(n.as_double(range.real_min, range.real_max)); break;
-    case FieldType::text: text_field(o, m) = n.as_string(); break;
+    case FieldType::integer:
+      int_field(o, m) = static_cast<int>(n.as_int(range.min, range.max));
+      break;
+    case FieldType::real:
+      real_field(o, m) = static_cast<float>(n.as_double(range.real_min, range.real_max));
+      break;
+    case FieldType::text:
+      text_field(o, m) = n.as_string();
+      break;
   }
 }
 
@@ -75,14 +82,16 @@ void read_field(Owner& o, const FieldMember<Owner>& m, const FieldRange& range, 
 template <class Owner>
 std::string field_text(const Owner& o, const FieldMember<Owner>& m, int real_digits = 0) {
   switch (field_type(m)) {
-    case FieldType::integer: return str(int_field(o, m));
+    case FieldType::integer:
+      return str(int_field(o, m));
     case FieldType::real: {
       std::ostringstream os;
       if (real_digits > 0) os.precision(real_digits);
       os << real_field(o, m);
       return os.str();
     }
-    case FieldType::text: return text_field(o, m);
+    case FieldType::text:
+      return text_field(o, m);
   }
   return "";
 }

@@ -71,7 +71,8 @@ void read_fields(MapReader& map, ModelConfig& c, const std::string& prefix) {
   for (const ModelField& f : model_fields()) {
     if (!f.key) continue;
     const std::string key = f.key;
-    if (key.compare(0, prefix.size(), prefix) != 0 || key.find('.', prefix.size()) != std::string::npos) continue;
+    if (key.compare(0, prefix.size(), prefix) != 0 || key.find('.', prefix.size()) != std::string::npos)
+      continue;
     const std::string sub = key.substr(prefix.size());
     const std::optional<YamlNode> n = f.required ? std::optional<YamlNode>(map.req(sub)) : map.opt(sub);
     if (!n) {

@@ -49,19 +49,22 @@ struct HfField {
   const char* note = nullptr;
 };
 
+/// One row of the table. Rows are written with designated initialisers; a member left out takes
+/// the default below.
 struct ModelField {
-  const char* name;  ///< the member's name; its key in the canonical (identity) text when in_identity
+  const char* name = "";  ///< the member's name; its key in the canonical (identity) text
   /// The preset key path ("hidden", "checkpoint.lm_head"); nullptr: derived, not read from a preset.
-  const char* key;
-  FieldMember<ModelConfig> member;
-  bool required;          ///< in a preset
-  FieldRange range;       ///< of a preset's (and a config.json's) value
-  std::optional<double> absent;  ///< an optional preset key left out: this value (else the member's default)
-  bool in_identity;       ///< written in an experiment's resolved model (the point identity)
-  FieldCheck check;
-  const char* check_note;  ///< appended to the check's message (zero: the reason)
-  HfField hf;
-  const char* doc;
+  const char* key = nullptr;
+  FieldMember<ModelConfig> member{};
+  bool required = false;  ///< in a preset
+  FieldRange range{};     ///< of a preset's (and a config.json's) value
+  /// An optional preset key left out: this value (nullopt: the member's default).
+  std::optional<double> absent = std::nullopt;
+  bool in_identity = true;  ///< written in an experiment's resolved model (the point identity)
+  FieldCheck check = FieldCheck::none;
+  const char* check_note = nullptr;  ///< appended to the check's message (zero: the reason)
+  HfField hf{};
+  const char* doc = "";
 
   /// The key validate() blames and names: the preset key, else the member's name.
   const char* label() const { return key ? key : name; }

@@ -254,7 +254,8 @@ void read_hf_field(Fields& text, ModelConfig& c, const ModelField& f) {
           text.note(f.key, *named);
           read_field(c, f.member, f.range, *named);
           if (alias && !alias->is_null() && alias->as_int() != int_field(c, f.member))
-            alias->fail(str("value ", value_text(*alias), " disagrees with ", h.key, " ", int_field(c, f.member)));
+            alias->fail(
+                str("value ", value_text(*alias), " disagrees with ", h.key, " ", int_field(c, f.member)));
         } else if (alias && !alias->is_null()) {
           text.note(f.key, *alias);
           read_field(c, f.member, f.range, *alias);

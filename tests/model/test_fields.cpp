@@ -101,9 +101,15 @@ TEST(ModelFields, RowsSetTheMembersTheyName) {
   int next = 101;
   for (const ModelField& f : model_fields()) {
     switch (f.type()) {
-      case FieldType::integer: int_field(walked, f.member) = next; break;
-      case FieldType::real: real_field(walked, f.member) = static_cast<float>(next) + 0.5f; break;
-      case FieldType::text: text_field(walked, f.member) = std::string("text-") + f.name; break;
+      case FieldType::integer:
+        int_field(walked, f.member) = next;
+        break;
+      case FieldType::real:
+        real_field(walked, f.member) = static_cast<float>(next) + 0.5f;
+        break;
+      case FieldType::text:
+        text_field(walked, f.member) = std::string("text-") + f.name;
+        break;
     }
     ++next;
   }
@@ -169,7 +175,8 @@ TEST(ModelFields, ShippedModelFilesRoundTrip) {
     // Every preset key is written (the index only where the prefix does not name it).
     for (const ModelField& f : model_fields()) {
       if (!f.key || std::string(f.name) == "mtp_layer_index") continue;
-      EXPECT_NE(text.find(std::string(f.key).substr(std::string(f.key).rfind('.') + 1) + ":"), std::string::npos)
+      EXPECT_NE(text.find(std::string(f.key).substr(std::string(f.key).rfind('.') + 1) + ":"),
+                std::string::npos)
           << f.key;
     }
   }

@@ -78,16 +78,18 @@ void check_against_meta(const model::ModelConfig& c, const YamlNode& meta, Refer
     const YamlNode theirs = tc.req(f.hf.key);
     if (f.type() == FieldType::integer) {
       const int64_t mine = int_field(c, f.member);
-      MTP_REQUIRE(theirs.as_int() == mine, theirs.where(), ": meta.json transformers_config.", f.hf.key, " is ",
-                  theirs.as_int(), " but ", c.source, " has ", f.name, " ", mine);
+      MTP_REQUIRE(theirs.as_int() == mine, theirs.where(), ": meta.json transformers_config.", f.hf.key,
+                  " is ", theirs.as_int(), " but ", c.source, " has ", f.name, " ", mine);
     } else {
       const double mine = real_field(c, f.member), t = theirs.as_double();
-      MTP_REQUIRE(std::fabs(t - mine) <= 1e-6 * std::fabs(t), theirs.where(), ": meta.json transformers_config.",
-                  f.hf.key, " is ", t, " but ", c.source, " has ", f.name, " ", mine);
+      MTP_REQUIRE(std::fabs(t - mine) <= 1e-6 * std::fabs(t), theirs.where(),
+                  ": meta.json transformers_config.", f.hf.key, " is ", t, " but ", c.source, " has ", f.name,
+                  " ", mine);
     }
   }
-  MTP_REQUIRE(meta_int(m, "mtp_layer") == c.mtp_layer_index, m.node().where(), ": meta.json config.mtp_layer is ",
-              meta_int(m, "mtp_layer"), " but ", c.source, " has ", c.mtp_layer_index);
+  MTP_REQUIRE(meta_int(m, "mtp_layer") == c.mtp_layer_index, m.node().where(),
+              ": meta.json config.mtp_layer is ", meta_int(m, "mtp_layer"), " but ", c.source, " has ",
+              c.mtp_layer_index);
   ref.T = static_cast<int>(meta_int(m, "seq_len"));
   ref.chain = static_cast<int>(meta_int(m, "chain"));
   MTP_REQUIRE(c.mtp_prefix == str("model.language_model.layers.", c.mtp_layer_index, "."), c.source,
