@@ -5,32 +5,12 @@
 #include "core/error.hpp"
 
 namespace mtplab::drafter {
-namespace {
-template <typename E, size_t N>
-E parse(const char* key, const std::string& s, const char* const (&names)[N]) {
-  for (size_t i = 0; i < N; ++i)
-    if (s == names[i]) return static_cast<E>(i);
-  std::vector<std::string> list(names, names + N);
-  MTP_FAIL(key, ": \"", s, "\" is not one of {", join(list, ", "), "}");
-}
-}  // namespace
 
 const char* to_string(ContextRows v) { return kContextRowsNames[static_cast<int>(v)]; }
 const char* to_string(Skip v) { return kSkipNames[static_cast<int>(v)]; }
 const char* to_string(Exchange v) { return kExchangeNames[static_cast<int>(v)]; }
 const char* to_string(DraftRows v) { return kDraftRowsNames[static_cast<int>(v)]; }
 const char* to_string(ops::KvDtype v) { return kKvDtypeNames[static_cast<int>(v)]; }
-ContextRows parse_context_rows(const std::string& s) {
-  return parse<ContextRows>("context_rows", s, kContextRowsNames);
-}
-Skip parse_skip(const std::string& s) { return parse<Skip>("skip", s, kSkipNames); }
-Exchange parse_exchange(const std::string& s) { return parse<Exchange>("exchange", s, kExchangeNames); }
-DraftRows parse_draft_rows(const std::string& s) {
-  return parse<DraftRows>("draft_rows", s, kDraftRowsNames);
-}
-ops::KvDtype parse_kv_dtype(const std::string& s) {
-  return parse<ops::KvDtype>("kv_cache_dtype", s, kKvDtypeNames);
-}
 
 void check_transform(const SamplingTransform& t) {
   MTP_REQUIRE(std::isfinite(t.temperature) && t.temperature > 0, "temperature: ", t.temperature,

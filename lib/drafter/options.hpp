@@ -110,11 +110,5 @@ const char* to_string(Skip v);
 const char* to_string(Exchange v);
 const char* to_string(DraftRows v);
 const char* to_string(ops::KvDtype v);
-/// Parsers; an unknown value is an Error listing the choices.
-ContextRows parse_context_rows(const std::string& s);
-Skip parse_skip(const std::string& s);
-Exchange parse_exchange(const std::string& s);
-DraftRows parse_draft_rows(const std::string& s);
-ops::KvDtype parse_kv_dtype(const std::string& s);
 
 }  // namespace mtplab::drafter

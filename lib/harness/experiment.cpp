@@ -17,6 +17,7 @@
 #include "core/hash.hpp"
 #include "drafter/target.hpp"
 #include "harness/replay.hpp"
+#include "model/fields.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -259,36 +260,9 @@ void emit_model(YAML::Emitter& e, const PointConfig& p) {
   const model::ModelConfig& c = p.model;
   e << YAML::Key << "model" << YAML::Value << YAML::BeginMap;
   e << YAML::Key << "spec" << YAML::Value << p.model_spec;
-  e << YAML::Key << "name" << YAML::Value << c.name;
-  auto kv = [&](const char* k, auto v) { e << YAML::Key << k << YAML::Value << str(v); };
-  kv("hidden", c.hidden);
-  kv("vocab", c.vocab);
-  kv("rms_norm_eps", c.rms_norm_eps);
-  kv("n_heads", c.n_heads);
-  kv("qk_nope_head_dim", c.qk_nope_head_dim);
-  kv("qk_rope_head_dim", c.qk_rope_head_dim);
-  kv("v_head_dim", c.v_head_dim);
-  kv("q_lora_rank", c.q_lora_rank);
-  kv("kv_lora_rank", c.kv_lora_rank);
-  kv("index_n_heads", c.index_n_heads);
-  kv("index_head_dim", c.index_head_dim);
-  kv("index_topk", c.index_topk);
-  kv("index_kpool", c.index_kpool);
-  kv("index_norm_eps", c.index_norm_eps);
-  kv("n_routed_experts", c.n_routed_experts);
-  kv("num_experts_per_tok", c.num_experts_per_tok);
-  kv("n_shared_experts", c.n_shared_experts);
-  kv("moe_intermediate_size", c.moe_intermediate_size);
-  kv("n_group", c.n_group);
-  kv("topk_group", c.topk_group);
-  kv("routed_scaling_factor", c.routed_scaling_factor);
-  kv("swiglu_limit", c.swiglu_limit);
-  kv("max_seq_len", c.max_seq_len);
-  kv("block_size", c.block_size);
-  kv("mtp_layer_index", c.mtp_layer_index);
-  kv("embed_tokens_name", c.embed_tokens_name);
-  kv("lm_head_name", c.lm_head_name);
-  kv("mtp_prefix", c.mtp_prefix);
+  // Every field of the table's identity, in table order (a results file's point identity).
+  for (const model::ModelField& f : model::model_fields())
+    if (f.in_identity) e << YAML::Key << f.name << YAML::Value << field_text(c, f.member);
   e << YAML::EndMap;
 }
 

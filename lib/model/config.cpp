@@ -1,6 +1,7 @@
-// ModelConfig parsing and validation. Ranges are checked as the keys are read (so the error
-// points at the value); invariants that tie keys together are checked in validate(), which
-// names the key it blames through the locations recorded while reading.
+// ModelConfig parsing, validation and the preset writer, each walking the field table
+// (model/fields.hpp). Ranges are checked as the keys are read (so the error points at the value);
+// invariants that tie keys together are checked in validate(), which names the key it blames
+// through the locations recorded while reading.
 #include "model/config.hpp"
 
 #include <sys/stat.h>
@@ -10,11 +11,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <iomanip>
 #include <limits>
-#include <sstream>
-#include <type_traits>
 #include <vector>
+
+#include "model/fields.hpp"
 
 #ifndef MTPLAB_SOURCE_DIR_DEFAULT
 #define MTPLAB_SOURCE_DIR_DEFAULT ""
@@ -22,8 +22,6 @@
 
 namespace mtplab::model {
 namespace {
-
-constexpr int64_t kMaxDim = 1 << 20;
 
 bool is_file(const std::string& path) {
   struct stat st {};
@@ -66,50 +64,28 @@ int prefix_layer_index(const std::string& prefix) {
   return std::stoi(prefix.substr(digits_begin, digits_end - digits_begin));
 }
 
-/// Reads keys of one mapping into a config and records where each came from.
-class Reader {
- public:
-  Reader(const YamlNode& node, ModelConfig& cfg, std::string prefix)
-      : map_(node), cfg_(cfg), prefix_(std::move(prefix)) {}
-
-  void req_int(const std::string& key, int& dst, int64_t lo, int64_t hi) {
-    take(key, map_.req(key), dst, lo, hi);
-  }
-  void opt_int(const std::string& key, int& dst, int64_t lo, int64_t hi) {
-    if (auto n = map_.opt(key)) take(key, *n, dst, lo, hi);
-  }
-  void req_float(const std::string& key, float& dst, double lo, double hi) {
-    take(key, map_.req(key), dst, lo, hi);
-  }
-  void opt_float(const std::string& key, float& dst, double lo, double hi) {
-    if (auto n = map_.opt(key)) take(key, *n, dst, lo, hi);
-  }
-  bool opt_string(const std::string& key, std::string& dst) {
-    if (auto n = map_.opt(key)) {
-      dst = n->as_string();
-      note(key, *n);
-      return true;
+/// Reads, in table order, the fields whose preset key is `prefix` followed by a key of `map`, and
+/// records where each value came from. An optional key left out keeps the member's default (or
+/// the row's `absent` value).
+void read_fields(MapReader& map, ModelConfig& c, const std::string& prefix) {
+  for (const ModelField& f : model_fields()) {
+    if (!f.key) continue;
+    const std::string key = f.key;
+    if (key.compare(0, prefix.size(), prefix) != 0 || key.find('.', prefix.size()) != std::string::npos)
+      continue;
+    const std::string sub = key.substr(prefix.size());
+    const std::optional<YamlNode> n = f.required ? std::optional<YamlNode>(map.req(sub)) : map.opt(sub);
+    if (!n) {
+      if (f.absent) {
+        if (f.type() == FieldType::integer) int_field(c, f.member) = static_cast<int>(*f.absent);
+        if (f.type() == FieldType::real) real_field(c, f.member) = static_cast<float>(*f.absent);
+      }
+      continue;
     }
-    return false;
+    read_field(c, f.member, f.range, *n);
+    c.key_locations[key] = n->where();
   }
-  std::optional<YamlNode> opt(const std::string& key) { return map_.opt(key); }
-  void finish() { map_.finish(); }
-
- private:
-  void note(const std::string& key, const YamlNode& n) { cfg_.key_locations[prefix_ + key] = n.where(); }
-  void take(const std::string& key, const YamlNode& n, int& dst, int64_t lo, int64_t hi) {
-    dst = static_cast<int>(n.as_int(lo, hi));
-    note(key, n);
-  }
-  void take(const std::string& key, const YamlNode& n, float& dst, double lo, double hi) {
-    dst = static_cast<float>(n.as_double(lo, hi));
-    note(key, n);
-  }
-
-  MapReader map_;
-  ModelConfig& cfg_;
-  std::string prefix_;
-};
+}
 
 }  // namespace
 
@@ -134,38 +110,32 @@ void ModelConfig::validate(int tp, int ep) const {
   MTP_REQUIRE(tp >= 1, "model config '", name, "': tp must be >= 1, got ", tp);
   MTP_REQUIRE(ep >= 1, "model config '", name, "': ep must be >= 1, got ", ep);
 
-  const std::pair<const char*, int> positive[] = {
-      {"hidden", hidden},
-      {"vocab", vocab},
-      {"n_heads", n_heads},
-      {"qk_nope_head_dim", qk_nope_head_dim},
-      {"v_head_dim", v_head_dim},
-      {"q_lora_rank", q_lora_rank},
-      {"kv_lora_rank", kv_lora_rank},
-      {"index_n_heads", index_n_heads},
-      {"index_head_dim", index_head_dim},
-      {"index_topk", index_topk},
-      {"index_kpool", index_kpool},
-      {"n_routed_experts", n_routed_experts},
-      {"num_experts_per_tok", num_experts_per_tok},
-      {"moe_intermediate_size", moe_intermediate_size},
-      {"n_group", n_group},
-      {"topk_group", topk_group},
-      {"max_seq_len", max_seq_len},
-      {"block_size", block_size},
-  };
-  for (const auto& [key, value] : positive)
-    MTP_REQUIRE(value > 0, where(key), ": ", key, " must be positive, got ", value);
-  MTP_REQUIRE(n_shared_experts >= 0, where("n_shared_experts"), ": n_shared_experts must be >= 0, got ",
-              n_shared_experts);
-  MTP_REQUIRE(rms_norm_eps > 0, where("rms_norm_eps"), ": rms_norm_eps must be positive");
-  MTP_REQUIRE(index_norm_eps > 0, where("index_norm_eps"), ": index_norm_eps must be positive");
-  MTP_REQUIRE(routed_scaling_factor > 0, where("routed_scaling_factor"),
-              ": routed_scaling_factor must be positive");
-  MTP_REQUIRE(swiglu_limit >= 0, where("swiglu_limit"), ": swiglu_limit must be >= 0 (0 disables the clamp)");
-
-  MTP_REQUIRE(qk_rope_head_dim == 0, where("qk_rope_head_dim"), ": qk_rope_head_dim ", qk_rope_head_dim,
-              " is not supported: RoPE is not implemented (GLM-5.3-Flash has none), set it to 0");
+  // Each field by itself, as its row says: the positive integers, the non-negative ones, the reals,
+  // then the fields that must be zero (the first failure is the one reported).
+  const auto note = [](const ModelField& f) { return f.check_note ? f.check_note : ""; };
+  for (const ModelField& f : model_fields())
+    if (f.type() == FieldType::integer && f.check == FieldCheck::positive) {
+      const int v = int_field(*this, f.member);
+      MTP_REQUIRE(v > 0, where(f.label()), ": ", f.label(), " must be positive, got ", v);
+    }
+  for (const ModelField& f : model_fields())
+    if (f.type() == FieldType::integer && f.check == FieldCheck::non_negative) {
+      const int v = int_field(*this, f.member);
+      MTP_REQUIRE(v >= 0, where(f.label()), ": ", f.label(), " must be >= 0, got ", v);
+    }
+  for (const ModelField& f : model_fields())
+    if (f.type() == FieldType::real) {
+      const float v = real_field(*this, f.member);
+      if (f.check == FieldCheck::positive)
+        MTP_REQUIRE(v > 0, where(f.label()), ": ", f.label(), " must be positive", note(f));
+      if (f.check == FieldCheck::non_negative)
+        MTP_REQUIRE(v >= 0, where(f.label()), ": ", f.label(), " must be >= 0", note(f));
+    }
+  for (const ModelField& f : model_fields())
+    if (f.type() == FieldType::integer && f.check == FieldCheck::zero) {
+      const int v = int_field(*this, f.member);
+      MTP_REQUIRE(v == 0, where(f.label()), ": ", f.label(), " ", v, " is not supported: ", note(f));
+    }
 
   MTP_REQUIRE(index_topk % index_kpool == 0, where("index_topk"), ": index_topk ", index_topk,
               " is not a multiple of index_kpool ", index_kpool, " (the indexer selects whole pools)");
@@ -216,48 +186,17 @@ std::string ModelConfig::summary() const {
 ModelConfig parse_model_config(const YamlNode& node) {
   ModelConfig c;
   c.source = node.file();
-  Reader r(node, c, "");
-  if (!r.opt_string("name", c.name)) c.name = stem_of(node.file());
-
-  r.req_int("hidden", c.hidden, 1, kMaxDim);
-  r.req_int("vocab", c.vocab, 1, int64_t{1} << 26);
-  r.req_float("rms_norm_eps", c.rms_norm_eps, 1e-12, 0.1);
-
-  r.req_int("n_heads", c.n_heads, 1, 4096);
-  r.req_int("qk_nope_head_dim", c.qk_nope_head_dim, 1, 4096);
-  r.opt_int("qk_rope_head_dim", c.qk_rope_head_dim, 0, 4096);
-  r.req_int("v_head_dim", c.v_head_dim, 1, 4096);
-  r.req_int("q_lora_rank", c.q_lora_rank, 1, kMaxDim);
-  r.req_int("kv_lora_rank", c.kv_lora_rank, 1, kMaxDim);
-
-  r.req_int("index_n_heads", c.index_n_heads, 1, 4096);
-  r.req_int("index_head_dim", c.index_head_dim, 1, 4096);
-  r.req_int("index_topk", c.index_topk, 1, kMaxDim);
-  r.req_int("index_kpool", c.index_kpool, 1, 1024);
-  r.opt_float("index_norm_eps", c.index_norm_eps, 1e-12, 0.1);
-
-  r.req_int("n_routed_experts", c.n_routed_experts, 1, 65536);
-  r.req_int("num_experts_per_tok", c.num_experts_per_tok, 1, 1024);
-  r.req_int("n_shared_experts", c.n_shared_experts, 0, 64);
-  r.req_int("moe_intermediate_size", c.moe_intermediate_size, 1, kMaxDim);
-  r.opt_int("n_group", c.n_group, 1, 65536);
-  r.opt_int("topk_group", c.topk_group, 1, 65536);
-  r.req_float("routed_scaling_factor", c.routed_scaling_factor, 1e-6, 1e6);
-  r.req_float("swiglu_limit", c.swiglu_limit, 0.0, 1e9);
-
-  int requested = 4096;
-  r.opt_int("max_seq_len", requested, 1, int64_t{1} << 26);
-  r.opt_int("block_size", c.block_size, 1, 1 << 16);
-  c.set_max_seq_len(requested);
+  c.name = stem_of(node.file());  // unless the preset names itself
+  MapReader r(node);
+  read_fields(r, c, "");
+  c.set_max_seq_len(c.max_seq_len_requested);
 
   if (auto ck = r.opt("checkpoint")) {
-    Reader cr(*ck, c, "checkpoint.");
-    const bool has_index = cr.opt("mtp_layer_index").has_value();
-    cr.opt_int("mtp_layer_index", c.mtp_layer_index, 0, 1 << 20);
-    cr.opt_string("embed_tokens", c.embed_tokens_name);
-    cr.opt_string("lm_head", c.lm_head_name);
-    const bool has_prefix = cr.opt_string("mtp_prefix", c.mtp_prefix);
+    MapReader cr(*ck);
+    read_fields(cr, c, "checkpoint.");
     cr.finish();
+    const bool has_index = c.key_locations.count("checkpoint.mtp_layer_index") > 0;
+    const bool has_prefix = c.key_locations.count("checkpoint.mtp_prefix") > 0;
     if (!has_prefix) {
       c.mtp_prefix = str("model.language_model.layers.", c.mtp_layer_index, ".");
     } else {
@@ -318,51 +257,28 @@ ModelConfig load_model_preset(const std::string& name_or_path) {
            "} (or give a path to a .yaml file, or a checkpoint directory with a config.json)");
 }
 
-YAML::Node to_preset_yaml(const ModelConfig& c) {
+YAML::Node to_preset_yaml(const ModelConfig& cfg) {
+  ModelConfig c = cfg;
+  if (c.max_seq_len_requested <= 0) c.max_seq_len_requested = c.max_seq_len;  // set directly in code
   YAML::Node n(YAML::NodeType::Map);
-  auto put = [&](const char* key, const auto& value) {
-    using T = std::decay_t<decltype(value)>;
-    if constexpr (std::is_same_v<T, float>) {
-      std::ostringstream os;  // max_digits10: the text reads back as the same float
-      os << std::setprecision(std::numeric_limits<float>::max_digits10) << value;
-      n[key] = os.str();
-    } else {
-      n[key] = str(value);
-    }
-  };
-  put("name", c.name);
-  put("hidden", c.hidden);
-  put("vocab", c.vocab);
-  put("rms_norm_eps", c.rms_norm_eps);
-  put("n_heads", c.n_heads);
-  put("qk_nope_head_dim", c.qk_nope_head_dim);
-  put("qk_rope_head_dim", c.qk_rope_head_dim);
-  put("v_head_dim", c.v_head_dim);
-  put("q_lora_rank", c.q_lora_rank);
-  put("kv_lora_rank", c.kv_lora_rank);
-  put("index_n_heads", c.index_n_heads);
-  put("index_head_dim", c.index_head_dim);
-  put("index_topk", c.index_topk);
-  put("index_kpool", c.index_kpool);
-  put("index_norm_eps", c.index_norm_eps);
-  put("n_routed_experts", c.n_routed_experts);
-  put("num_experts_per_tok", c.num_experts_per_tok);
-  put("n_shared_experts", c.n_shared_experts);
-  put("moe_intermediate_size", c.moe_intermediate_size);
-  put("n_group", c.n_group);
-  put("topk_group", c.topk_group);
-  put("routed_scaling_factor", c.routed_scaling_factor);
-  put("swiglu_limit", c.swiglu_limit);
-  put("max_seq_len", c.max_seq_len_requested > 0 ? c.max_seq_len_requested : c.max_seq_len);
-  put("block_size", c.block_size);
   YAML::Node ck(YAML::NodeType::Map);
-  // The index only where the prefix does not say it (an override of either key alone then
-  // follows the rules of a preset file: the two must agree when both are given).
-  if (prefix_layer_index(c.mtp_prefix) < 0 && c.mtp_layer_index >= 0)
-    ck["mtp_layer_index"] = str(c.mtp_layer_index);
-  ck["embed_tokens"] = c.embed_tokens_name;
-  ck["lm_head"] = c.lm_head_name;
-  ck["mtp_prefix"] = c.mtp_prefix;
+  const std::string sub = "checkpoint.";
+  for (const ModelField& f : model_fields()) {
+    if (!f.key) continue;
+    const std::string key = f.key;
+    // Reals with max_digits10: the text reads back as the same float.
+    const std::string text = field_text(c, f.member, std::numeric_limits<float>::max_digits10);
+    if (key.compare(0, sub.size(), sub) != 0) {
+      n[key] = text;
+      continue;
+    }
+    // The index only where the prefix does not say it (an override of either key alone then
+    // follows the rules of a preset file: the two must agree when both are given).
+    if (f.member == FieldMember<ModelConfig>(&ModelConfig::mtp_layer_index) &&
+        !(prefix_layer_index(c.mtp_prefix) < 0 && c.mtp_layer_index >= 0))
+      continue;
+    ck[key.substr(sub.size())] = text;
+  }
   n["checkpoint"] = ck;
   return n;
 }

@@ -1,6 +1,8 @@
 // ModelConfig: every size of the MTP layer of a GLM-5.3-Flash-class model (docs/model.md, "Sizes"),
 // read strictly from a YAML preset (configs/<name>.yaml) or from a checkpoint's Hugging Face
-// config.json (a glm5_next config; docs/model-config.md lists every key and every field).
+// config.json (a glm5_next config; docs/model-config.md lists every key and every field). The
+// fields are described once, in the table of model/fields.hpp, which the readers, validate() and
+// the writers walk: a new member is a new row there.
 //
 // Invariants after a successful load (checked again, with the rank counts, by validate(tp, ep)):
 // - index_topk is a whole number of pools (index_topk % index_kpool == 0);

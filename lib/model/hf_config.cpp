@@ -13,16 +13,20 @@
 //   validate() blames the config.json field.
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <vector>
 
 #include "core/error.hpp"
 #include "model/config.hpp"
+#include "model/fields.hpp"
 
 namespace mtplab::model {
 namespace {
 
 namespace fs = std::filesystem;
+
+constexpr int kRealDigits = std::numeric_limits<float>::max_digits10;
 
 // The layout of the trunk's tensor names, by architecture (the class save_pretrained records).
 struct Layout {
@@ -175,24 +179,6 @@ class Fields {
     if (n->is_null()) n->fail(str("is null; mtplab needs a value"));
     return *n;
   }
-  int req_int(const std::string& key, const char* member, int64_t lo, int64_t hi) {
-    const YamlNode n = req(key);
-    note(member, n);
-    return static_cast<int>(n.as_int(lo, hi));
-  }
-  float req_float(const std::string& key, const char* member, double lo, double hi) {
-    const YamlNode n = req(key);
-    note(member, n);
-    return static_cast<float>(n.as_double(lo, hi));
-  }
-  /// An optional integer; when present (not null) read into dst.
-  bool opt_int(const std::string& key, const char* member, int& dst, int64_t lo, int64_t hi) {
-    auto n = get(key);
-    if (!n || n->is_null()) return false;
-    note(member, *n);
-    dst = static_cast<int>(n->as_int(lo, hi));
-    return true;
-  }
   /// An optional boolean that mtplab implements only at `supported` (its default).
   void opt_bool_must_be(const std::string& key, bool supported, const char* why) {
     auto n = get(key);
@@ -208,7 +194,7 @@ class Fields {
   void ignore(const std::set<std::string>& keys) {
     for (const auto& k : keys) read_.insert(k);
   }
-  void note(const char* member, const YamlNode& n) { cfg_.key_locations[member] = n.where(); }
+  void note(const std::string& key, const YamlNode& n) { cfg_.key_locations[key] = n.where(); }
 
   /// Refuses every field not read and not ignored, naming it and its value.
   void finish(const char* what) const {
@@ -250,6 +236,101 @@ void check_quantization(const YamlNode& q) {
   // modules_to_not_convert: each tensor is read in the dtype its file records.
   f.ignore({"activation_scheme", "modules_to_not_convert", "ignored_layers"});
   f.finish("quantization_config");
+}
+
+/// Reads the field of `f`'s row from the text config as its hf column says (HfRead), recording
+/// the value's location under the preset key.
+void read_hf_field(Fields& text, ModelConfig& c, const ModelField& f) {
+  const HfField& h = f.hf;
+  switch (h.read) {
+    case HfRead::none:
+    case HfRead::derived:
+      return;
+    case HfRead::required: {
+      if (h.alias) {
+        auto named = text.get(h.key);
+        auto alias = text.get(h.alias);
+        if (named && !named->is_null()) {
+          text.note(f.key, *named);
+          read_field(c, f.member, f.range, *named);
+          if (alias && !alias->is_null() && alias->as_int() != int_field(c, f.member))
+            alias->fail(
+                str("value ", value_text(*alias), " disagrees with ", h.key, " ", int_field(c, f.member)));
+        } else if (alias && !alias->is_null()) {
+          text.note(f.key, *alias);
+          read_field(c, f.member, f.range, *alias);
+        } else {
+          text.req(h.key);  // the missing-field error
+        }
+        return;
+      }
+      const YamlNode n = text.req(h.key);
+      text.note(f.key, n);
+      read_field(c, f.member, f.range, n);
+      return;
+    }
+    case HfRead::optional: {
+      auto n = text.get(h.key);
+      if (!n || n->is_null()) return;
+      text.note(f.key, *n);
+      read_field(c, f.member, f.range, *n);
+      return;
+    }
+    case HfRead::null_is_zero: {
+      auto n = text.get(h.key);
+      if (!n) text.req(h.key, h.note);
+      text.note(f.key, *n);
+      if (!n->is_null()) {
+        read_field(c, f.member, f.range, *n);
+      } else if (f.type() == FieldType::integer) {
+        int_field(c, f.member) = 0;
+      } else if (f.type() == FieldType::real) {
+        real_field(c, f.member) = 0.0f;
+      }
+      return;
+    }
+    case HfRead::default_only: {
+      auto n = text.get(h.key);
+      if (!n || n->is_null()) return;
+      text.note(f.key, *n);
+      const ModelConfig defaults;
+      ModelConfig given;
+      read_field(given, f.member, f.range, *n);
+      if (field_text(given, f.member, kRealDigits) != field_text(defaults, f.member, kRealDigits))
+        n->fail(str("value ", value_text(*n), " is not supported: ", h.note));
+      return;
+    }
+  }
+}
+
+/// Fields of the text config that mtplab does not keep but checks against the field `field` just
+/// read, or that it implements at one value only.
+void check_companions(Fields& text, const ModelConfig& c, const std::string& field) {
+  if (field == "n_heads") {
+    if (auto kv = text.get("num_key_value_heads"); kv && !kv->is_null()) {
+      if (kv->as_int() != c.n_heads)
+        kv->fail(str("value ", value_text(*kv), " is not supported: MLA gives every one of the ", c.n_heads,
+                     " heads its own key and value from the latent, so num_key_value_heads must equal "
+                     "num_attention_heads"));
+    }
+  } else if (field == "v_head_dim") {
+    if (auto q = text.get("qk_head_dim"); q && !q->is_null()) {
+      if (q->as_int() != c.qk_head_dim())
+        q->fail(str("value ", value_text(*q),
+                    " disagrees with qk_nope_head_dim + qk_rope_head_dim = ", c.qk_head_dim()));
+    }
+  } else if (field == "kv_lora_rank") {
+    text.opt_bool_must_be("attention_bias", false, "the MLA projections have no biases in mtplab");
+  } else if (field == "index_kpool") {
+    text.opt_bool_must_be("index_kpool_always_select_tail", true,
+                          "mtplab's selection always appends the query's incomplete pool (the tail)");
+  } else if (field == "swiglu_limit") {
+    text.opt_bool_must_be("norm_topk_prob", true, "mtplab normalises the top-k routing weights");
+    text.opt_string_must_be("hidden_act", "silu", "the experts' SwiGLU uses SiLU");
+    text.opt_string_must_be("scoring_func", "sigmoid", "the router scores experts with a sigmoid");
+    text.opt_string_must_be("topk_method", "noaux_tc",
+                            "the router picks the top-k of sigmoid + e_score_correction_bias");
+  }
 }
 
 }  // namespace
@@ -296,77 +377,15 @@ ModelConfig load_hf_config(const std::string& path) {
     top.ignore(ignored_composite_fields());  // a flat glm5_next may still describe its vision tower
   }
 
-  // Sizes.
-  c.vocab = text.req_int("vocab_size", "vocab", 1, int64_t{1} << 26);
-  c.hidden = text.req_int("hidden_size", "hidden", 1, 1 << 20);
-  c.rms_norm_eps = text.req_float("rms_norm_eps", "rms_norm_eps", 1e-12, 0.1);
-  c.n_heads = text.req_int("num_attention_heads", "n_heads", 1, 4096);
-  if (auto kv = text.get("num_key_value_heads"); kv && !kv->is_null()) {
-    if (kv->as_int() != c.n_heads)
-      kv->fail(str("value ", value_text(*kv), " is not supported: MLA gives every one of the ", c.n_heads,
-                   " heads its own key and value from the latent, so num_key_value_heads must equal "
-                   "num_attention_heads"));
+  // Sizes: the field table's rows that config.json gives directly, in table order but vocab_size
+  // first (as transformers writes them; the order decides which of several bad fields is named),
+  // each followed by the checks of the fields that go with it.
+  const ModelField& vocab = model_field("vocab");
+  read_hf_field(text, c, vocab);
+  for (const ModelField& f : model_fields()) {
+    if (&f != &vocab) read_hf_field(text, c, f);
+    check_companions(text, c, f.name);
   }
-  c.qk_nope_head_dim = text.req_int("qk_nope_head_dim", "qk_nope_head_dim", 1, 4096);
-  if (auto rope = text.get("qk_rope_head_dim"); rope && !rope->is_null()) {
-    text.note("qk_rope_head_dim", *rope);
-    if (rope->as_int(0, 4096) != 0)
-      rope->fail(str("value ", value_text(*rope),
-                     " is not supported: RoPE is not implemented (GLM-5.3-Flash has none); the MTP layer's "
-                     "queries and keys have no rotary part in mtplab"));
-  }
-  c.v_head_dim = text.req_int("v_head_dim", "v_head_dim", 1, 4096);
-  if (auto q = text.get("qk_head_dim"); q && !q->is_null()) {
-    if (q->as_int() != c.qk_head_dim())
-      q->fail(str("value ", value_text(*q),
-                  " disagrees with qk_nope_head_dim + qk_rope_head_dim = ", c.qk_head_dim()));
-  }
-  c.q_lora_rank = text.req_int("q_lora_rank", "q_lora_rank", 1, 1 << 20);
-  c.kv_lora_rank = text.req_int("kv_lora_rank", "kv_lora_rank", 1, 1 << 20);
-  text.opt_bool_must_be("attention_bias", false, "the MLA projections have no biases in mtplab");
-
-  c.index_n_heads = text.req_int("index_n_heads", "index_n_heads", 1, 4096);
-  c.index_head_dim = text.req_int("index_head_dim", "index_head_dim", 1, 4096);
-  c.index_topk = text.req_int("index_topk", "index_topk", 1, 1 << 20);
-  c.index_kpool = text.req_int("index_kpool", "index_kpool", 1, 1024);
-  text.opt_bool_must_be("index_kpool_always_select_tail", true,
-                        "mtplab's selection always appends the query's incomplete pool (the tail)");
-  c.index_norm_eps = 1e-6f;  // transformers' indexer k_norm hard-codes LayerNorm(eps=1e-6)
-
-  // MoE: n_routed_experts, or its alias num_local_experts.
-  {
-    auto routed = text.get("n_routed_experts");
-    auto local = text.get("num_local_experts");
-    if (routed && !routed->is_null()) {
-      text.note("n_routed_experts", *routed);
-      c.n_routed_experts = static_cast<int>(routed->as_int(1, 65536));
-      if (local && !local->is_null() && local->as_int() != c.n_routed_experts)
-        local->fail(
-            str("value ", value_text(*local), " disagrees with n_routed_experts ", c.n_routed_experts));
-    } else if (local && !local->is_null()) {
-      text.note("n_routed_experts", *local);
-      c.n_routed_experts = static_cast<int>(local->as_int(1, 65536));
-    } else {
-      text.req("n_routed_experts");  // the missing-field error
-    }
-  }
-  c.num_experts_per_tok = text.req_int("num_experts_per_tok", "num_experts_per_tok", 1, 1024);
-  c.n_shared_experts = text.req_int("n_shared_experts", "n_shared_experts", 0, 64);
-  c.moe_intermediate_size = text.req_int("moe_intermediate_size", "moe_intermediate_size", 1, 1 << 20);
-  text.opt_int("n_group", "n_group", c.n_group, 1, 65536);
-  text.opt_int("topk_group", "topk_group", c.topk_group, 1, 65536);
-  c.routed_scaling_factor = text.req_float("routed_scaling_factor", "routed_scaling_factor", 1e-6, 1e6);
-  {
-    auto n = text.get("swiglu_limit");
-    if (!n) text.req("swiglu_limit", "the SwiGLU clamp; null for none");
-    text.note("swiglu_limit", *n);
-    c.swiglu_limit = n->is_null() ? 0.0f : static_cast<float>(n->as_double(0.0, 1e9));
-  }
-  text.opt_bool_must_be("norm_topk_prob", true, "mtplab normalises the top-k routing weights");
-  text.opt_string_must_be("hidden_act", "silu", "the experts' SwiGLU uses SiLU");
-  text.opt_string_must_be("scoring_func", "sigmoid", "the router scores experts with a sigmoid");
-  text.opt_string_must_be("topk_method", "noaux_tc",
-                          "the router picks the top-k of sigmoid + e_score_correction_bias");
 
   // The MTP layer follows the trunk's layers; one MTP layer.
   const YamlNode layers = text.req("num_hidden_layers");

@@ -7,12 +7,6 @@ namespace mtplab::model {
 
 const char* to_string(HeadSharding s) { return kHeadShardingNames[static_cast<int>(s)]; }
 
-HeadSharding parse_head_sharding(const std::string& s) {
-  if (s == "none") return HeadSharding::none;
-  if (s == "vocab") return HeadSharding::vocab;
-  MTP_FAIL("head_sharding \"", s, "\" is not one of {none, vocab}");
-}
-
 Range split_range(int64_t total, int rank, int world) {
   MTP_REQUIRE(world >= 1 && rank >= 0 && rank < world, "split_range: rank ", rank, " is not in [0, ", world,
               ")");

@@ -25,8 +25,6 @@ enum class HeadSharding { none, vocab };
 /// The YAML spelling of each value, in enum order.
 inline constexpr const char* kHeadShardingNames[] = {"none", "vocab"};
 const char* to_string(HeadSharding s);
-/// "none" | "vocab"; anything else is an error naming the value.
-HeadSharding parse_head_sharding(const std::string& s);
 
 /// Half-open range [begin, begin + count).
 struct Range {

@@ -384,6 +384,48 @@ TEST(Experiment, IdentityHashIsStandardFnv1a) {
   EXPECT_NE(ex.identity, parse_experiment(kBase, "exp.yaml", {}, 1).identity);
 }
 
+// A point's model section is every field of the model table in table order, reals with 6
+// significant digits: its bytes are hashed into every results file's point identity, so they are
+// pinned here (a change of order or number format would orphan the results already written).
+TEST(Experiment, ModelSectionOfThePointIdentityIsPinned) {
+  const Experiment ex = parse_experiment(kBase, "exp.yaml", {}, 2);
+  const std::string& text = ex.points[0].canonical;
+  const size_t end = text.find("\nweights:");
+  ASSERT_NE(end, std::string::npos) << text;
+  EXPECT_EQ(text.substr(0, end),
+            "model:\n"
+            "  spec: tiny\n"
+            "  name: tiny\n"
+            "  hidden: 128\n"
+            "  vocab: 4096\n"
+            "  rms_norm_eps: 1e-05\n"
+            "  n_heads: 8\n"
+            "  qk_nope_head_dim: 32\n"
+            "  qk_rope_head_dim: 0\n"
+            "  v_head_dim: 32\n"
+            "  q_lora_rank: 64\n"
+            "  kv_lora_rank: 64\n"
+            "  index_n_heads: 4\n"
+            "  index_head_dim: 32\n"
+            "  index_topk: 16\n"
+            "  index_kpool: 4\n"
+            "  index_norm_eps: 1e-06\n"
+            "  n_routed_experts: 8\n"
+            "  num_experts_per_tok: 2\n"
+            "  n_shared_experts: 1\n"
+            "  moe_intermediate_size: 64\n"
+            "  n_group: 1\n"
+            "  topk_group: 1\n"
+            "  routed_scaling_factor: 2.5\n"
+            "  swiglu_limit: 10\n"
+            "  max_seq_len: 128\n"
+            "  block_size: 64\n"
+            "  mtp_layer_index: 45\n"
+            "  embed_tokens_name: model.language_model.embed_tokens.weight\n"
+            "  lm_head_name: lm_head.weight\n"
+            "  mtp_prefix: model.language_model.layers.45.");
+}
+
 // The `kernels:` block: read strictly into the point's kernel policy, part of its canonical
 // config (so of the resume check); an MTPLAB_* variable overrides a field and is recorded.
 TEST(ArmRegistry, KernelsBlock) {

@@ -35,6 +35,7 @@
 #include "drafter/block.hpp"
 #include "drafter/drafter.hpp"
 #include "drafter/factory.hpp"
+#include "model/fields.hpp"
 #include "model/sharding.hpp"
 #include "model/weights.hpp"
 #include "ops/ops.hpp"
@@ -61,51 +62,39 @@ struct ReferenceData {
 
 int64_t meta_int(MapReader& r, const std::string& key) { return r.req_int(key, 0, int64_t{1} << 40); }
 
-/// Checks every size of the YAML config against meta.json, so the fixture and the config cannot
-/// drift apart silently.
+/// Checks every field of the YAML config that a Hugging Face config gives directly (the field
+/// table's rows with an hf field) against the transformers config the fixtures were made with
+/// (meta.json `transformers_config`), and the MTP layer against meta.json `config`, so the
+/// fixture and the config cannot drift apart silently.
 void check_against_meta(const model::ModelConfig& c, const YamlNode& meta, ReferenceData& ref) {
   MapReader root(meta);
   const YamlNode conf_node = root.req("config");
   MapReader m(conf_node);
-  const std::vector<std::pair<const char*, int64_t>> ints = {
-      {"hidden", c.hidden},
-      {"vocab", c.vocab},
-      {"n_heads", c.n_heads},
-      {"qk_nope", c.qk_nope_head_dim},
-      {"v_head", c.v_head_dim},
-      {"qk_rope", c.qk_rope_head_dim},
-      {"q_lora", c.q_lora_rank},
-      {"kv_lora", c.kv_lora_rank},
-      {"index_heads", c.index_n_heads},
-      {"index_dim", c.index_head_dim},
-      {"index_topk", c.index_topk},
-      {"index_kpool", c.index_kpool},
-      {"n_experts", c.n_routed_experts},
-      {"top_k", c.num_experts_per_tok},
-      {"n_shared", c.n_shared_experts},
-      {"moe_inter", c.moe_intermediate_size},
-      {"mtp_layer", c.mtp_layer_index},
-  };
-  for (const auto& [key, mine] : ints)
-    MTP_REQUIRE(meta_int(m, key) == mine, m.node().where(), ": meta.json config.", key, " is ",
-                meta_int(m, key), " but ", c.source, " has ", mine);
-  const std::vector<std::pair<const char*, double>> reals = {{"routed_scaling", c.routed_scaling_factor},
-                                                             {"swiglu_limit", c.swiglu_limit},
-                                                             {"rms_eps", c.rms_norm_eps}};
-  for (const auto& [key, mine] : reals) {
-    const double theirs = m.req_double(key, 0, 1e9);
-    MTP_REQUIRE(std::fabs(theirs - mine) <= 1e-6 * std::fabs(theirs), m.node().where(), ": meta.json config.",
-                key, " is ", theirs, " but ", c.source, " has ", mine);
+  const YamlNode tc_node = root.req("transformers_config");
+  MapReader tc(tc_node);
+  for (const model::ModelField& f : model::model_fields()) {
+    const model::HfRead how = f.hf.read;
+    if (how == model::HfRead::none || how == model::HfRead::derived) continue;
+    const YamlNode theirs = tc.req(f.hf.key);
+    if (f.type() == FieldType::integer) {
+      const int64_t mine = int_field(c, f.member);
+      MTP_REQUIRE(theirs.as_int() == mine, theirs.where(), ": meta.json transformers_config.", f.hf.key,
+                  " is ", theirs.as_int(), " but ", c.source, " has ", f.name, " ", mine);
+    } else {
+      const double mine = real_field(c, f.member), t = theirs.as_double();
+      MTP_REQUIRE(std::fabs(t - mine) <= 1e-6 * std::fabs(t), theirs.where(),
+                  ": meta.json transformers_config.", f.hf.key, " is ", t, " but ", c.source, " has ", f.name,
+                  " ", mine);
+    }
   }
+  MTP_REQUIRE(meta_int(m, "mtp_layer") == c.mtp_layer_index, m.node().where(),
+              ": meta.json config.mtp_layer is ", meta_int(m, "mtp_layer"), " but ", c.source, " has ",
+              c.mtp_layer_index);
   ref.T = static_cast<int>(meta_int(m, "seq_len"));
   ref.chain = static_cast<int>(meta_int(m, "chain"));
   MTP_REQUIRE(c.mtp_prefix == str("model.language_model.layers.", c.mtp_layer_index, "."), c.source,
               ": mtp_prefix ", c.mtp_prefix, " does not name layer ", c.mtp_layer_index);
   // Switches transformers has and mtplab hard-wires (docs/reference-check.md rows 10, 11, 17).
-  const YamlNode tc_node = root.req("transformers_config");
-  MapReader tc(tc_node);
-  MTP_REQUIRE(meta_int(tc, "n_group") == c.n_group && meta_int(tc, "topk_group") == c.topk_group,
-              tc.node().where(), ": group limit differs from ", c.source);
   MTP_REQUIRE(tc.req_bool("index_kpool_always_select_tail"), tc.node().where(),
               ": the fixture does not always select the tail; mtplab always does");
   MTP_REQUIRE(tc.req_bool("norm_topk_prob"), tc.node().where(),

@@ -1,0 +1,138 @@
+// The rows of ModelConfig's field table (fields.hpp says who walks it). Ranges, defaults and
+// notes are those of docs/model-config.md, "Keys" and "Hugging Face configs".
+#include "model/fields.hpp"
+
+#include "core/error.hpp"
+
+namespace mtplab::model {
+namespace {
+
+using C = ModelConfig;
+constexpr int64_t kMaxDim = 1 << 20;
+
+FieldRange ints(int64_t lo, int64_t hi) { return FieldRange{lo, hi, 0, 0}; }
+FieldRange reals(double lo, double hi) { return FieldRange{0, 0, lo, hi}; }
+HfField hf_required(const char* key) { return HfField{HfRead::required, key, nullptr, nullptr}; }
+HfField hf_optional(const char* key) { return HfField{HfRead::optional, key, nullptr, nullptr}; }
+HfField hf_derived(const char* key, const char* note) { return HfField{HfRead::derived, key, nullptr, note}; }
+HfField hf_none(const char* note) { return HfField{HfRead::none, nullptr, nullptr, note}; }
+
+// clang-format off
+const ModelField kFields[] = {
+    {.name = "name", .key = "name", .member = &C::name,
+     .hf = hf_none("the checkpoint directory's name"),
+     .doc = "preset name, recorded with results; the file's stem when not given"},
+    // ---- trunk
+    {.name = "hidden", .key = "hidden", .member = &C::hidden, .required = true, .range = ints(1, kMaxDim),
+     .check = FieldCheck::positive, .hf = hf_required("hidden_size"), .doc = "H, the model width"},
+    {.name = "vocab", .key = "vocab", .member = &C::vocab, .required = true,
+     .range = ints(1, int64_t{1} << 26), .check = FieldCheck::positive, .hf = hf_required("vocab_size"),
+     .doc = "V, rows of embed_tokens and lm_head"},
+    {.name = "rms_norm_eps", .key = "rms_norm_eps", .member = &C::rms_norm_eps, .required = true,
+     .range = reals(1e-12, 0.1), .check = FieldCheck::positive, .hf = hf_required("rms_norm_eps"),
+     .doc = "eps of every RMSNorm"},
+    // ---- MLA attention
+    {.name = "n_heads", .key = "n_heads", .member = &C::n_heads, .required = true, .range = ints(1, 4096),
+     .check = FieldCheck::positive, .hf = hf_required("num_attention_heads"), .doc = "attention heads n_h"},
+    {.name = "qk_nope_head_dim", .key = "qk_nope_head_dim", .member = &C::qk_nope_head_dim, .required = true,
+     .range = ints(1, 4096), .check = FieldCheck::positive, .hf = hf_required("qk_nope_head_dim"),
+     .doc = "per-head query/key width without RoPE"},
+    {.name = "qk_rope_head_dim", .key = "qk_rope_head_dim", .member = &C::qk_rope_head_dim,
+     .range = ints(0, 4096),
+     .check = FieldCheck::zero, .check_note = "RoPE is not implemented (GLM-5.3-Flash has none), set it to 0",
+     .hf = {HfRead::default_only, "qk_rope_head_dim", nullptr,
+            "RoPE is not implemented (GLM-5.3-Flash has none); the MTP layer's queries and keys have no "
+            "rotary part in mtplab"},
+     .doc = "per-head RoPE width; must be 0 (the key exists for a GLM-5 preset)"},
+    {.name = "v_head_dim", .key = "v_head_dim", .member = &C::v_head_dim, .required = true,
+     .range = ints(1, 4096),
+     .check = FieldCheck::positive, .hf = hf_required("v_head_dim"), .doc = "per-head value width"},
+    {.name = "q_lora_rank", .key = "q_lora_rank", .member = &C::q_lora_rank, .required = true,
+     .range = ints(1, kMaxDim), .check = FieldCheck::positive, .hf = hf_required("q_lora_rank"),
+     .doc = "query latent width"},
+    {.name = "kv_lora_rank", .key = "kv_lora_rank", .member = &C::kv_lora_rank, .required = true,
+     .range = ints(1, kMaxDim), .check = FieldCheck::positive, .hf = hf_required("kv_lora_rank"),
+     .doc = "KV latent width (one cached row per position)"},
+    // ---- pooled lightning indexer
+    {.name = "index_n_heads", .key = "index_n_heads", .member = &C::index_n_heads, .required = true,
+     .range = ints(1, 4096), .check = FieldCheck::positive, .hf = hf_required("index_n_heads"),
+     .doc = "indexer heads n_I"},
+    {.name = "index_head_dim", .key = "index_head_dim", .member = &C::index_head_dim, .required = true,
+     .range = ints(1, 4096), .check = FieldCheck::positive, .hf = hf_required("index_head_dim"),
+     .doc = "indexer width D"},
+    {.name = "index_topk", .key = "index_topk", .member = &C::index_topk, .required = true,
+     .range = ints(1, kMaxDim), .check = FieldCheck::positive, .hf = hf_required("index_topk"),
+     .doc = "K, rows selected per query; a multiple of index_kpool"},
+    {.name = "index_kpool", .key = "index_kpool", .member = &C::index_kpool, .required = true,
+     .range = ints(1, 1024), .check = FieldCheck::positive, .hf = hf_required("index_kpool"),
+     .doc = "P, rows per pool"},
+    {.name = "index_norm_eps", .key = "index_norm_eps", .member = &C::index_norm_eps,
+     .range = reals(1e-12, 0.1), .check = FieldCheck::positive,
+     .hf = hf_none("transformers' indexer k_norm hard-codes LayerNorm(eps=1e-6), the default"),
+     .doc = "eps of the indexer's k_norm LayerNorm"},
+    // ---- MoE
+    {.name = "n_routed_experts", .key = "n_routed_experts", .member = &C::n_routed_experts, .required = true,
+     .range = ints(1, 65536), .check = FieldCheck::positive,
+     .hf = {HfRead::required, "n_routed_experts", "num_local_experts", nullptr},
+     .doc = "E, the routed experts"},
+    {.name = "num_experts_per_tok", .key = "num_experts_per_tok", .member = &C::num_experts_per_tok,
+     .required = true, .range = ints(1, 1024), .check = FieldCheck::positive,
+     .hf = hf_required("num_experts_per_tok"), .doc = "top-k experts per token"},
+    {.name = "n_shared_experts", .key = "n_shared_experts", .member = &C::n_shared_experts, .required = true,
+     .range = ints(0, 64), .check = FieldCheck::non_negative, .hf = hf_required("n_shared_experts"),
+     .doc = "shared experts, fused into one MLP of n_shared_experts * moe_intermediate_size"},
+    {.name = "moe_intermediate_size", .key = "moe_intermediate_size", .member = &C::moe_intermediate_size,
+     .required = true, .range = ints(1, kMaxDim), .check = FieldCheck::positive,
+     .hf = hf_required("moe_intermediate_size"), .doc = "I, each expert's intermediate width"},
+    {.name = "n_group", .key = "n_group", .member = &C::n_group, .range = ints(1, 65536),
+     .check = FieldCheck::positive, .hf = hf_optional("n_group"),
+     .doc = "router groups; must divide n_routed_experts"},
+    {.name = "topk_group", .key = "topk_group", .member = &C::topk_group, .range = ints(1, 65536),
+     .check = FieldCheck::positive, .hf = hf_optional("topk_group"),
+     .doc = "groups kept by the group limit; <= n_group"},
+    {.name = "routed_scaling_factor", .key = "routed_scaling_factor", .member = &C::routed_scaling_factor,
+     .required = true, .range = reals(1e-6, 1e6), .check = FieldCheck::positive,
+     .hf = hf_required("routed_scaling_factor"), .doc = "scale of the normalised routing weights"},
+    {.name = "swiglu_limit", .key = "swiglu_limit", .member = &C::swiglu_limit, .required = true,
+     .range = reals(0.0, 1e9), .check = FieldCheck::non_negative, .check_note = " (0 disables the clamp)",
+     .hf = {HfRead::null_is_zero, "swiglu_limit", nullptr, "the SwiGLU clamp; null for none"},
+     .doc = "L of the clamped SwiGLU; 0 disables the clamp"},
+    // ---- context: a preset's max_seq_len is the requested length; the usable one is derived
+    {.name = "max_seq_len_requested", .key = "max_seq_len", .member = &C::max_seq_len_requested,
+     .range = ints(1, int64_t{1} << 26), .absent = 4096.0, .in_identity = false,
+     .hf = hf_derived("max_position_embeddings", "min(4096, it): the capacity is mtplab's own setting"),
+     .doc = "requested context rows"},
+    {.name = "max_seq_len", .key = nullptr, .member = &C::max_seq_len, .check = FieldCheck::positive,
+     .hf = hf_none("set_max_seq_len of the requested length"),
+     .doc = "usable context rows: the requested length rounded down to whole pools"},
+    {.name = "block_size", .key = "block_size", .member = &C::block_size, .range = ints(1, 1 << 16),
+     .check = FieldCheck::positive, .hf = hf_none("mtplab's own setting"),
+     .doc = "rows per block of the paged latent KV cache"},
+    // ---- checkpoint names (a preset's `checkpoint:` mapping)
+    {.name = "mtp_layer_index", .key = "checkpoint.mtp_layer_index", .member = &C::mtp_layer_index,
+     .range = ints(0, 1 << 20),
+     .hf = hf_derived("num_hidden_layers", "the MTP layer follows the trunk's layers"),
+     .doc = "index of the MTP layer in the checkpoint; -1 when mtp_prefix names no numbered layer"},
+    {.name = "embed_tokens_name", .key = "checkpoint.embed_tokens", .member = &C::embed_tokens_name,
+     .hf = hf_derived("architectures", "the layout of the architecture's tensor names"),
+     .doc = "the trunk's embedding"},
+    {.name = "lm_head_name", .key = "checkpoint.lm_head", .member = &C::lm_head_name,
+     .hf = hf_derived("tie_word_embeddings", "the embedding when tied, else lm_head.weight"),
+     .doc = "the trunk's head"},
+    {.name = "mtp_prefix", .key = "checkpoint.mtp_prefix", .member = &C::mtp_prefix,
+     .hf = hf_derived("architectures", "the layout's layers.<mtp_layer_index>."),
+     .doc = "prefix of the MTP layer's tensors; ends with '.'"},
+};
+// clang-format on
+
+}  // namespace
+
+std::span<const ModelField> model_fields() { return kFields; }
+
+const ModelField& model_field(const std::string& name) {
+  for (const ModelField& f : kFields)
+    if (name == f.name) return f;
+  MTP_FAIL("ModelConfig has no field \"", name, "\"");
+}
+
+}  // namespace mtplab::model
