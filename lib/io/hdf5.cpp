@@ -1032,6 +1032,15 @@ hid_t open_existing(const std::string& path, const std::string& working, unsigne
 
 std::string working_name(const std::string& path) { return str(path, ".tmp.", ::getpid()); }
 
+// A writer renames its temporary onto `path`: onto a symbolic link that would replace the link
+// with a regular file. The commands resolve links first (io/output.hpp); this is the backstop.
+void refuse_link(const std::string& path) {
+  std::error_code ec;
+  MTP_REQUIRE(!std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec)), path,
+              ": is a symbolic link; not writing through it (that would replace the link with a "
+              "regular file): give the path of the file it points at");
+}
+
 void claim_working(const std::string& path, const std::string& working) {
   MTP_REQUIRE(active_working_paths().insert(working).second, path,
               ": already open for writing in this process (", working, ")");
@@ -1042,6 +1051,7 @@ void claim_working(const std::string& path, const std::string& working) {
 H5File H5File::create(const std::string& path) {
   ensure_init();
   MTP_REQUIRE(!path.empty(), "HDF5: empty file path");
+  refuse_link(path);
   auto fs = std::make_shared<FileState>();
   fs->path = path;
   fs->working = working_name(path);
@@ -1083,6 +1093,7 @@ H5File H5File::open_read(const std::string& path) {
 
 H5File H5File::open_append(const std::string& path) {
   ensure_init();
+  refuse_link(path);
   require_hdf5_file(path);
   auto fs = std::make_shared<FileState>();
   fs->path = path;
