@@ -62,8 +62,9 @@ int cmd_trace(const Args& args) {
   if (rt.rank() != 0) return 0;
   // The output rule (io/output.hpp), before any work: a trace, replaced only with --force.
   const io::OutputKind kind{"trace", "format", io::kTraceFormatName};
-  const std::string out = io::resolve_output("mtplab trace", cli->text("out"), kind, {cli->text("model", "")},
-                                             cli->flag("force") ? io::OutputMode::replace : io::OutputMode::create);
+  const std::string out =
+      io::resolve_output("mtplab trace", cli->text("out"), kind, {cli->text("model", "")},
+                         cli->flag("force") ? io::OutputMode::replace : io::OutputMode::create);
   model::ModelConfig cfg = model::load_model_preset(cli->text("model", "tiny"));
   MTP_REQUIRE(prompt_len + new_tokens <= cfg.max_seq_len, "mtplab trace: ", prompt_len, " + ", new_tokens,
               " positions exceed the model's max_seq_len ", cfg.max_seq_len);
@@ -83,17 +84,18 @@ int cmd_trace(const Args& args) {
                     "\nlayers: ", layers, "\nbatch: ", batch, "\nbackend: ", backend, "\n");
   io::TraceWriter writer(out, cfg.hidden, cfg.vocab, prov);
   int done = 0;
-  drafter::synthetic_trace_groups(
-      target, cfg.vocab, sequences, prompt_len, new_tokens, seed, io::TraceSampling{}, batch,
-      [&](std::vector<io::TraceSequence>&& group) {
-        for (const io::TraceSequence& seq : group) writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
-        log_info("trace: sequences ", done + 1, "..", done + static_cast<int>(group.size()), "/", sequences, " (",
-                 prompt_len + new_tokens, " positions each)");
-        done += static_cast<int>(group.size());
-      });
+  drafter::synthetic_trace_groups(target, cfg.vocab, sequences, prompt_len, new_tokens, seed,
+                                  io::TraceSampling{}, batch, [&](std::vector<io::TraceSequence>&& group) {
+                                    for (const io::TraceSequence& seq : group)
+                                      writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
+                                    log_info("trace: sequences ", done + 1, "..",
+                                             done + static_cast<int>(group.size()), "/", sequences, " (",
+                                             prompt_len + new_tokens, " positions each)");
+                                    done += static_cast<int>(group.size());
+                                  });
   writer.commit();
-  std::printf("wrote %s: %d sequences of %d positions (model %s, hidden %d, vocab %d)\n", out.c_str(), sequences,
-              prompt_len + new_tokens, cfg.name.c_str(), cfg.hidden, cfg.vocab);
+  std::printf("wrote %s: %d sequences of %d positions (model %s, hidden %d, vocab %d)\n", out.c_str(),
+              sequences, prompt_len + new_tokens, cfg.name.c_str(), cfg.hidden, cfg.vocab);
   return 0;
 }
 

@@ -14,7 +14,8 @@
 namespace mtplab::json {
 
 const char* Value::kind_name() const {
-  static constexpr const char* kNames[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+  static constexpr const char* kNames[] = {"null",     "a boolean", "a number",
+                                           "a string", "an array",  "an object"};
   static_assert(std::size(kNames) == static_cast<size_t>(Kind::object) + 1);
   return kNames[static_cast<size_t>(kind)];
 }
@@ -94,8 +95,7 @@ class Parser {
       skip_ws();
       if (peek() == close) fail(str("a trailing comma before '", close, "' (JSON allows none)"));
     }
-    if (peek() != close)
-      fail(str("expected ',' or '", close, "', found ", found()));
+    if (peek() != close) fail(str("expected ',' or '", close, "', found ", found()));
     ++pos_;
   }
 

@@ -101,7 +101,8 @@ std::vector<Override> parse_overrides(const std::vector<std::string>& overrides)
     Override ov;
     const std::string value = split_override(o, ov.key);
     ov.text = str("--set ", o);
-    MTP_REQUIRE(!trim(value).empty(), "from ", ov.text, ": the value is empty: give a value (YAML), or leave the --set out "
+    MTP_REQUIRE(!trim(value).empty(), "from ", ov.text,
+                ": the value is empty: give a value (YAML), or leave the --set out "
                 "to keep the file's");
     try {
       ov.value = strip_marks(YAML::Load(value));

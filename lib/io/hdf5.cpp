@@ -53,8 +53,7 @@ struct Node {
   std::shared_ptr<FileState> file;
   std::string path;
 
-  Node(hid_t i, std::shared_ptr<FileState> f, std::string p)
-      : id(i), file(std::move(f)), path(std::move(p)) {
+  Node(hid_t i, std::shared_ptr<FileState> f, std::string p) : id(i), file(std::move(f)), path(std::move(p)) {
     if (file) file->nodes.insert(this);
   }
   Node(const Node&) = delete;
@@ -121,7 +120,8 @@ std::string take_hdf5_detail() {
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walker, &innermost);
   H5Eclear2(H5E_DEFAULT);
   // A full disk reads as what it is, not as HDF5's dump of the failed write's arguments.
-  if (innermost.find("errno = 28,") != std::string::npos || innermost.find(std::strerror(ENOSPC)) != std::string::npos)
+  if (innermost.find("errno = 28,") != std::string::npos ||
+      innermost.find(std::strerror(ENOSPC)) != std::string::npos)
     return ": no space left on device (the file system or the quota is full)";
   return innermost.empty() ? std::string() : str(" (HDF5: ", innermost, ")");
 }

@@ -36,7 +36,8 @@ TEST(Json, RefusesWhatJsonRefusesNamingFileAndPosition) {
       {"{\"a\": [1, 2", "config.json:1:12:", "the end of the text (truncated?)"},
       {"{\"a\": \"tru", "config.json:1:11:", "the text ends inside a string (truncated?)"},
       {"", "config.json:1:1:", "expected a value, found the end of the text"},
-      {"{\"a\": 1,\n \"a\": 2}", "config.json:2:2:", "a: duplicate key \"a\" (it appears twice in one object)"},
+      {"{\"a\": 1,\n \"a\": 2}",
+       "config.json:2:2:", "a: duplicate key \"a\" (it appears twice in one object)"},
       {"{\"a\": NaN}", "config.json:1:7:", "expected a value"},
       {"{\"a\": 01}", "config.json:1:8:", "expected ',' or '}'"},
       {"{\"a\": 1} x", "config.json:1:10:", "text after the document"},
@@ -51,8 +52,8 @@ TEST(Json, RefusesWhatJsonRefusesNamingFileAndPosition) {
 }
 
 TEST(Json, ReadsWhatJsonAllows) {
-  const json::Value v =
-      json::parse("{\"a\": [1, -2.5e3, true, false, null], \"b\": {\"c\": \"x\\u00e9\\n\"}, \"\": {}}", "t.json");
+  const json::Value v = json::parse(
+      "{\"a\": [1, -2.5e3, true, false, null], \"b\": {\"c\": \"x\\u00e9\\n\"}, \"\": {}}", "t.json");
   ASSERT_EQ(v.kind, json::Value::Kind::object);
   ASSERT_EQ(v.members.size(), 3u);
   EXPECT_EQ(v.members[0].second.items.at(1).text, "-2.5e3");

@@ -242,5 +242,6 @@ TEST(Yaml, EmptyValueIsAnErrorNamingFileLineAndKey) {
   auto doc = YamlNode::load_string("measure: {}\nsweep:\n", "exp.yaml");
   MapReader top(doc);
   EXPECT_TRUE(top.opt("measure").has_value());
-  EXPECT_NE(error_of([&] { top.opt("sweep"); }).find("exp.yaml:2:1: sweep: the value is empty"), std::string::npos);
+  EXPECT_NE(error_of([&] { top.opt("sweep"); }).find("exp.yaml:2:1: sweep: the value is empty"),
+            std::string::npos);
 }

@@ -182,7 +182,8 @@ TEST(Experiment, UnrunnablePointsReportedAtExpansion) {
       message_of([&] { parse_experiment(kBase, "exp.yaml", {"trace.synthetic.new_tokens=200"}, 2); });
   EXPECT_NE(ml.find("exceeds model.max_seq_len"), std::string::npos) << ml;
   // The synthetic target's batch: 1 .. 128, named when out of range.
-  for (const char* bad : {"trace.synthetic.batch=0", "trace.synthetic.batch=129", "trace.synthetic.batch=two"}) {
+  for (const char* bad :
+       {"trace.synthetic.batch=0", "trace.synthetic.batch=129", "trace.synthetic.batch=two"}) {
     const std::string mb = message_of([&] { parse_experiment(kBase, "exp.yaml", {bad}, 2); });
     EXPECT_NE(mb.find("batch"), std::string::npos) << bad << ": " << mb;
   }

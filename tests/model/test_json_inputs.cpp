@@ -18,7 +18,8 @@ using namespace mtplab::model;
 namespace {
 std::string tiny_config() {
   const std::string d = presets_dir();
-  std::ifstream in(d.substr(0, d.size() - std::string("/configs").size()) + "/tests/data/hf/glm5_next-tiny/config.json");
+  std::ifstream in(d.substr(0, d.size() - std::string("/configs").size()) +
+                   "/tests/data/hf/glm5_next-tiny/config.json");
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -42,7 +43,8 @@ TEST(JsonInputs, HfConfigThatIsNotJsonIsRefusedWithFileAndPosition) {
       {good.substr(0, close) + ",\n}\n", "a trailing comma before '}'"},
       {"// exported\n" + good, "a comment (JSON has none)"},
       {good.substr(0, close / 2), "(truncated?)"},
-      {good.substr(0, close) + ",\n  \"model_type\": \"glm5_next\"\n}\n", "model_type: duplicate key \"model_type\""},
+      {good.substr(0, close) + ",\n  \"model_type\": \"glm5_next\"\n}\n",
+       "model_type: duplicate key \"model_type\""},
       {"{model_type: glm5_next}", "expected a key in double quotes"},
   };
   for (const Case& c : cases) {
