@@ -11,6 +11,7 @@
 #include "dist/runtime.hpp"
 #include "harness/check.hpp"
 #include "harness/experiment.hpp"
+#include "io/output.hpp"
 #include "ops/ops.hpp"
 
 namespace mtplab::app {
@@ -57,7 +58,7 @@ int cmd_check(const Args& args) {
   }
   if (loaded) {
     harness::CheckOptions options;
-    options.output = cli->has("out") ? cli->text("out") : ex.output;
+    options.output = io::follow_output_link(cli->has("out") ? cli->text("out") : ex.output);  // as run
     options.backend = ex.points.front().backend;
     if (options.backend == "auto")
       options.backend = ops::cuda_backend_available() && rt.min_visible_gpus() > 0 ? "cuda" : "cpu";

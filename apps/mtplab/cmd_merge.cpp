@@ -21,7 +21,9 @@ cli::Parser merge_cli() {
              "Joins results files of one experiment (e.g. the tasks of a Slurm array) into OUT.h5.\n"
              "Points present in several inputs must have the same configuration; a missing point is\n"
              "reported but not an error.\n")
-      .flag("force", "replace OUT.h5 when it exists")
+      .flag("force",
+            "replace OUT.h5 when it is an existing results file (any other file is never\n"
+            "replaced; OUT.h5 may not be an input under any spelling or link)")
       .positionals("OUT.h5 and at least one input", 2, SIZE_MAX);
 }
 

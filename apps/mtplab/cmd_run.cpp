@@ -13,6 +13,7 @@
 #include "dist/runtime.hpp"
 #include "harness/experiment.hpp"
 #include "harness/runner.hpp"
+#include "io/output.hpp"
 
 namespace mtplab::app {
 namespace {
@@ -61,7 +62,9 @@ int cmd_run(const Args& args) {
   // the job cleanly (no MPI_Abort).
   dist::run_agreed([&] {
     ex = harness::load_experiment(file, sets, rt.world());
-    options.output = out.empty() ? ex.output : out;
+    // A link is written through, never replaced (io/output.hpp: the rest of the output rule is
+    // the input check's, harness::inspect_results_file).
+    options.output = io::follow_output_link(out.empty() ? ex.output : out);
     MTP_REQUIRE(!options.output.empty(), file, ": no output: key and no --out");
     const int n = static_cast<int>(ex.points.size());
     MTP_REQUIRE(point < n, file, ": --point ", point, " is out of range: the experiment has ", n,

@@ -13,6 +13,7 @@
 #include "core/log.hpp"
 #include "dist/runtime.hpp"
 #include "drafter/target.hpp"
+#include "io/output.hpp"
 #include "io/trace.hpp"
 #include "model/config.hpp"
 
@@ -20,9 +21,12 @@ namespace mtplab::app {
 namespace {
 cli::Parser trace_cli() {
   return command_parser(
-             "trace", "--out FILE.h5 [options]",
-             "Writes a trace (docs/trace-format.md) by greedy decoding of mtplab's synthetic target.\n")
+             "trace", "--out FILE.h5 [--force] [options]",
+             "Writes a trace (docs/trace-format.md) by greedy decoding of mtplab's synthetic target.\n"
+             "An existing FILE.h5 is replaced only when it is a trace and --force is given; any other\n"
+             "file (a results file, ...) is never replaced. A link is followed to the file it names.\n")
       .text("out", "FILE.h5", "the trace file to write (required)")
+      .flag("force", "replace FILE.h5 when it is an existing trace")
       .text("model", "NAME|PATH", "model preset or config file (default tiny)")
       .integer("sequences", "N", "sequences (default 8)", 1, 1 << 20)
       .integer("prompt-len", "N", "prompt tokens per sequence (default 32)", 2, 1 << 20)
@@ -45,7 +49,6 @@ int cmd_trace(const Args& args) {
   const auto cli = parse_or_help(trace_cli(), args);
   if (!cli) return 0;
   MTP_REQUIRE(cli->has("out"), "mtplab trace: --out FILE.h5 is required");
-  const std::string out = cli->text("out");
   const int sequences = static_cast<int>(cli->integer("sequences", 8));
   const int prompt_len = static_cast<int>(cli->integer("prompt-len", 32));
   const int new_tokens = static_cast<int>(cli->integer("new-tokens", 96));
@@ -57,6 +60,11 @@ int cmd_trace(const Args& args) {
 
   dist::Runtime rt;
   if (rt.rank() != 0) return 0;
+  // The output rule (io/output.hpp), before any work: a trace, replaced only with --force.
+  const io::OutputKind kind{"trace", "format", io::kTraceFormatName};
+  const std::string out =
+      io::resolve_output("mtplab trace", cli->text("out"), kind, {cli->text("model", "")},
+                         cli->flag("force") ? io::OutputMode::replace : io::OutputMode::create);
   model::ModelConfig cfg = model::load_model_preset(cli->text("model", "tiny"));
   MTP_REQUIRE(prompt_len + new_tokens <= cfg.max_seq_len, "mtplab trace: ", prompt_len, " + ", new_tokens,
               " positions exceed the model's max_seq_len ", cfg.max_seq_len);
@@ -76,17 +84,18 @@ int cmd_trace(const Args& args) {
                     "\nlayers: ", layers, "\nbatch: ", batch, "\nbackend: ", backend, "\n");
   io::TraceWriter writer(out, cfg.hidden, cfg.vocab, prov);
   int done = 0;
-  drafter::synthetic_trace_groups(
-      target, cfg.vocab, sequences, prompt_len, new_tokens, seed, io::TraceSampling{}, batch,
-      [&](std::vector<io::TraceSequence>&& group) {
-        for (const io::TraceSequence& seq : group) writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
-        log_info("trace: sequences ", done + 1, "..", done + static_cast<int>(group.size()), "/", sequences, " (",
-                 prompt_len + new_tokens, " positions each)");
-        done += static_cast<int>(group.size());
-      });
+  drafter::synthetic_trace_groups(target, cfg.vocab, sequences, prompt_len, new_tokens, seed,
+                                  io::TraceSampling{}, batch, [&](std::vector<io::TraceSequence>&& group) {
+                                    for (const io::TraceSequence& seq : group)
+                                      writer.add_sequence(seq.tokens, seq.hiddens, seq.prompt_length);
+                                    log_info("trace: sequences ", done + 1, "..",
+                                             done + static_cast<int>(group.size()), "/", sequences, " (",
+                                             prompt_len + new_tokens, " positions each)");
+                                    done += static_cast<int>(group.size());
+                                  });
   writer.commit();
-  std::printf("wrote %s: %d sequences of %d positions (model %s, hidden %d, vocab %d)\n", out.c_str(), sequences,
-              prompt_len + new_tokens, cfg.name.c_str(), cfg.hidden, cfg.vocab);
+  std::printf("wrote %s: %d sequences of %d positions (model %s, hidden %d, vocab %d)\n", out.c_str(),
+              sequences, prompt_len + new_tokens, cfg.name.c_str(), cfg.hidden, cfg.vocab);
   return 0;
 }
 

@@ -326,6 +326,20 @@ MapReader::MapReader(const YamlNode& node) : node_(node) {
 
 bool MapReader::has(const std::string& key) const { return static_cast<bool>(node_.raw()[key]); }
 
+void MapReader::refuse_empty(const std::string& key, const YAML::Node& value) const {
+  if (value && !value.IsNull()) return;
+  // At the key when the value is the file's (an empty value has no place of its own); at the value
+  // when it came from the command line (--set), which has no line in the file.
+  YAML::Node at;
+  at.reset(value);  // reset(), not =: YAML::Node's = writes into the node it refers to
+  if (value.Mark().line >= 0) {
+    for (auto it = node_.raw().begin(); it != node_.raw().end(); ++it)
+      if (it->first.Scalar() == key) at.reset(it->first);
+  }
+  YamlNode(at, std::make_shared<const std::string>(node_.file()), child_path(node_.path(), key))
+      .fail("the value is empty (nothing, ~ or null): write a value, or remove the key to take its default");
+}
+
 YamlNode MapReader::req(const std::string& key) {
   YAML::Node child = node_.raw()[key];
   if (!child) {
@@ -349,13 +363,15 @@ YamlNode MapReader::req(const std::string& key) {
     node_.fail(str("missing required key \"", key, "\""));
   }
   taken_.insert(key);
+  refuse_empty(key, child);
   return YamlNode(child, std::make_shared<const std::string>(node_.file()), child_path(node_.path(), key));
 }
 
 std::optional<YamlNode> MapReader::opt(const std::string& key) {
   YAML::Node child = node_.raw()[key];
   taken_.insert(key);
-  if (!child || child.IsNull()) return std::nullopt;
+  if (!child) return std::nullopt;
+  refuse_empty(key, child);
   return YamlNode(child, std::make_shared<const std::string>(node_.file()), child_path(node_.path(), key));
 }
 

@@ -11,7 +11,10 @@
 // - a quoted value closes on the line where it opens: an unclosed quote is an error at the quote
 //   (yaml-cpp would read the rest of the file into the value, or fail much later);
 // - a number is written bare: a quoted one (`draft_len: "3"`) is text in YAML and is refused
-//   where a number is expected.
+//   where a number is expected;
+// - a key is given a value: an empty one (`max_steps:`, `max_steps: ~`, `max_steps: null`) is an
+//   error naming the file, line and key (YAML reads it as null, which would quietly take the
+//   key's default). The one place: MapReader::req / opt. Leave the key out for its default.
 #pragma once
 #include <yaml-cpp/yaml.h>
 
@@ -83,7 +86,7 @@ class MapReader {
   /// mapping that nobody took yet is close to it (a misspelling), the error is at that key and
   /// says which key was meant.
   YamlNode req(const std::string& key);
-  /// An optional key: nullopt when absent or null.
+  /// An optional key: nullopt when absent; an empty (null) value is an error, as in req().
   std::optional<YamlNode> opt(const std::string& key);
 
   int64_t req_int(const std::string& key, int64_t min, int64_t max) { return req(key).as_int(min, max); }
@@ -105,6 +108,8 @@ class MapReader {
   const YamlNode& node() const { return node_; }
 
  private:
+  /// Throws when `value` (of `key`) is null: nothing, ~ or null.
+  void refuse_empty(const std::string& key, const YAML::Node& value) const;
   YamlNode node_;
   std::set<std::string> taken_;
 };

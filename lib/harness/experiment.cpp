@@ -102,6 +102,9 @@ std::vector<Override> parse_overrides(const std::vector<std::string>& overrides)
     Override ov;
     const std::string value = split_override(o, ov.key);
     ov.text = str("--set ", o);
+    MTP_REQUIRE(!trim(value).empty(), "from ", ov.text,
+                ": the value is empty: give a value (YAML), or leave the --set out "
+                "to keep the file's");
     try {
       ov.value = strip_marks(YAML::Load(value));
     } catch (const YAML::Exception& e) {
@@ -386,9 +389,11 @@ std::string read_text(const std::string& path) {
 [[noreturn]] void rethrow_with_overrides(const Error& e, const std::vector<Override>& ovs) {
   std::string msg = e.message();
   for (const auto& o : ovs)
-    if (msg.find(str(": ", o.key, ":")) != std::string::npos ||
-        msg.find(str("\"", o.key, "\"")) != std::string::npos ||
-        msg.find(str(": ", o.key, "[")) != std::string::npos)
+    if ((msg.find(str(": ", o.key, ":")) != std::string::npos ||
+         msg.find(str("\"", o.key, "\"")) != std::string::npos ||
+         msg.find(str(": ", o.key, "[")) != std::string::npos ||
+         msg.find(str(": ", o.key, ".")) != std::string::npos) &&
+        msg.find(str("from ", o.text)) == std::string::npos)
       msg += str(" (from ", o.text, ")");
   throw Error(msg, e.file().c_str(), e.line());
 }

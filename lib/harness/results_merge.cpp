@@ -8,6 +8,7 @@
 #include "core/log.hpp"
 #include "harness/results.hpp"
 #include "harness/results_format.hpp"
+#include "io/output.hpp"
 
 namespace mtplab::harness {
 namespace {
@@ -86,14 +87,14 @@ void copy_group(const Group& src, Group& dst) {
 
 }  // namespace
 
-int merge_results(const std::string& out, const std::vector<std::string>& inputs, bool overwrite,
+int merge_results(const std::string& out_arg, const std::vector<std::string>& inputs, bool overwrite,
                   const std::vector<std::string>& argv) {
   MTP_REQUIRE(!inputs.empty(), "merge: no input files");
-  for (const auto& in : inputs)
-    MTP_REQUIRE(std::filesystem::absolute(in) != std::filesystem::absolute(out), "merge: the output ", out,
-                " is also an input; write the merge to a new file");
-  MTP_REQUIRE(overwrite || !std::filesystem::exists(out), "merge: ", out,
-              " exists; remove it or pass --force to replace it");
+  // The output rule (io/output.hpp): a results file that is none of the inputs (under any
+  // spelling or link), replaced only with --force; a link is written through, never replaced.
+  const std::string out =
+      io::resolve_output("mtplab merge", out_arg, {"results file", "schema", kResultsSchema}, inputs,
+                         overwrite ? io::OutputMode::replace : io::OutputMode::create);
   remove_stale_temporaries(out);
   std::vector<H5File> files;
   for (const auto& in : inputs) {

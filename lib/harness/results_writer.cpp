@@ -19,6 +19,7 @@
 #include "harness/results.hpp"
 #include "harness/results_format.hpp"
 #include "harness/uncertainty.hpp"
+#include "io/output.hpp"
 
 extern char** environ;
 
@@ -254,24 +255,36 @@ std::string results_identity(const std::string& configuration_identity, const Id
   return identity_hash(text);
 }
 
+namespace {
+// Every file the experiment reads: the experiment, model configs, traces and checkpoints.
+std::vector<std::string> experiment_inputs(const Experiment& ex) {
+  std::vector<std::string> in = {ex.file};
+  for (const auto& p : ex.points) {
+    if (!p.model.source.empty()) in.push_back(p.model.source);
+    if (!p.trace.synthetic) in.push_back(p.trace.path);
+    if (!p.weights.synthetic) in.push_back(p.weights.checkpoint);
+  }
+  std::sort(in.begin(), in.end());
+  in.erase(std::unique(in.begin(), in.end()), in.end());
+  return in;
+}
+}  // namespace
+
 ResumeState inspect_results_file(const std::string& path, const Experiment& ex,
                                  const IdentityInputs& inputs) {
   ResumeState st;
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) return st;
-  st.exists = true;
-  if (!std::filesystem::is_regular_file(status)) {
-    st.problems.push_back(str(path, ": exists and is not a file; choose another output (--out)"));
+  // The output rule (io/output.hpp): links and spellings resolved, never an input, never a file of
+  // another kind; an existing results file is resumed (checked below).
+  const io::OutputCheck out = io::check_output("mtplab run", path, {"results file", "schema", kResultsSchema},
+                                               experiment_inputs(ex), io::OutputMode::resume);
+  st.exists = out.exists || !out.problems.empty();
+  if (!out.problems.empty()) {
+    for (const auto& p : out.problems) st.problems.push_back(str(p, " (--out)"));
     return st;
   }
+  if (!out.exists) return st;
   try {
     const H5File f = H5File::open_read(path);
-    if (!(f.has_attr("schema") && f.attr_string("schema") == kResultsSchema)) {
-      st.problems.push_back(
-          str(path, ": exists and is not an mtplab results file; choose another output (--out)"));
-      return st;
-    }
     const int64_t version = f.attr_int("schema_version");
     if (version != kResultsSchemaVersion) {
       st.problems.push_back(str(path, ": results schema version ", version, ", this mtplab writes ",

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <hdf5.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +26,12 @@ static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>,
 
 namespace detail {
 
+struct Node;
+
+// A file and the objects opened in it. Closing is in RAII order on every path: each object still
+// open (dataset, group) first, then the file. A close that fails (a full disk: HDF5 flushes on
+// close) is not retried: the handle is left to the operating system, never closed twice, and the
+// library's exit-time cleanup is off (ensure_init), since it would close it again and crash.
 struct FileState {
   std::string path;     // final path, used in every message
   std::string working;  // where the bytes are (== path when read-only)
@@ -33,11 +40,11 @@ struct FileState {
   bool writable = false;
   bool append = false;
   struct stat original {};  // the file open_append copied, to detect a concurrent replacement
+  std::set<Node*> nodes;    // the objects open in this file (Node registers itself)
 
-  void close() noexcept {
-    if (open) H5Fclose(id);
-    open = false;
-  }
+  /// Closes the objects, then the file; false when a close failed (the first failure is kept in
+  /// HDF5's error stack for the caller's message).
+  bool close() noexcept;
   ~FileState() { close(); }
 };
 
@@ -46,14 +53,34 @@ struct Node {
   std::shared_ptr<FileState> file;
   std::string path;
 
-  Node(hid_t i, std::shared_ptr<FileState> f, std::string p)
-      : id(i), file(std::move(f)), path(std::move(p)) {}
+  Node(hid_t i, std::shared_ptr<FileState> f, std::string p) : id(i), file(std::move(f)), path(std::move(p)) {
+    if (file) file->nodes.insert(this);
+  }
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
+  /// Closes the object (once); false when HDF5 failed to (it is not closed again).
+  bool close() noexcept {
+    const hid_t mine = id;
+    id = -1;
+    return !(file && file->open && mine >= 0) || H5Oclose(mine) >= 0;
+  }
   ~Node() {
-    if (file && file->open && id >= 0) H5Oclose(id);
+    close();
+    if (file) file->nodes.erase(this);
   }
 };
+
+bool FileState::close() noexcept {
+  if (!open) return true;
+  bool ok = true;
+  for (Node* n : nodes) {
+    // After the first failure the error stack keeps that one (the cause); later ones are dropped.
+    if (!n->close() && ok) ok = false;
+  }
+  const bool file_ok = H5Fclose(id) >= 0;
+  open = false;  // closed, or its close failed: never closed again
+  return ok && file_ok;
+}
 
 }  // namespace detail
 
@@ -61,6 +88,16 @@ namespace {
 
 using detail::FileState;
 using detail::Node;
+
+// A file whose close failed (FileState::close, a full disk) is never closed again, not even by
+// HDF5's own exit-time cleanup, which would flush it once more and crash (SIGSEGV in H5D_close /
+// H5F__close_cb): the operating system releases it. H5dont_atexit works only before the library
+// starts, so it runs at static initialisation, before anything (provenance included) calls HDF5.
+// Every file mtplab writes is committed or discarded explicitly, so the cleanup has nothing to do.
+[[maybe_unused]] const bool kNoExitCleanup = [] {
+  H5dont_atexit();
+  return true;
+}();
 
 // Turns HDF5's automatic error printing off (once; the library is used from one thread).
 void ensure_init() {
@@ -82,6 +119,10 @@ std::string take_hdf5_detail() {
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walker, &innermost);
   H5Eclear2(H5E_DEFAULT);
+  // A full disk reads as what it is, not as HDF5's dump of the failed write's arguments.
+  if (innermost.find("errno = 28,") != std::string::npos ||
+      innermost.find(std::strerror(ENOSPC)) != std::string::npos)
+    return ": no space left on device (the file system or the quota is full)";
   return innermost.empty() ? std::string() : str(" (HDF5: ", innermost, ")");
 }
 
@@ -1032,6 +1073,15 @@ hid_t open_existing(const std::string& path, const std::string& working, unsigne
 
 std::string working_name(const std::string& path) { return str(path, ".tmp.", ::getpid()); }
 
+// A writer renames its temporary onto `path`: onto a symbolic link that would replace the link
+// with a regular file. The commands resolve links first (io/output.hpp); this is the backstop.
+void refuse_link(const std::string& path) {
+  std::error_code ec;
+  MTP_REQUIRE(!std::filesystem::is_symlink(std::filesystem::symlink_status(path, ec)), path,
+              ": is a symbolic link; not writing through it (that would replace the link with a "
+              "regular file): give the path of the file it points at");
+}
+
 void claim_working(const std::string& path, const std::string& working) {
   MTP_REQUIRE(active_working_paths().insert(working).second, path,
               ": already open for writing in this process (", working, ")");
@@ -1042,6 +1092,7 @@ void claim_working(const std::string& path, const std::string& working) {
 H5File H5File::create(const std::string& path) {
   ensure_init();
   MTP_REQUIRE(!path.empty(), "HDF5: empty file path");
+  refuse_link(path);
   auto fs = std::make_shared<FileState>();
   fs->path = path;
   fs->working = working_name(path);
@@ -1056,8 +1107,9 @@ H5File H5File::create(const std::string& path) {
   track_attr_order(fcpl.get(), path);
   fs->id = H5Fcreate(fs->working.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
   if (fs->id < 0) {
-    active_working_paths().erase(fs->working);
     const std::string detail = take_hdf5_detail();
+    ::unlink(fs->working.c_str());  // a full disk may leave it created, empty
+    active_working_paths().erase(fs->working);
     MTP_FAIL(path, ": cannot create ", fs->working, detail);
   }
   fs->open = true;
@@ -1083,6 +1135,7 @@ H5File H5File::open_read(const std::string& path) {
 
 H5File H5File::open_append(const std::string& path) {
   ensure_init();
+  refuse_link(path);
   require_hdf5_file(path);
   auto fs = std::make_shared<FileState>();
   fs->path = path;
@@ -1103,9 +1156,16 @@ H5File H5File::open_append(const std::string& path) {
   std::error_code ec;
   std::filesystem::copy_file(path, fs->working, std::filesystem::copy_options::overwrite_existing, ec);
   if (ec || ::stat(path.c_str(), &after) != 0 || !same_file_version(before, after)) {
+    // A copy cut short by a full disk may say only "Input/output error": asked before the
+    // partial copy is removed (which frees its space).
+    struct statvfs vfs {};
+    const std::filesystem::path dir = std::filesystem::path(fs->working).parent_path();
+    const bool full = ec && ::statvfs(dir.empty() ? "." : dir.c_str(), &vfs) == 0 && vfs.f_bavail == 0;
     abandon();
-    MTP_FAIL(path, ": cannot copy to ", fs->working,
-             " for appending: ", ec ? ec.message() : std::string("the file changed while it was copied"));
+    MTP_FAIL(path, ": cannot copy to ", fs->working, " for appending: ",
+             full ? std::string("no space left on device (the file system or the quota is full)")
+             : ec ? ec.message()
+                  : std::string("the file changed while it was copied"));
   }
   fs->original = before;
   try {
@@ -1138,14 +1198,27 @@ H5File::~H5File() { discard(); }
 bool H5File::writable() const { return node().file->writable; }
 const std::string& H5File::working_path() const { return node().file->working; }
 
+namespace {
+// Throws a writer's temporary away: emptied first, so that closing it (HDF5 flushes what it holds
+// on close) has room even on a full disk, then closed (its objects before it, a failure not
+// retried: FileState::close) and removed. Any HDF5 error on the way is dropped: the caller
+// reports the first one.
+void discard_working(FileState& fs) noexcept {
+  if (fs.open) {
+    const int emptied = ::truncate(fs.working.c_str(), 0);
+    (void)emptied;
+    (void)fs.close();
+    H5Eclear2(H5E_DEFAULT);
+  }
+  ::unlink(fs.working.c_str());
+  active_working_paths().erase(fs.working);
+}
+}  // namespace
+
 void H5File::discard() noexcept {
   if (!node_) return;
   FileState& fs = *node_->file;
-  if (fs.writable && !committed_) {
-    fs.close();
-    ::unlink(fs.working.c_str());
-    active_working_paths().erase(fs.working);
-  }
+  if (fs.writable && !committed_) discard_working(fs);
   node_.reset();
 }
 
@@ -1154,20 +1227,15 @@ void H5File::commit() {
   MTP_REQUIRE(fs.writable, fs.path, ": opened read-only, nothing to commit");
   MTP_REQUIRE(!committed_, fs.path, ": already committed");
   MTP_REQUIRE(fs.open, fs.path, ": the file is closed");
-  auto abandon = [&] {
-    fs.close();
-    ::unlink(fs.working.c_str());
-    active_working_paths().erase(fs.working);
-  };
+  auto abandon = [&] { discard_working(fs); };
   // A failed flush or close means data may be missing: the temporary is not promoted.
   if (H5Fflush(fs.id, H5F_SCOPE_LOCAL) < 0) {
     const std::string detail = take_hdf5_detail();
     abandon();
     MTP_FAIL(fs.path, ": flushing ", fs.working, " failed, nothing written", detail);
   }
-  const herr_t closed = H5Fclose(fs.id);
-  fs.open = false;
-  if (closed < 0) {
+  const bool closed = fs.close();  // the objects still open, then the file
+  if (!closed) {
     const std::string detail = take_hdf5_detail();
     abandon();
     MTP_FAIL(fs.path, ": closing ", fs.working, " failed, nothing written", detail);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 #include "model/config.hpp"
 #include "model/fields.hpp"
 
@@ -341,7 +342,7 @@ ModelConfig load_hf_config(const std::string& path) {
   const std::string file = dir ? (fs::path(path) / "config.json").string() : path;
   MTP_REQUIRE(fs::is_regular_file(file, ec), file, ": no such file",
               dir ? " (a checkpoint directory needs the config.json of its Hugging Face release)" : "");
-  const YamlNode root = YamlNode::load_file(file);
+  const YamlNode root = json::load_as_yaml(file);  // strict JSON (core/json.hpp), read as YAML
   MTP_REQUIRE(root.is_map(), file, ": a Hugging Face config is a JSON object");
 
   ModelConfig c;

@@ -1,4 +1,4 @@
-// Safetensors reading (mmap + a strict header-only JSON parser) and writing.
+// Safetensors reading (mmap + the strict JSON reader of core/json.hpp) and writing.
 #include "model/safetensors.hpp"
 
 #include <fcntl.h>
@@ -18,247 +18,13 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "core/json.hpp"
 
 namespace mtplab::model {
 namespace {
 
-// ---- a strict JSON parser, enough for safetensors headers and index files ---------------------
-
-struct Json {
-  enum class Kind { null, boolean, number, string, array, object };
-  Kind kind = Kind::null;
-  bool boolean = false;
-  std::string text;  ///< a string's value, or a number's literal
-  std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;
-
-  const char* kind_name() const {
-    static constexpr const char* kNames[] = {"null",     "a boolean", "a number",
-                                             "a string", "an array",  "an object"};  // Kind order
-    static_assert(std::size(kNames) == static_cast<size_t>(Kind::object) + 1);
-    return kNames[static_cast<size_t>(kind)];
-  }
-};
-
-class JsonParser {
- public:
-  JsonParser(std::string_view text, std::string what) : s_(text), what_(std::move(what)) {}
-
-  Json parse_document() {
-    skip_ws();
-    Json v = parse_value(0);
-    skip_ws();
-    if (pos_ != s_.size()) fail("unexpected trailing characters");
-    return v;
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& msg) const {
-    MTP_FAIL(what_, ": invalid JSON at byte ", pos_, ": ", msg);
-  }
-  void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
-      ++pos_;
-  }
-  char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
-  void expect(char c) {
-    if (peek() != c) fail(str("expected '", c, "'"));
-    ++pos_;
-  }
-  bool literal(std::string_view word) {
-    if (s_.substr(pos_, word.size()) != word) return false;
-    pos_ += word.size();
-    return true;
-  }
-
-  /// At an opening bracket: `item` for each comma-separated item up to `close` (an empty list is
-  /// fine).
-  template <typename Item>
-  void parse_items(char close, Item&& item) {
-    ++pos_;
-    skip_ws();
-    if (peek() == close) {
-      ++pos_;
-      return;
-    }
-    for (;;) {
-      skip_ws();
-      item();
-      skip_ws();
-      if (peek() != ',') break;
-      ++pos_;
-    }
-    expect(close);
-  }
-
-  Json parse_value(int depth) {
-    if (depth > 32) fail("nesting too deep");
-    Json v;
-    const char c = peek();
-    if (c == '{') {
-      v.kind = Json::Kind::object;
-      std::set<std::string> seen;
-      parse_items('}', [&] {
-        if (peek() != '"') fail("expected a string key");
-        std::string key = parse_string();
-        if (!seen.insert(key).second) fail(str("duplicate key \"", key, "\""));
-        skip_ws();
-        expect(':');
-        skip_ws();
-        v.members.emplace_back(std::move(key), parse_value(depth + 1));
-      });
-      return v;
-    }
-    if (c == '[') {
-      v.kind = Json::Kind::array;
-      parse_items(']', [&] { v.items.push_back(parse_value(depth + 1)); });
-      return v;
-    }
-    if (c == '"') {
-      v.kind = Json::Kind::string;
-      v.text = parse_string();
-      return v;
-    }
-    if (c == '-' || (c >= '0' && c <= '9')) {
-      v.kind = Json::Kind::number;
-      v.text = parse_number();
-      return v;
-    }
-    if (literal("true")) {
-      v.kind = Json::Kind::boolean;
-      v.boolean = true;
-      return v;
-    }
-    if (literal("false")) {
-      v.kind = Json::Kind::boolean;
-      return v;
-    }
-    if (literal("null")) return v;
-    fail("expected a value");
-  }
-
-  std::string parse_number() {
-    const size_t start = pos_;
-    if (peek() == '-') ++pos_;
-    if (peek() == '0') {
-      ++pos_;
-    } else if (peek() >= '1' && peek() <= '9') {
-      while (peek() >= '0' && peek() <= '9') ++pos_;
-    } else {
-      fail("malformed number");
-    }
-    if (peek() == '.') {
-      ++pos_;
-      if (!(peek() >= '0' && peek() <= '9')) fail("malformed number");
-      while (peek() >= '0' && peek() <= '9') ++pos_;
-    }
-    if (peek() == 'e' || peek() == 'E') {
-      ++pos_;
-      if (peek() == '+' || peek() == '-') ++pos_;
-      if (!(peek() >= '0' && peek() <= '9')) fail("malformed number");
-      while (peek() >= '0' && peek() <= '9') ++pos_;
-    }
-    return std::string(s_.substr(start, pos_ - start));
-  }
-
-  unsigned hex4() {
-    if (pos_ + 4 > s_.size()) fail("truncated \\u escape");
-    unsigned v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char h = s_[pos_++];
-      v <<= 4;
-      if (h >= '0' && h <= '9')
-        v |= static_cast<unsigned>(h - '0');
-      else if (h >= 'a' && h <= 'f')
-        v |= static_cast<unsigned>(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F')
-        v |= static_cast<unsigned>(h - 'A' + 10);
-      else
-        fail("bad hex digit in \\u escape");
-    }
-    return v;
-  }
-
-  static void put_utf8(std::string& out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-  }
-
-  std::string parse_string() {
-    expect('"');
-    std::string out;
-    for (;;) {
-      if (pos_ >= s_.size()) fail("unterminated string");
-      const char c = s_[pos_++];
-      if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (pos_ >= s_.size()) fail("unterminated escape");
-      const char e = s_[pos_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xd800 && cp < 0xdc00) {
-            if (!literal("\\u")) fail("unpaired surrogate");
-            const unsigned lo = hex4();
-            if (lo < 0xdc00 || lo >= 0xe000) fail("unpaired surrogate");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          } else if (cp >= 0xdc00 && cp < 0xe000) {
-            fail("unpaired surrogate");
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default:
-          fail(str("bad escape '\\", e, "'"));
-      }
-    }
-  }
-
-  std::string_view s_;
-  std::string what_;
-  size_t pos_ = 0;
-};
+// Headers and index files are read by the one JSON reader (core/json.hpp).
+using Json = json::Value;
 
 /// A non-negative integer that fits in 53 bits (JSON integers beyond that are not portable).
 uint64_t json_uint(const Json& v, const std::string& what) {
@@ -384,7 +150,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const std::string what = str(path, " (header)");
     std::string_view text(reinterpret_cast<const char*>(base_ + 8), header_len);
     // The writer pads the header with spaces to an 8-byte boundary; JSON allows that whitespace.
-    const Json root = JsonParser(text, what).parse_document();
+    const Json root = json::parse(text, what);
     MTP_REQUIRE(root.kind == Json::Kind::object, what, ": expected an object, got ", root.kind_name());
 
     const uint64_t data_begin = 8 + header_len;
@@ -501,7 +267,7 @@ Checkpoint::Checkpoint(const std::string& path) : path_(path) {
     const bool read_error = std::ferror(fp) != 0;
     std::fclose(fp);
     MTP_REQUIRE(!read_error, index_path, ": read error");
-    const Json root = JsonParser(text, index_path).parse_document();
+    const Json root = json::parse(text, index_path);
     MTP_REQUIRE(root.kind == Json::Kind::object, index_path, ": expected an object");
     const Json* weight_map = nullptr;
     for (const auto& [k, v] : root.members)

@@ -217,3 +217,31 @@ TEST(Yaml, SuggestKey) {
   const std::vector<std::string> two = {"max_steps", "max_seq_len"};
   EXPECT_EQ(suggest_key("max_s", two), "");  // a prefix of both: no guess
 }
+
+// An empty value (nothing, ~, null) is an error at the key, through req and opt alike: YAML reads
+// it as null, which took the key's default before (`max_steps: ~` ran 64 steps).
+TEST(Yaml, EmptyValueIsAnErrorNamingFileLineAndKey) {
+  for (const char* empty : {"", " ~", " null", " Null"}) {
+    auto doc = YamlNode::load_string(std::string("measure:\n  warmup_steps: 2\n  max_steps:") + empty + "\n",
+                                     "exp.yaml");
+    MapReader top(doc);
+    MapReader measure(top.req("measure"));
+    EXPECT_EQ(measure.opt_int("warmup_steps", 0, 0, 100), 2);
+    for (int required = 0; required < 2; ++required) {
+      const std::string msg = error_of([&] {
+        if (required)
+          measure.req_int("max_steps", 0, 100);
+        else
+          measure.opt_int("max_steps", 64, 0, 100);
+      });
+      EXPECT_NE(msg.find("exp.yaml:3:3: measure.max_steps: the value is empty"), std::string::npos)
+          << "[" << empty << "] " << msg;
+    }
+  }
+  // An empty mapping is a value (every key at its default); only a null is refused.
+  auto doc = YamlNode::load_string("measure: {}\nsweep:\n", "exp.yaml");
+  MapReader top(doc);
+  EXPECT_TRUE(top.opt("measure").has_value());
+  EXPECT_NE(error_of([&] { top.opt("sweep"); }).find("exp.yaml:2:1: sweep: the value is empty"),
+            std::string::npos);
+}

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <functional>
 
@@ -181,7 +182,8 @@ TEST(Experiment, UnrunnablePointsReportedAtExpansion) {
       message_of([&] { parse_experiment(kBase, "exp.yaml", {"trace.synthetic.new_tokens=200"}, 2); });
   EXPECT_NE(ml.find("exceeds model.max_seq_len"), std::string::npos) << ml;
   // The synthetic target's batch: 1 .. 128, named when out of range.
-  for (const char* bad : {"trace.synthetic.batch=0", "trace.synthetic.batch=129", "trace.synthetic.batch=two"}) {
+  for (const char* bad :
+       {"trace.synthetic.batch=0", "trace.synthetic.batch=129", "trace.synthetic.batch=two"}) {
     const std::string mb = message_of([&] { parse_experiment(kBase, "exp.yaml", {bad}, 2); });
     EXPECT_NE(mb.find("batch"), std::string::npos) << bad << ": " << mb;
   }
@@ -593,4 +595,26 @@ TEST(Experiment, BadKernelVariableIsReportedOnceByName) {
   unsetenv("MTPLAB_GEMV_SPLIT");
   EXPECT_NE(msg.find("MTPLAB_GEMV_SPLIT"), std::string::npos) << msg;
   EXPECT_EQ(msg.find("sweep point(s)"), std::string::npos) << msg;
+}
+
+// An empty value is an error naming the key, in the file or from --set (never the key's default);
+// an error in a --set value says which --set, not a line of the file.
+TEST(Experiment, EmptyValueIsAnErrorInTheFileAndFromSet) {
+  for (const char* empty : {"~", "null", ""}) {
+    std::string text = kBase;
+    text.replace(text.find("measure: {warmup_steps: 1}"), 26, std::string("measure:\n  max_steps: ") + empty);
+    const std::string msg = message_of([&] { parse_experiment(text, "exp.yaml", {}, 2); });
+    EXPECT_NE(msg.find("measure.max_steps: the value is empty"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("exp.yaml:"), 0u) << msg;  // file:line:col
+  }
+  std::string msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"measure.max_steps=~"}, 2); });
+  EXPECT_NE(msg.find("measure.max_steps: the value is empty"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(from --set measure.max_steps=~)"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"measure.max_steps="}, 2); });
+  EXPECT_NE(msg.find("from --set measure.max_steps=: the value is empty"), std::string::npos) << msg;
+  msg = message_of([] { parse_experiment(kBase, "exp.yaml", {"trace.synthetic={sequences: x}"}, 2); });
+  EXPECT_NE(msg.find("trace.synthetic.sequences: expected an integer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("(from --set trace.synthetic={sequences: x})"), std::string::npos) << msg;
+  const size_t file = msg.find("exp.yaml:");  // the file may be named, not a line of it
+  EXPECT_TRUE(file == std::string::npos || !std::isdigit(static_cast<unsigned char>(msg[file + 9]))) << msg;
 }
