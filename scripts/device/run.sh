@@ -30,7 +30,9 @@ tasks (in the order given; options are environment variables):
   bench-step-nopdl   the same with programmatic dependent launch off (MTPLAB_CUDA_PDL=0, k = 4)
   bench-step-cgemm   the prefill as GEMMs (--context-gemm, FP8 head, graph on, k = 1)
   bench-batch        the batched step at B = BATCHES (1,2,4,8,16,32,64,128), both heads, graph on,
-                     REPS (20); BATCH_ARGS adds arguments (e.g. "--router-bias-scale 0.2")
+                     REPS (20); BATCH_ARGS adds arguments (e.g. "--router-bias-scale 0.2");
+                     BASE=1: also the tree in .base/ and this one in turn, BASE_RUNS (2) times each,
+                     same GPU -> bench_batch_base.txt
   bench-verify       the verify-layer benchmark (mtplab_bench_verify), when this tree has one
   bench-exchange     mtplab_bench_exchange on RANKS (2) GPUs, blocking and non-blocking communicator
   peer-step          the PyTorch peer's draft step on mtplab's weights: export bench_step's
@@ -127,6 +129,10 @@ task_test() {
         "$TESTS_BIN/test_ops_gpu" \
         --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
+      # The ragged-rows cache writes and reads (rows of one slot in one launch).
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_ragged_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_ragged_$tool.log"
     done
   fi
 }
@@ -148,14 +154,7 @@ task_bench_step() {
   dry || tail -12 "$LOG/bench_step.log"
   [[ ${BASE:-0} == 1 ]] || return 0
   step "B = 1 against the tree in .base/, in turn, same GPU"
-  if [[ ! -f .base/CMakeLists.txt ]]; then
-    echo "BASE=1 but no .base/ here: run scripts/device/base-tree.sh COMMIT first and bring .base along"
-    dev_status=1
-    return
-  fi
-  # The cuda preset with the gpu preset's settings: an earlier tree may predate the gpu preset.
-  (cd .base && run base_configure 300 cmake --preset cuda -B build-base -DMTPLAB_WERROR=OFF -DMTPLAB_TESTS=OFF &&
-    run base_build 600 cmake --build build-base -j "$(nproc)" --target mtplab_bench_step)
+  base_build || return
   local i who bin
   for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
     for who in base head; do
@@ -197,6 +196,39 @@ task_bench_batch() {
     --k 1 --graphs on --reps "${REPS:-20}" --out "$OUT" ${BATCH_ARGS:-}
   keep bench_step_batch
   dry || tail -20 "$LOG/bench_step_batch.log"
+  [[ ${BASE:-0} == 1 ]] || return 0
+  step "the batched step against the tree in .base/, in turn, same GPU"
+  base_build || return
+  local i who bin
+  for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
+    for who in base head; do
+      bin=$BIN/mtplab_bench_step
+      [[ $who == base ]] && bin=.base/build-base/bin/mtplab_bench_step
+      # shellcheck disable=SC2086
+      CUDA_VISIBLE_DEVICES=0 run "bench_batch_${who}_$i" 300 "$bin" --batch "${BATCHES:-1,2,4,8,16,32,64,128}" \
+        --k 1 --graphs on --reps "${REPS:-20}" --out "$LOG/batch_$who$i" ${BATCH_ARGS:-}
+    done
+  done
+  dry && return
+  for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
+    for who in base head; do
+      echo "=== $who, run $i"
+      grep -E "git |^ *(bf16|fp8) " "$LOG/bench_batch_${who}_$i.log"
+    done
+  done | tee "$OUT/bench_batch_base.txt"
+}
+
+# The tree in .base/ (scripts/device/base-tree.sh COMMIT) built once: its mtplab_bench_step.
+base_build() {
+  if [[ ! -f .base/CMakeLists.txt ]]; then
+    echo "BASE=1 but no .base/ here: run scripts/device/base-tree.sh COMMIT first and bring .base along"
+    dev_status=1
+    return 1
+  fi
+  [[ -x .base/build-base/bin/mtplab_bench_step ]] && return 0
+  # The cuda preset with the gpu preset's settings: an earlier tree may predate the gpu preset.
+  (cd .base && run base_configure 300 cmake --preset cuda -B build-base -DMTPLAB_WERROR=OFF -DMTPLAB_TESTS=OFF &&
+    run base_build 600 cmake --build build-base -j "$(nproc)" --target mtplab_bench_step)
 }
 
 task_bench_verify() {
