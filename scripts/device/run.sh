@@ -33,7 +33,10 @@ tasks (in the order given; options are environment variables):
                      REPS (20); BATCH_ARGS adds arguments (e.g. "--router-bias-scale 0.2");
                      BASE=1: also the tree in .base/ and this one in turn, BASE_RUNS (2) times each,
                      same GPU -> bench_batch_base.txt
-  bench-verify       the verify-layer benchmark (mtplab_bench_verify), when this tree has one
+  bench-verify       one target layer at B sequences x R new rows and the head over them
+                     (mtplab_bench_verify) at BATCHES, ROWS (1,...,5), CTX (4096), REPS (20);
+                     VERIFY_PEER=path/to/torch_graph_peer_verify.py: the peer in the same run and
+                     the side-by-side table (verify_ratio.txt)
   bench-exchange     mtplab_bench_exchange on RANKS (2) GPUs, blocking and non-blocking communicator
   peer-step          the PyTorch peer's draft step on mtplab's weights: export bench_step's
                      weights (all 288 experts, or PEER_EXPERTS), mtplab_bench_step on them, then
@@ -233,14 +236,19 @@ base_build() {
 
 task_bench_verify() {
   step "the verify-layer benchmark"
-  if [[ ! -x $BIN/mtplab_bench_verify ]] && ! dry; then
-    echo "no mtplab_bench_verify in this tree: skipped"
-    return
-  fi
   # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=0 run bench_verify 300 "$BIN/mtplab_bench_verify" ${VERIFY_ARGS:-} --out "$LOG/verify"
+  CUDA_VISIBLE_DEVICES=0 run bench_verify 420 "$BIN/mtplab_bench_verify" --batch "${BATCHES:-1,2,4,8,16,32,64,128}" \
+    --rows "${ROWS:-1,2,3,4,5}" --context "${CTX:-4096}" --reps "${REPS:-20}" --out "$OUT" ${VERIFY_ARGS:-}
   keep bench_verify
-  dry || tail -20 "$LOG/bench_verify.log"
+  dry || tail -60 "$LOG/bench_verify.log"
+  [[ -n ${VERIFY_PEER:-} ]] || return 0
+  step "the PyTorch peer of a verify layer ($VERIFY_PEER)"
+  OUT=$OUT BATCHES=${BATCHES:-1,2,4,8,16,32,64,128} ROWS=${ROWS:-1,2,3,4,5} CTX=${CTX:-4096} REPS=${REPS:-20} \
+    CUDA_VISIBLE_DEVICES=0 run peer_verify 420 python3 "$VERIFY_PEER"
+  keep peer_verify
+  run verify_ratio 60 python3 bench/peer/verify_ratio.py "$OUT/bench_verify.csv" "$OUT/torch_graph_peer_verify.json"
+  keep verify_ratio
+  dry || cat "$LOG/verify_ratio.log"
 }
 
 task_bench_exchange() {
