@@ -58,6 +58,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/kernel_policy.hpp"
+#include "ops/one_row.hpp"
 #include "ops/ops.hpp"
 
 namespace {
@@ -447,6 +448,7 @@ constexpr int kIndexHeads = 32, kIndexDim = 128, kTopK = 2048, kPool = 4, kExper
               kInter = 2048;
 
 void run_all(Bench& b, ops::Backend& be) {
+  ops::OneRow one(be);  // the single-row cases: one row through the ragged entries
   cudaStream_t st = b.stream();
   // ---- ceilings ----
   {
@@ -588,7 +590,7 @@ void run_all(Bench& b, ops::Backend& be) {
           const auto& w = W[i % rot];
           ops::LinearOut outs[5];
           for (int j = 0; j < 5; ++j) outs[j] = {w[j], y[j], ns[j], f32s[j], j == 4 ? w_scale : 1.0f};
-          be.linear_group(outs, x, kH);
+          one.linear_group(outs, x, kH);
         });
       }
       b.release_all();
@@ -609,7 +611,7 @@ void run_all(Bench& b, ops::Backend& be) {
       }
       if (b.selected(rgrp)) {
         b.measure(rgrp, dims({kH}), bytes, 1,
-                  [&](int) { be.residual_add_rmsnorm(x, delta, y, w, nrm, kH, 1e-5f); });
+                  [&](int) { one.residual_add_rmsnorm(x, delta, y, w, nrm, kH, 1e-5f); });
       }
       b.release_all();
     }
@@ -641,7 +643,7 @@ void run_all(Bench& b, ops::Backend& be) {
       }
       if (b.selected(kgrp)) {
         b.measure(kgrp, dims({kKvLora}), kv_bytes, 1,
-                  [&](int) { be.kv_norm_write(ckv_pre, kv_norm, 1e-6f, block_table, pos, cache); });
+                  [&](int) { one.kv_norm_write(ckv_pre, kv_norm, 1e-6f, block_table, pos, cache); });
       }
       bf16* k_pre = b.rand_bf16(kIndexDim, -2.0f, 3.0f);
       bf16* ln_w = b.rand_bf16(kIndexDim, 0.5f, 1.5f);
@@ -664,7 +666,7 @@ void run_all(Bench& b, ops::Backend& be) {
       }
       if (b.selected(igrp)) {
         b.measure(igrp, dims({kIndexDim}) + " P 4", idx_bytes, 1, [&](int) {
-          be.indexer_norm_store(k_pre, ln_w, ln_b, 1e-6f, gate, ape, pos, k_cache, gate_cache, valid,
+          one.indexer_norm_store(k_pre, ln_w, ln_b, 1e-6f, gate, ape, pos, k_cache, gate_cache, valid,
                                 pool_keys, kIndexDim, kPool);
         });
       }
@@ -728,7 +730,7 @@ void run_all(Bench& b, ops::Backend& be) {
     auto* idx = static_cast<int32_t*>(b.alloc(4 * kExpertTopK));
     float* w = static_cast<float*>(b.alloc(4 * kExpertTopK));
     b.measure("moe_route", dims({kExperts}) + " top 8", 8.0 * kExperts, 1,
-              [&](int) { be.moe_route(logits, bias, kExperts, kExpertTopK, 1, 1, 2.5f, idx, w); });
+              [&](int) { one.moe_route(logits, bias, kExperts, kExpertTopK, 1, 1, 2.5f, idx, w); });
     b.release_all();
   }
   if (b.group_selected("moe_experts")) {
@@ -756,7 +758,7 @@ void run_all(Bench& b, ops::Backend& be) {
     const ops::ExpertWeights ew{gate, up, down, 0, kExperts, kH, kInter};
     b.measure("moe_experts 8 of 288", dims({kExpertTopK, 3, kInter, kH}),
               3.0 * kExpertTopK * per * 2 + 2.0 * kH + 4.0 * kH, sets, [&](int i) {
-                be.moe_experts(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK, 10.0f, out);
+                one.moe_experts(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK, 10.0f, out);
               });
     // The same routed experts plus the shared expert in one op, as the block runs them
     // (moe_experts_shared); four copies of the shared expert rotate so L2 cannot keep it.
@@ -767,7 +769,7 @@ void run_all(Bench& b, ops::Backend& be) {
                         b.rand_bf16(per, -0.05f, 0.05f), 0, 1, kH, kInter});
     b.measure("moe_experts 8 + shared", dims({kExpertTopK + 1, 3, kInter, kH}),
               3.0 * (kExpertTopK + 1) * per * 2 + 2.0 * kH + 4.0 * kH, sets, [&](int i) {
-                be.moe_experts_shared(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK,
+                one.moe_experts_shared(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK,
                                       shared[static_cast<size_t>(i % sh_copies)], 10.0f, out);
               });
     b.release_all();
@@ -822,10 +824,10 @@ void run_all(Bench& b, ops::Backend& be) {
     if (b.selected("mla_absorb_q"))
       b.measure("mla_absorb_q", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
                 rot,
-                [&](int i) { be.mla_absorb_q(q, W[i % rot], q_abs, kHeads, kHeadDim, kHeadDim, kKvLora); });
+                [&](int i) { one.mla_absorb_q(q, W[i % rot], q_abs, kHeads, kHeadDim, kHeadDim, kKvLora); });
     if (b.selected("mla_out_v"))
       b.measure("mla_out_v", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
-                rot, [&](int i) { be.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
+                rot, [&](int i) { one.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
     b.release_all();
   }
   // Both decode paths (the decode and, where it launches one, its combine), each row named by its
@@ -864,7 +866,7 @@ void run_all(Bench& b, ops::Backend& be) {
     b.measure(name, dims({width, kHeads, kKvLora}),
               static_cast<double>(width) * kKvLora * elem + 4.0 * kHeads * kKvLora, rot, [&](int i) {
                 const ops::KvCache cache{caches[i % rot], dtype, scale, num_blocks, block_size, kKvLora};
-                be.mla_decode(q_abs, selection, width, block_table, cache, o_lat, kHeads, 1.0f / 16.0f);
+                one.mla_decode(q_abs, selection, width, block_table, cache, o_lat, kHeads, 1.0f / 16.0f);
               });
     b.release_all();
   }

@@ -259,7 +259,8 @@ class MtpDrafter {
   ops::Backend& backend() { return be_; }
 
  private:
-  void front(const int32_t* token_dev, const bf16* hidden_dev, bf16* x0);
+  /// The MTP front of one context row (token, its slot, hidden; backend memory) into x0.
+  void front(const int32_t* token_dev, const int32_t* slot_dev, const bf16* hidden_dev, bf16* x0);
   /// context_gemm: the front of the `rows` staged context rows into row_x_, eh_proj batched.
   void front_rows(int rows);
   /// append_rows on any sequence's caches: rc's rules and counts, slot `slot` of `caches` the

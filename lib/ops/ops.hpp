@@ -296,9 +296,8 @@ class Backend {
   // ---- norms ----------------------------------------------------------------------------------
   /// y[r] = bf16(w * x[r] / sqrt(mean(x[r]^2) + eps)), fp32 inside. x and y may alias.
   virtual void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) = 0;
-  /// As rmsnorm, on row `token[0]` of `table` [vocab, n] (the token is read from backend memory).
-  virtual void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
-                             float eps) = 0;
+  // embed_rmsnorm: what embed_rmsnorm_batch computes per row (ops::OneRow calls it on one row):
+  // As rmsnorm, on row `token[0]` of `table` [vocab, n] (the token is read from backend memory).
   /// y[r] = bf16((x[r] - mean) / sqrt(var + eps) * w + b), fp32 inside, biased variance.
   virtual void layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n,
                          float eps) = 0;
@@ -311,10 +310,10 @@ class Backend {
   /// As linear, fp32 out (no rounding): indexer queries, router logits, row-parallel partials.
   virtual void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k,
                           RowsMode mode = RowsMode::per_row) = 0;
-  /// Several projections of the same x [k] in one op (one launch on CUDA): each outs[i].y is
-  /// bit-identical to the separate linear / linear_f32 (+ scale_f32) call with rows = 1 on the
-  /// same backend. 1 .. kMaxLinearGroup outputs; no y may overlap x or another y.
-  virtual void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) = 0;
+  // linear_group: what linear_rows_group computes per row (ops::OneRow calls it on one row):
+  // Several projections of the same x [k] in one op (one launch on CUDA): each outs[i].y is
+  // bit-identical to the separate linear / linear_f32 (+ scale_f32) call with rows = 1 on the
+  // same backend. 1 .. kMaxLinearGroup outputs; no y may overlap x or another y.
   /// Several batched projections of the same X [rows, k] in one op: each outs[i].y [rows, n_out] is
   /// bit-identical to the separate linear / linear_f32 (+ scale_f32 over its rows x n_out values)
   /// call with these rows and RowsMode::batched on the same backend. On CUDA the outputs that the
@@ -346,11 +345,10 @@ class Backend {
   // ---- elementwise ----------------------------------------------------------------------------
   /// y = bf16(x + delta) (the residual add after a row-parallel, all-reduced fp32 partial).
   virtual void residual_add(const bf16* x, const float* delta, bf16* y, int n) = 0;
-  /// y = bf16(x + delta), then normed = rmsnorm(y; w, eps): exactly residual_add followed by
-  /// rmsnorm (bit-identical to the two ops on the same backend), in one op. x and y may alias;
-  /// normed must overlap neither.
-  virtual void residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed,
-                                    int n, float eps) = 0;
+  // residual_add_rmsnorm: what residual_add_rmsnorm_rows computes per row (ops::OneRow calls it on one row):
+  // y = bf16(x + delta), then normed = rmsnorm(y; w, eps): exactly residual_add followed by
+  // rmsnorm (bit-identical to the two ops on the same backend), in one op. x and y may alias;
+  // normed must overlap neither.
   /// y = bf16(a + b).
   virtual void add(const bf16* a, const bf16* b, bf16* y, int n) = 0;
   /// y[i] = bf16(x[i]) (fp32 -> BF16).
@@ -368,13 +366,11 @@ class Backend {
   virtual void indexer_store(const bf16* k_normed, const float* gate, const float* ape, const int32_t* pos,
                              bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys, int D,
                              int P) = 0;
-  /// k_normed = layernorm(k_pre; w, b, eps) (one row of D), then exactly indexer_store(k_normed, ...):
-  /// bit-identical to layernorm into a buffer from allocate() followed by indexer_store on the same
-  /// backend, in one op (one launch on CUDA). The normed row is written to k_cache[pos] only. On
-  /// CUDA k_cache must be 16-byte aligned (as allocate() returns it).
-  virtual void indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps,
-                                  const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
-                                  float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P) = 0;
+  // indexer_norm_store: what indexer_norm_store_batch computes per row (ops::OneRow calls it on one row):
+  // k_normed = layernorm(k_pre; w, b, eps) (one row of D), then exactly indexer_store(k_normed, ...):
+  // bit-identical to layernorm into a buffer from allocate() followed by indexer_store on the same
+  // backend, in one op (one launch on CUDA). The normed row is written to k_cache[pos] only. On
+  // CUDA k_cache must be 16-byte aligned (as allocate() returns it).
   /// Scores of the complete pools visible at `pos[0]` (pools j with jP + P - 1 <= pos):
   /// I_j = sum_h w[h] * relu(q[h] . K_j / sqrt(D)), fp32. Entries past the last candidate are
   /// set to -inf. `w` already carries the 1/sqrt(n_I) factor.
@@ -389,42 +385,34 @@ class Backend {
   // ---- absorbed sparse MLA over the paged latent cache ----------------------------------------
   /// Writes the latent row `c_kv` [kv_lora] to slot pos[0] of the cache through `block_table`.
   virtual void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) = 0;
-  /// c_kv = rmsnorm(ckv_pre; w, eps) (one row of cache.kv_lora), written to slot pos[0] as kv_write
-  /// writes it: bit-identical to rmsnorm into a buffer from allocate() followed by kv_write on the
-  /// same backend, in one op (one launch on CUDA). The normed row goes to the cache only (an FP8
-  /// cache holds its quantised value). On CUDA cache.data must be 16-byte aligned.
-  virtual void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
-                             const int32_t* pos, KvCache cache) = 0;
-  /// q_abs[h] = bf16(W_k,h^T q[h]) where W_k,h is rows h*(dqk+dv) .. +dqk of W_kvb [., kv_lora].
-  virtual void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
-                            int kv_lora) = 0;
-  /// o_lat[h] = bf16(sum_t softmax_t(scale * q_abs[h] . c_t) c_t) over the selected rows t
-  /// (entries -1 skipped), softmax in fp32. A selection with no rows gives o_lat = 0.
-  virtual void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
-                          KvCache cache, bf16* o_lat, int n_heads, float softmax_scale) = 0;
-  /// o[h] = bf16(W_v,h o_lat[h]) where W_v,h is rows h*(dqk+dv)+dqk .. +dv of W_kvb.
-  virtual void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
-                         int kv_lora) = 0;
+  // kv_norm_write: what kv_norm_write_batch computes per row (ops::OneRow calls it on one row):
+  // c_kv = rmsnorm(ckv_pre; w, eps) (one row of cache.kv_lora), written to slot pos[0] as kv_write
+  // writes it: bit-identical to rmsnorm into a buffer from allocate() followed by kv_write on the
+  // same backend, in one op (one launch on CUDA). The normed row goes to the cache only (an FP8
+  // cache holds its quantised value). On CUDA cache.data must be 16-byte aligned.
+  // mla_absorb_q: what mla_absorb_q_batch computes per row (ops::OneRow calls it on one row):
+  // q_abs[h] = bf16(W_k,h^T q[h]) where W_k,h is rows h*(dqk+dv) .. +dqk of W_kvb [., kv_lora].
+  // mla_decode: what mla_decode_batch computes per row (ops::OneRow calls it on one row):
+  // o_lat[h] = bf16(sum_t softmax_t(scale * q_abs[h] . c_t) c_t) over the selected rows t
+  // (entries -1 skipped), softmax in fp32. A selection with no rows gives o_lat = 0.
+  // mla_out_v: what mla_out_v_batch computes per row (ops::OneRow calls it on one row):
+  // o[h] = bf16(W_v,h o_lat[h]) where W_v,h is rows h*(dqk+dv)+dqk .. +dv of W_kvb.
 
   // ---- MoE ------------------------------------------------------------------------------------
-  /// s = sigmoid(logits); s' = s + bias; group limit (n_group > 1: keep the topk_group groups
-  /// with the largest sum of their top-2 s'); idx = top-k of s' (ties: lower expert id);
-  /// weights = s[idx] / sum(s[idx]) * scaling. All fp32. idx is ordered by s' descending (ties:
-  /// lower id) and weights follow it; dropped groups' experts get s' = -inf; bias may be null (0).
-  virtual void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
-                         int topk_group, float scaling, int32_t* idx, float* weights) = 0;
-  /// out (fp32 [H]) = sum over the selected experts this rank owns of
-  /// weights_i * bf16(W_down,i a_i), a_i = bf16(silu(min(g, L)) * clamp(u, -L, L)),
-  /// g = bf16(W_gate,i x), u = bf16(W_up,i x). Overwrites `out` (zeros when none is owned).
-  /// limit <= 0 disables the clamp.
-  virtual void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights,
-                           int top_k, float limit, float* out) = 0;
-  /// moe_experts of the routed experts plus the shared expert `shared` (its one expert, weight 1)
-  /// added after them with one fp32 add: the same bits as moe_experts of each and accumulate_f32,
-  /// in one pass over the weights (two launches on the CUDA backend instead of five).
-  virtual void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
-                                  const float* weights, int top_k, const ExpertWeights& shared, float limit,
-                                  float* out) = 0;
+  // moe_route: what moe_route_batch computes per row (ops::OneRow calls it on one row):
+  // s = sigmoid(logits); s' = s + bias; group limit (n_group > 1: keep the topk_group groups
+  // with the largest sum of their top-2 s'); idx = top-k of s' (ties: lower expert id);
+  // weights = s[idx] / sum(s[idx]) * scaling. All fp32. idx is ordered by s' descending (ties:
+  // lower id) and weights follow it; dropped groups' experts get s' = -inf; bias may be null (0).
+  // moe_experts: what moe_experts_grouped computes per row (ops::OneRow calls it on one row):
+  // out (fp32 [H]) = sum over the selected experts this rank owns of
+  // weights_i * bf16(W_down,i a_i), a_i = bf16(silu(min(g, L)) * clamp(u, -L, L)),
+  // g = bf16(W_gate,i x), u = bf16(W_up,i x). Overwrites `out` (zeros when none is owned).
+  // limit <= 0 disables the clamp.
+  // moe_experts_shared: what moe_experts_grouped computes per row (ops::OneRow calls it on one row):
+  // moe_experts of the routed experts plus the shared expert `shared` (its one expert, weight 1)
+  // added after them with one fp32 add: the same bits as moe_experts of each and accumulate_f32,
+  // in one pass over the weights (two launches on the CUDA backend instead of five).
 
   // ---- batched rows (B sequences per op; KvSlots / IndexerSlots above) ------------------------
   //

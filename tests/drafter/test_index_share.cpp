@@ -17,6 +17,7 @@
 #include <cmath>
 #include <set>
 
+#include "ops/one_row.hpp"
 #include "batch_replay.hpp"
 #include "common/drafter.hpp"
 
@@ -133,7 +134,7 @@ class ChainReference {
       const int32_t p = base + i;
       be_.upload(pos.data(), &p, sizeof p);
       // front: x0 = eh_proj [enorm(E[t]) ; hnorm(h)]
-      be_.embed_rmsnorm(embed_.data(), tok.data(), enorm_.data(), concat.data(), H, eps);
+      mtplab::ops::OneRow(be_).embed_rmsnorm(embed_.data(), tok.data(), enorm_.data(), concat.data(), H, eps);
       be_.rmsnorm(h.data(), hnorm_.data(), concat.data() + H, 1, H, eps);
       be_.linear(eh_proj_.data(), concat.data(), x0.data(), 1, H, 2 * H);
       // attention queries
@@ -156,24 +157,24 @@ class ChainReference {
       chosen.resize(static_cast<size_t>(width), -1);
       be_.upload(sel.data(), chosen.data(), chosen.size() * sizeof(int32_t));
       // absorbed sparse MLA, o_proj, MoE, shared_head.norm, head
-      be_.mla_absorb_q(q.data(), bw_.kv_b.data(), q_abs.data(), nh, d_.qk_nope, d_.v_head, L);
-      be_.mla_decode(q_abs.data(), sel.data(), width, cache.block_tables.data(), cache.kv_slots().cache, o_lat.data(), nh,
+      mtplab::ops::OneRow(be_).mla_absorb_q(q.data(), bw_.kv_b.data(), q_abs.data(), nh, d_.qk_nope, d_.v_head, L);
+      mtplab::ops::OneRow(be_).mla_decode(q_abs.data(), sel.data(), width, cache.block_tables.data(), cache.kv_slots().cache, o_lat.data(), nh,
                      d_.softmax_scale);
-      be_.mla_out_v(o_lat.data(), bw_.kv_b.data(), o.data(), nh, d_.qk_nope, d_.v_head, L);
+      mtplab::ops::OneRow(be_).mla_out_v(o_lat.data(), bw_.kv_b.data(), o.data(), nh, d_.qk_nope, d_.v_head, L);
       be_.linear_f32(bw_.o_proj.data(), o.data(), attn.data(), 1, H, nh * d_.v_head);
-      be_.residual_add_rmsnorm(x0.data(), attn.data(), r.data(), bw_.post_norm.data(), v.data(), H,
+      mtplab::ops::OneRow(be_).residual_add_rmsnorm(x0.data(), attn.data(), r.data(), bw_.post_norm.data(), v.data(), H,
                                d_.rms_eps);
       be_.linear_f32(bw_.router.data(), v.data(), logits.data(), 1, d_.num_experts, H);
-      be_.moe_route(logits.data(), bw_.router_bias.data(), d_.num_experts, d_.top_k, d_.n_group,
+      mtplab::ops::OneRow(be_).moe_route(logits.data(), bw_.router_bias.data(), d_.num_experts, d_.top_k, d_.n_group,
                     d_.topk_group, d_.routed_scaling, eidx.data(), ew.data());
       const ops::ExpertWeights routed{bw_.exp_gate.data(), bw_.exp_up.data(),     bw_.exp_down.data(),
                                       bw_.first_expert,    bw_.num_local_experts, H,
                                       d_.moe_inter};
       const ops::ExpertWeights shared{bw_.sh_gate.data(),   bw_.sh_up.data(), bw_.sh_down.data(), 0, 1, H,
                                       d_.shared_inter_local};
-      be_.moe_experts_shared(v.data(), routed, eidx.data(), ew.data(), d_.top_k, shared, d_.swiglu_limit,
+      mtplab::ops::OneRow(be_).moe_experts_shared(v.data(), routed, eidx.data(), ew.data(), d_.top_k, shared, d_.swiglu_limit,
                              moe.data());
-      be_.residual_add_rmsnorm(r.data(), moe.data(), x1.data(), head_norm_.data(), y.data(), H, eps);
+      mtplab::ops::OneRow(be_).residual_add_rmsnorm(r.data(), moe.data(), x1.data(), head_norm_.data(), y.data(), H, eps);
       be_.head_argmax(lm_head_.data(), nullptr, nullptr, y.data(), static_cast<int>(cfg_.vocab), H, 0,
                       nullptr, am.data());
       ops::ArgMax best{};

@@ -12,6 +12,7 @@
 #include <limits>
 #include <thread>
 
+#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
 
@@ -184,7 +185,7 @@ TEST_F(CpuDense, EmbedRmsnormNormalisesTheTokenRow) {
   auto dt = upload(*be, table), dw = upload(*be, w);
   auto dtok = upload(*be, std::vector<int32_t>{token});
   auto dy = poisoned<bf16>(*be, n);
-  be->embed_rmsnorm(dt.data(), dtok.data(), dw.data(), dy.data(), n, 1e-5f);
+  mtplab::ops::OneRow(*be).embed_rmsnorm(dt.data(), dtok.data(), dw.data(), dy.data(), n, 1e-5f);
   const auto y = widen(download(*be, dy));
   double ss = 0;
   for (int i = 0; i < n; ++i) ss += std::pow(static_cast<double>(to_float(table[token * n + i])), 2);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/one_row.hpp"
 #include "cpu_test_util.hpp"
 
 namespace mtplab::ops::test {
@@ -50,7 +51,7 @@ TEST_F(CpuFused, LinearGroupEqualsTheSeparateOpsBitForBit) {
     separate.push_back(poisoned<uint8_t>(*be, bytes));
     outs.push_back({W.back().data(), fused.back().data(), m.n_out, m.f32_out, m.scale});
   }
-  be->linear_group(outs, x.data(), k);
+  mtplab::ops::OneRow(*be).linear_group(outs, x.data(), k);
   const auto x_f = widen(x_h);
   for (size_t i = 0; i < members.size(); ++i) {
     const GroupMember& m = members[i];
@@ -91,13 +92,13 @@ TEST_F(CpuFused, LinearGroupRefusesBadGroups) {
   auto x = poisoned<bf16>(*be, 8);
   auto W = poisoned<bf16>(*be, 8);
   auto y = poisoned<bf16>(*be, 1);
-  EXPECT_THROW(be->linear_group(std::span<const LinearOut>(), x.data(), 8), Error);
+  EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(std::span<const LinearOut>(), x.data(), 8), Error);
   const std::vector<LinearOut> too_many(kMaxLinearGroup + 1, LinearOut{W.data(), y.data(), 1, false, 1.0f});
-  EXPECT_THROW(be->linear_group(too_many, x.data(), 8), Error);
+  EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(too_many, x.data(), 8), Error);
   const LinearOut scaled_bf16{W.data(), y.data(), 1, false, 2.0f};
-  EXPECT_THROW(be->linear_group(std::span<const LinearOut>(&scaled_bf16, 1), x.data(), 8), Error);
+  EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(std::span<const LinearOut>(&scaled_bf16, 1), x.data(), 8), Error);
   const LinearOut no_y{W.data(), nullptr, 1, false, 1.0f};
-  EXPECT_THROW(be->linear_group(std::span<const LinearOut>(&no_y, 1), x.data(), 8), Error);
+  EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(std::span<const LinearOut>(&no_y, 1), x.data(), 8), Error);
 }
 
 // linear_rows_group: each output of rows [rows, n_out] equal bit for bit to its own batched
@@ -174,7 +175,7 @@ TEST_F(CpuFused, ResidualAddRmsnormEqualsTheTwoOpsBitForBit) {
   auto w = upload(*be, w_h);
   auto y1 = poisoned<bf16>(*be, n), n1 = poisoned<bf16>(*be, n);
   auto y2 = poisoned<bf16>(*be, n), n2 = poisoned<bf16>(*be, n);
-  be->residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), n1.data(), n, eps);
+  mtplab::ops::OneRow(*be).residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), n1.data(), n, eps);
   be->residual_add(x.data(), delta.data(), y2.data(), n);
   be->rmsnorm(y2.data(), w.data(), n2.data(), 1, n, eps);
   const auto y = download(*be, y1), normed = download(*be, n1);
@@ -197,11 +198,11 @@ TEST_F(CpuFused, ResidualAddRmsnormEqualsTheTwoOpsBitForBit) {
   // In place: y aliases x (the block's last residual).
   auto xa = upload(*be, x_h);
   auto na = poisoned<bf16>(*be, n);
-  be->residual_add_rmsnorm(xa.data(), delta.data(), xa.data(), w.data(), na.data(), n, eps);
+  mtplab::ops::OneRow(*be).residual_add_rmsnorm(xa.data(), delta.data(), xa.data(), w.data(), na.data(), n, eps);
   EXPECT_TRUE(same_bits(download(*be, xa), y)) << seed_note();
   EXPECT_TRUE(same_bits(download(*be, na), normed)) << seed_note();
   // normed overlapping y is refused.
-  EXPECT_THROW(be->residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), y1.data(), n, eps), Error);
+  EXPECT_THROW(mtplab::ops::OneRow(*be).residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), y1.data(), n, eps), Error);
 }
 
 // kv_norm_write: the cache after each fused write equals the cache after rmsnorm + kv_write of the
@@ -233,7 +234,7 @@ TEST_F(CpuFused, KvNormWriteEqualsTheTwoOpsBitForBit) {
         auto x = upload(*be, x_h);
         auto pos = upload(*be, std::vector<int32_t>{p});
         auto c_kv = poisoned<bf16>(*be, static_cast<size_t>(L));
-        be->kv_norm_write(x.data(), w.data(), eps, table.data(), pos.data(), fc);
+        mtplab::ops::OneRow(*be).kv_norm_write(x.data(), w.data(), eps, table.data(), pos.data(), fc);
         be->rmsnorm(x.data(), w.data(), c_kv.data(), 1, L, eps);
         be->kv_write(c_kv.data(), table.data(), pos.data(), sc);
         const auto got = download(*be, fused);
@@ -267,7 +268,7 @@ TEST_F(CpuFused, KvNormWriteEqualsTheTwoOpsBitForBit) {
   auto w = poisoned<bf16>(*be, 64, 0);
   auto pos = upload(*be, std::vector<int32_t>{5});
   auto data = poisoned<uint8_t>(*be, static_cast<size_t>(num_blocks) * block_size * 64 * 2);
-  EXPECT_THROW(be->kv_norm_write(x.data(), w.data(), eps, bad_table.data(), pos.data(),
+  EXPECT_THROW(mtplab::ops::OneRow(*be).kv_norm_write(x.data(), w.data(), eps, bad_table.data(), pos.data(),
                                  KvCache{data.data(), KvDtype::bf16, 1.0f, num_blocks, block_size, 64}),
                Error);
 }
@@ -307,7 +308,7 @@ TEST_F(CpuFused, IndexerNormStoreEqualsTheTwoOpsBitForBit) {
       auto gate = upload(*be, rng.floats(static_cast<size_t>(D), -3.0f, 3.0f));
       auto pos = upload(*be, std::vector<int32_t>{p});
       auto k_normed = poisoned<bf16>(*be, static_cast<size_t>(D));
-      be->indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
+      mtplab::ops::OneRow(*be).indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
                              fused.k.data(), fused.gate.data(), fused.valid.data(), fused.keys.data(), D, P);
       be->layernorm(x.data(), w.data(), b.data(), k_normed.data(), 1, D, eps);
       be->indexer_store(k_normed.data(), gate.data(), ape.data(), pos.data(), separate.k.data(),
@@ -347,7 +348,7 @@ TEST_F(CpuFused, IndexerNormStoreEqualsTheTwoOpsBitForBit) {
   auto k = poisoned<bf16>(*be, 8 * D);
   auto g = poisoned<float>(*be, 8 * D), keys = poisoned<float>(*be, 2 * D);
   auto valid = poisoned<uint8_t>(*be, 8, 0);
-  EXPECT_THROW(be->indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
+  EXPECT_THROW(mtplab::ops::OneRow(*be).indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
                                       k.data(), g.data(), valid.data(), keys.data(), D, P),
                Error);
 }

@@ -16,6 +16,7 @@
 #include <limits>
 #include <numeric>
 
+#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
 
@@ -115,8 +116,8 @@ TEST_F(CpuMla, AbsorbAndOutVMatchDouble) {
   auto dq = upload(*be, q), dW = upload(*be, W), dol = upload(*be, o_lat);
   auto q_abs = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
   auto o = poisoned<bf16>(*be, static_cast<size_t>(H) * DV);
-  be->mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
-  be->mla_out_v(dol.data(), dW.data(), o.data(), H, DQK, DV, L);
+  mtplab::ops::OneRow(*be).mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
+  mtplab::ops::OneRow(*be).mla_out_v(dol.data(), dW.data(), o.data(), H, DQK, DV, L);
   const auto qa = widen(download(*be, q_abs)), og = widen(download(*be, o));
   auto Wat = [&](int row, int c) {
     return static_cast<double>(to_float(W[static_cast<size_t>(row) * L + c]));
@@ -225,7 +226,7 @@ TEST_F(CpuMla, DecodeMatchesDoubleSoftmaxOverTheSelection) {
     auto dsel = upload(*be, selection);
     auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
     const float sm_scale = 1.0f / std::sqrt(static_cast<float>(DQK));
-    be->mla_decode(dq.data(), dsel.data(), static_cast<int>(selection.size()), table.data(), cache,
+    mtplab::ops::OneRow(*be).mla_decode(dq.data(), dsel.data(), static_cast<int>(selection.size()), table.data(), cache,
                    o_lat.data(), H, sm_scale);
     const auto got = widen(download(*be, o_lat));
     std::vector<double> want, tol;
@@ -245,7 +246,7 @@ TEST_F(CpuMla, DecodeOfAnEmptySelectionIsZero) {
   Rng rng(35);
   auto q = upload(*be, rng.bf16s(static_cast<size_t>(H) * L, -1, 1));
   auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
-  be->mla_decode(q.data(), sel.data(), 7, table.data(), cache, o_lat.data(), H, 0.1f);
+  mtplab::ops::OneRow(*be).mla_decode(q.data(), sel.data(), 7, table.data(), cache, o_lat.data(), H, 0.1f);
   for (bf16 v : download(*be, o_lat)) ASSERT_EQ(to_float(v), 0.0f);
 }
 
@@ -283,10 +284,10 @@ TEST_F(CpuMla, AbsorbedAttentionEqualsMaterialisedAttention) {
   auto q_abs = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
   auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
   auto o = poisoned<bf16>(*be, static_cast<size_t>(H) * DV);
-  be->mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
-  be->mla_decode(q_abs.data(), dsel.data(), n_rows, table.data(), cache, o_lat.data(), H,
+  mtplab::ops::OneRow(*be).mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
+  mtplab::ops::OneRow(*be).mla_decode(q_abs.data(), dsel.data(), n_rows, table.data(), cache, o_lat.data(), H,
                  static_cast<float>(sm_scale));
-  be->mla_out_v(o_lat.data(), dW.data(), o.data(), H, DQK, DV, L);
+  mtplab::ops::OneRow(*be).mla_out_v(o_lat.data(), dW.data(), o.data(), H, DQK, DV, L);
   const auto got = widen(download(*be, o));
 
   const auto cf = widen(c_kv), Wf = widen(W), qf = widen(q);

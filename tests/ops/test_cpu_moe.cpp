@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
 
@@ -78,7 +79,7 @@ Route run_route(Backend& be, const std::vector<float>& logits, const std::vector
   auto dl = upload(be, logits), db = upload(be, bias);
   auto idx = poisoned<int32_t>(be, top_k);
   auto w = poisoned<float>(be, top_k);
-  be.moe_route(dl.data(), db.data(), static_cast<int>(logits.size()), top_k, n_group, topk_group, scaling,
+  mtplab::ops::OneRow(be).moe_route(dl.data(), db.data(), static_cast<int>(logits.size()), top_k, n_group, topk_group, scaling,
                idx.data(), w.data());
   Route r;
   r.idx = download(be, idx);
@@ -245,7 +246,7 @@ std::vector<float> run_experts(Backend& be, const Experts& ex, const std::vector
   auto dw = upload(be, weights);
   auto out = poisoned<float>(be, ex.H);
   const ExpertWeights w{gate.data(), up.data(), down.data(), first, num_local, ex.H, ex.I};
-  be.moe_experts(dx.data(), w, didx.data(), dw.data(), static_cast<int>(idx.size()), limit, out.data());
+  mtplab::ops::OneRow(be).moe_experts(dx.data(), w, didx.data(), dw.data(), static_cast<int>(idx.size()), limit, out.data());
   return download(be, out);
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
 
 namespace mtplab::ops::gputest {
@@ -233,15 +234,15 @@ void expect_decode_matches(const Twin<bf16>& q, const Twin<int32_t>& sel, int wi
                            float softmax_scale, const std::string& what) {
   const size_t n = static_cast<size_t>(nh) * cc.kv_lora;
   auto ref = out_twin<bf16>(n);
-  cpu().mla_decode(q.c.data(), sel.c.data(), width, table.c.data(), cc, ref.c.data(), nh, softmax_scale);
+  mtplab::ops::OneRow(cpu()).mla_decode(q.c.data(), sel.c.data(), width, table.c.data(), cc, ref.c.data(), nh, softmax_scale);
   const auto want = ref.from_cpu();
   for (MlaDecode path : kDecodePaths) {
     const PolicyScope scope([path](KernelPolicy& p) { p.mla_decode = path; });
     const std::string name = what + " (" + to_string(path) + ")";
     auto first = out_twin<bf16>(n);
     auto again = out_twin<bf16>(n);
-    gpu().mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, first.g.data(), nh, softmax_scale);
-    gpu().mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, again.g.data(), nh, softmax_scale);
+    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, first.g.data(), nh, softmax_scale);
+    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, again.g.data(), nh, softmax_scale);
     const auto got = first.from_gpu();
     expect_bf16_close(got, want, name);
     expect_bytes_equal(again.from_gpu(), got, name + ", second run");
@@ -283,8 +284,8 @@ TEST_P(GpuAttention, Mla) {
 
   Twin<bf16> q(rng.bf16s(static_cast<size_t>(nh) * dqk, -2.0f, 2.0f));
   auto q_abs = out_twin<bf16>(static_cast<size_t>(nh) * L);
-  cpu().mla_absorb_q(q.c.data(), W_kvb.c.data(), q_abs.c.data(), nh, dqk, dv, L);
-  gpu().mla_absorb_q(q.g.data(), W_kvb.g.data(), q_abs.g.data(), nh, dqk, dv, L);
+  mtplab::ops::OneRow(cpu()).mla_absorb_q(q.c.data(), W_kvb.c.data(), q_abs.c.data(), nh, dqk, dv, L);
+  mtplab::ops::OneRow(gpu()).mla_absorb_q(q.g.data(), W_kvb.g.data(), q_abs.g.data(), nh, dqk, dv, L);
   expect_bf16_close(q_abs.from_gpu(), q_abs.from_cpu(), "mla_absorb_q");
 
   // Decode over a selection from the indexer: sparse (K + P - 1 rows, the tail included), dense
@@ -321,8 +322,8 @@ TEST_P(GpuAttention, Mla) {
 
   Twin<bf16> o_lat(rng.bf16s(static_cast<size_t>(nh) * L, -1.0f, 1.0f));
   auto o = out_twin<bf16>(static_cast<size_t>(nh) * dv);
-  cpu().mla_out_v(o_lat.c.data(), W_kvb.c.data(), o.c.data(), nh, dqk, dv, L);
-  gpu().mla_out_v(o_lat.g.data(), W_kvb.g.data(), o.g.data(), nh, dqk, dv, L);
+  mtplab::ops::OneRow(cpu()).mla_out_v(o_lat.c.data(), W_kvb.c.data(), o.c.data(), nh, dqk, dv, L);
+  mtplab::ops::OneRow(gpu()).mla_out_v(o_lat.g.data(), W_kvb.g.data(), o.g.data(), nh, dqk, dv, L);
   expect_bf16_close(o.from_gpu(), o.from_cpu(), "mla_out_v");
 }
 

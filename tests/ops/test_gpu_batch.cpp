@@ -72,6 +72,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/indexer.hpp"
@@ -1155,8 +1156,8 @@ TEST_P(GpuBatch, MlaAbsorbAndOutV) {
       // A batch of one runs the single-row ops themselves: their bytes.
       auto q_abs1 = out_twin<bf16>(static_cast<size_t>(nh) * L);
       auto o1 = out_twin<bf16>(static_cast<size_t>(nh) * dv);
-      gpu().mla_absorb_q(q.g.data(), W.g.data(), q_abs1.g.data(), nh, dqk, dv, L);
-      gpu().mla_out_v(o_lat.g.data(), W.g.data(), o1.g.data(), nh, dqk, dv, L);
+      mtplab::ops::OneRow(gpu()).mla_absorb_q(q.g.data(), W.g.data(), q_abs1.g.data(), nh, dqk, dv, L);
+      mtplab::ops::OneRow(gpu()).mla_out_v(o_lat.g.data(), W.g.data(), o1.g.data(), nh, dqk, dv, L);
       expect_bytes_equal(q_abs.from_gpu(), q_abs1.from_gpu(), where("mla_absorb_q_batch vs mla_absorb_q", B));
       expect_bytes_equal(o.from_gpu(), o1.from_gpu(), where("mla_out_v_batch vs mla_out_v", B));
     }
@@ -1273,7 +1274,7 @@ TEST_P(GpuBatch, MlaDecode) {
         for (int b = 0; b < B; ++b) {
           const int32_t slot = slots_h[static_cast<size_t>(b)];
           if (slot < 0) continue;
-          gpu().mla_decode(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width, width,
+          mtplab::ops::OneRow(gpu()).mla_decode(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width, width,
                            tables.g.data() + static_cast<size_t>(slot) * max_blocks, kg.cache,
                            single.g.data() + b * row, nh, softmax_scale);
         }
@@ -1858,9 +1859,9 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
             const int32_t* ir = idx.g.data() + static_cast<size_t>(r) * k;
             const float* wr = wts.g.data() + static_cast<size_t>(r) * k;
             if (c.shared) {
-              gpu().moe_experts_shared(xr, wg, ir, wr, k, shg, c.limit, one.g.data());
+              mtplab::ops::OneRow(gpu()).moe_experts_shared(xr, wg, ir, wr, k, shg, c.limit, one.g.data());
             } else {
-              gpu().moe_experts(xr, wg, ir, wr, k, c.limit, one.g.data());
+              mtplab::ops::OneRow(gpu()).moe_experts(xr, wg, ir, wr, k, c.limit, one.g.data());
             }
             expect_bytes_equal(got_row(got, r, H), one.from_gpu(),
                                pwhat + ", row " + std::to_string(r) + " against the one-row op");

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
 
 namespace mtplab::ops::gputest {
@@ -46,8 +47,8 @@ void check_group(const std::vector<Member>& members, int k, Rng& rng, const std:
     c_outs.push_back({W.back().c.data(), yc, m.n_out, m.f32_out, m.scale});
     g_outs.push_back({W.back().g.data(), yg, m.n_out, m.f32_out, m.scale});
   }
-  cpu().linear_group(c_outs, x.c.data(), k);
-  gpu().linear_group(g_outs, x.g.data(), k);
+  mtplab::ops::OneRow(cpu()).linear_group(c_outs, x.c.data(), k);
+  mtplab::ops::OneRow(gpu()).linear_group(g_outs, x.g.data(), k);
   for (size_t i = 0; i < members.size(); ++i) {
     const Member& m = members[i];
     const std::string what = group + " " + m.name;
@@ -99,8 +100,8 @@ TEST_P(GpuFused, ResidualAddRmsnormIsBitIdenticalToTheTwoOps) {
   Twin<bf16> w(rng.bf16s(static_cast<size_t>(H), 0.5f, 1.5f));
   auto y = out_twin<bf16>(static_cast<size_t>(H));
   auto normed = out_twin<bf16>(static_cast<size_t>(H));
-  cpu().residual_add_rmsnorm(x.c.data(), delta.c.data(), y.c.data(), w.c.data(), normed.c.data(), H, 1e-5f);
-  gpu().residual_add_rmsnorm(x.g.data(), delta.g.data(), y.g.data(), w.g.data(), normed.g.data(), H, 1e-5f);
+  mtplab::ops::OneRow(cpu()).residual_add_rmsnorm(x.c.data(), delta.c.data(), y.c.data(), w.c.data(), normed.c.data(), H, 1e-5f);
+  mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data(), delta.g.data(), y.g.data(), w.g.data(), normed.g.data(), H, 1e-5f);
   const auto y_g = y.from_gpu(), n_g = normed.from_gpu();
   expect_bytes_equal(y_g, y.from_cpu(), "y vs cpu (one IEEE add and one rounding: exact)");
   expect_bf16_close(n_g, normed.from_cpu(), "normed vs cpu");
@@ -113,7 +114,7 @@ TEST_P(GpuFused, ResidualAddRmsnormIsBitIdenticalToTheTwoOps) {
   expect_bytes_equal(n_g, n2.from_gpu(), "normed fused vs separate gpu ops");
 
   // In place (y aliases x), as the block's residuals use it.
-  gpu().residual_add_rmsnorm(x.g.data(), delta.g.data(), x.g.data(), w.g.data(), n2.g.data(), H, 1e-5f);
+  mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data(), delta.g.data(), x.g.data(), w.g.data(), n2.g.data(), H, 1e-5f);
   expect_bytes_equal(x.from_gpu(), y_g, "y in place");
   expect_bytes_equal(n2.from_gpu(), n_g, "normed in place");
 }
@@ -168,14 +169,14 @@ TEST_P(GpuFused, MoeExpertsSharedIsBitIdenticalToTheSeparateOps) {
     ExpertWeights cs{sg.c.data(), su.c.data(), sdown.c.data(), 0, 1, H, c.shared_rows};
     ExpertWeights gs{sg.g.data(), su.g.data(), sdown.g.data(), 0, 1, H, c.shared_rows};
     auto fused = out_twin<float>(H);
-    cpu().moe_experts_shared(x.c.data(), cr, idx.c.data(), wts.c.data(), k, cs, 10.0f, fused.c.data());
-    gpu().moe_experts_shared(x.g.data(), gr, idx.g.data(), wts.g.data(), k, gs, 10.0f, fused.g.data());
+    mtplab::ops::OneRow(cpu()).moe_experts_shared(x.c.data(), cr, idx.c.data(), wts.c.data(), k, cs, 10.0f, fused.c.data());
+    mtplab::ops::OneRow(gpu()).moe_experts_shared(x.g.data(), gr, idx.g.data(), wts.g.data(), k, gs, 10.0f, fused.g.data());
     const auto got = fused.from_gpu();
     expect_f32_close(got, fused.from_cpu(), "moe_experts_shared vs cpu", 1.0 / 128, 1.0 / 256);
     auto routed = out_twin<float>(H);
     auto shared = out_twin<float>(H);
-    gpu().moe_experts(x.g.data(), gr, idx.g.data(), wts.g.data(), k, 10.0f, routed.g.data());
-    gpu().moe_experts(x.g.data(), gs, zero.g.data(), one.g.data(), 1, 10.0f, shared.g.data());
+    mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gr, idx.g.data(), wts.g.data(), k, 10.0f, routed.g.data());
+    mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gs, zero.g.data(), one.g.data(), 1, 10.0f, shared.g.data());
     gpu().accumulate_f32(shared.g.data(), routed.g.data(), H);
     expect_bytes_equal(got, routed.from_gpu(), "moe_experts_shared vs moe_experts x2 + accumulate_f32");
   }
@@ -236,8 +237,8 @@ TEST_P(GpuFused, KvNormWriteIsBitIdenticalToTheTwoOps) {
       const KvCache sg{separate.g.data(), dtype, scale, num_blocks, block_size, L};
       for (size_t t = 0; t < positions.size(); ++t) {
         const size_t off = c.offset + t * L;
-        cpu().kv_norm_write(x.c.data() + off, w.c.data(), eps, table.c.data(), pos.c.data() + t, fc);
-        gpu().kv_norm_write(x.g.data() + off, w.g.data(), eps, table.g.data(), pos.g.data() + t, fg);
+        mtplab::ops::OneRow(cpu()).kv_norm_write(x.c.data() + off, w.c.data(), eps, table.c.data(), pos.c.data() + t, fc);
+        mtplab::ops::OneRow(gpu()).kv_norm_write(x.g.data() + off, w.g.data(), eps, table.g.data(), pos.g.data() + t, fg);
         gpu().rmsnorm(x.g.data() + off, w.g.data(), c_kv.g.data(), 1, L, eps);
         gpu().kv_write(c_kv.g.data(), table.g.data(), pos.g.data() + t, sg);
       }
@@ -325,10 +326,10 @@ TEST_P(GpuFused, IndexerNormStoreIsBitIdenticalToTheTwoOps) {
       const size_t off = c.offset + t * D;
       const float* g_c = gate.c.data() + t * D;
       const float* g_g = gate.g.data() + t * D;
-      cpu().indexer_norm_store(x.c.data() + off, w.c.data(), b.c.data(), eps, g_c, ape.c.data(),
+      mtplab::ops::OneRow(cpu()).indexer_norm_store(x.c.data() + off, w.c.data(), b.c.data(), eps, g_c, ape.c.data(),
                                pos.c.data() + t, fused.k.c.data(), fused.gate.c.data(), fused.valid.c.data(),
                                fused.keys.c.data(), D, P);
-      gpu().indexer_norm_store(x.g.data() + off, w.g.data(), b.g.data(), eps, g_g, ape.g.data(),
+      mtplab::ops::OneRow(gpu()).indexer_norm_store(x.g.data() + off, w.g.data(), b.g.data(), eps, g_g, ape.g.data(),
                                pos.g.data() + t, fused.k.g.data(), fused.gate.g.data(), fused.valid.g.data(),
                                fused.keys.g.data(), D, P);
       gpu().layernorm(x.g.data() + off, w.g.data(), b.g.data(), k_normed.g.data(), 1, D, eps);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
 
 namespace mtplab::ops::gputest {
@@ -135,14 +136,14 @@ TEST(GpuGemvVariants, RowMapOutV) {
     Twin<bf16> W(rng.bf16s(static_cast<size_t>(s.heads) * (s.dqk + s.dv) * s.kv_lora, -0.05f, 0.05f));
     Twin<bf16> o_lat(rng.bf16s(static_cast<size_t>(s.heads) * s.kv_lora, -2.0f, 2.0f));
     auto o = out_twin<bf16>(static_cast<size_t>(s.heads) * s.dv);
-    cpu().mla_out_v(o_lat.c.data(), W.c.data(), o.c.data(), s.heads, s.dqk, s.dv, s.kv_lora);
+    mtplab::ops::OneRow(cpu()).mla_out_v(o_lat.c.data(), W.c.data(), o.c.data(), s.heads, s.dqk, s.dv, s.kv_lora);
     const std::vector<bf16> want = o.from_cpu();
     std::vector<bf16> v1_bits;
     for (GemvVariant v : kVariants) {
       SCOPED_TRACE(label(v));
       const VariantScope scope(v);
       o.poison(0xFF);
-      gpu().mla_out_v(o_lat.g.data(), W.g.data(), o.g.data(), s.heads, s.dqk, s.dv, s.kv_lora);
+      mtplab::ops::OneRow(gpu()).mla_out_v(o_lat.g.data(), W.g.data(), o.g.data(), s.heads, s.dqk, s.dv, s.kv_lora);
       const std::vector<bf16> got = o.from_gpu();
       expect_bf16_close(got, want, "mla_out_v");
       if (v == GemvVariant::v1) {
@@ -231,7 +232,7 @@ TEST(GpuGemvVariants, LinearGroupMatchesEachVariantsGemvs) {
   for (GemvVariant v : kVariants) {
     SCOPED_TRACE(label(v));
     const VariantScope scope(v);
-    gpu().linear_group(outs, x.g.data(), k);
+    mtplab::ops::OneRow(gpu()).linear_group(outs, x.g.data(), k);
     for (size_t i = 0; i < W.size(); ++i) {
       y_sep[i].poison(0xFF);
       gpu().linear(W[i].g.data(), x.g.data(), y_sep[i].g.data(), 1, ns[i], k);

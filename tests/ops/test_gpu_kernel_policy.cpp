@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "gpu_test_util.hpp"
 
@@ -36,7 +37,7 @@ TEST(GpuKernelPolicy, DecodeChoicesReachTheLaunchers) {
   const KvCache gc{data.g.data(), KvDtype::bf16, 1.0f, num_blocks, block_size, L};
   const float scale = 1.0f / std::sqrt(static_cast<float>(L));
   auto ref = out_twin<bf16>(static_cast<size_t>(nh) * L);
-  cpu().mla_decode(q.c.data(), sel.c.data(), width, tab.c.data(), cc, ref.c.data(), nh, scale);
+  mtplab::ops::OneRow(cpu()).mla_decode(q.c.data(), sel.c.data(), width, tab.c.data(), cc, ref.c.data(), nh, scale);
   const std::vector<bf16> want = ref.from_cpu();
 
   struct Case {
@@ -56,7 +57,7 @@ TEST(GpuKernelPolicy, DecodeChoicesReachTheLaunchers) {
     });
     auto out = out_twin<bf16>(static_cast<size_t>(nh) * L);
     const uint64_t before = gpu().kernels_enqueued();
-    gpu().mla_decode(q.g.data(), sel.g.data(), width, tab.g.data(), gc, out.g.data(), nh, scale);
+    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, tab.g.data(), gc, out.g.data(), nh, scale);
     EXPECT_EQ(gpu().kernels_enqueued() - before, c.launches);
     expect_bf16_close(out.from_gpu(), want, what);
   }
@@ -90,7 +91,7 @@ TEST(GpuKernelPolicy, ForcedSplitReachesLinearAndLinearGroupAlike) {
     SCOPED_TRACE("gemv_split " + std::to_string(split));
     const PolicyScope scope([split](KernelPolicy& p) { p.gemv_split = split; });
     for (auto& y : y_group) y.poison(0xFF);
-    gpu().linear_group(outs, x.g.data(), k);
+    mtplab::ops::OneRow(gpu()).linear_group(outs, x.g.data(), k);
     for (size_t i = 0; i < W.size(); ++i) {
       y_sep[i].poison(0xFF);
       gpu().linear(W[i].g.data(), x.g.data(), y_sep[i].g.data(), 1, ns[i], k);

@@ -31,6 +31,7 @@
 #include <memory>
 #include <numeric>
 
+#include "ops/one_row.hpp"
 #include "core/yaml.hpp"
 #include "drafter/block.hpp"
 #include "drafter/drafter.hpp"
@@ -185,7 +186,7 @@ struct Front {
 void front_row(ops::Backend& be, const model::ModelConfig& c, const Front& f, const int32_t* token_dev,
                const bf16* hidden_dev, bf16* x0) {
   auto cat = poisoned_array<bf16>(be, 2 * static_cast<size_t>(c.hidden));
-  be.embed_rmsnorm(f.embed.data(), token_dev, f.enorm.data(), cat.data(), c.hidden, c.rms_norm_eps);
+  mtplab::ops::OneRow(be).embed_rmsnorm(f.embed.data(), token_dev, f.enorm.data(), cat.data(), c.hidden, c.rms_norm_eps);
   be.rmsnorm(hidden_dev, f.hnorm.data(), cat.data() + c.hidden, 1, c.hidden, c.rms_norm_eps);
   be.linear(f.eh_proj.data(), cat.data(), x0, 1, c.hidden, 2 * c.hidden);
 }
@@ -297,7 +298,7 @@ TEST_F(Reference, PiecesMatchTransformers) {
   }
   auto e = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
   for (int t = 0; t < T; ++t)
-    be.embed_rmsnorm(f.embed.data(), tok.data() + t + 1, f.enorm.data(),
+    mtplab::ops::OneRow(be).embed_rmsnorm(f.embed.data(), tok.data() + t + 1, f.enorm.data(),
                      e.data() + static_cast<size_t>(t) * H, H, eps);
   tab.ulps("front.e = enorm(embed)", get_widened(be, e), X.floats("front.e", {T, H}), t_norm, r_ulp,
            "RMSNorm, eps matters");
@@ -495,11 +496,11 @@ TEST_F(Reference, PiecesMatchTransformers) {
     for (int t = 0; t < T; ++t) {
       be.kv_write(ckv_dev.data() + static_cast<size_t>(t) * c.kv_lora_rank, kv.block_tables.data(),
                   pos.data() + t, kv.kv_slots().cache);
-      be.mla_absorb_q(q.data() + static_cast<size_t>(t) * nh * dq, bw.kv_b.data(), q_abs.data(), nh, dq, dv,
+      mtplab::ops::OneRow(be).mla_absorb_q(q.data() + static_cast<size_t>(t) * nh * dq, bw.kv_b.data(), q_abs.data(), nh, dq, dv,
                       c.kv_lora_rank);
-      be.mla_decode(q_abs.data(), sel_dev.data() + static_cast<size_t>(t) * width, width,
+      mtplab::ops::OneRow(be).mla_decode(q_abs.data(), sel_dev.data() + static_cast<size_t>(t) * width, width,
                     kv.block_tables.data(), kv.kv_slots().cache, o_lat.data(), nh, c.softmax_scale());
-      be.mla_out_v(o_lat.data(), bw.kv_b.data(), o.data(), nh, dq, dv, c.kv_lora_rank);
+      mtplab::ops::OneRow(be).mla_out_v(o_lat.data(), bw.kv_b.data(), o.data(), nh, dq, dv, c.kv_lora_rank);
       be.linear(bw.o_proj.data(), o.data(), out.data() + static_cast<size_t>(t) * H, 1, H, nh * dv);
     }
     att = get_widened(be, out);
@@ -551,7 +552,7 @@ TEST_F(Reference, PiecesMatchTransformers) {
   auto idx = poisoned_array<int32_t>(be, static_cast<size_t>(T) * k_top);
   auto wts = poisoned_array<float>(be, static_cast<size_t>(T) * k_top);
   for (int t = 0; t < T; ++t)
-    be.moe_route(logits.data() + static_cast<size_t>(t) * E, bw.router_bias.data(), E, k_top, c.n_group,
+    mtplab::ops::OneRow(be).moe_route(logits.data() + static_cast<size_t>(t) * E, bw.router_bias.data(), E, k_top, c.n_group,
                  c.topk_group, c.routed_scaling_factor, idx.data() + static_cast<size_t>(t) * k_top,
                  wts.data() + static_cast<size_t>(t) * k_top);
   {
@@ -605,9 +606,9 @@ TEST_F(Reference, PiecesMatchTransformers) {
     auto out = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
     for (int t = 0; t < T; ++t) {
       const bf16* vt = v_ref.data() + static_cast<size_t>(t) * H;
-      be.moe_experts(vt, shared, idx0.data(), w1.data(), 1, limit, sh.data());
+      mtplab::ops::OneRow(be).moe_experts(vt, shared, idx0.data(), w1.data(), 1, limit, sh.data());
       if (with_routed) {
-        be.moe_experts(vt, routed, idx.data() + static_cast<size_t>(t) * k_top,
+        mtplab::ops::OneRow(be).moe_experts(vt, routed, idx.data() + static_cast<size_t>(t) * k_top,
                        wts.data() + static_cast<size_t>(t) * k_top, k_top, limit, part.data());
         be.accumulate_f32(sh.data(), part.data(), H);
         be.to_bf16(part.data(), out.data() + static_cast<size_t>(t) * H, H);

@@ -41,12 +41,12 @@ class CpuBackend final : public Backend {
 
   void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) override;
   void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
-                     float eps) override;
+                     float eps);
   void layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n, float eps) override;
 
   void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode mode) override;
   void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, RowsMode mode) override;
-  void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) override;
+  void linear_group(std::span<const LinearOut> outs, const bf16* x, int k);
   void linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) override;
   void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
                   int k) override;
@@ -61,7 +61,7 @@ class CpuBackend final : public Backend {
 
   void residual_add(const bf16* x, const float* delta, bf16* y, int n) override;
   void residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
-                            float eps) override;
+                            float eps);
   void add(const bf16* a, const bf16* b, bf16* y, int n) override;
   void to_bf16(const float* x, bf16* y, int n) override;
   void accumulate_f32(const float* x, float* y, int n) override;
@@ -72,7 +72,7 @@ class CpuBackend final : public Backend {
                      int P) override;
   void indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
                           const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
-                          uint8_t* valid, float* pool_keys, int D, int P) override;
+                          uint8_t* valid, float* pool_keys, int D, int P);
   void indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
                       float* scores, int n_heads, int D, int P, int max_pools) override;
   void indexer_select(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
@@ -80,21 +80,21 @@ class CpuBackend final : public Backend {
 
   void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) override;
   void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
-                     const int32_t* pos, KvCache cache) override;
+                     const int32_t* pos, KvCache cache);
   void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
-                    int kv_lora) override;
+                    int kv_lora);
   void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
-                  KvCache cache, bf16* o_lat, int n_heads, float softmax_scale) override;
+                  KvCache cache, bf16* o_lat, int n_heads, float softmax_scale);
   void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
-                 int kv_lora) override;
+                 int kv_lora);
 
   void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
-                 int topk_group, float scaling, int32_t* idx, float* weights) override;
+                 int topk_group, float scaling, int32_t* idx, float* weights);
   void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
-                   float limit, float* out) override;
+                   float limit, float* out);
   void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                           const float* weights, int top_k, const ExpertWeights& shared, float limit,
-                          float* out) override;
+                          float* out);
 
   // ---- batched rows: each row through the single-row code above (bit-identical by construction),
   // except the head and the grouped experts, which read each weight row once for all rows.

@@ -285,22 +285,12 @@ class CudaBackend final : public Backend {
   void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) override {
     cuda::rmsnorm(ctx_, x, w, y, rows, n, eps);
   }
-  void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
-                     float eps) override {
-    cuda::embed_rmsnorm(ctx_, table, token, w, y, n, eps);
-  }
   void layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n, float eps) override {
     cuda::layernorm(ctx_, x, w, b, y, rows, n, eps);
   }
   void residual_add(const bf16* x, const float* delta, bf16* y, int n) override {
     require_n("residual_add", n);
     cuda::residual_add(ctx_, x, delta, y, n);
-  }
-  void residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
-                            float eps) override {
-    require_n("residual_add_rmsnorm", n);
-    MTP_REQUIRE(normed + n <= y || y + n <= normed, "ops::cuda::residual_add_rmsnorm: normed overlaps y");
-    cuda::residual_add_rmsnorm(ctx_, x, delta, y, w, normed, n, eps);
   }
   void add(const bf16* a, const bf16* b, bf16* y, int n) override {
     require_n("add", n);
@@ -326,9 +316,6 @@ class CudaBackend final : public Backend {
   void linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k,
                   RowsMode mode) override {
     linear_any(W, X, Y, true, rows, n_out, k, mode, "linear_f32");
-  }
-  void linear_group(std::span<const LinearOut> outs, const bf16* x, int k) override {
-    cuda::gemv_group(ctx_, outs, x, k);
   }
   void linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) override {
     MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::cuda::linear_rows_group: ",
@@ -401,12 +388,6 @@ class CudaBackend final : public Backend {
                      int P) override {
     cuda::indexer_store(ctx_, k_normed, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D, P);
   }
-  void indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
-                          const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
-                          uint8_t* valid, float* pool_keys, int D, int P) override {
-    cuda::indexer_norm_store(ctx_, k_pre, w, b, eps, gate, ape, pos, k_cache, gate_cache, valid, pool_keys, D,
-                             P);
-  }
   void indexer_scores(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
                       float* scores, int n_heads, int D, int P, int max_pools) override {
     cuda::indexer_scores(ctx_, q, w, pool_keys, pos, scores, n_heads, D, P, max_pools);
@@ -421,65 +402,7 @@ class CudaBackend final : public Backend {
     require_cache("kv_write", cache);
     cuda::kv_write(ctx_, c_kv, block_table, pos, cache);
   }
-  void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
-                     const int32_t* pos, KvCache cache) override {
-    require_cache("kv_norm_write", cache);
-    cuda::kv_norm_write(ctx_, ckv_pre, w, eps, block_table, pos, cache);
-  }
-  void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
-                    int kv_lora) override {
-    cuda::mla_absorb_q(ctx_, q, W_kvb, q_abs, n_heads, dqk, dv, kv_lora);
-  }
-  void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
-                  KvCache cache, bf16* o_lat, int n_heads, float softmax_scale) override {
-    require_cache("mla_decode", cache);
-    MTP_REQUIRE(n_heads >= 1 && width >= 0, "ops::cuda::mla_decode: n_heads ", n_heads, ", width ", width);
-    const int splits = cuda::mla_decode_splits(ctx_, width, n_heads);
-    float* scratch = static_cast<float*>(mla_scratch_.ensure(
-        sizeof(float) * cuda::mla_decode_scratch_floats(ctx_, splits, n_heads, cache.kv_lora), ctx_.stream,
-        "mla_decode"));
-    cuda::mla_decode(ctx_, q_abs, selection, width, block_table, cache, o_lat, n_heads, softmax_scale, splits,
-                     scratch);
-  }
-  void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
-                 int kv_lora) override {
-    MTP_REQUIRE(n_heads >= 1 && dqk >= 0 && dv >= 1 && kv_lora >= 1, "ops::cuda::mla_out_v: n_heads ",
-                n_heads, ", dqk ", dqk, ", dv ", dv, ", kv_lora ", kv_lora);
-    const GemvRowMap map{dv, static_cast<int64_t>(dqk) + dv, dqk, kv_lora};
-    cuda::gemv_bf16(ctx_, W_kvb, o_lat, o, false, n_heads * dv, kv_lora, map);
-  }
 
-  // ---- MoE ------------------------------------------------------------------------------------
-  void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
-                 int topk_group, float scaling, int32_t* idx, float* weights) override {
-    cuda::moe_route(ctx_, logits, bias, num_experts, top_k, n_group, topk_group, scaling, idx, weights);
-  }
-  void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
-                   float limit, float* out) override {
-    MTP_REQUIRE(top_k >= 0 && w.hidden >= 1 && w.inter >= 1 && w.num_local >= 0,
-                "ops::cuda::moe_experts: top_k ", top_k, ", hidden ", w.hidden, ", inter ", w.inter,
-                ", num_local ", w.num_local);
-    MTP_REQUIRE(w.num_local == 0 || (w.gate && w.up && w.down), "ops::cuda::moe_experts: ", w.num_local,
-                " local experts but null weights");
-    bf16* act = static_cast<bf16*>(
-        moe_act_.ensure(sizeof(bf16) * std::max<size_t>(1, static_cast<size_t>(top_k) * w.inter), ctx_.stream,
-                        "moe_experts"));
-    cuda::moe_experts(ctx_, x, w, idx, weights, top_k, limit, act, out);
-  }
-  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
-                          const float* weights, int top_k, const ExpertWeights& shared, float limit,
-                          float* out) override {
-    MTP_REQUIRE(top_k >= 0 && top_k <= 31 && routed.hidden >= 1 && routed.inter >= 1 &&
-                    routed.num_local >= 0 && shared.hidden == routed.hidden && shared.inter >= 1,
-                "ops::cuda::moe_experts_shared: top_k ", top_k, " (at most 31), hidden ", routed.hidden,
-                " / ", shared.hidden, ", inter ", routed.inter, " / ", shared.inter);
-    MTP_REQUIRE(routed.num_local == 0 || (routed.gate && routed.up && routed.down),
-                "ops::cuda::moe_experts_shared: ", routed.num_local, " local experts but null weights");
-    bf16* act = static_cast<bf16*>(moe_act_.ensure(
-        sizeof(bf16) * (static_cast<size_t>(top_k) * routed.inter + static_cast<size_t>(shared.inter)),
-        ctx_.stream, "moe_experts_shared"));
-    cuda::moe_experts(ctx_, x, routed, idx, weights, top_k, limit, act, out, &shared);
-  }
 
   // ---- batched rows (ops.hpp, "batched rows"; the launchers: the family headers' batched rows) --
   // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs and the
