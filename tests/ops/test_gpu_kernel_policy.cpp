@@ -42,22 +42,26 @@ TEST(GpuKernelPolicy, DecodeChoicesReachTheLaunchers) {
 
   struct Case {
     MlaDecode decode;
-    int clusters;
+    int splits;         // mla_batch_splits (0: chosen per shape)
     uint64_t launches;  // decode (+ combine)
   };
-  // v2 with one cluster per head tile merges in the cluster and writes o_lat itself: one launch;
-  // two clusters need the combine; v1 always launches decode + combine (it ignores mla_clusters).
-  for (const Case& c : {Case{MlaDecode::v2, 1, 1}, Case{MlaDecode::v2, 2, 2}, Case{MlaDecode::v1, 1, 2}}) {
+  // One row of a BF16 cache (the batched decode's tiles rule): v1 unless a forced split count takes
+  // v2. v2 with 8 splits is one cluster per head tile, merged in the cluster, which writes o_lat
+  // itself: one launch; 16 splits are two clusters and need the combine; v1 (forced or by the rule)
+  // splits 64 chunks over several blocks: decode + combine.
+  for (const Case& c : {Case{MlaDecode::v2, 8, 1}, Case{MlaDecode::v2, 16, 2}, Case{MlaDecode::v2, 0, 2},
+                        Case{MlaDecode::v1, 0, 2}}) {
     const std::string what =
-        std::string("mla_decode ") + to_string(c.decode) + " clusters " + std::to_string(c.clusters);
+        std::string("mla_decode ") + to_string(c.decode) + " mla_batch_splits " + std::to_string(c.splits);
     SCOPED_TRACE(what);
     const PolicyScope scope([&](KernelPolicy& p) {
       p.mla_decode = c.decode;
-      p.mla_clusters = c.clusters;
+      p.mla_batch_splits = c.splits;
     });
     auto out = out_twin<bf16>(static_cast<size_t>(nh) * L);
+    mtplab::ops::OneRow one(gpu());
     const uint64_t before = gpu().kernels_enqueued();
-    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, tab.g.data(), gc, out.g.data(), nh, scale);
+    one.mla_decode(q.g.data(), sel.g.data(), width, tab.g.data(), gc, out.g.data(), nh, scale);
     EXPECT_EQ(gpu().kernels_enqueued() - before, c.launches);
     expect_bf16_close(out.from_gpu(), want, what);
   }
