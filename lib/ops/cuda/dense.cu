@@ -332,7 +332,7 @@ struct AutoRule {
   int k_min, k_max;
   GemvVariant variant;
 };
-// From the sweep on one H200 (docs/performance.md, 2026-11-30 session 3; graph mode, % of copy):
+// From the sweep on one H200 (docs/kernels.md, "Variants"; 2026-11-30; graph mode, % of copy):
 // the heads gain from 4 rows per warp (one activation load feeds 4 rows: FP8 head 89.9 -> 95.1%,
 // BF16 100.9 -> 102.1%); the FP8 eh_proj (56.4 -> 68.4%), q_b (76.8 -> 84.5%) and the k >= 8192
 // BF16 GEMVs (eh_proj 80.7 -> 81.8%, o_proj 88.3 -> 88.7%) from the 64-warp occ kernel; kv_b and

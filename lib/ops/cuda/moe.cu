@@ -1520,7 +1520,7 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
       // level at every B, where its deeper rings fit in shared memory; v1 (the least shared
       // memory) otherwise, the same bits.
       // split is faster as a launch at 1 - 2 rows but gave no step a gain, so auto keeps ring's
-      // bits above the slots rows; since session 16 through ringpf (ring with the L2 prefetch hint
+      // bits above the slots rows, through ringpf (ring with the L2 prefetch hint
       // on its weight copies, ring's bits: the step 3 - 5% faster at B = 4, 64 and 128).
       const size_t ring_smem =
           std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
