@@ -323,7 +323,7 @@ void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) 
 // ---- variant selection ------------------------------------------------------------------------------
 
 /// The automatic variant per shape: the first rule whose kind and ranges hold wins; none: v1.
-/// Filled from scripts/device/gemv_sweep.sh (docs/kernels.md), e.g.
+/// Filled from the gemv-sweep task of scripts/device/run.sh (docs/kernels.md), e.g.
 /// {false, 8192, int64_t{1} << 40, 512, 2048, GemvVariant::rows2} for BF16 rows of k 512..2048 and
 /// n >= 8192.
 struct AutoRule {
