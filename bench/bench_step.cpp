@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "bench_main.hpp"
+#include "bench_util.hpp"
 #include "core/build_info.hpp"
 #include "core/cli.hpp"
 #include "core/error.hpp"
@@ -70,6 +71,9 @@
 using namespace mtplab;
 
 namespace {
+
+using bench::copy_bandwidth;
+using bench::pair_of;
 
 struct Options {
   std::string preset = "glm5.3-flash";
@@ -155,28 +159,6 @@ struct Row {
   double floor_bytes = 0;
   double launches_per_draft = 0;  // kernels one propose(k) enqueues / k (eager run; a graph replays the same)
 };
-
-double copy_bandwidth(ops::Backend& be) {
-  const size_t bytes = size_t{1} << 30;
-  ops::Array<uint8_t> a(be, bytes), b(be, bytes);
-  be.fill_bytes(a.data(), 0x5a, bytes);
-  auto e0 = be.make_event(), e1 = be.make_event();
-  std::vector<double> gbps;
-  for (int i = 0; i < 12; ++i) {
-    e0->record();
-    be.copy(b.data(), a.data(), bytes);
-    e1->record();
-    const double ms = be.elapsed_ms(*e0, *e1);
-    if (i >= 2) gbps.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
-  }
-  return quantile(gbps, 0.5);
-}
-
-/// {a chosen, b chosen} of a comma list of `a` and / or `b` (checked by the command line).
-std::array<bool, 2> pair_of(const std::vector<std::string>& items, const char* a, const char* b) {
-  return {std::find(items.begin(), items.end(), a) != items.end(),
-          std::find(items.begin(), items.end(), b) != items.end()};
-}
 
 /// What every run of the process shares: the backend, the model (its context sized for every
 /// run), the weights (synthesised once), the copy bandwidth, and the context rows.

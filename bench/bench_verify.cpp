@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "bench_main.hpp"
+#include "bench_util.hpp"
 #include "core/build_info.hpp"
 #include "core/cli.hpp"
 #include "core/error.hpp"
@@ -49,6 +50,9 @@ using namespace mtplab;
 
 namespace {
 
+using bench::copy_bandwidth;
+using bench::pair_of;
+
 struct Options {
   std::string preset = "glm5.3-flash";
   std::vector<int> batches = {1, 2, 4, 8, 16, 32, 64, 128};
@@ -61,22 +65,6 @@ struct Options {
   int device = 0;
   double router_bias_scale = 1.0;
 };
-
-double copy_bandwidth(ops::Backend& be) {
-  const size_t bytes = size_t{1} << 30;
-  ops::Array<uint8_t> a(be, bytes), b(be, bytes);
-  be.fill_bytes(a.data(), 0x5a, bytes);
-  auto e0 = be.make_event(), e1 = be.make_event();
-  std::vector<double> gbps;
-  for (int i = 0; i < 12; ++i) {
-    e0->record();
-    be.copy(b.data(), a.data(), bytes);
-    e1->record();
-    const double ms = be.elapsed_ms(*e0, *e1);
-    if (i >= 2) gbps.push_back(2.0 * bytes / (ms * 1e-3) / 1e9);
-  }
-  return quantile(gbps, 0.5);
-}
 
 struct Timing {
   double median = 0, p10 = 0, p90 = 0;
@@ -290,11 +278,6 @@ int run(const Options& opt) {
     }
   }
   return 0;
-}
-
-std::array<bool, 2> pair_of(const std::vector<std::string>& items, const char* a, const char* b) {
-  return {std::find(items.begin(), items.end(), a) != items.end(),
-          std::find(items.begin(), items.end(), b) != items.end()};
 }
 
 }  // namespace

@@ -157,23 +157,7 @@ task_bench_step() {
   dry || tail -12 "$LOG/bench_step.log"
   [[ ${BASE:-0} == 1 ]] || return 0
   step "B = 1 against the tree in .base/, in turn, same GPU"
-  base_build || return
-  local i who bin
-  for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
-    for who in base head; do
-      bin=$BIN/mtplab_bench_step
-      [[ $who == base ]] && bin=.base/build-base/bin/mtplab_bench_step
-      CUDA_VISIBLE_DEVICES=0 run "bench_step_${who}_$i" 120 "$bin" --context 4096 --k 1 --graphs on --reps 30 \
-        --out "$LOG/base_$who$i"
-    done
-  done
-  dry && return
-  for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
-    for who in base head; do
-      echo "=== $who, run $i"
-      grep -E "git |^(bf16|fp8) " "$LOG/bench_step_${who}_$i.log"
-    done
-  done | tee "$OUT/bench_step_base.txt"
+  base_vs_head bench_step 120 bench_step_base.txt "git |^(bf16|fp8) " --context 4096 --k 1 --graphs on --reps 30
 }
 
 task_bench_step_nopdl() {
@@ -201,24 +185,32 @@ task_bench_batch() {
   dry || tail -20 "$LOG/bench_step_batch.log"
   [[ ${BASE:-0} == 1 ]] || return 0
   step "the batched step against the tree in .base/, in turn, same GPU"
+  # shellcheck disable=SC2086
+  base_vs_head bench_batch 300 bench_batch_base.txt "git |^ *(bf16|fp8) " --batch "${BATCHES:-1,2,4,8,16,32,64,128}" \
+    --k 1 --graphs on --reps "${REPS:-20}" ${BATCH_ARGS:-}
+}
+
+# base_vs_head NAME SECONDS TABLE PATTERN ARGS...: mtplab_bench_step of the tree in .base/ and of
+# this one in turn, BASE_RUNS (2) times each, same GPU, with ARGS; the lines matching PATTERN of
+# each run go to $OUT/TABLE.
+base_vs_head() {
+  local name=$1 secs=$2 table=$3 pattern=$4 i who bin
+  shift 4
   base_build || return
-  local i who bin
   for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
     for who in base head; do
       bin=$BIN/mtplab_bench_step
       [[ $who == base ]] && bin=.base/build-base/bin/mtplab_bench_step
-      # shellcheck disable=SC2086
-      CUDA_VISIBLE_DEVICES=0 run "bench_batch_${who}_$i" 300 "$bin" --batch "${BATCHES:-1,2,4,8,16,32,64,128}" \
-        --k 1 --graphs on --reps "${REPS:-20}" --out "$LOG/batch_$who$i" ${BATCH_ARGS:-}
+      CUDA_VISIBLE_DEVICES=0 run "${name}_${who}_$i" "$secs" "$bin" "$@" --out "$LOG/${name}_$who$i"
     done
   done
   dry && return
   for ((i = 1; i <= ${BASE_RUNS:-2}; i++)); do
     for who in base head; do
       echo "=== $who, run $i"
-      grep -E "git |^ *(bf16|fp8) " "$LOG/bench_batch_${who}_$i.log"
+      grep -E "$pattern" "$LOG/${name}_${who}_$i.log"
     done
-  done | tee "$OUT/bench_batch_base.txt"
+  done | tee "$OUT/$table"
 }
 
 # The tree in .base/ (scripts/device/base-tree.sh COMMIT) built once: its mtplab_bench_step.
