@@ -276,6 +276,27 @@ int visible_gpu_count() {
 #endif
 }
 
+std::string gpu_unusable_reason(const std::string& host) {
+#if defined(MTPLAB_HAVE_CUDA)
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    return str("no usable GPU on host ", host, ": cudaGetDeviceCount failed: ", cudaGetErrorName(rc), ": ",
+               cudaGetErrorString(rc),
+               " (this mtplab was built with CUDA; the driver or the device is missing)");
+  }
+  if (n > 0) return "";
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  return str("no GPU is visible on host ", host, " (",
+             cvd ? str("CUDA_VISIBLE_DEVICES=", cvd) : std::string("CUDA_VISIBLE_DEVICES unset"), ")");
+#else
+  (void)host;
+  return "this mtplab was built without CUDA (MTPLAB_CUDA=OFF or no toolkit): rebuild with -DMTPLAB_CUDA=ON, "
+         "or use the cpu backend";
+#endif
+}
+
 int choose_device(int local_rank, int local_size, int visible, const char* cuda_visible_devices,
                   const std::string& host) {
   const std::string cvd = cuda_visible_devices ? str("CUDA_VISIBLE_DEVICES=", cuda_visible_devices)

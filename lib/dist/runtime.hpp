@@ -124,6 +124,11 @@ class Runtime {
 /// GPUs this process can see (cudaGetDeviceCount); 0 without CUDA, driver or device.
 int visible_gpu_count();
 
+/// Why this process cannot use a GPU, "" when it sees one. Tells the cases apart: a build without
+/// CUDA ("this mtplab was built without CUDA ..."), a CUDA build without a usable driver or device
+/// (cudaGetDeviceCount's error quoted), and no device visible (CUDA_VISIBLE_DEVICES named).
+std::string gpu_unusable_reason(const std::string& host);
+
 /// The device rule, separate from CUDA so that it can be tested anywhere: returns the ordinal
 /// for `local_rank`, or throws naming the host, the counts and CUDA_VISIBLE_DEVICES.
 int choose_device(int local_rank, int local_size, int visible, const char* cuda_visible_devices,

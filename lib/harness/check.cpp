@@ -22,6 +22,7 @@
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/world_ops.hpp"
+#include "harness/replay.hpp"
 #include "io/trace.hpp"
 #include "model/safetensors.hpp"
 #include "model/sharding.hpp"
@@ -356,6 +357,14 @@ void check_trace_file(const std::string& path, const std::vector<int>& users, co
                    i);
       continue;
     }
+    // Sampling verification against the sampling the trace was recorded with: the check run
+    // makes before it starts (check_trace_file), here on the copy just opened.
+    try {
+      check_trace_sampling(p.arms.replay, t.sampling(), path);
+    } catch (const Error& e) {
+      problems.add(e.message(), i);
+      continue;
+    }
     const int want = p.measure.sequences;
     if (want > n) {
       problems.add(str("measure.sequences ", want, " exceeds the trace's ", n,
@@ -495,14 +504,14 @@ void check_checkpoint(dist::Runtime& rt, const std::string& path, const model::M
 // this run loads: one with the head replicated when there is one, since its whole lm_head covers
 // the rows of any vocab-sharded head (every other tensor's slice does not depend on the point).
 void load_checkpoint_shards(dist::Runtime& rt, const Experiment& ex, const CheckOptions& options,
-                            const std::string& path, const std::vector<int>& users, const std::set<int>& done,
+                            const std::string& path, const std::vector<int>& users, const std::set<int>& skip,
                             InputReport& r) {
   std::vector<const PointConfig*> to_load;
   for (int i : users) {
     if (!options.load_points.empty() &&
         std::find(options.load_points.begin(), options.load_points.end(), i) == options.load_points.end())
       continue;
-    if (options.skip_done && done.count(i)) continue;
+    if (skip.count(i)) continue;
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
     if (to_load.empty())
       to_load.push_back(&p);
@@ -721,6 +730,7 @@ struct Checker {
     std::vector<int> users;
   };
   std::vector<ToLoad> to_load;  ///< the checkpoints that opened, to load after the output is known
+  std::set<int> cannot_run;     ///< the points that cannot run on the backend (a problem already)
 
   Checker(dist::Runtime& r, const Experiment& e, const CheckOptions& o)
       : rt(r), ex(e), options(o), rank(r.rank()), world(r.world_group()) {}
@@ -743,15 +753,16 @@ struct Checker {
           check_point_runnable(p, ex.world, options.backend);
         } catch (const Error& e) {
           unrunnable.add(str("cannot run on the ", options.backend, " backend: ", e.message()), p.index);
+          cannot_run.insert(p.index);  // nothing of it is loaded
         }
       }
       unrunnable.into(rep.inputs.back().problems);
       if (options.backend == "cuda") {
-        if (!ops::cuda_backend_available())
-          rep.inputs.back().problems.push_back(
-              "backend cuda: this mtplab was built without the CUDA backend");
-        else if (rt.min_visible_gpus() == 0)  // collective; the branch is the same on every rank
-          rep.inputs.back().problems.push_back("backend cuda: a rank sees no GPU");
+        // Why a GPU cannot be used, told apart: no CUDA in this build, no driver or device, none
+        // visible. Every rank that sees none says so (gathered to rank 0 with its rank and host).
+        const int least = rt.min_visible_gpus();  // collective; the branch is the same on every rank
+        const std::string why = dist::gpu_unusable_reason(rt.host());
+        if (least == 0 && !why.empty()) rep.inputs.back().problems.push_back(str("backend cuda: ", why));
       }
     }
   }
@@ -905,13 +916,22 @@ struct Checker {
         rep.resume = inspect_results_file(options.output, ex, rep.identity);
         r.problems.insert(r.problems.end(), rep.resume.problems.begin(), rep.resume.problems.end());
         if (rep.resume.exists) {
-          if (rep.resume.problems.empty())
+          if (rep.resume.problems.empty()) {
             r.summary = str("exists, same configuration and inputs: ", rep.resume.done.size(), " of ",
                             ex.points.size(), " point(s) done, a run adds the other ",
                             ex.points.size() - rep.resume.done.size());
-          else
+            // A point is added by writing FILE.tmp.<pid> beside the file and renaming it onto it:
+            // the directory must be writable, or the run fails after computing its first point.
+            fs::path dir = fs::path(options.output).parent_path();
+            if (dir.empty()) dir = ".";
+            if (::access(dir.c_str(), W_OK | X_OK) != 0)
+              r.problems.push_back(str("directory ", dir.string(), " is not writable (", std::strerror(errno),
+                                       "), so no point can be added to ", options.output,
+                                       " (a point is written to a temporary file beside it, then renamed)"));
+          } else {
             r.summary =
                 str("exists, ", rep.resume.points_in_file, " point(s) in it; cannot take this run's points");
+          }
         } else {
           // The nearest existing directory above the file must let us create it (and the
           // directories between).
@@ -945,9 +965,11 @@ struct Checker {
     {
       std::vector<int32_t> done(rep.resume.done.begin(), rep.resume.done.end());
       dist::broadcast(world, done);
-      std::set<int> done_set(done.begin(), done.end());
+      // Not loaded: the points already in the output (the run skips them) and those that cannot run.
+      std::set<int> skip = cannot_run;
+      if (options.skip_done) skip.insert(done.begin(), done.end());
       for (const ToLoad& l : to_load) {
-        load_checkpoint_shards(rt, ex, options, l.path, l.users, done_set, rep.inputs[l.input]);
+        load_checkpoint_shards(rt, ex, options, l.path, l.users, skip, rep.inputs[l.input]);
         rep.inputs[l.input].summary += str(" (", point_list(l.users), ")");
       }
     }

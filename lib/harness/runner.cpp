@@ -199,29 +199,33 @@ void install_stop_handlers() { dist::install_stop_handlers("the results file kee
 
 int stop_signal() { return dist::stop_signal(); }
 
-int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& options) {
+int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& options) {
+  const Experiment& ex = pre.ex;
   MTP_REQUIRE(ex.world == rt.world(), ex.file, ": expanded for ", ex.world, " rank(s) but the job has ",
               rt.world());
   const int rank = rt.rank();
-  dist::install_stop_handlers(str(options.output, " keeps every completed point"));
+  dist::install_stop_handlers(str(pre.output, " keeps every completed point"));
 
-  // The backend: `auto` decides alike on every rank (the MIN of the visible GPUs).
-  std::string backend = ex.points.front().backend;
-  if (backend == "auto")
-    backend = ops::cuda_backend_available() && rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
-  dist::run_agreed([&] {  // every rank decides alike: the job ends cleanly, the message comes once
-    std::vector<std::string> problems;
-    for (const auto& p : ex.points) {
-      try {
-        check_point_runnable(p, rt.world(), backend);
-        check_trace_file(p);  // sampling verification against the trace's sampling attributes
-      } catch (const Error& e) {
-        problems.push_back(str("  ", p.name(), " {", p.label(), "}: ", e.message()));
-      }
+  // The backend: `auto` decides alike on every rank (the MIN of the visible GPUs). Whether every
+  // point can run on it is the input check's (below), as for `mtplab check`.
+  const std::string backend = resolve_backend(rt, ex);
+  dist::Group world = rt.world_group();
+  // Inputs refused: the check's report, then one line with the `mtplab check` that repeats it
+  // (rank 0), and exit 2 on every rank, nothing written.
+  auto refuse = [&](const CheckReport& report) {
+    if (rank == 0) {
+      std::fputs(report.text().c_str(), stderr);
+      log_error(ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
+                report.resume.exists ? str(pre.output, " is unchanged") : str("no results file was created"),
+                ". `", options.check_command, "` repeats these checks without running");
     }
-    MTP_REQUIRE(problems.empty(), ex.file, ": ", problems.size(), " point(s) cannot run on the ", backend,
-                " backend:\n", join(problems, "\n"));
-  });
+    dist::barrier(world);
+    return 2;
+  };
+  // A GPU that a rank cannot use (no CUDA in this build, no driver or device) is an input problem
+  // like the others, found by the same check as `mtplab check`, before any device is bound.
+  if (backend == "cuda" && rt.min_visible_gpus() == 0)
+    return refuse(check_inputs(rt, ex, run_check_options(pre, backend)));
   std::unique_ptr<ops::Backend> be;
   if (backend == "cuda") {
     const auto& bound = rt.bind_device();
@@ -229,7 +233,6 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   } else {
     be = ops::make_cpu_backend();
   }
-  dist::Group world = rt.world_group();
   RunProvenance prov;
   prov.argv = options.argv;
   prov.world = rt.world();
@@ -251,11 +254,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   }
 
   const int n = static_cast<int>(ex.points.size());
-  MTP_REQUIRE(options.point < n, ex.file, ": --point ", options.point,
-              " is out of range: the experiment has ", n, " point(s), 0..", n - 1);
-  std::vector<int> todo;
-  for (int i = 0; i < n; ++i)
-    if (options.point < 0 || options.point == i) todo.push_back(i);
+  const std::vector<int>& todo = pre.todo;
 
   Context c{rt,
             *be,
@@ -269,11 +268,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   // Every input checked before the output exists (harness/check.hpp): a run that fails on its
   // inputs leaves no results file behind. The first checkpoint shard loads into the run's cache,
   // so the check's load is the run's own.
-  CheckOptions check;
-  check.output = options.output;
-  check.backend = backend;
-  check.load_points = todo;
-  check.skip_done = true;
+  CheckOptions check = run_check_options(pre, backend);
   bool cached_once = false;
   check.load_weights = [&](const PointConfig& p) {
     if (!cached_once) {
@@ -285,17 +280,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     (void)model::load_mtp_weights(p.model, plan, p.weights.checkpoint);
   };
   const CheckReport report = check_inputs(rt, ex, check);
-  if (report.total_problems > 0) {
-    if (rank == 0) {
-      std::fputs(report.text().c_str(), stderr);
-      log_error(
-          ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
-          report.resume.exists ? str(options.output, " is unchanged") : str("no results file was created"),
-          ". `mtplab check ", ex.file, "` repeats these checks without running");
-    }
-    dist::barrier(world);
-    return 2;
-  }
+  if (report.total_problems > 0) return refuse(report);
   if (rank == 0) {
     for (const auto& in : report.inputs) {
       log_info("input ", in.label, ": ", in.summary);
@@ -307,7 +292,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   std::vector<char> done(static_cast<size_t>(n), 0);
   dist::run_agreed([&] {  // a refusal of the file (another configuration in it) ends every rank cleanly
     if (rank == 0)
-      for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+      for (int i : prepare_results_file(pre.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
   });
   dist::broadcast(world, std::span<char>(done));
 
@@ -318,7 +303,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
         ex.file, ": ", n, " point(s); running ", to_run,
         (to_run == static_cast<int>(todo.size()) ? ""
                                                  : str(" (", todo.size() - to_run, " already in the file)")),
-        " on ", rt.world(), " rank(s), backend ", backend, ", output ", options.output);
+        " on ", rt.world(), " rank(s), backend ", backend, ", output ", pre.output);
 
   Progress progress(rank == 0, to_run);
   std::vector<std::vector<std::string>> table = {
@@ -344,7 +329,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
       if (interrupted == 0) interrupted = SIGTERM;  // a rank saw it; the flag may have been read late
       break;
     }
-    if (rank == 0) append_point(options.output, ex, p, r, prov);
+    if (rank == 0) append_point(pre.output, ex, p, r, prov);
     {
       // Rank 0 writes (a copy of the file, then a rename): the others wait for it without the
       // collective timeout, which bounds waits for peers, not for a large file.
@@ -381,13 +366,13 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   if (interrupted != 0) {
     if (rank == 0)
       log_error("interrupted by ", dist::describe_stop_signal(interrupted), " after ", completed,
-                " point(s) this run; ", options.output,
+                " point(s) this run; ", pre.output,
                 " holds every completed point. Rerun the same command to resume.");
     return 128 + interrupted;
   }
   if (rank == 0) {
     if (table.size() > 1) print_table(table);
-    log_info("done: ", completed, " point(s) written to ", options.output);
+    log_info("done: ", completed, " point(s) written to ", pre.output);
   }
   return 0;
 }
