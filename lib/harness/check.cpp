@@ -23,6 +23,7 @@
 #include "core/log.hpp"
 #include "dist/world_ops.hpp"
 #include "harness/replay.hpp"
+#include "io/output.hpp"
 #include "io/trace.hpp"
 #include "model/safetensors.hpp"
 #include "model/sharding.hpp"
@@ -914,6 +915,9 @@ struct Checker {
           r.warnings.push_back(str(stale.size(), " temporary file(s) of a killed writer (", join(stale, ", "),
                                    "): the next run into this output removes them"));
         rep.resume = inspect_results_file(options.output, ex, rep.identity);
+        // Another run writing this output holds its claim (io::OutputLock): a run now is refused.
+        const std::string holder = io::output_lock_holder(options.output);
+        if (!holder.empty()) r.problems.push_back(io::another_writer_message(options.output, holder));
         r.problems.insert(r.problems.end(), rep.resume.problems.begin(), rep.resume.problems.end());
         if (rep.resume.exists) {
           if (rep.resume.problems.empty()) {

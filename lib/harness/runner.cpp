@@ -2,11 +2,14 @@
 // each point, the per-point reduction over ranks and the hand-off to the results writer.
 #include "harness/runner.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 
@@ -26,6 +29,7 @@
 #include "harness/results.hpp"
 #include "harness/step_recorder.hpp"
 #include "harness/timer.hpp"
+#include "io/output.hpp"
 #include "io/trace.hpp"
 #include "model/weights.hpp"
 #include "provenance/versions.hpp"
@@ -63,6 +67,26 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// What changes when a file is written: a commit renames a new file into place (another inode), and
+// its size and modification time change.
+struct FileVersion {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = -1;
+  int64_t mtime_ns = 0;
+  friend bool operator==(const FileVersion&, const FileVersion&) = default;
+};
+FileVersion version_of(const std::string& path) {
+  struct stat st {};
+  FileVersion v;
+  if (::stat(path.c_str(), &st) != 0) return v;
+  v.dev = st.st_dev;
+  v.ino = st.st_ino;
+  v.size = st.st_size;
+  v.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  return v;
+}
 
 // Everything a point run needs that outlives the point.
 struct Context {
@@ -290,9 +314,19 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
   prov.identity_inputs = report.identity;
 
   std::vector<char> done(static_cast<size_t>(n), 0);
+  // Rank 0 claims the output for the whole run (io::OutputLock): a second run into it is refused
+  // before it computes anything. What the file holds is read under the claim.
+  io::OutputLock claim;
+  FileVersion written;    // rank 0: the output as this run last left it
   dist::run_agreed([&] {  // a refusal of the file (another configuration in it) ends every rank cleanly
-    if (rank == 0)
-      for (int i : prepare_results_file(pre.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+    if (rank != 0) return;
+    const auto parent = std::filesystem::path(pre.output).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::vector<std::string> words;
+    for (const auto& a : options.argv) words.push_back(shell_quote(a));
+    claim = io::OutputLock(pre.output, join(words, " "));
+    for (int i : prepare_results_file(pre.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+    written = version_of(pre.output);
   });
   dist::broadcast(world, std::span<char>(done));
 
@@ -329,7 +363,16 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
       if (interrupted == 0) interrupted = SIGTERM;  // a rank saw it; the flag may have been read late
       break;
     }
-    if (rank == 0) append_point(pre.output, ex, p, r, prov);
+    if (rank == 0) {
+      // A writer that holds no claim (a file system without locks) is found here: the file changed
+      // since this run last wrote it. Nothing is written over its points.
+      MTP_REQUIRE(version_of(pre.output) == written, pre.output,
+                  ": changed by another writer since this run last wrote it (a second run into the same "
+                  "output); this run stops without writing ",
+                  p.name(), " (the file keeps every point written so far: rerun to add what is missing)");
+      append_point(pre.output, ex, p, r, prov);
+      written = version_of(pre.output);
+    }
     {
       // Rank 0 writes (a copy of the file, then a rename): the others wait for it without the
       // collective timeout, which bounds waits for peers, not for a large file.

@@ -9,6 +9,11 @@
 #   test_outputs.sh full_disk MTPLAB  creating a results file, appending to one, merge and trace on
 #                                     a full tmpfs: "no space left on device", exit 1, no signal, no
 #                                     temporary left. Skipped (exit 77) unless root and tmpfs mounts.
+#   test_outputs.sh writers MTPLAB    two runs into one output a few seconds apart: the second is
+#                                     refused before it computes anything (exit 2, naming the first
+#                                     run's pid and command), `check` and a merge --force into it
+#                                     say so too; after it ends a rerun computes nothing; a run
+#                                     killed by SIGKILL leaves no claim behind
 set -uo pipefail
 mode=$1 mtplab=$2
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
@@ -125,6 +130,49 @@ if [[ $mode == full_disk ]]; then
   small_disk 1m  # the trace is larger: a write fails half-way
   full "trace" "$mtplab" trace --out "$mnt/t.h5" --sequences 64 --prompt-len 32 --new-tokens 200
   [[ -e $mnt/t.h5 ]] && fail "trace left $mnt/t.h5 on a full disk"
+fi
+
+if [[ $mode == writers ]]; then
+  # A run long enough (8 points, a few seconds each here) that the second starts while it runs.
+  long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]' --set measure.repeats=8)
+  # wait_for LOG PID PATTERN: until LOG holds PATTERN (0), or PID ends / 120 s pass (1).
+  wait_for() {
+    local i
+    for ((i = 0; i < 1200; i++)); do
+      grep -q -- "$3" "$1" && return 0
+      kill -0 "$2" 2>/dev/null || { grep -q -- "$3" "$1"; return; }
+      sleep 0.1
+    done
+    return 1
+  }
+  "$mtplab" run exp.yaml "${long[@]}" --out w.h5 >a.log 2>&1 &
+  a=$!
+  wait_for a.log $a "point 2/8" || { fail "the first run did not reach its second point"; cat a.log; }
+  kill -0 $a 2>/dev/null || fail "the first run ended too soon for this test"
+  exits b.log 2 "a second run into the same output" "$mtplab" run exp.yaml "${long[@]}" --out w.h5
+  has b.log "w.h5: another run is writing this output (pid $a on host "
+  has b.log ": mtplab run exp.yaml --set"
+  has b.log "two runs into one output would compute the same points twice"
+  has b.log "w.h5 is unchanged"
+  grep -q "point 1/" b.log && fail "the second run computed a point"
+  exits c.log 2 "check while a run writes the output" "$mtplab" check exp.yaml "${long[@]}" --out w.h5
+  has c.log "another run is writing this output (pid $a on host "
+  exits m.log 1 "merge --force into the output of a live run" "$mtplab" merge w.h5 other.h5 --force
+  has m.log "w.h5: another run is writing this output (pid $a on host "
+  wait $a
+  rc=$?
+  ((rc == 0)) || { fail "the first run exited $rc"; cat a.log; }
+  [[ -e w.h5.lock ]] && fail "the claim w.h5.lock is left after the run"
+  exits d.log 0 "a rerun after the first ended" "$mtplab" run exp.yaml "${long[@]}" --out w.h5
+  has d.log "running 0 (8 already in the file)"
+  # SIGKILL: the kernel releases the claim; a rerun resumes.
+  "$mtplab" run exp.yaml "${long[@]}" --out k.h5 >k.log 2>&1 &
+  k=$!
+  wait_for k.log $k "point 2/8" || { fail "the run to kill did not reach its second point"; cat k.log; }
+  kill -KILL $k
+  wait $k 2>/dev/null
+  exits k2.log 0 "a rerun after a SIGKILL" "$mtplab" run exp.yaml "${long[@]}" --out k.h5
+  has k2.log "already in the file"
 fi
 
 ((failures == 0)) || { echo "$failures failure(s)"; exit 1; }
