@@ -38,8 +38,10 @@ cli::Parser run_cli() {
           "  0    every requested point is in the results file\n"
           "  1    an error: the message says which (a bad experiment or option, ...)\n"
           "  2    a problem with the inputs (the check's report above the message: a trace, a\n"
-          "       checkpoint, or an output holding another experiment): nothing ran\n"
-          "  124  a collective timed out (a rank stopped, hung or died)\n"
+          "       checkpoint, an output holding another experiment or written by another run):\n"
+          "       nothing ran; the `mtplab check` command it names repeats the checks\n"
+          "  124  a collective, or the start-up (MTPLAB_STARTUP_TIMEOUT_S), timed out (a rank\n"
+          "       stopped, hung or died)\n"
           "  130  stopped by SIGINT (Ctrl-C)\n"
           "  143  stopped by SIGTERM (scancel, a time limit; mpirun sends it for a Ctrl-C too)\n"
           "A signal sent to mpirun itself makes mpirun end the job and exit 1, whatever the ranks did.\n");

@@ -18,6 +18,7 @@
 #include "dist/check.hpp"
 #include "dist/guard.hpp"
 #include "dist/mpi_wait.hpp"
+#include "dist/startup.hpp"
 
 namespace mtplab::dist {
 namespace {
@@ -97,6 +98,16 @@ Communicator& Group::comm() const {
 // ---- Runtime -----------------------------------------------------------------------------------
 
 Runtime::Runtime(int* argc, char*** argv) : uncaught_at_construction_(std::uncaught_exceptions()) {
+  // The start-up is bounded until the arrival probes are up (dist/startup.hpp): MPI initialisation
+  // waits for every rank of the job and has no non-blocking form. A malformed timeout is found
+  // before MPI is up, alike on every rank: printed once, by the launcher's rank 0.
+  double startup_s = 0;
+  try {
+    startup_s = detail::startup_timeout_s();
+  } catch (const Error& e) {
+    throw ArgumentError(e);
+  }
+  detail::StartupWatch startup(startup_s, "MPI initialisation (MPI_Init_thread)");
   int initialised = 0;
   MTP_MPI_CHECK(MPI_Initialized(&initialised));
   if (!initialised) {
@@ -116,7 +127,9 @@ Runtime::Runtime(int* argc, char*** argv) : uncaught_at_construction_(std::uncau
 
   // The collective timeout, before the first collective that it bounds. A malformed value is the
   // same on every rank: agreed, so that it is printed once.
+  startup.phase("the start-up's duplicate of the world (MPI_Comm_dup, for the arrival probes)");
   detail::watch_start(rank_, world_);
+  startup.stop();  // from here on every collective is bounded, and a missing rank named
   try {
     run_agreed([] { set_mpi_timeout_s(collective_timeout_s()); });
   } catch (const AgreedError&) {

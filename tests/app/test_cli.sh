@@ -95,7 +95,7 @@ fi
 
 # The exit codes `mtplab run --help` states (tests/app/test_run_end.sh checks each of them).
 if expect 0 "run --help" -- run --help; then
-  for code in "0    every requested point" "1    an error" "124  a collective timed out" "130  stopped by SIGINT" \
+  for code in "0    every requested point" "1    an error" "124  a collective, or the start-up (MTPLAB_STARTUP_TIMEOUT_S), timed out" "130  stopped by SIGINT" \
               "143  stopped by SIGTERM"; do
     grep -qF -- "  $code" "$tmp/out" || { echo "FAIL: run --help lacks exit code: $code"; failures=$((failures + 1)); }
   done

@@ -1,6 +1,7 @@
 // dist rules that need neither MPI nor a GPU: the device choice and its refusals, the timeout
 // setting, run_guarded without MPI (what it prints, its exit codes, argument errors printed once),
-// the element types of the host collectives, and the NCCL communicator's watchdog.
+// the element types of the host collectives, the NCCL communicator's watchdog, and the start-up
+// timeout's setting.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
+#include "dist/startup.hpp"
 #include "dist/watchdog.hpp"
 #include "dist/world_ops.hpp"
 
@@ -257,4 +259,23 @@ TEST(Watchdog, StopsPromptlyWhileACallIsArmed) {
   }  // the destructor wakes the thread instead of waiting out its period
   EXPECT_LT(WClock::now() - t0, 900ms);
   EXPECT_EQ(fired.load(), 0);
+}
+
+TEST(Startup, TimeoutSetting) {
+  ::unsetenv(detail::kStartupTimeoutEnv);
+  EXPECT_EQ(detail::startup_timeout_s(), 60.0);
+  ::setenv(detail::kStartupTimeoutEnv, "2.5", 1);
+  EXPECT_EQ(detail::startup_timeout_s(), 2.5);
+  for (const char* bad : {"0", "-1", "soon", "inf", "nan", "3s"}) {
+    ::setenv(detail::kStartupTimeoutEnv, bad, 1);
+    std::string m;
+    try {
+      (void)detail::startup_timeout_s();
+    } catch (const Error& e) {
+      m = e.message();
+    }
+    EXPECT_TRUE(has(m, "MTPLAB_STARTUP_TIMEOUT_S")) << bad << ": " << m;
+    EXPECT_TRUE(has(m, "is not a timeout in seconds")) << bad << ": " << m;
+  }
+  ::unsetenv(detail::kStartupTimeoutEnv);
 }
