@@ -768,6 +768,46 @@ struct Checker {
     }
   }
 
+  // The MTPLAB_* variables of every rank against each other (collective): a kernel or logging
+  // variable set on some ranks only would make the ranks run different kernels, while the results
+  // record rank 0's policy as the point's. Each differing variable is a problem naming the ranks.
+  void environment() {
+    if (rt.world() <= 1) return;
+    std::vector<std::string> mine;
+    for (char** e = environ; e && *e; ++e)
+      if (std::strncmp(*e, "MTPLAB_", 7) == 0) mine.emplace_back(*e);
+    std::sort(mine.begin(), mine.end());
+    const auto all = rt.gather_strings(join(mine, std::string(1, '\n')));
+    const auto hosts = rt.gather_strings(rt.host());
+    if (rank != 0) return;
+    std::map<std::string, std::map<int, std::string>> values;  // name -> rank -> value
+    for (size_t r = 0; r < all.size(); ++r)
+      for (const auto& entry : split(all[r], '\n')) {
+        const auto eq = entry.find('=');
+        if (eq != std::string::npos) values[entry.substr(0, eq)][static_cast<int>(r)] = entry.substr(eq + 1);
+      }
+    for (const auto& [name, by_rank] : values) {
+      std::map<std::string, std::vector<int>> groups;  // value ("" : unset) -> ranks
+      for (int r = 0; r < rt.world(); ++r) {
+        const auto it = by_rank.find(r);
+        groups[it == by_rank.end() ? std::string("\x01unset") : it->second].push_back(r);
+      }
+      if (groups.size() <= 1) continue;
+      std::vector<std::string> parts;
+      for (const auto& [value, ranks] : groups) {
+        std::vector<std::string> where;
+        for (int r : ranks) where.push_back(str(r, " (", hosts[static_cast<size_t>(r)], ")"));
+        parts.push_back(str(value == "\x01unset" ? std::string("unset") : str("\"", value, "\""), " on rank",
+                            ranks.size() == 1 ? " " : "s ", join(where, ", ")));
+      }
+      rep.inputs.front().problems.push_back(
+          str(name, " is not the same on every rank: ", join(parts, "; "),
+              ". Every rank must see the same MTPLAB_* variables (mpirun -x ", name,
+              ", srun --export=ALL): set on some ranks only, a kernel variable would run other kernels there "
+              "than the point records"));
+    }
+  }
+
   void models() {
     // Models (checked for the world size at expansion; listed so that the report says which).
     std::vector<std::pair<const model::ModelConfig*, std::vector<int>>> models;
@@ -1028,6 +1068,7 @@ struct Checker {
 CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOptions& options) {
   Checker c(rt, ex, options);
   c.experiment();
+  c.environment();
   c.models();
   c.backend_and_kernels();
   c.weights();

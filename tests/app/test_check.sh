@@ -17,7 +17,8 @@
 #                                                "no driver"
 #   test_check.sh np2 MTPLAB MPIEXEC PYTHON      under mpirun -np 2: the verdict is shared (every
 #                                                rank exits non-zero), rank 0 prints the report once;
-#                                                the advice keeps --ranks 2
+#                                                the advice keeps --ranks 2; an MTPLAB_* variable
+#                                                on one rank only refused by check and run
 # Exit 77 (skipped) when PYTHON lacks h5py. MTPLAB_SOURCE_DIR = repository root.
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
@@ -250,6 +251,21 @@ PY
     rc=$?
     ((rc != 0)) || fail "np2 run on a NaN checkpoint exited 0"
     [[ ! -e $work/nan.h5 ]] || fail "an np2 run refused on its inputs left $work/nan.h5"
+    # An MTPLAB_* variable set on one rank only: check and run refuse it, naming the variable and the
+    # ranks (a kernel variable used to become the point's recorded policy, from rank 0 alone).
+    one_rank=("$mpiexec" -np 2 --oversubscribe --bind-to none sh -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export MTPLAB_GEMV_VARIANT=v1 MTPLAB_LOG=debug; fi; exec "$0" "$@"' "$mtplab")
+    "${one_rank[@]}" check "$exp" >"$work/n5.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "np2 check with a variable on rank 1 only exited $rc, expected 2"; cat "$work/n5.log"; }
+    has "$work/n5.log" "problem: MTPLAB_GEMV_VARIANT is not the same on every rank: unset on rank 0 ("
+    has "$work/n5.log" "; \"v1\" on rank 1 ("
+    has "$work/n5.log" "problem: MTPLAB_LOG is not the same on every rank: unset on rank 0 ("
+    "${one_rank[@]}" run "$exp" --out "$work/env.h5" >"$work/n6.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "np2 run with a variable on rank 1 only exited $rc, expected 2"; cat "$work/n6.log"; }
+    has "$work/n6.log" "MTPLAB_GEMV_VARIANT is not the same on every rank"
+    [[ ! -e $work/env.h5 ]] || fail "a run with a variable on one rank only left $work/env.h5"
     # The advice keeps the run's rank count, --set and --out.
     has "$work/n3.log" "\`mtplab check $exp --ranks 2 --set weights.checkpoint=$work/nan.safetensors --out $work/nan.h5\` repeats these checks"
     "${launch[@]}" run "$exp" --out "$work/ok.h5" >"$work/n4.log" 2>&1 || { fail "np2 run exited $?"; cat "$work/n4.log"; }
