@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "harness/preflight.hpp"
@@ -35,6 +36,7 @@ cli::Parser merge_cli() {
 int cmd_merge(const Args& args) {
   const auto cli = parse_or_help(merge_cli(), args);
   if (!cli) return 0;
+  check_logging_env();  // no Runtime here to check them
   const std::vector<std::string>& files = cli->positional();
   const bool force = cli->flag("force");
   const std::string out = files.front();

@@ -58,6 +58,9 @@ int cmd_run(const Args& args) {
   run_args.sets = cli->texts("set");
   run_args.point = static_cast<int>(cli->integer("point", -1));
 
+  // A stop signal during the start-up (MPI, the experiment, the input check) is noted and acted
+  // on before the first point, never the default action's silent end.
+  harness::install_stop_handlers();
   dist::Runtime rt;
   harness::Preflight pre;
   // Every rank reads the same file: an error in it is known everywhere, printed once, and ends

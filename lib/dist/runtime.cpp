@@ -12,6 +12,7 @@
 #include <map>
 #include <utility>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/str.hpp"
@@ -125,13 +126,16 @@ Runtime::Runtime(int* argc, char*** argv) : uncaught_at_construction_(std::uncau
   MTP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
   set_process_identity(rank_, world_);
 
-  // The collective timeout, before the first collective that it bounds. A malformed value is the
-  // same on every rank: agreed, so that it is printed once.
+  // The collective timeout, before the first collective that it bounds, and the logging variables.
+  // A malformed value is agreed, so that it is printed once (by the lowest rank that has it).
   startup.phase("the start-up's duplicate of the world (MPI_Comm_dup, for the arrival probes)");
   detail::watch_start(rank_, world_);
   startup.stop();  // from here on every collective is bounded, and a missing rank named
   try {
-    run_agreed([] { set_mpi_timeout_s(collective_timeout_s()); });
+    run_agreed([] {
+      set_mpi_timeout_s(collective_timeout_s());
+      check_logging_env();  // MTPLAB_LOG, MTPLAB_PROGRESS_S: a bad value is an error, not ignored
+    });
   } catch (const AgreedError&) {
     // No Runtime to destroy: leave MPI here, as every rank does.
     detail::watch_stop();

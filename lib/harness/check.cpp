@@ -333,6 +333,15 @@ std::unique_ptr<T> open_or_report(const std::string& path, InputReport& r, std::
   }
 }
 
+// A batch larger than the sequences a point reads runs as a batch of the sequences read: said, as
+// the point records the batch_size it was given.
+std::string batch_above_sequences(const PointConfig& p, int64_t read) {
+  const int b = p.arms.replay.batch_size;
+  if (b <= read) return "";
+  return str("batch_size ", b, " is above the ", read, " sequence(s) the point reads: at most ", read,
+             " run together, so it measures batches of ", read, " while its configuration says ", b);
+}
+
 // What one process checks for one trace file: its copy, opened; then per model reading it, the
 // sizes and lengths the points need.
 void check_trace_file(const std::string& path, const std::vector<int>& users, const Experiment& ex, int rank,
@@ -374,6 +383,7 @@ void check_trace_file(const std::string& path, const std::vector<int>& users, co
       continue;
     }
     const int64_t take = want > 0 ? want : n;
+    if (const std::string w = batch_above_sequences(p, take); !w.empty()) warnings.add(w, i);
     const int k = p.arms.drafter.draft_len;
     int64_t too_long = 0, first_long = -1, too_short = 0, first_short = -1;
     for (int64_t s = 0; s < take; ++s) {
@@ -897,11 +907,15 @@ struct Checker {
     {
       std::vector<std::pair<std::string, std::vector<int>>> synthetic;
       std::vector<std::pair<std::string, std::vector<int>>> files;
-      Grouped synthetic_problems;
+      Grouped synthetic_problems, synthetic_warnings;
       for (const auto& p : ex.points) {
         if (p.trace.synthetic) {
           const std::string d = describe_trace_spec(p.trace, p.weights.seed);
           users_of(synthetic, d).push_back(p.index);
+          const int read =
+              p.measure.sequences > 0 ? std::min(p.measure.sequences, p.trace.sequences) : p.trace.sequences;
+          if (const std::string w = batch_above_sequences(p, read); !w.empty())
+            synthetic_warnings.add(w, p.index);
           if (p.measure.sequences > p.trace.sequences)
             synthetic_problems.add(
                 str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
@@ -923,6 +937,12 @@ struct Checker {
           for (int i : synthetic_problems.points.at(m))
             if (std::find(users.begin(), users.end(), i) != users.end()) mine.push_back(i);
           if (!mine.empty()) r.problems.push_back(str(m, " (", point_list(mine), ")"));
+        }
+        for (const auto& m : synthetic_warnings.order) {
+          std::vector<int> mine;
+          for (int i : synthetic_warnings.points.at(m))
+            if (std::find(users.begin(), users.end(), i) != users.end()) mine.push_back(i);
+          if (!mine.empty()) r.warnings.push_back(str(m, " (", point_list(mine), ")"));
         }
         rep.inputs.push_back(std::move(r));
         synthetic_texts.push_back(d);

@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
+#include "core/log.hpp"
 #include "drafter/target.hpp"
 #include "harness/replay.hpp"
 #include "model/fields.hpp"
@@ -253,6 +254,13 @@ struct DocReader {
     if (output) *output = out;
     p.backend = m.opt_choice("backend", "auto", kBackends);
     p.arms = read_arms(m);
+    // Arms written but not in effect under the others (read_arms normalised them): said, not dropped.
+    for (const auto& a : arm_registry()) {
+      if (a.in_effect(p.arms)) continue;
+      const YAML::Node block = a.block().empty() ? root.raw() : root.raw()[a.block()];
+      if (block && block.IsMap() && block[a.key()])
+        p.ignored_arms.push_back(str(a.name, " (not in effect without ", a.only_with, ")"));
+    }
     (void)m.opt("sweep");
     m.finish();
     return p;
@@ -681,6 +689,23 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     report(unrunnable, str("cannot run with ", world,
                            " rank(s) (fix the values, or remove the points with sweep.exclude)"));
   MTP_REQUIRE(!ex.points.empty(), name, ": every sweep point is excluded; nothing to run");
+  {
+    // Arms written but not in effect: one line per arm, naming the points (rank 0, or no launcher).
+    std::map<std::string, std::vector<std::string>> ignored;
+    std::vector<std::string> order;
+    for (const auto& p : ex.points)
+      for (const auto& a : p.ignored_arms) {
+        if (!ignored.count(a)) order.push_back(a);
+        ignored[a].push_back(p.name());
+      }
+    if (process_identity().rank <= 0)
+      for (const auto& a : order) {
+        const auto& pts = ignored[a];
+        log_info(name, ": ", a, ": ignored in ",
+                 pts.size() == ex.points.size() ? "every point" : join(pts, ", "),
+                 " (normalised to its default; the point is the same whatever it is set to)");
+      }
+  }
 
   // The resolved document: overrides applied, as YAML.
   {

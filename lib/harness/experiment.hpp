@@ -82,6 +82,11 @@ struct PointConfig {
   /// The kernel-policy fields that MTPLAB_* variables overrode at expansion, as
   /// "field=value (VARIABLE)" (ops::env_overrides); arms.kernels holds the result.
   std::vector<std::string> kernel_env_overrides;
+  /// The arms written for this point (in the file, by --set or by the sweep) that are not in effect
+  /// under its other arms, as "key (not in effect without verify=sampling)": normalised to their
+  /// defaults, so not in its identity, and logged once by load_experiment (e.g. temperature under
+  /// verify: greedy).
+  std::vector<std::string> ignored_arms;
   std::string canonical;  ///< resolved YAML of this point (its identity)
 
   /// "p0003".

@@ -312,6 +312,12 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
     }
   }
   prov.identity_inputs = report.identity;
+  if (const int sig = agreed_stop(world); sig != 0) {  // a stop asked during the start-up: nothing written
+    if (rank == 0)
+      log_error("interrupted by ", dist::describe_stop_signal(sig), " before the first point; ",
+                report.resume.exists ? str(pre.output, " is unchanged") : str("no results file was created"));
+    return 128 + sig;
+  }
 
   std::vector<char> done(static_cast<size_t>(n), 0);
   // Rank 0 claims the output for the whole run (io::OutputLock): a second run into it is refused

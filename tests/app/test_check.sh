@@ -12,9 +12,10 @@
 #                                                a greedy trace or at another temperature, an output
 #                                                directory that cannot be written (check and run both
 #                                                exit 2, run creates and computes nothing), run's
-#                                                advice keeping --set, --out and --point; backend
-#                                                cuda without a GPU tells "built without CUDA" from
-#                                                "no driver"
+#                                                advice keeping --set, --out and --point; sampling
+#                                                keys under greedy logged; batch_size above the
+#                                                sequences read a warning; backend cuda without a
+#                                                GPU tells "built without CUDA" from "no driver"
 #   test_check.sh np2 MTPLAB MPIEXEC PYTHON      under mpirun -np 2: the verdict is shared (every
 #                                                rank exits non-zero), rank 0 prints the report once;
 #                                                the advice keeps --ranks 2; an MTPLAB_* variable
@@ -224,6 +225,15 @@ PY
       echo "note: no read-only directory here (neither chmod as a user nor a bind mount as root): case 10 skipped"
     fi
 
+    # 11. Nothing silently accepted. Keys a point's verification ignores are logged (sampling settings
+    #     under verify: greedy); a batch_size above the sequences read is a warning of check and run.
+    exits "$work/l13.log" 0 "list with a temperature under greedy" "$mtplab" list "$exp" --set temperature=0.7 --set top_k=5
+    has "$work/l13.log" "temperature (not in effect without verify=sampling): ignored in every point (normalised to its default"
+    has "$work/l13.log" "top_k (not in effect without verify=sampling): ignored in every point"
+    exits "$work/c14.log" 0 "check with batch_size above the sequences read" "$mtplab" check "$exp" --set batch_size=8
+    has "$work/c14.log" "warning: batch_size 8 is above the 2 sequence(s) the point reads: at most 2 run together, so it measures batches of 2 while its configuration says 8 (point p0000)"
+    exits "$work/r14.log" 0 "run with batch_size above the sequences read" "$mtplab" run "$exp" --set batch_size=8 --out "$work/b8.h5"
+    has "$work/r14.log" "warn: trace $work/trace.h5: batch_size 8 is above the 2 sequence(s) the point reads"
     # 12. backend cuda without a usable GPU: "built without CUDA" only when it is so; a CUDA build
     #     without a driver or device quotes CUDA's error. check and run alike (exit 2, nothing created).
     if "$mtplab" --version | grep -q 'built without CUDA'; then

@@ -3,8 +3,9 @@
 # stderr); --help is not (exit 0, usage on stdout); --version prints the version, the git commit
 # and the backends. A sub-command's bad option is an error (exit 1) that names it: an unknown one
 # with the option it most likely meant, a repeated one, a number out of range; no rank tag (MPI is
-# not up yet) and no source location unless -v or MTPLAB_DEBUG=1. `mtplab run --help` lists the
-# exit codes. Usage: test_cli.sh path/to/mtplab
+# not up yet) and no source location unless -v or MTPLAB_DEBUG=1; a bad MTPLAB_DEBUG, MTPLAB_LOG or
+# MTPLAB_PROGRESS_S is an error naming it. `mtplab run --help` lists the exit codes.
+# Usage: test_cli.sh path/to/mtplab
 set -uo pipefail
 mtplab=$1
 tmp=$(mktemp -d)
@@ -82,6 +83,16 @@ for verbose in "-v run" "run --verbose" "MTPLAB_DEBUG=1"; do
 done
 if MTPLAB_DEBUG=yes expect 1 "a malformed MTPLAB_DEBUG" -- list exp.yaml; then
   has_err 'MTPLAB_DEBUG=yes is not one of: 0, 1'
+fi
+# The logging variables are read strictly too: a bad value is an error naming it, not ignored.
+if MTPLAB_LOG=verbose expect 1 "a malformed MTPLAB_LOG" -- list exp.yaml; then
+  has_err 'MTPLAB_LOG=verbose is not one of: error, warn, info, debug'
+fi
+if MTPLAB_PROGRESS_S=fast expect 1 "a malformed MTPLAB_PROGRESS_S" -- list --ranks 2 exp.yaml; then
+  has_err 'MTPLAB_PROGRESS_S=fast is not a number of seconds >= 0'
+fi
+if MTPLAB_LOG=loud expect 1 "a malformed MTPLAB_LOG (merge, no MPI)" -- merge "$tmp/m.h5" "$tmp/a.h5"; then
+  has_err 'MTPLAB_LOG=loud is not one of: error, warn, info, debug'
 fi
 
 if expect 0 "--version" -- --version; then

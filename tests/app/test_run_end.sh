@@ -158,9 +158,10 @@ case $mode in
     kill -TERM "$pid"
     finish "$pid" 30
     [[ $rc == 143 ]] || { fail "two SIGTERMs: exit $rc, expected 143"; cat "$work/run.log"; }
-    has "$work/run.log" '^\[rank 0@[^]]+\] signal 15 \(Terminated\) again: stopping now, exit 143; .*q.h5 keeps every completed point, since a point is written whole or not at all$' \
+    has "$work/run.log" '^\[rank 0@[^]]+\] signal 15 \(Terminated\) again: stopping now, exit 143; .*q.h5 keeps every completed point, since a point is written whole or not at all \(no temporary file is left\)$' \
       "no note at the second SIGTERM"
     if grep -q 'interrupted by signal' "$work/run.log"; then fail "the second signal did not stop at once"; fi
+    ls "$work"/q.h5.tmp.* >/dev/null 2>&1 && fail "two SIGTERMs left a temporary file: $(ls "$work"/q.h5.tmp.*)"
     $check "$work/q.h5" --at-most 8 || fail "the file after two SIGTERMs"
     "$mtplab" run "$exp" "${gen[@]}" --point 0 --out "$work/q.h5" >"$work/resume.log" 2>&1 ||
       { fail "a rerun exited $?"; cat "$work/resume.log"; }
