@@ -20,7 +20,9 @@
 // (counted from the router's choice of the last replay), and per sequence the union of the latent
 // rows its rows selected, its pool keys and the cache rows its rows write; at the device-to-device
 // copy bandwidth measured in the same run (bytes read + written). The head's floor is its weights
-// (BF16, or E4M3 with a scale per row). Prints two tables; writes DIR/bench_verify.csv.
+// (BF16, or E4M3 with a scale per row); its compute floor, the logits GEMM at the BF16 tensor rate
+// measured in the same run (cuBLASLt, 8192^3), binds past about 128 rows. Prints two tables;
+// writes DIR/bench_verify.csv.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -128,6 +130,8 @@ int run(const Options& opt) {
               overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
   const double copy_gbps = copy_bandwidth(be);
   std::printf("copy_d2d %.0f GB/s (bytes read + written)\n", copy_gbps);
+  const double tflops = bench::gemm_tflops(be);
+  std::printf("gemm_bf16 %.0f TFLOP/s (cuBLASLt, 8192^3)\n", tflops);
 
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
@@ -190,10 +194,10 @@ int run(const Options& opt) {
   MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_verify.csv");
   csv << "# mtplab_bench_verify git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
       << be.device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps " << copy_gbps
-      << " router_bias_scale " << opt.router_bias_scale << " kernel_policy " << ops::to_string(be.kernel_policy())
-      << "\n";
+      << " gemm_TFLOPs " << tflops << " router_bias_scale " << opt.router_bias_scale << " kernel_policy "
+      << ops::to_string(be.kernel_policy()) << "\n";
   csv << "part,head,B,R,rows,reps,median_us,p10_us,p90_us,distinct_experts,selected_rows_per_seq,floor_bytes,"
-         "floor_us,x_floor\n";
+         "floor_us,x_floor,tensor_us,x_roofline\n";
   std::printf("\none target layer, B sequences x R new rows (one ragged forward, one CUDA graph)\n");
   std::printf("%4s %2s %5s %9s %8s %8s %8s %12s %9s %8s\n", "B", "R", "rows", "layer_us", "p10", "p90", "experts",
               "sel_rows/seq", "floor_us", "x_floor");
@@ -238,7 +242,7 @@ int run(const Options& opt) {
                   distinct, union_rows / B, floor_us, t.median / floor_us);
       csv << "layer,," << B << ',' << R << ',' << n << ',' << opt.reps << ',' << t.median << ',' << t.p10 << ','
           << t.p90 << ',' << distinct << ',' << union_rows / B << ',' << floor_bytes << ',' << floor_us << ','
-          << t.median / floor_us << "\n";
+          << t.median / floor_us << ",,\n";
       std::fflush(stdout);
     }
   }
@@ -250,8 +254,14 @@ int run(const Options& opt) {
   std::vector<int32_t> zeros(static_cast<size_t>(max_n), 0);
   be.upload(slot.data(), zeros.data(), zeros.size() * sizeof(int32_t));
   ops::Array<ops::ArgMax> arg(be, static_cast<size_t>(max_n));
-  std::printf("\nthe head over B x R rows (final norm, logits, argmax per row); floor: its weights\n");
-  std::printf("%-5s %5s %9s %8s %8s %9s %8s\n", "head", "rows", "head_us", "p10", "p90", "floor_us", "x_floor");
+  // The head's logits are a [rows, H] x [H, V] GEMM: past about 128 rows its tensor-core work, not
+  // W's bytes, bounds it. tensor_us is that work at the measured BF16 rate (the FP8 head's cuBLASLt
+  // path multiplies two E4M3 parts a row at about twice the rate: the same time); x_roofline is
+  // the time against the larger of the two floors.
+  std::printf("\nthe head over B x R rows (final norm, logits, argmax per row); floor: its weights; tensor: "
+              "its GEMM at the measured rate\n");
+  std::printf("%-5s %5s %9s %8s %8s %9s %8s %9s %10s\n", "head", "rows", "head_us", "p10", "p90", "floor_us",
+              "x_floor", "tensor_us", "x_roofline");
   for (bool fp8 : {false, true}) {
     if (!opt.heads[fp8 ? 1 : 0]) continue;
     const double floor_bytes =
@@ -270,10 +280,13 @@ int run(const Options& opt) {
                                  y.data(), ops::RowBatch{slot.data(), nullptr, n, 1}, static_cast<int>(cfg.vocab),
                                  H, 0, nullptr, 0, arg.data());
           });
-      std::printf("%-5s %5d %9.1f %8.1f %8.1f %9.1f %8.2f\n", fp8 ? "fp8" : "bf16", n, t.median, t.p10, t.p90,
-                  floor_us, t.median / floor_us);
+      const double tensor_us = 2.0 * n * static_cast<double>(cfg.vocab) * H / (tflops * 1e12) * 1e6;
+      const double x_roof = t.median / std::max(floor_us, tensor_us);
+      std::printf("%-5s %5d %9.1f %8.1f %8.1f %9.1f %8.2f %9.1f %10.2f\n", fp8 ? "fp8" : "bf16", n, t.median, t.p10,
+                  t.p90, floor_us, t.median / floor_us, tensor_us, x_roof);
       csv << "head," << (fp8 ? "fp8" : "bf16") << ",,," << n << ',' << opt.reps << ',' << t.median << ',' << t.p10
-          << ',' << t.p90 << ",,," << floor_bytes << ',' << floor_us << ',' << t.median / floor_us << "\n";
+          << ',' << t.p90 << ",,," << floor_bytes << ',' << floor_us << ',' << t.median / floor_us << ','
+          << tensor_us << ',' << x_roof << "\n";
       std::fflush(stdout);
     }
   }
