@@ -5,7 +5,7 @@
 //
 //   mtplab_bench_verify [--preset NAME] [--batch 1,2,4,8,16,32,64,128] [--rows 1,2,3,4,5]
 //                       [--context 4096] [--reps N] [--warmup N] [--heads bf16,fp8] [--out DIR]
-//                       [--device D] [--router-bias-scale S]
+//                       [--device D] [--router-bias-scale S] [--profile]
 //
 // Each of the B sequences holds --context rows (one prefill, copied into every slot); its R rows sit
 // at positions context .. context + R - 1, so every row writes its cache rows, scores the complete
@@ -22,7 +22,9 @@
 // copy bandwidth measured in the same run (bytes read + written). The head's floor is its weights
 // (BF16, or E4M3 with a scale per row); its compute floor, the logits GEMM at the BF16 tensor rate
 // measured in the same run (cuBLASLt, 8192^3), binds past about 128 rows. Prints two tables;
-// writes DIR/bench_verify.csv.
+// writes DIR/bench_verify.csv. --profile turns the CUDA profiler on (cudaProfilerStart) around
+// each shape's eager forward only, so `ncu --profile-from-start off` sees one layer's kernels per
+// shape and nothing of the prefill or the replays.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -34,6 +36,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include "bench_main.hpp"
 #include "bench_util.hpp"
@@ -66,19 +70,24 @@ struct Options {
   std::string out = "bench-out";
   int device = 0;
   double router_bias_scale = 1.0;
+  bool profile = false;
 };
 
 struct Timing {
   double median = 0, p10 = 0, p90 = 0;
 };
 
-/// Records `body` as a graph (after one eager run that sizes the backend's scratch), then replays it
-/// warmup + reps times, `before(i)` ahead of each replay, outside the timed events.
+/// Records `body` as a graph (after one eager run that sizes the backend's scratch, under the CUDA
+/// profiler when `profile`), then replays it warmup + reps times, `before(i)` ahead of each replay,
+/// outside the timed events.
 template <typename Before, typename Body>
-Timing time_graph(ops::Backend& be, int warmup, int reps, Before&& before, Body&& body) {
+Timing time_graph(ops::Backend& be, int warmup, int reps, bool profile, Before&& before, Body&& body) {
   before(0);
+  be.synchronize();
+  if (profile) cudaProfilerStart();
   body();
   be.synchronize();
+  if (profile) cudaProfilerStop();
   be.begin_capture();
   body();
   std::unique_ptr<ops::Graph> graph = be.end_capture();
@@ -214,7 +223,7 @@ int run(const Options& opt) {
       be.upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
       const ops::RowBatch rb{slot.data(), pos.data(), n, R};
       const Timing t = time_graph(
-          be, opt.warmup, opt.reps,
+          be, opt.warmup, opt.reps, opt.profile,
           [&](int i) {
             be.upload(x.data(), inputs[static_cast<size_t>(i % kInputSets)].data(),
                       static_cast<size_t>(n) * H * sizeof(bf16));
@@ -269,7 +278,7 @@ int run(const Options& opt) {
     const double floor_us = floor_bytes / (copy_gbps * 1e9) * 1e6;
     for (int n : row_counts) {
       const Timing t = time_graph(
-          be, opt.warmup, opt.reps,
+          be, opt.warmup, opt.reps, opt.profile,
           [&](int i) {
             be.upload(x.data(), inputs[static_cast<size_t>(i % kInputSets)].data(),
                       static_cast<size_t>(n) * H * sizeof(bf16));
@@ -314,7 +323,8 @@ int main(int argc, char** argv) {
       .number("router-bias-scale", "S",
               "the synthetic router bias (e_score_correction_bias, std 0.05) times S (default 1; 0.2 routes "
               "as the PyTorch peer's std 0.01)",
-              0, 100);
+              0, 100)
+      .flag("profile", "CUDA profiler on around each shape's eager forward only (for ncu --profile-from-start off)");
   p.run_main(argc, argv, [&](const cli::Args& a) {
     opt.preset = a.text("preset", opt.preset);
     opt.batches.clear();
@@ -328,6 +338,7 @@ int main(int argc, char** argv) {
     opt.out = a.text("out", opt.out);
     opt.device = static_cast<int>(a.integer("device", opt.device));
     opt.router_bias_scale = a.number("router-bias-scale", opt.router_bias_scale);
+    opt.profile = a.flag("profile");
   });
   return bench::guarded_main([&] {
     if (!ops::cuda_backend_available()) {
