@@ -111,27 +111,42 @@ TEST(Target, VerifyOfRaggedRowsIsOneRowStepsBitForBit) {
     one_slot[static_cast<size_t>(b)] = target->new_sequence(*one);
   }
   std::mt19937 rng(20261207);
-  drafter::SamplingTransform t;
+  // Truncated (a random requested token is almost always outside the support: log p = -inf) and
+  // not (every requested token has a finite log p).
+  drafter::SamplingTransform truncated, t;
+  truncated.temperature = 0.8;
+  truncated.top_k = 40;
+  truncated.top_p = 0.9;
   t.temperature = 0.8;
-  t.top_k = 40;
-  t.top_p = 0.9;
-  // Prefill: the rows at once (head on the last) against one row at a time.
+  // Prefill: the rows at once (head on the last, with stats of a requested token and the logits)
+  // against one row at a time.
   const int prompt[B] = {9, 17, 22, 30};
   for (int b = 0; b < B; ++b) {
     const auto tokens = random_tokens(rng, prompt[b], V);
-    const VerifyResult p = target->prefill(*batch, slot[static_cast<size_t>(b)], tokens);
-    const VerifyResult pc = chunked->prefill(*cut, cut_slot[static_cast<size_t>(b)], tokens);
+    const std::vector<int32_t> req = random_tokens(rng, 1, V);
+    VerifyExtras px;
+    px.transform = &t;
+    px.requested = req;
+    px.logits = true;
+    const VerifyResult p = target->prefill(*batch, slot[static_cast<size_t>(b)], tokens, px);
+    const VerifyResult pc = chunked->prefill(*cut, cut_slot[static_cast<size_t>(b)], tokens, px);
     ASSERT_EQ(p.rows, prompt[b]);
     ASSERT_EQ(p.tokens.size(), 1u);
-    EXPECT_TRUE(p.stats.empty() && p.logits.empty());
+    ASSERT_EQ(p.stats.size(), 1u);
+    ASSERT_EQ(p.logits.size(), static_cast<size_t>(V));
     EXPECT_EQ(pc.tokens, p.tokens);
     EXPECT_TRUE(same_bits(pc.hiddens.data(), p.hiddens.data(), p.hiddens.size() * sizeof(bf16)));
     for (int j = 0; j < prompt[b]; ++j) {
       const VerifySeq s{one_slot[static_cast<size_t>(b)], std::span<const int32_t>(&tokens[static_cast<size_t>(j)], 1)};
-      const VerifyResult r = target->verify(*one, std::span<const VerifySeq>(&s, 1));
+      const bool last = j + 1 == prompt[b];
+      const VerifyResult r = target->verify(*one, std::span<const VerifySeq>(&s, 1), last ? px : VerifyExtras{});
       ASSERT_TRUE(same_bits(r.hiddens.data(), p.hiddens.data() + static_cast<size_t>(j) * H, H * sizeof(bf16)))
           << "sequence " << b << " prompt row " << j;
-      if (j + 1 == prompt[b]) EXPECT_EQ(r.tokens[0], p.tokens[0]);
+      if (last) {  // the prefill's head row: its token, stats and logits, with the last hidden
+        RowOut got = row_of(p, 0, H, V);
+        got.hidden.assign(p.hiddens.end() - H, p.hiddens.end());
+        expect_same_row(got, row_of(r, 0, H, V), str("sequence ", b, " prefill's last row"));
+      }
     }
     EXPECT_EQ(batch->seq_len(slot[static_cast<size_t>(b)]), prompt[b]);
   }
@@ -159,7 +174,7 @@ TEST(Target, VerifyOfRaggedRowsIsOneRowStepsBitForBit) {
       req_in_order.insert(req_in_order.end(), requested.begin() + first_req[static_cast<size_t>(b)],
                           requested.begin() + first_req[static_cast<size_t>(b) + 1]);
     VerifyExtras x;
-    x.transform = &t;
+    x.transform = step % 2 ? &truncated : &t;
     x.requested = req_in_order;
     x.logits = true;
     std::vector<int> before(B);
@@ -363,9 +378,8 @@ TEST(Target, StatsAndLogitsAreTheHeadsOnTheHiddens) {
   const auto t0 = random_tokens(rng, 4, V), t1 = random_tokens(rng, 3, V);
   const std::vector<VerifySeq> seqs = {{s0, t0}, {s1, t1}};
   std::vector<int32_t> requested = random_tokens(rng, 7, V);
-  drafter::SamplingTransform t;
+  drafter::SamplingTransform t;  // no truncation: every requested token has a finite log p
   t.temperature = 0.7;
-  t.top_k = 100;
   VerifyExtras x;
   x.transform = &t;
   x.requested = requested;
@@ -379,6 +393,7 @@ TEST(Target, StatsAndLogitsAreTheHeadsOnTheHiddens) {
   for (int i = 0; i < 7; ++i) {
     EXPECT_EQ(float_to_bits(lp[static_cast<size_t>(i)]), float_to_bits(r.stats[static_cast<size_t>(i)].req_logprob))
         << "row " << i;
+    EXPECT_TRUE(std::isfinite(r.stats[static_cast<size_t>(i)].req_logprob)) << "row " << i;
     const bf16* row = r.logits.data() + static_cast<size_t>(i) * V;
     int best = 0;
     for (int v = 1; v < V; ++v)
@@ -426,6 +441,65 @@ TEST(Target, SyntheticTraceIsTheTargetsGreedyContinuation) {
       target->release(*state, s);
     }
   }
+}
+
+// The target is its parts: the embedding row, each layer's Block::forward over its own caches in
+// layer order (layer 0 dense), the final RMSNorm and the head, composed here op by op from the
+// weights, one row at a time, against a verify of 6 rows after a prefill.
+TEST(Target, IsTheEmbeddingTheLayersTheNormAndTheHead) {
+  auto be = ops::make_cpu_backend();
+  const model::ModelConfig cfg = target_config(1);
+  const int H = cfg.hidden, V = cfg.vocab;
+  const int L = 3;
+  auto target = make_target(*be, cfg, L);
+  const model::ShardPlan plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
+  const model::TargetWeights w = model::synthesize_target_weights(cfg, plan, L, 7, 5);
+  std::vector<std::unique_ptr<drafter::Block>> blocks;
+  std::vector<std::unique_ptr<drafter::SlotCaches>> caches;
+  for (int i = 0; i < L; ++i) {
+    drafter::BlockDims d = drafter::block_dims(cfg, 1, 0, ops::KvDtype::bf16);
+    d.dense_mlp = i == 0;
+    d.dense_inter_local = i == 0 ? cfg.intermediate_size : 0;
+    blocks.push_back(std::make_unique<drafter::Block>(*be, nullptr, d,
+                                                      drafter::upload_block_weights(*be, w.layers[static_cast<size_t>(i)])));
+    blocks.back()->reserve(1);
+    caches.push_back(std::make_unique<drafter::SlotCaches>(*be, d, 1));
+  }
+  ops::Array<bf16> embed = drafter::upload(*be, w.embed_tokens), head = drafter::upload(*be, w.lm_head),
+                   norm = drafter::upload(*be, w.final_norm);
+  ops::Array<bf16> x(*be, static_cast<size_t>(H)), y(*be, static_cast<size_t>(H));
+  ops::Array<int32_t> slot(*be, 1), pos(*be, 1);
+  ops::Array<ops::ArgMax> arg(*be, 1);
+  const int32_t zero = 0;
+  be->upload(slot.data(), &zero, sizeof zero);
+  std::mt19937 rng(5);
+  const auto tokens = random_tokens(rng, 30, V);
+  std::vector<bf16> hiddens;
+  std::vector<int32_t> argmax;
+  for (int p = 0; p < 30; ++p) {
+    be->upload(pos.data(), &p, sizeof p);
+    be->copy(x.data(), embed.data() + static_cast<size_t>(tokens[static_cast<size_t>(p)]) * H, H * sizeof(bf16));
+    for (int i = 0; i < L; ++i)
+      blocks[static_cast<size_t>(i)]->forward(ops::RowBatch{slot.data(), pos.data(), 1, 1}, x.data(),
+                                              *caches[static_cast<size_t>(i)], x.data());
+    be->rmsnorm(x.data(), norm.data(), y.data(), 1, H, cfg.rms_norm_eps);
+    be->head_argmax(head.data(), nullptr, nullptr, y.data(), V, H, 0, nullptr, arg.data());
+    std::vector<bf16> h(static_cast<size_t>(H));
+    ops::ArgMax a{};
+    be->download(h.data(), y.data(), h.size() * sizeof(bf16));
+    be->download(&a, arg.data(), sizeof a);
+    hiddens.insert(hiddens.end(), h.begin(), h.end());
+    argmax.push_back(a.index);
+  }
+  auto state = target->new_batch(1);
+  const int s = target->new_sequence(*state);
+  const VerifyResult p = target->prefill(*state, s, std::span<const int32_t>(tokens.data(), 24));
+  const VerifySeq q{s, std::span<const int32_t>(tokens.data() + 24, 6)};
+  const VerifyResult r = target->verify(*state, std::span<const VerifySeq>(&q, 1));
+  EXPECT_TRUE(same_bits(p.hiddens.data(), hiddens.data(), 24 * H * sizeof(bf16)));
+  EXPECT_EQ(p.tokens[0], argmax[23]);
+  EXPECT_TRUE(same_bits(r.hiddens.data(), hiddens.data() + 24 * H, 6 * H * sizeof(bf16)));
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(argmax.begin() + 24, argmax.end()));
 }
 
 TEST(Target, BadCallsAreRefused) {
