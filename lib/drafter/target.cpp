@@ -127,20 +127,21 @@ void Target::rollback(TargetState& state, int slot, int length) {
   state.len_[static_cast<size_t>(slot)] = length;
 }
 
-VerifyResult Target::verify(TargetState& state, std::span<const VerifySeq> seqs, const VerifyExtras& extras) {
-  MTP_REQUIRE(!seqs.empty(), "target: a verify of no sequence");
+std::vector<Target::Row> Target::rows_of(const TargetState& state, std::span<const VerifySeq> seqs,
+                                         std::vector<int>& first_row) const {
+  MTP_REQUIRE(!seqs.empty(), "target: a forward of no sequence");
   std::vector<uint8_t> seen(static_cast<size_t>(state.slots()), 0);
   std::vector<Row> rows;
-  std::vector<int> first_row{0};
+  first_row.assign(1, 0);
   for (size_t b = 0; b < seqs.size(); ++b) {
     const VerifySeq& q = seqs[b];
-    MTP_REQUIRE(state.live(q.slot), "target: verify sequence ", b, " names slot ", q.slot,
+    MTP_REQUIRE(state.live(q.slot), "target: sequence ", b, " of the forward names slot ", q.slot,
                 ", which holds no sequence");
-    MTP_REQUIRE(!seen[static_cast<size_t>(q.slot)], "target: slot ", q.slot, " is in the verify twice");
+    MTP_REQUIRE(!seen[static_cast<size_t>(q.slot)], "target: slot ", q.slot, " is in the forward twice");
     seen[static_cast<size_t>(q.slot)] = 1;
     const int n = static_cast<int>(q.tokens.size());
     const int len = state.seq_len(q.slot);
-    MTP_REQUIRE(n >= 1, "target: verify sequence ", b, " (slot ", q.slot, ") has no row");
+    MTP_REQUIRE(n >= 1, "target: sequence ", b, " of the forward (slot ", q.slot, ") has no row");
     MTP_REQUIRE(len + n <= capacity(), "target: ", n, " rows at position ", len, " of slot ", q.slot,
                 " pass the capacity of ", capacity(), " rows");
     for (int j = 0; j < n; ++j) {
@@ -151,25 +152,22 @@ VerifyResult Target::verify(TargetState& state, std::span<const VerifySeq> seqs,
     }
     first_row.push_back(static_cast<int>(rows.size()));
   }
+  return rows;
+}
+
+VerifyResult Target::verify(TargetState& state, std::span<const VerifySeq> seqs, const VerifyExtras& extras) {
+  std::vector<int> first_row;
+  const std::vector<Row> rows = rows_of(state, seqs, first_row);
   return run(state, rows, std::move(first_row), 0, extras);
 }
 
 VerifyResult Target::prefill(TargetState& state, int slot, std::span<const int32_t> tokens,
                              const VerifyExtras& extras) {
-  MTP_REQUIRE(!tokens.empty(), "target: a prefill of no row");
-  // verify's checks, with the head on the last row only.
-  std::vector<Row> rows;
-  const int len = state.seq_len(slot);
-  const int n = static_cast<int>(tokens.size());
-  MTP_REQUIRE(len + n <= capacity(), "target: ", n, " rows at position ", len, " of slot ", slot,
-              " pass the capacity of ", capacity(), " rows");
-  for (int j = 0; j < n; ++j) {
-    const int32_t t = tokens[static_cast<size_t>(j)];
-    MTP_REQUIRE(t >= 0 && t < cfg_.vocab, "target: token ", t, " at position ", len + j, " of slot ", slot,
-                " is outside the vocab of ", cfg_.vocab);
-    rows.push_back(Row{slot, len + j, t});
-  }
-  return run(state, rows, {0, n}, n - 1, extras);
+  const VerifySeq seq{slot, tokens};
+  std::vector<int> first_row;
+  const std::vector<Row> rows = rows_of(state, std::span<const VerifySeq>(&seq, 1), first_row);
+  const int n = static_cast<int>(rows.size());
+  return run(state, rows, std::move(first_row), n - 1, extras);  // the head on the last row
 }
 
 void Target::reserve(int rows, bool logit_rows) {

@@ -191,6 +191,9 @@ class Target {
     int32_t slot, pos, token;
   };
   void add_layer(const model::LayerWeights& w);
+  /// The rows of `seqs` (each at its sequence's length), checked; first_row[b] the first of b.
+  std::vector<Row> rows_of(const TargetState& state, std::span<const VerifySeq> seqs,
+                           std::vector<int>& first_row) const;
   /// The forward of `rows` (a sequence's rows consecutive and at its length), with the head on the
   /// rows >= first_head_row.
   VerifyResult run(TargetState& state, const std::vector<Row>& rows, std::vector<int> first_row, int first_head_row,
