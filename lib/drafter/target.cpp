@@ -377,21 +377,27 @@ io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, 
 std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector<std::vector<int32_t>>& prompts,
                                                               int new_tokens, const io::TraceSampling& sampling,
                                                               int64_t first_sequence) {
-  io::validate(sampling, "synthetic target");
-  const model::ModelConfig& cfg = target_->config();
+  return drafter::generate_batch(*target_, prompts, new_tokens, sampling, first_sequence);
+}
+
+std::vector<io::TraceSequence> generate_batch(Target& target, const std::vector<std::vector<int32_t>>& prompts,
+                                              int new_tokens, const io::TraceSampling& sampling,
+                                              int64_t first_sequence) {
+  io::validate(sampling, "target generation");
+  const model::ModelConfig& cfg = target.config();
   const int n = static_cast<int>(prompts.size());
-  MTP_REQUIRE(n >= 1 && n <= kMaxTargetBatch, "synthetic target: a batch of ", n, " sequences (1 .. ",
+  MTP_REQUIRE(n >= 1 && n <= kMaxTargetBatch, "target generation: a batch of ", n, " sequences (1 .. ",
               kMaxTargetBatch, ")");
   const int prompt_len = static_cast<int>(prompts[0].size());
-  MTP_REQUIRE(prompt_len > 0, "synthetic target: empty prompt");
+  MTP_REQUIRE(prompt_len > 0, "target generation: empty prompt");
   for (const auto& pr : prompts)
     MTP_REQUIRE(static_cast<int>(pr.size()) == prompt_len,
-                "synthetic target: the prompts of a batch differ in length (", pr.size(), " and ", prompt_len,
+                "target generation: the prompts of a batch differ in length (", pr.size(), " and ", prompt_len,
                 " tokens)");
-  MTP_REQUIRE(new_tokens >= 0, "synthetic target: ", new_tokens, " new tokens");
+  MTP_REQUIRE(new_tokens >= 0, "target generation: ", new_tokens, " new tokens");
   const int total = prompt_len + new_tokens;
-  MTP_REQUIRE(total <= cfg.max_seq_len, "synthetic target: ", total, " positions exceed max_seq_len ",
-              cfg.max_seq_len);
+  MTP_REQUIRE(total <= target.capacity(), "target generation: ", total, " positions exceed the capacity of ",
+              target.capacity(), " rows");
   const int H = cfg.hidden;
   const size_t V = static_cast<size_t>(cfg.vocab);
   const size_t row = static_cast<size_t>(H);
@@ -406,8 +412,8 @@ std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector
     q.hiddens.resize(static_cast<size_t>(total) * row);
   }
   // Sequence b is slot b; every step is one row per sequence, all at the same position.
-  auto state = target_->new_batch(n);
-  for (int b = 0; b < n; ++b) target_->new_sequence(*state);
+  auto state = target.new_batch(n);
+  for (int b = 0; b < n; ++b) target.new_sequence(*state);
   std::vector<int32_t> step_tokens(rows);
   std::vector<VerifySeq> step(rows);
   for (size_t b = 0; b < rows; ++b)
@@ -416,7 +422,7 @@ std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector
     const size_t at = static_cast<size_t>(p);
     for (size_t b = 0; b < rows; ++b) {
       const int32_t tok = seqs[b].tokens[at];
-      MTP_REQUIRE(tok >= 0 && tok < cfg.vocab, "synthetic target: token ", tok, " at position ", p,
+      MTP_REQUIRE(tok >= 0 && tok < cfg.vocab, "target generation: token ", tok, " at position ", p,
                   " of sequence ", first_sequence + static_cast<int64_t>(b), " is outside the vocab of ",
                   cfg.vocab);
       step_tokens[b] = tok;
@@ -424,7 +430,7 @@ std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector
     VerifyExtras extras;
     extras.head = p + 1 < total && p + 1 >= prompt_len;  // a token follows and it is generated
     extras.logits = extras.head && sampling.sampled;
-    const VerifyResult r = target_->verify(*state, step, extras);
+    const VerifyResult r = target.verify(*state, step, extras);
     for (size_t b = 0; b < rows; ++b)
       std::copy_n(r.hiddens.data() + b * row, row, seqs[b].hiddens.data() + at * row);
     if (!extras.head) continue;

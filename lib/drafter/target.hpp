@@ -235,6 +235,15 @@ std::unique_ptr<Target> load_target(ops::Backend& be, dist::Communicator* comm, 
                                     int layers, const std::string& checkpoint_path,
                                     const TargetOptions& options = {});
 
+/// Trace generation on any target (SyntheticTarget::generate_batch, header comment): the prompts
+/// (one length, 1 .. kMaxTargetBatch of them) then `new_tokens` tokens each, greedy or sampled as
+/// `sampling` says, one forward per position over one row per sequence; sequence i's uniforms are
+/// those of sequence first_sequence + i. Every position has its hidden. On the CPU backend the same
+/// bits at every batch size.
+std::vector<io::TraceSequence> generate_batch(Target& target, const std::vector<std::vector<int32_t>>& prompts,
+                                              int new_tokens, const io::TraceSampling& sampling,
+                                              int64_t first_sequence);
+
 /// The target on synthetic weights that generates traces (header comment).
 class SyntheticTarget {
  public:

@@ -16,9 +16,11 @@
 #include <cstring>
 #include <random>
 
+#include "common/temp_dir.hpp"
 #include "common/trace.hpp"
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
+#include "model/safetensors.hpp"
 #include "model/weights.hpp"
 #include "ops/cpu/cpu_math.hpp"
 
@@ -500,6 +502,39 @@ TEST(Target, IsTheEmbeddingTheLayersTheNormAndTheHead) {
   EXPECT_EQ(p.tokens[0], argmax[23]);
   EXPECT_TRUE(same_bits(r.hiddens.data(), hiddens.data() + 24 * H, 6 * H * sizeof(bf16)));
   EXPECT_EQ(r.tokens, std::vector<int32_t>(argmax.begin() + 24, argmax.end()));
+}
+
+// A target loaded from a checkpoint of the synthetic weights (the trunk's names, layer 0 dense)
+// generates the synthetic trace, greedy and sampled: load_target reads what the synthesis made.
+TEST(Target, CheckpointTargetGeneratesTheSyntheticTrace) {
+  auto be = ops::make_cpu_backend();
+  const model::ModelConfig cfg = target_config(1);
+  test::TempDir tmp("mtplab-target");
+  const std::string file = tmp / "target.safetensors";
+  const model::TargetWeights whole =
+      model::synthesize_target_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 2, 7, 5);
+  model::write_safetensors(file, model::target_checkpoint_views(cfg, whole));
+  auto loaded = drafter::load_target(*be, nullptr, cfg, 2, file);
+  EXPECT_EQ(loaded->layers(), 2);
+  EXPECT_EQ(loaded->dense_layers(), 1);
+  drafter::SyntheticTarget synthetic(*be, cfg, 2, 7, 5);
+  io::TraceSampling sampled;
+  sampled.sampled = true;
+  sampled.temperature = 0.9;
+  sampled.top_p = 0.95;
+  sampled.seed = 3;
+  drafter::PromptGenerator gen(3, cfg.vocab);
+  const std::vector<std::vector<int32_t>> prompts = {gen.next(21), gen.next(21), gen.next(21)};
+  for (const io::TraceSampling& smp : {io::TraceSampling{}, sampled}) {
+    SCOPED_TRACE(smp.sampled ? "sampled" : "greedy");
+    const auto a = drafter::generate_batch(*loaded, prompts, 10, smp, 0);
+    const auto b = synthetic.generate_batch(prompts, 10, smp, 0);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].tokens, b[i].tokens);
+      EXPECT_TRUE(same_bits(a[i].hiddens.data(), b[i].hiddens.data(), a[i].hiddens.size() * sizeof(bf16)));
+    }
+  }
 }
 
 TEST(Target, BadCallsAreRefused) {
