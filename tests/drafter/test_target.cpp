@@ -90,8 +90,8 @@ void expect_same_row(const RowOut& a, const RowOut& b, const std::string& what) 
 
 // B = 4 sequences with prompts of 9, 17, 22 and 30 tokens, then 8 steps in which sequence b
 // verifies R = 1 + (b + step) % 5 rows (1 .. 5, at its own position, past the 19 rows where the
-// indexer's selection starts to be sparse), with the stats of a truncated transform, requested
-// tokens and the logits; after each step every sequence keeps a random number of its rows. The
+// indexer's selection starts to be sparse), with the stats of a transform (truncated every other
+// step), requested tokens and the logits; after each step every sequence keeps a random number of its rows. The
 // reference runs each sequence's rows one at a time, alone, on the same weights; a second target
 // cuts every forward at 7 rows (a sequence's rows split over two forwards).
 TEST(Target, VerifyOfRaggedRowsIsOneRowStepsBitForBit) {
@@ -370,7 +370,7 @@ TEST(Target, DenseMlpLayerIsTheDirectComputation) {
 TEST(Target, StatsAndLogitsAreTheHeadsOnTheHiddens) {
   auto be = ops::make_cpu_backend();
   const model::ModelConfig cfg = target_config(0);
-  const int H = cfg.hidden, V = cfg.vocab;
+  const int V = cfg.vocab;
   auto target = make_target(*be, cfg, 2);
   auto state = target->new_batch(2);
   const int s0 = target->new_sequence(*state), s1 = target->new_sequence(*state);
@@ -402,7 +402,6 @@ TEST(Target, StatsAndLogitsAreTheHeadsOnTheHiddens) {
       if (to_float(row[v]) > to_float(row[best])) best = v;
     EXPECT_EQ(r.tokens[static_cast<size_t>(i)], best) << "row " << i;
   }
-  (void)H;
   // Without requested tokens the requested log p is NaN; the other stats stay.
   target->rollback(*state, s0, 13);
   target->rollback(*state, s1, 26);
