@@ -171,7 +171,8 @@ class Block {
   /// Uses `other`'s forward buffers from now on (until this block's next reserve that grows them):
   /// blocks that run one after another, as the layers of the target, need one set between them.
   /// The sizes must agree (the same BlockDims but the MLP choice); neither may share its indexer
-  /// selection (index_share keeps the first draft's selection in the buffers).
+  /// selection (index_share keeps the first draft's selection in the buffers). selection() and
+  /// experts() then read what the last of the sharing blocks to run wrote.
   void share_buffers(const Block& other);
 
   /// The block on the rows of `rb` (x [rows, H], row b of slot slot[b] at position pos[b], both
