@@ -28,6 +28,28 @@ std::vector<std::string> string_list_attr(const io::Object& o, const std::string
   return o.attr_strings(name);
 }
 
+void set_arm_attr(io::Object& g, const ArmSpec& a, const std::string& value) {
+  switch (a.type) {
+    case SettingType::integer: {
+      const auto v = parse_int64(value);
+      MTP_REQUIRE(v, g.file_name(), ": ", g.path(), ": ", a.name, " \"", value, "\" is not a whole number");
+      g.set_attr(a.name, *v);
+      return;
+    }
+    case SettingType::real: {
+      const auto v = parse_double(value);
+      MTP_REQUIRE(v, g.file_name(), ": ", g.path(), ": ", a.name, " \"", value, "\" is not a number");
+      g.set_attr(a.name, *v);
+      return;
+    }
+    case SettingType::choice:
+    case SettingType::boolean:
+    case SettingType::text:
+      g.set_attr(a.name, value);
+      return;
+  }
+}
+
 }  // namespace results_format
 
 namespace {
@@ -62,8 +84,8 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
   };
   for (const auto& a : arm_registry()) {
     if (taken(a.name)) continue;
-    (a.type == ArmType::integer ? int_cols
-     : a.type == ArmType::real  ? float_cols
+    (a.type == SettingType::integer ? int_cols
+     : a.type == SettingType::real  ? float_cols
                                 : string_cols)
         .push_back(a.name);
   }
