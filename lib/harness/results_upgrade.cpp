@@ -274,6 +274,7 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
                  to_string(axis_value_type(
                      axis, results_format::string_list_attr(f, results_format::axis_values_attr(axis)))));
   }
+  o.set_attr("arms", arm_names());
   o.set_attr("upgraded_from", in);
   o.set_attr("upgraded_from_version", report.from_version);
   o.set_attr("upgrade_argv", argv);

@@ -65,6 +65,7 @@ void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
     f.set_attr(results_format::axis_type_attr(a.name), to_string(a.type));
   }
   f.set_attr("sweep_axes", axes);
+  f.set_attr("arms", arm_names());
   f.create_group("points");
 }
 
