@@ -204,7 +204,7 @@ std::vector<Divergence> compute_divergence(const Group& root) {
     const Group g = points.open_group(n);
     P p;
     p.index = g.attr_int("index");
-    p.at = g.has_attr("assignment_index") ? g.attr_ints("assignment_index") : std::vector<int64_t>{};
+    p.at = g.attr_ints("assignment_index");
     MTP_REQUIRE(p.at.size() == axes.size(), root.file_name(), ": ", g.path(), ": assignment_index has ",
                 p.at.size(), " entries for ", axes.size(), " sweep axes");
     for (size_t a = 0; a < axes.size(); ++a)
