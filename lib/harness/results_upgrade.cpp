@@ -307,13 +307,14 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
   }
   results_format::rebuild_derived_tables(o);
   o.commit();
-  if (!filled_arms.empty()) {
-    std::vector<std::string> parts;
-    for (const auto& [arm, count] : filled_arms) parts.push_back(str(arm, " (", count, ")"));
-    report.notes.push_back(str("arms the old file left out, written at their default (record_margins: as the "
-                               "point recorded margins), with the points: ",
-                               join(parts, ", ")));
-  }
+  // The arms filled in, in schema order, grouped by how many points lacked them.
+  std::map<int64_t, std::vector<std::string>> by_count;
+  for (const ArmSpec& a : arm_registry())
+    if (filled_arms.count(a.name)) by_count[filled_arms.at(a.name)].push_back(a.name);
+  for (const auto& [count, arms] : by_count)
+    report.notes.push_back(str("written where the old file left them out (", count,
+                               " point(s); at the default, record_margins as the point recorded margins): ",
+                               join(arms, ", ")));
   for (const auto& [what, count] : computed)
     report.notes.push_back(str("computed from the steps: ", what, " (", count, " point(s))"));
   return report;
