@@ -16,6 +16,7 @@ const std::vector<Command>& commands() {
       {"check", "check every input of an experiment without running it", cmd_check},
       {"run", "run an experiment's points (all, or --point i)", cmd_run},
       {"merge", "join the results files of an array job", cmd_merge},
+      {"upgrade", "rewrite a results file of an older schema version as the current one", cmd_upgrade},
   };
   return table;
 }

@@ -37,5 +37,6 @@ int cmd_list(const Args& args);
 int cmd_check(const Args& args);
 int cmd_run(const Args& args);
 int cmd_merge(const Args& args);
+int cmd_upgrade(const Args& args);
 
 }  // namespace mtplab::app
