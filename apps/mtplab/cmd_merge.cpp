@@ -4,7 +4,6 @@
 // written. /index and /divergence are rebuilt. No MPI: run it anywhere.
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -12,9 +11,7 @@
 #include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
-#include "harness/preflight.hpp"
 #include "harness/results.hpp"
-#include "io/output.hpp"
 
 namespace mtplab::app {
 namespace {
@@ -43,17 +40,9 @@ int cmd_merge(const Args& args) {
   const std::vector<std::string> inputs(files.begin() + 1, files.end());
   std::vector<std::string> argv = {"mtplab", "merge"};
   argv.insert(argv.end(), args.begin(), args.end());
-  // The output is claimed as `run` claims it (io::OutputLock): a merge never replaces a results
-  // file that a run is adding points to. (A missing directory is merge's own error.)
-  const std::string target = io::follow_output_link(out);
-  const auto dir = std::filesystem::path(target).parent_path();
-  std::error_code ec;
-  io::OutputLock claim;
-  if (std::filesystem::is_directory(dir.empty() ? std::filesystem::path(".") : dir, ec)) {
-    std::vector<std::string> words;
-    for (const auto& a : argv) words.push_back(harness::shell_quote(a));
-    claim = io::OutputLock(target, join(words, " "));
-  }
+  // The output is claimed as `run` claims it: a merge never replaces a results file that a run is
+  // adding points to.
+  const io::OutputLock claim = claim_output(out, argv);
   const int points = harness::merge_results(out, inputs, force, argv);
   std::printf("merged %d point(s) from %zu file(s) into %s\n", points, inputs.size(), out.c_str());
   return 0;

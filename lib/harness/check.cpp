@@ -41,10 +41,6 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kProgressBytes = uint64_t{256} << 20;
 constexpr double kProgressSeconds = 2.0;
 
-// The kernel-policy fields whose choice changes bits (docs/kernels.md): part of the identity.
-const std::vector<std::string> kBitKernelFields = {"kernels.gemv_variant", "kernels.gemv_split",
-                                                   "kernels.mla_decode", "kernels.mla_clusters"};
-
 // FNV-1a 64 over little-endian 64-bit words (one XOR and one multiply per 8 bytes), the tail
 // bytes one at a time. Fed in pieces whose sizes are multiples of 8 except the last, it gives the
 // value of one call over the whole.
@@ -843,18 +839,19 @@ struct Checker {
     }
   }
 
-  // The identity inputs that are not files: the backend and the bit-changing kernel fields.
+  // The identity inputs that are not files: the backend and the arms recorded as identity inputs
+  // (the kernel choices that change bits, ops::kernel_policy_settings), each with its values over
+  // the points.
   void backend_and_kernels() {
     identity.emplace_back("backend", options.backend);
-    for (const auto& field : kBitKernelFields) {
-      const ArmSpec* arm = find_arm(field);
-      MTP_REQUIRE(arm, "the arm registry has no ", field);
+    for (const ArmSpec& arm : arm_registry()) {
+      if (!arm.record.identity_input) continue;
       std::vector<std::string> values;
       for (const auto& p : ex.points) {
-        const std::string v = arm->get(p.arms);
+        const std::string v = arm.get(p.arms);
         if (std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
       }
-      identity.emplace_back(field, join(values, ", "));
+      identity.emplace_back(arm.name, join(values, ", "));
     }
   }
 

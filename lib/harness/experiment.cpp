@@ -14,7 +14,6 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "drafter/target.hpp"
 #include "harness/replay.hpp"
@@ -297,7 +296,9 @@ std::string canonical_text(const PointConfig& p) {
     e << YAML::Key << "seed" << YAML::Value << str(p.trace.seed);
     e << YAML::Key << "layers" << YAML::Value << str(p.trace.layers);
     e << YAML::Key << "batch" << YAML::Value << str(p.trace.batch);
-    if (p.trace.sampling.sampled) {  // absent when greedy: older results files keep their identity
+    if (!p.trace.sampling.sampled) {
+      e << YAML::Key << "sampling" << YAML::Value << "greedy";  // the other keys are not in effect
+    } else {
       const io::TraceSampling& smp = p.trace.sampling;
       e << YAML::Key << "sampling" << YAML::Value << "sampling";
       e << YAML::Key << "temperature" << YAML::Value << real_text(smp.temperature);
@@ -349,21 +350,21 @@ std::string did_you_mean(const std::string& key, const std::vector<std::string>&
 // (file:line:col and sweep.grid.<arm>[i]), the value and the arm's values.
 void check_arm_value(const ArmSpec& a, const YamlNode& v) {
   switch (a.type) {
-    case ArmType::boolean:
+    case SettingType::boolean:
       (void)v.as_bool();
       return;
-    case ArmType::choice:
+    case SettingType::choice:
       (void)v.as_choice(a.choices);
       return;
-    case ArmType::integer:
+    case SettingType::integer:
       (void)v.as_int(a.min, a.max);
       return;
-    case ArmType::real: {
+    case SettingType::real: {
       const double d = v.as_double(a.real_min, a.real_max);
       if (a.real_min_exclusive && d <= a.real_min) v.fail(str("expected a value in ", a.allowed()));
       return;
     }
-    case ArmType::text: {
+    case SettingType::text: {
       if (!v.is_scalar()) v.fail(str("expected one of ", a.allowed()));
       Arms scratch;
       try {
@@ -422,8 +423,8 @@ ValueType parse_value_type(const std::string& s) {
 
 ValueType axis_value_type(const std::string& name, const std::vector<std::string>& values) {
   if (const ArmSpec* a = find_arm(name))
-    return a->type == ArmType::integer ? ValueType::integer
-           : a->type == ArmType::real  ? ValueType::floating
+    return a->type == SettingType::integer ? ValueType::integer
+           : a->type == SettingType::real  ? ValueType::floating
                                        : ValueType::text;
   auto all = [&](auto pred) { return std::all_of(values.begin(), values.end(), pred); };
   auto parses = [](const std::string& v, bool integer) {
@@ -471,7 +472,13 @@ std::string canonical_value(const YamlNode& node) {
   return e.c_str();
 }
 
-std::string identity_hash(const std::string& text) { return hex16(fnv1a64(text)); }
+std::string configuration_text(const std::string& resolved_yaml, int64_t world) {
+  YAML::Node doc = YAML::Load(resolved_yaml);
+  if (doc.IsMap()) doc.remove("output");
+  YAML::Emitter e;
+  e << doc;
+  return str(e.c_str(), "\nworld=", world);
+}
 
 void check_point_runnable(const PointConfig& p, int world, const std::string& backend) {
   const model::ModelConfig& c = p.model;
@@ -712,12 +719,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     YAML::Emitter e;
     e << root.raw();
     ex.resolved_yaml = e.c_str();
-    YamlNode again = load_doc();
-    YAML::Node without_output = again.raw();  // shares the tree
-    without_output.remove("output");
-    YAML::Emitter e2;
-    e2 << without_output;
-    ex.identity = identity_hash(str(e2.c_str(), "\nworld=", world));
+    ex.configuration = configuration_text(ex.resolved_yaml, world);
   }
   return ex;
 }

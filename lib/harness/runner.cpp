@@ -122,7 +122,7 @@ void reduce_over_ranks(const Context& c, const PointConfig& p, PointResult& r) {
   const auto rows = dist::min_max(c.world_group, static_cast<int64_t>(r.rows()));
   MTP_REQUIRE(rows.agree(), p.name(), ": ranks replayed different step counts (", rows.min, " to ", rows.max,
               ")");
-  r.ranks_agree = dist::all_agree(c.world_group, fnv1a64_words_mtplab_v1(r.drafts));
+  r.ranks_agree = dist::all_agree(c.world_group, fnv1a64_words(r.drafts));
   if (!r.ranks_agree && c.rank == 0)
     log_warn(p.name(), ": the ranks' drafts differ (recorded as ranks_agree = 0)");
   std::vector<std::vector<double>*> columns;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The output rule (lib/io/output.hpp) and full disks (lib/io/hdf5.cpp), end to end on the binary.
 #
-#   test_outputs.sh rule MTPLAB       every writer (run, merge, trace): a file of another kind is
+#   test_outputs.sh rule MTPLAB       every writer (run, merge, upgrade, trace): a file of another kind is
 #                                     never replaced (exit 1 / 2, the file byte-identical); its own
 #                                     kind only with --force; an input under another spelling or a
 #                                     link is refused; a link is written through (it stays a link)
@@ -11,9 +11,9 @@
 #                                     temporary left. Skipped (exit 77) unless root and tmpfs mounts.
 #   test_outputs.sh writers MTPLAB    two runs into one output a few seconds apart: the second is
 #                                     refused before it computes anything (exit 2, naming the first
-#                                     run's pid and command), `check` and a merge --force into it
-#                                     say so too; after it ends a rerun computes nothing; a run
-#                                     killed by SIGKILL leaves no claim behind
+#                                     run's pid and command), `check`, a merge --force and an
+#                                     upgrade --force into it say so too; after it ends a rerun
+#                                     computes nothing; a run killed by SIGKILL leaves no claim
 set -uo pipefail
 mode=$1 mtplab=$2
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
@@ -86,6 +86,23 @@ if [[ $mode == rule ]]; then
   exits l 0 "merge --force into a link to a results file" "$mtplab" merge mlink.h5 r.h5 --force
   [[ -L mlink.h5 ]] || fail "merge replaced the link mlink.h5"
 
+  # upgrade: the same rule for NEW.h5 (OLD.h5 is the version-2 file of tests/data).
+  cp "$src/tests/data/results-v2.h5" old.h5
+  o=$(sha256sum <old.h5) t=$(sha256sum <t.h5)
+  exits l 1 "upgrade into the input (another spelling)" "$mtplab" upgrade old.h5 ./sub/../old.h5 --force
+  has l "is also an input of mtplab upgrade (old.h5"
+  exits l 1 "upgrade --out TRACE --force" "$mtplab" upgrade old.h5 t.h5 --force
+  has l "t.h5: exists and is an mtplab trace, not a results file; mtplab upgrade never replaces"
+  exits l 1 "upgrade --out TEXT --force" "$mtplab" upgrade old.h5 notes.txt --force
+  exits l 0 "upgrade into a new file" "$mtplab" upgrade old.h5 u.h5
+  u=$(sha256sum <u.h5)
+  exits l 1 "upgrade into an existing results file" "$mtplab" upgrade old.h5 u.h5
+  has l "u.h5: exists (a results file); mtplab upgrade replaces it only with --force"
+  same u.h5 "$u"; same old.h5 "$o"; same t.h5 "$t"; same notes.txt "$n"
+  ln -s u.h5 ulink.h5
+  exits l 0 "upgrade --force into a link to a results file" "$mtplab" upgrade old.h5 ulink.h5 --force
+  [[ -L ulink.h5 ]] || fail "upgrade replaced the link ulink.h5"
+
   # run: another kind (exit 2: an input problem, nothing ran), an input, a link (resumed through).
   t=$(sha256sum <t.h5)
   exits l 2 "run --out TRACE" "$mtplab" run exp.yaml "${small[@]}" --out t.h5
@@ -127,6 +144,7 @@ if [[ $mode == full_disk ]]; then
   full "run (appending a point)" "$mtplab" run exp.yaml "${small[@]}" --out "$mnt/r.h5"
   small_disk 16k
   full "merge" "$mtplab" merge "$mnt/m.h5" r.h5
+  full "upgrade" "$mtplab" upgrade "$src/tests/data/results-v2.h5" "$mnt/u.h5"
   small_disk 1m  # the trace is larger: a write fails half-way
   full "trace" "$mtplab" trace --out "$mnt/t.h5" --sequences 64 --prompt-len 32 --new-tokens 200
   [[ -e $mnt/t.h5 ]] && fail "trace left $mnt/t.h5 on a full disk"
@@ -159,6 +177,8 @@ if [[ $mode == writers ]]; then
   has c.log "another run is writing this output (pid $a on host "
   exits m.log 1 "merge --force into the output of a live run" "$mtplab" merge w.h5 other.h5 --force
   has m.log "w.h5: another run is writing this output (pid $a on host "
+  exits u.log 1 "upgrade --force into the output of a live run" "$mtplab" upgrade other.h5 w.h5 --force
+  has u.log "w.h5: another run is writing this output (pid $a on host "
   wait $a
   rc=$?
   ((rc == 0)) || { fail "the first run exited $rc"; cat a.log; }

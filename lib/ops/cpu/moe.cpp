@@ -17,6 +17,7 @@
 
 #include "ops/cpu/cpu_backend.hpp"
 #include "ops/cpu/cpu_math.hpp"
+#include "ops/group_score.hpp"
 
 namespace mtplab::ops::cpu {
 
@@ -49,20 +50,7 @@ void CpuBackend::moe_route(const float* logits, const float* bias, int num_exper
 
   if (n_group > 1) {
     std::vector<float> group_score(static_cast<size_t>(n_group));
-    for (int g = 0; g < n_group; ++g) {
-      float top1 = -std::numeric_limits<float>::infinity();
-      float top2 = top1;
-      for (int e = g * group_size; e < (g + 1) * group_size; ++e) {
-        const float v = biased[e];
-        if (v > top1) {
-          top2 = top1;
-          top1 = v;
-        } else if (v > top2) {
-          top2 = v;
-        }
-      }
-      group_score[g] = top1 + top2;
-    }
+    for (int g = 0; g < n_group; ++g) group_score[g] = group_top2_sum(biased, g * group_size, (g + 1) * group_size);
     std::vector<int> groups(static_cast<size_t>(n_group));
     std::iota(groups.begin(), groups.end(), 0);
     std::stable_sort(groups.begin(), groups.end(),

@@ -40,6 +40,7 @@
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.hpp"
+#include "ops/group_score.hpp"
 
 namespace mtplab::ops::cuda {
 
@@ -484,19 +485,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   __syncthreads();
   if (n_group > 1) {
     const int gs = E / n_group;
-    for (int g = tid; g < n_group; g += blockDim.x) {
-      float top1 = -INFINITY, top2 = -INFINITY;
-      for (int e = g * gs; e < (g + 1) * gs; ++e) {
-        const float v = biased[e];
-        if (v > top1) {
-          top2 = top1;
-          top1 = v;
-        } else if (v > top2) {
-          top2 = v;
-        }
-      }
-      gkeys[g] = argmax_key(__fadd_rn(top1, top2), g);
-    }
+    for (int g = tid; g < n_group; g += blockDim.x) gkeys[g] = argmax_key(group_top2_sum(biased, g * gs, (g + 1) * gs), g);
     __syncthreads();
     for (int g = tid; g < n_group; g += blockDim.x) {
       int rank = 0;
