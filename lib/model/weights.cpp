@@ -524,15 +524,27 @@ void export_mtp_weights(const ModelConfig& cfg, const MtpWeights& whole, const s
   }
 }
 
-LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, uint64_t seed) {
+namespace {
+
+/// Trunk layer `index` shaped for `plan`, each tensor filled by fill(spec) (`what`: the caller,
+/// for errors).
+template <typename Fill>
+LayerWeights make_layer(const char* what, const ModelConfig& cfg, const ShardPlan& plan, int index, Fill fill) {
   check_plan(cfg, plan);
-  MTP_REQUIRE(index >= 0, "synthesize_layer_weights: layer ", index);
+  MTP_REQUIRE(index >= 0, what, ": layer ", index);
   LayerWeights w;
   w.index = index;
   w.dense = cfg.dense_layer(index);
   shape_layer(cfg, plan, w);
-  for (const Spec& s : layer_specs(cfg, plan, w)) synthesize(s, plan, seed);
+  for (const Spec& s : layer_specs(cfg, plan, w)) fill(s);
   return w;
+}
+
+}  // namespace
+
+LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, uint64_t seed) {
+  return make_layer("synthesize_layer_weights", cfg, plan, index,
+                    [&](const Spec& s) { synthesize(s, plan, seed); });
 }
 
 namespace {
@@ -582,14 +594,7 @@ TargetWeights load_target_trunk(const ModelConfig& cfg, const ShardPlan& plan, c
 }
 
 LayerWeights load_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, const Checkpoint& ckpt) {
-  check_plan(cfg, plan);
-  MTP_REQUIRE(index >= 0, "load_layer_weights: layer ", index);
-  LayerWeights w;
-  w.index = index;
-  w.dense = cfg.dense_layer(index);
-  shape_layer(cfg, plan, w);
-  for (const Spec& s : layer_specs(cfg, plan, w)) read_spec(ckpt, s, plan);
-  return w;
+  return make_layer("load_layer_weights", cfg, plan, index, [&](const Spec& s) { read_spec(ckpt, s, plan); });
 }
 
 TargetWeights load_target_weights(const ModelConfig& cfg, const ShardPlan& plan, int layers,
