@@ -1835,9 +1835,11 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         policy.moe_pipeline = pipe;
         gpu().set_kernel_policy(policy);
         auto out = out_twin<float>(static_cast<size_t>(B) * H);
-        // Two launches; a wide one three (its plan first); split two per 128 rows.
+        // Two launches; a wide one three (its plan first), four on the block-item kernels (auto and
+        // slots: the combine last); split two per 128 rows.
         const bool wide = B > cuda::kMaxBatchRows;
-        const uint64_t launches = !wide ? 2u : pipe == MoePipeline::split ? 4u : 3u;
+        const bool block_items = pipe == MoePipeline::automatic || pipe == MoePipeline::slots;
+        const uint64_t launches = !wide ? 2u : pipe == MoePipeline::split || block_items ? 4u : 3u;
         EXPECT_EQ(kernels_of([&] {
                     gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
                                               RowBatch{sl.g.data(), nullptr, B}, k, c.shared ? &shg : nullptr,
