@@ -567,10 +567,10 @@ struct GroupedParams {
 
 /// f(j, e, q) for each of this lane's accumulator elements (n-tile j, element e of the m16n8
 /// layout; lane = 4g + t) whose batch column q = 8j + 2t + (e & 1) is one of the n_rows live ones.
-template <typename F>
+template <int kNT = kMoeNT, typename F>
 __device__ __forceinline__ void for_live_acc(int t, int n_rows, F&& f) {
 #pragma unroll
-  for (int j = 0; j < kMoeNT; ++j) {
+  for (int j = 0; j < kNT; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int q = 8 * j + 2 * t + (e & 1);
@@ -879,9 +879,9 @@ __device__ __forceinline__ void stage_chunk(bf16* dst, const bf16* const* tile, 
 
 /// The MMAs of one chunk: acc[m][j] += the weight words w[m] (rows g, g + 8 of a 16-row tile) x
 /// the staged input rows xs (8j + g: row of n-tile j, padded to kMoeXStride), n_tiles of them.
-template <int kMats>
+template <int kMats, int kNT = kMoeNT>
 __device__ __forceinline__ void chunk_mma(const bf16* xs, const uint4 (&w)[kMats][4], int n_tiles,
-                                          float (&acc)[kMats][kMoeNT][4]) {
+                                          float (&acc)[kMats][kNT][4]) {
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
   uint32_t a[kMats][4][4];
@@ -893,7 +893,7 @@ __device__ __forceinline__ void chunk_mma(const bf16* xs, const uint4 (&w)[kMats
     batch::a_frags(w0, w1, a[m]);
   }
 #pragma unroll
-  for (int j = 0; j < kMoeNT; ++j) {
+  for (int j = 0; j < kNT; ++j) {
     if (j >= n_tiles) break;  // uniform over the warp
     const bf16* xr = xs + (8 * j + g) * kMoeXStride + 16 * t;
     uint32_t bw[8];
@@ -1180,11 +1180,19 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
 // MMAs and the combine are the narrow launches': the same bits.
 constexpr int kPlanThreads = 1024;
 
+// The block-item kernels (wide batches, block items, below).
+constexpr int kBlockStages = 4;  // chunks a block-item ring holds (three in flight)
+constexpr int kBlockNT = 8;      // column tiles of a block item
+constexpr int kBlockGroup = 8 * kBlockNT;  // pairs per block item: an expert's weights read once
+                                           // for up to 64 of its pairs
+
 /// Block items of active entry `expert` (-1: the shared expert) with cnt pairs for the block-item
-/// gate_up kernel: (group of kMoeWarps 16-row tiles of its inter, pair group).
-__device__ __forceinline__ int block_gate_up_items(const GroupedParams& p, int expert, int cnt) {
+/// kernels: gate_up (kMoeWarps 16-row tiles of its inter, group of kBlockGroup pairs), down (group).
+__device__ __forceinline__ int block_items_of(const GroupedParams& p, int expert, int cnt, bool gate_up) {
+  const int groups = (cnt + kBlockGroup - 1) / kBlockGroup;
+  if (!gate_up) return groups;
   const int tiles = (expert < 0 ? p.shared.inter : p.routed.inter) / 16;
-  return (tiles + kMoeWarps - 1) / kMoeWarps * ((cnt + kPairGroup - 1) / kPairGroup);
+  return (tiles + kMoeWarps - 1) / kMoeWarps * groups;
 }
 
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedParams p, PlanLayout layout,
@@ -1196,7 +1204,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedPara
     // gate_up's items counted as the block-item kernel takes them (the placement is the same).
     const unsigned long long gi = segment_scan(
         n_active,
-        [&](int a) { return static_cast<unsigned long long>(block_gate_up_items(p, gu.a_expert[a], gu.a_cnt[a])); },
+        [&](int a) { return static_cast<unsigned long long>(block_items_of(p, gu.a_expert[a], gu.a_cnt[a], true)); },
         [&](int a, unsigned long long before, unsigned long long) { gu.a_items[a] = static_cast<int>(before); });
     if (threadIdx.x == 0) gu.a_items[n_active] = static_cast<int>(gi);
     __syncthreads();
@@ -1207,7 +1215,10 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedPara
   const Plan dn = carve_plan(plan_dn + 1, layout);
   const unsigned long long items = segment_scan(
       n_active,
-      [&](int a) { return static_cast<unsigned long long>(entry_items(p, dn.a_expert[a], dn.a_cnt[a], false)); },
+      [&](int a) {
+        return static_cast<unsigned long long>(block_items ? block_items_of(p, dn.a_expert[a], dn.a_cnt[a], false)
+                                                           : entry_items(p, dn.a_expert[a], dn.a_cnt[a], false));
+      },
       [&](int a, unsigned long long before, unsigned long long) { dn.a_items[a] = static_cast<int>(before); });
   if (threadIdx.x == 0) {
     dn.a_items[n_active] = static_cast<int>(items);
@@ -1226,36 +1237,52 @@ size_t wide_bytes(const PlanLayout& l, int H) {
 
 // ---- grouped experts: wide batches, block items ---------------------------------------------------------
 //
-// Past kMaxBatchRows rows an expert has tens of pairs, and the gathered rows, not the weights, are
-// what one-warp items move most: every 16-row gate_up tile of an expert gathers its group's input
-// rows again (inter / 16 times), and every 16-column down block gathers the group's activation
-// rows again (H / 16 times). The block-item kernels (auto's wide launches) let the 8 warps of a
-// block share one copy:
-// - gate_up: a block item is (active entry, 8 consecutive 16-row tiles of its inter, pair group);
-//   warp w computes tile 8i + w, the block stages the group's input rows once per 64-column chunk
-//   into a ring it shares, each warp its own weight tiles into its own ring (cp.async, the L2 hint
-//   of ringpf), one block barrier per chunk.
+// Past kMaxBatchRows rows an expert has tens of pairs. The one-warp items read each weight tile
+// once per group of 16 pairs, and gather the group's rows again for every tile: every 16-row
+// gate_up tile gathers the input rows (inter / 16 times an expert), every 16-column down block the
+// activation rows (H / 16 times). The block-item kernels (auto's wide launches) take groups of up
+// to kBlockGroup = 64 pairs (one for most experts: their weights stream from memory once) and let
+// the 8 warps of a block share one copy of the rows:
+// - gate_up: a block item is (active entry, 8 consecutive 16-row tiles of its inter, group of 64
+//   pairs); warp w computes tile 8i + w against all the group's rows, the block stages the group's
+//   input rows once per 64-column chunk into a ring it shares, each warp its own weight tiles into
+//   its own ring (cp.async, the L2 hint of ringpf), one block barrier per chunk.
 // - down: block (b, s) owns output columns [128 b, 128 b + 128), a warp 16 of them, and takes the
-//   items (active entry, pair group) s, s + S, ... of the plan: the group's activation rows staged
-//   once for the 8 warps. Each warp writes bf16(d) of its 16 columns into d[route][H] (global).
+//   items (active entry, group of 64 pairs) s, s + S, ... of the plan: the group's activation rows
+//   staged once for the 8 warps. Each warp writes bf16(d) of its 16 columns into d[route][H] (global).
 // - combine: a block per row sums its own routes in idx order, then the shared expert, as
 //   combine_rows does.
 // Each pair's MMAs are the one-warp items' (the same weight words and rows, chunks in ascending
 // order, four k-steps each), so the bits are theirs and the narrow launches'.
-constexpr int kBlockStages = 4;  // chunks a block-item ring holds (three in flight)
 
-/// Thread i < 8 kPairGroup of the block copies 16 bytes of row i / 8 of a group (row pointer
-/// `row`, null: zeros) at column col0 + 8 (i % 8) into an input stage (kPairGroup rows padded to
-/// kMoeXStride); rows past the MMA's n-tiles are not written, columns past K are zeros.
-__device__ __forceinline__ void stage_rows_shared(bf16* dst, int col0, int K, int n_tiles, const bf16* row,
-                                                  const bf16* any) {
-  const int i = threadIdx.x;
-  if (i >= kPairGroup * 8) return;
-  const int r = i / 8, c8 = (i % 8) * 8;
-  if (r >= 8 * n_tiles) return;
+/// The rows of a block item each thread copies: rows threadIdx.x / 8 + 32 i, 16 bytes at column
+/// 8 (threadIdx.x % 8) of each 64-column chunk.
+constexpr int kBlockRowsPerThread = kBlockGroup * 8 / kGroupedThreads;
+
+/// This thread's pieces of a chunk's input rows (its rows' pointers `row`, null: zeros) into an
+/// input stage (kBlockGroup rows padded to kMoeXStride); rows past the MMA's n-tiles are not
+/// written, columns past K are zeros.
+__device__ __forceinline__ void stage_rows_shared(bf16* dst, int col0, int K, int n_tiles,
+                                                  const bf16* const (&row)[kBlockRowsPerThread], const bf16* any) {
+  const int c8 = (threadIdx.x % 8) * 8;
   const int col = col0 + c8;
-  const bool ok = row != nullptr && col < K;
-  batch::cp_async16(dst + r * kMoeXStride + c8, ok ? row + col : any, ok ? 16 : 0);
+#pragma unroll
+  for (int i = 0; i < kBlockRowsPerThread; ++i) {
+    const int r = static_cast<int>(threadIdx.x) / 8 + i * (kGroupedThreads / 8);
+    if (r >= 8 * n_tiles) continue;
+    const bool ok = row[i] != nullptr && col < K;
+    batch::cp_async16(dst + r * kMoeXStride + c8, ok ? row[i] + col : any, ok ? 16 : 0);
+  }
+}
+
+/// This thread's row pointers for stage_rows_shared: row(r) of the group's n_rows rows, null past them.
+template <typename RowPtr>
+__device__ __forceinline__ void block_rows(int n_rows, RowPtr&& row, const bf16* (&out)[kBlockRowsPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kBlockRowsPerThread; ++i) {
+    const int r = static_cast<int>(threadIdx.x) / 8 + i * (kGroupedThreads / 8);
+    out[i] = r < n_rows ? row(r) : nullptr;
+  }
 }
 
 /// One block item's K-long products: this warp's kMats 16-row weight tiles (rows tile[m] + i K,
@@ -1265,10 +1292,10 @@ __device__ __forceinline__ void stage_rows_shared(bf16* dst, int col0, int K, in
 /// with the same item.
 template <int kMats>
 __device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats], bool mine, int K, int n_rows,
-                                                const bf16* row, const bf16* any, bf16* xring, bf16* wring,
-                                                float (&acc)[kMats][kMoeNT][4]) {
+                                                const bf16* const (&row)[kBlockRowsPerThread], const bf16* any,
+                                                bf16* xring, bf16* wring, float (&acc)[kMats][kBlockNT][4]) {
   constexpr int S = kBlockStages;
-  constexpr size_t kX = static_cast<size_t>(kPairGroup) * kMoeXStride;
+  constexpr size_t kX = static_cast<size_t>(kBlockGroup) * kMoeXStride;
   constexpr size_t kW = static_cast<size_t>(16 * kMats) * kMoeXStride;
   const bf16* const no_rows[kPairGroup / 4] = {};
   const int nchunks = (K + kChunkK - 1) / kChunkK;
@@ -1282,7 +1309,7 @@ __device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats]
 #pragma unroll
   for (int m = 0; m < kMats; ++m)
 #pragma unroll
-    for (int j = 0; j < kMoeNT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+    for (int j = 0; j < kBlockNT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
   __syncthreads();  // every warp is done with the stages of the block's previous item
   for (int s = 0; s < S - 1; ++s) {
     if (s < nchunks) stage(s, s);
@@ -1297,7 +1324,7 @@ __device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats]
       const int st = c % S;
       uint4 w[kMats][4];
       stage_weight_words<kMats>(wring + static_cast<size_t>(st) * kW, w);
-      chunk_mma<kMats>(xring + static_cast<size_t>(st) * kX, w, n_tiles, acc);
+      chunk_mma<kMats, kBlockNT>(xring + static_cast<size_t>(st) * kX, w, n_tiles, acc);
     }
   }
 }
@@ -1305,7 +1332,7 @@ __device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats]
 /// The shared memory of a block-item kernel with kMats weight matrices (BF16 elements).
 template <int kMats>
 constexpr size_t block_item_elems() {
-  return static_cast<size_t>(kBlockStages) * kMoeXStride * (kPairGroup + static_cast<size_t>(kMoeWarps) * 16 * kMats);
+  return static_cast<size_t>(kBlockStages) * kMoeXStride * (kBlockGroup + static_cast<size_t>(kMoeWarps) * 16 * kMats);
 }
 
 __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(GroupedParams p, PlanLayout layout) {
@@ -1316,7 +1343,7 @@ __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(G
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
-  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kPairGroup * kMoeXStride + warp * kW;
+  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + warp * kW;
   int n_active;
   const Plan pl = launch_plan<true>(p, layout, nullptr, true, n_active);
   if (n_active == 0) return;
@@ -1326,26 +1353,24 @@ __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(G
     const int expert = pl.a_expert[a];
     const bool shared = expert < 0;
     const int inter = shared ? p.shared.inter : p.routed.inter;
-    const int groups = (pl.a_cnt[a] + kPairGroup - 1) / kPairGroup;
+    const int groups = (pl.a_cnt[a] + kBlockGroup - 1) / kBlockGroup;
     const int rem = w - pl.a_items[a];
     const int eighth = rem / groups;
     const int grp = rem - eighth * groups;
     const int tile = eighth * kMoeWarps + warp;
     const bool mine = tile < inter / 16;  // warp-uniform
-    const int first = pl.a_off[a] + grp * kPairGroup;
-    const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
+    const int first = pl.a_off[a] + grp * kBlockGroup;
+    const int n_rows = min(kBlockGroup, pl.a_cnt[a] - grp * kBlockGroup);
     const size_t eo = shared ? 0 : static_cast<size_t>(expert) * p.routed.inter * p.H;
     const size_t ro = static_cast<size_t>(mine ? tile : 0) * 16 * p.H;
     const bf16* const tiles[2] = {(shared ? p.shared.gate : p.routed.gate + eo) + ro,
                                   (shared ? p.shared.up : p.routed.up + eo) + ro};
-    const int r = static_cast<int>(threadIdx.x) / 8;
-    const bf16* row = threadIdx.x < kPairGroup * 8 && r < n_rows
-                          ? p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H
-                          : nullptr;
-    float acc[2][kMoeNT][4];
-    block_item_gemm<2>(tiles, mine, p.H, n_rows, row, p.x, xring, wring, acc);
+    const bf16* rows[kBlockRowsPerThread];
+    block_rows(n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, rows);
+    float acc[2][kBlockNT][4];
+    block_item_gemm<2>(tiles, mine, p.H, n_rows, rows, p.x, xring, wring, acc);
     if (!mine) continue;
-    for_live_acc(t, n_rows, [&](int j, int e, int q) {
+    for_live_acc<kBlockNT>(t, n_rows, [&](int j, int e, int q) {
       const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
       p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] =
           swiglu_act(acc[0][j][e], acc[1][j][e], p.limit);
@@ -1364,7 +1389,7 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) moe_down_block_kernel(Grou
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
-  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kPairGroup * kMoeXStride + warp * kW;
+  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + warp * kW;
   int n_active;
   const Plan pl = launch_plan<true>(p, layout, nullptr, false, n_active);
   if (n_active == 0) return;
@@ -1379,19 +1404,18 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) moe_down_block_kernel(Grou
     const bool shared = expert < 0;
     const int K = shared ? p.shared.inter : p.routed.inter;
     const int grp = w - pl.a_items[a];
-    const int first = pl.a_off[a] + grp * kPairGroup;
-    const int n_rows = min(kPairGroup, pl.a_cnt[a] - grp * kPairGroup);
+    const int first = pl.a_off[a] + grp * kBlockGroup;
+    const int n_rows = min(kBlockGroup, pl.a_cnt[a] - grp * kBlockGroup);
     const bf16* const tiles[1] = {
         (shared ? p.shared.down : p.routed.down + static_cast<size_t>(expert) * p.H * p.routed.inter) +
         static_cast<size_t>(mine ? h0 : 0) * K};
-    const int r = static_cast<int>(threadIdx.x) / 8;
-    const bf16* row = threadIdx.x < kPairGroup * 8 && r < n_rows
-                          ? p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld
-                          : nullptr;
-    float acc[1][kMoeNT][4];
-    block_item_gemm<1>(tiles, mine, K, n_rows, row, p.act, xring, wring, acc);
+    const bf16* rows[kBlockRowsPerThread];
+    block_rows(n_rows, [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; },
+               rows);
+    float acc[1][kBlockNT][4];
+    block_item_gemm<1>(tiles, mine, K, n_rows, rows, p.act, xring, wring, acc);
     if (!mine) continue;
-    for_live_acc(t, n_rows, [&](int j, int e, int q) {
+    for_live_acc<kBlockNT>(t, n_rows, [&](int j, int e, int q) {
       const int hh = g + (e >= 2 ? 8 : 0);
       p.d[static_cast<size_t>(pl.pr_route[first + q]) * p.H + h0 + hh] = f_to_bf16(acc[0][j][e]);
     });
@@ -1867,12 +1891,13 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
   if (is_wide) {
-    // The block-item kernels: gate_up's items are 8 tiles of one group, down's one group.
-    const int64_t shared_groups = Is > 0 ? (rows + kPairGroup - 1) / kPairGroup : 0;
+    // The block-item kernels: gate_up's items are 8 tiles of one group of 64 pairs, down's a group.
+    const int64_t block_groups = active_max + pairs / kBlockGroup;
+    const int64_t shared_groups = Is > 0 ? (rows + kBlockGroup - 1) / kBlockGroup : 0;
     const int64_t eighths = (I / 16 + kMoeWarps - 1) / kMoeWarps;
     const int64_t shared_eighths = (Is / 16 + kMoeWarps - 1) / kMoeWarps;
-    const int64_t block_items_max = eighths * groups_max + shared_eighths * shared_groups;
-    return launch_wide(ctx, p, layout, items_max, block_items_max, groups_max + shared_groups, wide);
+    const int64_t block_items_max = eighths * block_groups + shared_eighths * shared_groups;
+    return launch_wide(ctx, p, layout, items_max, block_items_max, block_groups + shared_groups, wide);
   }
   switch (ctx.policy.moe_pipeline) {
     case MoePipeline::v1:
