@@ -96,6 +96,7 @@ int cmd_plan(const Args& args) {
   }
   const std::string file = cli->positional().empty() ? "" : cli->positional()[0];
   const plan::PlanSpec spec = plan::load_plan_spec(file, overrides);
+  plan::check_outputs(spec, cli->flag("force"));  // before anything is written
   const plan::PlanResult result = plan::run_plan(spec);
   std::fputs(plan::format_plan(result).c_str(), stdout);
   std::vector<std::string> argv = {"mtplab", "plan"};

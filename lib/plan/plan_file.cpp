@@ -176,25 +176,44 @@ void write_plan_file(const std::string& path, const PlanResult& r, const std::ve
   f.commit();
 }
 
-std::vector<std::string> write_exports(const std::string& dir, const PlanResult& r, bool force) {
-  const std::vector<ScheduleEntry> sched = r.schedule();
-  const std::vector<std::pair<std::string, std::string>> files = {
-      {"vllm-speculative-config.json", vllm_schedule_json(sched, r.spec.max_batch)},
-      {"trtllm-speculative-config.yaml", trtllm_schedule_yaml(sched)},
-      {"sglang-launch-flags.json", sglang_flags_json(sched, r.spec.max_batch)},
-      {"acceptance-profile.json", profile_json(r.profile)},
-  };
-  std::filesystem::create_directories(dir);
-  const std::vector<std::string> inputs = input_files(r.spec);
-  std::vector<std::string> written;
-  for (const auto& [name, text] : files) {
-    const std::string path = (std::filesystem::path(dir) / name).string();
+std::vector<std::string> export_names() {
+  return {"vllm-speculative-config.json", "trtllm-speculative-config.yaml", "sglang-launch-flags.json",
+          "acceptance-profile.json"};
+}
+
+void check_outputs(const PlanSpec& spec, bool force) {
+  if (!spec.output.empty())
+    io::resolve_output("mtplab plan", spec.output, {"plan file", "schema", "mtplab-plan"}, input_files(spec),
+                       force ? io::OutputMode::replace : io::OutputMode::create);
+  if (spec.exports.empty()) return;
+  const std::vector<std::string> inputs = input_files(spec);
+  for (const auto& name : export_names()) {
+    const std::string path = (std::filesystem::path(spec.exports) / name).string();
     std::error_code ec;
     for (const auto& in : inputs)
       MTP_REQUIRE(!std::filesystem::exists(in, ec) || !std::filesystem::equivalent(path, in, ec), "mtplab plan: ",
                   path, " is an input of the plan: not overwritten");
     MTP_REQUIRE(force || !std::filesystem::exists(path, ec), "mtplab plan: ", path,
                 " exists; --force replaces the exports");
+    MTP_REQUIRE(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec), "mtplab plan: ",
+                path, " exists and is not a regular file: never replaced");
+  }
+}
+
+std::vector<std::string> write_exports(const std::string& dir, const PlanResult& r, bool force) {
+  PlanSpec spec = r.spec;
+  spec.output.clear();
+  spec.exports = dir;
+  check_outputs(spec, force);
+  const std::vector<ScheduleEntry> sched = r.schedule();
+  const std::vector<std::string> names = export_names();
+  const std::vector<std::string> texts = {vllm_schedule_json(sched, r.spec.max_batch), trtllm_schedule_yaml(sched),
+                                          sglang_flags_json(sched, r.spec.max_batch), profile_json(r.profile)};
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> written;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& text = texts[i];
+    const std::string path = (std::filesystem::path(dir) / names[i]).string();
     const std::string tmp = path + ".tmp";
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

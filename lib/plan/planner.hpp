@@ -101,8 +101,16 @@ std::string format_plan(const PlanResult& r);
 /// `force`, any other file never, no input overwritten). `argv` is recorded.
 void write_plan_file(const std::string& path, const PlanResult& r, const std::vector<std::string>& argv, bool force);
 
+/// The files write_exports writes, in order: vllm-speculative-config.json,
+/// trtllm-speculative-config.yaml, sglang-launch-flags.json, acceptance-profile.json.
+std::vector<std::string> export_names();
+
+/// Checks, before anything is computed or written, that the plan file and the exports of `spec` may
+/// be written (the rules of write_plan_file and write_exports); throws naming the path.
+void check_outputs(const PlanSpec& spec, bool force);
+
 /// Writes the engine schedules and the acceptance profile into `dir` (created): returns the files.
-/// An existing file is replaced only with `force`.
+/// An existing file is replaced only with `force`, an input of the plan never.
 std::vector<std::string> write_exports(const std::string& dir, const PlanResult& r, bool force);
 
 }  // namespace mtplab::plan
