@@ -111,8 +111,8 @@ PlanResult run_plan(const PlanSpec& spec) {
                             ": the step files hold no row at k = ", k,
                             " (a draft step is k chained forwards of one row per sequence)"));
 
-  res.inputs.push_back(str("model ", model.name, ": ", model.layers, " layer(s), the first ", model.dense_layers,
-                           " with a dense MLP; ", model.gpus, " GPU(s) per instance"));
+  res.inputs.push_back(str("model ", model.name, ": ", model.layers, " layer(s) (", model.layers - model.dense_layers,
+                           " MoE, ", model.dense_layers, " dense-MLP); ", model.gpus, " GPU(s) per instance"));
   for (const auto& s : curve.inputs()) res.inputs.push_back(s);
   for (const auto& s : book.inputs()) res.inputs.push_back(s);
   res.warnings = book.disagreements(model);
