@@ -20,8 +20,6 @@ namespace mtplab::plan {
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 // "p8", "p0008", "8" -> 8.
 int64_t point_index(const std::string& name) {
   std::string digits = name;

@@ -17,8 +17,6 @@ namespace mtplab::plan {
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
 // A standard normal from two uniforms of the stream (Box-Muller, the cosine half): the same state
 // gives the same value on every platform (std::normal_distribution's algorithm is the library's).
 double standard_normal(uint64_t& state) {
