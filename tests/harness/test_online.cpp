@@ -6,14 +6,20 @@
 //   the same steps (sequence, position, batch rows), drafts and accepted counts, bit for bit;
 // - the settings: `mode` and `online:` read, swept and checked, errors naming the key; a replay
 //   point's canonical text has neither.
+// - speculative sampling: at draft_len 0 the target's own sampled generation; speculative_step's
+//   emitted tokens distributed as p on a tiny vocab (deterministic, 5 standard errors); online
+//   acceptance inside replay's expected-tau interval on the same prompts at T = 0.7 and 1.0.
 // Each can fail: a rollback to the wrong length, a catch-up from the wrong hidden row, a bonus
 // token from the wrong row or a slot taken out of step shows as a token or a draft that differs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "common/error_of.hpp"
+#include "core/hash.hpp"
+#include "harness/uncertainty.hpp"
 #include "experiment_text.hpp"
 #include "harness/experiment.hpp"
 #include "online_fixture.hpp"
@@ -255,4 +261,207 @@ TEST(Online, BadRunsAreRefused) {
   EXPECT_NE(message_of([&] { run_online(*t.target, d.get(), prompts, run_of(2, 1, 250)); })
                 .find("exceed the target's capacity of 256 rows"),
             std::string::npos);
+}
+
+// ---- speculative sampling --------------------------------------------------------------------
+
+namespace {
+
+SamplingVerify sampling_at(double T, int top_k = 0, double top_p = 1.0, int64_t seed = 17) {
+  SamplingVerify v;
+  v.transform.temperature = T;
+  v.transform.top_k = top_k;
+  v.transform.top_p = top_p;
+  v.seed = seed;
+  return v;
+}
+
+io::TraceSampling trace_sampling(const SamplingVerify& v) {
+  io::TraceSampling s;
+  s.sampled = true;
+  s.temperature = v.transform.temperature;
+  s.top_k = v.transform.top_k;
+  s.top_p = v.transform.top_p;
+  s.seed = v.seed;
+  return s;
+}
+
+}  // namespace
+
+// draft_len 0 under sampling: the token at position t is drawn from the target's row by its own
+// sampler with sampling_uniform(seed, sequence, t), so the tokens are those of the target's
+// sampled generation (generate_batch) with the same seed, at and without truncation.
+TEST(OnlineSampling, DraftLenZeroIsTheTargetsSampledGeneration) {
+  Tiny& t = tiny();
+  const int M = 20;
+  const auto prompts = test::online_prompts(4, static_cast<int>(t.cfg.vocab), 9);
+  for (const SamplingVerify& v : {sampling_at(1.0), sampling_at(0.7, 40, 0.9, 3)}) {
+    SCOPED_TRACE(str("T ", v.transform.temperature, ", top_k ", v.transform.top_k));
+    OnlineRun run = run_of(0, 3, M);
+    run.sampling = &v;
+    const test::OnlineOutcome on = test::run_online_collect(*t.target, nullptr, prompts, run);
+    const auto trace = test::online_trace(*t.target, prompts, M + 1, trace_sampling(v));
+    const auto greedy = test::online_trace(*t.target, prompts, M + 1);
+    int differ_from_greedy = 0;
+    for (const auto& seq : trace) {
+      EXPECT_EQ(by_index(on.seqs, seq.index).tokens, seq.tokens) << "sequence " << seq.index;
+      differ_from_greedy += seq.tokens != greedy[static_cast<size_t>(seq.index)].tokens;
+    }
+    EXPECT_GT(differ_from_greedy, 0);  // the sampler does sample
+  }
+}
+
+// speculative_step on a vocab of 5 with fixed rows (p_i and q_i do not depend on the drafts, so the
+// token emitted at position j, when the step reaches it, must be distributed as p_j whatever the
+// earlier positions did): 400 000 steps of k = 3 drafts with counter-based uniforms, for a sampled
+// proposal (d_i ~ q_i) and a greedy one (d_i = argmax q_i, q_i the point mass). Every frequency must
+// lie within 5 standard errors of p_j(x) (sqrt(p (1 - p) / n) for the n steps that reached j), and
+// the acceptance at each depth within 5 of its law (sum_x min(p, q) for a sampled proposal, p(argmax
+// q) for a greedy one). 5 SE over these 46 figures: a false alarm of a correct sampler has
+// probability about 3e-5, and the uniforms are fixed, so the outcome is too (not flaky). The same
+// statistic on a wrong verifier (a rejection's token drawn from p_i instead of norm(max(0, p_i -
+// q_i))) must move by more than 20 SE: the test can fail. (Verifying a sampled draft as if q were
+// the point mass at it is no such error: any draft verified against a point mass is exact, it only
+// accepts less often.)
+TEST(OnlineSampling, SpeculativeStepEmitsTheTargetsDistribution) {
+  const std::vector<std::vector<double>> p = {{0.1, 0.4, 0.2, 0.25, 0.05},
+                                              {0.3, 0.05, 0.05, 0.3, 0.3},
+                                              {0.0, 0.5, 0.5, 0.0, 0.0},
+                                              {0.2, 0.2, 0.2, 0.2, 0.2}};
+  const std::vector<std::vector<double>> q = {{0.3, 0.3, 0.1, 0.1, 0.2},
+                                              {0.05, 0.6, 0.05, 0.1, 0.2},
+                                              {0.1, 0.6, 0.1, 0.1, 0.1}};
+  const int k = 3, V = 5, n = 400000;
+  auto u = [](uint64_t salt, int64_t trial, int64_t i) { return counter_uniform(salt, 20261207, trial, i); };
+  // Per position j the emitted-token counts and the steps that reached it; per depth the acceptances.
+  struct Tally {
+    std::vector<std::vector<double>> count = std::vector<std::vector<double>>(4, std::vector<double>(5, 0));
+    std::vector<double> reached = std::vector<double>(4, 0), accepted = std::vector<double>(3, 0);
+  };
+  auto run = [&](bool sampled_proposal, bool resample_from_p) {
+    Tally t;
+    for (int trial = 0; trial < n; ++trial) {
+      std::vector<int32_t> d(static_cast<size_t>(k));
+      for (int i = 0; i < k; ++i) {
+        const auto& qi = q[static_cast<size_t>(i)];
+        d[static_cast<size_t>(i)] =
+            sampled_proposal ? drafter::draw_token(qi, u(1, trial, i))
+                             : static_cast<int32_t>(std::max_element(qi.begin(), qi.end()) - qi.begin());
+      }
+      // A greedy proposal's q is the point mass (an empty row); a sampled one's its distribution.
+      std::vector<std::vector<double>> qs(static_cast<size_t>(k));
+      if (sampled_proposal) qs = q;
+      const SpeculativeStep st = speculative_step(
+          p, qs, d, [&](int i) { return u(2, trial, i); }, [&](int i) { return u(3, trial, i); });
+      for (int j = 0; j < st.accepted; ++j) {
+        t.count[static_cast<size_t>(j)][static_cast<size_t>(d[static_cast<size_t>(j)])] += 1;
+        t.reached[static_cast<size_t>(j)] += 1;
+        t.accepted[static_cast<size_t>(j)] += 1;
+      }
+      // The wrong verifier draws a rejection's token from p_i instead of the residual.
+      const int32_t rejected =
+          resample_from_p && st.accepted < k
+              ? drafter::draw_token(p[static_cast<size_t>(st.accepted)], u(3, trial, st.accepted))
+              : st.residual_token;
+      const int32_t last = st.accepted < k ? rejected : drafter::draw_token(p[3], u(3, trial, k));
+      t.count[static_cast<size_t>(st.accepted)][static_cast<size_t>(last)] += 1;
+      t.reached[static_cast<size_t>(st.accepted)] += 1;
+    }
+    return t;
+  };
+  // The largest |frequency - p| in standard errors over positions and tokens.
+  auto worst = [&](const Tally& t) {
+    double w = 0;
+    for (int j = 0; j <= k; ++j)
+      for (int x = 0; x < V; ++x) {
+        const double pj = p[static_cast<size_t>(j)][static_cast<size_t>(x)], m = t.reached[static_cast<size_t>(j)];
+        const double se = std::sqrt(std::max(pj * (1 - pj), 1.0 / m) / m);
+        w = std::max(w, std::fabs(t.count[static_cast<size_t>(j)][static_cast<size_t>(x)] / m - pj) / se);
+      }
+    return w;
+  };
+  for (bool sampled : {true, false}) {
+    SCOPED_TRACE(sampled ? "sampled proposal" : "greedy proposal");
+    const Tally t = run(sampled, false);
+    for (int j = 0; j <= k; ++j) ASSERT_GT(t.reached[static_cast<size_t>(j)], 1000.0) << "position " << j;
+    EXPECT_LT(worst(t), 5.0);
+    // Acceptance at depth i given depth i was reached.
+    for (int i = 0; i < k; ++i) {
+      const auto& pi = p[static_cast<size_t>(i)];
+      const auto& qi = q[static_cast<size_t>(i)];
+      double law = 0;
+      if (sampled)
+        for (int x = 0; x < V; ++x) law += std::min(pi[static_cast<size_t>(x)], qi[static_cast<size_t>(x)]);
+      else
+        law = pi[static_cast<size_t>(std::max_element(qi.begin(), qi.end()) - qi.begin())];
+      const double m = t.reached[static_cast<size_t>(i)], rate = t.accepted[static_cast<size_t>(i)] / m;
+      EXPECT_LT(std::fabs(rate - law), 5 * std::sqrt(std::max(law * (1 - law), 1.0 / m) / m)) << "depth " << i;
+    }
+  }
+  const double wrong = worst(run(true, true));
+  std::printf("[online] a rejection drawn from p, not the residual: %.0f standard errors off the target's "
+              "distribution\n",
+              wrong);
+  EXPECT_GT(wrong, 20.0);
+}
+
+// Online speculative sampling against replay on the same prompts: the trace the same target samples
+// at T from them, replayed under sampling verification (greedy proposal), gives the drafter's
+// expected tau on the target's own distribution with a 95% interval over sequences; online runs of
+// the same prompts with 4 sampling seeds (their own tokens and coins) are 4 more samples of the
+// same law, pooled. At T = 0.7 and 1.0:
+// - the pooled online tau and expected tau lie inside replay's expected-tau interval. The prompts
+//   and seeds are fixed, so the outcome is; another replay seed can put its own estimate far enough
+//   from the law's value that a correct online run lands outside (about one time in ten here),
+//   which is why
+// - the two-sample check: the online and replay expected taus differ by less than 4 standard errors
+//   of their difference (each SE from its bootstrap interval over sequences, (hi - lo) / 3.92), the
+//   check a biased verifier fails and a correct one passes whatever the seeds.
+TEST(OnlineSampling, AcceptanceIsInsideReplaysExpectedTauInterval) {
+  Tiny& t = tiny();
+  const int M = 40, k = 3, B = 8;
+  const auto prompts = test::online_prompts(96, static_cast<int>(t.cfg.vocab), 12);
+  auto d = t.drafter(k);
+  struct Tally {
+    AcceptanceStats st;
+    std::vector<int32_t> seq, acc;
+    std::vector<double> ex;
+    void add(const std::vector<StepRecord>& steps, int32_t unit_base) {
+      for (const StepRecord& r : steps) {
+        st.add(3, r.accepted, r.expected_accepted());
+        seq.push_back(unit_base + r.sequence);  // a (seed, sequence) pair is a unit of its own
+        acc.push_back(r.accepted);
+        ex.push_back(r.expected_accepted());
+      }
+    }
+    AcceptanceIntervals ci() const { return acceptance_intervals(sums_by_sequence(seq, acc, ex), 3, 1); }
+  };
+  for (double T : {0.7, 1.0}) {
+    SCOPED_TRACE(str("T ", T));
+    const SamplingVerify v = sampling_at(T, 0, 1.0, 23);
+    const auto trace = test::online_trace(*t.target, prompts, M, trace_sampling(v));
+    const auto logp = trace_target_logprobs(*d, trace, v.transform, "trace");
+    Tally r, o;
+    r.add(test::replay_collect(*d, trace, B, k, t.cfg.hidden, &v, logp).steps, 0);
+    for (int64_t seed = 101; seed <= 102; ++seed) {
+      const SamplingVerify vo = sampling_at(T, 0, 1.0, seed);
+      OnlineRun run = run_of(k, B, M);
+      run.sampling = &vo;
+      o.add(test::run_online_collect(*t.target, d.get(), prompts, run).steps, static_cast<int32_t>(1000 * seed));
+    }
+    const AcceptanceIntervals rci = r.ci(), oci = o.ci();
+    std::printf("[online] T %.1f: replay expected tau %.3f [%.3f, %.3f] (%lld steps); online tau %.3f, expected "
+                "%.3f [%.3f, %.3f] (%lld steps)\n",
+                T, r.st.expected_tau(), rci.expected_tau.lo, rci.expected_tau.hi, static_cast<long long>(r.st.steps),
+                o.st.tau(), o.st.expected_tau(), oci.expected_tau.lo, oci.expected_tau.hi,
+                static_cast<long long>(o.st.steps));
+    EXPECT_GT(o.st.tau(), 1.1);  // the drafter is accepted at all: the interval has something to hold
+    EXPECT_GE(o.st.tau(), rci.expected_tau.lo);
+    EXPECT_LE(o.st.tau(), rci.expected_tau.hi);
+    EXPECT_GE(o.st.expected_tau(), rci.expected_tau.lo);
+    EXPECT_LE(o.st.expected_tau(), rci.expected_tau.hi);
+    const double se_r = (rci.expected_tau.hi - rci.expected_tau.lo) / 3.92;
+    const double se_o = (oci.expected_tau.hi - oci.expected_tau.lo) / 3.92;
+    EXPECT_LT(std::fabs(o.st.expected_tau() - r.st.expected_tau()), 4 * std::sqrt(se_r * se_r + se_o * se_o));
+  }
 }
