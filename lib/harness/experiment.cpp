@@ -531,11 +531,10 @@ std::string configuration_text(const std::string& resolved_yaml, int64_t world) 
 
 namespace {
 // The rules of an online point (harness/online.hpp), beside the arms'.
-void check_online(const PointConfig& p, int world) {
+void check_online(const PointConfig& p) {
   const model::ModelConfig& c = p.model;
   const OnlineOptions& o = p.online;
   const ReplayOptions& r = p.arms.replay;
-  (void)world;
   MTP_REQUIRE(r.replay == ReplayMode::speculative,
               "replay: teacher_forced is a replay of a trace; mode: online runs speculative steps (replay: "
               "speculative)");
@@ -569,7 +568,7 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
               "mode: online; a replay drafts 1 .. 16 tokens a step");
   check_arms(p.arms, world, backend, c);
   if (online) {
-    check_online(p, world);
+    check_online(p);
     return;
   }
   if (p.trace.synthetic) {
