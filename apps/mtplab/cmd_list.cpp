@@ -64,6 +64,9 @@ int cmd_list(const Args& args) {
   }
   for (const auto& p : ex.points) {
     std::vector<std::string> arms;
+    // An online point's run settings first (a replay point has none in effect).
+    if (p.mode == harness::RunMode::online)
+      for (const auto& s : harness::run_settings()) arms.push_back(str(s.name, "=", s.get(p)));
     for (const auto& [k, v] : harness::named(p.arms)) arms.push_back(str(k, "=", v));
     std::printf("%4d  %s\n      model %s, %s\n", p.index, p.label().c_str(), p.model.name.c_str(),
                 join(arms, " ").c_str());

@@ -13,8 +13,8 @@
 namespace mtplab::drafter {
 
 const char* to_string(Phase p) {
-  static const char* names[] = {"prefill",  "propose",      "block",    "head",
-                                "exchange", "after_verify", "catch_up", "stats"};
+  static const char* names[] = {"prefill",      "propose",  "block", "head",  "exchange",
+                                "after_verify", "catch_up", "stats", "verify"};
   return names[static_cast<int>(p)];
 }
 

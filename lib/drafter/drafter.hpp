@@ -54,7 +54,8 @@ namespace mtplab::drafter {
 /// Timing hooks: the harness records backend events at these boundaries.
 /// `stats`: the sampling statistics of a propose with ProposeExtras::stats (after the drafts, once
 /// per propose / propose_batch), so Phase::propose stays comparable with a greedy propose.
-enum class Phase { prefill, propose, block, head, exchange, after_verify, catch_up, stats };
+/// `verify`: the target's verify forward of an online step (harness/online.hpp marks it).
+enum class Phase { prefill, propose, block, head, exchange, after_verify, catch_up, stats, verify };
 const char* to_string(Phase p);
 class PhaseTimer {
  public:

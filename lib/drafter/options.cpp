@@ -23,7 +23,8 @@ const std::vector<Setting<DrafterOptions>>& drafter_settings() {
                                "prefill / catch-up rows write only the caches, or run the full block"));
     r.push_back(choice_setting("skip", &O::skip, kSkipNames,
                                "timing arms: stop after the block (head), or run only the head (block)"));
-    r.push_back(int_setting("draft_len", &O::draft_len, 1, 16, "k, the drafts of each propose"));
+    r.push_back(int_setting("draft_len", &O::draft_len, 0, 16,
+                            "k, the drafts of each propose (0: MTP off, online runs only)"));
     r.push_back(choice_setting("exchange", &O::exchange, kExchangeNames,
                                "the cross-rank pick of the draft token of a vocab-sharded head"));
     r.push_back(choice_setting(

@@ -338,6 +338,17 @@ std::unique_ptr<Target> make_synthetic_target(ops::Backend& be, dist::Communicat
       options);
 }
 
+std::unique_ptr<Target> make_target_behind(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
+                                           const model::MtpWeights& w, int layers, uint64_t target_seed,
+                                           const TargetOptions& options) {
+  const model::ShardPlan& plan = w.plan;
+  const model::TargetWeights trunk = model::target_trunk_of(cfg, w, target_seed);
+  return std::make_unique<Target>(
+      be, comm, cfg, trunk, layers,
+      [&](int i) { return model::synthesize_layer_weights(cfg, plan, i, target_seed + 1 + static_cast<uint64_t>(i)); },
+      options);
+}
+
 std::unique_ptr<Target> load_target(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
                                     int layers, const std::string& checkpoint_path, const TargetOptions& options) {
   const int world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
@@ -494,26 +505,37 @@ double sampling_uniform(int64_t seed, int64_t sequence, int64_t position) {
   return counter_uniform(0x73796e7468657469ull, seed, sequence, position);  // "syntheti"
 }
 
-int32_t sample_transformed(std::span<const bf16> logits, double temperature, int64_t top_k, double top_p,
-                           double u) {
+namespace {
+// The transform of sample_transformed: z = logits / temperature, the kept set {z >= threshold}
+// (top-k, then top-p, ties at a threshold kept), and the softmax's max and normaliser over it.
+struct Transformed {
+  std::vector<double> z;
+  double threshold = -INFINITY;
+  double zmax = 0;
+  double sum = 0;  // sum over the kept tokens of exp(z - zmax)
+};
+
+Transformed transform_logits(std::span<const bf16> logits, double temperature, int64_t top_k, double top_p) {
   const size_t n = logits.size();
   MTP_REQUIRE(n > 0 && temperature > 0 && top_p > 0 && top_p <= 1 && top_k >= 0,
               "sample_transformed: bad transform (temperature ", temperature, ", top_k ", top_k, ", top_p ",
               top_p, ") or empty logits");
-  std::vector<double> z(n);
+  Transformed t;
+  std::vector<double>& z = t.z;
+  z.resize(n);
   for (size_t i = 0; i < n; ++i) z[i] = static_cast<double>(to_float(logits[i])) / temperature;
   // Descending logit order (stable: equal logits by id), for the thresholds.
   std::vector<size_t> order(n);
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return z[a] > z[b]; });
-  double threshold = -INFINITY;
   size_t kept = n;  // tokens order[0 .. kept) are the candidates (ties at the threshold included)
   if (top_k > 0 && static_cast<size_t>(top_k) < n) {
-    threshold = z[order[static_cast<size_t>(top_k) - 1]];
+    t.threshold = z[order[static_cast<size_t>(top_k) - 1]];
     kept = static_cast<size_t>(top_k);
-    while (kept < n && z[order[kept]] >= threshold) ++kept;
+    while (kept < n && z[order[kept]] >= t.threshold) ++kept;
   }
   const double zmax = z[order[0]];
+  t.zmax = zmax;
   double total = 0;
   for (size_t j = 0; j < kept; ++j) total += std::exp(z[order[j]] - zmax);
   if (top_p < 1) {
@@ -526,20 +548,52 @@ int32_t sample_transformed(std::span<const bf16> logits, double temperature, int
       if (mass >= top_p * total) break;
     }
     kept = j;
-    threshold = z[order[kept - 1]];
+    t.threshold = z[order[kept - 1]];
   }
-  double sum = 0;
   for (size_t i = 0; i < n; ++i)
-    if (z[i] >= threshold) sum += std::exp(z[i] - zmax);
+    if (z[i] >= t.threshold) t.sum += std::exp(z[i] - zmax);
+  return t;
+}
+}  // namespace
+
+int32_t sample_transformed(std::span<const bf16> logits, double temperature, int64_t top_k, double top_p,
+                           double u) {
+  const Transformed t = transform_logits(logits, temperature, top_k, top_p);
   double cum = 0;
   int32_t last = -1;
-  for (size_t i = 0; i < n; ++i) {
-    if (z[i] < threshold) continue;
-    cum += std::exp(z[i] - zmax) / sum;
+  for (size_t i = 0; i < t.z.size(); ++i) {
+    if (t.z[i] < t.threshold) continue;
+    cum += std::exp(t.z[i] - t.zmax) / t.sum;
     last = static_cast<int32_t>(i);
     if (u < cum) return last;
   }
   return last;  // u within rounding of 1: the last kept token
+}
+
+std::vector<double> transformed_probabilities(std::span<const bf16> logits, double temperature, int64_t top_k,
+                                              double top_p) {
+  const Transformed t = transform_logits(logits, temperature, top_k, top_p);
+  std::vector<double> prob(t.z.size(), 0.0);
+  for (size_t i = 0; i < t.z.size(); ++i)
+    if (t.z[i] >= t.threshold) prob[i] = std::exp(t.z[i] - t.zmax) / t.sum;
+  return prob;
+}
+
+int32_t draw_token(std::span<const double> prob, double u) {
+  double total = 0;
+  for (const double x : prob) total += x;
+  MTP_REQUIRE(total > 0, "draw_token: no token of the ", prob.size(), " has a positive probability");
+  // A distribution that sums to 1 is drawn with u itself (the bits of sample_transformed's walk).
+  const double target = total == 1.0 ? u : u * total;
+  double cum = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < prob.size(); ++i) {
+    if (!(prob[i] > 0)) continue;
+    cum += prob[i];
+    last = static_cast<int32_t>(i);
+    if (target < cum) return last;
+  }
+  return last;
 }
 
 }  // namespace mtplab::drafter

@@ -229,6 +229,13 @@ class Target {
 std::unique_ptr<Target> make_synthetic_target(ops::Backend& be, dist::Communicator* comm,
                                               const model::ModelConfig& cfg, int layers, uint64_t weight_seed,
                                               uint64_t target_seed, const TargetOptions& options = {});
+/// The target of `layers` synthetic layers (layer i under target_seed + 1 + i, the final norm under
+/// target_seed) behind the embedding and lm_head of the MTP weights `w` (synthetic or a
+/// checkpoint's; w.plan must be comm's rank and size and options.head_sharding). With synthetic `w`
+/// of seed S it is make_synthetic_target(..., layers, S, target_seed, ...).
+std::unique_ptr<Target> make_target_behind(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
+                                           const model::MtpWeights& w, int layers, uint64_t target_seed,
+                                           const TargetOptions& options = {});
 /// The target of the checkpoint's first `layers` layers (model::load_target_weights), sharded as
 /// make_synthetic_target.
 std::unique_ptr<Target> load_target(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
@@ -315,5 +322,16 @@ double sampling_uniform(int64_t seed, int64_t sequence, int64_t position);
 /// kept; the token is the first in id order whose cumulative probability exceeds u.
 int32_t sample_transformed(std::span<const bf16> logits, double temperature, int64_t top_k, double top_p,
                            double u);
+
+/// The distribution sample_transformed draws from: per token its probability under (temperature,
+/// top_k, top_p), 0 outside the kept set, with sample_transformed's arithmetic, so that draw_token
+/// on it with the same uniform gives sample_transformed's token (up to a u within rounding of 1).
+std::vector<double> transformed_probabilities(std::span<const bf16> logits, double temperature, int64_t top_k,
+                                              double top_p);
+
+/// Inverse CDF in id order: the first token whose cumulative probability exceeds u (prob need not
+/// sum to 1: u is scaled by the total); the last token of positive probability when u is within
+/// rounding of the total. An Error when no token has positive probability.
+int32_t draw_token(std::span<const double> prob, double u);
 
 }  // namespace mtplab::drafter

@@ -148,39 +148,7 @@ Arms read_arms(MapReader& m) {
       reader = it->second.get();
       if (!reader) continue;  // the block is absent: every arm of it at its default
     }
-    const std::string fallback = a.default_value();
-    std::string value;
-    switch (a.type) {
-      case SettingType::boolean:
-        value = reader->opt_bool(a.key(), fallback == "on") ? "on" : "off";
-        break;
-      case SettingType::choice:
-        value = reader->opt_choice(a.key(), fallback, a.choices);
-        break;
-      case SettingType::integer:
-        value = str(reader->opt_int(a.key(), std::stoll(fallback), a.min, a.max));
-        break;
-      case SettingType::real:
-        if (auto node = reader->opt(a.key())) {
-          const double d = node->as_double(a.real_min, a.real_max);
-          if (a.real_min_exclusive && d <= a.real_min) node->fail(str("expected a value in ", a.allowed()));
-          value = real_text(d);
-        } else {
-          value = fallback;
-        }
-        break;
-      case SettingType::text:
-        if (auto node = reader->opt(a.key())) {
-          if (!node->is_scalar()) node->fail(str("expected one of ", a.allowed()));
-          try {
-            a.set(arms, canonical_value(*node));  // YAML booleans as on / off
-          } catch (const Error& e) {
-            node->fail(e.message());
-          }
-        }
-        continue;
-    }
-    a.set(arms, value);
+    read_setting<Arms>(*reader, a.key(), a, arms);
   }
   for (const auto& b : block_order)
     if (blocks[b]) blocks[b]->finish();
@@ -221,7 +189,11 @@ void emit_canonical(const Arms& arms, YAML::Emitter& e) {
 
 void check_arms(const Arms& arms, int world, const std::string& backend, const model::ModelConfig& model) {
   const int graphs = backend == "cpu" ? 0 : backend == "cuda" ? 1 : -1;
-  drafter::check_options(arms.drafter, drafter::OptionsContext{world, model.vocab, graphs});
+  // draft_len 0 (online, MTP off) runs no drafter; the drafter's other options still choose the
+  // target's head sharding and exchange, so they are checked as a drafter's.
+  drafter::DrafterOptions d = arms.drafter;
+  if (d.draft_len == 0) d.draft_len = 1;
+  drafter::check_options(d, drafter::OptionsContext{world, model.vocab, graphs});
   ops::validate(arms.kernels);
   const ReplayOptions& r = arms.replay;
   if (r.verify == Verify::sampling) {

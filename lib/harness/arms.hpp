@@ -114,6 +114,51 @@ const ArmSpec* find_arm(const std::string& name);
 /// The names of the arms, in schema order.
 const std::vector<std::string>& arm_names();
 
+/// Canonical text of a scalar value (experiment.hpp).
+std::string canonical_value(const YamlNode& node);
+
+/// Reads setting `s` from `key` of `reader` into `owner`, or sets its default when the key is
+/// absent; a bad value is an Error at the value naming the key and the allowed values (the arms'
+/// reader, read_arms, reads each arm this way).
+template <class Owner>
+void read_setting(MapReader& reader, const std::string& key, const Setting<Owner>& s, Owner& owner) {
+  const std::string fallback = s.default_value();
+  std::string value;
+  switch (s.type) {
+    case SettingType::boolean:
+      value = reader.opt_bool(key, fallback == "on") ? "on" : "off";
+      break;
+    case SettingType::choice:
+      value = reader.opt_choice(key, fallback, s.choices);
+      break;
+    case SettingType::integer:
+      value = str(reader.opt_int(key, std::stoll(fallback), s.min, s.max));
+      break;
+    case SettingType::real:
+      if (auto node = reader.opt(key)) {
+        const double d = node->as_double(s.real_min, s.real_max);
+        if (s.real_min_exclusive && d <= s.real_min) node->fail(str("expected a value in ", s.allowed()));
+        value = real_text(d);
+      } else {
+        value = fallback;
+      }
+      break;
+    case SettingType::text:
+      if (auto node = reader.opt(key)) {
+        if (!node->is_scalar()) node->fail(str("expected one of ", s.allowed()));
+        try {
+          s.set(owner, canonical_value(*node));  // YAML booleans as on / off
+        } catch (const Error& e) {
+          node->fail(e.message());
+        }
+      } else {
+        s.set(owner, fallback);
+      }
+      return;
+  }
+  s.set(owner, value);
+}
+
 /// Reads every arm from the point's mapping `m` (arms of a nested block from that block, which is
 /// then finished: unknown keys in it are errors). Values are checked against the registry; arms
 /// not in effect (ArmSpec::only_with) are normalised to their defaults.

@@ -241,6 +241,30 @@ struct DocReader {
     return cfg;
   }
 
+  // `mode` and the `online:` group (run_settings()); the group is read and checked in either mode,
+  // and normalised to its defaults in a replay point (said, as an arm not in effect is).
+  void read_run_settings(MapReader& m, const YamlNode& root, PointConfig& p) {
+    std::unique_ptr<MapReader> online;
+    if (auto node = m.opt("online")) {
+      if (!node->is_map()) node->fail("expected a mapping of online keys (max_new_tokens, target_layers, ...)");
+      online = std::make_unique<MapReader>(*node);
+    }
+    for (const auto& s : run_settings()) {
+      const bool in_online = starts_with(s.name, "online.");
+      if (!in_online) {
+        read_setting<PointConfig>(m, s.name, s, p);
+      } else if (online) {
+        read_setting<PointConfig>(*online, s.name.substr(7), s, p);
+      }
+    }
+    if (online) online->finish();
+    if (p.mode != RunMode::online) {
+      p.online = OnlineOptions{};
+      const YAML::Node block = root.raw()["online"];
+      if (block && block.IsMap() && block.size() > 0) p.ignored_arms.push_back("online (not in effect without mode=online)");
+    }
+  }
+
   // Reads everything but `sweep` (taken, not read: the root reads it separately).
   PointConfig point(const YamlNode& root, std::string* output) {
     PointConfig p;
@@ -252,6 +276,7 @@ struct DocReader {
     const std::string out = m.opt_string("output", "");
     if (output) *output = out;
     p.backend = m.opt_choice("backend", "auto", kBackends);
+    read_run_settings(m, root, p);
     p.arms = read_arms(m);
     // Arms written but not in effect under the others (read_arms normalised them): said, not dropped.
     for (const auto& a : arm_registry()) {
@@ -318,6 +343,13 @@ std::string canonical_text(const PointConfig& p) {
   e << YAML::Key << "repeats" << YAML::Value << str(p.measure.repeats);
   e << YAML::EndMap;
   e << YAML::Key << "backend" << YAML::Value << p.backend;
+  if (p.mode == RunMode::online) {
+    // Only an online point has them: a replay point's canonical text is what it was before.
+    e << YAML::Key << "mode" << YAML::Value << to_string(p.mode);
+    e << YAML::Key << "online" << YAML::Value << YAML::BeginMap;
+    for (const auto& o : online_settings()) e << YAML::Key << o.name << YAML::Value << o.get(p.online);
+    e << YAML::EndMap;
+  }
   emit_canonical(p.arms, e);
   e << YAML::EndMap;
   return e.c_str();
@@ -338,6 +370,7 @@ std::vector<std::string> axis_names() {
     if (a.sweepable) names.push_back(a.name);
   names.push_back("model");
   names.push_back("backend");
+  for (const auto& s : run_settings()) names.push_back(s.name);
   return names;
 }
 
@@ -380,8 +413,8 @@ void check_arm_value(const ArmSpec& a, const YamlNode& v) {
 bool axis_allowed(const std::string& a) {
   // Not `backend`: one process runs every point on one backend (the run resolves and binds it
   // once, and a results file records one); compare backends with one run into one file each.
-  if (is_sweepable_arm(a) || a == "model") return true;
-  for (const char* prefix : {"model.", "measure.", "weights.", "trace."})
+  if (is_sweepable_arm(a) || a == "model" || a == "mode") return true;
+  for (const char* prefix : {"model.", "measure.", "weights.", "trace.", "online."})
     if (starts_with(a, prefix) && a.size() > std::string(prefix).size()) return true;
   return false;
 }
@@ -422,10 +455,14 @@ ValueType parse_value_type(const std::string& s) {
 }
 
 ValueType axis_value_type(const std::string& name, const std::vector<std::string>& values) {
-  if (const ArmSpec* a = find_arm(name))
-    return a->type == SettingType::integer ? ValueType::integer
-           : a->type == SettingType::real  ? ValueType::floating
-                                       : ValueType::text;
+  auto of = [](SettingType t) {
+    return t == SettingType::integer ? ValueType::integer
+           : t == SettingType::real  ? ValueType::floating
+                                     : ValueType::text;
+  };
+  if (const ArmSpec* a = find_arm(name)) return of(a->type);
+  for (const auto& s : run_settings())
+    if (s.name == name) return of(s.type);
   auto all = [&](auto pred) { return std::all_of(values.begin(), values.end(), pred); };
   auto parses = [](const std::string& v, bool integer) {
     if (v.empty()) return false;
@@ -439,6 +476,18 @@ ValueType axis_value_type(const std::string& name, const std::vector<std::string
   if (all([&](const std::string& v) { return parses(v, true); })) return ValueType::integer;
   if (all([&](const std::string& v) { return parses(v, false); })) return ValueType::floating;
   return ValueType::text;
+}
+
+const std::vector<Setting<PointConfig>>& run_settings() {
+  static const std::vector<Setting<PointConfig>> table = [] {
+    std::vector<Setting<PointConfig>> r;
+    r.push_back(choice_setting("mode", &PointConfig::mode, kRunModeNames,
+                               "replay the trace, or run the target online from the trace's prompts"));
+    for (const auto& s : online_settings()) r.push_back(nested(s, &PointConfig::online, "online"));
+    check_settings(r, "run settings");
+    return r;
+  }();
+  return table;
 }
 
 std::string PointConfig::name() const {
@@ -480,13 +529,48 @@ std::string configuration_text(const std::string& resolved_yaml, int64_t world) 
   return str(e.c_str(), "\nworld=", world);
 }
 
+namespace {
+// The rules of an online point (harness/online.hpp), beside the arms'.
+void check_online(const PointConfig& p) {
+  const model::ModelConfig& c = p.model;
+  const OnlineOptions& o = p.online;
+  const ReplayOptions& r = p.arms.replay;
+  MTP_REQUIRE(r.replay == ReplayMode::speculative,
+              "replay: teacher_forced is a replay of a trace; mode: online runs speculative steps (replay: "
+              "speculative)");
+  MTP_REQUIRE(r.verify != Verify::sampling || r.draft_proposal == DraftProposal::greedy,
+              "draft_proposal: sampled with mode: online is not supported: the online drafter proposes its "
+              "argmax (draft_proposal: greedy; speculative sampling is then exact with q the point mass at the "
+              "draft)");
+  MTP_REQUIRE(c.num_hidden_layers == 0 || o.target_layers <= c.num_hidden_layers, "online.target_layers ",
+              o.target_layers, " exceeds model.num_hidden_layers ", c.num_hidden_layers);
+  MTP_REQUIRE(o.target == TargetSource::synthetic || !p.weights.synthetic,
+              "online.target: checkpoint loads the trunk from weights.checkpoint; these weights are synthetic "
+              "(online.target: synthetic)");
+  if (p.trace.synthetic) {
+    const int total = p.trace.prompt_len + o.max_new_tokens;
+    MTP_REQUIRE(total <= c.max_seq_len, "online.max_new_tokens ", o.max_new_tokens, " + trace.synthetic.prompt_len ",
+                p.trace.prompt_len, " = ", total, " exceeds model.max_seq_len ", c.max_seq_len);
+  }
+  MTP_REQUIRE(o.max_new_tokens >= p.arms.drafter.draft_len + 1, "online.max_new_tokens ", o.max_new_tokens,
+              " leaves no step for draft_len ", p.arms.drafter.draft_len, " (needs at least draft_len + 1)");
+}
+}  // namespace
+
 void check_point_runnable(const PointConfig& p, int world, const std::string& backend) {
   const model::ModelConfig& c = p.model;
   MTP_REQUIRE(world >= 1, "world size ", world, " must be >= 1");
   c.validate(world, world);
   MTP_REQUIRE(c.vocab >= world, "model.vocab ", c.vocab, " is smaller than the ", world,
               " ranks it is split over");
+  const bool online = p.mode == RunMode::online;
+  MTP_REQUIRE(online || p.arms.drafter.draft_len >= 1, "draft_len 0 (MTP off: the target decodes alone) needs "
+              "mode: online; a replay drafts 1 .. 16 tokens a step");
   check_arms(p.arms, world, backend, c);
+  if (online) {
+    check_online(p);
+    return;
+  }
   if (p.trace.synthetic) {
     const int total = p.trace.prompt_len + p.trace.new_tokens;
     MTP_REQUIRE(total <= c.max_seq_len, "trace.synthetic: prompt_len + new_tokens = ", total,
@@ -505,7 +589,7 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
 }
 
 void check_trace_file(const PointConfig& p) {
-  if (p.trace.synthetic || p.arms.replay.verify != Verify::sampling) return;
+  if (p.trace.synthetic || p.arms.replay.verify != Verify::sampling || p.mode == RunMode::online) return;
   check_trace_sampling(p.arms.replay, io::read_trace_sampling(p.trace.path), p.trace.path);
 }
 
@@ -540,7 +624,8 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
           if (!axis_allowed(axis))
             values.fail(str("\"", axis, "\" cannot be swept", did_you_mean(axis, axis_names()),
                             "; axes are the arms (", join(arm_names(), ", "),
-                            "), model, model.<key>, measure.<key>, weights.<key> and trace.<key>",
+                            "), model, model.<key>, measure.<key>, weights.<key>, trace.<key>, mode and "
+                            "online.<key>",
                             axis == "backend"
                                 ? " (one run uses one backend: run each backend into its own output)"
                                 : ""));

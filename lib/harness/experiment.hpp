@@ -22,6 +22,7 @@
 
 #include "core/yaml.hpp"
 #include "harness/arms.hpp"
+#include "harness/online.hpp"
 #include "io/trace.hpp"
 #include "model/config.hpp"
 #include "ops/ops.hpp"
@@ -78,6 +79,14 @@ struct PointConfig {
   TraceSpec trace;
   MeasureSpec measure;
   std::string backend = "auto";  ///< auto | cpu | cuda
+  /// `mode`: replay the trace, or run the target online from the trace's prompts
+  /// (harness/online.hpp). An online point reads only the prompts of its trace: a file's first
+  /// prompt_length tokens of each sequence, a synthetic trace's prompts (PromptGenerator(seed),
+  /// prompt_len tokens; nothing is generated).
+  RunMode mode = RunMode::replay;
+  /// `online:` (mode: online only; normalised to its defaults and left out of the canonical text
+  /// of a replay point, whose identity is then what it was before online runs existed).
+  OnlineOptions online;
   Arms arms;                     ///< every arm (harness/arms.hpp)
   /// The kernel-policy fields that MTPLAB_* variables overrode at expansion, as
   /// "field=value (VARIABLE)" (ops::env_overrides); arms.kernels holds the result.
@@ -147,6 +156,10 @@ void check_trace_file(const PointConfig& p);
 
 /// Canonical text of a scalar value: booleans as on/off, everything else as written.
 std::string canonical_value(const YamlNode& node);
+
+/// The point's run settings beside the arms, in schema order: `mode`, then the `online:` group's
+/// (named online.<key>). Read, recorded (point attributes) and swept through these descriptors.
+const std::vector<Setting<PointConfig>>& run_settings();
 
 /// The configuration part of a results file's identity: `resolved_yaml` (an experiment after
 /// --set, as Experiment::resolved_yaml holds it and a results file's `experiment_yaml` records it)

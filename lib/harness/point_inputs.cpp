@@ -125,6 +125,24 @@ const std::vector<std::vector<float>>& PointInputs::target_logprobs(const PointC
   return target_logprobs_;
 }
 
+std::vector<Prompt> PointInputs::prompts(const PointConfig& p) const {
+  const int want = p.measure.sequences;
+  std::vector<Prompt> out;
+  if (p.trace.synthetic) {
+    const int count = want > 0 ? std::min(want, p.trace.sequences) : p.trace.sequences;
+    drafter::PromptGenerator gen(p.trace.seed, static_cast<int>(p.model.vocab));
+    for (int s = 0; s < count; ++s) out.push_back(Prompt{s, gen.next(p.trace.prompt_len)});
+    return out;
+  }
+  io::TraceReader reader(p.trace.path, p.model.hidden, p.model.vocab);
+  const int64_t n = want > 0 ? std::min<int64_t>(want, reader.num_sequences()) : reader.num_sequences();
+  for (int64_t s = 0; s < n; ++s) {
+    const auto tokens = reader.tokens(s);
+    out.push_back(Prompt{s, std::vector<int32_t>(tokens.begin(), tokens.begin() + reader.prompt_length(s))});
+  }
+  return out;
+}
+
 model::MtpWeights& PointInputs::weights(const PointConfig& p) {
   WeightsKey key = weights_key(p);
   if (weights_key_ && *weights_key_ == key) return weights_;

@@ -62,6 +62,11 @@ class PointInputs {
   /// The point's sequences (the first measure.sequences of the trace), identical on every rank.
   /// Collective over the world when the trace is synthetic and not cached.
   const std::vector<io::TraceSequence>& trace(const PointConfig& p);
+  /// The prompts of an online point (the first measure.sequences of its trace, or all): a trace
+  /// file's prompts (each sequence's first prompt_length tokens), or a synthetic trace's
+  /// (PromptGenerator(trace.synthetic.seed), prompt_len tokens each; nothing is generated). Each
+  /// prompt's index is its sequence's. Read by every rank alike (rank-local inputs).
+  std::vector<Prompt> prompts(const PointConfig& p) const;
   /// This rank's weight shard for the point.
   model::MtpWeights& weights(const PointConfig& p);
   /// For each of the point's sequences (trace(p), same order), log p(tokens[t]) at every trace

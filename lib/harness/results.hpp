@@ -95,6 +95,11 @@ struct PointResult {
   /// step carries the same values).
   std::vector<std::vector<double>> timing;
   std::vector<double> block_ms, head_ms, exchange_ms;  ///< [rows, k] per draft, max over ranks
+  /// An online point (mode: online): its step table's draft_ms (the drafter's part of the step:
+  /// propose, stats pass, trim and catch-up) and verify_ms (the target's verify forward), per row
+  /// as the timing columns (the row's step's, max over ranks); empty for a replay point.
+  bool online = false;
+  std::vector<double> draft_ms, verify_ms;
   std::vector<int32_t> drafts, targets;                ///< [rows, k]
   /// [rows, k] the head's top-1 minus top-2 logit and log q of each draft (drafter::DraftStats),
   /// rank 0's (every rank computes the same); empty when the point did not record them.

@@ -70,13 +70,16 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
   std::vector<std::string> float_cols = {
       "acceptance_rate",   "tau",         "expected_acceptance_rate", "expected_tau",    "step_ms_median",
       "step_ms_p90",       "step_ms_p99", "step_ms_ci95_lo",          "step_ms_ci95_hi", "step_ms_rel_spread",
-      "propose_ms_median", "wall_s",      "qidx_check_differ_rate"};
+      "propose_ms_median", "wall_s",      "qidx_check_differ_rate",   "tokens_per_s_per_sequence",
+      "tokens_per_s_per_gpu"};
   // qidx_check_*: -1 (NaN for the rate) where the point ran no selection check;
   // acceptance_meaningful: -1 where the point does not record it.
   std::vector<std::string> int_cols = {
       "point", "steps", "ranks_agree", "repeat_mismatches", "qidx_check_rows", "qidx_check_rows_differ",
       "acceptance_meaningful"};
-  std::vector<std::string> string_cols = {"name", "status", "label"};
+  // mode: "" for a point written before online runs existed (a replay); the tokens_per_s_*: NaN
+  // for a replay point.
+  std::vector<std::string> string_cols = {"name", "status", "label", "mode"};
   // Columns read from a point attribute of another name: the axes' `sweep.<axis>`.
   std::map<std::string, std::string> source;
   auto taken = [&](const std::string& c) {
@@ -229,9 +232,14 @@ std::vector<Divergence> compute_divergence(const Group& root) {
     const auto rep = s.open_dataset("repeat").read<int32_t>();
     const auto seq = s.open_dataset("sequence").read<int32_t>();
     const auto pos = s.open_dataset("position").read<int32_t>();
-    const io::Dataset dd = g.open_dataset("drafts");
-    const auto drafts = dd.read<int32_t>();
-    const size_t k = static_cast<size_t>(dd.cols());
+    // A point of draft_len 0 (online, MTP off) has no drafts dataset: no draft at any step.
+    std::vector<int32_t> drafts;
+    size_t k = 0;
+    if (g.exists("drafts")) {
+      const io::Dataset dd = g.open_dataset("drafts");
+      drafts = dd.read<int32_t>();
+      k = static_cast<size_t>(dd.cols());
+    }
     const std::vector<float> margins =
         g.exists("draft_margin") ? g.open_dataset("draft_margin").read<float>() : std::vector<float>{};
     MTP_REQUIRE(margins.empty() || margins.size() == drafts.size(), root.file_name(), ": ", g.path(),

@@ -448,6 +448,16 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   for (const auto& a : arm_registry()) results_format::set_arm_attr(g, a, a.get(point.arms));
   // Reserved for the kernel each op ran (docs/results-schema.md); the point's kernel policy for now.
   g.set_attr("kernels", ops::to_string(point.arms.kernels));
+  // The run settings: `mode` on every point, the online group's on an online point only (in a
+  // replay point they are not in effect).
+  for (const auto& rs : run_settings()) {
+    if (rs.name != "mode" && point.mode != RunMode::online) continue;
+    const std::string v = rs.get(point);
+    if (rs.type == SettingType::integer)
+      g.set_attr(rs.name, static_cast<int64_t>(std::stoll(v)));
+    else
+      g.set_attr(rs.name, v);
+  }
   g.set_attr("model", point.model.name);
   g.set_attr("model_spec", point.model_spec);
   g.set_attr("backend", prov.backend);
@@ -493,6 +503,20 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   g.set_attr("acceptance_note", meaning.reason);
   results_format::write_acceptance_reading(g, point.index, point.arms.replay.replay == ReplayMode::teacher_forced,
                                            r);
+  if (r.online) {
+    // Tokens per second over the measured steps, with intervals over sequences (uncertainty.hpp).
+    const Throughput t = online_throughput(r.sequence, r.accepted, r.warmup, r.timing[0], r.batch_rows, prov.world,
+                                           acceptance_bootstrap_seed(point.index));
+    g.set_attr("tokens_per_s_per_sequence", t.per_sequence);
+    g.set_attr("tokens_per_s_per_sequence_ci", std::vector<double>{t.per_sequence_ci.lo, t.per_sequence_ci.hi});
+    g.set_attr("tokens_per_s_per_gpu", t.per_gpu);
+    g.set_attr("tokens_per_s_per_gpu_ci", std::vector<double>{t.per_gpu_ci.lo, t.per_gpu_ci.hi});
+    g.set_attr("measured_tokens", t.tokens);
+    g.set_attr("measured_s", t.seconds);
+    int64_t generated = 0;
+    for (size_t i = 0; i < r.seq_length.size(); ++i) generated += r.seq_length[i] - r.seq_prompt_len[i];
+    g.set_attr("generated_tokens", generated);
+  }
 
   // Steps: one row per step of every repeat.
   const uint64_t n = static_cast<uint64_t>(r.rows());
@@ -509,19 +533,29 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   steps.write("expected_accepted", r.expected_accepted, results_format::column_options());
   for (size_t c = 0; c < timing_columns().size(); ++c)
     steps.write(timing_columns()[c], r.timing[c], results_format::column_options());
-  g.write("drafts", r.drafts, n, k, results_format::column_options());
-  g.write("targets", r.targets, n, k, results_format::column_options());
-  if (!r.draft_margin.empty()) {
-    MTP_REQUIRE(r.draft_margin.size() == n * k && r.draft_logprob.size() == n * k, point.name(), ": ",
-                r.draft_margin.size(), " draft margins for ", n, " steps of ", k, " drafts");
-    g.write("draft_margin", r.draft_margin, n, k, results_format::column_options());
-    g.write("draft_logprob", r.draft_logprob, n, k, results_format::column_options());
+  if (r.online) {
+    MTP_REQUIRE(r.draft_ms.size() == n && r.verify_ms.size() == n, point.name(), ": ", r.draft_ms.size(), " and ",
+                r.verify_ms.size(), " draft / verify times for ", n, " steps");
+    steps.write("draft_ms", r.draft_ms, results_format::column_options());
+    steps.write("verify_ms", r.verify_ms, results_format::column_options());
   }
-  g.write("accept_prob", r.accept_prob, n, k, results_format::column_options());
-  Group per_draft = g.create_group("per_draft");
-  per_draft.write("block_ms", r.block_ms, n, k, results_format::column_options());
-  per_draft.write("head_ms", r.head_ms, n, k, results_format::column_options());
-  per_draft.write("exchange_ms", r.exchange_ms, n, k, results_format::column_options());
+  // Per draft [rows, k]. A point of draft_len 0 (online, MTP off) drafts nothing and has none of
+  // them (docs/results-schema.md).
+  if (k > 0) {
+    g.write("drafts", r.drafts, n, k, results_format::column_options());
+    g.write("targets", r.targets, n, k, results_format::column_options());
+    if (!r.draft_margin.empty()) {
+      MTP_REQUIRE(r.draft_margin.size() == n * k && r.draft_logprob.size() == n * k, point.name(), ": ",
+                  r.draft_margin.size(), " draft margins for ", n, " steps of ", k, " drafts");
+      g.write("draft_margin", r.draft_margin, n, k, results_format::column_options());
+      g.write("draft_logprob", r.draft_logprob, n, k, results_format::column_options());
+    }
+    g.write("accept_prob", r.accept_prob, n, k, results_format::column_options());
+    Group per_draft = g.create_group("per_draft");
+    per_draft.write("block_ms", r.block_ms, n, k, results_format::column_options());
+    per_draft.write("head_ms", r.head_ms, n, k, results_format::column_options());
+    per_draft.write("exchange_ms", r.exchange_ms, n, k, results_format::column_options());
+  }
   Group seqs = g.create_group("sequences");
   seqs.write("sequence", r.seq_index);
   seqs.write("prompt_len", r.seq_prompt_len);
@@ -534,14 +568,21 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   std::vector<std::string> metric;
   std::vector<int64_t> count;
   std::vector<double> mean, median, p10, p90, p99, mn, mx, lo, hi, spread;
-  for (size_t c = 0; c < timing_columns().size(); ++c) {
+  // The timing columns, then an online point's draft_ms and verify_ms.
+  std::vector<std::pair<std::string, const std::vector<double>*>> timed;
+  for (size_t c = 0; c < timing_columns().size(); ++c) timed.emplace_back(timing_columns()[c], &r.timing[c]);
+  if (r.online) {
+    timed.emplace_back("draft_ms", &r.draft_ms);
+    timed.emplace_back("verify_ms", &r.verify_ms);
+  }
+  for (size_t c = 0; c < timed.size(); ++c) {
     std::vector<double> x;
+    const std::vector<double>& column = *timed[c].second;
     // Each (batched) step once: its first row (every row of a step carries the step's times).
     for (size_t row = 0; row < n; ++row)
-      if (!r.warmup[row] && (row == 0 || r.batch_step[row] != r.batch_step[row - 1]))
-        x.push_back(r.timing[c][row]);
+      if (!r.warmup[row] && (row == 0 || r.batch_step[row] != r.batch_step[row - 1])) x.push_back(column[row]);
     const Summary s = summarize(x, 0x5EED0000ull + static_cast<uint64_t>(point.index) * 64 + c);
-    metric.push_back(timing_columns()[c]);
+    metric.push_back(timed[c].first);
     count.push_back(s.n);
     mean.push_back(s.mean);
     median.push_back(s.median);
@@ -553,7 +594,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
     lo.push_back(s.ci95_lo);
     hi.push_back(s.ci95_hi);
     spread.push_back(s.rel_spread);
-    const std::string m = timing_columns()[c];
+    const std::string m = timed[c].first;
     const std::string base = m.substr(0, m.size() - 3);  // "step_ms" -> "step"
     g.set_attr(base + "_ms_median", s.median);
     g.set_attr(base + "_ms_p90", s.p90);

@@ -23,12 +23,14 @@
 #include "drafter/factory.hpp"
 #include "drafter/target.hpp"
 #include "harness/check.hpp"
+#include "harness/online.hpp"
 #include "harness/point_inputs.hpp"
 #include "harness/progress.hpp"
 #include "harness/replay_teacher.hpp"
 #include "harness/results.hpp"
 #include "harness/step_recorder.hpp"
 #include "harness/timer.hpp"
+#include "harness/uncertainty.hpp"
 #include "io/output.hpp"
 #include "io/trace.hpp"
 #include "model/weights.hpp"
@@ -57,6 +59,10 @@ void print_table(const std::vector<std::vector<std::string>>& rows) {
     std::printf(
         "E[tau] (verify sampling): 1 + the mean over steps of each step's expected accepted count, "
         "sum_i prod_{j<=i} a_j; tau is the realised figure (docs/acceptance.md)\n");
+  if (std::find(rows[0].begin(), rows[0].end(), "tok/s/seq") != rows[0].end())
+    std::printf(
+        "tok/s/seq, tok/s/GPU (online points): tokens emitted per second per sequence and per GPU over the "
+        "measured steps (docs/results-schema.md)\n");
   if (rows[0].back() == "qidx sel differ")
     std::printf(
         "qidx sel differ (batch_qidx): context rows whose selection from the batched q_idx differs, as a "
@@ -88,6 +94,20 @@ FileVersion version_of(const std::string& path) {
   return v;
 }
 
+// What an online point's target is built from: the model, the weights, the online settings, the
+// head sharding and exchange, the positions a sequence may hold and the communicator (a
+// reconnected communicator needs a new target).
+struct OnlineTargetKey {
+  model::ModelConfig model;
+  WeightsSpec weights;
+  OnlineOptions online;
+  model::HeadSharding head_sharding = model::HeadSharding::none;
+  drafter::Exchange exchange = drafter::Exchange::packed_u64;
+  int positions = 0;
+  const dist::Communicator* comm = nullptr;
+  friend bool operator==(const OnlineTargetKey&, const OnlineTargetKey&) = default;
+};
+
 // Everything a point run needs that outlives the point.
 struct Context {
   dist::Runtime& rt;
@@ -98,7 +118,43 @@ struct Context {
   int rank = 0;
   int world = 1;
   PointInputs inputs;
+  /// The online points' target, kept across points that build the same one (online_target).
+  std::unique_ptr<drafter::Target> target;
+  std::optional<OnlineTargetKey> target_key;
 };
+
+// The online point's target (harness/online.hpp): synthetic layers behind the point's embedding
+// and head, or a checkpoint's trunk; the caches sized for the longest prompt + max_new_tokens.
+// Its caches are BF16 (the synthetic trace's target's); kv_cache_dtype is the drafter's.
+drafter::Target& online_target(Context& c, const PointConfig& p, model::MtpWeights& w, int positions) {
+  OnlineTargetKey key{p.model,
+                      p.weights,
+                      p.online,
+                      p.arms.drafter.head_sharding,
+                      p.arms.drafter.exchange,
+                      positions,
+                      c.comm};
+  if (c.target && c.target_key && *c.target_key == key) return *c.target;
+  c.target.reset();
+  c.target_key.reset();
+  drafter::TargetOptions o;
+  o.head_sharding = p.arms.drafter.head_sharding;
+  o.exchange = p.arms.drafter.exchange;
+  o.max_positions = positions;
+  const auto t0 = Clock::now();
+  if (p.online.target == TargetSource::checkpoint)
+    c.target = drafter::load_target(c.be, c.comm, p.model, p.online.target_layers, p.weights.checkpoint, o);
+  else
+    c.target = drafter::make_target_behind(c.be, c.comm, p.model, w, p.online.target_layers,
+                                           static_cast<uint64_t>(p.online.target_seed), o);
+  if (c.rank == 0)
+    log_info("online target: ", p.online.target_layers, " ", to_string(p.online.target), " layer(s)",
+             p.online.target == TargetSource::synthetic ? str(" (seed ", p.online.target_seed, ")") : std::string(),
+             ", caches of ", c.target->capacity(), " positions, in ",
+             format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
+  c.target_key = std::move(key);
+  return *c.target;
+}
 
 // Whether any rank saw a stop signal, and which (collective over the world; dist/stop_signals.hpp).
 int agreed_stop(const dist::Group& world) { return dist::agreed_stop_signal(world); }
@@ -127,7 +183,8 @@ void reduce_over_ranks(const Context& c, const PointConfig& p, PointResult& r) {
     log_warn(p.name(), ": the ranks' drafts differ (recorded as ranks_agree = 0)");
   std::vector<std::vector<double>*> columns;
   for (auto& col : r.timing) columns.push_back(&col);
-  for (auto* v : {&r.block_ms, &r.head_ms, &r.exchange_ms, &r.seq_prefill_ms}) columns.push_back(v);
+  for (auto* v : {&r.block_ms, &r.head_ms, &r.exchange_ms, &r.seq_prefill_ms, &r.draft_ms, &r.verify_ms})
+    columns.push_back(v);
   std::vector<double> packed;
   for (const auto* col : columns) packed.insert(packed.end(), col->begin(), col->end());
   dist::reduce_max_to_root(c.world_group, packed);
@@ -140,11 +197,68 @@ void reduce_over_ranks(const Context& c, const PointConfig& p, PointResult& r) {
   }
 }
 
+// Measures one online point (harness/online.hpp). Returns false when a stop signal interrupted it.
+bool run_online_point(Context& c, const PointConfig& p, Progress& progress, PointResult& r) {
+  const auto wall0 = Clock::now();
+  const int k = p.arms.drafter.draft_len;
+  const std::vector<Prompt> prompts = c.inputs.prompts(p);
+  int longest = 0;
+  for (const Prompt& pr : prompts) longest = std::max(longest, static_cast<int>(pr.tokens.size()));
+  model::MtpWeights& w = c.inputs.weights(p);
+  apply_kernel_policy(c, p);
+  drafter::Target& target = online_target(c, p, w, longest + p.online.max_new_tokens);
+  std::unique_ptr<drafter::MtpDrafter> drafter;
+  if (k > 0) drafter = drafter::make_drafter(c.be, c.comm, p.model, w, p.arms.drafter);
+  const bool sampling = p.arms.replay.verify == Verify::sampling;
+  const SamplingVerify verify = sampling_verify(p.arms.replay);
+  EventPhaseTimer timer(c.be, k);
+  if (drafter) drafter->set_timer(&timer);
+
+  std::vector<RecordedSequence> shapes;
+  for (const Prompt& pr : prompts)
+    shapes.push_back(RecordedSequence{pr.index, static_cast<int32_t>(pr.tokens.size()),
+                                      static_cast<int64_t>(pr.tokens.size()) + p.online.max_new_tokens});
+  StepRecorder rec(c.be, timer, p, std::move(shapes), r);
+  if (drafter) rec.count_experts([&drafter](int rows) { return drafter->last_distinct_experts(rows); });
+  bool stopped = false;
+  OnlineRun run;
+  run.draft_len = k;
+  run.batch_size = p.arms.replay.batch_size;
+  run.max_new_tokens = p.online.max_new_tokens;
+  run.sampling = sampling ? &verify : nullptr;
+  for (int rep = 0; rep < p.measure.repeats && !stopped; ++rep) {
+    rec.begin_repeat(rep);
+    OnlineHooks hooks;
+    hooks.timer = &timer;
+    hooks.draft_stats = k > 0 && records_draft_stats(p);
+    hooks.after_prefill = [&](int i) { rec.after_prefill(i); };
+    hooks.before_step = [&] { rec.before_step(); };
+    hooks.after_step = [&](const std::vector<StepRecord>& rows) {
+      rec.after_step(rows);
+      progress.update(rec.progress(), static_cast<long>(rec.steps()));
+      if (agreed_stop(c.world_group) != 0) return !(stopped = true);
+      return !(p.measure.max_steps > 0 && rec.steps_in_repeat() >= p.measure.max_steps);
+    };
+    hooks.after_sequence = [&](int i, const OnlineSequence& s) {
+      rec.after_sequence(i, s.steps, static_cast<int64_t>(s.tokens.size()));
+    };
+    run_online(target, drafter.get(), prompts, run, hooks);
+    rec.end_repeat();
+  }
+  drafter.reset();
+  if (stopped) return false;
+  reduce_over_ranks(c, p, r);
+  r.finished_at = utc_now();
+  r.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
+  return true;
+}
+
 // Measures one point. Returns false when a stop signal interrupted it (the result is then partial).
 bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult& r) {
   const auto wall0 = Clock::now();
   r = PointResult{};
   r.started_at = utc_now();
+  if (p.mode == RunMode::online) return run_online_point(c, p, progress, r);
   const int k = p.arms.drafter.draft_len;
   // batch_qidx batches the indexer queries of context rows that run the full block; cache_only
   // context rows compute no query, so there it has nothing to act on.
@@ -170,7 +284,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   drafter->set_timer(&timer);
   drafter->reset_selection_check();  // a fresh drafter per point; counters are the point's own
 
-  StepRecorder rec(c.be, timer, p, seqs, r);
+  StepRecorder rec(c.be, timer, p, recorded_sequences(seqs), r);
   rec.count_experts([&drafter](int rows) { return drafter->last_distinct_experts(rows); });
   bool stopped = false, limit = false;
   // After each (batched) step: progress, an agreed stop, the step limit.
@@ -355,6 +469,9 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
   std::vector<std::string> expected_column = {"E[tau]"};
   bool any_sampling = false;
   bool any_not_meaningful = false;
+  // Online points: tokens per second per sequence and per GPU (uncertainty.hpp, online_throughput).
+  std::vector<std::string> per_sequence_column = {"tok/s/seq"}, per_gpu_column = {"tok/s/GPU"};
+  bool any_online = false;
   int ordinal = 0, completed = 0, interrupted = 0;
   for (int i : todo) {
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
@@ -409,11 +526,26 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
                               : "-");
     any_qidx = any_qidx || r.selection_checked;
     expected_column.push_back(fixed(r.acceptance.expected_tau(), 3));
+    if (r.online) {
+      const Throughput t = online_throughput(r.sequence, r.accepted, r.warmup, r.timing[0], r.batch_rows, rt.world(),
+                                             acceptance_bootstrap_seed(p.index));
+      per_sequence_column.push_back(fixed(t.per_sequence, 1));
+      per_gpu_column.push_back(fixed(t.per_gpu, 1));
+      any_online = true;
+    } else {
+      per_sequence_column.push_back("-");
+      per_gpu_column.push_back("-");
+    }
     any_sampling = any_sampling || p.arms.replay.verify == Verify::sampling;
   }
   if (any_sampling)
     for (size_t row = 0; row < table.size(); ++row)
       table[row].insert(table[row].begin() + 4, expected_column[row]);
+  if (any_online)
+    for (size_t row = 0; row < table.size(); ++row) {
+      table[row].insert(table[row].begin() + 4, per_gpu_column[row]);
+      table[row].insert(table[row].begin() + 4, per_sequence_column[row]);
+    }
   if (any_qidx)
     for (size_t row = 0; row < table.size(); ++row) table[row].push_back(qidx_column[row]);
   progress.finish_line();

@@ -11,27 +11,35 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 // Positions a sequence's replay walks through (at least 1, so that an empty one still counts).
-int64_t positions_of(const io::TraceSequence& s) {
-  return std::max<int64_t>(1, s.length() - 1 - s.prompt_length);
-}
+int64_t positions_of(const RecordedSequence& s) { return std::max<int64_t>(1, s.length - 1 - s.prompt_length); }
 }  // namespace
+
+std::vector<RecordedSequence> recorded_sequences(const std::vector<io::TraceSequence>& seqs) {
+  std::vector<RecordedSequence> out;
+  out.reserve(seqs.size());
+  for (const io::TraceSequence& s : seqs) out.push_back(RecordedSequence{s.index, s.prompt_length, s.length()});
+  return out;
+}
 
 bool records_draft_stats(const PointConfig& p) {
   return p.arms.replay.record_margins && p.arms.drafter.skip != drafter::Skip::head;
 }
 
 StepRecorder::StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p,
-                           const std::vector<io::TraceSequence>& seqs, PointResult& r)
+                           std::vector<RecordedSequence> seqs, PointResult& r)
     : be_(be),
       timer_(timer),
       p_(p),
-      seqs_(seqs),
+      seqs_(std::move(seqs)),
       r_(r),
       k_(p.arms.drafter.draft_len),
       draft_stats_(records_draft_stats(p)),
-      teacher_forced_(p.arms.replay.replay == ReplayMode::teacher_forced) {
+      teacher_forced_(p.arms.replay.replay == ReplayMode::teacher_forced),
+      online_(p.mode == RunMode::online) {
   r_.k = k_;
+  r_.online = online_;
   r_.timing.assign(timing_columns().size(), {});
+  length_.assign(seqs_.size(), 0);
   for (size_t i = 0; i < seqs_.size(); ++i) {
     by_trace_index_[static_cast<int32_t>(seqs_[i].index)] = static_cast<int>(i);
     total_positions_ += positions_of(seqs_[i]);
@@ -78,6 +86,11 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
     r_.batch_experts.push_back(experts);
     r_.warmup.push_back(global_step_ < p_.measure.warmup_steps ? 1 : 0);
     for (size_t col = 0; col < r_.timing.size(); ++col) r_.timing[col].push_back(cols[col]);
+    if (online_) {
+      // The drafter's part of the step (its propose, stats pass, trim and catch-up) and the target's.
+      r_.draft_ms.push_back(ph.propose + ph.stats + ph.after_verify + ph.catch_up);
+      r_.verify_ms.push_back(ph.verify);
+    }
     for (int i = 0; i < k_; ++i) {
       r_.block_ms.push_back(ph.block[static_cast<size_t>(i)]);
       r_.head_ms.push_back(ph.head[static_cast<size_t>(i)]);
@@ -128,12 +141,13 @@ void StepRecorder::after_step(const std::vector<StepRecord>& rows) {
   ++steps_in_repeat_;
 }
 
-void StepRecorder::after_sequence(int i, int steps) {
+void StepRecorder::after_sequence(int i, int steps, int64_t length) {
   const size_t s = static_cast<size_t>(i);
   MTP_REQUIRE(seq_steps_.at(s) == steps, "step recorder: sequence ", seqs_[s].index, " took ", steps,
               " steps, ", seq_steps_[s], " were recorded");
   positions_done_ += positions_of(seqs_[s]);
   advanced_[s] = 0;
+  if (length > 0 && rep_ == 0) length_.at(s) = length;
 }
 
 void StepRecorder::end_repeat() {
@@ -142,7 +156,7 @@ void StepRecorder::end_repeat() {
     if (!started_[i]) continue;
     r_.seq_index.push_back(static_cast<int32_t>(seqs_[i].index));
     r_.seq_prompt_len.push_back(seqs_[i].prompt_length);
-    r_.seq_length.push_back(static_cast<int32_t>(seqs_[i].length()));
+    r_.seq_length.push_back(static_cast<int32_t>(length_[i] > 0 ? length_[i] : seqs_[i].length));
     r_.seq_steps.push_back(seq_steps_[i]);
     r_.seq_prefill_ms.push_back(prefill_ms_[i]);
   }

@@ -29,10 +29,20 @@ namespace mtplab::harness {
 /// the head runs (skip: head has no logits).
 bool records_draft_stats(const PointConfig& p);
 
+/// What the recorder needs of a sequence: its index (the steps' `sequence`), prompt length and
+/// positions (a replay's trace length; an online run's prompt + max_new_tokens, its horizon).
+struct RecordedSequence {
+  int64_t index = 0;
+  int32_t prompt_length = 0;
+  int64_t length = 0;
+};
+std::vector<RecordedSequence> recorded_sequences(const std::vector<io::TraceSequence>& seqs);
+
 class StepRecorder {
  public:
-  StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p,
-               const std::vector<io::TraceSequence>& seqs, PointResult& r);
+  /// `seqs`: the point's sequences, in the order the replay (or online run) takes them.
+  StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p, std::vector<RecordedSequence> seqs,
+               PointResult& r);
 
   /// Starts repeat `rep` (0-based).
   void begin_repeat(int rep);
@@ -46,8 +56,9 @@ class StepRecorder {
   /// column; MtpDrafter::last_distinct_experts). It runs after the step's times are taken, so its
   /// download does not count in them. Without one the column is 0.
   void count_experts(std::function<int(int rows)> count) { count_experts_ = std::move(count); }
-  /// Trace sequence `i` left the replay after `steps` steps.
-  void after_sequence(int i, int steps);
+  /// Trace sequence `i` left the replay after `steps` steps; `length`: the positions it then held
+  /// (an online sequence's prompt and generated tokens; 0 keeps the length it was given).
+  void after_sequence(int i, int steps, int64_t length = 0);
   /// Ends the repeat: in repeat 0, the per-sequence rows in trace order.
   void end_repeat();
 
@@ -61,11 +72,12 @@ class StepRecorder {
   ops::Backend& be_;
   EventPhaseTimer& timer_;
   const PointConfig& p_;
-  const std::vector<io::TraceSequence>& seqs_;
+  std::vector<RecordedSequence> seqs_;
   PointResult& r_;
   int k_ = 0;
   bool draft_stats_ = false;
   bool teacher_forced_ = false;
+  bool online_ = false;  // the step table's online columns (draft_ms, verify_ms)
   int rep_ = 0;
   int64_t global_step_ = 0, steps_in_repeat_ = 0;
   Clock::time_point t0_;
@@ -76,6 +88,7 @@ class StepRecorder {
   std::vector<double> prefill_ms_;
   std::vector<int32_t> seq_steps_;
   std::vector<int64_t> advanced_;
+  std::vector<int64_t> length_;   // the positions a sequence held when it left (repeat 0; 0: its given length)
   std::vector<uint8_t> started_;  // prefilled in this repeat (a step limit may stop before some)
   int64_t total_positions_ = 0, positions_done_ = 0;
 };

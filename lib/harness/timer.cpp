@@ -59,6 +59,7 @@ PhaseTimes EventPhaseTimer::collect() {
                       : c.phase == Phase::propose      ? t.propose
                       : c.phase == Phase::after_verify ? t.after_verify
                       : c.phase == Phase::stats        ? t.stats
+                      : c.phase == Phase::verify       ? t.verify
                                                        : t.catch_up;
       total += ms;
     }

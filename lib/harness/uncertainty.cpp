@@ -99,12 +99,13 @@ double expected_accepted(std::span<const float> accept_prob) {
 }
 
 AcceptanceIntervals acceptance_intervals(const SequenceSums& s, int k, uint64_t seed, int resamples) {
-  MTP_REQUIRE(k >= 1, "acceptance_intervals: k ", k);
+  MTP_REQUIRE(k >= 0, "acceptance_intervals: k ", k);
   std::vector<std::vector<double>> numerators = {s.accepted};
   if (!s.expected.empty()) numerators.push_back(s.expected);
   const std::vector<Interval> per_step = bootstrap_ratio_intervals(s.steps, numerators, seed, resamples);
   AcceptanceIntervals out;
-  auto rate = [k](const Interval& i) { return Interval{i.lo / k, i.hi / k}; };
+  // k = 0 (an online point with MTP off) drafts nothing: no rate, tau 1.
+  auto rate = [k](const Interval& i) { return k > 0 ? Interval{i.lo / k, i.hi / k} : Interval{}; };
   auto tau = [](const Interval& i) { return Interval{1 + i.lo, 1 + i.hi}; };
   out.acceptance_rate = rate(per_step[0]);
   out.tau = tau(per_step[0]);
@@ -113,6 +114,46 @@ AcceptanceIntervals acceptance_intervals(const SequenceSums& s, int k, uint64_t 
     out.expected_tau = tau(per_step[1]);
   }
   return out;
+}
+
+Throughput online_throughput(std::span<const int32_t> sequence, std::span<const int32_t> accepted,
+                             std::span<const uint8_t> warmup, std::span<const double> step_ms,
+                             std::span<const int32_t> batch_rows, int world, uint64_t seed, int resamples) {
+  const size_t n = sequence.size();
+  MTP_REQUIRE(accepted.size() == n && warmup.size() == n && step_ms.size() == n && batch_rows.size() == n,
+              "online_throughput: columns of ", n, ", ", accepted.size(), ", ", warmup.size(), ", ", step_ms.size(),
+              " and ", batch_rows.size(), " rows");
+  MTP_REQUIRE(world >= 1, "online_throughput: world ", world);
+  std::map<int32_t, size_t> at;
+  std::vector<double> tokens, time, share;
+  Throughput t;
+  for (size_t i = 0; i < n; ++i) {
+    if (warmup[i]) continue;
+    MTP_REQUIRE(batch_rows[i] >= 1 && accepted[i] >= 0 && step_ms[i] >= 0, "online_throughput: row ", i,
+                " has batch_rows ", batch_rows[i], ", accepted ", accepted[i], ", step_ms ", step_ms[i]);
+    auto [it, fresh] = at.emplace(sequence[i], tokens.size());
+    if (fresh) {
+      tokens.push_back(0);
+      time.push_back(0);
+      share.push_back(0);
+    }
+    const double s = step_ms[i] / 1000.0;
+    tokens[it->second] += accepted[i] + 1;
+    time[it->second] += s;
+    share[it->second] += s / batch_rows[i];
+    t.tokens += accepted[i] + 1;
+    t.seconds += s / batch_rows[i];
+  }
+  double total_time = 0;
+  for (const double x : time) total_time += x;
+  if (t.tokens == 0 || total_time <= 0 || t.seconds <= 0) return t;
+  t.per_sequence = static_cast<double>(t.tokens) / total_time;
+  t.per_gpu = static_cast<double>(t.tokens) / t.seconds / world;
+  const Interval seq = bootstrap_ratio_intervals(time, {tokens}, seed, resamples)[0];
+  const Interval gpu = bootstrap_ratio_intervals(share, {tokens}, seed, resamples)[0];
+  t.per_sequence_ci = seq;
+  t.per_gpu_ci = Interval{gpu.lo / world, gpu.hi / world};
+  return t;
 }
 
 double bf16_spacing(double v) {

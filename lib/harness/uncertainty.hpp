@@ -68,13 +68,33 @@ double expected_accepted(std::span<const float> accept_prob);
 /// The 95% intervals of acceptance rate (accepted / (k steps)) and tau (1 + accepted / steps),
 /// from one bootstrap of accepted / steps over sequences (the two are affine maps of that ratio),
 /// and, when the sums have expected lengths, of the expected rate and tau from the same resamples
-/// (NaN otherwise).
+/// (NaN otherwise). k = 0 (nothing drafted): NaN rate intervals.
 struct AcceptanceIntervals {
   Interval acceptance_rate, tau;
   Interval expected_acceptance_rate, expected_tau;
 };
 AcceptanceIntervals acceptance_intervals(const SequenceSums& s, int k, uint64_t seed,
                                          int resamples = kBootstrapResamples);
+
+/// The throughput of an online point (docs/results-schema.md, "Online points") over its measured
+/// steps (warm-up excluded, every repeat). A step row emits accepted + 1 tokens; its sequence spent
+/// the step's step_ms on it, and the step's rows share that time. Per sequence u: tokens_u, time_u
+/// (the sum of its steps' step_ms) and share_u (the sum of step_ms / batch_rows).
+///   per_sequence = sum tokens_u / sum time_u      tokens per second one sequence sees
+///   per_gpu      = sum tokens_u / sum share_u / world   (sum share_u: the measured steps' time)
+/// with 95% intervals of the same percentile bootstrap over sequences (the same resamples for both).
+struct Throughput {
+  double per_sequence = std::numeric_limits<double>::quiet_NaN();
+  double per_gpu = std::numeric_limits<double>::quiet_NaN();
+  Interval per_sequence_ci, per_gpu_ci;
+  int64_t tokens = 0;   ///< tokens emitted by the measured steps
+  double seconds = 0;   ///< the measured steps' time
+};
+/// Parallel spans over step rows; step_ms in milliseconds.
+Throughput online_throughput(std::span<const int32_t> sequence, std::span<const int32_t> accepted,
+                             std::span<const uint8_t> warmup, std::span<const double> step_ms,
+                             std::span<const int32_t> batch_rows, int world, uint64_t seed,
+                             int resamples = kBootstrapResamples);
 
 /// The spacing of BF16 values at the magnitude of v: 2^(e - 7) for |v| in [2^e, 2^(e + 1))
 /// (BF16 keeps 7 fraction bits), 2^-133 (the subnormal spacing) below the smallest normal, NaN for

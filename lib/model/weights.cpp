@@ -574,6 +574,22 @@ TargetWeights synthesize_target_trunk(const ModelConfig& cfg, const ShardPlan& p
   return w;
 }
 
+TargetWeights target_trunk_of(const ModelConfig& cfg, const MtpWeights& w, uint64_t target_seed) {
+  check_plan(cfg, w.plan);
+  MTP_REQUIRE(w.embed_tokens.shape == (std::vector<int64_t>{cfg.vocab, cfg.hidden}) &&
+                  w.lm_head.shape == (std::vector<int64_t>{w.plan.vocab.count, cfg.hidden}),
+              "target_trunk_of: the MTP weights' embedding ", shape_str(w.embed_tokens.shape), " and head ",
+              shape_str(w.lm_head.shape), " are not the model's");
+  TargetWeights t;
+  t.plan = w.plan;
+  t.embed_tokens = w.embed_tokens;
+  t.lm_head = w.lm_head;
+  t.final_norm.shape = {cfg.hidden};
+  t.final_norm.data.assign(static_cast<size_t>(cfg.hidden), {});
+  synthesize(final_norm_spec(cfg, t.final_norm), w.plan, target_seed);
+  return t;
+}
+
 TargetWeights synthesize_target_weights(const ModelConfig& cfg, const ShardPlan& plan, int layers,
                                         uint64_t weight_seed, uint64_t target_seed) {
   MTP_REQUIRE(layers >= 1, "synthesize_target_weights: ", layers, " layers");

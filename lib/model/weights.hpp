@@ -188,6 +188,10 @@ LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& p
 /// and head), the final norm the shared_head.norm values under `target_seed` (docs/weights.md).
 TargetWeights synthesize_target_trunk(const ModelConfig& cfg, const ShardPlan& plan, uint64_t weight_seed,
                                       uint64_t target_seed);
+/// The trunk behind an MTP layer's weights: `w`'s embedding and lm_head rows (its shard plan), and
+/// the final norm synthetic under `target_seed` (as synthesize_target_trunk's). With synthetic `w`
+/// of seed S it equals synthesize_target_trunk(cfg, w.plan, S, target_seed).
+TargetWeights target_trunk_of(const ModelConfig& cfg, const MtpWeights& w, uint64_t target_seed);
 /// The synthetic target of `layers` trunk layers: synthesize_target_trunk, and layer i from
 /// synthesize_layer_weights under `target_seed + 1 + i`.
 TargetWeights synthesize_target_weights(const ModelConfig& cfg, const ShardPlan& plan, int layers,

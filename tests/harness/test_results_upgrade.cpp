@@ -123,6 +123,7 @@ Experiment one_point_with(const ArmSpec& a, const std::string& v) {
       "sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1, sampling: sampling", "output: out.h5\n");
   std::vector<std::string> sets = {str(a.name, "=", v)};
   if (!a.only_with.empty()) sets.push_back(a.only_with);
+  if (a.name == "draft_len" && v == "0") sets.push_back("mode=online");  // MTP off: online points only
   if (a.name == "temperature" || a.name == "top_k" || a.name == "top_p")
     sets.push_back(str("trace.synthetic.", a.name, "=", v));
   return parse_experiment(text, "exp.yaml", sets, 2);
