@@ -52,7 +52,7 @@
 namespace mtplab::ops {
 
 /// The kernels of gemv_bf16, gemv_fp8 and head_argmax (docs/kernels.md, "Variants"). automatic:
-/// per shape from the table in cuda/dense.cu; v1: one row (or part) per warp, 8 loads per lane in
+/// per shape from the table in cuda/gemv.cu; v1: one row (or part) per warp, 8 loads per lane in
 /// flight; rows2 / rows4: 2 or 4 rows per warp; occ: one row per warp at <= 32 registers; fp8split:
 /// FP8 rows take the k-split of BF16 rows of the same length. linear_group keeps its own kernel.
 enum class GemvVariant { automatic, v1, rows2, rows4, occ, fp8split };

@@ -1896,7 +1896,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
 // reordering moves a sum by ~k * 2^-24 of the summed magnitudes, below that at these k). One row
 // past the batch is poisoned too and must keep its bytes. Invariance: every row at B < 16 must be
 // bit for bit the same row at B = 16 (rows_gemv's arithmetic for a row does not depend on the
-// others, dense.cu). cuBLASLt (rows_linear = cublaslt) is checked against the CPU at B = 2 and 16.
+// others, rows_gemv.cu). cuBLASLt (rows_linear = cublaslt) is checked against the CPU at B = 2 and 16.
 struct BatchedLinear {
   const char* name;
   int n, k;

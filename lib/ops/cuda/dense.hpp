@@ -1,5 +1,8 @@
-// Host launchers of the dense kernels (dense.cu; the CPU reference: cpu/dense.cpp). What every launcher
-// shares (LaunchCtx, the invariants): kernels.hpp.
+// Host launchers of the dense kernels (the CPU reference: cpu/dense.cpp), one family header over
+// the files that hold them: gemv.cu (the single-row GEMVs, linear_group and the single-row head),
+// argmax.cu (the argmax family), head.cu (the batched head and the cuBLASLt head's launches),
+// rows_gemm.cu (the skinny tensor-core GEMM), rows_gemv.cu (the multi-row GEMV). What every
+// launcher shares (LaunchCtx, the invariants): kernels.hpp.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -35,7 +38,7 @@ struct GemvRowMap {
 int gemv_max_grid(int num_sms);
 
 // The GEMV launchers take their kernel from ctx.policy.gemv_variant (ops::GemvVariant,
-// ops/kernel_policy.hpp): automatic is chosen per shape (a table in dense.cu); rows2, rows4
+// ops/kernel_policy.hpp): automatic is chosen per shape (a table in gemv.cu); rows2, rows4
 // and occ give the same bits as v1 (same k-split, each lane's chunks of a row summed in ascending
 // order) and run v1 on shapes they do not cover; fp8split gives FP8 rows the k-split of BF16 rows of
 // the same length (not v1's bits) and runs v1 for BF16. ctx.policy.gemv_split, when not 0, forces
@@ -85,7 +88,7 @@ inline constexpr int kMinRowsWgmmaHead = 17;
 /// head_argmax_batch of up to kMaxBatchRows rows in one launch, the argmax fused, every weight row
 /// read once: the skinny GEMM (W rows x the batch's rows on the tensor cores), or, for FP8 rows at
 /// 1 .. kMaxRowsGemvHead rows under ctx.policy.head_gemm gemv (1 .. kMaxRowsGemvHeadAuto under auto), the multi-row GEMV head
-/// (dense.cu; where its activations fit its shared memory, head_gemv_fits). k % 16 == 0; W (or
+/// (head.cu; where its activations fit its shared memory, head_gemv_fits). k % 16 == 0; W (or
 /// W_fp8) and x 16-byte aligned.
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
                        const bf16* x, const int32_t* slot, int rows, int n, int k, int64_t index_base,
@@ -99,7 +102,7 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
 void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, void* y, bool f32_out,
                int64_t ldy, int rows, int n, int k, const GemvRowMap& map);
 /// Whether the batched linear of this shape (RowsMode::batched, rows >= 2) runs rows_gemm instead of
-/// cuBLASLt: a fixed per-shape table (dense.cu) from the measured comparison in
+/// cuBLASLt: a fixed per-shape table (rows_gemm.cu) from the measured comparison in
 /// docs/kernels.md, so the choice is part of the code, not of the process.
 bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
 /// Most rows one rows_gemv launch takes (the batch rows of a batched linear at small B).
@@ -130,7 +133,7 @@ int rows_gemv_counters(int n, int k);
 /// Y[r, j] = sum_i W[j, i] X[r, i] for rows 1 .. kMaxRowsGemv (X [rows][k], Y [rows][n]; BF16 rounded
 /// once, or fp32): the multi-row GEMV of the batched linears (KernelPolicy::rows_linear), every W
 /// element loaded once for all rows. A row's result is bit for bit the same whatever the other rows
-/// and their count (dense.cu). k % 8 == 0; W and X 16-byte aligned.
+/// and their count (rows_gemv.cu). k % 8 == 0; W and X 16-byte aligned.
 void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
                int k, const RowsGemvScratch& s);
 /// rows_gemv of several weights against the same X in one launch (ops::Backend::linear_rows_group):

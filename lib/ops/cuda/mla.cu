@@ -2,7 +2,7 @@
 // write (BF16 / FP8), the query absorption q_abs = W_k^T q, and the split-row decode with its
 // combine.
 // - One row: kv_write, absorb_q; kv_norm_write and the decode (v1 and v2) run the batched kernels
-//   at one row. mla_out_v is a GEMV over W_kvb's V rows (dense.cu, through a row map).
+//   at one row. mla_out_v is a GEMV over W_kvb's V rows (gemv.cu, through a row map).
 // - Batched rows, over the pool of slots (ops::KvSlots: one block pool, one block table per slot),
 //   every row of the batch in one launch:
 //   - kv_norm_write_batch: block b rms-norms ckv_pre row b and stores it (BF16 copy or FP8 code) at
@@ -16,7 +16,7 @@
 //     cores (S = Q C^T, O += P C, the probabilities split into BF16 hi + lo), an online fp32
 //     softmax. One split (v1) or cluster (v2) per (row, head tile) writes o_lat itself; more write
 //     partials that a combine launch merges per (row, head) in split order.
-//   - mla_out_v_batch: the skinny tensor-core GEMM (dense.cu) over W_kvb's V rows, one group of dv
+//   - mla_out_v_batch: the skinny tensor-core GEMM (rows_gemm.cu) over W_kvb's V rows, one group of dv
 //     rows per head, x = each row's o_lat[h].
 //
 // Invariants:

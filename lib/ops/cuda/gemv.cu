@@ -1,0 +1,352 @@
+// The single-row GEMV family (the CPU reference: cpu/dense.cpp): BF16 and FP8 (per-row scaled)
+// GEMV, the draft head with its argmax fused (head_argmax), several GEMVs of one x in one launch
+// (linear_group). The kernels: gemv.cuh; their invariants there.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include "ops/cuda/cuda_check.hpp"
+#include "ops/cuda/dense.hpp"
+#include "ops/cuda/device_common.cuh"
+#include "ops/cuda/gemv.cuh"
+#include "ops/cuda/launch.cuh"
+
+namespace mtplab::ops::cuda {
+
+namespace {
+
+/// Warps that keep the chip's memory system busy: below that, split each row across warps. The
+/// policy's gemv_split, when not 0, forces the split (a tuning experiment; docs/kernels.md).
+int choose_split(int64_t n, int n_chunks, const LaunchCtx& ctx) {
+  if (ctx.policy.gemv_split != 0) return ctx.policy.gemv_split;
+  const int num_sms = ctx.num_sms;
+  // Long rows (k >= 8192 BF16: eh_proj, o_proj) aim at two warps per resident slot: measured on
+  // the H200, split 4 instead of 2 took eh_proj 20.9 -> 19.8 us and o_proj 38.3 -> 36.1 us
+  // (docs/performance.md), while shorter rows lost with more splits.
+  const int64_t target_warps = static_cast<int64_t>(num_sms) * 32 * (n_chunks >= 1024 ? 2 : 1);
+  int split = 1;
+  while (split < 8 && n * split < target_warps && n_chunks / (split * 2) >= 2 * kWarp) split *= 2;
+  return split;
+}
+
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
+void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  launch_persistent<gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>>(ctx, p, kGemvWarps / kSplit, grid_cap);
+}
+
+// ---- variant selection ------------------------------------------------------------------------------
+
+/// The automatic variant per shape: the first rule whose kind and ranges hold wins; none: v1.
+/// Filled from the gemv-sweep task of scripts/device/run.sh (docs/kernels.md), e.g.
+/// {false, 8192, int64_t{1} << 40, 512, 2048, GemvVariant::rows2} for BF16 rows of k 512..2048 and
+/// n >= 8192.
+struct AutoRule {
+  bool fp8;
+  int64_t n_min, n_max;
+  int k_min, k_max;
+  GemvVariant variant;
+};
+// From the sweep on one H200 (docs/kernels.md, "Variants"; 2026-11-30; graph mode, % of copy):
+// the heads gain from 4 rows per warp (one activation load feeds 4 rows: FP8 head 89.9 -> 95.1%,
+// BF16 100.9 -> 102.1%); the FP8 eh_proj (56.4 -> 68.4%), q_b (76.8 -> 84.5%) and the k >= 8192
+// BF16 GEMVs (eh_proj 80.7 -> 81.8%, o_proj 88.3 -> 88.7%) from the 64-warp occ kernel; kv_b and
+// mla_out_v stay on v1 (every variant was slower or equal). All of these give v1's bits.
+constexpr int64_t kAnyN = int64_t{1} << 40;
+constexpr int kAnyK = 1 << 30;
+constexpr std::array<AutoRule, 5> kAutoRules{{
+    {false, 65536, kAnyN, 1, kAnyK, GemvVariant::rows4},  // the BF16 head
+    {true, 65536, kAnyN, 1, kAnyK, GemvVariant::rows4},   // the FP8 head
+    {true, 1, 65535, 1, kAnyK, GemvVariant::occ},         // FP8 eh_proj
+    {false, 8192, 65535, 1024, 2048, GemvVariant::occ},   // q_b
+    {false, 1, 16384, 8192, kAnyK, GemvVariant::occ},     // eh_proj, o_proj
+}};
+
+GemvVariant automatic_variant(bool fp8, int64_t n, int k) {
+  for (const AutoRule& r : kAutoRules)
+    if (r.fp8 == fp8 && n >= r.n_min && n <= r.n_max && k >= r.k_min && k <= r.k_max) return r.variant;
+  return GemvVariant::v1;
+}
+
+/// What one GEMV launch runs: the kernel (v1 = gemv_kernel; rows2, rows4, occ = gemv_rows_kernel),
+/// the k-split and the loads per lane and row in flight.
+struct GemvPlan {
+  GemvVariant kernel = GemvVariant::v1;
+  int split = 1;
+  int unroll = kUnroll;
+};
+
+/// The smallest of 2, 4, 8 that covers `per_lane` chunks, at most `cap`.
+int unroll_for(int per_lane, int cap) {
+  int u = 2;
+  while (u < per_lane && u < cap) u *= 2;
+  return u;
+}
+
+/// The instances that exist (launch_gemv): the rows kernels for splits 1, 2, 4 and occ for every
+/// split, with the argmax only unsplit (the head's shapes), no fp32 output (router-sized GEMVs);
+/// rows2 / rows4 only where every resident warp has its rows (n x split >= rows x 16 warps per SM)
+/// and the rows of a block's iteration share their activation (one group, or groups of a multiple
+/// of its rows: mla_out_v's 256). Anything else runs v1.
+GemvPlan plan_gemv(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k,
+                   int rows_per_group) {
+  const int n_chunks = k / (fp8 ? 16 : 8);
+  const int num_sms = ctx.num_sms;
+  GemvVariant v = ctx.policy.gemv_variant;
+  if (v == GemvVariant::automatic) v = automatic_variant(fp8, n, k);
+  GemvPlan plan;
+  plan.split = choose_split(n, n_chunks, ctx);
+  // Rows of at most 2 chunks per lane (k <= 512 BF16 unsplit: mla_out_v, kv_b) need no 8-deep
+  // unroll; the 2-deep kernel holds fewer registers, so twice the warps (and bytes) are in flight.
+  // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
+  if (plan.split == 1 && n_chunks <= 2 * kWarp) plan.unroll = 2;
+  if (v == GemvVariant::v1) return plan;
+  if (v == GemvVariant::fp8split) {
+    if (!fp8) return plan;
+    // The split BF16 rows of k elements take (k / 8 chunks): for k >= 8192 two warps per resident
+    // slot, so FP8 eh_proj runs 4 parts of 128 chunks instead of 2 of 256.
+    plan.split = choose_split(n, k / 8, ctx);
+    const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
+    plan.unroll = unroll_for(per_lane, kUnroll);
+    return plan;
+  }
+  if (f32_out || (argmax && plan.split != 1)) return plan;
+  const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
+  if (v == GemvVariant::occ) {
+    // 2 loads per lane: at 4 the 32-register bound spills (ptxas, sm_90).
+    plan.kernel = v;
+    plan.unroll = 2;
+    return plan;
+  }
+  const int rows = v == GemvVariant::rows2 ? 2 : 4;
+  const int block_rows = kGemvWarps / std::min(plan.split, kGemvWarps) * rows;
+  if (plan.split > 4 || n * plan.split < static_cast<int64_t>(rows) * num_sms * 16) return plan;
+  if (rows_per_group < n && rows_per_group % block_rows != 0) return plan;
+  plan.kernel = v;
+  plan.unroll = unroll_for(per_lane, rows == 2 ? kUnroll : 4);
+  return plan;
+}
+
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kU, int kMinBlocks>
+void launch_rows(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  launch_persistent<gemv_rows_kernel<kFp8, kSplit, kOut, kArgmax, kRows, kU, kMinBlocks>>(
+      ctx, p, kGemvWarps / kSplit * kRows, grid_cap);
+}
+
+/// gemv_rows_kernel by unroll (2, 4, 8; at most kMaxU).
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU>
+void launch_rows_unroll(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, int unroll) {
+  if constexpr (kMaxU >= 4) {
+    if constexpr (kMaxU >= 8) {
+      if (unroll > 4) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 8, kMinBlocks>(ctx, p, grid_cap);
+    }
+    if (unroll > 2) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 4, kMinBlocks>(ctx, p, grid_cap);
+  }
+  return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 2, kMinBlocks>(ctx, p, grid_cap);
+}
+
+/// gemv_rows_kernel by split (1, 2, 4, and 8 when kSplit8; the argmax only unsplit).
+template <bool kFp8, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU, bool kSplit8>
+void launch_rows_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, const GemvPlan& plan) {
+  if constexpr (kArgmax) {
+    return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                plan.unroll);
+  } else {
+    switch (plan.split) {
+      case 1:
+        return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      case 2:
+        return launch_rows_unroll<kFp8, 2, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      case 4:
+        return launch_rows_unroll<kFp8, 4, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      default:
+        if constexpr (kSplit8) {
+          return launch_rows_unroll<kFp8, 8, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                      plan.unroll);
+        } else {
+          MTP_REQUIRE(false, "ops::cuda::gemv: no rows kernel for split ", plan.split);
+        }
+    }
+  }
+}
+
+template <bool kFp8, OutKind kOut, bool kArgmax>
+void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  const GemvPlan plan = plan_gemv(ctx, kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group);
+  if constexpr (kOut != OutKind::f32) {
+    switch (plan.kernel) {
+      case GemvVariant::rows2:
+        return launch_rows_split<kFp8, kOut, kArgmax, 2, 1, 8, false>(ctx, p, grid_cap, plan);
+      case GemvVariant::rows4:
+        return launch_rows_split<kFp8, kOut, kArgmax, 4, 1, 4, false>(ctx, p, grid_cap, plan);
+      case GemvVariant::occ:
+        return launch_rows_split<kFp8, kOut, kArgmax, 1, kMaxBlocksPerSm, 2, true>(ctx, p, grid_cap, plan);
+      default:
+        break;
+    }
+  }
+  if (plan.split == 1 && plan.unroll == 2)
+    return launch_gemv_split<kFp8, 1, kOut, kArgmax, 2>(ctx, p, grid_cap);
+  if constexpr (kFp8) {
+    // fp8split: parts of at most 4 chunks per lane.
+    if (plan.unroll == 4) {
+      switch (plan.split) {
+        case 1:
+          return launch_gemv_split<kFp8, 1, kOut, kArgmax, 4>(ctx, p, grid_cap);
+        case 2:
+          return launch_gemv_split<kFp8, 2, kOut, kArgmax, 4>(ctx, p, grid_cap);
+        case 4:
+          return launch_gemv_split<kFp8, 4, kOut, kArgmax, 4>(ctx, p, grid_cap);
+        default:
+          return launch_gemv_split<kFp8, 8, kOut, kArgmax, 4>(ctx, p, grid_cap);
+      }
+    }
+  }
+  switch (plan.split) {
+    case 1:
+      return launch_gemv_split<kFp8, 1, kOut, kArgmax>(ctx, p, grid_cap);
+    case 2:
+      return launch_gemv_split<kFp8, 2, kOut, kArgmax>(ctx, p, grid_cap);
+    case 4:
+      return launch_gemv_split<kFp8, 4, kOut, kArgmax>(ctx, p, grid_cap);
+    default:
+      return launch_gemv_split<kFp8, 8, kOut, kArgmax>(ctx, p, grid_cap);
+  }
+}
+
+// ---- several GEMVs of one x in one launch (linear_group) -----------------------------------------
+
+/// One output of the group: its rows occupy virtual blocks [block_begin, block_begin + blocks).
+struct GroupSegment {
+  const uint8_t* W = nullptr;
+  void* y = nullptr;
+  int n = 0;
+  int split = 1;  // the k-split gemv_bf16 would choose for this n alone: same order, same bits
+  int block_begin = 0;
+  int f32_out = 0;
+  float scale = 1.0f;
+};
+
+struct GroupParams {
+  GroupSegment seg[kMaxLinearGroup];
+  int count = 0;
+  int total_blocks = 0;
+  const bf16* x = nullptr;
+  int k = 0;
+};
+
+/// gemv_kernel with a run-time split chosen per output: a virtual block belongs to one output, so
+/// the split (and the barriers of its combine) is uniform over the block. Per row: the same
+/// chunk ranges per part, the same slice_dot, warp_sum and part order as gemv_kernel<kSplit>.
+__global__ void __launch_bounds__(kGemvThreads) gemv_group_kernel(GroupParams p) {
+  pdl_begin();
+  const int n_chunks = p.k / 8;
+  const size_t row_bytes = static_cast<size_t>(p.k) * 2;
+  __shared__ float partial[kGemvWarps];
+  for (int vb = blockIdx.x; vb < p.total_blocks; vb += gridDim.x) {
+    int s = 0;
+#pragma unroll
+    for (int i = 1; i < kMaxLinearGroup; ++i)
+      if (i < p.count && vb >= p.seg[i].block_begin) s = i;
+    const GroupSegment& g = p.seg[s];
+    const int split = g.split;
+    const auto [warp, lane, part, local_row, c_begin, c_end] = warp_part(split, n_chunks);
+    const int64_t r = static_cast<int64_t>(vb - g.block_begin) * (kGemvWarps / split) + local_row;
+    float acc = 0.0f;
+    if (r < g.n) {
+      acc = slice_dot<false>(g.W + r * row_bytes, p.x, c_begin, c_end, lane);
+      acc = warp_sum(acc);
+    }
+    if (split > 1) {
+      if (lane == 0) partial[warp] = acc;
+      __syncthreads();
+      if (part == 0) acc = sum_parts(&partial[warp], split);
+      __syncthreads();
+    }
+    if (part == 0 && lane == 0 && r < g.n) {
+      if (g.f32_out) {
+        static_cast<float*>(g.y)[r] = __fmul_rn(acc, g.scale);
+      } else {
+        static_cast<bf16*>(g.y)[r] = f_to_bf16(acc);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int gemv_max_grid(int num_sms) { return num_sms * kMaxBlocksPerSm; }
+
+void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int n, int k,
+               const GemvRowMap& map) {
+  const GemvParams p = gemv_params("gemv_bf16", false, W, nullptr, x, y, n, k, map);
+  if (f32_out) {
+    launch_gemv<false, OutKind::f32, false>(ctx, p, 0);
+  } else {
+    launch_gemv<false, OutKind::bf16, false>(ctx, p, 0);
+  }
+}
+
+void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int k) {
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
+              "ops::cuda::linear_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  MTP_REQUIRE(k >= 1 && k % 8 == 0, "ops::cuda::linear_group: k = ", k,
+              " (k must be a positive multiple of 8)");
+  require_aligned("linear_group", "x", x);
+  GroupParams p;
+  p.x = x;
+  p.k = k;
+  p.count = static_cast<int>(outs.size());
+  int blocks = 0;
+  for (int i = 0; i < p.count; ++i) {
+    const LinearOut& o = outs[static_cast<size_t>(i)];
+    MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_group: output ", i, " has W ", o.W, ", y ",
+                o.y, ", n_out ", o.n_out);
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::linear_group: output ", i,
+                " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
+    require_aligned("linear_group", "W", o.W);
+    GroupSegment& g = p.seg[i];
+    g.W = reinterpret_cast<const uint8_t*>(o.W);
+    g.y = o.y;
+    g.n = o.n_out;
+    g.split = choose_split(o.n_out, k / 8, ctx);
+    g.block_begin = blocks;
+    g.f32_out = o.f32_out ? 1 : 0;
+    g.scale = o.f32_scale;
+    const int rows_per_block = kGemvWarps / g.split;
+    blocks += (o.n_out + rows_per_block - 1) / rows_per_block;
+  }
+  p.total_blocks = blocks;
+  const int grid = std::min(blocks, resident_blocks_per_sm<gemv_group_kernel>() * ctx.num_sms);
+  launch(ctx, gemv_group_kernel, static_cast<unsigned>(grid), kGemvThreads, 0, p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,
+              int k) {
+  const GemvParams p = gemv_params("gemv_fp8", true, W, row_scale, x, y, n, k, GemvRowMap{n, 0, 0, 0});
+  launch_gemv<true, OutKind::bf16, false>(ctx, p, 0);
+}
+
+void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
+                 const bf16* x, int n, int k, int64_t index_base, bf16* logits, ArgMax* out,
+                 HeadExtras extras, const ArgmaxScratch& scratch) {
+  const bool fp8 = W_fp8 != nullptr;
+  GemvParams p =
+      gemv_params("head_argmax", fp8, fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W),
+                  row_scale, x, logits, n, k, GemvRowMap{n, 0, 0, 0});
+  p.index_base = index_base;
+  p.out = out;
+  p.extras = extras;
+  p.partials = scratch.partials;
+  p.counter = scratch.counter;
+  if (fp8) {
+    launch_gemv<true, OutKind::bf16, true>(ctx, p, scratch.capacity);
+  } else {
+    launch_gemv<false, OutKind::bf16, true>(ctx, p, scratch.capacity);
+  }
+}
+
+}  // namespace mtplab::ops::cuda
