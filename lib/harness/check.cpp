@@ -41,7 +41,7 @@ constexpr double kProgressSeconds = 2.0;
 
 // The kernel-policy fields whose choice changes bits (docs/kernels.md): part of the identity.
 const std::vector<std::string> kBitKernelFields = {"kernels.gemv_variant", "kernels.gemv_split",
-                                                   "kernels.mla_decode", "kernels.mla_clusters"};
+                                                   "kernels.mla_decode"};
 
 // FNV-1a 64 over little-endian 64-bit words (one XOR and one multiply per 8 bytes), the tail
 // bytes one at a time. Fed in pieces whose sizes are multiples of 8 except the last, it gives the

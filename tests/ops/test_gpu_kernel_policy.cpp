@@ -149,7 +149,7 @@ TEST(GpuKernelPolicy, AGraphLaunchesOnlyUnderThePolicyItWasRecordedWith) {
 
   const KernelPolicy recorded = gpu().kernel_policy();
   for (const auto& [field, text] : std::vector<std::pair<std::string, std::string>>{
-           {"gemv_variant", "rows2"},
+           {"gemv_variant", "rows4"},
            {"gemv_split", "2"},
            {"pdl", recorded.pdl ? "off" : "on"},
            {"nccl_blocking", recorded.nccl_blocking ? "off" : "on"}}) {

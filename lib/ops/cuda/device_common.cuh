@@ -35,6 +35,12 @@ __device__ __forceinline__ void pdl_begin() {
 
 constexpr int kWarp = 32;
 
+/// Barrier among `threads` threads (whole warps) of the block on named barrier `id` (1 .. 15; 0 is
+/// __syncthreads'): groups of warps that share a row or a tile wait for each other only.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 /// 16-byte load of data read once (weights): skips L1 so the small reused vectors stay there.
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 r;

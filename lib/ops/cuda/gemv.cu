@@ -15,30 +15,11 @@ namespace mtplab::ops::cuda {
 
 namespace {
 
-/// Warps that keep the chip's memory system busy: below that, split each row across warps. The
-/// policy's gemv_split, when not 0, forces the split (a tuning experiment; docs/kernels.md).
-int choose_split(int64_t n, int n_chunks, const LaunchCtx& ctx) {
-  if (ctx.policy.gemv_split != 0) return ctx.policy.gemv_split;
-  const int num_sms = ctx.num_sms;
-  // Long rows (k >= 8192 BF16: eh_proj, o_proj) aim at two warps per resident slot: measured on
-  // the H200, split 4 instead of 2 took eh_proj 20.9 -> 19.8 us and o_proj 38.3 -> 36.1 us
-  // (docs/performance.md), while shorter rows lost with more splits.
-  const int64_t target_warps = static_cast<int64_t>(num_sms) * 32 * (n_chunks >= 1024 ? 2 : 1);
-  int split = 1;
-  while (split < 8 && n * split < target_warps && n_chunks / (split * 2) >= 2 * kWarp) split *= 2;
-  return split;
-}
-
-template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
-void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  launch_persistent<gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>>(ctx, p, kGemvWarps / kSplit, grid_cap);
-}
-
 // ---- variant selection ------------------------------------------------------------------------------
 
 /// The automatic variant per shape: the first rule whose kind and ranges hold wins; none: v1.
 /// Filled from the gemv-sweep task of scripts/device/run.sh (docs/kernels.md), e.g.
-/// {false, 8192, int64_t{1} << 40, 512, 2048, GemvVariant::rows2} for BF16 rows of k 512..2048 and
+/// {false, 8192, int64_t{1} << 40, 512, 2048, GemvVariant::rows4} for BF16 rows of k 512..2048 and
 /// n >= 8192.
 struct AutoRule {
   bool fp8;
@@ -67,26 +48,9 @@ GemvVariant automatic_variant(bool fp8, int64_t n, int k) {
   return GemvVariant::v1;
 }
 
-/// What one GEMV launch runs: the kernel (v1 = gemv_kernel; rows2, rows4, occ = gemv_rows_kernel),
-/// the k-split and the loads per lane and row in flight.
-struct GemvPlan {
-  GemvVariant kernel = GemvVariant::v1;
-  int split = 1;
-  int unroll = kUnroll;
-};
-
-/// The smallest of 2, 4, 8 that covers `per_lane` chunks, at most `cap`.
-int unroll_for(int per_lane, int cap) {
-  int u = 2;
-  while (u < per_lane && u < cap) u *= 2;
-  return u;
-}
-
 /// The instances that exist (launch_gemv): the rows kernels for splits 1, 2, 4 and occ for every
 /// split, with the argmax only unsplit (the head's shapes), no fp32 output (router-sized GEMVs);
-/// rows2 / rows4 only where every resident warp has its rows (n x split >= rows x 16 warps per SM)
-/// and the rows of a block's iteration share their activation (one group, or groups of a multiple
-/// of its rows: mla_out_v's 256). Anything else runs v1.
+/// rows4 only where its rows fit (rows_kernel_fits). Anything else runs v1.
 GemvPlan plan_gemv(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k,
                    int rows_per_group) {
   const int n_chunks = k / (fp8 ? 16 : 8);
@@ -100,15 +64,6 @@ GemvPlan plan_gemv(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, in
   // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
   if (plan.split == 1 && n_chunks <= 2 * kWarp) plan.unroll = 2;
   if (v == GemvVariant::v1) return plan;
-  if (v == GemvVariant::fp8split) {
-    if (!fp8) return plan;
-    // The split BF16 rows of k elements take (k / 8 chunks): for k >= 8192 two warps per resident
-    // slot, so FP8 eh_proj runs 4 parts of 128 chunks instead of 2 of 256.
-    plan.split = choose_split(n, k / 8, ctx);
-    const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
-    plan.unroll = unroll_for(per_lane, kUnroll);
-    return plan;
-  }
   if (f32_out || (argmax && plan.split != 1)) return plan;
   const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
   if (v == GemvVariant::occ) {
@@ -117,59 +72,11 @@ GemvPlan plan_gemv(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, in
     plan.unroll = 2;
     return plan;
   }
-  const int rows = v == GemvVariant::rows2 ? 2 : 4;
-  const int block_rows = kGemvWarps / std::min(plan.split, kGemvWarps) * rows;
-  if (plan.split > 4 || n * plan.split < static_cast<int64_t>(rows) * num_sms * 16) return plan;
-  if (rows_per_group < n && rows_per_group % block_rows != 0) return plan;
+  // rows4 (the rows kernel's limits: rows_kernel_fits).
+  if (!rows_kernel_fits(4, plan.split, n, rows_per_group, num_sms)) return plan;
   plan.kernel = v;
-  plan.unroll = unroll_for(per_lane, rows == 2 ? kUnroll : 4);
+  plan.unroll = unroll_for(per_lane, 4);
   return plan;
-}
-
-template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kU, int kMinBlocks>
-void launch_rows(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  launch_persistent<gemv_rows_kernel<kFp8, kSplit, kOut, kArgmax, kRows, kU, kMinBlocks>>(
-      ctx, p, kGemvWarps / kSplit * kRows, grid_cap);
-}
-
-/// gemv_rows_kernel by unroll (2, 4, 8; at most kMaxU).
-template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU>
-void launch_rows_unroll(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, int unroll) {
-  if constexpr (kMaxU >= 4) {
-    if constexpr (kMaxU >= 8) {
-      if (unroll > 4) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 8, kMinBlocks>(ctx, p, grid_cap);
-    }
-    if (unroll > 2) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 4, kMinBlocks>(ctx, p, grid_cap);
-  }
-  return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 2, kMinBlocks>(ctx, p, grid_cap);
-}
-
-/// gemv_rows_kernel by split (1, 2, 4, and 8 when kSplit8; the argmax only unsplit).
-template <bool kFp8, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU, bool kSplit8>
-void launch_rows_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, const GemvPlan& plan) {
-  if constexpr (kArgmax) {
-    return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
-                                                                                plan.unroll);
-  } else {
-    switch (plan.split) {
-      case 1:
-        return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
-                                                                                    plan.unroll);
-      case 2:
-        return launch_rows_unroll<kFp8, 2, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
-                                                                                    plan.unroll);
-      case 4:
-        return launch_rows_unroll<kFp8, 4, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
-                                                                                    plan.unroll);
-      default:
-        if constexpr (kSplit8) {
-          return launch_rows_unroll<kFp8, 8, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
-                                                                                      plan.unroll);
-        } else {
-          MTP_REQUIRE(false, "ops::cuda::gemv: no rows kernel for split ", plan.split);
-        }
-    }
-  }
 }
 
 template <bool kFp8, OutKind kOut, bool kArgmax>
@@ -177,8 +84,6 @@ void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
   const GemvPlan plan = plan_gemv(ctx, kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group);
   if constexpr (kOut != OutKind::f32) {
     switch (plan.kernel) {
-      case GemvVariant::rows2:
-        return launch_rows_split<kFp8, kOut, kArgmax, 2, 1, 8, false>(ctx, p, grid_cap, plan);
       case GemvVariant::rows4:
         return launch_rows_split<kFp8, kOut, kArgmax, 4, 1, 4, false>(ctx, p, grid_cap, plan);
       case GemvVariant::occ:
@@ -189,21 +94,6 @@ void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
   }
   if (plan.split == 1 && plan.unroll == 2)
     return launch_gemv_split<kFp8, 1, kOut, kArgmax, 2>(ctx, p, grid_cap);
-  if constexpr (kFp8) {
-    // fp8split: parts of at most 4 chunks per lane.
-    if (plan.unroll == 4) {
-      switch (plan.split) {
-        case 1:
-          return launch_gemv_split<kFp8, 1, kOut, kArgmax, 4>(ctx, p, grid_cap);
-        case 2:
-          return launch_gemv_split<kFp8, 2, kOut, kArgmax, 4>(ctx, p, grid_cap);
-        case 4:
-          return launch_gemv_split<kFp8, 4, kOut, kArgmax, 4>(ctx, p, grid_cap);
-        default:
-          return launch_gemv_split<kFp8, 8, kOut, kArgmax, 4>(ctx, p, grid_cap);
-      }
-    }
-  }
   switch (plan.split) {
     case 1:
       return launch_gemv_split<kFp8, 1, kOut, kArgmax>(ctx, p, grid_cap);

@@ -129,12 +129,6 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_kernel(GemvParams p) {
 
 // ---- variants: several rows per warp, or more resident warps -------------------------------------
 
-/// Barrier among the `threads` threads of the warps that share one output row (named barrier `id`,
-/// 1..8; 0 is __syncthreads'): the row groups of a block do not wait for each other.
-__device__ __forceinline__ void row_group_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 /// gemv_kernel with kRows rows per warp and iteration, and kMinBlocks resident blocks per SM asked of
 /// the register allocator (occ: 8, i.e. at most 32 registers). An iteration of a block covers
 /// kRows x (kGemvWarps / kSplit) rows; warp (local_row, part) takes rows
@@ -182,7 +176,7 @@ __global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_rows_kernel(Gem
 #pragma unroll
         for (int j = 0; j < kRows; ++j) partial[buf][j][warp] = acc[j];
       }
-      row_group_sync(1 + local_row, kSplit * kWarp);
+      named_barrier(1 + local_row, kSplit * kWarp);  // the row's parts only
       if (part == 0) {
 #pragma unroll
         for (int j = 0; j < kRows; ++j) acc[j] = sum_parts(&partial[buf][j][warp], kSplit);
@@ -240,6 +234,98 @@ inline GemvParams gemv_params(const char* op, bool fp8, const void* W, const flo
   p.k = k;
   p.map = map;
   return p;
+}
+
+// ---- launching an instance ---------------------------------------------------------------------------
+
+/// What one GEMV launch runs: the kernel (v1 = gemv_kernel; rows4, occ = gemv_rows_kernel),
+/// the k-split and the loads per lane and row in flight.
+struct GemvPlan {
+  GemvVariant kernel = GemvVariant::v1;
+  int split = 1;
+  int unroll = kUnroll;
+};
+
+/// The smallest of 2, 4, 8 that covers `per_lane` chunks, at most `cap`.
+inline int unroll_for(int per_lane, int cap) {
+  int u = 2;
+  while (u < per_lane && u < cap) u *= 2;
+  return u;
+}
+
+/// Warps that keep the chip's memory system busy: below that, split each row across warps. The
+/// policy's gemv_split, when not 0, forces the split (a tuning experiment; docs/kernels.md).
+inline int choose_split(int64_t n, int n_chunks, const LaunchCtx& ctx) {
+  if (ctx.policy.gemv_split != 0) return ctx.policy.gemv_split;
+  const int num_sms = ctx.num_sms;
+  // Long rows (k >= 8192 BF16: eh_proj, o_proj) aim at two warps per resident slot: measured on
+  // the H200, split 4 instead of 2 took eh_proj 20.9 -> 19.8 us and o_proj 38.3 -> 36.1 us
+  // (docs/performance.md), while shorter rows lost with more splits.
+  const int64_t target_warps = static_cast<int64_t>(num_sms) * 32 * (n_chunks >= 1024 ? 2 : 1);
+  int split = 1;
+  while (split < 8 && n * split < target_warps && n_chunks / (split * 2) >= 2 * kWarp) split *= 2;
+  return split;
+}
+
+/// Whether gemv_rows_kernel with `rows` rows per warp covers a shape at this k-split: every resident
+/// warp has its rows (n x split >= rows x 16 warps per SM, split <= 4) and the rows of a block's
+/// iteration share their activation (one group, or groups of a multiple of its rows: mla_out_v's
+/// 256).
+inline bool rows_kernel_fits(int rows, int split, int64_t n, int rows_per_group, int num_sms) {
+  const int block_rows = kGemvWarps / std::min(split, kGemvWarps) * rows;
+  if (split > 4 || n * split < static_cast<int64_t>(rows) * num_sms * 16) return false;
+  return !(rows_per_group < n && rows_per_group % block_rows != 0);
+}
+
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
+void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  launch_persistent<gemv_kernel<kFp8, kSplit, kOut, kArgmax, kU>>(ctx, p, kGemvWarps / kSplit, grid_cap);
+}
+
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kU, int kMinBlocks>
+void launch_rows(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+  launch_persistent<gemv_rows_kernel<kFp8, kSplit, kOut, kArgmax, kRows, kU, kMinBlocks>>(
+      ctx, p, kGemvWarps / kSplit * kRows, grid_cap);
+}
+
+/// gemv_rows_kernel by unroll (2, 4, 8; at most kMaxU).
+template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU>
+void launch_rows_unroll(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, int unroll) {
+  if constexpr (kMaxU >= 4) {
+    if constexpr (kMaxU >= 8) {
+      if (unroll > 4) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 8, kMinBlocks>(ctx, p, grid_cap);
+    }
+    if (unroll > 2) return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 4, kMinBlocks>(ctx, p, grid_cap);
+  }
+  return launch_rows<kFp8, kSplit, kOut, kArgmax, kRows, 2, kMinBlocks>(ctx, p, grid_cap);
+}
+
+/// gemv_rows_kernel by split (1, 2, 4, and 8 when kSplit8; the argmax only unsplit).
+template <bool kFp8, OutKind kOut, bool kArgmax, int kRows, int kMinBlocks, int kMaxU, bool kSplit8>
+void launch_rows_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap, const GemvPlan& plan) {
+  if constexpr (kArgmax) {
+    return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                plan.unroll);
+  } else {
+    switch (plan.split) {
+      case 1:
+        return launch_rows_unroll<kFp8, 1, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      case 2:
+        return launch_rows_unroll<kFp8, 2, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      case 4:
+        return launch_rows_unroll<kFp8, 4, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                    plan.unroll);
+      default:
+        if constexpr (kSplit8) {
+          return launch_rows_unroll<kFp8, 8, kOut, kArgmax, kRows, kMinBlocks, kMaxU>(ctx, p, grid_cap,
+                                                                                      plan.unroll);
+        } else {
+          MTP_REQUIRE(false, "ops::cuda::gemv: no rows kernel for split ", plan.split);
+        }
+    }
+  }
 }
 
 }  // namespace mtplab::ops::cuda

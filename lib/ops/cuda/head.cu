@@ -154,39 +154,31 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
       batch::cp_async_commit();
     }
     uint4 wr[kWgWBuf][2];
-#pragma unroll
-    for (int u = 0; u < kWgWBuf - 1; ++u)
-      if (u < nchunks) load_w(wr[u], u);
+    w_ring_fill(nchunks, wr, load_w);
     float acc[kNT][4];
 #pragma unroll
     for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     uint32_t a[4][4];
-    for (int c0 = 0; c0 < nchunks; c0 += kWgWBuf) {
-#pragma unroll
-      for (int u = 0; u < kWgWBuf; ++u) {
-        const int c = c0 + u;
-        if (c >= nchunks) break;  // uniform
-        if (c + kWgWBuf - 1 < nchunks) load_w(wr[(u + kWgWBuf - 1) % kWgWBuf], c + kWgWBuf - 1);
-        {  // chunk c's A fragments (chunk c - 1's group has retired)
-          uint32_t wa[8], wb[8];
-          batch::fp8x16_to_f16x16(wr[u][0], wa);
-          batch::fp8x16_to_f16x16(wr[u][1], wb);
-          batch::a_frags(wa, wb, a);
-        }
-        batch::cp_async_wait<kWgAhead - 1>();  // this thread's copies of chunk c have landed
-        wg::fence_proxy_shared();
-        __syncthreads();  // everyone's copies of c; every warpgroup past chunk c - 2's group
-        if (c + kWgAhead < nchunks) stage(c + kWgAhead);  // into chunk c - 2's stage
-        batch::cp_async_commit();
-        const bf16* xc = xs + static_cast<size_t>(c % kWgStages) * kStageElems;
-        wg::fence();
-#pragma unroll
-        for (int s = 0; s < 4; ++s)
-          wg::mma_f16<kNB>(&acc[0][0], a[s], wg::desc(xc + static_cast<size_t>(s) * 2 * kNB * 8, kLbo, kSbo));
-        wg::commit();
-        wg::wait<0>();  // A is rewritten next (ptxas serializes every wgmma if A is defined while one is pending)
+    w_ring_run(nchunks, wr, load_w, [&](const uint4(&w)[2], int c) {
+      {  // chunk c's A fragments (chunk c - 1's group has retired)
+        uint32_t wa[8], wb[8];
+        batch::fp8x16_to_f16x16(w[0], wa);
+        batch::fp8x16_to_f16x16(w[1], wb);
+        batch::a_frags(wa, wb, a);
       }
-    }
+      batch::cp_async_wait<kWgAhead - 1>();  // this thread's copies of chunk c have landed
+      wg::fence_proxy_shared();
+      __syncthreads();  // everyone's copies of c; every warpgroup past chunk c - 2's group
+      if (c + kWgAhead < nchunks) stage(c + kWgAhead);  // into chunk c - 2's stage
+      batch::cp_async_commit();
+      const bf16* xc = xs + static_cast<size_t>(c % kWgStages) * kStageElems;
+      wg::fence();
+#pragma unroll
+      for (int s = 0; s < 4; ++s)
+        wg::mma_f16<kNB>(&acc[0][0], a[s], wg::desc(xc + static_cast<size_t>(s) * 2 * kNB * 8, kLbo, kSbo));
+      wg::commit();
+      wg::wait<0>();  // A is rewritten next (ptxas serializes every wgmma if A is defined while one is pending)
+    });
     wg::wait<0>();
     wg::fence_acc<kNB / 2>(&acc[0][0]);
     tile_epilogue<true, kNT, Epi::head>(p, acc, 0, r0, r1, ok0, ok1, g, t, s_live, s_best, s_shift);
@@ -521,34 +513,31 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
   const void* Wp = fp8 ? static_cast<const void*>(W_fp8) : static_cast<const void*>(W);
   require_aligned16("head_argmax_batch", "W", Wp);
   require_aligned16("head_argmax_batch", "x", x);
+  // What both parameter blocks name alike: the head's inputs beside W and x, its logits, its
+  // argmax outputs and their scratch.
+  auto set_head = [&](auto& p) {
+    p.row_scale = row_scale;
+    p.slot = slot;
+    p.y = logits;
+    p.ldy = ld_logits;
+    p.index_base = index_base;
+    p.out = out;
+    p.extras = extras;
+    p.best = s.best;
+    p.counter = s.counter;
+  };
   if (fp8 && head_gemv_wanted(ctx.policy.head_gemm, rows, k)) {
     HeadGemvParams g;
     g.W = reinterpret_cast<const uint8_t*>(W_fp8);
-    g.row_scale = row_scale;
     g.x = x;
-    g.slot = slot;
     g.n = n;
     g.k = k;
-    g.y = logits;
-    g.ldy = ld_logits;
-    g.index_base = index_base;
-    g.out = out;
-    g.extras = extras;
-    g.best = s.best;
-    g.counter = s.counter;
+    set_head(g);
     dispatch_head_gemv(ctx, g, rows);
     return;
   }
   GemmParams p = gemm_params(Wp, x, k, rows, n, k, GemvRowMap{n, 0, 0, 0});
-  p.row_scale = row_scale;
-  p.slot = slot;
-  p.y = logits;
-  p.ldy = ld_logits;
-  p.index_base = index_base;
-  p.out = out;
-  p.extras = extras;
-  p.best = s.best;
-  p.counter = s.counter;
+  set_head(p);
   if (fp8 && head_wgmma_wanted(ctx.policy.head_gemm, rows)) {
     MTP_REQUIRE(s.packed_x != nullptr && s.packed_elems >= head_packed_x_elems(k),
                 "ops::cuda::head_argmax_batch: the wgmma head's packed-x scratch holds ", s.packed_elems,

@@ -1,6 +1,6 @@
-// The decode chunk step of absorbed sparse MLA, shared by the single-row decode (v1 and v2) and the
-// batched decode (mla.cu): every path runs exactly these helpers on a chunk of selected rows, so
-// their arithmetic per chunk is the same.
+// The decode chunk step of absorbed sparse MLA, shared by every decode kernel (v1, v2 and the
+// shared kernels: mla.cu, mla_shared.cuh): every path runs exactly these helpers on a chunk of
+// selected rows, so their arithmetic per chunk is the same.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,6 +47,21 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 f) {
   const float2 c = fp8x2_to_float2(f.y), d = fp8x2_to_float2(f.y >> 16);
   return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y),
                     pack_bf16x2(d.x, d.y));
+}
+
+/// ldmatrix .x4 (and its transposed form) of four 8 x 8 BF16 matrices from shared memory: the
+/// MMA fragments of the decodes' and of absorb_q's tensor-core kernels.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 }
 
 // The chunk step both decode kernels share: the warp's Q fragments, its partial scores S = Q C^T,

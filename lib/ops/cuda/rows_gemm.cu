@@ -181,42 +181,26 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
     for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     if constexpr (kRes) {
       uint4 wr[kResWBuf][2 * kWVec];
-#pragma unroll
-      for (int u = 0; u < kResWBuf - 1; ++u)
-        if (u < nchunks) load_w(wr[u], u);
-      for (int c0 = 0; c0 < nchunks; c0 += kResWBuf) {
-#pragma unroll
-        for (int u = 0; u < kResWBuf; ++u) {
-          const int c = c0 + u;
-          if (c >= nchunks) break;  // uniform
-          if (c + kResWBuf - 1 < nchunks) load_w(wr[(u + kResWBuf - 1) % kResWBuf], c + kResWBuf - 1);
-          mma_w_chunk(wr[u], xs + c * kChunkK, ldr, acc);
-        }
-      }
+      w_ring_fill(nchunks, wr, load_w);
+      w_ring_run(nchunks, wr, load_w, [&](const uint4(&w)[2 * kWVec], int c) {
+        mma_w_chunk(w, xs + c * kChunkK, ldr, acc);
+      });
     } else {
       for (int s = 0; s < kXStages - 1; ++s) {
         if (s < nchunks) stage(s, s);
         batch::cp_async_commit();
       }
       uint4 wr[kWBuf][2 * kWVec];
-#pragma unroll
-      for (int u = 0; u < kWBuf - 1; ++u)
-        if (u < nchunks) load_w(wr[u], u);
+      w_ring_fill(nchunks, wr, load_w);
 
-      for (int c0 = 0; c0 < nchunks; c0 += kWBuf) {
-#pragma unroll
-        for (int u = 0; u < kWBuf; ++u) {
-          const int c = c0 + u;
-          if (c >= nchunks) break;  // uniform
-          if (c + kWBuf - 1 < nchunks) load_w(wr[(u + kWBuf - 1) % kWBuf], c + kWBuf - 1);
-          if (c + kXStages - 1 < nchunks) stage(c + kXStages - 1, (c + kXStages - 1) % kXStages);
-          batch::cp_async_commit();
-          batch::cp_async_wait<kXStages - 1>();  // chunk c's group has landed
-          __syncthreads();
-          mma_w_chunk(wr[u], xs + static_cast<size_t>(c % kXStages) * NB * kXStride, kXStride, acc);
-          __syncthreads();  // stage c % kXStages is refilled by the next iteration's copy
-        }
-      }
+      w_ring_run(nchunks, wr, load_w, [&](const uint4(&w)[2 * kWVec], int c) {
+        if (c + kXStages - 1 < nchunks) stage(c + kXStages - 1, (c + kXStages - 1) % kXStages);
+        batch::cp_async_commit();
+        batch::cp_async_wait<kXStages - 1>();  // chunk c's group has landed
+        __syncthreads();
+        mma_w_chunk(w, xs + static_cast<size_t>(c % kXStages) * NB * kXStride, kXStride, acc);
+        __syncthreads();  // stage c % kXStages is refilled by the next iteration's copy
+      });
     }
 
     tile_epilogue<kFp8, kNT, kEpi>(p, acc, group, r0, r1, ok0, ok1, g, t, s_live, s_best,

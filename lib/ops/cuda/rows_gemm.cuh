@@ -99,6 +99,30 @@ __device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (
   }
 }
 
+/// The W register ring of the skinny GEMM's chunk loops (rows_gemm_kernel, head_wgmma_kernel): W is
+/// kept kBuf - 1 chunks ahead in registers. w_ring_fill loads chunks 0 .. kBuf - 2; w_ring_run then
+/// walks chunks 0 .. nchunks - 1 in order, issuing the loads of chunk c + kBuf - 1 (load(slot, c))
+/// before computing chunk c (step(slot, c)). The slots rotate with the unrolled u, so every register
+/// index is static.
+template <int kBuf, typename W, typename Load>
+__device__ __forceinline__ void w_ring_fill(int nchunks, W (&wr)[kBuf], Load&& load) {
+#pragma unroll
+  for (int u = 0; u < kBuf - 1; ++u)
+    if (u < nchunks) load(wr[u], u);
+}
+template <int kBuf, typename W, typename Load, typename Step>
+__device__ __forceinline__ void w_ring_run(int nchunks, W (&wr)[kBuf], Load&& load, Step&& step) {
+  for (int c0 = 0; c0 < nchunks; c0 += kBuf) {
+#pragma unroll
+    for (int u = 0; u < kBuf; ++u) {
+      const int c = c0 + u;
+      if (c >= nchunks) break;  // uniform
+      if (c + kBuf - 1 < nchunks) load(wr[(u + kBuf - 1) % kBuf], c + kBuf - 1);
+      step(wr[u], c);
+    }
+  }
+}
+
 /// Column tiles of 8 for `rows` batch rows: 1, 2, 4, 8 or 16.
 inline int column_tiles(int rows) {
   int nt = 1;
