@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ops/cuda/dense.hpp"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/gemv.cuh"
 #include "ops/ops.hpp"
 #include "playground.hpp"
@@ -31,14 +32,14 @@ template <bool kFp8, bool kArgmax>
 void launch_rows2(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
   const int n_chunks = p.k / (kFp8 ? 16 : 8);
   GemvPlan plan;
-  plan.split = choose_split(p.n, n_chunks, ctx);
+  plan.split = gemv_split(ctx, p.n, n_chunks);
   plan.unroll = unroll_for((n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp), kUnroll);
   launch_rows_split<kFp8, OutKind::bf16, kArgmax, 2, 1, 8, false>(ctx, p, grid_cap, plan);
 }
 
 /// Whether rows2 covers [n x k] on this device (else the library would run v1 for it).
 bool rows2_covers(const LaunchCtx& ctx, bool fp8, bool argmax, int64_t n, int k) {
-  const int split = choose_split(n, k / (fp8 ? 16 : 8), ctx);
+  const int split = gemv_split(ctx, n, k / (fp8 ? 16 : 8));
   return !(argmax && split != 1) && rows_kernel_fits(2, split, n, static_cast<int>(n), ctx.num_sms);
 }
 
@@ -59,7 +60,7 @@ void launch_fp8split_u(const LaunchCtx& ctx, const GemvParams& p, int split) {
   }
 }
 void launch_fp8split(const LaunchCtx& ctx, const GemvParams& p) {
-  const int split = choose_split(p.n, p.k / 8, ctx);
+  const int split = gemv_split(ctx, p.n, p.k / 8);
   const int n_chunks = p.k / 16;
   const int unroll = unroll_for((n_chunks + split * kWarp - 1) / (split * kWarp), kUnroll);
   if (unroll == 2) return launch_fp8split_u<2>(ctx, p, split);
@@ -221,7 +222,7 @@ void check_fp8split(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng
   for (const Shape& s : kShapes) {
     if (s.k % 16 != 0) continue;
     const std::string what = str("fp8split ", s.name, " [", s.n, " x ", s.k, "] (split ",
-                                 cuda::choose_split(s.n, s.k / 8, ctx), ", v1's ", cuda::choose_split(s.n, s.k / 16, ctx),
+                                 cuda::gemv_split(ctx, s.n, s.k / 8), ", v1's ", cuda::gemv_split(ctx, s.n, s.k / 16),
                                  ")");
     const size_t nk = static_cast<size_t>(s.n) * s.k;
     const std::vector<bf16> x = rng.bf16s(static_cast<size_t>(s.k), -1.0f, 1.0f);

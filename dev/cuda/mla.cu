@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/mla.hpp"
 #include "ops/cuda/mla_shared.cuh"
 #include "ops/ops.hpp"
@@ -30,17 +31,12 @@ namespace {
 constexpr int kSharedTiles = 4;  // 64 heads a block
 constexpr int kSharedRows = 16;  // rows a chunk
 
-/// The comparison kernel's split count: at least enough splits for the slot table's bound; a forced
-/// count capped at the chunks; else one block per multiprocessor over the launch, with at least 4
-/// chunks of 16 rows per split (the rule of the library's shared kernels at 4 tiles a block).
+/// The comparison kernel's split count: the library's rule for its shared kernels
+/// (dispatch.cu's shared_decode_splits) at 4 tiles a block, one block per multiprocessor and the
+/// 16-row chunks' slot table bound.
 int shared_splits(int num_sms, int width, int n_heads, int rows, int forced) {
   const int chunks = std::max(1, (width + mla::kChunk - 1) / mla::kChunk);
-  const int least = (chunks * mla::kChunk + mla::kSharedMaxSplitRows - 1) / mla::kSharedMaxSplitRows;
-  if (forced > 0) return std::max(least, std::min(forced, chunks));
-  const int per_block = kSharedTiles * mla::kHeadTile;
-  const int64_t blocks = static_cast<int64_t>((n_heads + per_block - 1) / per_block) * rows;
-  const int want = static_cast<int>(std::max<int64_t>(1, num_sms / blocks));
-  return std::max(least, std::min(want, std::max(1, chunks / 4)));
+  return shared_decode_splits(num_sms, chunks, n_heads, rows, forced, kSharedTiles, 1, mla::kSharedMaxSplitRows);
 }
 
 /// The shared decode of `rows` rows at `splits` splits, then the combine (splits > 1).
@@ -142,7 +138,7 @@ void check_case(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, de
   // The library under a policy: its split count, scratch and decode, as the backend runs them.
   DeviceBuffer<float> lib_scratch(static_cast<size_t>(B) * nh * 64 * (2 + static_cast<size_t>(L)));
   auto library = [&](const cuda::LaunchCtx& c2, bf16* out) {
-    const int splits = cuda::mla_decode_batch_splits(c2, width, nh, B, fp8);
+    const int splits = cuda::mla_batch_splits(c2, width, nh, B, fp8);
     MTP_REQUIRE(cuda::mla_decode_batch_scratch_floats(c2, splits, nh, L, B, fp8) <= lib_scratch.size(),
                 "the playground's scratch is too small for the library's ", splits, " splits");
     cuda::mla_decode_batch(c2, d_q.data(), d_sel.data(), width, d_slots.data(), B, kv, out, nh, softmax_scale, splits,

@@ -76,6 +76,7 @@
 #include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/cuda/dense.hpp"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/indexer.hpp"
 #include "ops/cuda/moe.hpp"
 

@@ -1,8 +1,8 @@
 // The single-row GEMV family (the CPU reference: cpu/dense.cpp): BF16 and FP8 (per-row scaled)
 // GEMV, the draft head with its argmax fused (head_argmax), several GEMVs of one x in one launch
-// (linear_group). The kernels: gemv.cuh; their invariants there.
+// (linear_group). The kernels: gemv.cuh; their invariants there. Which instance a launch runs:
+// dispatch.cu (gemv_plan).
 #include <algorithm>
-#include <array>
 #include <cstdint>
 
 #include "ops/cuda/cuda_check.hpp"
@@ -15,73 +15,9 @@ namespace mtplab::ops::cuda {
 
 namespace {
 
-// ---- variant selection ------------------------------------------------------------------------------
-
-/// The automatic variant per shape: the first rule whose kind and ranges hold wins; none: v1.
-/// Filled from the gemv-sweep task of scripts/device/run.sh (docs/kernels.md), e.g.
-/// {false, 8192, int64_t{1} << 40, 512, 2048, GemvVariant::rows4} for BF16 rows of k 512..2048 and
-/// n >= 8192.
-struct AutoRule {
-  bool fp8;
-  int64_t n_min, n_max;
-  int k_min, k_max;
-  GemvVariant variant;
-};
-// From the sweep on one H200 (docs/kernels.md, "Variants"; 2026-11-30; graph mode, % of copy):
-// the heads gain from 4 rows per warp (one activation load feeds 4 rows: FP8 head 89.9 -> 95.1%,
-// BF16 100.9 -> 102.1%); the FP8 eh_proj (56.4 -> 68.4%), q_b (76.8 -> 84.5%) and the k >= 8192
-// BF16 GEMVs (eh_proj 80.7 -> 81.8%, o_proj 88.3 -> 88.7%) from the 64-warp occ kernel; kv_b and
-// mla_out_v stay on v1 (every variant was slower or equal). All of these give v1's bits.
-constexpr int64_t kAnyN = int64_t{1} << 40;
-constexpr int kAnyK = 1 << 30;
-constexpr std::array<AutoRule, 5> kAutoRules{{
-    {false, 65536, kAnyN, 1, kAnyK, GemvVariant::rows4},  // the BF16 head
-    {true, 65536, kAnyN, 1, kAnyK, GemvVariant::rows4},   // the FP8 head
-    {true, 1, 65535, 1, kAnyK, GemvVariant::occ},         // FP8 eh_proj
-    {false, 8192, 65535, 1024, 2048, GemvVariant::occ},   // q_b
-    {false, 1, 16384, 8192, kAnyK, GemvVariant::occ},     // eh_proj, o_proj
-}};
-
-GemvVariant automatic_variant(bool fp8, int64_t n, int k) {
-  for (const AutoRule& r : kAutoRules)
-    if (r.fp8 == fp8 && n >= r.n_min && n <= r.n_max && k >= r.k_min && k <= r.k_max) return r.variant;
-  return GemvVariant::v1;
-}
-
-/// The instances that exist (launch_gemv): the rows kernels for splits 1, 2, 4 and occ for every
-/// split, with the argmax only unsplit (the head's shapes), no fp32 output (router-sized GEMVs);
-/// rows4 only where its rows fit (rows_kernel_fits). Anything else runs v1.
-GemvPlan plan_gemv(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k,
-                   int rows_per_group) {
-  const int n_chunks = k / (fp8 ? 16 : 8);
-  const int num_sms = ctx.num_sms;
-  GemvVariant v = ctx.policy.gemv_variant;
-  if (v == GemvVariant::automatic) v = automatic_variant(fp8, n, k);
-  GemvPlan plan;
-  plan.split = choose_split(n, n_chunks, ctx);
-  // Rows of at most 2 chunks per lane (k <= 512 BF16 unsplit: mla_out_v, kv_b) need no 8-deep
-  // unroll; the 2-deep kernel holds fewer registers, so twice the warps (and bytes) are in flight.
-  // Each lane still adds its chunks in ascending order: the same bits as the 8-deep kernel.
-  if (plan.split == 1 && n_chunks <= 2 * kWarp) plan.unroll = 2;
-  if (v == GemvVariant::v1) return plan;
-  if (f32_out || (argmax && plan.split != 1)) return plan;
-  const int per_lane = (n_chunks + plan.split * kWarp - 1) / (plan.split * kWarp);
-  if (v == GemvVariant::occ) {
-    // 2 loads per lane: at 4 the 32-register bound spills (ptxas, sm_90).
-    plan.kernel = v;
-    plan.unroll = 2;
-    return plan;
-  }
-  // rows4 (the rows kernel's limits: rows_kernel_fits).
-  if (!rows_kernel_fits(4, plan.split, n, rows_per_group, num_sms)) return plan;
-  plan.kernel = v;
-  plan.unroll = unroll_for(per_lane, 4);
-  return plan;
-}
-
 template <bool kFp8, OutKind kOut, bool kArgmax>
 void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
-  const GemvPlan plan = plan_gemv(ctx, kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group);
+  const GemvPlan plan = gemv_plan(ctx, kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group);
   if constexpr (kOut != OutKind::f32) {
     switch (plan.kernel) {
       case GemvVariant::rows4:
@@ -201,7 +137,7 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
     g.W = reinterpret_cast<const uint8_t*>(o.W);
     g.y = o.y;
     g.n = o.n_out;
-    g.split = choose_split(o.n_out, k / 8, ctx);
+    g.split = gemv_split(ctx, o.n_out, k / 8);
     g.block_begin = blocks;
     g.f32_out = o.f32_out ? 1 : 0;
     g.scale = o.f32_scale;

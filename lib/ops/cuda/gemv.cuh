@@ -27,6 +27,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/launch.cuh"
 
 namespace mtplab::ops::cuda {
@@ -236,46 +237,7 @@ inline GemvParams gemv_params(const char* op, bool fp8, const void* W, const flo
   return p;
 }
 
-// ---- launching an instance ---------------------------------------------------------------------------
-
-/// What one GEMV launch runs: the kernel (v1 = gemv_kernel; rows4, occ = gemv_rows_kernel),
-/// the k-split and the loads per lane and row in flight.
-struct GemvPlan {
-  GemvVariant kernel = GemvVariant::v1;
-  int split = 1;
-  int unroll = kUnroll;
-};
-
-/// The smallest of 2, 4, 8 that covers `per_lane` chunks, at most `cap`.
-inline int unroll_for(int per_lane, int cap) {
-  int u = 2;
-  while (u < per_lane && u < cap) u *= 2;
-  return u;
-}
-
-/// Warps that keep the chip's memory system busy: below that, split each row across warps. The
-/// policy's gemv_split, when not 0, forces the split (a tuning experiment; docs/kernels.md).
-inline int choose_split(int64_t n, int n_chunks, const LaunchCtx& ctx) {
-  if (ctx.policy.gemv_split != 0) return ctx.policy.gemv_split;
-  const int num_sms = ctx.num_sms;
-  // Long rows (k >= 8192 BF16: eh_proj, o_proj) aim at two warps per resident slot: measured on
-  // the H200, split 4 instead of 2 took eh_proj 20.9 -> 19.8 us and o_proj 38.3 -> 36.1 us
-  // (docs/performance.md), while shorter rows lost with more splits.
-  const int64_t target_warps = static_cast<int64_t>(num_sms) * 32 * (n_chunks >= 1024 ? 2 : 1);
-  int split = 1;
-  while (split < 8 && n * split < target_warps && n_chunks / (split * 2) >= 2 * kWarp) split *= 2;
-  return split;
-}
-
-/// Whether gemv_rows_kernel with `rows` rows per warp covers a shape at this k-split: every resident
-/// warp has its rows (n x split >= rows x 16 warps per SM, split <= 4) and the rows of a block's
-/// iteration share their activation (one group, or groups of a multiple of its rows: mla_out_v's
-/// 256).
-inline bool rows_kernel_fits(int rows, int split, int64_t n, int rows_per_group, int num_sms) {
-  const int block_rows = kGemvWarps / std::min(split, kGemvWarps) * rows;
-  if (split > 4 || n * split < static_cast<int64_t>(rows) * num_sms * 16) return false;
-  return !(rows_per_group < n && rows_per_group % block_rows != 0);
-}
+// ---- launching an instance (its plan: dispatch.hpp) ----------------------------------------------
 
 template <bool kFp8, int kSplit, OutKind kOut, bool kArgmax, int kU = kUnroll>
 void launch_gemv_split(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {

@@ -13,6 +13,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/rows_gemm.cuh"
 #include "ops/cuda/wgmma.cuh"
@@ -463,25 +464,6 @@ void dispatch_head_gemv(const LaunchCtx& ctx, const HeadGemvParams& p, int rows)
   }
 }
 
-/// Whether the FP8 head of `rows` rows runs the multi-row GEMV (KernelPolicy::head_gemm): under
-/// gemv where it fits, under auto up to kMaxRowsGemvHeadAuto rows where it fits, never under mma
-/// (the skinny GEMM at every B), wgmma, or cublaslt (which has no FP8 head: the skinny GEMM).
-bool head_gemv_wanted(HeadGemm policy, int rows, int k) {
-  return (policy == HeadGemm::gemv || (policy == HeadGemm::automatic && rows <= kMaxRowsGemvHeadAuto)) &&
-         head_gemv_fits(rows, k);
-}
-
-/// Whether the FP8 head of `rows` rows runs the wgmma kernel: always under wgmma (an error where
-/// the build lacks it), from kMinRowsWgmmaHead rows under auto where the build has it.
-bool head_wgmma_wanted(HeadGemm policy, int rows) {
-  if (policy == HeadGemm::wgmma) {
-    MTP_REQUIRE(have_wgmma(), "ops::cuda::head_argmax_batch: head_gemm wgmma needs the sm_90a device code; "
-                "this build's CUDA architectures have no 90a (configure with CMAKE_CUDA_ARCHITECTURES=90a)");
-    return true;
-  }
-  return policy == HeadGemm::automatic && have_wgmma() && rows >= kMinRowsWgmmaHead;
-}
-
 }  // namespace
 
 size_t head_packed_x_elems(int k) {  // the packed rows, then an int shift a row (packed_x_shifts)
@@ -526,7 +508,8 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
     p.best = s.best;
     p.counter = s.counter;
   };
-  if (fp8 && head_gemv_wanted(ctx.policy.head_gemm, rows, k)) {
+  const HeadKernel kernel = head_fused_kernel(ctx.policy, fp8, rows, k);  // dispatch.cu
+  if (kernel == HeadKernel::gemv) {
     HeadGemvParams g;
     g.W = reinterpret_cast<const uint8_t*>(W_fp8);
     g.x = x;
@@ -538,7 +521,7 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
   }
   GemmParams p = gemm_params(Wp, x, k, rows, n, k, GemvRowMap{n, 0, 0, 0});
   set_head(p);
-  if (fp8 && head_wgmma_wanted(ctx.policy.head_gemm, rows)) {
+  if (kernel == HeadKernel::wgmma) {
     MTP_REQUIRE(s.packed_x != nullptr && s.packed_elems >= head_packed_x_elems(k),
                 "ops::cuda::head_argmax_batch: the wgmma head's packed-x scratch holds ", s.packed_elems,
                 " values, ", head_packed_x_elems(k), " needed at k = ", k);

@@ -41,6 +41,7 @@
 #include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/indexer.hpp"
 #include "ops/cuda/indexer_pool.cuh"
 #include "ops/cuda/launch.cuh"
@@ -56,6 +57,11 @@ using indexer::kPoolsPerWarp;
 using indexer::kScoreThreads;
 using indexer::kScoreWarps;
 using indexer::kSelectThreads;
+using indexer::kTileHeads;
+using indexer::kTilePools;
+using indexer::kTileThreads;
+using indexer::kTileWarps;
+using indexer::tiled_scores_smem;
 using indexer::radix_histogram;
 using indexer::stage_queries;
 using indexer::write_pool_totals;
@@ -541,7 +547,7 @@ __global__ void __launch_bounds__(kScoreThreads)
 
 // ---- scores on register tiles ----------------------------------------------------------------------
 //
-// indexer_scores: tiled (KernelPolicy::indexer_scores; auto from kMinRowsTiledScores rows). The
+// indexer_scores: tiled (KernelPolicy::indexer_scores; the rule: dispatch.cu). The
 // pools4 kernel above gives lane h one head and 4 pools, so every 4 FMAs of a lane wait on a
 // shared-memory load of its query row (the 4 keys are broadcasts): at B = 128 its time went to
 // shared-memory traffic, not to the FMAs or the keys' bytes. Here a warp scores 16 pools of one
@@ -554,12 +560,6 @@ __global__ void __launch_bounds__(kScoreThreads)
 // through a 2-stage cp.async ring per warp ([pool][D + 4] floats: conflict-free key reads); the
 // pools past n_cand of the last group are zero-filled and written -inf, and the rest of the row
 // (n_cand rounded up to groups, to max_pools) is filled with -inf by all the row's blocks.
-
-constexpr int kTileHeads = 32;  // the kernel's head count (others run pools4)
-constexpr int kTilePools = 16;  // pools per warp group
-constexpr int kTileThreads = 256;
-constexpr int kTileWarps = kTileThreads / kWarp;
-constexpr int kMinRowsTiledScores = 16;
 
 /// A warp group's 16 pools j0 .. j0 + 15 of keys into dst [pool][D + 4] (zeros past n_cand): cp.async,
 /// the caller commits. Whole warp.
@@ -828,30 +828,6 @@ void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf1
       MTP_CUDA_LAUNCH_CHECK();
     }
   });
-}
-
-namespace {
-/// The tiled scores kernel's dynamic shared memory: the 32 query rows and weights, then every warp's
-/// 2-stage ring of 16 key rows, rows padded to D + 4 floats.
-size_t tiled_scores_smem(int D) {
-  return sizeof(float) * (static_cast<size_t>(kTileHeads) * (D + 4) + kTileHeads +
-                          static_cast<size_t>(kTileWarps) * 2 * kTilePools * (D + 4));
-}
-constexpr size_t kTiledScoresMaxSmem = 200 * 1024;
-}  // namespace
-
-bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D) {
-  // The tiled kernel's shape: 32 heads, whole 16-byte vectors, keys that fit its rings (D <= 172).
-  if (n_heads != kTileHeads || D % 4 != 0 || tiled_scores_smem(D) > kTiledScoresMaxSmem) return false;
-  switch (policy.indexer_scores) {
-    case IndexerScores::tiled:
-      return true;
-    case IndexerScores::pools4:
-      return false;
-    case IndexerScores::automatic:
-      break;
-  }
-  return rows >= kMinRowsTiledScores;
 }
 
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,

@@ -36,15 +36,12 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
 void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf16* w, const bf16* b,
                               float eps, const float* gate, const float* ape, const int32_t* slot,
                               const int32_t* pos, int rows, const IndexerSlots& idx, bool keys_after_rows = false);
-/// The batched pool scores, by ctx.policy.indexer_scores (indexer_scores_tiled), the same bits either
-/// way: pools4, a warp per 4 pools of a row, lane h one head; tiled, a warp per 16 pools of a row, each
-/// lane 4 heads x 4 pools on register tiles (32 heads only). slot == nullptr: one row reading slot 0.
+/// The batched pool scores, by ctx.policy.indexer_scores (dispatch.cu's indexer_scores_tiled), the
+/// same bits either way: pools4, a warp per 4 pools of a row, lane h one head; tiled, a warp per 16
+/// pools of a row, each lane 4 heads x 4 pools on register tiles (32 heads only). slot == nullptr:
+/// one row reading slot 0.
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads);
-/// Whether indexer_scores_batch runs the tiled kernel: the policy's choice where the shape has 32
-/// heads, D % 4 == 0 and D <= 172 (its rings' shared memory; else pools4); automatic from
-/// kMinRowsTiledScores (16) rows.
-bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D);
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools);
 /// The index_share selection of each row (ops.hpp): block b copies anchor row b's pools, then the

@@ -93,6 +93,19 @@ __device__ __forceinline__ void write_pool_totals(float (&total)[kPoolsPerWarp],
   }
 }
 
+// The tiled scores kernel's block (indexer.cu, "scores on register tiles"; its rule: dispatch.cu).
+constexpr int kTileHeads = 32;  // the kernel's head count (others run pools4)
+constexpr int kTilePools = 16;  // pools per warp group
+constexpr int kTileThreads = 256;
+constexpr int kTileWarps = kTileThreads / kWarp;
+/// The tiled scores kernel's dynamic shared memory: the 32 query rows and weights, then every warp's
+/// 2-stage ring of 16 key rows, rows padded to D + 4 floats.
+inline size_t tiled_scores_smem(int D) {
+  return sizeof(float) * (static_cast<size_t>(kTileHeads) * (D + 4) + kTileHeads +
+                          static_cast<size_t>(kTileWarps) * 2 * kTilePools * (D + 4));
+}
+constexpr size_t kTiledScoresMaxSmem = 200 * 1024;
+
 // ---- selection -----------------------------------------------------------------------------------------
 
 constexpr int kSelectThreads = 1024;

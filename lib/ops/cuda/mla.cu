@@ -46,6 +46,7 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mla.hpp"
 #include "ops/cuda/mla_chunk.cuh"
@@ -157,9 +158,8 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 //   order (deterministic). One cluster per (row, head tile) writes o_lat itself; more write one
 //   partial per cluster, which mla_combine_rows merges (S / 8 partials per head instead of S).
 
-constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
-constexpr int kStages = 4;           // cp.async ring depth per warp, in chunks
-constexpr int kMaxSplitChunks = 32;  // chunks one split may own (the slot table's size)
+// kCluster, kMaxSplitChunks: mla_chunk.cuh (dispatch.cu's split rule reads them too).
+constexpr int kStages = 4;  // cp.async ring depth per warp, in chunks
 constexpr int kMaxSplitRows = kMaxSplitChunks * kChunk;
 constexpr int kGatherPerThread = kMaxSplitRows / kDecodeThreads;
 static_assert(kMaxSplitRows % kDecodeThreads == 0, "the slot gather must split evenly over the block");
@@ -423,22 +423,6 @@ void decode_v2(const LaunchCtx& ctx, const DecodeParams& p, bool fp8, int rows) 
   // One cluster per (row, head tile) wrote o_lat itself: nothing to merge.
   const int partials = p.splits / kCluster;
   if (partials > 1) mla_combine_rows(ctx, p.scratch, p.slot, rows, partials, p.n_heads, p.kv_lora, p.o_lat);
-}
-
-/// Clusters of 8 splits per (row, head tile) of the v2 decode, for rows of `chunks` chunks and
-/// `units` (row, head tile) pairs in the launch. `forced` (not 0) is the count asked for; otherwise
-/// about one block per multiprocessor over the launch, and no more clusters than it takes to give
-/// every split a chunk. Either is raised where a split would own more than kMaxSplitChunks chunks
-/// (a large batch: one cluster per (row, head tile)).
-int decode_v2_clusters(int num_sms, int chunks, int64_t units, int forced) {
-  const int64_t per_cluster = kCluster * kMaxSplitChunks;
-  int64_t clusters = forced;
-  if (clusters == 0) {
-    clusters = std::max<int64_t>(1, (num_sms + units * kCluster / 2) / (units * kCluster));
-    clusters = std::min<int64_t>(clusters, (chunks + kCluster - 1) / kCluster);
-  }
-  clusters = std::max<int64_t>(clusters, (chunks + per_cluster - 1) / per_cluster);
-  return static_cast<int>(clusters);
 }
 
 /// The v2 checks of a split count (mla_decode_batch): a multiple of 8, at most
@@ -883,76 +867,12 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
   mla_absorb_q(ctx, q, W_kvb, q_abs, n_heads, dqk, dv, kv_lora);
 }
 
-BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows) {
-  switch (ctx.policy.mla_batch) {
-    case MlaBatch::shared2:
-      return BatchDecodeKernel::shared2;
-    case MlaBatch::shared32:
-      return BatchDecodeKernel::shared32;
-    case MlaBatch::automatic:
-      // From two rows a shared kernel (the head tiles of a row share each staged chunk): shared2
-      // up to 8 rows, shared32 above, as measured on one H200 (glm5.3-flash, 2051 selected rows,
-      // BF16 cache, graph mode, us; docs/kernels.md; shared, 4 tiles on 16-row chunks, is the
-      // comparison kernel of dev/cuda/mla.cu): shared2 / shared 18.7 / 24.2 at B = 2, 27.8 /
-      // 27.9 at 4; shared2 / shared / shared32 34.8 / 36.1 / 34.6 at 8, 56.4 / 55.9 / 52.8 at 16,
-      // 159.0 / 156.3 / 140.4 at 64, 257.5 / 249.3 / 219.8 at 128. A batch of one keeps the tiles
-      // rule below, as the single-row decode.
-      if (rows >= 2) return rows <= 8 ? BatchDecodeKernel::shared2 : BatchDecodeKernel::shared32;
-      break;
-    case MlaBatch::tiles:
-      break;
-  }
-  // The tiles rule. Under mla_decode v2 the batched decode takes the v2 kernel for FP8 caches and
-  // the v1 kernel for BF16 ones, as measured on one H200 (glm5.3-flash, 2051 selected rows,
-  // docs/kernels.md): BF16 v1 / v2 27 / 34 us at B = 1, 146 / 205 at 16, 376 / 417 at 64, 682 / 788
-  // at 128; FP8 110 / 126 at 16, 453 / 374 at 64, 847 / 732 at 128. A forced split count
-  // (mla_batch_splits) follows the policy's kernel whatever the cache, so a batch's v2 can be
-  // compared row by row with each row decoded alone.
-  if (ctx.policy.mla_decode != MlaDecode::v2) return BatchDecodeKernel::v1;
-  return fp8_cache || ctx.policy.mla_batch_splits > 0 ? BatchDecodeKernel::v2 : BatchDecodeKernel::v1;
-}
-
-int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache) {
-  const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
-  const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
-  const int forced = ctx.policy.mla_batch_splits;
-  const BatchDecodeKernel kernel = mla_decode_batch_kernel(ctx, fp8_cache, rows);
-  if (kernel == BatchDecodeKernel::shared2 || kernel == BatchDecodeKernel::shared32) {
-    // At least enough splits for the slot table's bound; else a forced count (capped at the chunks),
-    // or as many splits as keep the launch within one wave (shared32: one block per multiprocessor,
-    // shared2: two), with at least 4 chunks of 16 rows per split (the combine reads splits x kv_lora
-    // per head).
-    const int bound = kernel == BatchDecodeKernel::shared32 ? kShared32MaxSplitRows : kSharedMaxSplitRows;
-    const int least = (chunks * kChunk + bound - 1) / bound;
-    if (forced > 0) return std::max(least, std::min(forced, chunks));
-    const bool two = kernel == BatchDecodeKernel::shared2;
-    const int per_block = (two ? 2 : 4) * kHeadTile;
-    const int64_t blocks = static_cast<int64_t>((n_heads + per_block - 1) / per_block) * rows;
-    const int want =
-        static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(ctx.num_sms) * (two ? 2 : 1) / blocks));
-    return std::max(least, std::min(want, std::max(1, chunks / 4)));
-  }
-  if (kernel == BatchDecodeKernel::v2) {
-    // One block per multiprocessor over every (row, head tile) of the batch; a forced count rounded up to
-    // whole clusters of 8 (raised, as any, where a split would own more than 32 chunks).
-    const int clusters = forced > 0 ? (forced + kCluster - 1) / kCluster : 0;
-    return decode_v2_clusters(ctx.num_sms, chunks, static_cast<int64_t>(tiles) * rows, clusters) * kCluster;
-  }
-  if (forced > 0) return std::min(forced, chunks);
-  // v1: at least two chunks of 16 rows per block, and about two blocks per multiprocessor over the
-  // whole batch: a large batch fills the chip with one split per row (no combine).
-  const int64_t work = static_cast<int64_t>(chunks) * tiles * rows;
-  const int per_split =
-      static_cast<int>(std::max<int64_t>(2, (work + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms)));
-  return std::max(1, (chunks + per_split - 1) / per_split);
-}
-
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
                                        bool fp8_cache) {
   // v1, shared2 and shared32: a partial per split; v2: a partial per cluster of 8 splits. None when one (split
   // or cluster) per (row, head tile) writes o_lat itself.
   const int partials =
-      mla_decode_batch_kernel(ctx, fp8_cache, rows) == BatchDecodeKernel::v2 ? splits / kCluster : splits;
+      mla_batch_kernel(ctx.policy, fp8_cache, rows) == BatchDecodeKernel::v2 ? splits / kCluster : splits;
   if (partials <= 1) return 0;
   return static_cast<size_t>(rows) * n_heads * partials * (2 + static_cast<size_t>(kv_lora));
 }
@@ -974,9 +894,9 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                  cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
                  o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  const BatchDecodeKernel kernel = mla_decode_batch_kernel(ctx, fp8, rows);
+  const BatchDecodeKernel kernel = mla_batch_kernel(ctx.policy, fp8, rows);  // dispatch.cu
   if (kernel == BatchDecodeKernel::v2) {
-    require_v2_splits("mla_decode_batch", "mla_decode_batch_splits", width, splits, scratch, cache.data);
+    require_v2_splits("mla_decode_batch", "mla_batch_splits", width, splits, scratch, cache.data);
     return decode_v2(ctx, p, fp8, rows);
   }
   MTP_REQUIRE(splits == 1 || scratch, "ops::cuda::mla_decode_batch: ", splits, " splits without scratch");
@@ -988,7 +908,7 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
     MTP_REQUIRE(split_rows(width, splits) <= bound, "ops::cuda::mla_decode_batch: ", split_rows(width, splits),
                 " rows per split (the ",
                 kernel == BatchDecodeKernel::shared32 ? "shared32" : "shared2", " kernel takes at most ", bound,
-                ": use mla_decode_batch_splits)");
+                ": use mla_batch_splits)");
     auto run = [&](auto tiles, auto chunk_rows) {
       constexpr int kT = decltype(tiles)::value;
       constexpr int kR = decltype(chunk_rows)::value;
@@ -1052,7 +972,7 @@ void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb,
     gemv_bf16(ctx, W_kvb, o_lat, o, false, n_heads * dv, kv_lora, map);
     return;
   }
-  rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o, false,
+  rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o,
             static_cast<int64_t>(n_heads) * dv, rows, n_heads * dv, kv_lora, map);
 }
 

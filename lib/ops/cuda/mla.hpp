@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/ops.hpp"
 
@@ -34,12 +35,8 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 /// split, 32 / 64 heads) whose head tiles share each staged chunk (v1's scores, one softmax per
 /// tile; shared32 on chunks of 32 rows). ctx.policy.mla_batch_splits, when not 0, forces the split
 /// count (v2: rounded up to a multiple of 8; the shared kernels: capped at the chunks).
-/// mla_decode_batch_kernel is the kernel a batch of `rows` rows runs; mla_decode_batch_splits and
-/// mla_decode_batch_scratch_floats its split count and the fp32 scratch they need (0: none), all
-/// three under the policy mla_decode_batch runs with.
-enum class BatchDecodeKernel { v1, v2, shared2, shared32 };
-BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows);
-int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache);
+/// The kernel and the split count: dispatch.cu (mla_batch_kernel, mla_batch_splits); the fp32
+/// scratch mla_decode_batch needs for them (0: none), under the policy it runs with:
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
                                        bool fp8_cache);
 /// slot == nullptr: every row reads slot 0 (the single-sequence decode's path: one row, kv holding

@@ -34,6 +34,9 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * kWarp;
 constexpr int kHeadTile = 16;  // heads per block: the MMA's M
 constexpr int kChunk = 16;     // selected rows per step: two n8 tiles of S, one k16 step of P C
+// The v2 decode's (mla.cu, "decode v2"; its split rule: dispatch.cu).
+constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
+constexpr int kMaxSplitChunks = 32;  // chunks one split may own (the slot table's size)
 
 /// a ~= hi + lo with hi = bf16(a), lo = bf16(a - hi), for a pair of values.
 __device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, uint32_t& lo) {

@@ -1,13 +1,13 @@
 // The skinny tensor-core GEMM (the CPU reference: cpu/dense.cpp): W rows x up to 128 batch rows,
-// the small-M path of mla_out_v_batch and the batched linears, and the mma head of
-// head_argmax_batch (its argmax fused; head.cu picks it).
+// the small-M path of mla_out_v_batch, and the mma head of head_argmax_batch (its argmax fused;
+// head.cu launches it where dispatch.cu picks it).
 //
 // The skinny GEMM (rows_gemm_kernel). A block of 8 warps owns a tile of 128 W rows (16 per warp, the
 // MMA's M) and every batch row (the MMA's N, 8 per column tile, kNT tiles); it walks k in chunks of
 // 64 columns. Each W element is loaded exactly once, by the one lane whose fragment holds it, with
 // 16-byte streaming loads two chunks ahead in registers; the batch rows' chunk is shared by the 8
 // warps through a 3-stage cp.async ring in shared memory (padded rows are zero-filled, never read).
-// Tiles are spread over a persistent grid. Epilogues: BF16 / fp32 outputs (the linears), or the
+// Tiles are spread over a persistent grid. Epilogues: BF16 outputs (mla_out_v_batch), or the
 // head: each logit rounded to BF16, written when wanted, keyed as argmax_key(value, index), reduced
 // per batch row over the warp's 16 rows (shuffles), the block (shared atomics), then the grid
 // (global atomicMax into HeadBatchScratch::best); the last block to finish writes out / extras and
@@ -277,8 +277,8 @@ void launch_rows_gemm_head(const LaunchCtx& ctx, const GemmParams& p, bool fp8) 
   }
 }
 
-void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, void* y, bool f32_out,
-               int64_t ldy, int rows, int n, int k, const GemvRowMap& map) {
+void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, bf16* y, int64_t ldy, int rows,
+               int n, int k, const GemvRowMap& map) {
   MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && n >= 1 && k >= 16 && k % 16 == 0 &&
                   map.rows_per_group >= 1 && n % map.rows_per_group == 0,
               "ops::cuda::rows_gemm: rows ", rows, " (1 .. ", kMaxBatchRows, "), n ", n, ", k ", k,
@@ -290,19 +290,7 @@ void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, 
   GemmParams p = gemm_params(W, x, ldx, rows, n, k, map);
   p.y = y;
   p.ldy = ldy;
-  if (f32_out) {
-    dispatch_rows_gemm<false, Epi::f32_out>(ctx, p);
-  } else {
-    dispatch_rows_gemm<false, Epi::bf16_out>(ctx, p);
-  }
-}
-
-bool rows_gemm_wanted(int rows, int n, int k, bool f32_out) {
-  (void)n;
-  (void)f32_out;
-  if (rows < 2 || rows > kMaxBatchRows || k % 16 != 0) return false;
-  // The measured table (docs/kernels.md, "Batched kernels"): cuBLASLt until rows_gemm wins a shape.
-  return false;
+  dispatch_rows_gemm<false, Epi::bf16_out>(ctx, p);
 }
 
 }  // namespace mtplab::ops::cuda

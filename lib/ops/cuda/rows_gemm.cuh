@@ -23,7 +23,7 @@ constexpr int kXStages = 3;                 // batch-row chunks in the cp.async 
 constexpr int kXStride = kChunkK + 8;       // BF16 per staged row: 144 bytes, conflict-free 16-byte reads
 constexpr int kWBuf = 3;                    // W chunks in the register ring: two ahead of the one computed
 
-enum class Epi { head, bf16_out, f32_out };
+enum class Epi { head, bf16_out };
 
 struct GemmParams {
   const uint8_t* W = nullptr;  // BF16 or FP8 rows of k
@@ -36,7 +36,7 @@ struct GemmParams {
   GemvRowMap map;
   int tiles_per_group = 0;
   int total_tiles = 0;
-  void* y = nullptr;  // Y (BF16 / fp32), or the head's logits (may be null)
+  void* y = nullptr;  // Y (BF16), or the head's logits (may be null)
   int64_t ldy = 0;
   int64_t index_base = 0;
   ArgMax* out = nullptr;
@@ -47,7 +47,7 @@ struct GemmParams {
 
 /// The epilogue of one tile of the skinny GEMM (rows_gemm and the wgmma head; the grid-level argmax
 /// after the last tile: rows_grid_finish, argmax.cuh): acc[j][e] is (W row r0 or r1 of the group,
-/// batch row 8j + 2t + (e & 1)). BF16 / fp32 outputs, or the head's logits and their keys, reduced
+/// batch row 8j + 2t + (e & 1)). BF16 outputs, or the head's logits and their keys, reduced
 /// over the warp's 16 rows into s_best (shared atomics). s_shift (FP16 operands,
 /// batch::f16_row_shift; nullptr for BF16 ones): batch row b's x was scaled by 2^s_shift[b],
 /// multiplied back out after the row scale (both exact: the BF16 operands' bits).
@@ -71,17 +71,13 @@ __device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (
         v = __fmul_rn(p.row_scale[r], v);
         if (s_shift) v = ldexpf(v, -s_shift[b]);
       }
-      if constexpr (kEpi == Epi::f32_out) {
-        static_cast<float*>(p.y)[b * p.ldy + r] = v;
+      const bf16 lv = f_to_bf16(v);
+      if constexpr (kEpi == Epi::bf16_out) {
+        static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
       } else {
-        const bf16 lv = f_to_bf16(v);
-        if constexpr (kEpi == Epi::bf16_out) {
-          static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
-        } else {
-          if (p.y) static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
-          const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + r));
-          key_c[e & 1] = key > key_c[e & 1] ? key : key_c[e & 1];
-        }
+        if (p.y) static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
+        const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + r));
+        key_c[e & 1] = key > key_c[e & 1] ? key : key_c[e & 1];
       }
     }
     if constexpr (kEpi == Epi::head) {
