@@ -41,24 +41,9 @@ int shared_splits(int num_sms, int width, int n_heads, int rows, int forced) {
 
 /// The shared decode of `rows` rows at `splits` splits, then the combine (splits > 1).
 void decode_shared(const LaunchCtx& ctx, const mla::DecodeParams& p, bool fp8, int rows) {
-  switch (p.kv_lora) {
-    case 64:
-      fp8 ? mla::launch_decode_shared<16, true, kSharedTiles, kSharedRows>(ctx, p, rows)
-          : mla::launch_decode_shared<16, false, kSharedTiles, kSharedRows>(ctx, p, rows);
-      break;
-    case 128:
-      fp8 ? mla::launch_decode_shared<32, true, kSharedTiles, kSharedRows>(ctx, p, rows)
-          : mla::launch_decode_shared<32, false, kSharedTiles, kSharedRows>(ctx, p, rows);
-      break;
-    case 256:
-      fp8 ? mla::launch_decode_shared<64, true, kSharedTiles, kSharedRows>(ctx, p, rows)
-          : mla::launch_decode_shared<64, false, kSharedTiles, kSharedRows>(ctx, p, rows);
-      break;
-    default:
-      fp8 ? mla::launch_decode_shared<128, true, kSharedTiles, kSharedRows>(ctx, p, rows)
-          : mla::launch_decode_shared<128, false, kSharedTiles, kSharedRows>(ctx, p, rows);
-      break;
-  }
+  mla::with_decode_shape(p.kv_lora, fp8, [&](auto cw, auto f8) {
+    mla::launch_decode_shared<cw(), f8(), kSharedTiles, kSharedRows>(ctx, p, rows);
+  });
   if (p.splits > 1) mla_combine_rows(ctx, p.scratch, p.slot, rows, p.splits, p.n_heads, p.kv_lora, p.o_lat);
 }
 

@@ -15,6 +15,7 @@
 
 #include "core/error.hpp"
 #include "ops/kernel_policy.hpp"
+#include "ops/kernel_record.hpp"
 #include "ops/ops.hpp"
 
 namespace mtplab::ops {
@@ -449,6 +450,41 @@ TEST_F(KernelPolicyEnv, ARetiredVariableThatIsSetIsAnError) {
     unsetenv(var.c_str());
     EXPECT_EQ(env_overrides(KernelPolicy{}, nullptr), KernelPolicy{}) << var << " unset";
   }
+}
+
+// KernelRecord (ops/kernel_record.hpp): per op the distinct kernels in the order first seen, ops
+// listed in name order, equal texts from other pointers counted as one; clear() empties it; the
+// CPU reference notes nothing.
+TEST(KernelRecord, ListsEachOpsDistinctKernelsInNameOrder) {
+  KernelRecord r;
+  EXPECT_TRUE(r.empty());
+  r.note("mla_decode_batch", "shared2");
+  r.note("head_argmax_batch", "cublaslt");
+  r.note("mla_decode_batch", "shared2");
+  const std::string again = "head_argmax_batch";  // another pointer, the same text
+  const std::string mma = "mma";
+  r.note(again.c_str(), mma.c_str());
+  r.note("head_argmax_batch", "cublaslt");
+  r.note("mla_decode_batch", "v1");
+  const std::vector<std::pair<std::string, std::string>> want = {{"head_argmax_batch", "cublaslt,mma"},
+                                                                 {"mla_decode_batch", "shared2,v1"}};
+  EXPECT_EQ(r.named(), want);
+  EXPECT_EQ(r.text(), "head_argmax_batch=cublaslt,mma mla_decode_batch=shared2,v1");
+  r.clear();
+  EXPECT_TRUE(r.empty());
+  EXPECT_TRUE(r.named().empty());
+  r.note("gemv_bf16", "rows4 split 1");
+  EXPECT_EQ(r.text(), "gemv_bf16=rows4 split 1");
+}
+
+TEST(KernelRecord, TheCpuReferenceNotesNothing) {
+  auto be = make_cpu_backend();
+  std::vector<bf16> W(64 * 32, to_bf16(0.5f)), x(32, to_bf16(1.0f)), y(64);
+  be->linear(W.data(), x.data(), y.data(), 1, 64, 32);
+  be->linear(W.data(), x.data(), y.data(), 1, 64, 32, RowsMode::batched);
+  EXPECT_TRUE(be->kernels_chosen().empty()) << be->kernels_chosen().text();
+  be->reset_kernels_chosen();
+  EXPECT_TRUE(be->kernels_chosen().empty());
 }
 
 }  // namespace

@@ -83,32 +83,41 @@ __device__ __forceinline__ void finish_argmax(unsigned long long best, unsigned 
   }
 }
 
-/// The batched heads' grid-level argmax (the skinny GEMM, the wgmma head, the multi-row GEMV head),
-/// after the block's last tile (the whole block calls it): the block's keys of its NB batch rows
-/// (s_best) into best[] (global atomicMax); the last block to finish writes out[b] and extras for
-/// every live row (s_live) and resets the keys and the counter (the next launch starts from zeros:
-/// no memset, graph-safe).
+/// Where a batched head (the skinny GEMM's head epilogue, the wgmma head, the multi-row GEMV head)
+/// puts its argmax: row b's token ids from index_base, its pair at out[b] and extras, through the
+/// per-row best keys and the completion counter of HeadBatchScratch (zero between launches).
+struct HeadArgmaxOut {
+  int64_t index_base = 0;
+  ArgMax* out = nullptr;
+  HeadExtras extras;
+  unsigned long long* best = nullptr;
+  unsigned int* counter = nullptr;
+};
+
+/// The batched heads' grid-level argmax, after the block's last tile (the whole block calls it):
+/// the block's keys of its NB batch rows (s_best) into h.best (global atomicMax); the last block to
+/// finish writes h.out[b] and extras for every live row (s_live) and resets the keys and the counter
+/// (the next launch starts from zeros: no memset, graph-safe).
 template <int NB>
-__device__ __forceinline__ void rows_grid_finish(unsigned long long* best, unsigned int* counter,
-                                                 const uint8_t* s_live, const unsigned long long* s_best,
-                                                 ArgMax* out, HeadExtras extras) {
+__device__ __forceinline__ void rows_grid_finish(const HeadArgmaxOut& h, const uint8_t* s_live,
+                                                 const unsigned long long* s_best) {
   __shared__ bool s_last;
   __syncthreads();
   for (int b = threadIdx.x; b < NB; b += blockDim.x)
-    if (s_best[b] != 0) atomicMax(best + b, s_best[b]);
+    if (s_best[b] != 0) atomicMax(h.best + b, s_best[b]);
   __threadfence();  // publish the keys before counting this block as done
   __syncthreads();
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) s_last = atomicAdd(h.counter, 1u) == gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
   __threadfence();
   for (int b = threadIdx.x; b < NB; b += blockDim.x) {
     if (!s_live[b]) continue;
     // Read and reset in one step (the next launch starts from zeros).
-    store_argmax(atomicExch(best + b, 0ull), out + b, extras.key ? extras.key + b : nullptr,
-                 extras.token ? extras.token + b : nullptr);
+    store_argmax(atomicExch(h.best + b, 0ull), h.out + b, h.extras.key ? h.extras.key + b : nullptr,
+                 h.extras.token ? h.extras.token + b : nullptr);
   }
-  if (threadIdx.x == 0) *counter = 0;
+  if (threadIdx.x == 0) *h.counter = 0;
 }
 
 /// out[b] = row b's largest key over its `parts` keys keys[b * parts + i], as the pair (a warp a

@@ -154,6 +154,7 @@ class CudaBackend final : public Backend {
     MTP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = prop.name;
     ctx_.num_sms = prop.multiProcessorCount;
+    ctx_.record = &kernels_chosen_;  // the launchers note their choices (Backend::kernels_chosen)
     // Programmatic dependent launch needs sm_90; the policy's pdl = off turns it off (docs/kernels.md).
     ctx_.pdl_capable = prop.major >= 9;
     MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
@@ -346,6 +347,7 @@ class CudaBackend final : public Backend {
       if (o.f32_out && o.f32_scale != 1.0f) scale_f32(static_cast<float*>(o.y), o.f32_scale, rows * o.n_out);
     }
     if (n_grouped > 0) {
+      cuda::record_kernel(ctx_, "linear_rows_group", "rows_gemv");
       cuda::rows_gemv_group(ctx_, std::span<const LinearOut>(grouped, static_cast<size_t>(n_grouped)), X, rows, k,
                             rows_gemv_scratch(n_sum, k));
     }
@@ -455,6 +457,7 @@ class CudaBackend final : public Backend {
       MTP_REQUIRE(ld_logits >= n, "ops::cuda::head_argmax_batch: ld_logits ", ld_logits, " < n ", n);
     const bool fp8 = W_fp8 != nullptr;
     if (cuda::head_on_cublaslt(ctx_.policy, fp8, rows, [&] { return fp8_plans_exist(rows, n, k); })) {
+      cuda::record_kernel(ctx_, op, "cublaslt");
       head_argmax_lt(W, W_fp8, row_scale, x, slot, rows, n, k, index_base, logits, ld_logits, out, extras);
       return;
     }
@@ -487,10 +490,8 @@ class CudaBackend final : public Backend {
   void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const RowBatch& rb,
                            KvSlots kv) override {
     const char* op = "kv_norm_write_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
-    require_rows(op, slot, rows);
+    const auto [slot, pos, rows, max_seq_rows] = rb;
+    require_rows(op, rb);
     require_kv_slots(op, kv);
     require_ptrs(op, {ckv_pre, w, pos});
     cuda::kv_norm_write_batch(ctx_, ckv_pre, w, eps, slot, pos, rows, kv);
@@ -498,11 +499,9 @@ class CudaBackend final : public Backend {
   void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
                                 const float* ape, const RowBatch& rb, IndexerSlots idx) override {
     const char* op = "indexer_norm_store_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
+    const auto [slot, pos, rows, max_seq_rows] = rb;
     MTP_REQUIRE(rb.max_seq_rows >= 1, "ops::cuda::", op, ": max_seq_rows ", rb.max_seq_rows);
-    require_rows(op, slot, rows);
+    require_rows(op, rb);
     require_indexer_slots(op, idx);
     require_ptrs(op, {k_pre, w, b, gate, ape, pos});
     MTP_REQUIRE(reinterpret_cast<uintptr_t>(idx.k_cache) % 16 == 0,
@@ -514,10 +513,8 @@ class CudaBackend final : public Backend {
   void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx, float* scores,
                             int n_heads) override {
     const char* op = "indexer_scores_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
-    require_rows(op, slot, rows);
+    const auto [slot, pos, rows, max_seq_rows] = rb;
+    require_rows(op, rb);
     require_indexer_slots(op, idx);
     require_ptrs(op, {q, w, pos, scores});
     MTP_REQUIRE(n_heads >= 1 && idx.D >= 4 && idx.D % 4 == 0, "ops::cuda::indexer_scores_batch: n_heads ",
@@ -531,10 +528,8 @@ class CudaBackend final : public Backend {
   void indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
                             int max_pools) override {
     const char* op = "indexer_select_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
-    require_rows(op, slot, rows);
+    const auto [slot, pos, rows, max_seq_rows] = rb;
+    require_rows(op, rb);
     MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select_batch: K ", K, ", P ", P,
                 ", max_pools ", max_pools);
     require_ptrs(op, {scores, pos, selection});
@@ -678,6 +673,7 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(rows >= 1, "ops::cuda::", op, ": rows = ", rows);
     MTP_REQUIRE(slot, "ops::cuda::", op, ": slot is null");
   }
+  static void require_rows(const char* op, const RowBatch& rb) { require_rows(op, rb.slot, rb.rows); }
   static void require_ptrs(const char* op, std::initializer_list<const void*> ptrs) {
     int i = 0;
     for (const void* p : ptrs) {
@@ -800,7 +796,9 @@ class CudaBackend final : public Backend {
                 ", k ", k);
     if (rows > 1 && mode == RowsMode::batched) {
       // The multi-row GEMV (KernelPolicy::rows_linear), else cuBLASLt.
-      if (rows_gemv_wanted(rows, n_out, k, W, X)) {
+      const bool gemv = rows_gemv_wanted(rows, n_out, k, W, X);
+      cuda::record_kernel(ctx_, op, gemv ? "rows_gemv" : "cublaslt");
+      if (gemv) {
         cuda::rows_gemv(ctx_, W, X, Y, f32_out, rows, n_out, k, rows_gemv_scratch(n_out, k));
       } else {
         gemm(W, X, Y, f32_out, rows, n_out, k);

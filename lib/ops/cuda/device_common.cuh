@@ -71,6 +71,14 @@ __device__ __forceinline__ float dot_bf16x8(const uint4& w, const uint4& x, floa
   return acc;
 }
 
+/// acc + a.x b.x + a.y b.y + a.z b.z + a.w b.w: one fmaf per term, in that order.
+__device__ __forceinline__ float fma4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
 /// Two E4M3 values (low byte first) to floats; exact (E4M3 -> half is exact).
 __device__ __forceinline__ float2 fp8x2_to_float2(uint32_t two) {
   const __half2_raw h =

@@ -312,4 +312,25 @@ bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int
   return rows >= kMinRowsTiledScores;
 }
 
+// ==== what ran ==========================================================================================
+
+const char* kernel_text(const GemvPlan& plan) {
+  static constexpr const char* kTexts[3][4] = {{"v1 split 1", "v1 split 2", "v1 split 4", "v1 split 8"},
+                                               {"rows4 split 1", "rows4 split 2", "rows4 split 4", "rows4 split 8"},
+                                               {"occ split 1", "occ split 2", "occ split 4", "occ split 8"}};
+  const int kernel = plan.kernel == GemvVariant::rows4 ? 1 : plan.kernel == GemvVariant::occ ? 2 : 0;
+  const int split = plan.split <= 1 ? 0 : plan.split == 2 ? 1 : plan.split == 4 ? 2 : 3;
+  return kTexts[kernel][split];
+}
+
+const char* kernel_text(HeadKernel kernel) {
+  static constexpr const char* kTexts[] = {"mma", "gemv", "wgmma"};  // HeadKernel's order
+  return kTexts[static_cast<int>(kernel)];
+}
+
+const char* kernel_text(BatchDecodeKernel kernel) {
+  static constexpr const char* kTexts[] = {"v1", "v2", "shared2", "shared32"};  // BatchDecodeKernel's order
+  return kTexts[static_cast<int>(kernel)];
+}
+
 }  // namespace mtplab::ops::cuda

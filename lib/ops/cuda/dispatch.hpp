@@ -97,4 +97,15 @@ int v2_decode_clusters(int num_sms, int chunks, int64_t units, int forced);
 bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D);
 inline constexpr int kMinRowsTiledScores = 16;
 
+// ---- what ran ----------------------------------------------------------------------------------------
+
+/// Notes in ctx's record (Backend::kernels_chosen) that `op` ran `kernel` (static texts).
+inline void record_kernel(const LaunchCtx& ctx, const char* op, const char* kernel) {
+  if (ctx.record) ctx.record->note(op, kernel);
+}
+/// The record's texts of the choices: "rows4 split 1", "mma", "shared2", ...
+const char* kernel_text(const GemvPlan& plan);
+const char* kernel_text(HeadKernel kernel);
+const char* kernel_text(BatchDecodeKernel kernel);
+
 }  // namespace mtplab::ops::cuda

@@ -15,9 +15,11 @@ namespace mtplab::ops::cuda {
 
 namespace {
 
+/// The launch of `op` (gemv_bf16, gemv_fp8, head_argmax): dispatch.cu's plan, noted in the record.
 template <bool kFp8, OutKind kOut, bool kArgmax>
-void launch_gemv(const LaunchCtx& ctx, const GemvParams& p, int grid_cap) {
+void launch_gemv(const LaunchCtx& ctx, const char* op, const GemvParams& p, int grid_cap) {
   const GemvPlan plan = gemv_plan(ctx, kFp8, kArgmax, kOut == OutKind::f32, p.n, p.k, p.map.rows_per_group);
+  record_kernel(ctx, op, kernel_text(plan));
   if constexpr (kOut != OutKind::f32) {
     switch (plan.kernel) {
       case GemvVariant::rows4:
@@ -109,9 +111,9 @@ void gemv_bf16(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool
                const GemvRowMap& map) {
   const GemvParams p = gemv_params("gemv_bf16", false, W, nullptr, x, y, n, k, map);
   if (f32_out) {
-    launch_gemv<false, OutKind::f32, false>(ctx, p, 0);
+    launch_gemv<false, OutKind::f32, false>(ctx, "gemv_bf16", p, 0);
   } else {
-    launch_gemv<false, OutKind::bf16, false>(ctx, p, 0);
+    launch_gemv<false, OutKind::bf16, false>(ctx, "gemv_bf16", p, 0);
   }
 }
 
@@ -153,7 +155,7 @@ void gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf1
 void gemv_fp8(const LaunchCtx& ctx, const fp8e4m3* W, const float* row_scale, const bf16* x, bf16* y, int n,
               int k) {
   const GemvParams p = gemv_params("gemv_fp8", true, W, row_scale, x, y, n, k, GemvRowMap{n, 0, 0, 0});
-  launch_gemv<true, OutKind::bf16, false>(ctx, p, 0);
+  launch_gemv<true, OutKind::bf16, false>(ctx, "gemv_fp8", p, 0);
 }
 
 void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
@@ -169,9 +171,9 @@ void head_argmax(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, cons
   p.partials = scratch.partials;
   p.counter = scratch.counter;
   if (fp8) {
-    launch_gemv<true, OutKind::bf16, true>(ctx, p, scratch.capacity);
+    launch_gemv<true, OutKind::bf16, true>(ctx, "head_argmax", p, scratch.capacity);
   } else {
-    launch_gemv<false, OutKind::bf16, true>(ctx, p, scratch.capacity);
+    launch_gemv<false, OutKind::bf16, true>(ctx, "head_argmax", p, scratch.capacity);
   }
 }
 

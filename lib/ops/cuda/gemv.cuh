@@ -49,7 +49,7 @@ struct GemvParams {
   GemvRowMap map;
   int64_t index_base = 0;
   ArgMax* out = nullptr;
-  HeadExtras extras;  // written with out by the last block (head_argmax)
+  HeadExtras extras{};  // written with out by the last block (head_argmax)
   unsigned long long* partials = nullptr;
   unsigned int* counter = nullptr;
 };
@@ -226,15 +226,7 @@ inline GemvParams gemv_params(const char* op, bool fp8, const void* W, const flo
               " (k must be a positive multiple of ", chunk, ")");
   require_aligned(op, "W", W);
   require_aligned(op, "x", x);
-  GemvParams p;
-  p.W = W;
-  p.row_scale = row_scale;
-  p.x = x;
-  p.y = y;
-  p.n = n;
-  p.k = k;
-  p.map = map;
-  return p;
+  return GemvParams{.W = W, .row_scale = row_scale, .x = x, .y = y, .n = n, .k = k, .map = map};
 }
 
 // ---- launching an instance (its plan: dispatch.hpp) ----------------------------------------------

@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
     wg::fence_acc<kNB / 2>(&acc[0][0]);
     tile_epilogue<true, kNT, Epi::head>(p, acc, 0, r0, r1, ok0, ok1, g, t, s_live, s_best, s_shift);
   }
-  rows_grid_finish<kNB>(p.best, p.counter, s_live, s_best, p.out, p.extras);
+  rows_grid_finish<kNB>(p.head, s_live, s_best);
 #endif
 }
 
@@ -271,11 +271,7 @@ struct HeadGemvParams {
   int k = 0;
   bf16* y = nullptr;  // logits [rows][ldy], may be null
   int64_t ldy = 0;
-  int64_t index_base = 0;
-  ArgMax* out = nullptr;
-  HeadExtras extras;
-  unsigned long long* best = nullptr;
-  unsigned int* counter = nullptr;
+  HeadArgmaxOut head;
 };
 
 constexpr int pow2_at_least(int v) {
@@ -291,12 +287,7 @@ __device__ __forceinline__ void fma_fp8x4_rows(uint32_t w, const float4 (&xq)[kR
   const float2 a = fp8x2_to_float2(w);
   const float2 b = fp8x2_to_float2(w >> 16);
 #pragma unroll
-  for (int r = 0; r < kR; ++r) {
-    acc[r] = fmaf(a.x, xq[r].x, acc[r]);
-    acc[r] = fmaf(a.y, xq[r].y, acc[r]);
-    acc[r] = fmaf(b.x, xq[r].z, acc[r]);
-    acc[r] = fmaf(b.y, xq[r].w, acc[r]);
-  }
+  for (int r = 0; r < kR; ++r) acc[r] = fma4(make_float4(a.x, a.y, b.x, b.y), xq[r], acc[r]);
 }
 
 template <int kR>
@@ -402,7 +393,7 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemv_kernel(HeadGemvParams
     if (holder_live && row < p.n) {
       const bf16 lv = f_to_bf16(__fmul_rn(__ldg(p.row_scale + row), v[0]));
       if (p.y) p.y[static_cast<size_t>(mr) * p.ldy + row] = lv;
-      const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + row));
+      const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.head.index_base + row));
       best = key > best ? key : best;
     }
   }
@@ -413,7 +404,7 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemv_kernel(HeadGemvParams
     const unsigned long long kb = warp_max_u64(mr == r ? best : 0ull);
     if (lane == 0 && kb != 0) atomicMax(&s_best[r], kb);
   }
-  rows_grid_finish<kR>(p.best, p.counter, s_live, s_best, p.out, p.extras);
+  rows_grid_finish<kR>(p.head, s_live, s_best);
 }
 
 /// Blocks of head_gemv_kernel<kR> resident per SM at `smem` bytes of staged activations: asked of
@@ -502,13 +493,10 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
     p.slot = slot;
     p.y = logits;
     p.ldy = ld_logits;
-    p.index_base = index_base;
-    p.out = out;
-    p.extras = extras;
-    p.best = s.best;
-    p.counter = s.counter;
+    p.head = HeadArgmaxOut{index_base, out, extras, s.best, s.counter};
   };
   const HeadKernel kernel = head_fused_kernel(ctx.policy, fp8, rows, k);  // dispatch.cu
+  record_kernel(ctx, "head_argmax_batch", kernel_text(kernel));
   if (kernel == HeadKernel::gemv) {
     HeadGemvParams g;
     g.W = reinterpret_cast<const uint8_t*>(W_fp8);

@@ -439,6 +439,24 @@ __global__ void __launch_bounds__(kRowThreads)
 // The scores kernel's block (kScoreThreads, kScoreWarps, kPoolsPerWarp: indexer_pool.cuh).
 constexpr int kPoolsPerBlock = kScoreWarps * kPoolsPerWarp;
 
+/// Block row b = blockIdx.y of a batched scores launch: its slot (no slots: the single sequence's
+/// pool keys, slot 0; < 0: a padded row, whose position is not read and whose other fields are 0),
+/// the shape, its candidate pools and its row of the scores.
+struct ScoreRow {
+  int slot, D, P, max_pools, n_cand;
+  float* out;
+};
+__device__ __forceinline__ ScoreRow score_row(const int32_t* slot, const int32_t* pos, const IndexerSlots& idx,
+                                              float* scores) {
+  const int b = blockIdx.y;
+  const int s = slot ? slot[b] : 0;
+  if (s < 0) return ScoreRow{s, 0, 0, 0, 0, nullptr};
+  const int max_pools = idx.max_rows / idx.P;
+  const int64_t p = pos[b];
+  return ScoreRow{s, idx.D, idx.P, max_pools, static_cast<int>(min((p + 1) / idx.P, static_cast<int64_t>(max_pools))),
+                  scores + static_cast<size_t>(b) * max_pools};
+}
+
 /// A warp's 4 consecutive pools' keys j0 .. j0 + 3 into dst [pool][D] (the rows as stored, so a
 /// straight 16-byte copy; zero-filled past n_cand): cp.async, the caller commits. Whole warp.
 __device__ __forceinline__ void issue_pool_keys(const float* keys, int D, int j0, int n_cand, int lane,
@@ -471,10 +489,7 @@ __device__ __forceinline__ void score_staged_pools(const float* staged, const fl
         k4[pl] = *reinterpret_cast<const float4*>(staged + static_cast<size_t>(pl) * D + c);  // broadcast
 #pragma unroll
       for (int pl = 0; pl < kPoolsPerWarp; ++pl) {
-        dot[pl] = fmaf(q4.x, k4[pl].x, dot[pl]);
-        dot[pl] = fmaf(q4.y, k4[pl].y, dot[pl]);
-        dot[pl] = fmaf(q4.z, k4[pl].z, dot[pl]);
-        dot[pl] = fmaf(q4.w, k4[pl].w, dot[pl]);
+        dot[pl] = fma4(q4, k4[pl], dot[pl]);
       }
     }
 #pragma unroll
@@ -496,12 +511,8 @@ __global__ void __launch_bounds__(kScoreThreads)
   extern __shared__ float4 score_smem_vec[];
   float* smem = reinterpret_cast<float*>(score_smem_vec);
   const int b = blockIdx.y;
-  const int s = slot ? slot[b] : 0;  // no slots: the single sequence's pool keys
-  if (s < 0) return;                  // padded row
-  const int D = idx.D, P = idx.P, max_pools = (idx.max_rows / idx.P);
-  const int64_t p = pos[b];
-  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
-  float* out = scores + static_cast<size_t>(b) * max_pools;
+  const auto [s, D, P, max_pools, n_cand, out] = score_row(slot, pos, idx, scores);
+  if (s < 0) return;  // padded row
   const int stride = gridDim.x * kPoolsPerBlock;
   if (static_cast<int>(blockIdx.x) * kPoolsPerBlock >= n_cand) {  // uniform: every pool of the block
     for (int j0 = blockIdx.x * kPoolsPerBlock; j0 < max_pools; j0 += stride)
@@ -598,10 +609,7 @@ __device__ __forceinline__ void score_tile(const float* staged, const float* q_s
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        acc[i][p] = fmaf(q4[i].x, k4[p].x, acc[i][p]);
-        acc[i][p] = fmaf(q4[i].y, k4[p].y, acc[i][p]);
-        acc[i][p] = fmaf(q4[i].z, k4[p].z, acc[i][p]);
-        acc[i][p] = fmaf(q4[i].w, k4[p].w, acc[i][p]);
+        acc[i][p] = fma4(q4[i], k4[p], acc[i][p]);
       }
     }
   }
@@ -635,22 +643,17 @@ __global__ void __launch_bounds__(kTileThreads)
     indexer_scores_tiled_kernel(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
                                 IndexerSlots idx, float* scores) {
   pdl_begin();
-  extern __shared__ float4 tile_smem_vec[];
-  float* smem = reinterpret_cast<float*>(tile_smem_vec);
   const int b = blockIdx.y;
-  const int s = slot ? slot[b] : 0;  // no slots: the single sequence's pool keys
-  if (s < 0) return;                  // padded row
-  const int D = idx.D, P = idx.P, max_pools = idx.max_rows / idx.P;
-  const int64_t p = pos[b];
-  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
-  float* out = scores + static_cast<size_t>(b) * max_pools;
+  const auto [s, D, P, max_pools, n_cand, out] = score_row(slot, pos, idx, scores);
+  if (s < 0) return;  // padded row
   const int groups = (n_cand + kTilePools - 1) / kTilePools;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int gstride = gridDim.x * kTileWarps;
   if (static_cast<int>(blockIdx.x) * kTileWarps < groups) {  // uniform: the block has a group
     const float* keys = idx.pool_keys + static_cast<size_t>(s) * max_pools * D;
     const int ks = D + 4;
-    float* q_s = smem;                                                                 // [32][D + 4]
+    extern __shared__ float4 tile_smem_vec[];
+    float* q_s = reinterpret_cast<float*>(tile_smem_vec);                              // [32][D + 4]
     float* w_s = q_s + static_cast<size_t>(kTileHeads) * ks;                           // [32]
     float* ring = w_s + kTileHeads + static_cast<size_t>(warp) * 2 * kTilePools * ks;  // [2][16][D + 4]
     const int first = blockIdx.x * kTileWarps + warp;
@@ -833,7 +836,9 @@ void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf1
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads) {
   const int D = idx.D, max_pools = (idx.max_rows / idx.P);
-  if (indexer_scores_tiled(ctx.policy, rows, n_heads, D)) {
+  const bool tiled = indexer_scores_tiled(ctx.policy, rows, n_heads, D);  // dispatch.cu
+  record_kernel(ctx, "indexer_scores_batch", tiled ? "tiled" : "pools4");
+  if (tiled) {
     const size_t tsmem = tiled_scores_smem(D);  // within kTiledScoresMaxSmem (indexer_scores_tiled)
     static int tiled_opted_in = 48 * 1024;
     if (static_cast<int>(tsmem) > tiled_opted_in) {
@@ -878,6 +883,7 @@ void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int
 
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools) {
+  record_kernel(ctx, "indexer_select_batch", rows == 1 ? "radix" : "4-pass");
   if (rows == 1) {
     // A batch of one: the single-row radix kernel (the same exact selection; its digit search ends
     // early where the batched kernel's 4 passes of 8 bits do not).

@@ -38,6 +38,9 @@ struct LaunchCtx {
   bool pdl_capable = false;
   /// Set between begin_capture and end_capture.
   bool capturing = false;
+  /// Where the launchers note the kernel each op ran (the backend's Backend::kernels_chosen; null:
+  /// nothing is noted). dispatch.hpp's record_kernel.
+  KernelRecord* record = nullptr;
   /// Launch with programmatic stream serialization (launch.cuh): the next kernel is scheduled
   /// while this one runs and waits at its start for this one's writes. Eager launches only: in a
   /// captured graph it measured slower (docs/kernels.md). policy.pdl = off turns it off.

@@ -224,9 +224,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   const int i1 = min(p.width, c_end * kChunk);
   const bool lo_ok = h0 + g < p.n_heads;
   const bool hi_ok = h0 + g + 8 < p.n_heads;
-  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * kL;
-  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
-  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
+  const auto [q_abs, selection, block_table] = decode_row(p, row, slot, kL);
 
   // Q as the A operand, this warp's columns (as the v1 decode).
   uint32_t qa[kKSteps][4];
@@ -406,20 +404,7 @@ void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
 /// The v2 decode of `rows` rows (64, 128, 256 or 512 kv_lora, checked by the callers), then the
 /// combine of its clusters' partials when there is more than one cluster per (row, head tile).
 void decode_v2(const LaunchCtx& ctx, const DecodeParams& p, bool fp8, int rows) {
-  switch (p.kv_lora) {
-    case 64:
-      fp8 ? launch_decode_v2<16, true>(ctx, p, rows) : launch_decode_v2<16, false>(ctx, p, rows);
-      break;
-    case 128:
-      fp8 ? launch_decode_v2<32, true>(ctx, p, rows) : launch_decode_v2<32, false>(ctx, p, rows);
-      break;
-    case 256:
-      fp8 ? launch_decode_v2<64, true>(ctx, p, rows) : launch_decode_v2<64, false>(ctx, p, rows);
-      break;
-    default:
-      fp8 ? launch_decode_v2<128, true>(ctx, p, rows) : launch_decode_v2<128, false>(ctx, p, rows);
-      break;
-  }
+  with_decode_shape(p.kv_lora, fp8, [&](auto cw, auto f8) { launch_decode_v2<cw(), f8()>(ctx, p, rows); });
   // One cluster per (row, head tile) wrote o_lat itself: nothing to merge.
   const int partials = p.splits / kCluster;
   if (partials > 1) mla_combine_rows(ctx, p.scratch, p.slot, rows, partials, p.n_heads, p.kv_lora, p.o_lat);
@@ -680,9 +665,7 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
   const int i1 = min(p.width, i0 + per_split);
   const bool lo_ok = h0 + g < p.n_heads;
   const bool hi_ok = h0 + g + 8 < p.n_heads;
-  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * L;
-  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
-  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
+  const auto [q_abs, selection, block_table] = decode_row(p, row, slot, L);
 
   // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
   uint32_t qa[kKSteps][4];
@@ -854,6 +837,7 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
               kv_lora, " (dqk and kv_lora must be multiples of 8)");
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(W_kvb) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0,
               "ops::cuda::mla_absorb_q_batch: q and W_kvb must be 16-byte aligned");
+  record_kernel(ctx, "mla_absorb_q_batch", rows >= 2 ? "absorb_q_mma" : "absorb_q");
   if (rows >= 2) {
     // Two rows and more: the per-head GEMMs on the tensor cores. One row is the single-row op itself
     // (its kernel, its bits), so a batch of one drafts as the single-sequence path.
@@ -895,6 +879,7 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                  o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
   const BatchDecodeKernel kernel = mla_batch_kernel(ctx.policy, fp8, rows);  // dispatch.cu
+  record_kernel(ctx, "mla_decode_batch", kernel_text(kernel));
   if (kernel == BatchDecodeKernel::v2) {
     require_v2_splits("mla_decode_batch", "mla_batch_splits", width, splits, scratch, cache.data);
     return decode_v2(ctx, p, fp8, rows);
@@ -910,22 +895,9 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                 kernel == BatchDecodeKernel::shared32 ? "shared32" : "shared2", " kernel takes at most ", bound,
                 ": use mla_batch_splits)");
     auto run = [&](auto tiles, auto chunk_rows) {
-      constexpr int kT = decltype(tiles)::value;
-      constexpr int kR = decltype(chunk_rows)::value;
-      switch (L) {
-        case 64:
-          return fp8 ? launch_decode_shared<16, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<16, false, kT, kR>(ctx, p, rows);
-        case 128:
-          return fp8 ? launch_decode_shared<32, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<32, false, kT, kR>(ctx, p, rows);
-        case 256:
-          return fp8 ? launch_decode_shared<64, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<64, false, kT, kR>(ctx, p, rows);
-        default:
-          return fp8 ? launch_decode_shared<128, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<128, false, kT, kR>(ctx, p, rows);
-      }
+      with_decode_shape(L, fp8, [&](auto cw, auto f8) {
+        launch_decode_shared<cw(), f8(), decltype(tiles)::value, decltype(chunk_rows)::value>(ctx, p, rows);
+      });
     };
     if (kernel == BatchDecodeKernel::shared2) {
       run(std::integral_constant<int, 2>{}, std::integral_constant<int, 16>{});
@@ -935,20 +907,7 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
     if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
     return;
   }
-  switch (L) {
-    case 64:
-      fp8 ? launch_decode_batch<16, true>(ctx, p, rows) : launch_decode_batch<16, false>(ctx, p, rows);
-      break;
-    case 128:
-      fp8 ? launch_decode_batch<32, true>(ctx, p, rows) : launch_decode_batch<32, false>(ctx, p, rows);
-      break;
-    case 256:
-      fp8 ? launch_decode_batch<64, true>(ctx, p, rows) : launch_decode_batch<64, false>(ctx, p, rows);
-      break;
-    default:
-      fp8 ? launch_decode_batch<128, true>(ctx, p, rows) : launch_decode_batch<128, false>(ctx, p, rows);
-      break;
-  }
+  with_decode_shape(L, fp8, [&](auto cw, auto f8) { launch_decode_batch<cw(), f8()>(ctx, p, rows); });
   if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
 }
 
@@ -966,6 +925,7 @@ void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb,
               ", kv_lora ", kv_lora, " (kv_lora must be a positive multiple of 16)");
   // Output row r = h * dv + i reads W_kvb row h * (dqk + dv) + dqk + i and x = o_lat[b, h].
   const GemvRowMap map{dv, static_cast<int64_t>(dqk) + dv, dqk, kv_lora};
+  record_kernel(ctx, "mla_out_v_batch", rows == 1 ? "gemv" : "rows_gemm");
   if (rows == 1) {
     // One row: the single-row op's GEMV, its kernel and bits (the skinny GEMM would spend 15 of its
     // 16 MMA rows on padding; docs/kernels.md has both timed).

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/device_common.cuh"
@@ -246,6 +247,30 @@ struct DecodeParams {
   float* scratch;  // [rows][n_heads][partials][2 + kv_lora]: m, l, acc
   bf16* o_lat;
 };
+
+/// f(std::integral_constant<int, kv_lora / 4>{}, std::bool_constant<fp8>{}): a decode kernel's
+/// instance for kv_lora 64, 128, 256 or 512 (the callers check it; anything else takes 512) and the
+/// cache type.
+template <typename F>
+void with_decode_shape(int kv_lora, bool fp8, F&& f) {
+  auto by_type = [&](auto cw) { fp8 ? f(cw, std::true_type{}) : f(cw, std::false_type{}); };
+  if (kv_lora == 64) return by_type(std::integral_constant<int, 16>{});
+  if (kv_lora == 128) return by_type(std::integral_constant<int, 32>{});
+  if (kv_lora == 256) return by_type(std::integral_constant<int, 64>{});
+  by_type(std::integral_constant<int, 128>{});
+}
+
+/// Row `row`'s inputs of a decode launch (kv_lora L): its q_abs rows, its selection and its
+/// slot's block table.
+struct DecodeRow {
+  const bf16* q_abs;
+  const int32_t* selection;
+  const int32_t* block_table;
+};
+__device__ __forceinline__ DecodeRow decode_row(const DecodeParams& p, int row, int slot, int L) {
+  return DecodeRow{p.q_abs + static_cast<size_t>(row) * p.n_heads * L, p.selection + static_cast<size_t>(row) * p.width,
+                   p.block_tables + static_cast<size_t>(slot) * p.max_blocks};
+}
 
 /// A column warp's epilogue of the v1-layout decodes (v1, shared): this thread's outputs of head
 /// rows h0 + g (lo) and h0 + g + 8 (hi) at columns col0 + 8n + 2t, +1. One split: o_lat =

@@ -158,9 +158,7 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   const int nchunks = (n_local + kRows - 1) / kRows;
   const bool lo_ok = tile_live && h0 + g < p.n_heads;
   const bool hi_ok = tile_live && h0 + g + 8 < p.n_heads;
-  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * kL;
-  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
-  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
+  const auto [q_abs, selection, block_table] = decode_row(p, row, slot, kL);
 
   // The split's cache slots, padded to whole chunks with -1.
   for (int i = threadIdx.x; i < nchunks * kRows; i += blockDim.x) {

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
     tile_epilogue<kFp8, kNT, kEpi>(p, acc, group, r0, r1, ok0, ok1, g, t, s_live, s_best,
                                    kRes ? s_shift : nullptr);
   }
-  if constexpr (kEpi == Epi::head) rows_grid_finish<NB>(p.best, p.counter, s_live, s_best, p.out, p.extras);
+  if constexpr (kEpi == Epi::head) rows_grid_finish<NB>(p.head, s_live, s_best);
 }
 
 template <bool kFp8, int kNT, Epi kEpi>

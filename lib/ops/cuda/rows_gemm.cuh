@@ -38,11 +38,7 @@ struct GemmParams {
   int total_tiles = 0;
   void* y = nullptr;  // Y (BF16), or the head's logits (may be null)
   int64_t ldy = 0;
-  int64_t index_base = 0;
-  ArgMax* out = nullptr;
-  HeadExtras extras;
-  unsigned long long* best = nullptr;
-  unsigned int* counter = nullptr;
+  HeadArgmaxOut head;  // the head epilogue's argmax
 };
 
 /// The epilogue of one tile of the skinny GEMM (rows_gemm and the wgmma head; the grid-level argmax
@@ -76,7 +72,7 @@ __device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (
         static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
       } else {
         if (p.y) static_cast<bf16*>(p.y)[b * p.ldy + r] = lv;
-        const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.index_base + r));
+        const unsigned long long key = argmax_key(bf16_to_f(lv), static_cast<int32_t>(p.head.index_base + r));
         key_c[e & 1] = key > key_c[e & 1] ? key : key_c[e & 1];
       }
     }
