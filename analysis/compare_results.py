@@ -1,11 +1,12 @@
 """Compares what two mtplab results files measured, apart from time: the same points, configs,
 drafts, targets, accepted lengths, acceptance figures, sequences and divergence rows. Timings,
-dates, hosts and versions are not compared. Reads schema versions 1 and 2 (mtplab_results).
+dates, hosts and versions are not compared. Reads schema version 3 (mtplab_results; `mtplab upgrade`
+rewrites an older file).
 
     python3 analysis/compare_results.py A.h5 B.h5        exit 0 when equal, 1 with the differences
-    python3 analysis/compare_results.py A.h5 B.h5 --ignore-config context_gemm
-                                     a config key known to be written differently (e.g. an arm that
-                                     schema v1 left out at its default) is reported, not counted
+    python3 analysis/compare_results.py A.h5 B.h5 --ignore-config kernels.gemv_split
+                                     a config key known to differ (e.g. a kernel choice that changes
+                                     timing only) is reported, not counted
 
 Use it to show that a change to mtplab leaves results as they were (e.g. a file written before a
 restructuring against one written after it), or that two machines agree.

@@ -1,4 +1,5 @@
-"""Reader for mtplab results files ("mtplab-results", schema v2 and v1; docs/results-schema.md).
+"""Reader for mtplab results files ("mtplab-results", schema version 3; docs/results-schema.md).
+A file of an older version is refused: `mtplab upgrade OLD.h5 NEW.h5` rewrites it as version 3.
 
     import mtplab_results as mr
     res = mr.Results("results/quickstart.h5")
@@ -8,7 +9,7 @@
     res.drafts("p0003")   # [steps, k] int32, rows aligned with res.steps(...)
     res.divergence()      # drafts of each point vs its reference point (recomputed here)
     res.accepted_hist("p0003"), res.interval("p0003", "tau")   # accepted lengths, bootstrap CI
-    res.draft_margins("p0003")  # [steps, k] top-1 minus top-2 logit (None in older files)
+    res.draft_margins("p0003")  # [steps, k] top-1 minus top-2 logit (None where not recorded)
 
 Only h5py, numpy and pandas are needed. Strings are returned as str.
 """
@@ -17,14 +18,9 @@ import numpy as np
 import pandas as pd
 
 SCHEMA = "mtplab-results"
-SCHEMA_VERSION = 2
-# Versions this reader reads: 2 (typed assignment: assignment_index and sweep.<axis> attributes,
-# typed /index columns) and 1 (the assignment as "axis=value" strings).
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
 TIMING_COLUMNS = ["step_ms", "propose_ms", "block_ms", "head_ms", "exchange_ms", "after_verify_ms", "catch_up_ms",
                   "stats_ms"]
-# Timing columns added after the first files of a schema version (absent in older files).
-LATER_TIMING_COLUMNS = ["stats_ms"]
 
 
 def _s(v):
@@ -55,9 +51,13 @@ class Results:
         if schema != SCHEMA:
             raise ValueError(f"{path}: not an mtplab results file (schema {schema!r})")
         version = int(self.file.attrs["schema_version"])
-        if version not in READABLE_VERSIONS:
-            raise ValueError(f"{path}: results schema version {version}, this reader knows {READABLE_VERSIONS}")
-        self.version = version
+        if version != SCHEMA_VERSION:
+            self.file.close()
+            if version < SCHEMA_VERSION:
+                raise ValueError(f"{path}: results schema version {version}; this reader reads version "
+                                 f"{SCHEMA_VERSION} only: run `mtplab upgrade {path} NEW.h5` and read NEW.h5")
+            raise ValueError(f"{path}: results schema version {version}, written by a newer mtplab; this reader "
+                             f"reads version {SCHEMA_VERSION}")
         self.attrs = {k: _s(v) for k, v in self.file.attrs.items()}
         self.axes = list(self.attrs.get("sweep_axes", []))
         self.axis_values = {a: list(self.attrs.get(f"sweep_values.{a}", [])) for a in self.axes}
@@ -77,31 +77,25 @@ class Results:
         return point if isinstance(point, str) else f"p{int(point):04d}"
 
     def assignment(self, point):
-        """{axis: value} of one point. Version 2: typed as the file records the axis (int, float or
-        str); version 1: the canonical strings."""
+        """{axis: value} of one point, typed as the file records the axis (int, float or str)."""
         g = self.group(point)
-        if self.version == 1:
-            return dict(x.split("=", 1) for x in _s(g.attrs["assignment"]))
         return {a: _s(g.attrs[f"sweep.{a}"]) for a in self.axes}
 
     def assignment_index(self, point):
         """{axis: index of the point's value among the axis' values} (0 = the reference value)."""
         g = self.group(point)
-        if self.version == 1:
-            a = self.assignment(point)
-            return {ax: self.axis_values[ax].index(a[ax]) for ax in self.axes}
         return dict(zip(self.axes, (int(x) for x in g.attrs["assignment_index"])))
+
+    def arms(self, point):
+        """{arm: value} of one point: every arm (and `kernels.<field>`) as the point records it,
+        typed as the file stores it (integer arms int, real arms float, the others str)."""
+        g = self.group(point)
+        return {name: _s(g.attrs[name]) for name in self.attrs["arms"]}
 
     @property
     def points(self):
-        """One row per point: the index table (typed columns in version 2), with every sweep axis."""
-        df = _table(self.file["index"]) if "index" in self.file else pd.DataFrame()
-        if self.version == 1:
-            rows = [self.assignment(name) for name in self.point_names]
-            assign = pd.DataFrame(rows, columns=self.axes)
-            for c in assign.columns:
-                if c not in df.columns:
-                    df[c] = assign[c].values
+        """One row per point: the index table (typed columns: every arm, every sweep axis)."""
+        df = _table(self.file["index"])
         return df.set_index("point", drop=False).sort_index()
 
     def steps(self, point):
@@ -116,8 +110,8 @@ class Results:
     def step_experts(self, point, rows=None):
         """The median over the point's measured (batched) steps, each counted once, of the distinct
         routed experts its last draft read (steps/batch_experts); with `rows`, over the steps that
-        drafted for that many sequences (all steps where none did). None for files written before
-        the column."""
+        drafted for that many sequences (all steps where none did). None where the point has no
+        such column (a file upgraded from one written before it)."""
         s = self.measured_steps(point)
         if "batch_experts" not in s.columns or len(s) == 0:
             return None
@@ -140,50 +134,25 @@ class Results:
         return np.asarray(self.group(point).attrs["per_position"], dtype=float)
 
     def accepted_hist(self, point):
-        """[k + 1] int: repeat-0 steps with exactly j accepted drafts. Files written before the
-        attribute existed: recomputed from the steps (the same definition)."""
-        g = self.group(point)
-        if "accepted_hist" in g.attrs:
-            return np.asarray(g.attrs["accepted_hist"], dtype=np.int64)
-        k = int(g.attrs["draft_len"])
-        s = self.steps(point)
-        acc = s["accepted"].values[s["repeat"].values == 0]
-        return np.bincount(acc, minlength=k + 1).astype(np.int64)
+        """[k + 1] int: repeat-0 steps with exactly j accepted drafts."""
+        return np.asarray(self.group(point).attrs["accepted_hist"], dtype=np.int64)
 
     def interval(self, point, figure):
         """(lo, hi) of the 95% bootstrap interval over sequences of `figure` (acceptance_rate, tau,
-        expected_acceptance_rate, expected_tau); (nan, nan) where the file has none (older files,
-        or a figure the point did not measure)."""
-        g = self.group(point)
-        v = g.attrs.get(f"{figure}_ci")
-        return (float(v[0]), float(v[1])) if v is not None else (np.nan, np.nan)
+        expected_acceptance_rate, expected_tau)."""
+        v = self.group(point).attrs[f"{figure}_ci"]
+        return float(v[0]), float(v[1])
 
     def acceptance_intervals(self, point):
-        """{"acceptance_rate": (lo, hi), "tau": (lo, hi)} (and "expected_acceptance_rate",
-        "expected_tau" where the file has them): the 95% bootstrap intervals over sequences as the
-        file records them, or, in files written before them, recomputed from the
-        steps with mtplab's algorithm and seed (the same numbers mtplab would have written)."""
-        g = self.group(point)
-        if "tau_ci" in g.attrs:
-            figures = ["acceptance_rate", "tau"]
-            if "expected_tau_ci" in g.attrs:
-                figures += ["expected_acceptance_rate", "expected_tau"]
-            return {f: self.interval(point, f) for f in figures}
-        k = int(g.attrs["draft_len"])
-        s = self.steps(point)
-        r0 = s[s["repeat"] == 0]
-        steps, accepted = {}, {}
-        for q, a in zip(r0["sequence"].values, r0["accepted"].values):
-            steps[q] = steps.get(q, 0.0) + 1
-            accepted[q] = accepted.get(q, 0.0) + float(a)
-        units = list(steps)
-        [(lo, hi)] = bootstrap_ratio_intervals([steps[u] for u in units], [[accepted[u] for u in units]],
-                                               acceptance_bootstrap_seed(int(g.attrs["index"])))
-        return {"acceptance_rate": (lo / k, hi / k), "tau": (1 + lo, 1 + hi)}
+        """{figure: (lo, hi)} for acceptance_rate, tau, expected_acceptance_rate and expected_tau:
+        the 95% bootstrap intervals over sequences as the file records them."""
+        return {f: self.interval(point, f) for f in ("acceptance_rate", "tau", "expected_acceptance_rate",
+                                                      "expected_tau")}
 
     def draft_margins(self, point):
         """[steps, k] f32: each draft's top-1 minus top-2 logit (raw BF16 logits), rows aligned
-        with steps(); None where the point recorded none (older files, skip: head)."""
+        with steps(); None where the point recorded none (record_margins: off, skip: head, or a
+        file upgraded from one written before them)."""
         g = self.group(point)
         return g["draft_margin"][()] if "draft_margin" in g else None
 
@@ -220,7 +189,7 @@ class Results:
 
     def teacher_forced_rate(self, point):
         """[k] per-depth accuracy of a `replay: teacher_forced` point, with its interval
-        ([k] lo, [k] hi); None for other points and older files."""
+        ([k] lo, [k] hi); None for other points."""
         g = self.group(point)
         if "teacher_forced_rate" not in g.attrs:
             return None

@@ -5,7 +5,7 @@
 //
 //   mtplab_bench_verify [--preset NAME] [--batch 1,2,4,8,16,32,64,128] [--rows 1,2,3,4,5]
 //                       [--context 4096] [--reps N] [--warmup N] [--heads bf16,fp8] [--out DIR]
-//                       [--device D] [--router-bias-scale S]
+//                       [--device D] [--router-bias-scale S] [--profile]
 //
 // Each of the B sequences holds --context rows (one prefill, copied into every slot); its R rows sit
 // at positions context .. context + R - 1, so every row writes its cache rows, scores the complete
@@ -20,7 +20,11 @@
 // (counted from the router's choice of the last replay), and per sequence the union of the latent
 // rows its rows selected, its pool keys and the cache rows its rows write; at the device-to-device
 // copy bandwidth measured in the same run (bytes read + written). The head's floor is its weights
-// (BF16, or E4M3 with a scale per row). Prints two tables; writes DIR/bench_verify.csv.
+// (BF16, or E4M3 with a scale per row); its compute floor, the logits GEMM at the BF16 tensor rate
+// measured in the same run (cuBLASLt, 8192^3), binds past about 128 rows. Prints two tables;
+// writes DIR/bench_verify.csv. --profile turns the CUDA profiler on (cudaProfilerStart) around
+// each shape's eager forward only, so `ncu --profile-from-start off` sees one layer's kernels per
+// shape and nothing of the prefill or the replays.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -32,6 +36,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include "bench_main.hpp"
 #include "bench_util.hpp"
@@ -64,19 +70,24 @@ struct Options {
   std::string out = "bench-out";
   int device = 0;
   double router_bias_scale = 1.0;
+  bool profile = false;
 };
 
 struct Timing {
   double median = 0, p10 = 0, p90 = 0;
 };
 
-/// Records `body` as a graph (after one eager run that sizes the backend's scratch), then replays it
-/// warmup + reps times, `before(i)` ahead of each replay, outside the timed events.
+/// Records `body` as a graph (after one eager run that sizes the backend's scratch, under the CUDA
+/// profiler when `profile`), then replays it warmup + reps times, `before(i)` ahead of each replay,
+/// outside the timed events.
 template <typename Before, typename Body>
-Timing time_graph(ops::Backend& be, int warmup, int reps, Before&& before, Body&& body) {
+Timing time_graph(ops::Backend& be, int warmup, int reps, bool profile, Before&& before, Body&& body) {
   before(0);
+  be.synchronize();
+  if (profile) cudaProfilerStart();
   body();
   be.synchronize();
+  if (profile) cudaProfilerStop();
   be.begin_capture();
   body();
   std::unique_ptr<ops::Graph> graph = be.end_capture();
@@ -128,6 +139,8 @@ int run(const Options& opt) {
               overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
   const double copy_gbps = copy_bandwidth(be);
   std::printf("copy_d2d %.0f GB/s (bytes read + written)\n", copy_gbps);
+  const double tflops = bench::gemm_tflops(be);
+  std::printf("gemm_bf16 %.0f TFLOP/s (cuBLASLt, 8192^3)\n", tflops);
 
   const auto plan = model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none);
   model::MtpWeights w = model::synthesize_mtp_weights(cfg, plan, 11);
@@ -190,10 +203,10 @@ int run(const Options& opt) {
   MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_verify.csv");
   csv << "# mtplab_bench_verify git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
       << be.device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps " << copy_gbps
-      << " router_bias_scale " << opt.router_bias_scale << " kernel_policy " << ops::to_string(be.kernel_policy())
-      << "\n";
+      << " gemm_TFLOPs " << tflops << " router_bias_scale " << opt.router_bias_scale << " kernel_policy "
+      << ops::to_string(be.kernel_policy()) << "\n";
   csv << "part,head,B,R,rows,reps,median_us,p10_us,p90_us,distinct_experts,selected_rows_per_seq,floor_bytes,"
-         "floor_us,x_floor\n";
+         "floor_us,x_floor,tensor_us,x_roofline\n";
   std::printf("\none target layer, B sequences x R new rows (one ragged forward, one CUDA graph)\n");
   std::printf("%4s %2s %5s %9s %8s %8s %8s %12s %9s %8s\n", "B", "R", "rows", "layer_us", "p10", "p90", "experts",
               "sel_rows/seq", "floor_us", "x_floor");
@@ -210,7 +223,7 @@ int run(const Options& opt) {
       be.upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
       const ops::RowBatch rb{slot.data(), pos.data(), n, R};
       const Timing t = time_graph(
-          be, opt.warmup, opt.reps,
+          be, opt.warmup, opt.reps, opt.profile,
           [&](int i) {
             be.upload(x.data(), inputs[static_cast<size_t>(i % kInputSets)].data(),
                       static_cast<size_t>(n) * H * sizeof(bf16));
@@ -238,7 +251,7 @@ int run(const Options& opt) {
                   distinct, union_rows / B, floor_us, t.median / floor_us);
       csv << "layer,," << B << ',' << R << ',' << n << ',' << opt.reps << ',' << t.median << ',' << t.p10 << ','
           << t.p90 << ',' << distinct << ',' << union_rows / B << ',' << floor_bytes << ',' << floor_us << ','
-          << t.median / floor_us << "\n";
+          << t.median / floor_us << ",,\n";
       std::fflush(stdout);
     }
   }
@@ -250,8 +263,14 @@ int run(const Options& opt) {
   std::vector<int32_t> zeros(static_cast<size_t>(max_n), 0);
   be.upload(slot.data(), zeros.data(), zeros.size() * sizeof(int32_t));
   ops::Array<ops::ArgMax> arg(be, static_cast<size_t>(max_n));
-  std::printf("\nthe head over B x R rows (final norm, logits, argmax per row); floor: its weights\n");
-  std::printf("%-5s %5s %9s %8s %8s %9s %8s\n", "head", "rows", "head_us", "p10", "p90", "floor_us", "x_floor");
+  // The head's logits are a [rows, H] x [H, V] GEMM: past about 128 rows its tensor-core work, not
+  // W's bytes, bounds it. tensor_us is that work at the measured BF16 rate (the FP8 head's cuBLASLt
+  // path multiplies two E4M3 parts a row at about twice the rate: the same time); x_roofline is
+  // the time against the larger of the two floors.
+  std::printf("\nthe head over B x R rows (final norm, logits, argmax per row); floor: its weights; tensor: "
+              "its GEMM at the measured rate\n");
+  std::printf("%-5s %5s %9s %8s %8s %9s %8s %9s %10s\n", "head", "rows", "head_us", "p10", "p90", "floor_us",
+              "x_floor", "tensor_us", "x_roofline");
   for (bool fp8 : {false, true}) {
     if (!opt.heads[fp8 ? 1 : 0]) continue;
     const double floor_bytes =
@@ -259,7 +278,7 @@ int run(const Options& opt) {
     const double floor_us = floor_bytes / (copy_gbps * 1e9) * 1e6;
     for (int n : row_counts) {
       const Timing t = time_graph(
-          be, opt.warmup, opt.reps,
+          be, opt.warmup, opt.reps, opt.profile,
           [&](int i) {
             be.upload(x.data(), inputs[static_cast<size_t>(i % kInputSets)].data(),
                       static_cast<size_t>(n) * H * sizeof(bf16));
@@ -270,10 +289,13 @@ int run(const Options& opt) {
                                  y.data(), ops::RowBatch{slot.data(), nullptr, n, 1}, static_cast<int>(cfg.vocab),
                                  H, 0, nullptr, 0, arg.data());
           });
-      std::printf("%-5s %5d %9.1f %8.1f %8.1f %9.1f %8.2f\n", fp8 ? "fp8" : "bf16", n, t.median, t.p10, t.p90,
-                  floor_us, t.median / floor_us);
+      const double tensor_us = 2.0 * n * static_cast<double>(cfg.vocab) * H / (tflops * 1e12) * 1e6;
+      const double x_roof = t.median / std::max(floor_us, tensor_us);
+      std::printf("%-5s %5d %9.1f %8.1f %8.1f %9.1f %8.2f %9.1f %10.2f\n", fp8 ? "fp8" : "bf16", n, t.median, t.p10,
+                  t.p90, floor_us, t.median / floor_us, tensor_us, x_roof);
       csv << "head," << (fp8 ? "fp8" : "bf16") << ",,," << n << ',' << opt.reps << ',' << t.median << ',' << t.p10
-          << ',' << t.p90 << ",,," << floor_bytes << ',' << floor_us << ',' << t.median / floor_us << "\n";
+          << ',' << t.p90 << ",,," << floor_bytes << ',' << floor_us << ',' << t.median / floor_us << ','
+          << tensor_us << ',' << x_roof << "\n";
       std::fflush(stdout);
     }
   }
@@ -301,7 +323,8 @@ int main(int argc, char** argv) {
       .number("router-bias-scale", "S",
               "the synthetic router bias (e_score_correction_bias, std 0.05) times S (default 1; 0.2 routes "
               "as the PyTorch peer's std 0.01)",
-              0, 100);
+              0, 100)
+      .flag("profile", "CUDA profiler on around each shape's eager forward only (for ncu --profile-from-start off)");
   p.run_main(argc, argv, [&](const cli::Args& a) {
     opt.preset = a.text("preset", opt.preset);
     opt.batches.clear();
@@ -315,6 +338,7 @@ int main(int argc, char** argv) {
     opt.out = a.text("out", opt.out);
     opt.device = static_cast<int>(a.integer("device", opt.device));
     opt.router_bias_scale = a.number("router-bias-scale", opt.router_bias_scale);
+    opt.profile = a.flag("profile");
   });
   return bench::guarded_main([&] {
     if (!ops::cuda_backend_available()) {

@@ -1,7 +1,9 @@
-// `mtplab check EXP.yaml [--ranks N] [--out PATH] [--set key=value ...]`: opens and checks every
-// input of every point (model, weights, trace, output and its resume state) without running
-// anything, and prints one line per input, then OK or the number of problems (exit 0 or 2).
-// `mtplab run` runs the same checks before it creates its output (harness/check.hpp).
+// `mtplab check EXP.yaml [--ranks N] [--point i] [--out PATH] [--set key=value ...]`: opens and
+// checks every input of every point (model, weights, trace, output and its resume state) without
+// running anything, and prints one line per input, then OK or the number of problems (exit 0 or 2).
+// `mtplab run` runs the same checks, through the same code, before it creates its output
+// (harness/preflight.hpp, harness/check.hpp).
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,24 +13,27 @@
 #include "dist/runtime.hpp"
 #include "harness/check.hpp"
 #include "harness/experiment.hpp"
-#include "io/output.hpp"
-#include "ops/ops.hpp"
+#include "harness/preflight.hpp"
 
 namespace mtplab::app {
 namespace {
 
 cli::Parser check_cli() {
   return command_parser(
-             "check", "EXP.yaml [--ranks N] [--out PATH] [--set key=value ...]",
-             "Checks every input of every point before anything runs: the model config, the checkpoint\n"
-             "(names, shapes, dtypes, NaN / Inf in the tensors the points read), the trace (sizes against\n"
-             "the model, token ids, NaN / Inf hiddens, lengths against max_seq_len and draft_len,\n"
-             "measure.sequences against its count), the output's directory and the resume state of an\n"
-             "existing output. Prints one line per input, then OK (exit 0) or N problem(s) (exit 2).\n")
+             "check", "EXP.yaml [--ranks N] [--point i] [--out PATH] [--set key=value ...]",
+             "Checks every input of every point before anything runs, exactly as `mtplab run` does with\n"
+             "the same arguments: the model config, the checkpoint (names, shapes, dtypes, NaN / Inf in\n"
+             "the tensors the points read), the trace (sizes against the model, token ids, NaN / Inf\n"
+             "hiddens, lengths against max_seq_len and draft_len, measure.sequences against its count,\n"
+             "its sampling against each point's verification), the output (its directory writable, the\n"
+             "resume state of an existing output, another run writing it). Prints one line per input,\n"
+             "then OK (exit 0) or N problem(s) (exit 2).\n")
       .integer("ranks", "N",
                "the world size to check for (default: this job's ranks); alone, the process loads\n"
                "every rank's checkpoint shard in turn",
                1, 65536)
+      .integer("point", "i", "check as `run --point i` would: only point i's checkpoint shards load", 0,
+               INT32_MAX)
       .text("out", "PATH", "the results file to check (default: the experiment's output:)")
       .repeatable_text("set", "key=value",
                        "override a key (dotted path, YAML value), as run takes it; may be repeated")
@@ -42,27 +47,26 @@ cli::Parser check_cli() {
 int cmd_check(const Args& args) {
   const auto cli = parse_or_help(check_cli(), args);
   if (!cli) return 0;
-  const std::string file = cli->positional().front();
-  const std::vector<std::string> sets = cli->texts("set");
+  harness::RunArgs run_args;
+  run_args.file = cli->positional().front();
+  run_args.out = cli->text("out");
+  run_args.sets = cli->texts("set");
+  run_args.point = static_cast<int>(cli->integer("point", -1));
+  run_args.ranks = static_cast<int>(cli->integer("ranks", 0));
 
   dist::Runtime rt;
-  const int ranks = static_cast<int>(cli->integer("ranks", rt.world()));
   harness::CheckReport report;
-  harness::Experiment ex;
+  harness::Preflight pre;
   bool loaded = true;
   try {
-    ex = harness::load_experiment(file, sets, ranks);  // every rank reads the same file alike
+    pre = harness::prepare_run(rt, run_args);  // as run: every rank reads the same file alike
   } catch (const Error& e) {
-    report = harness::experiment_failed(file, e.message());
+    report = harness::experiment_failed(run_args.file, e.message());
     loaded = false;
   }
   if (loaded) {
-    harness::CheckOptions options;
-    options.output = io::follow_output_link(cli->has("out") ? cli->text("out") : ex.output);  // as run
-    options.backend = ex.points.front().backend;
-    if (options.backend == "auto")
-      options.backend = ops::cuda_backend_available() && rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
-    report = harness::check_inputs(rt, ex, options);
+    const std::string backend = harness::resolve_backend(rt, pre.ex);
+    report = harness::check_inputs(rt, pre.ex, harness::run_check_options(pre, backend));
   }
   if (rt.rank() == 0) {
     std::fputs(report.text().c_str(), stdout);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
@@ -42,6 +43,8 @@ int cmd_list(const Args& args) {
   if (ranks == 0) {
     rt = std::make_unique<dist::Runtime>();
     ranks = rt->world();
+  } else {
+    check_logging_env();  // the Runtime checks them otherwise
   }
   // Every rank reads the file; an error in it is agreed, so rank 0 alone prints it.
   harness::Experiment ex;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "harness/results.hpp"
@@ -32,12 +33,16 @@ cli::Parser merge_cli() {
 int cmd_merge(const Args& args) {
   const auto cli = parse_or_help(merge_cli(), args);
   if (!cli) return 0;
+  check_logging_env();  // no Runtime here to check them
   const std::vector<std::string>& files = cli->positional();
   const bool force = cli->flag("force");
   const std::string out = files.front();
   const std::vector<std::string> inputs(files.begin() + 1, files.end());
   std::vector<std::string> argv = {"mtplab", "merge"};
   argv.insert(argv.end(), args.begin(), args.end());
+  // The output is claimed as `run` claims it: a merge never replaces a results file that a run is
+  // adding points to.
+  const io::OutputLock claim = claim_output(out, argv);
   const int points = harness::merge_results(out, inputs, force, argv);
   std::printf("merged %d point(s) from %zu file(s) into %s\n", points, inputs.size(), out.c_str());
   return 0;

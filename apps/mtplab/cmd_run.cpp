@@ -12,8 +12,8 @@
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
 #include "harness/experiment.hpp"
+#include "harness/preflight.hpp"
 #include "harness/runner.hpp"
-#include "io/output.hpp"
 
 namespace mtplab::app {
 namespace {
@@ -38,8 +38,10 @@ cli::Parser run_cli() {
           "  0    every requested point is in the results file\n"
           "  1    an error: the message says which (a bad experiment or option, ...)\n"
           "  2    a problem with the inputs (the check's report above the message: a trace, a\n"
-          "       checkpoint, or an output holding another experiment): nothing ran\n"
-          "  124  a collective timed out (a rank stopped, hung or died)\n"
+          "       checkpoint, an output holding another experiment or written by another run):\n"
+          "       nothing ran; the `mtplab check` command it names repeats the checks\n"
+          "  124  a collective, or the start-up (MTPLAB_STARTUP_TIMEOUT_S), timed out (a rank\n"
+          "       stopped, hung or died)\n"
           "  130  stopped by SIGINT (Ctrl-C)\n"
           "  143  stopped by SIGTERM (scancel, a time limit; mpirun sends it for a Ctrl-C too)\n"
           "A signal sent to mpirun itself makes mpirun end the job and exit 1, whatever the ranks did.\n");
@@ -50,30 +52,25 @@ cli::Parser run_cli() {
 int cmd_run(const Args& args) {
   const auto cli = parse_or_help(run_cli(), args);
   if (!cli) return 0;
-  const std::string file = cli->positional().front();
-  const std::string out = cli->text("out");
-  const std::vector<std::string> sets = cli->texts("set");
-  const int point = static_cast<int>(cli->integer("point", -1));
+  harness::RunArgs run_args;
+  run_args.file = cli->positional().front();
+  run_args.out = cli->text("out");
+  run_args.sets = cli->texts("set");
+  run_args.point = static_cast<int>(cli->integer("point", -1));
 
+  // A stop signal during the start-up (MPI, the experiment, the input check) is noted and acted
+  // on before the first point, never the default action's silent end.
+  harness::install_stop_handlers();
   dist::Runtime rt;
-  harness::Experiment ex;
-  harness::RunOptions options;
+  harness::Preflight pre;
   // Every rank reads the same file: an error in it is known everywhere, printed once, and ends
-  // the job cleanly (no MPI_Abort).
-  dist::run_agreed([&] {
-    ex = harness::load_experiment(file, sets, rt.world());
-    // A link is written through, never replaced (io/output.hpp: the rest of the output rule is
-    // the input check's, harness::inspect_results_file).
-    options.output = io::follow_output_link(out.empty() ? ex.output : out);
-    MTP_REQUIRE(!options.output.empty(), file, ": no output: key and no --out");
-    const int n = static_cast<int>(ex.points.size());
-    MTP_REQUIRE(point < n, file, ": --point ", point, " is out of range: the experiment has ", n,
-                " point(s), 0..", n - 1);
-  });
-  options.point = point;
+  // the job cleanly (no MPI_Abort). The rest of the checks are the input check's, as in `check`.
+  dist::run_agreed([&] { pre = harness::prepare_run(rt, run_args); });
+  harness::RunOptions options;
   options.argv = {"mtplab", "run"};
   options.argv.insert(options.argv.end(), args.begin(), args.end());
-  return harness::run_experiment(rt, ex, options);
+  options.check_command = harness::check_command(run_args, rt.world());
+  return harness::run_experiment(rt, pre, options);
 }
 
 }  // namespace mtplab::app

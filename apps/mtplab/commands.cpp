@@ -2,9 +2,11 @@
 #include "commands.hpp"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.hpp"
 #include "dist/guard.hpp"
+#include "harness/preflight.hpp"
 
 namespace mtplab::app {
 
@@ -16,6 +18,7 @@ const std::vector<Command>& commands() {
       {"check", "check every input of an experiment without running it", cmd_check},
       {"run", "run an experiment's points (all, or --point i)", cmd_run},
       {"merge", "join the results files of an array job", cmd_merge},
+      {"upgrade", "rewrite a results file of an older schema version as the current one", cmd_upgrade},
   };
   return table;
 }
@@ -36,6 +39,16 @@ std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& ar
   if (!parsed.help()) return parsed;
   std::fputs(parser.help().c_str(), stdout);
   return std::nullopt;
+}
+
+io::OutputLock claim_output(const std::string& out, const std::vector<std::string>& argv) {
+  const std::string target = io::follow_output_link(out);
+  const auto dir = std::filesystem::path(target).parent_path();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir.empty() ? std::filesystem::path(".") : dir, ec)) return {};
+  std::vector<std::string> words;
+  for (const auto& a : argv) words.push_back(harness::shell_quote(a));
+  return io::OutputLock(target, join(words, " "));
 }
 
 // Creates nothing itself (each command owns its dist::Runtime): on an exception dist::run_guarded

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/cli.hpp"
+#include "io/output.hpp"
 
 namespace mtplab::app {
 
@@ -31,11 +32,17 @@ cli::Parser command_parser(const std::string& name, const std::string& synopsis,
 /// line throws dist::ArgumentError naming the option (printed by one rank under a launcher).
 std::optional<cli::Args> parse_or_help(const cli::Parser& parser, const Args& args);
 
+/// The claim on the output `out` of a command without MPI (merge, upgrade), as `run` claims its
+/// own (io::OutputLock, named by `argv`): refused while another run or merge writes it. Nothing
+/// is claimed when the output's directory does not exist (the command's own error follows).
+io::OutputLock claim_output(const std::string& out, const std::vector<std::string>& argv);
+
 int cmd_info(const Args& args);
 int cmd_trace(const Args& args);
 int cmd_list(const Args& args);
 int cmd_check(const Args& args);
 int cmd_run(const Args& args);
 int cmd_merge(const Args& args);
+int cmd_upgrade(const Args& args);
 
 }  // namespace mtplab::app

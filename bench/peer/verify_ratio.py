@@ -42,17 +42,19 @@ def main(argv):
         worst = ratio if worst is None else min(worst, ratio)
         print(f"{B:4d} {R:2d} {mt:8.1f} {float(r['distinct_experts']):7.0f} {float(r['floor_us']):8.1f} {xf:7.2f} "
               f"{p['median_us']:8.1f} {p['distinct_experts']:7.0f} {pxf:7.2f} {ratio:7.2f} {pxf / xf:8.2f}")
-    print(f"{'head':5s} {'rows':>5s} {'mt_us':>8s} {'x_floor':>7s} {'peer_us':>8s} {'x_floor':>7s} {'peer/mt':>7s}")
+    print(f"{'head':5s} {'rows':>5s} {'mt_us':>8s} {'x_floor':>7s} {'x_roof':>7s} {'peer_us':>8s} {'x_floor':>7s} "
+          f"{'peer/mt':>7s}")
     for r in rows:
         if r["part"] != "head":
             continue
         n, name = int(r["rows"]), r["head"]
         p = head.get((name, n))
         mt = float(r["median_us"])
+        roof = f"{float(r['x_roofline']):7.2f}" if r.get("x_roofline") else f"{'-':>7s}"
         if not p:
-            print(f"{name:5s} {n:5d} {mt:8.1f} {float(r['x_floor']):7.2f} {'-':>8s}")
+            print(f"{name:5s} {n:5d} {mt:8.1f} {float(r['x_floor']):7.2f} {roof} {'-':>8s}")
             continue
-        print(f"{name:5s} {n:5d} {mt:8.1f} {float(r['x_floor']):7.2f} {p['median_us']:8.1f} "
+        print(f"{name:5s} {n:5d} {mt:8.1f} {float(r['x_floor']):7.2f} {roof} {p['median_us']:8.1f} "
               f"{p['median_us'] / p['floor_us']:7.2f} {p['median_us'] / mt:7.2f}")
     if worst is not None:
         print(f"smallest peer / mtplab over the layer points: {worst:.2f}")

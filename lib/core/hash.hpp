@@ -2,16 +2,10 @@
 // streams. One definition each, so that a value computed in one module is the value another
 // recomputes.
 //
-// Two FNV-1a 64 variants exist, on purpose:
-// - fnv1a64: the standard function (offset basis 14695981039346656037, prime 1099511628211).
-//   Use it for anything new.
-// - fnv1a64_mtplab_v1: the same loop from mtplab's historical offset basis 1469598103934665603,
-//   which lacks the standard basis's last digit. The `experiment_identity` of every schema-v1
-//   results file was computed with it (docs/results-schema.md), so it stays, under a name that
-//   says so, for as long as those files must be readable and resumable. It is not FNV-1a: a
-//   value from it matches no other implementation.
-// fnv1a64_words_mtplab_v1 is the historical basis over 32-bit words (one XOR per word, not per
-// byte), which the run loop uses to compare the ranks' drafts.
+// fnv1a64 is the standard function (offset basis 14695981039346656037, prime 1099511628211): a
+// results file's identity (docs/results-schema.md), content fingerprints, synthetic weights'
+// names. fnv1a64_words is the same loop over 32-bit words (one XOR per word, not per byte), which
+// the run loop uses to compare the ranks' drafts.
 #pragma once
 #include <cstdint>
 #include <span>
@@ -22,8 +16,6 @@ namespace mtplab {
 
 inline constexpr uint64_t kFnv1a64Prime = 1099511628211ull;
 inline constexpr uint64_t kFnv1a64OffsetBasis = 14695981039346656037ull;
-/// mtplab's historical basis (schema v1 identities); see the file comment.
-inline constexpr uint64_t kFnv1a64MtplabV1Basis = 1469598103934665603ull;
 
 /// FNV-1a 64 of `bytes` from offset basis `basis`.
 constexpr uint64_t fnv1a64_from(uint64_t basis, std::string_view bytes) {
@@ -38,14 +30,9 @@ constexpr uint64_t fnv1a64_from(uint64_t basis, std::string_view bytes) {
 /// Standard FNV-1a 64: "" -> cbf29ce484222325, "a" -> af63dc4c8601ec8c.
 constexpr uint64_t fnv1a64(std::string_view bytes) { return fnv1a64_from(kFnv1a64OffsetBasis, bytes); }
 
-/// FNV-1a 64 from mtplab's historical basis (schema v1 `experiment_identity`).
-constexpr uint64_t fnv1a64_mtplab_v1(std::string_view bytes) {
-  return fnv1a64_from(kFnv1a64MtplabV1Basis, bytes);
-}
-
-/// The historical basis over 32-bit words: h ^= uint32(word); h *= prime, once per word.
-constexpr uint64_t fnv1a64_words_mtplab_v1(std::span<const int32_t> words) {
-  uint64_t h = kFnv1a64MtplabV1Basis;
+/// FNV-1a 64 over 32-bit words from the standard basis: h ^= uint32(word); h *= prime, once per word.
+constexpr uint64_t fnv1a64_words(std::span<const int32_t> words) {
+  uint64_t h = kFnv1a64OffsetBasis;
   for (const int32_t w : words) {
     h ^= static_cast<uint32_t>(w);
     h *= kFnv1a64Prime;

@@ -12,12 +12,14 @@
 #include <map>
 #include <utility>
 
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/str.hpp"
 #include "dist/check.hpp"
 #include "dist/guard.hpp"
 #include "dist/mpi_wait.hpp"
+#include "dist/startup.hpp"
 
 namespace mtplab::dist {
 namespace {
@@ -97,6 +99,16 @@ Communicator& Group::comm() const {
 // ---- Runtime -----------------------------------------------------------------------------------
 
 Runtime::Runtime(int* argc, char*** argv) : uncaught_at_construction_(std::uncaught_exceptions()) {
+  // The start-up is bounded until the arrival probes are up (dist/startup.hpp): MPI initialisation
+  // waits for every rank of the job and has no non-blocking form. A malformed timeout is found
+  // before MPI is up, alike on every rank: printed once, by the launcher's rank 0.
+  double startup_s = 0;
+  try {
+    startup_s = detail::startup_timeout_s();
+  } catch (const Error& e) {
+    throw ArgumentError(e);
+  }
+  detail::StartupWatch startup(startup_s, "MPI initialisation (MPI_Init_thread)");
   int initialised = 0;
   MTP_MPI_CHECK(MPI_Initialized(&initialised));
   if (!initialised) {
@@ -114,11 +126,16 @@ Runtime::Runtime(int* argc, char*** argv) : uncaught_at_construction_(std::uncau
   MTP_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
   set_process_identity(rank_, world_);
 
-  // The collective timeout, before the first collective that it bounds. A malformed value is the
-  // same on every rank: agreed, so that it is printed once.
+  // The collective timeout, before the first collective that it bounds, and the logging variables.
+  // A malformed value is agreed, so that it is printed once (by the lowest rank that has it).
+  startup.phase("the start-up's duplicate of the world (MPI_Comm_dup, for the arrival probes)");
   detail::watch_start(rank_, world_);
+  startup.stop();  // from here on every collective is bounded, and a missing rank named
   try {
-    run_agreed([] { set_mpi_timeout_s(collective_timeout_s()); });
+    run_agreed([] {
+      set_mpi_timeout_s(collective_timeout_s());
+      check_logging_env();  // MTPLAB_LOG, MTPLAB_PROGRESS_S: a bad value is an error, not ignored
+    });
   } catch (const AgreedError&) {
     // No Runtime to destroy: leave MPI here, as every rank does.
     detail::watch_stop();
@@ -273,6 +290,27 @@ int visible_gpu_count() {
   return n;
 #else
   return 0;
+#endif
+}
+
+std::string gpu_unusable_reason(const std::string& host) {
+#if defined(MTPLAB_HAVE_CUDA)
+  int n = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&n);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();
+    return str("no usable GPU on host ", host, ": cudaGetDeviceCount failed: ", cudaGetErrorName(rc), ": ",
+               cudaGetErrorString(rc),
+               " (this mtplab was built with CUDA; the driver or the device is missing)");
+  }
+  if (n > 0) return "";
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  return str("no GPU is visible on host ", host, " (",
+             cvd ? str("CUDA_VISIBLE_DEVICES=", cvd) : std::string("CUDA_VISIBLE_DEVICES unset"), ")");
+#else
+  (void)host;
+  return "this mtplab was built without CUDA (MTPLAB_CUDA=OFF or no toolkit): rebuild with -DMTPLAB_CUDA=ON, "
+         "or use the cpu backend";
 #endif
 }
 

@@ -15,7 +15,10 @@
 //   the failure (dist::run_agreed): then every rank unwinds from the same place and finalises.
 // - Every collective of the Runtime (the bootstrap's, gather_strings, world_group, make_group,
 //   bind_device's) is bounded by the collective timeout like every other MPI collective
-//   (dist/mpi_wait.hpp); the constructor reads MTPLAB_COLLECTIVE_TIMEOUT_S for them.
+//   (dist/mpi_wait.hpp); the constructor reads MTPLAB_COLLECTIVE_TIMEOUT_S for them. MPI
+//   initialisation and the duplicate of the world that comes before them are bounded by
+//   MTPLAB_STARTUP_TIMEOUT_S instead (dist/startup.hpp): a rank stopped or missing at start-up
+//   ends the job with a message naming it (exit 124).
 // - Device choice: local rank, or 0 when the scheduler shows each task a single GPU
 //   (one visible device and CUDA_VISIBLE_DEVICES set). More ranks than GPUs on a node, or two
 //   ranks on one GPU (same PCI bus id), is refused. See docs/launching.md.
@@ -123,6 +126,11 @@ class Runtime {
 
 /// GPUs this process can see (cudaGetDeviceCount); 0 without CUDA, driver or device.
 int visible_gpu_count();
+
+/// Why this process cannot use a GPU, "" when it sees one. Tells the cases apart: a build without
+/// CUDA ("this mtplab was built without CUDA ..."), a CUDA build without a usable driver or device
+/// (cudaGetDeviceCount's error quoted), and no device visible (CUDA_VISIBLE_DEVICES named).
+std::string gpu_unusable_reason(const std::string& host);
 
 /// The device rule, separate from CUDA so that it can be tested anywhere: returns the ordinal
 /// for `local_rank`, or throws naming the host, the counts and CUDA_VISIBLE_DEVICES.

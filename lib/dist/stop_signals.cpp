@@ -14,6 +14,8 @@
 
 #include "core/error.hpp"
 #include "core/str.hpp"
+#include "core/temp_files.hpp"
+#include "dist/guard.hpp"
 #include "dist/world_ops.hpp"
 
 namespace mtplab::dist {
@@ -57,6 +59,7 @@ extern "C" void on_stop_signal(int sig, siginfo_t* info, void* /*context*/) {
     return;
   }
   if (sig != g_first) return;  // a launcher passing the same stop on
+  remove_temporaries_now();    // a point being written: its temporary goes, the file stays as it was
   g_again_note[i].write_out();
   _exit(128 + sig);
 }
@@ -91,7 +94,9 @@ std::string launcher_note(int sig) {
 void install_stop_handlers(const std::string& what_stays) {
   g_parent = getppid();
   launcher_name() = parent_launcher(g_parent);
-  g_note_first = process_identity().rank <= 0;
+  // Before MPI is up (a run installs them first thing) the launcher's rank decides who notes.
+  const int rank = process_identity().rank >= 0 ? process_identity().rank : launcher_rank();
+  g_note_first = rank <= 0;
   for (const int sig : {SIGINT, SIGTERM}) {
     const int i = sig == SIGINT ? 0 : 1;
     for (const int from_launcher : {0, 1})
@@ -99,7 +104,9 @@ void install_stop_handlers(const std::string& what_stays) {
           rank_tag(), signal_text(sig), from_launcher ? launcher_note(sig) : "",
           ": stopping at the next step boundary; ", what_stays, " (the same signal again stops at once)\n"));
     g_again_note[i].set(str(rank_tag(), signal_text(sig), " again: stopping now, exit ", 128 + sig, "; ",
-                            what_stays, ", since a point is written whole or not at all\n"));
+                            what_stays,
+                            ", since a point is written whole or not at all (no temporary file "
+                            "is left)\n"));
   }
   struct sigaction sa {};
   sa.sa_sigaction = on_stop_signal;

@@ -5,7 +5,8 @@
 //   the ranks agree (agreed_stop_signal, after every step). Rank 0 prints a note at once, so the
 //   stop is explained even when a launcher kills the ranks before they finish stopping.
 // - The same signal again stops this rank at once (exit 128 + signal) after a note: the results
-//   file is still valid, since a point is committed whole or not at all.
+//   file is still valid, since a point is committed whole or not at all, and the temporary file of
+//   a point being written is removed first (core/temp_files.hpp).
 // - Another stop signal after the first (SIGINT, then the SIGTERM of a launcher passing the same
 //   stop on) changes nothing.
 // - The ranks agree on SIGINT when any rank saw one (a Ctrl-C: it reaches the ranks as SIGINT

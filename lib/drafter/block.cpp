@@ -119,6 +119,14 @@ Block::Block(ops::Backend& be, dist::Communicator* comm, BlockDims dims, BlockWe
   MTP_REQUIRE(dims_.softmax_scale > 0, "block: softmax_scale is not set");
   MTP_REQUIRE(dims_.index_topk % dims_.index_kpool == 0, "block: index_topk ", dims_.index_topk,
               " is not divisible by index_kpool ", dims_.index_kpool);
+  if (dims_.dense_mlp) {
+    const size_t mlp = static_cast<size_t>(dims_.dense_inter_local) * dims_.hidden;
+    MTP_REQUIRE(dims_.dense_inter_local >= 0 && w_.mlp_gate.size() == mlp && w_.mlp_up.size() == mlp &&
+                    w_.mlp_down.size() == mlp,
+                "block: a dense-MLP block of ", dims_.dense_inter_local, " columns needs gate, up and down of ",
+                mlp, " values each (got ", w_.mlp_gate.size(), ", ", w_.mlp_up.size(), ", ", w_.mlp_down.size(),
+                ")");
+  }
 }
 
 void Block::all_reduce(float* partial, int n) {
@@ -130,9 +138,25 @@ bool Block::reserve(int rows, bool shadow) {
   if (scratch_ && scratch_->rows >= rows && (!shadow || scratch_->shadow_selection.size() > 0)) return false;
   const bool keep_shadow = shadow || (scratch_ && scratch_->shadow_selection.size() > 0);
   const int keep_rows = std::max(rows, scratch_ ? scratch_->rows : 0);
-  scratch_ = std::make_unique<BlockScratch>(be_, dims_, keep_rows, share_width(), keep_shadow);
+  scratch_ = std::make_shared<BlockScratch>(be_, dims_, keep_rows, share_width(), keep_shadow);
   anchor_ready_ = false;  // the new buffers hold no first draft's selection yet
   return true;
+}
+
+void Block::share_buffers(const Block& other) {
+  const BlockDims& a = dims_;
+  const BlockDims& b = other.dims_;
+  MTP_REQUIRE(other.scratch_, "block: share_buffers from a block without buffers (reserve it first)");
+  MTP_REQUIRE(share_extra_ < 0 && other.share_extra_ < 0, "block: a block that shares its indexer selection ",
+              "(index_share) keeps its own buffers");
+  MTP_REQUIRE(a.hidden == b.hidden && a.n_heads_local == b.n_heads_local && a.qk_nope == b.qk_nope &&
+                  a.v_head == b.v_head && a.q_lora == b.q_lora && a.kv_lora == b.kv_lora &&
+                  a.index_heads == b.index_heads && a.index_dim == b.index_dim && a.index_topk == b.index_topk &&
+                  a.index_kpool == b.index_kpool && a.num_experts == b.num_experts && a.top_k == b.top_k &&
+                  a.max_rows == b.max_rows,
+              "block: share_buffers between blocks of other sizes");
+  scratch_ = other.scratch_;
+  anchor_ready_ = false;
 }
 
 void Block::enable_index_share(int max_drafts) {
@@ -247,9 +271,29 @@ void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, 
     be_.fill_bytes(s.attn_partial.data(), 0, static_cast<size_t>(n) * d.hidden * sizeof(float));
   }
   all_reduce(s.attn_partial.data(), n * d.hidden);
-  // ---- MoE: the router per row, the routed experts grouped over the rows ----
+  // ---- MLP: the router per row and the routed experts grouped over the rows, or the dense MLP ----
   be_.residual_add_rmsnorm_rows(x, s.attn_partial.data(), x_out, w_.post_norm.data(), s.v.data(), n, d.hidden,
                                 d.rms_eps);
+  if (d.dense_mlp) {
+    dense_mlp(rb);
+  } else {
+    moe(rb);
+  }
+  all_reduce(s.moe_partial.data(), n * d.hidden);
+  if (o.out_norm) {
+    be_.residual_add_rmsnorm_rows(x_out, s.moe_partial.data(), x_out, o.out_norm->w, o.out_norm->normed, n,
+                                  d.hidden, o.out_norm->eps);
+  } else {
+    be_.residual_add(x_out, s.moe_partial.data(), x_out, n * d.hidden);
+  }
+}
+
+// The router per row, then the routed experts grouped over the rows plus the shared expert, from
+// the normed rows v into moe_partial.
+void Block::moe(const ops::RowBatch& rb) {
+  const BlockDims& d = dims_;
+  BlockScratch& s = *scratch_;
+  const int n = rb.rows;
   be_.linear_f32(w_.router.data(), s.v.data(), s.router_logits.data(), n, d.num_experts, d.hidden,
                  ops::RowsMode::batched);
   be_.moe_route_batch(s.router_logits.data(), w_.router_bias.data(), rb, d.num_experts, d.top_k, d.n_group,
@@ -260,13 +304,24 @@ void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, 
                                   d.hidden,          d.shared_inter_local};
   be_.moe_experts_grouped(s.v.data(), routed, s.expert_idx.data(), s.expert_w.data(), rb, d.top_k,
                           d.shared_inter_local > 0 ? &shared : nullptr, d.swiglu_limit, s.moe_partial.data());
-  all_reduce(s.moe_partial.data(), n * d.hidden);
-  if (o.out_norm) {
-    be_.residual_add_rmsnorm_rows(x_out, s.moe_partial.data(), x_out, o.out_norm->w, o.out_norm->normed, n,
-                                  d.hidden, o.out_norm->eps);
-  } else {
-    be_.residual_add(x_out, s.moe_partial.data(), x_out, n * d.hidden);
+}
+
+// The dense MLP, moe_partial = bf16(W_down a) with a = bf16(silu(min(g, L)) * clamp(u, -L, L)),
+// g = bf16(W_gate v), u = bf16(W_up v): the shared expert of moe_experts_grouped with no routed
+// expert (top_k 0), so every backend runs it on the kernels it has for the shared expert. A rank
+// that holds no column of it adds 0.
+void Block::dense_mlp(const ops::RowBatch& rb) {
+  const BlockDims& d = dims_;
+  BlockScratch& s = *scratch_;
+  if (d.dense_inter_local <= 0) {
+    be_.fill_bytes(s.moe_partial.data(), 0, static_cast<size_t>(rb.rows) * d.hidden * sizeof(float));
+    return;
   }
+  const ops::ExpertWeights none{nullptr, nullptr, nullptr, 0, 0, d.hidden, d.dense_inter_local};
+  const ops::ExpertWeights mlp{w_.mlp_gate.data(), w_.mlp_up.data(), w_.mlp_down.data(), 0, 1,
+                               d.hidden,           d.dense_inter_local};
+  be_.moe_experts_grouped(s.v.data(), none, s.expert_idx.data(), s.expert_w.data(), rb, 0, &mlp, d.swiglu_limit,
+                          s.moe_partial.data());
 }
 
 void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out) {

@@ -1,13 +1,17 @@
 // One DSA-attention + routed-MoE layer with a plain residual, as the MTP layer (and mtplab's
-// synthetic target) uses it, written against ops::Backend and dist::Communicator only.
+// target, drafter/target.hpp) uses it, written against ops::Backend and dist::Communicator only.
+// The MLP is the routed experts plus the shared expert, or (BlockDims::dense_mlp, the target's
+// first first_k_dense_replace layers) one dense MLP of the same clamped SwiGLU: the shared-expert
+// path of moe_experts_grouped with no routed expert.
 //
 // Invariants:
 // - Rows are ragged (ops::RowBatch): per row its slot (whose caches) and its position, which is
 //   also the cache row it writes; a sequence's rows are consecutive and ascending. The caller
 //   guarantees each sequence's first row is at the rows already written to its slot.
 // - Sharding: this rank holds n_heads_local attention heads (q_b / kv_b rows, o_proj columns)
-//   and its routed experts plus a slice of the shared expert's intermediate dimension; the
-//   attention and MoE partials are fp32 and all-reduced, then added to the residual in BF16.
+//   and its routed experts plus a slice of the shared expert's intermediate dimension (a dense
+//   MLP: a slice of its intermediate dimension); the attention and MLP partials are fp32 and
+//   all-reduced, then added to the residual in BF16.
 // - The indexer (and so the selection) is replicated: every rank computes the same rows.
 // - index_share (enable_index_share): a forward given `share_anchor_pos` computes no indexer
 //   query, scores or selection; its rows attend to the pools the last scoring forward (the step's
@@ -41,6 +45,10 @@ struct BlockDims {
   int topk_group = 1;
   int moe_inter = 0;
   int shared_inter_local = 0;  ///< this rank's slice of the shared expert's intermediate dim
+  /// A dense MLP instead of the router, routed and shared experts (a target layer below
+  /// first_k_dense_replace): gate / up / down of this rank's dense_inter_local columns.
+  bool dense_mlp = false;
+  int dense_inter_local = 0;
   float routed_scaling = 1.0f;
   float swiglu_limit = 0.0f;
   float rms_eps = 1e-5f;
@@ -69,6 +77,7 @@ struct BlockWeights {
   ops::Array<bf16> exp_gate, exp_up, exp_down;         // stacked local experts
   int first_expert = 0, num_local_experts = 0;
   ops::Array<bf16> sh_gate, sh_up, sh_down;            // shared expert slice [Is, H], [Is, H], [H, Is]
+  ops::Array<bf16> mlp_gate, mlp_up, mlp_down;         // dense MLP slice [Id, H], [Id, H], [H, Id] (dense_mlp)
 };
 
 /// The caches of a pool of sequence slots: one allocation per cache kind, addressed by slot, so one
@@ -159,6 +168,12 @@ class Block {
   /// (their addresses changed: graphs recorded over them must be recorded again).
   bool reserve(int rows, bool shadow = false);
   int reserved_rows() const { return scratch_ ? scratch_->rows : 0; }
+  /// Uses `other`'s forward buffers from now on (until this block's next reserve that grows them):
+  /// blocks that run one after another, as the layers of the target, need one set between them.
+  /// The sizes must agree (the same BlockDims but the MLP choice); neither may share its indexer
+  /// selection (index_share keeps the first draft's selection in the buffers). selection() and
+  /// experts() then read what the last of the sharing blocks to run wrote.
+  void share_buffers(const Block& other);
 
   /// The block on the rows of `rb` (x [rows, H], row b of slot slot[b] at position pos[b], both
   /// backend memory; a padded row, slot -1, writes no cache): x_out = x + Attn(norm(x)),
@@ -190,7 +205,8 @@ class Block {
   const int32_t* share_selection() const { return scratch_ ? scratch_->share_selection.data() : nullptr; }
   /// The selections shadow_select made ([rows, K + P - 1]).
   const int32_t* shadow_selection() const { return scratch_ ? scratch_->shadow_selection.data() : nullptr; }
-  /// The routed experts (global ids, [rows, top_k]) of the rows of the last full forward.
+  /// The routed experts (global ids, [rows, top_k]) of the rows of the last full forward (not
+  /// written by a dense-MLP block).
   const int32_t* experts() const { return scratch_ ? scratch_->expert_idx.data() : nullptr; }
 
   /// The index_share arm: the buffers of chained drafts' selections for steps of up to
@@ -204,12 +220,15 @@ class Block {
   /// unless cache_only also q_a, weights_proj (scaled by 1/sqrt(n_I)), the q_a norm and q_b.
   void project(const ops::RowBatch& rb, const bf16* x, const Options& o);
   void all_reduce(float* partial, int n);
+  /// The MLP of the normed rows scratch v into scratch moe_partial (fp32, this rank's partial).
+  void moe(const ops::RowBatch& rb);
+  void dense_mlp(const ops::RowBatch& rb);
 
   ops::Backend& be_;
   dist::Communicator* comm_;
   BlockDims dims_;
   BlockWeights w_;
-  std::unique_ptr<BlockScratch> scratch_;
+  std::shared_ptr<BlockScratch> scratch_;
   int share_extra_ = -1;      ///< index_share: max_drafts - 1; -1 off
   bool anchor_ready_ = false; ///< a scoring forward has written scratch_->selection
 };

@@ -4,34 +4,58 @@
 
 namespace mtplab::drafter {
 
+namespace {
+
+/// The attention and MoE tensors (shared by the MTP layer and a trunk layer).
+void upload_attention_moe(ops::Backend& be, const model::AttentionWeights& attn, const model::IndexerWeights& idx,
+                          const model::MoeWeights& moe, const model::ShardPlan& plan, BlockWeights& b) {
+  b.q_a = upload(be, attn.q_a_proj);
+  b.q_a_norm = upload(be, attn.q_a_layernorm);
+  b.q_b = upload(be, attn.q_b_proj);
+  b.kv_a = upload(be, attn.kv_a_proj_with_mqa);
+  b.kv_a_norm = upload(be, attn.kv_a_layernorm);
+  b.kv_b = upload(be, attn.kv_b_proj);
+  b.o_proj = upload(be, attn.o_proj);
+  b.idx_wq_b = upload(be, idx.wq_b);
+  b.idx_wk = upload(be, idx.wk);
+  b.idx_k_norm_w = upload(be, idx.k_norm_weight);
+  b.idx_k_norm_b = upload(be, idx.k_norm_bias);
+  b.idx_weights_proj = upload(be, idx.weights_proj);
+  b.idx_gate = upload(be, idx.compress_gate);
+  b.idx_ape = upload(be, idx.compress_ape);
+  b.router = upload(be, moe.gate);
+  b.router_bias = upload(be, moe.e_score_correction_bias);
+  b.exp_gate = upload(be, moe.experts_gate);
+  b.exp_up = upload(be, moe.experts_up);
+  b.exp_down = upload(be, moe.experts_down);
+  b.first_expert = static_cast<int>(plan.experts.begin);
+  b.num_local_experts = static_cast<int>(plan.experts.count);
+  b.sh_gate = upload(be, moe.shared_gate);
+  b.sh_up = upload(be, moe.shared_up);
+  b.sh_down = upload(be, moe.shared_down);
+}
+
+}  // namespace
+
+BlockWeights upload_block_weights(ops::Backend& be, const model::LayerWeights& w) {
+  BlockWeights b;
+  b.input_norm = upload(be, w.input_layernorm);
+  b.post_norm = upload(be, w.post_attention_layernorm);
+  upload_attention_moe(be, w.attn, w.indexer, w.moe, w.plan, b);
+  if (w.dense) {
+    b.num_local_experts = 0;
+    b.mlp_gate = upload(be, w.mlp.gate_proj);
+    b.mlp_up = upload(be, w.mlp.up_proj);
+    b.mlp_down = upload(be, w.mlp.down_proj);
+  }
+  return b;
+}
+
 BlockWeights upload_block_weights(ops::Backend& be, const model::MtpWeights& w) {
   BlockWeights b;
   b.input_norm = upload(be, w.input_layernorm);
   b.post_norm = upload(be, w.post_attention_layernorm);
-  b.q_a = upload(be, w.attn.q_a_proj);
-  b.q_a_norm = upload(be, w.attn.q_a_layernorm);
-  b.q_b = upload(be, w.attn.q_b_proj);
-  b.kv_a = upload(be, w.attn.kv_a_proj_with_mqa);
-  b.kv_a_norm = upload(be, w.attn.kv_a_layernorm);
-  b.kv_b = upload(be, w.attn.kv_b_proj);
-  b.o_proj = upload(be, w.attn.o_proj);
-  b.idx_wq_b = upload(be, w.indexer.wq_b);
-  b.idx_wk = upload(be, w.indexer.wk);
-  b.idx_k_norm_w = upload(be, w.indexer.k_norm_weight);
-  b.idx_k_norm_b = upload(be, w.indexer.k_norm_bias);
-  b.idx_weights_proj = upload(be, w.indexer.weights_proj);
-  b.idx_gate = upload(be, w.indexer.compress_gate);
-  b.idx_ape = upload(be, w.indexer.compress_ape);
-  b.router = upload(be, w.moe.gate);
-  b.router_bias = upload(be, w.moe.e_score_correction_bias);
-  b.exp_gate = upload(be, w.moe.experts_gate);
-  b.exp_up = upload(be, w.moe.experts_up);
-  b.exp_down = upload(be, w.moe.experts_down);
-  b.first_expert = static_cast<int>(w.plan.experts.begin);
-  b.num_local_experts = static_cast<int>(w.plan.experts.count);
-  b.sh_gate = upload(be, w.moe.shared_gate);
-  b.sh_up = upload(be, w.moe.shared_up);
-  b.sh_down = upload(be, w.moe.shared_down);
+  upload_attention_moe(be, w.attn, w.indexer, w.moe, w.plan, b);
   return b;
 }
 

@@ -22,5 +22,7 @@ ops::Array<T> upload(ops::Backend& be, const model::HostTensor<T>& t) {
 
 /// The block weights of a host MtpWeights shard.
 BlockWeights upload_block_weights(ops::Backend& be, const model::MtpWeights& w);
+/// The block weights of a host trunk layer shard (the router and experts, or the dense MLP).
+BlockWeights upload_block_weights(ops::Backend& be, const model::LayerWeights& w);
 
 }  // namespace mtplab::drafter

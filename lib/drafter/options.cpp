@@ -12,6 +12,38 @@ const char* to_string(Exchange v) { return kExchangeNames[static_cast<int>(v)]; 
 const char* to_string(DraftRows v) { return kDraftRowsNames[static_cast<int>(v)]; }
 const char* to_string(ops::KvDtype v) { return kKvDtypeNames[static_cast<int>(v)]; }
 
+const std::vector<Setting<DrafterOptions>>& drafter_settings() {
+  using O = DrafterOptions;
+  static const std::vector<Setting<O>> table = [] {
+    std::vector<Setting<O>> r;
+    r.push_back(choice_setting("head_sharding", &O::head_sharding, model::kHeadShardingNames,
+                               "the lm_head replicated (none) or its vocab rows split over the ranks"));
+    r.push_back(bool_setting("head_fp8", &O::head_fp8, "the draft head sweeps an E4M3 copy with row scales"));
+    r.push_back(choice_setting("context_rows", &O::context_rows, kContextRowsNames,
+                               "prefill / catch-up rows write only the caches, or run the full block"));
+    r.push_back(choice_setting("skip", &O::skip, kSkipNames,
+                               "timing arms: stop after the block (head), or run only the head (block)"));
+    r.push_back(int_setting("draft_len", &O::draft_len, 1, 16, "k, the drafts of each propose"));
+    r.push_back(choice_setting("exchange", &O::exchange, kExchangeNames,
+                               "the cross-rank pick of the draft token of a vocab-sharded head"));
+    r.push_back(choice_setting(
+        "draft_rows", &O::draft_rows, kDraftRowsNames,
+        "after verification, rewrite the drafted rows from the true hiddens, or keep the accepted ones"));
+    r.push_back(bool_setting("batch_qidx", &O::batch_qidx,
+                             "context rows' indexer queries as one batched linear (context_rows full)"));
+    r.push_back(bool_setting("cuda_graph", &O::cuda_graph, "record each propose as one CUDA graph"));
+    r.push_back(choice_setting("kv_cache_dtype", &O::kv_cache_dtype, kKvDtypeNames,
+                               "the latent KV cache in BF16 or FP8 E4M3"));
+    r.push_back(bool_setting("context_gemm", &O::context_gemm,
+                             "context rows' projections as one batched linear per chunk"));
+    r.push_back(bool_setting("index_share", &O::index_share,
+                             "drafts 2..k of a propose reuse draft 1's indexer pool selection"));
+    check_settings(r, "drafter options");
+    return r;
+  }();
+  return table;
+}
+
 void check_transform(const SamplingTransform& t) {
   MTP_REQUIRE(std::isfinite(t.temperature) && t.temperature > 0, "temperature: ", t.temperature,
               " must be finite and > 0 (greedy verification needs no transform)");

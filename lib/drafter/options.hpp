@@ -1,7 +1,8 @@
 // The drafter's arms: every switch of the seed's environment variables, as values an experiment
 // sets and the results record. DrafterOptions is the one options struct that crosses from the
-// harness to the drafter: the harness's arm registry (harness/arms.hpp) reads each arm from the
-// experiment straight into its field here, and check_options() is the one place where the rules
+// harness to the drafter; drafter_settings() describes each of its fields once (core/setting.hpp),
+// and the harness's arm registry (harness/arms.hpp) lifts that table, so each arm is read from the
+// experiment straight into its field here. check_options() is the one place where the rules
 // between arms (and between an arm and the world size, vocab or backend) are checked, by the
 // sweep expansion before anything runs and by the drafter's constructor.
 #pragma once
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/setting.hpp"
 #include "model/sharding.hpp"
 #include "ops/ops.hpp"
 
@@ -96,6 +98,11 @@ struct OptionsContext {
 /// index_share needs no rule: it works with every other arm (with draft_len 1 or skip block no
 /// chained draft runs the block, so it changes nothing there).
 void check_options(const DrafterOptions& o, const OptionsContext& ctx);
+
+/// Every field of DrafterOptions that an experiment sets, as a setting (name, type, values,
+/// canonical text), in the order of a point's canonical text. `selection_check` is not one: it is
+/// the drafter's own switch for tests, always on in an experiment.
+const std::vector<Setting<DrafterOptions>>& drafter_settings();
 
 /// The YAML spelling of every value of each enum, in enum order (the arm registry's choices).
 inline constexpr const char* kContextRowsNames[] = {"cache_only", "full"};

@@ -1,11 +1,11 @@
-// The arm registry (arms.hpp): one entry per arm, and the readers and writers that walk it.
+// The arm registry (arms.hpp): the replay's arms described here, the drafter's and the kernel
+// policy's lifted from their structs' tables, and the readers and writers that walk the registry.
 #include "harness/arms.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
-#include <iterator>
 #include <map>
+#include <memory>
 
 #include "core/error.hpp"
 #include "drafter/drafter.hpp"
@@ -14,207 +14,61 @@
 namespace mtplab::harness {
 namespace {
 
-const std::vector<std::string> kOffOn = {"off", "on"};
-
-template <size_t N>
-std::vector<std::string> names(const char* const (&list)[N]) {
-  return std::vector<std::string>(std::begin(list), std::end(list));
-}
-
-// The options struct an arm's field lives in: the drafter's (ArmLayer::drafter) or the replay's
-// (ArmLayer::harness). Every replay arm came after the first schema-v2 files, so a replay arm is
-// omitted from the canonical text at its default.
-template <typename S>
-struct OptionsOf;
-template <>
-struct OptionsOf<drafter::DrafterOptions> {
-  static constexpr ArmLayer layer = ArmLayer::drafter;
-  static drafter::DrafterOptions& of(Arms& x) { return x.drafter; }
-  static const drafter::DrafterOptions& of(const Arms& x) { return x.drafter; }
-};
-template <>
-struct OptionsOf<ReplayOptions> {
-  static constexpr ArmLayer layer = ArmLayer::harness;
-  static ReplayOptions& of(Arms& x) { return x.replay; }
-  static const ReplayOptions& of(const Arms& x) { return x.replay; }
-};
-
-// What every arm of an options struct `S` sets; the builders below add the type's own fields.
-template <typename S>
-ArmSpec arm_of(std::string name, ArmType type, std::string summary) {
-  ArmSpec a;
-  a.name = std::move(name);
-  a.type = type;
-  a.layer = OptionsOf<S>::layer;
-  a.summary = std::move(summary);
-  a.omit_at_default = OptionsOf<S>::layer == ArmLayer::harness;
-  return a;
-}
-
-// A drafter arm added after the first schema-v2 files (omitted from the canonical text at its
-// default, as every replay arm is).
-ArmSpec added_later(ArmSpec a) {
-  a.omit_at_default = true;
-  return a;
-}
-
-// An enum arm: the field `field` of the options, spelt as `list` spells its values (the enum's own
-// name table, in enum order).
-template <typename S, typename E, size_t N>
-ArmSpec choice_arm(std::string name, const char* const (&list)[N], E S::*field, std::string summary) {
-  ArmSpec a = arm_of<S>(std::move(name), ArmType::choice, std::move(summary));
-  a.choices = names(list);
-  a.get = [field, &list](const Arms& x) {
-    return std::string(list[static_cast<size_t>(OptionsOf<S>::of(x).*field)]);
-  };
-  a.set = [field, choices = a.choices](Arms& x, const std::string& v) {
-    const auto it = std::find(choices.begin(), choices.end(), v);
-    MTP_REQUIRE(it != choices.end(), "\"", v, "\" is not one of {", join(choices, ", "), "}");
-    OptionsOf<S>::of(x).*field = static_cast<E>(it - choices.begin());
-  };
-  return a;
-}
-
-template <typename S>
-ArmSpec bool_arm(std::string name, bool S::*field, std::string summary) {
-  ArmSpec a = arm_of<S>(std::move(name), ArmType::boolean, std::move(summary));
-  a.choices = kOffOn;
-  a.get = [field](const Arms& x) { return std::string(OptionsOf<S>::of(x).*field ? "on" : "off"); };
-  a.set = [field](Arms& x, const std::string& v) { OptionsOf<S>::of(x).*field = v == "on"; };
-  return a;
-}
-
-// An integer arm in [lo, hi] (T: int or int64_t).
-template <typename S, typename T>
-ArmSpec int_arm(std::string name, T S::*field, int64_t lo, int64_t hi, std::string summary) {
-  ArmSpec a = arm_of<S>(std::move(name), ArmType::integer, std::move(summary));
-  a.min = lo;
-  a.max = hi;
-  a.get = [field](const Arms& x) { return str(OptionsOf<S>::of(x).*field); };
-  a.set = [field](Arms& x, const std::string& v) {
-    OptionsOf<S>::of(x).*field = static_cast<T>(std::stoll(v));
-  };
-  return a;
-}
-
-// A real arm in (lo, hi] (lo_exclusive) or [lo, hi].
-template <typename S>
-ArmSpec real_arm(std::string name, double S::*field, double lo, bool lo_exclusive, double hi,
-                 std::string summary) {
-  ArmSpec a = arm_of<S>(std::move(name), ArmType::real, std::move(summary));
-  a.real_min = lo;
-  a.real_min_exclusive = lo_exclusive;
-  a.real_max = hi;
-  a.get = [field](const Arms& x) { return real_text(OptionsOf<S>::of(x).*field); };
-  a.set = [field](Arms& x, const std::string& v) {
-    const auto d = parse_double(v);
-    MTP_REQUIRE(d.has_value(), "\"", v, "\" is not a number");
-    OptionsOf<S>::of(x).*field = *d;
-  };
-  return a;
-}
-
-// The sampling verification's arms: in effect with verify: sampling only.
-std::vector<ArmSpec> sampling_arms() {
+// The replay's own arms (ReplayOptions), in schema order; the sampling verification's arms after
+// `verify` are in effect with verify: sampling only.
+std::vector<Setting<ReplayOptions>> replay_settings() {
   using R = ReplayOptions;
-  std::vector<ArmSpec> r;
-  r.push_back(choice_arm("verify", kVerifyNames, &R::verify,
-                         "greedy verification (draft == trace token) or speculative sampling at a "
-                         "temperature, from a sampled trace (docs/acceptance.md)"));
-  r.push_back(real_arm("temperature", &R::temperature, 0.0, true, 100.0,
-                       "sampling verification: the temperature of both distributions (the trace's)"));
-  r.push_back(int_arm("top_k", &R::top_k, 0, 1 << 24,
-                      "sampling verification: keep the top_k largest logits (0: off; the trace's)"));
-  r.push_back(real_arm("top_p", &R::top_p, 0.0, true, 1.0,
-                       "sampling verification: keep the smallest top set of mass top_p (1: off; the "
-                       "trace's)"));
-  r.push_back(choice_arm("draft_proposal", kDraftProposalNames, &R::draft_proposal,
-                         "sampling verification: the drafter proposes argmax q (greedy) or x ~ q "
-                         "(sampled)"));
-  r.push_back(
-      int_arm("sampling_seed", &R::sampling_seed, 0, int64_t{1} << 62,
-              "sampling verification: the seed of the acceptance coins (one per sequence and position)"));
-  for (size_t i = 1; i < r.size(); ++i) r[i].only_with = "verify=sampling";
+  std::vector<Setting<R>> r;
+  r.push_back(int_setting("batch_size", &R::batch_size, 1, drafter::kMaxBatch,
+                          "trace sequences drafted together in one batched step (continuous batching)"));
+  r.push_back(choice_setting("replay", &R::replay, kReplayModeNames,
+                             "speculative steps (serving acceptance) or teacher-forced drafts at every "
+                             "position"));
+  r.push_back(bool_setting("record_margins", &R::record_margins,
+                           "record each draft's top-1 minus top-2 logit margin and log-probability (a stats "
+                           "pass per step)"));
+  r.push_back(choice_setting("verify", &R::verify, kVerifyNames,
+                             "greedy verification (draft == trace token) or speculative sampling at a "
+                             "temperature, from a sampled trace (docs/acceptance.md)"));
+  r.push_back(real_setting("temperature", &R::temperature, 0.0, true, 100.0,
+                           "sampling verification: the temperature of both distributions (the trace's)"));
+  r.push_back(int_setting("top_k", &R::top_k, 0, 1 << 24,
+                          "sampling verification: keep the top_k largest logits (0: off; the trace's)"));
+  r.push_back(real_setting("top_p", &R::top_p, 0.0, true, 1.0,
+                           "sampling verification: keep the smallest top set of mass top_p (1: off; the "
+                           "trace's)"));
+  r.push_back(choice_setting("draft_proposal", &R::draft_proposal, kDraftProposalNames,
+                             "sampling verification: the drafter proposes argmax q (greedy) or x ~ q "
+                             "(sampled)"));
+  r.push_back(int_setting("sampling_seed", &R::sampling_seed, 0, int64_t{1} << 62,
+                          "sampling verification: the seed of the acceptance coins (one per sequence and "
+                          "position)"));
   return r;
 }
 
-// One field of the backend's kernel policy, as `kernels.<field>`.
-ArmSpec kernel_arm(const std::string& field) {
+// The arms sampling verification brings: in effect with verify: sampling only.
+bool sampling_only(const std::string& name) {
+  return name == "temperature" || name == "top_k" || name == "top_p" || name == "draft_proposal" ||
+         name == "sampling_seed";
+}
+
+ArmSpec arm_of(Setting<Arms> s, ArmLayer layer) {
   ArmSpec a;
-  a.name = "kernels." + field;
-  a.type = ArmType::text;
-  a.text_values = ops::field_choices(field);
-  a.layer = ArmLayer::backend;
-  a.summary = "kernel policy: " + field + " (docs/kernels.md)";
-  a.omit_at_default = true;  // added after the first schema-v2 files
-  a.get = [field](const Arms& x) { return ops::field_text(x.kernels, field); };
-  a.set = [field](Arms& x, const std::string& v) { ops::parse_field(x.kernels, field, v); };
+  static_cast<Setting<Arms>&>(a) = std::move(s);
+  a.layer = layer;
   return a;
 }
 
 std::vector<ArmSpec> build_registry() {
-  using drafter::DrafterOptions;
   std::vector<ArmSpec> r;
-  r.push_back(choice_arm("head_sharding", model::kHeadShardingNames, &DrafterOptions::head_sharding,
-                         "the lm_head replicated (none) or its vocab rows split over the ranks"));
-  r.push_back(
-      bool_arm("head_fp8", &DrafterOptions::head_fp8, "the draft head sweeps an E4M3 copy with row scales"));
-  r.push_back(choice_arm("context_rows", drafter::kContextRowsNames, &DrafterOptions::context_rows,
-                         "prefill / catch-up rows write only the caches, or run the full block"));
-  r.push_back(choice_arm("skip", drafter::kSkipNames, &DrafterOptions::skip,
-                         "timing arms: stop after the block (head), or run only the head (block)"));
-  r.push_back(int_arm("draft_len", &DrafterOptions::draft_len, 1, 16, "k, the drafts of each propose"));
-  r.push_back(choice_arm("exchange", drafter::kExchangeNames, &DrafterOptions::exchange,
-                         "the cross-rank pick of the draft token of a vocab-sharded head"));
-  r.push_back(choice_arm(
-      "draft_rows", drafter::kDraftRowsNames, &DrafterOptions::draft_rows,
-      "after verification, rewrite the drafted rows from the true hiddens, or keep the accepted ones"));
-  r.push_back(bool_arm("batch_qidx", &DrafterOptions::batch_qidx,
-                       "context rows' indexer queries as one batched linear (context_rows full)"));
-  r.push_back(bool_arm("cuda_graph", &DrafterOptions::cuda_graph, "record each propose as one CUDA graph"));
-  r.push_back(choice_arm("kv_cache_dtype", drafter::kKvDtypeNames, &DrafterOptions::kv_cache_dtype,
-                         "the latent KV cache in BF16 or FP8 E4M3"));
-  r.push_back(bool_arm("context_gemm", &DrafterOptions::context_gemm,
-                       "context rows' projections as one batched linear per chunk"));
-  r.push_back(added_later(bool_arm("index_share", &DrafterOptions::index_share,
-                                   "drafts 2..k of a propose reuse draft 1's indexer pool selection")));
-  r.push_back(int_arm("batch_size", &ReplayOptions::batch_size, 1, drafter::kMaxBatch,
-                      "trace sequences drafted together in one batched step (continuous batching)"));
-  r.push_back(choice_arm("replay", kReplayModeNames, &ReplayOptions::replay,
-                         "speculative steps (serving acceptance) or teacher-forced drafts at every "
-                         "position"));
-  r.push_back(bool_arm("record_margins", &ReplayOptions::record_margins,
-                       "record each draft's top-1 minus top-2 logit margin and log-probability (a stats pass "
-                       "per step)"));
-  for (auto& a : sampling_arms()) r.push_back(std::move(a));
-  for (const auto field : ops::kernel_policy_fields()) r.push_back(kernel_arm(std::string(field)));
+  for (const auto& s : drafter::drafter_settings()) r.push_back(arm_of(nested(s, &Arms::drafter), ArmLayer::drafter));
+  for (const auto& s : replay_settings()) {
+    r.push_back(arm_of(nested(s, &Arms::replay), ArmLayer::harness));
+    if (sampling_only(s.name)) r.back().only_with = "verify=sampling";
+  }
+  for (const auto& s : ops::kernel_policy_settings())
+    r.push_back(arm_of(nested(s, &Arms::kernels, "kernels"), ArmLayer::backend));
   return r;
-}
-
-// Whether `v` is an allowed canonical value of `a`.
-bool allowed_value(const ArmSpec& a, const std::string& v) {
-  if (a.type == ArmType::text) {
-    try {
-      Arms scratch;
-      a.set(scratch, v);
-      return a.get(scratch) == v;
-    } catch (const Error&) {
-      return false;
-    }
-  }
-  if (a.type == ArmType::real) {
-    const auto d = parse_double(v);
-    return d && real_text(*d) == v && (a.real_min_exclusive ? *d > a.real_min : *d >= a.real_min) &&
-           *d <= a.real_max;
-  }
-  if (a.type != ArmType::integer) return std::find(a.choices.begin(), a.choices.end(), v) != a.choices.end();
-  try {
-    size_t used = 0;
-    const long long x = std::stoll(v, &used);
-    return used == v.size() && x >= a.min && x <= a.max;
-  } catch (const std::exception&) {
-    return false;
-  }
 }
 
 }  // namespace
@@ -223,8 +77,6 @@ const char* to_string(ArmLayer layer) {
   static const char* const names[] = {"drafter", "harness", "backend"};
   return names[static_cast<size_t>(layer)];
 }
-
-std::string ArmSpec::default_value() const { return get(Arms{}); }
 
 std::string ArmSpec::block() const {
   const auto dot = name.find('.');
@@ -244,23 +96,15 @@ bool ArmSpec::in_effect(const Arms& arms) const {
   return other->get(arms) == only_with.substr(eq + 1);
 }
 
-std::string ArmSpec::allowed() const {
-  if (type == ArmType::integer) return str("[", min, ", ", max, "]");
-  if (type == ArmType::real)
-    return str(real_min_exclusive ? "(" : "[", real_text(real_min), ", ", real_text(real_max), "]");
-  if (type == ArmType::text) return str("{", text_values, "}");
-  return str("{", join(choices, ", "), "}");
-}
-
 const std::vector<ArmSpec>& arm_registry() {
   static const std::vector<ArmSpec> registry = [] {
     std::vector<ArmSpec> r = build_registry();
-    // The registry's own consistency: names unique, every default allowed, get(set(v)) == v.
-    for (size_t i = 0; i < r.size(); ++i) {
-      for (size_t j = 0; j < i; ++j)
-        MTP_REQUIRE(r[i].name != r[j].name, "arm registry: ", r[i].name, " twice");
-      MTP_REQUIRE(allowed_value(r[i], r[i].default_value()), "arm registry: ", r[i].name, "'s default \"",
-                  r[i].default_value(), "\" is not among its values ", r[i].allowed());
+    check_settings(r, "arm registry");
+    for (const ArmSpec& a : r) {
+      if (a.only_with.empty()) continue;
+      const std::string other = a.only_with.substr(0, a.only_with.find('='));
+      MTP_REQUIRE(std::any_of(r.begin(), r.end(), [&](const ArmSpec& b) { return b.name == other; }),
+                  "arm registry: ", a.name, " is only in effect with the unknown arm \"", a.only_with, "\"");
     }
     return r;
   }();
@@ -307,16 +151,19 @@ Arms read_arms(MapReader& m) {
     const std::string fallback = a.default_value();
     std::string value;
     switch (a.type) {
-      case ArmType::boolean:
+      case SettingType::boolean:
         value = reader->opt_bool(a.key(), fallback == "on") ? "on" : "off";
         break;
-      case ArmType::choice:
-        value = reader->opt_choice(a.key(), fallback, a.choices);
+      case SettingType::choice:
+        if (auto node = reader->opt(a.key()))
+          value = choice_value(a, *node);
+        else
+          value = fallback;
         break;
-      case ArmType::integer:
+      case SettingType::integer:
         value = str(reader->opt_int(a.key(), std::stoll(fallback), a.min, a.max));
         break;
-      case ArmType::real:
+      case SettingType::real:
         if (auto node = reader->opt(a.key())) {
           const double d = node->as_double(a.real_min, a.real_max);
           if (a.real_min_exclusive && d <= a.real_min) node->fail(str("expected a value in ", a.allowed()));
@@ -325,7 +172,7 @@ Arms read_arms(MapReader& m) {
           value = fallback;
         }
         break;
-      case ArmType::text:
+      case SettingType::text:
         if (auto node = reader->opt(a.key())) {
           if (!node->is_scalar()) node->fail(str("expected one of ", a.allowed()));
           try {
@@ -347,11 +194,20 @@ Arms read_arms(MapReader& m) {
   return arms;
 }
 
-std::string real_text(double v) {
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);
-  MTP_REQUIRE(res.ec == std::errc(), "cannot format ", v);
-  return std::string(buf, res.ptr);
+std::string choice_value(const ArmSpec& a, const YamlNode& node) {
+  if (node.is_scalar()) {
+    const std::string v = node.as_string();
+    if (std::find(a.choices.begin(), a.choices.end(), v) != a.choices.end()) return v;
+    // Not a choice: the descriptor's own refusal, which may say more than the choices (a kernel
+    // kept only for comparison says where it went, ops/kernel_policy.cpp).
+    Arms scratch;
+    try {
+      a.set(scratch, v);
+    } catch (const Error& e) {
+      node.fail(e.message());
+    }
+  }
+  return node.as_choice(a.choices);
 }
 
 std::vector<std::pair<std::string, std::string>> named(const Arms& arms) {
@@ -360,28 +216,26 @@ std::vector<std::pair<std::string, std::string>> named(const Arms& arms) {
   return out;
 }
 
-void emit_canonical(const Arms& arms, YAML::Emitter& e) {
+void emit_canonical(const std::function<std::string(const ArmSpec&)>& value_of, YAML::Emitter& e) {
   // Top-level arms in registry order, then each nested block as one mapping.
   std::vector<std::string> blocks;
   for (const auto& a : arm_registry()) {
-    const std::string v = a.get(arms);
-    if (a.omit_at_default && v == a.default_value()) continue;
     if (!a.block().empty()) {
       if (std::find(blocks.begin(), blocks.end(), a.block()) == blocks.end()) blocks.push_back(a.block());
       continue;
     }
-    e << YAML::Key << a.name << YAML::Value << v;
+    e << YAML::Key << a.name << YAML::Value << value_of(a);
   }
   for (const auto& b : blocks) {
     e << YAML::Key << b << YAML::Value << YAML::BeginMap;
-    for (const auto& a : arm_registry()) {
-      if (a.block() != b) continue;
-      const std::string v = a.get(arms);
-      if (a.omit_at_default && v == a.default_value()) continue;
-      e << YAML::Key << a.key() << YAML::Value << v;
-    }
+    for (const auto& a : arm_registry())
+      if (a.block() == b) e << YAML::Key << a.key() << YAML::Value << value_of(a);
     e << YAML::EndMap;
   }
+}
+
+void emit_canonical(const Arms& arms, YAML::Emitter& e) {
+  emit_canonical([&](const ArmSpec& a) { return a.get(arms); }, e);
 }
 
 void check_arms(const Arms& arms, int world, const std::string& backend, const model::ModelConfig& model) {

@@ -1,15 +1,21 @@
-// The arm registry: every arm of an experiment described once. The YAML reader, the canonical
-// text (a point's identity), `mtplab list`, the results attributes and /index columns, the
-// divergence table and the tests all walk this one table; none of them spells an arm by hand.
+// The arm registry: every arm of an experiment, each described once by a setting descriptor
+// (core/setting.hpp) where its options struct is: the drafter's arms by drafter::drafter_settings(),
+// the replay's by the table in arms.cpp, the backend's kernel choices by
+// ops::kernel_policy_settings() (as `kernels.<field>`). This registry lifts those tables into Arms
+// and adds what is the harness's own (the layer, the arms in effect only with another's value).
+// The YAML reader, the sweep expansion, the canonical text (a point's identity), `mtplab list`, the
+// results writer (attributes and /index columns), `mtplab upgrade`, the divergence table and the
+// tests all walk this one table; none of them spells an arm by hand.
 //
-// Adding an arm is one entry in arm_registry() (arms.cpp) plus its implementation in the layer
-// that consumes it (docs/architecture.md, "Adding an arm", walks through one).
+// Adding an arm is one entry in its struct's table plus its implementation in the layer that
+// consumes it (docs/architecture.md, "Adding an arm", walks through one).
 //
 // Invariants:
 // - An arm's default is the value of its field in a default-constructed Arms: defaults live in
 //   the option structs (drafter::DrafterOptions, ...), nowhere else.
 // - Canonical values are the YAML spellings: booleans as off/on, choices as listed, integers in
 //   decimal. get(set(v)) == v for every allowed v (tested over the whole registry).
+// - Every arm is in a point's canonical text and results at every value, its default included.
 // - The rules between arms are checked in one function, check_arms(), which the sweep expansion
 //   calls for every point before anything runs (it defers to drafter::check_options for the
 //   drafter's arms, which the drafter's constructor also calls).
@@ -20,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/setting.hpp"
 #include "core/yaml.hpp"
 #include "drafter/options.hpp"
 #include "model/config.hpp"
@@ -79,47 +86,25 @@ struct Arms {
   ops::KernelPolicy kernels;
 };
 
-/// choice / boolean / integer / real: values the reader checks itself; text: a value the consuming
-/// layer parses (`set` throws naming the key and the choices), e.g. the kernel policy's fields.
-/// A real's canonical text is the shortest decimal that reads back to the same double ("0.7", "1").
-enum class ArmType { choice, boolean, integer, real, text };
 /// The layer whose code reads the arm's value.
 enum class ArmLayer { drafter, harness, backend };
 const char* to_string(ArmLayer layer);
 
-struct ArmSpec {
-  /// The YAML key, the results attribute and the /index column. An arm of a nested block of the
-  /// experiment (e.g. `kernels:`) is named "block.key".
-  std::string name;
-  ArmType type = ArmType::choice;
-  std::vector<std::string> choices;   ///< canonical spellings (choice; boolean: off, on)
-  std::string text_values;            ///< text: the accepted values, for messages
-  int64_t min = 0, max = 0;           ///< integer range, inclusive
-  double real_min = 0, real_max = 0;  ///< real range; real_max inclusive
-  bool real_min_exclusive = false;    ///< real_min itself not allowed (temperature > 0)
+/// One arm: its setting descriptor over Arms (name, type, values, canonical text, parser, where it
+/// is recorded) and what the harness adds to it.
+struct ArmSpec : Setting<Arms> {
   /// "arm=value": the arm is in effect only when that other arm has that value; otherwise
   /// read_arms normalises it to its default, so that points that differ only in an arm not in
   /// effect are the same point (e.g. temperature under verify: greedy). Empty: always in effect.
   std::string only_with;
   bool sweepable = true;
   ArmLayer layer = ArmLayer::drafter;
-  std::string summary;  ///< one line: what the arm switches
-  /// The canonical text (identity) carries the arm only when it leaves its default, so that
-  /// results files written before the arm existed still match a rerun and resume. Arms added
-  /// after schema version 2 set it.
-  bool omit_at_default = false;
-  std::function<std::string(const Arms&)> get;               ///< canonical text of the value
-  std::function<void(Arms&, const std::string& value)> set;  ///< from canonical text
 
-  /// The canonical default (get of a default-constructed Arms).
-  std::string default_value() const;
   /// The YAML block the arm sits in ("" for the top level) and its key within it.
   std::string block() const;
   std::string key() const;
   /// Whether the arm is in effect for `arms` (only_with).
   bool in_effect(const Arms& arms) const;
-  /// The allowed values as text for messages: "{none, vocab}", "[1, 16]" or "(0, 100]".
-  std::string allowed() const;
 };
 
 /// Every arm, in schema order (the order of the canonical text and the results columns).
@@ -133,13 +118,18 @@ const std::vector<std::string>& arm_names();
 /// then finished: unknown keys in it are errors). Values are checked against the registry; arms
 /// not in effect (ArmSpec::only_with) are normalised to their defaults.
 Arms read_arms(MapReader& m);
+/// A choice arm's value at `node`: one of its choices, else an Error at the node with the message
+/// of the arm's descriptor (the value and the choices, and what more it says: a retired kernel
+/// names where it went).
+std::string choice_value(const ArmSpec& a, const YamlNode& node);
 /// (name, canonical value) of every arm in schema order.
 std::vector<std::pair<std::string, std::string>> named(const Arms& arms);
-/// The canonical text of a real value: the shortest decimal that reads back to `v`.
-std::string real_text(double v);
 
-/// The arms as canonical YAML mapping entries (nested blocks as sub-mappings), for the point's
-/// canonical text. Arms with omit_at_default are left out at their default.
+/// Every arm as canonical YAML mapping entries in schema order (the top-level arms, then each
+/// nested block as one sub-mapping), at every value: the arms' part of a point's canonical text.
+/// `value_of(arm)` gives each arm's canonical text.
+void emit_canonical(const std::function<std::string(const ArmSpec&)>& value_of, YAML::Emitter& e);
+/// The same with the values of `arms`.
 void emit_canonical(const Arms& arms, YAML::Emitter& e);
 
 /// The rules between a point's arms and its context: the world size, the backend ("cpu",

@@ -22,6 +22,8 @@
 #include "core/hash.hpp"
 #include "core/log.hpp"
 #include "dist/world_ops.hpp"
+#include "harness/replay.hpp"
+#include "io/output.hpp"
 #include "io/trace.hpp"
 #include "model/safetensors.hpp"
 #include "model/sharding.hpp"
@@ -38,10 +40,6 @@ using Clock = std::chrono::steady_clock;
 // Inputs above this size get progress lines while they are scanned.
 constexpr uint64_t kProgressBytes = uint64_t{256} << 20;
 constexpr double kProgressSeconds = 2.0;
-
-// The kernel-policy fields whose choice changes bits (docs/kernels.md): part of the identity.
-const std::vector<std::string> kBitKernelFields = {"kernels.gemv_variant", "kernels.gemv_split",
-                                                   "kernels.mla_decode"};
 
 // FNV-1a 64 over little-endian 64-bit words (one XOR and one multiply per 8 bytes), the tail
 // bytes one at a time. Fed in pieces whose sizes are multiples of 8 except the last, it gives the
@@ -331,6 +329,15 @@ std::unique_ptr<T> open_or_report(const std::string& path, InputReport& r, std::
   }
 }
 
+// A batch larger than the sequences a point reads runs as a batch of the sequences read: said, as
+// the point records the batch_size it was given.
+std::string batch_above_sequences(const PointConfig& p, int64_t read) {
+  const int b = p.arms.replay.batch_size;
+  if (b <= read) return "";
+  return str("batch_size ", b, " is above the ", read, " sequence(s) the point reads: at most ", read,
+             " run together, so it measures batches of ", read, " while its configuration says ", b);
+}
+
 // What one process checks for one trace file: its copy, opened; then per model reading it, the
 // sizes and lengths the points need.
 void check_trace_file(const std::string& path, const std::vector<int>& users, const Experiment& ex, int rank,
@@ -356,6 +363,14 @@ void check_trace_file(const std::string& path, const std::vector<int>& users, co
                    i);
       continue;
     }
+    // Sampling verification against the sampling the trace was recorded with: the check run
+    // makes before it starts (check_trace_file), here on the copy just opened.
+    try {
+      check_trace_sampling(p.arms.replay, t.sampling(), path);
+    } catch (const Error& e) {
+      problems.add(e.message(), i);
+      continue;
+    }
     const int want = p.measure.sequences;
     if (want > n) {
       problems.add(str("measure.sequences ", want, " exceeds the trace's ", n,
@@ -364,6 +379,7 @@ void check_trace_file(const std::string& path, const std::vector<int>& users, co
       continue;
     }
     const int64_t take = want > 0 ? want : n;
+    if (const std::string w = batch_above_sequences(p, take); !w.empty()) warnings.add(w, i);
     const int k = p.arms.drafter.draft_len;
     int64_t too_long = 0, first_long = -1, too_short = 0, first_short = -1;
     for (int64_t s = 0; s < take; ++s) {
@@ -495,14 +511,14 @@ void check_checkpoint(dist::Runtime& rt, const std::string& path, const model::M
 // this run loads: one with the head replicated when there is one, since its whole lm_head covers
 // the rows of any vocab-sharded head (every other tensor's slice does not depend on the point).
 void load_checkpoint_shards(dist::Runtime& rt, const Experiment& ex, const CheckOptions& options,
-                            const std::string& path, const std::vector<int>& users, const std::set<int>& done,
+                            const std::string& path, const std::vector<int>& users, const std::set<int>& skip,
                             InputReport& r) {
   std::vector<const PointConfig*> to_load;
   for (int i : users) {
     if (!options.load_points.empty() &&
         std::find(options.load_points.begin(), options.load_points.end(), i) == options.load_points.end())
       continue;
-    if (options.skip_done && done.count(i)) continue;
+    if (skip.count(i)) continue;
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
     if (to_load.empty())
       to_load.push_back(&p);
@@ -721,6 +737,7 @@ struct Checker {
     std::vector<int> users;
   };
   std::vector<ToLoad> to_load;  ///< the checkpoints that opened, to load after the output is known
+  std::set<int> cannot_run;     ///< the points that cannot run on the backend (a problem already)
 
   Checker(dist::Runtime& r, const Experiment& e, const CheckOptions& o)
       : rt(r), ex(e), options(o), rank(r.rank()), world(r.world_group()) {}
@@ -743,16 +760,57 @@ struct Checker {
           check_point_runnable(p, ex.world, options.backend);
         } catch (const Error& e) {
           unrunnable.add(str("cannot run on the ", options.backend, " backend: ", e.message()), p.index);
+          cannot_run.insert(p.index);  // nothing of it is loaded
         }
       }
       unrunnable.into(rep.inputs.back().problems);
       if (options.backend == "cuda") {
-        if (!ops::cuda_backend_available())
-          rep.inputs.back().problems.push_back(
-              "backend cuda: this mtplab was built without the CUDA backend");
-        else if (rt.min_visible_gpus() == 0)  // collective; the branch is the same on every rank
-          rep.inputs.back().problems.push_back("backend cuda: a rank sees no GPU");
+        // Why a GPU cannot be used, told apart: no CUDA in this build, no driver or device, none
+        // visible. Every rank that sees none says so (gathered to rank 0 with its rank and host).
+        const int least = rt.min_visible_gpus();  // collective; the branch is the same on every rank
+        const std::string why = dist::gpu_unusable_reason(rt.host());
+        if (least == 0 && !why.empty()) rep.inputs.back().problems.push_back(str("backend cuda: ", why));
       }
+    }
+  }
+
+  // The MTPLAB_* variables of every rank against each other (collective): a kernel or logging
+  // variable set on some ranks only would make the ranks run different kernels, while the results
+  // record rank 0's policy as the point's. Each differing variable is a problem naming the ranks.
+  void environment() {
+    if (rt.world() <= 1) return;
+    std::vector<std::string> mine;
+    for (char** e = environ; e && *e; ++e)
+      if (std::strncmp(*e, "MTPLAB_", 7) == 0) mine.emplace_back(*e);
+    std::sort(mine.begin(), mine.end());
+    const auto all = rt.gather_strings(join(mine, std::string(1, '\n')));
+    const auto hosts = rt.gather_strings(rt.host());
+    if (rank != 0) return;
+    std::map<std::string, std::map<int, std::string>> values;  // name -> rank -> value
+    for (size_t r = 0; r < all.size(); ++r)
+      for (const auto& entry : split(all[r], '\n')) {
+        const auto eq = entry.find('=');
+        if (eq != std::string::npos) values[entry.substr(0, eq)][static_cast<int>(r)] = entry.substr(eq + 1);
+      }
+    for (const auto& [name, by_rank] : values) {
+      std::map<std::string, std::vector<int>> groups;  // value ("" : unset) -> ranks
+      for (int r = 0; r < rt.world(); ++r) {
+        const auto it = by_rank.find(r);
+        groups[it == by_rank.end() ? std::string("\x01unset") : it->second].push_back(r);
+      }
+      if (groups.size() <= 1) continue;
+      std::vector<std::string> parts;
+      for (const auto& [value, ranks] : groups) {
+        std::vector<std::string> where;
+        for (int r : ranks) where.push_back(str(r, " (", hosts[static_cast<size_t>(r)], ")"));
+        parts.push_back(str(value == "\x01unset" ? std::string("unset") : str("\"", value, "\""), " on rank",
+                            ranks.size() == 1 ? " " : "s ", join(where, ", ")));
+      }
+      rep.inputs.front().problems.push_back(
+          str(name, " is not the same on every rank: ", join(parts, "; "),
+              ". Every rank must see the same MTPLAB_* variables (mpirun -x ", name,
+              ", srun --export=ALL): set on some ranks only, a kernel variable would run other kernels there "
+              "than the point records"));
     }
   }
 
@@ -781,18 +839,19 @@ struct Checker {
     }
   }
 
-  // The identity inputs that are not files: the backend and the bit-changing kernel fields.
+  // The identity inputs that are not files: the backend and the arms recorded as identity inputs
+  // (the kernel choices that change bits, ops::kernel_policy_settings), each with its values over
+  // the points.
   void backend_and_kernels() {
     identity.emplace_back("backend", options.backend);
-    for (const auto& field : kBitKernelFields) {
-      const ArmSpec* arm = find_arm(field);
-      MTP_REQUIRE(arm, "the arm registry has no ", field);
+    for (const ArmSpec& arm : arm_registry()) {
+      if (!arm.record.identity_input) continue;
       std::vector<std::string> values;
       for (const auto& p : ex.points) {
-        const std::string v = arm->get(p.arms);
+        const std::string v = arm.get(p.arms);
         if (std::find(values.begin(), values.end(), v) == values.end()) values.push_back(v);
       }
-      identity.emplace_back(field, join(values, ", "));
+      identity.emplace_back(arm.name, join(values, ", "));
     }
   }
 
@@ -845,11 +904,15 @@ struct Checker {
     {
       std::vector<std::pair<std::string, std::vector<int>>> synthetic;
       std::vector<std::pair<std::string, std::vector<int>>> files;
-      Grouped synthetic_problems;
+      Grouped synthetic_problems, synthetic_warnings;
       for (const auto& p : ex.points) {
         if (p.trace.synthetic) {
           const std::string d = describe_trace_spec(p.trace, p.weights.seed);
           users_of(synthetic, d).push_back(p.index);
+          const int read =
+              p.measure.sequences > 0 ? std::min(p.measure.sequences, p.trace.sequences) : p.trace.sequences;
+          if (const std::string w = batch_above_sequences(p, read); !w.empty())
+            synthetic_warnings.add(w, p.index);
           if (p.measure.sequences > p.trace.sequences)
             synthetic_problems.add(
                 str("measure.sequences ", p.measure.sequences, " exceeds trace.synthetic.sequences ",
@@ -871,6 +934,12 @@ struct Checker {
           for (int i : synthetic_problems.points.at(m))
             if (std::find(users.begin(), users.end(), i) != users.end()) mine.push_back(i);
           if (!mine.empty()) r.problems.push_back(str(m, " (", point_list(mine), ")"));
+        }
+        for (const auto& m : synthetic_warnings.order) {
+          std::vector<int> mine;
+          for (int i : synthetic_warnings.points.at(m))
+            if (std::find(users.begin(), users.end(), i) != users.end()) mine.push_back(i);
+          if (!mine.empty()) r.warnings.push_back(str(m, " (", point_list(mine), ")"));
         }
         rep.inputs.push_back(std::move(r));
         synthetic_texts.push_back(d);
@@ -903,15 +972,27 @@ struct Checker {
           r.warnings.push_back(str(stale.size(), " temporary file(s) of a killed writer (", join(stale, ", "),
                                    "): the next run into this output removes them"));
         rep.resume = inspect_results_file(options.output, ex, rep.identity);
+        // Another run writing this output holds its claim (io::OutputLock): a run now is refused.
+        const std::string holder = io::output_lock_holder(options.output);
+        if (!holder.empty()) r.problems.push_back(io::another_writer_message(options.output, holder));
         r.problems.insert(r.problems.end(), rep.resume.problems.begin(), rep.resume.problems.end());
         if (rep.resume.exists) {
-          if (rep.resume.problems.empty())
+          if (rep.resume.problems.empty()) {
             r.summary = str("exists, same configuration and inputs: ", rep.resume.done.size(), " of ",
                             ex.points.size(), " point(s) done, a run adds the other ",
                             ex.points.size() - rep.resume.done.size());
-          else
+            // A point is added by writing FILE.tmp.<pid> beside the file and renaming it onto it:
+            // the directory must be writable, or the run fails after computing its first point.
+            fs::path dir = fs::path(options.output).parent_path();
+            if (dir.empty()) dir = ".";
+            if (::access(dir.c_str(), W_OK | X_OK) != 0)
+              r.problems.push_back(str("directory ", dir.string(), " is not writable (", std::strerror(errno),
+                                       "), so no point can be added to ", options.output,
+                                       " (a point is written to a temporary file beside it, then renamed)"));
+          } else {
             r.summary =
                 str("exists, ", rep.resume.points_in_file, " point(s) in it; cannot take this run's points");
+          }
         } else {
           // The nearest existing directory above the file must let us create it (and the
           // directories between).
@@ -945,9 +1026,11 @@ struct Checker {
     {
       std::vector<int32_t> done(rep.resume.done.begin(), rep.resume.done.end());
       dist::broadcast(world, done);
-      std::set<int> done_set(done.begin(), done.end());
+      // Not loaded: the points already in the output (the run skips them) and those that cannot run.
+      std::set<int> skip = cannot_run;
+      if (options.skip_done) skip.insert(done.begin(), done.end());
       for (const ToLoad& l : to_load) {
-        load_checkpoint_shards(rt, ex, options, l.path, l.users, done_set, rep.inputs[l.input]);
+        load_checkpoint_shards(rt, ex, options, l.path, l.users, skip, rep.inputs[l.input]);
         rep.inputs[l.input].summary += str(" (", point_list(l.users), ")");
       }
     }
@@ -1002,6 +1085,7 @@ struct Checker {
 CheckReport check_inputs(dist::Runtime& rt, const Experiment& ex, const CheckOptions& options) {
   Checker c(rt, ex, options);
   c.experiment();
+  c.environment();
   c.models();
   c.backend_and_kernels();
   c.weights();

@@ -14,7 +14,7 @@
 #include <sstream>
 
 #include "core/error.hpp"
-#include "core/hash.hpp"
+#include "core/log.hpp"
 #include "drafter/target.hpp"
 #include "harness/replay.hpp"
 #include "model/fields.hpp"
@@ -253,6 +253,13 @@ struct DocReader {
     if (output) *output = out;
     p.backend = m.opt_choice("backend", "auto", kBackends);
     p.arms = read_arms(m);
+    // Arms written but not in effect under the others (read_arms normalised them): said, not dropped.
+    for (const auto& a : arm_registry()) {
+      if (a.in_effect(p.arms)) continue;
+      const YAML::Node block = a.block().empty() ? root.raw() : root.raw()[a.block()];
+      if (block && block.IsMap() && block[a.key()])
+        p.ignored_arms.push_back(str(a.name, " (not in effect without ", a.only_with, ")"));
+    }
     (void)m.opt("sweep");
     m.finish();
     return p;
@@ -289,7 +296,9 @@ std::string canonical_text(const PointConfig& p) {
     e << YAML::Key << "seed" << YAML::Value << str(p.trace.seed);
     e << YAML::Key << "layers" << YAML::Value << str(p.trace.layers);
     e << YAML::Key << "batch" << YAML::Value << str(p.trace.batch);
-    if (p.trace.sampling.sampled) {  // absent when greedy: older results files keep their identity
+    if (!p.trace.sampling.sampled) {
+      e << YAML::Key << "sampling" << YAML::Value << "greedy";  // the other keys are not in effect
+    } else {
       const io::TraceSampling& smp = p.trace.sampling;
       e << YAML::Key << "sampling" << YAML::Value << "sampling";
       e << YAML::Key << "temperature" << YAML::Value << real_text(smp.temperature);
@@ -341,21 +350,21 @@ std::string did_you_mean(const std::string& key, const std::vector<std::string>&
 // (file:line:col and sweep.grid.<arm>[i]), the value and the arm's values.
 void check_arm_value(const ArmSpec& a, const YamlNode& v) {
   switch (a.type) {
-    case ArmType::boolean:
+    case SettingType::boolean:
       (void)v.as_bool();
       return;
-    case ArmType::choice:
-      (void)v.as_choice(a.choices);
+    case SettingType::choice:
+      (void)choice_value(a, v);
       return;
-    case ArmType::integer:
+    case SettingType::integer:
       (void)v.as_int(a.min, a.max);
       return;
-    case ArmType::real: {
+    case SettingType::real: {
       const double d = v.as_double(a.real_min, a.real_max);
       if (a.real_min_exclusive && d <= a.real_min) v.fail(str("expected a value in ", a.allowed()));
       return;
     }
-    case ArmType::text: {
+    case SettingType::text: {
       if (!v.is_scalar()) v.fail(str("expected one of ", a.allowed()));
       Arms scratch;
       try {
@@ -414,8 +423,8 @@ ValueType parse_value_type(const std::string& s) {
 
 ValueType axis_value_type(const std::string& name, const std::vector<std::string>& values) {
   if (const ArmSpec* a = find_arm(name))
-    return a->type == ArmType::integer ? ValueType::integer
-           : a->type == ArmType::real  ? ValueType::floating
+    return a->type == SettingType::integer ? ValueType::integer
+           : a->type == SettingType::real  ? ValueType::floating
                                        : ValueType::text;
   auto all = [&](auto pred) { return std::all_of(values.begin(), values.end(), pred); };
   auto parses = [](const std::string& v, bool integer) {
@@ -463,7 +472,13 @@ std::string canonical_value(const YamlNode& node) {
   return e.c_str();
 }
 
-std::string identity_hash(const std::string& text) { return hex16(fnv1a64(text)); }
+std::string configuration_text(const std::string& resolved_yaml, int64_t world) {
+  YAML::Node doc = YAML::Load(resolved_yaml);
+  if (doc.IsMap()) doc.remove("output");
+  YAML::Emitter e;
+  e << doc;
+  return str(e.c_str(), "\nworld=", world);
+}
 
 void check_point_runnable(const PointConfig& p, int world, const std::string& backend) {
   const model::ModelConfig& c = p.model;
@@ -681,18 +696,30 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
     report(unrunnable, str("cannot run with ", world,
                            " rank(s) (fix the values, or remove the points with sweep.exclude)"));
   MTP_REQUIRE(!ex.points.empty(), name, ": every sweep point is excluded; nothing to run");
+  {
+    // Arms written but not in effect: one line per arm, naming the points (rank 0, or no launcher).
+    std::map<std::string, std::vector<std::string>> ignored;
+    std::vector<std::string> order;
+    for (const auto& p : ex.points)
+      for (const auto& a : p.ignored_arms) {
+        if (!ignored.count(a)) order.push_back(a);
+        ignored[a].push_back(p.name());
+      }
+    if (process_identity().rank <= 0)
+      for (const auto& a : order) {
+        const auto& pts = ignored[a];
+        log_info(name, ": ", a, ": ignored in ",
+                 pts.size() == ex.points.size() ? "every point" : join(pts, ", "),
+                 " (normalised to its default; the point is the same whatever it is set to)");
+      }
+  }
 
   // The resolved document: overrides applied, as YAML.
   {
     YAML::Emitter e;
     e << root.raw();
     ex.resolved_yaml = e.c_str();
-    YamlNode again = load_doc();
-    YAML::Node without_output = again.raw();  // shares the tree
-    without_output.remove("output");
-    YAML::Emitter e2;
-    e2 << without_output;
-    ex.identity = identity_hash(str(e2.c_str(), "\nworld=", world));
+    ex.configuration = configuration_text(ex.resolved_yaml, world);
   }
   return ex;
 }

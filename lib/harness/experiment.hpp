@@ -82,6 +82,11 @@ struct PointConfig {
   /// The kernel-policy fields that MTPLAB_* variables overrode at expansion, as
   /// "field=value (VARIABLE)" (ops::env_overrides); arms.kernels holds the result.
   std::vector<std::string> kernel_env_overrides;
+  /// The arms written for this point (in the file, by --set or by the sweep) that are not in effect
+  /// under its other arms, as "key (not in effect without verify=sampling)": normalised to their
+  /// defaults, so not in its identity, and logged once by load_experiment (e.g. temperature under
+  /// verify: greedy).
+  std::vector<std::string> ignored_arms;
   std::string canonical;  ///< resolved YAML of this point (its identity)
 
   /// "p0003".
@@ -115,9 +120,10 @@ struct Experiment {
   std::vector<Axis> axes;
   std::vector<PointConfig> points;
   int excluded = 0;  ///< combinations of sweep.grid that exclude: removed (not among points)
-  /// Hash of resolved_yaml without `output`, and the world size: two runs may share a results
-  /// file only when their identities are equal.
-  std::string identity;
+  /// configuration_text(resolved_yaml, world): what a results file's identity covers of the
+  /// experiment (results_identity adds the inputs). Two runs may share a results file only when
+  /// their configurations (and inputs) are equal.
+  std::string configuration;
 
   /// The point whose assignment equals `assignment`; -1 when it was excluded or is not a point.
   int find_point(const std::vector<std::pair<std::string, std::string>>& assignment) const;
@@ -142,8 +148,9 @@ void check_trace_file(const PointConfig& p);
 /// Canonical text of a scalar value: booleans as on/off, everything else as written.
 std::string canonical_value(const YamlNode& node);
 
-/// The experiment identity of `text`: the standard FNV-1a 64 (core/hash.hpp) as 16 hex digits
-/// (results schema v2; schema-v1 files used fnv1a64_mtplab_v1, docs/results-schema.md).
-std::string identity_hash(const std::string& text);
+/// The configuration part of a results file's identity: `resolved_yaml` (an experiment after
+/// --set, as Experiment::resolved_yaml holds it and a results file's `experiment_yaml` records it)
+/// without its `output` key, re-emitted, then "\nworld=" and the world size.
+std::string configuration_text(const std::string& resolved_yaml, int64_t world);
 
 }  // namespace mtplab::harness

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/env.hpp"
 #include "core/log.hpp"
 #include "core/str.hpp"
 
@@ -21,11 +22,8 @@ std::string format_duration(double s) {
 
 Progress::Progress(bool enabled, int points_to_run) : enabled_(enabled), points_(points_to_run) {
   tty_ = enabled_ && ::isatty(STDERR_FILENO) == 1;
-  if (const char* env = std::getenv("MTPLAB_PROGRESS_S"); env && *env) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    if (end && *end == '\0' && v >= 0) interval_s_ = v;
-  }
+  // Checked strictly when the command starts (check_logging_env): a bad value never gets here.
+  if (const auto v = env_seconds("MTPLAB_PROGRESS_S")) interval_s_ = *v;
   run_start_ = Clock::now();
   last_emit_ = run_start_ - std::chrono::hours(1);
 }

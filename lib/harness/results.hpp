@@ -1,15 +1,18 @@
-// The results file ("mtplab-results", schema v2; docs/results-schema.md): provenance at the
-// root, one group per point, an /index table and a /divergence table.
+// The results file ("mtplab-results", schema v3; docs/results-schema.md): provenance at the
+// root, one group per point, an /index table and a /divergence table. `mtplab upgrade` turns a
+// file of an older version into one of this version; nothing else reads older versions.
 //
 // Invariants:
 // - A point is written whole or not at all: each append is H5File::open_append + commit, so a
 //   killed run leaves the file as it was after the last completed point.
-// - A file holds one experiment on one set of inputs: its root `experiment_identity` (a hash of
-//   the configuration identity, i.e. the resolved experiment without `output` and the world size,
-//   and of the identity inputs: the content fingerprints of the traces and checkpoints, the
-//   resolved backend, the kernel choices that change bits) must equal the run's, else the run is
-//   refused before anything runs, naming the keys that differ. A point already in the file with
-//   the same canonical config is skipped.
+// - A file holds one experiment on one set of inputs: its root `experiment_identity` (one hash of
+//   the configuration, i.e. the resolved experiment without `output` and the world size, and of
+//   the identity inputs: the content fingerprints of the traces and checkpoints, the resolved
+//   backend, the kernel choices that change bits) must equal the run's, else the run is refused
+//   before anything runs, naming the keys that differ. A point already in the file with the same
+//   canonical config (every arm at every value) is skipped.
+// - `mtplab run` (resume) and `mtplab merge` take files of this schema version only; an older one
+//   is refused with the advice to run `mtplab upgrade` on it.
 // - A stale `<file>.tmp.<pid>` (a writer killed mid-commit) is removed by the next run into that
 //   file, only when no process of that pid is alive on this host.
 // - /index and /divergence are derived from the point groups; they are rebuilt whenever points
@@ -28,16 +31,17 @@
 namespace mtplab::harness {
 
 inline constexpr const char* kResultsSchema = "mtplab-results";
-inline constexpr int64_t kResultsSchemaVersion = 2;
+inline constexpr int64_t kResultsSchemaVersion = 3;
 
 /// The inputs part of a results file's identity: (key, value) sorted by key, e.g.
 /// ("trace data/t.h5", "fnv1a64 ... (16 sequences, ...)"), ("backend", "cpu"),
 /// ("kernels.gemv_split", "auto"). harness/check.hpp computes them.
 using IdentityInputs = std::vector<std::pair<std::string, std::string>>;
 
-/// The identity of a results file: the standard FNV-1a 64 over `configuration_identity`
-/// (Experiment::identity) and, per input in key order, "\n" key "=" value; 16 hex digits.
-std::string results_identity(const std::string& configuration_identity, const IdentityInputs& inputs);
+/// The identity of a results file: the standard FNV-1a 64 (core/hash.hpp) over `configuration`
+/// (Experiment::configuration, configuration_text) and, per input in key order, "\n" key "="
+/// value; 16 hex digits.
+std::string results_identity(const std::string& configuration, const IdentityInputs& inputs);
 
 /// Who ran, where, with what: the root attributes (and per-point copies of argv / hosts).
 struct RunProvenance {
@@ -130,6 +134,26 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
 /// inputs of different experiments or schemas are refused. Returns the number of points.
 int merge_results(const std::string& out, const std::vector<std::string>& inputs, bool overwrite,
                   const std::vector<std::string>& argv);
+
+/// What `mtplab upgrade` did.
+struct UpgradeReport {
+  int64_t from_version = 0;
+  int64_t points = 0;
+  /// Point attributes computed from the steps because the old file lacked them, as
+  /// "name (N points)", and other notes (arms filled at their default, inputs not recorded).
+  std::vector<std::string> notes;
+};
+/// Reads the results file `in` of schema version 1 or 2 and writes it as a version-3 file `out`
+/// (created atomically; an existing results file is replaced only with `overwrite`, under the
+/// output rule of io/output.hpp): every arm written in each point's config and attributes (an arm
+/// the old file left out at its default, or that did not exist when it was written, takes its
+/// default; record_margins reads off whether the point recorded margins), the typed assignment of
+/// a version-1 file, the attributes a reader needs that can be computed from the steps (the
+/// acceptance histogram and intervals; under greedy verification the expected figures and
+/// acceptance probabilities), the identity recomputed, every dataset copied, the derived tables
+/// rebuilt. A version-3 input, or one that is not a results file, is refused naming the file.
+UpgradeReport upgrade_results(const std::string& in, const std::string& out, bool overwrite,
+                              const std::vector<std::string>& argv);
 
 /// One row of /divergence: how often `point`'s drafts differ from `reference`'s at the same
 /// (sequence, position) of repeat 0 (docs/results-schema.md).

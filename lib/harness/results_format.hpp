@@ -25,12 +25,36 @@ std::vector<std::string> string_list_attr(const io::Object& o, const std::string
 /// Rebuilds /index and /divergence from the point groups (after points were added).
 void rebuild_derived_tables(io::H5File& f);
 
+/// The root attributes that hold the identity inputs (keys and values, in key order).
+inline constexpr const char* kIdentityKeysAttr = "identity_input_keys";
+inline constexpr const char* kIdentityValuesAttr = "identity_input_values";
+
+/// The problem with the schema of the results file `f` (at `path`) for `command` ("mtplab
+/// merge"), or "" when it is a results file of this version: another kind of file, a newer
+/// version, or an older one with the advice to run `mtplab upgrade PATH NEW.h5` first.
+std::string schema_problem(const io::H5File& f, const std::string& path, const std::string& command);
+
+/// Sets the point attribute of arm `a` (named as the arm) to the canonical text `value`, typed by
+/// the arm's type: integer arms int64, real arms f64, the others str.
+void set_arm_attr(io::Object& g, const ArmSpec& a, const std::string& value);
+
+/// Copies every attribute of `src` onto `dst`; every group and dataset below `src` into `dst`
+/// (datasets with column_options()). An attribute or node this wrapper cannot read is an Error
+/// naming the file and path.
+void copy_attrs(const io::Object& src, io::Object& dst);
+void copy_group(const io::Group& src, io::Group& dst);
+
+/// The attributes a reader judges a point's acceptance by (repeat 0): accepted_hist, the
+/// bootstrap intervals of the acceptance figures and their seed, and for a teacher-forced point the
+/// per-depth accuracy with its intervals. From r's k, repeat, sequence, accepted,
+/// expected_accepted, drafts and targets (the writer's and `mtplab upgrade`'s one computation).
+void write_acceptance_reading(io::Group& g, int point_index, bool teacher_forced, const PointResult& r);
+
 /// What a results file's identity is made of, as a file's root or a run holds it.
 struct IdentityParts {
   std::string yaml;  ///< experiment_yaml: the resolved experiment
   int64_t world = 0;
   IdentityInputs inputs;
-  bool has_inputs = true;  ///< false: a file written before the identity held its inputs
 };
 /// The parts recorded at a results file's root.
 IdentityParts identity_parts(const io::H5File& f);

@@ -1,6 +1,7 @@
 // `mtplab merge`: joins the per-task results files of one experiment (a Slurm array) into one,
 // copying the point groups as they are and rebuilding the derived tables. Inputs of different
-// identities are refused, naming the keys that differ.
+// identities are refused, naming the keys that differ; inputs of an older schema version with the
+// advice to upgrade them. The copy of groups and attributes is shared with `mtplab upgrade`.
 #include <filesystem>
 #include <map>
 
@@ -16,6 +17,19 @@ namespace {
 using io::DType;
 using io::Group;
 using io::H5File;
+
+template <typename T>
+void copy_typed(const io::Dataset& d, Group& dst, const std::string& name) {
+  const auto data = d.read<T>();
+  io::Dataset out = d.rank() == 2
+                        ? dst.write(name, data, d.rows(), d.cols(), results_format::column_options())
+                        : dst.write(name, data, results_format::column_options());
+  results_format::copy_attrs(d, out);
+}
+
+}  // namespace
+
+namespace results_format {
 
 void copy_attrs(const io::Object& src, io::Object& dst) {
   for (const auto& name : src.attr_names()) {
@@ -42,15 +56,6 @@ void copy_attrs(const io::Object& src, io::Object& dst) {
                  "' has a type merge does not copy");
     }
   }
-}
-
-template <typename T>
-void copy_typed(const io::Dataset& d, Group& dst, const std::string& name) {
-  const auto data = d.read<T>();
-  io::Dataset out = d.rank() == 2
-                        ? dst.write(name, data, d.rows(), d.cols(), results_format::column_options())
-                        : dst.write(name, data, results_format::column_options());
-  copy_attrs(d, out);
 }
 
 void copy_group(const Group& src, Group& dst) {
@@ -85,7 +90,7 @@ void copy_group(const Group& src, Group& dst) {
   }
 }
 
-}  // namespace
+}  // namespace results_format
 
 int merge_results(const std::string& out_arg, const std::vector<std::string>& inputs, bool overwrite,
                   const std::vector<std::string>& argv) {
@@ -100,10 +105,8 @@ int merge_results(const std::string& out_arg, const std::vector<std::string>& in
   for (const auto& in : inputs) {
     files.push_back(H5File::open_read(in));
     const H5File& f = files.back();
-    MTP_REQUIRE(f.has_attr("schema") && f.attr_string("schema") == kResultsSchema, in,
-                ": not an mtplab results file");
-    MTP_REQUIRE(f.attr_int("schema_version") == kResultsSchemaVersion, in, ": results schema version ",
-                f.attr_int("schema_version"), ", expected ", kResultsSchemaVersion);
+    const std::string problem = results_format::schema_problem(f, in, "mtplab merge");
+    MTP_REQUIRE(problem.empty(), problem);
     if (f.attr_string("experiment_identity") != files.front().attr_string("experiment_identity")) {
       const std::vector<std::string> diffs = results_format::identity_differences(
           results_format::identity_parts(files.front()), results_format::identity_parts(f),
@@ -134,14 +137,14 @@ int merge_results(const std::string& out_arg, const std::vector<std::string>& in
     }
   }
   H5File o = H5File::create(out);
-  copy_attrs(files.front(), o);
+  results_format::copy_attrs(files.front(), o);
   o.set_attr("merged_from", inputs);
   o.set_attr("merge_argv", argv);
   o.set_attr("merged_at", utc_now());
   Group points = o.create_group("points");
   for (const auto& [name, src] : chosen) {
     Group g = points.create_group(name);
-    copy_group(files[src.first].open_group("points").open_group(name), g);
+    results_format::copy_group(files[src.first].open_group("points").open_group(name), g);
   }
   const int64_t expected = files.front().attr_int("num_points");
   std::vector<std::string> missing;

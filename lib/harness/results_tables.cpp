@@ -28,6 +28,28 @@ std::vector<std::string> string_list_attr(const io::Object& o, const std::string
   return o.attr_strings(name);
 }
 
+void set_arm_attr(io::Object& g, const ArmSpec& a, const std::string& value) {
+  switch (a.type) {
+    case SettingType::integer: {
+      const auto v = parse_int64(value);
+      MTP_REQUIRE(v, g.file_name(), ": ", g.path(), ": ", a.name, " \"", value, "\" is not a whole number");
+      g.set_attr(a.name, *v);
+      return;
+    }
+    case SettingType::real: {
+      const auto v = parse_double(value);
+      MTP_REQUIRE(v, g.file_name(), ": ", g.path(), ": ", a.name, " \"", value, "\" is not a number");
+      g.set_attr(a.name, *v);
+      return;
+    }
+    case SettingType::choice:
+    case SettingType::boolean:
+    case SettingType::text:
+      g.set_attr(a.name, value);
+      return;
+  }
+}
+
 }  // namespace results_format
 
 namespace {
@@ -62,8 +84,8 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
   };
   for (const auto& a : arm_registry()) {
     if (taken(a.name)) continue;
-    (a.type == ArmType::integer ? int_cols
-     : a.type == ArmType::real  ? float_cols
+    (a.type == SettingType::integer ? int_cols
+     : a.type == SettingType::real  ? float_cols
                                 : string_cols)
         .push_back(a.name);
   }
@@ -182,7 +204,7 @@ std::vector<Divergence> compute_divergence(const Group& root) {
     const Group g = points.open_group(n);
     P p;
     p.index = g.attr_int("index");
-    p.at = g.has_attr("assignment_index") ? g.attr_ints("assignment_index") : std::vector<int64_t>{};
+    p.at = g.attr_ints("assignment_index");
     MTP_REQUIRE(p.at.size() == axes.size(), root.file_name(), ": ", g.path(), ": assignment_index has ",
                 p.at.size(), " entries for ", axes.size(), " sweep axes");
     for (size_t a = 0; a < axes.size(); ++a)

@@ -14,6 +14,7 @@
 
 #include "core/build_info.hpp"
 #include "core/error.hpp"
+#include "core/hash.hpp"
 #include "core/log.hpp"
 #include "harness/replay_teacher.hpp"
 #include "harness/results.hpp"
@@ -29,8 +30,8 @@ namespace {
 using io::Group;
 using io::H5File;
 
-constexpr const char* kIdentityKeysAttr = "identity_input_keys";
-constexpr const char* kIdentityValuesAttr = "identity_input_values";
+using results_format::kIdentityKeysAttr;
+using results_format::kIdentityValuesAttr;
 
 void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
   f.set_attr("schema", kResultsSchema);
@@ -42,8 +43,7 @@ void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
   f.set_attr("argv", prov.argv);
   f.set_attr("experiment_file", ex.file);
   f.set_attr("experiment_yaml", ex.resolved_yaml);
-  f.set_attr("experiment_identity", results_identity(ex.identity, prov.identity_inputs));
-  f.set_attr("configuration_identity", ex.identity);
+  f.set_attr("experiment_identity", results_identity(ex.configuration, prov.identity_inputs));
   std::vector<std::string> keys, values;
   for (const auto& [k, v] : prov.identity_inputs) {
     keys.push_back(k);
@@ -65,6 +65,7 @@ void write_root(H5File& f, const Experiment& ex, const RunProvenance& prov) {
     f.set_attr(results_format::axis_type_attr(a.name), to_string(a.type));
   }
   f.set_attr("sweep_axes", axes);
+  f.set_attr("arms", arm_names());
   f.create_group("points");
 }
 
@@ -108,11 +109,6 @@ std::vector<std::string> config_differences(const std::string& a_yaml, const std
   } catch (const YAML::Exception&) {
     return {"(the stored configuration is not readable YAML)"};
   }
-  // An arm that the canonical text leaves out at its default reads as its default.
-  for (const auto& arm : arm_registry())
-    if (arm.omit_at_default)
-      for (auto* m : {&a, &b})
-        if (!m->count(arm.name)) (*m)[arm.name] = arm.default_value();
   return map_differences(a, b, a_label, b_label);
 }
 
@@ -123,10 +119,14 @@ bool pid_alive(long pid) {
   return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
 }
 
+}  // namespace
+
+namespace results_format {
+
 // What a reader needs to judge the point's acceptance (repeat 0, as the figures above): the
 // accepted-length histogram, 95% intervals of acceptance rate and tau by a bootstrap over
 // sequences, and for teacher-forced points the per-depth accuracy with its intervals.
-void write_uncertainty(Group& g, const PointConfig& point, const PointResult& r) {
+void write_acceptance_reading(Group& g, int point_index, bool teacher_forced, const PointResult& r) {
   const int k = r.k;
   std::vector<int32_t> seq0, acc0;
   std::vector<double> exp0;
@@ -140,7 +140,7 @@ void write_uncertainty(Group& g, const PointConfig& point, const PointResult& r)
     if (has_expected) exp0.push_back(r.expected_accepted[row]);
   }
   g.set_attr("accepted_hist", accepted_histogram(acc0, k));
-  const uint64_t seed = acceptance_bootstrap_seed(point.index);
+  const uint64_t seed = acceptance_bootstrap_seed(point_index);
   const SequenceSums sums = sums_by_sequence(seq0, acc0, exp0);
   const AcceptanceIntervals ci = acceptance_intervals(sums, k, seed);
   g.set_attr("acceptance_rate_ci", std::vector<double>{ci.acceptance_rate.lo, ci.acceptance_rate.hi});
@@ -152,7 +152,7 @@ void write_uncertainty(Group& g, const PointConfig& point, const PointResult& r)
   g.set_attr("bootstrap_units", "sequences");
   g.set_attr("bootstrap_resamples", static_cast<int64_t>(kBootstrapResamples));
   g.set_attr("bootstrap_seed", static_cast<int64_t>(seed));
-  if (point.arms.replay.replay != ReplayMode::teacher_forced) return;
+  if (!teacher_forced) return;
   // Per depth j: positions whose draft j equals its target, over positions; the interval from the
   // same bootstrap over sequences (one numerator per depth, the same resamples).
   std::vector<double> rate = depth_hit_rates(r.drafts, r.targets, k, rep0);
@@ -178,22 +178,32 @@ void write_uncertainty(Group& g, const PointConfig& point, const PointResult& r)
   g.set_attr("teacher_forced_rate_ci_hi", hi);
 }
 
-}  // namespace
-
-namespace results_format {
+std::string schema_problem(const io::H5File& f, const std::string& path, const std::string& command) {
+  if (!f.has_attr("schema") || f.attr_info("schema").kind != io::AttrKind::string ||
+      f.attr_string("schema") != kResultsSchema)
+    return str(path, ": not an mtplab results file (", io::describe_existing_file(path), ")");
+  if (!f.has_attr("schema_version") || f.attr_info("schema_version").kind != io::AttrKind::integer)
+    return str(path, ": a results file without an integer schema_version attribute");
+  const int64_t version = f.attr_int("schema_version");
+  if (version < kResultsSchemaVersion)
+    return str(path, ": results schema version ", version, "; ", command, " reads version ",
+               kResultsSchemaVersion, " only: run `mtplab upgrade ", path,
+               " NEW.h5` and use NEW.h5 (docs/results-schema.md, \"Upgrading older files\")");
+  if (version > kResultsSchemaVersion)
+    return str(path, ": results schema version ", version, ", written by a newer mtplab; this one reads version ",
+               kResultsSchemaVersion);
+  return "";
+}
 
 IdentityParts identity_parts(const io::H5File& f) {
   IdentityParts p;
-  p.yaml = f.has_attr("experiment_yaml") ? f.attr_string("experiment_yaml") : std::string();
-  p.world = f.has_attr("world_size") ? f.attr_int("world_size") : 0;
-  p.has_inputs = f.has_attr(kIdentityKeysAttr) && f.has_attr(kIdentityValuesAttr);
-  if (p.has_inputs) {
-    const auto keys = f.attr_strings(kIdentityKeysAttr);
-    const auto values = f.attr_strings(kIdentityValuesAttr);
-    MTP_REQUIRE(keys.size() == values.size(), f.path(), ": ", kIdentityKeysAttr, " has ", keys.size(),
-                " entries but ", kIdentityValuesAttr, " has ", values.size());
-    for (size_t i = 0; i < keys.size(); ++i) p.inputs.emplace_back(keys[i], values[i]);
-  }
+  p.yaml = f.attr_string("experiment_yaml");
+  p.world = f.attr_int("world_size");
+  const auto keys = f.attr_strings(kIdentityKeysAttr);
+  const auto values = f.attr_strings(kIdentityValuesAttr);
+  MTP_REQUIRE(keys.size() == values.size(), f.path(), ": ", kIdentityKeysAttr, " has ", keys.size(),
+              " entries but ", kIdentityValuesAttr, " has ", values.size());
+  for (size_t i = 0; i < keys.size(); ++i) p.inputs.emplace_back(keys[i], values[i]);
   return p;
 }
 
@@ -205,13 +215,7 @@ std::vector<std::string> identity_differences(const IdentityParts& a, const Iden
     diffs.push_back(str("world size: ", a.world, " (", a_label, ") vs ", b.world, " (", b_label, ")"));
   const std::map<std::string, std::string> ia(a.inputs.begin(), a.inputs.end());
   const std::map<std::string, std::string> ib(b.inputs.begin(), b.inputs.end());
-  std::vector<std::string> inputs = map_differences(ia, ib, a_label, b_label);
-  for (const auto* p : {&a, &b})
-    if (!p->has_inputs)
-      inputs.push_back(
-          str("(", p == &a ? a_label : b_label,
-              ": written before results files recorded their inputs' fingerprints, the backend "
-              "and the kernel choices; such a file resumes and merges only with files of its kind)"));
+  const std::vector<std::string> inputs = map_differences(ia, ib, a_label, b_label);
   diffs.insert(diffs.end(), inputs.begin(), inputs.end());
   return diffs;
 }
@@ -249,10 +253,10 @@ const std::vector<std::string>& timing_columns() {
   return cols;
 }
 
-std::string results_identity(const std::string& configuration_identity, const IdentityInputs& inputs) {
-  std::string text = configuration_identity;
+std::string results_identity(const std::string& configuration, const IdentityInputs& inputs) {
+  std::string text = configuration;
   for (const auto& [k, v] : inputs) text += str("\n", k, "=", v);
-  return identity_hash(text);
+  return hex16(fnv1a64(text));
 }
 
 namespace {
@@ -285,17 +289,16 @@ ResumeState inspect_results_file(const std::string& path, const Experiment& ex,
   if (!out.exists) return st;
   try {
     const H5File f = H5File::open_read(path);
-    const int64_t version = f.attr_int("schema_version");
-    if (version != kResultsSchemaVersion) {
-      st.problems.push_back(str(path, ": results schema version ", version, ", this mtplab writes ",
-                                kResultsSchemaVersion, "; choose another output (--out)"));
+    if (const std::string problem = results_format::schema_problem(f, path, "mtplab run (resume)");
+        !problem.empty()) {
+      st.problems.push_back(str(problem, "; or choose another output (--out)"));
       return st;
     }
     const Group points = f.open_group("points");
     const std::vector<std::string> names = points.children();
     st.points_in_file = static_cast<int64_t>(names.size());
-    if (f.attr_string("experiment_identity") != results_identity(ex.identity, inputs)) {
-      results_format::IdentityParts run{ex.resolved_yaml, ex.world, inputs, true};
+    if (f.attr_string("experiment_identity") != results_identity(ex.configuration, inputs)) {
+      results_format::IdentityParts run{ex.resolved_yaml, ex.world, inputs};
       const std::vector<std::string> diffs = results_format::identity_differences(
           results_format::identity_parts(f), run, "in the file", "this run");
       st.problems.push_back(str(
@@ -389,7 +392,7 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
               point.name(), ": the step table's batch columns hold ", r.batch_step.size(), ", ",
               r.batch_rows.size(), " and ", r.batch_experts.size(), " rows for ", rows, " steps");
   H5File f = H5File::open_append(path);
-  MTP_REQUIRE(f.attr_string("experiment_identity") == results_identity(ex.identity, prov.identity_inputs),
+  MTP_REQUIRE(f.attr_string("experiment_identity") == results_identity(ex.configuration, prov.identity_inputs),
               path, ": was replaced by a file of another experiment while this run was going");
   Group points = f.open_group("points");
   if (points.exists(point.name())) points.remove(point.name());
@@ -418,14 +421,9 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
         break;
     }
   }
-  for (const auto& a : arm_registry()) {
-    if (a.type == ArmType::integer)
-      g.set_attr(a.name, static_cast<int64_t>(std::stoll(a.get(point.arms))));
-    else if (a.type == ArmType::real)
-      g.set_attr(a.name, std::stod(a.get(point.arms)));
-    else
-      g.set_attr(a.name, a.get(point.arms));
-  }
+  for (const auto& a : arm_registry()) results_format::set_arm_attr(g, a, a.get(point.arms));
+  // Reserved for the kernel each op ran (docs/results-schema.md); the point's kernel policy for now.
+  g.set_attr("kernels", ops::to_string(point.arms.kernels));
   g.set_attr("model", point.model.name);
   g.set_attr("model_spec", point.model_spec);
   g.set_attr("backend", prov.backend);
@@ -466,7 +464,8 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   std::vector<double> per_pos = r.acceptance.per_position();
   per_pos.resize(static_cast<size_t>(r.k), 0.0);
   g.set_attr("per_position", per_pos);
-  write_uncertainty(g, point, r);
+  results_format::write_acceptance_reading(g, point.index, point.arms.replay.replay == ReplayMode::teacher_forced,
+                                           r);
 
   // Steps: one row per step of every repeat.
   const uint64_t n = static_cast<uint64_t>(r.rows());

@@ -2,11 +2,14 @@
 // each point, the per-point reduction over ranks and the hand-off to the results writer.
 #include "harness/runner.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 
@@ -26,6 +29,7 @@
 #include "harness/results.hpp"
 #include "harness/step_recorder.hpp"
 #include "harness/timer.hpp"
+#include "io/output.hpp"
 #include "io/trace.hpp"
 #include "model/weights.hpp"
 #include "provenance/versions.hpp"
@@ -64,6 +68,26 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// What changes when a file is written: a commit renames a new file into place (another inode), and
+// its size and modification time change.
+struct FileVersion {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = -1;
+  int64_t mtime_ns = 0;
+  friend bool operator==(const FileVersion&, const FileVersion&) = default;
+};
+FileVersion version_of(const std::string& path) {
+  struct stat st {};
+  FileVersion v;
+  if (::stat(path.c_str(), &st) != 0) return v;
+  v.dev = st.st_dev;
+  v.ino = st.st_ino;
+  v.size = st.st_size;
+  v.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  return v;
+}
+
 // Everything a point run needs that outlives the point.
 struct Context {
   dist::Runtime& rt;
@@ -98,7 +122,7 @@ void reduce_over_ranks(const Context& c, const PointConfig& p, PointResult& r) {
   const auto rows = dist::min_max(c.world_group, static_cast<int64_t>(r.rows()));
   MTP_REQUIRE(rows.agree(), p.name(), ": ranks replayed different step counts (", rows.min, " to ", rows.max,
               ")");
-  r.ranks_agree = dist::all_agree(c.world_group, fnv1a64_words_mtplab_v1(r.drafts));
+  r.ranks_agree = dist::all_agree(c.world_group, fnv1a64_words(r.drafts));
   if (!r.ranks_agree && c.rank == 0)
     log_warn(p.name(), ": the ranks' drafts differ (recorded as ranks_agree = 0)");
   std::vector<std::vector<double>*> columns;
@@ -199,29 +223,33 @@ void install_stop_handlers() { dist::install_stop_handlers("the results file kee
 
 int stop_signal() { return dist::stop_signal(); }
 
-int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& options) {
+int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& options) {
+  const Experiment& ex = pre.ex;
   MTP_REQUIRE(ex.world == rt.world(), ex.file, ": expanded for ", ex.world, " rank(s) but the job has ",
               rt.world());
   const int rank = rt.rank();
-  dist::install_stop_handlers(str(options.output, " keeps every completed point"));
+  dist::install_stop_handlers(str(pre.output, " keeps every completed point"));
 
-  // The backend: `auto` decides alike on every rank (the MIN of the visible GPUs).
-  std::string backend = ex.points.front().backend;
-  if (backend == "auto")
-    backend = ops::cuda_backend_available() && rt.min_visible_gpus() > 0 ? "cuda" : "cpu";
-  dist::run_agreed([&] {  // every rank decides alike: the job ends cleanly, the message comes once
-    std::vector<std::string> problems;
-    for (const auto& p : ex.points) {
-      try {
-        check_point_runnable(p, rt.world(), backend);
-        check_trace_file(p);  // sampling verification against the trace's sampling attributes
-      } catch (const Error& e) {
-        problems.push_back(str("  ", p.name(), " {", p.label(), "}: ", e.message()));
-      }
+  // The backend: `auto` decides alike on every rank (the MIN of the visible GPUs). Whether every
+  // point can run on it is the input check's (below), as for `mtplab check`.
+  const std::string backend = resolve_backend(rt, ex);
+  dist::Group world = rt.world_group();
+  // Inputs refused: the check's report, then one line with the `mtplab check` that repeats it
+  // (rank 0), and exit 2 on every rank, nothing written.
+  auto refuse = [&](const CheckReport& report) {
+    if (rank == 0) {
+      std::fputs(report.text().c_str(), stderr);
+      log_error(ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
+                report.resume.exists ? str(pre.output, " is unchanged") : str("no results file was created"),
+                ". `", options.check_command, "` repeats these checks without running");
     }
-    MTP_REQUIRE(problems.empty(), ex.file, ": ", problems.size(), " point(s) cannot run on the ", backend,
-                " backend:\n", join(problems, "\n"));
-  });
+    dist::barrier(world);
+    return 2;
+  };
+  // A GPU that a rank cannot use (no CUDA in this build, no driver or device) is an input problem
+  // like the others, found by the same check as `mtplab check`, before any device is bound.
+  if (backend == "cuda" && rt.min_visible_gpus() == 0)
+    return refuse(check_inputs(rt, ex, run_check_options(pre, backend)));
   std::unique_ptr<ops::Backend> be;
   if (backend == "cuda") {
     const auto& bound = rt.bind_device();
@@ -229,7 +257,6 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   } else {
     be = ops::make_cpu_backend();
   }
-  dist::Group world = rt.world_group();
   RunProvenance prov;
   prov.argv = options.argv;
   prov.world = rt.world();
@@ -251,11 +278,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   }
 
   const int n = static_cast<int>(ex.points.size());
-  MTP_REQUIRE(options.point < n, ex.file, ": --point ", options.point,
-              " is out of range: the experiment has ", n, " point(s), 0..", n - 1);
-  std::vector<int> todo;
-  for (int i = 0; i < n; ++i)
-    if (options.point < 0 || options.point == i) todo.push_back(i);
+  const std::vector<int>& todo = pre.todo;
 
   Context c{rt,
             *be,
@@ -269,11 +292,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   // Every input checked before the output exists (harness/check.hpp): a run that fails on its
   // inputs leaves no results file behind. The first checkpoint shard loads into the run's cache,
   // so the check's load is the run's own.
-  CheckOptions check;
-  check.output = options.output;
-  check.backend = backend;
-  check.load_points = todo;
-  check.skip_done = true;
+  CheckOptions check = run_check_options(pre, backend);
   bool cached_once = false;
   check.load_weights = [&](const PointConfig& p) {
     if (!cached_once) {
@@ -285,17 +304,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     (void)model::load_mtp_weights(p.model, plan, p.weights.checkpoint);
   };
   const CheckReport report = check_inputs(rt, ex, check);
-  if (report.total_problems > 0) {
-    if (rank == 0) {
-      std::fputs(report.text().c_str(), stderr);
-      log_error(
-          ex.file, ": ", report.total_problems, " problem(s) with the inputs (above); nothing ran and ",
-          report.resume.exists ? str(options.output, " is unchanged") : str("no results file was created"),
-          ". `mtplab check ", ex.file, "` repeats these checks without running");
-    }
-    dist::barrier(world);
-    return 2;
-  }
+  if (report.total_problems > 0) return refuse(report);
   if (rank == 0) {
     for (const auto& in : report.inputs) {
       log_info("input ", in.label, ": ", in.summary);
@@ -303,11 +312,27 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
     }
   }
   prov.identity_inputs = report.identity;
+  if (const int sig = agreed_stop(world); sig != 0) {  // a stop asked during the start-up: nothing written
+    if (rank == 0)
+      log_error("interrupted by ", dist::describe_stop_signal(sig), " before the first point; ",
+                report.resume.exists ? str(pre.output, " is unchanged") : str("no results file was created"));
+    return 128 + sig;
+  }
 
   std::vector<char> done(static_cast<size_t>(n), 0);
+  // Rank 0 claims the output for the whole run (io::OutputLock): a second run into it is refused
+  // before it computes anything. What the file holds is read under the claim.
+  io::OutputLock claim;
+  FileVersion written;    // rank 0: the output as this run last left it
   dist::run_agreed([&] {  // a refusal of the file (another configuration in it) ends every rank cleanly
-    if (rank == 0)
-      for (int i : prepare_results_file(options.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+    if (rank != 0) return;
+    const auto parent = std::filesystem::path(pre.output).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::vector<std::string> words;
+    for (const auto& a : options.argv) words.push_back(shell_quote(a));
+    claim = io::OutputLock(pre.output, join(words, " "));
+    for (int i : prepare_results_file(pre.output, ex, prov)) done[static_cast<size_t>(i)] = 1;
+    written = version_of(pre.output);
   });
   dist::broadcast(world, std::span<char>(done));
 
@@ -318,7 +343,7 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
         ex.file, ": ", n, " point(s); running ", to_run,
         (to_run == static_cast<int>(todo.size()) ? ""
                                                  : str(" (", todo.size() - to_run, " already in the file)")),
-        " on ", rt.world(), " rank(s), backend ", backend, ", output ", options.output);
+        " on ", rt.world(), " rank(s), backend ", backend, ", output ", pre.output);
 
   Progress progress(rank == 0, to_run);
   std::vector<std::vector<std::string>> table = {
@@ -344,7 +369,16 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
       if (interrupted == 0) interrupted = SIGTERM;  // a rank saw it; the flag may have been read late
       break;
     }
-    if (rank == 0) append_point(options.output, ex, p, r, prov);
+    if (rank == 0) {
+      // A writer that holds no claim (a file system without locks) is found here: the file changed
+      // since this run last wrote it. Nothing is written over its points.
+      MTP_REQUIRE(version_of(pre.output) == written, pre.output,
+                  ": changed by another writer since this run last wrote it (a second run into the same "
+                  "output); this run stops without writing ",
+                  p.name(), " (the file keeps every point written so far: rerun to add what is missing)");
+      append_point(pre.output, ex, p, r, prov);
+      written = version_of(pre.output);
+    }
     {
       // Rank 0 writes (a copy of the file, then a rename): the others wait for it without the
       // collective timeout, which bounds waits for peers, not for a large file.
@@ -381,13 +415,13 @@ int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& op
   if (interrupted != 0) {
     if (rank == 0)
       log_error("interrupted by ", dist::describe_stop_signal(interrupted), " after ", completed,
-                " point(s) this run; ", options.output,
+                " point(s) this run; ", pre.output,
                 " holds every completed point. Rerun the same command to resume.");
     return 128 + interrupted;
   }
   if (rank == 0) {
     if (table.size() > 1) print_table(table);
-    log_info("done: ", completed, " point(s) written to ", options.output);
+    log_info("done: ", completed, " point(s) written to ", pre.output);
   }
   return 0;
 }

@@ -17,18 +17,21 @@
 
 #include "dist/runtime.hpp"
 #include "harness/experiment.hpp"
+#include "harness/preflight.hpp"
 
 namespace mtplab::harness {
 
 struct RunOptions {
-  std::string output;  ///< results file (the experiment's output: unless overridden)
-  int point = -1;      ///< run only this point; -1: all
-  std::vector<std::string> argv;
+  std::vector<std::string> argv;  ///< the command line, for the provenance
+  /// The `mtplab check ...` command that repeats the input checks of this run (check_command).
+  std::string check_command;
 };
 
-/// Runs `ex` (expanded for rt.world() ranks). Returns the process exit code: 0 when every
-/// requested point is in the file, 128 + signal when interrupted. Collective over the world.
-int run_experiment(dist::Runtime& rt, const Experiment& ex, const RunOptions& options);
+/// Runs the points `pre.todo` of `pre.ex` (expanded for rt.world() ranks) into `pre.output`, after
+/// the input check (check_inputs with run_check_options: the checks `mtplab check` runs). Returns
+/// the process exit code: 0 when every requested point is in the file, 2 when the inputs are
+/// refused, 128 + signal when interrupted. Collective over the world.
+int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& options);
 
 /// Installs the SIGTERM / SIGINT handlers that set the stop flag (idempotent).
 void install_stop_handlers();

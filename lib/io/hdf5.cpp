@@ -18,6 +18,8 @@
 #include <set>
 #include <type_traits>
 
+#include "core/temp_files.hpp"
+
 namespace mtplab::io {
 
 static_assert(std::is_same_v<hid_t, std::int64_t>, "hdf5.hpp carries hid_t as int64_t (HDF5 >= 1.10)");
@@ -366,9 +368,17 @@ void track_attr_order(hid_t plist, const std::string& path) {
 }
 
 // Paths of working files this process has open, so two writers of one path in one process fail.
+// Each is also registered as a temporary (core/temp_files.hpp): a signal that stops the process at
+// once removes it.
 std::set<std::string>& active_working_paths() {
   static std::set<std::string> paths;
   return paths;
+}
+
+// The working file is gone (committed by its rename, or removed): forget it.
+void release_working(const std::string& working) {
+  active_working_paths().erase(working);
+  unregister_temporary(working);
 }
 
 std::string errno_text(int err) { return std::strerror(err); }
@@ -1085,6 +1095,7 @@ void refuse_link(const std::string& path) {
 void claim_working(const std::string& path, const std::string& working) {
   MTP_REQUIRE(active_working_paths().insert(working).second, path,
               ": already open for writing in this process (", working, ")");
+  (void)register_temporary(working);
 }
 
 }  // namespace
@@ -1101,7 +1112,7 @@ H5File H5File::create(const std::string& path) {
   Hid fapl = make_fapl(path, true);
   Hid fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose);
   if (!fcpl.valid()) {
-    active_working_paths().erase(fs->working);
+    release_working(fs->working);
     MTP_FAIL(path, ": cannot create a property list", take_hdf5_detail());
   }
   track_attr_order(fcpl.get(), path);
@@ -1109,7 +1120,7 @@ H5File H5File::create(const std::string& path) {
   if (fs->id < 0) {
     const std::string detail = take_hdf5_detail();
     ::unlink(fs->working.c_str());  // a full disk may leave it created, empty
-    active_working_paths().erase(fs->working);
+    release_working(fs->working);
     MTP_FAIL(path, ": cannot create ", fs->working, detail);
   }
   fs->open = true;
@@ -1117,7 +1128,7 @@ H5File H5File::create(const std::string& path) {
     return H5File(open_root(fs));
   } catch (...) {
     ::unlink(fs->working.c_str());
-    active_working_paths().erase(fs->working);
+    release_working(fs->working);
     throw;
   }
 }
@@ -1145,7 +1156,7 @@ H5File H5File::open_append(const std::string& path) {
   claim_working(path, fs->working);
   auto abandon = [&] {
     ::unlink(fs->working.c_str());
-    active_working_paths().erase(fs->working);
+    release_working(fs->working);
   };
   struct stat before {
   }, after{};
@@ -1211,7 +1222,7 @@ void discard_working(FileState& fs) noexcept {
     H5Eclear2(H5E_DEFAULT);
   }
   ::unlink(fs.working.c_str());
-  active_working_paths().erase(fs.working);
+  release_working(fs.working);
 }
 }  // namespace
 
@@ -1256,7 +1267,7 @@ void H5File::commit() {
     abandon();
     throw;
   }
-  active_working_paths().erase(fs.working);
+  release_working(fs.working);
   committed_ = true;
   const std::filesystem::path parent = std::filesystem::path(fs.path).parent_path();
   fsync_path(parent.empty() ? std::string(".") : parent.string(), true);  // makes the rename durable

@@ -54,6 +54,41 @@ std::string follow_output_link(const std::string& path);
 std::string resolve_output(const std::string& command, const std::string& path, const OutputKind& kind,
                            const std::vector<std::string>& inputs, OutputMode mode);
 
+/// An exclusive claim on an output for the life of one writer, so that two runs into one output
+/// never both compute its points: `PATH.lock` beside it, locked with an open-file-description
+/// lock (fcntl F_OFD_SETLK), which the kernel releases when the process ends however it ends (a
+/// SIGKILL, a crash: no stale claim). The file holds who claims it ("pid P on host H: COMMAND,
+/// since T"); it is removed when the claim ends. Where the file system refuses locks (ENOLCK), a
+/// warning is logged and the claim is empty: a second writer is then found when it commits.
+class OutputLock {
+ public:
+  OutputLock() = default;
+  /// Claims `path` for `command` ("mtplab run exp.yaml"); throws an Error naming the holder when
+  /// another process holds it.
+  OutputLock(const std::string& path, const std::string& command);
+  ~OutputLock();
+  OutputLock(OutputLock&& other) noexcept;
+  OutputLock& operator=(OutputLock&& other) noexcept;
+  OutputLock(const OutputLock&) = delete;
+  OutputLock& operator=(const OutputLock&) = delete;
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  void release() noexcept;
+  int fd_ = -1;
+  std::string lock_path_;
+};
+
+/// The lock file of `path` (`PATH.lock`).
+std::string output_lock_path(const std::string& path);
+
+/// Who holds the claim on `path` ("pid P on host H: COMMAND, since T"), "" when no process does.
+/// Reads only; creates nothing.
+std::string output_lock_holder(const std::string& path);
+
+/// The refusal of a second writer of `path`, whose claim `holder` describes.
+std::string another_writer_message(const std::string& path, const std::string& holder);
+
 /// What an existing path is, for messages: "an mtplab trace", "an mtplab results file", "an HDF5
 /// file that mtplab did not write", "a file that is not HDF5 ...", "a directory", ...
 std::string describe_existing_file(const std::string& path);

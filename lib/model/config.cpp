@@ -87,6 +87,20 @@ void read_fields(MapReader& map, ModelConfig& c, const std::string& prefix) {
   }
 }
 
+/// The trunk's names when the checkpoint mapping does not give them: the layers under the MTP
+/// layer's "...layers." (the default layout when the prefix names no numbered layer), and the
+/// final norm beside them ("...norm.weight").
+void derive_trunk_names(ModelConfig& c) {
+  if (!c.key_locations.count("checkpoint.layers_prefix") && prefix_layer_index(c.mtp_prefix) >= 0) {
+    const std::string body = c.mtp_prefix.substr(0, c.mtp_prefix.size() - 1);  // without the last '.'
+    c.layers_prefix = body.substr(0, body.rfind('.') + 1);
+  }
+  const std::string tail = "layers.";
+  if (!c.key_locations.count("checkpoint.final_norm") && c.layers_prefix.size() >= tail.size() &&
+      c.layers_prefix.compare(c.layers_prefix.size() - tail.size(), tail.size(), tail) == 0)
+    c.final_norm_name = c.layers_prefix.substr(0, c.layers_prefix.size() - tail.size()) + "norm.weight";
+}
+
 }  // namespace
 
 float ModelConfig::softmax_scale() const { return 1.0f / std::sqrt(static_cast<float>(qk_head_dim())); }
@@ -170,6 +184,16 @@ void ModelConfig::validate(int tp, int ep) const {
   MTP_REQUIRE(!embed_tokens_name.empty(), where("checkpoint.embed_tokens"), ": embed_tokens name is empty");
   MTP_REQUIRE(!lm_head_name.empty(), where("checkpoint.lm_head"), ": lm_head name is empty");
 
+  // The target's trunk.
+  MTP_REQUIRE(num_hidden_layers == 0 || first_k_dense_replace <= num_hidden_layers, where("first_k_dense_replace"),
+              ": first_k_dense_replace ", first_k_dense_replace, " exceeds num_hidden_layers ", num_hidden_layers);
+  MTP_REQUIRE(first_k_dense_replace == 0 || intermediate_size > 0, where("intermediate_size"),
+              ": intermediate_size must be positive when first_k_dense_replace is ", first_k_dense_replace,
+              " (it is the width of the dense MLP of trunk layers 0 .. ", first_k_dense_replace - 1, ")");
+  MTP_REQUIRE(layers_prefix.empty() || layers_prefix.back() == '.', where("checkpoint.layers_prefix"),
+              ": layers_prefix \"", layers_prefix, "\" must end with '.'");
+  MTP_REQUIRE(!final_norm_name.empty(), where("checkpoint.final_norm"), ": final_norm name is empty");
+
   // Element counts that index 32-bit device code must fit.
   const int64_t embed = static_cast<int64_t>(vocab) * hidden;
   MTP_REQUIRE(embed < (int64_t{1} << 40), where("vocab"), ": vocab x hidden is implausibly large");
@@ -214,6 +238,7 @@ ModelConfig parse_model_config(const YamlNode& node) {
   } else {
     c.mtp_prefix = str("model.language_model.layers.", c.mtp_layer_index, ".");
   }
+  derive_trunk_names(c);
   r.finish();
   c.validate(1, 1);
   return c;

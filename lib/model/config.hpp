@@ -12,6 +12,8 @@
 // - qk_rope_head_dim == 0 (GLM-5.3-Flash has no RoPE; the field exists for a GLM-5 preset);
 // - checkpoint.mtp_layer_index and checkpoint.mtp_prefix agree when both are given (the prefix
 //   ends with "layers.<index>.").
+// - first_k_dense_replace <= num_hidden_layers (when given), and intermediate_size > 0 when a
+//   layer is dense.
 // Every error names the file, the key, its line and column when the value came from a file.
 #pragma once
 #include <cstdint>
@@ -63,11 +65,19 @@ struct ModelConfig {
   int max_seq_len = 0;            ///< usable rows: max_seq_len_requested rounded down to whole pools
   int block_size = 64;            ///< rows per block of the paged latent KV cache
 
+  // ---- the target's trunk (docs/target.md) ---------------------------------------------------
+  int num_hidden_layers = 0;      ///< the trunk's layers (0: not given); the MTP layer follows them
+  int first_k_dense_replace = 0;  ///< trunk layers 0 .. first_k_dense_replace - 1 have a dense MLP
+  int intermediate_size = 0;      ///< the dense MLP's intermediate width (0: no dense layer)
+
   // ---- checkpoint names -----------------------------------------------------------------------
   int mtp_layer_index = 45;  ///< -1 when mtp_prefix names no numbered layer
   std::string embed_tokens_name = "model.language_model.embed_tokens.weight";
   std::string lm_head_name = "lm_head.weight";
   std::string mtp_prefix = "model.language_model.layers.45.";  ///< ends with '.'
+  /// Trunk layer i's tensors are under layers_prefix + i + '.' (ends with '.').
+  std::string layers_prefix = "model.language_model.layers.";
+  std::string final_norm_name = "model.language_model.norm.weight";  ///< the trunk's final RMSNorm
 
   // ---- derived sizes --------------------------------------------------------------------------
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
@@ -85,6 +95,11 @@ struct ModelConfig {
   int kv_blocks() const { return block_size > 0 ? (max_seq_len + block_size - 1) / block_size : 0; }
   /// 1 / sqrt(qk_head_dim), the attention softmax scale.
   float softmax_scale() const;
+  /// Whether trunk layer i has a dense MLP (gate / up / down of intermediate_size) instead of
+  /// routed experts.
+  bool dense_layer(int i) const { return i < first_k_dense_replace; }
+  /// The checkpoint prefix of trunk layer i: layers_prefix + i + '.'.
+  std::string layer_prefix(int i) const { return layers_prefix + std::to_string(i) + "."; }
 
   /// Sets the requested length and the usable (pool-rounded) capacity together; for configs
   /// built in code. Throws when fewer than one pool remains.

@@ -108,6 +108,19 @@ const ModelField kFields[] = {
     {.name = "block_size", .key = "block_size", .member = &C::block_size, .range = ints(1, 1 << 16),
      .check = FieldCheck::positive, .hf = hf_none("mtplab's own setting"),
      .doc = "rows per block of the paged latent KV cache"},
+    // ---- the target's trunk (docs/target.md): not in the identity, a replay point does not run it
+    {.name = "num_hidden_layers", .key = "num_hidden_layers", .member = &C::num_hidden_layers,
+     .range = ints(0, 1 << 20), .in_identity = false, .check = FieldCheck::non_negative,
+     .hf = hf_derived("num_hidden_layers", "the field that places the MTP layer after the trunk"),
+     .doc = "the trunk's layers (0: not given); a target may run fewer"},
+    {.name = "first_k_dense_replace", .key = "first_k_dense_replace", .member = &C::first_k_dense_replace,
+     .range = ints(0, 1 << 20), .in_identity = false, .check = FieldCheck::non_negative,
+     .hf = hf_derived("first_k_dense_replace", "or the leading \"dense\" entries of mlp_layer_types"),
+     .doc = "trunk layers 0 .. first_k_dense_replace - 1 have a dense MLP instead of routed experts"},
+    {.name = "intermediate_size", .key = "intermediate_size", .member = &C::intermediate_size,
+     .range = ints(0, kMaxDim), .in_identity = false, .check = FieldCheck::non_negative,
+     .hf = hf_optional("intermediate_size"),
+     .doc = "the dense MLP's intermediate width; > 0 when first_k_dense_replace > 0"},
     // ---- checkpoint names (a preset's `checkpoint:` mapping)
     {.name = "mtp_layer_index", .key = "checkpoint.mtp_layer_index", .member = &C::mtp_layer_index,
      .range = ints(0, 1 << 20),
@@ -122,6 +135,11 @@ const ModelField kFields[] = {
     {.name = "mtp_prefix", .key = "checkpoint.mtp_prefix", .member = &C::mtp_prefix,
      .hf = hf_derived("architectures", "the layout's layers.<mtp_layer_index>."),
      .doc = "prefix of the MTP layer's tensors; ends with '.'"},
+    {.name = "layers_prefix", .key = "checkpoint.layers_prefix", .member = &C::layers_prefix, .in_identity = false,
+     .hf = hf_derived("architectures", "the layout's layers."),
+     .doc = "prefix of the trunk's layers: layer i's tensors are under layers_prefix + i + '.'"},
+    {.name = "final_norm_name", .key = "checkpoint.final_norm", .member = &C::final_norm_name, .in_identity = false,
+     .hf = hf_derived("architectures", "the layout's norm.weight"), .doc = "the trunk's final RMSNorm"},
 };
 // clang-format on
 

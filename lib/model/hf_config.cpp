@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -43,12 +44,12 @@ constexpr Layout kLayouts[] = {
 // Fields of the text config that do not change the MTP layer (why: docs/model-config.md).
 const std::set<std::string>& ignored_text_fields() {
   static const std::set<std::string> s = {
-      // the trunk's per-layer schedules and its other layer kinds (the MTP layer is one DSA + MoE
-      // layer with its own indexer, no hyper-connections)
-      "layer_types", "mlp_layer_types", "indexer_types", "index_topk_pattern", "index_topk_freq",
-      "index_skip_topk_offset", "first_k_dense_replace", "moe_layer_freq", "linear_head_dim",
-      "linear_num_heads", "linear_conv_kernel_dim", "linear_lower_bound", "linear_attn_config", "hc_mult",
-      "hc_eps", "hc_sinkhorn_iters", "intermediate_size",
+      // the trunk's per-layer attention schedules and its other layer kinds (the MTP layer is one
+      // DSA + MoE layer with its own indexer, no hyper-connections; mtplab's target runs every trunk
+      // layer as that block, docs/target.md)
+      "layer_types", "indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset",
+      "linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim", "linear_lower_bound",
+      "linear_attn_config", "hc_mult", "hc_eps", "hc_sinkhorn_iters",
       // derived by transformers from qk_rope_head_dim (it replaces any value given)
       "head_dim",
       // RoPE settings: no RoPE while qk_rope_head_dim is 0 (anything else is refused)
@@ -334,6 +335,47 @@ void check_companions(Fields& text, const ModelConfig& c, const std::string& fie
   }
 }
 
+/// first_k_dense_replace from its field or from mlp_layer_types ("dense" layers first, then
+/// "sparse" ones: the only schedule the target runs), and moe_layer_freq (1 or absent: every layer
+/// after the dense ones has routed experts).
+void read_dense_layers(Fields& text, ModelConfig& c) {
+  std::optional<int> dense;
+  if (auto n = text.get("first_k_dense_replace"); n && !n->is_null()) {
+    dense = static_cast<int>(n->as_int(0, 1 << 20));
+    text.note("first_k_dense_replace", *n);
+  }
+  if (auto types = text.get("mlp_layer_types"); types && !types->is_null()) {
+    int leading = 0;
+    bool sparse_seen = false;
+    for (const YamlNode& item : types->items()) {
+      const std::string kind = item.as_string();
+      if (kind == "dense") {
+        if (sparse_seen)
+          item.fail("value \"dense\" after a \"sparse\" layer is not supported: mtplab's target runs its dense-MLP "
+                    "layers first (first_k_dense_replace), then routed-expert layers");
+        ++leading;
+      } else if (kind == "sparse") {
+        sparse_seen = true;
+      } else {
+        item.fail(str("value ", value_text(item),
+                      " is not supported: a trunk layer's MLP is \"dense\" (gate / up / down of intermediate_size) "
+                      "or \"sparse\" (routed experts)"));
+      }
+    }
+    if (dense && *dense != leading)
+      types->fail(str("has ", leading, " leading \"dense\" layer(s) but first_k_dense_replace is ", *dense));
+    if (!dense) {
+      dense = leading;
+      text.note("first_k_dense_replace", *types);
+    }
+  }
+  c.first_k_dense_replace = dense.value_or(0);
+  if (auto n = text.get("moe_layer_freq"); n && !n->is_null() && n->as_int() != 1)
+    n->fail(str("value ", value_text(*n),
+                " is not supported: every trunk layer after the first first_k_dense_replace has routed experts "
+                "(moe_layer_freq 1)"));
+}
+
 }  // namespace
 
 ModelConfig load_hf_config(const std::string& path) {
@@ -393,6 +435,12 @@ ModelConfig load_hf_config(const std::string& path) {
   c.mtp_layer_index = static_cast<int>(layers.as_int(0, 1 << 20));
   text.note("checkpoint.mtp_layer_index", layers);
   text.note("checkpoint.mtp_prefix", layers);
+  // The target's trunk: its depth, and its dense-MLP layers (first_k_dense_replace, or the leading
+  // "dense" entries of mlp_layer_types; both given, they must agree). intermediate_size is read by
+  // its row of the table.
+  c.num_hidden_layers = c.mtp_layer_index;
+  text.note("num_hidden_layers", layers);
+  read_dense_layers(text, c);
   if (auto n = text.get("num_nextn_predict_layers"); n && !n->is_null()) {
     const int64_t v = n->as_int();
     if (v != 1)
@@ -443,8 +491,12 @@ ModelConfig load_hf_config(const std::string& path) {
   c.embed_tokens_name = layout + "embed_tokens.weight";
   c.lm_head_name = tied ? c.embed_tokens_name : "lm_head.weight";
   c.mtp_prefix = str(layout, "layers.", c.mtp_layer_index, ".");
+  c.layers_prefix = layout + "layers.";
+  c.final_norm_name = layout + "norm.weight";
   c.key_locations["checkpoint.embed_tokens"] = layout_where;
   c.key_locations["checkpoint.lm_head"] = layout_where;
+  c.key_locations["checkpoint.layers_prefix"] = layout_where;
+  c.key_locations["checkpoint.final_norm"] = layout_where;
 
   if (auto q = top.get("quantization_config")) check_quantization(*q);
   if (nested)

@@ -30,6 +30,7 @@ ShardPlan make_shard_plan(const ModelConfig& cfg, int rank, int world, HeadShard
   p.experts = split_range(cfg.n_routed_experts, rank, world);
   p.heads = split_range(cfg.n_heads, rank, world);
   p.shared_inter = split_range(cfg.shared_intermediate(), rank, world);
+  p.dense_inter = split_range(cfg.intermediate_size, rank, world);
   p.vocab = head_sharding == HeadSharding::vocab ? split_range(cfg.vocab, rank, world) : Range{0, cfg.vocab};
   return p;
 }

@@ -8,7 +8,8 @@
 //   and kv_b_proj keep this rank's heads' rows, o_proj this rank's heads' columns, and the
 //   partial o_proj outputs are all-reduced); the fused shared expert's intermediate dimension
 //   over all ranks (gate/up rows, down columns: its partial output joins the routed experts'
-//   in the same all-reduce); the indexer, router and norms are replicated.
+//   in the same all-reduce); the target's dense MLP's intermediate dimension likewise (its
+//   partial output is all-reduced as the MoE's); the indexer, router and norms are replicated.
 // - lm_head: head_sharding vocab gives rank r rows [vocab.begin, vocab.end()) (uneven splits
 //   allowed, as above); head_sharding none, or a single rank, gives the whole vocab.
 // Policy (which splits are allowed at all) is ModelConfig::validate(tp, ep); the plan is only
@@ -46,6 +47,7 @@ struct ShardPlan {
   Range heads;         ///< attention heads this rank runs
   Range vocab;         ///< lm_head rows this rank sweeps (global token ids)
   Range shared_inter;  ///< columns of the fused shared expert (of cfg.shared_intermediate())
+  Range dense_inter;   ///< columns of a dense-MLP trunk layer (of cfg.intermediate_size)
   int64_t total_vocab = 0;
 
   bool owns_expert(int e) const { return experts.contains(e); }

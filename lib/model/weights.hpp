@@ -106,6 +106,46 @@ struct MtpWeights {
   size_t bytes() const;
 };
 
+/// A dense MLP (a trunk layer below first_k_dense_replace): the clamped SwiGLU of the experts at
+/// cfg.intermediate_size, this rank's slice s = plan.dense_inter.count of it (gate / up rows, down
+/// columns; the partial outputs are summed over ranks, as the shared expert's).
+struct DenseMlpWeights {
+  TensorBF16 gate_proj;  ///< [s, H]  rows plan.dense_inter
+  TensorBF16 up_proj;    ///< [s, H]  rows plan.dense_inter
+  TensorBF16 down_proj;  ///< [H, s]  columns plan.dense_inter
+};
+
+/// One layer of the target's trunk: the MTP layer's block without its front (enorm, hnorm,
+/// eh_proj) and its shared_head.norm; routed experts (moe) or, below first_k_dense_replace, a dense
+/// MLP (mlp). Checkpoint names: cfg.layer_prefix(index) + the MTP layer's relative names, and
+/// mlp.{gate,up,down}_proj.weight for the dense MLP.
+struct LayerWeights {
+  ShardPlan plan;
+  int index = 0;       ///< the trunk layer
+  bool dense = false;  ///< cfg.dense_layer(index): mlp holds the MLP, moe is empty
+
+  TensorBF16 input_layernorm;           ///< [H]
+  TensorBF16 post_attention_layernorm;  ///< [H]
+  AttentionWeights attn;
+  IndexerWeights indexer;
+  MoeWeights moe;       ///< empty when dense
+  DenseMlpWeights mlp;  ///< empty unless dense
+
+  size_t bytes() const;
+};
+
+/// The target (docs/target.md): the embedding, this rank's lm_head rows, the final RMSNorm and
+/// its first layers.size() trunk layers, all sharded by `plan`.
+struct TargetWeights {
+  ShardPlan plan;
+  TensorBF16 embed_tokens;  ///< [V, H] whole
+  TensorBF16 lm_head;       ///< [plan.vocab.count, H]
+  TensorBF16 final_norm;    ///< [H]
+  std::vector<LayerWeights> layers;
+
+  size_t bytes() const;
+};
+
 /// The 64 random bits of element `index` of tensor `name` under `seed` (splitmix64 finaliser
 /// of a per-tensor key and the index). `name` is the tensor's canonical name (see weights.md),
 /// independent of the checkpoint prefixes.
@@ -137,6 +177,36 @@ std::vector<TensorView> checkpoint_views(const ModelConfig& cfg, const MtpWeight
 /// directory of files of at most max_file_bytes with model.safetensors.index.json.
 void export_mtp_weights(const ModelConfig& cfg, const MtpWeights& whole, const std::string& path,
                         uint64_t max_file_bytes = 0);
+
+/// Synthetic weights of trunk layer `index` (dense when cfg.dense_layer(index)) under `seed`: the
+/// same canonical names, distributions and values as the block tensors of synthesize_mtp_weights
+/// under that seed; the dense MLP's canonical names are mlp.{gate,up,down}_proj.weight.
+LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, uint64_t seed);
+
+/// The synthetic target's embedding, head rows and final norm (no layers): the embedding and
+/// lm_head of synthesize_mtp_weights under `weight_seed` (the MTP layer reads the target's embedding
+/// and head), the final norm the shared_head.norm values under `target_seed` (docs/weights.md).
+TargetWeights synthesize_target_trunk(const ModelConfig& cfg, const ShardPlan& plan, uint64_t weight_seed,
+                                      uint64_t target_seed);
+/// The synthetic target of `layers` trunk layers: synthesize_target_trunk, and layer i from
+/// synthesize_layer_weights under `target_seed + 1 + i`.
+TargetWeights synthesize_target_weights(const ModelConfig& cfg, const ShardPlan& plan, int layers,
+                                        uint64_t weight_seed, uint64_t target_seed);
+
+/// Reads `plan`'s shard of the target's embedding, head rows and final norm (no layers) from a
+/// checkpoint (the names of cfg: checkpoint.embed_tokens, .lm_head, .final_norm).
+TargetWeights load_target_trunk(const ModelConfig& cfg, const ShardPlan& plan, const Checkpoint& ckpt);
+/// Reads `plan`'s shard of trunk layer `index` (under cfg.layer_prefix(index); dense when
+/// cfg.dense_layer(index)) from a checkpoint.
+LayerWeights load_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, const Checkpoint& ckpt);
+/// load_target_trunk and the first `layers` trunk layers. A missing tensor or a wrong shape is an
+/// error naming the tensor and the file (the checkpoint's).
+TargetWeights load_target_weights(const ModelConfig& cfg, const ShardPlan& plan, int layers,
+                                  const std::string& checkpoint_path);
+
+/// The checkpoint names and views of a whole target (plan.world == 1, the whole vocab), experts one
+/// tensor per expert, as load_target_weights expects them (the head once when it is the embedding).
+std::vector<TensorView> target_checkpoint_views(const ModelConfig& cfg, const TargetWeights& whole);
 
 /// Per-row FP8 E4M3 quantisation of a 2-D BF16 matrix: scale = amax / 448 (1 for an all-zero
 /// row), weight = to_fp8e4m3(x / scale).

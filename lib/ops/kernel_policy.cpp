@@ -14,6 +14,7 @@
 
 #include "core/env.hpp"
 #include "core/error.hpp"
+#include "core/setting.hpp"
 #include "core/str.hpp"
 
 namespace mtplab::ops {
@@ -33,8 +34,9 @@ bool valid_batch_splits(int v) { return v >= 0 && v <= kMaxMlaBatchSplits; }
 
 struct Field {
   std::string_view name;
-  const char* env;  ///< the MTPLAB_* variable that overrides it
-  std::string (*choices)();
+  const char* env;           ///< the MTPLAB_* variable that overrides it
+  std::string (*choices)();  ///< accepted texts, as messages list them
+  SettingType type;          ///< choice (choices: the texts), boolean (on / off) or text (a count)
   std::string (*text)(const KernelPolicy&);
   bool (*parse)(KernelPolicy&, std::string_view);  ///< false: not one of the choices (p unchanged)
   bool (*valid)(const KernelPolicy&);
@@ -45,6 +47,7 @@ struct Field {
 /// YAML and in its variable alike.
 template <auto kMember>
 struct ChoiceField {
+  static constexpr SettingType kType = SettingType::choice;
   using E = std::remove_cvref_t<decltype(std::declval<KernelPolicy&>().*kMember)>;
   static constexpr std::span<const Choice<E>> table() { return choices_of(E{}); }
   static std::string choices() {
@@ -75,6 +78,7 @@ struct ChoiceField {
 /// A count: member kMember, 0 spelled "auto" (the number 0 is accepted too), else kValid's values.
 template <int KernelPolicy::*kMember, bool (*kValid)(int)>
 struct CountField {
+  static constexpr SettingType kType = SettingType::text;
   static std::string text(const KernelPolicy& p) {
     return p.*kMember == 0 ? std::string("auto") : std::to_string(p.*kMember);
   }
@@ -102,6 +106,7 @@ bool batch_splits_from_env(KernelPolicy& p, const char* env) {
 /// An on/off switch: member kMember, "on" / "off" in YAML, 1 / 0 in the variable.
 template <bool KernelPolicy::*kMember>
 struct SwitchField {
+  static constexpr SettingType kType = SettingType::boolean;
   static std::string choices() { return "on, off"; }
   static std::string text(const KernelPolicy& p) { return p.*kMember ? "on" : "off"; }
   static bool set(KernelPolicy& p, std::string_view t) {
@@ -119,12 +124,12 @@ struct SwitchField {
 
 template <typename F>
 constexpr Field field(std::string_view name, const char* env) {
-  return Field{name, env, &F::choices, &F::text, &F::set, &F::valid, &F::from_env};
+  return Field{name, env, &F::choices, F::kType, &F::text, &F::set, &F::valid, &F::from_env};
 }
 template <typename F>
 constexpr Field count_field(std::string_view name, const char* env, std::string (*choices)(),
                             bool (*from_env)(KernelPolicy&, const char*)) {
-  return Field{name, env, choices, &F::text, &F::set, &F::valid, from_env};
+  return Field{name, env, choices, F::kType, &F::text, &F::set, &F::valid, from_env};
 }
 
 const std::array<Field, 11> kFields{{
@@ -226,6 +231,38 @@ KernelPolicy env_overrides(const KernelPolicy& base, std::vector<std::string>* o
       overridden->push_back(str(f.name, "=", f.text(p), " (", f.env, ")"));
   }
   return p;
+}
+
+// The fields whose choice changes the results' bits (see the header): a results file's identity
+// carries their values (harness/check.hpp), so files that differ in them do not resume or merge.
+// Each must name a field (kernel_policy_settings checks).
+constexpr std::string_view kIdentityFields[] = {"gemv_variant", "gemv_split", "mla_decode"};
+
+const std::vector<Setting<KernelPolicy>>& kernel_policy_settings() {
+  static const std::vector<Setting<KernelPolicy>> table = [] {
+    std::vector<Setting<KernelPolicy>> out;
+    for (const Field& f : kFields) {
+      Setting<KernelPolicy> s;
+      s.name = std::string(f.name);
+      s.type = f.type;
+      if (f.type == SettingType::choice)
+        for (const auto& c : split(f.choices(), ',')) s.choices.push_back(trim(c));
+      else if (f.type == SettingType::boolean)
+        s.choices = {"off", "on"};
+      else
+        s.text_values = f.choices();
+      s.summary = str("kernel policy: ", f.name, " (docs/kernels.md)");
+      s.record.identity_input = std::find(std::begin(kIdentityFields), std::end(kIdentityFields), f.name) !=
+                                std::end(kIdentityFields);
+      s.get = [&f](const KernelPolicy& p) { return f.text(p); };
+      s.set = [&f](KernelPolicy& p, const std::string& v) { parse_field(p, f.name, v); };
+      out.push_back(std::move(s));
+    }
+    for (const std::string_view name : kIdentityFields) (void)field_of(name);
+    check_settings(out, "kernel policy");
+    return out;
+  }();
+  return table;
 }
 
 }  // namespace mtplab::ops

@@ -55,6 +55,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/setting.hpp"
+
 namespace mtplab::ops {
 
 /// One value of a kernel choice and its canonical text (its YAML spelling and the value its
@@ -218,6 +220,13 @@ std::string field_text(const KernelPolicy& p, std::string_view field);
 void parse_field(KernelPolicy& p, std::string_view field, std::string_view text);
 /// The accepted values of a field, as a message lists them ("auto, v1, rows4, occ").
 std::string field_choices(std::string_view field);
+
+/// Every field as a setting descriptor (core/setting.hpp), in kernel_policy_fields() order: its
+/// type (a kernel choice, an on/off switch, or a count as text: "auto" or a number), canonical
+/// text, parser and whether a results file's identity carries it (the fields that change bits:
+/// gemv_variant, gemv_split, mla_decode). The experiment's `kernels:` arms are these
+/// (harness/arms.hpp).
+const std::vector<Setting<KernelPolicy>>& kernel_policy_settings();
 
 /// (field, canonical text) for every field, in kernel_policy_fields() order.
 std::vector<std::pair<std::string, std::string>> named(const KernelPolicy& p);

@@ -8,9 +8,18 @@
 #                                                hiddens, measure.sequences above the trace's count;
 #                                                a rerun or merge on other inputs is refused naming
 #                                                the key; stale temporaries removed; backend not
-#                                                sweepable
+#                                                sweepable; check = run: sampling verification on
+#                                                a greedy trace or at another temperature, an output
+#                                                directory that cannot be written (check and run both
+#                                                exit 2, run creates and computes nothing), run's
+#                                                advice keeping --set, --out and --point; sampling
+#                                                keys under greedy logged; batch_size above the
+#                                                sequences read a warning; backend cuda without a
+#                                                GPU tells "built without CUDA" from "no driver"
 #   test_check.sh np2 MTPLAB MPIEXEC PYTHON      under mpirun -np 2: the verdict is shared (every
-#                                                rank exits non-zero), rank 0 prints the report once
+#                                                rank exits non-zero), rank 0 prints the report once;
+#                                                the advice keeps --ranks 2; an MTPLAB_* variable
+#                                                on one rank only refused by check and run
 # Exit 77 (skipped) when PYTHON lacks h5py. MTPLAB_SOURCE_DIR = repository root.
 set -uo pipefail
 mode=$1 mtplab=$2 mpiexec=$3 python=$4
@@ -19,7 +28,12 @@ source "$src/tests/common/script.sh"
 require_python "$python" h5py
 
 work=$(mktemp -d /tmp/mtplab-check-test.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+cleanup() {
+  mountpoint -q "$work/ro" 2>/dev/null && umount "$work/ro"
+  chmod -R u+w "$work" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
 cp "$src/data/trained-tiny/model.safetensors" "$src/data/trained-tiny/trace.h5" \
    "$src/data/trained-tiny/trained-tiny.yaml" "$work/"
@@ -143,6 +157,92 @@ case $mode in
     exits "$work/l8.log" 1 "a swept backend: list" "$mtplab" list "$exp" --set 'sweep.grid.backend=[cpu]'
     has "$work/l8.log" '"backend" cannot be swept'
     has "$work/l8.log" "one run uses one backend"
+
+    # 9. check = run: what run refuses before it starts, check refuses, with the same words and
+    #    exit 2; run creates nothing and its advice repeats its own arguments (--set, --out).
+    #    both LOG WORDS ARGS...: check and run (into a new file) of ARGS, each exit 2 naming WORDS.
+    both() {
+      local log=$1 words=$2
+      shift 2
+      exits "$work/$log.check.log" 2 "check $*" "$mtplab" check "$exp" "$@"
+      has "$work/$log.check.log" "$words"
+      exits "$work/$log.run.log" 2 "run $*" "$mtplab" run "$exp" "$@" --out "$work/$log.h5"
+      has "$work/$log.run.log" "$words"
+      has "$work/$log.run.log" "no results file was created"
+      [[ ! -e $work/$log.h5 ]] || fail "run $* left $work/$log.h5"
+    }
+    # Sampling verification on a greedy trace.
+    both c9 "$work/trace.h5: verify: sampling (temperature 1, top_k 0, top_p 1) needs a trace sampled with the same settings; this trace's continuations are greedy" \
+      --set verify=sampling
+    has "$work/c9.run.log" "\`mtplab check $exp --set verify=sampling --out $work/c9.h5\` repeats these checks without running"
+    # A temperature other than the trace's (a copy with sampling attributes).
+    cp "$work/trace.h5" "$work/sampled.h5"
+    "$python" - "$work/sampled.h5" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    f.attrs["sampling"] = np.bytes_(b"sampling")
+    f.attrs["temperature"] = np.float64(0.7)
+    f.attrs["top_k"] = np.int64(0)
+    f.attrs["top_p"] = np.float64(1.0)
+    f.attrs["sampling_seed"] = np.int64(5)
+PY
+    both c10 "this trace was sampled at temperature 0.7, top_k 0, top_p 1" \
+      --set "trace.path=$work/sampled.h5" --set verify=sampling --set 'temperature=0.9'
+    has "$work/c10.run.log" "\`mtplab check $exp --set trace.path=$work/sampled.h5 --set verify=sampling --set temperature=0.9 --out $work/c10.h5\`"
+    exits "$work/c10b.log" 0 "check at the trace's temperature" "$mtplab" check "$exp" \
+      --set "trace.path=$work/sampled.h5" --set verify=sampling --set temperature=0.7
+    # A value that needs quoting is quoted in the advice; --point is kept.
+    exits "$work/c11.log" 2 "run --point 0 on a greedy trace" "$mtplab" run "$exp" --set 'verify= sampling' \
+      --point 0 --out "$work/c11.h5"
+    has "$work/c11.log" "\`mtplab check $exp --set 'verify= sampling' --out $work/c11.h5 --point 0\`"
+
+    # 10. An output whose directory cannot be written: a new file there, and an existing results file
+    #     that the run would add points to (it used to pass check, compute a point, then fail).
+    two=(--set 'sweep.grid.draft_len=[2,3]')
+    mkdir -p "$work/ro"
+    exits "$work/r12.log" 0 "run --point 0 into ro/r.h5" "$mtplab" run "$exp" "${two[@]}" --point 0 --out "$work/ro/r.h5"
+    sum=$(sha256sum <"$work/ro/r.h5")
+    readonly_dir=""
+    if ((EUID != 0)); then
+      chmod a-w "$work/ro" && readonly_dir=chmod
+    elif mount --bind "$work/ro" "$work/ro" 2>/dev/null; then
+      mount -o remount,bind,ro "$work/ro" 2>/dev/null && readonly_dir=mount || umount "$work/ro"
+    fi
+    if [[ -n $readonly_dir ]]; then
+      exits "$work/c12.log" 2 "check of a results file in a read-only directory" "$mtplab" check "$exp" "${two[@]}" --out "$work/ro/r.h5"
+      has "$work/c12.log" "exists, same configuration and inputs: 1 of 2 point(s) done"
+      has "$work/c12.log" "problem: directory $work/ro is not writable ("
+      has "$work/c12.log" "so no point can be added to $work/ro/r.h5"
+      exits "$work/r12b.log" 2 "run into a results file in a read-only directory" "$mtplab" run "$exp" "${two[@]}" --out "$work/ro/r.h5"
+      has "$work/r12b.log" "$work/ro/r.h5 is unchanged"
+      grep -q "point 1/" "$work/r12b.log" && fail "run computed a point it cannot write"
+      [[ "$(sha256sum <"$work/ro/r.h5")" == "$sum" ]] || fail "$work/ro/r.h5 changed"
+      exits "$work/c12b.log" 2 "check of a new file in a read-only directory" "$mtplab" check "$exp" --out "$work/ro/new.h5"
+      has "$work/c12b.log" "problem: directory $work/ro is not writable ("
+      [[ $readonly_dir == mount ]] && umount "$work/ro"
+      [[ $readonly_dir == chmod ]] && chmod u+w "$work/ro"
+    else
+      echo "note: no read-only directory here (neither chmod as a user nor a bind mount as root): case 10 skipped"
+    fi
+
+    # 11. Nothing silently accepted. Keys a point's verification ignores are logged (sampling settings
+    #     under verify: greedy); a batch_size above the sequences read is a warning of check and run.
+    exits "$work/l13.log" 0 "list with a temperature under greedy" "$mtplab" list "$exp" --set temperature=0.7 --set top_k=5
+    has "$work/l13.log" "temperature (not in effect without verify=sampling): ignored in every point (normalised to its default"
+    has "$work/l13.log" "top_k (not in effect without verify=sampling): ignored in every point"
+    exits "$work/c14.log" 0 "check with batch_size above the sequences read" "$mtplab" check "$exp" --set batch_size=8
+    has "$work/c14.log" "warning: batch_size 8 is above the 2 sequence(s) the point reads: at most 2 run together, so it measures batches of 2 while its configuration says 8 (point p0000)"
+    exits "$work/r14.log" 0 "run with batch_size above the sequences read" "$mtplab" run "$exp" --set batch_size=8 --out "$work/b8.h5"
+    has "$work/r14.log" "warn: trace $work/trace.h5: batch_size 8 is above the 2 sequence(s) the point reads"
+    # 12. backend cuda without a usable GPU: "built without CUDA" only when it is so; a CUDA build
+    #     without a driver or device quotes CUDA's error. check and run alike (exit 2, nothing created).
+    if "$mtplab" --version | grep -q 'built without CUDA'; then
+      both c15 "backend cuda: this mtplab was built without CUDA (MTPLAB_CUDA=OFF or no toolkit)" --set backend=cuda
+    else
+      # A CUDA build with no device visible, whatever this machine has.
+      CUDA_VISIBLE_DEVICES="" both c15 "backend cuda: no usable GPU on host " --set backend=cuda
+      grep -q "built without" "$work/c15.check.log" "$work/c15.run.log" && fail "a CUDA build says it was built without CUDA"
+    fi
     ;;
   np2)
     launch=("$mpiexec" -np 2 --oversubscribe --bind-to none "$mtplab")
@@ -161,6 +261,23 @@ case $mode in
     rc=$?
     ((rc != 0)) || fail "np2 run on a NaN checkpoint exited 0"
     [[ ! -e $work/nan.h5 ]] || fail "an np2 run refused on its inputs left $work/nan.h5"
+    # An MTPLAB_* variable set on one rank only: check and run refuse it, naming the variable and the
+    # ranks (a kernel variable used to become the point's recorded policy, from rank 0 alone).
+    one_rank=("$mpiexec" -np 2 --oversubscribe --bind-to none sh -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then export MTPLAB_GEMV_VARIANT=v1 MTPLAB_LOG=debug; fi; exec "$0" "$@"' "$mtplab")
+    "${one_rank[@]}" check "$exp" >"$work/n5.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "np2 check with a variable on rank 1 only exited $rc, expected 2"; cat "$work/n5.log"; }
+    has "$work/n5.log" "problem: MTPLAB_GEMV_VARIANT is not the same on every rank: unset on rank 0 ("
+    has "$work/n5.log" "; \"v1\" on rank 1 ("
+    has "$work/n5.log" "problem: MTPLAB_LOG is not the same on every rank: unset on rank 0 ("
+    "${one_rank[@]}" run "$exp" --out "$work/env.h5" >"$work/n6.log" 2>&1
+    rc=$?
+    ((rc == 2)) || { fail "np2 run with a variable on rank 1 only exited $rc, expected 2"; cat "$work/n6.log"; }
+    has "$work/n6.log" "MTPLAB_GEMV_VARIANT is not the same on every rank"
+    [[ ! -e $work/env.h5 ]] || fail "a run with a variable on one rank only left $work/env.h5"
+    # The advice keeps the run's rank count, --set and --out.
+    has "$work/n3.log" "\`mtplab check $exp --ranks 2 --set weights.checkpoint=$work/nan.safetensors --out $work/nan.h5\` repeats these checks"
     "${launch[@]}" run "$exp" --out "$work/ok.h5" >"$work/n4.log" 2>&1 || { fail "np2 run exited $?"; cat "$work/n4.log"; }
     ;;
   *)

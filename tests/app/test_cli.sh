@@ -3,8 +3,9 @@
 # stderr); --help is not (exit 0, usage on stdout); --version prints the version, the git commit
 # and the backends. A sub-command's bad option is an error (exit 1) that names it: an unknown one
 # with the option it most likely meant, a repeated one, a number out of range; no rank tag (MPI is
-# not up yet) and no source location unless -v or MTPLAB_DEBUG=1. `mtplab run --help` lists the
-# exit codes. Usage: test_cli.sh path/to/mtplab
+# not up yet) and no source location unless -v or MTPLAB_DEBUG=1; a bad MTPLAB_DEBUG, MTPLAB_LOG or
+# MTPLAB_PROGRESS_S is an error naming it. `mtplab run --help` lists the exit codes.
+# Usage: test_cli.sh path/to/mtplab
 set -uo pipefail
 mtplab=$1
 tmp=$(mktemp -d)
@@ -83,6 +84,16 @@ done
 if MTPLAB_DEBUG=yes expect 1 "a malformed MTPLAB_DEBUG" -- list exp.yaml; then
   has_err 'MTPLAB_DEBUG=yes is not one of: 0, 1'
 fi
+# The logging variables are read strictly too: a bad value is an error naming it, not ignored.
+if MTPLAB_LOG=verbose expect 1 "a malformed MTPLAB_LOG" -- list exp.yaml; then
+  has_err 'MTPLAB_LOG=verbose is not one of: error, warn, info, debug'
+fi
+if MTPLAB_PROGRESS_S=fast expect 1 "a malformed MTPLAB_PROGRESS_S" -- list --ranks 2 exp.yaml; then
+  has_err 'MTPLAB_PROGRESS_S=fast is not a number of seconds >= 0'
+fi
+if MTPLAB_LOG=loud expect 1 "a malformed MTPLAB_LOG (merge, no MPI)" -- merge "$tmp/m.h5" "$tmp/a.h5"; then
+  has_err 'MTPLAB_LOG=loud is not one of: error, warn, info, debug'
+fi
 
 if expect 0 "--version" -- --version; then
   grep -qE '^mtplab [0-9]+\.[0-9]+\.[0-9]+$' "$tmp/out" || { echo "FAIL: no version line"; cat "$tmp/out"; failures=$((failures + 1)); }
@@ -95,7 +106,7 @@ fi
 
 # The exit codes `mtplab run --help` states (tests/app/test_run_end.sh checks each of them).
 if expect 0 "run --help" -- run --help; then
-  for code in "0    every requested point" "1    an error" "124  a collective timed out" "130  stopped by SIGINT" \
+  for code in "0    every requested point" "1    an error" "124  a collective, or the start-up (MTPLAB_STARTUP_TIMEOUT_S), timed out" "130  stopped by SIGINT" \
               "143  stopped by SIGTERM"; do
     grep -qF -- "  $code" "$tmp/out" || { echo "FAIL: run --help lacks exit code: $code"; failures=$((failures + 1)); }
   done

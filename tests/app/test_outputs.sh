@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The output rule (lib/io/output.hpp) and full disks (lib/io/hdf5.cpp), end to end on the binary.
 #
-#   test_outputs.sh rule MTPLAB       every writer (run, merge, trace): a file of another kind is
+#   test_outputs.sh rule MTPLAB       every writer (run, merge, upgrade, trace): a file of another kind is
 #                                     never replaced (exit 1 / 2, the file byte-identical); its own
 #                                     kind only with --force; an input under another spelling or a
 #                                     link is refused; a link is written through (it stays a link)
@@ -9,6 +9,11 @@
 #   test_outputs.sh full_disk MTPLAB  creating a results file, appending to one, merge and trace on
 #                                     a full tmpfs: "no space left on device", exit 1, no signal, no
 #                                     temporary left. Skipped (exit 77) unless root and tmpfs mounts.
+#   test_outputs.sh writers MTPLAB    two runs into one output a few seconds apart: the second is
+#                                     refused before it computes anything (exit 2, naming the first
+#                                     run's pid and command), `check`, a merge --force and an
+#                                     upgrade --force into it say so too; after it ends a rerun
+#                                     computes nothing; a run killed by SIGKILL leaves no claim
 set -uo pipefail
 mode=$1 mtplab=$2
 src=${MTPLAB_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
@@ -81,6 +86,23 @@ if [[ $mode == rule ]]; then
   exits l 0 "merge --force into a link to a results file" "$mtplab" merge mlink.h5 r.h5 --force
   [[ -L mlink.h5 ]] || fail "merge replaced the link mlink.h5"
 
+  # upgrade: the same rule for NEW.h5 (OLD.h5 is the version-2 file of tests/data).
+  cp "$src/tests/data/results-v2.h5" old.h5
+  o=$(sha256sum <old.h5) t=$(sha256sum <t.h5)
+  exits l 1 "upgrade into the input (another spelling)" "$mtplab" upgrade old.h5 ./sub/../old.h5 --force
+  has l "is also an input of mtplab upgrade (old.h5"
+  exits l 1 "upgrade --out TRACE --force" "$mtplab" upgrade old.h5 t.h5 --force
+  has l "t.h5: exists and is an mtplab trace, not a results file; mtplab upgrade never replaces"
+  exits l 1 "upgrade --out TEXT --force" "$mtplab" upgrade old.h5 notes.txt --force
+  exits l 0 "upgrade into a new file" "$mtplab" upgrade old.h5 u.h5
+  u=$(sha256sum <u.h5)
+  exits l 1 "upgrade into an existing results file" "$mtplab" upgrade old.h5 u.h5
+  has l "u.h5: exists (a results file); mtplab upgrade replaces it only with --force"
+  same u.h5 "$u"; same old.h5 "$o"; same t.h5 "$t"; same notes.txt "$n"
+  ln -s u.h5 ulink.h5
+  exits l 0 "upgrade --force into a link to a results file" "$mtplab" upgrade old.h5 ulink.h5 --force
+  [[ -L ulink.h5 ]] || fail "upgrade replaced the link ulink.h5"
+
   # run: another kind (exit 2: an input problem, nothing ran), an input, a link (resumed through).
   t=$(sha256sum <t.h5)
   exits l 2 "run --out TRACE" "$mtplab" run exp.yaml "${small[@]}" --out t.h5
@@ -122,9 +144,55 @@ if [[ $mode == full_disk ]]; then
   full "run (appending a point)" "$mtplab" run exp.yaml "${small[@]}" --out "$mnt/r.h5"
   small_disk 16k
   full "merge" "$mtplab" merge "$mnt/m.h5" r.h5
+  full "upgrade" "$mtplab" upgrade "$src/tests/data/results-v2.h5" "$mnt/u.h5"
   small_disk 1m  # the trace is larger: a write fails half-way
   full "trace" "$mtplab" trace --out "$mnt/t.h5" --sequences 64 --prompt-len 32 --new-tokens 200
   [[ -e $mnt/t.h5 ]] && fail "trace left $mnt/t.h5 on a full disk"
+fi
+
+if [[ $mode == writers ]]; then
+  # A run long enough (8 points, a few seconds each here) that the second starts while it runs.
+  long=(--set trace.synthetic.new_tokens=60 --set 'sweep.grid.skip=[none]' --set measure.repeats=8)
+  # wait_for LOG PID PATTERN: until LOG holds PATTERN (0), or PID ends / 120 s pass (1).
+  wait_for() {
+    local i
+    for ((i = 0; i < 1200; i++)); do
+      grep -q -- "$3" "$1" && return 0
+      kill -0 "$2" 2>/dev/null || { grep -q -- "$3" "$1"; return; }
+      sleep 0.1
+    done
+    return 1
+  }
+  "$mtplab" run exp.yaml "${long[@]}" --out w.h5 >a.log 2>&1 &
+  a=$!
+  wait_for a.log $a "point 2/8" || { fail "the first run did not reach its second point"; cat a.log; }
+  kill -0 $a 2>/dev/null || fail "the first run ended too soon for this test"
+  exits b.log 2 "a second run into the same output" "$mtplab" run exp.yaml "${long[@]}" --out w.h5
+  has b.log "w.h5: another run is writing this output (pid $a on host "
+  has b.log ": mtplab run exp.yaml --set"
+  has b.log "two runs into one output would compute the same points twice"
+  has b.log "w.h5 is unchanged"
+  grep -q "point 1/" b.log && fail "the second run computed a point"
+  exits c.log 2 "check while a run writes the output" "$mtplab" check exp.yaml "${long[@]}" --out w.h5
+  has c.log "another run is writing this output (pid $a on host "
+  exits m.log 1 "merge --force into the output of a live run" "$mtplab" merge w.h5 other.h5 --force
+  has m.log "w.h5: another run is writing this output (pid $a on host "
+  exits u.log 1 "upgrade --force into the output of a live run" "$mtplab" upgrade other.h5 w.h5 --force
+  has u.log "w.h5: another run is writing this output (pid $a on host "
+  wait $a
+  rc=$?
+  ((rc == 0)) || { fail "the first run exited $rc"; cat a.log; }
+  [[ -e w.h5.lock ]] && fail "the claim w.h5.lock is left after the run"
+  exits d.log 0 "a rerun after the first ended" "$mtplab" run exp.yaml "${long[@]}" --out w.h5
+  has d.log "running 0 (8 already in the file)"
+  # SIGKILL: the kernel releases the claim; a rerun resumes.
+  "$mtplab" run exp.yaml "${long[@]}" --out k.h5 >k.log 2>&1 &
+  k=$!
+  wait_for k.log $k "point 2/8" || { fail "the run to kill did not reach its second point"; cat k.log; }
+  kill -KILL $k
+  wait $k 2>/dev/null
+  exits k2.log 0 "a rerun after a SIGKILL" "$mtplab" run exp.yaml "${long[@]}" --out k.h5
+  has k2.log "already in the file"
 fi
 
 ((failures == 0)) || { echo "$failures failure(s)"; exit 1; }

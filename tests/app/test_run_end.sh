@@ -17,6 +17,10 @@
 #   test_run_end.sh launcher ...   mpirun -np 2, SIGINT to mpirun (what a terminal's Ctrl-C does):
 #                                  the ranks get mpirun's SIGTERM, and the note says it came from
 #                                  mpirun and why
+#   test_run_end.sh startup  ...   mpirun -np 2, rank 1 stopped (SIGSTOP) before mtplab starts, while
+#                                  rank 0 waits in MPI initialisation: the job ends within
+#                                  MTPLAB_STARTUP_TIMEOUT_S (3 s) + a margin, exit 124, rank 0 names
+#                                  rank 1 as stopped; no results file
 #   test_run_end.sh stop     ...   mpirun -np 2, rank 1 stopped (SIGSTOP) mid-run: the job ends
 #                                  within MTPLAB_COLLECTIVE_TIMEOUT_S (3 s) + a margin, exit 124,
 #                                  rank 0 names the collective and rank 1; the file valid
@@ -154,9 +158,10 @@ case $mode in
     kill -TERM "$pid"
     finish "$pid" 30
     [[ $rc == 143 ]] || { fail "two SIGTERMs: exit $rc, expected 143"; cat "$work/run.log"; }
-    has "$work/run.log" '^\[rank 0@[^]]+\] signal 15 \(Terminated\) again: stopping now, exit 143; .*q.h5 keeps every completed point, since a point is written whole or not at all$' \
+    has "$work/run.log" '^\[rank 0@[^]]+\] signal 15 \(Terminated\) again: stopping now, exit 143; .*q.h5 keeps every completed point, since a point is written whole or not at all \(no temporary file is left\)$' \
       "no note at the second SIGTERM"
     if grep -q 'interrupted by signal' "$work/run.log"; then fail "the second signal did not stop at once"; fi
+    ls "$work"/q.h5.tmp.* >/dev/null 2>&1 && fail "two SIGTERMs left a temporary file: $(ls "$work"/q.h5.tmp.*)"
     $check "$work/q.h5" --at-most 8 || fail "the file after two SIGTERMs"
     "$mtplab" run "$exp" "${gen[@]}" --point 0 --out "$work/q.h5" >"$work/resume.log" 2>&1 ||
       { fail "a rerun exited $?"; cat "$work/resume.log"; }
@@ -187,6 +192,29 @@ case $mode in
     has "$work/run.log" "^\[rank 0@[^]]+\] signal 15 \(Terminated\) from $(basename "$mpiexec"), the launcher \(Open MPI's stops a job with SIGTERM for a Ctrl-C, a SIGTERM or a SIGHUP it receives\): stopping at the next step boundary" \
       "the note does not say that the SIGTERM came from mpirun"
     $check "$work/q.h5" --at-most 8 || fail "the interrupted file"
+    ;;
+  startup)
+    # Rank 1 stops before it starts mtplab (a wrapper shell stops itself, then would exec it).
+    export MTPLAB_STARTUP_TIMEOUT_S=3
+    t0=$(date +%s)
+    "$mpiexec" -np 2 --oversubscribe --bind-to none sh -c \
+      'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then kill -STOP $$; fi; exec "$0" "$@"' \
+      "$mtplab" run "$exp" "${long[@]}" --out "$work/q.h5" >"$work/run.log" 2>&1 &
+    pid=$!
+    finish "$pid" 60
+    elapsed=$(($(date +%s) - t0))
+    if [[ $rc == hung ]]; then  # end what is left: mpirun, and the stopped rank by its pid
+      stopped=$(rank_pid "$pid" 1)
+      kill -TERM "$pid" 2>/dev/null
+    fi
+    echo "the job ended after ${elapsed} s with exit $rc"
+    [[ $rc == 124 ]] || { fail "a rank stopped at start-up: exit $rc, expected 124"; cat "$work/run.log"; }
+    ((elapsed <= 3 + 20)) || fail "the job took ${elapsed} s to end after a 3 s start-up timeout"
+    has "$work/run.log" '^\[rank 0@[^]]+\] start-up did not complete within 3 s \(MTPLAB_STARTUP_TIMEOUT_S\): waiting in MPI initialisation \(MPI_Init_thread\), which needs every rank of the job; rank 1 is stopped \(pid [0-9]+ on this host: SIGSTOP, a debugger or a suspended job\); ending the job$' \
+      "rank 0 did not name rank 1 as stopped at start-up"
+    n=$(count "$work/run.log" 'start-up did not complete')
+    ((n == 1)) || { fail "the start-up timeout was reported $n times"; cat "$work/run.log"; }
+    [[ -e $work/q.h5 ]] && fail "a job that never started left $work/q.h5"
     ;;
   stop)
     export MTPLAB_COLLECTIVE_TIMEOUT_S=3

@@ -1,5 +1,5 @@
-// core/hash: the standard FNV-1a 64 against published test vectors, the historical mtplab
-// variant against values computed independently (a Python loop over the same definition), and
+// core/hash: the standard FNV-1a 64 against published test vectors, its 32-bit-words form against
+// values computed independently (a Python loop over the same definition), and
 // the splitmix64 mixer against its published first outputs, the counter uniform against values
 // computed independently.
 #include <gtest/gtest.h>
@@ -17,23 +17,14 @@ TEST(Hash, StandardFnv1a64TestVectors) {
   static_assert(fnv1a64("a") == 0xaf63dc4c8601ec8cull, "usable at compile time");
 }
 
-TEST(Hash, HistoricalVariantKeepsSchemaV1Identities) {
-  // The basis itself is the empty string's hash; it differs from the standard one.
-  EXPECT_EQ(fnv1a64_mtplab_v1(""), 0x14650fb0739d0383ull);
-  EXPECT_NE(fnv1a64_mtplab_v1(""), fnv1a64(""));
-  EXPECT_EQ(fnv1a64_mtplab_v1("a"), 0x44bd8ad473cd9906ull);
-  EXPECT_EQ(fnv1a64_mtplab_v1("foobar"), 0x88fad7c0a8ff07f2ull);
-  // The shape of an experiment identity's input: resolved YAML, then the world size.
-  EXPECT_EQ(hex16(fnv1a64_mtplab_v1("model: tiny\nworld=2")), "807f5f3645a24289");
-}
-
-TEST(Hash, HistoricalWordsVariant) {
-  EXPECT_EQ(fnv1a64_words_mtplab_v1({}), kFnv1a64MtplabV1Basis);
+TEST(Hash, WordsVariant) {
+  EXPECT_EQ(fnv1a64_words({}), kFnv1a64OffsetBasis);
+  // A Python loop over the definition: h = basis; per word h = ((h ^ (w & 0xffffffff)) * prime) % 2**64.
   const std::vector<int32_t> w = {1, -2, 70000};
-  EXPECT_EQ(fnv1a64_words_mtplab_v1(w), 0x8a4decc1cc1fada8ull);
-  // One XOR per word, not per byte: differs from hashing the words' bytes.
+  EXPECT_EQ(fnv1a64_words(w), 0x2d78686897393412ull);
+  // One XOR per word, not per byte: differs from hashing the words' bytes, and depends on the order.
   const std::vector<int32_t> swapped = {-2, 1, 70000};
-  EXPECT_NE(fnv1a64_words_mtplab_v1(swapped), fnv1a64_words_mtplab_v1(w));
+  EXPECT_NE(fnv1a64_words(swapped), fnv1a64_words(w));
 }
 
 TEST(Hash, Hex16) {

@@ -12,6 +12,12 @@
 //              the lowest, reports once, naming the collective rank 1 is in; rank 1 stays quiet
 //   agreed     every rank fails alike inside dist::run_agreed (MPI): one message, from rank 0,
 //              and every rank exits 1 through MPI_Finalize (no MPI_Abort)
+//   startup_stop  rank 1 (the launcher's) stops itself (SIGSTOP) before MPI is initialised: rank 0
+//              waits in MPI initialisation, which must end after MTPLAB_STARTUP_TIMEOUT_S with a
+//              message naming rank 1 as stopped, and exit 124 (the start-up watch, dist/startup.hpp)
+//   startup_busy  rank 1 is alive but never starts MPI (it sleeps): rank 0's message names it as
+//              running without having reached the start-up, exit 124
+//   startup_exit  rank 1 exits 3 before MPI is initialised: the launcher ends the job
 //   nccl_hang  NCCL on 2 GPUs: rank 1 stays alive but never joins; rank 0's wait() must time
 //              out (MTPLAB_COLLECTIVE_TIMEOUT_S), throw, and run_guarded must abort the job.
 //              Exits 77 (skip) with fewer than 2 GPUs.
@@ -73,10 +79,31 @@ int main(int argc, char** argv) {
     return 77;
   }
   return dist::run_guarded([&] {
+    const bool startup = mode.rfind("startup_", 0) == 0;
     MTP_REQUIRE(mode == "throw" || mode == "kill" || mode == "exit" || mode == "stop" || mode == "mismatch" ||
-                    mode == "agreed" || nccl,
-                "unknown mode \"", mode, "\" (throw, kill, exit, stop, mismatch, agreed or nccl_hang)");
+                    mode == "agreed" || mode == "startup_stop" || mode == "startup_busy" ||
+                    mode == "startup_exit" || nccl,
+                "unknown mode \"", mode,
+                "\" (throw, kill, exit, stop, mismatch, agreed, startup_stop, startup_busy, startup_exit or "
+                "nccl_hang)");
+    if (startup && dist::launcher_rank() == 1) {
+      if (mode == "startup_exit") std::_Exit(3);
+      if (mode == "startup_busy") std::this_thread::sleep_for(std::chrono::seconds(600));  // never starts MPI
+      if (const char* pid_file = std::getenv("MTPLAB_TEST_PID_FILE")) {
+        if (FILE* f = std::fopen(pid_file, "w")) {
+          std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+          std::fclose(f);
+        }
+      }
+      std::raise(SIGSTOP);
+      while (true) pause();  // continued only by the job's end, which kills it
+    }
+    if (startup) std::fprintf(stderr, "rank 0 enters MPI initialisation\n");
     dist::Runtime rt(&argc, &argv);
+    if (startup) {
+      std::printf("rank %d completed\n", rt.rank());  // never: rank 1 does not start MPI
+      return 0;
+    }
     if (mode == "agreed") {
       dist::run_agreed([&] { MTP_FAIL("deliberate failure on rank ", rt.rank(), " of every rank"); });
       std::printf("rank %d completed\n", rt.rank());  // never: run_agreed throws on every rank

@@ -11,9 +11,16 @@
 # job exits 1 without MPI_Abort.
 # Mode nccl_hang: the waiting rank's own timeout error (MTPLAB_COLLECTIVE_TIMEOUT_S=3 here) must
 # end the job; "SKIP:" (the ctest skip pattern) when the child finds fewer than 2 GPUs.
-# -DMPIEXEC= -DNP_FLAG= -DFLAGS=a|b|c -DCHILD= -DMODE=throw|kill|exit|stop|mismatch|agreed|nccl_hang -DLIMIT=30
+# Modes startup_stop, startup_busy: rank 1 stops itself, or sleeps, before MPI is initialised; rank
+# 0's start-up watch must end the job after MTPLAB_STARTUP_TIMEOUT_S (3 s here) with exit 124 and one
+# line naming rank 1 (stopped, or running without having reached the start-up). Mode startup_exit:
+# rank 1 exits 3 before MPI; the launcher ends the job.
+# -DMPIEXEC= -DNP_FLAG= -DFLAGS=a|b|c -DCHILD= -DMODE=throw|kill|exit|stop|mismatch|agreed|startup_*|nccl_hang -DLIMIT=30
 string(REPLACE "|" ";" flags "${FLAGS}")
 set(ENV{MTPLAB_COLLECTIVE_TIMEOUT_S} 3)
+if(MODE MATCHES "^startup_")
+  set(ENV{MTPLAB_STARTUP_TIMEOUT_S} 3)
+endif()
 string(RANDOM LENGTH 12 tag)
 set(pid_file "${CMAKE_CURRENT_BINARY_DIR}/dist_failure_${MODE}_${tag}.pid")
 set(ENV{MTPLAB_TEST_PID_FILE} "${pid_file}")
@@ -45,6 +52,35 @@ if(elapsed GREATER_EQUAL ${LIMIT})
 endif()
 if(out MATCHES "completed")
   message(FATAL_ERROR "a rank completed the loop: the all-reduce of step 3 did not block")
+endif()
+if(MODE MATCHES "^startup_")
+  if(NOT err MATCHES "rank 0 enters MPI initialisation")
+    message(FATAL_ERROR "rank 0 never reached MPI initialisation")
+  endif()
+  if(MODE STREQUAL "startup_exit")
+    return()  # the launcher's: a rank that exits non-zero ends the job
+  endif()
+  if(NOT rc EQUAL 124)
+    message(FATAL_ERROR "a rank missing at start-up must end the job with exit 124, got ${rc}")
+  endif()
+  set(head "\\[rank 0@[^]]+\\] start-up did not complete within 3 s \\(MTPLAB_STARTUP_TIMEOUT_S\\): waiting in MPI initialisation \\(MPI_Init_thread\\), which needs every rank of the job; ")
+  if(MODE STREQUAL "startup_stop")
+    set(peers "rank 1 is stopped \\(pid [0-9]+ on this host: SIGSTOP, a debugger or a suspended job\\); ending the job")
+  else()
+    set(peers "rank 1 has not reached it \\(pid [0-9]+ on this host, running: busy or hung before MPI starts\\); ending the job")
+  endif()
+  if(NOT err MATCHES "${head}${peers}")
+    message(FATAL_ERROR "rank 0 did not name rank 1 and the start-up it waited in")
+  endif()
+  string(REGEX MATCHALL "start-up did not complete" reports "${err}")
+  list(LENGTH reports n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "the start-up timeout was reported ${n} times, expected once")
+  endif()
+  if(elapsed GREATER 15)
+    message(FATAL_ERROR "the job took ${elapsed} s to end after a 3 s start-up timeout")
+  endif()
+  return()
 endif()
 if(MODE STREQUAL "agreed")
   string(REGEX MATCHALL "deliberate failure" copies "${err}")

@@ -1,17 +1,24 @@
 // dist rules that need neither MPI nor a GPU: the device choice and its refusals, the timeout
 // setting, run_guarded without MPI (what it prints, its exit codes, argument errors printed once),
-// the element types of the host collectives, and the NCCL communicator's watchdog.
+// the element types of the host collectives, the NCCL communicator's watchdog, the start-up
+// timeout's setting, and the second stop signal removing the temporaries.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "core/error.hpp"
+#include "core/temp_files.hpp"
 #include "dist/collectives.hpp"
 #include "dist/guard.hpp"
 #include "dist/runtime.hpp"
+#include "dist/startup.hpp"
+#include "dist/stop_signals.hpp"
 #include "dist/watchdog.hpp"
 #include "dist/world_ops.hpp"
 
@@ -257,4 +264,51 @@ TEST(Watchdog, StopsPromptlyWhileACallIsArmed) {
   }  // the destructor wakes the thread instead of waiting out its period
   EXPECT_LT(WClock::now() - t0, 900ms);
   EXPECT_EQ(fired.load(), 0);
+}
+
+// Two quick SIGTERMs: the first only asks to stop, the second stops at once, with its note, and
+// removes the temporary file of a point being written (no stale FILE.tmp.<pid> is left).
+TEST(StopSignals, SecondSignalStopsAtOnceAndRemovesTheTemporaries) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) /
+                            ("mtplab-stop-" + std::to_string(::getpid()) + ".h5.tmp.1"))
+                               .string();
+  EXPECT_EXIT(
+      {
+        if (std::FILE* f = std::fopen(path.c_str(), "w")) {
+          std::fputs("half a point", f);
+          std::fclose(f);
+        }
+        register_temporary(path);
+        install_stop_handlers("r.h5 keeps every completed point");
+        std::raise(SIGTERM);  // the first: a flag, and a note
+        if (stop_signal() != SIGTERM) std::_Exit(3);
+        std::raise(SIGTERM);  // the second: stops at once
+        std::_Exit(4);
+      },
+      ::testing::ExitedWithCode(143),
+      "signal 15 \\(Terminated\\): stopping at the next step boundary; r.h5 keeps every completed "
+      "point(.|\n)*"
+      "signal 15 \\(Terminated\\) again: stopping now, exit 143; r.h5 keeps every completed point, since a "
+      "point is written whole or not at all \\(no temporary file is left\\)");
+  EXPECT_FALSE(std::filesystem::exists(path)) << path << " was left behind";
+  std::filesystem::remove(path);
+}
+
+TEST(Startup, TimeoutSetting) {
+  ::unsetenv(detail::kStartupTimeoutEnv);
+  EXPECT_EQ(detail::startup_timeout_s(), 60.0);
+  ::setenv(detail::kStartupTimeoutEnv, "2.5", 1);
+  EXPECT_EQ(detail::startup_timeout_s(), 2.5);
+  for (const char* bad : {"0", "-1", "soon", "inf", "nan", "3s"}) {
+    ::setenv(detail::kStartupTimeoutEnv, bad, 1);
+    std::string m;
+    try {
+      (void)detail::startup_timeout_s();
+    } catch (const Error& e) {
+      m = e.message();
+    }
+    EXPECT_TRUE(has(m, "MTPLAB_STARTUP_TIMEOUT_S")) << bad << ": " << m;
+    EXPECT_TRUE(has(m, "is not a timeout in seconds")) << bad << ": " << m;
+  }
+  ::unsetenv(detail::kStartupTimeoutEnv);
 }

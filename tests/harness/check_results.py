@@ -1,6 +1,8 @@
 """Checks a results file written by `mtplab run` (docs/results-schema.md) with the analysis reader.
 
     check_results.py FILE --points N     every point present and consistent
+                                         (a file written by `mtplab upgrade` may lack the columns
+                                         that its old file lacked: steps/stats_ms, steps/batch_experts)
     check_results.py FILE --at-most N    a file left by an interrupted run: valid, 1..N-1 points
     check_results.py FILE --points N --sharding-invariant
         also: points that differ only in head_sharding or context_rows have identical drafts
@@ -55,7 +57,10 @@ def check_point(res, name):
     steps_group = g["steps"]
     df = pd.DataFrame({k: steps_group[k][()] for k in steps_group})
     check(len(df) == len(s) and len(df) > 0, f"{name}: steps table has {len(df)} rows")
+    upgraded = "upgraded_from" in res.attrs
     for c in mr.TIMING_COLUMNS:
+        if c == "stats_ms" and upgraded and c not in df.columns:
+            continue  # upgraded from a file written before the stats pass had its own column
         check(c in df.columns, f"{name}: steps/{c} missing")
         if c in df.columns:
             check(bool((df[c] >= 0).all()), f"{name}: negative {c}")
@@ -65,8 +70,8 @@ def check_point(res, name):
     # Greedy verification (or a greedy proposal): accepted = longest prefix of drafts equal to
     # targets, and a_i = [draft == target]. Sampling verification: accepted = the drafts before the
     # first coin u(seed, sequence, L + i) >= a_i.
-    verify = mr._s(g.attrs["verify"]) if "verify" in g.attrs else "greedy"
-    proposal = mr._s(g.attrs["draft_proposal"]) if "draft_proposal" in g.attrs else "greedy"
+    verify = mr._s(g.attrs["verify"])
+    proposal = mr._s(g.attrs["draft_proposal"])
     eq = drafts == targets
     prefix = np.where(eq.all(axis=1), k, np.argmin(eq, axis=1))
     ap = g["accept_prob"][()]
@@ -124,8 +129,9 @@ def check_point(res, name):
 def check_batch_experts(name, g, df):
     """steps/batch_experts: one count per batched step, between the top_k of one row and
     min(E, rows x top_k) (exactly top_k at one row: a row's picks are distinct), 0 under skip: block;
-    absent only in files written before it."""
+    absent only in a file upgraded from one written before it."""
     if "batch_experts" not in df.columns:
+        check("upgraded_from" in res_attrs(g), f"{name}: steps/batch_experts missing")
         return
     cfg = mr.config_dict(g.attrs["config"])
     E, k = int(cfg["model.n_routed_experts"]), int(cfg["model.num_experts_per_tok"])
@@ -141,8 +147,12 @@ def check_batch_experts(name, g, df):
     check(bool((ex[rows == 1] == k).all()), f"{name}: a one-row step with batch_experts != top_k {k}")
 
 
-def attr_str(g, key, default):
-    return mr._s(g.attrs[key]) if key in g.attrs else default
+def attr_str(g, key):
+    return mr._s(g.attrs[key])
+
+
+def res_attrs(g):
+    return g.file.attrs
 
 
 def check_uncertainty(res, name, df, k):
@@ -157,8 +167,6 @@ def check_uncertainty(res, name, df, k):
           f"{name}: accepted_hist {hist} vs the steps' {np.bincount(acc, minlength=k + 1)}")
     for key in ("acceptance_rate_ci", "tau_ci", "bootstrap_seed", "bootstrap_resamples"):
         check(key in g.attrs, f"{name}: {key} missing")
-    if "tau_ci" not in g.attrs:
-        return
     check(int(g.attrs["bootstrap_seed"]) == mr.acceptance_bootstrap_seed(int(g.attrs["index"])),
           f"{name}: bootstrap_seed {g.attrs['bootstrap_seed']} is not the point's documented seed")
     steps, accepted = {}, {}
@@ -177,27 +185,26 @@ def check_uncertainty(res, name, df, k):
     # lengths as a second numerator; the expected tau lies inside its interval.
     check("expected_tau_ci" in g.attrs and "expected_acceptance_rate_ci" in g.attrs,
           f"{name}: expected_tau_ci / expected_acceptance_rate_ci missing")
-    if "expected_accepted" in r0.columns and "expected_tau_ci" in g.attrs:
-        expected = {}
-        for q, e in zip(r0["sequence"].values, r0["expected_accepted"].values):
-            expected[q] = expected.get(q, 0.0) + float(e)
-        [_, (elo, ehi)] = mr.bootstrap_ratio_intervals(
-            [steps[u] for u in units], [[accepted[u] for u in units], [expected[u] for u in units]],
-            int(g.attrs["bootstrap_seed"]), int(g.attrs["bootstrap_resamples"]))
-        etau = res.interval(name, "expected_tau")
-        erate = res.interval(name, "expected_acceptance_rate")
-        check(np.allclose(etau, (1 + elo, 1 + ehi), rtol=0, atol=1e-9), f"{name}: expected_tau_ci {etau} vs {(1 + elo, 1 + ehi)}")
-        check(np.allclose(erate, (elo / k, ehi / k), rtol=0, atol=1e-9),
-              f"{name}: expected_acceptance_rate_ci {erate} vs {(elo / k, ehi / k)}")
-        check(etau[0] - 1e-9 <= float(g.attrs["expected_tau"]) <= etau[1] + 1e-9,
-              f"{name}: expected_tau {g.attrs['expected_tau']} outside expected_tau_ci {etau}")
+    expected = {}
+    for q, e in zip(r0["sequence"].values, r0["expected_accepted"].values):
+        expected[q] = expected.get(q, 0.0) + float(e)
+    [_, (elo, ehi)] = mr.bootstrap_ratio_intervals(
+        [steps[u] for u in units], [[accepted[u] for u in units], [expected[u] for u in units]],
+        int(g.attrs["bootstrap_seed"]), int(g.attrs["bootstrap_resamples"]))
+    etau = res.interval(name, "expected_tau")
+    erate = res.interval(name, "expected_acceptance_rate")
+    check(np.allclose(etau, (1 + elo, 1 + ehi), rtol=0, atol=1e-9), f"{name}: expected_tau_ci {etau} vs {(1 + elo, 1 + ehi)}")
+    check(np.allclose(erate, (elo / k, ehi / k), rtol=0, atol=1e-9),
+          f"{name}: expected_acceptance_rate_ci {erate} vs {(elo / k, ehi / k)}")
+    check(etau[0] - 1e-9 <= float(g.attrs["expected_tau"]) <= etau[1] + 1e-9,
+          f"{name}: expected_tau {g.attrs['expected_tau']} outside expected_tau_ci {etau}")
 
 
 def check_draft_stats(res, name, df, k):
     """draft_margin / draft_logprob: present exactly where the point recorded them, [steps, k],
     margins >= 0, log-probabilities <= 0, and every repeat equal to repeat 0 at the same step."""
     g = res.group(name)
-    want = attr_str(g, "record_margins", "on") == "on" and attr_str(g, "skip", "none") != "head"
+    want = attr_str(g, "record_margins") == "on" and attr_str(g, "skip") != "head"
     m, lp = res.draft_margins(name), res.draft_logprobs(name)
     check((m is not None) == want and (lp is not None) == want, f"{name}: draft_margin present {m is not None}, expected {want}")
     if m is None or lp is None:
@@ -221,7 +228,7 @@ def check_replay_mode(res, name, df, k):
     """replay: teacher_forced: every position of every sequence once per repeat, per-depth accuracy
     from the drafts, depth 1 equal to P(accepted >= 1) and every depth at least P(accepted >= j)."""
     g = res.group(name)
-    teacher = attr_str(g, "replay", "speculative") == "teacher_forced"
+    teacher = attr_str(g, "replay") == "teacher_forced"
     tf = res.teacher_forced_rate(name)
     check((tf is not None) == teacher, f"{name}: teacher_forced_rate present {tf is not None}, replay teacher_forced {teacher}")
     if not teacher or tf is None:

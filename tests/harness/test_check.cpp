@@ -7,6 +7,7 @@
 //   keys that differ; the identity covers the inputs, the backend and the bit-changing kernels;
 // - stale `<file>.tmp.<pid>` files are those whose pid is dead, and only those are removed.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "common/error_of.hpp"
 #include "common/temp_dir.hpp"
 #include "common/trace.hpp"
+#include "core/hash.hpp"
 #include "harness/check.hpp"
 #include "harness/results.hpp"
 #include "harness/results_format.hpp"
@@ -300,24 +302,23 @@ TEST(ResultsIdentity, CoversEveryInputAndNamesTheKeys) {
   EXPECT_EQ(results_identity("0123456789abcdef", a), results_identity("0123456789abcdef", b));
   EXPECT_NE(results_identity("0123456789abcdef", a), results_identity("0123456789abcdef", {}));
   EXPECT_NE(results_identity("0123456789abcdef", a), results_identity("fedcba9876543210", a));
-  // The recipe of docs/results-schema.md: FNV-1a over the configuration identity, then "\nkey=value".
-  EXPECT_EQ(results_identity("c", {{"k", "v"}}), identity_hash("c\nk=v"));
+  // The recipe of docs/results-schema.md: FNV-1a 64 over the configuration, then "\nkey=value".
+  EXPECT_EQ(results_identity("c", {{"k", "v"}}), hex16(fnv1a64("c\nk=v")));
   b[1].second = "2";
   b.push_back({"weights synthetic", "seed 1"});
   EXPECT_NE(results_identity("x", a), results_identity("x", b));
-  const results_format::IdentityParts pa{"model: tiny\noutput: a.h5\n", 2, a, true};
-  const results_format::IdentityParts pb{"model: tiny\noutput: b.h5\n", 1, b, true};
+  const results_format::IdentityParts pa{"model: tiny\noutput: a.h5\n", 2, a};
+  const results_format::IdentityParts pb{"model: tiny\noutput: b.h5\n", 1, b};
   const std::string d = join(results_format::identity_differences(pa, pb, "in A", "in B"), "; ");
   EXPECT_EQ(d,
             "world size: 2 (in A) vs 1 (in B); kernels.gemv_split: auto (in A) vs 2 (in B); weights "
             "synthetic: absent "
             "(in A) vs seed 1 (in B)");
-  // A file written before the identity held its inputs says so.
-  const results_format::IdentityParts old{"model: tiny\n", 2, {}, false};
-  expect_has(join(results_format::identity_differences(old, pa, "in the file", "this run"), "; "),
-             "backend: absent (in the file) vs cpu (this run)");
-  expect_has(join(results_format::identity_differences(old, pa, "in the file", "this run"), "; "),
-             "in the file: written before results files recorded their inputs' fingerprints");
+  // A file upgraded from one that recorded no inputs differs from every run in them.
+  const results_format::IdentityParts old{"model: tiny\n", 2, {{"inputs", "not recorded"}}};
+  const std::string o = join(results_format::identity_differences(old, pa, "in the file", "this run"), "; ");
+  expect_has(o, "backend: absent (in the file) vs cpu (this run)");
+  expect_has(o, "inputs: not recorded (in the file) vs absent (this run)");
 }
 
 TEST(Check, StaleTemporariesAreThoseOfDeadWriters) {

@@ -14,6 +14,7 @@
 #include "common/error_of.hpp"
 #include "experiment_text.hpp"
 #include "harness/experiment.hpp"
+#include "harness/results.hpp"
 
 using namespace mtplab;
 using namespace mtplab::harness;
@@ -70,11 +71,11 @@ TEST(Experiment, DefaultsAndProductOrder) {
   EXPECT_EQ(p.measure.warmup_steps, 1);
   EXPECT_EQ(p.measure.repeats, 1);
   EXPECT_EQ(ex.output, "out.h5");
-  // Same document, same identity; the world size is part of it.
-  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {}, 2).identity, ex.identity);
-  EXPECT_NE(parse_experiment(kBase, "exp.yaml", {}, 1).identity, ex.identity);
-  // The output does not change the identity (array tasks write different files).
-  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {"output=other.h5"}, 2).identity, ex.identity);
+  // Same document, same configuration; the world size is part of it.
+  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {}, 2).configuration, ex.configuration);
+  EXPECT_NE(parse_experiment(kBase, "exp.yaml", {}, 1).configuration, ex.configuration);
+  // The output does not change it (array tasks write different files).
+  EXPECT_EQ(parse_experiment(kBase, "exp.yaml", {"output=other.h5"}, 2).configuration, ex.configuration);
 }
 
 TEST(Experiment, ExcludeRemovesPartialAssignments) {
@@ -196,7 +197,7 @@ TEST(Experiment, SyntheticTraceBatchIsConfiguration) {
   const Experiment b = parse_experiment(kBase, "exp.yaml", {"trace.synthetic.batch=1"}, 2);
   EXPECT_EQ(a.points[0].trace.batch, 128);
   EXPECT_EQ(b.points[0].trace.batch, 1);
-  EXPECT_NE(a.identity, b.identity);
+  EXPECT_NE(a.configuration, b.configuration);
   EXPECT_NE(a.points[0].canonical.find("batch: 128"), std::string::npos) << a.points[0].canonical;
 }
 
@@ -219,7 +220,7 @@ TEST(Experiment, CanonicalConfigIgnoresSpelling) {
 // with every value it allows; a bad value names the arm and its values. Walks the registry, so a
 // new arm is covered by adding its entry.
 std::vector<std::string> sample_values(const ArmSpec& a) {
-  if (a.type == ArmType::text) {
+  if (a.type == SettingType::text) {
     // The words of the listed values that are canonical values themselves ("auto (or 0), 1 .. 1024"
     // gives auto, 1 and 1024).
     std::vector<std::string> out;
@@ -238,14 +239,14 @@ std::vector<std::string> sample_values(const ArmSpec& a) {
     }
     return out;
   }
-  if (a.type == ArmType::real) {
+  if (a.type == SettingType::real) {
     // The top of the range, a value inside it, and the bottom where it is allowed.
     std::vector<std::string> out = {real_text(a.real_max),
                                     real_text(a.real_min + (a.real_max - a.real_min) * 0.35)};
     if (!a.real_min_exclusive) out.push_back(real_text(a.real_min));
     return out;
   }
-  if (a.type != ArmType::integer) return a.choices;
+  if (a.type != SettingType::integer) return a.choices;
   return {str(a.min), str((a.min + a.max) / 2), str(a.max)};
 }
 
@@ -280,10 +281,7 @@ TEST(ArmRegistry, EveryArmEveryValue) {
         emit_canonical(read, e);
         e << YAML::EndMap;
         const std::string canonical = str("\n", e.c_str());
-        if (a.omit_at_default && v == a.default_value())
-          EXPECT_EQ(canonical.find(str("\n", a.key(), ":")), std::string::npos) << canonical;
-        else
-          EXPECT_NE(canonical.find(str("\n", a.name, ": ", v)), std::string::npos) << canonical;
+        EXPECT_NE(canonical.find(str("\n", a.name, ": ", v)), std::string::npos) << canonical;
         // Not in effect (the registry's default for the other arm): normalised to the default.
         const Experiment ex = parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", v)}, 2);
         EXPECT_EQ(a.get(ex.points[0].arms), a.default_value());
@@ -296,19 +294,16 @@ TEST(ArmRegistry, EveryArmEveryValue) {
         const auto it = std::find_if(n.begin(), n.end(), [&](const auto& kv) { return kv.first == a.name; });
         ASSERT_NE(it, n.end());
         EXPECT_EQ(it->second, v);
-        // In the canonical text as `key: value` (a nested block's key indented under it), except
-        // an arm added after schema v2 at its default, which stays out (old files resume).
+        // In the canonical text as `key: value` (a nested block's key indented under it), at
+        // every value, its default included.
         const std::string entry =
             a.block().empty() ? str("\n", a.name, ": ", v) : str("\n  ", a.key(), ": ", v);
-        if (a.omit_at_default && v == a.default_value())
-          EXPECT_EQ(p.canonical.find(str(a.key(), ":")), std::string::npos) << p.canonical;
-        else
-          EXPECT_NE(p.canonical.find(entry), std::string::npos) << p.canonical;
+        EXPECT_NE(p.canonical.find(entry), std::string::npos) << p.canonical;
       }
     }
     // A value outside the arm's values is refused, naming the arm.
-    const std::string bad = a.type == ArmType::integer ? str(a.max + 1)
-                            : a.type == ArmType::real  ? str(a.real_max * 2 + 1)
+    const std::string bad = a.type == SettingType::integer ? str(a.max + 1)
+                            : a.type == SettingType::real  ? str(a.real_max * 2 + 1)
                                                        : "sometimes";
     ASSERT_FALSE(sample_values(a).empty());
     const std::string msg =
@@ -377,13 +372,18 @@ TEST(Experiment, ShippedBatchQidxExperiment) {
 }
 
 TEST(Experiment, IdentityHashIsStandardFnv1a) {
-  // Schema v2 identities are the standard FNV-1a 64 (values from a Python loop over its definition),
-  // and an experiment's identity is that hash of its resolved text and world size.
-  EXPECT_EQ(identity_hash(""), "cbf29ce484222325");
-  EXPECT_EQ(identity_hash("model: tiny\nworld=2"), "45f53a297b0f6467");
+  // A results file's identity is the standard FNV-1a 64 (values from a Python loop over its
+  // definition) of the configuration text, then "\n" key "=" value per input.
+  EXPECT_EQ(results_identity("", {}), "cbf29ce484222325");
+  EXPECT_EQ(results_identity("model: tiny\nworld=2", {}), "45f53a297b0f6467");
+  EXPECT_EQ(results_identity("model: tiny", {{"world", "2"}}), "45f53a297b0f6467");
+  // The configuration: the resolved YAML without `output`, and the world size.
+  EXPECT_EQ(configuration_text("output: x.h5\nmodel: tiny", 2), "model: tiny\nworld=2");
   const Experiment ex = parse_experiment(kBase, "exp.yaml", {}, 2);
-  EXPECT_EQ(ex.identity.size(), 16u);
-  EXPECT_NE(ex.identity, parse_experiment(kBase, "exp.yaml", {}, 1).identity);
+  EXPECT_EQ(ex.configuration, configuration_text(ex.resolved_yaml, 2));
+  EXPECT_EQ(ex.configuration.find("output"), std::string::npos);
+  EXPECT_NE(results_identity(ex.configuration, {}),
+            results_identity(parse_experiment(kBase, "exp.yaml", {}, 1).configuration, {}));
 }
 
 // A point's model section is every field of the model table in table order, reals with 6
@@ -436,12 +436,12 @@ TEST(ArmRegistry, KernelsBlock) {
   const PointConfig& p = ex.points.at(0);
   EXPECT_EQ(p.arms.kernels.gemv_variant, ops::GemvVariant::rows4);
   EXPECT_FALSE(p.arms.kernels.pdl);
-  EXPECT_NE(p.canonical.find("kernels:\n  gemv_variant: rows4\n  pdl: off"), std::string::npos)
-      << p.canonical;
+  EXPECT_NE(p.canonical.find("kernels:\n  gemv_variant: rows4\n"), std::string::npos) << p.canonical;
+  EXPECT_NE(p.canonical.find("\n  pdl: off\n"), std::string::npos) << p.canonical;
   EXPECT_TRUE(p.kernel_env_overrides.empty());
-  // At the defaults the block stays out of the canonical text.
-  EXPECT_EQ(parse_experiment(kSingle, "exp.yaml", {}, 1).points[0].canonical.find("kernels"),
-            std::string::npos);
+  // At the defaults the block is in the canonical text too, every field at its value.
+  const std::string plain = parse_experiment(kSingle, "exp.yaml", {}, 1).points[0].canonical;
+  EXPECT_NE(plain.find("kernels:\n  gemv_variant: auto\n  gemv_split: auto\n"), std::string::npos) << plain;
   // A typo in the block, and a bad value, name the key.
   const std::string typo = message_of(
       [] { parse_experiment(std::string(kSingle) + "kernels: {gemv_varient: rows4}\n", "exp.yaml", {}, 1); });
@@ -455,6 +455,9 @@ TEST(ArmRegistry, KernelsBlock) {
       [] { parse_experiment(std::string(kSingle) + "kernels: {gemv_variant: rows2}\n", "exp.yaml", {}, 1); });
   EXPECT_NE(moved.find("auto, v1, rows4, occ"), std::string::npos) << moved;
   EXPECT_NE(moved.find("dev/cuda/gemv.cu"), std::string::npos) << moved;
+  const std::string swept = message_of(
+      [] { parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.mla_batch=[shared2,shared]"}, 1); });
+  EXPECT_NE(swept.find("dev/cuda/mla.cu"), std::string::npos) << swept;
   const std::string retired = message_of(
       [] { parse_experiment(kSingle, "exp.yaml", {"kernels.indexer_select=v1"}, 1); });
   EXPECT_NE(retired.find("indexer_select"), std::string::npos) << retired;

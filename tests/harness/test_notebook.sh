@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# analysis/results.ipynb on fresh quickstart results: runs a shrunk quickstart on 2 ranks, executes
+# analysis/results.ipynb on fresh quickstart results (schema v3) and on tests/data/seed-ablations-gpu.h5
+# (schema v1) after `mtplab upgrade`: runs a shrunk quickstart on 2 ranks, executes
 # the notebook with `jupyter nbconvert --to notebook --execute`, and checks that every figure was
 # saved as a non-empty PNG. Exit 77 (skipped) without jupyter, h5py, pandas or matplotlib.
 # Usage: test_notebook.sh MTPLAB MPIEXEC PYTHON   (MTPLAB_SOURCE_DIR = repository root)
@@ -38,17 +39,33 @@ done
 grep -q '"output_type": "error"' "$work/nb/results.ipynb" && { echo "FAIL: a cell raised"; failures=$((failures + 1)); }
 
 # The same notebook on the GPU run of experiments/seed-ablations.yaml kept in tests/data
-# (60 points, 2 ranks, CUDA, schema v1): a file written on other machines reads the same way.
-gpu_results=$src/tests/data/seed-ablations-gpu.h5
-if [[ -f $gpu_results ]]; then
+# (60 points, 2 ranks, CUDA, schema v1) after `mtplab upgrade`: a file written on other machines by
+# an older mtplab reads the same way once upgraded; the reader refuses it as it is, naming the fix.
+old_results=$src/tests/data/seed-ablations-gpu.h5
+gpu_results=$work/seed-ablations-gpu-v3.h5
+if [[ -f $old_results ]]; then
+  "$python" - "$old_results" "$src/analysis" >"$work/refuse.log" 2>&1 <<'PY' || { echo "FAIL: the reader read a schema v1 file"; cat "$work/refuse.log"; failures=$((failures + 1)); }
+import sys
+sys.path.insert(0, sys.argv[2])
+import mtplab_results as mr
+try:
+    mr.Results(sys.argv[1])
+except ValueError as e:
+    assert "schema version 1" in str(e) and "mtplab upgrade" in str(e), e
+    print("refused:", e)
+else:
+    raise SystemExit("read")
+PY
+  "$mtplab" upgrade "$old_results" "$gpu_results" >"$work/upgrade.log" 2>&1 ||
+    { echo "FAIL: mtplab upgrade of $old_results exited $?"; cat "$work/upgrade.log"; exit 1; }
   MTPLAB_RESULTS=$gpu_results MTPLAB_FIGURES=$work/figures-gpu PYDEVD_DISABLE_FILE_VALIDATION=1 \
     timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb-gpu" \
     >"$work/nb-gpu.log" 2>&1 || { echo "FAIL: the notebook did not execute on $gpu_results"; cat "$work/nb-gpu.log"; exit 1; }
   n=$(find "$work/figures-gpu" -name '*.png' -size +1k | wc -l)
   if ((n == ${#figs[@]})) && ! grep -q '"output_type": "error"' "$work/nb-gpu/results.ipynb"; then
-    echo "ok: $n figures from the seed-ablations GPU results (schema v1)"
+    echo "ok: $n figures from the seed-ablations GPU results (schema v1, upgraded)"
   else
-    echo "FAIL: $n of ${#figs[@]} figures (or a cell raised) on $gpu_results"
+    echo "FAIL: $n of ${#figs[@]} figures (or a cell raised) on $gpu_results (upgraded from $old_results)"
     failures=$((failures + 1))
   fi
 fi

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 
+#include "core/temp_files.hpp"
 #include "io/hdf5.hpp"
 #include "io_test_util.hpp"
 
@@ -371,6 +372,33 @@ TEST_F(Hdf5Test, ObjectsOfACommittedFileRefuseUse) {
   const std::string m = error_of([&] { (void)d.read<float>(); });
   EXPECT_NE(m.find("the file is closed"), std::string::npos) << m;
   EXPECT_NE(error_of([&] { f.commit(); }).find("already committed"), std::string::npos);
+}
+
+// A writer's temporary is registered while it exists, so that a signal that stops the process at
+// once removes it (core/temp_files.hpp, dist/stop_signals.hpp); committed or discarded, it is not.
+TEST_F(Hdf5Test, WorkingFilesAreRegisteredAsTemporaries) {
+  auto registered = [](const std::string& p) {
+    const auto all = registered_temporaries();
+    return std::find(all.begin(), all.end(), p) != all.end();
+  };
+  const std::string path = file("reg.h5");
+  std::string working;
+  {
+    H5File f = H5File::create(path);
+    working = f.working_path();
+    EXPECT_TRUE(registered(working));
+    f.write("v", random_values<float>(4));
+    f.commit();
+    EXPECT_FALSE(registered(working));
+  }
+  {
+    H5File f = H5File::open_append(path);
+    EXPECT_TRUE(registered(f.working_path()));
+    remove_temporaries_now();  // what the handler of a second SIGTERM does
+    EXPECT_FALSE(std::filesystem::exists(f.working_path()));
+  }  // discarded: nothing left, nothing registered
+  EXPECT_FALSE(registered(working));
+  EXPECT_EQ(entries(), std::vector<std::string>{"reg.h5"});
 }
 
 TEST_F(Hdf5Test, OneWriterPerPathInAProcess) {

@@ -303,3 +303,61 @@ TEST(ModelConfig, PresetByPathAndUnknownName) {
   expect_has(msg, "glm5.3-flash, mini, small, tiny");
   expect_has(error_of([] { load_model_preset("/nonexistent/m.yaml"); }), "/nonexistent/m.yaml: cannot open");
 }
+
+// ---- the target's trunk (docs/target.md) -----------------------------------------------------------
+
+TEST(ModelConfig, TrunkKeysReadAndDefault) {
+  const ModelConfig tiny = parse_text(tiny_text());
+  EXPECT_EQ(tiny.num_hidden_layers, 45);
+  EXPECT_EQ(tiny.first_k_dense_replace, 0);
+  EXPECT_EQ(tiny.intermediate_size, 256);
+  EXPECT_EQ(tiny.layers_prefix, "model.language_model.layers.");
+  EXPECT_EQ(tiny.final_norm_name, "model.language_model.norm.weight");
+  EXPECT_EQ(tiny.layer_prefix(3), "model.language_model.layers.3.");
+  // Dense layers.
+  std::string text = replace_line(tiny_text(), "first_k_dense_replace", "first_k_dense_replace: 3");
+  const ModelConfig dense = parse_text(text);
+  EXPECT_TRUE(dense.dense_layer(0) && dense.dense_layer(2));
+  EXPECT_FALSE(dense.dense_layer(3));
+  // Left out: no trunk given, no dense layer; the names follow the MTP prefix's layout.
+  text = replace_line(replace_line(replace_line(tiny_text(), "num_hidden_layers", ""), "first_k_dense_replace", ""),
+                      "intermediate_size", "");
+  text = replace_line(replace_line(text, "  layers_prefix", ""), "  final_norm", "");
+  text = replace_line(text, "  mtp_prefix", "  mtp_prefix: model.layers.45.");
+  const ModelConfig bare = parse_text(text);
+  EXPECT_EQ(bare.num_hidden_layers, 0);
+  EXPECT_EQ(bare.first_k_dense_replace, 0);
+  EXPECT_EQ(bare.intermediate_size, 0);
+  EXPECT_EQ(bare.layers_prefix, "model.layers.");
+  EXPECT_EQ(bare.final_norm_name, "model.norm.weight");
+}
+
+TEST(ModelConfig, TrunkErrorsNameTheKey) {
+  // Dense layers need the dense MLP's width.
+  std::string text = replace_line(replace_line(tiny_text(), "first_k_dense_replace", "first_k_dense_replace: 3"),
+                                  "intermediate_size", "intermediate_size: 0");
+  std::string msg = error_of([&] { parse_text(text); });
+  expect_has(msg, str("t.yaml:", line_of(text, "intermediate_size"), ":20: intermediate_size: intermediate_size must "
+                                                                        "be positive when first_k_dense_replace is 3"));
+  // More dense layers than the trunk has.
+  text = replace_line(tiny_text(), "first_k_dense_replace", "first_k_dense_replace: 46");
+  msg = error_of([&] { parse_text(text); });
+  expect_has(msg, str("t.yaml:", line_of(text, "first_k_dense_replace"), ":24: first_k_dense_replace: "
+                                                                            "first_k_dense_replace 46 exceeds "
+                                                                            "num_hidden_layers 45"));
+  // Out of range, and of the wrong type.
+  text = replace_line(tiny_text(), "num_hidden_layers", "num_hidden_layers: -1");
+  expect_has(error_of([&] { parse_text(text); }), str("t.yaml:", line_of(text, "num_hidden_layers"), ":20: "
+                                                                                               "num_hidden_layers"));
+  text = replace_line(tiny_text(), "intermediate_size", "intermediate_size: 2.5");
+  expect_has(error_of([&] { parse_text(text); }), "intermediate_size: expected an integer");
+  // The checkpoint names.
+  text = replace_line(tiny_text(), "  layers_prefix", "  layers_prefix: model.layers");
+  expect_has(error_of([&] { parse_text(text); }),
+             "checkpoint.layers_prefix: layers_prefix \"model.layers\" must end with '.'");
+  text = replace_line(tiny_text(), "  final_norm", "  final_norm: \"\"");
+  expect_has(error_of([&] { parse_text(text); }), "checkpoint.final_norm: final_norm name is empty");
+  // A typo.
+  text = replace_line(tiny_text(), "first_k_dense_replace", "first_k_dense: 3");
+  expect_has(error_of([&] { parse_text(text); }), "did you mean \"first_k_dense_replace\"");
+}

@@ -37,7 +37,7 @@ constexpr size_t member_count() {
 
 // source, source_format and key_locations say where a config came from: they have no row.
 constexpr size_t kBookkeepingMembers = 3;
-static_assert(member_count<ModelConfig>() == 33,
+static_assert(member_count<ModelConfig>() == 38,
               "ModelConfig gained or lost a member: give it a row in lib/model/fields.cpp (or count it "
               "among the bookkeeping members), then update this count");
 
@@ -140,10 +140,15 @@ TEST(ModelFields, RowsSetTheMembersTheyName) {
   hand.max_seq_len_requested = 124;
   hand.max_seq_len = 125;
   hand.block_size = 126;
-  hand.mtp_layer_index = 127;
+  hand.num_hidden_layers = 127;
+  hand.first_k_dense_replace = 128;
+  hand.intermediate_size = 129;
+  hand.mtp_layer_index = 130;
   hand.embed_tokens_name = "text-embed_tokens_name";
   hand.lm_head_name = "text-lm_head_name";
   hand.mtp_prefix = "text-mtp_prefix";
+  hand.layers_prefix = "text-layers_prefix";
+  hand.final_norm_name = "text-final_norm_name";
   EXPECT_EQ(walked, hand);
 }
 
@@ -213,10 +218,15 @@ TEST(ModelFields, TinyPresetTextIsPinned) {
             "swiglu_limit: 10\n"
             "max_seq_len: 4096\n"
             "block_size: 64\n"
+            "num_hidden_layers: 45\n"
+            "first_k_dense_replace: 0\n"
+            "intermediate_size: 256\n"
             "checkpoint:\n"
             "  embed_tokens: model.language_model.embed_tokens.weight\n"
             "  lm_head: lm_head.weight\n"
-            "  mtp_prefix: model.language_model.layers.45.");
+            "  mtp_prefix: model.language_model.layers.45.\n"
+            "  layers_prefix: model.language_model.layers.\n"
+            "  final_norm: model.language_model.norm.weight");
   // The index is written where the prefix names no numbered layer.
   tiny.mtp_prefix = "mtp.";
   tiny.mtp_layer_index = 7;

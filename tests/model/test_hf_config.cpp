@@ -398,3 +398,83 @@ TEST(HfConfig, MissingTensorListsEveryLayerPrefix) {
 }
 
 }  // namespace
+
+// ---- the target's trunk: depth, dense layers, names ------------------------------------------------
+
+namespace {
+
+/// The tiny fixture with its first `dense` layers marked dense in mlp_layer_types.
+YAML::Node tiny_dense_tree(int dense) {
+  YAML::Node t = tiny_tree();
+  for (int i = 0; i < dense; ++i) t["text_config"]["mlp_layer_types"][i] = "dense";
+  return t;
+}
+
+}  // namespace
+
+TEST(HfConfig, TrunkDepthDenseLayersAndNames) {
+  TempDir tmp;
+  const ModelConfig tiny = load_hf_config(fixture("glm5_next-tiny"));
+  EXPECT_EQ(tiny.num_hidden_layers, 45);
+  EXPECT_EQ(tiny.first_k_dense_replace, 0);
+  EXPECT_EQ(tiny.intermediate_size, 256);
+  EXPECT_EQ(tiny.layers_prefix, "model.language_model.layers.");
+  EXPECT_EQ(tiny.final_norm_name, "model.language_model.norm.weight");
+  // The leading dense entries of mlp_layer_types, the field first_k_dense_replace, or both agreeing.
+  const ModelConfig three = load_hf_config(write_config(tmp, "dense3", tiny_dense_tree(3)));
+  EXPECT_EQ(three.first_k_dense_replace, 3);
+  EXPECT_TRUE(three.dense_layer(2));
+  EXPECT_FALSE(three.dense_layer(3));
+  YAML::Node field_only = tiny_tree();
+  field_only["text_config"].remove("mlp_layer_types");
+  field_only["text_config"]["first_k_dense_replace"] = 2;
+  EXPECT_EQ(load_hf_config(write_config(tmp, "field-only", field_only)).first_k_dense_replace, 2);
+  YAML::Node both = tiny_dense_tree(3);
+  both["text_config"]["first_k_dense_replace"] = 3;
+  EXPECT_EQ(load_hf_config(write_config(tmp, "both", both)).first_k_dense_replace, 3);
+  EXPECT_EQ(load_hf_config(tiny_with(tmp, "moe_layer_freq", "1")).first_k_dense_replace, 0);
+  // The CausalLM layout: the trunk under model.layers., the final norm model.norm.weight.
+  YAML::Node causal = tiny_tree();
+  causal["architectures"] = YAML::Load("[\"Glm5NextForCausalLM\"]");
+  const ModelConfig c = load_hf_config(write_config(tmp, "causal", causal));
+  EXPECT_EQ(c.layers_prefix, "model.layers.");
+  EXPECT_EQ(c.final_norm_name, "model.norm.weight");
+  EXPECT_EQ(c.layer_prefix(0), "model.layers.0.");
+  // The trunk's fields written as a preset read back.
+  const ModelConfig back =
+      parse_model_config(YamlNode(to_preset_yaml(three), std::make_shared<const std::string>("generated"), ""));
+  EXPECT_EQ(sizes_and_names(back), sizes_and_names(three));
+}
+
+TEST(HfConfig, TrunkScheduleErrorsNameTheField) {
+  TempDir tmp;
+  // A dense layer after a sparse one.
+  YAML::Node t = tiny_dense_tree(2);
+  t["text_config"]["mlp_layer_types"][5] = "dense";
+  std::string msg = error_of([&] { load_hf_config(write_config(tmp, "late-dense", t)); });
+  expect_has(msg, "config.json:");
+  expect_has(msg, "text_config.mlp_layer_types[5]: value \"dense\" after a \"sparse\" layer is not supported");
+  // An unknown kind.
+  t = tiny_tree();
+  t["text_config"]["mlp_layer_types"][0] = "hybrid";
+  expect_has(error_of([&] { load_hf_config(write_config(tmp, "hybrid", t)); }),
+             "text_config.mlp_layer_types[0]: value \"hybrid\" is not supported: a trunk layer's MLP is \"dense\"");
+  // The two fields disagree.
+  t = tiny_dense_tree(3);
+  t["text_config"]["first_k_dense_replace"] = 1;
+  expect_has(error_of([&] { load_hf_config(write_config(tmp, "disagree", t)); }),
+             "text_config.mlp_layer_types: has 3 leading \"dense\" layer(s) but first_k_dense_replace is 1");
+  // MoE every other layer.
+  expect_has(error_of([&] { load_hf_config(tiny_with(tmp, "moe_layer_freq", "2")); }),
+             "text_config.moe_layer_freq: value \"2\" is not supported");
+  // Dense layers without intermediate_size; more dense layers than the trunk has.
+  t = tiny_dense_tree(3);
+  t["text_config"].remove("intermediate_size");
+  expect_has(error_of([&] { load_hf_config(write_config(tmp, "no-inter", t)); }),
+             "intermediate_size: intermediate_size must be positive when first_k_dense_replace is 3");
+  t = tiny_tree();
+  t["text_config"]["first_k_dense_replace"] = 50;
+  t["text_config"].remove("mlp_layer_types");
+  msg = error_of([&] { load_hf_config(write_config(tmp, "too-many", t)); });
+  expect_has(msg, "text_config.first_k_dense_replace: first_k_dense_replace 50 exceeds num_hidden_layers 45");
+}

@@ -198,9 +198,7 @@ void CpuBackend::argmax_pick(const ArgMax* pairs, int n, int32_t* token) {
 void CpuBackend::head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
                                    const RowBatch& rb, int n, int k, int64_t index_base, bf16* logits,
                                    int ld_logits, ArgMax* out, HeadExtras extras) {
-  const int32_t* slot = rb.slot;
-  const int rows = rb.rows;
-  require_rows("head_argmax_batch", slot, rows);
+  require_rows("head_argmax_batch", rb.slot, rb.rows);
   require_size("head_argmax_batch", "n", n);
   require_size("head_argmax_batch", "k", k);
   require_ptr("head_argmax_batch", "out", out);
@@ -212,8 +210,8 @@ void CpuBackend::head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const fl
     require_ptr("head_argmax_batch", "W", W);
   }
   std::vector<int> live;
-  for (int b = 0; b < rows; ++b)
-    if (live_row("head_argmax_batch", slot, b)) live.push_back(b);
+  for (int b = 0; b < rb.rows; ++b)
+    if (live_row("head_argmax_batch", rb.slot, b)) live.push_back(b);
   if (live.empty()) return;
   const size_t L = live.size();
   xf_.resize(L * k);

@@ -184,56 +184,47 @@ void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, cons
                                           const float* gate, const float* ape, const RowBatch& rb,
                                           IndexerSlots idx) {
   const char* op = "indexer_norm_store_batch";
-  const int32_t* slot = rb.slot;
-  const int32_t* pos = rb.pos;
-  const int rows = rb.rows;
   require_cache_write_rows(op, rb);
   check_indexer_slots(op, idx);
   const size_t D = static_cast<size_t>(idx.D);
-  for (int r = 0; r < rows; ++r) {
-    if (!live_row(op, slot, r, idx.slots)) continue;
-    slot_pos(op, pos, r, idx.max_rows);
-    const SlotArrays a = slot_arrays(idx, slot[r]);
-    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, pos + r, a.k_cache, a.gate_cache, a.valid,
+  for (int r = 0; r < rb.rows; ++r) {
+    if (!live_row(op, rb.slot, r, idx.slots)) continue;
+    slot_pos(op, rb.pos, r, idx.max_rows);
+    const SlotArrays a = slot_arrays(idx, rb.slot[r]);
+    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, rb.pos + r, a.k_cache, a.gate_cache, a.valid,
                        a.pool_keys, idx.D, idx.P);
   }
 }
 
 void CpuBackend::indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx,
                                       float* scores, int n_heads) {
-  const int32_t* slot = rb.slot;
-  const int32_t* pos = rb.pos;
-  const int rows = rb.rows;
   const char* op = "indexer_scores_batch";
-  require_rows(op, slot, rows);
-  require_ptr(op, "pos", pos);
+  require_rows(op, rb.slot, rb.rows);
+  require_ptr(op, "rb.pos", rb.pos);
   check_indexer_slots(op, idx);
   require_size(op, "n_heads", n_heads);
   const size_t D = static_cast<size_t>(idx.D);
   const size_t max_pools = static_cast<size_t>(idx.max_pools());
-  for (int r = 0; r < rows; ++r) {
-    if (!live_row(op, slot, r, idx.slots)) continue;
-    slot_pos(op, pos, r, idx.max_rows);
+  for (int r = 0; r < rb.rows; ++r) {
+    if (!live_row(op, rb.slot, r, idx.slots)) continue;
+    slot_pos(op, rb.pos, r, idx.max_rows);
     indexer_scores(q + r * n_heads * D, w + static_cast<size_t>(r) * n_heads,
-                   slot_arrays(idx, slot[r]).pool_keys, pos + r, scores + r * max_pools, n_heads, idx.D,
+                   slot_arrays(idx, rb.slot[r]).pool_keys, rb.pos + r, scores + r * max_pools, n_heads, idx.D,
                    idx.P, idx.max_pools());
   }
 }
 
 void CpuBackend::indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
                                       int max_pools) {
-  const int32_t* slot = rb.slot;
-  const int32_t* pos = rb.pos;
-  const int rows = rb.rows;
   const char* op = "indexer_select_batch";
-  require_rows(op, slot, rows);
-  require_ptr(op, "pos", pos);
+  require_rows(op, rb.slot, rb.rows);
+  require_ptr(op, "rb.pos", rb.pos);
   require_size(op, "K", K);
   require_size(op, "P", P);
   const size_t width = static_cast<size_t>(K) + P - 1;
-  for (int r = 0; r < rows; ++r) {
-    if (!live_row(op, slot, r)) continue;
-    indexer_select(scores + static_cast<size_t>(r) * max_pools, pos + r, selection + r * width, K, P,
+  for (int r = 0; r < rb.rows; ++r) {
+    if (!live_row(op, rb.slot, r)) continue;
+    indexer_select(scores + static_cast<size_t>(r) * max_pools, rb.pos + r, selection + r * width, K, P,
                    max_pools);
   }
 }

@@ -185,19 +185,16 @@ void check_kv_slots(const char* op, const KvSlots& kv) {
 void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const RowBatch& rb,
                                      KvSlots kv) {
   const char* op = "kv_norm_write_batch";
-  const int32_t* slot = rb.slot;
-  const int32_t* pos = rb.pos;
-  const int rows = rb.rows;
   require_cache_write_rows(op, rb);
   check_kv_slots(op, kv);
   const size_t L = static_cast<size_t>(kv.cache.kv_lora);
   const int64_t capacity = static_cast<int64_t>(kv.max_blocks) * kv.cache.block_size;
-  for (int r = 0; r < rows; ++r) {
-    if (!live_row(op, slot, r, kv.slots)) continue;
-    MTP_REQUIRE(pos[r] >= 0 && pos[r] < capacity, "ops::", op, ": row ", r, " is at position ", pos[r],
-                ", outside its slot's ", capacity, " rows (", kv.max_blocks, " blocks)");
-    kv_norm_write(ckv_pre + r * L, w, eps, kv.block_tables + static_cast<size_t>(slot[r]) * kv.max_blocks,
-                  pos + r, kv.cache);
+  for (int r = 0; r < rb.rows; ++r) {
+    if (!live_row(op, rb.slot, r, kv.slots)) continue;
+    MTP_REQUIRE(rb.pos[r] >= 0 && rb.pos[r] < capacity, "ops::", op, ": row ", r, " is at position ", rb.pos[r],
+                ", outside its rb.slot's ", capacity, " rb.rows (", kv.max_blocks, " blocks)");
+    kv_norm_write(ckv_pre + r * L, w, eps, kv.block_tables + static_cast<size_t>(rb.slot[r]) * kv.max_blocks,
+                  rb.pos + r, kv.cache);
   }
 }
 
@@ -210,21 +207,19 @@ void CpuBackend::mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_ab
 
 void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb,
                                   KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) {
-  const int32_t* slot = rb.slot;
-  const int rows = rb.rows;
   const char* op = "mla_decode_batch";
-  require_rows(op, slot, rows);
+  require_rows(op, rb.slot, rb.rows);
   check_kv_slots(op, kv);
   require_size(op, "width", width, 0);
   const size_t row = static_cast<size_t>(n_heads) * kv.cache.kv_lora;
   const int64_t capacity = static_cast<int64_t>(kv.max_blocks) * kv.cache.block_size;
-  for (int r = 0; r < rows; ++r) {
-    if (!live_row(op, slot, r, kv.slots)) continue;
+  for (int r = 0; r < rb.rows; ++r) {
+    if (!live_row(op, rb.slot, r, kv.slots)) continue;
     const int32_t* sel = selection + static_cast<size_t>(r) * width;
     for (int i = 0; i < width; ++i)
       MTP_REQUIRE(sel[i] < capacity, "ops::", op, ": row ", r, " selects row ", sel[i],
-                  ", outside its slot's ", capacity, " rows");
-    mla_decode(q_abs + r * row, sel, width, kv.block_tables + static_cast<size_t>(slot[r]) * kv.max_blocks,
+                  ", outside its rb.slot's ", capacity, " rb.rows");
+    mla_decode(q_abs + r * row, sel, width, kv.block_tables + static_cast<size_t>(rb.slot[r]) * kv.max_blocks,
                kv.cache, o_lat + r * row, n_heads, softmax_scale);
   }
 }

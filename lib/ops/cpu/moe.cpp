@@ -17,6 +17,7 @@
 
 #include "ops/cpu/cpu_backend.hpp"
 #include "ops/cpu/cpu_math.hpp"
+#include "ops/group_score.hpp"
 
 namespace mtplab::ops::cpu {
 
@@ -49,20 +50,7 @@ void CpuBackend::moe_route(const float* logits, const float* bias, int num_exper
 
   if (n_group > 1) {
     std::vector<float> group_score(static_cast<size_t>(n_group));
-    for (int g = 0; g < n_group; ++g) {
-      float top1 = -std::numeric_limits<float>::infinity();
-      float top2 = top1;
-      for (int e = g * group_size; e < (g + 1) * group_size; ++e) {
-        const float v = biased[e];
-        if (v > top1) {
-          top2 = top1;
-          top1 = v;
-        } else if (v > top2) {
-          top2 = v;
-        }
-      }
-      group_score[g] = top1 + top2;
-    }
+    for (int g = 0; g < n_group; ++g) group_score[g] = group_top2_sum(biased, g * group_size, (g + 1) * group_size);
     std::vector<int> groups(static_cast<size_t>(n_group));
     std::iota(groups.begin(), groups.end(), 0);
     std::stable_sort(groups.begin(), groups.end(),
@@ -141,12 +129,10 @@ void CpuBackend::moe_experts_shared(const bf16* x, const ExpertWeights& routed, 
 void CpuBackend::moe_route_batch(const float* logits, const float* bias, const RowBatch& rb, int num_experts,
                                  int top_k, int n_group, int topk_group, float scaling, int32_t* idx,
                                  float* weights) {
-  const int32_t* slot = rb.slot;
-  const int rows = rb.rows;
-  require_rows("moe_route_batch", slot, rows);
+  require_rows("moe_route_batch", rb.slot, rb.rows);
   require_size("moe_route_batch", "top_k", top_k);
-  for (int b = 0; b < rows; ++b) {
-    if (!live_row("moe_route_batch", slot, b)) continue;
+  for (int b = 0; b < rb.rows; ++b) {
+    if (!live_row("moe_route_batch", rb.slot, b)) continue;
     const size_t k_off = static_cast<size_t>(b) * top_k;
     moe_route(logits + static_cast<size_t>(b) * num_experts, bias, num_experts, top_k, n_group, topk_group,
               scaling, idx + k_off, weights + k_off);
@@ -200,10 +186,8 @@ void apply_expert(const bf16* Wg, const bf16* Wu, const bf16* Wd, int H, int I, 
 void CpuBackend::moe_experts_grouped(const bf16* x, const ExpertWeights& w, const int32_t* idx,
                                      const float* weights, const RowBatch& rb, int top_k,
                                      const ExpertWeights* shared, float limit, float* out) {
-  const int32_t* slot = rb.slot;
-  const int rows = rb.rows;
   const char* op = "moe_experts_grouped";
-  require_rows(op, slot, rows);
+  require_rows(op, rb.slot, rb.rows);
   require_size(op, "top_k", top_k, 0);
   require_size(op, "hidden", w.hidden);
   require_size(op, "inter", w.inter);
@@ -218,8 +202,8 @@ void CpuBackend::moe_experts_grouped(const bf16* x, const ExpertWeights& w, cons
   const int H = w.hidden;
   const int I = w.inter;
   std::vector<int> live;
-  for (int b = 0; b < rows; ++b)
-    if (live_row(op, slot, b)) live.push_back(b);
+  for (int b = 0; b < rb.rows; ++b)
+    if (live_row(op, rb.slot, b)) live.push_back(b);
   if (live.empty()) return;
   const size_t L = live.size();
   xf_.resize(L * H);

@@ -86,14 +86,12 @@ void CpuBackend::layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y,
 
 void CpuBackend::embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w,
                                      bf16* y, int ld_y, int n, float eps) {
-  const int32_t* slot = rb.slot;
-  const int rows = rb.rows;
-  require_rows("embed_rmsnorm_batch", slot, rows);
+  require_rows("embed_rmsnorm_batch", rb.slot, rb.rows);
   require_size("embed_rmsnorm_batch", "n", n);
   require_size("embed_rmsnorm_batch", "ld_y", ld_y, n);
   require_ptr("embed_rmsnorm_batch", "tokens", tokens);
-  for (int b = 0; b < rows; ++b) {
-    if (!live_row("embed_rmsnorm_batch", slot, b)) continue;
+  for (int b = 0; b < rb.rows; ++b) {
+    if (!live_row("embed_rmsnorm_batch", rb.slot, b)) continue;
     embed_rmsnorm(table, tokens + b, w, y + static_cast<size_t>(b) * ld_y, n, eps);
   }
 }

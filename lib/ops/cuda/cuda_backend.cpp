@@ -408,11 +408,12 @@ class CudaBackend final : public Backend {
 
 
   // ---- batched rows (ops.hpp, "batched rows"; the launchers: the family headers' batched rows) --
-  // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs and the
-  // grouped experts take up to cuda::kMaxBatchRows rows per launch, larger batches run in groups of
-  // that many. The host checks sizes and pointers; slots, positions, tokens and selections are read
-  // on the device only (a padded row, slot < 0, is skipped there), so the distinct-slot and
-  // in-range rules the CPU reference enforces are the caller's here.
+  // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs take up
+  // to cuda::kMaxBatchRows rows per launch (more: cuBLASLt), the grouped experts up to
+  // cuda::moe_grouped_launch_rows, the cuBLASLt head cuda::head_lt_launch_rows; larger batches
+  // run in groups of that many. The host checks sizes and pointers; slots, positions, tokens and
+  // selections are read on the device only (a padded row, slot < 0, is skipped there), so the
+  // distinct-slot and in-range rules the CPU reference enforces are the caller's here.
   void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w, bf16* y,
                            int ld_y, int n, float eps) override {
     const char* op = "embed_rmsnorm_batch";
@@ -620,17 +621,22 @@ class CudaBackend final : public Backend {
           "ops::cuda::moe_experts_grouped: the shared expert (hidden ", shared->hidden, ", inter ",
           shared->inter, ") must match hidden ", routed.hidden, " and have weights");
     }
-    const int chunk = std::min(rows, cuda::kMaxBatchRows);
+    // One launch for up to moe_grouped_launch_rows rows (each active expert read once), more in
+    // launches of that many.
+    const int most = cuda::moe_grouped_launch_rows(ctx_.policy.moe_pipeline);
+    const int chunk = std::min(rows, most);
     bf16* act = static_cast<bf16*>(moe_batch_act_.ensure(
         sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_act_elems(chunk, top_k, routed.inter,
                                                                        shared ? shared->inter : 0)),
         ctx_.stream, op));
+    const size_t wide_bytes = cuda::moe_grouped_wide_bytes(chunk, top_k, routed.num_local, routed.hidden);
+    void* wide = wide_bytes ? moe_wide_.ensure(wide_bytes, ctx_.stream, op) : nullptr;
     const size_t H = static_cast<size_t>(routed.hidden);
-    for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
-      const int r = std::min(cuda::kMaxBatchRows, rows - b0);
+    for (int b0 = 0; b0 < rows; b0 += most) {
+      const int r = std::min(most, rows - b0);
       cuda::moe_experts_grouped(ctx_, x + b0 * H, routed, top_k ? idx + static_cast<size_t>(b0) * top_k : idx,
                                 top_k ? weights + static_cast<size_t>(b0) * top_k : weights, slot + b0, r,
-                                top_k, shared, limit, act, out + b0 * H);
+                                top_k, shared, limit, act, out + b0 * H, wide);
     }
   }
 
@@ -695,12 +701,12 @@ class CudaBackend final : public Backend {
         idx.max_rows, " (a whole number of pools)");
   }
   /// Whether cuBLASLt has an FP8 algorithm for every launch of a head of `rows` rows
-  /// (kMaxBatchRows at a time, then the rest): the condition of the FP8 head on cuBLASLt
-  /// (dispatch.cu's head_on_cublaslt), else the fused kernels (cuda::head_argmax_batch).
+  /// (cuda::head_lt_launch_rows at a time, then the rest): the condition of the FP8 head on
+  /// cuBLASLt (dispatch.cu's head_on_cublaslt), else the fused kernels (cuda::head_argmax_batch).
   bool fp8_plans_exist(int rows, int n, int k) {
-    const int rest = rows % cuda::kMaxBatchRows;
-    return (rows < cuda::kMaxBatchRows || fp8_plan_for(cuda::kMaxBatchRows, n, k) != nullptr) &&
-           (rest == 0 || fp8_plan_for(rest, n, k) != nullptr);
+    const int chunk = cuda::head_lt_launch_rows(rows);
+    const int rest = rows % chunk;
+    return (rows < chunk || fp8_plan_for(chunk, n, k) != nullptr) && (rest == 0 || fp8_plan_for(rest, n, k) != nullptr);
   }
   /// head_argmax_batch through cuBLASLt: logits [r][n] into scratch, the per-row argmax over them,
   /// then head_finish_rows writes the live rows' results (and their logits when wanted). FP8 rows
@@ -712,10 +718,10 @@ class CudaBackend final : public Backend {
                       const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits, int ld_logits,
                       ArgMax* out, HeadExtras extras) {
     const char* op = "head_argmax_batch (cublaslt)";
-    // Sized for a full launch of kMaxBatchRows rows whatever this call's rows, so that a graph
+    // Sized for a full launch of head_lt_launch_rows rows whatever this call's rows, so that a graph
     // captured at a larger batch bucket than the eager call before it needs no growth (Scratch
-    // refuses to grow while capturing).
-    const int chunk = cuda::kMaxBatchRows;
+    // refuses to grow while capturing) up to kMaxBatchRows rows.
+    const int chunk = cuda::head_lt_launch_rows(rows);
     const size_t logit_bytes = W_fp8 ? 0 : (sizeof(bf16) * static_cast<size_t>(chunk) * n + 255) / 256 * 256;
     const size_t pair_bytes = (sizeof(ArgMax) * chunk + 255) / 256 * 256;
     const size_t d_bytes = W_fp8 ? sizeof(float) * 2 * static_cast<size_t>(chunk) * n : 0;
@@ -728,8 +734,8 @@ class CudaBackend final : public Backend {
     auto* D = reinterpret_cast<float*>(base + logit_bytes + pair_bytes);
     auto* parts = base + logit_bytes + pair_bytes + d_bytes;
     auto* shifts = reinterpret_cast<int*>(parts + part_bytes);
-    for (int b0 = 0; b0 < rows; b0 += cuda::kMaxBatchRows) {
-      const int r = std::min(cuda::kMaxBatchRows, rows - b0);
+    for (int b0 = 0; b0 < rows; b0 += chunk) {
+      const int r = std::min(chunk, rows - b0);
       const int32_t* sl = slot ? slot + b0 : nullptr;
       bf16* dst = logits ? logits + static_cast<size_t>(b0) * ld_logits : nullptr;
       const HeadExtras e{extras.key ? extras.key + b0 : nullptr, extras.token ? extras.token + b0 : nullptr};
@@ -958,6 +964,7 @@ class CudaBackend final : public Backend {
   Scratch mla_scratch_;
   Scratch mla_batch_scratch_;
   Scratch moe_batch_act_;
+  Scratch moe_wide_;
   Scratch stats_scratch_;      // logit_stats_batch's histograms (zero between launches)
   Scratch head_lt_scratch_;    // the cuBLASLt head's logits and per-row pairs
   Scratch rows_gemv_ws_;       // rows_gemv's tile sums

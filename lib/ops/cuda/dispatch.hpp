@@ -63,6 +63,9 @@ bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows, const std:
 /// wgmma where the build lacks sm_90a) or the skinny MMA GEMM.
 enum class HeadKernel { mma, gemv, wgmma };
 HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k);
+/// Rows of one launch of the cuBLASLt head for a call of `rows` rows: kMaxBatchRows for a batch of
+/// at most that many (the draft step's), else kHeadLtWideRows (a verification's B x (k + 1) rows).
+int head_lt_launch_rows(int rows);
 
 // ---- batched linears (cuda_backend.cpp) -------------------------------------------------------------
 

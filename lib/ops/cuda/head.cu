@@ -619,8 +619,8 @@ __global__ void __launch_bounds__(kArgmaxRowThreads)
 
 void head_split_e4m3(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, int rows, int k, uint8_t* parts,
                      int* shifts) {
-  MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && k >= 16 && k % 16 == 0, "ops::cuda::head_split_e4m3: rows ",
-              rows, " (1 .. ", kMaxBatchRows, "), k ", k, " (a positive multiple of 16)");
+  MTP_REQUIRE(rows >= 1 && k >= 16 && k % 16 == 0, "ops::cuda::head_split_e4m3: rows ", rows, ", k ", k,
+              " (a positive multiple of 16)");
   require_aligned16("head_split_e4m3", "x", x);
   launch(ctx, head_split_e4m3_kernel, static_cast<unsigned>(rows), kSplitThreads, 0, x, slot, k, parts, shifts);
   MTP_CUDA_LAUNCH_CHECK();
@@ -631,6 +631,8 @@ void head_combine_argmax_e4m3(const LaunchCtx& ctx, const float* D, int rows, in
                               ArgMax* pairs, const ArgmaxScratch& scratch) {
   // About two blocks per multiprocessor over the batch, at least 4 values per thread of a part (as
   // argmax_batch), then one warp per row reduces the parts' keys.
+  MTP_REQUIRE(rows >= 1 && rows <= scratch.capacity, "ops::cuda::head_combine_argmax_e4m3: rows ", rows,
+              " (1 .. ", scratch.capacity, ", the argmax scratch's keys)");
   const int per_part = kArgmaxRowThreads * 4;
   const int parts = std::max(1, std::min({(2 * ctx.num_sms + rows - 1) / rows, (n + per_part - 1) / per_part,
                                           scratch.capacity / rows, 64}));

@@ -47,9 +47,11 @@ struct LaunchCtx {
   bool pdl() const { return policy.pdl && pdl_capable && !capturing; }
 };
 
-/// Most rows one skinny-GEMM or grouped-expert launch takes (16 column tiles of 8); the backend
-/// splits larger batches into launches of this many rows.
+/// Most rows one skinny-GEMM launch takes (16 column tiles of 8), and one grouped-expert launch
+/// with its plan in shared memory (more rows: a wide launch, moe.hpp).
 inline constexpr int kMaxBatchRows = 128;
+/// Rows of one launch of the cuBLASLt head past kMaxBatchRows rows (dispatch.hpp's head_lt_launch_rows).
+inline constexpr int kHeadLtWideRows = 256;
 
 /// The check of a launcher whose kernels load 16-byte vectors of `what` (the GEMV family and the
 /// single-row experts).

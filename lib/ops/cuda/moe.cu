@@ -40,6 +40,7 @@
 #include "ops/cuda/device_common.cuh"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.hpp"
+#include "ops/group_score.hpp"
 
 namespace mtplab::ops::cuda {
 
@@ -484,19 +485,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   __syncthreads();
   if (n_group > 1) {
     const int gs = E / n_group;
-    for (int g = tid; g < n_group; g += blockDim.x) {
-      float top1 = -INFINITY, top2 = -INFINITY;
-      for (int e = g * gs; e < (g + 1) * gs; ++e) {
-        const float v = biased[e];
-        if (v > top1) {
-          top2 = top1;
-          top1 = v;
-        } else if (v > top2) {
-          top2 = v;
-        }
-      }
-      gkeys[g] = argmax_key(__fadd_rn(top1, top2), g);
-    }
+    for (int g = tid; g < n_group; g += blockDim.x) gkeys[g] = argmax_key(group_top2_sum(biased, g * gs, (g + 1) * gs), g);
     __syncthreads();
     for (int g = tid; g < n_group; g += blockDim.x) {
       int rank = 0;
@@ -569,6 +558,11 @@ struct GroupedParams {
   bf16* act = nullptr;  // [rows * top_k + rows][act_ld]
   int act_ld = 0;
   float* out = nullptr;
+  // Wide launches only (more rows than kMaxBatchRows, "wide batches" below): the plans in global
+  // memory (n_active, then the plan's ints), gate_up's and down's, and d per (output block, route).
+  const int* plan_gu = nullptr;
+  const int* plan_dn = nullptr;
+  bf16* d = nullptr;  // [H / kDownCols][pairs + rows][kDownCols]
 };
 
 /// f(j, e, q) for each of this lane's accumulator elements (n-tile j, element e of the m16n8
@@ -589,7 +583,7 @@ __device__ __forceinline__ void for_live_acc(int t, int n_rows, F&& f) {
 struct PlanLayout {
   int nl, pairs, rows, a_max;
   __host__ __device__ size_t ints() const {
-    return 2 * static_cast<size_t>(nl) + 128 + 2 * static_cast<size_t>(pairs + rows) +
+    return 2 * static_cast<size_t>(nl) + static_cast<size_t>(rows) + 2 * static_cast<size_t>(pairs + rows) +
            4 * static_cast<size_t>(a_max) + 1;
   }
 };
@@ -597,7 +591,7 @@ struct PlanLayout {
 struct Plan {
   int* counts;    // [nl] pairs per local expert, then the placement counters
   int* offsets;   // [nl] first pair of each expert
-  int* live;      // [128] the live rows, ascending
+  int* live;      // [rows] the live rows, ascending
   int* pr_row;    // [pairs + rows] row of each placed pair
   int* pr_route;  // [pairs + rows] route: b * top_k + i, or pairs + b for the shared expert
   int* a_expert;  // [a_max] local expert id of active entry a, or -1 for the shared expert
@@ -611,7 +605,7 @@ __device__ __forceinline__ Plan carve_plan(int* base, const PlanLayout& l) {
   p.counts = base;
   p.offsets = p.counts + l.nl;
   p.live = p.offsets + l.nl;
-  p.pr_row = p.live + 128;
+  p.pr_row = p.live + l.rows;
   p.pr_route = p.pr_row + l.pairs + l.rows;
   p.a_expert = p.pr_route + l.pairs + l.rows;
   p.a_off = p.a_expert + l.a_max;
@@ -653,14 +647,18 @@ __device__ int build_plan(const GroupedParams& p, const Plan& pl, bool gate_up) 
   const int P = p.routes.rows * p.routes.top_k;
   const int NL = p.num_local;
   for (int e = threadIdx.x; e < NL; e += blockDim.x) pl.counts[e] = 0;
-  // The live rows, ascending (rows <= 128 <= blockDim).
+  // The live rows, ascending, blockDim rows at a time.
   {
-    const int b = threadIdx.x;
-    const bool is_live = b < p.routes.rows && p.routes.slot[b] >= 0;
-    unsigned long long total;
-    const unsigned long long before = batch::block_exclusive_scan(is_live ? 1ull : 0ull, &total);
-    if (is_live) pl.live[before] = b;
-    if (threadIdx.x == 0) s_n_live = static_cast<int>(total);
+    int n_live = 0;
+    for (int b0 = 0; b0 < p.routes.rows; b0 += blockDim.x) {
+      const int b = b0 + static_cast<int>(threadIdx.x);
+      const bool is_live = b < p.routes.rows && p.routes.slot[b] >= 0;
+      unsigned long long total;
+      const unsigned long long before = batch::block_exclusive_scan(is_live ? 1ull : 0ull, &total);
+      if (is_live) pl.live[n_live + static_cast<int>(before)] = b;
+      n_live += static_cast<int>(total);
+    }
+    if (threadIdx.x == 0) s_n_live = n_live;
   }
   __syncthreads();
   auto owned = [&](int q, int& e) {  // pair q = b * top_k + i of a live row, its expert local?
@@ -1081,15 +1079,32 @@ __device__ __forceinline__ void combine_rows(const GroupedParams& p, const Plan&
 
 // ---- grouped experts: the kernels -----------------------------------------------------------------------
 
+/// The plan of a launch: built in shared memory by this block, or (kWide) read from the global
+/// plan that moe_plan_wide_kernel built (n_active first).
+template <bool kWide>
+__device__ __forceinline__ Plan launch_plan(const GroupedParams& p, const PlanLayout& layout, int* smem_plan,
+                                            bool gate_up, int& n_active) {
+  if constexpr (kWide) {
+    int* g = const_cast<int*>(gate_up ? p.plan_gu : p.plan_dn);
+    n_active = g[0];
+    return carve_plan(g + 1, layout);
+  } else {
+    const Plan pl = carve_plan(smem_plan, layout);
+    n_active = build_plan(p, pl, gate_up);
+    return pl;
+  }
+}
+
 /// Launch 1: act for every (active entry, 16 inter rows, pair group) item, one warp per item.
-template <typename P>
+template <typename P, bool kWide>
 __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
     moe_gate_up_grouped_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);  // [warps][stages][stage rows][kMoeXStride]
-  const Plan pl = carve_plan(reinterpret_cast<int*>(rings + P::template ring_elems<2>()), layout);
-  const int n_active = build_plan(p, pl, true);
+  int n_active;
+  const Plan pl =
+      launch_plan<kWide>(p, layout, reinterpret_cast<int*>(rings + P::template ring_elems<2>()), true, n_active);
   if (n_active == 0) return;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -1116,17 +1131,22 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
 }
 
 /// Launch 2: block = output columns [16 * blockIdx.x, + 16) of every live row.
-template <typename P>
+template <typename P, bool kWide>
 __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
     moe_down_grouped_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);
-  bf16* d_s = rings + P::template ring_elems<1>();  // [pairs + rows][kDownCols]: bf16(d) per route
   const int routes = p.routes.rows * p.routes.top_k + p.routes.rows;
+  // [pairs + rows][kDownCols]: bf16(d) per route, in shared memory after the rings, or (kWide) this
+  // block's part of p.d (written and read by this block only: its barrier orders them).
+  bf16* d_s = kWide ? p.d + static_cast<size_t>(blockIdx.x) * routes * kDownCols
+                    : rings + P::template ring_elems<1>();
   // routes * 16 BF16 = a multiple of 16 bytes: the plan after it stays aligned.
-  const Plan pl = carve_plan(reinterpret_cast<int*>(d_s + static_cast<size_t>(routes) * kDownCols), layout);
-  const int n_active = build_plan(p, pl, false);
+  int n_active;
+  const Plan pl = launch_plan<kWide>(
+      p, layout, reinterpret_cast<int*>(rings + P::template ring_elems<1>() + static_cast<size_t>(routes) * kDownCols),
+      false, n_active);
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
@@ -1148,6 +1168,44 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
   }
   __syncthreads();
   combine_rows(p, pl, d_s, h0);
+}
+
+// ---- grouped experts: wide batches ---------------------------------------------------------------------
+//
+// More rows than kMaxBatchRows (a verification's B x (k + 1)): the plan and d outgrow a block's
+// shared memory, and a launch per 128 rows would read every active expert once per launch. So one
+// block of kPlanThreads builds the plan once into global memory (gate_up's; down's is the same
+// placement with its own item counts), and the two launches read it from there (L2) instead of
+// building it, the down blocks keeping d in their own part of global memory. The items, their
+// MMAs and the combine are the narrow launches': the same bits.
+constexpr int kPlanThreads = 1024;
+
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedParams p, PlanLayout layout,
+                                                                     int* plan_gu, int* plan_dn) {
+  pdl_begin();
+  const Plan gu = carve_plan(plan_gu + 1, layout);
+  const int n_active = build_plan(p, gu, true);
+  const size_t n = layout.ints();
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) plan_dn[1 + i] = plan_gu[1 + i];
+  __syncthreads();
+  const Plan dn = carve_plan(plan_dn + 1, layout);
+  const unsigned long long items = segment_scan(
+      n_active,
+      [&](int a) { return static_cast<unsigned long long>(entry_items(p, dn.a_expert[a], dn.a_cnt[a], false)); },
+      [&](int a, unsigned long long before, unsigned long long) { dn.a_items[a] = static_cast<int>(before); });
+  if (threadIdx.x == 0) {
+    dn.a_items[n_active] = static_cast<int>(items);
+    plan_gu[0] = n_active;
+    plan_dn[0] = n_active;
+  }
+}
+
+/// The global scratch of a wide launch: d (BF16), then the two plans (ints).
+size_t wide_d_elems(const PlanLayout& l, int H) {
+  return static_cast<size_t>(l.pairs + l.rows) * static_cast<size_t>(H);
+}
+size_t wide_bytes(const PlanLayout& l, int H) {
+  return (sizeof(bf16) * wide_d_elems(l, H) + 15) / 16 * 16 + sizeof(int) * 2 * (1 + l.ints());
 }
 
 // ---- grouped experts: the split pipeline ----------------------------------------------------------------
@@ -1371,32 +1429,45 @@ void require_grouped_smem(const LaunchCtx& ctx, const GroupedParams& p, size_t s
               to_string(ctx.policy.moe_pipeline), " (at most 225280; v1 needs the least)");
 }
 
-/// The two launches under the pipelines GU (gate_up) and DN (down).
-template <typename GU, typename DN>
-void launch_grouped(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
-                    size_t plan_bytes, size_t d_bytes) {
+/// The two launches under the pipelines GU (gate_up) and DN (down); kWide: after the plan's launch,
+/// with the plan and d in `wide` (global memory, wide_bytes) instead of shared memory.
+template <typename GU, typename DN, bool kWide = false>
+void launch_grouped(const LaunchCtx& ctx, GroupedParams p, const PlanLayout& layout, int64_t items_max,
+                    size_t plan_bytes, size_t d_bytes, void* wide = nullptr) {
+  if constexpr (kWide) {
+    plan_bytes = 0;
+    d_bytes = 0;
+    p.d = static_cast<bf16*>(wide);
+    int* plans = reinterpret_cast<int*>(static_cast<uint8_t*>(wide) +
+                                        (sizeof(bf16) * wide_d_elems(layout, p.H) + 15) / 16 * 16);
+    p.plan_gu = plans;
+    p.plan_dn = plans + 1 + layout.ints();
+    launch(ctx, moe_plan_wide_kernel, 1, kPlanThreads, 0, p, layout, plans, plans + 1 + layout.ints());
+    MTP_CUDA_LAUNCH_CHECK();
+  }
   const size_t smem1 = sizeof(bf16) * GU::template ring_elems<2>() + plan_bytes;
   const size_t smem2 = sizeof(bf16) * DN::template ring_elems<1>() + d_bytes + plan_bytes;
   require_grouped_smem(ctx, p, smem1, smem2);
-  opt_in_smem<moe_gate_up_grouped_kernel<GU>>(smem1);
-  opt_in_smem<moe_down_grouped_kernel<DN>>(smem2);
+  opt_in_smem<moe_gate_up_grouped_kernel<GU, kWide>>(smem1);
+  opt_in_smem<moe_down_grouped_kernel<DN, kWide>>(smem2);
   if (items_max > 0) {
     int64_t grid1;
     if constexpr (GU::kSpread) {
       // Every resident block (each deals itself items w % grid), no more blocks than items.
       grid1 = std::min<int64_t>(
-          items_max, static_cast<int64_t>(blocks_per_sm<moe_gate_up_grouped_kernel<GU>>(smem1)) * ctx.num_sms);
+          items_max,
+          static_cast<int64_t>(blocks_per_sm<moe_gate_up_grouped_kernel<GU, kWide>>(smem1)) * ctx.num_sms);
     } else {
       // Two blocks per multiprocessor are resident (about 128 registers a thread); the rest of a
       // large batch's items are walked by the persistent loop.
       grid1 =
           std::min<int64_t>((items_max + kMoeWarps - 1) / kMoeWarps, 2 * static_cast<int64_t>(ctx.num_sms));
     }
-    launch(ctx, moe_gate_up_grouped_kernel<GU>, static_cast<unsigned>(std::max<int64_t>(1, grid1)),
+    launch(ctx, moe_gate_up_grouped_kernel<GU, kWide>, static_cast<unsigned>(std::max<int64_t>(1, grid1)),
            kGroupedThreads, smem1, p, layout);
     MTP_CUDA_LAUNCH_CHECK();
   }
-  launch(ctx, moe_down_grouped_kernel<DN>, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
+  launch(ctx, moe_down_grouped_kernel<DN, kWide>, p.H / kDownCols, kGroupedThreads, smem2, p, layout);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -1427,6 +1498,31 @@ void launch_split(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout
   MTP_CUDA_LAUNCH_CHECK();
 }
 
+/// A wide launch (rows > kMaxBatchRows) under the policy's pipeline; split takes at most
+/// kMaxBatchRows rows (moe_grouped_launch_rows), slots and auto ringpf's pipeline (its rings fit
+/// without the plan and d).
+void launch_wide(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
+                 void* wide) {
+  switch (ctx.policy.moe_pipeline) {
+    case MoePipeline::v1:
+      return launch_grouped<PipeV1, PipeV1, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoePipeline::spread:
+      return launch_grouped<PipeSpread, PipeSpread, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoePipeline::regs:
+      return launch_grouped<PipeSpread, PipeRegsDown, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoePipeline::ring:
+      return launch_grouped<PipeRingGateUp, PipeRingDown, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoePipeline::slots:
+    case MoePipeline::automatic:
+    case MoePipeline::ringpf:
+      return launch_grouped<PipeRingPfGateUp, PipeRingPfDown, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoePipeline::split:
+      break;
+  }
+  MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", to_string(ctx.policy.moe_pipeline),
+           " takes at most ", kMaxBatchRows, " rows per launch");
+}
+
 }  // namespace
 
 void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bias, const int32_t* slot,
@@ -1453,14 +1549,29 @@ size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter) {
   return static_cast<size_t>(rows) * (top_k + 1) * static_cast<size_t>(std::max(inter, shared_inter));
 }
 
+int moe_grouped_launch_rows(MoePipeline pipeline) {
+  return pipeline == MoePipeline::split ? kMaxBatchRows : kMaxMoeLaunchRows;
+}
+
+size_t moe_grouped_wide_bytes(int rows, int top_k, int num_local, int hidden) {
+  if (rows <= kMaxBatchRows) return 0;
+  const int pairs = rows * top_k;
+  return wide_bytes(PlanLayout{num_local, pairs, rows, std::min(num_local, pairs) + 1}, hidden);
+}
+
 void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                          const float* weights, const int32_t* slot, int rows, int top_k,
-                         const ExpertWeights* shared, float limit, bf16* act, float* out) {
+                         const ExpertWeights* shared, float limit, bf16* act, float* out, void* wide) {
   const int H = routed.hidden, I = routed.inter;
   const int Is = shared ? shared->inter : 0;
-  MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && top_k >= 0 && top_k <= 32,
-              "ops::cuda::moe_experts_grouped: rows ", rows, " (1 .. ", kMaxBatchRows, " per launch), top_k ",
-              top_k, " (at most 32)");
+  const int most = moe_grouped_launch_rows(ctx.policy.moe_pipeline);
+  MTP_REQUIRE(rows >= 1 && rows <= most && top_k >= 0 && top_k <= 32, "ops::cuda::moe_experts_grouped: rows ",
+              rows, " (1 .. ", most, " per launch under moe_pipeline ", to_string(ctx.policy.moe_pipeline),
+              "), top_k ", top_k, " (at most 32)");
+  const bool is_wide = rows > kMaxBatchRows;
+  MTP_REQUIRE(!is_wide || (wide && reinterpret_cast<uintptr_t>(wide) % 16 == 0),
+              "ops::cuda::moe_experts_grouped: ", rows, " rows need the wide scratch (moe_grouped_wide_bytes), ",
+              "16-byte aligned");
   MTP_REQUIRE(H % 16 == 0 && I % 16 == 0 && Is % 16 == 0, "ops::cuda::moe_experts_grouped: hidden ", H,
               ", inter ", I, " and shared inter ", Is, " must be multiples of 16");
   MTP_REQUIRE(routed.num_local >= 0 && routed.num_local <= kMaxLocalExperts,
@@ -1506,6 +1617,7 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   const int64_t shared_items =
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
+  if (is_wide) return launch_wide(ctx, p, layout, items_max, wide);
   switch (ctx.policy.moe_pipeline) {
     case MoePipeline::v1:
       return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);

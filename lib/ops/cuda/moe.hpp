@@ -38,10 +38,18 @@ inline constexpr int kMaxRowsSlotsMoeAuto = 3;
 /// Whether moe_experts_grouped runs `rows` rows of top_k routes on the single-row kernels under
 /// `pipeline` (slots, or auto at few rows; the down launch must fit its warps).
 bool moe_grouped_on_slots(MoePipeline pipeline, int rows, int top_k, bool shared);
-/// The routed experts grouped over up to kMaxBatchRows rows (plus the shared expert), two launches
-/// (docs/kernels.md, "Batched kernels"). `act` is moe_grouped_act_elems of scratch.
+/// Most rows of one moe_experts_grouped launch: the wide launches' (more rows than kMaxBatchRows,
+/// plan and d in global memory), except under moe_pipeline split (kMaxBatchRows).
+inline constexpr int kMaxMoeLaunchRows = 1024;
+int moe_grouped_launch_rows(MoePipeline pipeline);
+/// The global scratch (bytes) of a wide launch of `rows` rows; 0 at most kMaxBatchRows rows.
+size_t moe_grouped_wide_bytes(int rows, int top_k, int num_local, int hidden);
+/// The routed experts grouped over up to moe_grouped_launch_rows rows (plus the shared expert):
+/// two launches, three when wide (docs/kernels.md, "Batched kernels"). `act` is
+/// moe_grouped_act_elems of scratch; `wide` moe_grouped_wide_bytes of it (16-byte aligned) when
+/// rows > kMaxBatchRows.
 void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                          const float* weights, const int32_t* slot, int rows, int top_k,
-                         const ExpertWeights* shared, float limit, bf16* act, float* out);
+                         const ExpertWeights* shared, float limit, bf16* act, float* out, void* wide = nullptr);
 
 }  // namespace mtplab::ops::cuda
