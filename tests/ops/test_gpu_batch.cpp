@@ -1757,9 +1757,13 @@ constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1,    MoePipeline::spread
                                          MoePipeline::ring,  MoePipeline::split,  MoePipeline::slots,
                                          MoePipeline::ringpf};
 /// Whether slots runs B rows of k routes on the single-row kernels (up to cuda::kMaxRowsSlotsMoe
-/// rows, where their down launch fits: the one-row op's bytes); elsewhere it runs ring.
+/// rows, where their down launch fits: the one-row op's bytes), as the rule (dispatch.cu's
+/// moe_grouped_plan) says; elsewhere it runs auto's choice above the slots rows (ringpf).
 bool on_slots(MoePipeline m, int B, int k, bool shared) {
-  return m == MoePipeline::slots && cuda::moe_grouped_on_slots(m, B, k, shared);
+  KernelPolicy policy;
+  policy.moe_pipeline = m;
+  return cuda::moe_grouped_plan(policy, B, cuda::moe_slots_fit(B, k, shared), true).kernel ==
+         cuda::MoeKernel::slots;
 }
 /// Whether a pipeline gives v1's bytes at B rows: split cuts each item's reduction into fixed parts
 /// (its own bytes); slots on the single-row kernels gives the one-row op's.
@@ -1829,6 +1833,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         // Two launches; a wide one three (its plan first); split two per 128 rows.
         const bool wide = B > cuda::kMaxBatchRows;
         const uint64_t launches = !wide ? 2u : pipe == MoePipeline::split ? 4u : 3u;
+        gpu().reset_kernels_chosen();
         EXPECT_EQ(kernels_of([&] {
                     gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
                                               RowBatch{sl.g.data(), nullptr, B}, k, c.shared ? &shg : nullptr,
@@ -1836,6 +1841,21 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
                   }),
                   launches)
             << pwhat;
+        // The kernel record names what ran: the pipeline's kernels, " wide" past kMaxBatchRows rows
+        // (split: launches of at most 128); slots past its rows auto's choice above them (ringpf,
+        // or v1 where ring's rings do not fit).
+        {
+          const std::string ran = gpu().kernels_chosen().text(), op = "moe_experts_grouped=";
+          const std::string wide_suffix = wide ? " wide" : "";
+          if (on_slots(pipe, B, k, c.shared)) {
+            EXPECT_EQ(ran, op + "slots") << pwhat;
+          } else if (pipe == MoePipeline::slots) {
+            EXPECT_TRUE(ran == op + "ringpf" + wide_suffix || ran == op + "v1" + wide_suffix)
+                << pwhat << ": " << ran;
+          } else {
+            EXPECT_EQ(ran, op + to_string(pipe) + (pipe == MoePipeline::split ? "" : wide_suffix)) << pwhat;
+          }
+        }
         const auto got = out.from_gpu();
         expect_f32_close(masked(got, mask), masked(want, mask), pwhat, 1.0 / 128, 1.0 / 256);
         expect_outside_unchanged(got, want, mask, pwhat);

@@ -623,7 +623,7 @@ class CudaBackend final : public Backend {
     }
     // One launch for up to moe_grouped_launch_rows rows (each active expert read once), more in
     // launches of that many.
-    const int most = cuda::moe_grouped_launch_rows(ctx_.policy.moe_pipeline);
+    const int most = cuda::moe_grouped_launch_rows(ctx_.policy);
     const int chunk = std::min(rows, most);
     bf16* act = static_cast<bf16*>(moe_batch_act_.ensure(
         sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_act_elems(chunk, top_k, routed.inter,

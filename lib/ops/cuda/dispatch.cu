@@ -13,6 +13,7 @@
 #include "ops/cuda/indexer_pool.cuh"
 #include "ops/cuda/mla_chunk.cuh"
 #include "ops/cuda/mla_shared.cuh"
+#include "ops/cuda/moe.hpp"
 
 namespace mtplab::ops::cuda {
 
@@ -295,6 +296,73 @@ int mla_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, boo
   return std::max(1, (chunks + per_split - 1) / per_split);
 }
 
+// ==== the grouped experts ==============================================================================
+
+int moe_grouped_launch_rows(const KernelPolicy& policy) {
+  // One launch up to kMaxMoeLaunchRows rows, so each active expert is read once for them all:
+  // launches of 128 rows read every active expert again per launch. The verify layer at B = 128,
+  // R = 5 (640 rows; docs/performance.md): in launches of 128, 21.0 ms, 4.49x its floor (one H100,
+  // 5da193d); in one wide launch 9.7 ms, 2.89x (one H200). split keeps launches of kMaxBatchRows
+  // (it has no wide instance).
+  return policy.moe_pipeline == MoePipeline::split ? kMaxBatchRows : kMaxMoeLaunchRows;
+}
+
+MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, bool ring_fits) {
+  MoePlan plan;
+  plan.wide = rows > kMaxBatchRows;
+  switch (policy.moe_pipeline) {
+    case MoePipeline::v1:
+      plan.kernel = MoeKernel::v1;
+      return plan;
+    case MoePipeline::spread:
+      plan.kernel = MoeKernel::spread;
+      return plan;
+    case MoePipeline::regs:
+      plan.kernel = MoeKernel::regs;
+      return plan;
+    case MoePipeline::ring:
+      plan.kernel = MoeKernel::ring;
+      return plan;
+    case MoePipeline::ringpf:
+      plan.kernel = MoeKernel::ringpf;
+      return plan;
+    case MoePipeline::split:
+      MTP_REQUIRE(!plan.wide, "ops::cuda::moe_experts_grouped: moe_pipeline split takes at most ", kMaxBatchRows,
+                  " rows per launch, not ", rows);
+      plan.kernel = MoeKernel::split;
+      return plan;
+    case MoePipeline::slots:
+      // Up to kMaxRowsSlotsMoe rows where the down launch fits its warps; more rows take auto's
+      // choice above the slots rows.
+      if (slots_fit) {
+        plan.kernel = MoeKernel::slots;
+        return plan;
+      }
+      break;
+    case MoePipeline::automatic:
+      // The single-row kernels at 1 - 3 rows, measured on one H200 (glm5.3-flash, graph mode, per
+      // launch, us; docs/kernels.md, "The grouped experts"): slots / ring 111.5 / 177.7 at B = 1,
+      // 218.3 / 278.6 at 2, 355.2 / 375.2 at 3, 440.1 / 432.5 at 4; in the step at B = 2 BF16
+      // 688.0 against ring's 705.8, at B = 4 936.1 against 915.3. So auto stops below 4.
+      if (rows <= kMaxRowsSlotsMoeAuto && slots_fit) {
+        plan.kernel = MoeKernel::slots;
+        return plan;
+      }
+      break;
+  }
+  // Above the slots rows: ringpf, ring with the L2 prefetch hint on its weight copies (ring's
+  // bits), measured fastest or level at every batch: ring against v1 on one H200 (per launch, us)
+  // 274 / 317 at B = 2, 432 / 440 at 4, 1388 / 1409 at 16, 3228 / 3255 at 64, 3956 / 4194 at 128;
+  // ringpf against ring in the step (one H100, BF16, us) 1170.7 / 1202.5 at B = 4, 3947.5 / 4145.1
+  // at 64, 4788.9 / 4992.9 at 128. split is faster as a launch at 1 - 2 rows (142 / 174, 246 /
+  // 275) but gave no step a gain (698.8 against ring's 694.7 at B = 2) and loses from 4 rows, so
+  // auto never takes it. Where ring's rings with the plan and d do not fit a block's shared memory
+  // (a narrow launch of many routes and local experts), v1, the least shared memory (v1's bits as
+  // ring's); a wide launch keeps the plan and d in global memory, so its rings always fit.
+  plan.kernel = plan.wide || ring_fits ? MoeKernel::ringpf : MoeKernel::v1;
+  return plan;
+}
+
 // ==== the indexer =======================================================================================
 
 bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D) {
@@ -338,6 +406,18 @@ const char* kernel_text(HeadKernel kernel) {
 const char* kernel_text(BatchDecodeKernel kernel) {
   static constexpr const char* kTexts[] = {"v1", "v2", "shared2", "shared32"};  // BatchDecodeKernel's order
   return kTexts[static_cast<int>(kernel)];
+}
+
+const char* kernel_text(const MoePlan& plan) {
+  // MoeKernel's order; a wide launch's texts second (slots and split have none).
+  static constexpr const char* kTexts[][2] = {{"slots", "slots"},
+                                              {"v1", "v1 wide"},
+                                              {"spread", "spread wide"},
+                                              {"regs", "regs wide"},
+                                              {"ring", "ring wide"},
+                                              {"ringpf", "ringpf wide"},
+                                              {"split", "split"}};
+  return kTexts[static_cast<int>(plan.kernel)][plan.wide ? 1 : 0];
 }
 
 }  // namespace mtplab::ops::cuda

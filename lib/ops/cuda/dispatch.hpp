@@ -1,9 +1,9 @@
 // Every rule of the CUDA backend that picks a kernel (dispatch.cu holds them, each with the
-// measured table behind it): the GEMV variant and k-split, the batched head, the batched linears,
-// the batched MLA decode and its split count, the batched pool scores and the selection of a
-// batch of one. The launchers and the backend ask here and run what they are told; the kernel
-// policy (ops/kernel_policy.hpp) forces a choice, `auto` takes the rule's. The grouped experts'
-// rule (moe_pipeline) is moe.cu's (moe_grouped_on_slots and moe_experts_grouped).
+// measured table behind it): the GEMV variant and k-split, the batched head and its launch size,
+// the batched linears, the batched MLA decode and its split count, the batched pool scores, and
+// the grouped experts' pipeline and launch size. The launchers and the backend ask here and run
+// what they are told; the kernel policy (ops/kernel_policy.hpp) forces a choice, `auto` takes the
+// rule's.
 //
 // Invariants:
 // - A rule is a function of the policy, the shape and the device's size: the same inputs give the
@@ -63,7 +63,7 @@ bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows, const std:
 /// wgmma where the build lacks sm_90a) or the skinny MMA GEMM.
 enum class HeadKernel { mma, gemv, wgmma };
 HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k);
-/// Rows of one launch of the cuBLASLt head for a call of `rows` rows: kMaxBatchRows for a batch of
+/// Rows of one launch of the cuBLASLt head for a batch of `rows` rows: kMaxBatchRows for a batch of
 /// at most that many (the draft step's), else kHeadLtWideRows (a verification's B x (k + 1) rows).
 int head_lt_launch_rows(int rows);
 
@@ -92,6 +92,29 @@ int shared_decode_splits(int num_sms, int chunks, int n_heads, int rows, int for
 /// `units` (row, head tile) pairs in the launch; `forced` (not 0) is the count asked for.
 int v2_decode_clusters(int num_sms, int chunks, int64_t units, int forced);
 
+// ---- the grouped experts (moe.cu, cuda_backend.cpp) ---------------------------------------------------
+
+/// Most rows moe_pipeline auto gives the single-row kernels (slots; dispatch.cu).
+inline constexpr int kMaxRowsSlotsMoeAuto = 3;
+/// The kernels of one moe_experts_grouped launch: the single-row kernels over its rows (slots), or
+/// the grouped plan under one memory pipeline (KernelPolicy::moe_pipeline).
+enum class MoeKernel { slots, v1, spread, regs, ring, ringpf, split };
+struct MoePlan {
+  MoeKernel kernel = MoeKernel::v1;
+  /// More rows than kMaxBatchRows: a third launch builds the plan once in global memory, and d is
+  /// kept there too (moe.cu, "wide batches").
+  bool wide = false;
+};
+/// Most rows of one moe_experts_grouped launch under the policy: kMaxMoeLaunchRows (moe.hpp), under
+/// moe_pipeline split kMaxBatchRows (split has no wide launch). The backend runs more rows in
+/// launches of that many.
+int moe_grouped_launch_rows(const KernelPolicy& policy);
+/// What one moe_experts_grouped launch of `rows` rows (1 .. moe_grouped_launch_rows) runs.
+/// slots_fit: the single-row kernels take these rows and routes (moe.hpp's moe_slots_fit);
+/// ring_fits: ring's rings with the plan and d fit a block's shared memory (asked of a narrow
+/// launch only; moe.cu computes it).
+MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, bool ring_fits);
+
 // ---- the indexer (indexer.cu) -----------------------------------------------------------------------
 
 /// Whether indexer_scores_batch runs the tiled kernel: the policy's choice where the shape has 32
@@ -110,5 +133,6 @@ inline void record_kernel(const LaunchCtx& ctx, const char* op, const char* kern
 const char* kernel_text(const GemvPlan& plan);
 const char* kernel_text(HeadKernel kernel);
 const char* kernel_text(BatchDecodeKernel kernel);
+const char* kernel_text(const MoePlan& plan);  ///< "slots", "ringpf", "ringpf wide", ...
 
 }  // namespace mtplab::ops::cuda
