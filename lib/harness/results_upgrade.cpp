@@ -327,13 +327,9 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
     fill_from_steps(g, src, u, where, computed);
     if (!g.has_attr("assignment_index")) typed_assignment(g, f, where);
     g.set_attr("config", u.text);
-    std::vector<std::string> kernels;
-    for (const ArmSpec& a : arm_registry()) {
-      results_format::set_arm_attr(g, a, u.arms.at(a.name));
-      if (a.block() == "kernels") kernels.push_back(str(a.key(), "=", u.arms.at(a.name)));
-    }
-    // Reserved for the kernel each op ran; what the policy was, as the writer records it.
-    g.set_attr("kernels", join(kernels, " "));
+    for (const ArmSpec& a : arm_registry()) results_format::set_arm_attr(g, a, u.arms.at(a.name));
+    // The kernel each op ran: the old file did not record it (its policy is in the kernels.* arms).
+    g.set_attr("kernels", std::vector<std::string>{kernels_not_recorded(report.from_version)});
     ++report.points;
   }
   results_format::rebuild_derived_tables(o);

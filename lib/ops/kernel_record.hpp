@@ -9,7 +9,8 @@
 //   in the common case, so the record costs next to nothing per launch.
 // - A captured graph's launches are noted when recorded, not when replayed (the choices are made
 //   at capture); a graph replays only under the policy it was recorded with.
-// - The CPU reference runs one implementation per op and notes nothing: its record stays empty.
+// - The CPU reference runs one implementation per op and notes it as "cpu", under the op's
+//   Backend name, for the ops whose CUDA kernel a dispatch rule picks (cpu/cpu_backend.hpp).
 #pragma once
 #include <cstddef>
 #include <string>

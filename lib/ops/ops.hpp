@@ -269,9 +269,10 @@ class Backend {
   virtual const KernelPolicy& kernel_policy() const = 0;
   /// Which kernel each op ran since reset_kernels_chosen() (ops/kernel_record.hpp): the CUDA
   /// backend notes every choice of its dispatch rules (lib/ops/cuda/dispatch.cu) as it launches
-  /// (or records into a graph); the CPU reference, one implementation per op, notes none. For the
-  /// record of a point beside its policy: reset at the point's start, read at its end. Plain
-  /// members: a backend fills kernels_chosen_.
+  /// (or records into a graph); the CPU reference, one implementation per op, notes "cpu" under
+  /// each of those ops it runs. For the record of a point beside its policy (the results'
+  /// `kernels`): reset at the point's start, read at its end. Plain members: a backend fills
+  /// kernels_chosen_.
   const KernelRecord& kernels_chosen() const { return kernels_chosen_; }
   void reset_kernels_chosen() { kernels_chosen_.clear(); }
 

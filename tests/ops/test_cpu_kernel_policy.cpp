@@ -454,7 +454,7 @@ TEST_F(KernelPolicyEnv, ARetiredVariableThatIsSetIsAnError) {
 
 // KernelRecord (ops/kernel_record.hpp): per op the distinct kernels in the order first seen, ops
 // listed in name order, equal texts from other pointers counted as one; clear() empties it; the
-// CPU reference notes nothing.
+// CPU reference notes "cpu" under each op whose CUDA kernel a rule picks.
 TEST(KernelRecord, ListsEachOpsDistinctKernelsInNameOrder) {
   KernelRecord r;
   EXPECT_TRUE(r.empty());
@@ -477,12 +477,16 @@ TEST(KernelRecord, ListsEachOpsDistinctKernelsInNameOrder) {
   EXPECT_EQ(r.text(), "gemv_bf16=rows4 split 1");
 }
 
-TEST(KernelRecord, TheCpuReferenceNotesNothing) {
+TEST(KernelRecord, TheCpuReferenceNotesCpu) {
   auto be = make_cpu_backend();
   std::vector<bf16> W(64 * 32, to_bf16(0.5f)), x(32, to_bf16(1.0f)), y(64);
+  std::vector<float> yf(64);
+  EXPECT_TRUE(be->kernels_chosen().empty());
   be->linear(W.data(), x.data(), y.data(), 1, 64, 32);
   be->linear(W.data(), x.data(), y.data(), 1, 64, 32, RowsMode::batched);
-  EXPECT_TRUE(be->kernels_chosen().empty()) << be->kernels_chosen().text();
+  be->linear_f32(W.data(), x.data(), yf.data(), 1, 64, 32);
+  be->rmsnorm(x.data(), x.data(), y.data(), 1, 32, 1e-6f);  // no kernel choice on CUDA: not noted
+  EXPECT_EQ(be->kernels_chosen().text(), "linear=cpu linear_f32=cpu");
   be->reset_kernels_chosen();
   EXPECT_TRUE(be->kernels_chosen().empty());
 }
