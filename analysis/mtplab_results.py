@@ -10,6 +10,7 @@ A file of an older version is refused: `mtplab upgrade OLD.h5 NEW.h5` rewrites i
     res.divergence()      # drafts of each point vs its reference point (recomputed here)
     res.accepted_hist("p0003"), res.interval("p0003", "tau")   # accepted lengths, bootstrap CI
     res.draft_margins("p0003")  # [steps, k] top-1 minus top-2 logit (None where not recorded)
+    plan = mr.Plan("results/plan.h5")   # a plan file of `mtplab plan`: plan.table, plan.best
 
 Only h5py, numpy and pandas are needed. Strings are returned as str.
 """
@@ -430,3 +431,44 @@ def draft_byte_floor(config, batch, context, head_fp8=False, distinct_experts=No
 
 def open_results(path):
     return Results(path)
+
+
+PLAN_SCHEMA = "mtplab-plan"
+PLAN_SCHEMA_VERSION = 1
+
+
+class Plan:
+    """A plan file of `mtplab plan` (schema "mtplab-plan" version 1; docs/planning.md, "The plan
+    file"): its `plan` group as tables.
+
+        plan = mr.Plan("results/plan.h5")
+        plan.table        # one row per (batch, k): tau, step_us, tokens_per_s_user / _gpu, speedup,
+                          # each with _lo / _hi (95% interval), win_fraction
+        plan.best         # one row per batch: k, win_fraction, k_set, runner_up, distinguishable, ...
+        plan.acceptance   # one row per k: tau, tau_lo, tau_hi, origin
+        plan.attrs        # model, layers, gpus, inputs, warnings, notes, tau_interval, cost_interval, ...
+    """
+
+    def __init__(self, path):
+        self.path = path
+        with h5py.File(path, "r") as f:
+            schema = _s(f.attrs.get("schema", b""))
+            if schema != PLAN_SCHEMA:
+                raise ValueError(f"{path}: not an mtplab plan file (schema {schema!r})")
+            version = int(f.attrs["schema_version"])
+            if version != PLAN_SCHEMA_VERSION:
+                raise ValueError(f"{path}: plan schema version {version}; this reader reads version "
+                                 f"{PLAN_SCHEMA_VERSION}")
+            g = f["plan"]
+            self.attrs = {k: _s(v) for k, v in g.attrs.items()}
+            self.table = _table(g["table"])
+            self.best = _table(g["best"])
+            a = g["acceptance"]
+            self.acceptance = pd.DataFrame({c: _column(a[c]) for c in ("k", "tau", "tau_lo", "tau_hi", "origin")})
+            self.marginal_rates = np.asarray(a["marginal_rates"][()], dtype=float)
+            self.costs = _table(g["costs"])
+
+    def envelope(self):
+        """One row per batch: the best k's speedup, tokens/s per user and per GPU with intervals."""
+        t = self.table.merge(self.best[["batch", "k"]], on=["batch", "k"])
+        return t.sort_values("batch").reset_index(drop=True)

@@ -19,6 +19,7 @@ const std::vector<Command>& commands() {
       {"run", "run an experiment's points (all, or --point i)", cmd_run},
       {"merge", "join the results files of an array job", cmd_merge},
       {"upgrade", "rewrite a results file of an older schema version as the current one", cmd_upgrade},
+      {"plan", "the best draft length per concurrency from acceptance and costs", cmd_plan},
   };
   return table;
 }

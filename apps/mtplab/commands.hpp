@@ -44,5 +44,6 @@ int cmd_check(const Args& args);
 int cmd_run(const Args& args);
 int cmd_merge(const Args& args);
 int cmd_upgrade(const Args& args);
+int cmd_plan(const Args& args);
 
 }  // namespace mtplab::app

@@ -62,6 +62,21 @@ std::vector<std::string> provenance_environment();
 /// Now, as ISO 8601 UTC.
 std::string utc_now();
 
+/// Whether a point's acceptance figures say anything about a drafter. Not with synthetic weights:
+/// the drafter is then random and unrelated to the target that made the trace (a synthetic target
+/// of other random weights, or a real model), so a draft is accepted by chance only and acceptance
+/// 0 / tau 1 is no finding. `reason` says why not ("" when meaningful); the results file records
+/// both per point (acceptance_meaningful, acceptance_note), the run's table marks such points, and
+/// `mtplab plan` refuses them as an acceptance source.
+struct AcceptanceMeaning {
+  bool meaningful = true;
+  std::string reason;
+};
+AcceptanceMeaning acceptance_meaning(const WeightsSpec& weights);
+/// The same from a point's canonical config (its `weights:` key), for files written before the
+/// attribute existed; `where` names the point in a message about an unreadable config.
+AcceptanceMeaning acceptance_meaning_of_config(const std::string& config_yaml, const std::string& where);
+
 /// Timing columns of the step table, in order (each max over ranks, milliseconds).
 const std::vector<std::string>& timing_columns();
 

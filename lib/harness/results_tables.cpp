@@ -71,9 +71,11 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
       "acceptance_rate",   "tau",         "expected_acceptance_rate", "expected_tau",    "step_ms_median",
       "step_ms_p90",       "step_ms_p99", "step_ms_ci95_lo",          "step_ms_ci95_hi", "step_ms_rel_spread",
       "propose_ms_median", "wall_s",      "qidx_check_differ_rate"};
-  // qidx_check_*: -1 (NaN for the rate) where the point ran no selection check.
+  // qidx_check_*: -1 (NaN for the rate) where the point ran no selection check;
+  // acceptance_meaningful: -1 where the point does not record it.
   std::vector<std::string> int_cols = {
-      "point", "steps", "ranks_agree", "repeat_mismatches", "qidx_check_rows", "qidx_check_rows_differ"};
+      "point", "steps", "ranks_agree", "repeat_mismatches", "qidx_check_rows", "qidx_check_rows_differ",
+      "acceptance_meaningful"};
   std::vector<std::string> string_cols = {"name", "status", "label"};
   // Columns read from a point attribute of another name: the axes' `sweep.<axis>`.
   std::map<std::string, std::string> source;

@@ -312,6 +312,7 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
   o.set_attr("upgraded_at", utc_now());
 
   Tally filled_arms, computed;
+  int64_t from_weights = 0;  // points given acceptance_meaningful from their config's weights
   const Group src_points = f.open_group("points");
   Group points = o.create_group("points");
   for (const auto& name : src_points.children()) {
@@ -325,6 +326,12 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
     });
     for (const auto& a : u.filled) ++filled_arms[a];
     fill_from_steps(g, src, u, where, computed);
+    if (!g.has_attr("acceptance_meaningful")) {
+      const AcceptanceMeaning meaning = acceptance_meaning_of_config(u.text, where);
+      g.set_attr("acceptance_meaningful", meaning.meaningful);
+      g.set_attr("acceptance_note", meaning.reason);
+      ++from_weights;
+    }
     if (!g.has_attr("assignment_index")) typed_assignment(g, f, where);
     g.set_attr("config", u.text);
     for (const ArmSpec& a : arm_registry()) results_format::set_arm_attr(g, a, u.arms.at(a.name));
@@ -344,6 +351,9 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
                                join(arms, ", ")));
   for (const auto& [what, count] : computed)
     report.notes.push_back(str("computed from the steps: ", what, " (", count, " point(s))"));
+  if (from_weights)
+    report.notes.push_back(str("from the weights of the config: acceptance_meaningful, acceptance_note (",
+                               from_weights, " point(s))"));
   return report;
 }
 

@@ -247,6 +247,30 @@ std::vector<std::string> provenance_environment() {
   return out;
 }
 
+AcceptanceMeaning acceptance_meaning(const WeightsSpec& weights) {
+  if (!weights.synthetic) return {};
+  return {false, str("synthetic weights (seed ", weights.seed,
+                     "): the drafter is random and unrelated to the target that made the trace, so its drafts "
+                     "are accepted by chance only; acceptance needs a checkpoint's weights (docs/acceptance.md)")};
+}
+
+AcceptanceMeaning acceptance_meaning_of_config(const std::string& config_yaml, const std::string& where) {
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(config_yaml);
+  } catch (const YAML::Exception& e) {
+    MTP_FAIL(where, ": the point's config is not readable YAML: ", e.msg);
+  }
+  const YAML::Node w = doc.IsMap() ? doc["weights"] : YAML::Node();
+  MTP_REQUIRE(w && w.IsMap() && (w["synthetic"] || w["checkpoint"]), where,
+              ": the point's config names no weights (synthetic or checkpoint)");
+  WeightsSpec spec;
+  spec.synthetic = static_cast<bool>(w["synthetic"]);
+  if (spec.synthetic && w["synthetic"].IsMap() && w["synthetic"]["seed"])
+    spec.seed = w["synthetic"]["seed"].as<uint64_t>(1);
+  return acceptance_meaning(spec);
+}
+
 const std::vector<std::string>& timing_columns() {
   static const std::vector<std::string> cols = {"step_ms",     "propose_ms",      "block_ms",    "head_ms",
                                                 "exchange_ms", "after_verify_ms", "catch_up_ms", "stats_ms"};
@@ -491,6 +515,9 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   std::vector<double> per_pos = r.acceptance.per_position();
   per_pos.resize(static_cast<size_t>(r.k), 0.0);
   g.set_attr("per_position", per_pos);
+  const AcceptanceMeaning meaning = acceptance_meaning(point.weights);
+  g.set_attr("acceptance_meaningful", meaning.meaningful);
+  g.set_attr("acceptance_note", meaning.reason);
   results_format::write_acceptance_reading(g, point.index, point.arms.replay.replay == ReplayMode::teacher_forced,
                                            r);
 

@@ -375,6 +375,7 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
   // Sampling points: the expected tau beside the realised one (docs/acceptance.md).
   std::vector<std::string> expected_column = {"E[tau]"};
   bool any_sampling = false;
+  bool any_not_meaningful = false;
   int ordinal = 0, completed = 0, interrupted = 0;
   for (int i : todo) {
     const PointConfig& p = ex.points[static_cast<size_t>(i)];
@@ -413,9 +414,14 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
       if (!r.warmup[row] && (row == 0 || r.batch_step[row] != r.batch_step[row - 1]))
         measured.push_back(r.timing[0][row]);
     const Summary s = summarize(measured, 1, 200);
-    progress.point_end(str("acceptance ", r.acceptance.rate(), ", tau ", r.acceptance.tau(), ", step median ",
+    // Acceptance of synthetic weights is chance, not a finding: marked (results.hpp, acceptance_meaning).
+    const AcceptanceMeaning meaning = acceptance_meaning(p.weights);
+    const std::string mark = meaning.meaningful ? "" : "*";
+    any_not_meaningful = any_not_meaningful || !meaning.meaningful;
+    progress.point_end(str("acceptance ", r.acceptance.rate(), ", tau ", r.acceptance.tau(),
+                           meaning.meaningful ? "" : " (not meaningful: synthetic weights)", ", step median ",
                            s.median, " ms (", r.acceptance.steps, " steps)"));
-    table.push_back({str("p", i), p.label(), fixed(r.acceptance.rate(), 3), fixed(r.acceptance.tau(), 3),
+    table.push_back({str("p", i), p.label(), fixed(r.acceptance.rate(), 3) + mark, fixed(r.acceptance.tau(), 3) + mark,
                      fixed(s.median, 4), fixed(s.p90, 4),
                      str("[", fixed(s.ci95_lo, 4), ", ", fixed(s.ci95_hi, 4), "]"), fixed(s.rel_spread, 3)});
     qidx_column.push_back(r.selection_checked
@@ -442,6 +448,11 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
   }
   if (rank == 0) {
     if (table.size() > 1) print_table(table);
+    if (any_not_meaningful) {
+      std::printf("* acceptance and tau not meaningful: synthetic weights, a random drafter unrelated to the target "
+                  "that made the trace (acceptance_note in the results file)\n");
+      std::fflush(stdout);
+    }
     log_info("done: ", completed, " point(s) written to ", pre.output);
   }
   return 0;

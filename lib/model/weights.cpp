@@ -64,11 +64,46 @@ Block block_of(const Spec& s, const ShardPlan& plan) {
   return b;
 }
 
+/// Shapes a block's attention and indexer tensors for `plan` through `set(tensor, shape)` (the MTP
+/// layer and every trunk layer share them).
+template <typename Set>
+void shape_attention(const ModelConfig& c, const ShardPlan& plan, AttentionWeights& a, IndexerWeights& x, Set& set) {
+  const int64_t H = c.hidden, nh = plan.heads.count;
+  set(a.q_a_proj, {c.q_lora_rank, H});
+  set(a.q_a_layernorm, {c.q_lora_rank});
+  set(a.q_b_proj, {nh * c.qk_head_dim(), c.q_lora_rank});
+  set(a.kv_a_proj_with_mqa, {c.kv_a_rows(), H});
+  set(a.kv_a_layernorm, {c.kv_lora_rank});
+  set(a.kv_b_proj, {nh * c.kv_b_head_rows(), c.kv_lora_rank});
+  set(a.o_proj, {H, nh * c.v_head_dim});
+  set(x.wq_b, {static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, c.q_lora_rank});
+  set(x.wk, {c.index_head_dim, H});
+  set(x.k_norm_weight, {c.index_head_dim});
+  set(x.k_norm_bias, {c.index_head_dim});
+  set(x.weights_proj, {c.index_n_heads, H});
+  set(x.compress_gate, {c.index_head_dim, H});
+  set(x.compress_ape, {c.index_kpool, c.index_head_dim});
+}
+
+/// Shapes a block's routed and shared experts and router for `plan` through `set(tensor, shape)`.
+template <typename Set>
+void shape_moe(const ModelConfig& c, const ShardPlan& plan, MoeWeights& m, Set& set) {
+  const int64_t H = c.hidden, ne = plan.experts.count;
+  const int64_t I = c.moe_intermediate_size, SI = plan.shared_inter.count;
+  set(m.gate, {c.n_routed_experts, H});
+  set(m.e_score_correction_bias, {c.n_routed_experts});
+  set(m.experts_gate, {ne, I, H});
+  set(m.experts_up, {ne, I, H});
+  set(m.experts_down, {ne, H, I});
+  set(m.shared_gate, {SI, H});
+  set(m.shared_up, {SI, H});
+  set(m.shared_down, {H, SI});
+}
+
 /// Sets every tensor's shape for `plan` and sizes its storage.
 /// Tensors outside `parts` stay empty (no shape, no storage).
 void shape_weights(const ModelConfig& c, const ShardPlan& plan, MtpWeights& w, unsigned parts = kAllParts) {
-  const int64_t H = c.hidden, V = c.vocab, nh = plan.heads.count, ne = plan.experts.count;
-  const int64_t I = c.moe_intermediate_size, SI = plan.shared_inter.count;
+  const int64_t H = c.hidden, V = c.vocab;
   unsigned part = kLayerPart;  // the category of the tensors set next
   auto set = [&](auto& t, std::vector<int64_t> shape) {
     if (!(parts & part)) return;
@@ -86,31 +121,8 @@ void shape_weights(const ModelConfig& c, const ShardPlan& plan, MtpWeights& w, u
     set(*t, {H});
   part = kLayerPart;
   set(w.eh_proj, {H, 2 * H});
-  auto& a = w.attn;
-  set(a.q_a_proj, {c.q_lora_rank, H});
-  set(a.q_a_layernorm, {c.q_lora_rank});
-  set(a.q_b_proj, {nh * c.qk_head_dim(), c.q_lora_rank});
-  set(a.kv_a_proj_with_mqa, {c.kv_a_rows(), H});
-  set(a.kv_a_layernorm, {c.kv_lora_rank});
-  set(a.kv_b_proj, {nh * c.kv_b_head_rows(), c.kv_lora_rank});
-  set(a.o_proj, {H, nh * c.v_head_dim});
-  auto& x = w.indexer;
-  set(x.wq_b, {static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, c.q_lora_rank});
-  set(x.wk, {c.index_head_dim, H});
-  set(x.k_norm_weight, {c.index_head_dim});
-  set(x.k_norm_bias, {c.index_head_dim});
-  set(x.weights_proj, {c.index_n_heads, H});
-  set(x.compress_gate, {c.index_head_dim, H});
-  set(x.compress_ape, {c.index_kpool, c.index_head_dim});
-  auto& m = w.moe;
-  set(m.gate, {c.n_routed_experts, H});
-  set(m.e_score_correction_bias, {c.n_routed_experts});
-  set(m.experts_gate, {ne, I, H});
-  set(m.experts_up, {ne, I, H});
-  set(m.experts_down, {ne, H, I});
-  set(m.shared_gate, {SI, H});
-  set(m.shared_up, {SI, H});
-  set(m.shared_down, {H, SI});
+  shape_attention(c, plan, w.attn, w.indexer, set);
+  shape_moe(c, plan, w.moe, set);
   w.lm_head_fp8 = {};
 }
 
@@ -240,8 +252,7 @@ Spec final_norm_spec(const ModelConfig& c, TensorBF16& final_norm) {
 
 /// Shapes one trunk layer's tensors for `plan` (w.index and w.dense set) and sizes their storage.
 void shape_layer(const ModelConfig& c, const ShardPlan& plan, LayerWeights& w) {
-  const int64_t H = c.hidden, nh = plan.heads.count, ne = plan.experts.count;
-  const int64_t I = c.moe_intermediate_size, SI = plan.shared_inter.count, DI = plan.dense_inter.count;
+  const int64_t H = c.hidden, DI = plan.dense_inter.count;
   auto set = [](auto& t, std::vector<int64_t> shape) {
     t.shape = std::move(shape);
     t.data.assign(static_cast<size_t>(shape_numel(t.shape)), {});
@@ -249,37 +260,14 @@ void shape_layer(const ModelConfig& c, const ShardPlan& plan, LayerWeights& w) {
   w.plan = plan;
   set(w.input_layernorm, {H});
   set(w.post_attention_layernorm, {H});
-  auto& a = w.attn;
-  set(a.q_a_proj, {c.q_lora_rank, H});
-  set(a.q_a_layernorm, {c.q_lora_rank});
-  set(a.q_b_proj, {nh * c.qk_head_dim(), c.q_lora_rank});
-  set(a.kv_a_proj_with_mqa, {c.kv_a_rows(), H});
-  set(a.kv_a_layernorm, {c.kv_lora_rank});
-  set(a.kv_b_proj, {nh * c.kv_b_head_rows(), c.kv_lora_rank});
-  set(a.o_proj, {H, nh * c.v_head_dim});
-  auto& x = w.indexer;
-  set(x.wq_b, {static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, c.q_lora_rank});
-  set(x.wk, {c.index_head_dim, H});
-  set(x.k_norm_weight, {c.index_head_dim});
-  set(x.k_norm_bias, {c.index_head_dim});
-  set(x.weights_proj, {c.index_n_heads, H});
-  set(x.compress_gate, {c.index_head_dim, H});
-  set(x.compress_ape, {c.index_kpool, c.index_head_dim});
+  shape_attention(c, plan, w.attn, w.indexer, set);
   if (w.dense) {
     set(w.mlp.gate_proj, {DI, H});
     set(w.mlp.up_proj, {DI, H});
     set(w.mlp.down_proj, {H, DI});
     return;
   }
-  auto& m = w.moe;
-  set(m.gate, {c.n_routed_experts, H});
-  set(m.e_score_correction_bias, {c.n_routed_experts});
-  set(m.experts_gate, {ne, I, H});
-  set(m.experts_up, {ne, I, H});
-  set(m.experts_down, {ne, H, I});
-  set(m.shared_gate, {SI, H});
-  set(m.shared_up, {SI, H});
-  set(m.shared_down, {H, SI});
+  shape_moe(c, plan, w.moe, set);
 }
 
 /// Runs fn(row_begin, row_end) over [0, rows) on up to hardware_concurrency threads, when the
@@ -536,15 +524,27 @@ void export_mtp_weights(const ModelConfig& cfg, const MtpWeights& whole, const s
   }
 }
 
-LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, uint64_t seed) {
+namespace {
+
+/// Trunk layer `index` shaped for `plan`, each tensor filled by fill(spec) (`what`: the caller,
+/// for errors).
+template <typename Fill>
+LayerWeights make_layer(const char* what, const ModelConfig& cfg, const ShardPlan& plan, int index, Fill fill) {
   check_plan(cfg, plan);
-  MTP_REQUIRE(index >= 0, "synthesize_layer_weights: layer ", index);
+  MTP_REQUIRE(index >= 0, what, ": layer ", index);
   LayerWeights w;
   w.index = index;
   w.dense = cfg.dense_layer(index);
   shape_layer(cfg, plan, w);
-  for (const Spec& s : layer_specs(cfg, plan, w)) synthesize(s, plan, seed);
+  for (const Spec& s : layer_specs(cfg, plan, w)) fill(s);
   return w;
+}
+
+}  // namespace
+
+LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, uint64_t seed) {
+  return make_layer("synthesize_layer_weights", cfg, plan, index,
+                    [&](const Spec& s) { synthesize(s, plan, seed); });
 }
 
 namespace {
@@ -594,14 +594,7 @@ TargetWeights load_target_trunk(const ModelConfig& cfg, const ShardPlan& plan, c
 }
 
 LayerWeights load_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, const Checkpoint& ckpt) {
-  check_plan(cfg, plan);
-  MTP_REQUIRE(index >= 0, "load_layer_weights: layer ", index);
-  LayerWeights w;
-  w.index = index;
-  w.dense = cfg.dense_layer(index);
-  shape_layer(cfg, plan, w);
-  for (const Spec& s : layer_specs(cfg, plan, w)) read_spec(ckpt, s, plan);
-  return w;
+  return make_layer("load_layer_weights", cfg, plan, index, [&](const Spec& s) { read_spec(ckpt, s, plan); });
 }
 
 TargetWeights load_target_weights(const ModelConfig& cfg, const ShardPlan& plan, int layers,

@@ -116,8 +116,8 @@ inline constexpr Choice<HeadGemm> kHeadGemmChoices[] = {{HeadGemm::automatic, "a
 /// rows the single-row kernels for every (row, route) pair (each row the one-row op's bits; more
 /// rows take ring); ringpf, ring whose weight copies ask the L2 for the aligned 256 bytes around each
 /// (a row's next 128-byte chunk arrives with the current one; the same bits); automatic: slots up to
-/// cuda::kMaxRowsSlotsMoeAuto rows, above that ringpf where its rings fit in shared memory, else v1
-/// (the rule: lib/ops/cuda/dispatch.cu, moe_grouped_plan).
+/// cuda::kMaxRowsSlotsMoeAuto rows, above that ringpf where its rings fit in shared memory, else v1,
+/// past 128 rows the block items (slots too; the rule: lib/ops/cuda/dispatch.cu, moe_grouped_plan).
 enum class MoePipeline { automatic, v1, spread, regs, ring, split, slots, ringpf };
 inline constexpr Choice<MoePipeline> kMoePipelineChoices[] = {
     {MoePipeline::automatic, "auto"}, {MoePipeline::v1, "v1"},       {MoePipeline::spread, "spread"},

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# analysis/results.ipynb on fresh quickstart results (schema v3) and on tests/data/seed-ablations-gpu.h5
+# analysis/results.ipynb on fresh quickstart results (schema v3), with the plan file of docs/planning.md's
+# worked example (its two figures), and on tests/data/seed-ablations-gpu.h5
 # (schema v1) after `mtplab upgrade`: runs a shrunk quickstart on 2 ranks, executes
 # the notebook with `jupyter nbconvert --to notebook --execute`, and checks that every figure was
 # saved as a non-empty PNG. Exit 77 (skipped) without jupyter, h5py, pandas or matplotlib.
@@ -19,14 +20,18 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   --set trace.synthetic.new_tokens=12 --set measure.warmup_steps=1 --out "$work/q.h5" >"$work/run.log" 2>&1 ||
   { echo "FAIL: mtplab run exited $?"; cat "$work/run.log"; exit 1; }
 
-MTPLAB_RESULTS=$work/q.h5 MTPLAB_FIGURES=$work/figures PYDEVD_DISABLE_FILE_VALIDATION=1 \
+# The plan of docs/planning.md's worked example, for the plan figures.
+(cd "$src" && "$mtplab" plan docs/planning/glm5.2-x-glm5.3-flash.yaml --out "$work/plan.h5" --exports "$work/plan-exports") \
+  >"$work/plan.log" 2>&1 || { echo "FAIL: mtplab plan exited $?"; cat "$work/plan.log"; exit 1; }
+
+MTPLAB_RESULTS=$work/q.h5 MTPLAB_FIGURES=$work/figures MTPLAB_PLAN=$work/plan.h5 PYDEVD_DISABLE_FILE_VALIDATION=1 \
   timeout 240 jupyter nbconvert --to notebook --execute "$src/analysis/results.ipynb" --output-dir "$work/nb" \
   >"$work/nb.log" 2>&1 || { echo "FAIL: the notebook did not execute"; cat "$work/nb.log"; exit 1; }
 
 failures=0
 figs=(acceptance_tau tau_ci expected_tau_k accepted_hist per_position phase_breakdown fp8_divergence fp8_flip_margins
   sharding_latency batch_scaling)
-for fig in "${figs[@]}"; do
+for fig in "${figs[@]}" plan_speedup plan_throughput; do
   f=$work/figures/$fig.png
   if [[ -s $f ]] && [[ $(head -c 8 "$f" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]]; then
     echo "ok: $fig.png ($(stat -c %s "$f") bytes)"

@@ -232,3 +232,37 @@ TEST(ResultsReading, KernelRecordJoinsTheRanks) {
     EXPECT_NE(e.message().find("p0001: no kernel record"), std::string::npos) << e.message();
   }
 }
+
+// Synthetic weights make acceptance chance: the point says so (acceptance_meaningful 0 with the
+// reason), the index carries the flag, and a checkpoint's weights are meaningful.
+TEST(ResultsReading, SyntheticWeightsAcceptanceNotMeaningful) {
+  File f("mtplab-reading-meaning-");
+  append_point(f.path, f.ex, f.ex.points[0], result_of(kReference, 3), f.prov);
+  const io::H5File h = io::H5File::open_read(f.path);
+  const io::Group g = h.open_group("points").open_group("p0000");
+  EXPECT_EQ(g.attr_int("acceptance_meaningful"), 0);
+  EXPECT_NE(g.attr_string("acceptance_note").find("synthetic weights (seed 3)"), std::string::npos)
+      << g.attr_string("acceptance_note");
+  EXPECT_EQ(h.open_group("index").open_dataset("acceptance_meaningful").read<int64_t>(), (std::vector<int64_t>{0}));
+  // The figures are still written: they show that replay ran.
+  EXPECT_DOUBLE_EQ(g.attr_double("tau"), 1 + 5.0 / 4);
+
+  WeightsSpec ckpt;
+  ckpt.synthetic = false;
+  ckpt.checkpoint = "data/trained-tiny/model.safetensors";
+  EXPECT_TRUE(acceptance_meaning(ckpt).meaningful);
+  EXPECT_EQ(acceptance_meaning(ckpt).reason, "");
+  // From a point's config (files written before the attribute): the same verdicts.
+  EXPECT_TRUE(acceptance_meaning_of_config("weights:\n  checkpoint: a.safetensors\n", "p").meaningful);
+  const AcceptanceMeaning syn = acceptance_meaning_of_config("weights:\n  synthetic:\n    seed: 7\n", "p");
+  EXPECT_FALSE(syn.meaningful);
+  EXPECT_NE(syn.reason.find("seed 7"), std::string::npos) << syn.reason;
+  try {
+    acceptance_meaning_of_config("model: tiny\n", "f.h5: /points/p0002");
+    FAIL() << "a config without weights was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("f.h5: /points/p0002: the point's config names no weights"),
+              std::string::npos)
+        << e.what();
+  }
+}

@@ -1830,9 +1830,11 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         policy.moe_pipeline = pipe;
         gpu().set_kernel_policy(policy);
         auto out = out_twin<float>(static_cast<size_t>(B) * H);
-        // Two launches; a wide one three (its plan first); split two per 128 rows.
+        // Two launches; a wide one three (its plan first), four on the block-item kernels (auto and
+        // slots: the combine last); split two per 128 rows.
         const bool wide = B > cuda::kMaxBatchRows;
-        const uint64_t launches = !wide ? 2u : pipe == MoePipeline::split ? 4u : 3u;
+        const bool block_items = pipe == MoePipeline::automatic || pipe == MoePipeline::slots;
+        const uint64_t launches = !wide ? 2u : pipe == MoePipeline::split || block_items ? 4u : 3u;
         gpu().reset_kernels_chosen();
         EXPECT_EQ(kernels_of([&] {
                     gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
@@ -1843,15 +1845,16 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
             << pwhat;
         // The kernel record names what ran: the pipeline's kernels, " wide" past kMaxBatchRows rows
         // (split: launches of at most 128); slots past its rows auto's choice above them (ringpf,
-        // or v1 where ring's rings do not fit).
+        // or v1 where ring's rings do not fit; past kMaxBatchRows rows the block items).
         {
           const std::string ran = gpu().kernels_chosen().text(), op = "moe_experts_grouped=";
           const std::string wide_suffix = wide ? " wide" : "";
           if (on_slots(pipe, B, k, c.shared)) {
             EXPECT_EQ(ran, op + "slots") << pwhat;
+          } else if (block_items && wide) {
+            EXPECT_EQ(ran, op + "block items") << pwhat;
           } else if (pipe == MoePipeline::slots) {
-            EXPECT_TRUE(ran == op + "ringpf" + wide_suffix || ran == op + "v1" + wide_suffix)
-                << pwhat << ": " << ran;
+            EXPECT_TRUE(ran == op + "ringpf" || ran == op + "v1") << pwhat << ": " << ran;
           } else {
             EXPECT_EQ(ran, op + to_string(pipe) + (pipe == MoePipeline::split ? "" : wide_suffix)) << pwhat;
           }

@@ -333,7 +333,7 @@ MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, b
       return plan;
     case MoePipeline::slots:
       // Up to kMaxRowsSlotsMoe rows where the down launch fits its warps; more rows take auto's
-      // choice above the slots rows.
+      // choice above the slots rows (block items past kMaxBatchRows).
       if (slots_fit) {
         plan.kernel = MoeKernel::slots;
         return plan;
@@ -357,9 +357,19 @@ MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, b
   // at 64, 4788.9 / 4992.9 at 128. split is faster as a launch at 1 - 2 rows (142 / 174, 246 /
   // 275) but gave no step a gain (698.8 against ring's 694.7 at B = 2) and loses from 4 rows, so
   // auto never takes it. Where ring's rings with the plan and d do not fit a block's shared memory
-  // (a narrow launch of many routes and local experts), v1, the least shared memory (v1's bits as
-  // ring's); a wide launch keeps the plan and d in global memory, so its rings always fit.
-  plan.kernel = plan.wide || ring_fits ? MoeKernel::ringpf : MoeKernel::v1;
+  // (a launch of many routes and local experts), v1, the least shared memory (v1's bits as
+  // ring's).
+  // Past kMaxBatchRows rows the block items: an expert has tens of pairs there, and the one-warp
+  // items read each weight tile once per 16 of them and gather a group's rows again for every
+  // 16-row tile. Measured on one H100 (the verify layer, one ragged forward; CHANGELOG, 5af902c ..
+  // 24616b8), one-warp ringpf items against block items, us: B = 128, R = 5 (640 rows) 10973 /
+  // 7334 (2.31x / 1.53x the floor), R = 3 (384 rows) 7545 / 6097; B = 32, R = 5 (160 rows) 4905 /
+  // 4963 (+1%). The same bits (v1's).
+  if (plan.wide) {
+    plan.kernel = MoeKernel::block_items;
+    return plan;
+  }
+  plan.kernel = ring_fits ? MoeKernel::ringpf : MoeKernel::v1;
   return plan;
 }
 
@@ -409,14 +419,16 @@ const char* kernel_text(BatchDecodeKernel kernel) {
 }
 
 const char* kernel_text(const MoePlan& plan) {
-  // MoeKernel's order; a wide launch's texts second (slots and split have none).
+  // MoeKernel's order; a wide launch's texts second (slots and split have none; block items are
+  // always wide).
   static constexpr const char* kTexts[][2] = {{"slots", "slots"},
                                               {"v1", "v1 wide"},
                                               {"spread", "spread wide"},
                                               {"regs", "regs wide"},
                                               {"ring", "ring wide"},
                                               {"ringpf", "ringpf wide"},
-                                              {"split", "split"}};
+                                              {"split", "split"},
+                                              {"block items", "block items"}};
   return kTexts[static_cast<int>(plan.kernel)][plan.wide ? 1 : 0];
 }
 

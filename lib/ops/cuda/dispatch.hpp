@@ -96,9 +96,10 @@ int v2_decode_clusters(int num_sms, int chunks, int64_t units, int forced);
 
 /// Most rows moe_pipeline auto gives the single-row kernels (slots; dispatch.cu).
 inline constexpr int kMaxRowsSlotsMoeAuto = 3;
-/// The kernels of one moe_experts_grouped launch: the single-row kernels over its rows (slots), or
-/// the grouped plan under one memory pipeline (KernelPolicy::moe_pipeline).
-enum class MoeKernel { slots, v1, spread, regs, ring, ringpf, split };
+/// The kernels of one moe_experts_grouped launch: the single-row kernels over its rows (slots), the
+/// grouped plan's one-warp items under one memory pipeline (KernelPolicy::moe_pipeline), or past
+/// kMaxBatchRows rows the block items (the 8 warps of a block share each chunk's rows; moe.cu).
+enum class MoeKernel { slots, v1, spread, regs, ring, ringpf, split, block_items };
 struct MoePlan {
   MoeKernel kernel = MoeKernel::v1;
   /// More rows than kMaxBatchRows: a third launch builds the plan once in global memory, and d is
@@ -133,6 +134,6 @@ inline void record_kernel(const LaunchCtx& ctx, const char* op, const char* kern
 const char* kernel_text(const GemvPlan& plan);
 const char* kernel_text(HeadKernel kernel);
 const char* kernel_text(BatchDecodeKernel kernel);
-const char* kernel_text(const MoePlan& plan);  ///< "slots", "ringpf", "ringpf wide", ...
+const char* kernel_text(const MoePlan& plan);  ///< "slots", "ringpf", "ringpf wide", "block items", ...
 
 }  // namespace mtplab::ops::cuda

@@ -564,15 +564,15 @@ struct GroupedParams {
   // memory (n_active, then the plan's ints), gate_up's and down's, and d per (output block, route).
   const int* plan_gu = nullptr;
   const int* plan_dn = nullptr;
-  bf16* d = nullptr;  // [H / kDownCols][pairs + rows][kDownCols]
+  bf16* d = nullptr;  // [H / kDownCols][pairs + rows][kDownCols]; the block-item kernels: [pairs + rows][H]
 };
 
 /// f(j, e, q) for each of this lane's accumulator elements (n-tile j, element e of the m16n8
 /// layout; lane = 4g + t) whose batch column q = 8j + 2t + (e & 1) is one of the n_rows live ones.
-template <typename F>
+template <int kNT = kMoeNT, typename F>
 __device__ __forceinline__ void for_live_acc(int t, int n_rows, F&& f) {
 #pragma unroll
-  for (int j = 0; j < kMoeNT; ++j) {
+  for (int j = 0; j < kNT; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int q = 8 * j + 2 * t + (e & 1);
@@ -881,9 +881,9 @@ __device__ __forceinline__ void stage_chunk(bf16* dst, const bf16* const* tile, 
 
 /// The MMAs of one chunk: acc[m][j] += the weight words w[m] (rows g, g + 8 of a 16-row tile) x
 /// the staged input rows xs (8j + g: row of n-tile j, padded to kMoeXStride), n_tiles of them.
-template <int kMats>
+template <int kMats, int kNT = kMoeNT>
 __device__ __forceinline__ void chunk_mma(const bf16* xs, const uint4 (&w)[kMats][4], int n_tiles,
-                                          float (&acc)[kMats][kMoeNT][4]) {
+                                          float (&acc)[kMats][kNT][4]) {
   const int lane = threadIdx.x % kWarp;
   const int g = lane >> 2, t = lane & 3;
   uint32_t a[kMats][4][4];
@@ -895,7 +895,7 @@ __device__ __forceinline__ void chunk_mma(const bf16* xs, const uint4 (&w)[kMats
     batch::a_frags(w0, w1, a[m]);
   }
 #pragma unroll
-  for (int j = 0; j < kMoeNT; ++j) {
+  for (int j = 0; j < kNT; ++j) {
     if (j >= n_tiles) break;  // uniform over the warp
     const bf16* xr = xs + (8 * j + g) * kMoeXStride + 16 * t;
     uint32_t bw[8];
@@ -1182,18 +1182,45 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
 // MMAs and the combine are the narrow launches': the same bits.
 constexpr int kPlanThreads = 1024;
 
+// The block-item kernels (wide batches, block items, below).
+constexpr int kBlockStages = 4;  // chunks a block-item ring holds (three in flight)
+constexpr int kBlockNT = 8;      // column tiles of a block item
+constexpr int kBlockGroup = 8 * kBlockNT;  // pairs per block item: an expert's weights read once
+                                           // for up to 64 of its pairs
+
+/// Block items of active entry `expert` (-1: the shared expert) with cnt pairs for the block-item
+/// kernels: gate_up (kMoeWarps 16-row tiles of its inter, group of kBlockGroup pairs), down (group).
+__device__ __forceinline__ int block_items_of(const GroupedParams& p, int expert, int cnt, bool gate_up) {
+  const int groups = (cnt + kBlockGroup - 1) / kBlockGroup;
+  if (!gate_up) return groups;
+  const int tiles = (expert < 0 ? p.shared.inter : p.routed.inter) / 16;
+  return (tiles + kMoeWarps - 1) / kMoeWarps * groups;
+}
+
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedParams p, PlanLayout layout,
-                                                                     int* plan_gu, int* plan_dn) {
+                                                                     int* plan_gu, int* plan_dn, bool block_items) {
   pdl_begin();
   const Plan gu = carve_plan(plan_gu + 1, layout);
   const int n_active = build_plan(p, gu, true);
+  if (block_items) {
+    // gate_up's items counted as the block-item kernel takes them (the placement is the same).
+    const unsigned long long gi = segment_scan(
+        n_active,
+        [&](int a) { return static_cast<unsigned long long>(block_items_of(p, gu.a_expert[a], gu.a_cnt[a], true)); },
+        [&](int a, unsigned long long before, unsigned long long) { gu.a_items[a] = static_cast<int>(before); });
+    if (threadIdx.x == 0) gu.a_items[n_active] = static_cast<int>(gi);
+    __syncthreads();
+  }
   const size_t n = layout.ints();
   for (size_t i = threadIdx.x; i < n; i += blockDim.x) plan_dn[1 + i] = plan_gu[1 + i];
   __syncthreads();
   const Plan dn = carve_plan(plan_dn + 1, layout);
   const unsigned long long items = segment_scan(
       n_active,
-      [&](int a) { return static_cast<unsigned long long>(entry_items(p, dn.a_expert[a], dn.a_cnt[a], false)); },
+      [&](int a) {
+        return static_cast<unsigned long long>(block_items ? block_items_of(p, dn.a_expert[a], dn.a_cnt[a], false)
+                                                           : entry_items(p, dn.a_expert[a], dn.a_cnt[a], false));
+      },
       [&](int a, unsigned long long before, unsigned long long) { dn.a_items[a] = static_cast<int>(before); });
   if (threadIdx.x == 0) {
     dn.a_items[n_active] = static_cast<int>(items);
@@ -1208,6 +1235,217 @@ size_t wide_d_elems(const PlanLayout& l, int H) {
 }
 size_t wide_bytes(const PlanLayout& l, int H) {
   return (sizeof(bf16) * wide_d_elems(l, H) + 15) / 16 * 16 + sizeof(int) * 2 * (1 + l.ints());
+}
+
+// ---- grouped experts: wide batches, block items ---------------------------------------------------------
+//
+// Past kMaxBatchRows rows an expert has tens of pairs. The one-warp items read each weight tile
+// once per group of 16 pairs, and gather the group's rows again for every tile: every 16-row
+// gate_up tile gathers the input rows (inter / 16 times an expert), every 16-column down block the
+// activation rows (H / 16 times). The block-item kernels (auto's wide launches) take groups of up
+// to kBlockGroup = 64 pairs (one for most experts: their weights stream from memory once) and let
+// the 8 warps of a block share one copy of the rows:
+// - gate_up: a block item is (active entry, 8 consecutive 16-row tiles of its inter, group of 64
+//   pairs); warp w computes tile 8i + w against all the group's rows, the block stages the group's
+//   input rows once per 64-column chunk into a ring it shares, each warp its own weight tiles into
+//   its own ring (cp.async, the L2 hint of ringpf), one block barrier per chunk.
+// - down: block (b, s) owns output columns [128 b, 128 b + 128), a warp 16 of them, and takes the
+//   items (active entry, group of 64 pairs) s, s + S, ... of the plan: the group's activation rows
+//   staged once for the 8 warps. Each warp writes bf16(d) of its 16 columns into d[route][H] (global).
+// - combine: a block per row sums its own routes in idx order, then the shared expert, as
+//   combine_rows does.
+// Each pair's MMAs are the one-warp items' (the same weight words and rows, chunks in ascending
+// order, four k-steps each), so the bits are theirs and the narrow launches'.
+
+/// The rows of a block item each thread copies: rows threadIdx.x / 8 + 32 i, 16 bytes at column
+/// 8 (threadIdx.x % 8) of each 64-column chunk.
+constexpr int kBlockRowsPerThread = kBlockGroup * 8 / kGroupedThreads;
+
+/// This thread's pieces of a chunk's input rows (its rows' pointers `row`, null: zeros) into an
+/// input stage (kBlockGroup rows padded to kMoeXStride); rows past the MMA's n-tiles are not
+/// written, columns past K are zeros.
+__device__ __forceinline__ void stage_rows_shared(bf16* dst, int col0, int K, int n_tiles,
+                                                  const bf16* const (&row)[kBlockRowsPerThread], const bf16* any) {
+  const int c8 = (threadIdx.x % 8) * 8;
+  const int col = col0 + c8;
+#pragma unroll
+  for (int i = 0; i < kBlockRowsPerThread; ++i) {
+    const int r = static_cast<int>(threadIdx.x) / 8 + i * (kGroupedThreads / 8);
+    if (r >= 8 * n_tiles) continue;
+    const bool ok = row[i] != nullptr && col < K;
+    batch::cp_async16(dst + r * kMoeXStride + c8, ok ? row[i] + col : any, ok ? 16 : 0);
+  }
+}
+
+/// This thread's row pointers for stage_rows_shared: row(r) of the group's n_rows rows, null past them.
+template <typename RowPtr>
+__device__ __forceinline__ void block_rows(int n_rows, RowPtr&& row, const bf16* (&out)[kBlockRowsPerThread]) {
+#pragma unroll
+  for (int i = 0; i < kBlockRowsPerThread; ++i) {
+    const int r = static_cast<int>(threadIdx.x) / 8 + i * (kGroupedThreads / 8);
+    out[i] = r < n_rows ? row(r) : nullptr;
+  }
+}
+
+/// One block item's K-long products: this warp's kMats 16-row weight tiles (rows tile[m] + i K,
+/// null when the warp has no tile in this item) against the group's n_rows rows (this thread's row
+/// `row` for the shared stage), chunk after chunk through a ring of kBlockStages stages: the shared
+/// input stages (xring) and this warp's weight stages (wring). Block-wide: every thread calls it
+/// with the same item.
+template <int kMats>
+__device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats], bool mine, int K, int n_rows,
+                                                const bf16* const (&row)[kBlockRowsPerThread], const bf16* any,
+                                                bf16* xring, bf16* wring, float (&acc)[kMats][kBlockNT][4]) {
+  constexpr int S = kBlockStages;
+  constexpr size_t kX = static_cast<size_t>(kBlockGroup) * kMoeXStride;
+  constexpr size_t kW = static_cast<size_t>(16 * kMats) * kMoeXStride;
+  const bf16* const no_rows[kPairGroup / 4] = {};
+  const int nchunks = (K + kChunkK - 1) / kChunkK;
+  const int n_tiles = (n_rows + 7) / 8;
+  auto stage = [&](int c, int st) {
+    if (mine)
+      stage_chunk<kMats, true, true>(wring + static_cast<size_t>(st) * kW, tile, static_cast<size_t>(K),
+                                     c * kChunkK, no_rows, 0);
+    stage_rows_shared(xring + static_cast<size_t>(st) * kX, c * kChunkK, K, n_tiles, row, any);
+  };
+#pragma unroll
+  for (int m = 0; m < kMats; ++m)
+#pragma unroll
+    for (int j = 0; j < kBlockNT; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0.0f;
+  __syncthreads();  // every warp is done with the stages of the block's previous item
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < nchunks) stage(s, s);
+    batch::cp_async_commit();
+  }
+  for (int c = 0; c < nchunks; ++c) {
+    batch::cp_async_wait<S - 2>();  // this thread's copies of chunk c have landed
+    __syncthreads();                // everyone's have, and every warp is done with chunk c - 1's stage
+    if (c + S - 1 < nchunks) stage(c + S - 1, (c + S - 1) % S);
+    batch::cp_async_commit();
+    if (mine) {
+      const int st = c % S;
+      uint4 w[kMats][4];
+      stage_weight_words<kMats>(wring + static_cast<size_t>(st) * kW, w);
+      chunk_mma<kMats, kBlockNT>(xring + static_cast<size_t>(st) * kX, w, n_tiles, acc);
+    }
+  }
+}
+
+/// The shared memory of a block-item kernel with kMats weight matrices (BF16 elements).
+template <int kMats>
+constexpr size_t block_item_elems() {
+  return static_cast<size_t>(kBlockStages) * kMoeXStride * (kBlockGroup + static_cast<size_t>(kMoeWarps) * 16 * kMats);
+}
+
+__global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(GroupedParams p, PlanLayout layout) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  constexpr size_t kW = static_cast<size_t>(kBlockStages) * 32 * kMoeXStride;
+  bf16* xring = reinterpret_cast<bf16*>(moe_smem);
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + warp * kW;
+  int n_active;
+  const Plan pl = launch_plan<true>(p, layout, nullptr, true, n_active);
+  if (n_active == 0) return;
+  const int total = pl.a_items[n_active];
+  for (int w = blockIdx.x; w < total; w += gridDim.x) {
+    const int a = find_entry(pl, n_active, w);
+    const int expert = pl.a_expert[a];
+    const bool shared = expert < 0;
+    const int inter = shared ? p.shared.inter : p.routed.inter;
+    const int groups = (pl.a_cnt[a] + kBlockGroup - 1) / kBlockGroup;
+    const int rem = w - pl.a_items[a];
+    const int eighth = rem / groups;
+    const int grp = rem - eighth * groups;
+    const int tile = eighth * kMoeWarps + warp;
+    const bool mine = tile < inter / 16;  // warp-uniform
+    const int first = pl.a_off[a] + grp * kBlockGroup;
+    const int n_rows = min(kBlockGroup, pl.a_cnt[a] - grp * kBlockGroup);
+    const size_t eo = shared ? 0 : static_cast<size_t>(expert) * p.routed.inter * p.H;
+    const size_t ro = static_cast<size_t>(mine ? tile : 0) * 16 * p.H;
+    const bf16* const tiles[2] = {(shared ? p.shared.gate : p.routed.gate + eo) + ro,
+                                  (shared ? p.shared.up : p.routed.up + eo) + ro};
+    const bf16* rows[kBlockRowsPerThread];
+    block_rows(n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, rows);
+    float acc[2][kBlockNT][4];
+    block_item_gemm<2>(tiles, mine, p.H, n_rows, rows, p.x, xring, wring, acc);
+    if (!mine) continue;
+    for_live_acc<kBlockNT>(t, n_rows, [&](int j, int e, int q) {
+      const int i = tile * 16 + g + (e >= 2 ? 8 : 0);
+      p.act[static_cast<size_t>(pl.pr_route[first + q]) * p.act_ld + i] =
+          swiglu_act(acc[0][j][e], acc[1][j][e], p.limit);
+    });
+  }
+}
+
+/// Block (hb, s) = blockIdx.x (hb fastest, `hblocks` of them): output columns [128 hb, + 128) of
+/// the items s, s + gridDim.x / hblocks, ... (see above).
+__global__ void __launch_bounds__(kGroupedThreads, 2) moe_down_block_kernel(GroupedParams p, PlanLayout layout,
+                                                                          int hblocks) {
+  pdl_begin();
+  extern __shared__ __align__(16) uint8_t moe_smem[];
+  constexpr size_t kW = static_cast<size_t>(kBlockStages) * 16 * kMoeXStride;
+  bf16* xring = reinterpret_cast<bf16*>(moe_smem);
+  const int warp = threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  const int g = lane >> 2, t = lane & 3;
+  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + warp * kW;
+  int n_active;
+  const Plan pl = launch_plan<true>(p, layout, nullptr, false, n_active);
+  if (n_active == 0) return;
+  const int total = pl.a_items[n_active];
+  const int hb = static_cast<int>(blockIdx.x) % hblocks;
+  const int slices = static_cast<int>(gridDim.x) / hblocks;
+  const int h0 = (hb * kMoeWarps + warp) * kDownCols;
+  const bool mine = h0 < p.H;  // warp-uniform
+  for (int w = static_cast<int>(blockIdx.x) / hblocks; w < total; w += slices) {
+    const int a = find_entry(pl, n_active, w);
+    const int expert = pl.a_expert[a];
+    const bool shared = expert < 0;
+    const int K = shared ? p.shared.inter : p.routed.inter;
+    const int grp = w - pl.a_items[a];
+    const int first = pl.a_off[a] + grp * kBlockGroup;
+    const int n_rows = min(kBlockGroup, pl.a_cnt[a] - grp * kBlockGroup);
+    const bf16* const tiles[1] = {
+        (shared ? p.shared.down : p.routed.down + static_cast<size_t>(expert) * p.H * p.routed.inter) +
+        static_cast<size_t>(mine ? h0 : 0) * K};
+    const bf16* rows[kBlockRowsPerThread];
+    block_rows(n_rows, [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; },
+               rows);
+    float acc[1][kBlockNT][4];
+    block_item_gemm<1>(tiles, mine, K, n_rows, rows, p.act, xring, wring, acc);
+    if (!mine) continue;
+    for_live_acc<kBlockNT>(t, n_rows, [&](int j, int e, int q) {
+      const int hh = g + (e >= 2 ? 8 : 0);
+      p.d[static_cast<size_t>(pl.pr_route[first + q]) * p.H + h0 + hh] = f_to_bf16(acc[0][j][e]);
+    });
+  }
+}
+
+/// Block b: out[b] of a live row from d[route][H], its routes in idx order, then the shared expert
+/// (combine_rows' sums); padded rows: nothing written.
+__global__ void __launch_bounds__(kGroupedThreads) moe_combine_block_kernel(GroupedParams p) {
+  pdl_begin();
+  const int b = blockIdx.x;
+  if (p.routes.slot[b] < 0) return;
+  const int P_ = p.routes.rows * p.routes.top_k;
+  for (int h = threadIdx.x; h < p.H; h += blockDim.x) {
+    float o = 0.0f;
+    for (int i = 0; i < p.routes.top_k; ++i) {
+      const int q = b * p.routes.top_k + i;
+      const int e = p.routes.idx[q] - p.first_expert;
+      if (e < 0 || e >= p.num_local) continue;
+      o = __fadd_rn(o, __fmul_rn(p.routes.weights[q], bf16_to_f(p.d[static_cast<size_t>(q) * p.H + h])));
+    }
+    if (p.shared.inter > 0) {
+      const float sh =
+          __fadd_rn(0.0f, __fmul_rn(1.0f, bf16_to_f(p.d[static_cast<size_t>(P_ + b) * p.H + h])));
+      o = __fadd_rn(o, sh);
+    }
+    p.out[static_cast<size_t>(b) * p.H + h] = o;
+  }
 }
 
 // ---- grouped experts: the split pipeline ----------------------------------------------------------------
@@ -1444,7 +1682,7 @@ void launch_grouped(const LaunchCtx& ctx, GroupedParams p, const PlanLayout& lay
                                         (sizeof(bf16) * wide_d_elems(layout, p.H) + 15) / 16 * 16);
     p.plan_gu = plans;
     p.plan_dn = plans + 1 + layout.ints();
-    launch(ctx, moe_plan_wide_kernel, 1, kPlanThreads, 0, p, layout, plans, plans + 1 + layout.ints());
+    launch(ctx, moe_plan_wide_kernel, 1, kPlanThreads, 0, p, layout, plans, plans + 1 + layout.ints(), false);
     MTP_CUDA_LAUNCH_CHECK();
   }
   const size_t smem1 = sizeof(bf16) * GU::template ring_elems<2>() + plan_bytes;
@@ -1500,11 +1738,47 @@ void launch_split(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-/// A wide launch (rows > kMaxBatchRows) of the grouped pipeline `kernel` (moe_grouped_plan; split
-/// and slots have no wide launch).
+/// The block-item kernels' four launches (wide batches, block items): the plan (gate_up's items
+/// counted per block), gate_up over every resident block, down on (H / 128) x S blocks, the combine.
+void launch_block_items(const LaunchCtx& ctx, GroupedParams p, const PlanLayout& layout, int64_t items_max,
+                        int64_t down_items_max, void* wide) {
+  p.d = static_cast<bf16*>(wide);
+  int* plans =
+      reinterpret_cast<int*>(static_cast<uint8_t*>(wide) + (sizeof(bf16) * wide_d_elems(layout, p.H) + 15) / 16 * 16);
+  p.plan_gu = plans;
+  p.plan_dn = plans + 1 + layout.ints();
+  launch(ctx, moe_plan_wide_kernel, 1, kPlanThreads, 0, p, layout, plans, plans + 1 + layout.ints(), true);
+  MTP_CUDA_LAUNCH_CHECK();
+  const size_t smem1 = sizeof(bf16) * block_item_elems<2>();
+  const size_t smem2 = sizeof(bf16) * block_item_elems<1>();
+  require_grouped_smem(ctx, p, smem1, smem2);
+  opt_in_smem<moe_gate_up_block_kernel>(smem1);
+  opt_in_smem<moe_down_block_kernel>(smem2);
+  if (items_max > 0) {
+    const int64_t grid1 = std::min<int64_t>(
+        items_max, static_cast<int64_t>(blocks_per_sm<moe_gate_up_block_kernel>(smem1)) * ctx.num_sms);
+    launch(ctx, moe_gate_up_block_kernel, static_cast<unsigned>(std::max<int64_t>(1, grid1)), kGroupedThreads,
+           smem1, p, layout);
+    MTP_CUDA_LAUNCH_CHECK();
+  }
+  const int hblocks = (p.H / kDownCols + kMoeWarps - 1) / kMoeWarps;
+  const int64_t resident = static_cast<int64_t>(blocks_per_sm<moe_down_block_kernel>(smem2)) * ctx.num_sms;
+  const int64_t slices =
+      std::max<int64_t>(1, std::min<int64_t>(down_items_max, (resident + hblocks - 1) / hblocks));
+  launch(ctx, moe_down_block_kernel, static_cast<unsigned>(slices * hblocks), kGroupedThreads, smem2, p, layout,
+         hblocks);
+  MTP_CUDA_LAUNCH_CHECK();
+  launch(ctx, moe_combine_block_kernel, p.routes.rows, kGroupedThreads, 0, p);
+  MTP_CUDA_LAUNCH_CHECK();
+}
+
+/// A wide launch (rows > kMaxBatchRows) of `kernel` (moe_grouped_plan): the block-item kernels, or
+/// a pipeline's one-warp items with the plan and d in global memory (slots and split have none).
 void launch_wide(const LaunchCtx& ctx, MoeKernel kernel, const GroupedParams& p, const PlanLayout& layout,
-                 int64_t items_max, void* wide) {
+                 int64_t items_max, int64_t block_items_max, int64_t down_items_max, void* wide) {
   switch (kernel) {
+    case MoeKernel::block_items:
+      return launch_block_items(ctx, p, layout, block_items_max, down_items_max, wide);
     case MoeKernel::v1:
       return launch_grouped<PipeV1, PipeV1, true>(ctx, p, layout, items_max, 0, 0, wide);
     case MoeKernel::spread:
@@ -1617,7 +1891,16 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   const int64_t shared_items =
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
-  if (plan.wide) return launch_wide(ctx, plan.kernel, p, layout, items_max, wide);
+  if (plan.wide) {
+    // The block-item kernels: gate_up's items are 8 tiles of one group of 64 pairs, down's a group.
+    const int64_t block_groups = active_max + pairs / kBlockGroup;
+    const int64_t shared_groups = Is > 0 ? (rows + kBlockGroup - 1) / kBlockGroup : 0;
+    const int64_t eighths = (I / 16 + kMoeWarps - 1) / kMoeWarps;
+    const int64_t shared_eighths = (Is / 16 + kMoeWarps - 1) / kMoeWarps;
+    const int64_t block_items_max = eighths * block_groups + shared_eighths * shared_groups;
+    return launch_wide(ctx, plan.kernel, p, layout, items_max, block_items_max, block_groups + shared_groups,
+                       wide);
+  }
   switch (plan.kernel) {
     case MoeKernel::v1:
       return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
@@ -1632,6 +1915,7 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     case MoeKernel::split:
       return launch_split(ctx, p, layout, items_max, plan_bytes, d_bytes);
     case MoeKernel::slots:
+    case MoeKernel::block_items:
       break;
   }
   MTP_FAIL("ops::cuda::moe_experts_grouped: kernel ", static_cast<int>(plan.kernel), " has no grouped launch");
