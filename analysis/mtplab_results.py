@@ -93,6 +93,21 @@ class Results:
         g = self.group(point)
         return {name: _s(g.attrs[name]) for name in self.attrs["arms"]}
 
+    def kernels(self, point):
+        """{op: "kernel[,kernel...]"}: the kernel each op of the point ran (its `kernels` entries
+        "op=..."; where the ranks differ, "rank 0: ...; rank 1: ..."); "cpu" for every op on the CPU
+        backend. Empty where the writer did not record them: a file upgraded from version 1 or 2
+        ("not recorded ..."), or one of the first version-3 files (the policy there, as one str)."""
+        raw = _s(self.group(point).attrs["kernels"])
+        if not isinstance(raw, list):
+            return {}
+        out = {}
+        for entry in raw:
+            op, eq, kernels = entry.partition("=")
+            if eq:
+                out[op] = kernels
+        return out
+
     @property
     def points(self):
         """One row per point: the index table (typed columns: every arm, every sweep axis)."""

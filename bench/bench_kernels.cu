@@ -7,9 +7,10 @@
 // --only runs the cases whose name contains any of the comma-separated substrings (the copy ceiling
 // always runs; an --only that names no case is an error). The backend runs
 // the default kernel policy with the MTPLAB_* overrides of the environment applied
-// (ops::env_overrides, docs/kernels.md), e.g. MTPLAB_GEMV_VARIANT=rows2; the policy and what the
+// (ops::env_overrides, docs/kernels.md), e.g. MTPLAB_GEMV_VARIANT=rows4; the policy and what the
 // environment set are printed first, and the policy and the GEMV variant are in the CSV's first line.
-// The indexer_select and mla_decode cases run each kernel, named in the row, through the policy.
+// The mla_decode cases run each kernel, named in the row, through the policy. (The comparison
+// kernels no rule picks are timed by the playgrounds of dev/cuda, docs/kernels.md.)
 // Method: inputs are random (never zeros); each case rotates over enough copies of its
 // inputs (>= 512 MB in all) that L2 (60 MB) cannot hold them between calls; a spin kernel is
 // queued ahead of each batch of measurements so the host has enqueued the whole batch before the
@@ -793,20 +794,15 @@ void run_all(Bench& b, ops::Backend& be) {
                 });
       b.release_all();
     }
-    // Both kernels, named in the row (v2 is the default; kernels.indexer_select = v1 picks v1 in an
-    // experiment). Top kTopK / kPool = 512 pools.
+    // The radix selection (v2; the row keeps its name). Top kTopK / kPool = 512 pools.
     if (b.group_selected("indexer_select")) {
       const int rot = 16;
       std::vector<float*> scores(rot);
       for (auto& s : scores) s = b.rand_f32(pools);
       int32_t* pos = b.upload(std::vector<int32_t>{pools * kPool - 1});
       auto* sel = static_cast<int32_t*>(b.alloc(4 * (kTopK + kPool - 1)));
-      for (const auto path : {ops::IndexerSelect::v1, ops::IndexerSelect::v2}) {
-        const PolicyScope use(be, [path](ops::KernelPolicy& p) { p.indexer_select = path; });
-        b.measure(std::string("indexer_select ") + ops::to_string(path) + " top 512", dims({pools}),
-                  4.0 * pools + 4.0 * (kTopK + kPool - 1), rot,
-                  [&](int i) { be.indexer_select(scores[i % rot], pos, sel, kTopK, kPool, pools); });
-      }
+      b.measure("indexer_select v2 top 512", dims({pools}), 4.0 * pools + 4.0 * (kTopK + kPool - 1), rot,
+                [&](int i) { be.indexer_select(scores[i % rot], pos, sel, kTopK, kPool, pools); });
       b.release_all();
     }
   }
@@ -831,7 +827,7 @@ void run_all(Bench& b, ops::Backend& be) {
     b.release_all();
   }
   // Both decode paths (the decode and, where it launches one, its combine), each row named by its
-  // path, through the backend's policy (the rest of it, mla_clusters included, as it is); the policy
+  // path, through the backend's policy (the rest of it as it is); the policy
   // is restored after each.
   using ops::MlaDecode;
   const std::pair<ops::KvDtype, MlaDecode> decode_cases[] = {{ops::KvDtype::bf16, MlaDecode::v2},
@@ -1003,12 +999,14 @@ void run_batched(Bench& b, ops::Backend& be) {
   for (const Lin& l : lins) {
     for (int B : {2, 8, 32, 128}) {
       for (bool mma : {false, true}) {
+        // The skinny GEMM has BF16 outputs only (mla_out_v_batch's kernel; no rule gives it a linear).
+        if (mma && l.f32) continue;
         const std::string name = mtplab::str("batch linear ", l.name, " B=", B, mma ? " mma" : " cublaslt");
         if (!b.selected(name)) continue;
         with_policy([](ops::KernelPolicy& p) { p.rows_linear = ops::RowsLinear::cublaslt; });
         if (mma) {
           bench_linear(name, l, B, [&](const bf16* W, const bf16* x, void* y) {
-            ops::cuda::rows_gemm(ctx, W, x, l.k, y, l.f32, l.n, B, l.n, l.k,
+            ops::cuda::rows_gemm(ctx, W, x, l.k, static_cast<bf16*>(y), l.n, B, l.n, l.k,
                                  ops::cuda::GemvRowMap{l.n, 0, 0, 0});
             MTP_CUDA_CHECK(cudaGetLastError());
           });
@@ -1106,13 +1104,14 @@ void run_batched(Bench& b, ops::Backend& be) {
   // (KernelPolicy::mla_batch_splits) instead of chosen: v1 at 2 and 4 (its automatic count is 5, 2
   // and 1 at B = 16, 64, 128), v2 at 16 (two clusters of 8 per (row, head tile), where the
   // automatic rule gives one).
-  // "shared": the shared kernel (KernelPolicy::mla_batch = shared) at automatic splits from B = 2,
-  // and forced at a few counts around its automatic one; the v1 / v2 rows run mla_batch = tiles.
+  // "shared2", "shared32": the shared kernels (KernelPolicy::mla_batch) at automatic splits from
+  // B = 2, and forced at a count; the v1 / v2 rows run mla_batch = tiles. (shared, 4 tiles on
+  // 16-row chunks: dev/cuda/mla.cu.)
   using ops::MlaDecode;
   struct DecodeCase {
     MlaDecode path;
     int B, splits;
-    int shared = 0;  // 0: tiles; 4: shared; 2: shared2; 32: shared32
+    int shared = 0;  // 0: tiles; 2: shared2; 32: shared32
   };
   const DecodeCase decode_cases[] = {
       {MlaDecode::v2, 1, 0},      {MlaDecode::v2, 16, 0},     {MlaDecode::v2, 16, 16},
@@ -1120,29 +1119,24 @@ void run_batched(Bench& b, ops::Backend& be) {
       {MlaDecode::v1, 1, 0},      {MlaDecode::v1, 16, 0},     {MlaDecode::v1, 16, 2},
       {MlaDecode::v1, 16, 4},     {MlaDecode::v1, 64, 0},     {MlaDecode::v1, 64, 2},
       {MlaDecode::v1, 64, 4},     {MlaDecode::v1, 128, 0},    {MlaDecode::v1, 128, 2},
-      {MlaDecode::v1, 128, 4},    {MlaDecode::v2, 2, 0, 4},   {MlaDecode::v2, 2, 0, 2},
-      {MlaDecode::v2, 2, 64, 4},  {MlaDecode::v2, 4, 0, 4},   {MlaDecode::v2, 4, 0, 2},
-      {MlaDecode::v2, 8, 0, 4},   {MlaDecode::v2, 8, 0, 2},   {MlaDecode::v2, 16, 0, 4},
-      {MlaDecode::v2, 16, 0, 2},  {MlaDecode::v2, 16, 16, 4}, {MlaDecode::v2, 32, 0, 4},
-      {MlaDecode::v2, 32, 0, 2},  {MlaDecode::v2, 64, 0, 4},  {MlaDecode::v2, 64, 0, 2},
-      {MlaDecode::v2, 128, 0, 4}, {MlaDecode::v2, 128, 0, 2},  {MlaDecode::v2, 8, 0, 32},
-      {MlaDecode::v2, 16, 0, 32}, {MlaDecode::v2, 32, 0, 32}, {MlaDecode::v2, 64, 0, 32},
-      {MlaDecode::v2, 128, 0, 32}};
+      {MlaDecode::v1, 128, 4},    {MlaDecode::v2, 2, 0, 2},   {MlaDecode::v2, 2, 64, 2},
+      {MlaDecode::v2, 4, 0, 2},   {MlaDecode::v2, 8, 0, 2},   {MlaDecode::v2, 16, 0, 2},
+      {MlaDecode::v2, 16, 16, 32}, {MlaDecode::v2, 32, 0, 2}, {MlaDecode::v2, 64, 0, 2},
+      {MlaDecode::v2, 128, 0, 2}, {MlaDecode::v2, 8, 0, 32},  {MlaDecode::v2, 16, 0, 32},
+      {MlaDecode::v2, 32, 0, 32}, {MlaDecode::v2, 64, 0, 32}, {MlaDecode::v2, 128, 0, 32}};
   for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
     for (const DecodeCase dc : decode_cases) {
       const int B = dc.B;
       const std::string name =
           mtplab::str("batch mla_decode ", dtype == ops::KvDtype::bf16 ? "bf16 " : "fp8 ",
-                      dc.shared == 4    ? "shared"
-                      : dc.shared == 2  ? "shared2"
+                      dc.shared == 2    ? "shared2"
                       : dc.shared == 32 ? "shared32"
                                         : ops::to_string(dc.path),
                       " B=", B, dc.splits ? mtplab::str(" splits=", dc.splits) : std::string());
       if (!b.selected(name)) continue;
       with_policy([&](ops::KernelPolicy& p) {
         p.mla_decode = dc.path;
-        p.mla_batch = dc.shared == 4    ? ops::MlaBatch::shared
-                      : dc.shared == 2  ? ops::MlaBatch::shared2
+        p.mla_batch = dc.shared == 2    ? ops::MlaBatch::shared2
                       : dc.shared == 32 ? ops::MlaBatch::shared32
                                         : ops::MlaBatch::tiles;
         p.mla_batch_splits = dc.splits;

@@ -159,6 +159,8 @@ Arms read_arms(MapReader& m) {
   return arms;
 }
 
+std::string choice_value(const ArmSpec& a, const YamlNode& node) { return setting_choice(a, node); }
+
 std::vector<std::pair<std::string, std::string>> named(const Arms& arms) {
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& a : arm_registry()) out.emplace_back(a.name, a.get(arms));

@@ -20,6 +20,7 @@
 //   calls for every point before anything runs (it defers to drafter::check_options for the
 //   drafter's arms, which the drafter's constructor also calls).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -117,6 +118,24 @@ const std::vector<std::string>& arm_names();
 /// Canonical text of a scalar value (experiment.hpp).
 std::string canonical_value(const YamlNode& node);
 
+/// The value of choice setting `s` at `node`: one of its choices, else an Error at the node with
+/// the descriptor's own refusal where it says more than the choices (a kernel kept only for
+/// comparison says where it went, ops/kernel_policy.cpp).
+template <class Owner>
+std::string setting_choice(const Setting<Owner>& s, const YamlNode& node) {
+  if (node.is_scalar()) {
+    const std::string v = node.as_string();
+    if (std::find(s.choices.begin(), s.choices.end(), v) != s.choices.end()) return v;
+    Owner scratch{};
+    try {
+      s.set(scratch, v);
+    } catch (const Error& e) {
+      node.fail(e.message());
+    }
+  }
+  return node.as_choice(s.choices);
+}
+
 /// Reads setting `s` from `key` of `reader` into `owner`, or sets its default when the key is
 /// absent; a bad value is an Error at the value naming the key and the allowed values (the arms'
 /// reader, read_arms, reads each arm this way).
@@ -129,7 +148,10 @@ void read_setting(MapReader& reader, const std::string& key, const Setting<Owner
       value = reader.opt_bool(key, fallback == "on") ? "on" : "off";
       break;
     case SettingType::choice:
-      value = reader.opt_choice(key, fallback, s.choices);
+      if (auto node = reader.opt(key))
+        value = setting_choice(s, *node);
+      else
+        value = fallback;
       break;
     case SettingType::integer:
       value = str(reader.opt_int(key, std::stoll(fallback), s.min, s.max));
@@ -163,6 +185,10 @@ void read_setting(MapReader& reader, const std::string& key, const Setting<Owner
 /// then finished: unknown keys in it are errors). Values are checked against the registry; arms
 /// not in effect (ArmSpec::only_with) are normalised to their defaults.
 Arms read_arms(MapReader& m);
+/// A choice arm's value at `node`: one of its choices, else an Error at the node with the message
+/// of the arm's descriptor (the value and the choices, and what more it says: a retired kernel
+/// names where it went).
+std::string choice_value(const ArmSpec& a, const YamlNode& node);
 /// (name, canonical value) of every arm in schema order.
 std::vector<std::pair<std::string, std::string>> named(const Arms& arms);
 

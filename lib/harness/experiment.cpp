@@ -387,7 +387,7 @@ void check_arm_value(const ArmSpec& a, const YamlNode& v) {
       (void)v.as_bool();
       return;
     case SettingType::choice:
-      (void)v.as_choice(a.choices);
+      (void)choice_value(a, v);
       return;
     case SettingType::integer:
       (void)v.as_int(a.min, a.max);

@@ -113,6 +113,9 @@ struct PointResult {
   int64_t repeat_mismatches = 0;  ///< steps of repeats > 0 whose drafts differ from repeat 0's
   bool ranks_agree = true;        ///< every rank produced the same drafts
   std::vector<std::string> arms_not_applied;
+  /// The kernel each op ran over the point, every rank's (ops::Backend::kernels_chosen, joined by
+  /// kernel_record_entries): the point attribute `kernels`. Never empty for a point that ran.
+  std::vector<std::string> kernels;
   /// The batch_qidx selection check (drafter::SelectionCheck, rank 0's; the indexer is
   /// replicated): written as qidx_check_* attributes only when `selection_checked`.
   bool selection_checked = false;
@@ -121,6 +124,15 @@ struct PointResult {
   double wall_s = 0;
   int64_t rows() const { return static_cast<int64_t>(sequence.size()); }
 };
+
+/// The one entry of an upgraded point's `kernels`: "not recorded (results schema version N)".
+std::string kernels_not_recorded(int64_t from_version);
+/// One rank's kernel record (ops::KernelRecord::named(): (op, "kernel[,kernel...]") in op order).
+using KernelRecordEntries = std::vector<std::pair<std::string, std::string>>;
+/// The point's `kernels` attribute from every rank's record (index = rank): "op=kernel[,kernel...]"
+/// per op in name order where every rank ran the same; else "op=rank 0: K0; rank 1: K1 ..." with
+/// "-" for a rank that did not run the op.
+std::vector<std::string> kernel_record_entries(const std::vector<KernelRecordEntries>& per_rank);
 
 /// What an existing results file holds against a run of `ex` on `inputs`. Reads only.
 struct ResumeState {

@@ -222,6 +222,30 @@ void fill_from_steps(Group& g, const Group& src, const UpgradedConfig& u, const 
   }
 }
 
+// The recorded identity inputs less a kernel field that is no longer an identity input of this
+// mtplab (a retired field: kernels.mla_clusters) where it was `auto` at every point: the automatic
+// choice, which every run of today makes. At another value it stays, so that the file takes no
+// run of today's: its bits came from a choice that no run makes any more.
+IdentityInputs todays_identity_inputs(const IdentityInputs& recorded, UpgradeReport& report) {
+  IdentityInputs out;
+  for (const auto& [key, value] : recorded) {
+    const ArmSpec* arm = find_arm(key);
+    if (starts_with(key, "kernels.") && !(arm && arm->record.identity_input)) {
+      if (value == "auto") {
+        report.notes.push_back(str("identity input ", key,
+                                   ": auto in the old file, left out (no longer an identity input; today's "
+                                   "runs make the automatic choice)"));
+        continue;
+      }
+      report.notes.push_back(str("identity input ", key, ": ", value,
+                                 " kept (no longer an identity input; the file resumes and merges only with "
+                                 "files that recorded the same)"));
+    }
+    out.emplace_back(key, value);
+  }
+  return out;
+}
+
 }  // namespace
 
 UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg, bool overwrite,
@@ -255,7 +279,14 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
   if (o.has_attr("configuration_identity")) o.remove_attr("configuration_identity");
   IdentityInputs inputs;
   if (f.has_attr(results_format::kIdentityKeysAttr)) {
-    inputs = results_format::identity_parts(f).inputs;
+    inputs = todays_identity_inputs(results_format::identity_parts(f).inputs, report);
+    std::vector<std::string> keys, values;
+    for (const auto& [k, v] : inputs) {
+      keys.push_back(k);
+      values.push_back(v);
+    }
+    o.set_attr(results_format::kIdentityKeysAttr, keys);
+    o.set_attr(results_format::kIdentityValuesAttr, values);
   } else {
     inputs.emplace_back("inputs", str("not recorded (results schema version ", report.from_version,
                                       " before results files recorded their inputs)"));
@@ -303,13 +334,9 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
     }
     if (!g.has_attr("assignment_index")) typed_assignment(g, f, where);
     g.set_attr("config", u.text);
-    std::vector<std::string> kernels;
-    for (const ArmSpec& a : arm_registry()) {
-      results_format::set_arm_attr(g, a, u.arms.at(a.name));
-      if (a.block() == "kernels") kernels.push_back(str(a.key(), "=", u.arms.at(a.name)));
-    }
-    // Reserved for the kernel each op ran; what the policy was, as the writer records it.
-    g.set_attr("kernels", join(kernels, " "));
+    for (const ArmSpec& a : arm_registry()) results_format::set_arm_attr(g, a, u.arms.at(a.name));
+    // The kernel each op ran: the old file did not record it (its policy is in the kernels.* arms).
+    g.set_attr("kernels", std::vector<std::string>{kernels_not_recorded(report.from_version)});
     ++report.points;
   }
   results_format::rebuild_derived_tables(o);

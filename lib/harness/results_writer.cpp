@@ -298,6 +298,32 @@ std::vector<std::string> experiment_inputs(const Experiment& ex) {
 }
 }  // namespace
 
+std::string kernels_not_recorded(int64_t from_version) {
+  return str("not recorded (results schema version ", from_version, ")");
+}
+
+std::vector<std::string> kernel_record_entries(const std::vector<KernelRecordEntries>& per_rank) {
+  std::map<std::string, std::vector<std::string>> by_op;  // op -> kernels per rank ("-": not run)
+  for (size_t rank = 0; rank < per_rank.size(); ++rank)
+    for (const auto& [op, kernels] : per_rank[rank]) {
+      auto& ks = by_op[op];
+      ks.resize(per_rank.size(), "-");
+      ks[rank] = kernels;
+    }
+  std::vector<std::string> out;
+  for (auto& [op, ks] : by_op) {
+    ks.resize(per_rank.size(), "-");
+    if (std::all_of(ks.begin(), ks.end(), [&](const std::string& k) { return k == ks[0]; })) {
+      out.push_back(str(op, "=", ks[0]));
+      continue;
+    }
+    std::vector<std::string> parts;
+    for (size_t rank = 0; rank < ks.size(); ++rank) parts.push_back(str("rank ", rank, ": ", ks[rank]));
+    out.push_back(str(op, "=", join(parts, "; ")));
+  }
+  return out;
+}
+
 ResumeState inspect_results_file(const std::string& path, const Experiment& ex,
                                  const IdentityInputs& inputs) {
   ResumeState st;
@@ -446,8 +472,9 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
     }
   }
   for (const auto& a : arm_registry()) results_format::set_arm_attr(g, a, a.get(point.arms));
-  // Reserved for the kernel each op ran (docs/results-schema.md); the point's kernel policy for now.
-  g.set_attr("kernels", ops::to_string(point.arms.kernels));
+  // The kernel each op ran (docs/results-schema.md); the policy that chose them is in the arms.
+  MTP_REQUIRE(!r.kernels.empty(), point.name(), ": no kernel record (every backend notes the ops it runs)");
+  g.set_attr("kernels", r.kernels);
   // The run settings: `mode` on every point, the online group's on an online point only (in a
   // replay point they are not in effect).
   for (const auto& rs : run_settings()) {

@@ -197,6 +197,25 @@ void reduce_over_ranks(const Context& c, const PointConfig& p, PointResult& r) {
   }
 }
 
+// The point's kernel record at rank 0: every rank's record of the kernel each op ran since the
+// point began (collective), joined by kernel_record_entries; the other ranks get an empty list.
+std::vector<std::string> kernels_over_ranks(const Context& c) {
+  std::string mine;  // "op\tkernels\n" per op: neither text holds a tab or a newline
+  for (const auto& [op, kernels] : c.be.kernels_chosen().named()) mine += str(op, "\t", kernels, "\n");
+  const std::vector<std::string> all = c.rt.gather_strings(mine);
+  if (c.rank != 0) return {};
+  std::vector<KernelRecordEntries> per_rank;
+  for (const std::string& text : all) {
+    KernelRecordEntries& entries = per_rank.emplace_back();
+    for (const std::string& line : split(text, '\n')) {
+      if (line.empty()) continue;
+      const size_t tab = line.find('\t');
+      entries.emplace_back(line.substr(0, tab), tab == std::string::npos ? std::string() : line.substr(tab + 1));
+    }
+  }
+  return kernel_record_entries(per_rank);
+}
+
 // Measures one online point (harness/online.hpp). Returns false when a stop signal interrupted it.
 bool run_online_point(Context& c, const PointConfig& p, Progress& progress, PointResult& r) {
   const auto wall0 = Clock::now();
@@ -206,6 +225,7 @@ bool run_online_point(Context& c, const PointConfig& p, Progress& progress, Poin
   for (const Prompt& pr : prompts) longest = std::max(longest, static_cast<int>(pr.tokens.size()));
   model::MtpWeights& w = c.inputs.weights(p);
   apply_kernel_policy(c, p);
+  c.be.reset_kernels_chosen();  // the point's record: what its target and drafter run from here
   drafter::Target& target = online_target(c, p, w, longest + p.online.max_new_tokens);
   std::unique_ptr<drafter::MtpDrafter> drafter;
   if (k > 0) drafter = drafter::make_drafter(c.be, c.comm, p.model, w, p.arms.drafter);
@@ -248,6 +268,7 @@ bool run_online_point(Context& c, const PointConfig& p, Progress& progress, Poin
   drafter.reset();
   if (stopped) return false;
   reduce_over_ranks(c, p, r);
+  r.kernels = kernels_over_ranks(c);
   r.finished_at = utc_now();
   r.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   return true;
@@ -274,6 +295,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   const auto& seqs = c.inputs.trace(p);
   model::MtpWeights& w = c.inputs.weights(p);
   apply_kernel_policy(c, p);
+  c.be.reset_kernels_chosen();  // the point's record: what its drafter and steps run from here
   auto drafter = drafter::make_drafter(c.be, c.comm, p.model, w, p.arms.drafter);
   // Sampling verification: the target's log p of every trace token, before any timer is attached.
   const bool sampling = p.arms.replay.verify == Verify::sampling;
@@ -320,6 +342,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   drafter.reset();
   if (stopped) return false;
   reduce_over_ranks(c, p, r);
+  r.kernels = kernels_over_ranks(c);
   r.finished_at = utc_now();
   r.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
   return true;

@@ -22,6 +22,7 @@
 #include "core/error.hpp"
 #include "core/numeric.hpp"
 #include "ops/kernel_policy.hpp"
+#include "ops/kernel_record.hpp"
 
 namespace mtplab::ops {
 
@@ -266,6 +267,14 @@ class Backend {
   /// again, per point). Not while another thread enqueues ops on this backend.
   virtual void set_kernel_policy(const KernelPolicy& policy) = 0;
   virtual const KernelPolicy& kernel_policy() const = 0;
+  /// Which kernel each op ran since reset_kernels_chosen() (ops/kernel_record.hpp): the CUDA
+  /// backend notes every choice of its dispatch rules (lib/ops/cuda/dispatch.cu) as it launches
+  /// (or records into a graph); the CPU reference, one implementation per op, notes "cpu" under
+  /// each of those ops it runs. For the record of a point beside its policy (the results'
+  /// `kernels`): reset at the point's start, read at its end. Plain members: a backend fills
+  /// kernels_chosen_.
+  const KernelRecord& kernels_chosen() const { return kernels_chosen_; }
+  void reset_kernels_chosen() { kernels_chosen_.clear(); }
 
   // ---- timing ---------------------------------------------------------------------------------
   /// CUDA events on the GPU, steady clock on the CPU.
@@ -529,6 +538,10 @@ class Backend {
   /// for r the largest requested logit (-inf when every part has -inf). fp64 on both backends.
   virtual void logit_stats_combine(const LogitStats* parts, int n, int rows, const SampleParams* params,
                                    TokenStats* out) = 0;
+
+ protected:
+  /// What kernels_chosen() returns; the backend notes its choices here.
+  KernelRecord kernels_chosen_;
 };
 
 /// The CPU reference backend (always built).

@@ -47,9 +47,11 @@ tasks (in the order given; options are environment variables):
   ncu-step           ncu per-kernel profile of one eager FP8 draft (ncu_step.csv)
   ncu-batch          ncu profile of the eager batched step at NCU_BATCHES (1,2,16,128), both heads,
                      summarised per kernel by scripts/device/ncu_summary.py (ncu_batch.txt)
-  gemv-sweep         the GEMV variants (VARIANTS, default "v1 rows2 rows4 occ fp8split"): the
-                     variant test, the GEMV cases of bench_kernels and the GEMV op tests under
-                     each (gemv_sweep.txt)
+  gemv-sweep         the GEMV variants (VARIANTS, default "v1 rows4 occ"): the variant test, the
+                     GEMV cases of bench_kernels and the GEMV op tests under each (gemv_sweep.txt)
+  playgrounds        the kernel playgrounds of dev/cuda (the comparison kernels no rule picks:
+                     GEMV rows2 / fp8split, indexer scores / select v1, MLA shared) against the CPU
+                     reference, timed against the library's choice (REPS, 50; playgrounds.txt)
   resources          cuobjdump's register / shared-memory report of the kernels, 16-byte loads
                      and local-memory spills
   fixtures           the transformers reference fixtures (tests/reference), and their check
@@ -82,6 +84,7 @@ targets_of() {
     bench-exchange) echo mtplab_bench_exchange ;;
     peer-step) echo mtplab_export_weights mtplab_bench_step ;;
     gemv-sweep) echo test_ops_gpu mtplab_bench_kernels ;;
+    playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla ;;
     resources) echo mtplab_ops ;;
     fixtures) ;;
     exp:*) echo mtplab ;;
@@ -344,7 +347,7 @@ task_ncu_batch() {
 
 task_gemv_sweep() {
   local variants v
-  read -r -a variants <<<"${VARIANTS:-v1 rows2 rows4 occ fp8split}"
+  read -r -a variants <<<"${VARIANTS:-v1 rows4 occ}"
   local cases="linear eh_proj,linear q_b,linear kv_b,mla_out_v,linear_fp8 eh_proj,head_argmax bf16,head_argmax fp8,linear o_proj,linear_group"
   local tests='Models/GpuDense.Linear/*:Models/GpuDense.HeadArgmax/tiny:Models/GpuDense.HeadArgmax/small'
   tests+=':Shapes/GpuFused.LinearGroup*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.Mla/small'
@@ -379,6 +382,17 @@ for c in cases:
     cells = [f"{rows[(c, v)][0]:.2f} ({rows[(c, v)][1]:.1f}%)" if (c, v) in rows else "-" for v in variants]
     print(f"{c:28}" + "".join(f"{x:>18}" for x in cells))
 PY
+}
+
+task_playgrounds() {
+  local p
+  : >"$OUT/playgrounds.txt"
+  for p in gemv indexer mla; do
+    step "playground mtplab_dev_$p"
+    CUDA_VISIBLE_DEVICES=0 run "dev_$p" 600 "$BIN/mtplab_dev_$p" --reps "${REPS:-50}"
+    dry || cat "$LOG/dev_$p.log" >>"$OUT/playgrounds.txt"
+  done
+  dry || grep -E "FAIL|every check held|check\(s\) failed" "$OUT/playgrounds.txt"
 }
 
 task_resources() {

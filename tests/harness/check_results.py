@@ -114,6 +114,7 @@ def check_point(res, name):
           f"{name}: CI does not bracket the median")
     check(int(g.attrs["ranks_agree"]) == 1, f"{name}: ranks disagree on drafts")
     check(mr._s(g.attrs["status"]) == "ok", f"{name}: status")
+    check_kernels(res, name, g, upgraded)
     # Rows of one batched step share a batch_step; batch_rows counts them.
     bs, rows = df["batch_step"].values, df["batch_rows"].values
     check(bool((np.diff(bs) >= 0).all()), f"{name}: batch_step decreases")
@@ -124,6 +125,18 @@ def check_point(res, name):
     check_uncertainty(res, name, df, k)
     check_draft_stats(res, name, df, k)
     check_replay_mode(res, name, df, k)
+
+
+def check_kernels(res, name, g, upgraded):
+    """kernels: the kernel each op ran, never empty where the run recorded it (an upgraded file's
+    says it was not recorded); on the CPU backend every op's is "cpu"."""
+    kernels = res.kernels(name)
+    if upgraded:
+        check(kernels or mr._s(g.attrs["kernels"])[0].startswith("not recorded"), f"{name}: kernels")
+        return
+    check(len(kernels) > 0, f"{name}: no kernel record ({mr._s(g.attrs['kernels'])})")
+    if mr._s(g.attrs["backend"]) == "cpu":
+        check(all(v == "cpu" for v in kernels.values()), f"{name}: a CPU point ran {kernels}")
 
 
 def check_batch_experts(name, g, df):

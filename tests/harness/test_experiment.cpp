@@ -439,12 +439,12 @@ TEST(Experiment, ModelSectionOfThePointIdentityIsPinned) {
 // The `kernels:` block: read strictly into the point's kernel policy, part of its canonical
 // config (so of the resume check); an MTPLAB_* variable overrides a field and is recorded.
 TEST(ArmRegistry, KernelsBlock) {
-  const std::string text = std::string(kSingle) + "kernels:\n  gemv_variant: rows2\n  pdl: false\n";
+  const std::string text = std::string(kSingle) + "kernels:\n  gemv_variant: rows4\n  pdl: false\n";
   const Experiment ex = parse_experiment(text, "exp.yaml", {}, 1);
   const PointConfig& p = ex.points.at(0);
-  EXPECT_EQ(p.arms.kernels.gemv_variant, ops::GemvVariant::rows2);
+  EXPECT_EQ(p.arms.kernels.gemv_variant, ops::GemvVariant::rows4);
   EXPECT_FALSE(p.arms.kernels.pdl);
-  EXPECT_NE(p.canonical.find("kernels:\n  gemv_variant: rows2\n"), std::string::npos) << p.canonical;
+  EXPECT_NE(p.canonical.find("kernels:\n  gemv_variant: rows4\n"), std::string::npos) << p.canonical;
   EXPECT_NE(p.canonical.find("\n  pdl: off\n"), std::string::npos) << p.canonical;
   EXPECT_TRUE(p.kernel_env_overrides.empty());
   // At the defaults the block is in the canonical text too, every field at its value.
@@ -452,15 +452,26 @@ TEST(ArmRegistry, KernelsBlock) {
   EXPECT_NE(plain.find("kernels:\n  gemv_variant: auto\n  gemv_split: auto\n"), std::string::npos) << plain;
   // A typo in the block, and a bad value, name the key.
   const std::string typo = message_of(
-      [] { parse_experiment(std::string(kSingle) + "kernels: {gemv_varient: rows2}\n", "exp.yaml", {}, 1); });
+      [] { parse_experiment(std::string(kSingle) + "kernels: {gemv_varient: rows4}\n", "exp.yaml", {}, 1); });
   EXPECT_NE(typo.find("gemv_variant"), std::string::npos) << typo;
   const std::string bad = message_of(
       [] { parse_experiment(std::string(kSingle) + "kernels: {mla_decode: v3}\n", "exp.yaml", {}, 1); });
   EXPECT_NE(bad.find("mla_decode"), std::string::npos) << bad;
   EXPECT_NE(bad.find("v1, v2"), std::string::npos) << bad;
+  // A kernel kept only for comparison says where it went; a retired field is an unknown key.
+  const std::string moved = message_of(
+      [] { parse_experiment(std::string(kSingle) + "kernels: {gemv_variant: rows2}\n", "exp.yaml", {}, 1); });
+  EXPECT_NE(moved.find("auto, v1, rows4, occ"), std::string::npos) << moved;
+  EXPECT_NE(moved.find("dev/cuda/gemv.cu"), std::string::npos) << moved;
+  const std::string swept = message_of(
+      [] { parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.mla_batch=[shared2,shared]"}, 1); });
+  EXPECT_NE(swept.find("dev/cuda/mla.cu"), std::string::npos) << swept;
+  const std::string retired = message_of(
+      [] { parse_experiment(kSingle, "exp.yaml", {"kernels.indexer_select=v1"}, 1); });
+  EXPECT_NE(retired.find("indexer_select"), std::string::npos) << retired;
   // Swept like any arm.
   EXPECT_EQ(
-      parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.indexer_select=[v1,v2]"}, 1).points.size(),
+      parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.indexer_scores=[pools4,tiled]"}, 1).points.size(),
       2u);
   // The environment overrides a field, and the point records it.
   ASSERT_EQ(setenv("MTPLAB_GEMV_SPLIT", "4", 1), 0);

@@ -41,6 +41,7 @@ struct Row {
 PointResult result_of(const std::vector<Row>& rows, int k) {
   PointResult r;
   r.k = k;
+  r.kernels = {"head_argmax_batch=cpu", "linear=cpu"};
   r.timing.assign(timing_columns().size(), {});
   for (const Row& row : rows) {
     r.repeat.push_back(0);
@@ -200,6 +201,36 @@ TEST(ResultsReading, TeacherForcedRatePerDepth) {
   // Depths 2 and 3: only sequence 0 hits (once): 0.5, 0.25, 0.
   EXPECT_EQ(lo[1], 0.0);
   EXPECT_EQ(hi[1], 0.5);
+}
+
+// The point's `kernels`: each op once, in name order, as "op=kernels" where every rank ran the
+// same; where the ranks differ, each rank's ("-" where a rank did not run the op). The writer
+// refuses a point without a record.
+TEST(ResultsReading, KernelRecordJoinsTheRanks) {
+  const KernelRecordEntries same = {{"head_argmax_batch", "cublaslt"}, {"linear", "rows_gemv,cublaslt"}};
+  EXPECT_EQ(kernel_record_entries({same}),
+            (std::vector<std::string>{"head_argmax_batch=cublaslt", "linear=rows_gemv,cublaslt"}));
+  EXPECT_EQ(kernel_record_entries({same, same}), kernel_record_entries({same}));
+  const KernelRecordEntries other = {{"gemv_bf16", "rows4 split 1"}, {"head_argmax_batch", "mma"},
+                                     {"linear", "rows_gemv,cublaslt"}};
+  EXPECT_EQ(kernel_record_entries({same, other}),
+            (std::vector<std::string>{"gemv_bf16=rank 0: -; rank 1: rows4 split 1",
+                                      "head_argmax_batch=rank 0: cublaslt; rank 1: mma",
+                                      "linear=rows_gemv,cublaslt"}));
+  EXPECT_TRUE(kernel_record_entries({{}, {}}).empty());
+
+  File f("mtplab-kernels-");
+  PointResult r = result_of(kReference, 3);
+  append_point(f.path, f.ex, f.ex.points[0], r, f.prov);
+  EXPECT_EQ(io::H5File::open_read(f.path).open_group("points").open_group("p0000").attr_strings("kernels"),
+            r.kernels);
+  r.kernels.clear();
+  try {
+    append_point(f.path, f.ex, f.ex.points[1], r, f.prov);
+    ADD_FAILURE() << "a point without a kernel record was written";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("p0001: no kernel record"), std::string::npos) << e.message();
+  }
 }
 
 // Synthetic weights make acceptance chance: the point says so (acceptance_meaningful 0 with the

@@ -46,6 +46,7 @@ void expect_has(const std::string& text, const std::string& part) {
 PointResult result_of(int k, int rows) {
   PointResult r;
   r.k = k;
+  r.kernels = {"head_argmax_batch=cpu", "linear=cpu"};
   r.timing.assign(timing_columns().size(), {});
   for (int i = 0; i < rows; ++i) {
     r.repeat.push_back(0);
@@ -175,9 +176,8 @@ TEST(ResultsV3, EveryArmRoundTripsAtANonDefaultValue) {
         EXPECT_EQ(idx.open_dataset(a.name).read_strings().at(0), v);
         break;
     }
-    // The per-op kernel record (the policy, for now).
-    EXPECT_EQ(g.attr_string("kernels"), ops::to_string(p.arms.kernels));
-    if (a.block() == "kernels") expect_has(g.attr_string("kernels"), str(a.key(), "=", v));
+    // The per-op kernel record, as the run gave it.
+    EXPECT_EQ(g.attr_strings("kernels"), (std::vector<std::string>{"head_argmax_batch=cpu", "linear=cpu"}));
     // The resume check reads it back as the same point.
     const ResumeState st = inspect_results_file(path, ex, {});
     EXPECT_TRUE(st.problems.empty()) << join(st.problems, "\n");
@@ -207,7 +207,18 @@ TEST(ResultsUpgrade, Version2FileResumesAsARerunOfItsExperiment) {
   const Experiment ex =
       parse_experiment(f.attr_string("experiment_yaml"), "results-v2.yaml", {}, static_cast<int>(f.attr_int("world_size")));
   const results_format::IdentityParts parts = results_format::identity_parts(f);
-  EXPECT_EQ(parts.inputs, results_format::identity_parts(old_file).inputs);
+  // The inputs as recorded, less the retired kernels.mla_clusters at auto (every run's choice today).
+  IdentityInputs want_inputs;
+  for (const auto& [key, value] : results_format::identity_parts(old_file).inputs) {
+    if (key == "kernels.mla_clusters") {
+      EXPECT_EQ(value, "auto");
+      continue;
+    }
+    want_inputs.emplace_back(key, value);
+  }
+  EXPECT_LT(want_inputs.size(), results_format::identity_parts(old_file).inputs.size());
+  EXPECT_EQ(parts.inputs, want_inputs);
+  expect_has(join(r.notes, "\n"), "identity input kernels.mla_clusters: auto in the old file, left out");
   EXPECT_EQ(f.attr_string("experiment_identity"), results_identity(ex.configuration, parts.inputs));
   ASSERT_EQ(ex.points.size(), 2u);
   for (const PointConfig& p : ex.points) {
@@ -224,7 +235,8 @@ TEST(ResultsUpgrade, Version2FileResumesAsARerunOfItsExperiment) {
       else
         EXPECT_EQ(g.attr_string(a.name), a.get(p.arms)) << a.name;
     }
-    EXPECT_EQ(g.attr_string("kernels"), ops::to_string(p.arms.kernels));
+    // The old file recorded no kernel per op; its policy is in the kernels.* arms.
+    EXPECT_EQ(g.attr_strings("kernels"), std::vector<std::string>{"not recorded (results schema version 2)"});
     EXPECT_EQ(g.attr_string("record_margins"), "on");  // left out at its default; margins recorded
     EXPECT_EQ(g.attr_string("kernels.gemv_split"), "2");
     // Datasets and recorded figures as they were.
@@ -292,6 +304,7 @@ TEST(ResultsUpgrade, Version1File) {
     expect_has(config, "\n    sampling: greedy\n");
     EXPECT_EQ(g.attr_string("context_gemm"), "off");
     EXPECT_EQ(g.attr_string("kernels.mla_decode"), "v2");
+    EXPECT_EQ(g.attr_strings("kernels"), std::vector<std::string>{kernels_not_recorded(1)});
     EXPECT_EQ(g.attr_string("record_margins"), g.attr_string("skip") == "head" ? "on" : "off");
     EXPECT_EQ(g.attr_string("head_fp8"), og.attr_string("head_fp8"));
     EXPECT_EQ(g.attr_int("draft_len"), og.attr_int("draft_len"));

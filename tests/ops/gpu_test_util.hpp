@@ -9,7 +9,7 @@
 //   no valid index, position or padding value), so an output a kernel forgot to write fails.
 // - Kernel choices go through the GPU backend's policy (PolicyScope), never process state; main
 //   starts from KernelPolicy{} with the MTPLAB_* overrides applied (ops/kernel_policy.hpp), so a
-//   tuning run can run every test under, say, MTPLAB_GEMV_VARIANT=rows2.
+//   tuning run can run every test under, say, MTPLAB_GEMV_VARIANT=rows4.
 // - BF16 tolerance: the two backends round the same fp32 function at the same points and differ
 //   only by fp32 summation order (relative error ~ sqrt(k) * 2^-24 before rounding), which can
 //   flip a BF16 rounding by one ulp; allow 2 ulps of the reference plus an absolute floor for

@@ -9,11 +9,13 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "core/error.hpp"
 #include "ops/kernel_policy.hpp"
+#include "ops/kernel_record.hpp"
 #include "ops/ops.hpp"
 
 namespace mtplab::ops {
@@ -33,18 +35,16 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 /// Every field with every text it accepts as canonical (the first is the default's).
 const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical = {
-    {"gemv_variant", {"auto", "v1", "rows2", "rows4", "occ", "fp8split"}},
+    {"gemv_variant", {"auto", "v1", "rows4", "occ"}},
     {"gemv_split", {"auto", "1", "2", "4", "8"}},
     {"mla_decode", {"v2", "v1"}},
-    {"mla_clusters", {"auto", "1", "2", "7", "1024"}},
-    {"indexer_select", {"v2", "v1"}},
     {"pdl", {"on", "off"}},
     {"nccl_blocking", {"on", "off"}},
     {"head_gemm", {"auto", "mma", "cublaslt", "gemv", "wgmma"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
     {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split", "slots", "ringpf"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
-    {"mla_batch", {"auto", "tiles", "shared", "shared2", "shared32"}},
+    {"mla_batch", {"auto", "tiles", "shared2", "shared32"}},
     {"indexer_scores", {"auto", "pools4", "tiled"}},
 };
 
@@ -53,8 +53,6 @@ const std::vector<std::pair<std::string, std::string>> kVariables = {
     {"gemv_variant", "MTPLAB_GEMV_VARIANT"},
     {"gemv_split", "MTPLAB_GEMV_SPLIT"},
     {"mla_decode", "MTPLAB_MLA_DECODE"},
-    {"mla_clusters", "MTPLAB_MLA_CLUSTERS"},
-    {"indexer_select", "MTPLAB_INDEXER_SELECT"},
     {"pdl", "MTPLAB_CUDA_PDL"},
     {"nccl_blocking", "MTPLAB_NCCL_BLOCKING"},
     {"head_gemm", "MTPLAB_HEAD_GEMM"},
@@ -65,18 +63,29 @@ const std::vector<std::pair<std::string, std::string>> kVariables = {
     {"indexer_scores", "MTPLAB_INDEXER_SCORES"},
 };
 
-/// Unsets every policy variable for the test's lifetime and restores the values found before.
+/// The variables of retired fields: env_overrides refuses them when set.
+const std::vector<std::pair<std::string, std::string>> kRetiredVariables = {
+    {"indexer_select", "MTPLAB_INDEXER_SELECT"},
+    {"mla_clusters", "MTPLAB_MLA_CLUSTERS"},
+};
+
+/// Unsets every policy variable (the retired ones too) for the test's lifetime and restores the
+/// values found before.
 class CleanEnv : public ::testing::Test {
  protected:
   void SetUp() override {
-    for (const auto& [field, var] : kVariables) {
+    std::vector<std::pair<std::string, std::string>> all = kVariables;
+    all.insert(all.end(), kRetiredVariables.begin(), kRetiredVariables.end());
+    for (const auto& [field, var] : all) {
       const char* v = std::getenv(var.c_str());
       if (v) saved_[var] = v;
       unsetenv(var.c_str());
     }
   }
   void TearDown() override {
-    for (const auto& [field, var] : kVariables) {
+    std::vector<std::pair<std::string, std::string>> all = kVariables;
+    all.insert(all.end(), kRetiredVariables.begin(), kRetiredVariables.end());
+    for (const auto& [field, var] : all) {
       const auto it = saved_.find(var);
       if (it != saved_.end()) {
         setenv(var.c_str(), it->second.c_str(), 1);
@@ -95,8 +104,6 @@ TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
   EXPECT_EQ(p.gemv_variant, GemvVariant::automatic);
   EXPECT_EQ(p.gemv_split, 0);
   EXPECT_EQ(p.mla_decode, MlaDecode::v2);
-  EXPECT_EQ(p.mla_clusters, 0);
-  EXPECT_EQ(p.indexer_select, IndexerSelect::v2);
   EXPECT_TRUE(p.pdl);
   EXPECT_TRUE(p.nccl_blocking);
   EXPECT_EQ(p.head_gemm, HeadGemm::automatic);
@@ -107,9 +114,8 @@ TEST(KernelPolicy, DefaultsAreWhatRunsWithNothingConfigured) {
   EXPECT_EQ(p.indexer_scores, IndexerScores::automatic);
   for (const auto& [field, texts] : kCanonical) EXPECT_EQ(field_text(p, field), texts.front()) << field;
   EXPECT_EQ(to_string(p),
-            "gemv_variant=auto gemv_split=auto mla_decode=v2 mla_clusters=auto indexer_select=v2 pdl=on "
-            "nccl_blocking=on head_gemm=auto mla_batch_splits=auto moe_pipeline=auto rows_linear=auto "
-            "mla_batch=auto indexer_scores=auto");
+            "gemv_variant=auto gemv_split=auto mla_decode=v2 pdl=on nccl_blocking=on head_gemm=auto "
+            "mla_batch_splits=auto moe_pipeline=auto rows_linear=auto mla_batch=auto indexer_scores=auto");
 }
 
 TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
@@ -117,7 +123,7 @@ TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
   ASSERT_EQ(fields.size(), kCanonical.size());
   KernelPolicy p;
   p.gemv_variant = GemvVariant::rows4;
-  p.mla_clusters = 16;
+  p.mla_batch_splits = 16;
   p.pdl = false;
   const auto n = named(p);
   ASSERT_EQ(n.size(), kCanonical.size());
@@ -127,8 +133,8 @@ TEST(KernelPolicy, NamedListsEveryFieldInTheFixedOrder) {
     EXPECT_EQ(n[i].second, field_text(p, n[i].first));
   }
   EXPECT_EQ(n[0].second, "rows4");
-  EXPECT_EQ(n[3].second, "16");
-  EXPECT_EQ(n[5].second, "off");
+  EXPECT_EQ(n[3].second, "off");
+  EXPECT_EQ(n[6].second, "16");
 }
 
 TEST(KernelPolicy, EveryValueRoundTripsAndChangesOnlyItsField) {
@@ -153,12 +159,12 @@ TEST(KernelPolicy, EveryValueRoundTripsAndChangesOnlyItsField) {
 TEST(KernelPolicy, ZeroIsTheAutomaticCount) {
   KernelPolicy p;
   p.gemv_split = 4;
-  p.mla_clusters = 8;
+  p.mla_batch_splits = 8;
   parse_field(p, "gemv_split", "0");
-  parse_field(p, "mla_clusters", "0");
+  parse_field(p, "mla_batch_splits", "0");
   EXPECT_EQ(p, KernelPolicy{});
   EXPECT_EQ(field_text(p, "gemv_split"), "auto");
-  EXPECT_EQ(field_text(p, "mla_clusters"), "auto");
+  EXPECT_EQ(field_text(p, "mla_batch_splits"), "auto");
 }
 
 TEST(KernelPolicy, EqualityComparesEveryField) {
@@ -183,10 +189,6 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
       {"gemv_split", " 2"},
       {"mla_decode", "v3"},
       {"mla_decode", "auto"},
-      {"mla_clusters", "1025"},
-      {"mla_clusters", "-2"},
-      {"mla_clusters", "many"},
-      {"indexer_select", "v0"},
       {"pdl", "1"},
       {"pdl", "true"},
       {"nccl_blocking", "0"},
@@ -217,11 +219,10 @@ TEST(KernelPolicy, ABadValueNamesTheFieldTheValueAndTheChoices) {
     EXPECT_TRUE(contains(msg, field_choices(field))) << msg;
     EXPECT_EQ(p, KernelPolicy{}) << "a refused value must leave the policy as it was";
   }
-  // The choices a message lists are the canonical texts (mla_clusters: a range, "1 .. 1024").
+  // The choices a message lists are the canonical texts (mla_batch_splits: a range, "1 .. 64").
   for (const auto& [field, texts] : kCanonical) {
     const std::string choices = field_choices(field);
     for (const std::string& t : texts) {
-      if (field == "mla_clusters" && (t == "2" || t == "7")) continue;
       if (field == "mla_batch_splits" && t == "3") continue;
       EXPECT_TRUE(contains(choices, t)) << field << ": " << choices;
     }
@@ -246,11 +247,11 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   const std::string msg = error_of([&] { validate(split); });
   EXPECT_TRUE(contains(msg, "gemv_split")) << msg;
   EXPECT_TRUE(contains(msg, field_choices("gemv_split"))) << msg;
-  KernelPolicy clusters;
-  clusters.mla_clusters = kMaxMlaClusters + 1;
-  EXPECT_TRUE(contains(error_of([&] { validate(clusters); }), "mla_clusters"));
-  clusters.mla_clusters = -1;
-  EXPECT_TRUE(contains(error_of([&] { validate(clusters); }), "mla_clusters"));
+  KernelPolicy splits;
+  splits.mla_batch_splits = kMaxMlaBatchSplits + 1;
+  EXPECT_TRUE(contains(error_of([&] { validate(splits); }), "mla_batch_splits"));
+  splits.mla_batch_splits = -1;
+  EXPECT_TRUE(contains(error_of([&] { validate(splits); }), "mla_batch_splits"));
   KernelPolicy variant;
   variant.gemv_variant = static_cast<GemvVariant>(17);
   EXPECT_TRUE(contains(error_of([&] { validate(variant); }), "gemv_variant"));
@@ -267,7 +268,7 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   KernelPolicy batch;
   batch.mla_batch = MlaBatch::shared32;
   EXPECT_NO_THROW(validate(batch));
-  batch.mla_batch = static_cast<MlaBatch>(5);
+  batch.mla_batch = static_cast<MlaBatch>(4);
   EXPECT_TRUE(contains(error_of([&] { validate(batch); }), "mla_batch"));
   KernelPolicy scores;
   scores.indexer_scores = IndexerScores::tiled;
@@ -296,7 +297,7 @@ using KernelPolicyEnv = CleanEnv;
 TEST_F(KernelPolicyEnv, NothingSetLeavesTheBaseAndReportsNothing) {
   KernelPolicy base;
   base.gemv_variant = GemvVariant::v1;
-  base.mla_clusters = 4;
+  base.mla_batch_splits = 4;
   base.pdl = false;
   std::vector<std::string> overridden;
   EXPECT_EQ(env_overrides(base, &overridden), base);
@@ -313,12 +314,10 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
     std::string var, value, field, text;
   };
   const std::vector<Case> cases = {
-      {"MTPLAB_GEMV_VARIANT", "rows2", "gemv_variant", "rows2"},
+      {"MTPLAB_GEMV_VARIANT", "rows4", "gemv_variant", "rows4"},
       {"MTPLAB_GEMV_VARIANT", "auto", "gemv_variant", "auto"},
       {"MTPLAB_GEMV_SPLIT", "4", "gemv_split", "4"},
       {"MTPLAB_MLA_DECODE", "v1", "mla_decode", "v1"},
-      {"MTPLAB_MLA_CLUSTERS", "16", "mla_clusters", "16"},
-      {"MTPLAB_INDEXER_SELECT", "v1", "indexer_select", "v1"},
       {"MTPLAB_CUDA_PDL", "0", "pdl", "off"},
       {"MTPLAB_CUDA_PDL", "1", "pdl", "on"},
       {"MTPLAB_NCCL_BLOCKING", "0", "nccl_blocking", "off"},
@@ -329,7 +328,7 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_MOE_PIPELINE", "auto", "moe_pipeline", "auto"},
       {"MTPLAB_ROWS_LINEAR", "gemv", "rows_linear", "gemv"},
       {"MTPLAB_ROWS_LINEAR", "cublaslt", "rows_linear", "cublaslt"},
-      {"MTPLAB_MLA_BATCH", "shared", "mla_batch", "shared"},
+      {"MTPLAB_MLA_BATCH", "shared2", "mla_batch", "shared2"},
       {"MTPLAB_MLA_BATCH", "tiles", "mla_batch", "tiles"},
       {"MTPLAB_INDEXER_SCORES", "tiled", "indexer_scores", "tiled"},
       {"MTPLAB_INDEXER_SCORES", "pools4", "indexer_scores", "pools4"},
@@ -338,8 +337,8 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
     SCOPED_TRACE(c.var + "=" + c.value);
     setenv(c.var.c_str(), c.value.c_str(), 1);
     KernelPolicy base;
-    base.mla_clusters = 2;  // a non-default base: the fields left alone keep their values
-    if (c.field == "mla_clusters") base.gemv_split = 8;
+    base.gemv_split = 2;  // a non-default base: the fields left alone keep their values
+    if (c.field == "gemv_split") base.mla_batch_splits = 8;
     std::vector<std::string> overridden;
     const KernelPolicy got = env_overrides(base, &overridden);
     EXPECT_EQ(field_text(got, c.field), c.text);
@@ -357,11 +356,9 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
 
 TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   setenv("MTPLAB_NCCL_BLOCKING", "0", 1);
-  setenv("MTPLAB_GEMV_VARIANT", "fp8split", 1);
-  setenv("MTPLAB_MLA_CLUSTERS", "1024", 1);
+  setenv("MTPLAB_GEMV_VARIANT", "occ", 1);
   setenv("MTPLAB_CUDA_PDL", "0", 1);
   setenv("MTPLAB_GEMV_SPLIT", "1", 1);
-  setenv("MTPLAB_INDEXER_SELECT", "v1", 1);
   setenv("MTPLAB_MLA_DECODE", "v1", 1);
   setenv("MTPLAB_MLA_BATCH_SPLITS", "2", 1);
   setenv("MTPLAB_HEAD_GEMM", "mma", 1);
@@ -372,11 +369,9 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   std::vector<std::string> overridden;
   const KernelPolicy got = env_overrides(KernelPolicy{}, &overridden);
   KernelPolicy want;
-  want.gemv_variant = GemvVariant::fp8split;
+  want.gemv_variant = GemvVariant::occ;
   want.gemv_split = 1;
   want.mla_decode = MlaDecode::v1;
-  want.mla_clusters = 1024;
-  want.indexer_select = IndexerSelect::v1;
   want.pdl = false;
   want.nccl_blocking = false;
   want.head_gemm = HeadGemm::mma;
@@ -386,11 +381,9 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   want.mla_batch = MlaBatch::tiles;
   want.indexer_scores = IndexerScores::pools4;
   EXPECT_EQ(got, want) << to_string(got);
-  const std::vector<std::string> expected = {"gemv_variant=fp8split (MTPLAB_GEMV_VARIANT)",
+  const std::vector<std::string> expected = {"gemv_variant=occ (MTPLAB_GEMV_VARIANT)",
                                              "gemv_split=1 (MTPLAB_GEMV_SPLIT)",
                                              "mla_decode=v1 (MTPLAB_MLA_DECODE)",
-                                             "mla_clusters=1024 (MTPLAB_MLA_CLUSTERS)",
-                                             "indexer_select=v1 (MTPLAB_INDEXER_SELECT)",
                                              "pdl=off (MTPLAB_CUDA_PDL)",
                                              "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)",
                                              "head_gemm=mma (MTPLAB_HEAD_GEMM)",
@@ -405,8 +398,8 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
 TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"MTPLAB_GEMV_VARIANT", "rows3"}, {"MTPLAB_GEMV_SPLIT", "3"},    {"MTPLAB_GEMV_SPLIT", "auto"},
-      {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},   {"MTPLAB_MLA_CLUSTERS", "0"},
-      {"MTPLAB_MLA_CLUSTERS", "1025"},  {"MTPLAB_MLA_CLUSTERS", "x"},  {"MTPLAB_INDEXER_SELECT", "v0"},
+      {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},   {"MTPLAB_GEMV_VARIANT", "rows2"},
+      {"MTPLAB_MLA_BATCH", "shared"},   {"MTPLAB_MLA_BATCH_SPLITS", "65"},
       {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},      {"MTPLAB_NCCL_BLOCKING", "on"},
       {"MTPLAB_MOE_PIPELINE", "v2"},    {"MTPLAB_ROWS_LINEAR", "mma"}, {"MTPLAB_ROWS_LINEAR", "1"},
       {"MTPLAB_HEAD_GEMM", "rows"},     {"MTPLAB_MLA_BATCH", "v3"},    {"MTPLAB_INDEXER_SCORES", "v2"},
@@ -419,6 +412,83 @@ TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
     EXPECT_TRUE(contains(msg, var + "=" + value)) << msg;
     unsetenv(var.c_str());
   }
+}
+
+// The kernels kept only for comparison are no policy values and the retired fields no fields:
+// naming one is an Error that lists the choices (or fields) and says where it went, and a retired
+// variable that is set is an Error too (it would otherwise be silently ignored).
+TEST(KernelPolicy, AComparisonKernelOrARetiredFieldSaysWhereItWent) {
+  const std::vector<std::tuple<std::string, std::string, std::string>> moved = {
+      {"gemv_variant", "rows2", "dev/cuda/gemv.cu"},
+      {"gemv_variant", "fp8split", "dev/cuda/gemv.cu"},
+      {"mla_batch", "shared", "dev/cuda/mla.cu"},
+  };
+  for (const auto& [field, text, where] : moved) {
+    KernelPolicy p;
+    const std::string msg = error_of([&] { parse_field(p, field, text); });
+    EXPECT_TRUE(contains(msg, field_choices(field))) << msg;
+    EXPECT_TRUE(contains(msg, where)) << msg;
+    EXPECT_EQ(p, KernelPolicy{});
+  }
+  KernelPolicy p;
+  for (const auto& [field, where] : std::vector<std::pair<std::string, std::string>>{
+           {"indexer_select", "dev/cuda/indexer.cu"}, {"mla_clusters", "mla_batch_splits"}}) {
+    const std::string msg = error_of([&] { parse_field(p, field, "v1"); });
+    EXPECT_TRUE(contains(msg, "unknown field")) << msg;
+    EXPECT_TRUE(contains(msg, where)) << msg;
+  }
+  // A value no field ever had gets no note.
+  EXPECT_FALSE(contains(error_of([&] { parse_field(p, "gemv_variant", "rows8"); }), "retired"));
+}
+
+TEST_F(KernelPolicyEnv, ARetiredVariableThatIsSetIsAnError) {
+  for (const auto& [field, var] : kRetiredVariables) {
+    setenv(var.c_str(), "1", 1);
+    const std::string msg = error_of([] { (void)env_overrides(KernelPolicy{}, nullptr); });
+    EXPECT_TRUE(contains(msg, var)) << msg;
+    EXPECT_TRUE(contains(msg, "retired")) << msg;
+    unsetenv(var.c_str());
+    EXPECT_EQ(env_overrides(KernelPolicy{}, nullptr), KernelPolicy{}) << var << " unset";
+  }
+}
+
+// KernelRecord (ops/kernel_record.hpp): per op the distinct kernels in the order first seen, ops
+// listed in name order, equal texts from other pointers counted as one; clear() empties it; the
+// CPU reference notes "cpu" under each op whose CUDA kernel a rule picks.
+TEST(KernelRecord, ListsEachOpsDistinctKernelsInNameOrder) {
+  KernelRecord r;
+  EXPECT_TRUE(r.empty());
+  r.note("mla_decode_batch", "shared2");
+  r.note("head_argmax_batch", "cublaslt");
+  r.note("mla_decode_batch", "shared2");
+  const std::string again = "head_argmax_batch";  // another pointer, the same text
+  const std::string mma = "mma";
+  r.note(again.c_str(), mma.c_str());
+  r.note("head_argmax_batch", "cublaslt");
+  r.note("mla_decode_batch", "v1");
+  const std::vector<std::pair<std::string, std::string>> want = {{"head_argmax_batch", "cublaslt,mma"},
+                                                                 {"mla_decode_batch", "shared2,v1"}};
+  EXPECT_EQ(r.named(), want);
+  EXPECT_EQ(r.text(), "head_argmax_batch=cublaslt,mma mla_decode_batch=shared2,v1");
+  r.clear();
+  EXPECT_TRUE(r.empty());
+  EXPECT_TRUE(r.named().empty());
+  r.note("gemv_bf16", "rows4 split 1");
+  EXPECT_EQ(r.text(), "gemv_bf16=rows4 split 1");
+}
+
+TEST(KernelRecord, TheCpuReferenceNotesCpu) {
+  auto be = make_cpu_backend();
+  std::vector<bf16> W(64 * 32, to_bf16(0.5f)), x(32, to_bf16(1.0f)), y(64);
+  std::vector<float> yf(64);
+  EXPECT_TRUE(be->kernels_chosen().empty());
+  be->linear(W.data(), x.data(), y.data(), 1, 64, 32);
+  be->linear(W.data(), x.data(), y.data(), 1, 64, 32, RowsMode::batched);
+  be->linear_f32(W.data(), x.data(), yf.data(), 1, 64, 32);
+  be->rmsnorm(x.data(), x.data(), y.data(), 1, 32, 1e-6f);  // no kernel choice on CUDA: not noted
+  EXPECT_EQ(be->kernels_chosen().text(), "linear=cpu linear_f32=cpu");
+  be->reset_kernels_chosen();
+  EXPECT_TRUE(be->kernels_chosen().empty());
 }
 
 }  // namespace

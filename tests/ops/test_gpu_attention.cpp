@@ -29,17 +29,6 @@ namespace {
 
 class GpuAttention : public ::testing::TestWithParam<Shape> {};
 
-/// Runs indexer_select on one kernel for its lifetime, through the GPU backend's kernel policy (both
-/// are tested; the default is v2).
-class SelectPath {
- public:
-  explicit SelectPath(IndexerSelect path) : scope_([path](KernelPolicy& p) { p.indexer_select = path; }) {}
-
- private:
-  PolicyScope scope_;
-};
-constexpr IndexerSelect kSelectPaths[] = {IndexerSelect::v2, IndexerSelect::v1};
-
 /// Pools the score / selection tests sweep: the bench's 16384 at glm5.3-flash.
 int max_pools_for(const Shape& s) {
   if (s.hidden >= 4096) return 16384;
@@ -115,24 +104,19 @@ TEST_P(GpuAttention, IndexerScoresAndSelect) {
       {"one pool past K/P", &cpu_scores, std::min(P * (K / P + 1) + 1, P * max_pools - 1)},
       {"position 0", &cpu_scores, 0},
   };
-  for (const auto path : kSelectPaths) {
-    const SelectPath use(path);
-    for (const Case& c : cases) {
-      Twin<float> sc(*c.scores);
-      Twin<int32_t> p(std::vector<int32_t>{c.pos});
-      auto sel = out_twin<int32_t>(width);
-      cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
-      gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
-      expect_bytes_equal(
-          sel.from_gpu(), sel.from_cpu(),
-          std::string("indexer_select ") + to_string(path) + " " + c.name + " pos " + std::to_string(c.pos));
-    }
+  for (const Case& c : cases) {
+    Twin<float> sc(*c.scores);
+    Twin<int32_t> p(std::vector<int32_t>{c.pos});
+    auto sel = out_twin<int32_t>(width);
+    cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
+    gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
+    expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
+                       std::string("indexer_select ") + c.name + " pos " + std::to_string(c.pos));
   }
 }
 
 // indexer_select keeps the candidates' keys in shared memory up to 40960 pools and reads global
-// memory beyond: both key paths of both kernels, same scores (random, with ties), exact against
-// the CPU.
+// memory beyond: both key paths, same scores (random, with ties), exact against the CPU.
 TEST(GpuIndexerSelect, SharedAndGlobalKeyPathsMatchTheCpu) {
   Rng rng(14);
   const int P = 4, K = 2048;
@@ -140,30 +124,27 @@ TEST(GpuIndexerSelect, SharedAndGlobalKeyPathsMatchTheCpu) {
     std::vector<float> scores = rng.floats(static_cast<size_t>(max_pools), -4.0f, 4.0f);
     for (size_t i = 0; i < scores.size(); i += 7) scores[i] = std::floor(scores[i]);  // ties
     Twin<float> sc(scores);
-    for (const auto path : kSelectPaths) {
-      const SelectPath use(path);
-      for (int32_t pos : {P * max_pools - 1, P * 30000 + 1, 1000}) {
-        Twin<int32_t> p(std::vector<int32_t>{pos});
-        auto sel = out_twin<int32_t>(K + P - 1);
-        cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
-        gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
-        expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
-                           std::string("indexer_select ") + to_string(path) + " max_pools " +
-                               std::to_string(max_pools) + " pos " + std::to_string(pos));
-      }
+    for (int32_t pos : {P * max_pools - 1, P * 30000 + 1, 1000}) {
+      Twin<int32_t> p(std::vector<int32_t>{pos});
+      auto sel = out_twin<int32_t>(K + P - 1);
+      cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
+      gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
+      expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
+                         std::string("indexer_select max_pools ") + std::to_string(max_pools) + " pos " +
+                             std::to_string(pos));
     }
   }
 }
 
-// Both kernels against the CPU over the pool counts where their code paths change: tiny, not a
-// multiple of the block, the step's 1024, past the v2 candidate buffer (4096), the bench's 16384,
-// the last count whose keys fit in shared memory and beyond. Score kinds reach every exit of the
-// v2 search: distinct values (a digit's bin is mostly taken whole after one or two digits), a few
+// The radix kernel against the CPU over the pool counts where its code paths change: tiny, not a
+// multiple of the block, the step's 1024, past the candidate buffer (4096), the bench's 16384, the
+// last count whose keys fit in shared memory and beyond. Score kinds reach every exit of the
+// search: distinct values (a digit's bin is mostly taken whole after one or two digits), a few
 // levels and all equal (heavy ties: one bin holds more keys than the candidate buffer), values
 // one ulp apart (all three digits needed), +-0 (equal keys), -inf among finite values. K: the
 // model's 2048, one pool, fewer rows than a pool (nothing selected) and more than every pool
 // (everything selected).
-TEST(GpuIndexerSelect, BothKernelsMatchTheCpuAcrossPoolCountsAndTies) {
+TEST(GpuIndexerSelect, MatchesTheCpuAcrossPoolCountsAndTies) {
   Rng rng(15);
   const int P = 4;
   const char* kinds[] = {"distinct", "levels", "all equal", "ulps apart", "signed zeros", "-inf"};
@@ -181,16 +162,12 @@ TEST(GpuIndexerSelect, BothKernelsMatchTheCpuAcrossPoolCountsAndTies) {
       for (int K : {2048, P, P - 1, P * max_pools + P}) {
         for (int32_t pos : {P * max_pools - 1, rng.integer(0, P * max_pools - 1), P - 1}) {
           Twin<int32_t> p(std::vector<int32_t>{pos});
-          for (const auto path : kSelectPaths) {
-            const SelectPath use(path);
-            auto sel = out_twin<int32_t>(static_cast<size_t>(K) + P - 1);
-            cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
-            gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
-            expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
-                               std::string("indexer_select ") + to_string(path) + " max_pools " +
-                                   std::to_string(max_pools) + " " + kinds[kind] + " K " + std::to_string(K) +
-                                   " pos " + std::to_string(pos));
-          }
+          auto sel = out_twin<int32_t>(static_cast<size_t>(K) + P - 1);
+          cpu().indexer_select(sc.c.data(), p.c.data(), sel.c.data(), K, P, max_pools);
+          gpu().indexer_select(sc.g.data(), p.g.data(), sel.g.data(), K, P, max_pools);
+          expect_bytes_equal(sel.from_gpu(), sel.from_cpu(),
+                             std::string("indexer_select max_pools ") + std::to_string(max_pools) + " " +
+                                 kinds[kind] + " K " + std::to_string(K) + " pos " + std::to_string(pos));
         }
       }
     }

@@ -45,10 +45,11 @@
 //   grouped experts, two for a split decode), whatever B.
 // - The decode runs under both values of KernelPolicy::mla_decode with mla_batch = tiles (v2, the
 //   default: the v2 kernel for FP8 caches and forced split counts, v1's for BF16 caches at
-//   automatic splits; and v1), and under mla_batch = shared, automatic and forced split counts,
-//   each against the CPU with the BF16 tolerance; the batched v2 must also give, row by row, the
-//   single-row v2 decode's bytes at the same split count; the shared kernels give each other's
-//   bytes at a forced split count, and a row decoded alone its bytes in the batch.
+//   automatic splits; and v1), and under mla_batch = shared2 and shared32, automatic and forced
+//   split counts, each against the CPU with the BF16 tolerance; the batched v2 must also give, row
+//   by row, a batch of one's bytes at the same split count; under the shared kernels a row decoded
+//   alone gives its bytes in the batch. (shared, 4 tiles on 16-row chunks, gives shared2's bytes at
+//   a forced split count: checked in dev/cuda/mla.cu.)
 // - The pool scores under both kernels (KernelPolicy::indexer_scores: pools4, tiled) give the same
 //   bytes, and auto takes the tiled kernel where the shape and the row count say so.
 // - A batch of one runs the single-row absorb_q and out_v: their bytes.
@@ -75,6 +76,7 @@
 #include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/cuda/dense.hpp"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/indexer.hpp"
 #include "ops/cuda/moe.hpp"
 
@@ -1266,14 +1268,13 @@ TEST_P(GpuBatch, MlaDecode) {
         }
       }
 
-      // The batched v2 kernel is the single-row v2 decode row by row: at the same split count (8
-      // per cluster: mla_batch_splits = 8 x mla_clusters) every live row's bytes equal mla_decode's
-      // on that row alone (its slot's block table), the padded rows untouched by both.
+      // The batched v2 kernel is a batch of one row by row: at the same split count (8 per cluster:
+      // mla_batch_splits = 8 x clusters) every live row's bytes equal the decode of that row alone
+      // (its slot's block table), the padded rows untouched by both.
       for (int clusters : {1, 3}) {
         const PolicyScope use([clusters](KernelPolicy& p) {
           p.mla_decode = MlaDecode::v2;
           p.mla_batch = MlaBatch::tiles;
-          p.mla_clusters = clusters;
           p.mla_batch_splits = 8 * clusters;
         });
         auto batched = out_twin<bf16>(want.size()), single = out_twin<bf16>(want.size());
@@ -1287,16 +1288,15 @@ TEST_P(GpuBatch, MlaDecode) {
                            single.g.data() + b * row, nh, softmax_scale);
         }
         expect_bytes_equal(batched.from_gpu(), single.from_gpu(),
-                           what + ", batched v2 against the single-row v2, " + std::to_string(clusters) +
+                           what + ", batched v2 against each row alone, " + std::to_string(clusters) +
                                " cluster(s) of 8 splits");
       }
 
-      // The shared kernels (KernelPolicy::mla_batch = shared, shared2): automatic and forced split
-      // counts against the CPU (at most two launches, the same bytes on a second run). At a forced
-      // split count the two give the same bytes (the same chunk step per head tile and the same
-      // split boundaries; only how many tiles share a block differs), and a row decoded alone gives
-      // its bytes in the batch: a difference is a staging, barrier or fragment error, not rounding.
-      for (MlaBatch kernel : {MlaBatch::shared, MlaBatch::shared2, MlaBatch::shared32}) {
+      // The shared kernels (KernelPolicy::mla_batch = shared2, shared32): automatic and forced split
+      // counts against the CPU (at most two launches, the same bytes on a second run), and a row
+      // decoded alone gives its bytes in the batch: a difference is a staging, barrier or fragment
+      // error, not rounding.
+      for (MlaBatch kernel : {MlaBatch::shared2, MlaBatch::shared32}) {
         const std::string pw = what + ", " + to_string(kernel) + " decode";
         const PolicyScope use([kernel](KernelPolicy& p) {
           p.mla_batch = kernel;
@@ -1310,14 +1310,14 @@ TEST_P(GpuBatch, MlaDecode) {
         expect_bytes_equal(again.from_gpu(), got, pw + ", second run");
       }
       for (int f : {1, 3, 7}) {
-        const std::string fw = what + ", shared decode, " + std::to_string(f) + " forced splits";
-        auto four = out_twin<bf16>(want.size()), two = out_twin<bf16>(want.size());
+        const std::string fw = what + ", shared2 decode, " + std::to_string(f) + " forced splits";
+        auto two = out_twin<bf16>(want.size());
         {
           const PolicyScope force([f](KernelPolicy& p) {
-            p.mla_batch = MlaBatch::shared;
+            p.mla_batch = MlaBatch::shared2;
             p.mla_batch_splits = f;
           });
-          decode(four);
+          decode(two);
           if (f == 3) {
             // Each live row alone (rows = 1, its slot), into a copy of the batch's output.
             auto alone = out_twin<bf16>(want.size());
@@ -1328,19 +1328,10 @@ TEST_P(GpuBatch, MlaDecode) {
                                      width, RowBatch{sl.g.data() + b, nullptr, 1}, kg,
                                      alone.g.data() + b * row, nh, softmax_scale);
             }
-            expect_bytes_equal(alone.from_gpu(), four.from_gpu(), fw + ", each row alone against the batch");
+            expect_bytes_equal(alone.from_gpu(), two.from_gpu(), fw + ", each row alone against the batch");
           }
         }
-        {
-          const PolicyScope force([f](KernelPolicy& p) {
-            p.mla_batch = MlaBatch::shared2;
-            p.mla_batch_splits = f;
-          });
-          decode(two);
-        }
-        const auto fg = four.from_gpu();
-        expect_bf16_written(fg, want, mask, fw);
-        expect_bytes_equal(two.from_gpu(), fg, fw + ", shared2 against shared");
+        expect_bf16_written(two.from_gpu(), want, mask, fw);
         // shared32 at the same split count: its own bits (the softmax steps per 32 rows), against
         // the CPU, and a row decoded alone gives its bytes in the batch.
         const std::string w32 = what + ", shared32 decode, " + std::to_string(f) + " forced splits";
@@ -1766,9 +1757,13 @@ constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1,    MoePipeline::spread
                                          MoePipeline::ring,  MoePipeline::split,  MoePipeline::slots,
                                          MoePipeline::ringpf};
 /// Whether slots runs B rows of k routes on the single-row kernels (up to cuda::kMaxRowsSlotsMoe
-/// rows, where their down launch fits: the one-row op's bytes); elsewhere it runs ring.
+/// rows, where their down launch fits: the one-row op's bytes), as the rule (dispatch.cu's
+/// moe_grouped_plan) says; elsewhere it runs auto's choice above the slots rows (ringpf).
 bool on_slots(MoePipeline m, int B, int k, bool shared) {
-  return m == MoePipeline::slots && cuda::moe_grouped_on_slots(m, B, k, shared);
+  KernelPolicy policy;
+  policy.moe_pipeline = m;
+  return cuda::moe_grouped_plan(policy, B, cuda::moe_slots_fit(B, k, shared), true).kernel ==
+         cuda::MoeKernel::slots;
 }
 /// Whether a pipeline gives v1's bytes at B rows: split cuts each item's reduction into fixed parts
 /// (its own bytes); slots on the single-row kernels gives the one-row op's.
@@ -1840,6 +1835,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         const bool wide = B > cuda::kMaxBatchRows;
         const bool block_items = pipe == MoePipeline::automatic || pipe == MoePipeline::slots;
         const uint64_t launches = !wide ? 2u : pipe == MoePipeline::split || block_items ? 4u : 3u;
+        gpu().reset_kernels_chosen();
         EXPECT_EQ(kernels_of([&] {
                     gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
                                               RowBatch{sl.g.data(), nullptr, B}, k, c.shared ? &shg : nullptr,
@@ -1847,6 +1843,22 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
                   }),
                   launches)
             << pwhat;
+        // The kernel record names what ran: the pipeline's kernels, " wide" past kMaxBatchRows rows
+        // (split: launches of at most 128); slots past its rows auto's choice above them (ringpf,
+        // or v1 where ring's rings do not fit; past kMaxBatchRows rows the block items).
+        {
+          const std::string ran = gpu().kernels_chosen().text(), op = "moe_experts_grouped=";
+          const std::string wide_suffix = wide ? " wide" : "";
+          if (on_slots(pipe, B, k, c.shared)) {
+            EXPECT_EQ(ran, op + "slots") << pwhat;
+          } else if (block_items && wide) {
+            EXPECT_EQ(ran, op + "block items") << pwhat;
+          } else if (pipe == MoePipeline::slots) {
+            EXPECT_TRUE(ran == op + "ringpf" || ran == op + "v1") << pwhat << ": " << ran;
+          } else {
+            EXPECT_EQ(ran, op + to_string(pipe) + (pipe == MoePipeline::split ? "" : wide_suffix)) << pwhat;
+          }
+        }
         const auto got = out.from_gpu();
         expect_f32_close(masked(got, mask), masked(want, mask), pwhat, 1.0 / 128, 1.0 / 256);
         expect_outside_unchanged(got, want, mask, pwhat);
@@ -1911,7 +1923,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
 // reordering moves a sum by ~k * 2^-24 of the summed magnitudes, below that at these k). One row
 // past the batch is poisoned too and must keep its bytes. Invariance: every row at B < 16 must be
 // bit for bit the same row at B = 16 (rows_gemv's arithmetic for a row does not depend on the
-// others, dense.cu). cuBLASLt (rows_linear = cublaslt) is checked against the CPU at B = 2 and 16.
+// others, rows_gemv.cu). cuBLASLt (rows_linear = cublaslt) is checked against the CPU at B = 2 and 16.
 struct BatchedLinear {
   const char* name;
   int n, k;

@@ -1,9 +1,10 @@
 // Every GEMV kernel variant (ops::GemvVariant, selected here through the GPU backend's kernel
-// policy) against the CPU reference and, where the variant keeps v1's k-split, against
-// v1's bits: BF16 GEMVs with BF16 and fp32 outputs, FP8 GEMVs with row scales, the row map
-// (mla_out_v), the head with its fused argmax, and linear_group (v1's kernel) against the separate
-// GEMVs of each variant. The shapes give every k-split the GPU picks (1 .. 8 at 132 SMs), 2 to 8
-// chunks per lane, odd n, k whose parts or unrolls end part-way, and shapes a variant leaves to v1.
+// policy) against the CPU reference and against v1's bits (every variant keeps v1's k-split): BF16
+// GEMVs with BF16 and fp32 outputs, FP8 GEMVs with row scales, the row map (mla_out_v), the head
+// with its fused argmax, and linear_group (v1's kernel) against the separate GEMVs of each variant.
+// The shapes give every k-split the GPU picks (1 .. 8 at 132 SMs), 2 to 8 chunks per lane, odd n,
+// k whose parts or unrolls end part-way, and shapes a variant leaves to v1. (The comparison
+// variants rows2 and fp8split: dev/cuda/gemv.cu.)
 // Each shape's reference is computed once and every variant is compared with it. Tolerances:
 // gpu_test_util.hpp (BF16: 2 ulps + 1/4096 of the largest |reference|, 90% bit-identical; fp32:
 // 1e-5 relative + 1e-4 of the largest |reference|, as the Linear test of test_gpu_dense.cpp).
@@ -18,8 +19,7 @@
 namespace mtplab::ops::gputest {
 namespace {
 
-constexpr GemvVariant kVariants[] = {GemvVariant::v1,  GemvVariant::rows2,    GemvVariant::rows4,
-                                     GemvVariant::occ, GemvVariant::fp8split, GemvVariant::automatic};
+constexpr GemvVariant kVariants[] = {GemvVariant::v1, GemvVariant::rows4, GemvVariant::occ, GemvVariant::automatic};
 
 /// The variant for one scope (the rest of the policy as it is); the previous policy is restored at
 /// its end.
@@ -30,12 +30,6 @@ class VariantScope {
  private:
   PolicyScope scope_;
 };
-
-/// Whether the variant promises v1's bits for this kind of weight (fp8split changes the FP8 split;
-/// automatic may pick it).
-bool keeps_v1_bits(GemvVariant v, bool fp8) {
-  return !(fp8 && (v == GemvVariant::fp8split || v == GemvVariant::automatic));
-}
 
 std::string label(GemvVariant v) { return std::string("variant ") + to_string(v); }
 
@@ -84,7 +78,7 @@ TEST(GpuGemvVariants, LinearBf16AndFp32) {
       if (v == GemvVariant::v1) {
         v1_bits = got;
         v1_bits_f = got_f;
-      } else if (keeps_v1_bits(v, false)) {
+      } else {
         expect_bytes_equal(got, v1_bits, "linear: v1's bits");
         expect_bytes_equal(got_f, v1_bits_f, "linear_f32: v1's bits");
       }
@@ -115,7 +109,7 @@ TEST(GpuGemvVariants, LinearFp8) {
       expect_bf16_close(got, want, "linear_fp8");
       if (v == GemvVariant::v1) {
         v1_bits = got;
-      } else if (keeps_v1_bits(v, true)) {
+      } else {
         expect_bytes_equal(got, v1_bits, "linear_fp8: v1's bits");
       }
     }
@@ -126,9 +120,9 @@ TEST(GpuGemvVariants, RowMapOutV) {
   struct OutV {
     int heads, dqk, dv, kv_lora;
   };
-  // glm5.3-flash (groups of 256 rows: every variant's rows share a group); 96-row groups (rows2 and
-  // rows4 take them: a multiple of their 16 / 32 rows per block and iteration); 40-row groups (not a
-  // multiple: the rows variants leave them to v1).
+  // glm5.3-flash (groups of 256 rows: every variant's rows share a group); 96-row groups (rows4
+  // takes them: a multiple of its 32 rows per block and iteration); 40-row groups (not a multiple:
+  // the rows variant leaves them to v1).
   Rng rng(23);
   for (const OutV& s : {OutV{64, 256, 256, 512}, OutV{48, 32, 96, 256}, OutV{130, 24, 40, 128}}) {
     SCOPED_TRACE("mla_out_v heads " + std::to_string(s.heads) + " dv " + std::to_string(s.dv) + " kv_lora " +
@@ -203,7 +197,7 @@ TEST(GpuGemvVariants, HeadArgmax) {
         if (v == GemvVariant::v1) {
           v1_bits = got;
           v1_out = got_out;
-        } else if (keeps_v1_bits(v, fp8)) {
+        } else {
           expect_bytes_equal(got, v1_bits, "head logits: v1's bits");
           EXPECT_EQ(got_out.index, v1_out.index) << seed_note();
         }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -149,7 +150,7 @@ TEST(GpuKernelPolicy, AGraphLaunchesOnlyUnderThePolicyItWasRecordedWith) {
 
   const KernelPolicy recorded = gpu().kernel_policy();
   for (const auto& [field, text] : std::vector<std::pair<std::string, std::string>>{
-           {"gemv_variant", "rows2"},
+           {"gemv_variant", "rows4"},
            {"gemv_split", "2"},
            {"pdl", recorded.pdl ? "off" : "on"},
            {"nccl_blocking", recorded.nccl_blocking ? "off" : "on"}}) {
@@ -170,6 +171,63 @@ TEST(GpuKernelPolicy, AGraphLaunchesOnlyUnderThePolicyItWasRecordedWith) {
     graph->launch();
     expect_bytes_equal(replayed.from_gpu(), eager.from_gpu(), "graph replay after the policy is back");
   }
+}
+
+// Backend::kernels_chosen: every launcher notes the kernel its dispatch rule (or the policy) chose,
+// per op, from the last reset; the texts follow the policy that forced them.
+TEST(GpuKernelPolicy, TheRecordNamesTheKernelEachOpRan) {
+  Rng rng(44);
+  const int n = 65536, k = 1024, rows = 2;
+  Twin<bf16> W(rng.bf16s(static_cast<size_t>(n) * k, -1.0f, 1.0f));
+  Twin<bf16> x(rng.bf16s(static_cast<size_t>(rows) * k, -1.0f, 1.0f));
+  auto y = out_twin<bf16>(static_cast<size_t>(rows) * n);
+  Twin<int32_t> slot(std::vector<int32_t>{0, 1});
+  auto out = out_twin<ArgMax>(rows);
+  struct Case {
+    std::string field, value, op, kernel;
+    std::function<void()> run;
+  };
+  auto linear1 = [&] { gpu().linear(W.g.data(), x.g.data(), y.g.data(), 1, n, k); };
+  auto linear2 = [&] { gpu().linear(W.g.data(), x.g.data(), y.g.data(), rows, 128, k, RowsMode::batched); };
+  auto head2 = [&] {
+    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{slot.g.data(), nullptr, rows}, n, k, 0,
+                            nullptr, n, out.g.data());
+  };
+  const std::vector<Case> cases = {
+      {"gemv_variant", "v1", "gemv_bf16", "v1 split 2", linear1},
+      {"gemv_variant", "rows4", "gemv_bf16", "rows4 split 1", linear1},
+      {"rows_linear", "gemv", "linear", "rows_gemv", linear2},
+      {"rows_linear", "cublaslt", "linear", "cublaslt", linear2},
+      {"head_gemm", "mma", "head_argmax_batch", "mma", head2},
+      {"head_gemm", "cublaslt", "head_argmax_batch", "cublaslt", head2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field + " = " + c.value);
+    const PolicyScope scope([&](KernelPolicy& p) {
+      parse_field(p, c.field, c.value);
+      p.gemv_split = c.value == "v1" ? 2 : c.value == "rows4" ? 1 : 0;
+    });
+    gpu().reset_kernels_chosen();
+    c.run();
+    gpu().synchronize();
+    const auto named = gpu().kernels_chosen().named();
+    EXPECT_EQ(named, (std::vector<std::pair<std::string, std::string>>{{c.op, c.kernel}}))
+        << gpu().kernels_chosen().text();
+  }
+  // A second kernel of the same op is listed after the first; a reset empties the record.
+  {
+    const PolicyScope mma([](KernelPolicy& p) { p.head_gemm = HeadGemm::mma; });
+    gpu().reset_kernels_chosen();
+    head2();
+  }
+  {
+    const PolicyScope lt([](KernelPolicy& p) { p.head_gemm = HeadGemm::cublaslt; });
+    head2();
+  }
+  gpu().synchronize();
+  EXPECT_EQ(gpu().kernels_chosen().text(), "head_argmax_batch=mma,cublaslt");
+  gpu().reset_kernels_chosen();
+  EXPECT_TRUE(gpu().kernels_chosen().empty());
 }
 
 }  // namespace

@@ -10,6 +10,10 @@
 // - Bad arguments (sizes, positions past the cache, unknown blocks) throw mtplab::Error naming
 //   the op and the value; a GPU kernel cannot check what the CPU checks here.
 // - One instance is not thread-safe (scratch buffers are members).
+// - The kernel record notes "cpu" for each op whose CUDA kernel a dispatch rule picks (linear,
+//   linear_f32, linear_fp8, linear_rows_group, head_argmax, head_argmax_batch, the indexer's
+//   scores and selection, the MLA batch ops, moe_experts_grouped), so a point's record is never
+//   empty and says which backend computed each op.
 #pragma once
 #include <vector>
 
@@ -139,6 +143,9 @@ class CpuBackend final : public Backend {
                            TokenStats* out) override;
 
  private:
+  /// Notes in the kernel record (Backend::kernels_chosen) that `op` ran the reference, "cpu": the
+  /// ops whose CUDA kernel a dispatch rule picks, under their Backend names.
+  void ran(const char* op) { kernels_chosen_.note(op, "cpu"); }
   /// Y[r] = sum_j W[., j] X[r, j] in fp32 (no rounding), rows at a time; shared by the linears.
   void linear_fp32_rows(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, const char* op);
   /// Resolves logical row `row` of a paged cache to its slot (block table lookup, checked).

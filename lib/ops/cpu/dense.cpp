@@ -32,6 +32,7 @@ void CpuBackend::linear_fp32_rows(const bf16* W, const bf16* X, float* Y, int ro
 }
 
 void CpuBackend::linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode) {
+  ran("linear");
   require_size("linear", "rows", rows);
   require_size("linear", "n_out", n_out);
   tmp_.resize(static_cast<size_t>(n_out));
@@ -43,6 +44,7 @@ void CpuBackend::linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_o
 }
 
 void CpuBackend::linear_f32(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, RowsMode) {
+  ran("linear_f32");
   linear_fp32_rows(W, X, Y, rows, n_out, k, "linear_f32");
 }
 
@@ -68,6 +70,7 @@ void CpuBackend::linear_group(std::span<const LinearOut> outs, const bf16* x, in
 }
 
 void CpuBackend::linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) {
+  ran("linear_rows_group");
   MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::linear_rows_group: ",
               outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
   require_ptr("linear_rows_group", "X", X);
@@ -91,6 +94,7 @@ void CpuBackend::linear_rows_group(std::span<const LinearOut> outs, const bf16* 
 
 void CpuBackend::linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows,
                             int n_out, int k) {
+  ran("linear_fp8");
   require_size("linear_fp8", "rows", rows);
   require_size("linear_fp8", "n_out", n_out);
   require_size("linear_fp8", "k", k);
@@ -121,6 +125,7 @@ int32_t global_index(const char* op, int64_t index_base, int64_t local) {
 
 void CpuBackend::head_argmax(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
                              int n, int k, int64_t index_base, bf16* logits, ArgMax* out, HeadExtras extras) {
+  ran("head_argmax");
   require_size("head_argmax", "n", n);
   require_size("head_argmax", "k", k);
   require_ptr("head_argmax", "out", out);
@@ -198,6 +203,7 @@ void CpuBackend::argmax_pick(const ArgMax* pairs, int n, int32_t* token) {
 void CpuBackend::head_argmax_batch(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
                                    const RowBatch& rb, int n, int k, int64_t index_base, bf16* logits,
                                    int ld_logits, ArgMax* out, HeadExtras extras) {
+  ran("head_argmax_batch");
   require_rows("head_argmax_batch", rb.slot, rb.rows);
   require_size("head_argmax_batch", "n", n);
   require_size("head_argmax_batch", "k", k);

@@ -198,6 +198,7 @@ void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, cons
 
 void CpuBackend::indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx,
                                       float* scores, int n_heads) {
+  ran("indexer_scores_batch");
   const char* op = "indexer_scores_batch";
   require_rows(op, rb.slot, rb.rows);
   require_ptr(op, "rb.pos", rb.pos);
@@ -216,6 +217,7 @@ void CpuBackend::indexer_scores_batch(const float* q, const float* w, const RowB
 
 void CpuBackend::indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
                                       int max_pools) {
+  ran("indexer_select_batch");
   const char* op = "indexer_select_batch";
   require_rows(op, rb.slot, rb.rows);
   require_ptr(op, "rb.pos", rb.pos);

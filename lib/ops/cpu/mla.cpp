@@ -200,6 +200,7 @@ void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float e
 
 void CpuBackend::mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads,
                                     int dqk, int dv, int kv_lora) {
+  ran("mla_absorb_q_batch");
   per_row("mla_absorb_q_batch", rows, q, static_cast<size_t>(n_heads) * dqk, q_abs,
           static_cast<size_t>(n_heads) * kv_lora,
           [&](const bf16* in, bf16* out) { mla_absorb_q(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
@@ -207,6 +208,7 @@ void CpuBackend::mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_ab
 
 void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb,
                                   KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) {
+  ran("mla_decode_batch");
   const char* op = "mla_decode_batch";
   require_rows(op, rb.slot, rb.rows);
   check_kv_slots(op, kv);
@@ -226,6 +228,7 @@ void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, i
 
 void CpuBackend::mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads,
                                  int dqk, int dv, int kv_lora) {
+  ran("mla_out_v_batch");
   per_row("mla_out_v_batch", rows, o_lat, static_cast<size_t>(n_heads) * kv_lora, o,
           static_cast<size_t>(n_heads) * dv,
           [&](const bf16* in, bf16* out) { mla_out_v(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });

@@ -186,6 +186,7 @@ void apply_expert(const bf16* Wg, const bf16* Wu, const bf16* Wd, int H, int I, 
 void CpuBackend::moe_experts_grouped(const bf16* x, const ExpertWeights& w, const int32_t* idx,
                                      const float* weights, const RowBatch& rb, int top_k,
                                      const ExpertWeights* shared, float limit, float* out) {
+  ran("moe_experts_grouped");
   const char* op = "moe_experts_grouped";
   require_rows(op, rb.slot, rb.rows);
   require_size(op, "top_k", top_k, 0);

@@ -8,12 +8,12 @@
 // - Nothing here synchronises except download / upload / synchronize / elapsed_ms and the
 //   growth of a scratch buffer, which are refused while the stream is being captured
 //   (begin_capture .. end_capture): run an op once before capturing it so its scratch is sized.
+// - The kernel of every op with more than one is the rule's of dispatch.cu (with the policy's
+//   forced choices); the backend asks it and runs the answer.
 // - RowsMode::batched with rows > 1 goes through the multi-row GEMV (cuda::rows_gemv) where the
-//   policy's rows_linear picks it (automatic: up to kRowsGemvAutoMax rows), else through cuBLASLt
-//   (BF16 in, fp32 accumulate, BF16 or
-//   fp32 out; one handle and one workspace per backend, one cached plan per shape), or through
-//   the small-M tensor-core GEMM (cuda::rows_gemm) for the shapes its table picks
-//   (cuda::rows_gemm_wanted). Everything else is a GEMV launch per row.
+//   policy's rows_linear picks it (dispatch.cu's rows_linear_on_gemv), else through cuBLASLt (BF16
+//   in, fp32 accumulate, BF16 or fp32 out; one handle and one workspace per backend, one cached
+//   plan per shape). Everything else is a GEMV launch per row.
 // - The batched-rows ops (B sequences per op) run the batched launchers of the family headers
 //   (norm.hpp, dense.hpp, ...), one launch per op for all rows.
 // - The kernel choices are the backend's KernelPolicy, kept in ctx_ (the launchers read them
@@ -32,6 +32,7 @@
 #include "core/log.hpp"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dense.hpp"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/elementwise.hpp"
 #include "ops/cuda/indexer.hpp"
 #include "ops/cuda/kernels.hpp"
@@ -153,6 +154,7 @@ class CudaBackend final : public Backend {
     MTP_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = prop.name;
     ctx_.num_sms = prop.multiProcessorCount;
+    ctx_.record = &kernels_chosen_;  // the launchers note their choices (Backend::kernels_chosen)
     // Programmatic dependent launch needs sm_90; the policy's pdl = off turns it off (docs/kernels.md).
     ctx_.pdl_capable = prop.major >= 9;
     MTP_CUDA_CHECK(cudaStreamCreateWithFlags(&ctx_.stream, cudaStreamNonBlocking));
@@ -345,6 +347,7 @@ class CudaBackend final : public Backend {
       if (o.f32_out && o.f32_scale != 1.0f) scale_f32(static_cast<float*>(o.y), o.f32_scale, rows * o.n_out);
     }
     if (n_grouped > 0) {
+      cuda::record_kernel(ctx_, "linear_rows_group", "rows_gemv");
       cuda::rows_gemv_group(ctx_, std::span<const LinearOut>(grouped, static_cast<size_t>(n_grouped)), X, rows, k,
                             rows_gemv_scratch(n_sum, k));
     }
@@ -407,10 +410,10 @@ class CudaBackend final : public Backend {
   // ---- batched rows (ops.hpp, "batched rows"; the launchers: the family headers' batched rows) --
   // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs take up
   // to cuda::kMaxBatchRows rows per launch (more: cuBLASLt), the grouped experts up to
-  // cuda::moe_grouped_launch_rows, the cuBLASLt head head_lt_chunk; larger batches run in groups of
-  // that many. The host checks sizes and pointers; slots, positions, tokens and selections are read
-  // on the device only (a padded row, slot < 0, is skipped there), so the distinct-slot and
-  // in-range rules the CPU reference enforces are the caller's here.
+  // cuda::moe_grouped_launch_rows, the cuBLASLt head cuda::head_lt_launch_rows; larger batches
+  // run in groups of that many. The host checks sizes and pointers; slots, positions, tokens and
+  // selections are read on the device only (a padded row, slot < 0, is skipped there), so the
+  // distinct-slot and in-range rules the CPU reference enforces are the caller's here.
   void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w, bf16* y,
                            int ld_y, int n, float eps) override {
     const char* op = "embed_rmsnorm_batch";
@@ -453,7 +456,9 @@ class CudaBackend final : public Backend {
     }
     if (logits)
       MTP_REQUIRE(ld_logits >= n, "ops::cuda::head_argmax_batch: ld_logits ", ld_logits, " < n ", n);
-    if (W_fp8 ? fp8_head_lt_wanted(rows, n, k) : head_lt_wanted(rows)) {
+    const bool fp8 = W_fp8 != nullptr;
+    if (cuda::head_on_cublaslt(ctx_.policy, fp8, rows, [&] { return fp8_plans_exist(rows, n, k); })) {
+      cuda::record_kernel(ctx_, op, "cublaslt");
       head_argmax_lt(W, W_fp8, row_scale, x, slot, rows, n, k, index_base, logits, ld_logits, out, extras);
       return;
     }
@@ -486,10 +491,8 @@ class CudaBackend final : public Backend {
   void kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float eps, const RowBatch& rb,
                            KvSlots kv) override {
     const char* op = "kv_norm_write_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
-    require_rows(op, slot, rows);
+    const auto [slot, pos, rows, max_seq_rows] = rb;
+    require_rows(op, rb);
     require_kv_slots(op, kv);
     require_ptrs(op, {ckv_pre, w, pos});
     cuda::kv_norm_write_batch(ctx_, ckv_pre, w, eps, slot, pos, rows, kv);
@@ -497,11 +500,9 @@ class CudaBackend final : public Backend {
   void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
                                 const float* ape, const RowBatch& rb, IndexerSlots idx) override {
     const char* op = "indexer_norm_store_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
+    const auto [slot, pos, rows, max_seq_rows] = rb;
     MTP_REQUIRE(rb.max_seq_rows >= 1, "ops::cuda::", op, ": max_seq_rows ", rb.max_seq_rows);
-    require_rows(op, slot, rows);
+    require_rows(op, rb);
     require_indexer_slots(op, idx);
     require_ptrs(op, {k_pre, w, b, gate, ape, pos});
     MTP_REQUIRE(reinterpret_cast<uintptr_t>(idx.k_cache) % 16 == 0,
@@ -513,10 +514,8 @@ class CudaBackend final : public Backend {
   void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx, float* scores,
                             int n_heads) override {
     const char* op = "indexer_scores_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
-    require_rows(op, slot, rows);
+    const auto [slot, pos, rows, max_seq_rows] = rb;
+    require_rows(op, rb);
     require_indexer_slots(op, idx);
     require_ptrs(op, {q, w, pos, scores});
     MTP_REQUIRE(n_heads >= 1 && idx.D >= 4 && idx.D % 4 == 0, "ops::cuda::indexer_scores_batch: n_heads ",
@@ -530,10 +529,8 @@ class CudaBackend final : public Backend {
   void indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
                             int max_pools) override {
     const char* op = "indexer_select_batch";
-    const int32_t* slot = rb.slot;
-    const int32_t* pos = rb.pos;
-    const int rows = rb.rows;
-    require_rows(op, slot, rows);
+    const auto [slot, pos, rows, max_seq_rows] = rb;
+    require_rows(op, rb);
     MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select_batch: K ", K, ", P ", P,
                 ", max_pools ", max_pools);
     require_ptrs(op, {scores, pos, selection});
@@ -565,7 +562,7 @@ class CudaBackend final : public Backend {
                 ", width ", width, ", rows ", rows, " (at most 65535)");
     MTP_REQUIRE(width == 0 || selection, "ops::cuda::mla_decode_batch: selection is null");
     const bool fp8 = kv.cache.dtype == KvDtype::fp8;
-    const int splits = cuda::mla_decode_batch_splits(ctx_, width, n_heads, rows, fp8);
+    const int splits = cuda::mla_batch_splits(ctx_, width, n_heads, rows, fp8);
     const size_t floats =
         cuda::mla_decode_batch_scratch_floats(ctx_, splits, n_heads, kv.cache.kv_lora, rows, fp8);
     float* scratch =
@@ -626,7 +623,7 @@ class CudaBackend final : public Backend {
     }
     // One launch for up to moe_grouped_launch_rows rows (each active expert read once), more in
     // launches of that many.
-    const int most = cuda::moe_grouped_launch_rows(ctx_.policy.moe_pipeline);
+    const int most = cuda::moe_grouped_launch_rows(ctx_.policy);
     const int chunk = std::min(rows, most);
     bf16* act = static_cast<bf16*>(moe_batch_act_.ensure(
         sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_act_elems(chunk, top_k, routed.inter,
@@ -682,6 +679,7 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(rows >= 1, "ops::cuda::", op, ": rows = ", rows);
     MTP_REQUIRE(slot, "ops::cuda::", op, ": slot is null");
   }
+  static void require_rows(const char* op, const RowBatch& rb) { require_rows(op, rb.slot, rb.rows); }
   static void require_ptrs(const char* op, std::initializer_list<const void*> ptrs) {
     int i = 0;
     for (const void* p : ptrs) {
@@ -702,51 +700,13 @@ class CudaBackend final : public Backend {
         "ops::cuda::", op, ": IndexerSlots of ", idx.slots, " slots, D ", idx.D, ", P ", idx.P, ", max_rows ",
         idx.max_rows, " (a whole number of pools)");
   }
-  /// Whether the batched BF16 head runs as cuBLASLt + argmax (KernelPolicy::head_gemm): forced by
-  /// the policy, else from the measurement (docs/kernels.md, "Batched kernels"; one H200, the
-  /// glm5.3-flash head [154880 x 4096], 2026-12-02): cuBLASLt + argmax + finish took 308 / 326 /
-  /// 330 / 344 / 356 us at 1 / 4 / 16 / 64 / 128 rows against the fused MMA kernel's 342 / 339 /
-  /// 368 / 505 / 1121 us: the fused kernel's tensor-core work, not W's bytes, sets its time from
-  /// 16 rows up, and the extra pass over the logits costs less than the difference at every size.
-  /// So automatic is cuBLASLt for every batched head of 2 or more rows (one row: the fused kernel,
-  /// as the single-sequence path has its own head). gemv names the FP8 head's multi-row GEMV
-  /// (cuda::head_argmax_batch picks it); there is no BF16 one, so BF16 rows take automatic's choice.
-  bool head_lt_wanted(int rows) const {
-    switch (ctx_.policy.head_gemm) {
-      case HeadGemm::mma:
-        return false;
-      case HeadGemm::cublaslt:
-        return true;
-      case HeadGemm::automatic:
-      case HeadGemm::gemv:
-      case HeadGemm::wgmma:
-        break;
-    }
-    return rows >= kHeadLtMinRows;
-  }
-  static constexpr int kHeadLtMinRows = 2;
-  /// The FP8 head through cuBLASLt's FP8 GEMM (head_argmax_lt): under cublaslt always, under
-  /// automatic from kFp8HeadLtMinRows rows; in both only where cuBLASLt has an algorithm for the
-  /// shape (fp8_plan_for), else the fused kernels (cuda::head_argmax_batch) as before.
-  bool fp8_head_lt_wanted(int rows, int n, int k) {
-    const HeadGemm h = ctx_.policy.head_gemm;
-    if (h != HeadGemm::cublaslt && !(h == HeadGemm::automatic && rows >= kFp8HeadLtMinRows)) return false;
-    // Every launch's rows: head_lt_chunk at a time, then the rest.
-    const int chunk = head_lt_chunk(rows);
+  /// Whether cuBLASLt has an FP8 algorithm for every launch of a head of `rows` rows
+  /// (cuda::head_lt_launch_rows at a time, then the rest): the condition of the FP8 head on
+  /// cuBLASLt (dispatch.cu's head_on_cublaslt), else the fused kernels (cuda::head_argmax_batch).
+  bool fp8_plans_exist(int rows, int n, int k) {
+    const int chunk = cuda::head_lt_launch_rows(rows);
     const int rest = rows % chunk;
     return (rows < chunk || fp8_plan_for(chunk, n, k) != nullptr) && (rest == 0 || fp8_plan_for(rest, n, k) != nullptr);
-  }
-  /// Measured on an H200 (docs/kernels.md, "The FP8 head on cuBLASLt"; graph mode, per launch):
-  /// 164 / 170 / 179 / 200 / 242 / 395 us at 4 / 8 / 16 / 32 / 64 / 128 rows against the fused
-  /// kernels' 189 / 190 / 252 / 279 / 330 / 467, and 161 against the multi-row GEMV's 155 at 2 rows.
-  static constexpr int kFp8HeadLtMinRows = 4;
-  /// Rows of one cuBLASLt head launch: kMaxBatchRows for a batch of at most that many (the draft
-  /// step's), else cuda::kHeadLtWideRows (a verification's B x (k + 1) rows). Past 128 rows the head's
-  /// GEMM is bound by its tensor-core work, not by reading W (154880 x 4096 at 256 rows: 325 GFLOP
-  /// against 1.3 GB), so launches of 256 rows lose little to reading W once a launch and keep the
-  /// logits scratch (FP8: fp32 [2 x rows][n]) at 317 MB.
-  static int head_lt_chunk(int rows) {
-    return rows > cuda::kMaxBatchRows ? cuda::kHeadLtWideRows : cuda::kMaxBatchRows;
   }
   /// head_argmax_batch through cuBLASLt: logits [r][n] into scratch, the per-row argmax over them,
   /// then head_finish_rows writes the live rows' results (and their logits when wanted). FP8 rows
@@ -758,10 +718,10 @@ class CudaBackend final : public Backend {
                       const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits, int ld_logits,
                       ArgMax* out, HeadExtras extras) {
     const char* op = "head_argmax_batch (cublaslt)";
-    // Sized for a full launch of head_lt_chunk rows whatever this call's rows, so that a graph
+    // Sized for a full launch of head_lt_launch_rows rows whatever this call's rows, so that a graph
     // captured at a larger batch bucket than the eager call before it needs no growth (Scratch
     // refuses to grow while capturing) up to kMaxBatchRows rows.
-    const int chunk = head_lt_chunk(rows);
+    const int chunk = cuda::head_lt_launch_rows(rows);
     const size_t logit_bytes = W_fp8 ? 0 : (sizeof(bf16) * static_cast<size_t>(chunk) * n + 255) / 256 * 256;
     const size_t pair_bytes = (sizeof(ArgMax) * chunk + 255) / 256 * 256;
     const size_t d_bytes = W_fp8 ? sizeof(float) * 2 * static_cast<size_t>(chunk) * n : 0;
@@ -841,13 +801,11 @@ class CudaBackend final : public Backend {
     MTP_REQUIRE(rows >= 1 && n_out >= 1 && k >= 1, "ops::cuda::", op, ": rows ", rows, ", n_out ", n_out,
                 ", k ", k);
     if (rows > 1 && mode == RowsMode::batched) {
-      // The multi-row GEMV (KernelPolicy::rows_linear), else cuBLASLt, or the small-M tensor-core
-      // GEMM for the shapes its table picks (rows_gemm_wanted).
-      if (rows_gemv_wanted(rows, n_out, k, W, X)) {
+      // The multi-row GEMV (KernelPolicy::rows_linear), else cuBLASLt.
+      const bool gemv = rows_gemv_wanted(rows, n_out, k, W, X);
+      cuda::record_kernel(ctx_, op, gemv ? "rows_gemv" : "cublaslt");
+      if (gemv) {
         cuda::rows_gemv(ctx_, W, X, Y, f32_out, rows, n_out, k, rows_gemv_scratch(n_out, k));
-      } else if (cuda::rows_gemm_wanted(rows, n_out, k, f32_out) && pointer_alignment(W) >= 16 &&
-                 pointer_alignment(X) >= 16) {
-        cuda::rows_gemm(ctx_, W, X, k, Y, f32_out, n_out, rows, n_out, k, GemvRowMap{n_out, 0, 0, 0});
       } else {
         gemm(W, X, Y, f32_out, rows, n_out, k);
       }
@@ -861,30 +819,10 @@ class CudaBackend final : public Backend {
     }
   }
 
-  /// Whether a batched linear of `rows` rows (>= 2) runs the multi-row GEMV (KernelPolicy::rows_linear):
-  /// gemv forces it up to cuda::kMaxRowsGemv rows (the launcher refuses a k that is not a multiple
-  /// of 8 or unaligned operands), cublaslt never takes it, automatic takes it up to
-  /// kRowsGemvAutoMax rows where it applies (k % 8 == 0, 16-byte aligned W and X) and leaves the
-  /// rest to cuBLASLt.
+  /// Whether a batched linear of `rows` rows (>= 2) runs the multi-row GEMV (dispatch.cu).
   bool rows_gemv_wanted(int rows, int n, int k, const void* W, const void* X) const {
-    switch (ctx_.policy.rows_linear) {
-      case RowsLinear::cublaslt:
-        return false;
-      case RowsLinear::gemv:
-        return rows <= cuda::kMaxRowsGemv;
-      case RowsLinear::automatic:
-        break;
-    }
-    return rows <= kRowsGemvAutoMax && static_cast<int64_t>(rows) * n * k <= kRowsGemvAutoWork &&
-           k % 8 == 0 && pointer_alignment(W) >= 16 && pointer_alignment(X) >= 16;
+    return cuda::rows_linear_on_gemv(ctx_.policy, rows, n, k, pointer_alignment(W) >= 16 && pointer_alignment(X) >= 16);
   }
-  /// rows_linear = auto, from the measured comparison with cuBLASLt (bench_kernels' "batch
-  /// rows_linear" cases on one H200, docs/kernels.md): the GEMV wins the small weights (kv_a, the
-  /// indexer's wk / gate / wq_b, the router: 1-3 us of cuBLASLt's ~5 us floor per launch) up to 8
-  /// rows, and loses the large ones (eh_proj, o_proj: 1.3-3.8x slower from 2 rows), so it takes a
-  /// linear of at most 8 rows whose rows x n x k is at most 20 M multiply-adds.
-  static constexpr int kRowsGemvAutoMax = 8;
-  static constexpr int64_t kRowsGemvAutoWork = 20'000'000;
   /// rows_gemv's workspace and counters for [n x k], sized for cuda::kMaxRowsGemv rows whatever
   /// this call's (a graph captured at a larger batch than the eager call before it needs no growth;
   /// Scratch refuses to grow while capturing). Counters are zeroed when allocated; every launch

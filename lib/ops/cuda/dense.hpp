@@ -1,5 +1,8 @@
-// Host launchers of the dense kernels (dense.cu; the CPU reference: cpu/dense.cpp). What every launcher
-// shares (LaunchCtx, the invariants): kernels.hpp.
+// Host launchers of the dense kernels (the CPU reference: cpu/dense.cpp), one family header over
+// the files that hold them: gemv.cu (the single-row GEMVs, linear_group and the single-row head),
+// argmax.cu (the argmax family), head.cu (the batched head and the cuBLASLt head's launches),
+// rows_gemm.cu (the skinny tensor-core GEMM), rows_gemv.cu (the multi-row GEMV). What every
+// launcher shares (LaunchCtx, the invariants): kernels.hpp.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -35,7 +38,7 @@ struct GemvRowMap {
 int gemv_max_grid(int num_sms);
 
 // The GEMV launchers take their kernel from ctx.policy.gemv_variant (ops::GemvVariant,
-// ops/kernel_policy.hpp): automatic is chosen per shape (a table in dense.cu); rows2, rows4
+// ops/kernel_policy.hpp): automatic is chosen per shape (a table in gemv.cu); rows2, rows4
 // and occ give the same bits as v1 (same k-split, each lane's chunks of a row summed in ascending
 // order) and run v1 on shapes they do not cover; fp8split gives FP8 rows the k-split of BF16 rows of
 // the same length (not v1's bits) and runs v1 for BF16. ctx.policy.gemv_split, when not 0, forces
@@ -78,38 +81,26 @@ size_t head_packed_x_elems(int k);
 /// Whether this build's device code has the warpgroup MMA (the sm_90a target): the wgmma FP8
 /// head (KernelPolicy::head_gemm wgmma) needs it.
 bool have_wgmma();
-/// Fewest rows the FP8 head takes the wgmma kernel at under head_gemm auto: from 17, where the
-/// mma.sync kernel leaves its resident mode (measured on an H200, docs/kernels.md, "The FP8 head
-/// on wgmma": 279 against 337 us at 32 rows, 334 / 447 at 64, 457 / 704 at 128; equal at 16).
-inline constexpr int kMinRowsWgmmaHead = 17;
 /// head_argmax_batch of up to kMaxBatchRows rows in one launch, the argmax fused, every weight row
-/// read once: the skinny GEMM (W rows x the batch's rows on the tensor cores), or, for FP8 rows at
-/// 1 .. kMaxRowsGemvHead rows under ctx.policy.head_gemm gemv (1 .. kMaxRowsGemvHeadAuto under auto), the multi-row GEMV head
-/// (dense.cu; where its activations fit its shared memory, head_gemv_fits). k % 16 == 0; W (or
-/// W_fp8) and x 16-byte aligned.
+/// read once: the kernel dispatch.cu's head_fused_kernel picks (the skinny GEMM, W rows x the
+/// batch's rows on the tensor cores; for FP8 rows the multi-row GEMV head or the wgmma head).
+/// k % 16 == 0; W (or W_fp8) and x 16-byte aligned.
 void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8, const float* row_scale,
                        const bf16* x, const int32_t* slot, int rows, int n, int k, int64_t index_base,
                        bf16* logits, int ld_logits, ArgMax* out, HeadExtras extras,
                        const HeadBatchScratch& s);
 /// Y[b, r] = sum_j W[row(r), j] X[b, j] over the map's rows (GemvRowMap: group r / rows_per_group,
-/// x row b at x + b * ldx + group * x_group_stride), BF16 (rounded once) or fp32 out at
-/// y + b * ldy + r; up to kMaxBatchRows rows. The small-M tensor-core GEMM of the batched linears
-/// and mla_out_v_batch. k % 16 == 0, rows_per_group % 16 == 0 (or one group), W / x 16-byte
-/// aligned, ldx and x_group_stride multiples of 8.
-void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, void* y, bool f32_out,
-               int64_t ldy, int rows, int n, int k, const GemvRowMap& map);
-/// Whether the batched linear of this shape (RowsMode::batched, rows >= 2) runs rows_gemm instead of
-/// cuBLASLt: a fixed per-shape table (dense.cu) from the measured comparison in
-/// docs/kernels.md, so the choice is part of the code, not of the process.
-bool rows_gemm_wanted(int rows, int n, int k, bool f32_out);
+/// x row b at x + b * ldx + group * x_group_stride), rounded once to BF16 at y + b * ldy + r; up to
+/// kMaxBatchRows rows. The small-M tensor-core GEMM of mla_out_v_batch. k % 16 == 0,
+/// rows_per_group % 16 == 0 (or one group), W / x 16-byte aligned, ldx and x_group_stride
+/// multiples of 8.
+void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, bf16* y, int64_t ldy, int rows,
+               int n, int k, const GemvRowMap& map);
 /// Most rows one rows_gemv launch takes (the batch rows of a batched linear at small B).
 inline constexpr int kMaxRowsGemv = 16;
 /// Most rows the multi-row GEMV head takes (the FP8 head under KernelPolicy::head_gemm gemv); more
 /// rows run the skinny GEMM.
 inline constexpr int kMaxRowsGemvHead = 4;
-/// Most rows head_gemm auto gives the multi-row GEMV head: at 4 rows the resident MMA kernel with
-/// FP16 operands is faster (191 against 210 us on an H200, docs/kernels.md).
-inline constexpr int kMaxRowsGemvHeadAuto = 3;
 /// Whether the multi-row GEMV head can run `rows` rows of k columns: 1 .. kMaxRowsGemvHead rows,
 /// k % 16 == 0, and the rows' activations as fp32 (rows x k x 4 bytes, k rounded up to 512) within
 /// its shared memory (112 KB: k <= 7168 at 4 rows). Otherwise the FP8 head runs the skinny GEMM
@@ -130,7 +121,7 @@ int rows_gemv_counters(int n, int k);
 /// Y[r, j] = sum_i W[j, i] X[r, i] for rows 1 .. kMaxRowsGemv (X [rows][k], Y [rows][n]; BF16 rounded
 /// once, or fp32): the multi-row GEMV of the batched linears (KernelPolicy::rows_linear), every W
 /// element loaded once for all rows. A row's result is bit for bit the same whatever the other rows
-/// and their count (dense.cu). k % 8 == 0; W and X 16-byte aligned.
+/// and their count (rows_gemv.cu). k % 8 == 0; W and X 16-byte aligned.
 void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool f32_out, int rows, int n,
                int k, const RowsGemvScratch& s);
 /// rows_gemv of several weights against the same X in one launch (ops::Backend::linear_rows_group):

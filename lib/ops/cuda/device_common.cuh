@@ -1,6 +1,7 @@
 // Device helpers shared by the kernels of lib/ops/cuda: BF16 / FP8 unpacking from 16-byte
 // vectors, streaming loads, a lane's share of row dot products (the GEMV family's and the
-// single-row experts'), warp reductions and the order-preserving argmax key.
+// single-row experts'), warp reductions (sums, the reduce-scatter butterfly, maxima) and the
+// order-preserving argmax key.
 //
 // Invariants:
 // - The argmax key is the CPU reference's (ops/cpu/cpu_math.hpp): high 32 bits map the float
@@ -34,6 +35,12 @@ __device__ __forceinline__ void pdl_begin() {
 
 constexpr int kWarp = 32;
 
+/// Barrier among `threads` threads (whole warps) of the block on named barrier `id` (1 .. 15; 0 is
+/// __syncthreads'): groups of warps that share a row or a tile wait for each other only.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 /// 16-byte load of data read once (weights): skips L1 so the small reused vectors stay there.
 __device__ __forceinline__ uint4 load_stream(const void* p) {
   uint4 r;
@@ -62,6 +69,14 @@ __device__ __forceinline__ float dot_bf16x8(const uint4& w, const uint4& x, floa
   acc = fmaf(bf16_lo(w.w), bf16_lo(x.w), acc);
   acc = fmaf(bf16_hi(w.w), bf16_hi(x.w), acc);
   return acc;
+}
+
+/// acc + a.x b.x + a.y b.y + a.z b.z + a.w b.w: one fmaf per term, in that order.
+__device__ __forceinline__ float fma4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
 }
 
 /// Two E4M3 values (low byte first) to floats; exact (E4M3 -> half is exact).
@@ -150,6 +165,45 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+
+/// A split row's parts summed in part order, parts[0] first: the combine of every GEMV kernel
+/// (and of the multi-row GEMV's parts and tiles).
+__device__ __forceinline__ float sum_parts(const float* parts, int split) {
+  float acc = parts[0];
+#pragma unroll
+  for (int s = 1; s < split; ++s) acc += parts[s];
+  return acc;
+}
+
+/// The warp's kM values per lane (kM a power of two, at most 32) summed over the 32 lanes: at each
+/// xor offset 16, 8, .. a lane keeps half of its values and adds its partner's copy of that half
+/// (while halves remain; then the plain butterfly), so every sum is bit for bit warp_sum's of that
+/// value. On return v[0] of lane l is value l / (32 / kM)'s sum.
+template <int kM, int kLen, int kO>
+__device__ __forceinline__ void warp_reduce_scatter_from(float (&v)[kM], int lane) {
+  if constexpr (kO >= 1) {
+    if constexpr (kLen >= 2) {
+      constexpr int kHalf = kLen / 2;
+      const bool upper = (lane & kO) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float send = upper ? v[i] : v[i + kHalf];
+        const float keep = upper ? v[i + kHalf] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, kO);
+      }
+      warp_reduce_scatter_from<kM, kHalf, kO / 2>(v, lane);
+    } else {
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], kO);
+      warp_reduce_scatter_from<kM, 1, kO / 2>(v, lane);
+    }
+  }
+}
+template <int kM>
+__device__ __forceinline__ void warp_reduce_scatter(float (&v)[kM], int lane) {
+  static_assert(kM >= 1 && kM <= kWarp && (kM & (kM - 1)) == 0, "kM: a power of two up to 32");
+  warp_reduce_scatter_from<kM, kM, kWarp / 2>(v, lane);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

@@ -1,10 +1,10 @@
 // The pooled lightning indexer (docs/model.md; the CPU reference: cpu/indexer.cpp): the row store
 // and its pool key, the pool scores and the top-k pool selection.
 // - One row: indexer_store (a normed row; the pool key when the row completes its pool),
-//   indexer_scores (a warp scores 4 pools at once), indexer_select (two kernels, the policy's
-//   indexer_select: v2, the default, an 11/11/10-bit radix select that stops at the first digit
-//   whose bin is taken whole; v1, four 8-bit passes); indexer_norm_store runs the batched store
-//   kernel at one row.
+//   indexer_select (an 11/11/10-bit radix select that stops at the first digit whose bin is taken
+//   whole); indexer_norm_store and indexer_scores run the batched kernels at one row. (The former
+//   single-row scores kernel and the v1 selection of four 8-bit passes are comparison kernels in
+//   dev/cuda/indexer.cu.)
 // - Batched rows, every row of the batch in one launch, each row on its own slot's slot-major
 //   arrays (ops::IndexerSlots):
 //   - indexer_norm_store_batch: block b layer-norms k_pre row b into k_cache row pos[b] of slot
@@ -19,7 +19,7 @@
 //     the order-preserving score keys finds the n_sel-th largest key; the larger ones and the first
 //     equal ones in pool order are taken (ties to the lower pool index), written at their rank in
 //     pool order by a block scan, then the tail rows and the -1 padding. A batch of one runs the
-//     single-row v2 kernel (under indexer_select v2), which does nothing for a padded row.
+//     single-row radix kernel, which does nothing for a padded row.
 //   - indexer_share_select (the index_share arm): block b copies anchor row b's pool entries, then
 //     the rows from the anchor's tail to pos[b], then -1 (integer copies: the CPU's entries).
 //
@@ -30,7 +30,7 @@
 // - The selection is exact: a block-wide radix select on the order-preserving 32-bit score key
 //   finds the K/P-th largest score; all larger ones are taken, and the lowest-index equals fill
 //   the rest, so ties go to the lower pool index as the CPU's nth_element comparison does. Every
-//   selection kernel (one row: v2 and v1; batched rows) writes the CPU's selection.
+//   selection kernel (one row: the radix kernel; batched rows) writes the CPU's selection.
 // - A padded row (slot[b] < 0) reads nothing and writes nothing.
 #include <algorithm>
 #include <cmath>
@@ -41,6 +41,7 @@
 #include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/indexer.hpp"
 #include "ops/cuda/indexer_pool.cuh"
 #include "ops/cuda/launch.cuh"
@@ -50,6 +51,21 @@ namespace mtplab::ops::cuda {
 // ==== one row ==========================================================================================
 
 namespace {
+
+// The pieces the kernels share (indexer_pool.cuh).
+using indexer::kPoolsPerWarp;
+using indexer::kScoreThreads;
+using indexer::kScoreWarps;
+using indexer::kSelectThreads;
+using indexer::kTileHeads;
+using indexer::kTilePools;
+using indexer::kTileThreads;
+using indexer::kTileWarps;
+using indexer::tiled_scores_smem;
+using indexer::radix_histogram;
+using indexer::stage_queries;
+using indexer::write_pool_totals;
+using indexer::write_tail_and_padding;
 
 // ---- indexer: store + pool key ----------------------------------------------------------------------
 
@@ -63,264 +79,7 @@ __global__ void indexer_store_kernel(const bf16* k_normed, const float* gate, co
   indexer::finish_row(gate, ape, p, k_cache, gate_cache, valid, pool_keys, D, P);
 }
 
-// ---- indexer: pool scores ----------------------------------------------------------------------------
-
-constexpr int kScoreThreads = 256;
-constexpr int kScoreWarps = kScoreThreads / kWarp;
-constexpr int kPoolsPerWarp = 4;
-
-// What both score kernels (one row, batched rows) run: the query staging and a warp's group of 4
-// pools. Only the accumulation of a head's term differs between them (the single-row kernel lets the
-// compiler contract it into an FMA, the batched one rounds the product and the sum separately), so
-// each passes its own.
-
-/// The query rows (16-byte loads, unrolled so that many are in flight: a scalar loop here was a
-/// chain of dependent round trips) into q_s [n_heads][qstride] and the head weights into w_s.
-/// D % 4 == 0 and q 16-byte aligned (checked at launch). Whole block; the caller syncs.
-__device__ __forceinline__ void stage_queries(const float* q, const float* w, float* q_s, float* w_s,
-                                              int n_heads, int D, int qstride) {
-  const int q_vecs = n_heads * D / 4;
-#pragma unroll 4
-  for (int i = threadIdx.x; i < q_vecs; i += blockDim.x) {
-    const float4 v = __ldg(reinterpret_cast<const float4*>(q) + i);
-    const int h = (4 * i) / D, c = (4 * i) % D;
-    *reinterpret_cast<float4*>(q_s + static_cast<size_t>(h) * qstride + c) = v;
-  }
-  for (int i = threadIdx.x; i < n_heads; i += blockDim.x) w_s[i] = w[i];
-}
-
-/// The warp's 4 pool totals (each lane's partial over its heads) summed over the warp and written
-/// to out[j0 + i] by lane i: -inf past n_cand, nothing past max_pools. Whole warp.
-__device__ __forceinline__ void write_pool_totals(float (&total)[kPoolsPerWarp], int j0, int n_cand, int max_pools,
-                                                  int lane, float* out) {
-#pragma unroll
-  for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
-  if (lane < kPoolsPerWarp) {
-    const int j = j0 + lane;
-    float v = total[0];
-#pragma unroll
-    for (int pl = 1; pl < kPoolsPerWarp; ++pl)
-      if (lane == pl) v = total[pl];
-    if (j < max_pools) out[j] = j < n_cand ? v : -INFINITY;
-  }
-}
-
-/// The scores of the warp's 4 pools j0 .. j0 + 3 (a group with a candidate: j0 < n_cand) into
-/// out[j0 + i]: -inf past n_cand, nothing past max_pools. The 4 keys are staged in my_keys [c][pool]
-/// (zeros past n_cand); for each head h = lane, lane + 32, ... the 4 dot products with the staged
-/// query row run over c ascending (one fmaf per term), and total[i] = add(total[i], w_s[h], dot[i]);
-/// then a warp sum per pool. Whole warp.
-template <typename Add>
-__device__ __forceinline__ void score_pool_group(const float* keys, const float* q_s, const float* w_s,
-                                                 int qstride, int n_heads, int D, int j0, int n_cand,
-                                                 int max_pools, int lane, float* my_keys, float* out,
-                                                 Add&& add) {
-#pragma unroll 4
-  for (int i = lane; i < kPoolsPerWarp * D / 4; i += kWarp) {
-    const int pl = (4 * i) / D;
-    const int c = (4 * i) % D;
-    const float4 k4 =
-        (j0 + pl < n_cand)
-            ? __ldg(reinterpret_cast<const float4*>(keys + static_cast<size_t>(j0 + pl) * D + c))
-            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    my_keys[(c + 0) * kPoolsPerWarp + pl] = k4.x;
-    my_keys[(c + 1) * kPoolsPerWarp + pl] = k4.y;
-    my_keys[(c + 2) * kPoolsPerWarp + pl] = k4.z;
-    my_keys[(c + 3) * kPoolsPerWarp + pl] = k4.w;
-  }
-  __syncwarp();
-  float total[kPoolsPerWarp] = {};
-  for (int h = lane; h < n_heads; h += kWarp) {
-    float dot[kPoolsPerWarp] = {};
-    const float* qh = q_s + static_cast<size_t>(h) * qstride;
-#pragma unroll 4
-    for (int c = 0; c < D; c += 4) {
-      const float4 q4 = *reinterpret_cast<const float4*>(qh + c);
-      const float qv[4] = {q4.x, q4.y, q4.z, q4.w};
-#pragma unroll
-      for (int cc = 0; cc < 4; ++cc) {
-        const float4 k4 = *reinterpret_cast<const float4*>(my_keys + (c + cc) * kPoolsPerWarp);
-        dot[0] = fmaf(qv[cc], k4.x, dot[0]);
-        dot[1] = fmaf(qv[cc], k4.y, dot[1]);
-        dot[2] = fmaf(qv[cc], k4.z, dot[2]);
-        dot[3] = fmaf(qv[cc], k4.w, dot[3]);
-      }
-    }
-#pragma unroll
-    for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = add(total[pl], w_s[h], dot[pl]);
-  }
-  write_pool_totals(total, j0, n_cand, max_pools, lane, out);
-  __syncwarp();  // my_keys is restaged by the next group
-}
-
-/// A warp scores 4 pools at once: lane h holds head h's query row (shared memory, padded for
-/// conflict-free 16-byte reads) and the 4 keys are broadcast [c][pool] from shared memory, so
-/// each query load feeds 4 pools. Non-candidates get -inf.
-__global__ void __launch_bounds__(kScoreThreads)
-    indexer_scores_kernel(const float* q, const float* w, const float* pool_keys, const int32_t* pos,
-                          float* scores, int n_heads, int D, int P, int max_pools) {
-  pdl_begin();
-  extern __shared__ float4 smem_vec[];  // float4: the 16-byte reads below need the alignment
-  float* smem = reinterpret_cast<float*>(smem_vec);
-  const int qstride = D + 4;
-  float* q_s = smem;                                          // [n_heads][D + 4]
-  float* w_s = q_s + static_cast<size_t>(n_heads) * qstride;  // [n_heads]
-  float* key_s = w_s + ((n_heads + 3) / 4) * 4;               // [warps][D][4]
-  // The position is loaded before the query rows, so its round trip overlaps theirs instead of
-  // following the barrier (the pool keys' loads wait for it).
-  const int64_t p = pos[0];
-  stage_queries(q, w, q_s, w_s, n_heads, D, qstride);
-  __syncthreads();
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
-  const float inv_sqrt_d = 1.0f / sqrtf(static_cast<float>(D));
-  float* my_keys = key_s + static_cast<size_t>(warp) * D * kPoolsPerWarp;
-  const int stride = gridDim.x * kScoreWarps * kPoolsPerWarp;
-  for (int j0 = (blockIdx.x * kScoreWarps + warp) * kPoolsPerWarp; j0 < max_pools; j0 += stride) {
-    if (j0 >= n_cand) {
-      for (int p = lane; p < kPoolsPerWarp; p += kWarp)
-        if (j0 + p < max_pools) scores[j0 + p] = -INFINITY;
-      continue;
-    }
-    // A head's term as written: the compiler contracts the add into an FMA.
-    score_pool_group(
-        pool_keys, q_s, w_s, qstride, n_heads, D, j0, n_cand, max_pools, lane, my_keys, scores,
-        [&](float total, float wh, float dot) { return total + wh * fmaxf(dot * inv_sqrt_d, 0.0f); });
-  }
-}
-
-// ---- indexer: selection ------------------------------------------------------------------------------
-
-constexpr int kSelectThreads = 1024;
-
-/// Inclusive block scan of u64 (every thread gets its prefix); also returns the total.
-__device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long v,
-                                                             unsigned long long* total) {
-  return batch::block_exclusive_scan(v, total) + v;
-}
-
-/// The selection's end (every select kernel, whole block): after the n_sel selected pools, the
-/// rows of the incomplete tail pool(s) up to p, then -1 to `width`.
-__device__ __forceinline__ void write_tail_and_padding(int32_t* selection, int64_t p, int n_cand, int n_sel,
-                                                       int P, int width) {
-  const int64_t tail_first = static_cast<int64_t>(n_cand) * P;
-  const int64_t base = static_cast<int64_t>(n_sel) * P;
-  int64_t n_tail = p + 1 - tail_first;
-  if (n_tail > width - base) n_tail = width - base;
-  if (n_tail < 0) n_tail = 0;
-  for (int64_t i = threadIdx.x; i < n_tail; i += blockDim.x)
-    selection[base + i] = static_cast<int32_t>(tail_first + i);
-  for (int64_t i = base + n_tail + threadIdx.x; i < width; i += blockDim.x) selection[i] = -1;
-}
-
-/// One 8-bit pass of the 4-pass radix selects (the single-row v1 and the batched one, whole block):
-/// hist[d] = how many of the n_cand keys match `prefix` above bit shift + 8 and have digit d at
-/// `shift`. The loop bound is uniform across the block, so every warp is converged at the match;
-/// lanes with the same bin add once (the lowest), which spares the atomics on heavy ties. Returns
-/// with hist complete (synced).
-template <typename KeyOf>
-__device__ __forceinline__ void radix_histogram(unsigned int* hist, int n_cand, KeyOf&& key_of,
-                                                uint32_t prefix, int shift) {
-  const int tid = threadIdx.x;
-  const uint32_t high_mask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
-  for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-  __syncthreads();
-  for (int j0 = 0; j0 < n_cand; j0 += blockDim.x) {
-    const int j = j0 + tid;
-    const uint32_t key = j < n_cand ? key_of(j) : 0u;
-    const bool match = j < n_cand && (key & high_mask) == prefix;
-    const unsigned int bin = (key >> shift) & 0xffu;
-    const unsigned int peers = __match_any_sync(0xffffffffu, match ? bin : 0x100u);
-    if (match && (__ffs(peers) - 1) == (tid % kWarp))
-      atomicAdd(&hist[bin], static_cast<unsigned int>(__popc(peers)));
-  }
-  __syncthreads();
-}
-
-__global__ void __launch_bounds__(kSelectThreads)
-    indexer_select_kernel(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
-                          int max_pools, int cached) {
-  // The candidates' order-preserving keys, loaded once into shared memory when they fit
-  // (`cached`, the dynamic shared memory holds max_pools keys): the five passes below then read
-  // shared memory instead of going back to global memory each time.
-  extern __shared__ uint32_t key_cache[];
-  pdl_begin();
-  __shared__ unsigned int hist[256];
-  __shared__ unsigned int s_digit;
-  __shared__ unsigned int s_need;
-  const int tid = threadIdx.x;
-  const int64_t p = pos[0];
-  const int n_cand = static_cast<int>(min(static_cast<int64_t>(max_pools), (p + 1) / P));
-  const int n_sel = min(K / P, n_cand);
-  const int width = K + P - 1;
-  const bool take_all = n_sel == n_cand;
-  if (cached) {
-#pragma unroll 4
-    for (int j = tid; j < n_cand; j += blockDim.x) key_cache[j] = order_preserving_u32(scores[j]);
-    __syncthreads();
-  }
-  auto key_of = [&](int j) { return cached ? key_cache[j] : order_preserving_u32(scores[j]); };
-
-  // Radix select, 8 bits at a time from the top: threshold = key of the n_sel-th largest score.
-  uint32_t prefix = 0;
-  uint32_t need = static_cast<uint32_t>(n_sel);       // how many of the keys matching `prefix` to take
-  if (!take_all && n_sel == 0) prefix = 0xffffffffu;  // K < P: nothing is selected (need stays 0)
-  if (!take_all && n_sel > 0) {
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      radix_histogram(hist, n_cand, key_of, prefix, shift);
-      // Descending digits: thread t < 256 looks at digit 255 - t; inclusive scan from the top.
-      unsigned long long total;
-      const unsigned long long cnt = tid < 256 ? hist[255 - tid] : 0ull;
-      const unsigned long long incl = block_scan_u64(cnt, &total);
-      if (tid < 256 && incl >= need && incl - cnt < need) {
-        s_digit = 255u - tid;
-        s_need = need - static_cast<uint32_t>(incl - cnt);
-      }
-      __syncthreads();
-      prefix |= s_digit << shift;
-      need = s_need;
-      __syncthreads();
-    }
-  }
-  // Now: keys > prefix are taken, and the first `need` keys == prefix in pool order.
-  const int per = (n_cand + kSelectThreads - 1) / kSelectThreads;
-  const int j_begin = min(n_cand, tid * per);
-  const int j_end = min(n_cand, j_begin + per);
-  unsigned long long gt = 0, eq = 0;
-  if (!take_all) {
-    for (int j = j_begin; j < j_end; ++j) {
-      const uint32_t key = key_of(j);
-      gt += key > prefix;
-      eq += key == prefix;
-    }
-  }
-  unsigned long long total;
-  const unsigned long long incl = block_scan_u64(gt | (eq << 32), &total);
-  unsigned long long gt_before = (incl - (gt | (eq << 32))) & 0xffffffffull;
-  unsigned long long eq_before = (incl - (gt | (eq << 32))) >> 32;
-  for (int j = j_begin; j < j_end; ++j) {
-    bool take;
-    int64_t out;
-    if (take_all) {
-      take = true;
-      out = j;
-    } else {
-      const uint32_t key = key_of(j);
-      out = static_cast<int64_t>(gt_before) + static_cast<int64_t>(eq_before < need ? eq_before : need);
-      take = key > prefix || (key == prefix && eq_before < need);
-      gt_before += key > prefix;
-      eq_before += key == prefix;
-    }
-    if (take) {
-      for (int m = 0; m < P; ++m)
-        selection[out * P + m] = static_cast<int32_t>(static_cast<int64_t>(j) * P + m);
-    }
-  }
-  write_tail_and_padding(selection, p, n_cand, n_sel, P, width);
-}
-
-// ---- indexer: selection, radix kernel (the default; docs/kernels.md) ----------------------------------
+// ---- indexer: selection, the radix kernel (docs/kernels.md) -------------------------------------------
 
 // Three digits of the 32-bit key: bits 31..21, 20..10 (11 bits each), then 9..0.
 constexpr int kRadixBins = 2048;
@@ -576,22 +335,17 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
   MTP_REQUIRE(n_heads >= 1 && D >= 4 && D % 4 == 0 && P >= 1 && max_pools >= 1,
               "ops::cuda::indexer_scores: n_heads ", n_heads, ", D ", D, " (a multiple of 4), P ", P,
               ", max_pools ", max_pools);
-  const size_t smem = sizeof(float) * (static_cast<size_t>(n_heads) * (D + 4) + ((n_heads + 3) / 4) * 4 +
-                                       static_cast<size_t>(kScoreWarps) * D * kPoolsPerWarp);
-  MTP_REQUIRE(smem <= 200 * 1024, "ops::cuda::indexer_scores: ", n_heads, " heads x ", D,
-              " do not fit in shared memory");
-  if (smem > 48 * 1024) {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
-  }
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(q) % 16 == 0 && reinterpret_cast<uintptr_t>(pool_keys) % 16 == 0,
               "ops::cuda::indexer_scores: q and pool_keys must be 16-byte aligned");
-  const int pools_per_block = kScoreWarps * kPoolsPerWarp;
-  const int grid =
-      std::max(1, std::min((max_pools + pools_per_block - 1) / pools_per_block, ctx.num_sms * 4));
-  launch(ctx, indexer_scores_kernel, grid, kScoreThreads, smem, q, w, pool_keys, pos, scores, n_heads, D, P,
-         max_pools);
-  MTP_CUDA_LAUNCH_CHECK();
+  // The batched kernel at one row, the sequence's pool keys as slot 0's (below); the scores read
+  // nothing else of the slot's arrays.
+  IndexerSlots idx;
+  idx.pool_keys = const_cast<float*>(pool_keys);
+  idx.slots = 1;
+  idx.max_rows = max_pools * P;
+  idx.D = D;
+  idx.P = P;
+  indexer_scores_batch(ctx, q, w, nullptr, pos, 1, idx, scores, n_heads);
 }
 
 namespace {
@@ -621,20 +375,7 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
                     int P, int max_pools) {
   MTP_REQUIRE(K >= 1 && P >= 1 && max_pools >= 1, "ops::cuda::indexer_select: K ", K, ", P ", P,
               ", max_pools ", max_pools);
-  // Keys in shared memory up to 160 KB of them (40960 pools); beyond, the passes read global memory.
-  const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
-  const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
-  if (ctx.policy.indexer_select == IndexerSelect::v1) {
-    const size_t smem = cached ? cache_bytes : 0;
-    if (smem > 48 * 1024) {
-      MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    }
-    launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
-           cached);
-  } else {
-    launch_select_radix(ctx, scores, nullptr, pos, selection, K, P, max_pools);
-  }
+  launch_select_radix(ctx, scores, nullptr, pos, selection, K, P, max_pools);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -695,8 +436,26 @@ __global__ void __launch_bounds__(kRowThreads)
 
 // ---- scores ------------------------------------------------------------------------------------------
 
-// The single-row scores kernel's block (kScoreThreads, kScoreWarps, kPoolsPerWarp, above).
+// The scores kernel's block (kScoreThreads, kScoreWarps, kPoolsPerWarp: indexer_pool.cuh).
 constexpr int kPoolsPerBlock = kScoreWarps * kPoolsPerWarp;
+
+/// Block row b = blockIdx.y of a batched scores launch: its slot (no slots: the single sequence's
+/// pool keys, slot 0; < 0: a padded row, whose position is not read and whose other fields are 0),
+/// the shape, its candidate pools and its row of the scores.
+struct ScoreRow {
+  int slot, D, P, max_pools, n_cand;
+  float* out;
+};
+__device__ __forceinline__ ScoreRow score_row(const int32_t* slot, const int32_t* pos, const IndexerSlots& idx,
+                                              float* scores) {
+  const int b = blockIdx.y;
+  const int s = slot ? slot[b] : 0;
+  if (s < 0) return ScoreRow{s, 0, 0, 0, 0, nullptr};
+  const int max_pools = idx.max_rows / idx.P;
+  const int64_t p = pos[b];
+  return ScoreRow{s, idx.D, idx.P, max_pools, static_cast<int>(min((p + 1) / idx.P, static_cast<int64_t>(max_pools))),
+                  scores + static_cast<size_t>(b) * max_pools};
+}
 
 /// A warp's 4 consecutive pools' keys j0 .. j0 + 3 into dst [pool][D] (the rows as stored, so a
 /// straight 16-byte copy; zero-filled past n_cand): cp.async, the caller commits. Whole warp.
@@ -711,9 +470,9 @@ __device__ __forceinline__ void issue_pool_keys(const float* keys, int D, int j0
 }
 
 /// The batched kernel's group of 4 pools from keys staged [pool][D] (issue_pool_keys): for each head
-/// h = lane, lane + 32, ... the 4 dot products run over c ascending (one fmaf per term, the order
-/// of score_pool_group), the head's term rounded step by step (the CPU's order, no contraction),
-/// then a warp sum per pool into out[j0 + i] (-inf past n_cand, nothing past max_pools).
+/// h = lane, lane + 32, ... the 4 dot products run over c ascending (one fmaf per term), the head's
+/// term rounded step by step (the CPU's order, no contraction), then a warp sum per pool into
+/// out[j0 + i] (-inf past n_cand, nothing past max_pools).
 __device__ __forceinline__ void score_staged_pools(const float* staged, const float* q_s, const float* w_s,
                                                    int qstride, int n_heads, int D, int j0, int n_cand,
                                                    int max_pools, int lane, float inv_sqrt_d, float* out) {
@@ -730,10 +489,7 @@ __device__ __forceinline__ void score_staged_pools(const float* staged, const fl
         k4[pl] = *reinterpret_cast<const float4*>(staged + static_cast<size_t>(pl) * D + c);  // broadcast
 #pragma unroll
       for (int pl = 0; pl < kPoolsPerWarp; ++pl) {
-        dot[pl] = fmaf(q4.x, k4[pl].x, dot[pl]);
-        dot[pl] = fmaf(q4.y, k4[pl].y, dot[pl]);
-        dot[pl] = fmaf(q4.z, k4[pl].z, dot[pl]);
-        dot[pl] = fmaf(q4.w, k4[pl].w, dot[pl]);
+        dot[pl] = fma4(q4, k4[pl], dot[pl]);
       }
     }
 #pragma unroll
@@ -755,12 +511,8 @@ __global__ void __launch_bounds__(kScoreThreads)
   extern __shared__ float4 score_smem_vec[];
   float* smem = reinterpret_cast<float*>(score_smem_vec);
   const int b = blockIdx.y;
-  const int s = slot[b];
+  const auto [s, D, P, max_pools, n_cand, out] = score_row(slot, pos, idx, scores);
   if (s < 0) return;  // padded row
-  const int D = idx.D, P = idx.P, max_pools = (idx.max_rows / idx.P);
-  const int64_t p = pos[b];
-  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
-  float* out = scores + static_cast<size_t>(b) * max_pools;
   const int stride = gridDim.x * kPoolsPerBlock;
   if (static_cast<int>(blockIdx.x) * kPoolsPerBlock >= n_cand) {  // uniform: every pool of the block
     for (int j0 = blockIdx.x * kPoolsPerBlock; j0 < max_pools; j0 += stride)
@@ -806,7 +558,7 @@ __global__ void __launch_bounds__(kScoreThreads)
 
 // ---- scores on register tiles ----------------------------------------------------------------------
 //
-// indexer_scores: tiled (KernelPolicy::indexer_scores; auto from kMinRowsTiledScores rows). The
+// indexer_scores: tiled (KernelPolicy::indexer_scores; the rule: dispatch.cu). The
 // pools4 kernel above gives lane h one head and 4 pools, so every 4 FMAs of a lane wait on a
 // shared-memory load of its query row (the 4 keys are broadcasts): at B = 128 its time went to
 // shared-memory traffic, not to the FMAs or the keys' bytes. Here a warp scores 16 pools of one
@@ -819,12 +571,6 @@ __global__ void __launch_bounds__(kScoreThreads)
 // through a 2-stage cp.async ring per warp ([pool][D + 4] floats: conflict-free key reads); the
 // pools past n_cand of the last group are zero-filled and written -inf, and the rest of the row
 // (n_cand rounded up to groups, to max_pools) is filled with -inf by all the row's blocks.
-
-constexpr int kTileHeads = 32;  // the kernel's head count (others run pools4)
-constexpr int kTilePools = 16;  // pools per warp group
-constexpr int kTileThreads = 256;
-constexpr int kTileWarps = kTileThreads / kWarp;
-constexpr int kMinRowsTiledScores = 16;
 
 /// A warp group's 16 pools j0 .. j0 + 15 of keys into dst [pool][D + 4] (zeros past n_cand): cp.async,
 /// the caller commits. Whole warp.
@@ -863,10 +609,7 @@ __device__ __forceinline__ void score_tile(const float* staged, const float* q_s
     for (int i = 0; i < 4; ++i) {
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
-        acc[i][p] = fmaf(q4[i].x, k4[p].x, acc[i][p]);
-        acc[i][p] = fmaf(q4[i].y, k4[p].y, acc[i][p]);
-        acc[i][p] = fmaf(q4[i].z, k4[p].z, acc[i][p]);
-        acc[i][p] = fmaf(q4[i].w, k4[p].w, acc[i][p]);
+        acc[i][p] = fma4(q4[i], k4[p], acc[i][p]);
       }
     }
   }
@@ -900,22 +643,17 @@ __global__ void __launch_bounds__(kTileThreads)
     indexer_scores_tiled_kernel(const float* q, const float* w, const int32_t* slot, const int32_t* pos,
                                 IndexerSlots idx, float* scores) {
   pdl_begin();
-  extern __shared__ float4 tile_smem_vec[];
-  float* smem = reinterpret_cast<float*>(tile_smem_vec);
   const int b = blockIdx.y;
-  const int s = slot[b];
+  const auto [s, D, P, max_pools, n_cand, out] = score_row(slot, pos, idx, scores);
   if (s < 0) return;  // padded row
-  const int D = idx.D, P = idx.P, max_pools = idx.max_rows / idx.P;
-  const int64_t p = pos[b];
-  const int n_cand = static_cast<int>(min((p + 1) / P, static_cast<int64_t>(max_pools)));
-  float* out = scores + static_cast<size_t>(b) * max_pools;
   const int groups = (n_cand + kTilePools - 1) / kTilePools;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int gstride = gridDim.x * kTileWarps;
   if (static_cast<int>(blockIdx.x) * kTileWarps < groups) {  // uniform: the block has a group
     const float* keys = idx.pool_keys + static_cast<size_t>(s) * max_pools * D;
     const int ks = D + 4;
-    float* q_s = smem;                                                                 // [32][D + 4]
+    extern __shared__ float4 tile_smem_vec[];
+    float* q_s = reinterpret_cast<float*>(tile_smem_vec);                              // [32][D + 4]
     float* w_s = q_s + static_cast<size_t>(kTileHeads) * ks;                           // [32]
     float* ring = w_s + kTileHeads + static_cast<size_t>(warp) * 2 * kTilePools * ks;  // [2][16][D + 4]
     const int first = blockIdx.x * kTileWarps + warp;
@@ -948,7 +686,7 @@ __global__ void __launch_bounds__(kTileThreads)
 
 // ---- selection ---------------------------------------------------------------------------------------
 
-// kSelectThreads: the single-row selection's block (above).
+// kSelectThreads: every selection's block (indexer_pool.cuh).
 constexpr int kShareThreads = 256;
 
 /// Block b: row b's index_share selection (ops.hpp): the anchor's pool entries, then the rows
@@ -1095,34 +833,12 @@ void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf1
   });
 }
 
-namespace {
-/// The tiled scores kernel's dynamic shared memory: the 32 query rows and weights, then every warp's
-/// 2-stage ring of 16 key rows, rows padded to D + 4 floats.
-size_t tiled_scores_smem(int D) {
-  return sizeof(float) * (static_cast<size_t>(kTileHeads) * (D + 4) + kTileHeads +
-                          static_cast<size_t>(kTileWarps) * 2 * kTilePools * (D + 4));
-}
-constexpr size_t kTiledScoresMaxSmem = 200 * 1024;
-}  // namespace
-
-bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D) {
-  // The tiled kernel's shape: 32 heads, whole 16-byte vectors, keys that fit its rings (D <= 172).
-  if (n_heads != kTileHeads || D % 4 != 0 || tiled_scores_smem(D) > kTiledScoresMaxSmem) return false;
-  switch (policy.indexer_scores) {
-    case IndexerScores::tiled:
-      return true;
-    case IndexerScores::pools4:
-      return false;
-    case IndexerScores::automatic:
-      break;
-  }
-  return rows >= kMinRowsTiledScores;
-}
-
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads) {
   const int D = idx.D, max_pools = (idx.max_rows / idx.P);
-  if (indexer_scores_tiled(ctx.policy, rows, n_heads, D)) {
+  const bool tiled = indexer_scores_tiled(ctx.policy, rows, n_heads, D);  // dispatch.cu
+  record_kernel(ctx, "indexer_scores_batch", tiled ? "tiled" : "pools4");
+  if (tiled) {
     const size_t tsmem = tiled_scores_smem(D);  // within kTiledScoresMaxSmem (indexer_scores_tiled)
     static int tiled_opted_in = 48 * 1024;
     if (static_cast<int>(tsmem) > tiled_opted_in) {
@@ -1167,8 +883,9 @@ void indexer_share_select(const LaunchCtx& ctx, const int32_t* anchor, const int
 
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools) {
-  if (rows == 1 && ctx.policy.indexer_select == IndexerSelect::v2) {
-    // A batch of one: the single-row v2 kernel (the same exact selection; its digit search ends
+  record_kernel(ctx, "indexer_select_batch", rows == 1 ? "radix" : "4-pass");
+  if (rows == 1) {
+    // A batch of one: the single-row radix kernel (the same exact selection; its digit search ends
     // early where the batched kernel's 4 passes of 8 bits do not).
     launch_select_radix(ctx, scores, slot, pos, selection, K, P, max_pools);
     MTP_CUDA_LAUNCH_CHECK();

@@ -14,6 +14,8 @@ namespace mtplab::ops::cuda {
 void indexer_store(const LaunchCtx& ctx, const bf16* k_normed, const float* gate, const float* ape,
                    const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid, float* pool_keys,
                    int D, int P);
+/// indexer_scores_batch at one row, pool_keys as its slot 0 (the same kernel and bits as a batch of
+/// one). q and pool_keys 16-byte aligned.
 void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const float* pool_keys,
                     const int32_t* pos, float* scores, int n_heads, int D, int P, int max_pools);
 /// layernorm of one row of D into k_cache row pos[0], then the rest of indexer_store; one block.
@@ -22,10 +24,8 @@ void indexer_scores(const LaunchCtx& ctx, const float* q, const float* w, const 
 void indexer_norm_store(const LaunchCtx& ctx, const bf16* x, const bf16* w, const bf16* b, float eps,
                         const float* gate, const float* ape, const int32_t* pos, bf16* k_cache,
                         float* gate_cache, uint8_t* valid, float* pool_keys, int D, int P);
-/// indexer_select's kernels, by ctx.policy.indexer_select, same selection: v2 (the default) an
-/// 11/11/10-bit radix select that stops at the first digit whose bin is taken whole; v1 the former
-/// one, four 8-bit passes (docs/kernels.md), kept so that a device failure of v2 can be switched off
-/// without a rebuild.
+/// The radix selection of one row (11/11/10-bit digits, stopping at the first digit whose bin is
+/// taken whole; docs/kernels.md).
 void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
                     int P, int max_pools);
 
@@ -36,15 +36,12 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
 void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf16* w, const bf16* b,
                               float eps, const float* gate, const float* ape, const int32_t* slot,
                               const int32_t* pos, int rows, const IndexerSlots& idx, bool keys_after_rows = false);
-/// The batched pool scores, by ctx.policy.indexer_scores (indexer_scores_tiled), the same bits either
-/// way: pools4, a warp per 4 pools of a row, lane h one head; tiled, a warp per 16 pools of a row, each
-/// lane 4 heads x 4 pools on register tiles (32 heads only).
+/// The batched pool scores, by ctx.policy.indexer_scores (dispatch.cu's indexer_scores_tiled), the
+/// same bits either way: pools4, a warp per 4 pools of a row, lane h one head; tiled, a warp per 16
+/// pools of a row, each lane 4 heads x 4 pools on register tiles (32 heads only). slot == nullptr:
+/// one row reading slot 0.
 void indexer_scores_batch(const LaunchCtx& ctx, const float* q, const float* w, const int32_t* slot,
                           const int32_t* pos, int rows, const IndexerSlots& idx, float* scores, int n_heads);
-/// Whether indexer_scores_batch runs the tiled kernel: the policy's choice where the shape has 32
-/// heads, D % 4 == 0 and D <= 172 (its rings' shared memory; else pools4); automatic from
-/// kMinRowsTiledScores (16) rows.
-bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D);
 void indexer_select_batch(const LaunchCtx& ctx, const float* scores, const int32_t* slot, const int32_t* pos,
                           int rows, int32_t* selection, int K, int P, int max_pools);
 /// The index_share selection of each row (ops.hpp): block b copies anchor row b's pools, then the

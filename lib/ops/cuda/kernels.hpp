@@ -38,6 +38,9 @@ struct LaunchCtx {
   bool pdl_capable = false;
   /// Set between begin_capture and end_capture.
   bool capturing = false;
+  /// Where the launchers note the kernel each op ran (the backend's Backend::kernels_chosen; null:
+  /// nothing is noted). dispatch.hpp's record_kernel.
+  KernelRecord* record = nullptr;
   /// Launch with programmatic stream serialization (launch.cuh): the next kernel is scheduled
   /// while this one runs and waits at its start for this one's writes. Eager launches only: in a
   /// captured graph it measured slower (docs/kernels.md). policy.pdl = off turns it off.
@@ -47,7 +50,7 @@ struct LaunchCtx {
 /// Most rows one skinny-GEMM launch takes (16 column tiles of 8), and one grouped-expert launch
 /// with its plan in shared memory (more rows: a wide launch, moe.hpp).
 inline constexpr int kMaxBatchRows = 128;
-/// Rows of one launch of the cuBLASLt head past kMaxBatchRows rows (CudaBackend::head_lt_chunk).
+/// Rows of one launch of the cuBLASLt head past kMaxBatchRows rows (dispatch.hpp's head_lt_launch_rows).
 inline constexpr int kHeadLtWideRows = 256;
 
 /// The check of a launcher whose kernels load 16-byte vectors of `what` (the GEMV family and the

@@ -1,22 +1,24 @@
 // Absorbed sparse MLA over the paged latent cache (the CPU reference: cpu/mla.cpp): the latent row
 // write (BF16 / FP8), the query absorption q_abs = W_k^T q, and the split-row decode with its
 // combine.
-// - One row: kv_write, absorb_q; kv_norm_write and the decode (v1 and v2) run the batched kernels
-//   at one row. mla_out_v is a GEMV over W_kvb's V rows (dense.cu, through a row map).
+// - One row: kv_write, absorb_q; kv_norm_write and the decode run the batched ops at one row
+//   (the decode: the backend's mla_decode_batch with one row). mla_out_v is a GEMV over W_kvb's V
+//   rows (gemv.cu, through a row map).
 // - Batched rows, over the pool of slots (ops::KvSlots: one block pool, one block table per slot),
 //   every row of the batch in one launch:
 //   - kv_norm_write_batch: block b rms-norms ckv_pre row b and stores it (BF16 copy or FP8 code) at
 //     row pos[b] of slot slot[b], through that slot's block table.
 //   - mla_absorb_q_batch: q_abs[b, h] = W_k,h^T q[b, h]: from two rows per-head GEMMs on the tensor
 //     cores ("absorb_q on the tensor cores"); one row runs the single-row absorb_q kernel.
-//   - mla_decode_batch, by the policy's mla_decode: v2 (the default), the decode v2 kernel below with
-//     grid (splits, head tiles, rows); v1, mla_decode_batch_kernel, grid (head tiles of 16, row
-//     splits, rows), each block the decode's v1 chunk step (mla_chunk.cuh): 4 warps each owning
-//     kv_lora/4 columns, chunks of 16 selected rows through the slot's block table on the tensor
-//     cores (S = Q C^T, O += P C, the probabilities split into BF16 hi + lo), an online fp32
-//     softmax. One split (v1) or cluster (v2) per (row, head tile) writes o_lat itself; more write
-//     partials that a combine launch merges per (row, head) in split order.
-//   - mla_out_v_batch: the skinny tensor-core GEMM (dense.cu) over W_kvb's V rows, one group of dv
+//   - mla_decode_batch, by the policy's mla_batch and mla_decode: the tiles rule's v2 (the decode
+//     v2 kernel below, grid (splits, head tiles, rows)) or v1 (mla_decode_batch_kernel, grid (head
+//     tiles of 16, row splits, rows)), each block the decode's v1 chunk step (mla_chunk.cuh): 4
+//     warps each owning kv_lora/4 columns, chunks of 16 selected rows through the slot's block
+//     table on the tensor cores (S = Q C^T, O += P C, the probabilities split into BF16 hi + lo), an
+//     online fp32 softmax; or the shared kernels (mla_shared.cuh), the head tiles of a row in one
+//     block. One split (v1, shared) or cluster (v2) per (row, head tile) writes o_lat itself; more
+//     write partials that a combine launch merges per (row, head) in split order.
+//   - mla_out_v_batch: the skinny tensor-core GEMM (rows_gemm.cu) over W_kvb's V rows, one group of dv
 //     rows per head, x = each row's o_lat[h].
 //
 // Invariants:
@@ -44,9 +46,11 @@
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/mla.hpp"
 #include "ops/cuda/mla_chunk.cuh"
+#include "ops/cuda/mla_shared.cuh"
 
 namespace mtplab::ops::cuda {
 
@@ -142,7 +146,7 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 //   kMaxSplitChunks. The row (blockIdx.z) reads the batch's layout as the v1 kernel does (q_abs,
 //   selection and o_lat rows, its slot's block table); a padded row's blocks return at once, the
 //   whole cluster together (it lies along x, inside one row), so no cluster barrier is left waiting.
-//   One row with no slot array (the single-row decode) reads slot 0: offsets 0, the same arithmetic.
+//   One row with no slot array reads slot 0: offsets 0, the same arithmetic.
 // - The split's row slots (selection -> block table) are resolved once into shared memory, every
 //   thread resolving a few rows in parallel: two round trips per block instead of two per chunk.
 // - Each warp streams its slice of the rows into a ring of kStages chunks with cp.async (16 bytes,
@@ -154,9 +158,8 @@ __global__ void __launch_bounds__(kAbsorbThreads)
 //   order (deterministic). One cluster per (row, head tile) writes o_lat itself; more write one
 //   partial per cluster, which mla_combine_rows merges (S / 8 partials per head instead of S).
 
-constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
-constexpr int kStages = 4;           // cp.async ring depth per warp, in chunks
-constexpr int kMaxSplitChunks = 32;  // chunks one split may own (the slot table's size)
+// kCluster, kMaxSplitChunks: mla_chunk.cuh (dispatch.cu's split rule reads them too).
+constexpr int kStages = 4;  // cp.async ring depth per warp, in chunks
 constexpr int kMaxSplitRows = kMaxSplitChunks * kChunk;
 constexpr int kGatherPerThread = kMaxSplitRows / kDecodeThreads;
 static_assert(kMaxSplitRows % kDecodeThreads == 0, "the slot gather must split evenly over the block");
@@ -221,9 +224,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kDecodeThread
   const int i1 = min(p.width, c_end * kChunk);
   const bool lo_ok = h0 + g < p.n_heads;
   const bool hi_ok = h0 + g + 8 < p.n_heads;
-  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * kL;
-  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
-  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
+  const auto [q_abs, selection, block_table] = decode_row(p, row, slot, kL);
 
   // Q as the A operand, this warp's columns (as the v1 decode).
   uint32_t qa[kKSteps][4];
@@ -403,42 +404,13 @@ void launch_decode_v2(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
 /// The v2 decode of `rows` rows (64, 128, 256 or 512 kv_lora, checked by the callers), then the
 /// combine of its clusters' partials when there is more than one cluster per (row, head tile).
 void decode_v2(const LaunchCtx& ctx, const DecodeParams& p, bool fp8, int rows) {
-  switch (p.kv_lora) {
-    case 64:
-      fp8 ? launch_decode_v2<16, true>(ctx, p, rows) : launch_decode_v2<16, false>(ctx, p, rows);
-      break;
-    case 128:
-      fp8 ? launch_decode_v2<32, true>(ctx, p, rows) : launch_decode_v2<32, false>(ctx, p, rows);
-      break;
-    case 256:
-      fp8 ? launch_decode_v2<64, true>(ctx, p, rows) : launch_decode_v2<64, false>(ctx, p, rows);
-      break;
-    default:
-      fp8 ? launch_decode_v2<128, true>(ctx, p, rows) : launch_decode_v2<128, false>(ctx, p, rows);
-      break;
-  }
+  with_decode_shape(p.kv_lora, fp8, [&](auto cw, auto f8) { launch_decode_v2<cw(), f8()>(ctx, p, rows); });
   // One cluster per (row, head tile) wrote o_lat itself: nothing to merge.
   const int partials = p.splits / kCluster;
   if (partials > 1) mla_combine_rows(ctx, p.scratch, p.slot, rows, partials, p.n_heads, p.kv_lora, p.o_lat);
 }
 
-/// Clusters of 8 splits per (row, head tile) of the v2 decode, for rows of `chunks` chunks and
-/// `units` (row, head tile) pairs in the launch. `forced` (not 0) is the count asked for; otherwise
-/// about one block per multiprocessor over the launch, and no more clusters than it takes to give
-/// every split a chunk. Either is raised where a split would own more than kMaxSplitChunks chunks
-/// (a large batch: one cluster per (row, head tile)).
-int decode_v2_clusters(int num_sms, int chunks, int64_t units, int forced) {
-  const int64_t per_cluster = kCluster * kMaxSplitChunks;
-  int64_t clusters = forced;
-  if (clusters == 0) {
-    clusters = std::max<int64_t>(1, (num_sms + units * kCluster / 2) / (units * kCluster));
-    clusters = std::min<int64_t>(clusters, (chunks + kCluster - 1) / kCluster);
-  }
-  clusters = std::max<int64_t>(clusters, (chunks + per_cluster - 1) / per_cluster);
-  return static_cast<int>(clusters);
-}
-
-/// The v2 checks of a split count (mla_decode and mla_decode_batch): a multiple of 8, at most
+/// The v2 checks of a split count (mla_decode_batch): a multiple of 8, at most
 /// kMaxSplitChunks chunks per split, scratch for more than one cluster, a 16-byte aligned cache.
 void require_v2_splits(const char* op, const char* splits_fn, int width, int splits, const float* scratch,
                        const void* cache) {
@@ -478,53 +450,6 @@ void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* 
   const dim3 grid(n_heads, (kv_lora + kAbsorbCols - 1) / kAbsorbCols);
   launch(ctx, absorb_q_kernel, grid, kAbsorbThreads, 0, q, W_kvb, q_abs, dqk, dv, kv_lora);
   MTP_CUDA_LAUNCH_CHECK();
-}
-
-int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads) {
-  const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
-  const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
-  if (ctx.policy.mla_decode == MlaDecode::v1) {
-    // Two chunks of 16 rows per block at least (the combine reads splits x kv_lora per head), and
-    // about two blocks per multiprocessor.
-    const int per_split = std::max(2, (chunks * tiles + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms));
-    return std::max(1, (chunks + per_split - 1) / per_split);
-  }
-  // v2: about one block per multiprocessor (each streams its rows kStages - 1 chunks ahead, so a
-  // longer split costs chunk steps, not round trips), no more clusters than it takes to give every
-  // split a chunk, and at most kMaxSplitChunks chunks per split. The policy's mla_clusters, when not
-  // 0, forces the clusters per head tile (a tuning experiment; still raised to that chunk limit).
-  return decode_v2_clusters(ctx.num_sms, chunks, tiles, ctx.policy.mla_clusters) * kCluster;
-}
-
-size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora) {
-  // v2 keeps one partial per cluster (none is read when there is one cluster per head tile).
-  const int partials = ctx.policy.mla_decode == MlaDecode::v1 ? splits : std::max(1, splits / kCluster);
-  return static_cast<size_t>(partials) * n_heads * (2 + static_cast<size_t>(kv_lora));
-}
-
-void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
-                const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
-                float softmax_scale, int splits, float* scratch) {
-  const int L = cache.kv_lora;
-  MTP_REQUIRE(
-      L == 64 || L == 128 || L == 256 || L == 512, "ops::cuda::mla_decode: kv_lora ", L,
-      " is not supported (64, 128, 256 or 512: each of 4 warps takes kv_lora/4 columns, a multiple of 16)");
-  MTP_REQUIRE(
-      cache.data && cache.block_size >= 1 && n_heads >= 1 && width >= 0 && splits >= 1 && splits <= 8192,
-      "ops::cuda::mla_decode: bad arguments");
-  if (ctx.policy.mla_decode == MlaDecode::v1) {
-    // v1: the batched decode's kernel at one row (the same chunk step; every split merged by the
-    // combine, or o_lat written directly by a single split).
-    const KvSlots kv{cache, block_table, 1, 0};
-    return mla_decode_batch(ctx, q_abs, selection, width, nullptr, 1, kv, o_lat, n_heads, softmax_scale,
-                            splits, scratch);
-  }
-  require_v2_splits("mla_decode", "mla_decode_splits", width, splits, scratch, cache.data);
-  // The batched v2 kernel at one row with no slot array: it reads block_table as slot 0's.
-  const DecodeParams p{q_abs,   selection,     width,       nullptr,          block_table,
-                       0,       cache.data,    cache.scale, cache.block_size, L,
-                       n_heads, softmax_scale, splits,      scratch,          o_lat};
-  decode_v2(ctx, p, cache.dtype == KvDtype::fp8, 1);
 }
 
 // ==== batched rows =====================================================================================
@@ -608,19 +533,6 @@ constexpr int kAbsorbMmaK = 32;                     // d per shared-memory chunk
 constexpr int kAbsorbQStride = kAbsorbMmaK + 8;     // BF16 per staged q row (80 bytes)
 constexpr int kAbsorbWStride = kAbsorbMmaCols + 8;  // BF16 per staged W row (272 bytes)
 constexpr int kAbsorbStages = 3;                    // chunks in the cp.async ring (41.5 KB)
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
 
 /// Block (h, column tile, row tile); see "absorb_q on the tensor cores".
 __global__ void __launch_bounds__(kAbsorbMmaThreads)
@@ -753,9 +665,7 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
   const int i1 = min(p.width, i0 + per_split);
   const bool lo_ok = h0 + g < p.n_heads;
   const bool hi_ok = h0 + g + 8 < p.n_heads;
-  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * L;
-  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
-  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
+  const auto [q_abs, selection, block_table] = decode_row(p, row, slot, L);
 
   // Q as the A operand (row-major heads x columns), this warp's columns, fixed for the block.
   uint32_t qa[kKSteps][4];
@@ -836,361 +746,6 @@ __global__ void __launch_bounds__(kDecodeThreads) mla_decode_batch_kernel(Decode
   l_hi = quad_sum(l_hi);
   write_decode_out<kNTiles>(p, row, split, h0, g, t, col0, lo_ok, hi_ok, warp == 0, m_lo, m_hi, l_lo, l_hi,
                             kFp8 ? p.cache_scale : 1.0f, o);
-}
-
-// ---- the shared decode (mla_batch: shared) ---------------------------------------------------------------
-//
-// v1's chunk step with the head tiles of a row in one block, so a chunk of selected rows is
-// gathered once for all of them instead of once per head tile:
-// - Block (head group of kTiles tiles = 64 or 32 heads, split, row), kTiles x 4 warps: warp
-//   w is column warp w % 4 (kv_lora/4 columns, as in v1) of head tile w / 4. The split's rows are
-//   v1's ([s * per_split, (s + 1) * per_split) in chunks of 16), so at one split count the two
-//   kernels merge the same partials.
-// - The split's cache slots (selection -> block table) are resolved once into shared memory by the
-//   whole block (two round trips per block, not per chunk), then the chunks stream through a ring
-//   of shared_stages<kRows>() stages with cp.async (16-byte copies; rows not selected are zero-filled, never
-//   stale: P = 0 times NaN is NaN), all but one stage ahead of the chunk computed. One
-//   __syncthreads per chunk frees the oldest stage; an FP8 chunk is widened to BF16 (exactly) into
-//   one conversion buffer behind a second one.
-// - Per head tile, the 4 column warps compute their partial scores as v1 does (the same MMAs; B
-//   fragments through ldmatrix, .trans for O += P C) and stage them (mla_chunk.cuh's exchange);
-//   after a named barrier (1 + tile), the tile's softmax is computed once: warp w sums the 4
-//   partials in warp order for heads 4w .. 4w + 3 (8 lanes per head, 2 chunk rows per lane), takes
-//   each head's max, rescale factor and P = exp(s - m) as BF16 hi + lo, and stores P (the A
-//   operand) and the factors (TileSoftmax); after a second barrier each column warp reads P through
-//   ldmatrix, rescales its outputs (skipped where every factor is 1) and accumulates O += P C.
-//   Scores, maxima and P are v1's; the denominator is summed per owner lane then over the head's 8
-//   lanes, another order than v1's, so outputs are v1's within rounding. shared and shared2 run the
-//   same step on the same split boundaries: at one split count their bytes are equal.
-// shared32 (mla_batch: shared32) runs the same step on chunks of 32 rows (kRows): two 16-row
-// halves of scores are staged into one exchange of 32 columns, then one softmax step per tile over
-// the 32 rows (each owner lane 4 rows), and O += P C in two k-steps. So a chunk's barriers, maxima,
-// rescale factors and ring waits are shared by twice the rows. The running max then moves per 32
-// rows instead of 16, so P (and the output's rounding) differ from shared's: its own bits, within
-// the tolerances, and again the same bytes for a row alone as in the batch.
-constexpr int kSharedMaxSplitRows = 8192;    // the slot table's bound (16-row chunks)
-constexpr int kShared32MaxSplitRows = 4096;  // the slot table's bound (32-row chunks)
-
-/// The ring's stages: 4 chunks of 16 rows, 3 of 32 (the same 48 to 64 rows in flight; 3 keep the
-/// BF16 ring of 32-row chunks and a 4096-row slot table within one multiprocessor's memory).
-template <int kRows>
-constexpr int shared_stages() {
-  return kRows == 16 ? 4 : 3;
-}
-
-template <int kRows>
-constexpr int shared_max_split_rows() {
-  return kRows == 16 ? kSharedMaxSplitRows : kShared32MaxSplitRows;
-}
-
-/// A tile's softmax of one chunk of kRows rows, computed once (warp w for heads 4w .. 4w + 3) and
-/// read by its 4 column warps: P's BF16 hi / lo parts as the A operand ([head][chunk row], rows of
-/// kRows + 8: the 8 row addresses of an ldmatrix fall in distinct banks), each head's rescale
-/// factor, and at the end its running max and denominator.
-template <int kRows>
-struct TileSoftmax {
-  uint16_t p_hi[kHeadTile][kRows + 8];
-  uint16_t p_lo[kHeadTile][kRows + 8];
-  float corr[kHeadTile];
-  float m[kHeadTile];
-  float l[kHeadTile];
-  float pad[4];
-};
-static_assert(sizeof(TileSoftmax<16>) % 16 == 0 && sizeof(TileSoftmax<32>) % 16 == 0,
-              "TileSoftmax: 16-byte multiple");
-
-/// The 4 column warps' partial scores of a chunk of kRows rows, [warp][head row][chunk row]; rows
-/// of kRows + 8 floats (at 16 rows mla_chunk.cuh's ScoreExchange): the 8-byte accesses of a
-/// half-warp fall in distinct banks.
-template <int kRows>
-using SharedScores = float[kDecodeWarps][kHeadTile][kRows + 8];
-static_assert(sizeof(SharedScores<16>) == sizeof(ScoreExchange), "16-row chunks: v1's exchange");
-
-/// Dynamic shared memory of mla_decode_shared_kernel for `split_rows` rows per split (bytes; each
-/// region a multiple of 16).
-template <int kCw, bool kFp8, int kTiles, int kRows>
-struct DecodeSharedSmem {
-  static constexpr int kL = kDecodeWarps * kCw;
-  static constexpr int kRowStride = kL + 8;                             // BF16 per staged row
-  static constexpr int kStageStride = kFp8 ? kL + 16 : 2 * kRowStride;  // bytes per staged row
-  static constexpr int kStageBytes = kRows * kStageStride;
-  static constexpr int kRingBytes = shared_stages<kRows>() * kStageBytes;
-  static constexpr int kConvBytes = kFp8 ? kRows * kRowStride * 2 : 0;
-  static constexpr int kScoreBytes = kTiles * static_cast<int>(sizeof(SharedScores<kRows>));
-  static constexpr int kSoftBytes = kTiles * static_cast<int>(sizeof(TileSoftmax<kRows>));
-  static constexpr int kFixedBytes = kRingBytes + kConvBytes + kScoreBytes + kSoftBytes;
-  static_assert(kStageBytes % 16 == 0 && kConvBytes % 16 == 0 && kScoreBytes % 16 == 0 &&
-                    kSoftBytes % 16 == 0,
-                "16-byte regions");
-  static constexpr size_t bytes(int split_rows) {
-    const size_t padded = (static_cast<size_t>(split_rows) + kRows - 1) / kRows * kRows;  // whole chunks
-    return kFixedBytes + (padded * sizeof(int64_t) + 15) / 16 * 16;
-  }
-};
-
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-/// Block (head group, split, row); see "the shared decode" above. kCw = kv_lora / 4; kRows = 16
-/// (shared, shared2) or 32 (shared32) rows per chunk.
-template <int kCw, bool kFp8, int kTiles, int kRows>
-__global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
-    mla_decode_shared_kernel(DecodeParams p) {
-  pdl_begin();
-  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles, kRows>;
-  constexpr int kStages = shared_stages<kRows>();
-  constexpr int kSub = kRows / 16;   // 16-row halves: k-steps of P C, score MMA pairs
-  constexpr int kPer = kRows / 8;    // chunk rows per softmax owner lane (8 lanes per head)
-  constexpr int kKSteps = kCw / 16;
-  constexpr int kNTiles = kCw / 8;
-  constexpr int kL = Smem::kL;
-  constexpr int kRowStride = Smem::kRowStride;
-  constexpr int kVecs = kFp8 ? kL / 16 : kL / 8;  // 16-byte copies per row
-  static_assert(kNTiles % 2 == 0, "P C loads two column tiles per ldmatrix");
-  static_assert(kRows == 16 || kRows == 32, "chunks of 16 or 32 rows (the ballot covers a warp)");
-  extern __shared__ __align__(16) uint8_t shared_smem[];
-  uint8_t* ring = shared_smem;
-  uint16_t* conv = reinterpret_cast<uint16_t*>(shared_smem + Smem::kRingBytes);
-  SharedScores<kRows>* s_score =
-      reinterpret_cast<SharedScores<kRows>*>(shared_smem + Smem::kRingBytes + Smem::kConvBytes);
-  TileSoftmax<kRows>* s_soft = reinterpret_cast<TileSoftmax<kRows>*>(shared_smem + Smem::kRingBytes +
-                                                                     Smem::kConvBytes + Smem::kScoreBytes);
-  int64_t* s_slot = reinterpret_cast<int64_t*>(shared_smem + Smem::kFixedBytes);
-
-  const int row = blockIdx.z;
-  const int slot = p.slot ? p.slot[row] : 0;
-  if (slot < 0) return;  // padded row: the whole block, nothing read, nothing written
-  const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  const int tile = warp / kDecodeWarps;
-  const int wc = warp % kDecodeWarps;  // column warp, v1's `warp`
-  const int h0 = (blockIdx.x * kTiles + tile) * kHeadTile;
-  const bool tile_live = h0 < p.n_heads;  // warp-uniform; dead tiles still copy and meet barriers
-  const int split = blockIdx.y;
-  const int col0 = wc * kCw;
-  const int chunks_all = (p.width + kChunk - 1) / kChunk;
-  const int per_split = (chunks_all + p.splits - 1) / p.splits * kChunk;  // whole 16-row chunks
-  const int i0 = split * per_split;
-  const int i1 = min(p.width, i0 + per_split);
-  const int n_local = max(0, i1 - i0);
-  const int nchunks = (n_local + kRows - 1) / kRows;
-  const bool lo_ok = tile_live && h0 + g < p.n_heads;
-  const bool hi_ok = tile_live && h0 + g + 8 < p.n_heads;
-  const bf16* q_abs = p.q_abs + static_cast<size_t>(row) * p.n_heads * kL;
-  const int32_t* selection = p.selection + static_cast<size_t>(row) * p.width;
-  const int32_t* block_table = p.block_tables + static_cast<size_t>(slot) * p.max_blocks;
-
-  // The split's cache slots, padded to whole chunks with -1.
-  for (int i = threadIdx.x; i < nchunks * kRows; i += blockDim.x) {
-    int64_t cs = -1;
-    if (i < n_local) {
-      const int32_t ts = selection[i0 + i];
-      if (ts >= 0) cs = kv_slot(block_table, ts, p.block_size);
-    }
-    s_slot[i] = cs;
-  }
-  uint32_t qa[kKSteps][4];
-  load_q_fragments<kKSteps>(q_abs, h0, g, t, kL, col0, lo_ok, hi_ok, qa);
-  __syncthreads();
-
-  // Chunk c's rows into ring stage st.
-  auto issue = [&](int c, int st) {
-    uint8_t* dst = ring + static_cast<size_t>(st) * Smem::kStageBytes;
-    for (int v = threadIdx.x; v < kRows * kVecs; v += blockDim.x) {
-      const int r = v / kVecs;
-      const int e = v % kVecs;
-      const int64_t cs = s_slot[c * kRows + r];
-      const uint8_t* src = static_cast<const uint8_t*>(p.cache);
-      if (cs >= 0) src += (static_cast<size_t>(cs) * kL) * (kFp8 ? 1 : 2) + static_cast<size_t>(e) * 16;
-      cp_async16(dst + r * Smem::kStageStride + e * 16, src, cs >= 0 ? 16 : 0);
-    }
-  };
-
-  float o[kNTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  // The softmax this lane owns: head hs of the tile, chunk rows rs .. rs + kPer - 1 (8 lanes per
-  // head); its running max (the same on the head's 8 lanes) and its partial denominator.
-  const int hs = kDecodeWarps * wc + (lane >> 3);
-  const int rs = kPer * (lane & 7);
-  float m_run = -INFINITY, l_run = 0.0f;
-  TileSoftmax<kRows>& soft = s_soft[tile];
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nchunks) issue(s, s);
-    cp_async_commit();
-  }
-  for (int c = 0; c < nchunks; ++c) {
-    cp_async_wait<kStages - 2>();  // this thread's copies of chunk c have landed
-    __syncthreads();               // everyone's have, and chunk c - 1's stage is free
-    if (c + kStages - 1 < nchunks) issue(c + kStages - 1, (c + kStages - 1) % kStages);
-    cp_async_commit();
-    const uint8_t* stage = ring + static_cast<size_t>(c % kStages) * Smem::kStageBytes;
-    const uint16_t* rows;
-    if constexpr (kFp8) {
-      for (int v = threadIdx.x; v < kRows * kVecs; v += blockDim.x) {
-        const int r = v / kVecs;
-        const int e = v % kVecs;
-        const uint4 f = *reinterpret_cast<const uint4*>(stage + r * Smem::kStageStride + e * 16);
-        uint4* d = reinterpret_cast<uint4*>(conv + r * kRowStride + e * 16);
-        d[0] = fp8x8_to_bf16x8(make_uint2(f.x, f.y));
-        d[1] = fp8x8_to_bf16x8(make_uint2(f.z, f.w));
-      }
-      __syncthreads();
-      rows = conv;
-    } else {
-      rows = reinterpret_cast<const uint16_t*>(stage);
-    }
-    // Bit r: chunk row r is selected (the slot table is -1 past the split and for padding).
-    const unsigned valid_rows =
-        __ballot_sync(0xffffffffu, lane < kRows && s_slot[c * kRows + (lane % kRows)] >= 0);
-    if (!tile_live) continue;  // warp-uniform; the named barrier below is the live tiles' own
-
-    // Partial S over this warp's columns, one 16-row half at a time (chunk_scores' MMAs, B through
-    // ldmatrix: matrices rows 0-7 / 8-15 of the half at k-columns ks*16 and ks*16 + 8), each half
-    // staged at once (the m16n8 accumulator layout: [0..1] head row g, [2..3] row g + 8); one
-    // half at a time (not unrolled), so only one half's accumulators are live beside o.
-#pragma unroll 1
-    for (int j = 0; j < kSub; ++j) {
-      float sc[2][4] = {};
-      const uint16_t* rb =
-          rows + (16 * j + (lane & 7) + 8 * (lane >> 4)) * kRowStride + col0 + 8 * ((lane >> 3) & 1);
-#pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        uint32_t b4[4];
-        ldmatrix_x4(b4, rb + ks * 16);
-        mma_16816(sc[0], qa[ks], b4[0], b4[1]);
-        mma_16816(sc[1], qa[ks], b4[2], b4[3]);
-      }
-#pragma unroll
-      for (int jj = 0; jj < 2; ++jj) {
-        *reinterpret_cast<float2*>(&s_score[tile][wc][g][16 * j + 8 * jj + 2 * t]) =
-            make_float2(sc[jj][0], sc[jj][1]);
-        *reinterpret_cast<float2*>(&s_score[tile][wc][g + 8][16 * j + 8 * jj + 2 * t]) =
-            make_float2(sc[jj][2], sc[jj][3]);
-      }
-    }
-    named_barrier(1 + tile, kDecodeThreads);
-    {
-      // This lane's kPer scores: the 4 column warps' partials summed in warp order, scaled, -inf
-      // where the row is not selected; the head's max over the chunk (its 8 lanes), the rescale,
-      // P = exp(s - m) split into BF16 hi + lo, once per (head, row).
-      float sv[kPer];
-      {
-        // Warp w's partials added in warp order as they are read (few registers live beside o).
-#pragma unroll
-        for (int w = 0; w < kDecodeWarps; ++w) {
-          float v[kPer];
-          if constexpr (kPer == 2) {
-            const float2 f = *reinterpret_cast<const float2*>(&s_score[tile][w][hs][rs]);
-            v[0] = f.x;
-            v[1] = f.y;
-          } else {
-            const float4 f = *reinterpret_cast<const float4*>(&s_score[tile][w][hs][rs]);
-            v[0] = f.x;
-            v[1] = f.y;
-            v[2] = f.z;
-            v[3] = f.w;
-          }
-#pragma unroll
-          for (int e = 0; e < kPer; ++e) sv[e] = w == 0 ? v[e] : sv[e] + v[e];
-        }
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          float a = sv[e];
-          if constexpr (kFp8) a *= p.cache_scale;
-          sv[e] = (valid_rows >> (rs + e)) & 1u ? p.softmax_scale * a : -INFINITY;
-        }
-      }
-      float mx = sv[0];
-#pragma unroll
-      for (int e = 1; e < kPer; ++e) mx = fmaxf(mx, sv[e]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      const float mn = fmaxf(m_run, mx);
-      const float corr = mn == -INFINITY ? 1.0f : expf(m_run - mn);
-      float pr[kPer];
-#pragma unroll
-      for (int e = 0; e < kPer; ++e) pr[e] = sv[e] == -INFINITY ? 0.0f : expf(sv[e] - mn);
-      if constexpr (kPer == 2) {
-        l_run = l_run * corr + (pr[0] + pr[1]);
-      } else {
-        l_run = l_run * corr + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
-      }
-      m_run = mn;
-#pragma unroll
-      for (int e = 0; e < kPer; e += 2) {
-        uint32_t hi, lo;
-        split_bf16x2(pr[e], pr[e + 1], hi, lo);
-        *reinterpret_cast<uint32_t*>(&soft.p_hi[hs][rs + e]) = hi;
-        *reinterpret_cast<uint32_t*>(&soft.p_lo[hs][rs + e]) = lo;
-      }
-      if ((lane & 7) == 0) soft.corr[hs] = corr;
-    }
-    named_barrier(1 + tile, kDecodeThreads);
-    rescale_outputs<kNTiles>(o, soft.corr[g], soft.corr[g + 8]);
-    // O += P C, a k-step per 16-row half (accumulate_pv's MMAs; A = P through ldmatrix, B through
-    // ldmatrix .trans: k = rows 0-7 / 8-15 of the half, column tiles 2np and 2np + 1).
-#pragma unroll
-    for (int j = 0; j < kSub; ++j) {
-      uint32_t ah[4], al[4];
-      ldmatrix_x4(ah, &soft.p_hi[lane & 15][16 * j + 8 * (lane >> 4)]);
-      ldmatrix_x4(al, &soft.p_lo[lane & 15][16 * j + 8 * (lane >> 4)]);
-      const uint16_t* rb =
-          rows + (16 * j + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowStride + col0 + 8 * (lane >> 4);
-#pragma unroll
-      for (int np = 0; np < kNTiles / 2; ++np) {
-        uint32_t b4[4];
-        ldmatrix_x4_trans(b4, rb + np * 16);
-        mma_16816(o[2 * np], ah, b4[0], b4[1]);
-        mma_16816(o[2 * np], al, b4[0], b4[1]);
-        mma_16816(o[2 * np + 1], ah, b4[2], b4[3]);
-        mma_16816(o[2 * np + 1], al, b4[2], b4[3]);
-      }
-    }
-  }
-  cp_async_wait<0>();  // no copy left in flight at exit
-  if (!tile_live) return;
-
-  // Each head's denominator (its 8 owner lanes' partials, butterfly), published with its max for
-  // the tile's 4 column warps; then v1's epilogue (column warp wc in v1's warp's place).
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 4);
-  if ((lane & 7) == 0) {
-    soft.m[hs] = m_run;
-    soft.l[hs] = l_run;
-  }
-  named_barrier(1 + tile, kDecodeThreads);
-  const float l_lo = soft.l[g], l_hi = soft.l[g + 8];
-  const float m_lo = soft.m[g], m_hi = soft.m[g + 8];
-  write_decode_out<kNTiles>(p, row, split, h0, g, t, col0, lo_ok, hi_ok, wc == 0, m_lo, m_hi, l_lo, l_hi,
-                            kFp8 ? p.cache_scale : 1.0f, o);
-}
-
-/// Rows per split of the decode at `splits` splits of `width` selected rows (v1's rule).
-int split_rows(int width, int splits) {
-  const int chunks = (width + kChunk - 1) / kChunk;
-  return (chunks + splits - 1) / splits * kChunk;
-}
-
-template <int kCw, bool kFp8, int kTiles, int kRows>
-void launch_decode_shared(const LaunchCtx& ctx, const DecodeParams& p, int rows) {
-  using Smem = DecodeSharedSmem<kCw, kFp8, kTiles, kRows>;
-  constexpr auto kernel = mla_decode_shared_kernel<kCw, kFp8, kTiles, kRows>;
-  const size_t smem = Smem::bytes(split_rows(p.width, p.splits));
-  static const int max_smem = opt_in_dynamic_smem(kernel);
-  MTP_REQUIRE(smem <= static_cast<size_t>(max_smem), "ops::cuda::mla_decode_batch (shared): ", smem,
-              " bytes of shared memory for ", split_rows(p.width, p.splits), " rows per split (at most ",
-              max_smem, ")");
-  const dim3 grid((p.n_heads + kTiles * kHeadTile - 1) / (kTiles * kHeadTile), p.splits, rows);
-  launch(ctx, kernel, grid, kTiles * kDecodeThreads, smem, p);
-  MTP_CUDA_LAUNCH_CHECK();
 }
 
 constexpr int kCombineThreads = 128;
@@ -1282,6 +837,7 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
               kv_lora, " (dqk and kv_lora must be multiples of 8)");
   MTP_REQUIRE(reinterpret_cast<uintptr_t>(W_kvb) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0,
               "ops::cuda::mla_absorb_q_batch: q and W_kvb must be 16-byte aligned");
+  record_kernel(ctx, "mla_absorb_q_batch", rows >= 2 ? "absorb_q_mma" : "absorb_q");
   if (rows >= 2) {
     // Two rows and more: the per-head GEMMs on the tensor cores. One row is the single-row op itself
     // (its kernel, its bits), so a batch of one drafts as the single-sequence path.
@@ -1295,78 +851,12 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
   mla_absorb_q(ctx, q, W_kvb, q_abs, n_heads, dqk, dv, kv_lora);
 }
 
-BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows) {
-  switch (ctx.policy.mla_batch) {
-    case MlaBatch::shared:
-      return BatchDecodeKernel::shared;
-    case MlaBatch::shared2:
-      return BatchDecodeKernel::shared2;
-    case MlaBatch::shared32:
-      return BatchDecodeKernel::shared32;
-    case MlaBatch::automatic:
-      // From two rows a shared kernel (the head tiles of a row share each staged chunk): shared2
-      // up to 8 rows, shared32 above, as measured on one H200 (glm5.3-flash, 2051 selected rows,
-      // BF16 cache, graph mode, us; docs/kernels.md): shared2 / shared 18.7 / 24.2 at B = 2, 27.8 /
-      // 27.9 at 4; shared2 / shared / shared32 34.8 / 36.1 / 34.6 at 8, 56.4 / 55.9 / 52.8 at 16,
-      // 159.0 / 156.3 / 140.4 at 64, 257.5 / 249.3 / 219.8 at 128. A batch of one keeps the tiles
-      // rule below, as the single-row decode.
-      if (rows >= 2) return rows <= 8 ? BatchDecodeKernel::shared2 : BatchDecodeKernel::shared32;
-      break;
-    case MlaBatch::tiles:
-      break;
-  }
-  // The tiles rule. Under mla_decode v2 the batched decode takes the v2 kernel for FP8 caches and
-  // the v1 kernel for BF16 ones, as measured on one H200 (glm5.3-flash, 2051 selected rows,
-  // docs/kernels.md): BF16 v1 / v2 27 / 34 us at B = 1, 146 / 205 at 16, 376 / 417 at 64, 682 / 788
-  // at 128; FP8 110 / 126 at 16, 453 / 374 at 64, 847 / 732 at 128. A forced split count
-  // (mla_batch_splits) follows the policy's kernel whatever the cache, so v2 can be compared row by
-  // row with the single-row v2.
-  if (ctx.policy.mla_decode != MlaDecode::v2) return BatchDecodeKernel::v1;
-  return fp8_cache || ctx.policy.mla_batch_splits > 0 ? BatchDecodeKernel::v2 : BatchDecodeKernel::v1;
-}
-
-int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache) {
-  const int chunks = std::max(1, (width + kChunk - 1) / kChunk);
-  const int tiles = (n_heads + kHeadTile - 1) / kHeadTile;
-  const int forced = ctx.policy.mla_batch_splits;
-  const BatchDecodeKernel kernel = mla_decode_batch_kernel(ctx, fp8_cache, rows);
-  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2 ||
-      kernel == BatchDecodeKernel::shared32) {
-    // At least enough splits for the slot table's bound; else a forced count (capped at the chunks),
-    // or as many splits as keep the launch within one wave (shared, shared32: one block per
-    // multiprocessor, shared2: two), with at least 4 chunks of 16 rows per split (the combine reads
-    // splits x kv_lora per head).
-    const int bound = kernel == BatchDecodeKernel::shared32 ? kShared32MaxSplitRows : kSharedMaxSplitRows;
-    const int least = (chunks * kChunk + bound - 1) / bound;
-    if (forced > 0) return std::max(least, std::min(forced, chunks));
-    const bool two = kernel == BatchDecodeKernel::shared2;
-    const int per_block = (two ? 2 : 4) * kHeadTile;
-    const int64_t blocks = static_cast<int64_t>((n_heads + per_block - 1) / per_block) * rows;
-    const int want =
-        static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(ctx.num_sms) * (two ? 2 : 1) / blocks));
-    return std::max(least, std::min(want, std::max(1, chunks / 4)));
-  }
-  if (kernel == BatchDecodeKernel::v2) {
-    // The single-row v2 rule over every (row, head tile) of the batch; a forced count rounded up to
-    // whole clusters of 8 (raised, as any, where a split would own more than 32 chunks).
-    const int clusters = forced > 0 ? (forced + kCluster - 1) / kCluster : 0;
-    return decode_v2_clusters(ctx.num_sms, chunks, static_cast<int64_t>(tiles) * rows, clusters) * kCluster;
-  }
-  if (forced > 0) return std::min(forced, chunks);
-  // v1: at least two chunks of 16 rows per block, and about two blocks per multiprocessor over the
-  // whole batch: a large batch fills the chip with one split per row (no combine).
-  const int64_t work = static_cast<int64_t>(chunks) * tiles * rows;
-  const int per_split =
-      static_cast<int>(std::max<int64_t>(2, (work + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms)));
-  return std::max(1, (chunks + per_split - 1) / per_split);
-}
-
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
                                        bool fp8_cache) {
-  // v1 and shared: a partial per split; v2: a partial per cluster of 8 splits. None when one (split
+  // v1, shared2 and shared32: a partial per split; v2: a partial per cluster of 8 splits. None when one (split
   // or cluster) per (row, head tile) writes o_lat itself.
   const int partials =
-      mla_decode_batch_kernel(ctx, fp8_cache, rows) == BatchDecodeKernel::v2 ? splits / kCluster : splits;
+      mla_batch_kernel(ctx.policy, fp8_cache, rows) == BatchDecodeKernel::v2 ? splits / kCluster : splits;
   if (partials <= 1) return 0;
   return static_cast<size_t>(rows) * n_heads * partials * (2 + static_cast<size_t>(kv_lora));
 }
@@ -1388,64 +878,36 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                  cache.scale, cache.block_size, L,     n_heads, softmax_scale,   splits,        scratch,
                  o_lat};
   const bool fp8 = cache.dtype == KvDtype::fp8;
-  const BatchDecodeKernel kernel = mla_decode_batch_kernel(ctx, fp8, rows);
+  const BatchDecodeKernel kernel = mla_batch_kernel(ctx.policy, fp8, rows);  // dispatch.cu
+  record_kernel(ctx, "mla_decode_batch", kernel_text(kernel));
   if (kernel == BatchDecodeKernel::v2) {
-    require_v2_splits("mla_decode_batch", "mla_decode_batch_splits", width, splits, scratch, cache.data);
+    require_v2_splits("mla_decode_batch", "mla_batch_splits", width, splits, scratch, cache.data);
     return decode_v2(ctx, p, fp8, rows);
   }
   MTP_REQUIRE(splits == 1 || scratch, "ops::cuda::mla_decode_batch: ", splits, " splits without scratch");
-  if (kernel == BatchDecodeKernel::shared || kernel == BatchDecodeKernel::shared2 ||
-      kernel == BatchDecodeKernel::shared32) {
+  if (kernel == BatchDecodeKernel::shared2 || kernel == BatchDecodeKernel::shared32) {
     MTP_REQUIRE(reinterpret_cast<uintptr_t>(o_lat) % 4 == 0 &&
                     (!scratch || reinterpret_cast<uintptr_t>(scratch) % 8 == 0),
                 "ops::cuda::mla_decode_batch: o_lat must be 4-byte and the scratch 8-byte aligned");
     const int bound = kernel == BatchDecodeKernel::shared32 ? kShared32MaxSplitRows : kSharedMaxSplitRows;
     MTP_REQUIRE(split_rows(width, splits) <= bound, "ops::cuda::mla_decode_batch: ", split_rows(width, splits),
                 " rows per split (the ",
-                kernel == BatchDecodeKernel::shared32 ? "shared32" : "shared", " kernel takes at most ", bound,
-                ": use mla_decode_batch_splits)");
+                kernel == BatchDecodeKernel::shared32 ? "shared32" : "shared2", " kernel takes at most ", bound,
+                ": use mla_batch_splits)");
     auto run = [&](auto tiles, auto chunk_rows) {
-      constexpr int kT = decltype(tiles)::value;
-      constexpr int kR = decltype(chunk_rows)::value;
-      switch (L) {
-        case 64:
-          return fp8 ? launch_decode_shared<16, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<16, false, kT, kR>(ctx, p, rows);
-        case 128:
-          return fp8 ? launch_decode_shared<32, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<32, false, kT, kR>(ctx, p, rows);
-        case 256:
-          return fp8 ? launch_decode_shared<64, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<64, false, kT, kR>(ctx, p, rows);
-        default:
-          return fp8 ? launch_decode_shared<128, true, kT, kR>(ctx, p, rows)
-                     : launch_decode_shared<128, false, kT, kR>(ctx, p, rows);
-      }
+      with_decode_shape(L, fp8, [&](auto cw, auto f8) {
+        launch_decode_shared<cw(), f8(), decltype(tiles)::value, decltype(chunk_rows)::value>(ctx, p, rows);
+      });
     };
     if (kernel == BatchDecodeKernel::shared2) {
       run(std::integral_constant<int, 2>{}, std::integral_constant<int, 16>{});
-    } else if (kernel == BatchDecodeKernel::shared32) {
-      run(std::integral_constant<int, 4>{}, std::integral_constant<int, 32>{});
     } else {
-      run(std::integral_constant<int, 4>{}, std::integral_constant<int, 16>{});
+      run(std::integral_constant<int, 4>{}, std::integral_constant<int, 32>{});
     }
     if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
     return;
   }
-  switch (L) {
-    case 64:
-      fp8 ? launch_decode_batch<16, true>(ctx, p, rows) : launch_decode_batch<16, false>(ctx, p, rows);
-      break;
-    case 128:
-      fp8 ? launch_decode_batch<32, true>(ctx, p, rows) : launch_decode_batch<32, false>(ctx, p, rows);
-      break;
-    case 256:
-      fp8 ? launch_decode_batch<64, true>(ctx, p, rows) : launch_decode_batch<64, false>(ctx, p, rows);
-      break;
-    default:
-      fp8 ? launch_decode_batch<128, true>(ctx, p, rows) : launch_decode_batch<128, false>(ctx, p, rows);
-      break;
-  }
+  with_decode_shape(L, fp8, [&](auto cw, auto f8) { launch_decode_batch<cw(), f8()>(ctx, p, rows); });
   if (splits > 1) mla_combine_rows(ctx, scratch, slot, rows, splits, n_heads, L, o_lat);
 }
 
@@ -1463,13 +925,14 @@ void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb,
               ", kv_lora ", kv_lora, " (kv_lora must be a positive multiple of 16)");
   // Output row r = h * dv + i reads W_kvb row h * (dqk + dv) + dqk + i and x = o_lat[b, h].
   const GemvRowMap map{dv, static_cast<int64_t>(dqk) + dv, dqk, kv_lora};
+  record_kernel(ctx, "mla_out_v_batch", rows == 1 ? "gemv" : "rows_gemm");
   if (rows == 1) {
     // One row: the single-row op's GEMV, its kernel and bits (the skinny GEMM would spend 15 of its
     // 16 MMA rows on padding; docs/kernels.md has both timed).
     gemv_bf16(ctx, W_kvb, o_lat, o, false, n_heads * dv, kv_lora, map);
     return;
   }
-  rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o, false,
+  rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o,
             static_cast<int64_t>(n_heads) * dv, rows, n_heads * dv, kv_lora, map);
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/kernels.hpp"
 #include "ops/ops.hpp"
 
@@ -13,17 +14,6 @@ namespace mtplab::ops::cuda {
 // ---- one row ------------------------------------------------------------------------------------------
 void mla_absorb_q(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk,
                   int dv, int kv_lora);
-/// The sparse MLA decode's kernels (docs/kernels.md), by ctx.policy.mla_decode: v1, a block per two
-/// or more chunks of 16 rows and a combine over every split; v2 (the default), longer splits
-/// streamed through cp.async and merged per cluster of 8 over distributed shared memory
-/// (ctx.policy.mla_clusters, when not 0, forces the clusters per head tile). The splits, the scratch
-/// and mla_decode must be computed under the same policy.
-/// Number of row splits mla_decode uses, and the fp32 scratch it needs for them.
-int mla_decode_splits(const LaunchCtx& ctx, int width, int n_heads);
-size_t mla_decode_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora);
-void mla_decode(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* selection, int width,
-                const int32_t* block_table, const KvCache& cache, bf16* o_lat, int n_heads,
-                float softmax_scale, int splits, float* scratch);
 void kv_write(const LaunchCtx& ctx, const bf16* c_kv, const int32_t* block_table, const int32_t* pos,
               const KvCache& cache);
 /// rmsnorm of one row of cache.kv_lora, stored as kv_write stores it; one block. The norm's path
@@ -37,21 +27,16 @@ void kv_norm_write_batch(const LaunchCtx& ctx, const bf16* ckv_pre, const bf16* 
                          const int32_t* slot, const int32_t* pos, int rows, const KvSlots& kv);
 void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows,
                         int n_heads, int dqk, int dv, int kv_lora);
-/// The batched decode, by ctx.policy.mla_decode: v2 (the default), the v2 kernel with a row per
-/// grid z (splits a multiple of 8, at most 32 chunks each, about one block per multiprocessor over
-/// the batch; a large batch: one cluster of 8 per (row, head tile), no scratch, no combine); v1, the
-/// v1 kernel (1 split: no scratch, no combine). ctx.policy.mla_batch_splits, when not 0, forces the
-/// split count (v2: rounded up to a multiple of 8). Row splits of mla_decode_batch for this batch
-/// and the fp32 scratch they need (0: none), both under the policy mla_decode_batch runs with.
-/// The kernel the batched decode of `rows` rows runs (mla.cu): under mla_batch shared (automatic:
-/// from two rows) the shared kernel, one block per (row, split, 64 heads) whose head tiles share
-/// each staged chunk (v1's scores, one softmax per tile; a forced split count capped at the chunks), shared2
-/// the same with 32 heads per block and two blocks per multiprocessor, shared32 shared's block on
-/// chunks of 32 rows; else the tiles rule: under mla_decode
-/// v2, v2 for FP8 caches or a forced split count, v1 otherwise.
-enum class BatchDecodeKernel { v1, v2, shared, shared2, shared32 };
-BatchDecodeKernel mla_decode_batch_kernel(const LaunchCtx& ctx, bool fp8_cache, int rows);
-int mla_decode_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, bool fp8_cache);
+/// The batched decode (one row included: the single-sequence decode is a batch of one), by the
+/// policy's mla_batch and mla_decode (docs/kernels.md): tiles, one block per (row, head tile,
+/// split), the v2 kernel (splits a multiple of 8, at most 32 chunks each, merged per cluster of 8
+/// over distributed shared memory; a large batch: one cluster per (row, head tile), no scratch, no
+/// combine) or the v1 kernel (a combine over every split); shared2 / shared32, one block per (row,
+/// split, 32 / 64 heads) whose head tiles share each staged chunk (v1's scores, one softmax per
+/// tile; shared32 on chunks of 32 rows). ctx.policy.mla_batch_splits, when not 0, forces the split
+/// count (v2: rounded up to a multiple of 8; the shared kernels: capped at the chunks).
+/// The kernel and the split count: dispatch.cu (mla_batch_kernel, mla_batch_splits); the fp32
+/// scratch mla_decode_batch needs for them (0: none), under the policy it runs with:
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
                                        bool fp8_cache);
 /// slot == nullptr: every row reads slot 0 (the single-sequence decode's path: one row, kv holding

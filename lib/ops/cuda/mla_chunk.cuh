@@ -1,12 +1,13 @@
-// The decode chunk step of absorbed sparse MLA, shared by the single-row decode (v1 and v2) and the
-// batched decode (mla.cu): every path runs exactly these helpers on a chunk of selected rows, so
-// their arithmetic per chunk is the same.
+// The decode chunk step of absorbed sparse MLA, shared by every decode kernel (v1, v2 and the
+// shared kernels: mla.cu, mla_shared.cuh): every path runs exactly these helpers on a chunk of
+// selected rows, so their arithmetic per chunk is the same.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/device_common.cuh"
@@ -34,6 +35,9 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * kWarp;
 constexpr int kHeadTile = 16;  // heads per block: the MMA's M
 constexpr int kChunk = 16;     // selected rows per step: two n8 tiles of S, one k16 step of P C
+// The v2 decode's (mla.cu, "decode v2"; its split rule: dispatch.cu).
+constexpr int kCluster = 8;          // splits per thread-block cluster (the portable maximum)
+constexpr int kMaxSplitChunks = 32;  // chunks one split may own (the slot table's size)
 
 /// a ~= hi + lo with hi = bf16(a), lo = bf16(a - hi), for a pair of values.
 __device__ __forceinline__ void split_bf16x2(float a0, float a1, uint32_t& hi, uint32_t& lo) {
@@ -47,6 +51,21 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 f) {
   const float2 c = fp8x2_to_float2(f.y), d = fp8x2_to_float2(f.y >> 16);
   return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y), pack_bf16x2(c.x, c.y),
                     pack_bf16x2(d.x, d.y));
+}
+
+/// ldmatrix .x4 (and its transposed form) of four 8 x 8 BF16 matrices from shared memory: the
+/// MMA fragments of the decodes' and of absorb_q's tensor-core kernels.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 }
 
 // The chunk step both decode kernels share: the warp's Q fragments, its partial scores S = Q C^T,
@@ -228,6 +247,30 @@ struct DecodeParams {
   float* scratch;  // [rows][n_heads][partials][2 + kv_lora]: m, l, acc
   bf16* o_lat;
 };
+
+/// f(std::integral_constant<int, kv_lora / 4>{}, std::bool_constant<fp8>{}): a decode kernel's
+/// instance for kv_lora 64, 128, 256 or 512 (the callers check it; anything else takes 512) and the
+/// cache type.
+template <typename F>
+void with_decode_shape(int kv_lora, bool fp8, F&& f) {
+  auto by_type = [&](auto cw) { fp8 ? f(cw, std::true_type{}) : f(cw, std::false_type{}); };
+  if (kv_lora == 64) return by_type(std::integral_constant<int, 16>{});
+  if (kv_lora == 128) return by_type(std::integral_constant<int, 32>{});
+  if (kv_lora == 256) return by_type(std::integral_constant<int, 64>{});
+  by_type(std::integral_constant<int, 128>{});
+}
+
+/// Row `row`'s inputs of a decode launch (kv_lora L): its q_abs rows, its selection and its
+/// slot's block table.
+struct DecodeRow {
+  const bf16* q_abs;
+  const int32_t* selection;
+  const int32_t* block_table;
+};
+__device__ __forceinline__ DecodeRow decode_row(const DecodeParams& p, int row, int slot, int L) {
+  return DecodeRow{p.q_abs + static_cast<size_t>(row) * p.n_heads * L, p.selection + static_cast<size_t>(row) * p.width,
+                   p.block_tables + static_cast<size_t>(slot) * p.max_blocks};
+}
 
 /// A column warp's epilogue of the v1-layout decodes (v1, shared): this thread's outputs of head
 /// rows h0 + g (lo) and h0 + g + 8 (hi) at columns col0 + 8n + 2t, +1. One split: o_lat =

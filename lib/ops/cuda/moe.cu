@@ -4,8 +4,9 @@
 //   GEMV family's lane dot product (slice_dot, device_common.cuh), expert ids read on the device;
 //   the shared expert runs in the same two launches as one more slot of weight 1, added last.
 // - Batched rows: the router per row, and the routed experts grouped over the batch; at 1 .. 4
-//   rows (moe_pipeline slots, auto at 1 - 2) the single-row kernels instead, a warp per (row,
+//   rows (moe_pipeline slots, auto at 1 - 3) the single-row kernels instead, a warp per (row,
 //   route) and the shared expert's weights loaded once for all rows: each row the one-row bits.
+//   Which runs, and under which memory pipeline, is dispatch.cu's rule (moe_grouped_plan).
 //
 // moe_route_batch: block b routes row b (one thread per expert, up to 1024): sigmoid, bias, group
 // limit, then every expert's packed key (biased score, lower id first on ties) is ranked against all
@@ -38,6 +39,7 @@
 #include "ops/cuda/batch_common.cuh"
 #include "ops/cuda/cuda_check.hpp"
 #include "ops/cuda/device_common.cuh"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/moe.hpp"
 #include "ops/group_score.hpp"
@@ -1770,30 +1772,29 @@ void launch_block_items(const LaunchCtx& ctx, GroupedParams p, const PlanLayout&
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-/// A wide launch (rows > kMaxBatchRows) under the policy's pipeline; split takes at most
-/// kMaxBatchRows rows (moe_grouped_launch_rows), slots and auto ringpf's pipeline (its rings fit
-/// without the plan and d).
-void launch_wide(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout& layout, int64_t items_max,
-                 int64_t block_items_max, int64_t down_items_max, void* wide) {
-  switch (ctx.policy.moe_pipeline) {
-    case MoePipeline::v1:
-      return launch_grouped<PipeV1, PipeV1, true>(ctx, p, layout, items_max, 0, 0, wide);
-    case MoePipeline::spread:
-      return launch_grouped<PipeSpread, PipeSpread, true>(ctx, p, layout, items_max, 0, 0, wide);
-    case MoePipeline::regs:
-      return launch_grouped<PipeSpread, PipeRegsDown, true>(ctx, p, layout, items_max, 0, 0, wide);
-    case MoePipeline::ring:
-      return launch_grouped<PipeRingGateUp, PipeRingDown, true>(ctx, p, layout, items_max, 0, 0, wide);
-    case MoePipeline::ringpf:
-      return launch_grouped<PipeRingPfGateUp, PipeRingPfDown, true>(ctx, p, layout, items_max, 0, 0, wide);
-    case MoePipeline::slots:
-    case MoePipeline::automatic:
+/// A wide launch (rows > kMaxBatchRows) of `kernel` (moe_grouped_plan): the block-item kernels, or
+/// a pipeline's one-warp items with the plan and d in global memory (slots and split have none).
+void launch_wide(const LaunchCtx& ctx, MoeKernel kernel, const GroupedParams& p, const PlanLayout& layout,
+                 int64_t items_max, int64_t block_items_max, int64_t down_items_max, void* wide) {
+  switch (kernel) {
+    case MoeKernel::block_items:
       return launch_block_items(ctx, p, layout, block_items_max, down_items_max, wide);
-    case MoePipeline::split:
+    case MoeKernel::v1:
+      return launch_grouped<PipeV1, PipeV1, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoeKernel::spread:
+      return launch_grouped<PipeSpread, PipeSpread, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoeKernel::regs:
+      return launch_grouped<PipeSpread, PipeRegsDown, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoeKernel::ring:
+      return launch_grouped<PipeRingGateUp, PipeRingDown, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoeKernel::ringpf:
+      return launch_grouped<PipeRingPfGateUp, PipeRingPfDown, true>(ctx, p, layout, items_max, 0, 0, wide);
+    case MoeKernel::slots:
+    case MoeKernel::split:
       break;
   }
-  MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", to_string(ctx.policy.moe_pipeline),
-           " takes at most ", kMaxBatchRows, " rows per launch");
+  MTP_FAIL("ops::cuda::moe_experts_grouped: ", kernel_text(MoePlan{kernel, false}), " has no wide launch (at most ",
+           kMaxBatchRows, " rows per launch)");
 }
 
 }  // namespace
@@ -1811,19 +1812,12 @@ void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bia
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-bool moe_grouped_on_slots(MoePipeline pipeline, int rows, int top_k, bool shared) {
-  const int most = pipeline == MoePipeline::slots       ? kMaxRowsSlotsMoe
-                   : pipeline == MoePipeline::automatic ? kMaxRowsSlotsMoeAuto
-                                                        : 0;
-  return top_k >= 1 && rows <= most && down_fits(rows, top_k, shared);
+bool moe_slots_fit(int rows, int top_k, bool shared) {
+  return rows >= 1 && rows <= kMaxRowsSlotsMoe && top_k >= 1 && down_fits(rows, top_k, shared);
 }
 
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter) {
   return static_cast<size_t>(rows) * (top_k + 1) * static_cast<size_t>(std::max(inter, shared_inter));
-}
-
-int moe_grouped_launch_rows(MoePipeline pipeline) {
-  return pipeline == MoePipeline::split ? kMaxBatchRows : kMaxMoeLaunchRows;
 }
 
 size_t moe_grouped_wide_bytes(int rows, int top_k, int num_local, int hidden) {
@@ -1837,7 +1831,7 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
                          const ExpertWeights* shared, float limit, bf16* act, float* out, void* wide) {
   const int H = routed.hidden, I = routed.inter;
   const int Is = shared ? shared->inter : 0;
-  const int most = moe_grouped_launch_rows(ctx.policy.moe_pipeline);
+  const int most = moe_grouped_launch_rows(ctx.policy);
   MTP_REQUIRE(rows >= 1 && rows <= most && top_k >= 0 && top_k <= 32, "ops::cuda::moe_experts_grouped: rows ",
               rows, " (1 .. ", most, " per launch under moe_pipeline ", to_string(ctx.policy.moe_pipeline),
               "), top_k ", top_k, " (at most 32)");
@@ -1857,7 +1851,19 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
         reinterpret_cast<uintptr_t>(ptr) % 16 == 0,
         "ops::cuda::moe_experts_grouped: x, the expert weights and the scratch must be 16-byte aligned");
   }
-  if (moe_grouped_on_slots(ctx.policy.moe_pipeline, rows, top_k, shared != nullptr)) {
+  // The plan's and d's shared memory in a narrow launch, and whether ring's rings fit beside them:
+  // what the rule (dispatch.cu's moe_grouped_plan) asks of the shape.
+  const int pairs = rows * top_k;
+  PlanLayout layout{routed.num_local, pairs, rows, std::min(routed.num_local, pairs) + 1};
+  const size_t plan_bytes = sizeof(int) * layout.ints();
+  const size_t routes = static_cast<size_t>(pairs) + rows;
+  const size_t d_bytes = sizeof(bf16) * routes * kDownCols;
+  const size_t ring_smem = std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
+                                    sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
+  const MoePlan plan =
+      moe_grouped_plan(ctx.policy, rows, moe_slots_fit(rows, top_k, shared != nullptr), ring_smem <= 220 * 1024);
+  record_kernel(ctx, "moe_experts_grouped", kernel_text(plan));
+  if (plan.kernel == MoeKernel::slots) {
     // The single-row kernels for every (row, route): each row's bytes are the one-row op's.
     SharedExpert sh;
     if (shared) sh = SharedExpert{shared->gate, shared->up, shared->down, Is};
@@ -1879,59 +1885,40 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   p.act = act;
   p.act_ld = std::max(I, Is);
   p.out = out;
-  const int pairs = rows * top_k;
-  PlanLayout layout{routed.num_local, pairs, rows, std::min(routed.num_local, pairs) + 1};
-  const size_t plan_bytes = sizeof(int) * layout.ints();
-  const size_t routes = static_cast<size_t>(pairs) + rows;
-  const size_t d_bytes = sizeof(bf16) * routes * kDownCols;
   // Launch 1: enough warps for the most items this batch can have, at most what is resident.
   const int64_t active_max = std::min(routed.num_local, pairs);
   const int64_t groups_max = active_max + pairs / kPairGroup;
   const int64_t shared_items =
       Is > 0 ? static_cast<int64_t>(Is / 16) * ((rows + kPairGroup - 1) / kPairGroup) : 0;
   const int64_t items_max = static_cast<int64_t>(I / 16) * groups_max + shared_items;
-  if (is_wide) {
+  if (plan.wide) {
     // The block-item kernels: gate_up's items are 8 tiles of one group of 64 pairs, down's a group.
     const int64_t block_groups = active_max + pairs / kBlockGroup;
     const int64_t shared_groups = Is > 0 ? (rows + kBlockGroup - 1) / kBlockGroup : 0;
     const int64_t eighths = (I / 16 + kMoeWarps - 1) / kMoeWarps;
     const int64_t shared_eighths = (Is / 16 + kMoeWarps - 1) / kMoeWarps;
     const int64_t block_items_max = eighths * block_groups + shared_eighths * shared_groups;
-    return launch_wide(ctx, p, layout, items_max, block_items_max, block_groups + shared_groups, wide);
+    return launch_wide(ctx, plan.kernel, p, layout, items_max, block_items_max, block_groups + shared_groups,
+                       wide);
   }
-  switch (ctx.policy.moe_pipeline) {
-    case MoePipeline::v1:
+  switch (plan.kernel) {
+    case MoeKernel::v1:
       return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-    case MoePipeline::spread:
+    case MoeKernel::spread:
       return launch_grouped<PipeSpread, PipeSpread>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-    case MoePipeline::regs:
+    case MoeKernel::regs:
       return launch_grouped<PipeSpread, PipeRegsDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-    case MoePipeline::slots:  // more rows than the single-row kernels take: ring's
-    case MoePipeline::automatic: {
-      // slots up to kMaxRowsSlotsMoeAuto rows (the step at B = 2 and the launch at 3 measured
-      // faster, the launch at 4 slower; docs/kernels.md). Above that ring, measured fastest or
-      // level at every B, where its deeper rings fit in shared memory; v1 (the least shared
-      // memory) otherwise, the same bits.
-      // split is faster as a launch at 1 - 2 rows but gave no step a gain, so auto keeps ring's
-      // bits above the slots rows, through ringpf (ring with the L2 prefetch hint
-      // on its weight copies, ring's bits: the step 3 - 5% faster at B = 4, 64 and 128).
-      const size_t ring_smem =
-          std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
-                   sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
-      if (ring_smem > 220 * 1024)
-        return launch_grouped<PipeV1, PipeV1>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-      return launch_grouped<PipeRingPfGateUp, PipeRingPfDown>(ctx, p, layout, items_max, plan_bytes,
-                                                              d_bytes);
-    }
-    case MoePipeline::ring:
+    case MoeKernel::ring:
       return launch_grouped<PipeRingGateUp, PipeRingDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-    case MoePipeline::ringpf:
+    case MoeKernel::ringpf:
       return launch_grouped<PipeRingPfGateUp, PipeRingPfDown>(ctx, p, layout, items_max, plan_bytes, d_bytes);
-    case MoePipeline::split:
+    case MoeKernel::split:
       return launch_split(ctx, p, layout, items_max, plan_bytes, d_bytes);
+    case MoeKernel::slots:
+    case MoeKernel::block_items:
+      break;
   }
-  MTP_FAIL("ops::cuda::moe_experts_grouped: moe_pipeline ", static_cast<int>(ctx.policy.moe_pipeline),
-           " is not one of: auto, v1, spread, regs, ring, split, slots, ringpf");
+  MTP_FAIL("ops::cuda::moe_experts_grouped: kernel ", static_cast<int>(plan.kernel), " has no grouped launch");
 }
 
 }  // namespace mtplab::ops::cuda

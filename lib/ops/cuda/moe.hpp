@@ -28,26 +28,23 @@ void moe_route_batch(const LaunchCtx& ctx, const float* logits, const float* bia
 /// BF16 scratch moe_experts_grouped needs for `rows` rows: one activation row per (row, route)
 /// and per row for the shared expert.
 size_t moe_grouped_act_elems(int rows, int top_k, int inter, int shared_inter);
-/// Most rows moe_pipeline slots runs on the single-row kernels (their down launch has a warp per
-/// (row, route) or per two, 32 at most; moe_grouped_on_slots says where they fit); more rows, and
-/// rows that do not fit, take ring.
+/// Most rows the single-row kernels take (moe_pipeline slots): their down launch has a warp per
+/// (row, route) or per two, 32 at most.
 inline constexpr int kMaxRowsSlotsMoe = 4;
-/// Most rows moe_pipeline auto gives to slots (docs/kernels.md, "The grouped experts"; at 3 rows
-/// slots 355 against ring's 375 us a launch, at 4 slower).
-inline constexpr int kMaxRowsSlotsMoeAuto = 3;
-/// Whether moe_experts_grouped runs `rows` rows of top_k routes on the single-row kernels under
-/// `pipeline` (slots, or auto at few rows; the down launch must fit its warps).
-bool moe_grouped_on_slots(MoePipeline pipeline, int rows, int top_k, bool shared);
-/// Most rows of one moe_experts_grouped launch: the wide launches' (more rows than kMaxBatchRows,
-/// plan and d in global memory), except under moe_pipeline split (kMaxBatchRows).
+/// Whether the single-row kernels take `rows` rows of top_k routes (plus the shared expert) in one
+/// launch: 1 .. kMaxRowsSlotsMoe rows, top_k >= 1, and the down block's warps fit. Whether they
+/// run is dispatch.cu's rule (moe_grouped_plan).
+bool moe_slots_fit(int rows, int top_k, bool shared);
+/// Most rows of one grouped launch, a wide one (more rows than kMaxBatchRows: the plan and d in
+/// global memory). The launch size the backend uses: dispatch.hpp's moe_grouped_launch_rows.
 inline constexpr int kMaxMoeLaunchRows = 1024;
-int moe_grouped_launch_rows(MoePipeline pipeline);
 /// The global scratch (bytes) of a wide launch of `rows` rows; 0 at most kMaxBatchRows rows.
 size_t moe_grouped_wide_bytes(int rows, int top_k, int num_local, int hidden);
 /// The routed experts grouped over up to moe_grouped_launch_rows rows (plus the shared expert):
-/// two launches, three when wide (docs/kernels.md, "Batched kernels"). `act` is
-/// moe_grouped_act_elems of scratch; `wide` moe_grouped_wide_bytes of it (16-byte aligned) when
-/// rows > kMaxBatchRows.
+/// two launches, three when wide (docs/kernels.md, "Batched kernels"), the kernels that
+/// dispatch.cu's moe_grouped_plan picks (noted in the kernel record as moe_experts_grouped).
+/// `act` is moe_grouped_act_elems of scratch; `wide` moe_grouped_wide_bytes of it (16-byte
+/// aligned) when rows > kMaxBatchRows.
 void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                          const float* weights, const int32_t* slot, int rows, int top_k,
                          const ExpertWeights* shared, float limit, bf16* act, float* out, void* wide = nullptr);
