@@ -424,7 +424,9 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
             dist::NcclMode::blocking,
             rank,
             rt.world(),
-            PointInputs(*be, world, rank, rt.world())};
+            PointInputs(*be, world, rank, rt.world()),
+            nullptr,
+            std::nullopt};
 
   // Every input checked before the output exists (harness/check.hpp): a run that fails on its
   // inputs leaves no results file behind. The first checkpoint shard loads into the run's cache,
