@@ -48,39 +48,6 @@ YAML::Node strip_marks(const YAML::Node& n) {
   return out;
 }
 
-// Writes `value` at the dotted `path` of `root`, creating mappings on the way. A scalar `model:`
-// met on the way becomes {preset: <scalar>} so that model.<key> overrides a preset's key.
-void set_path(YAML::Node root, const std::string& path, const YAML::Node& value, const std::string& origin) {
-  std::vector<std::string> parts = split(path, '.');
-  for (const auto& p : parts) MTP_REQUIRE(!p.empty(), origin, ": empty component in key path \"", path, "\"");
-  // A sweep axis is one key of sweep.grid, dots and all ("sweep.grid.kernels.pdl" sets the axis
-  // "kernels.pdl", as `kernels.pdl: [...]` under grid: does in the file).
-  if (parts.size() > 3 && parts[0] == "sweep" && parts[1] == "grid") {
-    std::vector<std::string> axis(parts.begin() + 2, parts.end());
-    parts.resize(2);
-    parts.push_back(join(axis, "."));
-  }
-  YAML::Node cur;
-  cur.reset(root);
-  MTP_REQUIRE(cur.IsMap(), origin, ": the document is not a mapping");
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    const YAML::Node& ccur = cur;
-    YAML::Node child = ccur[parts[i]];
-    if (child && child.IsScalar() && i == 0 && parts[0] == "model") {
-      YAML::Node m(YAML::NodeType::Map);
-      m["preset"] = YAML::Node(child.Scalar());
-      cur[parts[i]] = m;
-    } else if (!child || child.IsNull()) {
-      cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
-    } else if (!child.IsMap()) {
-      MTP_FAIL(origin, ": \"", join(std::vector<std::string>(parts.begin(), parts.begin() + i + 1), "."),
-               "\" is not a mapping, so \"", path, "\" cannot be set");
-    }
-    YAML::Node next = cur[parts[i]];
-    cur.reset(next);
-  }
-  cur[parts.back()] = value;
-}
 
 // "key.path=value" -> key, returns the value text.
 std::string split_override(const std::string& o, std::string& key) {
@@ -442,6 +409,40 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
+// set_yaml_path (experiment.hpp): writes `value` at the dotted `path` of `root`, creating mappings on the way. A scalar `model:`
+// met on the way becomes {preset: <scalar>} so that model.<key> overrides a preset's key.
+void set_yaml_path(YAML::Node root, const std::string& path, const YAML::Node& value, const std::string& origin) {
+  std::vector<std::string> parts = split(path, '.');
+  for (const auto& p : parts) MTP_REQUIRE(!p.empty(), origin, ": empty component in key path \"", path, "\"");
+  // A sweep axis is one key of sweep.grid, dots and all ("sweep.grid.kernels.pdl" sets the axis
+  // "kernels.pdl", as `kernels.pdl: [...]` under grid: does in the file).
+  if (parts.size() > 3 && parts[0] == "sweep" && parts[1] == "grid") {
+    std::vector<std::string> axis(parts.begin() + 2, parts.end());
+    parts.resize(2);
+    parts.push_back(join(axis, "."));
+  }
+  YAML::Node cur;
+  cur.reset(root);
+  MTP_REQUIRE(cur.IsMap(), origin, ": the document is not a mapping");
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const YAML::Node& ccur = cur;
+    YAML::Node child = ccur[parts[i]];
+    if (child && child.IsScalar() && i == 0 && parts[0] == "model") {
+      YAML::Node m(YAML::NodeType::Map);
+      m["preset"] = YAML::Node(child.Scalar());
+      cur[parts[i]] = m;
+    } else if (!child || child.IsNull()) {
+      cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    } else if (!child.IsMap()) {
+      MTP_FAIL(origin, ": \"", join(std::vector<std::string>(parts.begin(), parts.begin() + i + 1), "."),
+               "\" is not a mapping, so \"", path, "\" cannot be set");
+    }
+    YAML::Node next = cur[parts[i]];
+    cur.reset(next);
+  }
+  cur[parts.back()] = value;
+}
+
 const char* to_string(ValueType t) {
   static const char* const names[] = {"int", "float", "str"};
   return names[static_cast<size_t>(t)];
@@ -599,7 +600,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
   auto load_doc = [&]() {
     YamlNode doc = YamlNode::load_string(text, name);
     if (!doc.is_map()) doc.fail("an experiment is a mapping (model:, trace:, sweep: ...)");
-    for (const auto& o : ovs) set_path(doc.raw(), o.key, o.value, o.text);
+    for (const auto& o : ovs) set_yaml_path(doc.raw(), o.key, o.value, o.text);
     return doc;
   };
 
@@ -722,7 +723,7 @@ Experiment parse_experiment(const std::string& text, const std::string& name,
         });
         for (size_t a : order) {
           const YamlNode& v = ex.axes[a].nodes[idx[a]];
-          set_path(doc.raw(), ex.axes[a].name, v.raw(), str("sweep.grid.", ex.axes[a].name));
+          set_yaml_path(doc.raw(), ex.axes[a].name, v.raw(), str("sweep.grid.", ex.axes[a].name));
           where += str(where.empty() ? "" : ", ", ex.axes[a].name, " from ", origin_of(v));
         }
         p = reader.point(doc, nullptr);

@@ -166,4 +166,8 @@ const std::vector<Setting<PointConfig>>& run_settings();
 /// without its `output` key, re-emitted, then "\nworld=" and the world size.
 std::string configuration_text(const std::string& resolved_yaml, int64_t world);
 
+/// Writes `value` at the dotted `path` of `root` (a YAML document), creating mappings on the way; a
+/// scalar `model:` met on the way becomes {preset: <scalar>}. `origin` names the override in errors.
+void set_yaml_path(YAML::Node root, const std::string& path, const YAML::Node& value, const std::string& origin);
+
 }  // namespace mtplab::harness

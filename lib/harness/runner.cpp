@@ -216,6 +216,15 @@ std::vector<std::string> kernels_over_ranks(const Context& c) {
   return kernel_record_entries(per_rank);
 }
 
+// A measured point's last, collective, step: its figures reduced over the ranks, the kernel record,
+// the finish time and the wall time since wall0.
+void finish_point(const Context& c, const PointConfig& p, PointResult& r, Clock::time_point wall0) {
+  reduce_over_ranks(c, p, r);
+  r.kernels = kernels_over_ranks(c);
+  r.finished_at = utc_now();
+  r.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
+}
+
 // Measures one online point (harness/online.hpp). Returns false when a stop signal interrupted it.
 bool run_online_point(Context& c, const PointConfig& p, Progress& progress, PointResult& r) {
   const auto wall0 = Clock::now();
@@ -267,10 +276,7 @@ bool run_online_point(Context& c, const PointConfig& p, Progress& progress, Poin
   }
   drafter.reset();
   if (stopped) return false;
-  reduce_over_ranks(c, p, r);
-  r.kernels = kernels_over_ranks(c);
-  r.finished_at = utc_now();
-  r.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
+  finish_point(c, p, r, wall0);
   return true;
 }
 
@@ -341,10 +347,7 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
   r.selection_check = drafter->selection_check();
   drafter.reset();
   if (stopped) return false;
-  reduce_over_ranks(c, p, r);
-  r.kernels = kernels_over_ranks(c);
-  r.finished_at = utc_now();
-  r.wall_s = std::chrono::duration<double>(Clock::now() - wall0).count();
+  finish_point(c, p, r, wall0);
   return true;
 }
 

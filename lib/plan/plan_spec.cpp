@@ -7,37 +7,12 @@
 #include "core/str.hpp"
 #include "core/yaml.hpp"
 #include "model/config.hpp"
+#include "harness/experiment.hpp"
 #include "plan/planner.hpp"
 
 namespace mtplab::plan {
 
 namespace {
-
-// Writes `value` at the dotted `path` of `root`, creating mappings on the way; a scalar `model:`
-// on the way becomes {preset: <scalar>}, so that model.layers overrides a preset's count.
-void set_path(YAML::Node root, const std::string& path, const YAML::Node& value) {
-  const std::vector<std::string> parts = split(path, '.');
-  for (const auto& p : parts) MTP_REQUIRE(!p.empty(), "--set ", path, ": empty component in the key path");
-  YAML::Node cur;
-  cur.reset(root);
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    const YAML::Node& ccur = cur;
-    YAML::Node child = ccur[parts[i]];
-    if (child && child.IsScalar() && i == 0 && parts[0] == "model") {
-      YAML::Node m(YAML::NodeType::Map);
-      m["preset"] = YAML::Node(child.Scalar());
-      cur[parts[i]] = m;
-    } else if (!child || child.IsNull()) {
-      cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
-    } else if (!child.IsMap()) {
-      MTP_FAIL("--set ", path, ": \"", join(std::vector<std::string>(parts.begin(), parts.begin() + i + 1), "."),
-               "\" is not a mapping");
-    }
-    YAML::Node next = cur[parts[i]];
-    cur.reset(next);
-  }
-  cur[parts.back()] = value;
-}
 
 std::vector<std::string> strings(const YamlNode& n) {
   if (n.is_scalar()) return {n.as_string()};
@@ -93,7 +68,7 @@ PlanSpec load_plan_spec(const std::string& path, const std::vector<std::pair<std
       } catch (const YAML::Exception& e) {
         MTP_FAIL("--set ", key, "=", value, ": the value is not valid YAML: ", e.msg);
       }
-      set_path(root, key, v);
+      harness::set_yaml_path(root, key, v, str("--set ", key));
     }
     YAML::Emitter e;
     e << root;

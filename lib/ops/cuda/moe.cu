@@ -1337,15 +1337,22 @@ constexpr size_t block_item_elems() {
   return static_cast<size_t>(kBlockStages) * kMoeXStride * (kBlockGroup + static_cast<size_t>(kMoeWarps) * 16 * kMats);
 }
 
+/// A block-item kernel's rings in its dynamic shared memory (block_item_elems): the block's input
+/// ring first, then each warp's ring of kMats weight tiles (this warp's in wring).
+template <int kMats>
+__device__ __forceinline__ void block_item_rings(uint8_t* smem, bf16*& xring, bf16*& wring) {
+  constexpr size_t kW = static_cast<size_t>(kBlockStages) * 16 * kMats * kMoeXStride;
+  xring = reinterpret_cast<bf16*>(smem);
+  wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + (threadIdx.x / kWarp) * kW;
+}
+
 __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
-  constexpr size_t kW = static_cast<size_t>(kBlockStages) * 32 * kMoeXStride;
-  bf16* xring = reinterpret_cast<bf16*>(moe_smem);
+  bf16 *xring, *wring;
+  block_item_rings<2>(moe_smem, xring, wring);
   const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2, t = lane & 3;
-  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + warp * kW;
+  const int g = (threadIdx.x % kWarp) >> 2, t = threadIdx.x % 4;
   int n_active;
   const Plan pl = launch_plan<true>(p, layout, nullptr, true, n_active);
   if (n_active == 0) return;
@@ -1386,12 +1393,10 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) moe_down_block_kernel(Grou
                                                                           int hblocks) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
-  constexpr size_t kW = static_cast<size_t>(kBlockStages) * 16 * kMoeXStride;
-  bf16* xring = reinterpret_cast<bf16*>(moe_smem);
+  bf16 *xring, *wring;
+  block_item_rings<1>(moe_smem, xring, wring);
   const int warp = threadIdx.x / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  const int g = lane >> 2, t = lane & 3;
-  bf16* wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + warp * kW;
+  const int g = (threadIdx.x % kWarp) >> 2, t = threadIdx.x % 4;
   int n_active;
   const Plan pl = launch_plan<true>(p, layout, nullptr, false, n_active);
   if (n_active == 0) return;
