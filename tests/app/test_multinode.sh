@@ -77,8 +77,9 @@ grep -q ') done in' die.log || { fail "the two-node run finished no point"; cat 
 # mpirun -> sh (fake_ssh.sh's, the ssh client's stand-in, on this node) -> orted -> the second
 # node's ranks. The node's processes are the daemon and its ranks.
 shell=$(ps -o pid=,args= --ppid "$job" | awk '$2 == "sh" { print $1 }')
-daemon=$(ps -o pid= --ppid "$shell" 2>/dev/null)
-ranks=$(ps -o pid= --ppid "$daemon" 2>/dev/null)
+# ps pads its pids with spaces, and a padded pid is not a pid to --ppid: trimmed.
+daemon=$(ps -o pid= --ppid "$shell" 2>/dev/null | awk '{ print $1 }' | head -n 1)
+ranks=$(ps -o pid= --ppid "$daemon" 2>/dev/null | awk '{ print $1 }')
 [[ -n $daemon && -n $ranks ]] || fail "the second node's daemon and ranks were not found under mpirun $job"
 t0=$(date +%s)
 kill -KILL $daemon $ranks
