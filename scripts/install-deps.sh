@@ -13,7 +13,7 @@ set -euo pipefail
 # Debian 12 names; Ubuntu 24.04 uses the same names.
 packages=(
   # build
-  build-essential cmake ninja-build git pkg-config
+  build-essential cmake ninja-build git pkg-config clang-format
   # libraries
   libopenmpi-dev openmpi-bin libhdf5-dev libyaml-cpp-dev libgtest-dev googletest
   # analysis notebook
