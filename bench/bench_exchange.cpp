@@ -78,7 +78,8 @@ uint64_t mix64(uint64_t z) { return splitmix64_mix(z + kSplitmix64Gamma); }
 /// Logit of global token `id` under `seed`: uniform in [-8, 8) rounded to BF16. BF16 has 8 bits
 /// of mantissa, so among 154880 draws the maximum is usually shared by several ids.
 bf16 logit_of(uint64_t seed, int64_t id) {
-  const double u = static_cast<double>(mix64(seed * 0x100000001b3ull ^ static_cast<uint64_t>(id)) >> 11) * 0x1p-53;
+  const double u =
+      static_cast<double>(mix64(seed * 0x100000001b3ull ^ static_cast<uint64_t>(id)) >> 11) * 0x1p-53;
   return to_bf16(static_cast<float>(-8.0 + 16.0 * u));
 }
 
@@ -199,7 +200,8 @@ int run(int argc, char** argv, const Options& opt) {
   dist::Runtime rt(&argc, &argv);
   const int world = rt.world();
   const int rank = rt.rank();
-  MTP_REQUIRE(world >= 2, "mtplab_bench_exchange measures a cross-rank exchange: run it under mpirun -np 2 (world is ",
+  MTP_REQUIRE(world >= 2,
+              "mtplab_bench_exchange measures a cross-rank exchange: run it under mpirun -np 2 (world is ",
               world, ")");
   const auto& bound = rt.bind_device();
   auto be = ops::make_cuda_backend(bound.device);
@@ -251,7 +253,8 @@ int run(int argc, char** argv, const Options& opt) {
     comm.wait();
     be->download(&got, token.data(), sizeof got);
     if (got != want && rank == 0)
-      std::fprintf(stderr, "seed %llu: token %d, expected %d\n", static_cast<unsigned long long>(seed), got, want);
+      std::fprintf(stderr, "seed %llu: token %d, expected %d\n", static_cast<unsigned long long>(seed), got,
+                   want);
     return got == want ? 0 : 1;
   };
 
@@ -265,7 +268,8 @@ int run(int argc, char** argv, const Options& opt) {
     uint64_t want_max = 0;
     for (int r = 0; r < world; ++r) want_max = std::max(want_max, mix64(1000 + r));
     c.issue = [&, stream] {
-      MTP_NCCL_CHECK(ncclAllReduce(bare_send.data(), bare_recv.data(), 1, ncclUint64, ncclMax, raw->get(), stream));
+      MTP_NCCL_CHECK(
+          ncclAllReduce(bare_send.data(), bare_recv.data(), 1, ncclUint64, ncclMax, raw->get(), stream));
     };
     c.check = [&, want_max]() -> long {
       uint64_t got = 0;
@@ -373,8 +377,8 @@ int run(int argc, char** argv, const Options& opt) {
                 "enqueue_us", "wrong", "note");
     for (const Result& r : results) {
       if (r.us.empty()) {
-        std::printf("%-24s %-6s %10s %8s %8s %12s %6s  %s\n", r.name.c_str(), r.mode.c_str(), "-", "-", "-", "-", "-",
-                    r.note.c_str());
+        std::printf("%-24s %-6s %10s %8s %8s %12s %6s  %s\n", r.name.c_str(), r.mode.c_str(), "-", "-", "-",
+                    "-", "-", r.note.c_str());
         continue;
       }
       std::printf("%-24s %-6s %10.2f %8.2f %8.2f %12.2f %6ld  %s\n", r.name.c_str(), r.mode.c_str(),
@@ -403,8 +407,9 @@ int run(int argc, char** argv, const Options& opt) {
     std::ofstream csv(path);
     MTP_REQUIRE(csv, "cannot write ", path);
     csv << "# mtplab_bench_exchange git " << git_sha() << (git_dirty() ? "-dirty" : "") << " world " << world
-        << " device " << bound.name << " nccl " << versions.nccl << " cuda " << versions.cuda_runtime << " vocab "
-        << V << " iters " << opt.iters << " reps " << opt.reps << " warmup " << opt.warmup << "\n";
+        << " device " << bound.name << " nccl " << versions.nccl << " cuda " << versions.cuda_runtime
+        << " vocab " << V << " iters " << opt.iters << " reps " << opt.reps << " warmup " << opt.warmup
+        << "\n";
     csv << "case,mode,iters,reps,median_us,p10_us,p90_us,enqueue_us,wrong,note\n";
     for (const Result& r : results) {
       csv << r.name << ',' << r.mode << ',' << opt.iters << ',' << r.us.size() << ',';

@@ -668,7 +668,7 @@ void run_all(Bench& b, ops::Backend& be) {
       if (b.selected(igrp)) {
         b.measure(igrp, dims({kIndexDim}) + " P 4", idx_bytes, 1, [&](int) {
           one.indexer_norm_store(k_pre, ln_w, ln_b, 1e-6f, gate, ape, pos, k_cache, gate_cache, valid,
-                                pool_keys, kIndexDim, kPool);
+                                 pool_keys, kIndexDim, kPool);
         });
       }
       b.release_all();
@@ -771,7 +771,7 @@ void run_all(Bench& b, ops::Backend& be) {
     b.measure("moe_experts 8 + shared", dims({kExpertTopK + 1, 3, kInter, kH}),
               3.0 * (kExpertTopK + 1) * per * 2 + 2.0 * kH + 4.0 * kH, sets, [&](int i) {
                 one.moe_experts_shared(x, ew, idx + (i % sets) * kExpertTopK, w, kExpertTopK,
-                                      shared[static_cast<size_t>(i % sh_copies)], 10.0f, out);
+                                       shared[static_cast<size_t>(i % sh_copies)], 10.0f, out);
               });
     b.release_all();
   }
@@ -823,7 +823,8 @@ void run_all(Bench& b, ops::Backend& be) {
                 [&](int i) { one.mla_absorb_q(q, W[i % rot], q_abs, kHeads, kHeadDim, kHeadDim, kKvLora); });
     if (b.selected("mla_out_v"))
       b.measure("mla_out_v", dims({kHeads, kHeadDim, kKvLora}), half + 2.0 * kHeads * (kHeadDim + kKvLora),
-                rot, [&](int i) { one.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
+                rot,
+                [&](int i) { one.mla_out_v(q_abs, W[i % rot], o, kHeads, kHeadDim, kHeadDim, kKvLora); });
     b.release_all();
   }
   // Both decode paths (the decode and, where it launches one, its combine), each row named by its
@@ -945,8 +946,8 @@ void run_batched(Bench& b, ops::Backend& be) {
       auto* out = static_cast<ops::ArgMax*>(b.alloc(sizeof(ops::ArgMax) * B));
       auto* tok = static_cast<int32_t*>(b.alloc(sizeof(int32_t) * B));
       b.measure(name, dims({B, kV, kH}), wbytes + 2.0 * B * kH + 12.0 * B, rot, [&](int i) {
-        be.head_argmax_batch(W[i % rot], W8[i % rot], scale, x, ops::RowBatch{slots, nullptr, B, 1}, kV, kH, 0, nullptr, 0, out,
-                             ops::HeadExtras{nullptr, tok});
+        be.head_argmax_batch(W[i % rot], W8[i % rot], scale, x, ops::RowBatch{slots, nullptr, B, 1}, kV, kH,
+                             0, nullptr, 0, out, ops::HeadExtras{nullptr, tok});
       });
       be.set_kernel_policy(base_policy);
       b.release_all();
@@ -1054,9 +1055,9 @@ void run_batched(Bench& b, ops::Backend& be) {
     // Under the policy's automatic pipeline, then each pipeline forced (KernelPolicy::moe_pipeline,
     // " v1", " spread", ...: the same bits, other timing; " split": its own bits).
     const ops::MoePipeline pipes[] = {ops::MoePipeline::automatic, ops::MoePipeline::v1,
-                                      ops::MoePipeline::spread, ops::MoePipeline::regs,
-                                      ops::MoePipeline::ring, ops::MoePipeline::split,
-                                      ops::MoePipeline::slots, ops::MoePipeline::ringpf};
+                                      ops::MoePipeline::spread,    ops::MoePipeline::regs,
+                                      ops::MoePipeline::ring,      ops::MoePipeline::split,
+                                      ops::MoePipeline::slots,     ops::MoePipeline::ringpf};
     for (const ops::MoePipeline pipe : pipes)
       for (int B : {1, 2, 3, 4, 16, 64, 128}) {
         const bool forced = pipe != ops::MoePipeline::automatic;
@@ -1092,7 +1093,8 @@ void run_batched(Bench& b, ops::Backend& be) {
         const double bytes = 2.0 * 3.0 * per * (distinct + 1) + 2.0 * B * kH + 4.0 * B * kH;
         b.measure(name, mtplab::str(dims({B, kExpertTopK, 3, kInter, kH}), " ", distinct, " experts"), bytes,
                   1, [&](int) {
-                    be.moe_experts_grouped(x, routed, idx, wts, ops::RowBatch{slots, nullptr, B, 1}, kExpertTopK, &shared, 10.0f, out);
+                    be.moe_experts_grouped(x, routed, idx, wts, ops::RowBatch{slots, nullptr, B, 1},
+                                           kExpertTopK, &shared, 10.0f, out);
                   });
         be.set_kernel_policy(base_policy);
       }
@@ -1114,16 +1116,16 @@ void run_batched(Bench& b, ops::Backend& be) {
     int shared = 0;  // 0: tiles; 2: shared2; 32: shared32
   };
   const DecodeCase decode_cases[] = {
-      {MlaDecode::v2, 1, 0},      {MlaDecode::v2, 16, 0},     {MlaDecode::v2, 16, 16},
-      {MlaDecode::v2, 64, 0},     {MlaDecode::v2, 64, 16},    {MlaDecode::v2, 128, 0},
-      {MlaDecode::v1, 1, 0},      {MlaDecode::v1, 16, 0},     {MlaDecode::v1, 16, 2},
-      {MlaDecode::v1, 16, 4},     {MlaDecode::v1, 64, 0},     {MlaDecode::v1, 64, 2},
-      {MlaDecode::v1, 64, 4},     {MlaDecode::v1, 128, 0},    {MlaDecode::v1, 128, 2},
-      {MlaDecode::v1, 128, 4},    {MlaDecode::v2, 2, 0, 2},   {MlaDecode::v2, 2, 64, 2},
-      {MlaDecode::v2, 4, 0, 2},   {MlaDecode::v2, 8, 0, 2},   {MlaDecode::v2, 16, 0, 2},
-      {MlaDecode::v2, 16, 16, 32}, {MlaDecode::v2, 32, 0, 2}, {MlaDecode::v2, 64, 0, 2},
-      {MlaDecode::v2, 128, 0, 2}, {MlaDecode::v2, 8, 0, 32},  {MlaDecode::v2, 16, 0, 32},
-      {MlaDecode::v2, 32, 0, 32}, {MlaDecode::v2, 64, 0, 32}, {MlaDecode::v2, 128, 0, 32}};
+      {MlaDecode::v2, 1, 0},       {MlaDecode::v2, 16, 0},     {MlaDecode::v2, 16, 16},
+      {MlaDecode::v2, 64, 0},      {MlaDecode::v2, 64, 16},    {MlaDecode::v2, 128, 0},
+      {MlaDecode::v1, 1, 0},       {MlaDecode::v1, 16, 0},     {MlaDecode::v1, 16, 2},
+      {MlaDecode::v1, 16, 4},      {MlaDecode::v1, 64, 0},     {MlaDecode::v1, 64, 2},
+      {MlaDecode::v1, 64, 4},      {MlaDecode::v1, 128, 0},    {MlaDecode::v1, 128, 2},
+      {MlaDecode::v1, 128, 4},     {MlaDecode::v2, 2, 0, 2},   {MlaDecode::v2, 2, 64, 2},
+      {MlaDecode::v2, 4, 0, 2},    {MlaDecode::v2, 8, 0, 2},   {MlaDecode::v2, 16, 0, 2},
+      {MlaDecode::v2, 16, 16, 32}, {MlaDecode::v2, 32, 0, 2},  {MlaDecode::v2, 64, 0, 2},
+      {MlaDecode::v2, 128, 0, 2},  {MlaDecode::v2, 8, 0, 32},  {MlaDecode::v2, 16, 0, 32},
+      {MlaDecode::v2, 32, 0, 32},  {MlaDecode::v2, 64, 0, 32}, {MlaDecode::v2, 128, 0, 32}};
   for (ops::KvDtype dtype : {ops::KvDtype::bf16, ops::KvDtype::fp8}) {
     for (const DecodeCase dc : decode_cases) {
       const int B = dc.B;
@@ -1161,7 +1163,8 @@ void run_batched(Bench& b, ops::Backend& be) {
           table, B, max_blocks};
       b.measure(name, dims({B, width, kHeads, kKvLora}),
                 static_cast<double>(B) * (width * kKvLora * elem + 4.0 * kHeads * kKvLora), 1, [&](int) {
-                  be.mla_decode_batch(q_abs, selection, width, ops::RowBatch{slots, nullptr, B, 1}, kv, o_lat, kHeads, 1.0f / 16.0f);
+                  be.mla_decode_batch(q_abs, selection, width, ops::RowBatch{slots, nullptr, B, 1}, kv, o_lat,
+                                      kHeads, 1.0f / 16.0f);
                 });
       be.set_kernel_policy(base_policy);
       b.release_all();
@@ -1195,8 +1198,9 @@ void run_batched(Bench& b, ops::Backend& be) {
     for (const auto kernel : {ops::IndexerScores::pools4, ops::IndexerScores::tiled}) {
       const PolicyScope use(be, [kernel](ops::KernelPolicy& p) { p.indexer_scores = kernel; });
       b.measure(name + " " + ops::to_string(kernel), dims({B, ctx_rows / kPool, kIndexHeads, kIndexDim}),
-                bytes, 1,
-                [&](int) { be.indexer_scores_batch(q, w, ops::RowBatch{slots, pos, B, 1}, idx, scores, kIndexHeads); });
+                bytes, 1, [&](int) {
+                  be.indexer_scores_batch(q, w, ops::RowBatch{slots, pos, B, 1}, idx, scores, kIndexHeads);
+                });
     }
     b.release_all();
   }
@@ -1317,9 +1321,10 @@ int main(int argc, char** argv) {
     bench.print_header();
     run_all(bench, *be);
     run_batched(bench, *be);
-    MTP_REQUIRE(opt.only.empty() || bench.cases_run() > 0, "mtplab_bench_kernels: --only \"", opt.only,
-                "\" names no case (a case runs when its name, as a run without --only prints it, contains one "
-                "of the comma-separated parts)");
+    MTP_REQUIRE(
+        opt.only.empty() || bench.cases_run() > 0, "mtplab_bench_kernels: --only \"", opt.only,
+        "\" names no case (a case runs when its name, as a run without --only prints it, contains one "
+        "of the comma-separated parts)");
     write_csv(bench, opt.out, be->device_name(), policy);
     std::printf("wrote %s/bench_kernels.csv\n", opt.out.c_str());
     return 0;

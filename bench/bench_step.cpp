@@ -88,8 +88,8 @@ struct Options {
   int device = 0;
   bool profile = false;
   bool context_gemm = false;
-  std::vector<int> batches;  ///< --batch: the batched step at these B
-  bool with_single = false;  ///< --with-single: with --batch, the single-sequence step too
+  std::vector<int> batches;        ///< --batch: the batched step at these B
+  bool with_single = false;        ///< --with-single: with --batch, the single-sequence step too
   double router_bias_scale = 1.0;  ///< --router-bias-scale: the synthetic router bias times this
 };
 

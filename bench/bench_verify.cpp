@@ -25,6 +25,8 @@
 // writes DIR/bench_verify.csv. --profile turns the CUDA profiler on (cudaProfilerStart) around
 // each shape's eager forward only, so `ncu --profile-from-start off` sees one layer's kernels per
 // shape and nothing of the prefill or the replays.
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -36,8 +38,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <cuda_profiler_api.h>
 
 #include "bench_main.hpp"
 #include "bench_util.hpp"
@@ -112,9 +112,9 @@ struct LayerBytes {
 LayerBytes layer_bytes(const model::ModelConfig& c) {
   const double H = c.hidden, b = 2.0, nh = c.n_heads, qk = c.qk_nope_head_dim, v = c.v_head_dim;
   LayerBytes l;
-  l.dense = b * (c.q_lora_rank * H + nh * qk * c.q_lora_rank                // q_a, q_b
-                 + c.kv_lora_rank * H + nh * (qk + v) * c.kv_lora_rank      // kv_a, kv_b
-                 + H * nh * v                                               // o_proj
+  l.dense = b * (c.q_lora_rank * H + nh * qk * c.q_lora_rank                   // q_a, q_b
+                 + c.kv_lora_rank * H + nh * (qk + v) * c.kv_lora_rank         // kv_a, kv_b
+                 + H * nh * v                                                  // o_proj
                  + double(c.index_n_heads) * c.index_head_dim * c.q_lora_rank  // indexer wq_b
                  + 2.0 * c.index_head_dim * H + double(c.index_n_heads) * H    // wk, gate, weights_proj
                  + double(c.n_routed_experts) * H                              // router
@@ -133,8 +133,8 @@ int run(const Options& opt) {
   std::vector<std::string> overridden;
   be.set_kernel_policy(ops::env_overrides(ops::KernelPolicy{}, &overridden));
   std::printf("mtplab_bench_verify on %s (git %s%s): %s, context %d rows, %d timed replays per point\n",
-              be.device_name().c_str(), git_sha(), git_dirty() ? "-dirty" : "", opt.preset.c_str(), opt.context,
-              opt.reps);
+              be.device_name().c_str(), git_sha(), git_dirty() ? "-dirty" : "", opt.preset.c_str(),
+              opt.context, opt.reps);
   std::printf("kernel policy %s%s%s\n", ops::to_string(be.kernel_policy()).c_str(),
               overridden.empty() ? "" : "; from the environment: ", join(overridden, ", ").c_str());
   const double copy_gbps = copy_bandwidth(be);
@@ -202,14 +202,14 @@ int run(const Options& opt) {
   std::ofstream csv(opt.out + "/bench_verify.csv");
   MTP_REQUIRE(csv, "cannot write ", opt.out, "/bench_verify.csv");
   csv << "# mtplab_bench_verify git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
-      << be.device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps " << copy_gbps
-      << " gemm_TFLOPs " << tflops << " router_bias_scale " << opt.router_bias_scale << " kernel_policy "
-      << ops::to_string(be.kernel_policy()) << "\n";
+      << be.device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps "
+      << copy_gbps << " gemm_TFLOPs " << tflops << " router_bias_scale " << opt.router_bias_scale
+      << " kernel_policy " << ops::to_string(be.kernel_policy()) << "\n";
   csv << "part,head,B,R,rows,reps,median_us,p10_us,p90_us,distinct_experts,selected_rows_per_seq,floor_bytes,"
          "floor_us,x_floor,tensor_us,x_roofline\n";
   std::printf("\none target layer, B sequences x R new rows (one ragged forward, one CUDA graph)\n");
-  std::printf("%4s %2s %5s %9s %8s %8s %8s %12s %9s %8s\n", "B", "R", "rows", "layer_us", "p10", "p90", "experts",
-              "sel_rows/seq", "floor_us", "x_floor");
+  std::printf("%4s %2s %5s %9s %8s %8s %8s %12s %9s %8s\n", "B", "R", "rows", "layer_us", "p10", "p90",
+              "experts", "sel_rows/seq", "floor_us", "x_floor");
   for (int B : opt.batches) {
     for (int R : opt.rows) {
       const int n = B * R;
@@ -244,14 +244,14 @@ int run(const Options& opt) {
           }
         union_rows += static_cast<double>(rows_of_b.size());
       }
-      const double floor_bytes = lb.dense + distinct * lb.expert +
-                                 union_rows * 2.0 * cfg.kv_lora_rank + B * (pool_key_bytes + R * row_write_bytes);
+      const double floor_bytes = lb.dense + distinct * lb.expert + union_rows * 2.0 * cfg.kv_lora_rank +
+                                 B * (pool_key_bytes + R * row_write_bytes);
       const double floor_us = floor_bytes / (copy_gbps * 1e9) * 1e6;
       std::printf("%4d %2d %5d %9.1f %8.1f %8.1f %8.0f %12.0f %9.1f %8.2f\n", B, R, n, t.median, t.p10, t.p90,
                   distinct, union_rows / B, floor_us, t.median / floor_us);
-      csv << "layer,," << B << ',' << R << ',' << n << ',' << opt.reps << ',' << t.median << ',' << t.p10 << ','
-          << t.p90 << ',' << distinct << ',' << union_rows / B << ',' << floor_bytes << ',' << floor_us << ','
-          << t.median / floor_us << ",,\n";
+      csv << "layer,," << B << ',' << R << ',' << n << ',' << opt.reps << ',' << t.median << ',' << t.p10
+          << ',' << t.p90 << ',' << distinct << ',' << union_rows / B << ',' << floor_bytes << ',' << floor_us
+          << ',' << t.median / floor_us << ",,\n";
       std::fflush(stdout);
     }
   }
@@ -267,8 +267,9 @@ int run(const Options& opt) {
   // W's bytes, bounds it. tensor_us is that work at the measured BF16 rate (the FP8 head's cuBLASLt
   // path multiplies two E4M3 parts a row at about twice the rate: the same time); x_roofline is
   // the time against the larger of the two floors.
-  std::printf("\nthe head over B x R rows (final norm, logits, argmax per row); floor: its weights; tensor: "
-              "its GEMM at the measured rate\n");
+  std::printf(
+      "\nthe head over B x R rows (final norm, logits, argmax per row); floor: its weights; tensor: "
+      "its GEMM at the measured rate\n");
   std::printf("%-5s %5s %9s %8s %8s %9s %8s %9s %10s\n", "head", "rows", "head_us", "p10", "p90", "floor_us",
               "x_floor", "tensor_us", "x_roofline");
   for (bool fp8 : {false, true}) {
@@ -285,17 +286,18 @@ int run(const Options& opt) {
           },
           [&] {
             be.rmsnorm(x.data(), final_norm.data(), y.data(), n, H, cfg.rms_norm_eps);
-            be.head_argmax_batch(lm_head.data(), fp8 ? lm_fp8.data() : nullptr, fp8 ? lm_scale.data() : nullptr,
-                                 y.data(), ops::RowBatch{slot.data(), nullptr, n, 1}, static_cast<int>(cfg.vocab),
-                                 H, 0, nullptr, 0, arg.data());
+            be.head_argmax_batch(lm_head.data(), fp8 ? lm_fp8.data() : nullptr,
+                                 fp8 ? lm_scale.data() : nullptr, y.data(),
+                                 ops::RowBatch{slot.data(), nullptr, n, 1}, static_cast<int>(cfg.vocab), H, 0,
+                                 nullptr, 0, arg.data());
           });
       const double tensor_us = 2.0 * n * static_cast<double>(cfg.vocab) * H / (tflops * 1e12) * 1e6;
       const double x_roof = t.median / std::max(floor_us, tensor_us);
-      std::printf("%-5s %5d %9.1f %8.1f %8.1f %9.1f %8.2f %9.1f %10.2f\n", fp8 ? "fp8" : "bf16", n, t.median, t.p10,
-                  t.p90, floor_us, t.median / floor_us, tensor_us, x_roof);
-      csv << "head," << (fp8 ? "fp8" : "bf16") << ",,," << n << ',' << opt.reps << ',' << t.median << ',' << t.p10
-          << ',' << t.p90 << ",,," << floor_bytes << ',' << floor_us << ',' << t.median / floor_us << ','
-          << tensor_us << ',' << x_roof << "\n";
+      std::printf("%-5s %5d %9.1f %8.1f %8.1f %9.1f %8.2f %9.1f %10.2f\n", fp8 ? "fp8" : "bf16", n, t.median,
+                  t.p10, t.p90, floor_us, t.median / floor_us, tensor_us, x_roof);
+      csv << "head," << (fp8 ? "fp8" : "bf16") << ",,," << n << ',' << opt.reps << ',' << t.median << ','
+          << t.p10 << ',' << t.p90 << ",,," << floor_bytes << ',' << floor_us << ',' << t.median / floor_us
+          << ',' << tensor_us << ',' << x_roof << "\n";
       std::fflush(stdout);
     }
   }
@@ -306,11 +308,14 @@ int run(const Options& opt) {
 
 int main(int argc, char** argv) {
   Options opt;
-  cli::Parser p("mtplab_bench_verify",
-                "mtplab_bench_verify [--preset NAME] [--batch 1,2,4,...,128] [--rows 1,...,5] [--context 4096] "
-                "[--reps N] [--warmup N] [--heads bf16,fp8] [--out DIR] [--device D] [--router-bias-scale S]");
-  p.about("One target layer at B sequences x R new rows (the verification forward) and the head over them, against "
-          "their byte floors.\n")
+  cli::Parser p(
+      "mtplab_bench_verify",
+      "mtplab_bench_verify [--preset NAME] [--batch 1,2,4,...,128] [--rows 1,...,5] [--context 4096] "
+      "[--reps N] [--warmup N] [--heads bf16,fp8] [--out DIR] [--device D] [--router-bias-scale S]");
+  p.about(
+       "One target layer at B sequences x R new rows (the verification forward) and the head over them, "
+       "against "
+       "their byte floors.\n")
       .text("preset", "NAME", "model preset or config file (default glm5.3-flash)")
       .integer_list("batch", "1,2,4", "sequences (default 1,2,4,8,16,32,64,128)", 1, 128)
       .integer_list("rows", "1,2,3", "new rows per sequence, k + 1 (default 1,2,3,4,5)", 1, 16)
@@ -324,11 +329,13 @@ int main(int argc, char** argv) {
               "the synthetic router bias (e_score_correction_bias, std 0.05) times S (default 1; 0.2 routes "
               "as the PyTorch peer's std 0.01)",
               0, 100)
-      .flag("profile", "CUDA profiler on around each shape's eager forward only (for ncu --profile-from-start off)");
+      .flag("profile",
+            "CUDA profiler on around each shape's eager forward only (for ncu --profile-from-start off)");
   p.run_main(argc, argv, [&](const cli::Args& a) {
     opt.preset = a.text("preset", opt.preset);
     opt.batches.clear();
-    for (const int64_t b : a.integers("batch", {1, 2, 4, 8, 16, 32, 64, 128})) opt.batches.push_back(static_cast<int>(b));
+    for (const int64_t b : a.integers("batch", {1, 2, 4, 8, 16, 32, 64, 128}))
+      opt.batches.push_back(static_cast<int>(b));
     opt.rows.clear();
     for (const int64_t r : a.integers("rows", {1, 2, 3, 4, 5})) opt.rows.push_back(static_cast<int>(r));
     opt.context = static_cast<int>(a.integer("context", opt.context));

@@ -51,8 +51,8 @@ int main(int argc, char** argv) {
     model::export_mtp_weights(cfg, w, out, static_cast<uint64_t>(max_file_gb * 1e9));
     const double write_s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::printf("exported %s (seed %llu): %.2f GB, synthesised in %.1f s, written in %.1f s to %s\n",
-                cfg.summary().c_str(), static_cast<unsigned long long>(seed), w.bytes() / 1e9, synth_s, write_s,
-                out.c_str());
+                cfg.summary().c_str(), static_cast<unsigned long long>(seed), w.bytes() / 1e9, synth_s,
+                write_s, out.c_str());
     return 0;
   });
 }

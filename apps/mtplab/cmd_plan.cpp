@@ -19,19 +19,25 @@ namespace {
 
 cli::Parser plan_cli() {
   return command_parser(
-             "plan", "[PLAN.yaml] [--set key=value ...] [--profile F | --results F ...] [--step F ...] [--verify F ...] "
-                     "[--model M] [--batch 1,2,4] [--k-max K] [--fixed-us C] [--out F.h5] [--exports DIR] [--force]",
+             "plan",
+             "[PLAN.yaml] [--set key=value ...] [--profile F | --results F ...] [--step F ...] [--verify F "
+             "...] "
+             "[--model M] [--batch 1,2,4] [--k-max K] [--fixed-us C] [--out F.h5] [--exports DIR] [--force]",
              "The best draft length k per concurrency B (0: MTP off), with 95% intervals, from acceptance\n"
-             "(replay results files or an acceptance profile), costs (bench_step_batch.csv, bench_verify.csv)\n"
-             "and the model's layer count: T(B, k) = draft(B, k) + L x layer(B, k + 1) + head(B (k + 1)) + c,\n"
+             "(replay results files or an acceptance profile), costs (bench_step_batch.csv, "
+             "bench_verify.csv)\n"
+             "and the model's layer count: T(B, k) = draft(B, k) + L x layer(B, k + 1) + head(B (k + 1)) + "
+             "c,\n"
              "tokens/s per user tau(k) / T, per GPU B tau(k) / T / gpus, speedup over k = 0. The plan file\n"
              "(PLAN.yaml) holds the keys of docs/planning.md; the options below set or replace them. Prints\n"
-             "the inputs, warnings where they disagree, tau(k), the speedup per (B, k) and the best k per B;\n"
+             "the inputs, warnings where they disagree, tau(k), the speedup per (B, k) and the best k per "
+             "B;\n"
              "writes the plan file (HDF5, its `plan` group) and the engine schedules when asked.\n")
       .repeatable_text("set", "key=value", "override a key of the plan (YAML value), e.g. costs.fixed_us=150")
       .text("model", "M", "model preset or config file (model:); its num_hidden_layers is L")
       .text("profile", "F", "acceptance profile JSON (acceptance.profile); replaces the plan's acceptance")
-      .repeatable_text("results", "F.h5", "replay results file (acceptance.results); replaces the plan's acceptance")
+      .repeatable_text("results", "F.h5",
+                       "replay results file (acceptance.results); replaces the plan's acceptance")
       .text("points", "p0,p4", "points of the results files (acceptance.points)")
       .repeatable_text("step", "F.csv", "bench_step_batch CSV (costs.step); replaces the plan's")
       .repeatable_text("verify", "F.csv", "bench_verify CSV (costs.verify); replaces the plan's")
@@ -76,16 +82,19 @@ int cmd_plan(const Args& args) {
     a["results"] = string_list(cli->texts("results"));
     overrides.emplace_back("acceptance", yaml_text(a));
   }
-  if (cli->has("points")) overrides.emplace_back("acceptance.points", yaml_text(string_list(split(cli->text("points"), ','))));
+  if (cli->has("points"))
+    overrides.emplace_back("acceptance.points", yaml_text(string_list(split(cli->text("points"), ','))));
   if (cli->has("step")) overrides.emplace_back("costs.step", yaml_text(string_list(cli->texts("step"))));
-  if (cli->has("verify")) overrides.emplace_back("costs.verify", yaml_text(string_list(cli->texts("verify"))));
+  if (cli->has("verify"))
+    overrides.emplace_back("costs.verify", yaml_text(string_list(cli->texts("verify"))));
   if (cli->has("batch")) {
     YAML::Node b(YAML::NodeType::Sequence);
     for (const int64_t v : cli->integers("batch", {})) b.push_back(v);
     overrides.emplace_back("batch", yaml_text(b));
   }
   if (cli->has("k-max")) overrides.emplace_back("k_max", std::to_string(cli->integer("k-max", 0)));
-  if (cli->has("fixed-us")) overrides.emplace_back("costs.fixed_us", yaml_text(YAML::Node(cli->number("fixed-us", 0))));
+  if (cli->has("fixed-us"))
+    overrides.emplace_back("costs.fixed_us", yaml_text(YAML::Node(cli->number("fixed-us", 0))));
   if (cli->has("out")) overrides.emplace_back("output", yaml_text(YAML::Node(cli->text("out"))));
   if (cli->has("exports")) overrides.emplace_back("exports", yaml_text(YAML::Node(cli->text("exports"))));
   for (const auto& s : cli->texts("set")) {

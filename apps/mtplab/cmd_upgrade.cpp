@@ -40,8 +40,8 @@ int cmd_upgrade(const Args& args) {
   // Its output claimed as `run` claims its own: never replaced while a run or merge writes it.
   const io::OutputLock claim = claim_output(files[1], argv);
   const harness::UpgradeReport r = harness::upgrade_results(files[0], files[1], cli->flag("force"), argv);
-  std::printf("upgraded %s (results schema version %lld) to %s (version %lld): %lld point(s)\n", files[0].c_str(),
-              static_cast<long long>(r.from_version), files[1].c_str(),
+  std::printf("upgraded %s (results schema version %lld) to %s (version %lld): %lld point(s)\n",
+              files[0].c_str(), static_cast<long long>(r.from_version), files[1].c_str(),
               static_cast<long long>(harness::kResultsSchemaVersion), static_cast<long long>(r.points));
   for (const auto& note : r.notes) std::printf("  %s\n", note.c_str());
   return 0;

@@ -84,8 +84,8 @@ struct Shape {
   int n, k;
 };
 // glm5.3-flash's GEMVs (q_b, kv_b, eh_proj), an odd n, and a small model's head.
-const Shape kShapes[] = {{"q_b", 16384, 1536},       {"kv_b", 32768, 512}, {"eh_proj", 4096, 8192},
-                         {"q_b odd", 16383, 1536},   {"wq_b", 4096, 1536}, {"head small", 38912, 1024}};
+const Shape kShapes[] = {{"q_b", 16384, 1536},     {"kv_b", 32768, 512}, {"eh_proj", 4096, 8192},
+                         {"q_b odd", 16383, 1536}, {"wq_b", 4096, 1536}, {"head small", 38912, 1024}};
 
 /// The library's launch context at a GEMV variant (v1: the bytes rows2 must give; automatic: the
 /// timing baseline).
@@ -101,12 +101,14 @@ std::vector<float> row_scales(dev::Rng& rng, int n) {
   return s;
 }
 
-void check_rows2(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report, int reps) {
+void check_rows2(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report,
+                 int reps) {
   for (const Shape& s : kShapes) {
     for (bool fp8 : {false, true}) {
       const std::string what = str("rows2 ", fp8 ? "fp8 " : "bf16 ", s.name, " [", s.n, " x ", s.k, "]");
       if (!cuda::rows2_covers(ctx, fp8, false, s.n, s.k)) {
-        std::printf("  skip %s: rows2 does not cover it at %d SMs (the library runs v1)\n", what.c_str(), ctx.num_sms);
+        std::printf("  skip %s: rows2 does not cover it at %d SMs (the library runs v1)\n", what.c_str(),
+                    ctx.num_sms);
         continue;
       }
       const size_t nk = static_cast<size_t>(s.n) * s.k;
@@ -128,9 +130,11 @@ void check_rows2(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, d
       }
       DeviceBuffer<bf16> d_x(x), y(static_cast<size_t>(s.n)), y_v1(static_cast<size_t>(s.n));
       const void* w_ptr = fp8 ? static_cast<const void*>(W8->data()) : static_cast<const void*>(W->data());
-      const cuda::GemvParams p = cuda::gemv_params("rows2", fp8, w_ptr, fp8 ? S->data() : nullptr, d_x.data(), y.data(),
-                                                   s.n, s.k, cuda::GemvRowMap{s.n, 0, 0, 0});
-      auto rows2 = [&] { fp8 ? cuda::launch_rows2<true, false>(ctx, p, 0) : cuda::launch_rows2<false, false>(ctx, p, 0); };
+      const cuda::GemvParams p = cuda::gemv_params("rows2", fp8, w_ptr, fp8 ? S->data() : nullptr, d_x.data(),
+                                                   y.data(), s.n, s.k, cuda::GemvRowMap{s.n, 0, 0, 0});
+      auto rows2 = [&] {
+        fp8 ? cuda::launch_rows2<true, false>(ctx, p, 0) : cuda::launch_rows2<false, false>(ctx, p, 0);
+      };
       auto library = [&](const cuda::LaunchCtx& c, bf16* out) {
         if (fp8) {
           cuda::gemv_fp8(c, W8->data(), S->data(), d_x.data(), out, s.n, s.k);
@@ -153,7 +157,8 @@ void check_rows2(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, d
 }
 
 /// The head with its argmax fused (one unsplit row per warp pair), BF16 and FP8.
-void check_rows2_head(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report, int reps) {
+void check_rows2_head(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report,
+                      int reps) {
   const int n = 38912, k = 1024;
   const int64_t base = 3 * static_cast<int64_t>(n);
   cuda::ArgmaxScratch scratch;
@@ -176,8 +181,8 @@ void check_rows2_head(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& r
     std::vector<bf16> w = fp8 ? std::vector<bf16>(1) : rng.bf16s(nk, -1.0f, 1.0f);
     std::vector<fp8e4m3> w8 = fp8 ? rng.fp8s(nk) : std::vector<fp8e4m3>(1);
     const std::vector<float> scale = row_scales(rng, n);
-    cpu.head_argmax(fp8 ? nullptr : w.data(), fp8 ? w8.data() : nullptr, fp8 ? scale.data() : nullptr, x.data(), n, k,
-                    base, want.data(), &want_out);
+    cpu.head_argmax(fp8 ? nullptr : w.data(), fp8 ? w8.data() : nullptr, fp8 ? scale.data() : nullptr,
+                    x.data(), n, k, base, want.data(), &want_out);
     DeviceBuffer<bf16> d_w(w), d_x(x), logits(static_cast<size_t>(n)), logits_v1(static_cast<size_t>(n));
     DeviceBuffer<fp8e4m3> d_w8(w8);
     DeviceBuffer<float> d_s(scale);
@@ -194,8 +199,8 @@ void check_rows2_head(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& r
           : cuda::launch_rows2<false, true>(ctx, p, scratch.capacity);
     };
     auto library = [&](const cuda::LaunchCtx& c, bf16* l, ops::ArgMax* o) {
-      cuda::head_argmax(c, fp8 ? nullptr : d_w.data(), fp8 ? d_w8.data() : nullptr, fp8 ? d_s.data() : nullptr,
-                        d_x.data(), n, k, base, l, o, {}, scratch);
+      cuda::head_argmax(c, fp8 ? nullptr : d_w.data(), fp8 ? d_w8.data() : nullptr,
+                        fp8 ? d_s.data() : nullptr, d_x.data(), n, k, base, l, o, {}, scratch);
     };
     logits.poison();
     out.poison();
@@ -206,24 +211,27 @@ void check_rows2_head(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& r
     size_t best = 0;
     for (size_t i = 1; i < got.size(); ++i)
       if (to_float(got[i]) > to_float(got[best])) best = i;
-    report.check(str(what, ": the argmax ", got_out.index, " is its own logits' ", base + static_cast<int64_t>(best)),
-                 got_out.index == base + static_cast<int64_t>(best) && got_out.value == to_float(got[best]));
+    report.check(
+        str(what, ": the argmax ", got_out.index, " is its own logits' ", base + static_cast<int64_t>(best)),
+        got_out.index == base + static_cast<int64_t>(best) && got_out.value == to_float(got[best]));
     logits_v1.poison();
     library(at(ctx, ops::GemvVariant::v1), logits_v1.data(), out_v1.data());
     report.equal(what + ": v1's logits", got, logits_v1.download());
     report.check(what + ": v1's pick", got_out.index == out_v1.download()[0].index);
     const cuda::LaunchCtx lib = at(ctx, ops::GemvVariant::automatic);
-    dev::Report::timing(what, dev::median_ms(ctx.stream, reps, rows2), "library",
-                        dev::median_ms(ctx.stream, reps, [&] { library(lib, logits_v1.data(), out_v1.data()); }));
+    dev::Report::timing(
+        what, dev::median_ms(ctx.stream, reps, rows2), "library",
+        dev::median_ms(ctx.stream, reps, [&] { library(lib, logits_v1.data(), out_v1.data()); }));
   }
 }
 
-void check_fp8split(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report, int reps) {
+void check_fp8split(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report,
+                    int reps) {
   for (const Shape& s : kShapes) {
     if (s.k % 16 != 0) continue;
-    const std::string what = str("fp8split ", s.name, " [", s.n, " x ", s.k, "] (split ",
-                                 cuda::gemv_split(ctx, s.n, s.k / 8), ", v1's ", cuda::gemv_split(ctx, s.n, s.k / 16),
-                                 ")");
+    const std::string what =
+        str("fp8split ", s.name, " [", s.n, " x ", s.k, "] (split ", cuda::gemv_split(ctx, s.n, s.k / 8),
+            ", v1's ", cuda::gemv_split(ctx, s.n, s.k / 16), ")");
     const size_t nk = static_cast<size_t>(s.n) * s.k;
     const std::vector<bf16> x = rng.bf16s(static_cast<size_t>(s.k), -1.0f, 1.0f);
     const std::vector<fp8e4m3> w = rng.fp8s(nk);
@@ -233,14 +241,14 @@ void check_fp8split(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng
     DeviceBuffer<fp8e4m3> d_w(w);
     DeviceBuffer<float> d_s(scale);
     DeviceBuffer<bf16> d_x(x), y(static_cast<size_t>(s.n));
-    const cuda::GemvParams p = cuda::gemv_params("fp8split", true, d_w.data(), d_s.data(), d_x.data(), y.data(), s.n,
-                                                 s.k, cuda::GemvRowMap{s.n, 0, 0, 0});
+    const cuda::GemvParams p = cuda::gemv_params("fp8split", true, d_w.data(), d_s.data(), d_x.data(),
+                                                 y.data(), s.n, s.k, cuda::GemvRowMap{s.n, 0, 0, 0});
     y.poison();
     cuda::launch_fp8split(ctx, p);
     report.bf16_close(what + " against the CPU", y.download(), want);
     const cuda::LaunchCtx lib = at(ctx, ops::GemvVariant::automatic);
-    dev::Report::timing(what, dev::median_ms(ctx.stream, reps, [&] { cuda::launch_fp8split(ctx, p); }), "library",
-                        dev::median_ms(ctx.stream, reps, [&] {
+    dev::Report::timing(what, dev::median_ms(ctx.stream, reps, [&] { cuda::launch_fp8split(ctx, p); }),
+                        "library", dev::median_ms(ctx.stream, reps, [&] {
                           cuda::gemv_fp8(lib, d_w.data(), d_s.data(), d_x.data(), y.data(), s.n, s.k);
                         }));
   }
@@ -249,8 +257,8 @@ void check_fp8split(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng
 }  // namespace
 
 int main(int argc, char** argv) {
-  const dev::Options opt =
-      dev::parse_options(argc, argv, kName, "the GEMV comparison variants (rows2, fp8split) against the CPU reference");
+  const dev::Options opt = dev::parse_options(
+      argc, argv, kName, "the GEMV comparison variants (rows2, fp8split) against the CPU reference");
   if (!dev::have_device(kName)) return 0;
   std::printf("%s: seed %llu, %d reps\n", kName, static_cast<unsigned long long>(opt.seed), opt.reps);
   const cuda::LaunchCtx ctx = dev::make_ctx(opt.device);

@@ -153,7 +153,6 @@ __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long 
   return batch::block_exclusive_scan(v, total) + v;
 }
 
-
 __global__ void __launch_bounds__(kSelectThreads)
     indexer_select_kernel(const float* scores, const int32_t* pos, int32_t* selection, int K, int P,
                           int max_pools, int cached) {
@@ -236,8 +235,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   write_tail_and_padding(selection, p, n_cand, n_sel, P, width);
 }
 
-void indexer_select_v1(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection, int K,
-                       int P, int max_pools) {
+void indexer_select_v1(const LaunchCtx& ctx, const float* scores, const int32_t* pos, int32_t* selection,
+                       int K, int P, int max_pools) {
   // Keys in shared memory up to 160 KB of them (40960 pools); beyond, the passes read global memory.
   const size_t cache_bytes = sizeof(uint32_t) * static_cast<size_t>(max_pools);
   const int cached = cache_bytes <= 160 * 1024 ? 1 : 0;
@@ -246,7 +245,8 @@ void indexer_select_v1(const LaunchCtx& ctx, const float* scores, const int32_t*
     MTP_CUDA_CHECK(cudaFuncSetAttribute(indexer_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
   }
-  launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools, cached);
+  launch(ctx, indexer_select_kernel, 1, kSelectThreads, smem, scores, pos, selection, K, P, max_pools,
+         cached);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
@@ -267,9 +267,10 @@ struct ScoreShape {
   int n_heads, D, P, max_pools;
 };
 
-void check_scores(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report, int reps) {
-  for (const ScoreShape& s : {ScoreShape{"glm5.3-flash", 32, 128, 4, 16384}, ScoreShape{"small", 8, 128, 4, 2048},
-                              ScoreShape{"tiny", 4, 32, 4, 64}}) {
+void check_scores(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report,
+                  int reps) {
+  for (const ScoreShape& s : {ScoreShape{"glm5.3-flash", 32, 128, 4, 16384},
+                              ScoreShape{"small", 8, 128, 4, 2048}, ScoreShape{"tiny", 4, 32, 4, 64}}) {
     const std::vector<float> keys = rng.floats(static_cast<size_t>(s.max_pools) * s.D, -1.0f, 1.0f);
     const std::vector<float> q = rng.floats(static_cast<size_t>(s.n_heads) * s.D, -1.0f, 1.0f);
     std::vector<float> w = rng.floats(static_cast<size_t>(s.n_heads), -1.0f, 1.0f);
@@ -277,29 +278,32 @@ void check_scores(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, 
     // The last pool incomplete: the scores past the candidates must be -inf.
     const std::vector<int32_t> pos{s.P * s.max_pools - 3};
     std::vector<float> want(static_cast<size_t>(s.max_pools));
-    cpu.indexer_scores(q.data(), w.data(), keys.data(), pos.data(), want.data(), s.n_heads, s.D, s.P, s.max_pools);
+    cpu.indexer_scores(q.data(), w.data(), keys.data(), pos.data(), want.data(), s.n_heads, s.D, s.P,
+                       s.max_pools);
     DeviceBuffer<float> d_keys(keys), d_q(q), d_w(w), out(static_cast<size_t>(s.max_pools));
     DeviceBuffer<int32_t> d_pos(pos);
     out.poison();
-    cuda::indexer_scores_single(ctx, d_q.data(), d_w.data(), d_keys.data(), d_pos.data(), out.data(), s.n_heads, s.D,
-                                s.P, s.max_pools);
-    const std::string what = str("indexer_scores single-row kernel, ", s.name, " (", s.n_heads, " heads x ", s.D,
-                                 ", ", s.max_pools, " pools)");
+    cuda::indexer_scores_single(ctx, d_q.data(), d_w.data(), d_keys.data(), d_pos.data(), out.data(),
+                                s.n_heads, s.D, s.P, s.max_pools);
+    const std::string what = str("indexer_scores single-row kernel, ", s.name, " (", s.n_heads, " heads x ",
+                                 s.D, ", ", s.max_pools, " pools)");
     report.f32_close(what, out.download(), want, 1e-5, 1e-5);
     const double ms = dev::median_ms(ctx.stream, reps, [&] {
-      cuda::indexer_scores_single(ctx, d_q.data(), d_w.data(), d_keys.data(), d_pos.data(), out.data(), s.n_heads,
-                                  s.D, s.P, s.max_pools);
+      cuda::indexer_scores_single(ctx, d_q.data(), d_w.data(), d_keys.data(), d_pos.data(), out.data(),
+                                  s.n_heads, s.D, s.P, s.max_pools);
     });
     const double lib_ms = dev::median_ms(ctx.stream, reps, [&] {
-      cuda::indexer_scores(ctx, d_q.data(), d_w.data(), d_keys.data(), d_pos.data(), out.data(), s.n_heads, s.D,
-                           s.P, s.max_pools);
+      cuda::indexer_scores(ctx, d_q.data(), d_w.data(), d_keys.data(), d_pos.data(), out.data(), s.n_heads,
+                           s.D, s.P, s.max_pools);
     });
-    dev::Report::timing(str("scores single-row kernel, ", s.name), ms, "library (batched at one row)", lib_ms);
+    dev::Report::timing(str("scores single-row kernel, ", s.name), ms, "library (batched at one row)",
+                        lib_ms);
   }
 }
 
 /// The v1 selection against the CPU over pool counts, score kinds, K and positions.
-void check_select(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report, int reps) {
+void check_select(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report,
+                  int reps) {
   const int P = 4;
   const char* kinds[] = {"distinct", "levels", "all equal", "ulps apart", "signed zeros", "-inf"};
   for (int max_pools : {1, 5, 100, 1000, 1024, 1025, 4097, 16384, 16389, 40960, 40961, 50000}) {
@@ -330,19 +334,22 @@ void check_select(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, 
           }
         }
       }
-      report.check(str("indexer_select v1, ", max_pools, " pools, ", kinds[kind], ": ",
-                       bad ? str(bad, " of 12 selections differ from the CPU's", first) : "12 of 12 selections exact"),
-                   bad == 0);
+      report.check(
+          str("indexer_select v1, ", max_pools, " pools, ", kinds[kind], ": ",
+              bad ? str(bad, " of 12 selections differ from the CPU's", first) : "12 of 12 selections exact"),
+          bad == 0);
     }
   }
   // Timing: the bench's row (16384 pools, top 2048, the last pool's end).
   const int max_pools = 16384, K = 2048;
   DeviceBuffer<float> d_scores(rng.floats(static_cast<size_t>(max_pools), -4.0f, 4.0f));
   DeviceBuffer<int32_t> d_pos(std::vector<int32_t>{P * max_pools - 1}), sel(static_cast<size_t>(K) + P - 1);
-  const double ms = dev::median_ms(
-      ctx.stream, reps, [&] { cuda::indexer_select_v1(ctx, d_scores.data(), d_pos.data(), sel.data(), K, P, max_pools); });
-  const double lib_ms = dev::median_ms(
-      ctx.stream, reps, [&] { cuda::indexer_select(ctx, d_scores.data(), d_pos.data(), sel.data(), K, P, max_pools); });
+  const double ms = dev::median_ms(ctx.stream, reps, [&] {
+    cuda::indexer_select_v1(ctx, d_scores.data(), d_pos.data(), sel.data(), K, P, max_pools);
+  });
+  const double lib_ms = dev::median_ms(ctx.stream, reps, [&] {
+    cuda::indexer_select(ctx, d_scores.data(), d_pos.data(), sel.data(), K, P, max_pools);
+  });
   dev::Report::timing("select v1, 16384 pools, top 2048", ms, "library (radix)", lib_ms);
 }
 

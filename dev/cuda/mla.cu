@@ -36,7 +36,8 @@ constexpr int kSharedRows = 16;  // rows a chunk
 /// 16-row chunks' slot table bound.
 int shared_splits(int num_sms, int width, int n_heads, int rows, int forced) {
   const int chunks = std::max(1, (width + mla::kChunk - 1) / mla::kChunk);
-  return shared_decode_splits(num_sms, chunks, n_heads, rows, forced, kSharedTiles, 1, mla::kSharedMaxSplitRows);
+  return shared_decode_splits(num_sms, chunks, n_heads, rows, forced, kSharedTiles, 1,
+                              mla::kSharedMaxSplitRows);
 }
 
 /// The shared decode of `rows` rows at `splits` splits, then the combine (splits > 1).
@@ -65,15 +66,17 @@ struct Case {
 };
 // glm5.3-flash's decode (64 heads of 512, K = 2048 + the pool's tail) at B = 2 and 8, a small
 // model's (16 heads of 256) at B = 16; both caches.
-const Case kCases[] = {{"glm5.3-flash", 64, 512, 2, ops::KvDtype::bf16}, {"glm5.3-flash", 64, 512, 8, ops::KvDtype::bf16},
-                       {"glm5.3-flash", 64, 512, 2, ops::KvDtype::fp8},  {"glm5.3-flash", 64, 512, 8, ops::KvDtype::fp8},
-                       {"small", 16, 256, 16, ops::KvDtype::bf16},      {"small", 16, 256, 16, ops::KvDtype::fp8}};
+const Case kCases[] = {
+    {"glm5.3-flash", 64, 512, 2, ops::KvDtype::bf16}, {"glm5.3-flash", 64, 512, 8, ops::KvDtype::bf16},
+    {"glm5.3-flash", 64, 512, 2, ops::KvDtype::fp8},  {"glm5.3-flash", 64, 512, 8, ops::KvDtype::fp8},
+    {"small", 16, 256, 16, ops::KvDtype::bf16},       {"small", 16, 256, 16, ops::KvDtype::fp8}};
 
 void check_case(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, dev::Report& report, int reps,
                 const Case& c) {
   const bool fp8 = c.dtype == ops::KvDtype::fp8;
   const int B = c.rows, nh = c.n_heads, L = c.kv_lora;
-  const int K = 2048, P = 4, width = K + P - 1, block_size = 64, seq_rows = 4096, max_blocks = seq_rows / block_size;
+  const int K = 2048, P = 4, width = K + P - 1, block_size = 64, seq_rows = 4096,
+            max_blocks = seq_rows / block_size;
   const float softmax_scale = 1.0f / 16.0f;
   const std::string what = str("shared ", c.name, " ", fp8 ? "fp8" : "bf16", " B=", B);
   // The pool: slot s's block j is physical block j * B + s (interleaved).
@@ -103,22 +106,34 @@ void check_case(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, de
   const int num_blocks = B * max_blocks;
   std::vector<bf16> want(static_cast<size_t>(B) * nh * L);
   cpu.mla_decode_batch(q_abs.data(), sel.data(), width, ops::RowBatch{slots.data(), nullptr, B, 1},
-                       ops::KvSlots{ops::KvCache{data.data(), c.dtype, scale, num_blocks, block_size, L}, tables.data(),
-                                    B, max_blocks},
+                       ops::KvSlots{ops::KvCache{data.data(), c.dtype, scale, num_blocks, block_size, L},
+                                    tables.data(), B, max_blocks},
                        want.data(), nh, softmax_scale);
 
   DeviceBuffer<uint8_t> d_data(data);
   DeviceBuffer<int32_t> d_tables(tables), d_slots(slots), d_sel(sel);
   DeviceBuffer<bf16> d_q(q_abs), o(want.size()), o_lib(want.size());
-  const ops::KvSlots kv{ops::KvCache{d_data.data(), c.dtype, scale, num_blocks, block_size, L}, d_tables.data(), B,
-                        max_blocks};
+  const ops::KvSlots kv{ops::KvCache{d_data.data(), c.dtype, scale, num_blocks, block_size, L},
+                        d_tables.data(), B, max_blocks};
   const int splits = cuda::shared_splits(ctx.num_sms, width, nh, B, 0);
   const int most = std::max(splits, 7);  // the automatic count and the forced ones below
   DeviceBuffer<float> scratch(static_cast<size_t>(B) * nh * most * (2 + static_cast<size_t>(L)));
   auto params = [&](int splits, bf16* out) {
-    return cuda::mla::DecodeParams{d_q.data(),   d_sel.data(), width, d_slots.data(), kv.block_tables,
-                                   kv.max_blocks, kv.cache.data, scale, block_size,    L,
-                                   nh,            softmax_scale, splits, scratch.data(), out};
+    return cuda::mla::DecodeParams{d_q.data(),
+                                   d_sel.data(),
+                                   width,
+                                   d_slots.data(),
+                                   kv.block_tables,
+                                   kv.max_blocks,
+                                   kv.cache.data,
+                                   scale,
+                                   block_size,
+                                   L,
+                                   nh,
+                                   softmax_scale,
+                                   splits,
+                                   scratch.data(),
+                                   out};
   };
   // The library under a policy: its split count, scratch and decode, as the backend runs them.
   DeviceBuffer<float> lib_scratch(static_cast<size_t>(B) * nh * 64 * (2 + static_cast<size_t>(L)));
@@ -126,8 +141,8 @@ void check_case(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, de
     const int splits = cuda::mla_batch_splits(c2, width, nh, B, fp8);
     MTP_REQUIRE(cuda::mla_decode_batch_scratch_floats(c2, splits, nh, L, B, fp8) <= lib_scratch.size(),
                 "the playground's scratch is too small for the library's ", splits, " splits");
-    cuda::mla_decode_batch(c2, d_q.data(), d_sel.data(), width, d_slots.data(), B, kv, out, nh, softmax_scale, splits,
-                           lib_scratch.data());
+    cuda::mla_decode_batch(c2, d_q.data(), d_sel.data(), width, d_slots.data(), B, kv, out, nh, softmax_scale,
+                           splits, lib_scratch.data());
   };
 
   o.poison();
@@ -144,20 +159,22 @@ void check_case(const cuda::LaunchCtx& ctx, ops::Backend& cpu, dev::Rng& rng, de
     two.policy.mla_batch_splits = forced;
     o_lib.poison();
     library(two, o_lib.data());
-    report.equal(str(what, ", ", forced, " forced splits: the library's shared2 bytes"), got, o_lib.download());
+    report.equal(str(what, ", ", forced, " forced splits: the library's shared2 bytes"), got,
+                 o_lib.download());
   }
   const cuda::LaunchCtx lib = ctx;  // the default policy: the library's automatic choice
-  dev::Report::timing(what, dev::median_ms(ctx.stream, reps, [&] { cuda::decode_shared(ctx, params(splits, o.data()), fp8, B); }),
-                      str("library (", ops::to_string(lib.policy.mla_batch), ": ",
-                          B <= 8 ? "shared2" : "shared32", ")"),
-                      dev::median_ms(ctx.stream, reps, [&] { library(lib, o_lib.data()); }));
+  dev::Report::timing(
+      what,
+      dev::median_ms(ctx.stream, reps, [&] { cuda::decode_shared(ctx, params(splits, o.data()), fp8, B); }),
+      str("library (", ops::to_string(lib.policy.mla_batch), ": ", B <= 8 ? "shared2" : "shared32", ")"),
+      dev::median_ms(ctx.stream, reps, [&] { library(lib, o_lib.data()); }));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const dev::Options opt =
-      dev::parse_options(argc, argv, kName, "the batched MLA decode's comparison kernel (shared) against the CPU reference");
+  const dev::Options opt = dev::parse_options(
+      argc, argv, kName, "the batched MLA decode's comparison kernel (shared) against the CPU reference");
   if (!dev::have_device(kName)) return 0;
   std::printf("%s: seed %llu, %d reps\n", kName, static_cast<unsigned long long>(opt.seed), opt.reps);
   const cuda::LaunchCtx ctx = dev::make_ctx(opt.device);

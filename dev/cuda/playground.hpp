@@ -172,7 +172,8 @@ class Report {
         ++bad;
       }
     }
-    const double frac = want.empty() ? 1.0 : static_cast<double>(identical) / static_cast<double>(want.size());
+    const double frac =
+        want.empty() ? 1.0 : static_cast<double>(identical) / static_cast<double>(want.size());
     const bool ok = got.size() == want.size() && bad == 0 && (want.size() < 256 || frac >= min_identical);
     return record(ok, str(what, ": ", bad, " of ", want.size(), " outside ", ulps, " ulps + ", floor_rel,
                           " x max, ", frac, " bit-identical (at least ", min_identical, ")", first));
@@ -193,8 +194,9 @@ class Report {
         ++bad;
       }
     }
-    return record(got.size() == want.size() && bad == 0,
-                  str(what, ": ", bad, " of ", want.size(), " outside rel ", rel, " + ", floor_rel, " x max", first));
+    return record(
+        got.size() == want.size() && bad == 0,
+        str(what, ": ", bad, " of ", want.size(), " outside rel ", rel, " + ", floor_rel, " x max", first));
   }
   /// Byte-equal vectors.
   template <typename T>
@@ -219,7 +221,8 @@ class Report {
   /// The exit status: 1 when a check failed (the seed is printed again), else 0.
   int finish(const char* name) const {
     if (failures_ > 0) {
-      std::printf("%s: %d check(s) failed (seed %llu)\n", name, failures_, static_cast<unsigned long long>(seed_));
+      std::printf("%s: %d check(s) failed (seed %llu)\n", name, failures_,
+                  static_cast<unsigned long long>(seed_));
       return 1;
     }
     std::printf("%s: every check held\n", name);
@@ -240,7 +243,9 @@ class Report {
 template <typename T>
 class DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) { MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes())); }
+  explicit DeviceBuffer(size_t n) : n_(n) {
+    MTP_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p_), bytes()));
+  }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;

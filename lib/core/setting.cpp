@@ -20,8 +20,9 @@ std::string real_text(double v) {
 
 namespace setting_detail {
 
-std::string allowed_text(SettingType type, const std::vector<std::string>& choices, const std::string& text_values,
-                         int64_t min, int64_t max, double real_min, double real_max, bool real_min_exclusive) {
+std::string allowed_text(SettingType type, const std::vector<std::string>& choices,
+                         const std::string& text_values, int64_t min, int64_t max, double real_min,
+                         double real_max, bool real_min_exclusive) {
   switch (type) {
     case SettingType::integer:
       return str("[", min, ", ", max, "]");

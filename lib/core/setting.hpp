@@ -87,8 +87,9 @@ struct Setting {
 std::string real_text(double v);
 
 namespace setting_detail {
-std::string allowed_text(SettingType type, const std::vector<std::string>& choices, const std::string& text_values,
-                         int64_t min, int64_t max, double real_min, double real_max, bool real_min_exclusive);
+std::string allowed_text(SettingType type, const std::vector<std::string>& choices,
+                         const std::string& text_values, int64_t min, int64_t max, double real_min,
+                         double real_max, bool real_min_exclusive);
 /// The index of `v` among `choices`; throws naming the value and the choices.
 size_t choice_index(const std::vector<std::string>& choices, const std::string& v);
 /// `v` as a whole decimal number in [lo, hi]; throws naming the value and the range.

@@ -43,15 +43,16 @@ ops::IndexerSlots SlotCaches::indexer_slots() {
 
 void SlotCaches::clear(ops::Backend& be, int slot) {
   MTP_REQUIRE(slot >= 0 && slot < slots_, "slot caches: slot ", slot, " of ", slots_);
-  be.fill_bytes(valid.data() + static_cast<size_t>(slot) * dims_.max_rows, 0, static_cast<size_t>(dims_.max_rows));
+  be.fill_bytes(valid.data() + static_cast<size_t>(slot) * dims_.max_rows, 0,
+                static_cast<size_t>(dims_.max_rows));
 }
 
 void SlotCaches::copy_slot(ops::Backend& be, int from, int to, int rows) {
   MTP_REQUIRE(rows >= 0 && rows <= dims_.max_rows, "slot caches: copy of ", rows, " rows, capacity ",
               dims_.max_rows);
   MTP_REQUIRE(from != to, "slot caches: copy of slot ", from, " onto itself");
-  MTP_REQUIRE(from >= 0 && from < slots_ && to >= 0 && to < slots_, "slot caches: copy of slot ", from, " to ", to,
-              " of ", slots_);
+  MTP_REQUIRE(from >= 0 && from < slots_ && to >= 0 && to < slots_, "slot caches: copy of slot ", from,
+              " to ", to, " of ", slots_);
   const size_t elem = dims_.kv_dtype == ops::KvDtype::bf16 ? 2 : 1;
   const size_t block_bytes = static_cast<size_t>(dims_.block_size) * dims_.kv_lora * elem;
   auto* kv = static_cast<uint8_t*>(kv_.data);
@@ -123,9 +124,9 @@ Block::Block(ops::Backend& be, dist::Communicator* comm, BlockDims dims, BlockWe
     const size_t mlp = static_cast<size_t>(dims_.dense_inter_local) * dims_.hidden;
     MTP_REQUIRE(dims_.dense_inter_local >= 0 && w_.mlp_gate.size() == mlp && w_.mlp_up.size() == mlp &&
                     w_.mlp_down.size() == mlp,
-                "block: a dense-MLP block of ", dims_.dense_inter_local, " columns needs gate, up and down of ",
-                mlp, " values each (got ", w_.mlp_gate.size(), ", ", w_.mlp_up.size(), ", ", w_.mlp_down.size(),
-                ")");
+                "block: a dense-MLP block of ", dims_.dense_inter_local,
+                " columns needs gate, up and down of ", mlp, " values each (got ", w_.mlp_gate.size(), ", ",
+                w_.mlp_up.size(), ", ", w_.mlp_down.size(), ")");
   }
 }
 
@@ -151,9 +152,9 @@ void Block::share_buffers(const Block& other) {
               "(index_share) keeps its own buffers");
   MTP_REQUIRE(a.hidden == b.hidden && a.n_heads_local == b.n_heads_local && a.qk_nope == b.qk_nope &&
                   a.v_head == b.v_head && a.q_lora == b.q_lora && a.kv_lora == b.kv_lora &&
-                  a.index_heads == b.index_heads && a.index_dim == b.index_dim && a.index_topk == b.index_topk &&
-                  a.index_kpool == b.index_kpool && a.num_experts == b.num_experts && a.top_k == b.top_k &&
-                  a.max_rows == b.max_rows,
+                  a.index_heads == b.index_heads && a.index_dim == b.index_dim &&
+                  a.index_topk == b.index_topk && a.index_kpool == b.index_kpool &&
+                  a.num_experts == b.num_experts && a.top_k == b.top_k && a.max_rows == b.max_rows,
               "block: share_buffers between blocks of other sizes");
   scratch_ = other.scratch_;
   anchor_ready_ = false;
@@ -225,10 +226,12 @@ void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, 
   MTP_REQUIRE(scratch_ && n >= 1 && n <= scratch_->rows, "block: forward of ", n, " rows, buffers for ",
               scratch_ ? scratch_->rows : 0, " (reserve first)");
   if (o.share_anchor_pos) {
-    MTP_REQUIRE(share_extra_ >= 0, "block: a forward that shares its indexer selection needs enable_index_share");
-    MTP_REQUIRE(anchor_ready_,
-                "block: a forward that shares its indexer selection needs a scoring forward (the step's first "
-                "draft) before it");
+    MTP_REQUIRE(share_extra_ >= 0,
+                "block: a forward that shares its indexer selection needs enable_index_share");
+    MTP_REQUIRE(
+        anchor_ready_,
+        "block: a forward that shares its indexer selection needs a scoring forward (the step's first "
+        "draft) before it");
     MTP_REQUIRE(!o.cache_only, "block: a cache-only forward has no selection to share");
   }
   BlockScratch& s = *scratch_;
@@ -248,25 +251,26 @@ void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, 
   int width = d.selection_width();
   if (o.share_anchor_pos) {
     width = share_width();
-    be_.indexer_share_select(s.selection.data(), o.share_anchor_pos, rb.pos, n, s.share_selection.data(), width,
-                             d.index_topk, d.index_kpool);
+    be_.indexer_share_select(s.selection.data(), o.share_anchor_pos, rb.pos, n, s.share_selection.data(),
+                             width, d.index_topk, d.index_kpool);
     selection = s.share_selection.data();
   } else {
     be_.linear_f32(w_.idx_wq_b.data(), s.cq.data(), s.q_idx.data(), n, qidx_width, d.q_lora, o.qidx_mode);
     be_.indexer_scores_batch(s.q_idx.data(), s.w_idx.data(), rb, idx, s.scores.data(), d.index_heads);
-    be_.indexer_select_batch(s.scores.data(), rb, s.selection.data(), d.index_topk, d.index_kpool, d.max_pools());
+    be_.indexer_select_batch(s.scores.data(), rb, s.selection.data(), d.index_topk, d.index_kpool,
+                             d.max_pools());
     anchor_ready_ = true;
   }
   // ---- absorbed sparse MLA over this rank's heads, each row on its own latent rows ----
   if (d.n_heads_local > 0) {
-    be_.mla_absorb_q_batch(s.q.data(), w_.kv_b.data(), s.q_abs.data(), n, d.n_heads_local, d.qk_nope, d.v_head,
-                           d.kv_lora);
+    be_.mla_absorb_q_batch(s.q.data(), w_.kv_b.data(), s.q_abs.data(), n, d.n_heads_local, d.qk_nope,
+                           d.v_head, d.kv_lora);
     be_.mla_decode_batch(s.q_abs.data(), selection, width, rb, kv, s.o_lat.data(), d.n_heads_local,
                          d.softmax_scale);
     be_.mla_out_v_batch(s.o_lat.data(), w_.kv_b.data(), s.o.data(), n, d.n_heads_local, d.qk_nope, d.v_head,
                         d.kv_lora);
-    be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), n, d.hidden, d.n_heads_local * d.v_head,
-                   ops::RowsMode::batched);
+    be_.linear_f32(w_.o_proj.data(), s.o.data(), s.attn_partial.data(), n, d.hidden,
+                   d.n_heads_local * d.v_head, ops::RowsMode::batched);
   } else {
     be_.fill_bytes(s.attn_partial.data(), 0, static_cast<size_t>(n) * d.hidden * sizeof(float));
   }
@@ -318,10 +322,10 @@ void Block::dense_mlp(const ops::RowBatch& rb) {
     return;
   }
   const ops::ExpertWeights none{nullptr, nullptr, nullptr, 0, 0, d.hidden, d.dense_inter_local};
-  const ops::ExpertWeights mlp{w_.mlp_gate.data(), w_.mlp_up.data(), w_.mlp_down.data(), 0, 1,
+  const ops::ExpertWeights mlp{w_.mlp_gate.data(), w_.mlp_up.data(),   w_.mlp_down.data(), 0, 1,
                                d.hidden,           d.dense_inter_local};
-  be_.moe_experts_grouped(s.v.data(), none, s.expert_idx.data(), s.expert_w.data(), rb, 0, &mlp, d.swiglu_limit,
-                          s.moe_partial.data());
+  be_.moe_experts_grouped(s.v.data(), none, s.expert_idx.data(), s.expert_w.data(), rb, 0, &mlp,
+                          d.swiglu_limit, s.moe_partial.data());
 }
 
 void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out) {

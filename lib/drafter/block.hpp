@@ -37,9 +37,9 @@ struct BlockDims {
   int kv_lora = 0;
   int index_heads = 0;
   int index_dim = 0;
-  int index_topk = 0;  ///< K
-  int index_kpool = 0; ///< P
-  int num_experts = 0; ///< all routed experts (routing is replicated)
+  int index_topk = 0;   ///< K
+  int index_kpool = 0;  ///< P
+  int num_experts = 0;  ///< all routed experts (routing is replicated)
   int top_k = 0;
   int n_group = 1;
   int topk_group = 1;
@@ -54,8 +54,8 @@ struct BlockDims {
   float rms_eps = 1e-5f;
   float index_ln_eps = 1e-6f;
   float softmax_scale = 0.0f;  ///< 1/sqrt(qk_nope + qk_rope), from ModelConfig::softmax_scale()
-  int max_rows = 0;    ///< context capacity, whole pools
-  int block_size = 64; ///< rows per KV block
+  int max_rows = 0;            ///< context capacity, whole pools
+  int block_size = 64;         ///< rows per KV block
   ops::KvDtype kv_dtype = ops::KvDtype::bf16;
   float kv_scale = 1.0f;
   /// Width of a selection: K + P - 1.
@@ -65,19 +65,20 @@ struct BlockDims {
 
 /// The block's weights in backend memory (this rank's shard). Shapes as in docs/model.md.
 struct BlockWeights {
-  ops::Array<bf16> input_norm, post_norm;              // [H]
-  ops::Array<bf16> q_a, q_a_norm, q_b;                 // [q_lora, H], [q_lora], [nh_local*qk_nope, q_lora]
-  ops::Array<bf16> kv_a, kv_a_norm, kv_b;              // [kv_lora, H], [kv_lora], [nh_local*(qk_nope+v), kv_lora]
-  ops::Array<bf16> o_proj;                             // [H, nh_local*v]
-  ops::Array<bf16> idx_wq_b, idx_wk, idx_k_norm_w, idx_k_norm_b, idx_weights_proj;  // [nI*D, q_lora], [D, H], [D], [D], [nI, H]
-  ops::Array<bf16> idx_gate;                           // [D, H]
-  ops::Array<float> idx_ape;                           // [P, D]
-  ops::Array<bf16> router;                             // [E, H]
-  ops::Array<float> router_bias;                       // [E]
-  ops::Array<bf16> exp_gate, exp_up, exp_down;         // stacked local experts
+  ops::Array<bf16> input_norm, post_norm;  // [H]
+  ops::Array<bf16> q_a, q_a_norm, q_b;     // [q_lora, H], [q_lora], [nh_local*qk_nope, q_lora]
+  ops::Array<bf16> kv_a, kv_a_norm, kv_b;  // [kv_lora, H], [kv_lora], [nh_local*(qk_nope+v), kv_lora]
+  ops::Array<bf16> o_proj;                 // [H, nh_local*v]
+  ops::Array<bf16> idx_wq_b, idx_wk, idx_k_norm_w, idx_k_norm_b,
+      idx_weights_proj;                         // [nI*D, q_lora], [D, H], [D], [D], [nI, H]
+  ops::Array<bf16> idx_gate;                    // [D, H]
+  ops::Array<float> idx_ape;                    // [P, D]
+  ops::Array<bf16> router;                      // [E, H]
+  ops::Array<float> router_bias;                // [E]
+  ops::Array<bf16> exp_gate, exp_up, exp_down;  // stacked local experts
   int first_expert = 0, num_local_experts = 0;
-  ops::Array<bf16> sh_gate, sh_up, sh_down;            // shared expert slice [Is, H], [Is, H], [H, Is]
-  ops::Array<bf16> mlp_gate, mlp_up, mlp_down;         // dense MLP slice [Id, H], [Id, H], [H, Id] (dense_mlp)
+  ops::Array<bf16> sh_gate, sh_up, sh_down;     // shared expert slice [Is, H], [Is, H], [H, Is]
+  ops::Array<bf16> mlp_gate, mlp_up, mlp_down;  // dense MLP slice [Id, H], [Id, H], [H, Id] (dense_mlp)
 };
 
 /// The caches of a pool of sequence slots: one allocation per cache kind, addressed by slot, so one
@@ -191,7 +192,8 @@ class Block {
   /// these keys); indexer_select ranks those pools and adds the tail rows up to p; mla_decode reads
   /// the latent rows of that selection only, all <= p. The rows after p that the batch wrote are
   /// never read by row r.
-  void forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out, const Options& options);
+  void forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out,
+               const Options& options);
   /// forward with the default Options: the full block, no output norm, every projection batched.
   void forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, bf16* x_out);
   /// The batch_qidx check, after a forward on the same rows: each row's per-row (GEMV) indexer
@@ -229,8 +231,8 @@ class Block {
   BlockDims dims_;
   BlockWeights w_;
   std::shared_ptr<BlockScratch> scratch_;
-  int share_extra_ = -1;      ///< index_share: max_drafts - 1; -1 off
-  bool anchor_ready_ = false; ///< a scoring forward has written scratch_->selection
+  int share_extra_ = -1;       ///< index_share: max_drafts - 1; -1 off
+  bool anchor_ready_ = false;  ///< a scoring forward has written scratch_->selection
 };
 
 }  // namespace mtplab::drafter

@@ -129,8 +129,9 @@ std::vector<bf16> MtpDrafter::batch_head_inputs() {
 }
 
 std::vector<bf16> MtpDrafter::head_inputs() {
-  MTP_REQUIRE(last_batch_rows_ == 1, "drafter: head_inputs() is a batch of one's; the last propose drafted for ",
-              last_batch_rows_, " rows (batch_head_inputs())");
+  MTP_REQUIRE(last_batch_rows_ == 1,
+              "drafter: head_inputs() is a batch of one's; the last propose drafted for ", last_batch_rows_,
+              " rows (batch_head_inputs())");
   return batch_head_inputs();
 }
 
@@ -170,8 +171,8 @@ void MtpDrafter::after_verify(BatchState& one, int accepted) {
 }
 
 void MtpDrafter::front(const int32_t* token_dev, const int32_t* slot_dev, const bf16* hidden_dev, bf16* x0) {
-  be_.embed_rmsnorm_batch(fw_.embed.data(), token_dev, ops::RowBatch{slot_dev, nullptr, 1, 1}, fw_.enorm.data(),
-                          concat_.data(), hidden_, hidden_, eps_);
+  be_.embed_rmsnorm_batch(fw_.embed.data(), token_dev, ops::RowBatch{slot_dev, nullptr, 1, 1},
+                          fw_.enorm.data(), concat_.data(), hidden_, hidden_, eps_);
   be_.rmsnorm(hidden_dev, fw_.hnorm.data(), concat_.data() + hidden_, 1, hidden_, eps_);
   be_.linear(fw_.eh_proj.data(), concat_.data(), x0, 1, hidden_, 2 * hidden_);
 }
@@ -179,10 +180,11 @@ void MtpDrafter::front(const int32_t* token_dev, const int32_t* slot_dev, const 
 void MtpDrafter::front_rows(int rows) {
   // [enorm(embed(t_r)); hnorm(h_r)] for every row of the chunk (each row's norms as one row's),
   // then eh_proj as one batched linear.
-  be_.embed_rmsnorm_batch(fw_.embed.data(), row_tokens_.data(), ops::RowBatch{row_slots_.data(), nullptr, rows, rows},
-                          fw_.enorm.data(), row_concat_.data(), 2 * hidden_, hidden_, eps_);
-  be_.rmsnorm_strided(row_hiddens_.data(), hidden_, fw_.hnorm.data(), row_concat_.data() + hidden_, 2 * hidden_, rows,
-                      hidden_, eps_);
+  be_.embed_rmsnorm_batch(fw_.embed.data(), row_tokens_.data(),
+                          ops::RowBatch{row_slots_.data(), nullptr, rows, rows}, fw_.enorm.data(),
+                          row_concat_.data(), 2 * hidden_, hidden_, eps_);
+  be_.rmsnorm_strided(row_hiddens_.data(), hidden_, fw_.hnorm.data(), row_concat_.data() + hidden_,
+                      2 * hidden_, rows, hidden_, eps_);
   be_.linear(fw_.eh_proj.data(), row_concat_.data(), row_x_.data(), rows, hidden_, 2 * hidden_,
              ops::RowsMode::batched);
 }
@@ -227,7 +229,8 @@ void MtpDrafter::append_rows_to(RowCounters& rc, SlotCaches& caches, int slot, c
     } else {
       for (int r = 0; r < rows; ++r) {
         bf16* x = row_x_.data() + static_cast<size_t>(r) * hidden_;
-        front(row_tokens_.data() + r, row_slots_.data() + r, row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x);
+        front(row_tokens_.data() + r, row_slots_.data() + r,
+              row_hiddens_.data() + static_cast<size_t>(r) * hidden_, x);
       }
     }
     const ops::RowBatch rb{row_slots_.data(), row_positions_.data(), rows, rows};
@@ -628,8 +631,8 @@ int MtpDrafter::draft_step_batch(BatchState& batch, int n, int k) {
       Block::Options o;
       o.out_norm = norm_in_block ? &head_norm : nullptr;
       o.share_anchor_pos = opt_.index_share && i > 0 ? batch_pos_.data() : nullptr;  // draft 1's positions
-      block_.forward(ops::RowBatch{batch_slot_.data(), pos, n, 1}, batch_x_.data(), batch.caches, batch_x_.data(),
-                     o);
+      block_.forward(ops::RowBatch{batch_slot_.data(), pos, n, 1}, batch_x_.data(), batch.caches,
+                     batch_x_.data(), o);
       ++written;
     }
     mark_end(Phase::block, i);

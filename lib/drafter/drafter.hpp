@@ -314,7 +314,7 @@ class MtpDrafter {
   ops::Array<bf16> concat_;  // [2H]: one context row's [e ; h] (context_gemm off)
   ops::Array<int32_t> row_tokens_, row_positions_, row_slots_;  // context-row staging
   ops::Array<bf16> row_hiddens_;
-  ops::Array<bf16> row_x_;  // [row_chunk, H]: the block inputs of a chunk
+  ops::Array<bf16> row_x_;       // [row_chunk, H]: the block inputs of a chunk
   ops::Array<bf16> row_concat_;  // [row_chunk, 2H]: the fronts' [e; h] rows (context_gemm)
   int row_chunk_ = 0;
   SelectionCheck check_;

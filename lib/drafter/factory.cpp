@@ -7,8 +7,9 @@ namespace mtplab::drafter {
 namespace {
 
 /// The attention and MoE tensors (shared by the MTP layer and a trunk layer).
-void upload_attention_moe(ops::Backend& be, const model::AttentionWeights& attn, const model::IndexerWeights& idx,
-                          const model::MoeWeights& moe, const model::ShardPlan& plan, BlockWeights& b) {
+void upload_attention_moe(ops::Backend& be, const model::AttentionWeights& attn,
+                          const model::IndexerWeights& idx, const model::MoeWeights& moe,
+                          const model::ShardPlan& plan, BlockWeights& b) {
   b.q_a = upload(be, attn.q_a_proj);
   b.q_a_norm = upload(be, attn.q_a_layernorm);
   b.q_b = upload(be, attn.q_b_proj);
@@ -59,17 +60,20 @@ BlockWeights upload_block_weights(ops::Backend& be, const model::MtpWeights& w) 
   return b;
 }
 
-std::unique_ptr<MtpDrafter> make_drafter(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
-                                         model::MtpWeights& w, const DrafterOptions& options) {
+std::unique_ptr<MtpDrafter> make_drafter(ops::Backend& be, dist::Communicator* comm,
+                                         const model::ModelConfig& cfg, model::MtpWeights& w,
+                                         const DrafterOptions& options) {
   const int world = comm ? comm->size() : 1;
   const int rank = comm ? comm->rank() : 0;
-  MTP_REQUIRE(w.plan.world == world && w.plan.rank == rank, "drafter: weights were sharded for rank ", w.plan.rank,
-              " of ", w.plan.world, " but this is rank ", rank, " of ", world);
-  MTP_REQUIRE(w.plan.head_sharding == options.head_sharding, "drafter: weights were sharded for head_sharding ",
-              model::to_string(w.plan.head_sharding), " but the options say ", model::to_string(options.head_sharding));
+  MTP_REQUIRE(w.plan.world == world && w.plan.rank == rank, "drafter: weights were sharded for rank ",
+              w.plan.rank, " of ", w.plan.world, " but this is rank ", rank, " of ", world);
+  MTP_REQUIRE(w.plan.head_sharding == options.head_sharding,
+              "drafter: weights were sharded for head_sharding ", model::to_string(w.plan.head_sharding),
+              " but the options say ", model::to_string(options.head_sharding));
   BlockDims dims = block_dims(cfg, world, rank, options.kv_cache_dtype);
   dims.n_heads_local = static_cast<int>(w.plan.heads.count);
-  dims.shared_inter_local = static_cast<int>(w.moe.shared_gate.shape.empty() ? 0 : w.moe.shared_gate.shape[0]);
+  dims.shared_inter_local =
+      static_cast<int>(w.moe.shared_gate.shape.empty() ? 0 : w.moe.shared_gate.shape[0]);
   const VocabShard shard = vocab_shard(w.plan);
   if (options.head_fp8 && w.lm_head_fp8.empty()) model::quantize_head_fp8(w);
   FrontWeights f;
@@ -83,7 +87,8 @@ std::unique_ptr<MtpDrafter> make_drafter(ops::Backend& be, dist::Communicator* c
     f.lm_head_fp8 = upload(be, w.lm_head_fp8.weight);
     f.lm_head_scale = upload(be, w.lm_head_fp8.scale);
   }
-  return std::make_unique<MtpDrafter>(be, comm, cfg, dims, std::move(f), upload_block_weights(be, w), shard, options);
+  return std::make_unique<MtpDrafter>(be, comm, cfg, dims, std::move(f), upload_block_weights(be, w), shard,
+                                      options);
 }
 
 }  // namespace mtplab::drafter

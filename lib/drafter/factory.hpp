@@ -9,8 +9,9 @@ namespace mtplab::drafter {
 
 /// Uploads `w` (this rank's shard, its plan matching comm's rank and size) and builds the drafter.
 /// With options.head_fp8 the FP8 copy of the head shard is made here when `w` lacks it.
-std::unique_ptr<MtpDrafter> make_drafter(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
-                                         model::MtpWeights& w, const DrafterOptions& options);
+std::unique_ptr<MtpDrafter> make_drafter(ops::Backend& be, dist::Communicator* comm,
+                                         const model::ModelConfig& cfg, model::MtpWeights& w,
+                                         const DrafterOptions& options);
 
 /// Uploads a host tensor into new backend memory.
 template <typename T>

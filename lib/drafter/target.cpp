@@ -25,12 +25,13 @@ int TargetState::seq_len(int slot) const {
 
 Target::Target(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
                const model::TargetWeights& w, const TargetOptions& options)
-    : Target(be, comm, cfg, w, static_cast<int>(w.layers.size()),
-             [&w](int i) { return w.layers[static_cast<size_t>(i)]; }, options) {}
+    : Target(
+          be, comm, cfg, w, static_cast<int>(w.layers.size()),
+          [&w](int i) { return w.layers[static_cast<size_t>(i)]; }, options) {}
 
 Target::Target(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
-               const model::TargetWeights& trunk, int layers, const std::function<model::LayerWeights(int)>& layer,
-               const TargetOptions& options)
+               const model::TargetWeights& trunk, int layers,
+               const std::function<model::LayerWeights(int)>& layer, const TargetOptions& options)
     : be_(be),
       comm_(comm),
       world_(comm ? comm->size() : 1),
@@ -41,16 +42,16 @@ Target::Target(ops::Backend& be, dist::Communicator* comm, const model::ModelCon
   MTP_REQUIRE(opt_.max_positions >= 0, "target: max_positions ", opt_.max_positions, " is negative");
   MTP_REQUIRE(opt_.max_rows >= 1, "target: max_rows ", opt_.max_rows, " (at least 1 row a forward)");
   const model::ShardPlan& plan = trunk.plan;
-  MTP_REQUIRE(plan.world == world_ && plan.rank == rank_, "target: weights were sharded for rank ", plan.rank, " of ",
-              plan.world, " but this is rank ", rank_, " of ", world_);
+  MTP_REQUIRE(plan.world == world_ && plan.rank == rank_, "target: weights were sharded for rank ", plan.rank,
+              " of ", plan.world, " but this is rank ", rank_, " of ", world_);
   MTP_REQUIRE(plan.head_sharding == opt_.head_sharding, "target: weights were sharded for head_sharding ",
               model::to_string(plan.head_sharding), " but the options say ",
               model::to_string(opt_.head_sharding));
   const bool sharded = opt_.head_sharding == HeadSharding::vocab && world_ > 1;
   if (sharded && opt_.exchange == Exchange::bf16_lanes) {
     MTP_REQUIRE(world_ == 2, "target: exchange bf16_lanes runs on exactly 2 ranks, not ", world_);
-    MTP_REQUIRE(cfg.vocab <= (1 << 24), "target: exchange bf16_lanes carries token ids below 2^24; the vocab is ",
-                cfg.vocab);
+    MTP_REQUIRE(cfg.vocab <= (1 << 24),
+                "target: exchange bf16_lanes carries token ids below 2^24; the vocab is ", cfg.vocab);
   }
   if (opt_.max_positions > 0) {
     const int P = cfg.index_kpool;
@@ -63,8 +64,9 @@ Target::Target(ops::Backend& be, dist::Communicator* comm, const model::ModelCon
                   trunk.lm_head.shape == (std::vector<int64_t>{shard_.n, H}) &&
                   trunk.final_norm.shape == (std::vector<int64_t>{H}),
               "target: the embedding ", model::shape_str(trunk.embed_tokens.shape), ", head ",
-              model::shape_str(trunk.lm_head.shape), " and final norm ", model::shape_str(trunk.final_norm.shape),
-              " are not [", cfg.vocab, ", ", H, "], [", shard_.n, ", ", H, "] and [", H, "]");
+              model::shape_str(trunk.lm_head.shape), " and final norm ",
+              model::shape_str(trunk.final_norm.shape), " are not [", cfg.vocab, ", ", H, "], [", shard_.n,
+              ", ", H, "] and [", H, "]");
   embed_ = upload(be_, trunk.embed_tokens);
   lm_head_ = upload(be_, trunk.lm_head);
   final_norm_ = upload(be_, trunk.final_norm);
@@ -75,9 +77,9 @@ Target::~Target() = default;
 
 void Target::add_layer(const model::LayerWeights& w) {
   const int i = layers();
-  MTP_REQUIRE(w.index == i && w.dense == cfg_.dense_layer(i), "target: layer ", i, " was given the weights of ",
-              w.dense ? "dense-MLP" : "routed-expert", " layer ", w.index, " (first_k_dense_replace ",
-              cfg_.first_k_dense_replace, ")");
+  MTP_REQUIRE(w.index == i && w.dense == cfg_.dense_layer(i), "target: layer ", i,
+              " was given the weights of ", w.dense ? "dense-MLP" : "routed-expert", " layer ", w.index,
+              " (first_k_dense_replace ", cfg_.first_k_dense_replace, ")");
   MTP_REQUIRE(w.plan.world == world_ && w.plan.rank == rank_, "target: layer ", i, " was sharded for rank ",
               w.plan.rank, " of ", w.plan.world, " but this is rank ", rank_, " of ", world_);
   BlockDims d = block_dims(cfg_, world_, rank_, opt_.kv_cache_dtype);
@@ -97,7 +99,8 @@ void Target::wait_comm() {
 std::unique_ptr<TargetState> Target::new_batch(int slots) {
   MTP_REQUIRE(slots >= 1, "target: a batch of ", slots, " slots");
   auto state = std::make_unique<TargetState>();
-  for (const auto& blk : blocks_) state->caches_.push_back(std::make_unique<SlotCaches>(be_, blk->dims(), slots));
+  for (const auto& blk : blocks_)
+    state->caches_.push_back(std::make_unique<SlotCaches>(be_, blk->dims(), slots));
   state->len_.assign(static_cast<size_t>(slots), 0);
   state->live_.assign(static_cast<size_t>(slots), 0);
   return state;
@@ -146,8 +149,8 @@ std::vector<Target::Row> Target::rows_of(const TargetState& state, std::span<con
                 " pass the capacity of ", capacity(), " rows");
     for (int j = 0; j < n; ++j) {
       const int32_t t = q.tokens[static_cast<size_t>(j)];
-      MTP_REQUIRE(t >= 0 && t < cfg_.vocab, "target: token ", t, " at position ", len + j, " of slot ", q.slot,
-                  " is outside the vocab of ", cfg_.vocab);
+      MTP_REQUIRE(t >= 0 && t < cfg_.vocab, "target: token ", t, " at position ", len + j, " of slot ",
+                  q.slot, " is outside the vocab of ", cfg_.vocab);
       rows.push_back(Row{q.slot, len + j, t});
     }
     first_row.push_back(static_cast<int>(rows.size()));
@@ -188,7 +191,8 @@ void Target::reserve(int rows, bool logit_rows) {
                                               sharded && opt_.exchange == Exchange::allgather_logits, rows);
     stats_.reset();
   }
-  if (logit_rows && !stats_) stats_ = std::make_unique<StatsBuffers>(be_, world_, shard_.stride, buf_rows_, sharded);
+  if (logit_rows && !stats_)
+    stats_ = std::make_unique<StatsBuffers>(be_, world_, shard_.stride, buf_rows_, sharded);
 }
 
 VerifyResult Target::run(TargetState& state, const std::vector<Row>& rows, std::vector<int> first_row,
@@ -233,9 +237,11 @@ VerifyResult Target::run(TargetState& state, const std::vector<Row>& rows, std::
     be_.upload(pos_.data(), pos_h.data(), static_cast<size_t>(n) * sizeof(int32_t));
     for (int r = 0; r < n; ++r)
       be_.copy(x_.data() + static_cast<size_t>(r) * H,
-               embed_.data() + static_cast<size_t>(rows[static_cast<size_t>(r0 + r)].token) * H, H * sizeof(bf16));
+               embed_.data() + static_cast<size_t>(rows[static_cast<size_t>(r0 + r)].token) * H,
+               H * sizeof(bf16));
     const ops::RowBatch rb{slot_.data(), pos_.data(), n, max_seq_rows};
-    for (size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(rb, x_.data(), state.caches(static_cast<int>(l)), x_.data());
+    for (size_t l = 0; l < blocks_.size(); ++l)
+      blocks_[l]->forward(rb, x_.data(), state.caches(static_cast<int>(l)), x_.data());
     be_.rmsnorm(x_.data(), final_norm_.data(), normed_.data(), n, cfg_.hidden, cfg_.rms_norm_eps);
     wait_comm();
     be_.download(out.hiddens.data() + static_cast<size_t>(r0) * H, normed_.data(),
@@ -281,7 +287,8 @@ void Target::head(int from, int n, const int32_t* requested, const VerifyExtras&
                           head_extras_for(opt_.exchange, *xchg_));
     if (kept && exchange_logits)
       be_.copy(exchange_logits, kept, static_cast<size_t>(n) * stride * sizeof(bf16));
-    exchange_pick_rows(be_, *comm_, opt_.exchange, cfg_.vocab, *xchg_, n, tokens_.data(), /*key_from_head=*/true);
+    exchange_pick_rows(be_, *comm_, opt_.exchange, cfg_.vocab, *xchg_, n, tokens_.data(),
+                       /*key_from_head=*/true);
     wait_comm();
     be_.download(out.tokens.data() + at, tokens_.data(), static_cast<size_t>(n) * sizeof(int32_t));
   }
@@ -334,23 +341,28 @@ std::unique_ptr<Target> make_synthetic_target(ops::Backend& be, dist::Communicat
   const model::TargetWeights trunk = model::synthesize_target_trunk(cfg, plan, weight_seed, target_seed);
   return std::make_unique<Target>(
       be, comm, cfg, trunk, layers,
-      [&](int i) { return model::synthesize_layer_weights(cfg, plan, i, target_seed + 1 + static_cast<uint64_t>(i)); },
+      [&](int i) {
+        return model::synthesize_layer_weights(cfg, plan, i, target_seed + 1 + static_cast<uint64_t>(i));
+      },
       options);
 }
 
-std::unique_ptr<Target> make_target_behind(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
-                                           const model::MtpWeights& w, int layers, uint64_t target_seed,
-                                           const TargetOptions& options) {
+std::unique_ptr<Target> make_target_behind(ops::Backend& be, dist::Communicator* comm,
+                                           const model::ModelConfig& cfg, const model::MtpWeights& w,
+                                           int layers, uint64_t target_seed, const TargetOptions& options) {
   const model::ShardPlan& plan = w.plan;
   const model::TargetWeights trunk = model::target_trunk_of(cfg, w, target_seed);
   return std::make_unique<Target>(
       be, comm, cfg, trunk, layers,
-      [&](int i) { return model::synthesize_layer_weights(cfg, plan, i, target_seed + 1 + static_cast<uint64_t>(i)); },
+      [&](int i) {
+        return model::synthesize_layer_weights(cfg, plan, i, target_seed + 1 + static_cast<uint64_t>(i));
+      },
       options);
 }
 
 std::unique_ptr<Target> load_target(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
-                                    int layers, const std::string& checkpoint_path, const TargetOptions& options) {
+                                    int layers, const std::string& checkpoint_path,
+                                    const TargetOptions& options) {
   const int world = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
   MTP_REQUIRE(cfg.num_hidden_layers == 0 || layers <= cfg.num_hidden_layers, "target: ", layers,
               " layers of a model whose trunk has ", cfg.num_hidden_layers, " (num_hidden_layers)");
@@ -358,7 +370,8 @@ std::unique_ptr<Target> load_target(ops::Backend& be, dist::Communicator* comm, 
   const model::Checkpoint ckpt(checkpoint_path);
   const model::TargetWeights trunk = model::load_target_trunk(cfg, plan, ckpt);
   return std::make_unique<Target>(
-      be, comm, cfg, trunk, layers, [&](int i) { return model::load_layer_weights(cfg, plan, i, ckpt); }, options);
+      be, comm, cfg, trunk, layers, [&](int i) { return model::load_layer_weights(cfg, plan, i, ckpt); },
+      options);
 }
 
 // ---- SyntheticTarget ----------------------------------------------------------------------------
@@ -385,13 +398,14 @@ io::TraceSequence SyntheticTarget::generate(const std::vector<int32_t>& prompt, 
   return std::move(generate_batch({prompt}, new_tokens, sampling, sequence).front());
 }
 
-std::vector<io::TraceSequence> SyntheticTarget::generate_batch(const std::vector<std::vector<int32_t>>& prompts,
-                                                              int new_tokens, const io::TraceSampling& sampling,
-                                                              int64_t first_sequence) {
+std::vector<io::TraceSequence> SyntheticTarget::generate_batch(
+    const std::vector<std::vector<int32_t>>& prompts, int new_tokens, const io::TraceSampling& sampling,
+    int64_t first_sequence) {
   return drafter::generate_batch(*target_, prompts, new_tokens, sampling, first_sequence);
 }
 
-std::vector<io::TraceSequence> generate_batch(Target& target, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<io::TraceSequence> generate_batch(Target& target,
+                                              const std::vector<std::vector<int32_t>>& prompts,
                                               int new_tokens, const io::TraceSampling& sampling,
                                               int64_t first_sequence) {
   io::validate(sampling, "target generation");
@@ -403,8 +417,8 @@ std::vector<io::TraceSequence> generate_batch(Target& target, const std::vector<
   MTP_REQUIRE(prompt_len > 0, "target generation: empty prompt");
   for (const auto& pr : prompts)
     MTP_REQUIRE(static_cast<int>(pr.size()) == prompt_len,
-                "target generation: the prompts of a batch differ in length (", pr.size(), " and ", prompt_len,
-                " tokens)");
+                "target generation: the prompts of a batch differ in length (", pr.size(), " and ",
+                prompt_len, " tokens)");
   MTP_REQUIRE(new_tokens >= 0, "target generation: ", new_tokens, " new tokens");
   const int total = prompt_len + new_tokens;
   MTP_REQUIRE(total <= target.capacity(), "target generation: ", total, " positions exceed the capacity of ",
@@ -451,7 +465,8 @@ std::vector<io::TraceSequence> generate_batch(Target& target, const std::vector<
       } else {
         seqs[b].tokens.push_back(sample_transformed(
             std::span<const bf16>(r.logits.data() + b * V, V), sampling.temperature, sampling.top_k,
-            sampling.top_p, sampling_uniform(sampling.seed, first_sequence + static_cast<int64_t>(b), p + 1)));
+            sampling.top_p,
+            sampling_uniform(sampling.seed, first_sequence + static_cast<int64_t>(b), p + 1)));
       }
     }
   }
@@ -489,8 +504,9 @@ void synthetic_trace_groups(SyntheticTarget& target, int vocab, int count, int p
 }
 
 std::vector<io::TraceSequence> synthetic_trace(SyntheticTarget& target, int vocab, int count, int prompt_len,
-                                               int new_tokens, uint64_t seed, const io::TraceSampling& sampling,
-                                               int batch, const std::function<void(int)>& progress) {
+                                               int new_tokens, uint64_t seed,
+                                               const io::TraceSampling& sampling, int batch,
+                                               const std::function<void(int)>& progress) {
   std::vector<io::TraceSequence> out;
   out.reserve(static_cast<size_t>(std::max(count, 0)));
   synthetic_trace_groups(target, vocab, count, prompt_len, new_tokens, seed, sampling, batch,

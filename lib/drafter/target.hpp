@@ -127,11 +127,11 @@ struct VerifyExtras {
 /// first_row[b + 1] - 1.
 struct VerifyResult {
   int rows = 0;
-  std::vector<int> first_row;           ///< [B + 1]
-  std::vector<bf16> hiddens;            ///< [rows, H]: post-final-norm
-  std::vector<int32_t> tokens;          ///< [headed rows]: argmax of the logits (lowest id on ties)
-  std::vector<ops::TokenStats> stats;   ///< [headed rows] with a transform
-  std::vector<bf16> logits;             ///< [headed rows, vocab] when asked
+  std::vector<int> first_row;          ///< [B + 1]
+  std::vector<bf16> hiddens;           ///< [rows, H]: post-final-norm
+  std::vector<int32_t> tokens;         ///< [headed rows]: argmax of the logits (lowest id on ties)
+  std::vector<ops::TokenStats> stats;  ///< [headed rows] with a transform
+  std::vector<bf16> logits;            ///< [headed rows, vocab] when asked
 };
 
 class Target {
@@ -139,8 +139,8 @@ class Target {
   /// Uploads `w` (this rank's shard: its plan must be comm's rank and size and the options'
   /// head_sharding) with all its layers. `comm`: the world communicator (nullptr or size 1 for one
   /// rank).
-  Target(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg, const model::TargetWeights& w,
-         const TargetOptions& options = {});
+  Target(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
+         const model::TargetWeights& w, const TargetOptions& options = {});
   /// Uploads `trunk`'s embedding, head and final norm (its layers are not read), then `layers`
   /// layers made by `layer(i)` one at a time, each uploaded and freed before the next (host memory
   /// holds one layer).
@@ -196,8 +196,8 @@ class Target {
                            std::vector<int>& first_row) const;
   /// The forward of `rows` (a sequence's rows consecutive and at its length), with the head on the
   /// rows >= first_head_row.
-  VerifyResult run(TargetState& state, const std::vector<Row>& rows, std::vector<int> first_row, int first_head_row,
-                   const VerifyExtras& extras);
+  VerifyResult run(TargetState& state, const std::vector<Row>& rows, std::vector<int> first_row,
+                   int first_head_row, const VerifyExtras& extras);
   /// Sizes the buffers of a forward of `rows` rows (and the head's logit rows when `logit_rows`).
   void reserve(int rows, bool logit_rows);
   /// The head on `n` normed rows from row `from` of the chunk: tokens, and stats (of the rows'
@@ -233,8 +233,9 @@ std::unique_ptr<Target> make_synthetic_target(ops::Backend& be, dist::Communicat
 /// target_seed) behind the embedding and lm_head of the MTP weights `w` (synthetic or a
 /// checkpoint's; w.plan must be comm's rank and size and options.head_sharding). With synthetic `w`
 /// of seed S it is make_synthetic_target(..., layers, S, target_seed, ...).
-std::unique_ptr<Target> make_target_behind(ops::Backend& be, dist::Communicator* comm, const model::ModelConfig& cfg,
-                                           const model::MtpWeights& w, int layers, uint64_t target_seed,
+std::unique_ptr<Target> make_target_behind(ops::Backend& be, dist::Communicator* comm,
+                                           const model::ModelConfig& cfg, const model::MtpWeights& w,
+                                           int layers, uint64_t target_seed,
                                            const TargetOptions& options = {});
 /// The target of the checkpoint's first `layers` layers (model::load_target_weights), sharded as
 /// make_synthetic_target.
@@ -247,7 +248,8 @@ std::unique_ptr<Target> load_target(ops::Backend& be, dist::Communicator* comm, 
 /// `sampling` says, one forward per position over one row per sequence; sequence i's uniforms are
 /// those of sequence first_sequence + i. Every position has its hidden. On the CPU backend the same
 /// bits at every batch size.
-std::vector<io::TraceSequence> generate_batch(Target& target, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<io::TraceSequence> generate_batch(Target& target,
+                                              const std::vector<std::vector<int32_t>>& prompts,
                                               int new_tokens, const io::TraceSampling& sampling,
                                               int64_t first_sequence);
 
@@ -271,8 +273,9 @@ class SyntheticTarget {
   /// generate() for every prompt of `prompts` (one length, 1 .. kMaxTargetBatch of them) at
   /// once: sequence i is generate(prompts[i], new_tokens, sampling, first_sequence + i), the same
   /// bits on the CPU backend (header comment).
-  std::vector<io::TraceSequence> generate_batch(const std::vector<std::vector<int32_t>>& prompts, int new_tokens,
-                                                const io::TraceSampling& sampling, int64_t first_sequence);
+  std::vector<io::TraceSequence> generate_batch(const std::vector<std::vector<int32_t>>& prompts,
+                                                int new_tokens, const io::TraceSampling& sampling,
+                                                int64_t first_sequence);
   int layers() const { return target_->layers(); }
   /// The rows the caches hold per sequence.
   int capacity() const { return target_->capacity(); }

@@ -61,7 +61,8 @@ ArmSpec arm_of(Setting<Arms> s, ArmLayer layer) {
 
 std::vector<ArmSpec> build_registry() {
   std::vector<ArmSpec> r;
-  for (const auto& s : drafter::drafter_settings()) r.push_back(arm_of(nested(s, &Arms::drafter), ArmLayer::drafter));
+  for (const auto& s : drafter::drafter_settings())
+    r.push_back(arm_of(nested(s, &Arms::drafter), ArmLayer::drafter));
   for (const auto& s : replay_settings()) {
     r.push_back(arm_of(nested(s, &Arms::replay), ArmLayer::harness));
     if (sampling_only(s.name)) r.back().only_with = "verify=sampling";

@@ -48,7 +48,6 @@ YAML::Node strip_marks(const YAML::Node& n) {
   return out;
 }
 
-
 // "key.path=value" -> key, returns the value text.
 std::string split_override(const std::string& o, std::string& key) {
   const auto eq = o.find('=');
@@ -213,7 +212,8 @@ struct DocReader {
   void read_run_settings(MapReader& m, const YamlNode& root, PointConfig& p) {
     std::unique_ptr<MapReader> online;
     if (auto node = m.opt("online")) {
-      if (!node->is_map()) node->fail("expected a mapping of online keys (max_new_tokens, target_layers, ...)");
+      if (!node->is_map())
+        node->fail("expected a mapping of online keys (max_new_tokens, target_layers, ...)");
       online = std::make_unique<MapReader>(*node);
     }
     for (const auto& s : run_settings()) {
@@ -228,7 +228,8 @@ struct DocReader {
     if (p.mode != RunMode::online) {
       p.online = OnlineOptions{};
       const YAML::Node block = root.raw()["online"];
-      if (block && block.IsMap() && block.size() > 0) p.ignored_arms.push_back("online (not in effect without mode=online)");
+      if (block && block.IsMap() && block.size() > 0)
+        p.ignored_arms.push_back("online (not in effect without mode=online)");
     }
   }
 
@@ -409,9 +410,11 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
-// set_yaml_path (experiment.hpp): writes `value` at the dotted `path` of `root`, creating mappings on the way. A scalar `model:`
-// met on the way becomes {preset: <scalar>} so that model.<key> overrides a preset's key.
-void set_yaml_path(YAML::Node root, const std::string& path, const YAML::Node& value, const std::string& origin) {
+// set_yaml_path (experiment.hpp): writes `value` at the dotted `path` of `root`, creating mappings on the
+// way. A scalar `model:` met on the way becomes {preset: <scalar>} so that model.<key> overrides a preset's
+// key.
+void set_yaml_path(YAML::Node root, const std::string& path, const YAML::Node& value,
+                   const std::string& origin) {
   std::vector<std::string> parts = split(path, '.');
   for (const auto& p : parts) MTP_REQUIRE(!p.empty(), origin, ": empty component in key path \"", path, "\"");
   // A sweep axis is one key of sweep.grid, dots and all ("sweep.grid.kernels.pdl" sets the axis
@@ -539,19 +542,22 @@ void check_online(const PointConfig& p) {
   MTP_REQUIRE(r.replay == ReplayMode::speculative,
               "replay: teacher_forced is a replay of a trace; mode: online runs speculative steps (replay: "
               "speculative)");
-  MTP_REQUIRE(r.verify != Verify::sampling || r.draft_proposal == DraftProposal::greedy,
-              "draft_proposal: sampled with mode: online is not supported: the online drafter proposes its "
-              "argmax (draft_proposal: greedy; speculative sampling is then exact with q the point mass at the "
-              "draft)");
+  MTP_REQUIRE(
+      r.verify != Verify::sampling || r.draft_proposal == DraftProposal::greedy,
+      "draft_proposal: sampled with mode: online is not supported: the online drafter proposes its "
+      "argmax (draft_proposal: greedy; speculative sampling is then exact with q the point mass at the "
+      "draft)");
   MTP_REQUIRE(c.num_hidden_layers == 0 || o.target_layers <= c.num_hidden_layers, "online.target_layers ",
               o.target_layers, " exceeds model.num_hidden_layers ", c.num_hidden_layers);
-  MTP_REQUIRE(o.target == TargetSource::synthetic || !p.weights.synthetic,
-              "online.target: checkpoint loads the trunk from weights.checkpoint; these weights are synthetic "
-              "(online.target: synthetic)");
+  MTP_REQUIRE(
+      o.target == TargetSource::synthetic || !p.weights.synthetic,
+      "online.target: checkpoint loads the trunk from weights.checkpoint; these weights are synthetic "
+      "(online.target: synthetic)");
   if (p.trace.synthetic) {
     const int total = p.trace.prompt_len + o.max_new_tokens;
-    MTP_REQUIRE(total <= c.max_seq_len, "online.max_new_tokens ", o.max_new_tokens, " + trace.synthetic.prompt_len ",
-                p.trace.prompt_len, " = ", total, " exceeds model.max_seq_len ", c.max_seq_len);
+    MTP_REQUIRE(total <= c.max_seq_len, "online.max_new_tokens ", o.max_new_tokens,
+                " + trace.synthetic.prompt_len ", p.trace.prompt_len, " = ", total,
+                " exceeds model.max_seq_len ", c.max_seq_len);
   }
   MTP_REQUIRE(o.max_new_tokens >= p.arms.drafter.draft_len + 1, "online.max_new_tokens ", o.max_new_tokens,
               " leaves no step for draft_len ", p.arms.drafter.draft_len, " (needs at least draft_len + 1)");
@@ -565,7 +571,8 @@ void check_point_runnable(const PointConfig& p, int world, const std::string& ba
   MTP_REQUIRE(c.vocab >= world, "model.vocab ", c.vocab, " is smaller than the ", world,
               " ranks it is split over");
   const bool online = p.mode == RunMode::online;
-  MTP_REQUIRE(online || p.arms.drafter.draft_len >= 1, "draft_len 0 (MTP off: the target decodes alone) needs "
+  MTP_REQUIRE(online || p.arms.drafter.draft_len >= 1,
+              "draft_len 0 (MTP off: the target decodes alone) needs "
               "mode: online; a replay drafts 1 .. 16 tokens a step");
   check_arms(p.arms, world, backend, c);
   if (online) {

@@ -87,7 +87,7 @@ struct PointConfig {
   /// `online:` (mode: online only; normalised to its defaults and left out of the canonical text
   /// of a replay point, whose identity is then what it was before online runs existed).
   OnlineOptions online;
-  Arms arms;                     ///< every arm (harness/arms.hpp)
+  Arms arms;  ///< every arm (harness/arms.hpp)
   /// The kernel-policy fields that MTPLAB_* variables overrode at expansion, as
   /// "field=value (VARIABLE)" (ops::env_overrides); arms.kernels holds the result.
   std::vector<std::string> kernel_env_overrides;
@@ -168,6 +168,7 @@ std::string configuration_text(const std::string& resolved_yaml, int64_t world);
 
 /// Writes `value` at the dotted `path` of `root` (a YAML document), creating mappings on the way; a
 /// scalar `model:` met on the way becomes {preset: <scalar>}. `origin` names the override in errors.
-void set_yaml_path(YAML::Node root, const std::string& path, const YAML::Node& value, const std::string& origin);
+void set_yaml_path(YAML::Node root, const std::string& path, const YAML::Node& value,
+                   const std::string& origin);
 
 }  // namespace mtplab::harness

@@ -17,8 +17,9 @@ const std::vector<Setting<OnlineOptions>>& online_settings() {
   using O = OnlineOptions;
   static const std::vector<Setting<O>> table = [] {
     std::vector<Setting<O>> r;
-    r.push_back(int_setting("max_new_tokens", &O::max_new_tokens, 1, 1 << 20,
-                            "a sequence steps while a step's drafts lie within its first max_new_tokens tokens"));
+    r.push_back(
+        int_setting("max_new_tokens", &O::max_new_tokens, 1, 1 << 20,
+                    "a sequence steps while a step's drafts lie within its first max_new_tokens tokens"));
     r.push_back(int_setting("target_layers", &O::target_layers, 1, 1024, "the target's trunk layers"));
     r.push_back(int_setting("target_seed", &O::target_seed, 0, int64_t{1} << 62,
                             "the synthetic trunk's seed (final norm; layer i under target_seed + 1 + i)"));
@@ -30,8 +31,9 @@ const std::vector<Setting<OnlineOptions>>& online_settings() {
   return table;
 }
 
-SpeculativeStep speculative_step(std::span<const std::vector<double>> p, std::span<const std::vector<double>> q,
-                                 std::span<const int32_t> drafts, const std::function<double(int)>& coin,
+SpeculativeStep speculative_step(std::span<const std::vector<double>> p,
+                                 std::span<const std::vector<double>> q, std::span<const int32_t> drafts,
+                                 const std::function<double(int)>& coin,
                                  const std::function<double(int)>& draw) {
   const int k = static_cast<int>(drafts.size());
   MTP_REQUIRE(p.size() == drafts.size() + 1 && q.size() == drafts.size(), "speculative_step: ", p.size(),
@@ -60,7 +62,8 @@ SpeculativeStep speculative_step(std::span<const std::vector<double>> p, std::sp
   const std::vector<double>& qi = q[static_cast<size_t>(i)];
   std::vector<double> residual(pi.size());
   for (size_t t = 0; t < pi.size(); ++t) {
-    const double qt = qi.empty() ? (static_cast<int32_t>(t) == drafts[static_cast<size_t>(i)] ? 1.0 : 0.0) : qi[t];
+    const double qt =
+        qi.empty() ? (static_cast<int32_t>(t) == drafts[static_cast<size_t>(i)] ? 1.0 : 0.0) : qi[t];
     residual[t] = std::max(0.0, pi[t] - qt);
   }
   out.residual_token = drafter::draw_token(residual, draw(i));
@@ -109,8 +112,8 @@ class OnlineBatch {
       drafter::ProposeExtras extras;
       if (hooks_.draft_stats) extras.stats = &stats;
       drafts = drafter_->propose_batch(*batch_, inputs, k_, extras);
-      MTP_REQUIRE(drafts.size() == B * k, "online: the drafter returned ", drafts.size(), " drafts for ", B, " x ",
-                  k);
+      MTP_REQUIRE(drafts.size() == B * k, "online: the drafter returned ", drafts.size(), " drafts for ", B,
+                  " x ", k);
     }
     // The verify rows: per sequence its last token t_L and its drafts.
     std::vector<int32_t> rows(B * (k + 1));
@@ -177,7 +180,9 @@ class OnlineBatch {
     std::vector<bf16> hiddens;  // [rows held, H]: the target's hidden of every row it keeps
   };
 
-  const bf16* hidden(const Live& l, int row) const { return l.hiddens.data() + static_cast<size_t>(row) * H_; }
+  const bf16* hidden(const Live& l, int row) const {
+    return l.hiddens.data() + static_cast<size_t>(row) * H_;
+  }
 
   bool done(const Live& l) const { return l.L + k_ > l.seq.prompt_length + run_.max_new_tokens - 1; }
 
@@ -192,9 +197,9 @@ class OnlineBatch {
   // the sequence's uniform for that position.
   int32_t sample_at(const drafter::VerifyResult& v, int row, int64_t index, int pos) const {
     const SamplingVerify& smp = *run_.sampling;
-    return drafter::sample_transformed(std::span<const bf16>(v.logits.data() + static_cast<size_t>(row) * V_, V_),
-                                       smp.transform.temperature, smp.transform.top_k, smp.transform.top_p,
-                                       drafter::sampling_uniform(smp.seed, index, pos));
+    return drafter::sample_transformed(
+        std::span<const bf16>(v.logits.data() + static_cast<size_t>(row) * V_, V_), smp.transform.temperature,
+        smp.transform.top_k, smp.transform.top_p, drafter::sampling_uniform(smp.seed, index, pos));
   }
 
   // Decides the step of one sequence (rows first .. first + k of v): rec.accepted and
@@ -217,8 +222,8 @@ class OnlineBatch {
     std::vector<std::vector<double>> p(static_cast<size_t>(k) + 1), q(static_cast<size_t>(k));
     for (int i = 0; i < k; ++i)
       p[static_cast<size_t>(i)] = drafter::transformed_probabilities(
-          std::span<const bf16>(v.logits.data() + static_cast<size_t>(first + i) * V_, V_), t.temperature, t.top_k,
-          t.top_p);
+          std::span<const bf16>(v.logits.data() + static_cast<size_t>(first + i) * V_, V_), t.temperature,
+          t.top_k, t.top_p);
     const int L = l.L;
     const SpeculativeStep st = speculative_step(
         p, q, rec.drafts, [&](int i) { return verify_uniform(smp.seed, index, L + 1 + i); },
@@ -236,8 +241,8 @@ class OnlineBatch {
     const int rows = l.L + a;
     const int from = batch_->seq_len(s);
     const int n = rows - from;
-    MTP_REQUIRE(n >= 0, "online: sequence ", l.seq.index, ": the drafter holds ", from, " rows, more than the ",
-                rows, " verified");
+    MTP_REQUIRE(n >= 0, "online: sequence ", l.seq.index, ": the drafter holds ", from,
+                " rows, more than the ", rows, " verified");
     drafter_->append_rows(*batch_, s, l.seq.tokens.data() + from + 1, hidden(l, from), n, from,
                           drafter::Phase::catch_up);
   }
@@ -310,8 +315,8 @@ int64_t run_online(drafter::Target& target, drafter::MtpDrafter* drafter, std::s
   if (drafter)
     MTP_REQUIRE(run.draft_len <= drafter->options().draft_len, "online: draft_len ", run.draft_len,
                 " exceeds the drafter's ", drafter->options().draft_len);
-  MTP_REQUIRE(run.batch_size >= 1 && run.batch_size <= drafter::kMaxBatch, "online: batch_size ", run.batch_size,
-              " outside 1..", drafter::kMaxBatch);
+  MTP_REQUIRE(run.batch_size >= 1 && run.batch_size <= drafter::kMaxBatch, "online: batch_size ",
+              run.batch_size, " outside 1..", drafter::kMaxBatch);
   MTP_REQUIRE(run.max_new_tokens >= 1, "online: max_new_tokens ", run.max_new_tokens, " < 1");
   if (run.sampling)
     MTP_REQUIRE(run.sampling->proposal == DraftProposal::greedy,

@@ -145,8 +145,9 @@ struct SpeculativeStep {
   int32_t residual_token = -1;
   std::vector<float> accept_prob;
 };
-SpeculativeStep speculative_step(std::span<const std::vector<double>> p, std::span<const std::vector<double>> q,
-                                 std::span<const int32_t> drafts, const std::function<double(int)>& coin,
+SpeculativeStep speculative_step(std::span<const std::vector<double>> p,
+                                 std::span<const std::vector<double>> q, std::span<const int32_t> drafts,
+                                 const std::function<double(int)>& coin,
                                  const std::function<double(int)>& draw);
 
 }  // namespace mtplab::harness

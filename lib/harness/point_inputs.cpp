@@ -77,8 +77,8 @@ const std::vector<io::TraceSequence>& PointInputs::trace(const PointConfig& p) {
                                       p.trace.prompt_len + p.trace.new_tokens);
       const int batch = std::min(p.trace.batch, std::max(count, 1));
       trace_ = drafter::synthetic_trace(
-          target, cfg.vocab, count, p.trace.prompt_len, p.trace.new_tokens, p.trace.seed, p.trace.sampling, batch,
-          [&](int done) {
+          target, cfg.vocab, count, p.trace.prompt_len, p.trace.new_tokens, p.trace.seed, p.trace.sampling,
+          batch, [&](int done) {
             const auto now = Clock::now();
             if (done < count && now - last_log > std::chrono::seconds(10)) {
               last_log = now;
@@ -87,8 +87,9 @@ const std::vector<io::TraceSequence>& PointInputs::trace(const PointConfig& p) {
             }
           });
       log_info("synthetic trace: ", count, " sequence(s) of ", p.trace.prompt_len, " + ", p.trace.new_tokens,
-               " tokens (", p.trace.sampling.describe(), ") from a ", p.trace.layers, "-layer target, ", batch,
-               " at a time, in ", format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
+               " tokens (", p.trace.sampling.describe(), ") from a ", p.trace.layers, "-layer target, ",
+               batch, " at a time, in ",
+               format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
     }
     broadcast_trace(trace_, cfg.hidden, world_, rank_);
   } else {

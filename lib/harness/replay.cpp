@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <deque>
-#include <optional>
 #include <limits>
+#include <optional>
 
 #include "core/error.hpp"
 #include "core/hash.hpp"
@@ -178,7 +178,8 @@ std::vector<StepRecord> replay_sequence(drafter::MtpDrafter& drafter, const io::
   if (sampling) logp.emplace_back(target_logprob.begin(), target_logprob.end());
   std::vector<StepRecord> steps;
   const BatchReplayHooks batch_hooks = detail::one_sequence_hooks(hooks, k, steps, &stats);
-  replay_batched(drafter, std::span<const io::TraceSequence>(&one, 1), 1, k, hidden, batch_hooks, sampling, logp);
+  replay_batched(drafter, std::span<const io::TraceSequence>(&one, 1), 1, k, hidden, batch_hooks, sampling,
+                 logp);
   return steps;
 }
 

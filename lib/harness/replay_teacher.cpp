@@ -26,7 +26,8 @@ std::vector<StepRecord> replay_teacher_forced(drafter::MtpDrafter& drafter, cons
   const io::TraceSequence& one = detail::indexed(seq, sequence_index, copy);
   std::vector<StepRecord> steps;
   const BatchReplayHooks batch_hooks = detail::one_sequence_hooks(hooks, k, steps, nullptr);
-  replay_teacher_forced_batched(drafter, std::span<const io::TraceSequence>(&one, 1), 1, k, hidden, batch_hooks);
+  replay_teacher_forced_batched(drafter, std::span<const io::TraceSequence>(&one, 1), 1, k, hidden,
+                                batch_hooks);
   return steps;
 }
 

@@ -100,12 +100,12 @@ struct PointResult {
   /// as the timing columns (the row's step's, max over ranks); empty for a replay point.
   bool online = false;
   std::vector<double> draft_ms, verify_ms;
-  std::vector<int32_t> drafts, targets;                ///< [rows, k]
+  std::vector<int32_t> drafts, targets;  ///< [rows, k]
   /// [rows, k] the head's top-1 minus top-2 logit and log q of each draft (drafter::DraftStats),
   /// rank 0's (every rank computes the same); empty when the point did not record them.
   std::vector<float> draft_margin, draft_logprob;
-  std::vector<float> accept_prob;                      ///< [rows, k] a_i (StepRecord::accept_prob)
-  std::vector<double> expected_accepted;               ///< [rows] StepRecord::expected_accepted()
+  std::vector<float> accept_prob;         ///< [rows, k] a_i (StepRecord::accept_prob)
+  std::vector<double> expected_accepted;  ///< [rows] StepRecord::expected_accepted()
   // Per sequence (repeat 0).
   std::vector<int32_t> seq_index, seq_prompt_len, seq_length, seq_steps;
   std::vector<double> seq_prefill_ms;

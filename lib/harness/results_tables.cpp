@@ -67,16 +67,30 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
   const Group points = f.open_group("points");
   const std::vector<std::string> names = points.children();
   const std::vector<std::string> axes = string_list_attr(f, "sweep_axes");
-  std::vector<std::string> float_cols = {
-      "acceptance_rate",   "tau",         "expected_acceptance_rate", "expected_tau",    "step_ms_median",
-      "step_ms_p90",       "step_ms_p99", "step_ms_ci95_lo",          "step_ms_ci95_hi", "step_ms_rel_spread",
-      "propose_ms_median", "wall_s",      "qidx_check_differ_rate",   "tokens_per_s_per_sequence",
-      "tokens_per_s_per_gpu"};
+  std::vector<std::string> float_cols = {"acceptance_rate",
+                                         "tau",
+                                         "expected_acceptance_rate",
+                                         "expected_tau",
+                                         "step_ms_median",
+                                         "step_ms_p90",
+                                         "step_ms_p99",
+                                         "step_ms_ci95_lo",
+                                         "step_ms_ci95_hi",
+                                         "step_ms_rel_spread",
+                                         "propose_ms_median",
+                                         "wall_s",
+                                         "qidx_check_differ_rate",
+                                         "tokens_per_s_per_sequence",
+                                         "tokens_per_s_per_gpu"};
   // qidx_check_*: -1 (NaN for the rate) where the point ran no selection check;
   // acceptance_meaningful: -1 where the point does not record it.
-  std::vector<std::string> int_cols = {
-      "point", "steps", "ranks_agree", "repeat_mismatches", "qidx_check_rows", "qidx_check_rows_differ",
-      "acceptance_meaningful"};
+  std::vector<std::string> int_cols = {"point",
+                                       "steps",
+                                       "ranks_agree",
+                                       "repeat_mismatches",
+                                       "qidx_check_rows",
+                                       "qidx_check_rows_differ",
+                                       "acceptance_meaningful"};
   // mode: "" for a point written before online runs existed (a replay); the tokens_per_s_*: NaN
   // for a replay point.
   std::vector<std::string> string_cols = {"name", "status", "label", "mode"};
@@ -91,7 +105,7 @@ void rebuild_index(H5File& f, const std::vector<Divergence>& divergence) {
     if (taken(a.name)) continue;
     (a.type == SettingType::integer ? int_cols
      : a.type == SettingType::real  ? float_cols
-                                : string_cols)
+                                    : string_cols)
         .push_back(a.name);
   }
   for (const auto& a : axes) {

@@ -50,7 +50,9 @@ void emit_node(const YAML::Node& n, YAML::Emitter& e) {
 
 // The value the old config records for arm `a` (its key, or its block's key), if any.
 std::optional<std::string> recorded(const YAML::Node& doc, const ArmSpec& a) {
-  const YAML::Node at = a.block().empty() ? doc[a.name] : doc[a.block()] ? doc[a.block()][a.key()] : YAML::Node();
+  const YAML::Node at = a.block().empty() ? doc[a.name]
+                        : doc[a.block()]  ? doc[a.block()][a.key()]
+                                          : YAML::Node();
   if (!at || !at.IsScalar()) return std::nullopt;
   return at.Scalar();
 }
@@ -155,7 +157,8 @@ void typed_assignment(Group& g, const H5File& in, const std::string& where) {
 }
 
 // The steps' columns and attributes that the steps determine and the old point lacks.
-void fill_from_steps(Group& g, const Group& src, const UpgradedConfig& u, const std::string& where, Tally& tally) {
+void fill_from_steps(Group& g, const Group& src, const UpgradedConfig& u, const std::string& where,
+                     Tally& tally) {
   Group steps = g.open_group("steps");
   const std::vector<int32_t> repeat = steps.open_dataset("repeat").read<int32_t>();
   const std::vector<int32_t> sequence = steps.open_dataset("sequence").read<int32_t>();
@@ -293,17 +296,18 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
     std::vector<std::string> keys = {inputs[0].first}, values = {inputs[0].second};
     o.set_attr(results_format::kIdentityKeysAttr, keys);
     o.set_attr(results_format::kIdentityValuesAttr, values);
-    report.notes.push_back("identity inputs: not recorded in the old file; the new file resumes and merges "
-                           "only with files upgraded from its kind");
+    report.notes.push_back(
+        "identity inputs: not recorded in the old file; the new file resumes and merges "
+        "only with files upgraded from its kind");
   }
   o.set_attr("experiment_identity",
-             results_identity(configuration_text(f.attr_string("experiment_yaml"), f.attr_int("world_size")), inputs));
+             results_identity(configuration_text(f.attr_string("experiment_yaml"), f.attr_int("world_size")),
+                              inputs));
   for (const auto& axis : results_format::string_list_attr(f, "sweep_axes")) {
     const std::string type_attr = results_format::axis_type_attr(axis);
     if (!o.has_attr(type_attr))
-      o.set_attr(type_attr,
-                 to_string(axis_value_type(
-                     axis, results_format::string_list_attr(f, results_format::axis_values_attr(axis)))));
+      o.set_attr(type_attr, to_string(axis_value_type(axis, results_format::string_list_attr(
+                                                                f, results_format::axis_values_attr(axis)))));
   }
   o.set_attr("arms", arm_names());
   o.set_attr("upgraded_from", in);
@@ -321,9 +325,9 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
     Group g = points.create_group(name);
     results_format::copy_group(src, g);
     MTP_REQUIRE(src.has_attr("config"), where, ": point without a config attribute");
-    const UpgradedConfig u = upgrade_config(src.attr_string("config"), where, [&](const ArmSpec& a, const YAML::Node& doc) {
-      return absent_value(a, doc, src);
-    });
+    const UpgradedConfig u =
+        upgrade_config(src.attr_string("config"), where,
+                       [&](const ArmSpec& a, const YAML::Node& doc) { return absent_value(a, doc, src); });
     for (const auto& a : u.filled) ++filled_arms[a];
     fill_from_steps(g, src, u, where, computed);
     if (!g.has_attr("acceptance_meaningful")) {
@@ -346,9 +350,9 @@ UpgradeReport upgrade_results(const std::string& in, const std::string& out_arg,
   for (const ArmSpec& a : arm_registry())
     if (filled_arms.count(a.name)) by_count[filled_arms.at(a.name)].push_back(a.name);
   for (const auto& [count, arms] : by_count)
-    report.notes.push_back(str("written where the old file left them out (", count,
-                               " point(s); at the default, record_margins as the point recorded margins): ",
-                               join(arms, ", ")));
+    report.notes.push_back(
+        str("written where the old file left them out (", count,
+            " point(s); at the default, record_margins as the point recorded margins): ", join(arms, ", ")));
   for (const auto& [what, count] : computed)
     report.notes.push_back(str("computed from the steps: ", what, " (", count, " point(s))"));
   if (from_weights)

@@ -190,8 +190,8 @@ std::string schema_problem(const io::H5File& f, const std::string& path, const s
                kResultsSchemaVersion, " only: run `mtplab upgrade ", path,
                " NEW.h5` and use NEW.h5 (docs/results-schema.md, \"Upgrading older files\")");
   if (version > kResultsSchemaVersion)
-    return str(path, ": results schema version ", version, ", written by a newer mtplab; this one reads version ",
-               kResultsSchemaVersion);
+    return str(path, ": results schema version ", version,
+               ", written by a newer mtplab; this one reads version ", kResultsSchemaVersion);
   return "";
 }
 
@@ -249,9 +249,10 @@ std::vector<std::string> provenance_environment() {
 
 AcceptanceMeaning acceptance_meaning(const WeightsSpec& weights) {
   if (!weights.synthetic) return {};
-  return {false, str("synthetic weights (seed ", weights.seed,
-                     "): the drafter is random and unrelated to the target that made the trace, so its drafts "
-                     "are accepted by chance only; acceptance needs a checkpoint's weights (docs/acceptance.md)")};
+  return {false,
+          str("synthetic weights (seed ", weights.seed,
+              "): the drafter is random and unrelated to the target that made the trace, so its drafts "
+              "are accepted by chance only; acceptance needs a checkpoint's weights (docs/acceptance.md)")};
 }
 
 AcceptanceMeaning acceptance_meaning_of_config(const std::string& config_yaml, const std::string& where) {
@@ -442,8 +443,9 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
               point.name(), ": the step table's batch columns hold ", r.batch_step.size(), ", ",
               r.batch_rows.size(), " and ", r.batch_experts.size(), " rows for ", rows, " steps");
   H5File f = H5File::open_append(path);
-  MTP_REQUIRE(f.attr_string("experiment_identity") == results_identity(ex.configuration, prov.identity_inputs),
-              path, ": was replaced by a file of another experiment while this run was going");
+  MTP_REQUIRE(
+      f.attr_string("experiment_identity") == results_identity(ex.configuration, prov.identity_inputs), path,
+      ": was replaced by a file of another experiment while this run was going");
   Group points = f.open_group("points");
   if (points.exists(point.name())) points.remove(point.name());
   Group g = points.create_group(point.name());
@@ -528,14 +530,15 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   const AcceptanceMeaning meaning = acceptance_meaning(point.weights);
   g.set_attr("acceptance_meaningful", meaning.meaningful);
   g.set_attr("acceptance_note", meaning.reason);
-  results_format::write_acceptance_reading(g, point.index, point.arms.replay.replay == ReplayMode::teacher_forced,
-                                           r);
+  results_format::write_acceptance_reading(g, point.index,
+                                           point.arms.replay.replay == ReplayMode::teacher_forced, r);
   if (r.online) {
     // Tokens per second over the measured steps, with intervals over sequences (uncertainty.hpp).
-    const Throughput t = online_throughput(r.sequence, r.accepted, r.warmup, r.timing[0], r.batch_rows, prov.world,
-                                           acceptance_bootstrap_seed(point.index));
+    const Throughput t = online_throughput(r.sequence, r.accepted, r.warmup, r.timing[0], r.batch_rows,
+                                           prov.world, acceptance_bootstrap_seed(point.index));
     g.set_attr("tokens_per_s_per_sequence", t.per_sequence);
-    g.set_attr("tokens_per_s_per_sequence_ci", std::vector<double>{t.per_sequence_ci.lo, t.per_sequence_ci.hi});
+    g.set_attr("tokens_per_s_per_sequence_ci",
+               std::vector<double>{t.per_sequence_ci.lo, t.per_sequence_ci.hi});
     g.set_attr("tokens_per_s_per_gpu", t.per_gpu);
     g.set_attr("tokens_per_s_per_gpu_ci", std::vector<double>{t.per_gpu_ci.lo, t.per_gpu_ci.hi});
     g.set_attr("measured_tokens", t.tokens);
@@ -561,8 +564,8 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
   for (size_t c = 0; c < timing_columns().size(); ++c)
     steps.write(timing_columns()[c], r.timing[c], results_format::column_options());
   if (r.online) {
-    MTP_REQUIRE(r.draft_ms.size() == n && r.verify_ms.size() == n, point.name(), ": ", r.draft_ms.size(), " and ",
-                r.verify_ms.size(), " draft / verify times for ", n, " steps");
+    MTP_REQUIRE(r.draft_ms.size() == n && r.verify_ms.size() == n, point.name(), ": ", r.draft_ms.size(),
+                " and ", r.verify_ms.size(), " draft / verify times for ", n, " steps");
     steps.write("draft_ms", r.draft_ms, results_format::column_options());
     steps.write("verify_ms", r.verify_ms, results_format::column_options());
   }
@@ -607,7 +610,8 @@ void append_point(const std::string& path, const Experiment& ex, const PointConf
     const std::vector<double>& column = *timed[c].second;
     // Each (batched) step once: its first row (every row of a step carries the step's times).
     for (size_t row = 0; row < n; ++row)
-      if (!r.warmup[row] && (row == 0 || r.batch_step[row] != r.batch_step[row - 1])) x.push_back(column[row]);
+      if (!r.warmup[row] && (row == 0 || r.batch_step[row] != r.batch_step[row - 1]))
+        x.push_back(column[row]);
     const Summary s = summarize(x, 0x5EED0000ull + static_cast<uint64_t>(point.index) * 64 + c);
     metric.push_back(timed[c].first);
     count.push_back(s.n);

@@ -127,13 +127,8 @@ struct Context {
 // and head, or a checkpoint's trunk; the caches sized for the longest prompt + max_new_tokens.
 // Its caches are BF16 (the synthetic trace's target's); kv_cache_dtype is the drafter's.
 drafter::Target& online_target(Context& c, const PointConfig& p, model::MtpWeights& w, int positions) {
-  OnlineTargetKey key{p.model,
-                      p.weights,
-                      p.online,
-                      p.arms.drafter.head_sharding,
-                      p.arms.drafter.exchange,
-                      positions,
-                      c.comm};
+  OnlineTargetKey key{p.model,   p.weights, p.online, p.arms.drafter.head_sharding, p.arms.drafter.exchange,
+                      positions, c.comm};
   if (c.target && c.target_key && *c.target_key == key) return *c.target;
   c.target.reset();
   c.target_key.reset();
@@ -149,7 +144,8 @@ drafter::Target& online_target(Context& c, const PointConfig& p, model::MtpWeigh
                                            static_cast<uint64_t>(p.online.target_seed), o);
   if (c.rank == 0)
     log_info("online target: ", p.online.target_layers, " ", to_string(p.online.target), " layer(s)",
-             p.online.target == TargetSource::synthetic ? str(" (seed ", p.online.target_seed, ")") : std::string(),
+             p.online.target == TargetSource::synthetic ? str(" (seed ", p.online.target_seed, ")")
+                                                        : std::string(),
              ", caches of ", c.target->capacity(), " positions, in ",
              format_duration(std::chrono::duration<double>(Clock::now() - t0).count()));
   c.target_key = std::move(key);
@@ -210,7 +206,8 @@ std::vector<std::string> kernels_over_ranks(const Context& c) {
     for (const std::string& line : split(text, '\n')) {
       if (line.empty()) continue;
       const size_t tab = line.find('\t');
-      entries.emplace_back(line.substr(0, tab), tab == std::string::npos ? std::string() : line.substr(tab + 1));
+      entries.emplace_back(line.substr(0, tab),
+                           tab == std::string::npos ? std::string() : line.substr(tab + 1));
     }
   }
   return kernel_record_entries(per_rank);
@@ -340,7 +337,8 @@ bool run_point(Context& c, const PointConfig& p, Progress& progress, PointResult
     if (teacher_forced)
       replay_teacher_forced_batched(*drafter, seqs, batch, k, p.model.hidden, hooks);
     else
-      replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks, sampling ? &verify : nullptr, target_logp);
+      replay_batched(*drafter, seqs, batch, k, p.model.hidden, hooks, sampling ? &verify : nullptr,
+                     target_logp);
     rec.end_repeat();
   }
   r.selection_checked = drafter->checks_selection();
@@ -545,8 +543,8 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
     progress.point_end(str("acceptance ", r.acceptance.rate(), ", tau ", r.acceptance.tau(),
                            meaning.meaningful ? "" : " (not meaningful: synthetic weights)", ", step median ",
                            s.median, " ms (", r.acceptance.steps, " steps)"));
-    table.push_back({str("p", i), p.label(), fixed(r.acceptance.rate(), 3) + mark, fixed(r.acceptance.tau(), 3) + mark,
-                     fixed(s.median, 4), fixed(s.p90, 4),
+    table.push_back({str("p", i), p.label(), fixed(r.acceptance.rate(), 3) + mark,
+                     fixed(r.acceptance.tau(), 3) + mark, fixed(s.median, 4), fixed(s.p90, 4),
                      str("[", fixed(s.ci95_lo, 4), ", ", fixed(s.ci95_hi, 4), "]"), fixed(s.rel_spread, 3)});
     qidx_column.push_back(r.selection_checked
                               ? str(r.selection_check.rows_differ, "/", r.selection_check.rows_checked, " (",
@@ -555,8 +553,8 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
     any_qidx = any_qidx || r.selection_checked;
     expected_column.push_back(fixed(r.acceptance.expected_tau(), 3));
     if (r.online) {
-      const Throughput t = online_throughput(r.sequence, r.accepted, r.warmup, r.timing[0], r.batch_rows, rt.world(),
-                                             acceptance_bootstrap_seed(p.index));
+      const Throughput t = online_throughput(r.sequence, r.accepted, r.warmup, r.timing[0], r.batch_rows,
+                                             rt.world(), acceptance_bootstrap_seed(p.index));
       per_sequence_column.push_back(fixed(t.per_sequence, 1));
       per_gpu_column.push_back(fixed(t.per_gpu, 1));
       any_online = true;
@@ -588,8 +586,9 @@ int run_experiment(dist::Runtime& rt, const Preflight& pre, const RunOptions& op
   if (rank == 0) {
     if (table.size() > 1) print_table(table);
     if (any_not_meaningful) {
-      std::printf("* acceptance and tau not meaningful: synthetic weights, a random drafter unrelated to the target "
-                  "that made the trace (acceptance_note in the results file)\n");
+      std::printf(
+          "* acceptance and tau not meaningful: synthetic weights, a random drafter unrelated to the target "
+          "that made the trace (acceptance_note in the results file)\n");
       std::fflush(stdout);
     }
     log_info("done: ", completed, " point(s) written to ", pre.output);

@@ -11,13 +11,16 @@ double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_c
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 // Positions a sequence's replay walks through (at least 1, so that an empty one still counts).
-int64_t positions_of(const RecordedSequence& s) { return std::max<int64_t>(1, s.length - 1 - s.prompt_length); }
+int64_t positions_of(const RecordedSequence& s) {
+  return std::max<int64_t>(1, s.length - 1 - s.prompt_length);
+}
 }  // namespace
 
 std::vector<RecordedSequence> recorded_sequences(const std::vector<io::TraceSequence>& seqs) {
   std::vector<RecordedSequence> out;
   out.reserve(seqs.size());
-  for (const io::TraceSequence& s : seqs) out.push_back(RecordedSequence{s.index, s.prompt_length, s.length()});
+  for (const io::TraceSequence& s : seqs)
+    out.push_back(RecordedSequence{s.index, s.prompt_length, s.length()});
   return out;
 }
 

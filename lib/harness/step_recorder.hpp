@@ -41,8 +41,8 @@ std::vector<RecordedSequence> recorded_sequences(const std::vector<io::TraceSequ
 class StepRecorder {
  public:
   /// `seqs`: the point's sequences, in the order the replay (or online run) takes them.
-  StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p, std::vector<RecordedSequence> seqs,
-               PointResult& r);
+  StepRecorder(ops::Backend& be, EventPhaseTimer& timer, const PointConfig& p,
+               std::vector<RecordedSequence> seqs, PointResult& r);
 
   /// Starts repeat `rep` (0-based).
   void begin_repeat(int rep);
@@ -88,7 +88,7 @@ class StepRecorder {
   std::vector<double> prefill_ms_;
   std::vector<int32_t> seq_steps_;
   std::vector<int64_t> advanced_;
-  std::vector<int64_t> length_;   // the positions a sequence held when it left (repeat 0; 0: its given length)
+  std::vector<int64_t> length_;  // the positions a sequence held when it left (repeat 0; 0: its given length)
   std::vector<uint8_t> started_;  // prefilled in this repeat (a step limit may stop before some)
   int64_t total_positions_ = 0, positions_done_ = 0;
 };

@@ -17,8 +17,8 @@ namespace mtplab::harness {
 /// Milliseconds per phase since the last collect(). Per-draft phases are indexed by draft.
 struct PhaseTimes {
   double prefill = 0, propose = 0, after_verify = 0, catch_up = 0;
-  double stats = 0;                           ///< the drafts' DraftStats pass after a propose (sampling, margins)
-  double verify = 0;                          ///< the target's verify forward (online runs)
+  double stats = 0;   ///< the drafts' DraftStats pass after a propose (sampling, margins)
+  double verify = 0;  ///< the target's verify forward (online runs)
   std::vector<double> block, head, exchange;  ///< [max_draft]
   double block_total() const;
   double head_total() const;

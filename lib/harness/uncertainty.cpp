@@ -121,8 +121,8 @@ Throughput online_throughput(std::span<const int32_t> sequence, std::span<const 
                              std::span<const int32_t> batch_rows, int world, uint64_t seed, int resamples) {
   const size_t n = sequence.size();
   MTP_REQUIRE(accepted.size() == n && warmup.size() == n && step_ms.size() == n && batch_rows.size() == n,
-              "online_throughput: columns of ", n, ", ", accepted.size(), ", ", warmup.size(), ", ", step_ms.size(),
-              " and ", batch_rows.size(), " rows");
+              "online_throughput: columns of ", n, ", ", accepted.size(), ", ", warmup.size(), ", ",
+              step_ms.size(), " and ", batch_rows.size(), " rows");
   MTP_REQUIRE(world >= 1, "online_throughput: world ", world);
   std::map<int32_t, size_t> at;
   std::vector<double> tokens, time, share;

@@ -87,8 +87,8 @@ struct Throughput {
   double per_sequence = std::numeric_limits<double>::quiet_NaN();
   double per_gpu = std::numeric_limits<double>::quiet_NaN();
   Interval per_sequence_ci, per_gpu_ci;
-  int64_t tokens = 0;   ///< tokens emitted by the measured steps
-  double seconds = 0;   ///< the measured steps' time
+  int64_t tokens = 0;  ///< tokens emitted by the measured steps
+  double seconds = 0;  ///< the measured steps' time
 };
 /// Parallel spans over step rows; step_ms in milliseconds.
 Throughput online_throughput(std::span<const int32_t> sequence, std::span<const int32_t> accepted,

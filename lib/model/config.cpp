@@ -185,8 +185,9 @@ void ModelConfig::validate(int tp, int ep) const {
   MTP_REQUIRE(!lm_head_name.empty(), where("checkpoint.lm_head"), ": lm_head name is empty");
 
   // The target's trunk.
-  MTP_REQUIRE(num_hidden_layers == 0 || first_k_dense_replace <= num_hidden_layers, where("first_k_dense_replace"),
-              ": first_k_dense_replace ", first_k_dense_replace, " exceeds num_hidden_layers ", num_hidden_layers);
+  MTP_REQUIRE(num_hidden_layers == 0 || first_k_dense_replace <= num_hidden_layers,
+              where("first_k_dense_replace"), ": first_k_dense_replace ", first_k_dense_replace,
+              " exceeds num_hidden_layers ", num_hidden_layers);
   MTP_REQUIRE(first_k_dense_replace == 0 || intermediate_size > 0, where("intermediate_size"),
               ": intermediate_size must be positive when first_k_dense_replace is ", first_k_dense_replace,
               " (it is the width of the dense MLP of trunk layers 0 .. ", first_k_dense_replace - 1, ")");

@@ -351,15 +351,17 @@ void read_dense_layers(Fields& text, ModelConfig& c) {
       const std::string kind = item.as_string();
       if (kind == "dense") {
         if (sparse_seen)
-          item.fail("value \"dense\" after a \"sparse\" layer is not supported: mtplab's target runs its dense-MLP "
-                    "layers first (first_k_dense_replace), then routed-expert layers");
+          item.fail(
+              "value \"dense\" after a \"sparse\" layer is not supported: mtplab's target runs its dense-MLP "
+              "layers first (first_k_dense_replace), then routed-expert layers");
         ++leading;
       } else if (kind == "sparse") {
         sparse_seen = true;
       } else {
-        item.fail(str("value ", value_text(item),
-                      " is not supported: a trunk layer's MLP is \"dense\" (gate / up / down of intermediate_size) "
-                      "or \"sparse\" (routed experts)"));
+        item.fail(
+            str("value ", value_text(item),
+                " is not supported: a trunk layer's MLP is \"dense\" (gate / up / down of intermediate_size) "
+                "or \"sparse\" (routed experts)"));
       }
     }
     if (dense && *dense != leading)
@@ -371,9 +373,10 @@ void read_dense_layers(Fields& text, ModelConfig& c) {
   }
   c.first_k_dense_replace = dense.value_or(0);
   if (auto n = text.get("moe_layer_freq"); n && !n->is_null() && n->as_int() != 1)
-    n->fail(str("value ", value_text(*n),
-                " is not supported: every trunk layer after the first first_k_dense_replace has routed experts "
-                "(moe_layer_freq 1)"));
+    n->fail(
+        str("value ", value_text(*n),
+            " is not supported: every trunk layer after the first first_k_dense_replace has routed experts "
+            "(moe_layer_freq 1)"));
 }
 
 }  // namespace

@@ -15,7 +15,16 @@ namespace mtplab::model {
 namespace {
 
 /// Which part of the whole tensor this rank keeps.
-enum class Split { whole, vocab_rows, head_rows, head_cols, shared_rows, shared_cols, dense_rows, dense_cols };
+enum class Split {
+  whole,
+  vocab_rows,
+  head_rows,
+  head_cols,
+  shared_rows,
+  shared_cols,
+  dense_rows,
+  dense_cols
+};
 
 struct Spec {
   std::string canonical;      ///< the name synthetic values are keyed on
@@ -67,7 +76,8 @@ Block block_of(const Spec& s, const ShardPlan& plan) {
 /// Shapes a block's attention and indexer tensors for `plan` through `set(tensor, shape)` (the MTP
 /// layer and every trunk layer share them).
 template <typename Set>
-void shape_attention(const ModelConfig& c, const ShardPlan& plan, AttentionWeights& a, IndexerWeights& x, Set& set) {
+void shape_attention(const ModelConfig& c, const ShardPlan& plan, AttentionWeights& a, IndexerWeights& x,
+                     Set& set) {
   const int64_t H = c.hidden, nh = plan.heads.count;
   set(a.q_a_proj, {c.q_lora_rank, H});
   set(a.q_a_layernorm, {c.q_lora_rank});
@@ -150,10 +160,18 @@ struct SpecList {
 /// The embedding and this rank's lm_head rows (the trunk's, which the MTP layer reads).
 void add_trunk_specs(const ModelConfig& c, std::vector<Spec>& specs, TensorBF16& embed, TensorBF16& lm_head) {
   const int64_t H = c.hidden, V = c.vocab;
-  specs.push_back(Spec{"embed_tokens.weight", c.embed_tokens_name, {V, H}, Split::whole, 0, 0.0f, 1.0f, &embed,
-                       nullptr, 0});
-  specs.push_back(Spec{"lm_head.weight", c.lm_head_name, {V, H}, Split::vocab_rows, 0, 0.0f,
-                       3.0f * SpecList::inv_sqrt(H), &lm_head, nullptr, 0});
+  specs.push_back(Spec{
+      "embed_tokens.weight", c.embed_tokens_name, {V, H}, Split::whole, 0, 0.0f, 1.0f, &embed, nullptr, 0});
+  specs.push_back(Spec{"lm_head.weight",
+                       c.lm_head_name,
+                       {V, H},
+                       Split::vocab_rows,
+                       0,
+                       0.0f,
+                       3.0f * SpecList::inv_sqrt(H),
+                       &lm_head,
+                       nullptr,
+                       0});
 }
 
 /// MLA attention and the pooled indexer of one block.
@@ -162,8 +180,8 @@ void add_attention_specs(const ModelConfig& c, SpecList& l, AttentionWeights& a,
   const int64_t nh_all = c.n_heads;
   l.proj("self_attn.q_a_proj.weight", {c.q_lora_rank, H}, &a.q_a_proj);
   l.norm("self_attn.q_a_layernorm.weight", c.q_lora_rank, &a.q_a_layernorm);
-  l.proj("self_attn.q_b_proj.weight", {nh_all * c.qk_head_dim(), c.q_lora_rank}, &a.q_b_proj, Split::head_rows,
-         c.qk_head_dim());
+  l.proj("self_attn.q_b_proj.weight", {nh_all * c.qk_head_dim(), c.q_lora_rank}, &a.q_b_proj,
+         Split::head_rows, c.qk_head_dim());
   l.proj("self_attn.kv_a_proj_with_mqa.weight", {c.kv_a_rows(), H}, &a.kv_a_proj_with_mqa);
   l.norm("self_attn.kv_a_layernorm.weight", c.kv_lora_rank, &a.kv_a_layernorm);
   l.proj("self_attn.kv_b_proj.weight", {nh_all * c.kv_b_head_rows(), c.kv_lora_rank}, &a.kv_b_proj,
@@ -178,7 +196,8 @@ void add_attention_specs(const ModelConfig& c, SpecList& l, AttentionWeights& a,
   l.proj("self_attn.indexer.weights_proj.weight", {c.index_n_heads, H}, &x.weights_proj);
   l.proj("self_attn.indexer.index_kpool_compress_gate", {D, H}, &x.compress_gate);
   // ape shifts a pool's softmax per position; 0.5 makes it matter (HF initialises it to 0).
-  l.add("self_attn.indexer.index_kpool_compress_ape", {c.index_kpool, D}, 0.0f, 0.5f, nullptr, &x.compress_ape);
+  l.add("self_attn.indexer.index_kpool_compress_ape", {c.index_kpool, D}, 0.0f, 0.5f, nullptr,
+        &x.compress_ape);
 }
 
 /// The router, this rank's routed experts and its slice of the shared expert.
@@ -186,7 +205,8 @@ void add_moe_specs(const ModelConfig& c, const ShardPlan& plan, SpecList& l, Moe
   const int64_t H = c.hidden, I = c.moe_intermediate_size, SI = c.shared_intermediate();
   l.proj("mlp.gate.weight", {c.n_routed_experts, H}, &m.gate);
   // Comparable to the gaps between the top sigmoid scores, so a router that ignores it differs.
-  l.add("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, 0.0f, 0.05f, nullptr, &m.e_score_correction_bias);
+  l.add("mlp.gate.e_score_correction_bias", {c.n_routed_experts}, 0.0f, 0.05f, nullptr,
+        &m.e_score_correction_bias);
   for (int64_t le = 0; le < plan.experts.count; ++le) {
     const int64_t e = plan.experts.begin + le;
     const std::string p = str("mlp.experts.", e, ".");
@@ -246,8 +266,16 @@ std::vector<Spec> layer_specs(const ModelConfig& c, const ShardPlan& plan, Layer
 /// The final norm's spec: the values of the MTP layer's shared_head.norm under the same seed (the
 /// synthetic target's final norm, docs/weights.md), the name checkpoint.final_norm.
 Spec final_norm_spec(const ModelConfig& c, TensorBF16& final_norm) {
-  return Spec{"shared_head.norm.weight", c.final_norm_name, {c.hidden}, Split::whole, 0, 1.0f,
-              SpecList::kNormNoise, &final_norm, nullptr, 0};
+  return Spec{"shared_head.norm.weight",
+              c.final_norm_name,
+              {c.hidden},
+              Split::whole,
+              0,
+              1.0f,
+              SpecList::kNormNoise,
+              &final_norm,
+              nullptr,
+              0};
 }
 
 /// Shapes one trunk layer's tensors for `plan` (w.index and w.dense set) and sizes their storage.
@@ -304,7 +332,9 @@ void parallel_rows(int64_t rows, int64_t cols, F fn) {
 uint64_t tensor_key(uint64_t seed, std::string_view name) {
   return splitmix64_mix(seed ^ splitmix64_mix(fnv1a64(name)));
 }
-uint64_t element_bits(uint64_t key, uint64_t index) { return splitmix64_mix(key + (index + 1) * kSplitmix64Gamma); }
+uint64_t element_bits(uint64_t key, uint64_t index) {
+  return splitmix64_mix(key + (index + 1) * kSplitmix64Gamma);
+}
 
 /// Uniform in (-1, 1), symmetric, from the top 24 bits.
 double uniform_pm1(uint64_t bits) {
@@ -415,17 +445,17 @@ bool whole_plan(const ModelConfig& c, const ShardPlan& p) {
 
 size_t attention_bytes(const AttentionWeights& a, const IndexerWeights& x) {
   size_t n = x.compress_ape.bytes();
-  for (const TensorBF16* t : {&a.q_a_proj, &a.q_a_layernorm, &a.q_b_proj, &a.kv_a_proj_with_mqa, &a.kv_a_layernorm,
-                              &a.kv_b_proj, &a.o_proj, &x.wq_b, &x.wk, &x.k_norm_weight, &x.k_norm_bias,
-                              &x.weights_proj, &x.compress_gate})
+  for (const TensorBF16* t :
+       {&a.q_a_proj, &a.q_a_layernorm, &a.q_b_proj, &a.kv_a_proj_with_mqa, &a.kv_a_layernorm, &a.kv_b_proj,
+        &a.o_proj, &x.wq_b, &x.wk, &x.k_norm_weight, &x.k_norm_bias, &x.weights_proj, &x.compress_gate})
     n += t->bytes();
   return n;
 }
 
 size_t moe_bytes(const MoeWeights& m) {
   size_t n = m.e_score_correction_bias.bytes();
-  for (const TensorBF16* t :
-       {&m.gate, &m.experts_gate, &m.experts_up, &m.experts_down, &m.shared_gate, &m.shared_up, &m.shared_down})
+  for (const TensorBF16* t : {&m.gate, &m.experts_gate, &m.experts_up, &m.experts_down, &m.shared_gate,
+                              &m.shared_up, &m.shared_down})
     n += t->bytes();
   return n;
 }
@@ -479,7 +509,8 @@ uint64_t synthetic_bits(uint64_t seed, std::string_view name, uint64_t index) {
   return element_bits(tensor_key(seed, name), index);
 }
 
-MtpWeights synthesize_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan, uint64_t seed, unsigned parts) {
+MtpWeights synthesize_mtp_weights(const ModelConfig& cfg, const ShardPlan& plan, uint64_t seed,
+                                  unsigned parts) {
   check_plan(cfg, plan);
   MTP_REQUIRE(parts != 0 && (parts & ~kAllParts) == 0, "synthesize_mtp_weights: parts ", parts,
               " is not a non-empty combination of kEmbedPart, kHeadPart, kNormParts, kLayerPart");
@@ -529,7 +560,8 @@ namespace {
 /// Trunk layer `index` shaped for `plan`, each tensor filled by fill(spec) (`what`: the caller,
 /// for errors).
 template <typename Fill>
-LayerWeights make_layer(const char* what, const ModelConfig& cfg, const ShardPlan& plan, int index, Fill fill) {
+LayerWeights make_layer(const char* what, const ModelConfig& cfg, const ShardPlan& plan, int index,
+                        Fill fill) {
   check_plan(cfg, plan);
   MTP_REQUIRE(index >= 0, what, ": layer ", index);
   LayerWeights w;
@@ -542,7 +574,8 @@ LayerWeights make_layer(const char* what, const ModelConfig& cfg, const ShardPla
 
 }  // namespace
 
-LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, uint64_t seed) {
+LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index,
+                                      uint64_t seed) {
   return make_layer("synthesize_layer_weights", cfg, plan, index,
                     [&](const Spec& s) { synthesize(s, plan, seed); });
 }
@@ -609,7 +642,8 @@ TargetWeights load_target_trunk(const ModelConfig& cfg, const ShardPlan& plan, c
   return w;
 }
 
-LayerWeights load_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, const Checkpoint& ckpt) {
+LayerWeights load_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index,
+                                const Checkpoint& ckpt) {
   return make_layer("load_layer_weights", cfg, plan, index, [&](const Spec& s) { read_spec(ckpt, s, plan); });
 }
 

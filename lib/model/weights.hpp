@@ -181,7 +181,8 @@ void export_mtp_weights(const ModelConfig& cfg, const MtpWeights& whole, const s
 /// Synthetic weights of trunk layer `index` (dense when cfg.dense_layer(index)) under `seed`: the
 /// same canonical names, distributions and values as the block tensors of synthesize_mtp_weights
 /// under that seed; the dense MLP's canonical names are mlp.{gate,up,down}_proj.weight.
-LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, uint64_t seed);
+LayerWeights synthesize_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index,
+                                      uint64_t seed);
 
 /// The synthetic target's embedding, head rows and final norm (no layers): the embedding and
 /// lm_head of synthesize_mtp_weights under `weight_seed` (the MTP layer reads the target's embedding
@@ -202,7 +203,8 @@ TargetWeights synthesize_target_weights(const ModelConfig& cfg, const ShardPlan&
 TargetWeights load_target_trunk(const ModelConfig& cfg, const ShardPlan& plan, const Checkpoint& ckpt);
 /// Reads `plan`'s shard of trunk layer `index` (under cfg.layer_prefix(index); dense when
 /// cfg.dense_layer(index)) from a checkpoint.
-LayerWeights load_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index, const Checkpoint& ckpt);
+LayerWeights load_layer_weights(const ModelConfig& cfg, const ShardPlan& plan, int index,
+                                const Checkpoint& ckpt);
 /// load_target_trunk and the first `layers` trunk layers. A missing tensor or a wrong shape is an
 /// error naming the tensor and the file (the checkpoint's).
 TargetWeights load_target_weights(const ModelConfig& cfg, const ShardPlan& plan, int layers,

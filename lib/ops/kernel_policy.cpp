@@ -65,7 +65,8 @@ struct ChoiceField {
     return false;
   }
   static bool valid(const KernelPolicy& p) {
-    return std::any_of(table().begin(), table().end(), [&](const Choice<E>& c) { return c.value == p.*kMember; });
+    return std::any_of(table().begin(), table().end(),
+                       [&](const Choice<E>& c) { return c.value == p.*kMember; });
   }
   static bool from_env(KernelPolicy& p, const char* env) {
     const char* v = std::getenv(env);
@@ -169,7 +170,8 @@ constexpr Retired kRetired[] = {
 /// ", <why>" when (field, value) is retired ("" value: the field itself), else "".
 std::string retired_note(std::string_view field, std::string_view value) {
   for (const Retired& r : kRetired)
-    if (r.field == field && r.value == value) return str("; ", value.empty() ? field : value, " is retired: ", r.where);
+    if (r.field == field && r.value == value)
+      return str("; ", value.empty() ? field : value, " is retired: ", r.where);
   return "";
 }
 

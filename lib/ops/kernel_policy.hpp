@@ -72,8 +72,10 @@ struct Choice {
 /// in flight; rows4: 4 rows per warp; occ: one row per warp at <= 32 registers. linear_group keeps
 /// its own kernel.
 enum class GemvVariant { automatic, v1, rows4, occ };
-inline constexpr Choice<GemvVariant> kGemvVariantChoices[] = {
-    {GemvVariant::automatic, "auto"}, {GemvVariant::v1, "v1"}, {GemvVariant::rows4, "rows4"}, {GemvVariant::occ, "occ"}};
+inline constexpr Choice<GemvVariant> kGemvVariantChoices[] = {{GemvVariant::automatic, "auto"},
+                                                              {GemvVariant::v1, "v1"},
+                                                              {GemvVariant::rows4, "rows4"},
+                                                              {GemvVariant::occ, "occ"}};
 
 /// The sparse MLA decode's kernel under the batched decode's tiles rule: v2 (the default) streams
 /// longer splits and merges them per cluster of 8 over distributed shared memory (FP8 caches, or a
@@ -120,8 +122,8 @@ inline constexpr Choice<HeadGemm> kHeadGemmChoices[] = {{HeadGemm::automatic, "a
 /// past 128 rows the block items (slots too; the rule: lib/ops/cuda/dispatch.cu, moe_grouped_plan).
 enum class MoePipeline { automatic, v1, spread, regs, ring, split, slots, ringpf };
 inline constexpr Choice<MoePipeline> kMoePipelineChoices[] = {
-    {MoePipeline::automatic, "auto"}, {MoePipeline::v1, "v1"},       {MoePipeline::spread, "spread"},
-    {MoePipeline::regs, "regs"},      {MoePipeline::ring, "ring"},   {MoePipeline::split, "split"},
+    {MoePipeline::automatic, "auto"}, {MoePipeline::v1, "v1"},        {MoePipeline::spread, "spread"},
+    {MoePipeline::regs, "regs"},      {MoePipeline::ring, "ring"},    {MoePipeline::split, "split"},
     {MoePipeline::slots, "slots"},    {MoePipeline::ringpf, "ringpf"}};
 
 /// The kernel of a batched linear (linear / linear_f32 with RowsMode::batched) of 2 or more rows:
@@ -164,7 +166,9 @@ constexpr std::span<const Choice<MlaBatch>> choices_of(MlaBatch) { return kMlaBa
 constexpr std::span<const Choice<IndexerScores>> choices_of(IndexerScores) { return kIndexerScoresChoices; }
 
 template <typename E>
-concept KernelChoice = requires(E e) { choices_of(e); };
+concept KernelChoice = requires(E e) {
+  choices_of(e);
+};
 
 /// The canonical text of a kernel choice ("auto", "rows4", ...), "?" for a value outside its table.
 template <KernelChoice E>

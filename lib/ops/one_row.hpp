@@ -23,20 +23,21 @@ class OneRow {
   void residual_add_rmsnorm(const bf16* x, const float* delta, bf16* y, const bf16* w, bf16* normed, int n,
                             float eps);
   /// kv_norm_write_batch of one row at pos[0] through `block_table` (cache.num_blocks entries at most).
-  void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table, const int32_t* pos,
-                     KvCache cache);
+  void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
+                     const int32_t* pos, KvCache cache);
   /// indexer_norm_store_batch of one row at pos[0] into one sequence's arrays (indexer_store's).
   void indexer_norm_store(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
-                          const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache, uint8_t* valid,
-                          float* pool_keys, int D, int P);
+                          const float* ape, const int32_t* pos, bf16* k_cache, float* gate_cache,
+                          uint8_t* valid, float* pool_keys, int D, int P);
   /// moe_route_batch of one row.
-  void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group, int topk_group,
-                 float scaling, int32_t* idx, float* weights);
+  void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
+                 int topk_group, float scaling, int32_t* idx, float* weights);
   /// moe_experts_grouped of one row, without and with the shared expert.
   void moe_experts(const bf16* x, const ExpertWeights& w, const int32_t* idx, const float* weights, int top_k,
                    float limit, float* out);
-  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx, const float* weights,
-                          int top_k, const ExpertWeights& shared, float limit, float* out);
+  void moe_experts_shared(const bf16* x, const ExpertWeights& routed, const int32_t* idx,
+                          const float* weights, int top_k, const ExpertWeights& shared, float limit,
+                          float* out);
   /// mla_absorb_q_batch, mla_out_v_batch of one row.
   void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv, int kv_lora);
   void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv, int kv_lora);

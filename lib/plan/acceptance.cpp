@@ -63,8 +63,9 @@ AcceptanceCurve AcceptanceCurve::from_profile(const AcceptanceProfile& profile, 
   c.has_units_ = false;
   c.interval_method_ =
       "none: a profile carries no units to resample (tau is held at the profile's value in every resample)";
-  c.inputs_.push_back(str("acceptance profile ", name, ": ", profile.description.empty() ? "(no description)" :
-                          profile.description, profile.source.empty() ? "" : str("; source: ", profile.source),
+  c.inputs_.push_back(str("acceptance profile ", name, ": ",
+                          profile.description.empty() ? "(no description)" : profile.description,
+                          profile.source.empty() ? "" : str("; source: ", profile.source),
                           profile.units.empty() ? "" : str("; over ", profile.units)));
   for (const auto& n : profile.monotonicity_notes()) c.notes_.push_back(str("profile ", name, ": ", n));
   return c;
@@ -103,16 +104,19 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
       if (!wanted.empty() && !wanted.count(index)) continue;
       found.insert(index);
       const std::string where = str(path, ": point ", name);
-      MTP_REQUIRE(g.attr_string("status") == "ok", where, ": status \"", g.attr_string("status"), "\", not ok");
+      MTP_REQUIRE(g.attr_string("status") == "ok", where, ": status \"", g.attr_string("status"),
+                  "\", not ok");
       const harness::AcceptanceMeaning meaning =
           g.has_attr("acceptance_meaningful")
               ? harness::AcceptanceMeaning{g.attr_int("acceptance_meaningful") != 0,
-                                           g.has_attr("acceptance_note") ? g.attr_string("acceptance_note") : ""}
+                                           g.has_attr("acceptance_note") ? g.attr_string("acceptance_note")
+                                                                         : ""}
               : harness::acceptance_meaning_of_config(g.attr_string("config"), where);
-      MTP_REQUIRE(meaning.meaningful, where, " (", g.attr_string("label"),
-                  "): its acceptance is not meaningful and cannot be a plan's acceptance source: ", meaning.reason,
-                  ". Take acceptance from replay with a checkpoint's weights, or from a profile "
-                  "(acceptance.profile)");
+      MTP_REQUIRE(
+          meaning.meaningful, where, " (", g.attr_string("label"),
+          "): its acceptance is not meaningful and cannot be a plan's acceptance source: ", meaning.reason,
+          ". Take acceptance from replay with a checkpoint's weights, or from a profile "
+          "(acceptance.profile)");
       const int k = static_cast<int>(g.attr_int("draft_len"));
       MTP_REQUIRE(k >= 1, where, ": draft_len ", k);
       const io::Group steps = g.open_group("steps");
@@ -121,8 +125,9 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
       const std::vector<int32_t> repeat = steps.open_dataset("repeat").read<int32_t>();
       const std::vector<int32_t> seq = steps.open_dataset("sequence").read<int32_t>();
       const io::Dataset apd = g.open_dataset("accept_prob");
-      MTP_REQUIRE(apd.rows() == seq.size() && apd.cols() == static_cast<uint64_t>(k), where, ": accept_prob is [",
-                  apd.rows(), ", ", apd.cols(), "] for ", seq.size(), " steps of ", k, " drafts");
+      MTP_REQUIRE(apd.rows() == seq.size() && apd.cols() == static_cast<uint64_t>(k), where,
+                  ": accept_prob is [", apd.rows(), ", ", apd.cols(), "] for ", seq.size(), " steps of ", k,
+                  " drafts");
       const std::vector<float> ap = apd.read<float>();
       // Repeat 0, every step (warm-up included), as the point's acceptance figures.
       for (size_t r = 0; r < seq.size(); ++r) {
@@ -137,8 +142,10 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
       p.k = k;
       if (by_k.count(k)) {
         const auto [of, op] = by_k[k];
-        const std::string other = of == static_cast<int>(fi) ? file.points[static_cast<size_t>(op)].label
-                                                             : c.files_[static_cast<size_t>(of)].points[static_cast<size_t>(op)].label;
+        const std::string other =
+            of == static_cast<int>(fi)
+                ? file.points[static_cast<size_t>(op)].label
+                : c.files_[static_cast<size_t>(of)].points[static_cast<size_t>(op)].label;
         MTP_FAIL("acceptance: two points of draft_len ", k, ": ", other, " and ", p.label,
                  "; select one per draft length with acceptance.points");
       }
@@ -179,17 +186,20 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
                   "; the file's steps and figures disagree");
     }
     const std::string sha = f.has_attr("git_sha") ? f.attr_string("git_sha") : "?";
-    const std::vector<std::string> devices = f.has_attr("devices") ? f.attr_strings("devices") : std::vector<std::string>{};
+    const std::vector<std::string> devices =
+        f.has_attr("devices") ? f.attr_strings("devices") : std::vector<std::string>{};
     c.inputs_.push_back(str("acceptance results ", path, ": git ", sha.substr(0, 12),
-                            f.has_attr("git_dirty") && f.attr_int("git_dirty") ? " (dirty)" : "", ", backend ",
-                            f.has_attr("backend") ? f.attr_string("backend") : "?", ", devices ",
-                            devices.empty() ? std::string("?") : join(devices, "; "), ", ", file.units,
-                            " sequence(s); points ", used.empty() ? std::string("(none)") : join(used, ", ")));
+                            f.has_attr("git_dirty") && f.attr_int("git_dirty") ? " (dirty)" : "",
+                            ", backend ", f.has_attr("backend") ? f.attr_string("backend") : "?",
+                            ", devices ", devices.empty() ? std::string("?") : join(devices, "; "), ", ",
+                            file.units, " sequence(s); points ",
+                            used.empty() ? std::string("(none)") : join(used, ", ")));
     unit_texts.push_back(str(file.units, " sequence(s) of ", path));
     c.files_.push_back(std::move(file));
   }
   for (const int64_t w : wanted)
-    MTP_REQUIRE(found.count(w), "acceptance.points: ", point_name(w), " is in none of ", join(sel.files, ", "));
+    MTP_REQUIRE(found.count(w), "acceptance.points: ", point_name(w), " is in none of ",
+                join(sel.files, ", "));
   MTP_REQUIRE(!by_k.empty(), "acceptance.results: no point selected in ", join(sel.files, ", "));
   const int k_max = by_k.rbegin()->first;
   c.tau_.assign(static_cast<size_t>(k_max) + 1, 1.0);

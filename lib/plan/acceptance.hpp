@@ -91,8 +91,8 @@ class AcceptanceCurve {
   bool has_units_ = false;
   std::string interval_method_;
   std::vector<std::string> inputs_, notes_;
-  AcceptanceProfile profile_;  // from a profile; the description and source for results
-  std::vector<double> marginal_;                 // results: of the longest point
+  AcceptanceProfile profile_;     // from a profile; the description and source for results
+  std::vector<double> marginal_;  // results: of the longest point
   std::vector<harness::Interval> marginal_ci_;
   std::string units_text_;
 };

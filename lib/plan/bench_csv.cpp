@@ -14,8 +14,8 @@ namespace mtplab::plan {
 
 std::optional<BenchProvenance> parse_bench_comment(const std::string& line) {
   if (!starts_with(line, "# mtplab_bench_")) return std::nullopt;
-  static const std::set<std::string> keys = {"git",    "device",     "preset",         "context",
-                                             "contexts", "copy_GBps", "gemm_TFLOPs", "router_bias_scale",
+  static const std::set<std::string> keys = {"git",          "device",    "preset",      "context",
+                                             "contexts",     "copy_GBps", "gemm_TFLOPs", "router_bias_scale",
                                              "kernel_policy"};
   BenchProvenance p;
   p.comment = trim(line.substr(2));
@@ -54,7 +54,8 @@ std::vector<std::string> split_fields(const std::string& line) {
 
 BenchCsv BenchCsv::read(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  MTP_REQUIRE(in, path, ": cannot read the benchmark CSV (", (errno ? std::strerror(errno) : "unknown error"), ")");
+  MTP_REQUIRE(in, path, ": cannot read the benchmark CSV (", (errno ? std::strerror(errno) : "unknown error"),
+              ")");
   std::ostringstream text;
   text << in.rdbuf();
   return parse(text.str(), path);
@@ -72,8 +73,10 @@ BenchCsv BenchCsv::parse(const std::string& text, const std::string& path) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (n == 1) {
       const auto p = parse_bench_comment(line);
-      MTP_REQUIRE(p, path, ":1: not a benchmark CSV: the first line must be the benchmark's comment "
-                  "\"# mtplab_bench_<name> ... git SHA device NAME ...\", got \"", line.substr(0, 80), "\"");
+      MTP_REQUIRE(p, path,
+                  ":1: not a benchmark CSV: the first line must be the benchmark's comment "
+                  "\"# mtplab_bench_<name> ... git SHA device NAME ...\", got \"",
+                  line.substr(0, 80), "\"");
       c.provenance_ = *p;
       continue;
     }
@@ -85,8 +88,8 @@ BenchCsv BenchCsv::parse(const std::string& text, const std::string& path) {
       }
       c.columns_ = split_fields(line);
       for (size_t i = 0; i < c.columns_.size(); ++i) {
-        MTP_REQUIRE(!c.columns_[i].empty(), path, ":", n, ": the header has an empty column name (column ", i + 1,
-                    ")");
+        MTP_REQUIRE(!c.columns_[i].empty(), path, ":", n, ": the header has an empty column name (column ",
+                    i + 1, ")");
         MTP_REQUIRE(c.index_.emplace(c.columns_[i], i).second, path, ":", n, ": the header names column \"",
                     c.columns_[i], "\" twice");
       }
@@ -109,8 +112,8 @@ std::string BenchCsv::where(const Row& row) const { return str(path_, ":", row.l
 
 const std::string& BenchCsv::field(const Row& row, const std::string& column) const {
   const auto it = index_.find(column);
-  MTP_REQUIRE(it != index_.end(), path_, ": no column \"", column, "\" (the header has ", join(columns_, ", "),
-              ")");
+  MTP_REQUIRE(it != index_.end(), path_, ": no column \"", column, "\" (the header has ",
+              join(columns_, ", "), ")");
   return row.fields[it->second];
 }
 

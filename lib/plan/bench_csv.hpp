@@ -24,12 +24,12 @@ namespace mtplab::plan {
 
 /// What ran where, from a benchmark CSV's first line.
 struct BenchProvenance {
-  std::string tool;     ///< "mtplab_bench_step --batch", "mtplab_bench_verify"
-  std::string git;      ///< the commit, "-dirty" kept
-  std::string device;   ///< "NVIDIA H200"
-  std::string preset;   ///< the model preset the benchmark ran at
-  std::string context;  ///< "4096" (bench_verify's context, bench_step's contexts)
-  std::string comment;  ///< the whole first line without "# "
+  std::string tool;                ///< "mtplab_bench_step --batch", "mtplab_bench_verify"
+  std::string git;                 ///< the commit, "-dirty" kept
+  std::string device;              ///< "NVIDIA H200"
+  std::string preset;              ///< the model preset the benchmark ran at
+  std::string context;             ///< "4096" (bench_verify's context, bench_step's contexts)
+  std::string comment;             ///< the whole first line without "# "
   std::vector<std::string> notes;  ///< further '#' lines before the header, without "# "
 };
 

@@ -13,14 +13,24 @@ namespace {
 
 // The columns that describe a measurement's result rather than what was measured: two rows that
 // differ only in these are the same configuration measured twice.
-const std::set<std::string> kMeasured = {"reps",      "median_us", "p10_us",  "p90_us",         "per_seq_us",
-                                         "distinct_experts", "floor_bytes", "floor_us", "x_floor",
-                                         "launches_per_draft", "selected_rows_per_seq", "tensor_us", "x_roofline"};
+const std::set<std::string> kMeasured = {"reps",
+                                         "median_us",
+                                         "p10_us",
+                                         "p90_us",
+                                         "per_seq_us",
+                                         "distinct_experts",
+                                         "floor_bytes",
+                                         "floor_us",
+                                         "x_floor",
+                                         "launches_per_draft",
+                                         "selected_rows_per_seq",
+                                         "tensor_us",
+                                         "x_roofline"};
 
 void require_columns(const BenchCsv& c, const std::vector<std::string>& cols, const std::string& key) {
   for (const auto& col : cols)
-    MTP_REQUIRE(c.has_column(col), key, ": ", c.path(), " has no column \"", col, "\" (its columns: ",
-                join(c.columns(), ", "), ")");
+    MTP_REQUIRE(c.has_column(col), key, ": ", c.path(), " has no column \"", col,
+                "\" (its columns: ", join(c.columns(), ", "), ")");
 }
 
 CostPoint point_of(const BenchCsv& c, const BenchCsv::Row& r, std::string label) {
@@ -70,7 +80,8 @@ CostBook CostBook::load(const CostOptions& opt) {
   CostBook b;
   b.opt_ = opt;
   MTP_REQUIRE(!opt.step_files.empty(), "costs.step: no bench_step_batch file given (the draft step's costs)");
-  MTP_REQUIRE(!opt.verify_files.empty(), "costs.verify: no bench_verify file given (the target layer's and head's costs)");
+  MTP_REQUIRE(!opt.verify_files.empty(),
+              "costs.verify: no bench_verify file given (the target layer's and head's costs)");
   for (const auto& f : opt.step_files) b.step_csv_.push_back(BenchCsv::read(f));
   for (const auto& f : opt.verify_files) b.verify_csv_.push_back(BenchCsv::read(f));
 
@@ -95,8 +106,8 @@ CostBook CostBook::load(const CostOptions& opt) {
       if (const auto it = seen.find(key); it != seen.end()) {
         const BenchCsv& o = b.step_csv_[it->second.first];
         const auto& orow = o.rows()[it->second.second];
-        MTP_FAIL("costs.step: two rows for the draft step at (B = ", B, ", k = ", k, "): ", o.where(orow), " and ",
-                 c.where(r), "; they differ in: ", differing_columns(o, orow, c, r),
+        MTP_FAIL("costs.step: two rows for the draft step at (B = ", B, ", k = ", k, "): ", o.where(orow),
+                 " and ", c.where(r), "; they differ in: ", differing_columns(o, orow, c, r),
                  ". Select one with costs.step_select (column: value) or costs.draft_head");
       }
       seen[key] = {fi, ri};
@@ -104,8 +115,9 @@ CostBook CostBook::load(const CostOptions& opt) {
       ++b.rows_used_[c.path()];
     }
   }
-  MTP_REQUIRE(!b.draft_.empty(), "costs.step: no row of ", b.step_names(), " is left after the selection (head ",
-              opt.draft_head, opt.step_select.empty() ? "" : ", costs.step_select", ")");
+  MTP_REQUIRE(!b.draft_.empty(), "costs.step: no row of ", b.step_names(),
+              " is left after the selection (head ", opt.draft_head,
+              opt.step_select.empty() ? "" : ", costs.step_select", ")");
 
   // The target: layer / dense_layer (B, R), head (rows), fixed (B).
   std::map<std::string, std::pair<size_t, size_t>> vseen;
@@ -124,7 +136,8 @@ CostBook CostBook::load(const CostOptions& opt) {
         key = str(part, " B=", B, " R=", R);
         label = str(part, "(B=", B, ", R=", R, ")");
         auto& table = part == "layer" ? b.layer_ : b.dense_;
-        if (!vseen.count(key)) slot = table[{static_cast<int>(B), static_cast<int>(R)}] = static_cast<int>(b.points_.size());
+        if (!vseen.count(key))
+          slot = table[{static_cast<int>(B), static_cast<int>(R)}] = static_cast<int>(b.points_.size());
       } else if (part == "head") {
         require_columns(c, {"head", "rows"}, "costs.verify");
         if (c.field(r, "head") != opt.target_head) continue;
@@ -146,7 +159,8 @@ CostBook CostBook::load(const CostOptions& opt) {
         const auto [of, orow] = vseen[key];
         const BenchCsv& o = b.verify_csv_[of];
         MTP_FAIL("costs.verify: two rows for ", label, ": ", o.where(o.rows()[orow]), " and ", c.where(r),
-                 "; they differ in: ", differing_columns(o, o.rows()[orow], c, r), ". Give one file per point");
+                 "; they differ in: ", differing_columns(o, o.rows()[orow], c, r),
+                 ". Give one file per point");
       }
       vseen[key] = {fi, ri};
       b.add(point_of(c, r, label));
@@ -162,8 +176,9 @@ CostBook CostBook::load(const CostOptions& opt) {
     MTP_REQUIRE(p.median_us >= 0, "costs.fixed_us: ", p.median_us, " is negative");
     p.where = opt.fixed_us ? "costs.fixed_us" : "costs.fixed_us not given";
     b.fixed_constant_ = b.add(p);
-    b.fixed_origin_ = opt.fixed_us ? str("costs.fixed_us: ", p.median_us, " us per step at every B (no spread)")
-                                   : "not given: 0 us per step (costs.fixed_us, or rows of part fixed)";
+    b.fixed_origin_ = opt.fixed_us
+                          ? str("costs.fixed_us: ", p.median_us, " us per step at every B (no spread)")
+                          : "not given: 0 us per step (costs.fixed_us, or rows of part fixed)";
   } else {
     b.fixed_origin_ = str("rows of part fixed in ", b.verify_names());
   }
@@ -180,16 +195,16 @@ std::vector<CostTerm> CostBook::step_terms(int B, int k, const ModelShape& model
       t.push_back({"draft", one->second, static_cast<double>(k)});
     } else {
       MTP_FAIL("costs.step (", step_names(), "): no draft step row at (B = ", B, ", k = ", k, ")",
-               k > 1 ? str(" nor at (B = ", B, ", k = 1)") : std::string(), need, " with head ", opt_.draft_head,
-               "; add the row or leave B = ", B, " out of batch");
+               k > 1 ? str(" nor at (B = ", B, ", k = 1)") : std::string(), need, " with head ",
+               opt_.draft_head, "; add the row or leave B = ", B, " out of batch");
     }
   }
   const int R = k + 1;
   const int moe = model.layers - model.dense_layers;
   if (moe > 0) {
     const auto it = layer_.find({B, R});
-    MTP_REQUIRE(it != layer_.end(), "costs.verify (", verify_names(), "): no layer row at (B = ", B, ", R = ", R, ")",
-                need, "; lower k_max, leave B = ", B, " out of batch, or add the row");
+    MTP_REQUIRE(it != layer_.end(), "costs.verify (", verify_names(), "): no layer row at (B = ", B,
+                ", R = ", R, ")", need, "; lower k_max, leave B = ", B, " out of batch, or add the row");
     t.push_back({"layer", it->second, static_cast<double>(moe)});
   }
   if (model.dense_layers > 0) {
@@ -198,16 +213,18 @@ std::vector<CostTerm> CostBook::step_terms(int B, int k, const ModelShape& model
     } else {
       const auto moe_row = layer_.find({B, R});
       MTP_REQUIRE(opt_.dense_as_moe && moe_row != layer_.end(), "costs.verify (", verify_names(),
-                  "): the model's first ", model.dense_layers, " layer(s) have a dense MLP and no dense_layer row is at (B = ",
-                  B, ", R = ", R, ")", need, "; add rows of part dense_layer, or set costs.dense_layers: as_moe to count them "
+                  "): the model's first ", model.dense_layers,
+                  " layer(s) have a dense MLP and no dense_layer row is at (B = ", B, ", R = ", R, ")", need,
+                  "; add rows of part dense_layer, or set costs.dense_layers: as_moe to count them "
                   "at the MoE layer's cost");
       t.push_back({"dense_layer", moe_row->second, static_cast<double>(model.dense_layers)});
     }
   }
   const int rows = B * R;
   const auto h = head_.find(rows);
-  MTP_REQUIRE(h != head_.end(), "costs.verify (", verify_names(), "): no head row of ", rows, " rows (", opt_.target_head,
-              " head; B x (k + 1) = ", B, " x ", R, ")", need, "; add the row or lower k_max");
+  MTP_REQUIRE(h != head_.end(), "costs.verify (", verify_names(), "): no head row of ", rows, " rows (",
+              opt_.target_head, " head; B x (k + 1) = ", B, " x ", R, ")", need,
+              "; add the row or lower k_max");
   t.push_back({"head", h->second, 1});
   if (fixed_constant_ >= 0) {
     t.push_back({"fixed", fixed_constant_, 1});
@@ -249,10 +266,10 @@ std::vector<std::string> CostBook::inputs() const {
   auto describe = [&](const std::string& key, const BenchCsv& c) {
     const BenchProvenance& p = c.provenance();
     const auto used = rows_used_.count(c.path()) ? rows_used_.at(c.path()) : 0;
-    std::string s = str(key, " ", c.path(), ": ", p.tool, ", git ", p.git.empty() ? "?" : p.git, ", device ",
-                        p.device.empty() ? "?" : p.device, ", preset ", p.preset.empty() ? "?" : p.preset,
-                        ", context ", p.context.empty() ? "?" : p.context, "; ", used, " of ", c.rows().size(),
-                        " row(s) used");
+    std::string s =
+        str(key, " ", c.path(), ": ", p.tool, ", git ", p.git.empty() ? "?" : p.git, ", device ",
+            p.device.empty() ? "?" : p.device, ", preset ", p.preset.empty() ? "?" : p.preset, ", context ",
+            p.context.empty() ? "?" : p.context, "; ", used, " of ", c.rows().size(), " row(s) used");
     for (const auto& n : p.notes) s += str(" (", n, ")");
     out.push_back(s);
   };
@@ -288,7 +305,8 @@ std::vector<std::string> CostBook::disagreements(const ModelShape& model) const 
   for (const BenchCsv* c : all)
     if (!c->provenance().preset.empty()) presets.insert(c->provenance().preset);
   if (!presets.empty() && !presets.count(model.name))
-    out.push_back(str("the plan's model is ", model.name, " but the cost files ran at preset ", join(presets, ", ")));
+    out.push_back(
+        str("the plan's model is ", model.name, " but the cost files ran at preset ", join(presets, ", ")));
   // The context the draft rows were measured at against the verify files'.
   std::set<std::string> step_ctx, verify_ctx;
   for (const auto& c : step_csv_)
@@ -302,8 +320,8 @@ std::vector<std::string> CostBook::disagreements(const ModelShape& model) const 
   for (const auto& c : verify_csv_)
     if (!c.provenance().context.empty()) verify_ctx.insert(c.provenance().context);
   if (!step_ctx.empty() && !verify_ctx.empty() && step_ctx != verify_ctx)
-    out.push_back(str("the draft rows ran at context ", join(step_ctx, ", "), " but the verify files at context ",
-                      join(verify_ctx, ", ")));
+    out.push_back(str("the draft rows ran at context ", join(step_ctx, ", "),
+                      " but the verify files at context ", join(verify_ctx, ", ")));
   return out;
 }
 

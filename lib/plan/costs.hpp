@@ -49,10 +49,10 @@ struct CostTerm {
 
 /// The target's trunk and how many GPUs serve one instance.
 struct ModelShape {
-  std::string name;        ///< preset name or config path
-  int layers = 0;          ///< L
-  int dense_layers = 0;    ///< D: the first D layers have a dense MLP
-  int gpus = 1;            ///< GPUs one instance runs on (tokens/s per GPU divides by it)
+  std::string name;      ///< preset name or config path
+  int layers = 0;        ///< L
+  int dense_layers = 0;  ///< D: the first D layers have a dense MLP
+  int gpus = 1;          ///< GPUs one instance runs on (tokens/s per GPU divides by it)
 };
 
 struct CostOptions {
@@ -93,7 +93,7 @@ class CostBook {
   std::vector<BenchCsv> step_csv_, verify_csv_;
   std::vector<CostPoint> points_;
   std::map<std::pair<int, int>, int> draft_, layer_, dense_;  // (B, k) / (B, R) -> point
-  std::map<int, int> head_, fixed_;                            // rows / B -> point
+  std::map<int, int> head_, fixed_;                           // rows / B -> point
   int fixed_constant_ = -1;
   std::string fixed_origin_;
   std::map<std::string, int> rows_used_;  // file -> rows selected

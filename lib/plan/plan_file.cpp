@@ -34,9 +34,11 @@ std::vector<double> column(const std::vector<PlanCell>& cells, F get) {
 
 }  // namespace
 
-void write_plan_file(const std::string& path, const PlanResult& r, const std::vector<std::string>& argv, bool force) {
-  const std::string target = io::resolve_output("mtplab plan", path, {"plan file", "schema", "mtplab-plan"},
-                                                input_files(r.spec), force ? io::OutputMode::replace : io::OutputMode::create);
+void write_plan_file(const std::string& path, const PlanResult& r, const std::vector<std::string>& argv,
+                     bool force) {
+  const std::string target =
+      io::resolve_output("mtplab plan", path, {"plan file", "schema", "mtplab-plan"}, input_files(r.spec),
+                         force ? io::OutputMode::replace : io::OutputMode::create);
   const auto parent = std::filesystem::path(target).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   io::H5File f = io::H5File::create(target);
@@ -66,9 +68,10 @@ void write_plan_file(const std::string& path, const PlanResult& r, const std::ve
   g.set_attr("notes", r.notes);
   g.set_attr("tau_interval", r.tau_interval);
   g.set_attr("cost_interval", r.cost_interval);
-  g.set_attr("best_k_rule",
-             "best k = argmax_k speedup (ties to the smaller k); k_set: every k that wins >= 2.5% of the resamples; "
-             "distinguishable: the best k wins >= 95%");
+  g.set_attr(
+      "best_k_rule",
+      "best k = argmax_k speedup (ties to the smaller k); k_set: every k that wins >= 2.5% of the resamples; "
+      "distinguishable: the best k wins >= 95%");
 
   // One row per (B, k), batch-major.
   io::Group t = g.create_group("table");
@@ -191,12 +194,12 @@ void check_outputs(const PlanSpec& spec, bool force) {
     const std::string path = (std::filesystem::path(spec.exports) / name).string();
     std::error_code ec;
     for (const auto& in : inputs)
-      MTP_REQUIRE(!std::filesystem::exists(in, ec) || !std::filesystem::equivalent(path, in, ec), "mtplab plan: ",
-                  path, " is an input of the plan: not overwritten");
+      MTP_REQUIRE(!std::filesystem::exists(in, ec) || !std::filesystem::equivalent(path, in, ec),
+                  "mtplab plan: ", path, " is an input of the plan: not overwritten");
     MTP_REQUIRE(force || !std::filesystem::exists(path, ec), "mtplab plan: ", path,
                 " exists; --force replaces the exports");
-    MTP_REQUIRE(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec), "mtplab plan: ",
-                path, " exists and is not a regular file: never replaced");
+    MTP_REQUIRE(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+                "mtplab plan: ", path, " exists and is not a regular file: never replaced");
   }
 }
 
@@ -207,8 +210,9 @@ std::vector<std::string> write_exports(const std::string& dir, const PlanResult&
   check_outputs(spec, force);
   const std::vector<ScheduleEntry> sched = r.schedule();
   const std::vector<std::string> names = export_names();
-  const std::vector<std::string> texts = {vllm_schedule_json(sched, r.spec.max_batch), trtllm_schedule_yaml(sched),
-                                          sglang_flags_json(sched, r.spec.max_batch), profile_json(r.profile)};
+  const std::vector<std::string> texts = {
+      vllm_schedule_json(sched, r.spec.max_batch), trtllm_schedule_yaml(sched),
+      sglang_flags_json(sched, r.spec.max_batch), profile_json(r.profile)};
   std::filesystem::create_directories(dir);
   std::vector<std::string> written;
   for (size_t i = 0; i < names.size(); ++i) {

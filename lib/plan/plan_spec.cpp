@@ -6,8 +6,8 @@
 #include "core/error.hpp"
 #include "core/str.hpp"
 #include "core/yaml.hpp"
-#include "model/config.hpp"
 #include "harness/experiment.hpp"
+#include "model/config.hpp"
 #include "plan/planner.hpp"
 
 namespace mtplab::plan {
@@ -46,7 +46,8 @@ ModelShape read_model(const YamlNode& n) {
   m.layers = layers ? static_cast<int>(*layers) : cfg.num_hidden_layers;
   m.dense_layers = dense ? static_cast<int>(*dense) : cfg.first_k_dense_replace;
   if (m.layers < 1)
-    n.fail(str("model \"", spec, "\" gives no num_hidden_layers (the target's layer count): set model.layers"));
+    n.fail(
+        str("model \"", spec, "\" gives no num_hidden_layers (the target's layer count): set model.layers"));
   if (m.dense_layers > m.layers)
     n.fail(str("dense_layers ", m.dense_layers, " is more than the model's ", m.layers, " layers"));
   return m;
@@ -54,7 +55,8 @@ ModelShape read_model(const YamlNode& n) {
 
 }  // namespace
 
-PlanSpec load_plan_spec(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides) {
+PlanSpec load_plan_spec(const std::string& path,
+                        const std::vector<std::pair<std::string, std::string>>& overrides) {
   PlanSpec s;
   s.file = path;
   YamlNode doc = path.empty() ? YamlNode::load_string("{}", "(command line)") : YamlNode::load_file(path);
@@ -72,7 +74,8 @@ PlanSpec load_plan_spec(const std::string& path, const std::vector<std::pair<std
     }
     YAML::Emitter e;
     e << root;
-    doc = YamlNode::load_string(e.c_str(), path.empty() ? "(command line)" : path + " (after the command line)");
+    doc = YamlNode::load_string(e.c_str(),
+                                path.empty() ? "(command line)" : path + " (after the command line)");
   }
   {
     YAML::Emitter e;
@@ -81,7 +84,9 @@ PlanSpec load_plan_spec(const std::string& path, const std::vector<std::pair<std
   }
   MapReader r(doc);
   const std::optional<YamlNode> model = r.opt("model");
-  if (!model) doc.fail("no model: give the model preset (or config file) whose trunk the plan runs (model: or --model)");
+  if (!model)
+    doc.fail(
+        "no model: give the model preset (or config file) whose trunk the plan runs (model: or --model)");
   s.model = read_model(*model);
   s.model.gpus = static_cast<int>(r.opt_int("gpus", 1, 1, 1 << 20));
 

@@ -51,7 +51,8 @@ std::string table(const std::vector<std::vector<std::string>>& rows) {
   std::string out;
   for (const auto& r : rows) {
     std::string line;
-    for (size_t c = 0; c < r.size(); ++c) line += r[c] + (c + 1 < r.size() ? std::string(width[c] - r[c].size() + 2, ' ') : "");
+    for (size_t c = 0; c < r.size(); ++c)
+      line += r[c] + (c + 1 < r.size() ? std::string(width[c] - r[c].size() + 2, ' ') : "");
     out += line + "\n";
   }
   return out;
@@ -74,8 +75,10 @@ PlanResult run_plan(const PlanSpec& spec) {
   const ModelShape& model = spec.model;
 
   res.batch = spec.batch.empty() ? book.batches() : spec.batch;
-  MTP_REQUIRE(!res.batch.empty(), "no batch size with a layer row at R = 1 and a draft row in the cost files; give batch");
-  for (int B : res.batch) book.step_terms(B, 0, model);  // MTP off: the layer at R = 1 and the head over B rows
+  MTP_REQUIRE(!res.batch.empty(),
+              "no batch size with a layer row at R = 1 and a draft row in the cost files; give batch");
+  for (int B : res.batch)
+    book.step_terms(B, 0, model);  // MTP off: the layer at R = 1 and the head over B rows
   if (spec.k_max > 0) {
     MTP_REQUIRE(spec.k_max <= curve.k_max(), "k_max ", spec.k_max, ": the acceptance source covers k = 1..",
                 curve.k_max());
@@ -109,30 +112,32 @@ PlanResult run_plan(const PlanSpec& spec) {
                             ": the step files hold no row at k = ", k,
                             " (a draft step is k chained forwards of one row per sequence)"));
 
-  res.inputs.push_back(str("model ", model.name, ": ", model.layers, " layer(s) (", model.layers - model.dense_layers,
-                           " MoE, ", model.dense_layers, " dense-MLP); ", model.gpus, " GPU(s) per instance"));
+  res.inputs.push_back(str("model ", model.name, ": ", model.layers, " layer(s) (",
+                           model.layers - model.dense_layers, " MoE, ", model.dense_layers, " dense-MLP); ",
+                           model.gpus, " GPU(s) per instance"));
   for (const auto& s : curve.inputs()) res.inputs.push_back(s);
   for (const auto& s : book.inputs()) res.inputs.push_back(s);
   res.warnings = book.disagreements(model);
   for (const auto& n : curve.notes()) res.notes.push_back(n);
   if (!spec.costs.fixed_us && book.fixed_origin().starts_with("not given"))
-    res.notes.push_back("fixed cost c not given: 0 us per step (sampling, scheduling and launch overheads outside "
-                        "the measured forwards count for nothing; c > 0 raises every k > 0's speedup toward tau)");
+    res.notes.push_back(
+        "fixed cost c not given: 0 us per step (sampling, scheduling and launch overheads outside "
+        "the measured forwards count for nothing; c > 0 raises every k > 0's speedup toward tau)");
   size_t no_spread = 0;
   for (const auto& p : book.points())
     if (!p.has_spread() && p.label != "fixed") ++no_spread;
   if (no_spread)
-    res.notes.push_back(str(no_spread, " cost point(s) without p10 / p90 (held at their median in every resample): ",
-                            [&] {
-                              std::vector<std::string> w;
-                              for (const auto& p : book.points())
-                                if (!p.has_spread() && p.label != "fixed") w.push_back(p.label);
-                              if (w.size() > 6) {
-                                w.resize(6);
-                                w.push_back("...");
-                              }
-                              return join(w, ", ");
-                            }()));
+    res.notes.push_back(
+        str(no_spread, " cost point(s) without p10 / p90 (held at their median in every resample): ", [&] {
+          std::vector<std::string> w;
+          for (const auto& p : book.points())
+            if (!p.has_spread() && p.label != "fixed") w.push_back(p.label);
+          if (w.size() > 6) {
+            w.resize(6);
+            w.push_back("...");
+          }
+          return join(w, ", ");
+        }()));
 
   // Resamples: tau by the curve's bootstrap, every cost point from its normal.
   const int R = spec.resamples;
@@ -143,13 +148,15 @@ PlanResult run_plan(const PlanSpec& spec) {
   for (int r = 0; r < R; ++r)
     for (size_t p = 0; p < pts.size(); ++p) {
       const double z = standard_normal(state);
-      cost_r[static_cast<size_t>(r) * pts.size() + p] = std::max(0.0, pts[p].median_us + pts[p].sigma_us() * z);
+      cost_r[static_cast<size_t>(r) * pts.size() + p] =
+          std::max(0.0, pts[p].median_us + pts[p].sigma_us() * z);
     }
   res.tau_interval = curve.interval_method();
-  res.cost_interval = str("each cost point drawn from a normal of its median and sigma = (p90 - p10) / 2.563, "
-                          "truncated at 0 (points without p10 / p90 held); ",
-                          R, " joint resamples of tau and costs, seed ", spec.seed,
-                          "; intervals are the 2.5% and 97.5% percentiles");
+  res.cost_interval =
+      str("each cost point drawn from a normal of its median and sigma = (p90 - p10) / 2.563, "
+          "truncated at 0 (points without p10 / p90 held); ",
+          R, " joint resamples of tau and costs, seed ", spec.seed,
+          "; intervals are the 2.5% and 97.5% percentiles");
   for (int k = 0; k < nk; ++k) {
     res.tau.push_back(curve.tau(k));
     res.tau_ci.push_back(k == 0 ? harness::Interval{1, 1} : curve.tau_interval(k));
@@ -160,8 +167,9 @@ PlanResult run_plan(const PlanSpec& spec) {
   auto step_time = [&](size_t b, int k, int r) {
     double t = 0;
     for (const CostTerm& term : terms[b * static_cast<size_t>(nk) + static_cast<size_t>(k)])
-      t += term.times * (r < 0 ? pts[static_cast<size_t>(term.point)].median_us
-                               : cost_r[static_cast<size_t>(r) * pts.size() + static_cast<size_t>(term.point)]);
+      t += term.times * (r < 0
+                             ? pts[static_cast<size_t>(term.point)].median_us
+                             : cost_r[static_cast<size_t>(r) * pts.size() + static_cast<size_t>(term.point)]);
     return t;
   };
   for (size_t b = 0; b < nb; ++b) {
@@ -178,7 +186,10 @@ PlanResult run_plan(const PlanSpec& spec) {
       c.tau_hi = res.tau_ci[static_cast<size_t>(k)].hi;
       for (const CostTerm& term : terms[b * static_cast<size_t>(nk) + static_cast<size_t>(k)]) {
         const double v = term.times * pts[static_cast<size_t>(term.point)].median_us;
-        (term.part == "draft" ? c.draft_us : term.part == "head" ? c.head_us : term.part == "fixed" ? c.fixed_us : c.layers_us) += v;
+        (term.part == "draft"   ? c.draft_us
+         : term.part == "head"  ? c.head_us
+         : term.part == "fixed" ? c.fixed_us
+                                : c.layers_us) += v;
       }
       const double t = step_time(b, k, -1);
       c.step_us.value = t;
@@ -189,11 +200,12 @@ PlanResult run_plan(const PlanSpec& spec) {
       res.cells.push_back(c);
     }
     // Resampled.
-    std::vector<std::vector<double>> st(static_cast<size_t>(nk)), ut(static_cast<size_t>(nk)), gt(static_cast<size_t>(nk)),
-        sp(static_cast<size_t>(nk));
+    std::vector<std::vector<double>> st(static_cast<size_t>(nk)), ut(static_cast<size_t>(nk)),
+        gt(static_cast<size_t>(nk)), sp(static_cast<size_t>(nk));
     std::vector<int> wins(static_cast<size_t>(nk), 0);
     std::vector<int> argmax_r(static_cast<size_t>(R));
-    std::vector<std::vector<double>> sp_by_r(static_cast<size_t>(R), std::vector<double>(static_cast<size_t>(nk)));
+    std::vector<std::vector<double>> sp_by_r(static_cast<size_t>(R),
+                                             std::vector<double>(static_cast<size_t>(nk)));
     for (int r = 0; r < R; ++r) {
       const double t0r = step_time(b, 0, r);
       int best = 0;
@@ -225,7 +237,8 @@ PlanResult run_plan(const PlanSpec& spec) {
     for (int k = 1; k < nk; ++k)
       if (speed[static_cast<size_t>(k)] > speed[static_cast<size_t>(best.k)]) best.k = k;
     for (int k = 0; k < nk; ++k)
-      if (k != best.k && (best.runner_up < 0 || speed[static_cast<size_t>(k)] > speed[static_cast<size_t>(best.runner_up)]))
+      if (k != best.k &&
+          (best.runner_up < 0 || speed[static_cast<size_t>(k)] > speed[static_cast<size_t>(best.runner_up)]))
         best.runner_up = k;
     const PlanCell& bc = res.cells[base + static_cast<size_t>(best.k)];
     best.win_fraction = bc.win_fraction;
@@ -251,8 +264,8 @@ PlanResult run_plan(const PlanSpec& spec) {
 
 std::string format_plan(const PlanResult& r) {
   std::string s;
-  s += str("mtplab plan", r.spec.file.empty() ? "" : str(" ", r.spec.file), ": k = 0..", r.k_max, " at B = ",
-           join(r.batch, ", "), "\n");
+  s += str("mtplab plan", r.spec.file.empty() ? "" : str(" ", r.spec.file), ": k = 0..", r.k_max,
+           " at B = ", join(r.batch, ", "), "\n");
   s += "inputs:\n";
   for (const auto& i : r.inputs) s += str("  ", i, "\n");
   for (const auto& w : r.warnings) s += str("warning: ", w, "\n");
@@ -281,23 +294,23 @@ std::string format_plan(const PlanResult& r) {
   }
   s += "\nspeedup over k = 0 (MTP off), [95% interval]; * the best k\n" + table(sp);
 
-  std::vector<std::vector<std::string>> bt = {{"B", "best k", "wins", "k in 95%", "runner-up", "verdict", "speedup",
-                                              "tok/s/user", "tok/s/GPU", "step ms"}};
+  std::vector<std::vector<std::string>> bt = {{"B", "best k", "wins", "k in 95%", "runner-up", "verdict",
+                                               "speedup", "tok/s/user", "tok/s/GPU", "step ms"}};
   for (const auto& b : r.best) {
     bt.push_back({str(b.batch), str(b.k), fixed(b.win_fraction, 3), join(b.k_set, ","),
                   b.runner_up < 0 ? "-" : str(b.runner_up),
-                  b.distinguishable ? "distinguishable"
-                                    : str("indistinguishable from k = ", b.runner_up),
+                  b.distinguishable ? "distinguishable" : str("indistinguishable from k = ", b.runner_up),
                   banded(b.speedup, 3), banded(b.user_tps, 1), banded(b.gpu_tps, 0),
                   fixed(b.step_us.value / 1000, 2)});
   }
-  s += "\nbest k per concurrency: wins = share of resamples in which it is the best; distinguishable when >= 0.95\n" +
+  s += "\nbest k per concurrency: wins = share of resamples in which it is the best; distinguishable when >= "
+       "0.95\n" +
        table(bt);
   std::vector<std::string> ranges;
   for (const BatchRange& x : schedule_ranges(r.schedule(), r.spec.max_batch))
     ranges.push_back(x.lo == x.hi ? str("B ", x.lo, ": k ", x.k) : str("B ", x.lo, "-", x.hi, ": k ", x.k));
-  s += str("\nschedule (a B between planned sizes takes the k of the next planned size above; above ", r.batch.back(),
-           " MTP off): ", join(ranges, ", "), "\n");
+  s += str("\nschedule (a B between planned sizes takes the k of the next planned size above; above ",
+           r.batch.back(), " MTP off): ", join(ranges, ", "), "\n");
   return s;
 }
 

@@ -31,23 +31,24 @@ struct PlanSpec {
   std::string file;           ///< the plan YAML, "" when only flags were given
   std::string resolved_yaml;  ///< the document after the flags and --set
   ModelShape model;
-  std::string profile;        ///< acceptance.profile
-  ResultsSelection results;   ///< acceptance.results / points
+  std::string profile;       ///< acceptance.profile
+  ResultsSelection results;  ///< acceptance.results / points
   CostOptions costs;
   std::vector<int> batch;  ///< empty: every B the cost files hold
   int k_max = 0;           ///< 0: the largest k the acceptance and the costs cover at every B
   int resamples = 2000;
   uint64_t seed = 1;
-  int max_batch = 4096;    ///< the schedules' last range ends here
-  std::string output;      ///< the plan file (HDF5), "" for none
-  std::string exports;     ///< the directory of the engine schedules and the profile, "" for none
+  int max_batch = 4096;  ///< the schedules' last range ends here
+  std::string output;    ///< the plan file (HDF5), "" for none
+  std::string exports;   ///< the directory of the engine schedules and the profile, "" for none
 };
 
 /// Reads a plan YAML (`path`; "" for an empty document) with `overrides` applied on top: (key
 /// path, YAML value) pairs, in order ("costs.fixed_us", "120"), where a value replaces what the
 /// file holds at that key. Unknown keys, missing ones and bad values are errors naming the file,
 /// line and key (or the override).
-PlanSpec load_plan_spec(const std::string& path, const std::vector<std::pair<std::string, std::string>>& overrides);
+PlanSpec load_plan_spec(const std::string& path,
+                        const std::vector<std::pair<std::string, std::string>>& overrides);
 
 /// A figure with its 95% interval.
 struct Band {
@@ -56,7 +57,7 @@ struct Band {
 
 struct PlanCell {
   int batch = 0, k = 0;
-  double tau = 0, tau_lo = 0, tau_hi = 0;  ///< NaN bounds without units
+  double tau = 0, tau_lo = 0, tau_hi = 0;                         ///< NaN bounds without units
   double draft_us = 0, layers_us = 0, head_us = 0, fixed_us = 0;  ///< the point estimate's parts
   Band step_us, user_tps, gpu_tps, speedup;
   double win_fraction = 0;  ///< resamples in which this k is the best at this B
@@ -65,9 +66,9 @@ struct PlanCell {
 struct PlanBest {
   int batch = 0, k = 0;
   double win_fraction = 0;
-  std::vector<int> k_set;  ///< every k that wins in at least 2.5% of the resamples
-  int runner_up = -1;      ///< second best by the point estimate (-1 when k_max = 0)
-  double beats_runner_up = 0;  ///< resamples in which k beats the runner-up's speedup
+  std::vector<int> k_set;        ///< every k that wins in at least 2.5% of the resamples
+  int runner_up = -1;            ///< second best by the point estimate (-1 when k_max = 0)
+  double beats_runner_up = 0;    ///< resamples in which k beats the runner-up's speedup
   bool distinguishable = false;  ///< win_fraction >= 0.95
   Band speedup, user_tps, gpu_tps, step_us;
 };
@@ -81,12 +82,14 @@ struct PlanResult {
   std::vector<double> tau;      ///< k = 0..k_max
   std::vector<harness::Interval> tau_ci;
   std::vector<std::string> tau_origin;
-  std::string tau_interval;     ///< how tau was resampled
-  std::string cost_interval;    ///< how the costs were resampled
+  std::string tau_interval;   ///< how tau was resampled
+  std::string cost_interval;  ///< how the costs were resampled
   std::vector<CostPoint> cost_points;
   std::vector<std::string> inputs, warnings, notes;
-  AcceptanceProfile profile;    ///< what the exports write
-  const PlanCell& cell(size_t b, int k) const { return cells.at(b * static_cast<size_t>(k_max + 1) + static_cast<size_t>(k)); }
+  AcceptanceProfile profile;  ///< what the exports write
+  const PlanCell& cell(size_t b, int k) const {
+    return cells.at(b * static_cast<size_t>(k_max + 1) + static_cast<size_t>(k));
+  }
   std::vector<ScheduleEntry> schedule() const;
 };
 
@@ -99,7 +102,8 @@ std::string format_plan(const PlanResult& r);
 /// Writes the plan file (HDF5, schema `mtplab-plan`, its `plan` group; docs/planning.md) at
 /// `path`, under the output rule of every writer (an existing plan file replaced only with
 /// `force`, any other file never, no input overwritten). `argv` is recorded.
-void write_plan_file(const std::string& path, const PlanResult& r, const std::vector<std::string>& argv, bool force);
+void write_plan_file(const std::string& path, const PlanResult& r, const std::vector<std::string>& argv,
+                     bool force);
 
 /// The files write_exports writes, in order: vllm-speculative-config.json,
 /// trtllm-speculative-config.yaml, sglang-launch-flags.json, acceptance-profile.json.

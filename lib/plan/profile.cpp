@@ -2,9 +2,9 @@
 #include "plan/profile.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -32,8 +32,8 @@ std::vector<double> AcceptanceProfile::marginal() const {
 }
 
 double AcceptanceProfile::tau(int k) const {
-  MTP_REQUIRE(k >= 0 && k <= k_max(), "acceptance profile: no accepted length at k = ", k, " (it describes k = 1..",
-              k_max(), ")");
+  MTP_REQUIRE(k >= 0 && k <= k_max(), "acceptance profile: no accepted length at k = ", k,
+              " (it describes k = 1..", k_max(), ")");
   if (k == 0) return 1;
   if (static_cast<size_t>(k) <= accepted_length.size()) return accepted_length[static_cast<size_t>(k) - 1];
   double t = 1;
@@ -52,11 +52,12 @@ std::vector<std::string> AcceptanceProfile::monotonicity_notes() const {
   std::vector<std::string> out;
   for (size_t i = 0; i < r.size(); ++i)
     if (c[i] != r[i])
-      out.push_back(str("marginal rate at position ", i + 1, " (", r[i], ") is above the rate at position ", i, " (",
-                        r[i - 1], "): not one chain's (", accepted_length.empty() ? "as given" :
-                        "the accepted lengths were measured at each k separately",
-                        "); the conditional rates, the histogram and the vLLM list use ", c[i],
-                        " there (the running minimum)"));
+      out.push_back(str(
+          "marginal rate at position ", i + 1, " (", r[i], ") is above the rate at position ", i, " (",
+          r[i - 1], "): not one chain's (",
+          accepted_length.empty() ? "as given" : "the accepted lengths were measured at each k separately",
+          "); the conditional rates, the histogram and the vLLM list use ", c[i],
+          " there (the running minimum)"));
   return out;
 }
 
@@ -90,8 +91,9 @@ void AcceptanceProfile::validate(const std::string& where) const {
     const double t = accepted_length[i];
     MTP_REQUIRE(std::isfinite(t) && t >= 1 && t <= static_cast<double>(i) + 2, where, ": accepted_length[", i,
                 "] = ", t, " at k = ", i + 1, " is outside [1, ", i + 2, "]");
-    MTP_REQUIRE(t >= prev - 1e-12, where, ": accepted_length[", i, "] = ", t, " is below the length at k = ", i,
-                " (", prev, "): a longer draft never shortens the accepted length");
+    MTP_REQUIRE(t >= prev - 1e-12, where, ": accepted_length[", i, "] = ", t,
+                " is below the length at k = ", i, " (", prev,
+                "): a longer draft never shortens the accepted length");
     prev = t;
   }
   for (size_t i = 0; i < marginal_rates.size(); ++i)
@@ -104,10 +106,11 @@ void AcceptanceProfile::validate(const std::string& where) const {
                   ": more than one token per draft");
     }
   MTP_REQUIRE(accepted_length_ci.empty() || accepted_length_ci.size() == accepted_length.size(), where,
-              ": accepted_length_ci has ", accepted_length_ci.size(), " intervals for ", accepted_length.size(),
-              " lengths");
+              ": accepted_length_ci has ", accepted_length_ci.size(), " intervals for ",
+              accepted_length.size(), " lengths");
   MTP_REQUIRE(marginal_rates_ci.empty() || marginal_rates_ci.size() == marginal_rates.size(), where,
-              ": marginal_rates_ci has ", marginal_rates_ci.size(), " intervals for ", marginal_rates.size(), " rates");
+              ": marginal_rates_ci has ", marginal_rates_ci.size(), " intervals for ", marginal_rates.size(),
+              " rates");
 }
 
 std::string json_number(double v) {
@@ -185,7 +188,8 @@ std::string as_string(const json::Value& v, const std::string& where) {
 }
 
 std::vector<double> as_numbers(const json::Value& v, const std::string& where) {
-  MTP_REQUIRE(v.kind == json::Value::Kind::array, where, ": expected an array of numbers, got ", v.kind_name());
+  MTP_REQUIRE(v.kind == json::Value::Kind::array, where, ": expected an array of numbers, got ",
+              v.kind_name());
   std::vector<double> out;
   for (size_t i = 0; i < v.items.size(); ++i) out.push_back(as_number(v.items[i], str(where, "[", i, "]")));
   return out;
@@ -210,8 +214,8 @@ void check_derived(const json::Value& root, const std::string& key, const std::v
   if (!v) return;
   const std::string where = str(name, ":", v->line, ":", v->column, ": ", key);
   const std::vector<double> got = as_numbers(*v, where);
-  MTP_REQUIRE(got.size() == expected.size(), where, ": ", got.size(), " values, but the profile's rates give ",
-              expected.size());
+  MTP_REQUIRE(got.size() == expected.size(), where, ": ", got.size(),
+              " values, but the profile's rates give ", expected.size());
   for (size_t i = 0; i < got.size(); ++i)
     MTP_REQUIRE(std::fabs(got[i] - expected[i]) <= 1e-9, where, "[", i, "] = ", got[i],
                 " disagrees with the value the profile's primary figures give (", expected[i],
@@ -234,7 +238,8 @@ std::string profile_json(const AcceptanceProfile& p) {
     s += str("  \"accepted_length_ci\": ", interval_list(p.accepted_length_ci), ",\n");
   s += str("  \"marginal_rates\": ",
            p.marginal_rates.empty() ? derived_list(p.marginal()) : number_list(p.marginal_rates), ",\n");
-  if (!p.marginal_rates_ci.empty()) s += str("  \"marginal_rates_ci\": ", interval_list(p.marginal_rates_ci), ",\n");
+  if (!p.marginal_rates_ci.empty())
+    s += str("  \"marginal_rates_ci\": ", interval_list(p.marginal_rates_ci), ",\n");
   s += str("  \"conditional_rates\": ", derived_list(p.conditional()), ",\n");
   s += str("  \"accepted_length_histogram\": ", derived_list(p.histogram()), ",\n");
   s += str("  \"vllm_synthetic_acceptance_rates\": ", derived_list(p.chain_marginal()), ",\n");
@@ -249,11 +254,20 @@ AcceptanceProfile parse_profile(const std::string& text, const std::string& name
   const json::Value root = json::parse(text, name);
   MTP_REQUIRE(root.kind == json::Value::Kind::object, name, ": an acceptance profile is a JSON object, got ",
               root.kind_name());
-  static const std::vector<std::string> known = {
-      "schema",         "schema_version",     "description",       "source",
-      "units",          "k_max",              "accepted_length",   "accepted_length_ci",
-      "marginal_rates", "marginal_rates_ci",  "conditional_rates", "accepted_length_histogram",
-      "vllm_synthetic_acceptance_rates",      "notes"};
+  static const std::vector<std::string> known = {"schema",
+                                                 "schema_version",
+                                                 "description",
+                                                 "source",
+                                                 "units",
+                                                 "k_max",
+                                                 "accepted_length",
+                                                 "accepted_length_ci",
+                                                 "marginal_rates",
+                                                 "marginal_rates_ci",
+                                                 "conditional_rates",
+                                                 "accepted_length_histogram",
+                                                 "vllm_synthetic_acceptance_rates",
+                                                 "notes"};
   for (const auto& [k, v] : root.members)
     if (std::find(known.begin(), known.end(), k) == known.end()) {
       const std::string near = closest_match(k, known);
@@ -276,10 +290,12 @@ AcceptanceProfile parse_profile(const std::string& text, const std::string& name
   if (const auto* d = member(root, "description")) p.description = as_string(*d, where("description"));
   if (const auto* d = member(root, "source")) p.source = as_string(*d, where("source"));
   if (const auto* d = member(root, "units")) p.units = as_string(*d, where("units"));
-  if (const auto* d = member(root, "accepted_length")) p.accepted_length = as_numbers(*d, where("accepted_length"));
+  if (const auto* d = member(root, "accepted_length"))
+    p.accepted_length = as_numbers(*d, where("accepted_length"));
   if (const auto* d = member(root, "accepted_length_ci"))
     p.accepted_length_ci = as_intervals(*d, where("accepted_length_ci"));
-  if (const auto* d = member(root, "marginal_rates")) p.marginal_rates = as_numbers(*d, where("marginal_rates"));
+  if (const auto* d = member(root, "marginal_rates"))
+    p.marginal_rates = as_numbers(*d, where("marginal_rates"));
   if (const auto* d = member(root, "marginal_rates_ci"))
     p.marginal_rates_ci = as_intervals(*d, where("marginal_rates_ci"));
   if (const auto* d = member(root, "notes")) {
@@ -290,7 +306,8 @@ AcceptanceProfile parse_profile(const std::string& text, const std::string& name
   p.validate(name);
   if (const auto* d = member(root, "k_max")) {
     const double k = as_number(*d, where("k_max"));
-    MTP_REQUIRE(k == p.k_max(), where("k_max"), ": ", k, ", but the profile's figures describe k = 1..", p.k_max());
+    MTP_REQUIRE(k == p.k_max(), where("k_max"), ": ", k, ", but the profile's figures describe k = 1..",
+                p.k_max());
   }
   check_derived(root, "conditional_rates", p.conditional(), name);
   check_derived(root, "accepted_length_histogram", p.histogram(), name);
@@ -301,8 +318,8 @@ AcceptanceProfile parse_profile(const std::string& text, const std::string& name
 
 AcceptanceProfile read_profile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  MTP_REQUIRE(in, path, ": cannot read the acceptance profile (", (errno ? std::strerror(errno) : "unknown error"),
-              ")");
+  MTP_REQUIRE(in, path, ": cannot read the acceptance profile (",
+              (errno ? std::strerror(errno) : "unknown error"), ")");
   std::ostringstream text;
   text << in.rdbuf();
   return parse_profile(text.str(), path);

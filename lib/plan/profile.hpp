@@ -33,11 +33,11 @@ inline constexpr const char* kProfileSchema = "mtplab-acceptance-profile";
 inline constexpr int kProfileSchemaVersion = 1;
 
 struct AcceptanceProfile {
-  std::string description;  ///< what was measured: model, drafter, data, sampling
-  std::string source;       ///< where the figures come from (a publication, results files)
-  std::vector<double> accepted_length;                   ///< tau(k), k = 1..; may be empty
+  std::string description;              ///< what was measured: model, drafter, data, sampling
+  std::string source;                   ///< where the figures come from (a publication, results files)
+  std::vector<double> accepted_length;  ///< tau(k), k = 1..; may be empty
   std::vector<std::array<double, 2>> accepted_length_ci;  ///< empty, or one (lo, hi) per length
-  std::vector<double> marginal_rates;                    ///< r_i, i = 1..; may be empty
+  std::vector<double> marginal_rates;                     ///< r_i, i = 1..; may be empty
   std::vector<std::array<double, 2>> marginal_rates_ci;   ///< empty, or one (lo, hi) per rate
   /// What the figures were averaged over ("16 sequences of results/r.h5"); "" when unknown. A
   /// profile file carries no units themselves, so a plan cannot resample it.

@@ -18,7 +18,8 @@ std::vector<BatchRange> schedule_ranges(const std::vector<ScheduleEntry>& entrie
   for (size_t i = 0; i < entries.size(); ++i) {
     const ScheduleEntry& e = entries[i];
     MTP_REQUIRE(e.batch >= 1 && e.k >= 0, "schedule: batch ", e.batch, " k ", e.k);
-    MTP_REQUIRE(i == 0 || e.batch > entries[i - 1].batch, "schedule: batch sizes not increasing at ", e.batch);
+    MTP_REQUIRE(i == 0 || e.batch > entries[i - 1].batch, "schedule: batch sizes not increasing at ",
+                e.batch);
     if (!out.empty() && out.back().k == e.k)
       out.back().hi = e.batch;
     else
@@ -66,7 +67,8 @@ std::pair<int, int> parse_range_key(const std::string& key, const std::string& w
   const auto dash = key.find('-');
   MTP_REQUIRE(dash != std::string::npos, where, ": range \"", key, "\" is not \"lo-hi\"");
   const auto lo = parse_int64(key.substr(0, dash)), hi = parse_int64(key.substr(dash + 1));
-  MTP_REQUIRE(lo && hi && *lo >= 1 && *hi >= *lo, where, ": range \"", key, "\" is not \"lo-hi\" with 1 <= lo <= hi");
+  MTP_REQUIRE(lo && hi && *lo >= 1 && *hi >= *lo, where, ": range \"", key,
+              "\" is not \"lo-hi\" with 1 <= lo <= hi");
   return {static_cast<int>(*lo), static_cast<int>(*hi)};
 }
 
@@ -99,10 +101,11 @@ std::vector<int> vllm_k_per_batch(const std::string& text, const std::string& na
     const auto [lo, hi] = parse_range_key(key, where);
     ranges.push_back({lo, hi, json_int(v, where, 0)});
   }
-  std::sort(ranges.begin(), ranges.end(), [](const BatchRange& a, const BatchRange& b) { return a.lo < b.lo; });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const BatchRange& a, const BatchRange& b) { return a.lo < b.lo; });
   for (size_t i = 1; i < ranges.size(); ++i)
-    MTP_REQUIRE(ranges[i].lo > ranges[i - 1].hi, name, ": ranges ", ranges[i - 1].lo, "-", ranges[i - 1].hi, " and ",
-                ranges[i].lo, "-", ranges[i].hi, " overlap");
+    MTP_REQUIRE(ranges[i].lo > ranges[i - 1].hi, name, ": ranges ", ranges[i - 1].lo, "-", ranges[i - 1].hi,
+                " and ", ranges[i].lo, "-", ranges[i].hi, " overlap");
   for (int B = 1; B <= up_to; ++B) {
     int k = -1;  // below every range: not defined by the schedule
     for (const auto& r : ranges)
@@ -156,31 +159,36 @@ std::string sglang_flags(int k) {
 std::string sglang_flags_json(const std::vector<ScheduleEntry>& entries, int max_batch) {
   std::vector<std::string> parts;
   for (const auto& r : schedule_ranges(entries, max_batch))
-    parts.push_back(str("    {\"batch\": ", json_string(str(r.lo, "-", r.hi)), ", \"lo\": ", r.lo, ", \"hi\": ", r.hi,
-                        ", \"k\": ", r.k, ", \"flags\": ", json_string(sglang_flags(r.k)), "}"));
-  return str("{\n  \"engine\": \"sglang\",\n  \"note\": ",
-             json_string("SGLang reads no per-batch schedule: launch the server for a concurrency range with its "
-                         "flags (none: MTP off)"),
-             ",\n  \"ranges\": [\n", join(parts, ",\n"), "\n  ]\n}\n");
+    parts.push_back(str("    {\"batch\": ", json_string(str(r.lo, "-", r.hi)), ", \"lo\": ", r.lo,
+                        ", \"hi\": ", r.hi, ", \"k\": ", r.k, ", \"flags\": ", json_string(sglang_flags(r.k)),
+                        "}"));
+  return str(
+      "{\n  \"engine\": \"sglang\",\n  \"note\": ",
+      json_string("SGLang reads no per-batch schedule: launch the server for a concurrency range with its "
+                  "flags (none: MTP off)"),
+      ",\n  \"ranges\": [\n", join(parts, ",\n"), "\n  ]\n}\n");
 }
 
 std::vector<int> sglang_k_per_batch(const std::string& text, const std::string& name, int up_to) {
   const json::Value root = json::parse(text, name);
   MTP_REQUIRE(root.kind == json::Value::Kind::object, name, ": expected an object");
   const json::Value* ranges = member(root, "ranges");
-  MTP_REQUIRE(ranges && ranges->kind == json::Value::Kind::array, name, ": ranges is missing or not an array");
+  MTP_REQUIRE(ranges && ranges->kind == json::Value::Kind::array, name,
+              ": ranges is missing or not an array");
   std::vector<int> out(static_cast<size_t>(up_to) + 1, -1);
   out[0] = 0;
   for (size_t i = 0; i < ranges->items.size(); ++i) {
     const json::Value& r = ranges->items[i];
     const std::string where = str(name, ": ranges[", i, "]");
     MTP_REQUIRE(r.kind == json::Value::Kind::object, where, ": expected an object");
-    const json::Value *lo = member(r, "lo"), *hi = member(r, "hi"), *k = member(r, "k"), *flags = member(r, "flags");
+    const json::Value *lo = member(r, "lo"), *hi = member(r, "hi"), *k = member(r, "k"),
+                      *flags = member(r, "flags");
     MTP_REQUIRE(lo && hi && k && flags && flags->kind == json::Value::Kind::string, where,
                 ": needs lo, hi, k and flags");
-    const int l = json_int(*lo, where + ".lo", 1), h = json_int(*hi, where + ".hi", l), kk = json_int(*k, where + ".k", 0);
-    MTP_REQUIRE(flags->text == sglang_flags(kk), where, ".flags: \"", flags->text, "\" is not the launch flags of k = ",
-                kk, " (\"", sglang_flags(kk), "\")");
+    const int l = json_int(*lo, where + ".lo", 1), h = json_int(*hi, where + ".hi", l),
+              kk = json_int(*k, where + ".k", 0);
+    MTP_REQUIRE(flags->text == sglang_flags(kk), where, ".flags: \"", flags->text,
+                "\" is not the launch flags of k = ", kk, " (\"", sglang_flags(kk), "\")");
     for (int B = l; B <= std::min(h, up_to); ++B) {
       MTP_REQUIRE(out[static_cast<size_t>(B)] < 0, where, ": batch size ", B, " is in two ranges");
       out[static_cast<size_t>(B)] = kk;

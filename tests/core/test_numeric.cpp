@@ -44,7 +44,8 @@ TEST(Numeric, Bf16RoundsToNearestEven) {
   EXPECT_EQ(to_float(to_bf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
   // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: even is 1 + 2^-6.
   EXPECT_EQ(to_float(to_bf16(1.0f + 3 * std::ldexp(1.0f, -8))), 1.0f + std::ldexp(1.0f, -6));
-  EXPECT_EQ(to_float(to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20))), 1.0f + std::ldexp(1.0f, -7));
+  EXPECT_EQ(to_float(to_bf16(1.0f + std::ldexp(1.0f, -8) + std::ldexp(1.0f, -20))),
+            1.0f + std::ldexp(1.0f, -7));
   EXPECT_TRUE(std::isinf(to_float(to_bf16(3.4e38f * 1.0001f))) || to_float(to_bf16(3.4e38f)) > 3e38f);
 }
 

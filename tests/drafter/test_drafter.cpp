@@ -29,7 +29,8 @@ const io::TraceSequence& shared_sequence() {
 
 std::vector<bf16> download_kv(ops::Backend& be, drafter::BatchState& st, int rows, int kv_lora) {
   std::vector<bf16> out(static_cast<size_t>(rows) * kv_lora);
-  be.download(out.data(), st.caches.kv_slots().cache.data, out.size() * sizeof(bf16));  // one slot: identity table
+  be.download(out.data(), st.caches.kv_slots().cache.data,
+              out.size() * sizeof(bf16));  // one slot: identity table
   return out;
 }
 
@@ -90,7 +91,8 @@ TEST(SyntheticTrace, BatchedIsTheOneAtATimeTraceOnTheCpu) {
         EXPECT_EQ(many[s].prompt_length, 24);
         EXPECT_EQ(many[s].tokens, one[s].tokens) << "sequence " << s;
         ASSERT_EQ(many[s].hiddens.size(), one[s].hiddens.size());
-        EXPECT_EQ(0, std::memcmp(many[s].hiddens.data(), one[s].hiddens.data(), one[s].hiddens.size() * sizeof(bf16)))
+        EXPECT_EQ(0, std::memcmp(many[s].hiddens.data(), one[s].hiddens.data(),
+                                 one[s].hiddens.size() * sizeof(bf16)))
             << "sequence " << s;
       }
     }
@@ -105,9 +107,9 @@ TEST(SyntheticTrace, BadBatchesAreRefused) {
   EXPECT_EQ(t.capacity(), 40);  // rounded up to whole pools of 4
   EXPECT_THROW(drafter::synthetic_trace(t, cfg.vocab, 2, 8, 4, 3, {}, 0), Error);
   EXPECT_THROW(drafter::synthetic_trace(t, cfg.vocab, 2, 8, 4, 3, {}, drafter::kMaxTargetBatch + 1), Error);
-  EXPECT_THROW(t.generate_batch({{1, 2, 3}, {1, 2}}, 4, {}, 0), Error);     // prompt lengths differ
+  EXPECT_THROW(t.generate_batch({{1, 2, 3}, {1, 2}}, 4, {}, 0), Error);        // prompt lengths differ
   EXPECT_THROW(t.generate_batch({{1, 2, 3}, {1, 4096, 3}}, 4, {}, 0), Error);  // token past the vocab
-  EXPECT_THROW(t.generate_batch({{1, 2, 3}}, 38, {}, 0), Error);           // 41 positions > 40
+  EXPECT_THROW(t.generate_batch({{1, 2, 3}}, 38, {}, 0), Error);               // 41 positions > 40
   EXPECT_THROW(t.generate_batch({}, 4, {}, 0), Error);
   EXPECT_NO_THROW(t.generate_batch({{1, 2, 3}}, 37, {}, 0));
 }

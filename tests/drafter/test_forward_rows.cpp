@@ -103,18 +103,21 @@ void expect_same_caches(ops::Backend& be, BlockRig& a, int sa, BlockRig& b, int 
     const auto* kv = static_cast<const bf16*>(rig.cache.kv_slots().cache.data);
     for (size_t j = 0; j * B < n; ++j) {
       const auto blk = fetch(be, kv + (j * S + static_cast<size_t>(slot)) * B * d.kv_lora, B * d.kv_lora);
-      out.insert(out.end(), blk.begin(), blk.begin() + static_cast<std::ptrdiff_t>(std::min(B, n - j * B) * d.kv_lora));
+      out.insert(out.end(), blk.begin(),
+                 blk.begin() + static_cast<std::ptrdiff_t>(std::min(B, n - j * B) * d.kv_lora));
     }
     return out;
   };
   EXPECT_EQ(latent(a, sa), latent(b, sb)) << where << ": latent rows";
   const size_t oa = static_cast<size_t>(sa), ob = static_cast<size_t>(sb);
-  EXPECT_EQ(fetch(be, a.cache.k_cache.data() + oa * R * D, n * D), fetch(be, b.cache.k_cache.data() + ob * R * D, n * D))
+  EXPECT_EQ(fetch(be, a.cache.k_cache.data() + oa * R * D, n * D),
+            fetch(be, b.cache.k_cache.data() + ob * R * D, n * D))
       << where << ": indexer rows";
   const auto ga = fetch(be, a.cache.gate_cache.data() + oa * R * D, n * D),
              gb = fetch(be, b.cache.gate_cache.data() + ob * R * D, n * D);
   EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float))) << where << ": gate rows";
-  EXPECT_EQ(fetch(be, a.cache.valid.data() + oa * R, R), fetch(be, b.cache.valid.data() + ob * R, R)) << where;
+  EXPECT_EQ(fetch(be, a.cache.valid.data() + oa * R, R), fetch(be, b.cache.valid.data() + ob * R, R))
+      << where;
   const size_t P = static_cast<size_t>(d.max_pools()), pools = n / d.index_kpool;
   const auto ka = fetch(be, a.cache.pool_keys.data() + oa * P * D, pools * D),
              kb = fetch(be, b.cache.pool_keys.data() + ob * P * D, pools * D);
@@ -166,8 +169,9 @@ TEST_P(ForwardRows, EqualsOneForwardPerRow) {
       be->upload(xb.data(), x.data(), x.size() * sizeof(bf16));
       std::vector<int32_t> sel_a;
       for (int r = 0; r < m; ++r) {
-        a.block.forward(ops::RowBatch{slot.data(), pos.data() + r, 1, 1}, xa.data() + static_cast<size_t>(r) * H,
-                        a.cache, xa.data() + static_cast<size_t>(r) * H);
+        a.block.forward(ops::RowBatch{slot.data(), pos.data() + r, 1, 1},
+                        xa.data() + static_cast<size_t>(r) * H, a.cache,
+                        xa.data() + static_cast<size_t>(r) * H);
         const auto s = fetch(*be, a.block.selection(), width);
         sel_a.insert(sel_a.end(), s.begin(), s.end());
       }
@@ -193,8 +197,10 @@ TEST_P(ForwardRows, EqualsOneForwardPerRow) {
     be->upload(xb.data(), x.data(), x.size() * sizeof(bf16));
     for (int r = 0; r < k; ++r) {
       const ops::RowBatch one{slot.data(), pos.data() + r, 1, 1};
-      a.block.forward(one, xa.data() + static_cast<size_t>(r) * H, a.cache, xa.data() + static_cast<size_t>(r) * H);
-      b.block.forward(one, xb.data() + static_cast<size_t>(r) * H, b.cache, xb.data() + static_cast<size_t>(r) * H);
+      a.block.forward(one, xa.data() + static_cast<size_t>(r) * H, a.cache,
+                      xa.data() + static_cast<size_t>(r) * H);
+      b.block.forward(one, xb.data() + static_cast<size_t>(r) * H, b.cache,
+                      xb.data() + static_cast<size_t>(r) * H);
     }
     EXPECT_EQ(fetch(*be, xa.data(), x.size()), fetch(*be, xb.data(), x.size())) << "draft rows at " << base;
   };
@@ -263,8 +269,9 @@ TEST(RaggedRows, SequencesOfSeveralRowsEqualOneRowAtATime) {
         exp_a.insert(exp_a.end(), static_cast<size_t>(top_k), -2);
         continue;
       }
-      a.block.forward(ops::RowBatch{slot.data() + r, pos.data() + r, 1, 1}, xa.data() + static_cast<size_t>(r) * H,
-                      a.cache, xa.data() + static_cast<size_t>(r) * H);
+      a.block.forward(ops::RowBatch{slot.data() + r, pos.data() + r, 1, 1},
+                      xa.data() + static_cast<size_t>(r) * H, a.cache,
+                      xa.data() + static_cast<size_t>(r) * H);
       const auto s = fetch(*be, a.block.selection(), width);
       const auto e = fetch(*be, a.block.experts(), static_cast<size_t>(top_k));
       sel_a.insert(sel_a.end(), s.begin(), s.end());
@@ -281,7 +288,8 @@ TEST(RaggedRows, SequencesOfSeveralRowsEqualOneRowAtATime) {
         std::fill_n(exp_b.begin() + static_cast<std::ptrdiff_t>(R * top_k), top_k, -2);
         continue;
       }
-      EXPECT_TRUE(std::equal(ya.begin() + static_cast<std::ptrdiff_t>(R * H), ya.begin() + static_cast<std::ptrdiff_t>((R + 1) * H),
+      EXPECT_TRUE(std::equal(ya.begin() + static_cast<std::ptrdiff_t>(R * H),
+                             ya.begin() + static_cast<std::ptrdiff_t>((R + 1) * H),
                              yb.begin() + static_cast<std::ptrdiff_t>(R * H)))
           << where << ": row " << r << " (slot " << slots[R] << ", position " << p[R] << ")";
     }
@@ -333,20 +341,26 @@ TEST(RaggedRows, Refusals) {
     be->upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
   };
   put({0, 0, 0, 0}, {0, 1, 2, 3});
-  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 4}, x.data(), rig.cache, x.data()), Error)
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 4}, x.data(), rig.cache, x.data()),
+               Error)
       << "no buffers reserved";
   rig.block.reserve(4);
-  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 5, 5}, x.data(), rig.cache, x.data()), Error)
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 5, 5}, x.data(), rig.cache, x.data()),
+               Error)
       << "more rows than reserved";
-  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 3}, x.data(), rig.cache, x.data()), Error)
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 3}, x.data(), rig.cache, x.data()),
+               Error)
       << "more rows of one slot than max_seq_rows";
   put({0, 1, 0, 1}, {0, 0, 2, 1});
-  EXPECT_NO_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 2}, x.data(), rig.cache, x.data()));
+  EXPECT_NO_THROW(
+      rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 2}, x.data(), rig.cache, x.data()));
   put({0, 0, 1, 1}, {3, 2, 0, 1});
-  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 2}, x.data(), rig.cache, x.data()), Error)
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 2}, x.data(), rig.cache, x.data()),
+               Error)
       << "rows of one slot at descending positions";
   put({0, 1, 1, 1}, {0, 1, 1, 2});
-  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 3}, x.data(), rig.cache, x.data()), Error)
+  EXPECT_THROW(rig.block.forward(ops::RowBatch{slot.data(), pos.data(), 4, 3}, x.data(), rig.cache, x.data()),
+               Error)
       << "two rows of one slot at one position";
   EXPECT_THROW(rig.block.shadow_select(ops::RowBatch{slot.data(), pos.data(), 1, 1}, rig.cache), Error)
       << "no shadow buffers";

@@ -17,9 +17,9 @@
 #include <cmath>
 #include <set>
 
-#include "ops/one_row.hpp"
 #include "batch_replay.hpp"
 #include "common/drafter.hpp"
+#include "ops/one_row.hpp"
 
 using namespace mtplab;
 using drafter::DrafterOptions;
@@ -146,8 +146,8 @@ class ChainReference {
       be_.linear_f32(bw_.idx_wq_b.data(), cq.data(), q_idx.data(), 1, nI * D, d_.q_lora);
       be_.linear_f32(bw_.idx_weights_proj.data(), u.data(), w_idx.data(), 1, nI, H);
       be_.scale_f32(w_idx.data(), 1.0f / std::sqrt(static_cast<float>(nI)), nI);
-      be_.indexer_scores(q_idx.data(), w_idx.data(), cache.pool_keys.data(), pos.data(), scores.data(), nI, D, P,
-                         d_.max_pools());
+      be_.indexer_scores(q_idx.data(), w_idx.data(), cache.pool_keys.data(), pos.data(), scores.data(), nI, D,
+                         P, d_.max_pools());
       be_.indexer_select(scores.data(), pos.data(), own_sel.data(), K, P, d_.max_pools());
       std::vector<int32_t> own(static_cast<size_t>(d_.selection_width()));
       be_.download(own.data(), own_sel.data(), own.size() * sizeof(int32_t));
@@ -157,24 +157,28 @@ class ChainReference {
       chosen.resize(static_cast<size_t>(width), -1);
       be_.upload(sel.data(), chosen.data(), chosen.size() * sizeof(int32_t));
       // absorbed sparse MLA, o_proj, MoE, shared_head.norm, head
-      mtplab::ops::OneRow(be_).mla_absorb_q(q.data(), bw_.kv_b.data(), q_abs.data(), nh, d_.qk_nope, d_.v_head, L);
-      mtplab::ops::OneRow(be_).mla_decode(q_abs.data(), sel.data(), width, cache.block_tables.data(), cache.kv_slots().cache, o_lat.data(), nh,
-                     d_.softmax_scale);
-      mtplab::ops::OneRow(be_).mla_out_v(o_lat.data(), bw_.kv_b.data(), o.data(), nh, d_.qk_nope, d_.v_head, L);
+      mtplab::ops::OneRow(be_).mla_absorb_q(q.data(), bw_.kv_b.data(), q_abs.data(), nh, d_.qk_nope,
+                                            d_.v_head, L);
+      mtplab::ops::OneRow(be_).mla_decode(q_abs.data(), sel.data(), width, cache.block_tables.data(),
+                                          cache.kv_slots().cache, o_lat.data(), nh, d_.softmax_scale);
+      mtplab::ops::OneRow(be_).mla_out_v(o_lat.data(), bw_.kv_b.data(), o.data(), nh, d_.qk_nope, d_.v_head,
+                                         L);
       be_.linear_f32(bw_.o_proj.data(), o.data(), attn.data(), 1, H, nh * d_.v_head);
-      mtplab::ops::OneRow(be_).residual_add_rmsnorm(x0.data(), attn.data(), r.data(), bw_.post_norm.data(), v.data(), H,
-                               d_.rms_eps);
+      mtplab::ops::OneRow(be_).residual_add_rmsnorm(x0.data(), attn.data(), r.data(), bw_.post_norm.data(),
+                                                    v.data(), H, d_.rms_eps);
       be_.linear_f32(bw_.router.data(), v.data(), logits.data(), 1, d_.num_experts, H);
-      mtplab::ops::OneRow(be_).moe_route(logits.data(), bw_.router_bias.data(), d_.num_experts, d_.top_k, d_.n_group,
-                    d_.topk_group, d_.routed_scaling, eidx.data(), ew.data());
+      mtplab::ops::OneRow(be_).moe_route(logits.data(), bw_.router_bias.data(), d_.num_experts, d_.top_k,
+                                         d_.n_group, d_.topk_group, d_.routed_scaling, eidx.data(),
+                                         ew.data());
       const ops::ExpertWeights routed{bw_.exp_gate.data(), bw_.exp_up.data(),     bw_.exp_down.data(),
                                       bw_.first_expert,    bw_.num_local_experts, H,
                                       d_.moe_inter};
       const ops::ExpertWeights shared{bw_.sh_gate.data(),   bw_.sh_up.data(), bw_.sh_down.data(), 0, 1, H,
                                       d_.shared_inter_local};
-      mtplab::ops::OneRow(be_).moe_experts_shared(v.data(), routed, eidx.data(), ew.data(), d_.top_k, shared, d_.swiglu_limit,
-                             moe.data());
-      mtplab::ops::OneRow(be_).residual_add_rmsnorm(r.data(), moe.data(), x1.data(), head_norm_.data(), y.data(), H, eps);
+      mtplab::ops::OneRow(be_).moe_experts_shared(v.data(), routed, eidx.data(), ew.data(), d_.top_k, shared,
+                                                  d_.swiglu_limit, moe.data());
+      mtplab::ops::OneRow(be_).residual_add_rmsnorm(r.data(), moe.data(), x1.data(), head_norm_.data(),
+                                                    y.data(), H, eps);
       be_.head_argmax(lm_head_.data(), nullptr, nullptr, y.data(), static_cast<int>(cfg_.vocab), H, 0,
                       nullptr, am.data());
       ops::ArgMax best{};
@@ -229,8 +233,7 @@ ReferenceReplay replay_against_reference(Fixture& f, drafter::MtpDrafter& d, Cha
     for (int L = prompts[s], step = 0; L + kDraft <= N - 1; ++step) {
       const int base = st->seq_len(0);
       const auto drafts = d.propose(*st, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft);
-      const auto chain =
-          ref.run(st->caches, base, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft, share);
+      const auto chain = ref.run(st->caches, base, t.tokens[L], test::hidden_row(t, L - 1, H), kDraft, share);
       const std::string where = "sequence " + std::to_string(s) + ", propose at row " + std::to_string(base) +
                                 (share ? " (index_share on)" : " (index_share off)");
       EXPECT_EQ(drafts, chain.drafts) << where;

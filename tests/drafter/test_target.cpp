@@ -66,11 +66,13 @@ struct RowOut {
 
 RowOut row_of(const VerifyResult& r, int row, int H, int V) {
   RowOut o;
-  o.hidden.assign(r.hiddens.begin() + static_cast<ptrdiff_t>(row) * H, r.hiddens.begin() + static_cast<ptrdiff_t>(row + 1) * H);
+  o.hidden.assign(r.hiddens.begin() + static_cast<ptrdiff_t>(row) * H,
+                  r.hiddens.begin() + static_cast<ptrdiff_t>(row + 1) * H);
   if (!r.tokens.empty()) o.token = r.tokens[static_cast<size_t>(row)];
   if (!r.stats.empty()) o.stats = r.stats[static_cast<size_t>(row)];
   if (!r.logits.empty())
-    o.logits.assign(r.logits.begin() + static_cast<ptrdiff_t>(row) * V, r.logits.begin() + static_cast<ptrdiff_t>(row + 1) * V);
+    o.logits.assign(r.logits.begin() + static_cast<ptrdiff_t>(row) * V,
+                    r.logits.begin() + static_cast<ptrdiff_t>(row + 1) * V);
   return o;
 }
 
@@ -79,8 +81,8 @@ void expect_same_row(const RowOut& a, const RowOut& b, const std::string& what) 
   EXPECT_TRUE(same_bits(a.hidden.data(), b.hidden.data(), a.hidden.size() * sizeof(bf16)) &&
               a.hidden.size() == b.hidden.size())
       << what << ": hidden";
-  EXPECT_TRUE(same_bits(&a.stats, &b.stats, sizeof(ops::TokenStats))) << what << ": stats " << a.stats.logprob
-                                                                       << " vs " << b.stats.logprob;
+  EXPECT_TRUE(same_bits(&a.stats, &b.stats, sizeof(ops::TokenStats)))
+      << what << ": stats " << a.stats.logprob << " vs " << b.stats.logprob;
   EXPECT_TRUE(a.logits.size() == b.logits.size() &&
               same_bits(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(bf16)))
       << what << ": logits";
@@ -91,9 +93,9 @@ void expect_same_row(const RowOut& a, const RowOut& b, const std::string& what) 
 // B = 4 sequences with prompts of 9, 17, 22 and 30 tokens, then 8 steps in which sequence b
 // verifies R = 1 + (b + step) % 5 rows (1 .. 5, at its own position, past the 19 rows where the
 // indexer's selection starts to be sparse), with the stats of a transform (truncated every other
-// step), requested tokens and the logits; after each step every sequence keeps a random number of its rows. The
-// reference runs each sequence's rows one at a time, alone, on the same weights; a second target
-// cuts every forward at 7 rows (a sequence's rows split over two forwards).
+// step), requested tokens and the logits; after each step every sequence keeps a random number of its rows.
+// The reference runs each sequence's rows one at a time, alone, on the same weights; a second target cuts
+// every forward at 7 rows (a sequence's rows split over two forwards).
 TEST(Target, VerifyOfRaggedRowsIsOneRowStepsBitForBit) {
   auto be = ops::make_cpu_backend();
   const model::ModelConfig cfg = target_config(1);
@@ -139,10 +141,13 @@ TEST(Target, VerifyOfRaggedRowsIsOneRowStepsBitForBit) {
     EXPECT_EQ(pc.tokens, p.tokens);
     EXPECT_TRUE(same_bits(pc.hiddens.data(), p.hiddens.data(), p.hiddens.size() * sizeof(bf16)));
     for (int j = 0; j < prompt[b]; ++j) {
-      const VerifySeq s{one_slot[static_cast<size_t>(b)], std::span<const int32_t>(&tokens[static_cast<size_t>(j)], 1)};
+      const VerifySeq s{one_slot[static_cast<size_t>(b)],
+                        std::span<const int32_t>(&tokens[static_cast<size_t>(j)], 1)};
       const bool last = j + 1 == prompt[b];
-      const VerifyResult r = target->verify(*one, std::span<const VerifySeq>(&s, 1), last ? px : VerifyExtras{});
-      ASSERT_TRUE(same_bits(r.hiddens.data(), p.hiddens.data() + static_cast<size_t>(j) * H, H * sizeof(bf16)))
+      const VerifyResult r =
+          target->verify(*one, std::span<const VerifySeq>(&s, 1), last ? px : VerifyExtras{});
+      ASSERT_TRUE(
+          same_bits(r.hiddens.data(), p.hiddens.data() + static_cast<size_t>(j) * H, H * sizeof(bf16)))
           << "sequence " << b << " prompt row " << j;
       if (last) {  // the prefill's head row: its token, stats and logits, with the last hidden
         RowOut got = row_of(p, 0, H, V);
@@ -171,7 +176,8 @@ TEST(Target, VerifyOfRaggedRowsIsOneRowStepsBitForBit) {
     }
     std::vector<int32_t> req_in_order;
     std::vector<int> first_req(B + 1, 0);
-    for (int b = 0; b < B; ++b) first_req[static_cast<size_t>(b) + 1] = first_req[static_cast<size_t>(b)] + 1 + (b + step) % 5;
+    for (int b = 0; b < B; ++b)
+      first_req[static_cast<size_t>(b) + 1] = first_req[static_cast<size_t>(b)] + 1 + (b + step) % 5;
     for (int b : {2, 0, 3, 1})
       req_in_order.insert(req_in_order.end(), requested.begin() + first_req[static_cast<size_t>(b)],
                           requested.begin() + first_req[static_cast<size_t>(b) + 1]);
@@ -195,18 +201,21 @@ TEST(Target, VerifyOfRaggedRowsIsOneRowStepsBitForBit) {
       EXPECT_EQ(batch->seq_len(slot[static_cast<size_t>(b)]), before[static_cast<size_t>(b)] + R);
       for (int j = 0; j < R; ++j) {
         const int row = r.first_row[static_cast<size_t>(i)] + j;
-        const VerifySeq s{one_slot[static_cast<size_t>(b)], std::span<const int32_t>(&tok[static_cast<size_t>(j)], 1)};
+        const VerifySeq s{one_slot[static_cast<size_t>(b)],
+                          std::span<const int32_t>(&tok[static_cast<size_t>(j)], 1)};
         VerifyExtras x1 = x;
         x1.requested = std::span<const int32_t>(&req_in_order[static_cast<size_t>(row)], 1);
         const VerifyResult single = target->verify(*one, std::span<const VerifySeq>(&s, 1), x1);
-        const std::string what = str("sequence ", b, " row ", j, " at position ", before[static_cast<size_t>(b)] + j);
+        const std::string what =
+            str("sequence ", b, " row ", j, " at position ", before[static_cast<size_t>(b)] + j);
         expect_same_row(row_of(r, row, H, V), row_of(single, 0, H, V), what);
         expect_same_row(row_of(rc, row, H, V), row_of(single, 0, H, V), what + " (forwards of 7 rows)");
         ++rows_checked;
         max_pos = std::max(max_pos, before[static_cast<size_t>(b)] + j);
       }
       // Keep the first a + 1 rows (a accepted drafts), in all three.
-      const int keep = before[static_cast<size_t>(b)] + 1 + static_cast<int>(rng() % static_cast<unsigned>(R));
+      const int keep =
+          before[static_cast<size_t>(b)] + 1 + static_cast<int>(rng() % static_cast<unsigned>(R));
       target->rollback(*batch, slot[static_cast<size_t>(b)], keep);
       chunked->rollback(*cut, cut_slot[static_cast<size_t>(b)], keep);
       target->rollback(*one, one_slot[static_cast<size_t>(b)], keep);
@@ -321,13 +330,15 @@ TEST(Target, DenseMlpLayerIsTheDirectComputation) {
     const float rs = 1.0f / std::sqrt(ops::cpu::fold_lanes(acc) / static_cast<float>(H) + eps);
     std::vector<float> v(static_cast<size_t>(H));
     for (int j = 0; j < H; ++j)
-      v[static_cast<size_t>(j)] =
-          to_float(to_bf16(to_float(w.post_attention_layernorm.data[static_cast<size_t>(j)]) * (to_float(xr[j]) * rs)));
+      v[static_cast<size_t>(j)] = to_float(to_bf16(
+          to_float(w.post_attention_layernorm.data[static_cast<size_t>(j)]) * (to_float(xr[j]) * rs)));
     for (bool clamp : {true, false}) {
       std::vector<float> a(static_cast<size_t>(I));
       for (int i = 0; i < I; ++i) {
-        float g = to_float(to_bf16(ops::cpu::dot(w.mlp.gate_proj.data.data() + static_cast<size_t>(i) * H, v.data(), H)));
-        float u = to_float(to_bf16(ops::cpu::dot(w.mlp.up_proj.data.data() + static_cast<size_t>(i) * H, v.data(), H)));
+        float g = to_float(
+            to_bf16(ops::cpu::dot(w.mlp.gate_proj.data.data() + static_cast<size_t>(i) * H, v.data(), H)));
+        float u = to_float(
+            to_bf16(ops::cpu::dot(w.mlp.up_proj.data.data() + static_cast<size_t>(i) * H, v.data(), H)));
         if (clamp) {
           clamped += (g > L) + (std::fabs(u) > L);
           g = std::min(g, L);
@@ -336,7 +347,8 @@ TEST(Target, DenseMlpLayerIsTheDirectComputation) {
         a[static_cast<size_t>(i)] = to_float(to_bf16(g / (1.0f + std::exp(-g)) * u));
       }
       for (int h = 0; h < H; ++h) {
-        const float dh = to_float(to_bf16(ops::cpu::dot(w.mlp.down_proj.data.data() + static_cast<size_t>(h) * I, a.data(), I)));
+        const float dh = to_float(
+            to_bf16(ops::cpu::dot(w.mlp.down_proj.data.data() + static_cast<size_t>(h) * I, a.data(), I)));
         const bf16 want = to_bf16(to_float(xr[h]) + (0.0f + 1.0f * dh));
         const bf16 got = out[static_cast<size_t>(r) * H + h];
         if (clamp) {
@@ -389,11 +401,13 @@ TEST(Target, StatsAndLogitsAreTheHeadsOnTheHiddens) {
   const VerifyResult r = target->verify(*state, seqs, x);
   ASSERT_EQ(r.rows, 7);
   // The drafter holds the same head (weight seed 7): its target_logprobs of the hiddens.
-  auto w = model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 7);
+  auto w =
+      model::synthesize_mtp_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 7);
   auto drafter = drafter::make_drafter(*be, nullptr, cfg, w, drafter::DrafterOptions{});
   const std::vector<float> lp = drafter->target_logprobs(r.hiddens.data(), requested.data(), 7, t);
   for (int i = 0; i < 7; ++i) {
-    EXPECT_EQ(float_to_bits(lp[static_cast<size_t>(i)]), float_to_bits(r.stats[static_cast<size_t>(i)].req_logprob))
+    EXPECT_EQ(float_to_bits(lp[static_cast<size_t>(i)]),
+              float_to_bits(r.stats[static_cast<size_t>(i)].req_logprob))
         << "row " << i;
     EXPECT_TRUE(std::isfinite(r.stats[static_cast<size_t>(i)].req_logprob)) << "row " << i;
     const bf16* row = r.logits.data() + static_cast<size_t>(i) * V;
@@ -410,7 +424,8 @@ TEST(Target, StatsAndLogitsAreTheHeadsOnTheHiddens) {
   const VerifyResult q = target->verify(*state, seqs, y);
   for (int i = 0; i < 7; ++i) {
     EXPECT_TRUE(std::isnan(q.stats[static_cast<size_t>(i)].req_logprob));
-    EXPECT_EQ(float_to_bits(q.stats[static_cast<size_t>(i)].logprob), float_to_bits(r.stats[static_cast<size_t>(i)].logprob));
+    EXPECT_EQ(float_to_bits(q.stats[static_cast<size_t>(i)].logprob),
+              float_to_bits(r.stats[static_cast<size_t>(i)].logprob));
   }
   EXPECT_TRUE(q.logits.empty());
   EXPECT_EQ(q.tokens, r.tokens);
@@ -437,7 +452,8 @@ TEST(Target, SyntheticTraceIsTheTargetsGreedyContinuation) {
         ASSERT_EQ(r.tokens.back(), seq.tokens[p]) << "position " << p;
         const VerifySeq q{s, std::span<const int32_t>(&seq.tokens[p], 1)};
         r = target->verify(*state, std::span<const VerifySeq>(&q, 1));
-        ASSERT_TRUE(same_bits(r.hiddens.data(), seq.hiddens.data() + p * H, H * sizeof(bf16))) << "position " << p;
+        ASSERT_TRUE(same_bits(r.hiddens.data(), seq.hiddens.data() + p * H, H * sizeof(bf16)))
+            << "position " << p;
       }
       target->release(*state, s);
     }
@@ -461,8 +477,8 @@ TEST(Target, IsTheEmbeddingTheLayersTheNormAndTheHead) {
     drafter::BlockDims d = drafter::block_dims(cfg, 1, 0, ops::KvDtype::bf16);
     d.dense_mlp = i == 0;
     d.dense_inter_local = i == 0 ? cfg.intermediate_size : 0;
-    blocks.push_back(std::make_unique<drafter::Block>(*be, nullptr, d,
-                                                      drafter::upload_block_weights(*be, w.layers[static_cast<size_t>(i)])));
+    blocks.push_back(std::make_unique<drafter::Block>(
+        *be, nullptr, d, drafter::upload_block_weights(*be, w.layers[static_cast<size_t>(i)])));
     blocks.back()->reserve(1);
     caches.push_back(std::make_unique<drafter::SlotCaches>(*be, d, 1));
   }
@@ -479,7 +495,8 @@ TEST(Target, IsTheEmbeddingTheLayersTheNormAndTheHead) {
   std::vector<int32_t> argmax;
   for (int p = 0; p < 30; ++p) {
     be->upload(pos.data(), &p, sizeof p);
-    be->copy(x.data(), embed.data() + static_cast<size_t>(tokens[static_cast<size_t>(p)]) * H, H * sizeof(bf16));
+    be->copy(x.data(), embed.data() + static_cast<size_t>(tokens[static_cast<size_t>(p)]) * H,
+             H * sizeof(bf16));
     for (int i = 0; i < L; ++i)
       blocks[static_cast<size_t>(i)]->forward(ops::RowBatch{slot.data(), pos.data(), 1, 1}, x.data(),
                                               *caches[static_cast<size_t>(i)], x.data());
@@ -510,8 +527,8 @@ TEST(Target, CheckpointTargetGeneratesTheSyntheticTrace) {
   const model::ModelConfig cfg = target_config(1);
   test::TempDir tmp("mtplab-target");
   const std::string file = tmp / "target.safetensors";
-  const model::TargetWeights whole =
-      model::synthesize_target_weights(cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 2, 7, 5);
+  const model::TargetWeights whole = model::synthesize_target_weights(
+      cfg, model::make_shard_plan(cfg, 0, 1, model::HeadSharding::none), 2, 7, 5);
   model::write_safetensors(file, model::target_checkpoint_views(cfg, whole));
   auto loaded = drafter::load_target(*be, nullptr, cfg, 2, file);
   EXPECT_EQ(loaded->layers(), 2);
@@ -544,13 +561,13 @@ TEST(Target, BadCallsAreRefused) {
   auto state = target->new_batch(2);
   const int s = target->new_sequence(*state);
   const std::vector<int32_t> ok = {1, 2, 3}, bad = {1, cfg.vocab};
-  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{}), Error);                        // nothing
-  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{1, ok}}), Error);                 // free slot
-  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{s, ok}, {s, ok}}), Error);        // twice
-  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{s, bad}}), Error);                // vocab
-  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{s, {}}}), Error);                 // no row
+  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{}), Error);                  // nothing
+  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{1, ok}}), Error);           // free slot
+  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{s, ok}, {s, ok}}), Error);  // twice
+  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{s, bad}}), Error);          // vocab
+  EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{s, {}}}), Error);           // no row
   const std::vector<int32_t> long_rows(129, 1);
-  EXPECT_THROW(target->prefill(*state, s, long_rows), Error);                                   // capacity
+  EXPECT_THROW(target->prefill(*state, s, long_rows), Error);  // capacity
   VerifyExtras x;
   x.requested = ok;  // without a transform
   EXPECT_THROW(target->verify(*state, std::vector<VerifySeq>{{s, ok}}, x), Error);

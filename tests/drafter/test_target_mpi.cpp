@@ -109,8 +109,9 @@ Outcome run(dist::Communicator* comm, model::HeadSharding hs, drafter::Exchange 
         }
     }
     for (int b = 0; b < 3; ++b)
-      target->rollback(*state, b,
-                       before[static_cast<size_t>(b)] + 1 + static_cast<int>(rng() % rows[static_cast<size_t>(b)].size()));
+      target->rollback(
+          *state, b,
+          before[static_cast<size_t>(b)] + 1 + static_cast<int>(rng() % rows[static_cast<size_t>(b)].size()));
   }
   return out;
 }
@@ -165,9 +166,10 @@ TEST(TargetMpi, ShardedTargetGivesTheOneRankTokens) {
   EXPECT_EQ(ref.tokens, solo.tokens);
   EXPECT_GT(clear_rows, ref.tokens.size() / 2);
   if (comm.rank() == 0)
-    std::printf("[target-mpi] %zu headed rows, %zu with a 1-rank margin > 0.1; hidden values differing from one "
-                "rank: %zu of %zu, by at most %.4f (hidden RMS %.3f)\n",
-                ref.tokens.size(), clear_rows, hidden_bits_differ, solo.hiddens.size(), max_diff, rms);
+    std::printf(
+        "[target-mpi] %zu headed rows, %zu with a 1-rank margin > 0.1; hidden values differing from one "
+        "rank: %zu of %zu, by at most %.4f (hidden RMS %.3f)\n",
+        ref.tokens.size(), clear_rows, hidden_bits_differ, solo.hiddens.size(), max_diff, rms);
 }
 
 // One dense layer on rows inside the indexer's dense window (no selection, no router to flip): the
@@ -204,9 +206,10 @@ TEST(TargetMpi, ShardedDenseLayerIsTheOneRankLayerUpToRounding) {
   const double rms = std::sqrt(sum_sq / static_cast<double>(one.size()));
   const double step = std::ldexp(1.0, std::ilogb(rms) - 7);  // a BF16 step at the RMS
   if (comm.rank() == 0)
-    std::printf("[target-mpi] one dense layer: %zu of %zu hidden values differ from one rank's, by at most %.1f "
-                "BF16 steps at the RMS %.3f\n",
-                differ, one.size(), max_abs / step, rms);
+    std::printf(
+        "[target-mpi] one dense layer: %zu of %zu hidden values differ from one rank's, by at most %.1f "
+        "BF16 steps at the RMS %.3f\n",
+        differ, one.size(), max_abs / step, rms);
   EXPECT_LE(max_abs, 8 * step);
 }
 

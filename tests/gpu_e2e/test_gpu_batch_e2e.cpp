@@ -168,9 +168,10 @@ TEST(GpuSyntheticTrace, BatchedGenerationMatchesOneAtATime) {
         close_rows += diff_max <= rms / 8;
       }
     }
-    std::printf("[ synthetic trace, batch %d ] prompt rows bit-identical %d of %d, within 1/8 RMS %d, mean "
-                "|diff| / RMS %.5f; sequences with the same tokens %d of %d\n",
-                batch, bit_rows, rows, close_rows, rel_sum / rows, same_tokens, kSeqs);
+    std::printf(
+        "[ synthetic trace, batch %d ] prompt rows bit-identical %d of %d, within 1/8 RMS %d, mean "
+        "|diff| / RMS %.5f; sequences with the same tokens %d of %d\n",
+        batch, bit_rows, rows, close_rows, rel_sum / rows, same_tokens, kSeqs);
     EXPECT_LT(rel_sum / rows, 0.01);
     EXPECT_GE(close_rows, rows * 95 / 100);
     EXPECT_GE(same_tokens, 6);

@@ -77,8 +77,8 @@ TEST(GpuContextGemm, CachesAndDraftsOnTheSmallPreset) {
     g_gpu->synchronize();
     const size_t kv = static_cast<size_t>(n) * cfg.kv_lora_rank;  // identity block table
     const size_t kr = static_cast<size_t>(n) * cfg.index_head_dim;
-    const CacheDiff dl =
-        compare(download_rows(sa->caches.kv_slots().cache.data, kv), download_rows(sb->caches.kv_slots().cache.data, kv));
+    const CacheDiff dl = compare(download_rows(sa->caches.kv_slots().cache.data, kv),
+                                 download_rows(sb->caches.kv_slots().cache.data, kv));
     const CacheDiff dk =
         compare(download_rows(sa->caches.k_cache.data(), kr), download_rows(sb->caches.k_cache.data(), kr));
     std::printf(

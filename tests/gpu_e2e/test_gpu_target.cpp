@@ -44,7 +44,8 @@ struct Outcome {
 };
 
 /// The fixed scenario on one backend (the rows do not depend on the results).
-Outcome run(ops::Backend& be, const model::ModelConfig& cfg, int layers, const drafter::SamplingTransform& t) {
+Outcome run(ops::Backend& be, const model::ModelConfig& cfg, int layers,
+            const drafter::SamplingTransform& t) {
   auto target = drafter::make_synthetic_target(be, nullptr, cfg, layers, 7, 5, {});
   auto state = target->new_batch(3);
   std::mt19937 rng(41);
@@ -57,7 +58,8 @@ Outcome run(ops::Backend& be, const model::ModelConfig& cfg, int layers, const d
   VerifyExtras x;
   x.transform = &t;
   x.logits = true;
-  for (int len : {18, 37, 52}) out.results.push_back(target->prefill(*state, target->new_sequence(*state), tokens(len), x));
+  for (int len : {18, 37, 52})
+    out.results.push_back(target->prefill(*state, target->new_sequence(*state), tokens(len), x));
   for (int step = 0; step < 6; ++step) {
     std::vector<std::vector<int32_t>> rows;
     std::vector<VerifySeq> seqs;
@@ -69,7 +71,9 @@ Outcome run(ops::Backend& be, const model::ModelConfig& cfg, int layers, const d
     for (int b = 0; b < 3; ++b) seqs.push_back(VerifySeq{b, rows[static_cast<size_t>(b)]});
     out.results.push_back(target->verify(*state, seqs, x));
     for (int b = 0; b < 3; ++b)
-      target->rollback(*state, b, before[static_cast<size_t>(b)] + 1 + static_cast<int>(rows[static_cast<size_t>(b)].size()) / 2);
+      target->rollback(
+          *state, b,
+          before[static_cast<size_t>(b)] + 1 + static_cast<int>(rows[static_cast<size_t>(b)].size()) / 2);
   }
   return out;
 }
@@ -117,7 +121,8 @@ TEST(GpuTarget, VerifyMatchesTheCpuTarget) {
       if (a.stats[r].margin > tol) {
         ++clear;
         clear_same += a.tokens[r] == b.tokens[r];
-        EXPECT_EQ(a.tokens[r], b.tokens[r]) << "result " << i << " row " << r << " margin " << a.stats[r].margin;
+        EXPECT_EQ(a.tokens[r], b.tokens[r])
+            << "result " << i << " row " << r << " margin " << a.stats[r].margin;
       }
       // The stats of the CUDA logits, by the CPU stats op: the CUDA stats pass is exact.
       const bf16* lb = b.logits.data() + r * static_cast<size_t>(V);
@@ -128,9 +133,10 @@ TEST(GpuTarget, VerifyMatchesTheCpuTarget) {
       stats_err = std::max(stats_err, std::fabs(-std::log(z) - b.stats[r].logprob));
     }
   }
-  std::printf("[ target on CUDA ] rows %d: within 1/8 RMS %d, mean |diff| / RMS %.5f; headed rows %d, same token %d; "
-              "clear rows %d, same %d; |logprob - host(CUDA logits)| <= %.2e\n",
-              rows, close_rows, rel_sum / rows, headed, same_token, clear, clear_same, stats_err);
+  std::printf(
+      "[ target on CUDA ] rows %d: within 1/8 RMS %d, mean |diff| / RMS %.5f; headed rows %d, same token %d; "
+      "clear rows %d, same %d; |logprob - host(CUDA logits)| <= %.2e\n",
+      rows, close_rows, rel_sum / rows, headed, same_token, clear, clear_same, stats_err);
   EXPECT_LT(rel_sum / rows, 0.01);
   EXPECT_GE(close_rows, rows * 95 / 100);
   EXPECT_GE(same_token, headed * 95 / 100);
@@ -158,9 +164,11 @@ TEST(GpuTarget, DenseLayerMatchesTheCpu) {
     for (int h = 0; h < H; ++h) ss += std::pow(to_float(a[r * H + h]), 2.0);
     const float step = e2e::bf16_ulp(static_cast<float>(std::sqrt(ss / H)));
     for (int h = 0; h < H; ++h)
-      worst = std::max(worst, std::fabs(static_cast<double>(to_float(a[r * H + h]) - to_float(b[r * H + h]))) / step);
+      worst = std::max(
+          worst, std::fabs(static_cast<double>(to_float(a[r * H + h]) - to_float(b[r * H + h]))) / step);
   }
-  std::printf("[ target on CUDA ] one dense layer: worst difference %.1f BF16 steps at the row's RMS\n", worst);
+  std::printf("[ target on CUDA ] one dense layer: worst difference %.1f BF16 steps at the row's RMS\n",
+              worst);
   EXPECT_LE(worst, 4.0);
 }
 

@@ -61,13 +61,15 @@ inline model::MtpWeights online_weights(const model::ModelConfig& cfg, int rank 
 /// The target of `layers` layers behind `w` (drafter::make_target_behind's) with each layer's
 /// writes scaled as online_weights scales the drafter's block.
 inline std::unique_ptr<drafter::Target> online_target(ops::Backend& be, dist::Communicator* comm,
-                                                      const model::ModelConfig& cfg, const model::MtpWeights& w,
-                                                      int layers, uint64_t target_seed,
+                                                      const model::ModelConfig& cfg,
+                                                      const model::MtpWeights& w, int layers,
+                                                      uint64_t target_seed,
                                                       const drafter::TargetOptions& o = {}) {
   return std::make_unique<drafter::Target>(
       be, comm, cfg, model::target_trunk_of(cfg, w, target_seed), layers,
       [&](int i) {
-        model::LayerWeights l = model::synthesize_layer_weights(cfg, w.plan, i, target_seed + 1 + static_cast<uint64_t>(i));
+        model::LayerWeights l =
+            model::synthesize_layer_weights(cfg, w.plan, i, target_seed + 1 + static_cast<uint64_t>(i));
         quiet_block(l.attn, l.moe, kQuiet);
         return l;
       },
@@ -89,7 +91,8 @@ struct OnlineOutcome {
 };
 
 inline OnlineOutcome run_online_collect(drafter::Target& target, drafter::MtpDrafter* drafter,
-                                        const std::vector<harness::Prompt>& prompts, const harness::OnlineRun& run) {
+                                        const std::vector<harness::Prompt>& prompts,
+                                        const harness::OnlineRun& run) {
   OnlineOutcome out;
   harness::OnlineHooks hooks;
   hooks.after_step = [&](const std::vector<harness::StepRecord>& rows) {
@@ -104,19 +107,22 @@ inline OnlineOutcome run_online_collect(drafter::Target& target, drafter::MtpDra
 /// The trace `target` generates from `prompts` (each alone: prompts of different lengths, and
 /// sequence i's uniforms are those of index prompts[i].index), `new_tokens` tokens each, greedy or
 /// sampled; sequence i has index prompts[i].index.
-inline std::vector<io::TraceSequence> online_trace(drafter::Target& target, const std::vector<harness::Prompt>& prompts,
+inline std::vector<io::TraceSequence> online_trace(drafter::Target& target,
+                                                   const std::vector<harness::Prompt>& prompts,
                                                    int new_tokens, const io::TraceSampling& sampling = {}) {
   std::vector<io::TraceSequence> out;
   for (const harness::Prompt& p : prompts) {
-    out.push_back(std::move(drafter::generate_batch(target, {p.tokens}, new_tokens, sampling, p.index).front()));
+    out.push_back(
+        std::move(drafter::generate_batch(target, {p.tokens}, new_tokens, sampling, p.index).front()));
     out.back().index = p.index;
   }
   return out;
 }
 
 /// The replay of `seqs` at batch B, its step records in order.
-inline OnlineOutcome replay_collect(drafter::MtpDrafter& drafter, const std::vector<io::TraceSequence>& seqs, int B,
-                                    int k, int hidden, const harness::SamplingVerify* sampling = nullptr,
+inline OnlineOutcome replay_collect(drafter::MtpDrafter& drafter, const std::vector<io::TraceSequence>& seqs,
+                                    int B, int k, int hidden,
+                                    const harness::SamplingVerify* sampling = nullptr,
                                     std::span<const std::vector<float>> logp = {}) {
   OnlineOutcome out;
   harness::BatchReplayHooks hooks;

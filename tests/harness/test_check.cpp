@@ -7,7 +7,6 @@
 //   keys that differ; the identity covers the inputs, the backend and the bit-changing kernels;
 // - stale `<file>.tmp.<pid>` files are those whose pid is dead, and only those are removed.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -124,10 +123,9 @@ TEST(Check, CleanInputsPass) {
   // The identity's inputs: the files' fingerprints, the backend, the bit-changing kernel fields.
   std::vector<std::string> keys;
   for (const auto& [k, v] : rep.identity) keys.push_back(k);
-  EXPECT_EQ(keys,
-            (std::vector<std::string>{"backend", "checkpoint " + (in.dir / "ckpt.safetensors"),
-                                      "kernels.gemv_split", "kernels.gemv_variant", "kernels.mla_decode",
-                                      "trace " + (in.dir / "trace.h5")}));
+  EXPECT_EQ(keys, (std::vector<std::string>{"backend", "checkpoint " + (in.dir / "ckpt.safetensors"),
+                                            "kernels.gemv_split", "kernels.gemv_variant",
+                                            "kernels.mla_decode", "trace " + (in.dir / "trace.h5")}));
   EXPECT_FALSE(fs::exists(in.dir / "out.h5")) << "the check must not create the output";
 }
 

@@ -310,7 +310,7 @@ TEST(ArmRegistry, EveryArmEveryValue) {
     // A value outside the arm's values is refused, naming the arm.
     const std::string bad = a.type == SettingType::integer ? str(a.max + 1)
                             : a.type == SettingType::real  ? str(a.real_max * 2 + 1)
-                                                       : "sometimes";
+                                                           : "sometimes";
     ASSERT_FALSE(sample_values(a).empty());
     const std::string msg =
         message_of([&] { parse_experiment(kSingleSampled, "exp.yaml", {str(a.name, "=", bad)}, 2); });
@@ -466,13 +466,13 @@ TEST(ArmRegistry, KernelsBlock) {
   const std::string swept = message_of(
       [] { parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.mla_batch=[shared2,shared]"}, 1); });
   EXPECT_NE(swept.find("dev/cuda/mla.cu"), std::string::npos) << swept;
-  const std::string retired = message_of(
-      [] { parse_experiment(kSingle, "exp.yaml", {"kernels.indexer_select=v1"}, 1); });
+  const std::string retired =
+      message_of([] { parse_experiment(kSingle, "exp.yaml", {"kernels.indexer_select=v1"}, 1); });
   EXPECT_NE(retired.find("indexer_select"), std::string::npos) << retired;
   // Swept like any arm.
-  EXPECT_EQ(
-      parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.indexer_scores=[pools4,tiled]"}, 1).points.size(),
-      2u);
+  EXPECT_EQ(parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.indexer_scores=[pools4,tiled]"}, 1)
+                .points.size(),
+            2u);
   // The environment overrides a field, and the point records it.
   ASSERT_EQ(setenv("MTPLAB_GEMV_SPLIT", "4", 1), 0);
   const Experiment env = parse_experiment(text, "exp.yaml", {}, 1);

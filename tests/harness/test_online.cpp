@@ -19,9 +19,9 @@
 
 #include "common/error_of.hpp"
 #include "core/hash.hpp"
-#include "harness/uncertainty.hpp"
 #include "experiment_text.hpp"
 #include "harness/experiment.hpp"
+#include "harness/uncertainty.hpp"
 #include "online_fixture.hpp"
 
 using namespace mtplab;
@@ -62,7 +62,8 @@ std::vector<int32_t> generated(const OnlineSequence& s) {
 }
 
 const OnlineSequence& by_index(const std::vector<OnlineSequence>& seqs, int64_t index) {
-  const auto it = std::find_if(seqs.begin(), seqs.end(), [&](const OnlineSequence& s) { return s.index == index; });
+  const auto it =
+      std::find_if(seqs.begin(), seqs.end(), [&](const OnlineSequence& s) { return s.index == index; });
   if (it == seqs.end()) throw std::runtime_error(str("no sequence ", index));
   return *it;
 }
@@ -125,8 +126,8 @@ TEST(Online, GreedyTokensAreTheTargetsAtEveryDraftLengthAndBatch) {
     }
   }
   std::printf("[online] %lld steps: %lld accepted nothing, %lld every draft, %.2f drafts accepted a step\n",
-              static_cast<long long>(steps), static_cast<long long>(steps_none), static_cast<long long>(steps_all),
-              static_cast<double>(accepted) / static_cast<double>(steps));
+              static_cast<long long>(steps), static_cast<long long>(steps_none),
+              static_cast<long long>(steps_all), static_cast<double>(accepted) / static_cast<double>(steps));
   EXPECT_GT(steps_none, steps / 20);
   EXPECT_GT(steps_all, steps / 20);
 }
@@ -160,7 +161,8 @@ TEST(Online, GreedyIsTheReplayOfTheTargetsTraceBitForBit) {
         // run with the target's tokens after the rejected drafts.
         for (int j = 0; j <= a.accepted && j < k; ++j) {
           EXPECT_EQ(a.targets[static_cast<size_t>(j)], b.targets[static_cast<size_t>(j)]) << "step row " << i;
-          EXPECT_EQ(a.accept_prob[static_cast<size_t>(j)], b.accept_prob[static_cast<size_t>(j)]) << "step row " << i;
+          EXPECT_EQ(a.accept_prob[static_cast<size_t>(j)], b.accept_prob[static_cast<size_t>(j)])
+              << "step row " << i;
         }
         EXPECT_EQ(a.expected_accepted(), b.expected_accepted()) << "step row " << i;
         accepted += a.accepted;
@@ -193,8 +195,8 @@ TEST(Online, SettingsAreReadSweptAndRecordedInTheOnlinePointsOnly) {
   }
   EXPECT_NE(ex.points[2].canonical.find("max_new_tokens: 40"), std::string::npos) << ex.points[2].canonical;
   // The replay points are the points of the same file without the online keys.
-  const Experiment plain = parse_experiment(online_experiment("sweep:\n  grid:\n    draft_len: [1, 2]\n"),
-                                            "exp.yaml", {}, 1);
+  const Experiment plain =
+      parse_experiment(online_experiment("sweep:\n  grid:\n    draft_len: [1, 2]\n"), "exp.yaml", {}, 1);
   EXPECT_EQ(plain.points[0].canonical, ex.points[0].canonical);
   EXPECT_EQ(plain.points[1].canonical, ex.points[1].canonical);
   // online.<key> sweeps, draft_len 0 in online mode.
@@ -222,15 +224,18 @@ TEST(Online, BadSettingsNameTheKey) {
   m = msg("mode: online\nonline: {target: trunk}\n");
   EXPECT_NE(m.find("online.target: \"trunk\" is not one of {synthetic, checkpoint}"), std::string::npos) << m;
   m = msg("mode: online\nonline: {max_new_tokens: 120}\n");  // 12 + 120 > 128 positions
-  EXPECT_NE(m.find("online.max_new_tokens 120 + trace.synthetic.prompt_len 12 = 132 exceeds model.max_seq_len 128"),
-            std::string::npos)
+  EXPECT_NE(
+      m.find("online.max_new_tokens 120 + trace.synthetic.prompt_len 12 = 132 exceeds model.max_seq_len 128"),
+      std::string::npos)
       << m;
   m = msg("mode: online\nonline: {target_layers: 50}\n");  // the tiny preset's trunk has 45
   EXPECT_NE(m.find("online.target_layers 50 exceeds model.num_hidden_layers 45"), std::string::npos) << m;
   m = msg("mode: online\nonline: {target: checkpoint}\n");
-  EXPECT_NE(m.find("online.target: checkpoint loads the trunk from weights.checkpoint"), std::string::npos) << m;
+  EXPECT_NE(m.find("online.target: checkpoint loads the trunk from weights.checkpoint"), std::string::npos)
+      << m;
   m = msg("draft_len: 0\n");
-  EXPECT_NE(m.find("draft_len 0 (MTP off: the target decodes alone) needs mode: online"), std::string::npos) << m;
+  EXPECT_NE(m.find("draft_len 0 (MTP off: the target decodes alone) needs mode: online"), std::string::npos)
+      << m;
   m = msg("mode: online\nreplay: teacher_forced\n");
   EXPECT_NE(m.find("replay: teacher_forced is a replay of a trace"), std::string::npos) << m;
   m = msg("mode: online\nverify: sampling\ndraft_proposal: sampled\n");
@@ -251,15 +256,19 @@ TEST(Online, BadRunsAreRefused) {
   Tiny& t = tiny();
   const auto prompts = test::online_prompts(2, static_cast<int>(t.cfg.vocab), 3);
   auto d = t.drafter(2);
-  EXPECT_NE(message_of([&] { run_online(*t.target, nullptr, prompts, run_of(2, 1, 8)); }).find("needs a drafter"),
+  EXPECT_NE(
+      message_of([&] { run_online(*t.target, nullptr, prompts, run_of(2, 1, 8)); }).find("needs a drafter"),
+      std::string::npos);
+  EXPECT_NE(
+      message_of([&] { run_online(*t.target, d.get(), prompts, run_of(0, 1, 8)); }).find("runs no drafter"),
+      std::string::npos);
+  EXPECT_NE(message_of([&] {
+              run_online(*t.target, d.get(), prompts, run_of(3, 1, 8));
+            }).find("draft_len 3 exceeds the drafter's 2"),
             std::string::npos);
-  EXPECT_NE(message_of([&] { run_online(*t.target, d.get(), prompts, run_of(0, 1, 8)); }).find("runs no drafter"),
-            std::string::npos);
-  EXPECT_NE(message_of([&] { run_online(*t.target, d.get(), prompts, run_of(3, 1, 8)); })
-                .find("draft_len 3 exceeds the drafter's 2"),
-            std::string::npos);
-  EXPECT_NE(message_of([&] { run_online(*t.target, d.get(), prompts, run_of(2, 1, 250)); })
-                .find("exceed the target's capacity of 256 rows"),
+  EXPECT_NE(message_of([&] {
+              run_online(*t.target, d.get(), prompts, run_of(2, 1, 250));
+            }).find("exceed the target's capacity of 256 rows"),
             std::string::npos);
 }
 
@@ -328,9 +337,8 @@ TEST(OnlineSampling, SpeculativeStepEmitsTheTargetsDistribution) {
                                               {0.3, 0.05, 0.05, 0.3, 0.3},
                                               {0.0, 0.5, 0.5, 0.0, 0.0},
                                               {0.2, 0.2, 0.2, 0.2, 0.2}};
-  const std::vector<std::vector<double>> q = {{0.3, 0.3, 0.1, 0.1, 0.2},
-                                              {0.05, 0.6, 0.05, 0.1, 0.2},
-                                              {0.1, 0.6, 0.1, 0.1, 0.1}};
+  const std::vector<std::vector<double>> q = {
+      {0.3, 0.3, 0.1, 0.1, 0.2}, {0.05, 0.6, 0.05, 0.1, 0.2}, {0.1, 0.6, 0.1, 0.1, 0.1}};
   const int k = 3, V = 5, n = 400000;
   auto u = [](uint64_t salt, int64_t trial, int64_t i) { return counter_uniform(salt, 20261207, trial, i); };
   // Per position j the emitted-token counts and the steps that reached it; per depth the acceptances.
@@ -374,7 +382,8 @@ TEST(OnlineSampling, SpeculativeStepEmitsTheTargetsDistribution) {
     double w = 0;
     for (int j = 0; j <= k; ++j)
       for (int x = 0; x < V; ++x) {
-        const double pj = p[static_cast<size_t>(j)][static_cast<size_t>(x)], m = t.reached[static_cast<size_t>(j)];
+        const double pj = p[static_cast<size_t>(j)][static_cast<size_t>(x)],
+                     m = t.reached[static_cast<size_t>(j)];
         const double se = std::sqrt(std::max(pj * (1 - pj), 1.0 / m) / m);
         w = std::max(w, std::fabs(t.count[static_cast<size_t>(j)][static_cast<size_t>(x)] / m - pj) / se);
       }
@@ -395,13 +404,15 @@ TEST(OnlineSampling, SpeculativeStepEmitsTheTargetsDistribution) {
       else
         law = pi[static_cast<size_t>(std::max_element(qi.begin(), qi.end()) - qi.begin())];
       const double m = t.reached[static_cast<size_t>(i)], rate = t.accepted[static_cast<size_t>(i)] / m;
-      EXPECT_LT(std::fabs(rate - law), 5 * std::sqrt(std::max(law * (1 - law), 1.0 / m) / m)) << "depth " << i;
+      EXPECT_LT(std::fabs(rate - law), 5 * std::sqrt(std::max(law * (1 - law), 1.0 / m) / m))
+          << "depth " << i;
     }
   }
   const double wrong = worst(run(true, true));
-  std::printf("[online] a rejection drawn from p, not the residual: %.0f standard errors off the target's "
-              "distribution\n",
-              wrong);
+  std::printf(
+      "[online] a rejection drawn from p, not the residual: %.0f standard errors off the target's "
+      "distribution\n",
+      wrong);
   EXPECT_GT(wrong, 20.0);
 }
 
@@ -447,14 +458,16 @@ TEST(OnlineSampling, AcceptanceIsInsideReplaysExpectedTauInterval) {
       const SamplingVerify vo = sampling_at(T, 0, 1.0, seed);
       OnlineRun run = run_of(k, B, M);
       run.sampling = &vo;
-      o.add(test::run_online_collect(*t.target, d.get(), prompts, run).steps, static_cast<int32_t>(1000 * seed));
+      o.add(test::run_online_collect(*t.target, d.get(), prompts, run).steps,
+            static_cast<int32_t>(1000 * seed));
     }
     const AcceptanceIntervals rci = r.ci(), oci = o.ci();
-    std::printf("[online] T %.1f: replay expected tau %.3f [%.3f, %.3f] (%lld steps); online tau %.3f, expected "
-                "%.3f [%.3f, %.3f] (%lld steps)\n",
-                T, r.st.expected_tau(), rci.expected_tau.lo, rci.expected_tau.hi, static_cast<long long>(r.st.steps),
-                o.st.tau(), o.st.expected_tau(), oci.expected_tau.lo, oci.expected_tau.hi,
-                static_cast<long long>(o.st.steps));
+    std::printf(
+        "[online] T %.1f: replay expected tau %.3f [%.3f, %.3f] (%lld steps); online tau %.3f, expected "
+        "%.3f [%.3f, %.3f] (%lld steps)\n",
+        T, r.st.expected_tau(), rci.expected_tau.lo, rci.expected_tau.hi, static_cast<long long>(r.st.steps),
+        o.st.tau(), o.st.expected_tau(), oci.expected_tau.lo, oci.expected_tau.hi,
+        static_cast<long long>(o.st.steps));
     EXPECT_GT(o.st.tau(), 1.1);  // the drafter is accepted at all: the interval has something to hold
     EXPECT_GE(o.st.tau(), rci.expected_tau.lo);
     EXPECT_LE(o.st.tau(), rci.expected_tau.hi);

@@ -90,7 +90,8 @@ TEST(OnlineMpi, TwoRanksAreTheReplayOfTheirTarget) {
           // The trace holds max_new_tokens tokens; a last step's bonus token may lie one past them.
           const size_t n = std::min(q.tokens.size(), t.tokens.size());
           ASSERT_GE(n + 1, t.tokens.size() - static_cast<size_t>(k));
-          EXPECT_TRUE(std::equal(q.tokens.begin(), q.tokens.begin() + static_cast<std::ptrdiff_t>(n), t.tokens.begin()))
+          EXPECT_TRUE(std::equal(q.tokens.begin(), q.tokens.begin() + static_cast<std::ptrdiff_t>(n),
+                                 t.tokens.begin()))
               << "sequence " << q.index;
         }
         int64_t accepted = 0;

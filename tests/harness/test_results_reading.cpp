@@ -211,8 +211,8 @@ TEST(ResultsReading, KernelRecordJoinsTheRanks) {
   EXPECT_EQ(kernel_record_entries({same}),
             (std::vector<std::string>{"head_argmax_batch=cublaslt", "linear=rows_gemv,cublaslt"}));
   EXPECT_EQ(kernel_record_entries({same, same}), kernel_record_entries({same}));
-  const KernelRecordEntries other = {{"gemv_bf16", "rows4 split 1"}, {"head_argmax_batch", "mma"},
-                                     {"linear", "rows_gemv,cublaslt"}};
+  const KernelRecordEntries other = {
+      {"gemv_bf16", "rows4 split 1"}, {"head_argmax_batch", "mma"}, {"linear", "rows_gemv,cublaslt"}};
   EXPECT_EQ(kernel_record_entries({same, other}),
             (std::vector<std::string>{"gemv_bf16=rank 0: -; rank 1: rows4 split 1",
                                       "head_argmax_batch=rank 0: cublaslt; rank 1: mma",
@@ -243,7 +243,8 @@ TEST(ResultsReading, SyntheticWeightsAcceptanceNotMeaningful) {
   EXPECT_EQ(g.attr_int("acceptance_meaningful"), 0);
   EXPECT_NE(g.attr_string("acceptance_note").find("synthetic weights (seed 3)"), std::string::npos)
       << g.attr_string("acceptance_note");
-  EXPECT_EQ(h.open_group("index").open_dataset("acceptance_meaningful").read<int64_t>(), (std::vector<int64_t>{0}));
+  EXPECT_EQ(h.open_group("index").open_dataset("acceptance_meaningful").read<int64_t>(),
+            (std::vector<int64_t>{0}));
   // The figures are still written: they show that replay ran.
   EXPECT_DOUBLE_EQ(g.attr_double("tau"), 1 + 5.0 / 4);
 

@@ -121,7 +121,8 @@ std::string other_value(const ArmSpec& a) {
 // sampling arms can take effect (verify: sampling, the trace sampled at the same transform).
 Experiment one_point_with(const ArmSpec& a, const std::string& v) {
   const std::string text = test::tiny_experiment(
-      "sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1, sampling: sampling", "output: out.h5\n");
+      "sequences: 2, prompt_len: 8, new_tokens: 40, seed: 5, layers: 1, sampling: sampling",
+      "output: out.h5\n");
   std::vector<std::string> sets = {str(a.name, "=", v)};
   if (!a.only_with.empty()) sets.push_back(a.only_with);
   if (a.name == "draft_len" && v == "0") sets.push_back("mode=online");  // MTP off: online points only
@@ -204,8 +205,8 @@ TEST(ResultsUpgrade, Version2FileResumesAsARerunOfItsExperiment) {
   EXPECT_EQ(f.attr_strings("arms"), arm_names());
 
   // The experiment the file records, expanded by this mtplab: the file is its results file.
-  const Experiment ex =
-      parse_experiment(f.attr_string("experiment_yaml"), "results-v2.yaml", {}, static_cast<int>(f.attr_int("world_size")));
+  const Experiment ex = parse_experiment(f.attr_string("experiment_yaml"), "results-v2.yaml", {},
+                                         static_cast<int>(f.attr_int("world_size")));
   const results_format::IdentityParts parts = results_format::identity_parts(f);
   // The inputs as recorded, less the retired kernels.mla_clusters at auto (every run's choice today).
   IdentityInputs want_inputs;
@@ -266,7 +267,8 @@ TEST(ResultsUpgrade, Version1File) {
   EXPECT_EQ(r.from_version, 1);
   EXPECT_EQ(r.points, 60);
   expect_has(join(r.notes, "\n"), "identity inputs: not recorded");
-  expect_has(join(r.notes, "\n"), "computed from the steps: accepted_hist and the bootstrap intervals (60 point(s))");
+  expect_has(join(r.notes, "\n"),
+             "computed from the steps: accepted_hist and the bootstrap intervals (60 point(s))");
   const io::H5File old_file = io::H5File::open_read(old_path);
   const io::H5File f = io::H5File::open_read(out);
   EXPECT_EQ(f.attr_int("schema_version"), 3);
@@ -313,7 +315,8 @@ TEST(ResultsUpgrade, Version1File) {
     const auto accepted = steps.open_dataset("accepted").read<int32_t>();
     const auto expected = steps.open_dataset("expected_accepted").read<double>();
     EXPECT_EQ(expected, std::vector<double>(accepted.begin(), accepted.end()));
-    const auto drafts = g.open_dataset("drafts").read<int32_t>(), targets = g.open_dataset("targets").read<int32_t>();
+    const auto drafts = g.open_dataset("drafts").read<int32_t>(),
+               targets = g.open_dataset("targets").read<int32_t>();
     const auto ap = g.open_dataset("accept_prob").read<float>();
     ASSERT_EQ(ap.size(), drafts.size());
     for (size_t i = 0; i < ap.size(); ++i) ASSERT_EQ(ap[i], drafts[i] == targets[i] ? 1.f : 0.f);

@@ -320,8 +320,9 @@ TEST(ModelConfig, TrunkKeysReadAndDefault) {
   EXPECT_TRUE(dense.dense_layer(0) && dense.dense_layer(2));
   EXPECT_FALSE(dense.dense_layer(3));
   // Left out: no trunk given, no dense layer; the names follow the MTP prefix's layout.
-  text = replace_line(replace_line(replace_line(tiny_text(), "num_hidden_layers", ""), "first_k_dense_replace", ""),
-                      "intermediate_size", "");
+  text = replace_line(
+      replace_line(replace_line(tiny_text(), "num_hidden_layers", ""), "first_k_dense_replace", ""),
+      "intermediate_size", "");
   text = replace_line(replace_line(text, "  layers_prefix", ""), "  final_norm", "");
   text = replace_line(text, "  mtp_prefix", "  mtp_prefix: model.layers.45.");
   const ModelConfig bare = parse_text(text);
@@ -334,21 +335,25 @@ TEST(ModelConfig, TrunkKeysReadAndDefault) {
 
 TEST(ModelConfig, TrunkErrorsNameTheKey) {
   // Dense layers need the dense MLP's width.
-  std::string text = replace_line(replace_line(tiny_text(), "first_k_dense_replace", "first_k_dense_replace: 3"),
-                                  "intermediate_size", "intermediate_size: 0");
+  std::string text =
+      replace_line(replace_line(tiny_text(), "first_k_dense_replace", "first_k_dense_replace: 3"),
+                   "intermediate_size", "intermediate_size: 0");
   std::string msg = error_of([&] { parse_text(text); });
-  expect_has(msg, str("t.yaml:", line_of(text, "intermediate_size"), ":20: intermediate_size: intermediate_size must "
-                                                                        "be positive when first_k_dense_replace is 3"));
+  expect_has(msg, str("t.yaml:", line_of(text, "intermediate_size"),
+                      ":20: intermediate_size: intermediate_size must "
+                      "be positive when first_k_dense_replace is 3"));
   // More dense layers than the trunk has.
   text = replace_line(tiny_text(), "first_k_dense_replace", "first_k_dense_replace: 46");
   msg = error_of([&] { parse_text(text); });
-  expect_has(msg, str("t.yaml:", line_of(text, "first_k_dense_replace"), ":24: first_k_dense_replace: "
-                                                                            "first_k_dense_replace 46 exceeds "
-                                                                            "num_hidden_layers 45"));
+  expect_has(msg, str("t.yaml:", line_of(text, "first_k_dense_replace"),
+                      ":24: first_k_dense_replace: "
+                      "first_k_dense_replace 46 exceeds "
+                      "num_hidden_layers 45"));
   // Out of range, and of the wrong type.
   text = replace_line(tiny_text(), "num_hidden_layers", "num_hidden_layers: -1");
-  expect_has(error_of([&] { parse_text(text); }), str("t.yaml:", line_of(text, "num_hidden_layers"), ":20: "
-                                                                                               "num_hidden_layers"));
+  expect_has(error_of([&] { parse_text(text); }), str("t.yaml:", line_of(text, "num_hidden_layers"),
+                                                      ":20: "
+                                                      "num_hidden_layers"));
   text = replace_line(tiny_text(), "intermediate_size", "intermediate_size: 2.5");
   expect_has(error_of([&] { parse_text(text); }), "intermediate_size: expected an integer");
   // The checkpoint names.

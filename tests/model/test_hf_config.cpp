@@ -441,8 +441,8 @@ TEST(HfConfig, TrunkDepthDenseLayersAndNames) {
   EXPECT_EQ(c.final_norm_name, "model.norm.weight");
   EXPECT_EQ(c.layer_prefix(0), "model.layers.0.");
   // The trunk's fields written as a preset read back.
-  const ModelConfig back =
-      parse_model_config(YamlNode(to_preset_yaml(three), std::make_shared<const std::string>("generated"), ""));
+  const ModelConfig back = parse_model_config(
+      YamlNode(to_preset_yaml(three), std::make_shared<const std::string>("generated"), ""));
   EXPECT_EQ(sizes_and_names(back), sizes_and_names(three));
 }
 
@@ -453,12 +453,14 @@ TEST(HfConfig, TrunkScheduleErrorsNameTheField) {
   t["text_config"]["mlp_layer_types"][5] = "dense";
   std::string msg = error_of([&] { load_hf_config(write_config(tmp, "late-dense", t)); });
   expect_has(msg, "config.json:");
-  expect_has(msg, "text_config.mlp_layer_types[5]: value \"dense\" after a \"sparse\" layer is not supported");
+  expect_has(msg,
+             "text_config.mlp_layer_types[5]: value \"dense\" after a \"sparse\" layer is not supported");
   // An unknown kind.
   t = tiny_tree();
   t["text_config"]["mlp_layer_types"][0] = "hybrid";
-  expect_has(error_of([&] { load_hf_config(write_config(tmp, "hybrid", t)); }),
-             "text_config.mlp_layer_types[0]: value \"hybrid\" is not supported: a trunk layer's MLP is \"dense\"");
+  expect_has(
+      error_of([&] { load_hf_config(write_config(tmp, "hybrid", t)); }),
+      "text_config.mlp_layer_types[0]: value \"hybrid\" is not supported: a trunk layer's MLP is \"dense\"");
   // The two fields disagree.
   t = tiny_dense_tree(3);
   t["text_config"]["first_k_dense_replace"] = 1;

@@ -63,7 +63,8 @@ TEST(TargetWeights, SyntheticLayersAreTheMtpBlockUnderTheSameSeed) {
         const LayerWeights& l = t.layers[static_cast<size_t>(i)];
         EXPECT_FALSE(l.dense);
         EXPECT_EQ(l.index, i);
-        const MtpWeights m = synthesize_mtp_weights(cfg, plan, 5 + 1 + static_cast<uint64_t>(i), kNormParts | kLayerPart);
+        const MtpWeights m =
+            synthesize_mtp_weights(cfg, plan, 5 + 1 + static_cast<uint64_t>(i), kNormParts | kLayerPart);
         LayerWeights as_layer;
         as_layer.index = i;
         as_layer.input_layernorm = m.input_layernorm;
@@ -87,8 +88,10 @@ TEST(TargetWeights, SyntheticLayersAreTheMtpBlockUnderTheSameSeed) {
     }
   }
   // A shard's dense MLP is the slice of the whole one (values are a function of seed, name, index).
-  const LayerWeights whole = synthesize_layer_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 0, 6);
-  const LayerWeights half = synthesize_layer_weights(cfg, make_shard_plan(cfg, 1, 2, HeadSharding::none), 0, 6);
+  const LayerWeights whole =
+      synthesize_layer_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 0, 6);
+  const LayerWeights half =
+      synthesize_layer_weights(cfg, make_shard_plan(cfg, 1, 2, HeadSharding::none), 0, 6);
   const size_t H = static_cast<size_t>(cfg.hidden);
   for (size_t r = 0; r < 128; ++r)
     for (size_t c = 0; c < H; ++c)
@@ -103,25 +106,26 @@ TEST(TargetWeights, SyntheticLayersAreTheMtpBlockUnderTheSameSeed) {
 TEST(TargetWeights, CheckpointNamesLoadBackAtOneAndTwoRanks) {
   const ModelConfig cfg = dense_tiny(1);
   test::TempDir tmp("mtplab-target-weights");
-  const TargetWeights whole = synthesize_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 2, 7, 5);
+  const TargetWeights whole =
+      synthesize_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 2, 7, 5);
   const std::vector<TensorView> views = target_checkpoint_views(cfg, whole);
   const std::set<std::string> names = names_of(views);
-  for (const char* n : {"model.language_model.embed_tokens.weight", "lm_head.weight",
-                        "model.language_model.norm.weight", "model.language_model.layers.0.input_layernorm.weight",
-                        "model.language_model.layers.0.self_attn.indexer.index_kpool_compress_ape",
-                        "model.language_model.layers.0.mlp.gate_proj.weight",
-                        "model.language_model.layers.0.mlp.up_proj.weight",
-                        "model.language_model.layers.0.mlp.down_proj.weight",
-                        "model.language_model.layers.1.mlp.gate.weight",
-                        "model.language_model.layers.1.mlp.gate.e_score_correction_bias",
-                        "model.language_model.layers.1.mlp.experts.7.down_proj.weight",
-                        "model.language_model.layers.1.mlp.shared_experts.up_proj.weight"})
+  for (const char* n :
+       {"model.language_model.embed_tokens.weight", "lm_head.weight", "model.language_model.norm.weight",
+        "model.language_model.layers.0.input_layernorm.weight",
+        "model.language_model.layers.0.self_attn.indexer.index_kpool_compress_ape",
+        "model.language_model.layers.0.mlp.gate_proj.weight",
+        "model.language_model.layers.0.mlp.up_proj.weight",
+        "model.language_model.layers.0.mlp.down_proj.weight", "model.language_model.layers.1.mlp.gate.weight",
+        "model.language_model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.language_model.layers.1.mlp.experts.7.down_proj.weight",
+        "model.language_model.layers.1.mlp.shared_experts.up_proj.weight"})
     EXPECT_TRUE(names.count(n)) << n;
-  for (const char* n : {"model.language_model.layers.0.mlp.gate.weight",
-                        "model.language_model.layers.0.mlp.experts.0.gate_proj.weight",
-                        "model.language_model.layers.1.mlp.gate_proj.weight",
-                        "model.language_model.layers.0.eh_proj.weight",
-                        "model.language_model.layers.0.shared_head.norm.weight"})
+  for (const char* n :
+       {"model.language_model.layers.0.mlp.gate.weight",
+        "model.language_model.layers.0.mlp.experts.0.gate_proj.weight",
+        "model.language_model.layers.1.mlp.gate_proj.weight", "model.language_model.layers.0.eh_proj.weight",
+        "model.language_model.layers.0.shared_head.norm.weight"})
     EXPECT_FALSE(names.count(n)) << n;
   // 3 trunk tensors; per layer 2 norms + 14 attention / indexer, then 3 (dense) or 2 + 24 + 3.
   EXPECT_EQ(views.size(), 3u + 16 + 3 + 16 + 2 + 3 * 8 + 3);
@@ -140,22 +144,25 @@ TEST(TargetWeights, CheckpointNamesLoadBackAtOneAndTwoRanks) {
   ASSERT_EQ(one.layers.size(), 1u);
   test_util::expect_same_layer(one.layers[0], whole.layers[0], "layer 0");
   // More than the model has.
-  expect_has(error_of([&] { load_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 46, file); }),
-             "46 layers of a model whose trunk has 45 (num_hidden_layers)");
+  expect_has(
+      error_of([&] { load_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 46, file); }),
+      "46 layers of a model whose trunk has 45 (num_hidden_layers)");
 }
 
 TEST(TargetWeights, MissingOrMisshapenTensorsNameTheTensorAndTheFile) {
   const ModelConfig cfg = dense_tiny(1);
   test::TempDir tmp("mtplab-target-weights");
-  const TargetWeights whole = synthesize_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 2, 7, 5);
+  const TargetWeights whole =
+      synthesize_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 2, 7, 5);
   const ShardPlan plan = make_shard_plan(cfg, 0, 1, HeadSharding::none);
-  for (const std::string missing : {"model.language_model.layers.1.self_attn.o_proj.weight",
-                                    "model.language_model.layers.0.mlp.down_proj.weight",
-                                    "model.language_model.norm.weight"}) {
+  for (const std::string missing :
+       {"model.language_model.layers.1.self_attn.o_proj.weight",
+        "model.language_model.layers.0.mlp.down_proj.weight", "model.language_model.norm.weight"}) {
     SCOPED_TRACE(missing);
     std::vector<TensorView> views = target_checkpoint_views(cfg, whole);
-    views.erase(std::remove_if(views.begin(), views.end(), [&](const TensorView& v) { return v.name == missing; }),
-                views.end());
+    views.erase(
+        std::remove_if(views.begin(), views.end(), [&](const TensorView& v) { return v.name == missing; }),
+        views.end());
     const std::string file = tmp / "missing.safetensors";
     write_safetensors(file, views);
     const std::string msg = error_of([&] { load_target_weights(cfg, plan, 2, file); });
@@ -168,14 +175,17 @@ TEST(TargetWeights, MissingOrMisshapenTensorsNameTheTensorAndTheFile) {
     write_safetensors(file, target_checkpoint_views(cfg, whole));
     ModelConfig moe_cfg = cfg;
     moe_cfg.first_k_dense_replace = 0;
-    expect_has(error_of([&] { load_target_weights(moe_cfg, make_shard_plan(moe_cfg, 0, 1, HeadSharding::none), 1, file); }),
+    expect_has(error_of([&] {
+                 load_target_weights(moe_cfg, make_shard_plan(moe_cfg, 0, 1, HeadSharding::none), 1, file);
+               }),
                "tensor \"model.language_model.layers.0.mlp.gate.weight\" not found");
   }
   // A misshapen dense MLP: the error names the tensor, its file and both shapes.
   {
     ModelConfig narrow = cfg;
     narrow.intermediate_size = 128;
-    const TargetWeights small = synthesize_target_weights(narrow, make_shard_plan(narrow, 0, 1, HeadSharding::none), 1, 7, 5);
+    const TargetWeights small =
+        synthesize_target_weights(narrow, make_shard_plan(narrow, 0, 1, HeadSharding::none), 1, 7, 5);
     const std::string file = tmp / "narrow.safetensors";
     write_safetensors(file, target_checkpoint_views(narrow, small));
     const std::string msg = error_of([&] { load_target_weights(cfg, plan, 1, file); });
@@ -192,7 +202,8 @@ TEST(TargetWeights, NamesFollowTheConfig) {
   cfg.final_norm_name = "model.norm.weight";
   cfg.embed_tokens_name = "model.embed_tokens.weight";
   cfg.lm_head_name = cfg.embed_tokens_name;  // tied: one tensor
-  const TargetWeights w = synthesize_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 1, 7, 5);
+  const TargetWeights w =
+      synthesize_target_weights(cfg, make_shard_plan(cfg, 0, 1, HeadSharding::none), 1, 7, 5);
   const std::set<std::string> names = names_of(target_checkpoint_views(cfg, w));
   EXPECT_TRUE(names.count("model.layers.0.mlp.experts.3.up_proj.weight"));
   EXPECT_TRUE(names.count("model.norm.weight"));

@@ -72,7 +72,8 @@ inline void expect_same_layer(const LayerWeights& a, const LayerWeights& b, cons
   expect_same_tensor(a.indexer.compress_gate, b.indexer.compress_gate, p + "indexer.compress_gate");
   expect_same_tensor(a.indexer.compress_ape, b.indexer.compress_ape, p + "indexer.compress_ape");
   expect_same_tensor(a.moe.gate, b.moe.gate, p + "moe.gate");
-  expect_same_tensor(a.moe.e_score_correction_bias, b.moe.e_score_correction_bias, p + "moe.e_score_correction_bias");
+  expect_same_tensor(a.moe.e_score_correction_bias, b.moe.e_score_correction_bias,
+                     p + "moe.e_score_correction_bias");
   expect_same_tensor(a.moe.experts_gate, b.moe.experts_gate, p + "moe.experts_gate");
   expect_same_tensor(a.moe.experts_up, b.moe.experts_up, p + "moe.experts_up");
   expect_same_tensor(a.moe.experts_down, b.moe.experts_down, p + "moe.experts_down");

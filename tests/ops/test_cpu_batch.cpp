@@ -17,10 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "common/error_of.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::test {
 namespace {
@@ -84,7 +84,8 @@ TEST_F(CpuBatch, EmbedRmsnormEqualsTheSingleRowOpAndSkipsPaddedRows) {
                             ld, n, 1e-5f);
     for (int b = 0; b < B; ++b)
       if (slots_h[b] >= 0)
-        mtplab::ops::OneRow(*be).embed_rmsnorm(table.data(), tok.data() + b, w.data(), ref.data() + b * ld, n, 1e-5f);
+        mtplab::ops::OneRow(*be).embed_rmsnorm(table.data(), tok.data() + b, w.data(), ref.data() + b * ld, n,
+                                               1e-5f);
     EXPECT_TRUE(same_bytes(download(*be, y), download(*be, ref))) << where(B);
   }
 }
@@ -125,8 +126,9 @@ TEST_F(CpuBatch, ResidualAddRmsnormRowsEqualsTheSingleRowOp) {
     // x and y alias, as the block's residual does.
     be->residual_add_rmsnorm_rows(x.data(), delta.data(), x.data(), w.data(), normed.data(), B, n, 1e-5f);
     for (int b = 0; b < B; ++b)
-      mtplab::ops::OneRow(*be).residual_add_rmsnorm(x_ref.data() + b * n, delta.data() + b * n, x_ref.data() + b * n, w.data(),
-                               normed_ref.data() + b * n, n, 1e-5f);
+      mtplab::ops::OneRow(*be).residual_add_rmsnorm(x_ref.data() + b * n, delta.data() + b * n,
+                                                    x_ref.data() + b * n, w.data(), normed_ref.data() + b * n,
+                                                    n, 1e-5f);
     EXPECT_TRUE(same_bytes(download(*be, x), download(*be, x_ref))) << where(B);
     EXPECT_TRUE(same_bytes(download(*be, normed), download(*be, normed_ref))) << where(B);
   }
@@ -376,8 +378,8 @@ TEST_F(CpuBatch, KvNormWriteWritesEachRowToItsOwnSlotOnly) {
       be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, RowBatch{s.data(), pos.data(), B}, pool.kv);
       for (int b = 0; b < B; ++b)
         if (slots_h[b] >= 0)
-          mtplab::ops::OneRow(*be).kv_norm_write(ckv.data() + b * L, w.data(), 1e-5f, ref.table(slots_h[b]), pos.data() + b,
-                            ref.kv.cache);
+          mtplab::ops::OneRow(*be).kv_norm_write(ckv.data() + b * L, w.data(), 1e-5f, ref.table(slots_h[b]),
+                                                 pos.data() + b, ref.kv.cache);
       EXPECT_TRUE(same_bytes(download(*be, pool.kv_data), download(*be, ref.kv_data)))
           << (dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") << where(B);
     }
@@ -420,11 +422,11 @@ TEST_F(CpuBatch, IndexerNormStoreWritesEachRowToItsOwnSlotAndCompletesPools) {
         auto k_pre = upload(*be, rng.bf16s(D, -2, 2));
         auto gate = upload(*be, rng.floats(D, -2, 2));
         auto tp = upload(*be, std::vector<int32_t>{t});
-        mtplab::ops::OneRow(*be).indexer_norm_store(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), tp.data(),
-                               pool.k_cache.data() + so * Pool::kMaxRows * D,
-                               pool.gate_cache.data() + so * Pool::kMaxRows * D,
-                               pool.valid.data() + so * Pool::kMaxRows,
-                               pool.pool_keys.data() + so * (Pool::kMaxRows / P) * D, D, P);
+        mtplab::ops::OneRow(*be).indexer_norm_store(
+            k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), tp.data(),
+            pool.k_cache.data() + so * Pool::kMaxRows * D, pool.gate_cache.data() + so * Pool::kMaxRows * D,
+            pool.valid.data() + so * Pool::kMaxRows, pool.pool_keys.data() + so * (Pool::kMaxRows / P) * D, D,
+            P);
       }
     }
     // The reference: a byte copy of the pool, then the single op per live row.
@@ -528,14 +530,16 @@ TEST_F(CpuBatch, MlaAbsorbAndOutVEqualTheSingleRowOps) {
     auto qa = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * L), qa_ref = poisoned<bf16>(*be, qa.size());
     be->mla_absorb_q_batch(q.data(), W.data(), qa.data(), B, nh, dqk, dv, L);
     for (int b = 0; b < B; ++b)
-      mtplab::ops::OneRow(*be).mla_absorb_q(q.data() + b * nh * dqk, W.data(), qa_ref.data() + b * nh * L, nh, dqk, dv, L);
+      mtplab::ops::OneRow(*be).mla_absorb_q(q.data() + b * nh * dqk, W.data(), qa_ref.data() + b * nh * L, nh,
+                                            dqk, dv, L);
     EXPECT_TRUE(same_bytes(download(*be, qa), download(*be, qa_ref))) << "absorb, " << where(B);
 
     auto o_lat = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * L, -1, 1));
     auto o = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * dv), o_ref = poisoned<bf16>(*be, o.size());
     be->mla_out_v_batch(o_lat.data(), W.data(), o.data(), B, nh, dqk, dv, L);
     for (int b = 0; b < B; ++b)
-      mtplab::ops::OneRow(*be).mla_out_v(o_lat.data() + b * nh * L, W.data(), o_ref.data() + b * nh * dv, nh, dqk, dv, L);
+      mtplab::ops::OneRow(*be).mla_out_v(o_lat.data() + b * nh * L, W.data(), o_ref.data() + b * nh * dv, nh,
+                                         dqk, dv, L);
     EXPECT_TRUE(same_bytes(download(*be, o), download(*be, o_ref))) << "out_v, " << where(B);
   }
 }
@@ -577,8 +581,9 @@ TEST_F(CpuBatch, MlaDecodeReadsEachRowsOwnCacheThroughItsBlockTable) {
                            nh, 0.3f);
       for (int b = 0; b < B; ++b) {
         if (slots_h[b] < 0) continue;
-        mtplab::ops::OneRow(*be).mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width, pool.table(slots_h[b]),
-                       pool.kv.cache, o_ref.data() + b * nh * L, nh, 0.3f);
+        mtplab::ops::OneRow(*be).mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width,
+                                            pool.table(slots_h[b]), pool.kv.cache, o_ref.data() + b * nh * L,
+                                            nh, 0.3f);
       }
       EXPECT_TRUE(same_bytes(download(*be, o), download(*be, o_ref)))
           << (dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") << where(B);
@@ -681,10 +686,11 @@ TEST_F(CpuBatch, RaggedRowsEqualTheSingleRowOpsOneRowAtATime) {
           auto ckv = upload(*be, rng.bf16s(L, -3, 3)), k_pre = upload(*be, rng.bf16s(D, -2, 2));
           auto gate = upload(*be, rng.floats(D, -2, 2));
           auto tp = upload(*be, std::vector<int32_t>{t});
-          mtplab::ops::OneRow(*be).kv_norm_write(ckv.data(), kw.data(), 1e-5f, pool.table(q.slot), tp.data(), pool.kv.cache);
-          mtplab::ops::OneRow(*be).indexer_norm_store(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(),
-                                 tp.data(), pool.k_of(q.slot), pool.gate_of(q.slot), pool.valid_of(q.slot),
-                                 pool.keys_of(q.slot), D, P);
+          mtplab::ops::OneRow(*be).kv_norm_write(ckv.data(), kw.data(), 1e-5f, pool.table(q.slot), tp.data(),
+                                                 pool.kv.cache);
+          mtplab::ops::OneRow(*be).indexer_norm_store(
+              k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), tp.data(),
+              pool.k_of(q.slot), pool.gate_of(q.slot), pool.valid_of(q.slot), pool.keys_of(q.slot), D, P);
         }
       }
       be->copy(ref.kv_data.data(), pool.kv_data.data(), pool.kv_data.bytes());
@@ -704,10 +710,11 @@ TEST_F(CpuBatch, RaggedRowsEqualTheSingleRowOpsOneRowAtATime) {
       for (int b = 0; b < R; ++b) {
         const int sl = r.slot[b];
         if (sl < 0) continue;
-        mtplab::ops::OneRow(*be).kv_norm_write(ckv.data() + b * L, kw.data(), 1e-5f, ref.table(sl), pos.data() + b, ref.kv.cache);
-        mtplab::ops::OneRow(*be).indexer_norm_store(k_pre.data() + b * D, lw.data(), lb.data(), 1e-6f, gate.data() + b * D,
-                               ape.data(), pos.data() + b, ref.k_of(sl), ref.gate_of(sl), ref.valid_of(sl),
-                               ref.keys_of(sl), D, P);
+        mtplab::ops::OneRow(*be).kv_norm_write(ckv.data() + b * L, kw.data(), 1e-5f, ref.table(sl),
+                                               pos.data() + b, ref.kv.cache);
+        mtplab::ops::OneRow(*be).indexer_norm_store(
+            k_pre.data() + b * D, lw.data(), lb.data(), 1e-6f, gate.data() + b * D, ape.data(),
+            pos.data() + b, ref.k_of(sl), ref.gate_of(sl), ref.valid_of(sl), ref.keys_of(sl), D, P);
       }
       EXPECT_TRUE(same_bytes(download(*be, pool.kv_data), download(*be, ref.kv_data))) << "latent, " << what;
       EXPECT_TRUE(same_bytes(download(*be, pool.k_cache), download(*be, ref.k_cache))) << "k, " << what;
@@ -744,8 +751,9 @@ TEST_F(CpuBatch, RaggedRowsEqualTheSingleRowOpsOneRowAtATime) {
         be->indexer_scores(q.data() + b * nh * D, qw.data() + b * nh, pool.keys_of(sl), pos.data() + b,
                            scores_ref.data() + b * mp, nh, D, P, mp);
         be->indexer_select(scores.data() + b * mp, pos.data() + b, sel_ref.data() + b * width, K, P, mp);
-        mtplab::ops::OneRow(*be).mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width, pool.table(sl),
-                       pool.kv.cache, o_ref.data() + b * nh * L, nh, 0.3f);
+        mtplab::ops::OneRow(*be).mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width,
+                                            pool.table(sl), pool.kv.cache, o_ref.data() + b * nh * L, nh,
+                                            0.3f);
       }
       EXPECT_TRUE(same_bytes(download(*be, scores), download(*be, scores_ref))) << "scores, " << what;
       EXPECT_TRUE(same_bytes(download(*be, sel), download(*be, sel_ref))) << "selection, " << what;
@@ -777,8 +785,9 @@ TEST_F(CpuBatch, MoeRouteEqualsTheSingleRowOp) {
                           sh.n_group, sh.topk_group, 2.5f, idx.data(), w.data());
       for (int b = 0; b < B; ++b)
         if (slots_h[b] >= 0)
-          mtplab::ops::OneRow(*be).moe_route(logits.data() + b * sh.E, bias.data(), sh.E, sh.top_k, sh.n_group, sh.topk_group,
-                        2.5f, idx_ref.data() + b * sh.top_k, w_ref.data() + b * sh.top_k);
+          mtplab::ops::OneRow(*be).moe_route(logits.data() + b * sh.E, bias.data(), sh.E, sh.top_k,
+                                             sh.n_group, sh.topk_group, 2.5f, idx_ref.data() + b * sh.top_k,
+                                             w_ref.data() + b * sh.top_k);
       EXPECT_TRUE(same_bytes(download(*be, idx), download(*be, idx_ref))) << "E " << sh.E << ", " << where(B);
       EXPECT_TRUE(same_bytes(download(*be, w), download(*be, w_ref))) << "E " << sh.E << ", " << where(B);
     }
@@ -854,11 +863,12 @@ TEST_F(CpuBatch, MoeExpertsGroupedEqualsTheSingleRowOpsPerRow) {
       for (int b = 0; b < B; ++b) {
         if (slots_h[b] < 0) continue;
         if (c.shared) {
-          mtplab::ops::OneRow(*be).moe_experts_shared(x.data() + b * H, w, idx.data() + b * top_k, rw.data() + b * top_k, top_k,
-                                 shared, c.limit, ref.data() + b * H);
+          mtplab::ops::OneRow(*be).moe_experts_shared(x.data() + b * H, w, idx.data() + b * top_k,
+                                                      rw.data() + b * top_k, top_k, shared, c.limit,
+                                                      ref.data() + b * H);
         } else {
-          mtplab::ops::OneRow(*be).moe_experts(x.data() + b * H, w, idx.data() + b * top_k, rw.data() + b * top_k, top_k, c.limit,
-                          ref.data() + b * H);
+          mtplab::ops::OneRow(*be).moe_experts(x.data() + b * H, w, idx.data() + b * top_k,
+                                               rw.data() + b * top_k, top_k, c.limit, ref.data() + b * H);
         }
       }
       const auto got = download(*be, out);

@@ -12,9 +12,9 @@
 #include <limits>
 #include <thread>
 
-#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 using namespace mtplab;
 using namespace mtplab::ops;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "cpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::test {
 namespace {
@@ -82,7 +82,8 @@ TEST_F(CpuFused, LinearGroupEqualsTheSeparateOpsBitForBit) {
       } else {
         bf16 v;
         std::memcpy(&v, got.data() + static_cast<size_t>(r) * 2, 2);
-        EXPECT_TRUE(bf16_near(to_float(v), exact, err)) << "output " << i << " row " << r << "; " << seed_note();
+        EXPECT_TRUE(bf16_near(to_float(v), exact, err))
+            << "output " << i << " row " << r << "; " << seed_note();
       }
     }
   }
@@ -96,9 +97,11 @@ TEST_F(CpuFused, LinearGroupRefusesBadGroups) {
   const std::vector<LinearOut> too_many(kMaxLinearGroup + 1, LinearOut{W.data(), y.data(), 1, false, 1.0f});
   EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(too_many, x.data(), 8), Error);
   const LinearOut scaled_bf16{W.data(), y.data(), 1, false, 2.0f};
-  EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(std::span<const LinearOut>(&scaled_bf16, 1), x.data(), 8), Error);
+  EXPECT_THROW(
+      mtplab::ops::OneRow(*be).linear_group(std::span<const LinearOut>(&scaled_bf16, 1), x.data(), 8), Error);
   const LinearOut no_y{W.data(), nullptr, 1, false, 1.0f};
-  EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(std::span<const LinearOut>(&no_y, 1), x.data(), 8), Error);
+  EXPECT_THROW(mtplab::ops::OneRow(*be).linear_group(std::span<const LinearOut>(&no_y, 1), x.data(), 8),
+               Error);
 }
 
 // linear_rows_group: each output of rows [rows, n_out] equal bit for bit to its own batched
@@ -107,8 +110,8 @@ TEST_F(CpuFused, LinearGroupRefusesBadGroups) {
 TEST_F(CpuFused, LinearRowsGroupEqualsTheSeparateBatchedOpsBitForBit) {
   Rng rng(103);
   const int k = 200;
-  const std::vector<GroupMember> members = {{32, false, 1.0f}, {16, false, 1.0f}, {16, true, 1.0f},
-                                            {48, false, 1.0f}, {4, true, 0.5f / 3.0f}};
+  const std::vector<GroupMember> members = {
+      {32, false, 1.0f}, {16, false, 1.0f}, {16, true, 1.0f}, {48, false, 1.0f}, {4, true, 0.5f / 3.0f}};
   for (const int rows : {1, 3, 7}) {
     const auto x_h = rng.bf16s(static_cast<size_t>(rows) * k, -1.0f, 1.0f);
     auto x = upload(*be, x_h);
@@ -134,8 +137,8 @@ TEST_F(CpuFused, LinearRowsGroupEqualsTheSeparateBatchedOpsBitForBit) {
                    RowsMode::batched);
       }
       const auto got = download(*be, fused[i]);
-      EXPECT_TRUE(same_bits(got, download(*be, separate[i]))) << "rows " << rows << " output " << i << "; "
-                                                              << seed_note();
+      EXPECT_TRUE(same_bits(got, download(*be, separate[i])))
+          << "rows " << rows << " output " << i << "; " << seed_note();
       // The last row alone gives the same bytes as in the group.
       const size_t row_bytes = static_cast<size_t>(m.n_out) * (m.f32_out ? 4 : 2);
       auto x_last = upload(*be, std::vector<bf16>(x_h.end() - k, x_h.end()));
@@ -143,7 +146,8 @@ TEST_F(CpuFused, LinearRowsGroupEqualsTheSeparateBatchedOpsBitForBit) {
       const LinearOut one{W[i].data(), alone.data(), m.n_out, m.f32_out, m.scale};
       be->linear_rows_group(std::span<const LinearOut>(&one, 1), x_last.data(), 1, k);
       const std::vector<uint8_t> last(got.end() - static_cast<long>(row_bytes), got.end());
-      EXPECT_TRUE(same_bits(download(*be, alone), last)) << "rows " << rows << " output " << i << "; " << seed_note();
+      EXPECT_TRUE(same_bits(download(*be, alone), last))
+          << "rows " << rows << " output " << i << "; " << seed_note();
     }
   }
 }
@@ -175,7 +179,8 @@ TEST_F(CpuFused, ResidualAddRmsnormEqualsTheTwoOpsBitForBit) {
   auto w = upload(*be, w_h);
   auto y1 = poisoned<bf16>(*be, n), n1 = poisoned<bf16>(*be, n);
   auto y2 = poisoned<bf16>(*be, n), n2 = poisoned<bf16>(*be, n);
-  mtplab::ops::OneRow(*be).residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), n1.data(), n, eps);
+  mtplab::ops::OneRow(*be).residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), n1.data(), n,
+                                                eps);
   be->residual_add(x.data(), delta.data(), y2.data(), n);
   be->rmsnorm(y2.data(), w.data(), n2.data(), 1, n, eps);
   const auto y = download(*be, y1), normed = download(*be, n1);
@@ -198,11 +203,14 @@ TEST_F(CpuFused, ResidualAddRmsnormEqualsTheTwoOpsBitForBit) {
   // In place: y aliases x (the block's last residual).
   auto xa = upload(*be, x_h);
   auto na = poisoned<bf16>(*be, n);
-  mtplab::ops::OneRow(*be).residual_add_rmsnorm(xa.data(), delta.data(), xa.data(), w.data(), na.data(), n, eps);
+  mtplab::ops::OneRow(*be).residual_add_rmsnorm(xa.data(), delta.data(), xa.data(), w.data(), na.data(), n,
+                                                eps);
   EXPECT_TRUE(same_bits(download(*be, xa), y)) << seed_note();
   EXPECT_TRUE(same_bits(download(*be, na), normed)) << seed_note();
   // normed overlapping y is refused.
-  EXPECT_THROW(mtplab::ops::OneRow(*be).residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(), y1.data(), n, eps), Error);
+  EXPECT_THROW(mtplab::ops::OneRow(*be).residual_add_rmsnorm(x.data(), delta.data(), y1.data(), w.data(),
+                                                             y1.data(), n, eps),
+               Error);
 }
 
 // kv_norm_write: the cache after each fused write equals the cache after rmsnorm + kv_write of the
@@ -268,8 +276,9 @@ TEST_F(CpuFused, KvNormWriteEqualsTheTwoOpsBitForBit) {
   auto w = poisoned<bf16>(*be, 64, 0);
   auto pos = upload(*be, std::vector<int32_t>{5});
   auto data = poisoned<uint8_t>(*be, static_cast<size_t>(num_blocks) * block_size * 64 * 2);
-  EXPECT_THROW(mtplab::ops::OneRow(*be).kv_norm_write(x.data(), w.data(), eps, bad_table.data(), pos.data(),
-                                 KvCache{data.data(), KvDtype::bf16, 1.0f, num_blocks, block_size, 64}),
+  EXPECT_THROW(mtplab::ops::OneRow(*be).kv_norm_write(
+                   x.data(), w.data(), eps, bad_table.data(), pos.data(),
+                   KvCache{data.data(), KvDtype::bf16, 1.0f, num_blocks, block_size, 64}),
                Error);
 }
 
@@ -308,8 +317,9 @@ TEST_F(CpuFused, IndexerNormStoreEqualsTheTwoOpsBitForBit) {
       auto gate = upload(*be, rng.floats(static_cast<size_t>(D), -3.0f, 3.0f));
       auto pos = upload(*be, std::vector<int32_t>{p});
       auto k_normed = poisoned<bf16>(*be, static_cast<size_t>(D));
-      mtplab::ops::OneRow(*be).indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
-                             fused.k.data(), fused.gate.data(), fused.valid.data(), fused.keys.data(), D, P);
+      mtplab::ops::OneRow(*be).indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(),
+                                                  pos.data(), fused.k.data(), fused.gate.data(),
+                                                  fused.valid.data(), fused.keys.data(), D, P);
       be->layernorm(x.data(), w.data(), b.data(), k_normed.data(), 1, D, eps);
       be->indexer_store(k_normed.data(), gate.data(), ape.data(), pos.data(), separate.k.data(),
                         separate.gate.data(), separate.valid.data(), separate.keys.data(), D, P);
@@ -348,8 +358,9 @@ TEST_F(CpuFused, IndexerNormStoreEqualsTheTwoOpsBitForBit) {
   auto k = poisoned<bf16>(*be, 8 * D);
   auto g = poisoned<float>(*be, 8 * D), keys = poisoned<float>(*be, 2 * D);
   auto valid = poisoned<uint8_t>(*be, 8, 0);
-  EXPECT_THROW(mtplab::ops::OneRow(*be).indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(), ape.data(), pos.data(),
-                                      k.data(), g.data(), valid.data(), keys.data(), D, P),
+  EXPECT_THROW(mtplab::ops::OneRow(*be).indexer_norm_store(x.data(), w.data(), b.data(), eps, gate.data(),
+                                                           ape.data(), pos.data(), k.data(), g.data(),
+                                                           valid.data(), keys.data(), D, P),
                Error);
 }
 

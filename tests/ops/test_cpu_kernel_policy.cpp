@@ -397,12 +397,12 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
 
 TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"MTPLAB_GEMV_VARIANT", "rows3"}, {"MTPLAB_GEMV_SPLIT", "3"},    {"MTPLAB_GEMV_SPLIT", "auto"},
-      {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},   {"MTPLAB_GEMV_VARIANT", "rows2"},
-      {"MTPLAB_MLA_BATCH", "shared"},   {"MTPLAB_MLA_BATCH_SPLITS", "65"},
-      {"MTPLAB_CUDA_PDL", "off"},       {"MTPLAB_CUDA_PDL", "2"},      {"MTPLAB_NCCL_BLOCKING", "on"},
-      {"MTPLAB_MOE_PIPELINE", "v2"},    {"MTPLAB_ROWS_LINEAR", "mma"}, {"MTPLAB_ROWS_LINEAR", "1"},
-      {"MTPLAB_HEAD_GEMM", "rows"},     {"MTPLAB_MLA_BATCH", "v3"},    {"MTPLAB_INDEXER_SCORES", "v2"},
+      {"MTPLAB_GEMV_VARIANT", "rows3"}, {"MTPLAB_GEMV_SPLIT", "3"},        {"MTPLAB_GEMV_SPLIT", "auto"},
+      {"MTPLAB_GEMV_SPLIT", "0"},       {"MTPLAB_MLA_DECODE", "v3"},       {"MTPLAB_GEMV_VARIANT", "rows2"},
+      {"MTPLAB_MLA_BATCH", "shared"},   {"MTPLAB_MLA_BATCH_SPLITS", "65"}, {"MTPLAB_CUDA_PDL", "off"},
+      {"MTPLAB_CUDA_PDL", "2"},         {"MTPLAB_NCCL_BLOCKING", "on"},    {"MTPLAB_MOE_PIPELINE", "v2"},
+      {"MTPLAB_ROWS_LINEAR", "mma"},    {"MTPLAB_ROWS_LINEAR", "1"},       {"MTPLAB_HEAD_GEMM", "rows"},
+      {"MTPLAB_MLA_BATCH", "v3"},       {"MTPLAB_INDEXER_SCORES", "v2"},
   };
   for (const auto& [var, value] : bad) {
     SCOPED_TRACE(var + "=" + value);

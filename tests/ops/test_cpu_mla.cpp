@@ -16,9 +16,9 @@
 #include <limits>
 #include <numeric>
 
-#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 using namespace mtplab;
 using namespace mtplab::ops;
@@ -226,8 +226,8 @@ TEST_F(CpuMla, DecodeMatchesDoubleSoftmaxOverTheSelection) {
     auto dsel = upload(*be, selection);
     auto o_lat = poisoned<bf16>(*be, static_cast<size_t>(H) * L);
     const float sm_scale = 1.0f / std::sqrt(static_cast<float>(DQK));
-    mtplab::ops::OneRow(*be).mla_decode(dq.data(), dsel.data(), static_cast<int>(selection.size()), table.data(), cache,
-                   o_lat.data(), H, sm_scale);
+    mtplab::ops::OneRow(*be).mla_decode(dq.data(), dsel.data(), static_cast<int>(selection.size()),
+                                        table.data(), cache, o_lat.data(), H, sm_scale);
     const auto got = widen(download(*be, o_lat));
     std::vector<double> want, tol;
     decode_reference(widen(q_abs), sel_rows, H, L, sm_scale, want, tol);
@@ -286,7 +286,7 @@ TEST_F(CpuMla, AbsorbedAttentionEqualsMaterialisedAttention) {
   auto o = poisoned<bf16>(*be, static_cast<size_t>(H) * DV);
   mtplab::ops::OneRow(*be).mla_absorb_q(dq.data(), dW.data(), q_abs.data(), H, DQK, DV, L);
   mtplab::ops::OneRow(*be).mla_decode(q_abs.data(), dsel.data(), n_rows, table.data(), cache, o_lat.data(), H,
-                 static_cast<float>(sm_scale));
+                                      static_cast<float>(sm_scale));
   mtplab::ops::OneRow(*be).mla_out_v(o_lat.data(), dW.data(), o.data(), H, DQK, DV, L);
   const auto got = widen(download(*be, o));
 

@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <limits>
 
-#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "cpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 using namespace mtplab;
 using namespace mtplab::ops;
@@ -79,8 +79,8 @@ Route run_route(Backend& be, const std::vector<float>& logits, const std::vector
   auto dl = upload(be, logits), db = upload(be, bias);
   auto idx = poisoned<int32_t>(be, top_k);
   auto w = poisoned<float>(be, top_k);
-  mtplab::ops::OneRow(be).moe_route(dl.data(), db.data(), static_cast<int>(logits.size()), top_k, n_group, topk_group, scaling,
-               idx.data(), w.data());
+  mtplab::ops::OneRow(be).moe_route(dl.data(), db.data(), static_cast<int>(logits.size()), top_k, n_group,
+                                    topk_group, scaling, idx.data(), w.data());
   Route r;
   r.idx = download(be, idx);
   for (float v : download(be, w)) r.weights.push_back(v);
@@ -246,7 +246,8 @@ std::vector<float> run_experts(Backend& be, const Experts& ex, const std::vector
   auto dw = upload(be, weights);
   auto out = poisoned<float>(be, ex.H);
   const ExpertWeights w{gate.data(), up.data(), down.data(), first, num_local, ex.H, ex.I};
-  mtplab::ops::OneRow(be).moe_experts(dx.data(), w, didx.data(), dw.data(), static_cast<int>(idx.size()), limit, out.data());
+  mtplab::ops::OneRow(be).moe_experts(dx.data(), w, didx.data(), dw.data(), static_cast<int>(idx.size()),
+                                      limit, out.data());
   return download(be, out);
 }
 

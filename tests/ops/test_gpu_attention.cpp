@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -211,15 +211,18 @@ void expect_decode_matches(const Twin<bf16>& q, const Twin<int32_t>& sel, int wi
                            float softmax_scale, const std::string& what) {
   const size_t n = static_cast<size_t>(nh) * cc.kv_lora;
   auto ref = out_twin<bf16>(n);
-  mtplab::ops::OneRow(cpu()).mla_decode(q.c.data(), sel.c.data(), width, table.c.data(), cc, ref.c.data(), nh, softmax_scale);
+  mtplab::ops::OneRow(cpu()).mla_decode(q.c.data(), sel.c.data(), width, table.c.data(), cc, ref.c.data(), nh,
+                                        softmax_scale);
   const auto want = ref.from_cpu();
   for (MlaDecode path : kDecodePaths) {
     const PolicyScope scope([path](KernelPolicy& p) { p.mla_decode = path; });
     const std::string name = what + " (" + to_string(path) + ")";
     auto first = out_twin<bf16>(n);
     auto again = out_twin<bf16>(n);
-    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, first.g.data(), nh, softmax_scale);
-    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, again.g.data(), nh, softmax_scale);
+    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, first.g.data(),
+                                          nh, softmax_scale);
+    mtplab::ops::OneRow(gpu()).mla_decode(q.g.data(), sel.g.data(), width, table.g.data(), gc, again.g.data(),
+                                          nh, softmax_scale);
     const auto got = first.from_gpu();
     expect_bf16_close(got, want, name);
     expect_bytes_equal(again.from_gpu(), got, name + ", second run");

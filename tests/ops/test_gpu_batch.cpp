@@ -73,12 +73,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/indexer.hpp"
 #include "ops/cuda/moe.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -366,8 +366,8 @@ TEST_P(GpuBatch, HeadArgmax) {
   // Five paths: the fused MMA kernel with BF16 and FP8 rows, the cuBLASLt GEMM + argmax
   // (KernelPolicy::head_gemm = cublaslt, BF16 only), the FP8 multi-row GEMV (head_gemm = gemv)
   // at the batch sizes it takes, 1 .. 4 rows (B = 1, 2 and 3 every row live, B = 4 with row 2
-  // padded), and the FP8 wgmma kernel. cuBLASLt and the GEMV sum in other orders than the CPU, so their logits are compared
-  // within the usual BF16 tolerance and their picks at near-ties, as the MMA path's are.
+  // padded), and the FP8 wgmma kernel. cuBLASLt and the GEMV sum in other orders than the CPU, so their
+  // logits are compared within the usual BF16 tolerance and their picks at near-ties, as the MMA path's are.
   struct Path {
     bool fp8;
     HeadGemm gemm;
@@ -391,7 +391,8 @@ TEST_P(GpuBatch, HeadArgmax) {
     const bool rows_gemv = path.gemm == HeadGemm::gemv;
     const bool wgmma = path.gemm == HeadGemm::wgmma;
     if (wgmma && !ops::cuda::have_wgmma()) {
-      std::printf("[gpu-batch] %s: FP8 head wgmma not checked: this build has no sm_90a device code\n", s.name);
+      std::printf("[gpu-batch] %s: FP8 head wgmma not checked: this build has no sm_90a device code\n",
+                  s.name);
       continue;
     }
     const bf16* Wc = fp8 ? nullptr : W.c.data();
@@ -401,12 +402,12 @@ TEST_P(GpuBatch, HeadArgmax) {
     const float* Sc = fp8 ? scale.c.data() : nullptr;
     const float* Sg = fp8 ? scale.g.data() : nullptr;
     for (int B : path.batches) {
-      const std::string what = where(rows_gemv ? "head_argmax_batch FP8 gemv"
-                                     : wgmma   ? "head_argmax_batch FP8 wgmma"
+      const std::string what = where(rows_gemv   ? "head_argmax_batch FP8 gemv"
+                                     : wgmma     ? "head_argmax_batch FP8 wgmma"
                                      : fp8 && lt ? "head_argmax_batch FP8 cublaslt"
-                                     : fp8     ? "head_argmax_batch FP8"
-                                     : lt      ? "head_argmax_batch BF16 cublaslt"
-                                               : "head_argmax_batch BF16",
+                                     : fp8       ? "head_argmax_batch FP8"
+                                     : lt        ? "head_argmax_batch BF16 cublaslt"
+                                                 : "head_argmax_batch BF16",
                                      B);
       auto slots_h = make_slots(rng, B, B);
       if (rows_gemv) {  // every row live but row 2 at B = 4 (make_slots pads row 1 and the last)
@@ -435,7 +436,9 @@ TEST_P(GpuBatch, HeadArgmax) {
         // Past kMaxBatchRows rows, all of that once per launch of kHeadLtWideRows rows.
         const uint64_t own = fp8 ? 2u : 0u;
         const uint64_t chunks =
-            B > cuda::kMaxBatchRows ? static_cast<uint64_t>((B + cuda::kHeadLtWideRows - 1) / cuda::kHeadLtWideRows) : 1u;
+            B > cuda::kMaxBatchRows
+                ? static_cast<uint64_t>((B + cuda::kHeadLtWideRows - 1) / cuda::kHeadLtWideRows)
+                : 1u;
         EXPECT_GE(launches, chunks * (2u + own)) << what << ": the argmax and the finishing launch";
         EXPECT_LE(launches, chunks * (3u + own))
             << what << ": the argmax (at most two launches) and the finishing launch";
@@ -625,15 +628,17 @@ TEST_P(GpuBatch, HeadWgmmaRowBitsDoNotDependOnTheBatch) {
   for (const int B : {3, 20, 50}) {
     const auto r = run(HeadGemm::wgmma, B);
     const std::string what = "wgmma head at B = " + std::to_string(B) + " vs the same rows at B = 128";
-    expect_bytes_equal(r.first, std::vector<bf16>(ref.first.begin(), ref.first.begin() + static_cast<size_t>(B) * V),
+    expect_bytes_equal(r.first,
+                       std::vector<bf16>(ref.first.begin(), ref.first.begin() + static_cast<size_t>(B) * V),
                        what + ": logits");
-    expect_bytes_equal(r.second, std::vector<ArgMax>(ref.second.begin(), ref.second.begin() + B), what + ": pairs");
+    expect_bytes_equal(r.second, std::vector<ArgMax>(ref.second.begin(), ref.second.begin() + B),
+                       what + ": pairs");
   }
   const auto mma = run(HeadGemm::mma, 20);
   size_t differ = 0;
   for (size_t i = 0; i < mma.first.size(); ++i) differ += mma.first[i].bits != ref.first[i].bits;
-  std::printf("[gpu-batch] %s FP8 head, B = 20: %zu of %zu logits differ between wgmma and mma\n", s.name, differ,
-              mma.first.size());
+  std::printf("[gpu-batch] %s FP8 head, B = 20: %zu of %zu logits differ between wgmma and mma\n", s.name,
+              differ, mma.first.size());
 }
 
 // The FP8 head on cuBLASLt (head_gemm = cublaslt): a row with one infinite entry has no finite
@@ -706,7 +711,8 @@ TEST_P(GpuBatch, HeadFp16OperandsScaleExactly) {
       for (int b = 0; b < B; ++b) {
         e[static_cast<size_t>(b)] = exps[b % 10];
         for (int i = 0; i < H; ++i)
-          x_h[static_cast<size_t>(b) * H + i] = to_bf16(std::ldexp(to_float(x0[static_cast<size_t>(i)]), exps[b % 10]));
+          x_h[static_cast<size_t>(b) * H + i] =
+              to_bf16(std::ldexp(to_float(x0[static_cast<size_t>(i)]), exps[b % 10]));
       }
       Twin<bf16> x(x_h);
       std::vector<int32_t> slots_h(static_cast<size_t>(B));
@@ -725,8 +731,9 @@ TEST_P(GpuBatch, HeadFp16OperandsScaleExactly) {
           const float want = std::ldexp(to_float(gl[v]), e[static_cast<size_t>(b)] - e[0]);
           if (to_float(gl[static_cast<size_t>(b) * V + v]) != want && bad++ == 0) first = v;
         }
-        EXPECT_EQ(bad, 0u) << what << " row " << b << " (x times 2^" << e[static_cast<size_t>(b)] << "): " << bad
-                           << " logits are not row 0's scaled, first at " << first << "; " << seed_note();
+        EXPECT_EQ(bad, 0u) << what << " row " << b << " (x times 2^" << e[static_cast<size_t>(b)]
+                           << "): " << bad << " logits are not row 0's scaled, first at " << first << "; "
+                           << seed_note();
         EXPECT_EQ(go[static_cast<size_t>(b)].index, go[0].index) << what << " row " << b;
       }
     }
@@ -1283,9 +1290,10 @@ TEST_P(GpuBatch, MlaDecode) {
         for (int b = 0; b < B; ++b) {
           const int32_t slot = slots_h[static_cast<size_t>(b)];
           if (slot < 0) continue;
-          mtplab::ops::OneRow(gpu()).mla_decode(q.g.data() + b * row, sel.g.data() + static_cast<size_t>(b) * width, width,
-                           tables.g.data() + static_cast<size_t>(slot) * max_blocks, kg.cache,
-                           single.g.data() + b * row, nh, softmax_scale);
+          mtplab::ops::OneRow(gpu()).mla_decode(q.g.data() + b * row,
+                                                sel.g.data() + static_cast<size_t>(b) * width, width,
+                                                tables.g.data() + static_cast<size_t>(slot) * max_blocks,
+                                                kg.cache, single.g.data() + b * row, nh, softmax_scale);
         }
         expect_bytes_equal(batched.from_gpu(), single.from_gpu(),
                            what + ", batched v2 against each row alone, " + std::to_string(clusters) +
@@ -1904,7 +1912,8 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
               x.g.data() + static_cast<size_t>(r) * H, wg, idx.g.data() + static_cast<size_t>(r) * k,
               wts.g.data() + static_cast<size_t>(r) * k, RowBatch{sl.g.data() + r, nullptr, 1}, k,
               c.shared ? &shg : nullptr, c.limit, one.g.data());
-          expect_bytes_equal(one.from_gpu(), got_row(got, r, H), pwhat + ", row " + std::to_string(r) + " alone");
+          expect_bytes_equal(one.from_gpu(), got_row(got, r, H),
+                             pwhat + ", row " + std::to_string(r) + " alone");
         }
       }
       gpu().set_kernel_policy(before);
@@ -2093,12 +2102,12 @@ TEST_P(GpuBatch, LinearRowsGroupIsBitIdenticalToSeparateLinears) {
     bool f32;
     float scale;
   };
-  std::vector<Member> members = {{"kv_a", s.kv_lora, false, 1.0f},
-                                 {"indexer.wk", s.index_dim, false, 1.0f},
-                                 {"indexer.gate", s.index_dim, true, 1.0f},
-                                 {"q_a", s.q_lora, false, 1.0f},
-                                 {"indexer.weights_proj", s.index_heads, true,
-                                  1.0f / std::sqrt(static_cast<float>(s.index_heads))}};
+  std::vector<Member> members = {
+      {"kv_a", s.kv_lora, false, 1.0f},
+      {"indexer.wk", s.index_dim, false, 1.0f},
+      {"indexer.gate", s.index_dim, true, 1.0f},
+      {"q_a", s.q_lora, false, 1.0f},
+      {"indexer.weights_proj", s.index_heads, true, 1.0f / std::sqrt(static_cast<float>(s.index_heads))}};
   if (std::string(s.name) == "tiny") members.push_back({"ragged n=37", 37, true, 0.25f});
   uint64_t salt = 9400;
   const Big<bf16> X = big_bf16(static_cast<size_t>(kMaxB) * k, -1.0f, 1.0f, ++salt);
@@ -2123,8 +2132,8 @@ TEST_P(GpuBatch, LinearRowsGroupIsBitIdenticalToSeparateLinears) {
   for (const RowsLinear path : {RowsLinear::automatic, RowsLinear::gemv}) {
     PolicyScope scope([&](KernelPolicy& p) { p.rows_linear = path; });
     for (const int B : {1, 2, 3, 5, 8, 16}) {
-      const std::string what =
-          where(std::string(s.name) + (path == RowsLinear::gemv ? " gemv" : " auto") + " linear_rows_group", B);
+      const std::string what = where(
+          std::string(s.name) + (path == RowsLinear::gemv ? " gemv" : " auto") + " linear_rows_group", B);
       std::vector<Twin<float>> gf;
       std::vector<Twin<bf16>> gb;
       std::vector<LinearOut> outs;
@@ -2159,7 +2168,8 @@ TEST_P(GpuBatch, LinearRowsGroupIsBitIdenticalToSeparateLinears) {
           std::vector<float> got = gf[i].from_gpu();
           tail_kept(got, gf[i].from_cpu());
           got.resize(nb);
-          expect_f32_close(got, std::vector<float>(want_f[i].begin(), want_f[i].begin() + static_cast<long>(nb)),
+          expect_f32_close(got,
+                           std::vector<float>(want_f[i].begin(), want_f[i].begin() + static_cast<long>(nb)),
                            wi + " vs cpu", 1e-5, 1e-4);
           auto sep = out_twin<float>(nb);
           gpu().linear_f32(W[i].g.data(), X.g.data(), sep.g.data(), B, m.n, k, RowsMode::batched);
@@ -2169,7 +2179,8 @@ TEST_P(GpuBatch, LinearRowsGroupIsBitIdenticalToSeparateLinears) {
           std::vector<bf16> got = gb[i].from_gpu();
           tail_kept(got, gb[i].from_cpu());
           got.resize(nb);
-          expect_bf16_close(got, std::vector<bf16>(want_b[i].begin(), want_b[i].begin() + static_cast<long>(nb)),
+          expect_bf16_close(got,
+                            std::vector<bf16>(want_b[i].begin(), want_b[i].begin() + static_cast<long>(nb)),
                             wi + " vs cpu");
           auto sep = out_twin<bf16>(nb);
           gpu().linear(W[i].g.data(), X.g.data(), sep.g.data(), B, m.n, k, RowsMode::batched);

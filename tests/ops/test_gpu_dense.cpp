@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -109,17 +109,19 @@ TEST(GpuNormWidths, VectorAndScalarPathsMatchTheCpu) {
       expect_bf16_close(tail(yl.from_gpu(), offset), tail(yl.from_cpu(), offset), "layernorm");
       Twin<int32_t> token(std::vector<int32_t>{1});
       auto e = out_twin<bf16>(static_cast<size_t>(n) + offset);
-      mtplab::ops::OneRow(cpu()).embed_rmsnorm(x.c.data() + offset, token.c.data(), w.c.data() + offset, e.c.data() + offset, n,
-                          1e-5f);
-      mtplab::ops::OneRow(gpu()).embed_rmsnorm(x.g.data() + offset, token.g.data(), w.g.data() + offset, e.g.data() + offset, n,
-                          1e-5f);
+      mtplab::ops::OneRow(cpu()).embed_rmsnorm(x.c.data() + offset, token.c.data(), w.c.data() + offset,
+                                               e.c.data() + offset, n, 1e-5f);
+      mtplab::ops::OneRow(gpu()).embed_rmsnorm(x.g.data() + offset, token.g.data(), w.g.data() + offset,
+                                               e.g.data() + offset, n, 1e-5f);
       expect_bf16_close(tail(e.from_gpu(), offset), tail(e.from_cpu(), offset), "embed_rmsnorm");
       auto ry = out_twin<bf16>(static_cast<size_t>(n) + offset);
       auto rn = out_twin<bf16>(static_cast<size_t>(n) + offset);
-      mtplab::ops::OneRow(cpu()).residual_add_rmsnorm(x.c.data() + offset, delta.c.data() + offset, ry.c.data() + offset,
-                                 w.c.data() + offset, rn.c.data() + offset, n, 1e-5f);
-      mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data() + offset, delta.g.data() + offset, ry.g.data() + offset,
-                                 w.g.data() + offset, rn.g.data() + offset, n, 1e-5f);
+      mtplab::ops::OneRow(cpu()).residual_add_rmsnorm(x.c.data() + offset, delta.c.data() + offset,
+                                                      ry.c.data() + offset, w.c.data() + offset,
+                                                      rn.c.data() + offset, n, 1e-5f);
+      mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data() + offset, delta.g.data() + offset,
+                                                      ry.g.data() + offset, w.g.data() + offset,
+                                                      rn.g.data() + offset, n, 1e-5f);
       expect_bytes_equal(tail(ry.from_gpu(), offset), tail(ry.from_cpu(), offset), "residual_add_rmsnorm y");
       expect_bf16_close(tail(rn.from_gpu(), offset), tail(rn.from_cpu(), offset),
                         "residual_add_rmsnorm normed");

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -85,8 +85,9 @@ TEST_P(GpuFused, LinearGroupIsBitIdenticalToSeparateGemvs) {
                {"indexer.gate", s.index_dim, true, 1.0f}},
               s.hidden, rng, std::string(s.name) + " context");
   // Ragged sizes (partial blocks at every split) and a single large output.
-  check_group({{"n1", 1, false, 1.0f}, {"n37", 37, true, 0.25f}, {"n301", 301, false, 1.0f}, {"n8", 8, true, 1.0f}},
-              s.hidden, rng, std::string(s.name) + " ragged");
+  check_group(
+      {{"n1", 1, false, 1.0f}, {"n37", 37, true, 0.25f}, {"n301", 301, false, 1.0f}, {"n8", 8, true, 1.0f}},
+      s.hidden, rng, std::string(s.name) + " ragged");
   check_group({{"router", s.experts, true, 1.0f}}, s.hidden, rng, std::string(s.name) + " single");
 }
 
@@ -100,8 +101,10 @@ TEST_P(GpuFused, ResidualAddRmsnormIsBitIdenticalToTheTwoOps) {
   Twin<bf16> w(rng.bf16s(static_cast<size_t>(H), 0.5f, 1.5f));
   auto y = out_twin<bf16>(static_cast<size_t>(H));
   auto normed = out_twin<bf16>(static_cast<size_t>(H));
-  mtplab::ops::OneRow(cpu()).residual_add_rmsnorm(x.c.data(), delta.c.data(), y.c.data(), w.c.data(), normed.c.data(), H, 1e-5f);
-  mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data(), delta.g.data(), y.g.data(), w.g.data(), normed.g.data(), H, 1e-5f);
+  mtplab::ops::OneRow(cpu()).residual_add_rmsnorm(x.c.data(), delta.c.data(), y.c.data(), w.c.data(),
+                                                  normed.c.data(), H, 1e-5f);
+  mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data(), delta.g.data(), y.g.data(), w.g.data(),
+                                                  normed.g.data(), H, 1e-5f);
   const auto y_g = y.from_gpu(), n_g = normed.from_gpu();
   expect_bytes_equal(y_g, y.from_cpu(), "y vs cpu (one IEEE add and one rounding: exact)");
   expect_bf16_close(n_g, normed.from_cpu(), "normed vs cpu");
@@ -114,7 +117,8 @@ TEST_P(GpuFused, ResidualAddRmsnormIsBitIdenticalToTheTwoOps) {
   expect_bytes_equal(n_g, n2.from_gpu(), "normed fused vs separate gpu ops");
 
   // In place (y aliases x), as the block's residuals use it.
-  mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data(), delta.g.data(), x.g.data(), w.g.data(), n2.g.data(), H, 1e-5f);
+  mtplab::ops::OneRow(gpu()).residual_add_rmsnorm(x.g.data(), delta.g.data(), x.g.data(), w.g.data(),
+                                                  n2.g.data(), H, 1e-5f);
   expect_bytes_equal(x.from_gpu(), y_g, "y in place");
   expect_bytes_equal(n2.from_gpu(), n_g, "normed in place");
 }
@@ -169,14 +173,18 @@ TEST_P(GpuFused, MoeExpertsSharedIsBitIdenticalToTheSeparateOps) {
     ExpertWeights cs{sg.c.data(), su.c.data(), sdown.c.data(), 0, 1, H, c.shared_rows};
     ExpertWeights gs{sg.g.data(), su.g.data(), sdown.g.data(), 0, 1, H, c.shared_rows};
     auto fused = out_twin<float>(H);
-    mtplab::ops::OneRow(cpu()).moe_experts_shared(x.c.data(), cr, idx.c.data(), wts.c.data(), k, cs, 10.0f, fused.c.data());
-    mtplab::ops::OneRow(gpu()).moe_experts_shared(x.g.data(), gr, idx.g.data(), wts.g.data(), k, gs, 10.0f, fused.g.data());
+    mtplab::ops::OneRow(cpu()).moe_experts_shared(x.c.data(), cr, idx.c.data(), wts.c.data(), k, cs, 10.0f,
+                                                  fused.c.data());
+    mtplab::ops::OneRow(gpu()).moe_experts_shared(x.g.data(), gr, idx.g.data(), wts.g.data(), k, gs, 10.0f,
+                                                  fused.g.data());
     const auto got = fused.from_gpu();
     expect_f32_close(got, fused.from_cpu(), "moe_experts_shared vs cpu", 1.0 / 128, 1.0 / 256);
     auto routed = out_twin<float>(H);
     auto shared = out_twin<float>(H);
-    mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gr, idx.g.data(), wts.g.data(), k, 10.0f, routed.g.data());
-    mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gs, zero.g.data(), one.g.data(), 1, 10.0f, shared.g.data());
+    mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gr, idx.g.data(), wts.g.data(), k, 10.0f,
+                                           routed.g.data());
+    mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gs, zero.g.data(), one.g.data(), 1, 10.0f,
+                                           shared.g.data());
     gpu().accumulate_f32(shared.g.data(), routed.g.data(), H);
     expect_bytes_equal(got, routed.from_gpu(), "moe_experts_shared vs moe_experts x2 + accumulate_f32");
   }
@@ -237,8 +245,10 @@ TEST_P(GpuFused, KvNormWriteIsBitIdenticalToTheTwoOps) {
       const KvCache sg{separate.g.data(), dtype, scale, num_blocks, block_size, L};
       for (size_t t = 0; t < positions.size(); ++t) {
         const size_t off = c.offset + t * L;
-        mtplab::ops::OneRow(cpu()).kv_norm_write(x.c.data() + off, w.c.data(), eps, table.c.data(), pos.c.data() + t, fc);
-        mtplab::ops::OneRow(gpu()).kv_norm_write(x.g.data() + off, w.g.data(), eps, table.g.data(), pos.g.data() + t, fg);
+        mtplab::ops::OneRow(cpu()).kv_norm_write(x.c.data() + off, w.c.data(), eps, table.c.data(),
+                                                 pos.c.data() + t, fc);
+        mtplab::ops::OneRow(gpu()).kv_norm_write(x.g.data() + off, w.g.data(), eps, table.g.data(),
+                                                 pos.g.data() + t, fg);
         gpu().rmsnorm(x.g.data() + off, w.g.data(), c_kv.g.data(), 1, L, eps);
         gpu().kv_write(c_kv.g.data(), table.g.data(), pos.g.data() + t, sg);
       }
@@ -326,12 +336,12 @@ TEST_P(GpuFused, IndexerNormStoreIsBitIdenticalToTheTwoOps) {
       const size_t off = c.offset + t * D;
       const float* g_c = gate.c.data() + t * D;
       const float* g_g = gate.g.data() + t * D;
-      mtplab::ops::OneRow(cpu()).indexer_norm_store(x.c.data() + off, w.c.data(), b.c.data(), eps, g_c, ape.c.data(),
-                               pos.c.data() + t, fused.k.c.data(), fused.gate.c.data(), fused.valid.c.data(),
-                               fused.keys.c.data(), D, P);
-      mtplab::ops::OneRow(gpu()).indexer_norm_store(x.g.data() + off, w.g.data(), b.g.data(), eps, g_g, ape.g.data(),
-                               pos.g.data() + t, fused.k.g.data(), fused.gate.g.data(), fused.valid.g.data(),
-                               fused.keys.g.data(), D, P);
+      mtplab::ops::OneRow(cpu()).indexer_norm_store(
+          x.c.data() + off, w.c.data(), b.c.data(), eps, g_c, ape.c.data(), pos.c.data() + t,
+          fused.k.c.data(), fused.gate.c.data(), fused.valid.c.data(), fused.keys.c.data(), D, P);
+      mtplab::ops::OneRow(gpu()).indexer_norm_store(
+          x.g.data() + off, w.g.data(), b.g.data(), eps, g_g, ape.g.data(), pos.g.data() + t,
+          fused.k.g.data(), fused.gate.g.data(), fused.valid.g.data(), fused.keys.g.data(), D, P);
       gpu().layernorm(x.g.data() + off, w.g.data(), b.g.data(), k_normed.g.data(), 1, D, eps);
       gpu().indexer_store(k_normed.g.data(), g_g, ape.g.data(), pos.g.data() + t, separate.k.g.data(),
                           separate.gate.g.data(), separate.valid.g.data(), separate.keys.g.data(), D, P);

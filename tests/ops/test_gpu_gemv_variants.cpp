@@ -13,13 +13,14 @@
 #include <string>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
 
-constexpr GemvVariant kVariants[] = {GemvVariant::v1, GemvVariant::rows4, GemvVariant::occ, GemvVariant::automatic};
+constexpr GemvVariant kVariants[] = {GemvVariant::v1, GemvVariant::rows4, GemvVariant::occ,
+                                     GemvVariant::automatic};
 
 /// The variant for one scope (the rest of the policy as it is); the previous policy is restored at
 /// its end.
@@ -130,14 +131,16 @@ TEST(GpuGemvVariants, RowMapOutV) {
     Twin<bf16> W(rng.bf16s(static_cast<size_t>(s.heads) * (s.dqk + s.dv) * s.kv_lora, -0.05f, 0.05f));
     Twin<bf16> o_lat(rng.bf16s(static_cast<size_t>(s.heads) * s.kv_lora, -2.0f, 2.0f));
     auto o = out_twin<bf16>(static_cast<size_t>(s.heads) * s.dv);
-    mtplab::ops::OneRow(cpu()).mla_out_v(o_lat.c.data(), W.c.data(), o.c.data(), s.heads, s.dqk, s.dv, s.kv_lora);
+    mtplab::ops::OneRow(cpu()).mla_out_v(o_lat.c.data(), W.c.data(), o.c.data(), s.heads, s.dqk, s.dv,
+                                         s.kv_lora);
     const std::vector<bf16> want = o.from_cpu();
     std::vector<bf16> v1_bits;
     for (GemvVariant v : kVariants) {
       SCOPED_TRACE(label(v));
       const VariantScope scope(v);
       o.poison(0xFF);
-      mtplab::ops::OneRow(gpu()).mla_out_v(o_lat.g.data(), W.g.data(), o.g.data(), s.heads, s.dqk, s.dv, s.kv_lora);
+      mtplab::ops::OneRow(gpu()).mla_out_v(o_lat.g.data(), W.g.data(), o.g.data(), s.heads, s.dqk, s.dv,
+                                           s.kv_lora);
       const std::vector<bf16> got = o.from_gpu();
       expect_bf16_close(got, want, "mla_out_v");
       if (v == GemvVariant::v1) {

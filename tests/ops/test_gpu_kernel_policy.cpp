@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "core/error.hpp"
 #include "gpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -38,7 +38,8 @@ TEST(GpuKernelPolicy, DecodeChoicesReachTheLaunchers) {
   const KvCache gc{data.g.data(), KvDtype::bf16, 1.0f, num_blocks, block_size, L};
   const float scale = 1.0f / std::sqrt(static_cast<float>(L));
   auto ref = out_twin<bf16>(static_cast<size_t>(nh) * L);
-  mtplab::ops::OneRow(cpu()).mla_decode(q.c.data(), sel.c.data(), width, tab.c.data(), cc, ref.c.data(), nh, scale);
+  mtplab::ops::OneRow(cpu()).mla_decode(q.c.data(), sel.c.data(), width, tab.c.data(), cc, ref.c.data(), nh,
+                                        scale);
   const std::vector<bf16> want = ref.from_cpu();
 
   struct Case {
@@ -190,8 +191,8 @@ TEST(GpuKernelPolicy, TheRecordNamesTheKernelEachOpRan) {
   auto linear1 = [&] { gpu().linear(W.g.data(), x.g.data(), y.g.data(), 1, n, k); };
   auto linear2 = [&] { gpu().linear(W.g.data(), x.g.data(), y.g.data(), rows, 128, k, RowsMode::batched); };
   auto head2 = [&] {
-    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{slot.g.data(), nullptr, rows}, n, k, 0,
-                            nullptr, n, out.g.data());
+    gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{slot.g.data(), nullptr, rows},
+                            n, k, 0, nullptr, n, out.g.data());
   };
   const std::vector<Case> cases = {
       {"gemv_variant", "v1", "gemv_bf16", "v1 split 2", linear1},

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/one_row.hpp"
 #include "gpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 namespace mtplab::ops::gputest {
 namespace {
@@ -36,8 +36,10 @@ TEST_P(GpuMoe, Route) {
     const int topk_group = groups == 1 ? 1 : groups / 2;
     auto idx = out_twin<int32_t>(k);
     auto w = out_twin<float>(k);
-    mtplab::ops::OneRow(cpu()).moe_route(lg.c.data(), bs.c.data(), E, k, groups, topk_group, 2.5f, idx.c.data(), w.c.data());
-    mtplab::ops::OneRow(gpu()).moe_route(lg.g.data(), bs.g.data(), E, k, groups, topk_group, 2.5f, idx.g.data(), w.g.data());
+    mtplab::ops::OneRow(cpu()).moe_route(lg.c.data(), bs.c.data(), E, k, groups, topk_group, 2.5f,
+                                         idx.c.data(), w.c.data());
+    mtplab::ops::OneRow(gpu()).moe_route(lg.g.data(), bs.g.data(), E, k, groups, topk_group, 2.5f,
+                                         idx.g.data(), w.g.data());
     const auto gi = idx.from_gpu(), ci = idx.from_cpu();
     bool same = true;
     for (int i = 0; i < k; ++i) {
@@ -58,8 +60,10 @@ TEST_P(GpuMoe, Route) {
     auto idx = out_twin<int32_t>(k);
     auto w = out_twin<float>(k);
     const int topk_group = groups == 1 ? 1 : groups / 2;
-    mtplab::ops::OneRow(cpu()).moe_route(flat.c.data(), nullptr, E, k, groups, topk_group, 2.5f, idx.c.data(), w.c.data());
-    mtplab::ops::OneRow(gpu()).moe_route(flat.g.data(), nullptr, E, k, groups, topk_group, 2.5f, idx.g.data(), w.g.data());
+    mtplab::ops::OneRow(cpu()).moe_route(flat.c.data(), nullptr, E, k, groups, topk_group, 2.5f, idx.c.data(),
+                                         w.c.data());
+    mtplab::ops::OneRow(gpu()).moe_route(flat.g.data(), nullptr, E, k, groups, topk_group, 2.5f, idx.g.data(),
+                                         w.g.data());
     const auto gi = idx.from_gpu();
     EXPECT_EQ(gi, idx.from_cpu()) << "tied scores, n_group " << groups;
     for (int i = 0; i < k; ++i) EXPECT_EQ(gi[static_cast<size_t>(i)], i) << "tied scores: slot " << i;
@@ -97,8 +101,10 @@ TEST_P(GpuMoe, Experts) {
       for (float limit : {10.0f, 0.0f}) {
         SCOPED_TRACE("slots " + std::to_string(slots));
         auto out = out_twin<float>(H);
-        mtplab::ops::OneRow(cpu()).moe_experts(x.c.data(), cw, idx.c.data(), wts.c.data(), slots, limit, out.c.data());
-        mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gw, idx.g.data(), wts.g.data(), slots, limit, out.g.data());
+        mtplab::ops::OneRow(cpu()).moe_experts(x.c.data(), cw, idx.c.data(), wts.c.data(), slots, limit,
+                                               out.c.data());
+        mtplab::ops::OneRow(gpu()).moe_experts(x.g.data(), gw, idx.g.data(), wts.g.data(), slots, limit,
+                                               out.g.data());
         const auto want = out.from_cpu();
         if (owner_offset != 0) {
           ASSERT_EQ(max_abs(want), 0.0) << "reference: no owned expert must give zeros";

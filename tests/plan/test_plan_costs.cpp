@@ -19,10 +19,12 @@ using mtplab::test::expect_has;
 namespace {
 
 const char* kStepHeader =
-    "head,cuda_graph,index_share,context,k,B,reps,median_us,p10_us,p90_us,per_seq_us,distinct_experts,floor_bytes,"
+    "head,cuda_graph,index_share,context,k,B,reps,median_us,p10_us,p90_us,per_seq_us,distinct_experts,floor_"
+    "bytes,"
     "floor_us,x_floor,launches_per_draft\n";
 const char* kVerifyHeader =
-    "part,head,B,R,rows,reps,median_us,p10_us,p90_us,distinct_experts,selected_rows_per_seq,floor_bytes,floor_us,"
+    "part,head,B,R,rows,reps,median_us,p10_us,p90_us,distinct_experts,selected_rows_per_seq,floor_bytes,"
+    "floor_us,"
     "x_floor,tensor_us,x_roofline\n";
 
 std::string write(const test::TempDir& dir, const std::string& name, const std::string& text) {
@@ -32,15 +34,16 @@ std::string write(const test::TempDir& dir, const std::string& name, const std::
 }
 
 std::string step_csv(const std::string& git = "abc1234", const std::string& device = "NVIDIA H200") {
-  return str("# mtplab_bench_step --batch git ", git, " device ", device,
-             " preset glm5.3-flash contexts 4096 copy_GBps 4216 router_bias_scale 1 kernel_policy gemv_variant=auto "
-             "gemv_split=auto\n",
-             kStepHeader,
-             "bf16,on,off,4096,1,1,20,500,490,510,500,8,,,,\n"
-             "bf16,on,off,4096,1,8,20,1000,980,1020,125,55,,,,\n"
-             "bf16,on,off,4096,2,8,20,1900,1880,1920,237.5,55,,,,\n"
-             "fp8,on,off,4096,1,1,20,400,390,410,400,8,,,,\n"
-             "bf16,off,off,4096,1,1,20,520,510,530,520,8,,,,\n");
+  return str(
+      "# mtplab_bench_step --batch git ", git, " device ", device,
+      " preset glm5.3-flash contexts 4096 copy_GBps 4216 router_bias_scale 1 kernel_policy gemv_variant=auto "
+      "gemv_split=auto\n",
+      kStepHeader,
+      "bf16,on,off,4096,1,1,20,500,490,510,500,8,,,,\n"
+      "bf16,on,off,4096,1,8,20,1000,980,1020,125,55,,,,\n"
+      "bf16,on,off,4096,2,8,20,1900,1880,1920,237.5,55,,,,\n"
+      "fp8,on,off,4096,1,1,20,400,390,410,400,8,,,,\n"
+      "bf16,off,off,4096,1,1,20,520,510,530,520,8,,,,\n");
 }
 
 std::string verify_csv(const std::string& git = "abc1234", const std::string& extra = "") {
@@ -82,7 +85,8 @@ TEST(PlanCosts, CommentLineGivesTheProvenance) {
   EXPECT_EQ(p->device, "NVIDIA H100 80GB HBM3");  // spaces and all, up to the next key
   EXPECT_EQ(p->preset, "glm5.3-flash");
   EXPECT_EQ(p->context, "4096");
-  const auto s = parse_bench_comment("# mtplab_bench_step --batch git abc device cpu preset tiny contexts 64,128");
+  const auto s =
+      parse_bench_comment("# mtplab_bench_step --batch git abc device cpu preset tiny contexts 64,128");
   ASSERT_TRUE(s.has_value());
   EXPECT_EQ(s->tool, "mtplab_bench_step --batch");
   EXPECT_EQ(s->context, "64,128");
@@ -93,8 +97,10 @@ TEST(PlanCosts, BadFilesAreErrorsNamingFileLineAndColumn) {
   expect_has(error_of([] { BenchCsv::parse("head,B\n1,2\n", "x.csv"); }), "x.csv:1: not a benchmark CSV");
   expect_has(error_of([] { BenchCsv::parse("# mtplab_bench_step git a device d\nB,k\n1\n", "x.csv"); }),
              "x.csv:3: 1 fields for the header's 2 columns");
-  const BenchCsv c = BenchCsv::parse("# mtplab_bench_step git a device d\nB,k,median_us\n1,2,fast\n", "y.csv");
-  expect_has(error_of([&] { c.number(c.rows()[0], "median_us"); }), "y.csv:3: column median_us: \"fast\" is not a number");
+  const BenchCsv c =
+      BenchCsv::parse("# mtplab_bench_step git a device d\nB,k,median_us\n1,2,fast\n", "y.csv");
+  expect_has(error_of([&] { c.number(c.rows()[0], "median_us"); }),
+             "y.csv:3: column median_us: \"fast\" is not a number");
   expect_has(error_of([&] { c.number(c.rows()[0], "p90_us"); }), "y.csv: no column \"p90_us\"");
   expect_has(error_of([] { BenchCsv::read("/nonexistent/z.csv"); }), "/nonexistent/z.csv: cannot read");
 }
@@ -109,7 +115,8 @@ TEST(PlanCosts, StepTermsSumTheMeasuredPoints) {
   const CostBook b = CostBook::load(o);
   auto total = [&](int B, int k, const ModelShape& m) {
     double t = 0;
-    for (const CostTerm& term : b.step_terms(B, k, m)) t += term.times * b.points()[static_cast<size_t>(term.point)].median_us;
+    for (const CostTerm& term : b.step_terms(B, k, m))
+      t += term.times * b.points()[static_cast<size_t>(term.point)].median_us;
     return t;
   };
   // k = 0: 10 layers at R = 1, the head over B rows, c.
@@ -133,8 +140,9 @@ TEST(PlanCosts, DraftWithoutItsRowIsKTimesTheFirst) {
   test::TempDir dir("mtplab-plan-costs");
   CostOptions o;
   o.step_files = {write(dir, "step.csv", step_csv())};
-  o.verify_files = {write(dir, "verify.csv", verify_csv(
-      "abc1234", "layer,,1,3,3,20,400,390,410,24,,,,,,\nhead,bf16,,,3,20,301,,,,,,,,,\n"))};
+  o.verify_files = {
+      write(dir, "verify.csv",
+            verify_csv("abc1234", "layer,,1,3,3,20,400,390,410,24,,,,,,\nhead,bf16,,,3,20,301,,,,,,,,,\n"))};
   o.step_select = {{"cuda_graph", "on"}};
   const CostBook b = CostBook::load(o);
   const std::vector<CostTerm> t = b.step_terms(1, 2, shape(1));
@@ -210,7 +218,8 @@ TEST(PlanCosts, DisagreeingInputsAreNamed) {
   expect_has(d[1], "the cost files disagree on the git commit: 1111111");
   ModelShape other = shape(10);
   other.name = "small";
-  expect_has(b.disagreements(other).back(), "the plan's model is small but the cost files ran at preset glm5.3-flash");
+  expect_has(b.disagreements(other).back(),
+             "the plan's model is small but the cost files ran at preset glm5.3-flash");
   // Files that agree: nothing to say.
   o.step_files = {write(dir, "step2.csv", step_csv("2222222"))};
   EXPECT_TRUE(CostBook::load(o).disagreements(shape(10)).empty());

@@ -45,24 +45,25 @@ struct Files {
   std::string step, verify, profile;
 };
 Files known_files(const test::TempDir& dir, double spread = 0) {
-  auto row = [&](double m) {
-    return spread > 0 ? str(m, ",", m - spread, ",", m + spread) : str(m, ",,");
-  };
-  const std::string step = str(
-      "# mtplab_bench_step --batch git 1234567 device NVIDIA H200 preset glm5.3-flash contexts 4096\n"
-      "head,cuda_graph,index_share,context,k,B,reps,median_us,p10_us,p90_us\n",
-      "bf16,on,off,4096,1,1,20,", row(100), "\n", "bf16,on,off,4096,1,4,20,", row(200), "\n");
+  auto row = [&](double m) { return spread > 0 ? str(m, ",", m - spread, ",", m + spread) : str(m, ",,"); };
+  const std::string step =
+      str("# mtplab_bench_step --batch git 1234567 device NVIDIA H200 preset glm5.3-flash contexts 4096\n"
+          "head,cuda_graph,index_share,context,k,B,reps,median_us,p10_us,p90_us\n",
+          "bf16,on,off,4096,1,1,20,", row(100), "\n", "bf16,on,off,4096,1,4,20,", row(200), "\n");
   std::string verify =
       "# mtplab_bench_verify git 1234567 device NVIDIA H200 preset glm5.3-flash context 4096\n"
       "part,head,B,R,rows,reps,median_us,p10_us,p90_us\n";
   const std::vector<std::tuple<int, int, double>> layers = {{1, 1, 1000}, {1, 2, 1500}, {1, 3, 2500},
-                                                           {4, 1, 2000}, {4, 2, 2400}, {4, 3, 2600}};
-  for (const auto& [B, R, us] : layers) verify += str("layer,,", B, ",", R, ",", B * R, ",20,", row(us), "\n");
-  for (int rows : {1, 2, 3, 4, 8, 12}) verify += str("head,bf16,,,", rows, ",20,", rows <= 3 ? 300 : 400, ",,\n");
-  return {write(dir, "step.csv", step), write(dir, "verify.csv", verify),
-          write(dir, "profile.json",
-                "{\"schema\": \"mtplab-acceptance-profile\", \"schema_version\": 1, \"description\": \"known\", "
-                "\"accepted_length\": [1.8, 2.4]}\n")};
+                                                            {4, 1, 2000}, {4, 2, 2400}, {4, 3, 2600}};
+  for (const auto& [B, R, us] : layers)
+    verify += str("layer,,", B, ",", R, ",", B * R, ",20,", row(us), "\n");
+  for (int rows : {1, 2, 3, 4, 8, 12})
+    verify += str("head,bf16,,,", rows, ",20,", rows <= 3 ? 300 : 400, ",,\n");
+  return {
+      write(dir, "step.csv", step), write(dir, "verify.csv", verify),
+      write(dir, "profile.json",
+            "{\"schema\": \"mtplab-acceptance-profile\", \"schema_version\": 1, \"description\": \"known\", "
+            "\"accepted_length\": [1.8, 2.4]}\n")};
 }
 
 PlanSpec known_spec(const Files& f, const std::vector<std::pair<std::string, std::string>>& more = {}) {
@@ -130,9 +131,13 @@ TEST(PlanPlanner, KnownAnswerWithoutSpread) {
 TEST(PlanPlanner, ExplicitKMaxAndBatchAreChecked) {
   test::TempDir dir("mtplab-plan");
   const Files f = known_files(dir);
-  expect_has(error_of([&] { run_plan(known_spec(f, {{"k_max", "3"}})); }),
+  expect_has(error_of([&] {
+               run_plan(known_spec(f, {{"k_max", "3"}}));
+             }),
              "k_max 3: the acceptance source covers k = 1..2");
-  expect_has(error_of([&] { run_plan(known_spec(f, {{"batch", "[1, 2]"}})); }),
+  expect_has(error_of([&] {
+               run_plan(known_spec(f, {{"batch", "[1, 2]"}}));
+             }),
              "no layer row at (B = 2, R = 1)");
   const PlanResult one = run_plan(known_spec(f, {{"k_max", "1"}, {"batch", "[4]"}}));
   EXPECT_EQ(one.k_max, 1);
@@ -258,10 +263,11 @@ std::string replay_file(const test::TempDir& dir, const std::string& name, const
                         replay_result(1, {{0, {1.f}}, {0, {0.5f}}, {1, {0.f}}, {0, {1.f}}}), prov);
   // k = 3: expected lengths 1.75 and 1 (sequence 0), 0 and 3 (sequence 1): tau(3) = 1 + 5.75 / 4;
   // the first two drafts give 1.5 + 1 + 1 + 1: tau(2) = 1 + 4.5 / 4.
-  harness::append_point(path, ex, ex.points[1],
-                        replay_result(3, {{0, {1.f, 0.5f, 0.5f}}, {0, {0.5f, 1.f, 0.f}}, {1, {0.f, 1.f, 1.f}},
-                                          {1, {1.f, 1.f, 1.f}}}),
-                        prov);
+  harness::append_point(
+      path, ex, ex.points[1],
+      replay_result(
+          3, {{0, {1.f, 0.5f, 0.5f}}, {0, {0.5f, 1.f, 0.f}}, {1, {0.f, 1.f, 1.f}}, {1, {1.f, 1.f, 1.f}}}),
+      prov);
   return path;
 }
 
@@ -308,7 +314,10 @@ TEST(PlanPlanner, AcceptanceFromResultsFiles) {
   expect_has(p.units, "2 sequence(s) of ");
   // Selecting points: p0 alone gives k = 1 only.
   EXPECT_EQ(AcceptanceCurve::from_results({{path}, {"p0"}}).k_max(), 1);
-  expect_has(error_of([&] { AcceptanceCurve::from_results({{path}, {"p7"}}); }), "acceptance.points: p0007 is in none of");
+  expect_has(error_of([&] {
+               AcceptanceCurve::from_results({{path}, {"p7"}});
+             }),
+             "acceptance.points: p0007 is in none of");
 }
 
 TEST(PlanPlanner, ResultsThatCannotBeAcceptanceAreRefused) {
@@ -316,11 +325,14 @@ TEST(PlanPlanner, ResultsThatCannotBeAcceptanceAreRefused) {
   // Synthetic weights: the point and the file named.
   std::string synthetic = kReplayExperiment;
   synthetic.replace(synthetic.find("{checkpoint: tiny.safetensors}"), 30, "{synthetic: {seed: 4}}");
-  synthetic.replace(synthetic.find("{path: tiny-trace.h5}"), 21, "{synthetic: {sequences: 2, new_tokens: 8}}");
+  synthetic.replace(synthetic.find("{path: tiny-trace.h5}"), 21,
+                    "{synthetic: {sequences: 2, new_tokens: 8}}");
   const std::string syn = replay_file(dir, "syn.h5", synthetic);
   const std::string e = error_of([&] { AcceptanceCurve::from_results({{syn}, {}}); });
   expect_has(e, syn + ": point p0000 (");
-  expect_has(e, "its acceptance is not meaningful and cannot be a plan's acceptance source: synthetic weights (seed 4)");
+  expect_has(e,
+             "its acceptance is not meaningful and cannot be a plan's acceptance source: synthetic weights "
+             "(seed 4)");
   // A file that predates the attribute: the config's weights decide the same way.
   {
     io::H5File f = io::H5File::open_append(syn);
@@ -337,9 +349,15 @@ TEST(PlanPlanner, ResultsThatCannotBeAcceptanceAreRefused) {
     f.open_group("points").open_group("p0001").set_attr("expected_tau", 9.0);
     f.commit();
   }
-  expect_has(error_of([&] { AcceptanceCurve::from_results({{path}, {}}); }),
-             "p0001 of " + path + " (draft_len 3): the steps give tau 2.4375 but the point records expected_tau 9");
-  expect_has(error_of([&] { AcceptanceCurve::from_results({{dir / "none.h5"}, {}}); }), "none.h5: no such file");
+  expect_has(
+      error_of([&] {
+        AcceptanceCurve::from_results({{path}, {}});
+      }),
+      "p0001 of " + path + " (draft_len 3): the steps give tau 2.4375 but the point records expected_tau 9");
+  expect_has(error_of([&] {
+               AcceptanceCurve::from_results({{dir / "none.h5"}, {}});
+             }),
+             "none.h5: no such file");
   const std::string not_results = write(dir, "x.h5", "not hdf5");
   expect_has(error_of([&] { AcceptanceCurve::from_results({{not_results}, {}}); }), "x.h5");
 }
@@ -356,7 +374,11 @@ TEST(PlanPlanner, TwoPointsOfOneDraftLengthNeedASelection) {
   prov.devices = {"cpu"};
   harness::prepare_results_file(path, ex, prov);
   for (const auto& p : ex.points)
-    harness::append_point(path, ex, p, replay_result(p.arms.drafter.draft_len, {{0, std::vector<float>(static_cast<size_t>(p.arms.drafter.draft_len), 1.f)}}), prov);
+    harness::append_point(
+        path, ex, p,
+        replay_result(p.arms.drafter.draft_len,
+                      {{0, std::vector<float>(static_cast<size_t>(p.arms.drafter.draft_len), 1.f)}}),
+        prov);
   const std::string e = error_of([&] { AcceptanceCurve::from_results({{path}, {}}); });
   expect_has(e, "acceptance: two points of draft_len ");
   expect_has(e, "select one per draft length with acceptance.points");
@@ -430,6 +452,7 @@ TEST(PlanPlanner, PlanFileAndExportsReadBack) {
   const AcceptanceProfile p = read_profile(files[3]);
   ASSERT_EQ(p.accepted_length.size(), 3u);
   EXPECT_DOUBLE_EQ(p.accepted_length[2], 1 + 5.75 / 4);
-  expect_has(error_of([&] { write_exports(dir / "exports", r, false); }), "exists; --force replaces the exports");
+  expect_has(error_of([&] { write_exports(dir / "exports", r, false); }),
+             "exists; --force replaces the exports");
   EXPECT_EQ(write_exports(dir / "exports", r, true).size(), 4u);
 }

@@ -69,7 +69,8 @@ TEST(PlanProfile, RisingRatesUseTheRunningMinimumAndSaySo) {
 TEST(PlanProfile, JsonRoundTrip) {
   AcceptanceProfile p = curve({1.84, 2.50, 2.99, 3.33, 3.61, 3.78, 3.91, 4.06});
   p.source = "a \"quoted\" source\\path";
-  p.accepted_length_ci = {{1.8, 1.9}, {2.4, 2.6}, {2.9, 3.1}, {3.2, 3.4}, {3.5, 3.7}, {3.7, 3.9}, {3.8, 4.0}, {4.0, 4.1}};
+  p.accepted_length_ci = {{1.8, 1.9}, {2.4, 2.6}, {2.9, 3.1}, {3.2, 3.4},
+                          {3.5, 3.7}, {3.7, 3.9}, {3.8, 4.0}, {4.0, 4.1}};
   const std::string text = profile_json(p);
   const AcceptanceProfile q = parse_profile(text, "p.json");
   EXPECT_EQ(q.description, p.description);
@@ -95,12 +96,12 @@ TEST(PlanProfile, JsonRoundTrip) {
 
 TEST(PlanProfile, RefusedFilesNameTheKey) {
   const std::string head = "{\"schema\": \"mtplab-acceptance-profile\", \"schema_version\": 1, ";
-  expect_has(error_of([&] { parse_profile(head + "\"accepted_lenght\": [1.5]}", "a.json"); }),
-             "a.json:1:");
+  expect_has(error_of([&] { parse_profile(head + "\"accepted_lenght\": [1.5]}", "a.json"); }), "a.json:1:");
   expect_has(error_of([&] { parse_profile(head + "\"accepted_lenght\": [1.5]}", "a.json"); }),
              "unknown key \"accepted_lenght\" in an acceptance profile (did you mean \"accepted_length\"?)");
-  expect_has(error_of([&] { parse_profile("{\"schema\": \"other\", \"accepted_length\": [1.5]}", "b.json"); }),
-             "b.json: not an acceptance profile");
+  expect_has(
+      error_of([&] { parse_profile("{\"schema\": \"other\", \"accepted_length\": [1.5]}", "b.json"); }),
+      "b.json: not an acceptance profile");
   expect_has(error_of([&] { parse_profile(head + "\"accepted_length\": [1.5, 3.7]}", "c.json"); }),
              "c.json: accepted_length[1] = 3.7 at k = 2 is outside [1, 3]");
   expect_has(error_of([&] { parse_profile(head + "\"accepted_length\": [1.8, 1.7]}", "d.json"); }),
@@ -109,11 +110,13 @@ TEST(PlanProfile, RefusedFilesNameTheKey) {
              "e.json: marginal_rates[1] = 1.2 is outside [0, 1]");
   // A derived key that disagrees with the primary figures.
   expect_has(error_of([&] {
-               parse_profile(head + "\"marginal_rates\": [0.8, 0.4], \"conditional_rates\": [0.8, 0.6]}", "f.json");
+               parse_profile(head + "\"marginal_rates\": [0.8, 0.4], \"conditional_rates\": [0.8, 0.6]}",
+                             "f.json");
              }),
              "f.json:1:");
   expect_has(error_of([&] {
-               parse_profile(head + "\"marginal_rates\": [0.8, 0.4], \"conditional_rates\": [0.8, 0.6]}", "f.json");
+               parse_profile(head + "\"marginal_rates\": [0.8, 0.4], \"conditional_rates\": [0.8, 0.6]}",
+                             "f.json");
              }),
              "conditional_rates[1] = 0.6 disagrees with the value the profile's primary figures give (0.5)");
   expect_has(error_of([&] { parse_profile(head + "\"k_max\": 1}", "g.json"); }),

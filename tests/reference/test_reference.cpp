@@ -31,7 +31,6 @@
 #include <memory>
 #include <numeric>
 
-#include "ops/one_row.hpp"
 #include "core/yaml.hpp"
 #include "drafter/block.hpp"
 #include "drafter/drafter.hpp"
@@ -39,6 +38,7 @@
 #include "model/fields.hpp"
 #include "model/sharding.hpp"
 #include "model/weights.hpp"
+#include "ops/one_row.hpp"
 #include "ops/ops.hpp"
 #include "reference_util.hpp"
 
@@ -186,7 +186,8 @@ struct Front {
 void front_row(ops::Backend& be, const model::ModelConfig& c, const Front& f, const int32_t* token_dev,
                const bf16* hidden_dev, bf16* x0) {
   auto cat = poisoned_array<bf16>(be, 2 * static_cast<size_t>(c.hidden));
-  mtplab::ops::OneRow(be).embed_rmsnorm(f.embed.data(), token_dev, f.enorm.data(), cat.data(), c.hidden, c.rms_norm_eps);
+  mtplab::ops::OneRow(be).embed_rmsnorm(f.embed.data(), token_dev, f.enorm.data(), cat.data(), c.hidden,
+                                        c.rms_norm_eps);
   be.rmsnorm(hidden_dev, f.hnorm.data(), cat.data() + c.hidden, 1, c.hidden, c.rms_norm_eps);
   be.linear(f.eh_proj.data(), cat.data(), x0, 1, c.hidden, 2 * c.hidden);
 }
@@ -299,7 +300,7 @@ TEST_F(Reference, PiecesMatchTransformers) {
   auto e = poisoned_array<bf16>(be, static_cast<size_t>(T) * H);
   for (int t = 0; t < T; ++t)
     mtplab::ops::OneRow(be).embed_rmsnorm(f.embed.data(), tok.data() + t + 1, f.enorm.data(),
-                     e.data() + static_cast<size_t>(t) * H, H, eps);
+                                          e.data() + static_cast<size_t>(t) * H, H, eps);
   tab.ulps("front.e = enorm(embed)", get_widened(be, e), X.floats("front.e", {T, H}), t_norm, r_ulp,
            "RMSNorm, eps matters");
   auto hidden = put(be, X.bf16s("input.hidden", {T, H}));
@@ -496,10 +497,11 @@ TEST_F(Reference, PiecesMatchTransformers) {
     for (int t = 0; t < T; ++t) {
       be.kv_write(ckv_dev.data() + static_cast<size_t>(t) * c.kv_lora_rank, kv.block_tables.data(),
                   pos.data() + t, kv.kv_slots().cache);
-      mtplab::ops::OneRow(be).mla_absorb_q(q.data() + static_cast<size_t>(t) * nh * dq, bw.kv_b.data(), q_abs.data(), nh, dq, dv,
-                      c.kv_lora_rank);
+      mtplab::ops::OneRow(be).mla_absorb_q(q.data() + static_cast<size_t>(t) * nh * dq, bw.kv_b.data(),
+                                           q_abs.data(), nh, dq, dv, c.kv_lora_rank);
       mtplab::ops::OneRow(be).mla_decode(q_abs.data(), sel_dev.data() + static_cast<size_t>(t) * width, width,
-                    kv.block_tables.data(), kv.kv_slots().cache, o_lat.data(), nh, c.softmax_scale());
+                                         kv.block_tables.data(), kv.kv_slots().cache, o_lat.data(), nh,
+                                         c.softmax_scale());
       mtplab::ops::OneRow(be).mla_out_v(o_lat.data(), bw.kv_b.data(), o.data(), nh, dq, dv, c.kv_lora_rank);
       be.linear(bw.o_proj.data(), o.data(), out.data() + static_cast<size_t>(t) * H, 1, H, nh * dv);
     }
@@ -552,9 +554,10 @@ TEST_F(Reference, PiecesMatchTransformers) {
   auto idx = poisoned_array<int32_t>(be, static_cast<size_t>(T) * k_top);
   auto wts = poisoned_array<float>(be, static_cast<size_t>(T) * k_top);
   for (int t = 0; t < T; ++t)
-    mtplab::ops::OneRow(be).moe_route(logits.data() + static_cast<size_t>(t) * E, bw.router_bias.data(), E, k_top, c.n_group,
-                 c.topk_group, c.routed_scaling_factor, idx.data() + static_cast<size_t>(t) * k_top,
-                 wts.data() + static_cast<size_t>(t) * k_top);
+    mtplab::ops::OneRow(be).moe_route(logits.data() + static_cast<size_t>(t) * E, bw.router_bias.data(), E,
+                                      k_top, c.n_group, c.topk_group, c.routed_scaling_factor,
+                                      idx.data() + static_cast<size_t>(t) * k_top,
+                                      wts.data() + static_cast<size_t>(t) * k_top);
   {
     // mtplab orders the experts by s' (ties: lower id); the fixture by id. Compare by id.
     const std::vector<int32_t> id = get(be, idx);
@@ -609,7 +612,8 @@ TEST_F(Reference, PiecesMatchTransformers) {
       mtplab::ops::OneRow(be).moe_experts(vt, shared, idx0.data(), w1.data(), 1, limit, sh.data());
       if (with_routed) {
         mtplab::ops::OneRow(be).moe_experts(vt, routed, idx.data() + static_cast<size_t>(t) * k_top,
-                       wts.data() + static_cast<size_t>(t) * k_top, k_top, limit, part.data());
+                                            wts.data() + static_cast<size_t>(t) * k_top, k_top, limit,
+                                            part.data());
         be.accumulate_f32(sh.data(), part.data(), H);
         be.to_bf16(part.data(), out.data() + static_cast<size_t>(t) * H, H);
       } else {
@@ -708,16 +712,16 @@ TEST_F(Reference, BlockMatchesTransformers) {
   auto y = poisoned_array<bf16>(be, static_cast<size_t>(rows) * H);
   std::vector<int32_t> sel(static_cast<size_t>(T) * width);
   for (int t = 0; t < T; ++t) {
-    block.forward(ops::RowBatch{slot0.data(), pos.data() + t, 1, 1}, x0_ref.data() + static_cast<size_t>(t) * H,
-                  cache, x1.data() + static_cast<size_t>(t) * H);
+    block.forward(ops::RowBatch{slot0.data(), pos.data() + t, 1, 1},
+                  x0_ref.data() + static_cast<size_t>(t) * H, cache, x1.data() + static_cast<size_t>(t) * H);
     const std::vector<int32_t> s = get(be, block.selection(), static_cast<size_t>(width));
     std::copy(s.begin(), s.end(), sel.begin() + static_cast<ptrdiff_t>(t) * width);
   }
   {
     const std::vector<uint8_t> valid = get(be, cache.valid);
     const auto held = std::count(valid.begin(), valid.end(), uint8_t{1});
-    tab.check("cache rows after the prefill", held == T && valid[static_cast<size_t>(T) - 1] == 1, str(held), str(T),
-              "dense rows, one per forward");
+    tab.check("cache rows after the prefill", held == T && valid[static_cast<size_t>(T) - 1] == 1, str(held),
+              str(T), "dense rows, one per forward");
   }
 
   // Chained rows: draft i+1 embeds draft i (the fixture's chain.input_tokens, checked above to be
@@ -851,7 +855,8 @@ TEST_F(Reference, DrafterMatchesTransformers) {
     opt.draft_len = 1 + R.chain;
     auto d = drafter::make_drafter(be, nullptr, c, w, opt);
     auto st = d->new_sequence();
-    be.fill_bytes(st->caches.kv_slots().cache.data, 0xFF, static_cast<size_t>(c.max_seq_len) * L * sizeof(bf16));
+    be.fill_bytes(st->caches.kv_slots().cache.data, 0xFF,
+                  static_cast<size_t>(c.max_seq_len) * L * sizeof(bf16));
     be.fill_bytes(st->caches.k_cache.data(), 0xFF, st->caches.k_cache.bytes());
     be.fill_bytes(st->caches.pool_keys.data(), 0xFF, st->caches.pool_keys.bytes());
     d->append_rows(*st, tokens.data() + 1, hidden.data(), T - 1, 0);

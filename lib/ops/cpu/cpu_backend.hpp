@@ -44,8 +44,7 @@ class CpuBackend final : public Backend {
   void add_i32(const int32_t* src, int32_t add, int32_t* dst) override;
 
   void rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int n, float eps) override;
-  void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n,
-                     float eps);
+  void embed_rmsnorm(const bf16* table, const int32_t* token, const bf16* w, bf16* y, int n, float eps);
   void layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y, int rows, int n, float eps) override;
 
   void linear(const bf16* W, const bf16* X, bf16* Y, int rows, int n_out, int k, RowsMode mode) override;
@@ -85,12 +84,10 @@ class CpuBackend final : public Backend {
   void kv_write(const bf16* c_kv, const int32_t* block_table, const int32_t* pos, KvCache cache) override;
   void kv_norm_write(const bf16* ckv_pre, const bf16* w, float eps, const int32_t* block_table,
                      const int32_t* pos, KvCache cache);
-  void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv,
-                    int kv_lora);
+  void mla_absorb_q(const bf16* q, const bf16* W_kvb, bf16* q_abs, int n_heads, int dqk, int dv, int kv_lora);
   void mla_decode(const bf16* q_abs, const int32_t* selection, int width, const int32_t* block_table,
                   KvCache cache, bf16* o_lat, int n_heads, float softmax_scale);
-  void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv,
-                 int kv_lora);
+  void mla_out_v(const bf16* o_lat, const bf16* W_kvb, bf16* o, int n_heads, int dqk, int dv, int kv_lora);
 
   void moe_route(const float* logits, const float* bias, int num_experts, int top_k, int n_group,
                  int topk_group, float scaling, int32_t* idx, float* weights);
@@ -118,16 +115,16 @@ class CpuBackend final : public Backend {
                            KvSlots kv) override;
   void indexer_norm_store_batch(const bf16* k_pre, const bf16* w, const bf16* b, float eps, const float* gate,
                                 const float* ape, const RowBatch& rb, IndexerSlots idx) override;
-  void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx, float* scores,
-                            int n_heads) override;
+  void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx,
+                            float* scores, int n_heads) override;
   void indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
                             int max_pools) override;
   void indexer_share_select(const int32_t* anchor, const int32_t* anchor_pos, const int32_t* pos, int rows,
                             int32_t* selection, int width, int K, int P) override;
   void mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads, int dqk,
                           int dv, int kv_lora) override;
-  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb, KvSlots kv,
-                        bf16* o_lat, int n_heads, float softmax_scale) override;
+  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb,
+                        KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) override;
   void mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads, int dqk, int dv,
                        int kv_lora) override;
   void moe_route_batch(const float* logits, const float* bias, const RowBatch& rb, int num_experts, int top_k,

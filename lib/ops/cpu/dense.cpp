@@ -71,15 +71,15 @@ void CpuBackend::linear_group(std::span<const LinearOut> outs, const bf16* x, in
 
 void CpuBackend::linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) {
   ran("linear_rows_group");
-  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::linear_rows_group: ",
-              outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
+              "ops::linear_rows_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
   require_ptr("linear_rows_group", "X", X);
   require_size("linear_rows_group", "rows", rows);
   for (size_t i = 0; i < outs.size(); ++i) {
     const LinearOut& o = outs[i];
     MTP_REQUIRE(o.W && o.y, "ops::linear_rows_group: output ", i, " has a null ", o.W ? "y" : "W");
-    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::linear_rows_group: output ", i, " is BF16 but has f32_scale ",
-                o.f32_scale, " (only fp32 outputs are scaled)");
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::linear_rows_group: output ", i,
+                " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
   }
   // The separate batched ops themselves (on the CPU `batched` computes what `per_row` does).
   for (const LinearOut& o : outs) {

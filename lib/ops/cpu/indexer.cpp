@@ -191,8 +191,8 @@ void CpuBackend::indexer_norm_store_batch(const bf16* k_pre, const bf16* w, cons
     if (!live_row(op, rb.slot, r, idx.slots)) continue;
     slot_pos(op, rb.pos, r, idx.max_rows);
     const SlotArrays a = slot_arrays(idx, rb.slot[r]);
-    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, rb.pos + r, a.k_cache, a.gate_cache, a.valid,
-                       a.pool_keys, idx.D, idx.P);
+    indexer_norm_store(k_pre + r * D, w, b, eps, gate + r * D, ape, rb.pos + r, a.k_cache, a.gate_cache,
+                       a.valid, a.pool_keys, idx.D, idx.P);
   }
 }
 
@@ -215,8 +215,8 @@ void CpuBackend::indexer_scores_batch(const float* q, const float* w, const RowB
   }
 }
 
-void CpuBackend::indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K, int P,
-                                      int max_pools) {
+void CpuBackend::indexer_select_batch(const float* scores, const RowBatch& rb, int32_t* selection, int K,
+                                      int P, int max_pools) {
   ran("indexer_select_batch");
   const char* op = "indexer_select_batch";
   require_rows(op, rb.slot, rb.rows);

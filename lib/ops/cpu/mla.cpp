@@ -191,8 +191,8 @@ void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float e
   const int64_t capacity = static_cast<int64_t>(kv.max_blocks) * kv.cache.block_size;
   for (int r = 0; r < rb.rows; ++r) {
     if (!live_row(op, rb.slot, r, kv.slots)) continue;
-    MTP_REQUIRE(rb.pos[r] >= 0 && rb.pos[r] < capacity, "ops::", op, ": row ", r, " is at position ", rb.pos[r],
-                ", outside its rb.slot's ", capacity, " rb.rows (", kv.max_blocks, " blocks)");
+    MTP_REQUIRE(rb.pos[r] >= 0 && rb.pos[r] < capacity, "ops::", op, ": row ", r, " is at position ",
+                rb.pos[r], ", outside its rb.slot's ", capacity, " rb.rows (", kv.max_blocks, " blocks)");
     kv_norm_write(ckv_pre + r * L, w, eps, kv.block_tables + static_cast<size_t>(rb.slot[r]) * kv.max_blocks,
                   rb.pos + r, kv.cache);
   }

@@ -50,7 +50,8 @@ void CpuBackend::moe_route(const float* logits, const float* bias, int num_exper
 
   if (n_group > 1) {
     std::vector<float> group_score(static_cast<size_t>(n_group));
-    for (int g = 0; g < n_group; ++g) group_score[g] = group_top2_sum(biased, g * group_size, (g + 1) * group_size);
+    for (int g = 0; g < n_group; ++g)
+      group_score[g] = group_top2_sum(biased, g * group_size, (g + 1) * group_size);
     std::vector<int> groups(static_cast<size_t>(n_group));
     std::iota(groups.begin(), groups.end(), 0);
     std::stable_sort(groups.begin(), groups.end(),

@@ -84,8 +84,8 @@ void CpuBackend::layernorm(const bf16* x, const bf16* w, const bf16* b, bf16* y,
 
 // ---- batched rows -------------------------------------------------------------------------------
 
-void CpuBackend::embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w,
-                                     bf16* y, int ld_y, int n, float eps) {
+void CpuBackend::embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb,
+                                     const bf16* w, bf16* y, int ld_y, int n, float eps) {
   require_rows("embed_rmsnorm_batch", rb.slot, rb.rows);
   require_size("embed_rmsnorm_batch", "n", n);
   require_size("embed_rmsnorm_batch", "ld_y", ld_y, n);

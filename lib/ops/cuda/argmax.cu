@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(kArgmaxRowThreads)
   __shared__ unsigned long long s_best[kArgmaxRowThreads / kWarp];
   const int part = blockIdx.x, parts = gridDim.x;
   const bf16* row = x + static_cast<size_t>(blockIdx.y) * ld_x;
-  const unsigned long long best = block_max_key(row_part_best_key(row, n, index_base, part, parts, vec), s_best);
+  const unsigned long long best =
+      block_max_key(row_part_best_key(row, n, index_base, part, parts, vec), s_best);
   if (threadIdx.x == 0) keys[static_cast<size_t>(blockIdx.y) * parts + part] = best;
 }
 
@@ -193,10 +194,11 @@ void argmax_batch(const LaunchCtx& ctx, const bf16* x, int ld_x, int rows, int n
   MTP_CUDA_LAUNCH_CHECK();
 }
 
-void argmax_parts_reduce(const LaunchCtx& ctx, const unsigned long long* keys, int parts, int rows, ArgMax* out) {
+void argmax_parts_reduce(const LaunchCtx& ctx, const unsigned long long* keys, int parts, int rows,
+                         ArgMax* out) {
   constexpr int kReduceWarps = 4;
-  launch(ctx, argmax_parts_reduce_kernel, (rows + kReduceWarps - 1) / kReduceWarps, kReduceWarps * kWarp, 0, keys,
-         parts, rows, out);
+  launch(ctx, argmax_parts_reduce_kernel, (rows + kReduceWarps - 1) / kReduceWarps, kReduceWarps * kWarp, 0,
+         keys, parts, rows, out);
   MTP_CUDA_LAUNCH_CHECK();
 }
 

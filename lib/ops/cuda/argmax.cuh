@@ -122,6 +122,7 @@ __device__ __forceinline__ void rows_grid_finish(const HeadArgmaxOut& h, const u
 
 /// out[b] = row b's largest key over its `parts` keys keys[b * parts + i], as the pair (a warp a
 /// row): the second launch of the parted argmax kernels (argmax_batch, the FP8 cuBLASLt head).
-void argmax_parts_reduce(const LaunchCtx& ctx, const unsigned long long* keys, int parts, int rows, ArgMax* out);
+void argmax_parts_reduce(const LaunchCtx& ctx, const unsigned long long* keys, int parts, int rows,
+                         ArgMax* out);
 
 }  // namespace mtplab::ops::cuda

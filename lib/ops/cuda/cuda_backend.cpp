@@ -320,13 +320,14 @@ class CudaBackend final : public Backend {
     linear_any(W, X, Y, true, rows, n_out, k, mode, "linear_f32");
   }
   void linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) override {
-    MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::cuda::linear_rows_group: ",
-                outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+    MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
+                "ops::cuda::linear_rows_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup,
+                " allowed)");
     MTP_REQUIRE(rows >= 1 && k >= 1, "ops::cuda::linear_rows_group: rows ", rows, ", k ", k);
     for (size_t i = 0; i < outs.size(); ++i) {
       const LinearOut& o = outs[i];
-      MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_rows_group: output ", i, " has W ", o.W, ", y ",
-                  o.y, ", n_out ", o.n_out);
+      MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::linear_rows_group: output ", i, " has W ", o.W,
+                  ", y ", o.y, ", n_out ", o.n_out);
       MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::linear_rows_group: output ", i,
                   " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
     }
@@ -348,8 +349,8 @@ class CudaBackend final : public Backend {
     }
     if (n_grouped > 0) {
       cuda::record_kernel(ctx_, "linear_rows_group", "rows_gemv");
-      cuda::rows_gemv_group(ctx_, std::span<const LinearOut>(grouped, static_cast<size_t>(n_grouped)), X, rows, k,
-                            rows_gemv_scratch(n_sum, k));
+      cuda::rows_gemv_group(ctx_, std::span<const LinearOut>(grouped, static_cast<size_t>(n_grouped)), X,
+                            rows, k, rows_gemv_scratch(n_sum, k));
     }
   }
   void linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows, int n_out,
@@ -406,7 +407,6 @@ class CudaBackend final : public Backend {
     cuda::kv_write(ctx_, c_kv, block_table, pos, cache);
   }
 
-
   // ---- batched rows (ops.hpp, "batched rows"; the launchers: the family headers' batched rows) --
   // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs take up
   // to cuda::kMaxBatchRows rows per launch (more: cuBLASLt), the grouped experts up to
@@ -414,8 +414,8 @@ class CudaBackend final : public Backend {
   // run in groups of that many. The host checks sizes and pointers; slots, positions, tokens and
   // selections are read on the device only (a padded row, slot < 0, is skipped there), so the
   // distinct-slot and in-range rules the CPU reference enforces are the caller's here.
-  void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w, bf16* y,
-                           int ld_y, int n, float eps) override {
+  void embed_rmsnorm_batch(const bf16* table, const int32_t* tokens, const RowBatch& rb, const bf16* w,
+                           bf16* y, int ld_y, int n, float eps) override {
     const char* op = "embed_rmsnorm_batch";
     const int32_t* slot = rb.slot;
     const int rows = rb.rows;
@@ -511,8 +511,8 @@ class CudaBackend final : public Backend {
     cuda::indexer_norm_store_batch(ctx_, k_pre, w, b, eps, gate, ape, slot, pos, rows, idx,
                                    /*keys_after_rows=*/rb.max_seq_rows > 1);
   }
-  void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx, float* scores,
-                            int n_heads) override {
+  void indexer_scores_batch(const float* q, const float* w, const RowBatch& rb, IndexerSlots idx,
+                            float* scores, int n_heads) override {
     const char* op = "indexer_scores_batch";
     const auto [slot, pos, rows, max_seq_rows] = rb;
     require_rows(op, rb);
@@ -550,8 +550,8 @@ class CudaBackend final : public Backend {
     require_ptrs("mla_absorb_q_batch", {q, W_kvb, q_abs});
     cuda::mla_absorb_q_batch(ctx_, q, W_kvb, q_abs, rows, n_heads, dqk, dv, kv_lora);
   }
-  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb, KvSlots kv,
-                        bf16* o_lat, int n_heads, float softmax_scale) override {
+  void mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb,
+                        KvSlots kv, bf16* o_lat, int n_heads, float softmax_scale) override {
     const char* op = "mla_decode_batch";
     const int32_t* slot = rb.slot;
     const int rows = rb.rows;
@@ -706,7 +706,8 @@ class CudaBackend final : public Backend {
   bool fp8_plans_exist(int rows, int n, int k) {
     const int chunk = cuda::head_lt_launch_rows(rows);
     const int rest = rows % chunk;
-    return (rows < chunk || fp8_plan_for(chunk, n, k) != nullptr) && (rest == 0 || fp8_plan_for(rest, n, k) != nullptr);
+    return (rows < chunk || fp8_plan_for(chunk, n, k) != nullptr) &&
+           (rest == 0 || fp8_plan_for(rest, n, k) != nullptr);
   }
   /// head_argmax_batch through cuBLASLt: logits [r][n] into scratch, the per-row argmax over them,
   /// then head_finish_rows writes the live rows' results (and their logits when wanted). FP8 rows
@@ -715,8 +716,8 @@ class CudaBackend final : public Backend {
   /// BF16 logits (stored only when wanted) and takes their argmax (cuda::head_combine_argmax_e4m3),
   /// and the finish.
   void head_argmax_lt(const bf16* W, const fp8e4m3* W_fp8, const float* row_scale, const bf16* x,
-                      const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits, int ld_logits,
-                      ArgMax* out, HeadExtras extras) {
+                      const int32_t* slot, int rows, int n, int k, int64_t index_base, bf16* logits,
+                      int ld_logits, ArgMax* out, HeadExtras extras) {
     const char* op = "head_argmax_batch (cublaslt)";
     // Sized for a full launch of head_lt_launch_rows rows whatever this call's rows, so that a graph
     // captured at a larger batch bucket than the eager call before it needs no growth (Scratch
@@ -727,8 +728,8 @@ class CudaBackend final : public Backend {
     const size_t d_bytes = W_fp8 ? sizeof(float) * 2 * static_cast<size_t>(chunk) * n : 0;
     const size_t part_bytes = W_fp8 ? (2 * static_cast<size_t>(chunk) * k + 255) / 256 * 256 : 0;
     const size_t shift_bytes = W_fp8 ? sizeof(int) * chunk : 0;
-    auto* base = static_cast<uint8_t*>(
-        head_lt_scratch_.ensure(logit_bytes + pair_bytes + d_bytes + part_bytes + shift_bytes, ctx_.stream, op));
+    auto* base = static_cast<uint8_t*>(head_lt_scratch_.ensure(
+        logit_bytes + pair_bytes + d_bytes + part_bytes + shift_bytes, ctx_.stream, op));
     auto* buf = reinterpret_cast<bf16*>(base);
     auto* pairs = reinterpret_cast<ArgMax*>(base + logit_bytes);
     auto* D = reinterpret_cast<float*>(base + logit_bytes + pair_bytes);
@@ -743,8 +744,8 @@ class CudaBackend final : public Backend {
         // The logits go straight to dst (the combine is the argmax's pass): finish copies nothing.
         cuda::head_split_e4m3(ctx_, x + static_cast<size_t>(b0) * k, sl, r, k, parts, shifts);
         gemm_fp8(W_fp8, parts, D, r, n, k);
-        cuda::head_combine_argmax_e4m3(ctx_, D, r, n, row_scale, shifts, sl, index_base, dst, ld_logits, pairs,
-                                       argmax_);
+        cuda::head_combine_argmax_e4m3(ctx_, D, r, n, row_scale, shifts, sl, index_base, dst, ld_logits,
+                                       pairs, argmax_);
         cuda::head_finish_rows(ctx_, pairs, sl, r, nullptr, n, nullptr, ld_logits, out + b0, e);
       } else {
         gemm(W, x + static_cast<size_t>(b0) * k, buf, false, r, n, k);
@@ -821,7 +822,8 @@ class CudaBackend final : public Backend {
 
   /// Whether a batched linear of `rows` rows (>= 2) runs the multi-row GEMV (dispatch.cu).
   bool rows_gemv_wanted(int rows, int n, int k, const void* W, const void* X) const {
-    return cuda::rows_linear_on_gemv(ctx_.policy, rows, n, k, pointer_alignment(W) >= 16 && pointer_alignment(X) >= 16);
+    return cuda::rows_linear_on_gemv(ctx_.policy, rows, n, k,
+                                     pointer_alignment(W) >= 16 && pointer_alignment(X) >= 16);
   }
   /// rows_gemv's workspace and counters for [n x k], sized for cuda::kMaxRowsGemv rows whatever
   /// this call's (a graph captured at a larger batch than the eager call before it needs no growth;
@@ -862,8 +864,9 @@ class CudaBackend final : public Backend {
   /// accurate accumulation (no fast accumulation), unit scales (the row scales are the combine's).
   void gemm_fp8(const fp8e4m3* W, const uint8_t* parts, float* D, int rows, int n, int k) {
     const GemmPlan* plan = fp8_plan_for(rows, n, k);
-    MTP_REQUIRE(plan != nullptr, "ops::cuda::head_argmax_batch (cublaslt): cuBLASLt has no FP8 algorithm for [",
-                2 * rows, " x ", k, "] x [", n, " x ", k, "]^T");
+    MTP_REQUIRE(plan != nullptr,
+                "ops::cuda::head_argmax_batch (cublaslt): cuBLASLt has no FP8 algorithm for [", 2 * rows,
+                " x ", k, "] x [", n, " x ", k, "]^T");
     const float alpha = 1.0f, beta = 0.0f;
     MTP_CUBLAS_CHECK(cublasLtMatmul(lt_, plan->op, &alpha, W, plan->a, parts, plan->b, &beta, D, plan->c, D,
                                     plan->c, &plan->algo, workspace_, kWorkspaceBytes, ctx_.stream));
@@ -901,10 +904,11 @@ class CudaBackend final : public Backend {
       MTP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, CUDA_R_32F, n, 2 * rows, n));
       MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
       const size_t ws = kWorkspaceBytes;
-      MTP_CUBLAS_CHECK(
-          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+      MTP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &ws, sizeof(ws)));
       // An unsupported combination is a status, not an error: the caller falls back (or names it).
-      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(lt_, plan.op, plan.a, plan.b, plan.c, plan.c, pref, 1, &result,
+                                          &found);
     } catch (...) {
       if (pref) cublasLtMatmulPreferenceDestroy(pref);
       destroy_plan(plan);

@@ -94,8 +94,8 @@ void head_argmax_batch(const LaunchCtx& ctx, const bf16* W, const fp8e4m3* W_fp8
 /// kMaxBatchRows rows. The small-M tensor-core GEMM of mla_out_v_batch. k % 16 == 0,
 /// rows_per_group % 16 == 0 (or one group), W / x 16-byte aligned, ldx and x_group_stride
 /// multiples of 8.
-void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, bf16* y, int64_t ldy, int rows,
-               int n, int k, const GemvRowMap& map);
+void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, bf16* y, int64_t ldy,
+               int rows, int n, int k, const GemvRowMap& map);
 /// Most rows one rows_gemv launch takes (the batch rows of a batched linear at small B).
 inline constexpr int kMaxRowsGemv = 16;
 /// Most rows the multi-row GEMV head takes (the FP8 head under KernelPolicy::head_gemm gemv); more
@@ -133,16 +133,16 @@ void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, cons
 /// cuBLASLt"), first launch: each live row b of x [rows][k] as two E4M3 parts, rows 2b (hi) and
 /// 2b + 1 (lo) of parts [2 rows][k] (batch::e4m3_parts: x times 2^shifts[b]), zeros for a padded
 /// row. rows 1 .. kMaxBatchRows, k % 16 == 0, x 16-byte aligned.
-void head_split_e4m3(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, int rows, int k, uint8_t* parts,
-                     int* shifts);
+void head_split_e4m3(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, int rows, int k,
+                     uint8_t* parts, int* shifts);
 /// After cuBLASLt's FP8 GEMM D [2 rows][n] (fp32, W times the parts), for each live row b: its
 /// logits BF16(row_scale[j] * (D[2b][j] + D[2b+1][j]) * 2^-shifts[b]) (NaN for a row the split
 /// marked not finite), stored to dst + b * ld_dst when dst is not null, and its argmax into
 /// pairs[b] (the lowest index on ties; scratch: argmax_batch's). Padded rows: nothing of theirs
 /// is written (pairs[b] is then meaningless).
 void head_combine_argmax_e4m3(const LaunchCtx& ctx, const float* D, int rows, int n, const float* row_scale,
-                              const int* shifts, const int32_t* slot, int64_t index_base, bf16* dst, int ld_dst,
-                              ArgMax* pairs, const ArgmaxScratch& scratch);
+                              const int* shifts, const int32_t* slot, int64_t index_base, bf16* dst,
+                              int ld_dst, ArgMax* pairs, const ArgmaxScratch& scratch);
 /// The last launch of the cuBLASLt head (KernelPolicy::head_gemm): for each live row b (slot[b] >= 0,
 /// or every row when slot is null), out[b] = pairs[b], extras' key (argmax_key) and token, and, when
 /// dst is not null, row b of logits [rows][n] copied to dst + b * ld_dst. Padded rows: nothing.

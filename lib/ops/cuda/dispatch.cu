@@ -1,14 +1,13 @@
 // The rules that pick the CUDA backend's kernels (dispatch.hpp), each with the measured table
 // behind it. Host code only; a .cu file so that it reads the kernels' shapes (block sizes, chunk
 // lengths, shared-memory bounds) from the headers that define them.
-#include "ops/cuda/dispatch.hpp"
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
 
 #include "core/error.hpp"
 #include "ops/cuda/dense.hpp"
+#include "ops/cuda/dispatch.hpp"
 #include "ops/cuda/gemv.cuh"
 #include "ops/cuda/indexer_pool.cuh"
 #include "ops/cuda/mla_chunk.cuh"
@@ -81,7 +80,8 @@ GemvVariant automatic_variant(bool fp8, int64_t n, int k) {
 /// The instances that exist (gemv.cu's launch_gemv): the rows kernels for splits 1, 2, 4 and occ
 /// for every split, with the argmax only unsplit (the head's shapes), no fp32 output (router-sized
 /// GEMVs); rows4 only where its rows fit (rows_kernel_fits). Anything else runs v1.
-GemvPlan gemv_plan(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k, int rows_per_group) {
+GemvPlan gemv_plan(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k,
+                   int rows_per_group) {
   const int n_chunks = k / (fp8 ? 16 : 8);
   GemvVariant v = ctx.policy.gemv_variant;
   if (v == GemvVariant::automatic) v = automatic_variant(fp8, n, k);
@@ -134,7 +134,8 @@ constexpr int kFp8HeadLtMinRows = 4;
 
 }  // namespace
 
-bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows, const std::function<bool()>& fp8_plans_exist) {
+bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows,
+                      const std::function<bool()>& fp8_plans_exist) {
   switch (policy.head_gemm) {
     case HeadGemm::mma:
       return false;
@@ -165,11 +166,13 @@ HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int
   // resident mode (measured on an H200, docs/kernels.md, "The FP8 head on wgmma": 279 against 337
   // us at 32 rows, 334 / 447 at 64, 457 / 704 at 128; equal at 16).
   if (policy.head_gemm == HeadGemm::wgmma) {
-    MTP_REQUIRE(have_wgmma(), "ops::cuda::head_argmax_batch: head_gemm wgmma needs the sm_90a device code; "
+    MTP_REQUIRE(have_wgmma(),
+                "ops::cuda::head_argmax_batch: head_gemm wgmma needs the sm_90a device code; "
                 "this build's CUDA architectures have no 90a (configure with CMAKE_CUDA_ARCHITECTURES=90a)");
     return HeadKernel::wgmma;
   }
-  if (policy.head_gemm == HeadGemm::automatic && have_wgmma() && rows >= kMinRowsWgmmaHead) return HeadKernel::wgmma;
+  if (policy.head_gemm == HeadGemm::automatic && have_wgmma() && rows >= kMinRowsWgmmaHead)
+    return HeadKernel::wgmma;
   return HeadKernel::mma;
 }
 
@@ -251,7 +254,8 @@ int shared_decode_splits(int num_sms, int chunks, int n_heads, int rows, int for
   if (forced > 0) return std::max(least, std::min(forced, chunks));
   const int per_block = tiles_per_block * mla::kHeadTile;
   const int64_t blocks = static_cast<int64_t>((n_heads + per_block - 1) / per_block) * rows;
-  const int want = static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(num_sms) * blocks_per_sm / blocks));
+  const int want =
+      static_cast<int>(std::max<int64_t>(1, static_cast<int64_t>(num_sms) * blocks_per_sm / blocks));
   return std::max(least, std::min(want, std::max(1, chunks / 4)));
 }
 
@@ -277,13 +281,15 @@ int mla_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, boo
     case BatchDecodeKernel::shared2:  // 2 tiles a block, two blocks per multiprocessor
       return shared_decode_splits(ctx.num_sms, chunks, n_heads, rows, forced, 2, 2, mla::kSharedMaxSplitRows);
     case BatchDecodeKernel::shared32:  // 4 tiles a block on 32-row chunks, one block per multiprocessor
-      return shared_decode_splits(ctx.num_sms, chunks, n_heads, rows, forced, 4, 1, mla::kShared32MaxSplitRows);
+      return shared_decode_splits(ctx.num_sms, chunks, n_heads, rows, forced, 4, 1,
+                                  mla::kShared32MaxSplitRows);
     case BatchDecodeKernel::v2: {
       // One block per multiprocessor over every (row, head tile) of the batch; a forced count
       // rounded up to whole clusters of 8 (raised, as any, where a split would own more than 32
       // chunks).
       const int clusters = forced > 0 ? (forced + mla::kCluster - 1) / mla::kCluster : 0;
-      return v2_decode_clusters(ctx.num_sms, chunks, static_cast<int64_t>(tiles) * rows, clusters) * mla::kCluster;
+      return v2_decode_clusters(ctx.num_sms, chunks, static_cast<int64_t>(tiles) * rows, clusters) *
+             mla::kCluster;
     }
     case BatchDecodeKernel::v1:
       break;
@@ -292,7 +298,8 @@ int mla_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, boo
   // v1: at least two chunks of 16 rows per block, and about two blocks per multiprocessor over the
   // whole batch: a large batch fills the chip with one split per row (no combine).
   const int64_t work = static_cast<int64_t>(chunks) * tiles * rows;
-  const int per_split = static_cast<int>(std::max<int64_t>(2, (work + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms)));
+  const int per_split =
+      static_cast<int>(std::max<int64_t>(2, (work + 2 * ctx.num_sms - 1) / (2 * ctx.num_sms)));
   return std::max(1, (chunks + per_split - 1) / per_split);
 }
 
@@ -327,8 +334,8 @@ MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, b
       plan.kernel = MoeKernel::ringpf;
       return plan;
     case MoePipeline::split:
-      MTP_REQUIRE(!plan.wide, "ops::cuda::moe_experts_grouped: moe_pipeline split takes at most ", kMaxBatchRows,
-                  " rows per launch, not ", rows);
+      MTP_REQUIRE(!plan.wide, "ops::cuda::moe_experts_grouped: moe_pipeline split takes at most ",
+                  kMaxBatchRows, " rows per launch, not ", rows);
       plan.kernel = MoeKernel::split;
       return plan;
     case MoePipeline::slots:
@@ -377,7 +384,8 @@ MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, b
 
 bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int D) {
   // The tiled kernel's shape: 32 heads, whole 16-byte vectors, keys that fit its rings (D <= 172).
-  if (n_heads != indexer::kTileHeads || D % 4 != 0 || indexer::tiled_scores_smem(D) > indexer::kTiledScoresMaxSmem)
+  if (n_heads != indexer::kTileHeads || D % 4 != 0 ||
+      indexer::tiled_scores_smem(D) > indexer::kTiledScoresMaxSmem)
     return false;
   switch (policy.indexer_scores) {
     case IndexerScores::tiled:
@@ -400,9 +408,10 @@ bool indexer_scores_tiled(const KernelPolicy& policy, int rows, int n_heads, int
 // ==== what ran ==========================================================================================
 
 const char* kernel_text(const GemvPlan& plan) {
-  static constexpr const char* kTexts[3][4] = {{"v1 split 1", "v1 split 2", "v1 split 4", "v1 split 8"},
-                                               {"rows4 split 1", "rows4 split 2", "rows4 split 4", "rows4 split 8"},
-                                               {"occ split 1", "occ split 2", "occ split 4", "occ split 8"}};
+  static constexpr const char* kTexts[3][4] = {
+      {"v1 split 1", "v1 split 2", "v1 split 4", "v1 split 8"},
+      {"rows4 split 1", "rows4 split 2", "rows4 split 4", "rows4 split 8"},
+      {"occ split 1", "occ split 2", "occ split 4", "occ split 8"}};
   const int kernel = plan.kernel == GemvVariant::rows4 ? 1 : plan.kernel == GemvVariant::occ ? 2 : 0;
   const int split = plan.split <= 1 ? 0 : plan.split == 2 ? 1 : plan.split == 4 ? 2 : 3;
   return kTexts[kernel][split];
@@ -421,14 +430,10 @@ const char* kernel_text(BatchDecodeKernel kernel) {
 const char* kernel_text(const MoePlan& plan) {
   // MoeKernel's order; a wide launch's texts second (slots and split have none; block items are
   // always wide).
-  static constexpr const char* kTexts[][2] = {{"slots", "slots"},
-                                              {"v1", "v1 wide"},
-                                              {"spread", "spread wide"},
-                                              {"regs", "regs wide"},
-                                              {"ring", "ring wide"},
-                                              {"ringpf", "ringpf wide"},
-                                              {"split", "split"},
-                                              {"block items", "block items"}};
+  static constexpr const char* kTexts[][2] = {{"slots", "slots"},        {"v1", "v1 wide"},
+                                              {"spread", "spread wide"}, {"regs", "regs wide"},
+                                              {"ring", "ring wide"},     {"ringpf", "ringpf wide"},
+                                              {"split", "split"},        {"block items", "block items"}};
   return kTexts[static_cast<int>(plan.kernel)][plan.wide ? 1 : 0];
 }
 

@@ -38,7 +38,8 @@ int gemv_split(const LaunchCtx& ctx, int64_t n, int n_chunks);
 /// The launch of gemv_bf16 / gemv_fp8 / head_argmax for [n x k] (argmax: the head; rows_per_group:
 /// the row map's group, n for a plain GEMV): the policy's variant (automatic: the per-shape table
 /// of dispatch.cu), run as v1 where the variant has no instance for the shape.
-GemvPlan gemv_plan(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k, int rows_per_group);
+GemvPlan gemv_plan(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, int64_t n, int k,
+                   int rows_per_group);
 /// The smallest of 2, 4, 8 that covers `per_lane` chunks, at most `cap`.
 int unroll_for(int per_lane, int cap);
 /// Whether gemv_rows_kernel with `rows` rows per warp covers a shape at this k-split: every resident
@@ -57,7 +58,8 @@ inline constexpr int kMaxRowsGemvHeadAuto = 3;
 /// Whether head_argmax_batch of `rows` rows runs on cuBLASLt (the GEMM, then the argmax and the
 /// finish; HeadGemm::cublaslt) rather than a fused kernel. FP8 rows only where cuBLASLt has an FP8
 /// algorithm for every launch of the call (fp8_plans_exist, asked only when the rule would take it).
-bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows, const std::function<bool()>& fp8_plans_exist);
+bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows,
+                      const std::function<bool()>& fp8_plans_exist);
 /// The fused kernel of one head_argmax_batch launch of `rows` rows (1 .. kMaxBatchRows) of k:
 /// the multi-row GEMV head (FP8, where it fits), the wgmma head (FP8; an Error under head_gemm
 /// wgmma where the build lacks sm_90a) or the skinny MMA GEMM.

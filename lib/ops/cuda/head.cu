@@ -28,8 +28,8 @@ namespace {
 // reads every batch row's chunk for its own 16 W rows (256 bytes of B per MMA), and at 128 rows it
 // took 688 us for a 150 us byte floor. Here a block of two warpgroups owns a tile of 128 W rows
 // (64 a warpgroup, 16 a warp: the rows and loads of rows_gemm_kernel, so every W element is
-// loaded once, by the lane whose A fragment holds it, and widened to FP16 there) and every batch row (kNB of them, the
-// wgmma's N). The widened W rows are the A operand in registers; the batch rows' chunk is B, read
+// loaded once, by the lane whose A fragment holds it, and widened to FP16 there) and every batch row (kNB of
+// them, the wgmma's N). The widened W rows are the A operand in registers; the batch rows' chunk is B, read
 // by the tensor cores straight from shared memory, once per warpgroup.
 // - x is packed once per launch (head_pack_x_kernel) into the wgmma's canonical no-swizzle layout,
 //   chunk after chunk of 64 columns, with the column relabelling of the A fragments built into it
@@ -60,18 +60,20 @@ constexpr int wgmma_wbuf() {
 /// k index of a k-step's core matrices matches the W columns a lane widened. Zeros for padded
 /// rows and past k.
 __device__ __forceinline__ size_t packed_x_index(int c, int s, int h, int n, int nb) {
-  return ((static_cast<size_t>(c) * 4 + s) * 2 + h) * static_cast<size_t>(nb) * 8 + static_cast<size_t>(n) * 8;
+  return ((static_cast<size_t>(c) * 4 + s) * 2 + h) * static_cast<size_t>(nb) * 8 +
+         static_cast<size_t>(n) * 8;
 }
 
 /// The shifts of the packed rows (batch::f16_row_shift), after the largest packed x.
 __device__ __forceinline__ int* packed_x_shifts(bf16* xp, int k) {
-  return reinterpret_cast<int*>(xp + static_cast<size_t>((k + kChunkK - 1) / kChunkK) * kChunkK * kMaxBatchRows);
+  return reinterpret_cast<int*>(xp +
+                                static_cast<size_t>((k + kChunkK - 1) / kChunkK) * kChunkK * kMaxBatchRows);
 }
 
 /// One block a batch row n (grid nb): the row's largest magnitude, its shift, then the row as
 /// scaled FP16 pairs in the packed layout.
-__global__ void __launch_bounds__(256) head_pack_x_kernel(const bf16* x, int64_t ldx, const int32_t* slot,
-                                                          int rows, int k, int nb, bf16* xp) {
+__global__ void __launch_bounds__(256)
+    head_pack_x_kernel(const bf16* x, int64_t ldx, const int32_t* slot, int rows, int k, int nb, bf16* xp) {
   pdl_begin();
   __shared__ float s_max[256 / kWarp];
   const int n = blockIdx.x;
@@ -96,8 +98,9 @@ __global__ void __launch_bounds__(256) head_pack_x_kernel(const bf16* x, int64_t
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
       const int col = c * kChunkK + 16 * t + 4 * s + 2 * h;
-      w[t] = live && col < k ? batch::bf16x2_to_f16x2_shifted(*reinterpret_cast<const uint32_t*>(xr + col), shift)
-                             : 0u;
+      w[t] = live && col < k
+                 ? batch::bf16x2_to_f16x2_shifted(*reinterpret_cast<const uint32_t*>(xr + col), shift)
+                 : 0u;
     }
     *reinterpret_cast<uint4*>(xp + packed_x_index(c, s, h, n, nb)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
@@ -178,7 +181,8 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
       for (int s = 0; s < 4; ++s)
         wg::mma_f16<kNB>(&acc[0][0], a[s], wg::desc(xc + static_cast<size_t>(s) * 2 * kNB * 8, kLbo, kSbo));
       wg::commit();
-      wg::wait<0>();  // A is rewritten next (ptxas serializes every wgmma if A is defined while one is pending)
+      wg::wait<0>();  // A is rewritten next (ptxas serializes every wgmma if A is defined while one is
+                      // pending)
     });
     wg::wait<0>();
     wg::fence_acc<kNB / 2>(&acc[0][0]);
@@ -189,19 +193,23 @@ __global__ void __launch_bounds__(kGemmThreads, 2) head_wgmma_kernel(GemmParams 
 }
 
 /// Bytes of the wgmma head's ring at kNB batch rows.
-constexpr size_t wgmma_ring_bytes(int nb) { return static_cast<size_t>(kWgStages) * nb * kChunkK * sizeof(bf16); }
+constexpr size_t wgmma_ring_bytes(int nb) {
+  return static_cast<size_t>(kWgStages) * nb * kChunkK * sizeof(bf16);
+}
 
 template <int kNB>
 void launch_head_wgmma(const LaunchCtx& ctx, const GemmParams& p, bf16* xp) {
   constexpr auto kernel = head_wgmma_kernel<kNB>;
   constexpr size_t smem = wgmma_ring_bytes(kNB);
   static const int per_sm = [] {
-    MTP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    MTP_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     int b = 0;
     MTP_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kGemmThreads, smem));
     return std::max(1, b);
   }();
-  launch(ctx, head_pack_x_kernel, static_cast<unsigned>(kNB), 256, 0, p.x, p.ldx, p.slot, p.rows, p.k, kNB, xp);
+  launch(ctx, head_pack_x_kernel, static_cast<unsigned>(kNB), 256, 0, p.x, p.ldx, p.slot, p.rows, p.k, kNB,
+         xp);
   MTP_CUDA_LAUNCH_CHECK();
   const int grid = std::max(1, std::min(p.total_tiles, per_sm * ctx.num_sms));
   launch(ctx, kernel, static_cast<unsigned>(grid), kGemmThreads, smem, p, static_cast<const bf16*>(xp));
@@ -544,8 +552,8 @@ constexpr int kSplitThreads = 256;
 /// Block b: batch row b's largest magnitude (a non-finite entry counts as infinite), its shift,
 /// then its two E4M3 parts as rows 2b and 2b + 1 of `parts` (k bytes each); a padded row's parts
 /// are zeros.
-__global__ void __launch_bounds__(kSplitThreads) head_split_e4m3_kernel(const bf16* x, const int32_t* slot, int k,
-                                                                         uint8_t* parts, int* shifts) {
+__global__ void __launch_bounds__(kSplitThreads)
+    head_split_e4m3_kernel(const bf16* x, const int32_t* slot, int k, uint8_t* parts, int* shifts) {
   pdl_begin();
   __shared__ float s_max[kSplitThreads / kWarp];
   const int b = blockIdx.x;
@@ -617,18 +625,19 @@ __global__ void __launch_bounds__(kArgmaxRowThreads)
 }
 }  // namespace
 
-void head_split_e4m3(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, int rows, int k, uint8_t* parts,
-                     int* shifts) {
+void head_split_e4m3(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, int rows, int k,
+                     uint8_t* parts, int* shifts) {
   MTP_REQUIRE(rows >= 1 && k >= 16 && k % 16 == 0, "ops::cuda::head_split_e4m3: rows ", rows, ", k ", k,
               " (a positive multiple of 16)");
   require_aligned16("head_split_e4m3", "x", x);
-  launch(ctx, head_split_e4m3_kernel, static_cast<unsigned>(rows), kSplitThreads, 0, x, slot, k, parts, shifts);
+  launch(ctx, head_split_e4m3_kernel, static_cast<unsigned>(rows), kSplitThreads, 0, x, slot, k, parts,
+         shifts);
   MTP_CUDA_LAUNCH_CHECK();
 }
 
 void head_combine_argmax_e4m3(const LaunchCtx& ctx, const float* D, int rows, int n, const float* row_scale,
-                              const int* shifts, const int32_t* slot, int64_t index_base, bf16* dst, int ld_dst,
-                              ArgMax* pairs, const ArgmaxScratch& scratch) {
+                              const int* shifts, const int32_t* slot, int64_t index_base, bf16* dst,
+                              int ld_dst, ArgMax* pairs, const ArgmaxScratch& scratch) {
   // About two blocks per multiprocessor over the batch, at least 4 values per thread of a part (as
   // argmax_batch), then one warp per row reduces the parts' keys.
   MTP_REQUIRE(rows >= 1 && rows <= scratch.capacity, "ops::cuda::head_combine_argmax_e4m3: rows ", rows,
@@ -636,8 +645,9 @@ void head_combine_argmax_e4m3(const LaunchCtx& ctx, const float* D, int rows, in
   const int per_part = kArgmaxRowThreads * 4;
   const int parts = std::max(1, std::min({(2 * ctx.num_sms + rows - 1) / rows, (n + per_part - 1) / per_part,
                                           scratch.capacity / rows, 64}));
-  launch(ctx, head_combine_argmax_e4m3_kernel, dim3(static_cast<unsigned>(parts), static_cast<unsigned>(rows)),
-         kArgmaxRowThreads, 0, D, n, row_scale, shifts, slot, index_base, dst, ld_dst, scratch.partials);
+  launch(ctx, head_combine_argmax_e4m3_kernel,
+         dim3(static_cast<unsigned>(parts), static_cast<unsigned>(rows)), kArgmaxRowThreads, 0, D, n,
+         row_scale, shifts, slot, index_base, dst, ld_dst, scratch.partials);
   MTP_CUDA_LAUNCH_CHECK();
   argmax_parts_reduce(ctx, scratch.partials, parts, rows, pairs);
 }

@@ -61,9 +61,9 @@ using indexer::kTileHeads;
 using indexer::kTilePools;
 using indexer::kTileThreads;
 using indexer::kTileWarps;
-using indexer::tiled_scores_smem;
 using indexer::radix_histogram;
 using indexer::stage_queries;
+using indexer::tiled_scores_smem;
 using indexer::write_pool_totals;
 using indexer::write_tail_and_padding;
 
@@ -414,7 +414,8 @@ __global__ void __launch_bounds__(kRowThreads)
     if (p % P != P - 1) return;
     const int64_t j = p / P;
     for (int c = threadIdx.x; c < D; c += blockDim.x)
-      pool_keys[static_cast<size_t>(j) * D + c] = indexer::pool_key_column(k_cache, gate_cache, ape, j * P, c, D, P);
+      pool_keys[static_cast<size_t>(j) * D + c] =
+          indexer::pool_key_column(k_cache, gate_cache, ape, j * P, c, D, P);
     return;
   }
   const bf16* x = k_pre + static_cast<size_t>(b) * D;
@@ -446,14 +447,18 @@ struct ScoreRow {
   int slot, D, P, max_pools, n_cand;
   float* out;
 };
-__device__ __forceinline__ ScoreRow score_row(const int32_t* slot, const int32_t* pos, const IndexerSlots& idx,
-                                              float* scores) {
+__device__ __forceinline__ ScoreRow score_row(const int32_t* slot, const int32_t* pos,
+                                              const IndexerSlots& idx, float* scores) {
   const int b = blockIdx.y;
   const int s = slot ? slot[b] : 0;
   if (s < 0) return ScoreRow{s, 0, 0, 0, 0, nullptr};
   const int max_pools = idx.max_rows / idx.P;
   const int64_t p = pos[b];
-  return ScoreRow{s, idx.D, idx.P, max_pools, static_cast<int>(min((p + 1) / idx.P, static_cast<int64_t>(max_pools))),
+  return ScoreRow{s,
+                  idx.D,
+                  idx.P,
+                  max_pools,
+                  static_cast<int>(min((p + 1) / idx.P, static_cast<int64_t>(max_pools))),
                   scores + static_cast<size_t>(b) * max_pools};
 }
 
@@ -544,7 +549,8 @@ __global__ void __launch_bounds__(kScoreThreads)
       continue;
     }
     if (j0 + stride < n_cand)
-      issue_pool_keys(keys, D, j0 + stride, n_cand, lane, ring + static_cast<size_t>(st ^ 1) * kPoolsPerWarp * D);
+      issue_pool_keys(keys, D, j0 + stride, n_cand, lane,
+                      ring + static_cast<size_t>(st ^ 1) * kPoolsPerWarp * D);
     batch::cp_async_commit();
     batch::cp_async_wait<1>();  // this lane's copies of the current group have landed
     __syncwarp();               // and the warp's

@@ -35,7 +35,8 @@ void indexer_select(const LaunchCtx& ctx, const float* scores, const int32_t* po
 /// by one launch and the keys by a second (the same bits as one launch per row in batch order).
 void indexer_norm_store_batch(const LaunchCtx& ctx, const bf16* k_pre, const bf16* w, const bf16* b,
                               float eps, const float* gate, const float* ape, const int32_t* slot,
-                              const int32_t* pos, int rows, const IndexerSlots& idx, bool keys_after_rows = false);
+                              const int32_t* pos, int rows, const IndexerSlots& idx,
+                              bool keys_after_rows = false);
 /// The batched pool scores, by ctx.policy.indexer_scores (dispatch.cu's indexer_scores_tiled), the
 /// same bits either way: pools4, a warp per 4 pools of a row, lane h one head; tiled, a warp per 16
 /// pools of a row, each lane 4 heads x 4 pools on register tiles (32 heads only). slot == nullptr:

@@ -79,8 +79,8 @@ __device__ __forceinline__ void stage_queries(const float* q, const float* w, fl
 
 /// The warp's 4 pool totals (each lane's partial over its heads) summed over the warp and written
 /// to out[j0 + i] by lane i: -inf past n_cand, nothing past max_pools. Whole warp.
-__device__ __forceinline__ void write_pool_totals(float (&total)[kPoolsPerWarp], int j0, int n_cand, int max_pools,
-                                                  int lane, float* out) {
+__device__ __forceinline__ void write_pool_totals(float (&total)[kPoolsPerWarp], int j0, int n_cand,
+                                                  int max_pools, int lane, float* out) {
 #pragma unroll
   for (int pl = 0; pl < kPoolsPerWarp; ++pl) total[pl] = warp_sum(total[pl]);
   if (lane < kPoolsPerWarp) {
@@ -109,7 +109,6 @@ constexpr size_t kTiledScoresMaxSmem = 200 * 1024;
 // ---- selection -----------------------------------------------------------------------------------------
 
 constexpr int kSelectThreads = 1024;
-
 
 /// The selection's end (every select kernel, whole block): after the n_sel selected pools, the
 /// rows of the incomplete tail pool(s) up to p, then -1 to `width`.

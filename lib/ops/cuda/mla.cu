@@ -581,7 +581,8 @@ __global__ void __launch_bounds__(kAbsorbMmaThreads)
     batch::cp_async_commit();
   }
   for (int c = 0; c < n_chunks; ++c) {
-    if (c + kAbsorbStages - 1 < n_chunks) stage(c + kAbsorbStages - 1, (c + kAbsorbStages - 1) % kAbsorbStages);
+    if (c + kAbsorbStages - 1 < n_chunks)
+      stage(c + kAbsorbStages - 1, (c + kAbsorbStages - 1) % kAbsorbStages);
     batch::cp_async_commit();
     batch::cp_async_wait<kAbsorbStages - 1>();
     __syncthreads();
@@ -853,8 +854,8 @@ void mla_absorb_q_batch(const LaunchCtx& ctx, const bf16* q, const bf16* W_kvb, 
 
 size_t mla_decode_batch_scratch_floats(const LaunchCtx& ctx, int splits, int n_heads, int kv_lora, int rows,
                                        bool fp8_cache) {
-  // v1, shared2 and shared32: a partial per split; v2: a partial per cluster of 8 splits. None when one (split
-  // or cluster) per (row, head tile) writes o_lat itself.
+  // v1, shared2 and shared32: a partial per split; v2: a partial per cluster of 8 splits. None when one
+  // (split or cluster) per (row, head tile) writes o_lat itself.
   const int partials =
       mla_batch_kernel(ctx.policy, fp8_cache, rows) == BatchDecodeKernel::v2 ? splits / kCluster : splits;
   if (partials <= 1) return 0;
@@ -890,10 +891,10 @@ void mla_decode_batch(const LaunchCtx& ctx, const bf16* q_abs, const int32_t* se
                     (!scratch || reinterpret_cast<uintptr_t>(scratch) % 8 == 0),
                 "ops::cuda::mla_decode_batch: o_lat must be 4-byte and the scratch 8-byte aligned");
     const int bound = kernel == BatchDecodeKernel::shared32 ? kShared32MaxSplitRows : kSharedMaxSplitRows;
-    MTP_REQUIRE(split_rows(width, splits) <= bound, "ops::cuda::mla_decode_batch: ", split_rows(width, splits),
-                " rows per split (the ",
-                kernel == BatchDecodeKernel::shared32 ? "shared32" : "shared2", " kernel takes at most ", bound,
-                ": use mla_batch_splits)");
+    MTP_REQUIRE(split_rows(width, splits) <= bound,
+                "ops::cuda::mla_decode_batch: ", split_rows(width, splits), " rows per split (the ",
+                kernel == BatchDecodeKernel::shared32 ? "shared32" : "shared2", " kernel takes at most ",
+                bound, ": use mla_batch_splits)");
     auto run = [&](auto tiles, auto chunk_rows) {
       with_decode_shape(L, fp8, [&](auto cw, auto f8) {
         launch_decode_shared<cw(), f8(), decltype(tiles)::value, decltype(chunk_rows)::value>(ctx, p, rows);
@@ -932,8 +933,8 @@ void mla_out_v_batch(const LaunchCtx& ctx, const bf16* o_lat, const bf16* W_kvb,
     gemv_bf16(ctx, W_kvb, o_lat, o, false, n_heads * dv, kv_lora, map);
     return;
   }
-  rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o,
-            static_cast<int64_t>(n_heads) * dv, rows, n_heads * dv, kv_lora, map);
+  rows_gemm(ctx, W_kvb, o_lat, static_cast<int64_t>(n_heads) * kv_lora, o, static_cast<int64_t>(n_heads) * dv,
+            rows, n_heads * dv, kv_lora, map);
 }
 
 }  // namespace mtplab::ops::cuda

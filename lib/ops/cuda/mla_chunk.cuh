@@ -268,7 +268,8 @@ struct DecodeRow {
   const int32_t* block_table;
 };
 __device__ __forceinline__ DecodeRow decode_row(const DecodeParams& p, int row, int slot, int L) {
-  return DecodeRow{p.q_abs + static_cast<size_t>(row) * p.n_heads * L, p.selection + static_cast<size_t>(row) * p.width,
+  return DecodeRow{p.q_abs + static_cast<size_t>(row) * p.n_heads * L,
+                   p.selection + static_cast<size_t>(row) * p.width,
                    p.block_tables + static_cast<size_t>(slot) * p.max_blocks};
 }
 

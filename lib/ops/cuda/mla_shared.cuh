@@ -21,7 +21,8 @@ using batch::cp_async16;
 using batch::cp_async_commit;
 using batch::cp_async_wait;
 
-// ---- the shared decode (mla_batch: shared2, shared32) ------------------------------------------------------
+// ---- the shared decode (mla_batch: shared2, shared32)
+// ------------------------------------------------------
 //
 // v1's chunk step with the head tiles of a row in one block, so a chunk of selected rows is
 // gathered once for all of them instead of once per head tile:
@@ -119,8 +120,8 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
   pdl_begin();
   using Smem = DecodeSharedSmem<kCw, kFp8, kTiles, kRows>;
   constexpr int kStages = shared_stages<kRows>();
-  constexpr int kSub = kRows / 16;   // 16-row halves: k-steps of P C, score MMA pairs
-  constexpr int kPer = kRows / 8;    // chunk rows per softmax owner lane (8 lanes per head)
+  constexpr int kSub = kRows / 16;  // 16-row halves: k-steps of P C, score MMA pairs
+  constexpr int kPer = kRows / 8;   // chunk rows per softmax owner lane (8 lanes per head)
   constexpr int kKSteps = kCw / 16;
   constexpr int kNTiles = kCw / 8;
   constexpr int kL = Smem::kL;
@@ -227,10 +228,10 @@ __global__ void __launch_bounds__(kTiles* kDecodeThreads, 4 / kTiles)
         __ballot_sync(0xffffffffu, lane < kRows && s_slot[c * kRows + (lane % kRows)] >= 0);
     if (!tile_live) continue;  // warp-uniform; the named barrier below is the live tiles' own
 
-    // Partial S over this warp's columns, one 16-row half at a time (chunk_scores' MMAs, B through
-    // ldmatrix: matrices rows 0-7 / 8-15 of the half at k-columns ks*16 and ks*16 + 8), each half
-    // staged at once (the m16n8 accumulator layout: [0..1] head row g, [2..3] row g + 8); one
-    // half at a time (not unrolled), so only one half's accumulators are live beside o.
+      // Partial S over this warp's columns, one 16-row half at a time (chunk_scores' MMAs, B through
+      // ldmatrix: matrices rows 0-7 / 8-15 of the half at k-columns ks*16 and ks*16 + 8), each half
+      // staged at once (the m16n8 accumulator layout: [0..1] head row g, [2..3] row g + 8); one
+      // half at a time (not unrolled), so only one half's accumulators are live beside o.
 #pragma unroll 1
     for (int j = 0; j < kSub; ++j) {
       float sc[2][4] = {};

@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kMoeThreads)
       if constexpr (R == 1) {
         // One row: gate and up loads in flight together, as the routed rows.
         if (live[0])
-          gate_up_dot(sh.gate + static_cast<size_t>(i) * H, sh.up + static_cast<size_t>(i) * H, xs[0], n_chunks,
-                      lane, g[0], u[0]);
+          gate_up_dot(sh.gate + static_cast<size_t>(i) * H, sh.up + static_cast<size_t>(i) * H, xs[0],
+                      n_chunks, lane, g[0], u[0]);
       } else {
         dot_rows_one_weight<R>(sh.gate + static_cast<size_t>(i) * H, xs, live, n_chunks, lane, g);
         dot_rows_one_weight<R>(sh.up + static_cast<size_t>(i) * H, xs, live, n_chunks, lane, u);
@@ -270,7 +270,8 @@ __device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kP], const bf16
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int cc = c + u * kWarp;
-        wv[j][u] = ok[j] && cc < n_chunks ? load_stream(w[j] + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
+        wv[j][u] =
+            ok[j] && cc < n_chunks ? load_stream(w[j] + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
@@ -295,9 +296,9 @@ __device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kP], const bf16
 /// output; here the whole block's rows are in flight at once. Padded rows write nothing.
 template <int R, int kP>
 __global__ void __launch_bounds__(down_max_threads(kP))
-    moe_down_slots_kernel(const bf16* down, const int32_t* slot, int first_expert, int num_local, int H, int I,
-                          const int32_t* idx, const float* weights, int top_k, int per_block, const bf16* act,
-                          float* out, SharedExpert sh) {
+    moe_down_slots_kernel(const bf16* down, const int32_t* slot, int first_expert, int num_local, int H,
+                          int I, const int32_t* idx, const float* weights, int top_k, int per_block,
+                          const bf16* act, float* out, SharedExpert sh) {
   pdl_begin();
   __shared__ float part[kDownPartEntries];  // per output: R * top_k routed, then R shared sums
   const bool has_shared = sh.inter > 0;
@@ -347,7 +348,8 @@ __global__ void __launch_bounds__(down_max_threads(kP))
       for (int b = 0; b < R; ++b) d[b] = 0.0f;
       const bf16* d_row = sh.down + static_cast<size_t>(h) * sh.inter;
       if constexpr (R == 1) {
-        if (live[0]) d[0] = slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), as[0], 0, sh.inter / 8, lane);
+        if (live[0])
+          d[0] = slice_dot<false>(reinterpret_cast<const uint8_t*>(d_row), as[0], 0, sh.inter / 8, lane);
       } else {
         dot_rows_one_weight<R>(d_row, as, live, sh.inter / 8, lane, d);
       }
@@ -396,7 +398,7 @@ void launch_expert_rows(const LaunchCtx& ctx, const bf16* x, const int32_t* slot
                 "ops::cuda::moe_experts: ", R, " rows x ", top_k, " slots exceed the down kernel's partials");
     const int grid2 = (H + per_block - 1) / per_block;
     auto kernel = down_pairs_per_warp(R, top_k, has_shared) == 1 ? moe_down_slots_kernel<R, 1>
-                                                                  : moe_down_slots_kernel<R, 2>;
+                                                                 : moe_down_slots_kernel<R, 2>;
     launch(ctx, kernel, grid2, per_block * warps * kWarp, 0, w.down, slot, w.first_expert, w.num_local, H, I,
            idx, weights, top_k, per_block, act, out, sh);
   } else {
@@ -487,7 +489,8 @@ __global__ void __launch_bounds__(kRouteThreads)
   __syncthreads();
   if (n_group > 1) {
     const int gs = E / n_group;
-    for (int g = tid; g < n_group; g += blockDim.x) gkeys[g] = argmax_key(group_top2_sum(biased, g * gs, (g + 1) * gs), g);
+    for (int g = tid; g < n_group; g += blockDim.x)
+      gkeys[g] = argmax_key(group_top2_sum(biased, g * gs, (g + 1) * gs), g);
     __syncthreads();
     for (int g = tid; g < n_group; g += blockDim.x) {
       int rank = 0;
@@ -771,8 +774,9 @@ __device__ __forceinline__ int find_entry(const Plan& pl, int n_active, int w) {
 // weight chunk waits between its load and its MMA, and in which warp takes which gate_up item,
 // never in what the MMAs compute: each of them hands the tensor cores the same A and B words of
 // the same chunks in ascending chunk order, each item's pairs in the same columns, so they give
-// v1's bits (split, below, is the exception: it cuts an item's reduction into eight parts). Which warp computes an item changes nothing either: an item's numbers depend on
-// its weights and its own group's rows only.
+// v1's bits (split, below, is the exception: it cuts an item's reduction into eight parts). Which warp
+// computes an item changes nothing either: an item's numbers depend on its weights and its own group's rows
+// only.
 // - v1: the weights one 64-column chunk ahead in registers (two buffers), the input rows through a
 //   3-stage per-warp cp.async ring; gate_up's items go to the blocks in runs of 8 (block b: items
 //   8b .. 8b + 7, then the next grid's worth), a grid of at most two blocks a multiprocessor.
@@ -845,8 +849,8 @@ __device__ __forceinline__ void stage_weight_words(const bf16* st, uint4 (&w)[kM
 
 /// Copies the chunk of a work item whose first column is col0 into a ring stage (cp.async, this
 /// lane's 16-byte pieces): with kWeights, the kMats 16-row weight tiles first (tile m's row i at
-/// tile[m] + i K, m < kMats; row r = lane / 8 + 4i of the stage, matrix r / 16: one instruction copies 4 whole
-/// 128-byte row pieces), then the group's input rows (this lane's rows lane / 8 + 4i from src_row,
+/// tile[m] + i K, m < kMats; row r = lane / 8 + 4i of the stage, matrix r / 16: one instruction copies 4
+/// whole 128-byte row pieces), then the group's input rows (this lane's rows lane / 8 + 4i from src_row,
 /// null: zeros), the first 8 n_tiles of them. Zeros past K (a multiple of 16, so the zero-filled
 /// columns are the ones v1's register loads zero).
 template <int kMats, bool kWeights, bool kL2Pf = false>
@@ -1050,7 +1054,8 @@ __device__ __forceinline__ ItemOperands down_item(const GroupedParams& p, const 
 
 /// The down kernels' last step, after every item of the block wrote d_s: each live row sums its own
 /// routes in idx order, as moe_experts sums them, then the shared expert; block-wide.
-__device__ __forceinline__ void combine_rows(const GroupedParams& p, const Plan& pl, const bf16* d_s, int h0) {
+__device__ __forceinline__ void combine_rows(const GroupedParams& p, const Plan& pl, const bf16* d_s,
+                                             int h0) {
   const int P_ = p.routes.rows * p.routes.top_k;
   __shared__ int s_live_count;
   if (threadIdx.x == 0) {
@@ -1105,8 +1110,8 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16* rings = reinterpret_cast<bf16*>(moe_smem);  // [warps][stages][stage rows][kMoeXStride]
   int n_active;
-  const Plan pl =
-      launch_plan<kWide>(p, layout, reinterpret_cast<int*>(rings + P::template ring_elems<2>()), true, n_active);
+  const Plan pl = launch_plan<kWide>(p, layout, reinterpret_cast<int*>(rings + P::template ring_elems<2>()),
+                                     true, n_active);
   if (n_active == 0) return;
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -1122,8 +1127,8 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
                                     {it.w[1] + g * H, it.w[1] + (g + 8) * H}};
     float acc[2][kMoeNT][4];
     warp_gemm<P, 2>(
-        wrow, p.H, it.n_rows,
-        [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[it.first + r]) * p.H; }, ring, acc);
+        wrow, p.H, it.n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[it.first + r]) * p.H; },
+        ring, acc);
     for_live_acc(t, it.n_rows, [&](int j, int e, int q) {
       const int i = it.tile * 16 + g + (e >= 2 ? 8 : 0);
       p.act[static_cast<size_t>(pl.pr_route[it.first + q]) * p.act_ld + i] =
@@ -1147,7 +1152,8 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
   // routes * 16 BF16 = a multiple of 16 bytes: the plan after it stays aligned.
   int n_active;
   const Plan pl = launch_plan<kWide>(
-      p, layout, reinterpret_cast<int*>(rings + P::template ring_elems<1>() + static_cast<size_t>(routes) * kDownCols),
+      p, layout,
+      reinterpret_cast<int*>(rings + P::template ring_elems<1>() + static_cast<size_t>(routes) * kDownCols),
       false, n_active);
   const int warp = threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -1183,8 +1189,8 @@ __global__ void __launch_bounds__(kGroupedThreads, P::kMinBlocks)
 constexpr int kPlanThreads = 1024;
 
 // The block-item kernels (wide batches, block items, below).
-constexpr int kBlockStages = 4;  // chunks a block-item ring holds (three in flight)
-constexpr int kBlockNT = 8;      // column tiles of a block item
+constexpr int kBlockStages = 4;            // chunks a block-item ring holds (three in flight)
+constexpr int kBlockNT = 8;                // column tiles of a block item
 constexpr int kBlockGroup = 8 * kBlockNT;  // pairs per block item: an expert's weights read once
                                            // for up to 64 of its pairs
 
@@ -1197,8 +1203,8 @@ __device__ __forceinline__ int block_items_of(const GroupedParams& p, int expert
   return (tiles + kMoeWarps - 1) / kMoeWarps * groups;
 }
 
-__global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedParams p, PlanLayout layout,
-                                                                     int* plan_gu, int* plan_dn, bool block_items) {
+__global__ void __launch_bounds__(kPlanThreads)
+    moe_plan_wide_kernel(GroupedParams p, PlanLayout layout, int* plan_gu, int* plan_dn, bool block_items) {
   pdl_begin();
   const Plan gu = carve_plan(plan_gu + 1, layout);
   const int n_active = build_plan(p, gu, true);
@@ -1206,8 +1212,12 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedPara
     // gate_up's items counted as the block-item kernel takes them (the placement is the same).
     const unsigned long long gi = segment_scan(
         n_active,
-        [&](int a) { return static_cast<unsigned long long>(block_items_of(p, gu.a_expert[a], gu.a_cnt[a], true)); },
-        [&](int a, unsigned long long before, unsigned long long) { gu.a_items[a] = static_cast<int>(before); });
+        [&](int a) {
+          return static_cast<unsigned long long>(block_items_of(p, gu.a_expert[a], gu.a_cnt[a], true));
+        },
+        [&](int a, unsigned long long before, unsigned long long) {
+          gu.a_items[a] = static_cast<int>(before);
+        });
     if (threadIdx.x == 0) gu.a_items[n_active] = static_cast<int>(gi);
     __syncthreads();
   }
@@ -1218,10 +1228,13 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_wide_kernel(GroupedPara
   const unsigned long long items = segment_scan(
       n_active,
       [&](int a) {
-        return static_cast<unsigned long long>(block_items ? block_items_of(p, dn.a_expert[a], dn.a_cnt[a], false)
-                                                           : entry_items(p, dn.a_expert[a], dn.a_cnt[a], false));
+        return static_cast<unsigned long long>(block_items
+                                                   ? block_items_of(p, dn.a_expert[a], dn.a_cnt[a], false)
+                                                   : entry_items(p, dn.a_expert[a], dn.a_cnt[a], false));
       },
-      [&](int a, unsigned long long before, unsigned long long) { dn.a_items[a] = static_cast<int>(before); });
+      [&](int a, unsigned long long before, unsigned long long) {
+        dn.a_items[a] = static_cast<int>(before);
+      });
   if (threadIdx.x == 0) {
     dn.a_items[n_active] = static_cast<int>(items);
     plan_gu[0] = n_active;
@@ -1265,7 +1278,8 @@ constexpr int kBlockRowsPerThread = kBlockGroup * 8 / kGroupedThreads;
 /// input stage (kBlockGroup rows padded to kMoeXStride); rows past the MMA's n-tiles are not
 /// written, columns past K are zeros.
 __device__ __forceinline__ void stage_rows_shared(bf16* dst, int col0, int K, int n_tiles,
-                                                  const bf16* const (&row)[kBlockRowsPerThread], const bf16* any) {
+                                                  const bf16* const (&row)[kBlockRowsPerThread],
+                                                  const bf16* any) {
   const int c8 = (threadIdx.x % 8) * 8;
   const int col = col0 + c8;
 #pragma unroll
@@ -1279,7 +1293,8 @@ __device__ __forceinline__ void stage_rows_shared(bf16* dst, int col0, int K, in
 
 /// This thread's row pointers for stage_rows_shared: row(r) of the group's n_rows rows, null past them.
 template <typename RowPtr>
-__device__ __forceinline__ void block_rows(int n_rows, RowPtr&& row, const bf16* (&out)[kBlockRowsPerThread]) {
+__device__ __forceinline__ void block_rows(int n_rows, RowPtr&& row,
+                                           const bf16* (&out)[kBlockRowsPerThread]) {
 #pragma unroll
   for (int i = 0; i < kBlockRowsPerThread; ++i) {
     const int r = static_cast<int>(threadIdx.x) / 8 + i * (kGroupedThreads / 8);
@@ -1293,9 +1308,10 @@ __device__ __forceinline__ void block_rows(int n_rows, RowPtr&& row, const bf16*
 /// input stages (xring) and this warp's weight stages (wring). Block-wide: every thread calls it
 /// with the same item.
 template <int kMats>
-__device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats], bool mine, int K, int n_rows,
-                                                const bf16* const (&row)[kBlockRowsPerThread], const bf16* any,
-                                                bf16* xring, bf16* wring, float (&acc)[kMats][kBlockNT][4]) {
+__device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats], bool mine, int K,
+                                                int n_rows, const bf16* const (&row)[kBlockRowsPerThread],
+                                                const bf16* any, bf16* xring, bf16* wring,
+                                                float (&acc)[kMats][kBlockNT][4]) {
   constexpr int S = kBlockStages;
   constexpr size_t kX = static_cast<size_t>(kBlockGroup) * kMoeXStride;
   constexpr size_t kW = static_cast<size_t>(16 * kMats) * kMoeXStride;
@@ -1334,7 +1350,8 @@ __device__ __forceinline__ void block_item_gemm(const bf16* const (&tile)[kMats]
 /// The shared memory of a block-item kernel with kMats weight matrices (BF16 elements).
 template <int kMats>
 constexpr size_t block_item_elems() {
-  return static_cast<size_t>(kBlockStages) * kMoeXStride * (kBlockGroup + static_cast<size_t>(kMoeWarps) * 16 * kMats);
+  return static_cast<size_t>(kBlockStages) * kMoeXStride *
+         (kBlockGroup + static_cast<size_t>(kMoeWarps) * 16 * kMats);
 }
 
 /// A block-item kernel's rings in its dynamic shared memory (block_item_elems): the block's input
@@ -1346,7 +1363,8 @@ __device__ __forceinline__ void block_item_rings(uint8_t* smem, bf16*& xring, bf
   wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + (threadIdx.x / kWarp) * kW;
 }
 
-__global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(GroupedParams p, PlanLayout layout) {
+__global__ void __launch_bounds__(kGroupedThreads, 1)
+    moe_gate_up_block_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16 *xring, *wring;
@@ -1375,7 +1393,8 @@ __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(G
     const bf16* const tiles[2] = {(shared ? p.shared.gate : p.routed.gate + eo) + ro,
                                   (shared ? p.shared.up : p.routed.up + eo) + ro};
     const bf16* rows[kBlockRowsPerThread];
-    block_rows(n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, rows);
+    block_rows(
+        n_rows, [&](int r) { return p.x + static_cast<size_t>(pl.pr_row[first + r]) * p.H; }, rows);
     float acc[2][kBlockNT][4];
     block_item_gemm<2>(tiles, mine, p.H, n_rows, rows, p.x, xring, wring, acc);
     if (!mine) continue;
@@ -1389,8 +1408,8 @@ __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_block_kernel(G
 
 /// Block (hb, s) = blockIdx.x (hb fastest, `hblocks` of them): output columns [128 hb, + 128) of
 /// the items s, s + gridDim.x / hblocks, ... (see above).
-__global__ void __launch_bounds__(kGroupedThreads, 2) moe_down_block_kernel(GroupedParams p, PlanLayout layout,
-                                                                          int hblocks) {
+__global__ void __launch_bounds__(kGroupedThreads, 2)
+    moe_down_block_kernel(GroupedParams p, PlanLayout layout, int hblocks) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
   bf16 *xring, *wring;
@@ -1417,8 +1436,8 @@ __global__ void __launch_bounds__(kGroupedThreads, 2) moe_down_block_kernel(Grou
         (shared ? p.shared.down : p.routed.down + static_cast<size_t>(expert) * p.H * p.routed.inter) +
         static_cast<size_t>(mine ? h0 : 0) * K};
     const bf16* rows[kBlockRowsPerThread];
-    block_rows(n_rows, [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; },
-               rows);
+    block_rows(
+        n_rows, [&](int r) { return p.act + static_cast<size_t>(pl.pr_route[first + r]) * p.act_ld; }, rows);
     float acc[1][kBlockNT][4];
     block_item_gemm<1>(tiles, mine, K, n_rows, rows, p.act, xring, wring, acc);
     if (!mine) continue;
@@ -1471,7 +1490,8 @@ __global__ void __launch_bounds__(kGroupedThreads) moe_combine_block_kernel(Grou
 
 using PipeSplitGateUp = PipeRingGateUp;  // the ring's stage layout and depth
 using PipeSplitDown = PipeRingDown;
-static_assert(kMoeNT * 4 == kMoeWarps, "the partials' reduction gives one MMA element of a lane to each warp");
+static_assert(kMoeNT * 4 == kMoeWarps,
+              "the partials' reduction gives one MMA element of a lane to each warp");
 
 /// The floats of the split pipeline's partial sums: two buffers x warps x (kMats x kMoeNT x 4) x lanes.
 template <int kMats>
@@ -1522,8 +1542,8 @@ __device__ __forceinline__ void split_stream(int it0, int stride, int total, Ite
       if (s_idx < total) s_load();
     }
     if (s_idx >= total) return;  // past the stream: the caller commits an empty group
-    stage_chunk<kMats, true>(ring + static_cast<size_t>(st) * kStageElems, s_it.w, static_cast<size_t>(s_it.K),
-                             s_c * kChunkK, src_row, s_tiles);
+    stage_chunk<kMats, true>(ring + static_cast<size_t>(st) * kStageElems, s_it.w,
+                             static_cast<size_t>(s_it.K), s_c * kChunkK, src_row, s_tiles);
     ++s_c;
   };
   for (int s = 0; s < kStages - 1; ++s) {
@@ -1587,7 +1607,8 @@ __device__ __forceinline__ void split_element(int& q, int& i) {
 }
 
 /// Launch 1 of the split pipeline: act for the block's gate_up items (w % gridDim.x == blockIdx.x).
-__global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_split_kernel(GroupedParams p, PlanLayout layout) {
+__global__ void __launch_bounds__(kGroupedThreads, 1)
+    moe_gate_up_split_kernel(GroupedParams p, PlanLayout layout) {
   using P = PipeSplitGateUp;
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
@@ -1601,7 +1622,8 @@ __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_split_kernel(G
   split_stream<P, 2>(
       blockIdx.x, gridDim.x, pl.a_items[n_active], [&](int w) { return gate_up_item(p, pl, n_active, w); },
       [&](const ItemOperands& it, int r) { return p.x + static_cast<size_t>(pl.pr_row[it.first + r]) * p.H; },
-      ring, part, [&](const ItemOperands& it, auto&& sum) {
+      ring, part,
+      [&](const ItemOperands& it, auto&& sum) {
         int q, i;
         split_element(q, i);
         if (q >= it.n_rows) return;
@@ -1612,7 +1634,8 @@ __global__ void __launch_bounds__(kGroupedThreads, 1) moe_gate_up_split_kernel(G
 }
 
 /// Launch 2 of the split pipeline: block = output columns [16 * blockIdx.x, + 16) of every live row.
-__global__ void __launch_bounds__(kGroupedThreads, 1) moe_down_split_kernel(GroupedParams p, PlanLayout layout) {
+__global__ void __launch_bounds__(kGroupedThreads, 1)
+    moe_down_split_kernel(GroupedParams p, PlanLayout layout) {
   using P = PipeSplitDown;
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
@@ -1631,7 +1654,8 @@ __global__ void __launch_bounds__(kGroupedThreads, 1) moe_down_split_kernel(Grou
       [&](const ItemOperands& it, int r) {
         return p.act + static_cast<size_t>(pl.pr_route[it.first + r]) * p.act_ld;
       },
-      ring, part, [&](const ItemOperands& it, auto&& sum) {
+      ring, part,
+      [&](const ItemOperands& it, auto&& sum) {
         int q, i;
         split_element(q, i);
         if (q >= it.n_rows) return;
@@ -1648,7 +1672,8 @@ template <auto K>
 void opt_in_smem(size_t bytes) {
   static size_t opted = 48 * 1024;
   if (bytes <= opted) return;
-  MTP_CUDA_CHECK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  MTP_CUDA_CHECK(
+      cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   opted = bytes;
 }
 
@@ -1718,7 +1743,8 @@ void launch_grouped(const LaunchCtx& ctx, GroupedParams p, const PlanLayout& lay
 
 /// The shared memory of the split pipeline's two launches (see "the split pipeline").
 void split_smem(size_t plan_bytes, size_t d_bytes, size_t& smem1, size_t& smem2) {
-  smem1 = sizeof(bf16) * PipeSplitGateUp::ring_elems<2>() + sizeof(float) * split_part_floats<2>() + plan_bytes;
+  smem1 =
+      sizeof(bf16) * PipeSplitGateUp::ring_elems<2>() + sizeof(float) * split_part_floats<2>() + plan_bytes;
   smem2 = sizeof(bf16) * PipeSplitDown::ring_elems<1>() + sizeof(float) * split_part_floats<1>() + d_bytes +
           plan_bytes;
 }
@@ -1748,8 +1774,8 @@ void launch_split(const LaunchCtx& ctx, const GroupedParams& p, const PlanLayout
 void launch_block_items(const LaunchCtx& ctx, GroupedParams p, const PlanLayout& layout, int64_t items_max,
                         int64_t down_items_max, void* wide) {
   p.d = static_cast<bf16*>(wide);
-  int* plans =
-      reinterpret_cast<int*>(static_cast<uint8_t*>(wide) + (sizeof(bf16) * wide_d_elems(layout, p.H) + 15) / 16 * 16);
+  int* plans = reinterpret_cast<int*>(static_cast<uint8_t*>(wide) +
+                                      (sizeof(bf16) * wide_d_elems(layout, p.H) + 15) / 16 * 16);
   p.plan_gu = plans;
   p.plan_dn = plans + 1 + layout.ints();
   launch(ctx, moe_plan_wide_kernel, 1, kPlanThreads, 0, p, layout, plans, plans + 1 + layout.ints(), true);
@@ -1770,8 +1796,8 @@ void launch_block_items(const LaunchCtx& ctx, GroupedParams p, const PlanLayout&
   const int64_t resident = static_cast<int64_t>(blocks_per_sm<moe_down_block_kernel>(smem2)) * ctx.num_sms;
   const int64_t slices =
       std::max<int64_t>(1, std::min<int64_t>(down_items_max, (resident + hblocks - 1) / hblocks));
-  launch(ctx, moe_down_block_kernel, static_cast<unsigned>(slices * hblocks), kGroupedThreads, smem2, p, layout,
-         hblocks);
+  launch(ctx, moe_down_block_kernel, static_cast<unsigned>(slices * hblocks), kGroupedThreads, smem2, p,
+         layout, hblocks);
   MTP_CUDA_LAUNCH_CHECK();
   launch(ctx, moe_combine_block_kernel, p.routes.rows, kGroupedThreads, 0, p);
   MTP_CUDA_LAUNCH_CHECK();
@@ -1798,8 +1824,8 @@ void launch_wide(const LaunchCtx& ctx, MoeKernel kernel, const GroupedParams& p,
     case MoeKernel::split:
       break;
   }
-  MTP_FAIL("ops::cuda::moe_experts_grouped: ", kernel_text(MoePlan{kernel, false}), " has no wide launch (at most ",
-           kMaxBatchRows, " rows per launch)");
+  MTP_FAIL("ops::cuda::moe_experts_grouped: ", kernel_text(MoePlan{kernel, false}),
+           " has no wide launch (at most ", kMaxBatchRows, " rows per launch)");
 }
 
 }  // namespace
@@ -1842,8 +1868,8 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
               "), top_k ", top_k, " (at most 32)");
   const bool is_wide = rows > kMaxBatchRows;
   MTP_REQUIRE(!is_wide || (wide && reinterpret_cast<uintptr_t>(wide) % 16 == 0),
-              "ops::cuda::moe_experts_grouped: ", rows, " rows need the wide scratch (moe_grouped_wide_bytes), ",
-              "16-byte aligned");
+              "ops::cuda::moe_experts_grouped: ", rows,
+              " rows need the wide scratch (moe_grouped_wide_bytes), ", "16-byte aligned");
   MTP_REQUIRE(H % 16 == 0 && I % 16 == 0 && Is % 16 == 0, "ops::cuda::moe_experts_grouped: hidden ", H,
               ", inter ", I, " and shared inter ", Is, " must be multiples of 16");
   MTP_REQUIRE(routed.num_local >= 0 && routed.num_local <= kMaxLocalExperts,
@@ -1863,19 +1889,23 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
   const size_t plan_bytes = sizeof(int) * layout.ints();
   const size_t routes = static_cast<size_t>(pairs) + rows;
   const size_t d_bytes = sizeof(bf16) * routes * kDownCols;
-  const size_t ring_smem = std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
-                                    sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
-  const MoePlan plan =
-      moe_grouped_plan(ctx.policy, rows, moe_slots_fit(rows, top_k, shared != nullptr), ring_smem <= 220 * 1024);
+  const size_t ring_smem =
+      std::max(sizeof(bf16) * PipeRingGateUp::template ring_elems<2>() + plan_bytes,
+               sizeof(bf16) * PipeRingDown::template ring_elems<1>() + d_bytes + plan_bytes);
+  const MoePlan plan = moe_grouped_plan(ctx.policy, rows, moe_slots_fit(rows, top_k, shared != nullptr),
+                                        ring_smem <= 220 * 1024);
   record_kernel(ctx, "moe_experts_grouped", kernel_text(plan));
   if (plan.kernel == MoeKernel::slots) {
     // The single-row kernels for every (row, route): each row's bytes are the one-row op's.
     SharedExpert sh;
     if (shared) sh = SharedExpert{shared->gate, shared->up, shared->down, Is};
     static_assert(kMaxRowsSlotsMoe == 4, "the dispatch below covers 1 .. kMaxRowsSlotsMoe rows");
-    if (rows == 1) return launch_expert_rows<1>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
-    if (rows == 2) return launch_expert_rows<2>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
-    if (rows == 3) return launch_expert_rows<3>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
+    if (rows == 1)
+      return launch_expert_rows<1>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
+    if (rows == 2)
+      return launch_expert_rows<2>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
+    if (rows == 3)
+      return launch_expert_rows<3>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
     return launch_expert_rows<4>(ctx, x, slot, routed, idx, weights, top_k, limit, act, out, sh);
   }
   GroupedParams p;
@@ -1923,7 +1953,8 @@ void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeight
     case MoeKernel::block_items:
       break;
   }
-  MTP_FAIL("ops::cuda::moe_experts_grouped: kernel ", static_cast<int>(plan.kernel), " has no grouped launch");
+  MTP_FAIL("ops::cuda::moe_experts_grouped: kernel ", static_cast<int>(plan.kernel),
+           " has no grouped launch");
 }
 
 }  // namespace mtplab::ops::cuda

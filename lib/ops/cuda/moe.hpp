@@ -47,6 +47,7 @@ size_t moe_grouped_wide_bytes(int rows, int top_k, int num_local, int hidden);
 /// aligned) when rows > kMaxBatchRows.
 void moe_experts_grouped(const LaunchCtx& ctx, const bf16* x, const ExpertWeights& routed, const int32_t* idx,
                          const float* weights, const int32_t* slot, int rows, int top_k,
-                         const ExpertWeights* shared, float limit, bf16* act, float* out, void* wide = nullptr);
+                         const ExpertWeights* shared, float limit, bf16* act, float* out,
+                         void* wide = nullptr);
 
 }  // namespace mtplab::ops::cuda

@@ -98,7 +98,8 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
       float m = 0.0f;
       for (int v = lane; v < vecs; v += kWarp) {
         const uint4 q = row[v];
-        m = batch::bf16x2_max_abs(q.x, batch::bf16x2_max_abs(q.y, batch::bf16x2_max_abs(q.z, batch::bf16x2_max_abs(q.w, m))));
+        m = batch::bf16x2_max_abs(
+            q.x, batch::bf16x2_max_abs(q.y, batch::bf16x2_max_abs(q.z, batch::bf16x2_max_abs(q.w, m))));
       }
 #pragma unroll
       for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -182,9 +183,8 @@ __global__ void __launch_bounds__(kGemmThreads, rows_gemm_min_blocks<kFp8, kNT>(
     if constexpr (kRes) {
       uint4 wr[kResWBuf][2 * kWVec];
       w_ring_fill(nchunks, wr, load_w);
-      w_ring_run(nchunks, wr, load_w, [&](const uint4(&w)[2 * kWVec], int c) {
-        mma_w_chunk(w, xs + c * kChunkK, ldr, acc);
-      });
+      w_ring_run(nchunks, wr, load_w,
+                 [&](const uint4(&w)[2 * kWVec], int c) { mma_w_chunk(w, xs + c * kChunkK, ldr, acc); });
     } else {
       for (int s = 0; s < kXStages - 1; ++s) {
         if (s < nchunks) stage(s, s);
@@ -277,8 +277,8 @@ void launch_rows_gemm_head(const LaunchCtx& ctx, const GemmParams& p, bool fp8) 
   }
 }
 
-void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, bf16* y, int64_t ldy, int rows,
-               int n, int k, const GemvRowMap& map) {
+void rows_gemm(const LaunchCtx& ctx, const bf16* W, const bf16* x, int64_t ldx, bf16* y, int64_t ldy,
+               int rows, int n, int k, const GemvRowMap& map) {
   MTP_REQUIRE(rows >= 1 && rows <= kMaxBatchRows && n >= 1 && k >= 16 && k % 16 == 0 &&
                   map.rows_per_group >= 1 && n % map.rows_per_group == 0,
               "ops::cuda::rows_gemm: rows ", rows, " (1 .. ", kMaxBatchRows, "), n ", n, ", k ", k,

@@ -48,9 +48,10 @@ struct GemmParams {
 /// batch::f16_row_shift; nullptr for BF16 ones): batch row b's x was scaled by 2^s_shift[b],
 /// multiplied back out after the row scale (both exact: the BF16 operands' bits).
 template <bool kFp8, int kNT, Epi kEpi>
-__device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (&acc)[kNT][4], int group, int r0,
-                                              int r1, bool ok0, bool ok1, int g, int t, const uint8_t* s_live,
-                                              unsigned long long* s_best, const int* s_shift = nullptr) {
+__device__ __forceinline__ void tile_epilogue(const GemmParams& p, const float (&acc)[kNT][4], int group,
+                                              int r0, int r1, bool ok0, bool ok1, int g, int t,
+                                              const uint8_t* s_live, unsigned long long* s_best,
+                                              const int* s_shift = nullptr) {
   const int rpg = p.map.rows_per_group;
 #pragma unroll
   for (int j = 0; j < kNT; ++j) {

@@ -116,8 +116,8 @@ __global__ void __launch_bounds__(kW* kWarp) rows_gemv_kernel(RowsGemvParams p) 
       const int row = g * kU + u;
       if (active && row < p.n) {
         const RowsGemvOut& o = p.out[rows_gemv_out_of(p, row)];
-        w[u] = load_stream(reinterpret_cast<const uint8_t*>(o.W) + static_cast<size_t>(row - o.first) * row_bytes +
-                           static_cast<size_t>(chunk) * 16);
+        w[u] = load_stream(reinterpret_cast<const uint8_t*>(o.W) +
+                           static_cast<size_t>(row - o.first) * row_bytes + static_cast<size_t>(chunk) * 16);
       } else {
         w[u] = make_uint4(0, 0, 0, 0);
       }
@@ -219,13 +219,16 @@ void launch_rows_gemv(const LaunchCtx& ctx, RowsGemvParams p) {
 void dispatch_rows_gemv(const LaunchCtx& ctx, const RowsGemvParams& p) {
   const bool two_tiles = p.k > kRgTileCols && p.k <= 2 * kRgTileCols;
   if (p.rows <= 2) {
-    return two_tiles ? launch_rows_gemv<2, 4, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<2, 4, kRgWarps>(ctx, p);
+    return two_tiles ? launch_rows_gemv<2, 4, 2 * kRgWarps>(ctx, p)
+                     : launch_rows_gemv<2, 4, kRgWarps>(ctx, p);
   }
   if (p.rows <= 4) {
-    return two_tiles ? launch_rows_gemv<4, 4, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<4, 4, kRgWarps>(ctx, p);
+    return two_tiles ? launch_rows_gemv<4, 4, 2 * kRgWarps>(ctx, p)
+                     : launch_rows_gemv<4, 4, kRgWarps>(ctx, p);
   }
   if (p.rows <= 8) {
-    return two_tiles ? launch_rows_gemv<8, 4, 2 * kRgWarps>(ctx, p) : launch_rows_gemv<8, 4, kRgWarps>(ctx, p);
+    return two_tiles ? launch_rows_gemv<8, 4, 2 * kRgWarps>(ctx, p)
+                     : launch_rows_gemv<8, 4, kRgWarps>(ctx, p);
   }
   return launch_rows_gemv<16, 2, kRgWarps>(ctx, p);
 }
@@ -243,8 +246,8 @@ int rows_gemv_counters(int n, int k) { return rows_gemv_tiles(k) > 1 ? n : 0; }
 
 void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int rows, int k,
                      const RowsGemvScratch& s) {
-  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxRowsGemvOuts, "ops::cuda::rows_gemv: ",
-              outs.size(), " outputs (1 .. ", kMaxRowsGemvOuts, " per launch)");
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxRowsGemvOuts,
+              "ops::cuda::rows_gemv: ", outs.size(), " outputs (1 .. ", kMaxRowsGemvOuts, " per launch)");
   MTP_REQUIRE(rows >= 1 && rows <= kMaxRowsGemv && k >= 8 && k % 8 == 0, "ops::cuda::rows_gemv: rows ", rows,
               " (1 .. ", kMaxRowsGemv, "), k ", k,
               " (k must be a positive multiple of 8: the kernel loads 16-byte chunks of 8 columns)");
@@ -255,8 +258,8 @@ void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, cons
     const LinearOut& o = outs[i];
     MTP_REQUIRE(o.W && o.y && o.n_out >= 1, "ops::cuda::rows_gemv: output ", i, " has W ", o.W, ", y ", o.y,
                 ", n ", o.n_out);
-    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::rows_gemv: output ", i, " is BF16 but has f32_scale ",
-                o.f32_scale, " (only fp32 outputs are scaled)");
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::cuda::rows_gemv: output ", i,
+                " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
     require_aligned("rows_gemv", "W", o.W);
     p.out[i] = RowsGemvOut{o.W, o.y, o.n_out, static_cast<int>(n), o.f32_out ? 1 : 0, o.f32_scale};
     n += o.n_out;
@@ -272,8 +275,8 @@ void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, cons
     MTP_REQUIRE(s.ws && s.ws_floats >= static_cast<size_t>(p.tiles) * rows * p.n && s.counter &&
                     s.counters >= rows_gemv_counters(p.n, k),
                 "ops::cuda::rows_gemv: k ", k, " spans ", p.tiles, " tiles and needs ",
-                static_cast<size_t>(p.tiles) * rows * p.n, " workspace floats and ", rows_gemv_counters(p.n, k),
-                " counters; the scratch has ", s.ws_floats, " and ", s.counters);
+                static_cast<size_t>(p.tiles) * rows * p.n, " workspace floats and ",
+                rows_gemv_counters(p.n, k), " counters; the scratch has ", s.ws_floats, " and ", s.counters);
     p.ws = s.ws;
     p.counter = s.counter;
   }
