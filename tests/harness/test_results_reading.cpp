@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/point_result.hpp"
 #include "core/error.hpp"
 #include "experiment_text.hpp"
 #include "harness/experiment.hpp"
@@ -55,16 +56,7 @@ PointResult result_of(const std::vector<Row>& rows, int k) {
     for (int j = 0; j < k; ++j)
       r.accept_prob.push_back(
           row.drafts[static_cast<size_t>(j)] == row.targets[static_cast<size_t>(j)] ? 1.f : 0.f);
-    r.batch_step.push_back(static_cast<int32_t>(r.batch_step.size()));
-    r.batch_rows.push_back(1);
-    r.batch_experts.push_back(8);
-    r.warmup.push_back(0);
-    for (auto& col : r.timing) col.push_back(0.0);
-    for (int j = 0; j < k; ++j) {
-      r.block_ms.push_back(0);
-      r.head_ms.push_back(0);
-      r.exchange_ms.push_back(0);
-    }
+    test::add_step_bookkeeping(r, k, 8, 0.0);
     r.drafts.insert(r.drafts.end(), row.drafts.begin(), row.drafts.end());
     r.targets.insert(r.targets.end(), row.targets.begin(), row.targets.end());
     if (!row.margins.empty()) {
@@ -72,13 +64,7 @@ PointResult result_of(const std::vector<Row>& rows, int k) {
       for (int j = 0; j < k; ++j) r.draft_logprob.push_back(-0.5f);
     }
   }
-  for (int32_t s : {0, 1}) {
-    r.seq_index.push_back(s);
-    r.seq_prompt_len.push_back(8);
-    r.seq_length.push_back(24);
-    r.seq_steps.push_back(0);
-    r.seq_prefill_ms.push_back(0);
-  }
+  test::add_two_sequences(r, 8, 24, 0);
   return r;
 }
 

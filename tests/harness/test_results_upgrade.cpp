@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/error_of.hpp"
+#include "common/point_result.hpp"
 #include "common/temp_dir.hpp"
 #include "experiment_text.hpp"
 #include "harness/experiment.hpp"
@@ -55,27 +56,14 @@ PointResult result_of(int k, int rows) {
     r.accepted.push_back(k);
     r.acceptance.add(k, k);
     r.expected_accepted.push_back(k);
-    r.batch_step.push_back(i);
-    r.batch_rows.push_back(1);
-    r.batch_experts.push_back(2);
-    r.warmup.push_back(0);
-    for (auto& col : r.timing) col.push_back(0.5);
+    test::add_step_bookkeeping(r, k, 2, 0.5);  // batch step i: the steps are rows 0 .. rows - 1
     for (int j = 0; j < k; ++j) {
       r.drafts.push_back(i + j);
       r.targets.push_back(i + j);
       r.accept_prob.push_back(1.f);
-      r.block_ms.push_back(0);
-      r.head_ms.push_back(0);
-      r.exchange_ms.push_back(0);
     }
   }
-  for (int32_t s : {0, 1}) {
-    r.seq_index.push_back(s);
-    r.seq_prompt_len.push_back(8);
-    r.seq_length.push_back(48);
-    r.seq_steps.push_back(rows / 2);
-    r.seq_prefill_ms.push_back(0);
-  }
+  test::add_two_sequences(r, 8, 48, rows / 2);
   return r;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/error_of.hpp"
+#include "common/point_result.hpp"
 #include "common/temp_dir.hpp"
 #include "harness/experiment.hpp"
 #include "harness/results.hpp"
@@ -227,26 +228,13 @@ harness::PointResult replay_result(int k, const std::vector<std::pair<int32_t, s
     r.acceptance.add(k, 0, e);
     r.expected_accepted.push_back(e);
     r.accept_prob.insert(r.accept_prob.end(), ap.begin(), ap.end());
-    r.batch_step.push_back(static_cast<int32_t>(r.batch_step.size()));
-    r.batch_rows.push_back(1);
-    r.batch_experts.push_back(2);
-    r.warmup.push_back(0);
-    for (auto& col : r.timing) col.push_back(0.0);
+    test::add_step_bookkeeping(r, k, 2, 0.0);
     for (int j = 0; j < k; ++j) {
-      r.block_ms.push_back(0);
-      r.head_ms.push_back(0);
-      r.exchange_ms.push_back(0);
       r.drafts.push_back(1);
       r.targets.push_back(2);
     }
   }
-  for (int32_t s : {0, 1}) {
-    r.seq_index.push_back(s);
-    r.seq_prompt_len.push_back(8);
-    r.seq_length.push_back(24);
-    r.seq_steps.push_back(0);
-    r.seq_prefill_ms.push_back(0);
-  }
+  test::add_two_sequences(r, 8, 24, 0);
   return r;
 }
 
