@@ -135,9 +135,10 @@ task_test() {
         "$TESTS_BIN/test_ops_gpu" \
         --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
-      # The ragged-rows cache writes and reads (rows of one slot in one launch).
+      # The ragged-rows cache writes and reads (rows of one slot in one launch) and the grouped
+      # experts' block items (200 rows).
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_ragged_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small'
+        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small:Models/GpuBatch.MoeExpertsGrouped/tiny'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_ragged_$tool.log"
     done
   fi
