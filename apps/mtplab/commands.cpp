@@ -13,7 +13,8 @@ namespace mtplab::app {
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"info", "per-rank host, device, and library versions", cmd_info},
-      {"trace", "write a trace from the synthetic target", cmd_trace},
+      {"trace", "write a trace from the target (synthetic or a checkpoint's trunk)", cmd_trace},
+      {"routing", "distinct routed experts of verify-shaped batches of a trace's routing", cmd_routing},
       {"list", "print the numbered points of an experiment", cmd_list},
       {"check", "check every input of an experiment without running it", cmd_check},
       {"run", "run an experiment's points (all, or --point i)", cmd_run},

@@ -39,6 +39,7 @@ io::OutputLock claim_output(const std::string& out, const std::vector<std::strin
 
 int cmd_info(const Args& args);
 int cmd_trace(const Args& args);
+int cmd_routing(const Args& args);
 int cmd_list(const Args& args);
 int cmd_check(const Args& args);
 int cmd_run(const Args& args);

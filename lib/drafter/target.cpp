@@ -240,8 +240,10 @@ VerifyResult Target::run(TargetState& state, const std::vector<Row>& rows, std::
                embed_.data() + static_cast<size_t>(rows[static_cast<size_t>(r0 + r)].token) * H,
                H * sizeof(bf16));
     const ops::RowBatch rb{slot_.data(), pos_.data(), n, max_seq_rows};
-    for (size_t l = 0; l < blocks_.size(); ++l)
+    for (size_t l = 0; l < blocks_.size(); ++l) {
       blocks_[l]->forward(rb, x_.data(), state.caches(static_cast<int>(l)), x_.data());
+      if (extras.routing) record_routing(static_cast<int>(l), r0, n, out);
+    }
     be_.rmsnorm(x_.data(), final_norm_.data(), normed_.data(), n, cfg_.hidden, cfg_.rms_norm_eps);
     wait_comm();
     be_.download(out.hiddens.data() + static_cast<size_t>(r0) * H, normed_.data(),
@@ -260,6 +262,19 @@ VerifyResult Target::run(TargetState& state, const std::vector<Row>& rows, std::
     state.len_[static_cast<size_t>(first.slot)] = first.pos + (out.first_row[b + 1] - out.first_row[b]);
   }
   return out;
+}
+
+void Target::record_routing(int layer, int first, int n, VerifyResult& out) {
+  const size_t K = static_cast<size_t>(cfg_.num_experts_per_tok);
+  const size_t W = blocks_.size() * K;
+  if (out.routing.empty()) out.routing.assign(static_cast<size_t>(out.rows) * W, -1);
+  if (layer < dense_layers()) return;  // a dense MLP routes nothing: its slots stay -1
+  std::vector<int32_t> ids(static_cast<size_t>(n) * K);
+  wait_comm();  // a download synchronises the stream: the layer's collectives go first
+  be_.download(ids.data(), blocks_[static_cast<size_t>(layer)]->experts(), ids.size() * sizeof(int32_t));
+  for (int r = 0; r < n; ++r)
+    std::copy_n(ids.data() + static_cast<size_t>(r) * K, K,
+                out.routing.data() + static_cast<size_t>(first + r) * W + static_cast<size_t>(layer) * K);
 }
 
 void Target::head(int from, int n, const int32_t* requested, const VerifyExtras& extras, VerifyResult& out) {
@@ -407,7 +422,7 @@ std::vector<io::TraceSequence> SyntheticTarget::generate_batch(
 std::vector<io::TraceSequence> generate_batch(Target& target,
                                               const std::vector<std::vector<int32_t>>& prompts,
                                               int new_tokens, const io::TraceSampling& sampling,
-                                              int64_t first_sequence) {
+                                              int64_t first_sequence, bool routing) {
   io::validate(sampling, "target generation");
   const model::ModelConfig& cfg = target.config();
   const int n = static_cast<int>(prompts.size());
@@ -427,6 +442,7 @@ std::vector<io::TraceSequence> generate_batch(Target& target,
   const size_t V = static_cast<size_t>(cfg.vocab);
   const size_t row = static_cast<size_t>(H);
   const size_t rows = static_cast<size_t>(n);
+  const size_t W = static_cast<size_t>(target.layers() * cfg.num_experts_per_tok);
   std::vector<io::TraceSequence> seqs(rows);
   for (size_t b = 0; b < rows; ++b) {
     io::TraceSequence& q = seqs[b];
@@ -435,6 +451,7 @@ std::vector<io::TraceSequence> generate_batch(Target& target,
     q.tokens = prompts[b];
     q.tokens.reserve(static_cast<size_t>(total));
     q.hiddens.resize(static_cast<size_t>(total) * row);
+    if (routing) q.routing.resize(static_cast<size_t>(total) * W);
   }
   // Sequence b is slot b; every step is one row per sequence, all at the same position.
   auto state = target.new_batch(n);
@@ -455,9 +472,12 @@ std::vector<io::TraceSequence> generate_batch(Target& target,
     VerifyExtras extras;
     extras.head = p + 1 < total && p + 1 >= prompt_len;  // a token follows and it is generated
     extras.logits = extras.head && sampling.sampled;
+    extras.routing = routing;
     const VerifyResult r = target.verify(*state, step, extras);
-    for (size_t b = 0; b < rows; ++b)
+    for (size_t b = 0; b < rows; ++b) {
       std::copy_n(r.hiddens.data() + b * row, row, seqs[b].hiddens.data() + at * row);
+      if (routing) std::copy_n(r.routing.data() + b * W, W, seqs[b].routing.data() + at * W);
+    }
     if (!extras.head) continue;
     for (size_t b = 0; b < rows; ++b) {
       if (!sampling.sampled) {

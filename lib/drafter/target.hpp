@@ -121,6 +121,9 @@ struct VerifyExtras {
   /// Every headed row's whole BF16 logits row ([rows, vocab]; with a vocab-sharded head they are
   /// gathered, one collective per forward).
   bool logits = false;
+  /// Every row's routed experts at every layer (VerifyResult::routing): one download of [rows,
+  /// top_k] ids per routed layer and chunk.
+  bool routing = false;
 };
 
 /// What a forward returns. Rows are in call order: sequence b's rows are first_row[b] ..
@@ -132,6 +135,9 @@ struct VerifyResult {
   std::vector<int32_t> tokens;         ///< [headed rows]: argmax of the logits (lowest id on ties)
   std::vector<ops::TokenStats> stats;  ///< [headed rows] with a transform
   std::vector<bf16> logits;            ///< [headed rows, vocab] when asked
+  /// [rows, layers * top_k] when asked: row r's global expert ids at layer l in columns
+  /// l * top_k .. (l + 1) * top_k - 1 (the router's order), -1 at a dense-MLP layer.
+  std::vector<int32_t> routing;
 };
 
 class Target {
@@ -203,6 +209,9 @@ class Target {
   /// The head on `n` normed rows from row `from` of the chunk: tokens, and stats (of the rows'
   /// `requested` tokens, host, null: none) and logits as `extras` asks, appended to `out`.
   void head(int from, int n, const int32_t* requested, const VerifyExtras& extras, VerifyResult& out);
+  /// Rows first .. first + n - 1 of out.routing at `layer`: the routed experts its block chose for
+  /// the chunk's n rows (sizes out.routing, -1 everywhere, on the first layer of the first chunk).
+  void record_routing(int layer, int first, int n, VerifyResult& out);
   void wait_comm();
 
   ops::Backend& be_;
@@ -248,10 +257,12 @@ std::unique_ptr<Target> load_target(ops::Backend& be, dist::Communicator* comm, 
 /// `sampling` says, one forward per position over one row per sequence; sequence i's uniforms are
 /// those of sequence first_sequence + i. Every position has its hidden. On the CPU backend the same
 /// bits at every batch size.
+/// With `routing`, each sequence's TraceSequence::routing holds every position's routed experts at
+/// every layer (VerifyResult::routing's layout).
 std::vector<io::TraceSequence> generate_batch(Target& target,
                                               const std::vector<std::vector<int32_t>>& prompts,
                                               int new_tokens, const io::TraceSampling& sampling,
-                                              int64_t first_sequence);
+                                              int64_t first_sequence, bool routing = false);
 
 /// The target on synthetic weights that generates traces (header comment).
 class SyntheticTarget {

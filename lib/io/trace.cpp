@@ -58,6 +58,31 @@ std::string describe_nonfinite(float f) { return std::isnan(f) ? "NaN" : (f > 0 
 std::string describe_nonfinite(bf16 v) { return describe_nonfinite(to_float(v)); }
 
 constexpr const char* kDtypeAttr = "dtype";  // on /hiddens: "bf16" or "f32"
+// /routing and its attributes (docs/trace-format.md, "Routing").
+constexpr const char* kRouting = "routing";
+constexpr const char* kRoutingLayers = "layers";
+constexpr const char* kRoutingTopK = "top_k";
+constexpr const char* kRoutingExperts = "experts";
+
+// The first id of `ids` ([rows, shape.row_width()]) outside [0, experts) and not -1, or that breaks
+// the rule that a layer's slots are all -1 (a dense layer) or all experts: an Error naming `where`,
+// the row (first_row + its index) and the layer.
+void check_routing(std::span<const std::int32_t> ids, const TraceRouting& shape, const std::string& where,
+                   std::int64_t first_row) {
+  const std::int64_t K = shape.top_k, W = shape.row_width();
+  for (std::size_t i = 0; i < ids.size(); i += static_cast<std::size_t>(K)) {
+    const std::int64_t row = first_row + static_cast<std::int64_t>(i) / W;
+    const std::int64_t layer = (static_cast<std::int64_t>(i) % W) / K;
+    const bool dense = ids[i] == -1;
+    for (std::int64_t j = 0; j < K; ++j) {
+      const std::int32_t e = ids[i + static_cast<std::size_t>(j)];
+      MTP_REQUIRE(dense ? e == -1 : (e >= 0 && e < shape.experts), where, ": routing of position ", row,
+                  ", layer ", layer, ": expert id ", e,
+                  dense ? " beside -1 (a dense layer's slots are all -1)"
+                        : str(" is outside [0, ", shape.experts, ")").c_str());
+    }
+  }
+}
 
 }  // namespace
 
@@ -213,6 +238,43 @@ void TraceWriter::add_sequence(const TraceSequence& seq) {
   MTP_REQUIRE(seq.hidden == hidden_, file_.path(), ": sequence ", num_sequences(), ": hidden size ",
               seq.hidden, ", the trace's is ", hidden_);
   add_sequence(seq.tokens, std::span<const bf16>(seq.hiddens), seq.prompt_length);
+  if (routing_shape_.layers > 0) add_routing(seq.routing);
+}
+
+void TraceWriter::record_routing(const TraceRouting& shape) {
+  const std::string& path = file_.path();
+  MTP_REQUIRE(file_.writable() && !file_.committed(), path, ": trace already committed");
+  MTP_REQUIRE(num_sequences() == 0, path, ": routing is recorded from the first sequence (", num_sequences(),
+              " already written)");
+  MTP_REQUIRE(routing_shape_.layers == 0, path, ": routing already recorded");
+  MTP_REQUIRE(shape.layers >= 1 && shape.top_k >= 1 && shape.experts >= 1 && shape.experts <= INT32_MAX, path,
+              ": routing of ", shape.layers, " layers, top_k ", shape.top_k, ", ", shape.experts,
+              " experts (each must be >= 1)");
+  DatasetOptions opts;
+  opts.extendable = true;
+  opts.deflate = 4;
+  routing_ =
+      file_.create_dataset(kRouting, DType::i32, 0, static_cast<std::uint64_t>(shape.row_width()), opts);
+  routing_.set_attr(kRoutingLayers, shape.layers);
+  routing_.set_attr(kRoutingTopK, shape.top_k);
+  routing_.set_attr(kRoutingExperts, shape.experts);
+  routing_shape_ = shape;
+}
+
+void TraceWriter::add_routing(std::span<const std::int32_t> routing) {
+  const std::string& path = file_.path();
+  MTP_REQUIRE(file_.writable() && !file_.committed(), path, ": trace already committed");
+  MTP_REQUIRE(routing_shape_.layers > 0, path, ": routing given, but the trace does not record routing");
+  const std::int64_t s = num_sequences() - 1;
+  MTP_REQUIRE(s >= 0 && routing_rows_ == offsets_[static_cast<std::size_t>(s)], path,
+              ": routing given with no sequence waiting for it");
+  const std::int64_t length = offsets_.back() - routing_rows_;
+  MTP_REQUIRE(static_cast<std::int64_t>(routing.size()) == length * routing_shape_.row_width(), path,
+              ": sequence ", s, ": ", routing.size(), " routing ids for ", length, " positions of ",
+              routing_shape_.layers, " layers x top_k ", routing_shape_.top_k);
+  check_routing(routing, routing_shape_, str(path, ": sequence ", s), 0);
+  routing_.append_rows(routing);
+  routing_rows_ += length;
 }
 
 void TraceWriter::set_sampling(const TraceSampling& sampling) {
@@ -228,6 +290,8 @@ void TraceWriter::set_sampling(const TraceSampling& sampling) {
 
 void TraceWriter::commit() {
   MTP_REQUIRE(num_sequences() > 0, file_.path(), ": a trace needs at least one sequence");
+  MTP_REQUIRE(routing_shape_.layers == 0 || routing_rows_ == offsets_.back(), file_.path(), ": sequence ",
+              num_sequences() - 1, " has no routing (the trace records routing)");
   file_.write("seq_offsets", offsets_);
   file_.write("prompt_lengths", prompt_lengths_);
   file_.set_attr(kAttrNumSequences, num_sequences());
@@ -315,6 +379,24 @@ TraceReader::TraceReader(const std::string& path, std::int64_t expected_hidden, 
                 length);
   }
 
+  if (file_.exists(kRouting)) {
+    routing_ = file_.open_dataset(kRouting);
+    const std::string where = str(path, ": /", kRouting);
+    MTP_REQUIRE(routing_.rank() == 2 && routing_.dtype() == DType::i32, where, " must be 2-D int32");
+    for (const char* a : {kRoutingLayers, kRoutingTopK, kRoutingExperts})
+      MTP_REQUIRE(routing_.has_attr(a), where, " lacks the attribute ", a, " (docs/trace-format.md)");
+    routing_shape_ = TraceRouting{routing_.attr_int(kRoutingLayers), routing_.attr_int(kRoutingTopK),
+                                  routing_.attr_int(kRoutingExperts)};
+    MTP_REQUIRE(routing_shape_.layers >= 1 && routing_shape_.top_k >= 1 && routing_shape_.experts >= 1 &&
+                    routing_shape_.experts <= INT32_MAX,
+                where, ": layers ", routing_shape_.layers, ", top_k ", routing_shape_.top_k, ", experts ",
+                routing_shape_.experts, " (each must be >= 1)");
+    MTP_REQUIRE(routing_.cols() == static_cast<std::uint64_t>(routing_shape_.row_width()), where, " has ",
+                routing_.cols(), " columns, layers x top_k is ", routing_shape_.row_width());
+    MTP_REQUIRE(routing_.rows() == total, where, " has ", routing_.rows(), " rows, seq_offsets end at ",
+                total);
+  }
+
   tokens_ = tokens.read<std::int32_t>();
   for (std::int64_t s = 0; s < n; ++s) {
     const std::int64_t begin = offsets_[static_cast<std::size_t>(s)];
@@ -400,7 +482,18 @@ TraceSequence TraceReader::sequence(std::int64_t s) const {
   const auto toks = tokens(s);
   seq.tokens.assign(toks.begin(), toks.end());
   seq.hiddens = hiddens(s);
+  if (has_routing()) seq.routing = routing(s);
   return seq;
+}
+
+std::vector<std::int32_t> TraceReader::routing(std::int64_t s) const {
+  MTP_REQUIRE(has_routing(), path(), ": the trace records no routing (no /", kRouting,
+              " dataset; docs/trace-format.md)");
+  const std::int64_t begin = sequence_offset(s);
+  std::vector<std::int32_t> ids = routing_.read_rows<std::int32_t>(
+      static_cast<std::uint64_t>(begin), static_cast<std::uint64_t>(sequence_length(s)));
+  check_routing(ids, routing_shape_, str(path(), ": sequence ", s), 0);
+  return ids;
 }
 
 void TraceReader::check_all_hiddens() const {

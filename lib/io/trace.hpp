@@ -60,6 +60,17 @@ struct TraceWriterOptions {
   bool f32_hiddens = false;      ///< /hiddens as float32 (dtype="f32") instead of BF16 bits
 };
 
+/// The shape of a trace's optional /routing dataset (docs/trace-format.md, "Routing"): per
+/// position, the routed expert ids each of `layers` target layers chose (top_k per layer, global
+/// ids in [0, experts), -1 for every slot of a dense-MLP layer).
+struct TraceRouting {
+  std::int64_t layers = 0;
+  std::int64_t top_k = 0;
+  std::int64_t experts = 0;
+  std::int64_t row_width() const { return layers * top_k; }
+  friend bool operator==(const TraceRouting&, const TraceRouting&) = default;
+};
+
 /// One sequence, whole: what TraceReader::sequence() returns and a generator produces.
 struct TraceSequence {
   std::int64_t index = 0;
@@ -67,6 +78,9 @@ struct TraceSequence {
   std::int64_t hidden = 0;
   std::vector<std::int32_t> tokens;
   std::vector<bf16> hiddens;  ///< [length, hidden] row-major
+  /// The routed experts of every position at every layer ([length, layers * top_k], global ids,
+  /// -1 at a dense-MLP layer); empty when the trace records no routing (TraceRouting).
+  std::vector<std::int32_t> routing;
 
   std::int64_t length() const { return static_cast<std::int64_t>(tokens.size()); }
   /// hidden[t]: the target's state after consuming tokens[t].
@@ -89,8 +103,15 @@ class TraceWriter {
   void add_sequence(std::span<const std::int32_t> tokens, std::span<const float> hiddens,
                     std::int32_t prompt_length);
 
-  /// Appends a sequence as a TraceSequence holds it (its hidden must match the trace's).
+  /// Appends a sequence as a TraceSequence holds it (its hidden must match the trace's; its routing
+  /// is written when the trace records routing, and must then be there).
   void add_sequence(const TraceSequence& seq);
+  /// Records the routing of every sequence from now on (/routing, docs/trace-format.md): only
+  /// before the first sequence; layers, top_k and experts >= 1.
+  void record_routing(const TraceRouting& shape);
+  /// The routing of the sequence just added by add_sequence(tokens, hiddens, ...): [length,
+  /// layers * top_k], every id in [0, experts) or -1. Only when recording routing, once per sequence.
+  void add_routing(std::span<const std::int32_t> routing);
 
   /// How the continuations were chosen (default: greedy). Validated; written at once.
   void set_sampling(const TraceSampling& sampling);
@@ -116,6 +137,9 @@ class TraceWriter {
   H5File file_;
   Dataset tokens_;
   Dataset hiddens_;
+  Dataset routing_;
+  TraceRouting routing_shape_;
+  std::int64_t routing_rows_ = 0;  ///< rows of /routing written (each sequence's, in order)
   std::int64_t hidden_;
   std::int64_t vocab_;
   bool f32_ = false;  ///< /hiddens stored as float32
@@ -159,7 +183,14 @@ class TraceReader {
   void read_hiddens(std::int64_t s, std::span<bf16> out) const;
   /// The hiddens of sequence s as stored, widened to fp32 (exact for both dtypes), checked finite.
   void read_hiddens_f32(std::int64_t s, std::span<float> out) const;
+  /// The sequence with its hiddens, and its routing when the trace has one.
   TraceSequence sequence(std::int64_t s) const;
+  /// Whether the trace records routing (/routing), and its shape (layers 0 when not).
+  bool has_routing() const { return routing_shape_.layers > 0; }
+  const TraceRouting& routing_shape() const { return routing_shape_; }
+  /// The routing of sequence s ([length, layers * top_k]), each id checked in [0, experts) or -1;
+  /// an Error naming the file when the trace has none.
+  std::vector<std::int32_t> routing(std::int64_t s) const;
 
   /// Reads every sequence's hiddens and checks them finite (what open does not do).
   void check_all_hiddens() const;
@@ -173,6 +204,8 @@ class TraceReader {
   TraceProvenance provenance_;
   bool hiddens_f32_ = false;
   TraceSampling sampling_;
+  Dataset routing_;
+  TraceRouting routing_shape_;
   std::vector<std::int32_t> tokens_;
   std::vector<std::int64_t> offsets_;
   std::vector<std::int32_t> prompt_lengths_;

@@ -3,8 +3,8 @@
 # under one wall-clock budget (WALL, default 570 s):
 #   train   tools/train_tiny/train_tiny.py at configs/mini.yaml: the corpus (every .py, and the .md /
 #           .rst / .txt files, under this machine's Python stdlib and site-packages, capped), the
-#           tokenizer, training until its deadline, the export (embedding, lm_head and MTP layer
-#           shipped; the whole model kept in the work folder for sampling), the greedy traces
+#           tokenizer, training until its deadline, the export (the whole model: the embedding,
+#           the four trunk layers, the final norm, lm_head and MTP layer), the greedy traces
 #           trace-code.h5 and trace-prose.h5, and their oracle (parallel processes);
 #   sample  tools/train_tiny/sample_traces.py: trace-code-T0.7.h5 and trace-code-T1.0.h5 and their
 #           sampling-verification oracle;
@@ -47,7 +47,6 @@ elapsed() { echo $(($(date +%s) - t0)); }
 left() { echo $((WALL - ($(date +%s) - t0))); }
 work=$(mktemp -d /tmp/train-mini.XXXXXX)
 data=$work/trained-mini
-full=$work/model-full.safetensors
 mkdir -p "$data"
 status=0
 phases=()
@@ -77,7 +76,7 @@ train_minutes=$(python3 -c "print(round($train_total / 60.0, 3))")
 timeout $(($(left) - 40)) python3 tools/train_tiny/train_tiny.py --out "$data" \
   --preset configs/mini.yaml --name trained-mini --trunk-layers 4 --context 256 --batch 64 \
   --corpus-roots python --categories 'code=.py;prose=.md,.rst,.txt' --device cuda --seed 20251202 \
-  --no-trunk-in-checkpoint --full-checkpoint "$full" --ks 1,2,3 --oracle-jobs 6 \
+  --ks 1,2,3 --oracle-jobs 6 \
   --total-minutes "$train_minutes" "${args[@]}"
 rc=$?
 phase_end train "$ts" $rc
@@ -87,7 +86,7 @@ if [ $rc = 0 ]; then
   echo "== sample ($(elapsed)s)"
   ts=$(date +%s)
   timeout $(($(left) - 10)) python3 tools/train_tiny/sample_traces.py --data "$data" --trace trace-code.h5 \
-    --checkpoint "$full" --jobs 16 "${sample_args[@]}" 2>&1 | tee "$data/sampled_run.log"
+    --jobs 16 "${sample_args[@]}" 2>&1 | tee "$data/sampled_run.log"
   rc=${PIPESTATUS[0]}
   phase_end sample "$ts" $rc
   [ $rc = 0 ] || status=1
@@ -100,7 +99,7 @@ ts=$(date +%s)
 {
   echo "trained-mini: SMOKE=$SMOKE, status $status, $(elapsed)s"
   printf '%s\n' "${phases[@]}"
-  echo "-- data folder ($(du -cb "$data" | tail -1 | cut -f1) bytes in all; the limit is 20 MB)"
+  echo "-- data folder ($(du -cb "$data" | tail -1 | cut -f1) bytes in all; the limit is 40 MB)"
   (cd "$data" && ls -l)
   echo "-- figures"
   python3 - "$data" <<'EOF'
