@@ -5,7 +5,7 @@
 //
 //   mtplab_bench_verify [--preset NAME] [--batch 1,2,4,8,16,32,64,128] [--rows 1,2,3,4,5]
 //                       [--context 4096] [--reps N] [--warmup N] [--heads bf16,fp8] [--out DIR]
-//                       [--device D] [--router-bias-scale S] [--profile]
+//                       [--device D] [--router-bias-scale S] [--routing TRACE.h5] [--profile]
 //
 // Each of the B sequences holds --context rows (one prefill, copied into every slot); its R rows sit
 // at positions context .. context + R - 1, so every row writes its cache rows, scores the complete
@@ -13,6 +13,14 @@
 // and routes on its own. The layer is recorded as one CUDA graph per (B, R) and replayed --reps
 // times after --warmup replays, each on fresh random input rows (uploaded before the start event);
 // the same positions are rewritten every replay, as a rolled-back verification rewrites them.
+//
+// --routing TRACE.h5 routes the rows as a recorded model did (docs/trace-format.md, "Routing"; the
+// preset's top_k and expert count must be the trace's): each replay's B x R rows take the recorded
+// experts of B distinct (sequence, start) places of R consecutive generated rows at one routed
+// layer (io::RoutingBatches; a new draw of places and layer per input set, seeded), copied over the
+// router's ids after the router has run (drafter::Block::Options::routed_experts), so the layer
+// reads the routed experts a trained model's verify batch reads. The distinct experts then reported
+// are those of the recorded routing.
 //
 // Byte floor of the layer (the PyTorch peer, ../shared/bench/torch_graph_peer_verify.py, counts
 // the same): the layer's dense weights once (q_a, q_b, kv_a, kv_b, o_proj, the indexer's wq_b, wk,
@@ -49,6 +57,8 @@
 #include "drafter/block.hpp"
 #include "drafter/drafter.hpp"
 #include "drafter/factory.hpp"
+#include "io/routing.hpp"
+#include "io/trace.hpp"
 #include "model/weights.hpp"
 #include "ops/kernel_policy.hpp"
 
@@ -70,6 +80,7 @@ struct Options {
   std::string out = "bench-out";
   int device = 0;
   double router_bias_scale = 1.0;
+  std::string routing;  // a trace with recorded routing ("": the synthetic router)
   bool profile = false;
 };
 
@@ -204,9 +215,24 @@ int run(const Options& opt) {
   csv << "# mtplab_bench_verify git " << git_sha() << (git_dirty() ? "-dirty" : "") << " device "
       << be.device_name() << " preset " << opt.preset << " context " << opt.context << " copy_GBps "
       << copy_gbps << " gemm_TFLOPs " << tflops << " router_bias_scale " << opt.router_bias_scale
-      << " kernel_policy " << ops::to_string(be.kernel_policy()) << "\n";
+      << " kernel_policy " << ops::to_string(be.kernel_policy()) << " routing "
+      << (opt.routing.empty() ? "synthetic" : opt.routing) << "\n";
   csv << "part,head,B,R,rows,reps,median_us,p10_us,p90_us,distinct_experts,selected_rows_per_seq,floor_bytes,"
          "floor_us,x_floor,tensor_us,x_roofline\n";
+  // The recorded routing, when given: its shape must be the preset's.
+  std::unique_ptr<io::TraceReader> routing_trace;
+  if (!opt.routing.empty()) {
+    routing_trace = std::make_unique<io::TraceReader>(opt.routing);
+    MTP_REQUIRE(routing_trace->has_routing(), opt.routing,
+                ": the trace records no routing (mtplab trace --routing)");
+    const io::TraceRouting& rs = routing_trace->routing_shape();
+    MTP_REQUIRE(rs.top_k == top_k && rs.experts == cfg.n_routed_experts, opt.routing, ": routing of top_k ",
+                rs.top_k, " of ", rs.experts, " experts; the preset ", opt.preset, " routes top_k ", top_k,
+                " of ", cfg.n_routed_experts);
+    std::printf("routing: recorded, %s (%lld sequences, %lld layers)\n", opt.routing.c_str(),
+                static_cast<long long>(routing_trace->num_sequences()), static_cast<long long>(rs.layers));
+  }
+  ops::Array<int32_t> forced(be, static_cast<size_t>(max_n) * top_k);
   std::printf("\none target layer, B sequences x R new rows (one ragged forward, one CUDA graph)\n");
   std::printf("%4s %2s %5s %9s %8s %8s %8s %12s %9s %8s\n", "B", "R", "rows", "layer_us", "p10", "p90",
               "experts", "sel_rows/seq", "floor_us", "x_floor");
@@ -222,13 +248,30 @@ int run(const Options& opt) {
       be.upload(slot.data(), s.data(), s.size() * sizeof(int32_t));
       be.upload(pos.data(), p.data(), p.size() * sizeof(int32_t));
       const ops::RowBatch rb{slot.data(), pos.data(), n, R};
+      // Per input set, the recorded routing of a fresh draw of B places at one routed layer.
+      std::vector<std::vector<int32_t>> routed;
+      if (routing_trace) {
+        const io::RoutingBatches rbatches(*routing_trace, R);
+        std::mt19937_64 rrng(static_cast<uint64_t>(B) * 1000 + static_cast<uint64_t>(R));
+        for (int i = 0; i < kInputSets; ++i) {
+          const auto places = rbatches.draw(B, rrng);
+          const auto& layers = rbatches.routed_layers();
+          routed.push_back(rbatches.ids(places, layers[static_cast<size_t>(i) % layers.size()]));
+        }
+      }
+      drafter::Block::Options fo;
+      if (routing_trace) fo.routed_experts = forced.data();
       const Timing t = time_graph(
           be, opt.warmup, opt.reps, opt.profile,
           [&](int i) {
             be.upload(x.data(), inputs[static_cast<size_t>(i % kInputSets)].data(),
                       static_cast<size_t>(n) * H * sizeof(bf16));
+            if (routing_trace) {
+              const std::vector<int32_t>& ids = routed[static_cast<size_t>(i % kInputSets)];
+              be.upload(forced.data(), ids.data(), ids.size() * sizeof(int32_t));
+            }
           },
-          [&] { block.forward(rb, x.data(), caches, y.data()); });
+          [&] { block.forward(rb, x.data(), caches, y.data(), fo); });
       // The last replay's routes and selections, for the floor.
       std::vector<int32_t> experts(static_cast<size_t>(n) * top_k), sel(static_cast<size_t>(n) * width);
       be.download(experts.data(), block.experts(), experts.size() * sizeof(int32_t));
@@ -329,6 +372,9 @@ int main(int argc, char** argv) {
               "the synthetic router bias (e_score_correction_bias, std 0.05) times S (default 1; 0.2 routes "
               "as the PyTorch peer's std 0.01)",
               0, 100)
+      .text(
+          "routing", "TRACE.h5",
+          "route the rows as the trace's recorded routing says (its top_k and experts must be the preset's)")
       .flag("profile",
             "CUDA profiler on around each shape's eager forward only (for ncu --profile-from-start off)");
   p.run_main(argc, argv, [&](const cli::Args& a) {
@@ -345,6 +391,7 @@ int main(int argc, char** argv) {
     opt.out = a.text("out", opt.out);
     opt.device = static_cast<int>(a.integer("device", opt.device));
     opt.router_bias_scale = a.number("router-bias-scale", opt.router_bias_scale);
+    opt.routing = a.text("routing", "");
     opt.profile = a.flag("profile");
   });
   return bench::guarded_main([&] {

@@ -281,7 +281,7 @@ void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, 
   if (d.dense_mlp) {
     dense_mlp(rb);
   } else {
-    moe(rb);
+    moe(rb, o.routed_experts);
   }
   all_reduce(s.moe_partial.data(), n * d.hidden);
   if (o.out_norm) {
@@ -293,8 +293,8 @@ void Block::forward(const ops::RowBatch& rb, const bf16* x, SlotCaches& caches, 
 }
 
 // The router per row, then the routed experts grouped over the rows plus the shared expert, from
-// the normed rows v into moe_partial.
-void Block::moe(const ops::RowBatch& rb) {
+// the normed rows v into moe_partial; `routed_experts` (Options) replaces the router's ids.
+void Block::moe(const ops::RowBatch& rb, const int32_t* routed_experts) {
   const BlockDims& d = dims_;
   BlockScratch& s = *scratch_;
   const int n = rb.rows;
@@ -302,6 +302,8 @@ void Block::moe(const ops::RowBatch& rb) {
                  ops::RowsMode::batched);
   be_.moe_route_batch(s.router_logits.data(), w_.router_bias.data(), rb, d.num_experts, d.top_k, d.n_group,
                       d.topk_group, d.routed_scaling, s.expert_idx.data(), s.expert_w.data());
+  if (routed_experts)
+    be_.copy(s.expert_idx.data(), routed_experts, static_cast<size_t>(n) * d.top_k * sizeof(int32_t));
   const ops::ExpertWeights routed{w_.exp_gate.data(),   w_.exp_up.data(), w_.exp_down.data(), w_.first_expert,
                                   w_.num_local_experts, d.hidden,         d.moe_inter};
   const ops::ExpertWeights shared{w_.sh_gate.data(), w_.sh_up.data(),     w_.sh_down.data(), 0, 1,

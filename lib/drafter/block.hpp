@@ -162,6 +162,11 @@ class Block {
     ops::RowsMode proj_mode = ops::RowsMode::batched;
     /// How the indexer queries q^I = W_qbI c_q run (batch_qidx); the same bits on the CPU.
     ops::RowsMode qidx_mode = ops::RowsMode::batched;
+    /// A recorded routing ([rows, top_k] global expert ids, backend memory) that replaces the
+    /// router's choice: the router still runs (its cost stays), then its ids are overwritten by
+    /// these (its gating weights kept). For benchmarks that route as a trained model does
+    /// (mtplab_bench_verify --routing); the rows' outputs are then not the model's.
+    const int32_t* routed_experts = nullptr;
   };
 
   /// Allocates the buffers of forward for up to `rows` rows (with the selection check's shadow
@@ -223,7 +228,7 @@ class Block {
   void project(const ops::RowBatch& rb, const bf16* x, const Options& o);
   void all_reduce(float* partial, int n);
   /// The MLP of the normed rows scratch v into scratch moe_partial (fp32, this rank's partial).
-  void moe(const ops::RowBatch& rb);
+  void moe(const ops::RowBatch& rb, const int32_t* routed_experts);
   void dense_mlp(const ops::RowBatch& rb);
 
   ops::Backend& be_;

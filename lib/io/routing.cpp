@@ -17,48 +17,60 @@ double uniform_distinct_experts(int64_t experts, int64_t top_k, int64_t n) {
   return E * (1.0 - std::pow(1.0 - static_cast<double>(top_k) / E, static_cast<double>(n)));
 }
 
-DistinctExperts distinct_experts(const TraceReader& trace, int batch, int rows, int windows, uint64_t seed) {
+RoutingBatches::RoutingBatches(const TraceReader& trace, int rows) : path_(trace.path()), rows_(rows) {
   MTP_REQUIRE(trace.has_routing(), trace.path(), ": the trace records no routing (docs/trace-format.md, ",
               "\"Routing\"; mtplab trace --routing writes one)");
-  MTP_REQUIRE(batch >= 1 && rows >= 1 && windows >= 1, "distinct experts: batch ", batch, ", rows ", rows,
-              ", windows ", windows, " (each must be >= 1)");
-  const TraceRouting& shape = trace.routing_shape();
-  const int64_t K = shape.top_k, W = shape.row_width();
-  // Every sequence's routing, and every (sequence, start) where `rows` generated rows fit.
-  std::vector<std::vector<int32_t>> ids;
-  std::vector<std::pair<int, int>> starts;
+  MTP_REQUIRE(rows >= 1, "routing batches: ", rows, " rows per sequence (>= 1)");
+  shape_ = trace.routing_shape();
   for (int64_t s = 0; s < trace.num_sequences(); ++s) {
-    ids.push_back(trace.routing(s));
+    ids_.push_back(trace.routing(s));
     const int64_t length = trace.sequence_length(s);
     for (int64_t t = trace.prompt_length(s); t + rows <= length; ++t)
-      starts.emplace_back(static_cast<int>(s), static_cast<int>(t));
+      places_.emplace_back(static_cast<int>(s), static_cast<int>(t));
   }
-  MTP_REQUIRE(static_cast<int64_t>(starts.size()) >= batch, trace.path(), ": ", starts.size(), " places of ",
-              rows, " generated rows, fewer than the batch of ", batch);
-  std::vector<int> routed;  // the layers with routed experts (a dense layer records -1)
-  for (int64_t l = 0; l < shape.layers; ++l)
-    if (ids[0][static_cast<size_t>(l * K)] >= 0) routed.push_back(static_cast<int>(l));
-  MTP_REQUIRE(!routed.empty(), trace.path(), ": every recorded layer is a dense MLP (no routed experts)");
+  for (int64_t l = 0; l < shape_.layers; ++l)
+    if (ids_[0][static_cast<size_t>(l * shape_.top_k)] >= 0) routed_.push_back(static_cast<int>(l));
+  MTP_REQUIRE(!routed_.empty(), trace.path(), ": every recorded layer is a dense MLP (no routed experts)");
+}
 
+std::vector<std::pair<int, int>> RoutingBatches::draw(int batch, std::mt19937_64& rng) const {
+  MTP_REQUIRE(batch >= 1 && static_cast<int64_t>(places_.size()) >= batch, path_, ": ", places_.size(),
+              " places of ", rows_, " generated rows, fewer than the batch of ", batch);
+  // A partial Fisher-Yates shuffle of the place indices.
+  std::vector<int> pick(places_.size());
+  for (size_t i = 0; i < pick.size(); ++i) pick[i] = static_cast<int>(i);
+  std::vector<std::pair<int, int>> out;
+  for (int b = 0; b < batch; ++b) {
+    std::uniform_int_distribution<size_t> u(static_cast<size_t>(b), pick.size() - 1);
+    std::swap(pick[static_cast<size_t>(b)], pick[u(rng)]);
+    out.push_back(places_[static_cast<size_t>(pick[static_cast<size_t>(b)])]);
+  }
+  return out;
+}
+
+std::vector<int32_t> RoutingBatches::ids(const std::vector<std::pair<int, int>>& places, int layer) const {
+  const int64_t K = shape_.top_k, W = shape_.row_width();
+  std::vector<int32_t> out;
+  out.reserve(places.size() * static_cast<size_t>(rows_ * K));
+  for (const auto& [s, t] : places) {
+    const std::vector<int32_t>& r = ids_[static_cast<size_t>(s)];
+    for (int i = 0; i < rows_; ++i)
+      for (int64_t j = 0; j < K; ++j) out.push_back(r[static_cast<size_t>((t + i) * W + layer * K + j)]);
+  }
+  return out;
+}
+
+DistinctExperts distinct_experts(const TraceReader& trace, int batch, int rows, int windows, uint64_t seed) {
+  MTP_REQUIRE(batch >= 1 && rows >= 1 && windows >= 1, "distinct experts: batch ", batch, ", rows ", rows,
+              ", windows ", windows, " (each must be >= 1)");
+  const RoutingBatches batches(trace, rows);
   std::mt19937_64 rng(seed);
   std::vector<double> counts;
-  std::vector<int> pick(starts.size());
   for (int w = 0; w < windows; ++w) {
-    // B distinct places: a partial Fisher-Yates shuffle.
-    for (size_t i = 0; i < pick.size(); ++i) pick[i] = static_cast<int>(i);
-    for (int b = 0; b < batch; ++b) {
-      std::uniform_int_distribution<size_t> u(static_cast<size_t>(b), pick.size() - 1);
-      std::swap(pick[static_cast<size_t>(b)], pick[u(rng)]);
-    }
-    for (int l : routed) {
-      std::set<int32_t> seen;
-      for (int b = 0; b < batch; ++b) {
-        const auto [s, t] = starts[static_cast<size_t>(pick[static_cast<size_t>(b)])];
-        const std::vector<int32_t>& r = ids[static_cast<size_t>(s)];
-        for (int i = 0; i < rows; ++i)
-          for (int64_t j = 0; j < K; ++j) seen.insert(r[static_cast<size_t>((t + i) * W + l * K + j)]);
-      }
-      counts.push_back(static_cast<double>(seen.size()));
+    const auto places = batches.draw(batch, rng);
+    for (int l : batches.routed_layers()) {
+      const std::vector<int32_t> ids = batches.ids(places, l);
+      counts.push_back(static_cast<double>(std::set<int32_t>(ids.begin(), ids.end()).size()));
     }
   }
   DistinctExperts d;
@@ -70,7 +82,8 @@ DistinctExperts distinct_experts(const TraceReader& trace, int batch, int rows, 
   d.mean = sum / static_cast<double>(counts.size());
   d.p10 = quantile(counts, 0.1);
   d.p90 = quantile(counts, 0.9);
-  d.uniform = uniform_distinct_experts(shape.experts, K, static_cast<int64_t>(batch) * rows);
+  d.uniform = uniform_distinct_experts(batches.shape().experts, batches.shape().top_k,
+                                       static_cast<int64_t>(batch) * rows);
   return d;
 }
 

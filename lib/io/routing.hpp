@@ -12,11 +12,42 @@
 // windows.
 #pragma once
 #include <cstdint>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "io/trace.hpp"
 
 namespace mtplab::io {
+
+/// A trace's recorded routing, cut into verify-shaped batches: B distinct (sequence, start) places
+/// at generated positions (start >= the prompt length) where `rows` rows fit, and the ids of their
+/// rows at one routed layer. What distinct_experts counts and what mtplab_bench_verify --routing
+/// runs the routed experts on.
+class RoutingBatches {
+ public:
+  /// Loads every sequence's routing. Needs a trace with routing and at least one routed layer; an
+  /// Error naming the file otherwise.
+  RoutingBatches(const TraceReader& trace, int rows);
+  const TraceRouting& shape() const { return shape_; }
+  int rows() const { return rows_; }
+  /// The places where `rows` generated rows fit.
+  int64_t places() const { return static_cast<int64_t>(places_.size()); }
+  /// The layers with routed experts (a dense layer records -1).
+  const std::vector<int>& routed_layers() const { return routed_; }
+  /// `batch` distinct places drawn uniformly (an Error naming the file when there are fewer).
+  std::vector<std::pair<int, int>> draw(int batch, std::mt19937_64& rng) const;
+  /// The ids of `places`' rows at `layer`: [places x rows, top_k], place-major.
+  std::vector<int32_t> ids(const std::vector<std::pair<int, int>>& places, int layer) const;
+
+ private:
+  std::string path_;
+  TraceRouting shape_;
+  int rows_ = 0;
+  std::vector<std::vector<int32_t>> ids_;
+  std::vector<std::pair<int, int>> places_;
+  std::vector<int> routed_;
+};
 
 struct DistinctExperts {
   int batch = 0, rows = 0;
