@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "common/temp_dir.hpp"
 #include "common/trace.hpp"
@@ -551,6 +552,70 @@ TEST(Target, CheckpointTargetGeneratesTheSyntheticTrace) {
       EXPECT_TRUE(same_bits(a[i].hiddens.data(), b[i].hiddens.data(), a[i].hiddens.size() * sizeof(bf16)));
     }
   }
+}
+
+// VerifyExtras::routing: every row's routed experts at every layer, -1 at the dense layer, top_k
+// distinct ids in [0, E) at the others, and, as a row's bits, independent of the forward the row
+// runs in: 3 sequences verified together in one ragged forward (3, 5 and 2 rows after prompts of 6,
+// 11 and 8) against each row run alone, and the prompt rows of prefill against generate_batch's.
+TEST(Target, RoutingIsEachRowsOwnAtEveryLayer) {
+  auto be = ops::make_cpu_backend();
+  const model::ModelConfig cfg = target_config(1);
+  const int K = cfg.num_experts_per_tok, E = cfg.n_routed_experts, L = 3, W = L * K;
+  auto target = make_target(*be, cfg, L);
+  std::mt19937 rng(20261208);
+  const int prompt[3] = {6, 11, 8}, rows[3] = {3, 5, 2};
+  auto together = target->new_batch(3);
+  auto alone = target->new_batch(3);
+  std::vector<std::vector<int32_t>> toks(3);
+  VerifyExtras rx;
+  rx.head = false;
+  rx.routing = true;
+  for (int b = 0; b < 3; ++b) {
+    target->new_sequence(*together);
+    target->new_sequence(*alone);
+    toks[static_cast<size_t>(b)] = random_tokens(rng, prompt[b] + rows[b], cfg.vocab);
+    const std::span<const int32_t> p(toks[static_cast<size_t>(b)].data(), static_cast<size_t>(prompt[b]));
+    const VerifyResult pr = target->prefill(*together, b, p, rx);
+    ASSERT_EQ(pr.routing.size(), static_cast<size_t>(prompt[b] * W));
+    // The prompt rows one at a time give the same routing.
+    for (int r = 0; r < prompt[b]; ++r) {
+      const VerifySeq one{b, p.subspan(static_cast<size_t>(r), 1)};
+      const VerifyResult o = target->verify(*alone, std::span<const VerifySeq>(&one, 1), rx);
+      ASSERT_EQ(o.routing.size(), static_cast<size_t>(W));
+      EXPECT_TRUE(std::equal(o.routing.begin(), o.routing.end(), pr.routing.begin() + r * W))
+          << "sequence " << b << ", prompt row " << r;
+    }
+  }
+  std::vector<VerifySeq> seqs;
+  for (int b = 0; b < 3; ++b)
+    seqs.push_back(VerifySeq{b, std::span<const int32_t>(toks[static_cast<size_t>(b)].data() + prompt[b],
+                                                         static_cast<size_t>(rows[b]))});
+  const VerifyResult v = target->verify(*together, seqs, rx);
+  ASSERT_EQ(v.routing.size(), static_cast<size_t>(v.rows * W));
+  for (int b = 0; b < 3; ++b)
+    for (int r = 0; r < rows[b]; ++r) {
+      const VerifySeq one{b, seqs[static_cast<size_t>(b)].tokens.subspan(static_cast<size_t>(r), 1)};
+      const VerifyResult o = target->verify(*alone, std::span<const VerifySeq>(&one, 1), rx);
+      const int row = v.first_row[static_cast<size_t>(b)] + r;
+      EXPECT_TRUE(std::equal(o.routing.begin(), o.routing.end(), v.routing.begin() + row * W))
+          << "sequence " << b << ", verify row " << r;
+      for (int l = 0; l < L; ++l) {
+        std::set<int32_t> ids;
+        for (int j = 0; j < K; ++j) ids.insert(v.routing[static_cast<size_t>(row * W + l * K + j)]);
+        if (l < target->dense_layers()) {
+          EXPECT_EQ(ids, std::set<int32_t>{-1}) << "dense layer " << l;
+        } else {
+          EXPECT_EQ(ids.size(), static_cast<size_t>(K)) << "layer " << l << ": top_k distinct experts";
+          EXPECT_TRUE(*ids.begin() >= 0 && *ids.rbegin() < E) << "layer " << l;
+        }
+      }
+    }
+  // Without the flag there is no routing.
+  const VerifySeq first{0, std::span<const int32_t>(toks[0].data(), 1)};
+  auto fresh = target->new_batch(1);
+  target->new_sequence(*fresh);
+  EXPECT_TRUE(target->verify(*fresh, std::span<const VerifySeq>(&first, 1)).routing.empty());
 }
 
 TEST(Target, BadCallsAreRefused) {

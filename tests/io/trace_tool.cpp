@@ -3,7 +3,8 @@
 // by h5py (docs/trace-format.md) are checked against the C++ reader and vice versa.
 //
 //   trace_tool write-sample PATH      hidden 16, vocab 1000, 3 sequences (formula below)
-//   trace_tool check PATH             one line per fact; exit 1 with the error on a bad trace
+//   trace_tool check PATH             one line per fact (with routing: its shape and a sum per
+//                                     sequence); exit 1 with the error on a bad trace
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -60,7 +61,18 @@ int check(const std::string& path) {
     for (std::size_t k = 0; k < hs.size(); ++k) bits_sum += static_cast<long long>(k % 1000 + 1) * hs[k].bits;
     std::printf("seq %lld %lld %d %lld %lld\n", static_cast<long long>(s),
                 static_cast<long long>(r.sequence_length(s)), r.prompt_length(s), token_sum, bits_sum);
+    if (r.has_routing()) {
+      long long route_sum = 0;
+      const std::vector<std::int32_t> ids = r.routing(s);
+      for (std::size_t k = 0; k < ids.size(); ++k)
+        route_sum += static_cast<long long>(k % 997 + 1) * (ids[k] + 2);
+      std::printf("route %lld %lld\n", static_cast<long long>(s), route_sum);
+    }
   }
+  if (r.has_routing())
+    std::printf("routing %lld %lld %lld\n", static_cast<long long>(r.routing_shape().layers),
+                static_cast<long long>(r.routing_shape().top_k),
+                static_cast<long long>(r.routing_shape().experts));
   return 0;
 }
 
