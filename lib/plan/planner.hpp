@@ -73,6 +73,19 @@ struct PlanBest {
   Band speedup, user_tps, gpu_tps, step_us;
 };
 
+/// A planned (B, k) beside the online point that ran it (costs.online): the plan's prediction
+/// against what the online loop measured there.
+struct OnlineCheck {
+  int batch = 0, k = 0;
+  std::string point;            ///< "p0003 of FILE"
+  double tau = 0, step_us = 0;  ///< the plan's tau(k) and T(B, k)
+  double point_tau = 0;         ///< the point's measured tokens per row (accepted + 1)
+  double point_step_us = 0;     ///< the point's mean step_ms over its measured rows
+  double predicted = 0;         ///< the plan's tokens/s per sequence, tau(k) / T(B, k)
+  double measured = 0, measured_lo = 0, measured_hi = 0;  ///< tokens_per_s_per_sequence, its interval
+  double ratio() const { return predicted / measured; }
+};
+
 struct PlanResult {
   PlanSpec spec;
   std::vector<int> batch;
@@ -87,6 +100,8 @@ struct PlanResult {
   std::vector<CostPoint> cost_points;
   std::vector<std::string> inputs, warnings, notes;
   AcceptanceProfile profile;  ///< what the exports write
+  /// Every planned (B, k) that an online cost point ran, in the points' order.
+  std::vector<OnlineCheck> online_check;
   const PlanCell& cell(size_t b, int k) const {
     return cells.at(b * static_cast<size_t>(k_max + 1) + static_cast<size_t>(k));
   }
@@ -96,7 +111,7 @@ struct PlanResult {
 PlanResult run_plan(const PlanSpec& spec);
 
 /// The tables printed on stdout: inputs, warnings and notes, tau(k), the speedup per (B, k), the
-/// best k per B.
+/// best k per B, and with online cost points the prediction against them.
 std::string format_plan(const PlanResult& r);
 
 /// Writes the plan file (HDF5, schema `mtplab-plan`, its `plan` group; docs/planning.md) at
