@@ -438,7 +438,7 @@ std::vector<std::string> CostBook::disagreements(const ModelShape& model) const 
   std::set<std::string> presets;
   for (const Source& c : all)
     if (!c.preset.empty()) presets.insert(c.preset);
-  if (!presets.empty() && !presets.count(model.name))
+  if (!presets.empty() && !presets.count(model.name) && !presets.count(model.config))
     out.push_back(
         str("the plan's model is ", model.name, " but the cost files ran at preset ", join(presets, ", ")));
   // The online points' target against the plan's layer count.

@@ -66,6 +66,7 @@ struct CostTerm {
 /// The target's trunk and how many GPUs serve one instance.
 struct ModelShape {
   std::string name;      ///< preset name or config path
+  std::string config;    ///< the config's own name (a config file's `name:`), "" when not known
   int layers = 0;        ///< L
   int dense_layers = 0;  ///< D: the first D layers have a dense MLP
   int gpus = 1;          ///< GPUs one instance runs on (tokens/s per GPU divides by it)

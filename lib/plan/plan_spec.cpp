@@ -43,6 +43,7 @@ ModelShape read_model(const YamlNode& n) {
   } catch (const Error& e) {
     n.fail(str("model \"", spec, "\": ", e.message()));
   }
+  m.config = cfg.name;
   m.layers = layers ? static_cast<int>(*layers) : cfg.num_hidden_layers;
   m.dense_layers = dense ? static_cast<int>(*dense) : cfg.first_k_dense_replace;
   if (m.layers < 1)
