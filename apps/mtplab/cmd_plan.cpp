@@ -1,7 +1,7 @@
 // `mtplab plan [PLAN.yaml] [options]`: the best draft length per concurrency from acceptance
-// (replay or online results, or a profile) and costs (benchmark CSVs, online points) for a model (lib/plan/planner.hpp,
-// docs/planning.md). Tables on stdout; the plan file (HDF5) and the engine schedules when asked.
-// No MPI: run it anywhere.
+// (replay or online results, or a profile) and costs (benchmark CSVs, online points) for a model
+// (lib/plan/planner.hpp, docs/planning.md). Tables on stdout; the plan file (HDF5) and the engine schedules
+// when asked. No MPI: run it anywhere.
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
@@ -42,8 +42,8 @@ cli::Parser plan_cli() {
       .repeatable_text("step", "F.csv", "bench_step_batch CSV (costs.step); replaces the plan's")
       .repeatable_text("verify", "F.csv", "bench_verify CSV (costs.verify); replaces the plan's")
       .repeatable_text("online", "F.h5",
-                       "results file of online points (costs.online): the fixed cost per B, and with "
-                       "--set costs.online_terms=all every cost; replaces the plan's")
+                       "results file of online points (costs.online): the fixed cost per B (replacing "
+                       "costs.fixed_us), and with --set costs.online_terms=all every cost")
       .text("online-points", "p0,p4", "online points of those files (costs.online_points)")
       .integer_list("batch", "1,2,4", "the batch sizes to plan (batch:)", 1, 1 << 20)
       .integer("k-max", "K", "the largest draft length (k_max:)", 1, 64)
@@ -91,10 +91,13 @@ int cmd_plan(const Args& args) {
   if (cli->has("step")) overrides.emplace_back("costs.step", yaml_text(string_list(cli->texts("step"))));
   if (cli->has("verify"))
     overrides.emplace_back("costs.verify", yaml_text(string_list(cli->texts("verify"))));
-  if (cli->has("online"))
+  if (cli->has("online")) {  // the online points give c(B): the plan's own fixed cost is replaced
     overrides.emplace_back("costs.online", yaml_text(string_list(cli->texts("online"))));
+    overrides.emplace_back("costs.fixed_us", "~");
+  }
   if (cli->has("online-points"))
-    overrides.emplace_back("costs.online_points", yaml_text(string_list(split(cli->text("online-points"), ','))));
+    overrides.emplace_back("costs.online_points",
+                           yaml_text(string_list(split(cli->text("online-points"), ','))));
   if (cli->has("batch")) {
     YAML::Node b(YAML::NodeType::Sequence);
     for (const int64_t v : cli->integers("batch", {})) b.push_back(v);

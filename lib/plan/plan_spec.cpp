@@ -23,6 +23,18 @@ std::vector<std::string> strings(const YamlNode& n) {
   return out;
 }
 
+// Removes the key at a dotted path that set_yaml_path has just set (its parents are mappings).
+void remove_yaml_path(YAML::Node root, const std::string& path) {
+  const std::vector<std::string> parts = split(path, '.');
+  YAML::Node cur;
+  cur.reset(root);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = cur[parts[i]];
+    cur.reset(next);
+  }
+  cur.remove(parts.back());
+}
+
 ModelShape read_model(const YamlNode& n) {
   ModelShape m;
   std::string spec;
@@ -72,6 +84,7 @@ PlanSpec load_plan_spec(const std::string& path,
         MTP_FAIL("--set ", key, "=", value, ": the value is not valid YAML: ", e.msg);
       }
       harness::set_yaml_path(root, key, v, str("--set ", key));
+      if (v.IsNull()) remove_yaml_path(root, key);  // ~: the key removed, back to its default
     }
     YAML::Emitter e;
     e << root;
