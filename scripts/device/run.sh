@@ -447,7 +447,7 @@ task_plan_online() {
   step "experiments/online-plan-check.yaml on one GPU"
   run_exp online-plan-check 1 "$h5" exp_online_plan_check
   step "mtplab plan on its online points: the prediction against the online loop"
-  run plan_online 300 "$BIN/mtplab" plan --set 'model={preset: data/trained-mini/trained-mini.yaml, layers: 4}' \
+  run plan_online 300 "$BIN/mtplab" plan --model data/trained-mini/trained-mini.yaml --set model.layers=4 \
     --results "$h5" --points "${PLAN_POINTS:-p4,p8,p12,p16}" --online "$h5" --set costs.online_terms=all \
     --out "$OUT/plan-online.h5" --force
   dry && return

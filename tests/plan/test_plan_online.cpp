@@ -190,6 +190,10 @@ TEST(PlanOnline, PredictionIsWithinTenPercentOfTheOnlineLoop) {
   }
   std::printf("[plan-online] worst |plan / point - 1| = %.3f over %zu (B, k)\n", worst,
               r.online_check.size());
+  for (size_t b = 0; b < r.batch.size(); ++b)
+    std::printf("[plan-online] B %d: c(B) = %.1f us, %.1f%% of T(B, 0), %.1f%% of T(B, 3)\n", r.batch[b],
+                r.cell(b, 0).fixed_us, 100 * r.cell(b, 0).fixed_us / r.cell(b, 0).step_us.value,
+                100 * r.cell(b, 3).fixed_us / r.cell(b, 3).step_us.value);
   expect_has(join(r.inputs, "\n"), "costs.online [draft, verify, fixed] " + f.path + ": git ");
   expect_has(join(r.inputs, "\n"), "device cpu, model tiny (target of 2 layer(s))");
   // A point of draft_len 0 has no drafts to accept: an acceptance source skips it and says so.
