@@ -415,9 +415,7 @@ std::vector<std::string> CostBook::disagreements(const ModelShape& model) const 
   for (const auto* files : {&step_csv_, &verify_csv_})
     for (const auto& c : *files)
       all.push_back({c.path(), c.provenance().preset, c.provenance().device, c.provenance().git});
-  for (const auto& file : opt_.online.files)
-    for (const OnlinePoint& p : online_)
-      if (p.file == file) all.push_back({file, p.model, p.device, p.git});
+  for (const OnlinePoint& p : online_) all.push_back({p.file, p.model, p.device, p.git});
   auto check = [&](const std::string& what, auto get) {
     std::map<std::string, std::vector<std::string>> by;
     for (const Source& c : all) {
@@ -433,7 +431,13 @@ std::vector<std::string> CostBook::disagreements(const ModelShape& model) const 
   };
   check("model preset", [](const Source& c) { return c.preset; });
   check("GPU", [](const Source& c) { return c.device; });
-  check("git commit", [](const Source& c) { return c.git; });
+  // A commit as its first 7 hex digits ("-dirty" kept): a transcribed file names it so, a
+  // benchmark or a results file in full.
+  check("git commit", [](const Source& c) {
+    const bool dirty = c.git.ends_with("-dirty");
+    const std::string sha = dirty ? c.git.substr(0, c.git.size() - 6) : c.git;
+    return sha.empty() ? sha : sha.substr(0, 7) + (dirty ? "-dirty" : "");
+  });
   // The plan's model against the presets the cost sources ran at.
   std::set<std::string> presets;
   for (const Source& c : all)

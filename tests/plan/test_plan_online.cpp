@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -245,6 +246,25 @@ TEST(PlanOnline, FixedCostBesideBenchmarkFilesAndDisagreementsSaid) {
   expect_has(join(r.inputs, "\n"), "costs.fixed: online points of " + f.path + ": c(B) = the mean");
   // The online points of k = 0 and 1 at B = 1 and 4 run a planned (B, k): their check rows.
   EXPECT_EQ(r.online_check.size(), 4u);
+  // A commit written as its first 7 digits is the same commit.
+  const std::string git = read_online_points({{f.path}, {}}).at(0).git;
+  ASSERT_GE(git.size(), 7u);
+  for (const std::string& p : {sp, vp}) {
+    std::string text;
+    {
+      std::ifstream in(p);
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = text.find("1234567");
+    text.replace(at, 7, git.substr(0, 7) + (git.ends_with("-dirty") ? "-dirty" : ""));
+    std::ofstream(p) << text;
+  }
+  const PlanResult same = run_plan(load_plan_spec(
+      "", {{"model", "{preset: glm5.3-flash, layers: 3}"},
+           {"acceptance", str("{results: ", f.path, ", points: ", yaml_list(f.acceptance_points), "}")},
+           {"costs", str("{step: ", sp, ", verify: ", vp, ", online: ", f.path, "}")},
+           {"resamples", "100"}}));
+  EXPECT_EQ(join(same.warnings, "\n").find("git commit"), std::string::npos) << join(same.warnings, "\n");
 }
 
 TEST(PlanOnline, BadOnlineSourcesAreRefused) {
