@@ -1,5 +1,5 @@
-// `mtplab plan`: the best draft length per concurrency from acceptance (replay results or a
-// profile) and costs (benchmark CSVs) for a model (docs/planning.md).
+// `mtplab plan`: the best draft length per concurrency from acceptance (replay or online results,
+// or a profile) and costs (benchmark CSVs, online points) for a model (docs/planning.md).
 //
 // Per planned batch size B and k = 0..k_max (0: MTP off):
 //   T(B, k)          the step time of costs.hpp
@@ -12,7 +12,9 @@
 // 2.563, truncated at 0 (costs.hpp); an interval is the 2.5% and 97.5% percentiles. The best k's
 // set is every k that wins at least 2.5% of the resamples; the best k is distinguishable from the
 // runner-up (the second best by the point estimate) when it wins at least 95% of them. The
-// resamples depend on the seed alone: the same plan gives the same figures.
+// resamples depend on the seed alone: the same plan gives the same figures. With online cost
+// points, every planned (B, k) that one ran is set beside it: the prediction tau(k) / T(B, k)
+// against the point's measured tokens/s per sequence (OnlineCheck).
 #pragma once
 #include <cstdint>
 #include <string>
