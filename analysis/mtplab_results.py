@@ -446,6 +446,8 @@ class Plan:
                           # each with _lo / _hi (95% interval), win_fraction
         plan.best         # one row per batch: k, win_fraction, k_set, runner_up, distinguishable, ...
         plan.acceptance   # one row per k: tau, tau_lo, tau_hi, origin
+        plan.online_check # with online cost points: one row per (batch, k) an online point ran,
+                          # predicted / measured tokens/s per sequence (None without)
         plan.attrs        # model, layers, gpus, inputs, warnings, notes, tau_interval, cost_interval, ...
     """
 
@@ -467,6 +469,7 @@ class Plan:
             self.acceptance = pd.DataFrame({c: _column(a[c]) for c in ("k", "tau", "tau_lo", "tau_hi", "origin")})
             self.marginal_rates = np.asarray(a["marginal_rates"][()], dtype=float)
             self.costs = _table(g["costs"])
+            self.online_check = _table(g["online_check"]) if "online_check" in g else None
 
     def envelope(self):
         """One row per batch: the best k's speedup, tokens/s per user and per GPU with intervals."""

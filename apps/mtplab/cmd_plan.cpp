@@ -1,7 +1,7 @@
 // `mtplab plan [PLAN.yaml] [options]`: the best draft length per concurrency from acceptance
-// (replay results or a profile) and costs (benchmark CSVs) for a model (lib/plan/planner.hpp,
-// docs/planning.md). Tables on stdout; the plan file (HDF5) and the engine schedules when asked.
-// No MPI: run it anywhere.
+// (replay or online results, or a profile) and costs (benchmark CSVs, online points) for a model
+// (lib/plan/planner.hpp, docs/planning.md). Tables on stdout; the plan file (HDF5) and the engine schedules
+// when asked. No MPI: run it anywhere.
 #include <yaml-cpp/yaml.h>
 
 #include <cstdio>
@@ -21,13 +21,13 @@ cli::Parser plan_cli() {
   return command_parser(
              "plan",
              "[PLAN.yaml] [--set key=value ...] [--profile F | --results F ...] [--step F ...] [--verify F "
-             "...] "
+             "...] [--online F.h5 ...] [--online-points p0,p4] "
              "[--model M] [--batch 1,2,4] [--k-max K] [--fixed-us C] [--out F.h5] [--exports DIR] [--force]",
              "The best draft length k per concurrency B (0: MTP off), with 95% intervals, from acceptance\n"
-             "(replay results files or an acceptance profile), costs (bench_step_batch.csv, "
-             "bench_verify.csv)\n"
-             "and the model's layer count: T(B, k) = draft(B, k) + L x layer(B, k + 1) + head(B (k + 1)) + "
-             "c,\n"
+             "(replay or online results files, or an acceptance profile), costs (bench_step_batch.csv, "
+             "bench_verify.csv,\n"
+             "online points) and the model's layer count: T(B, k) = draft(B, k) + L x layer(B, k + 1) + "
+             "head(B (k + 1)) + c,\n"
              "tokens/s per user tau(k) / T, per GPU B tau(k) / T / gpus, speedup over k = 0. The plan file\n"
              "(PLAN.yaml) holds the keys of docs/planning.md; the options below set or replace them. Prints\n"
              "the inputs, warnings where they disagree, tau(k), the speedup per (B, k) and the best k per "
@@ -37,10 +37,14 @@ cli::Parser plan_cli() {
       .text("model", "M", "model preset or config file (model:); its num_hidden_layers is L")
       .text("profile", "F", "acceptance profile JSON (acceptance.profile); replaces the plan's acceptance")
       .repeatable_text("results", "F.h5",
-                       "replay results file (acceptance.results); replaces the plan's acceptance")
+                       "replay or online results file (acceptance.results); replaces the plan's acceptance")
       .text("points", "p0,p4", "points of the results files (acceptance.points)")
       .repeatable_text("step", "F.csv", "bench_step_batch CSV (costs.step); replaces the plan's")
       .repeatable_text("verify", "F.csv", "bench_verify CSV (costs.verify); replaces the plan's")
+      .repeatable_text("online", "F.h5",
+                       "results file of online points (costs.online): the fixed cost per B (replacing "
+                       "costs.fixed_us), and with --set costs.online_terms=all every cost")
+      .text("online-points", "p0,p4", "online points of those files (costs.online_points)")
       .integer_list("batch", "1,2,4", "the batch sizes to plan (batch:)", 1, 1 << 20)
       .integer("k-max", "K", "the largest draft length (k_max:)", 1, 64)
       .number("fixed-us", "C", "the fixed cost per step in us (costs.fixed_us)", 0, 1e9)
@@ -87,6 +91,13 @@ int cmd_plan(const Args& args) {
   if (cli->has("step")) overrides.emplace_back("costs.step", yaml_text(string_list(cli->texts("step"))));
   if (cli->has("verify"))
     overrides.emplace_back("costs.verify", yaml_text(string_list(cli->texts("verify"))));
+  if (cli->has("online")) {  // the online points give c(B): the plan's own fixed cost is replaced
+    overrides.emplace_back("costs.online", yaml_text(string_list(cli->texts("online"))));
+    overrides.emplace_back("costs.fixed_us", "~");
+  }
+  if (cli->has("online-points"))
+    overrides.emplace_back("costs.online_points",
+                           yaml_text(string_list(split(cli->text("online-points"), ','))));
   if (cli->has("batch")) {
     YAML::Node b(YAML::NodeType::Sequence);
     for (const int64_t v : cli->integers("batch", {})) b.push_back(v);

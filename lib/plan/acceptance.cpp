@@ -18,15 +18,12 @@
 
 namespace mtplab::plan {
 
-namespace {
-
-// "p8", "p0008", "8" -> 8.
-int64_t point_index(const std::string& name) {
+int64_t parse_point_index(const std::string& name, const std::string& key) {
   std::string digits = name;
   if (!digits.empty() && digits[0] == 'p') digits = digits.substr(1);
   const auto i = parse_int64(digits);
-  MTP_REQUIRE(i && *i >= 0 && !digits.empty() && digits[0] != '-' && digits[0] != '+',
-              "acceptance.points: \"", name, "\" is not a point (p8, p0008 or 8)");
+  MTP_REQUIRE(i && *i >= 0 && !digits.empty() && digits[0] != '-' && digits[0] != '+', key, ": \"", name,
+              "\" is not a point (p8, p0008 or 8)");
   return *i;
 }
 
@@ -35,6 +32,8 @@ std::string point_name(int64_t index) {
   while (n.size() < 4) n = "0" + n;
   return "p" + n;
 }
+
+namespace {
 
 harness::Interval percentile_interval(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -74,7 +73,7 @@ AcceptanceCurve AcceptanceCurve::from_profile(const AcceptanceProfile& profile, 
 AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
   MTP_REQUIRE(!sel.files.empty(), "acceptance.results: no results file given");
   std::set<int64_t> wanted;
-  for (const auto& p : sel.points) wanted.insert(point_index(p));
+  for (const auto& p : sel.points) wanted.insert(parse_point_index(p, "acceptance.points"));
   std::set<int64_t> found;
   AcceptanceCurve c;
   c.has_units_ = true;
@@ -96,7 +95,7 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
       double expected_tau = 0;  // as the point records it
     };
     std::vector<Raw> raws;
-    std::vector<std::string> used;
+    std::vector<std::string> used, skipped;
     const io::Group points = f.open_group("points");
     for (const auto& name : points.children()) {
       const io::Group g = points.open_group(name);
@@ -106,6 +105,12 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
       const std::string where = str(path, ": point ", name);
       MTP_REQUIRE(g.attr_string("status") == "ok", where, ": status \"", g.attr_string("status"),
                   "\", not ok");
+      const int k = static_cast<int>(g.attr_int("draft_len"));
+      MTP_REQUIRE(k >= 0, where, ": draft_len ", k);
+      if (k == 0) {  // MTP off: no draft, nothing accepted; tau(0) = 1 by definition
+        skipped.push_back(str(name, " (draft_len 0)"));
+        continue;
+      }
       const harness::AcceptanceMeaning meaning =
           g.has_attr("acceptance_meaningful")
               ? harness::AcceptanceMeaning{g.attr_int("acceptance_meaningful") != 0,
@@ -117,8 +122,6 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
           "): its acceptance is not meaningful and cannot be a plan's acceptance source: ", meaning.reason,
           ". Take acceptance from replay with a checkpoint's weights, or from a profile "
           "(acceptance.profile)");
-      const int k = static_cast<int>(g.attr_int("draft_len"));
-      MTP_REQUIRE(k >= 1, where, ": draft_len ", k);
       const io::Group steps = g.open_group("steps");
       Raw raw;
       raw.expected_tau = g.attr_double("expected_tau");
@@ -188,12 +191,13 @@ AcceptanceCurve AcceptanceCurve::from_results(const ResultsSelection& sel) {
     const std::string sha = f.has_attr("git_sha") ? f.attr_string("git_sha") : "?";
     const std::vector<std::string> devices =
         f.has_attr("devices") ? f.attr_strings("devices") : std::vector<std::string>{};
-    c.inputs_.push_back(str("acceptance results ", path, ": git ", sha.substr(0, 12),
-                            f.has_attr("git_dirty") && f.attr_int("git_dirty") ? " (dirty)" : "",
-                            ", backend ", f.has_attr("backend") ? f.attr_string("backend") : "?",
-                            ", devices ", devices.empty() ? std::string("?") : join(devices, "; "), ", ",
-                            file.units, " sequence(s); points ",
-                            used.empty() ? std::string("(none)") : join(used, ", ")));
+    c.inputs_.push_back(
+        str("acceptance results ", path, ": git ", sha.substr(0, 12),
+            f.has_attr("git_dirty") && f.attr_int("git_dirty") ? " (dirty)" : "", ", backend ",
+            f.has_attr("backend") ? f.attr_string("backend") : "?", ", devices ",
+            devices.empty() ? std::string("?") : join(devices, "; "), ", ", file.units,
+            " sequence(s); points ", used.empty() ? std::string("(none)") : join(used, ", "),
+            skipped.empty() ? std::string() : str("; skipped (no drafts to accept): ", join(skipped, ", "))));
     unit_texts.push_back(str(file.units, " sequence(s) of ", path));
     c.files_.push_back(std::move(file));
   }

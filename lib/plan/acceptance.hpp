@@ -6,7 +6,8 @@
 // prod_{j<=i} a_j for i = 1..k (a_j: steps' accept_prob), so that tau(k) = 1 + sum_i sum_s m_{s,i} /
 // sum_s steps_s is the point's expected_tau, and tau(j) for j < k is the same sum cut at j (the
 // first j drafts of a chain of k are the chain of j). A draft length without a point of its own
-// takes the cut of the shortest longer point, and says so.
+// takes the cut of the shortest longer point, and says so. Replay and online points alike; a point
+// of draft_len 0 (MTP off) has no drafts to accept and is skipped (tau(0) = 1), named in the input.
 //
 // Invariants:
 // - A point whose acceptance is not meaningful (synthetic weights: acceptance_meaningful 0, or,
@@ -35,6 +36,11 @@ struct ResultsSelection {
   std::vector<std::string> files;
   std::vector<std::string> points;
 };
+
+/// "p8", "p0008" or "8" -> 8; anything else is an error naming `key` (the plan key that gave it).
+int64_t parse_point_index(const std::string& name, const std::string& key);
+/// 8 -> "p0008", the name of a results file's point group.
+std::string point_name(int64_t index);
 
 class AcceptanceCurve {
  public:

@@ -117,20 +117,28 @@ const std::string& BenchCsv::field(const Row& row, const std::string& column) co
   return row.fields[it->second];
 }
 
-double BenchCsv::number(const Row& row, const std::string& column) const {
-  const std::string& f = field(row, column);
-  MTP_REQUIRE(!f.empty(), where(row), ": column ", column, " is empty");
-  const auto v = parse_double(f);
-  MTP_REQUIRE(v, where(row), ": column ", column, ": \"", f, "\" is not a number");
+namespace {
+// The field of `column` in `row` through `parse`; empty or unparsed is an error naming path:line,
+// the column and `what` it should be.
+template <typename Parse>
+auto parsed_field(const BenchCsv& c, const BenchCsv::Row& row, const std::string& column, Parse parse,
+                  const char* what) {
+  const std::string& f = c.field(row, column);
+  MTP_REQUIRE(!f.empty(), c.where(row), ": column ", column, " is empty");
+  const auto v = parse(f);
+  MTP_REQUIRE(v, c.where(row), ": column ", column, ": \"", f, "\" is not ", what);
   return *v;
+}
+}  // namespace
+
+double BenchCsv::number(const Row& row, const std::string& column) const {
+  return parsed_field(
+      *this, row, column, [](const std::string& f) { return parse_double(f); }, "a number");
 }
 
 int64_t BenchCsv::integer(const Row& row, const std::string& column) const {
-  const std::string& f = field(row, column);
-  MTP_REQUIRE(!f.empty(), where(row), ": column ", column, " is empty");
-  const auto v = parse_int64(f);
-  MTP_REQUIRE(v, where(row), ": column ", column, ": \"", f, "\" is not a whole number");
-  return *v;
+  return parsed_field(
+      *this, row, column, [](const std::string& f) { return parse_int64(f); }, "a whole number");
 }
 
 std::optional<double> BenchCsv::optional_number(const Row& row, const std::string& column) const {

@@ -2,9 +2,11 @@
 #include "plan/costs.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "core/error.hpp"
+#include "core/stats.hpp"
 #include "core/str.hpp"
 
 namespace mtplab::plan {
@@ -79,9 +81,18 @@ std::string CostBook::verify_names() const { return files_of(verify_csv_); }
 CostBook CostBook::load(const CostOptions& opt) {
   CostBook b;
   b.opt_ = opt;
-  MTP_REQUIRE(!opt.step_files.empty(), "costs.step: no bench_step_batch file given (the draft step's costs)");
-  MTP_REQUIRE(!opt.verify_files.empty(),
-              "costs.verify: no bench_verify file given (the target layer's and head's costs)");
+  const bool online = !opt.online.files.empty();
+  if (opt.online_all) {
+    MTP_REQUIRE(online, "costs.online_terms: all takes every cost from online points: give costs.online");
+    MTP_REQUIRE(opt.step_files.empty() && opt.verify_files.empty(),
+                "costs.online_terms: all takes the draft and verify costs from the online points of ",
+                join(opt.online.files, ", "), ": give no costs.step / costs.verify (or online_terms: fixed)");
+  } else {
+    MTP_REQUIRE(!opt.step_files.empty(),
+                "costs.step: no bench_step_batch file given (the draft step's costs)");
+    MTP_REQUIRE(!opt.verify_files.empty(),
+                "costs.verify: no bench_verify file given (the target layer's and head's costs)");
+  }
   for (const auto& f : opt.step_files) b.step_csv_.push_back(BenchCsv::read(f));
   for (const auto& f : opt.verify_files) b.verify_csv_.push_back(BenchCsv::read(f));
 
@@ -115,7 +126,7 @@ CostBook CostBook::load(const CostOptions& opt) {
       ++b.rows_used_[c.path()];
     }
   }
-  MTP_REQUIRE(!b.draft_.empty(), "costs.step: no row of ", b.step_names(),
+  MTP_REQUIRE(opt.online_all || !b.draft_.empty(), "costs.step: no row of ", b.step_names(),
               " is left after the selection (head ", opt.draft_head,
               opt.step_select.empty() ? "" : ", costs.step_select", ")");
 
@@ -169,7 +180,13 @@ CostBook CostBook::load(const CostOptions& opt) {
   }
   MTP_REQUIRE(!(opt.fixed_us && !b.fixed_.empty()), "costs.fixed_us is given and ", b.verify_names(),
               " hold rows of part fixed: give the fixed cost one way");
-  if (b.fixed_.empty()) {
+  if (online) {
+    MTP_REQUIRE(!opt.fixed_us && b.fixed_.empty(), "costs.online gives the fixed cost c(B) and ",
+                opt.fixed_us ? std::string("costs.fixed_us is given")
+                             : str(b.verify_names(), " hold rows of part fixed"),
+                ": give the fixed cost one way");
+    b.load_online();
+  } else if (b.fixed_.empty()) {
     CostPoint p;
     p.label = "fixed";
     p.median_us = opt.fixed_us.value_or(0.0);
@@ -185,12 +202,79 @@ CostBook CostBook::load(const CostOptions& opt) {
   return b;
 }
 
+std::string CostBook::online_names() const { return join(opt_.online.files, ", "); }
+
+namespace {
+
+// A cost point of per-row values over `steps` steps: their mean, its standard error with the
+// steps as units (the rows' standard deviation / sqrt(steps)), and the rows' p10 / p90.
+CostPoint row_point(std::string label, std::string where, std::vector<double> values, double steps) {
+  CostPoint p;
+  p.label = std::move(label);
+  p.where = std::move(where);
+  p.median_us = mean_of(values);
+  double ss = 0;
+  for (const double v : values) ss += (v - p.median_us) * (v - p.median_us);
+  const double n = static_cast<double>(values.size());
+  p.standard_error_us = n > 1 && steps > 1 ? std::sqrt(ss / (n - 1)) / std::sqrt(steps) : 0.0;
+  std::sort(values.begin(), values.end());
+  p.p10_us = quantile_sorted(values, 0.1);
+  p.p90_us = quantile_sorted(values, 0.9);
+  return p;
+}
+
+}  // namespace
+
+void CostBook::load_online() {
+  online_ = read_online_points(opt_.online);
+  const bool all = opt_.online_all;
+  std::map<int, std::vector<double>> fixed;        // B -> per measured row: step - draft - verify
+  std::map<int, std::vector<std::string>> pooled;  // B -> the points it pools
+  std::map<int, double> steps;                     // B -> their measured steps
+  for (const OnlinePoint& p : online_) {
+    const std::string where = str(p.file, ": point ", p.name, " (", p.rows, " measured rows)");
+    if (all) {
+      if (p.k > 0)
+        draft_[{p.batch, p.k}] =
+            add(row_point(str("online draft(B=", p.batch, ", k=", p.k, ")"), where, p.draft_us, p.steps));
+      verify_[{p.batch, p.k}] =
+          add(row_point(str("online verify(B=", p.batch, ", R=", p.k + 1, ")"), where, p.verify_us, p.steps));
+    }
+    const std::vector<double>& draft = all ? p.draft_us : p.propose_us;
+    auto& c = fixed[p.batch];
+    for (size_t i = 0; i < p.step_us.size(); ++i) c.push_back(p.step_us[i] - draft[i] - p.verify_us[i]);
+    pooled[p.batch].push_back(str(p.name, " (k = ", p.k, ")"));
+    steps[p.batch] += p.steps;
+    if (p.full_rows < p.rows)
+      notes_.push_back(
+          str("online point ", p.name, " of ", p.file, " (B = ", p.batch, ", k = ", p.k,
+              "): ", p.rows - p.full_rows, " of its ", p.rows,
+              " measured rows are of steps with fewer than B live sequences (its batch drains at "
+              "the end); its costs and its measured tokens/s include them"));
+  }
+  for (auto& [B, values] : fixed) {
+    const std::string where = str(online_names(), ": points ", join(pooled[B], ", "));
+    fixed_[B] = add(row_point(str("fixed(B=", B, ")"), where, std::move(values), steps[B]));
+    if (points_[static_cast<size_t>(fixed_[B])].median_us < 0)
+      notes_.push_back(str("c(B = ", B, ") from the online points is negative (",
+                           points_[static_cast<size_t>(fixed_[B])].median_us,
+                           " us): their timed phases sum to more than the steps' wall time"));
+  }
+  fixed_origin_ =
+      str("online points of ", online_names(), ": c(B) = the mean over their measured rows at B of ",
+          all ? "step_ms - draft_ms - verify_ms" : "step_ms - propose_ms - verify_ms",
+          " (every selected point at B, whatever its k)");
+}
+
 std::vector<CostTerm> CostBook::step_terms(int B, int k, const ModelShape& model) const {
   std::vector<CostTerm> t;
   const std::string need = str(" (needed for k = ", k, " at B = ", B, ")");
   if (k > 0) {
     if (const auto it = draft_.find({B, k}); it != draft_.end()) {
       t.push_back({"draft", it->second, 1});
+    } else if (opt_.online_all) {
+      MTP_FAIL("costs.online (", online_names(), "): no online point at (B = ", B, ", k = ", k, ")", need,
+               "; lower k_max, leave B = ", B, " out of batch, or run the point");
     } else if (const auto one = draft_.find({B, 1}); one != draft_.end()) {
       t.push_back({"draft", one->second, static_cast<double>(k)});
     } else {
@@ -200,6 +284,15 @@ std::vector<CostTerm> CostBook::step_terms(int B, int k, const ModelShape& model
     }
   }
   const int R = k + 1;
+  if (opt_.online_all) {
+    const auto v = verify_.find({B, k});
+    MTP_REQUIRE(v != verify_.end(), "costs.online (", online_names(), "): no online point at (B = ", B,
+                ", k = ", k, ")", need, "; lower k_max, leave B = ", B, " out of batch, or run the point");
+    t.push_back({"verify", v->second, 1});
+    const auto f = fixed_.find(B);
+    t.push_back({"fixed", f->second, 1});  // every online point's B has its c(B)
+    return t;
+  }
   const int moe = model.layers - model.dense_layers;
   if (moe > 0) {
     const auto it = layer_.find({B, R});
@@ -230,8 +323,11 @@ std::vector<CostTerm> CostBook::step_terms(int B, int k, const ModelShape& model
     t.push_back({"fixed", fixed_constant_, 1});
   } else {
     const auto f = fixed_.find(B);
-    MTP_REQUIRE(f != fixed_.end(), "costs.verify (", verify_names(), "): no row of part fixed at B = ", B,
-                " (the rows of part fixed give c per B)");
+    MTP_REQUIRE(f != fixed_.end(),
+                online_.empty() ? str("costs.verify (", verify_names(), "): no row of part fixed at B = ", B,
+                                      " (the rows of part fixed give c per B)")
+                                : str("costs.online (", online_names(), "): no online point at B = ", B,
+                                      " (the online points give c per B)"));
     t.push_back({"fixed", f->second, 1});
   }
   return t;
@@ -248,6 +344,15 @@ bool CostBook::covers(int B, int k, const ModelShape& model) const {
 
 std::vector<int> CostBook::batches() const {
   std::set<int> out;
+  if (opt_.online_all) {  // a point at k = 0 and one at some k >= 1
+    for (const auto& [key, p] : verify_) {
+      (void)p;
+      if (key.second == 0 && draft_.lower_bound({key.first, 1}) != draft_.end() &&
+          draft_.lower_bound({key.first, 1})->first.first == key.first)
+        out.insert(key.first);
+    }
+    return {out.begin(), out.end()};
+  }
   for (const auto& [key, p] : layer_) {
     (void)p;
     if (key.second != 1) continue;
@@ -277,36 +382,76 @@ std::vector<std::string> CostBook::inputs() const {
   for (const auto& [col, v] : opt_.step_select) sel.push_back(str(col, " ", v));
   for (const auto& c : step_csv_) describe(str("costs.step [", join(sel, ", "), "]"), c);
   for (const auto& c : verify_csv_) describe(str("costs.verify [head rows ", opt_.target_head, "]"), c);
+  for (const auto& file : opt_.online.files) {
+    std::vector<std::string> pts;
+    const OnlinePoint* any = nullptr;
+    std::set<std::string> models;
+    for (const OnlinePoint& p : online_) {
+      if (p.file != file) continue;
+      any = &p;
+      models.insert(str(p.model, " (target of ", p.target_layers, " layer(s))"));
+      pts.push_back(str(p.name, " (B ", p.batch, ", k ", p.k, p.verify.empty() ? "" : str(", ", p.verify),
+                        ", ", p.rows, " measured rows)"));
+    }
+    out.push_back(str("costs.online [", opt_.online_all ? "draft, verify, fixed" : "fixed", "] ", file, ": ",
+                      any ? str("git ", any->git.empty() ? "?" : any->git, ", backend ", any->backend,
+                                ", device ", any->device.empty() ? "?" : any->device, ", model ",
+                                join(std::vector<std::string>(models.begin(), models.end()), ", "),
+                                "; points ", join(pts, ", "))
+                          : std::string("no online point selected")));
+  }
   out.push_back(str("costs.fixed: ", fixed_origin_));
   return out;
 }
 
 std::vector<std::string> CostBook::disagreements(const ModelShape& model) const {
   std::vector<std::string> out;
-  std::vector<const BenchCsv*> all;
-  for (const auto& c : step_csv_) all.push_back(&c);
-  for (const auto& c : verify_csv_) all.push_back(&c);
+  // Every cost source with what it ran at: the benchmark files' comment lines, the online files'
+  // points.
+  struct Source {
+    std::string path, preset, device, git;
+  };
+  std::vector<Source> all;
+  for (const auto* files : {&step_csv_, &verify_csv_})
+    for (const auto& c : *files)
+      all.push_back({c.path(), c.provenance().preset, c.provenance().device, c.provenance().git});
+  for (const OnlinePoint& p : online_) all.push_back({p.file, p.model, p.device, p.git});
   auto check = [&](const std::string& what, auto get) {
     std::map<std::string, std::vector<std::string>> by;
-    for (const BenchCsv* c : all) {
-      const std::string v = get(c->provenance());
-      if (!v.empty()) by[v].push_back(c->path());
+    for (const Source& c : all) {
+      const std::string v = get(c);
+      if (v.empty()) continue;
+      auto& files = by[v];
+      if (std::find(files.begin(), files.end(), c.path) == files.end()) files.push_back(c.path);
     }
     if (by.size() < 2) return;
     std::vector<std::string> parts;
     for (const auto& [v, files] : by) parts.push_back(str(v, " (", join(files, ", "), ")"));
     out.push_back(str("the cost files disagree on the ", what, ": ", join(parts, " vs ")));
   };
-  check("model preset", [](const BenchProvenance& p) { return p.preset; });
-  check("GPU", [](const BenchProvenance& p) { return p.device; });
-  check("git commit", [](const BenchProvenance& p) { return p.git; });
-  // The plan's model against the presets the benchmarks ran at.
+  check("model preset", [](const Source& c) { return c.preset; });
+  check("GPU", [](const Source& c) { return c.device; });
+  // A commit as its first 7 hex digits ("-dirty" kept): a transcribed file names it so, a
+  // benchmark or a results file in full.
+  check("git commit", [](const Source& c) {
+    const bool dirty = c.git.ends_with("-dirty");
+    const std::string sha = dirty ? c.git.substr(0, c.git.size() - 6) : c.git;
+    return sha.empty() ? sha : sha.substr(0, 7) + (dirty ? "-dirty" : "");
+  });
+  // The plan's model against the presets the cost sources ran at.
   std::set<std::string> presets;
-  for (const BenchCsv* c : all)
-    if (!c->provenance().preset.empty()) presets.insert(c->provenance().preset);
-  if (!presets.empty() && !presets.count(model.name))
+  for (const Source& c : all)
+    if (!c.preset.empty()) presets.insert(c.preset);
+  if (!presets.empty() && !presets.count(model.name) && !presets.count(model.config))
     out.push_back(
         str("the plan's model is ", model.name, " but the cost files ran at preset ", join(presets, ", ")));
+  // The online points' target against the plan's layer count.
+  std::set<int> layers;
+  for (const OnlinePoint& p : online_) layers.insert(p.target_layers);
+  if (!layers.empty() && (layers.size() > 1 || !layers.count(model.layers)))
+    out.push_back(str("the online points ran a target of ",
+                      join(std::vector<int>(layers.begin(), layers.end()), ", "),
+                      " layer(s) but the plan's model has ", model.layers));
   // The context the draft rows were measured at against the verify files'.
   std::set<std::string> step_ctx, verify_ctx;
   for (const auto& c : step_csv_)

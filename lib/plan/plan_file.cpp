@@ -19,6 +19,7 @@ namespace {
 std::vector<std::string> input_files(const PlanSpec& s) {
   std::vector<std::string> in = s.costs.step_files;
   in.insert(in.end(), s.costs.verify_files.begin(), s.costs.verify_files.end());
+  in.insert(in.end(), s.costs.online.files.begin(), s.costs.online.files.end());
   in.insert(in.end(), s.results.files.begin(), s.results.files.end());
   if (!s.profile.empty()) in.push_back(s.profile);
   if (!s.file.empty()) in.push_back(s.file);
@@ -176,6 +177,34 @@ void write_plan_file(const std::string& path, const PlanResult& r, const std::ve
   c.write("p10_us", p10);
   c.write("p90_us", p90);
   c.write("sigma_us", sigma);
+
+  // The prediction against the online points that ran a planned (B, k).
+  if (!r.online_check.empty()) {
+    io::Group o = g.create_group("online_check");
+    std::vector<int64_t> ob, ok;
+    std::vector<std::string> point;
+    for (const auto& x : r.online_check) {
+      ob.push_back(x.batch);
+      ok.push_back(x.k);
+      point.push_back(x.point);
+    }
+    auto col = [&](double OnlineCheck::*m) {
+      std::vector<double> v;
+      for (const auto& x : r.online_check) v.push_back(x.*m);
+      return v;
+    };
+    o.write("batch", ob);
+    o.write("k", ok);
+    o.write_strings("point", point);
+    o.write("tau", col(&OnlineCheck::tau));
+    o.write("point_tau", col(&OnlineCheck::point_tau));
+    o.write("step_us", col(&OnlineCheck::step_us));
+    o.write("point_step_us", col(&OnlineCheck::point_step_us));
+    o.write("predicted", col(&OnlineCheck::predicted));
+    o.write("measured", col(&OnlineCheck::measured));
+    o.write("measured_lo", col(&OnlineCheck::measured_lo));
+    o.write("measured_hi", col(&OnlineCheck::measured_hi));
+  }
   f.commit();
 }
 

@@ -23,6 +23,18 @@ std::vector<std::string> strings(const YamlNode& n) {
   return out;
 }
 
+// Removes the key at a dotted path that set_yaml_path has just set (its parents are mappings).
+void remove_yaml_path(YAML::Node root, const std::string& path) {
+  const std::vector<std::string> parts = split(path, '.');
+  YAML::Node cur;
+  cur.reset(root);
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node next = cur[parts[i]];
+    cur.reset(next);
+  }
+  cur.remove(parts.back());
+}
+
 ModelShape read_model(const YamlNode& n) {
   ModelShape m;
   std::string spec;
@@ -43,6 +55,7 @@ ModelShape read_model(const YamlNode& n) {
   } catch (const Error& e) {
     n.fail(str("model \"", spec, "\": ", e.message()));
   }
+  m.config = cfg.name;
   m.layers = layers ? static_cast<int>(*layers) : cfg.num_hidden_layers;
   m.dense_layers = dense ? static_cast<int>(*dense) : cfg.first_k_dense_replace;
   if (m.layers < 1)
@@ -71,6 +84,7 @@ PlanSpec load_plan_spec(const std::string& path,
         MTP_FAIL("--set ", key, "=", value, ": the value is not valid YAML: ", e.msg);
       }
       harness::set_yaml_path(root, key, v, str("--set ", key));
+      if (v.IsNull()) remove_yaml_path(root, key);  // ~: the key removed, back to its default
     }
     YAML::Emitter e;
     e << root;
@@ -109,11 +123,32 @@ PlanSpec load_plan_spec(const std::string& path,
   }
 
   const std::optional<YamlNode> costs = r.opt("costs");
-  if (!costs) doc.fail("no costs: give costs.step and costs.verify (--step / --verify)");
+  if (!costs)
+    doc.fail(
+        "no costs: give costs.step and costs.verify (--step / --verify), or costs.online with online_terms: "
+        "all");
   {
     MapReader c(*costs);
-    s.costs.step_files = strings(c.req("step"));
-    s.costs.verify_files = strings(c.req("verify"));
+    if (auto o = c.opt("online")) s.costs.online.files = strings(*o);
+    if (auto points = c.opt("online_points")) {
+      if (s.costs.online.files.empty()) points->fail("online_points select points of costs.online: give it");
+      if (!points->is_sequence()) points->fail("expected a list of points (p8, p0008 or 8)");
+      for (const auto& p : points->items()) s.costs.online.points.push_back(p.as_string());
+    }
+    if (auto terms = c.opt("online_terms")) {
+      if (s.costs.online.files.empty()) terms->fail("online_terms says what costs.online gives: give it");
+      s.costs.online_all = terms->as_choice({"fixed", "all"}) == "all";
+    }
+    if (s.costs.online_all) {
+      for (const char* key : {"step", "verify"})
+        if (auto f = c.opt(key))
+          f->fail(
+              "online_terms: all takes the draft and verify costs from costs.online: give no costs.step "
+              "/ costs.verify");
+    } else {
+      s.costs.step_files = strings(c.req("step"));
+      s.costs.verify_files = strings(c.req("verify"));
+    }
     if (auto sel = c.opt("step_select")) {
       if (!sel->is_map()) sel->fail("expected a mapping of bench_step_batch columns to values");
       for (const auto& [col, v] : sel->entries()) s.costs.step_select[col] = v.as_string();

@@ -76,7 +76,9 @@ PlanResult run_plan(const PlanSpec& spec) {
 
   res.batch = spec.batch.empty() ? book.batches() : spec.batch;
   MTP_REQUIRE(!res.batch.empty(),
-              "no batch size with a layer row at R = 1 and a draft row in the cost files; give batch");
+              spec.costs.online_all
+                  ? "no batch size with an online point at k = 0 and one at some k >= 1; give batch"
+                  : "no batch size with a layer row at R = 1 and a draft row in the cost files; give batch");
   for (int B : res.batch)
     book.step_terms(B, 0, model);  // MTP off: the layer at R = 1 and the head over B rows
   if (spec.k_max > 0) {
@@ -119,6 +121,12 @@ PlanResult run_plan(const PlanSpec& spec) {
   for (const auto& s : book.inputs()) res.inputs.push_back(s);
   res.warnings = book.disagreements(model);
   for (const auto& n : curve.notes()) res.notes.push_back(n);
+  for (const auto& n : book.notes()) res.notes.push_back(n);
+  if (spec.costs.online_all)
+    res.notes.push_back(
+        "costs from online points: the layers column is the target's whole verify forward at k + 1 rows a "
+        "sequence (its layers, norm and head: the points' verify_ms) and the head column 0; the draft is the "
+        "drafter's whole part of a step (draft_ms: propose, trim, catch-up)");
   if (!spec.costs.fixed_us && book.fixed_origin().starts_with("not given"))
     res.notes.push_back(
         "fixed cost c not given: 0 us per step (sampling, scheduling and launch overheads outside "
@@ -154,7 +162,8 @@ PlanResult run_plan(const PlanSpec& spec) {
   res.tau_interval = curve.interval_method();
   res.cost_interval =
       str("each cost point drawn from a normal of its median and sigma = (p90 - p10) / 2.563, "
-          "truncated at 0 (points without p10 / p90 held); ",
+          "truncated at 0 (points without p10 / p90 held; an online point: its mean and the mean's standard "
+          "error over its steps); ",
           R, " joint resamples of tau and costs, seed ", spec.seed,
           "; intervals are the 2.5% and 97.5% percentiles");
   for (int k = 0; k < nk; ++k) {
@@ -259,6 +268,24 @@ PlanResult run_plan(const PlanSpec& spec) {
     res.best.push_back(best);
   }
   res.profile = curve.profile();
+  for (const OnlinePoint& p : book.online_points()) {
+    const auto at = std::find(res.batch.begin(), res.batch.end(), p.batch);
+    if (at == res.batch.end() || p.k > res.k_max) continue;
+    const PlanCell& c = res.cell(static_cast<size_t>(at - res.batch.begin()), p.k);
+    OnlineCheck x;
+    x.batch = p.batch;
+    x.k = p.k;
+    x.point = str(p.name, " of ", p.file);
+    x.tau = c.tau;
+    x.step_us = c.step_us.value;
+    x.point_tau = p.tokens_per_row;
+    x.point_step_us = mean_of(p.step_us);
+    x.predicted = c.user_tps.value;
+    x.measured = p.tokens_per_s_per_sequence;
+    x.measured_lo = p.tokens_per_s_per_sequence_lo;
+    x.measured_hi = p.tokens_per_s_per_sequence_hi;
+    res.online_check.push_back(x);
+  }
   return res;
 }
 
@@ -306,6 +333,18 @@ std::string format_plan(const PlanResult& r) {
   s += "\nbest k per concurrency: wins = share of resamples in which it is the best; distinguishable when >= "
        "0.95\n" +
        table(bt);
+  if (!r.online_check.empty()) {
+    std::vector<std::vector<std::string>> oc = {{"B", "k", "point", "tau plan", "tau point", "step ms plan",
+                                                 "step ms point", "tok/s/seq plan", "tok/s/seq point [95%]",
+                                                 "plan / point"}};
+    for (const OnlineCheck& x : r.online_check)
+      oc.push_back({str(x.batch), str(x.k), x.point, fixed(x.tau, 3), fixed(x.point_tau, 3),
+                    fixed(x.step_us / 1000, 3), fixed(x.point_step_us / 1000, 3), fixed(x.predicted, 1),
+                    banded({x.measured, x.measured_lo, x.measured_hi}, 1), fixed(x.ratio(), 3)});
+    s += "\nprediction against the online points (costs.online): tokens/s per sequence, tau(k) / T(B, k) "
+         "against the point's tokens_per_s_per_sequence\n" +
+         table(oc);
+  }
   std::vector<std::string> ranges;
   for (const BatchRange& x : schedule_ranges(r.schedule(), r.spec.max_batch))
     ranges.push_back(x.lo == x.hi ? str("B ", x.lo, ": k ", x.k) : str("B ", x.lo, "-", x.hi, ": k ", x.k));

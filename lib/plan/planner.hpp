@@ -1,5 +1,5 @@
-// `mtplab plan`: the best draft length per concurrency from acceptance (replay results or a
-// profile) and costs (benchmark CSVs) for a model (docs/planning.md).
+// `mtplab plan`: the best draft length per concurrency from acceptance (replay or online results,
+// or a profile) and costs (benchmark CSVs, online points) for a model (docs/planning.md).
 //
 // Per planned batch size B and k = 0..k_max (0: MTP off):
 //   T(B, k)          the step time of costs.hpp
@@ -12,7 +12,9 @@
 // 2.563, truncated at 0 (costs.hpp); an interval is the 2.5% and 97.5% percentiles. The best k's
 // set is every k that wins at least 2.5% of the resamples; the best k is distinguishable from the
 // runner-up (the second best by the point estimate) when it wins at least 95% of them. The
-// resamples depend on the seed alone: the same plan gives the same figures.
+// resamples depend on the seed alone: the same plan gives the same figures. With online cost
+// points, every planned (B, k) that one ran is set beside it: the prediction tau(k) / T(B, k)
+// against the point's measured tokens/s per sequence (OnlineCheck).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -73,6 +75,19 @@ struct PlanBest {
   Band speedup, user_tps, gpu_tps, step_us;
 };
 
+/// A planned (B, k) beside the online point that ran it (costs.online): the plan's prediction
+/// against what the online loop measured there.
+struct OnlineCheck {
+  int batch = 0, k = 0;
+  std::string point;            ///< "p0003 of FILE"
+  double tau = 0, step_us = 0;  ///< the plan's tau(k) and T(B, k)
+  double point_tau = 0;         ///< the point's measured tokens per row (accepted + 1)
+  double point_step_us = 0;     ///< the point's mean step_ms over its measured rows
+  double predicted = 0;         ///< the plan's tokens/s per sequence, tau(k) / T(B, k)
+  double measured = 0, measured_lo = 0, measured_hi = 0;  ///< tokens_per_s_per_sequence, its interval
+  double ratio() const { return predicted / measured; }
+};
+
 struct PlanResult {
   PlanSpec spec;
   std::vector<int> batch;
@@ -87,6 +102,8 @@ struct PlanResult {
   std::vector<CostPoint> cost_points;
   std::vector<std::string> inputs, warnings, notes;
   AcceptanceProfile profile;  ///< what the exports write
+  /// Every planned (B, k) that an online cost point ran, in the points' order.
+  std::vector<OnlineCheck> online_check;
   const PlanCell& cell(size_t b, int k) const {
     return cells.at(b * static_cast<size_t>(k_max + 1) + static_cast<size_t>(k));
   }
@@ -96,7 +113,7 @@ struct PlanResult {
 PlanResult run_plan(const PlanSpec& spec);
 
 /// The tables printed on stdout: inputs, warnings and notes, tau(k), the speedup per (B, k), the
-/// best k per B.
+/// best k per B, and with online cost points the prediction against them.
 std::string format_plan(const PlanResult& r);
 
 /// Writes the plan file (HDF5, schema `mtplab-plan`, its `plan` group; docs/planning.md) at

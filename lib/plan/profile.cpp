@@ -61,26 +61,28 @@ std::vector<std::string> AcceptanceProfile::monotonicity_notes() const {
   return out;
 }
 
-std::vector<double> AcceptanceProfile::conditional() const {
-  const std::vector<double> r = chain_marginal();
-  std::vector<double> c;
+namespace {
+// f(r_{i-1}, r_i) for i = 1 .. n over a chain's marginal rates, r_0 = 1.
+template <typename F>
+std::vector<double> over_neighbours(const std::vector<double>& r, F f) {
+  std::vector<double> out;
   double prev = 1;
   for (double v : r) {
-    c.push_back(prev > 0 ? v / prev : 0.0);
+    out.push_back(f(prev, v));
     prev = v;
   }
-  return c;
+  return out;
+}
+}  // namespace
+
+std::vector<double> AcceptanceProfile::conditional() const {
+  return over_neighbours(chain_marginal(), [](double prev, double v) { return prev > 0 ? v / prev : 0.0; });
 }
 
 std::vector<double> AcceptanceProfile::histogram() const {
   const std::vector<double> r = chain_marginal();
-  std::vector<double> h;
-  double prev = 1;
-  for (double v : r) {
-    h.push_back(prev - v);
-    prev = v;
-  }
-  h.push_back(prev);
+  std::vector<double> h = over_neighbours(r, [](double prev, double v) { return prev - v; });
+  h.push_back(r.empty() ? 1.0 : r.back());
   return h;
 }
 

@@ -58,6 +58,10 @@ tasks (in the order given; options are environment variables):
   exp:NAME           experiments/NAME.yaml on RANKS (1) GPUs into $OUT/NAME.h5, at most EXP_S s
                      (600; SIGTERM: the finished points stay, a rerun with RESUME_H5=file resumes);
                      EXP_ARGS adds arguments (e.g. "--set backend=cuda")
+  plan-online        experiments/online-plan-check.yaml on one GPU (EXP_S), then `mtplab plan` on its
+                     results: acceptance from the B = 1 points (PLAN_POINTS, p4,p8,p12,p16), every
+                     cost from the online points; its prediction against each point's tokens/s per
+                     sequence (plan_online.txt), failing when one is off by more than 10%
   rank-scaling       for each N of NS (1 2 4 8 that the node has): at N > 1 test_gpu_e2e_mpi and
                      mtplab_bench_exchange at N ranks; experiments/rank-scaling.yaml at N ranks
                      (EXP_S each) and its drafts against the 1-GPU run (scaling.txt)
@@ -87,7 +91,7 @@ targets_of() {
     playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla ;;
     resources) echo mtplab_ops ;;
     fixtures) ;;
-    exp:*) echo mtplab ;;
+    exp:* | plan-online) echo mtplab ;;
     rank-scaling) echo mtplab test_gpu_e2e_mpi mtplab_bench_exchange ;;
     *) echo "unknown task '$1' (scripts/device/run.sh --list)" >&2; return 1 ;;
   esac
@@ -436,6 +440,27 @@ task_exp() {
   [[ -n ${RESUME_H5:-} && -f $RESUME_H5 ]] && cp "$RESUME_H5" "$OUT/$name.h5"
   step "experiments/$name.yaml on ${RANKS:-1} GPU(s)"
   run_exp "$name" "${RANKS:-1}" "$OUT/$name.h5" "exp_$name" "${args[@]}"
+}
+
+task_plan_online() {
+  local h5=$OUT/online-plan-check.h5
+  step "experiments/online-plan-check.yaml on one GPU"
+  run_exp online-plan-check 1 "$h5" exp_online_plan_check
+  step "mtplab plan on its online points: the prediction against the online loop"
+  run plan_online 300 "$BIN/mtplab" plan --model data/trained-mini/trained-mini.yaml --set model.layers=4 \
+    --results "$h5" --points "${PLAN_POINTS:-p4,p8,p12,p16}" --online "$h5" --set costs.online_terms=all \
+    --out "$OUT/plan-online.h5" --force
+  dry && return
+  sed -n '/^prediction against the online points/,/^$/p' "$LOG/plan_online.log" | cut -c1-220 |
+    tee "$OUT/plan_online.txt"
+  # The last column is plan / point: every (B, k) within 10%.
+  if awk '/^prediction against/ {on = 1; getline; next} on && NF {r = $NF; if (r < 0.9 || r > 1.1) bad = 1; n++}
+          END {exit !(n > 0 && !bad)}' "$OUT/plan_online.txt"; then
+    echo "every prediction within 10% of the online loop" | tee -a "$OUT/plan_online.txt"
+  else
+    echo "a prediction off by more than 10% (or none made)" | tee -a "$OUT/plan_online.txt"
+    dev_status=1
+  fi
 }
 
 points_summary() {  # label, steps, propose and step medians of one results file

@@ -4,8 +4,9 @@
 # best k at every B from 1 to 128, and writes the plan file and the exports; the exported profile
 # planned again gives the same best k; the engine files parse (python3 json / yaml); acceptance from
 # a replay of the trained tiny model gives tau intervals; the refusals name the file and the key
-# (a missing (B, R), a synthetic-weights results point, an existing output); the analysis code
-# (analysis/*.py and the notebook's cells) compiles.
+# (a missing (B, R), a synthetic-weights results point, an existing output); online points as
+# acceptance and costs (the prediction against them) and as the fixed cost beside benchmark files
+# (their disagreements said); the analysis code (analysis/*.py and the notebook's cells) compiles.
 # Usage: test_plan.sh path/to/mtplab PYTHON   (MTPLAB_SOURCE_DIR = repository root)
 set -uo pipefail
 mtplab=$1 python=$2
@@ -121,6 +122,29 @@ grep -qE '^p0 .* [0-9.]+\* +[0-9.]+\* ' "$work/syn.log" || { fail "the run's tab
 plan --results "$work/syn.h5" >"$work/o8" 2>"$work/e8" && fail "synthetic-weights acceptance was planned"
 has "$work/e8" "$work/syn.h5: point p0000 ("
 has "$work/e8" "its acceptance is not meaningful and cannot be a plan's acceptance source: synthetic weights (seed"
+
+# Online points (experiments/online-plan-check.yaml, small, on the CPU): acceptance and every cost
+# from them, the prediction printed against each point; then their fixed cost beside the worked
+# example's benchmark files, where the GPU, the model and the commit disagree and the plan says so.
+"$mtplab" run experiments/online-plan-check.yaml --set backend=cpu --set trace.synthetic.sequences=8 \
+  --set online.max_new_tokens=12 --set measure.warmup_steps=1 --set 'sweep.grid.batch_size=[1,4]' \
+  --set 'sweep.grid.draft_len=[0,1,2]' --out "$work/online.h5" >"$work/online.log" 2>&1 ||
+  { fail "the online run exited $?"; cat "$work/online.log"; }
+"$mtplab" plan --set 'model={preset: data/trained-mini/trained-mini.yaml, layers: 4}' --results "$work/online.h5" \
+  --points p2,p4 --online "$work/online.h5" --set costs.online_terms=all --set resamples=200 \
+  --out "$work/online-plan.h5" >"$work/o9" 2>"$work/e9" || { fail "planning the online points exited $?"; cat "$work/o9" "$work/e9"; }
+has "$work/o9" "costs.online [draft, verify, fixed] $work/online.h5: git "
+has "$work/o9" "prediction against the online points (costs.online)"
+rows=$(sed -n '/^prediction against the online points/,/^$/p' "$work/o9" | grep -cE '^[14] +[0-2] +p000[0-5] of ')
+[[ $rows == 6 ]] || { fail "the prediction table has $rows rows, not 6"; cat "$work/o9"; }
+plan --batch 1,4 --online "$work/online.h5" >"$work/o10" 2>"$work/e10" ||
+  { fail "the online fixed cost beside the benchmark files exited $?"; cat "$work/o10" "$work/e10"; }
+has "$work/o10" "costs.fixed: online points of $work/online.h5: c(B) = the mean over their measured rows at B of step_ms - propose_ms - verify_ms"
+has "$work/o10" "warning: the cost files disagree on the GPU: NVIDIA H200"
+has "$work/o10" "cpu ($work/online.h5)"
+has "$work/o10" "warning: the cost files disagree on the model preset: glm5.3-flash"
+plan --online "$work/online.h5" >"$work/o11" 2>"$work/e11" && fail "B = 2 was planned without an online point there"
+has "$work/e11" "costs.online ($work/online.h5): no online point at B = 2"
 
 # The analysis code compiles (no pandas or matplotlib needed): the modules and the notebook's cells.
 "$python" -m py_compile analysis/mtplab_results.py analysis/compare_results.py analysis/compare_drafts.py ||
