@@ -52,7 +52,7 @@ class Error : public std::runtime_error {
 }  // namespace mtplab
 
 /// Throws mtplab::Error with the streamed arguments as message.
-#define MTP_FAIL(...) throw ::mtplab::Error(::mtplab::str(__VA_ARGS__), __FILE__, __LINE__)
+#define MTP_FAIL(...) throw ::mtplab::Error(::mtplab::message(__VA_ARGS__), __FILE__, __LINE__)
 /// Throws mtplab::Error when `cond` is false.
 #define MTP_REQUIRE(cond, ...)          \
   do {                                  \

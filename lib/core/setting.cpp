@@ -11,12 +11,7 @@ const char* to_string(SettingType t) {
   return names[static_cast<size_t>(t)];
 }
 
-std::string real_text(double v) {
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);
-  MTP_REQUIRE(res.ec == std::errc(), "cannot format ", v);
-  return std::string(buf, res.ptr);
-}
+std::string real_text(double v) { return exact_text(v); }
 
 namespace setting_detail {
 

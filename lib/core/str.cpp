@@ -2,10 +2,23 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 
 namespace mtplab {
+
+namespace {
+template <typename T>
+std::string shortest(T v) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);
+  return res.ec == std::errc() ? std::string(buf, res.ptr) : std::string("?");
+}
+}  // namespace
+
+std::string exact_text(double v) { return shortest(v); }
+std::string exact_text(float v) { return shortest(v); }
 
 std::vector<std::string> split(std::string_view s, char sep) {
   std::vector<std::string> out;

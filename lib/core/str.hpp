@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace mtplab {
@@ -17,6 +18,32 @@ template <typename... Args>
 std::string str(const Args&... args) {
   std::ostringstream os;
   (os << ... << args);
+  return os.str();
+}
+
+/// A floating value as the shortest decimal that reads back to the same value ("0.7",
+/// "0.30000000000000004", "1", "1e-05", "inf"): what messages print, so that two values that differ
+/// never read the same.
+std::string exact_text(double v);
+std::string exact_text(float v);
+
+namespace str_detail {
+template <typename T>
+decltype(auto) message_arg(const T& a) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return exact_text(a);
+  } else {
+    return (a);
+  }
+}
+}  // namespace str_detail
+
+/// str() for messages (every Error's text, MTP_REQUIRE / MTP_FAIL): floating arguments printed
+/// exactly (exact_text) instead of to the stream's 6 significant digits.
+template <typename... Args>
+std::string message(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << str_detail::message_arg(args));
   return os.str();
 }
 

@@ -87,7 +87,7 @@ std::vector<std::vector<float>> trace_target_logprobs(drafter::MtpDrafter& draft
 void check_trace_sampling(const ReplayOptions& r, const io::TraceSampling& trace,
                           const std::string& trace_name) {
   if (r.verify != Verify::sampling) return;
-  const std::string point = str("temperature ", r.temperature, ", top_k ", r.top_k, ", top_p ", r.top_p);
+  const std::string point = message("temperature ", r.temperature, ", top_k ", r.top_k, ", top_p ", r.top_p);
   MTP_REQUIRE(trace.sampled, trace_name, ": verify: sampling (", point,
               ") needs a trace sampled with the same settings; this trace's continuations are greedy "
               "(verify: greedy replays it)");

@@ -90,8 +90,8 @@ void check_routing(std::span<const std::int32_t> ids, const TraceRouting& shape,
 
 std::string TraceSampling::describe() const {
   if (!sampled) return "greedy";
-  return str("sampling at temperature ", temperature, ", top_k ", top_k, ", top_p ", top_p, " (seed ", seed,
-             ")");
+  return message("sampling at temperature ", temperature, ", top_k ", top_k, ", top_p ", top_p, " (seed ",
+                 seed, ")");
 }
 
 void validate(const TraceSampling& s, const std::string& where) {

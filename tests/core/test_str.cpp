@@ -2,10 +2,12 @@
 // suggestion that error messages offer.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "core/error.hpp"
 #include "core/str.hpp"
 
 using namespace mtplab;
@@ -52,4 +54,22 @@ TEST(Str, ClosestMatch) {
   // A tie goes to the first candidate in order.
   const std::set<std::string> keys = {"hidden", "hiddex"};
   EXPECT_EQ(closest_match("hiddeq", keys), "hidden");
+}
+
+// Messages print floating values exactly: two values that differ never read the same, however
+// close (the stream's default 6 digits would print 0.7000001 as 0.7).
+TEST(Str, MessagesPrintFloatingValuesExactly) {
+  EXPECT_EQ(message("t ", 0.1 + 0.2), "t 0.30000000000000004");
+  EXPECT_EQ(message(0.7000001, " vs ", 0.7), "0.7000001 vs 0.7");
+  EXPECT_EQ(message(1.0, " ", 2.5f, " ", 1234567.0, " ", 1e-05), "1 2.5 1234567 1e-05");
+  EXPECT_EQ(message(0.1f), "0.1");  // a float's own shortest text, not its double widening's
+  EXPECT_EQ(message(std::numeric_limits<double>::infinity(), " ", -std::numeric_limits<double>::infinity()),
+            "inf -inf");
+  EXPECT_EQ(message("n ", 3, " s ", std::string("x")), "n 3 s x");  // other arguments as str()
+  try {
+    MTP_FAIL("temperature ", 0.7000001, " is not the trace's ", 0.7);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("temperature 0.7000001 is not the trace's 0.7"), std::string::npos)
+        << e.what();
+  }
 }

@@ -422,6 +422,11 @@ TEST(SamplingExperiment, SamplingPointsNeedAMatchingSampledTrace) {
   const std::string t = message_of([] { parse_experiment(kSampled, "exp.yaml", {"temperature=1.0"}, 1); });
   EXPECT_NE(t.find("temperature 1,"), std::string::npos) << t;
   EXPECT_NE(t.find("sampled at temperature 0.7"), std::string::npos) << t;
+  // A temperature a hair away from the trace's is refused, and the message tells the two apart.
+  const std::string hair =
+      message_of([] { parse_experiment(kSampled, "exp.yaml", {"temperature=0.7000001"}, 1); });
+  EXPECT_NE(hair.find("temperature 0.7000001,"), std::string::npos) << hair;
+  EXPECT_NE(hair.find("sampled at temperature 0.7,"), std::string::npos) << hair;
   const std::string k = message_of([] { parse_experiment(kSampled, "exp.yaml", {"top_k=5"}, 1); });
   EXPECT_NE(k.find("top_k 5"), std::string::npos) << k;
   EXPECT_NE(k.find("top_k 0"), std::string::npos) << k;
