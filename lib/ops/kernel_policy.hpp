@@ -225,6 +225,8 @@ std::string field_text(const KernelPolicy& p, std::string_view field);
 void parse_field(KernelPolicy& p, std::string_view field, std::string_view text);
 /// The accepted values of a field, as a message lists them ("auto, v1, rows4, occ").
 std::string field_choices(std::string_view field);
+/// The MTPLAB_* variable that overrides a field (env_overrides): "MTPLAB_GEMV_VARIANT", ...
+const char* kernel_policy_env(std::string_view field);
 
 /// Every field as a setting descriptor (core/setting.hpp), in kernel_policy_fields() order: its
 /// type (a kernel choice, an on/off switch, or a count as text: "auto" or a number), canonical

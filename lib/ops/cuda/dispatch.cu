@@ -153,6 +153,10 @@ bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows,
 }
 
 HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k) {
+  return head_fused_kernel(policy, fp8, rows, k, have_wgmma());
+}
+
+HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k, bool wgmma_built) {
   if (!fp8) return HeadKernel::mma;
   // The multi-row GEMV head: under gemv where it fits; under auto up to kMaxRowsGemvHeadAuto rows
   // where it fits: at 4 rows the resident MMA kernel with FP16 operands is faster (191 against 210
@@ -166,12 +170,12 @@ HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int
   // resident mode (measured on an H200, docs/kernels.md, "The FP8 head on wgmma": 279 against 337
   // us at 32 rows, 334 / 447 at 64, 457 / 704 at 128; equal at 16).
   if (policy.head_gemm == HeadGemm::wgmma) {
-    MTP_REQUIRE(have_wgmma(),
+    MTP_REQUIRE(wgmma_built,
                 "ops::cuda::head_argmax_batch: head_gemm wgmma needs the sm_90a device code; "
                 "this build's CUDA architectures have no 90a (configure with CMAKE_CUDA_ARCHITECTURES=90a)");
     return HeadKernel::wgmma;
   }
-  if (policy.head_gemm == HeadGemm::automatic && have_wgmma() && rows >= kMinRowsWgmmaHead)
+  if (policy.head_gemm == HeadGemm::automatic && wgmma_built && rows >= kMinRowsWgmmaHead)
     return HeadKernel::wgmma;
   return HeadKernel::mma;
 }
