@@ -51,14 +51,19 @@ std::string runs(int lo, int hi, const std::function<std::string(int)>& f) {
   return out;
 }
 
-/// A table whose lines are the ranges of rows over which every column's cell is the same.
-void range_table(const std::string& first, const std::vector<std::string>& heads, int lo, int hi,
-                 const std::function<std::string(int col, int rows)>& cell) {
+/// A markdown table's head: the first column's name, then `heads`.
+void table_head(const std::string& first, const std::vector<std::string>& heads) {
   std::cout << "| " << first << " |";
   for (const auto& h : heads) std::cout << " " << h << " |";
   std::cout << "\n|---|";
   for (size_t i = 0; i < heads.size(); ++i) std::cout << "---|";
   std::cout << "\n";
+}
+
+/// A table whose lines are the ranges of rows over which every column's cell is the same.
+void range_table(const std::string& first, const std::vector<std::string>& heads, int lo, int hi,
+                 const std::function<std::string(int col, int rows)>& cell) {
+  table_head(first, heads);
   auto line = [&](int r) {
     std::vector<std::string> cells;
     for (size_t c = 0; c < heads.size(); ++c) cells.push_back(cell(static_cast<int>(c), r));
@@ -164,28 +169,29 @@ void preset_range_table(const std::vector<ModelConfig>& presets, const std::vect
 
 // ---- the rules ----------------------------------------------------------------------------------------
 
-void gemv_table(const std::vector<ModelConfig>& presets) {
-  const cuda::LaunchCtx ctx = launch_ctx();
-  std::cout << "| linear |";
-  for (const auto& h : preset_heads(presets)) std::cout << " " << h << " |";
-  std::cout << "\n|---|";
-  for (size_t i = 0; i < presets.size(); ++i) std::cout << "---|";
-  std::cout << "\n";
+/// A line per linear of the presets (the head and mla_out_v too where `all`), a column per preset.
+void linear_table(const std::vector<ModelConfig>& presets, bool all,
+                  const std::function<std::string(const Linear&)>& cell) {
+  table_head("linear", preset_heads(presets));
   const size_t n_lin = linears(presets.front()).size();
   for (size_t i = 0; i < n_lin; ++i) {
-    std::cout << "| " << linears(presets.front())[i].name << " |";
-    for (const auto& c : presets) {
-      const Linear l = linears(c)[i];
-      const int group = l.rows_per_group > 0 ? l.rows_per_group : static_cast<int>(l.n);
-      auto plan = [&](bool fp8) {
-        return cuda::kernel_text(cuda::gemv_plan(ctx, fp8, l.argmax, l.f32_out, l.n, l.k, group));
-      };
-      std::cout << " " << l.n << " x " << l.k << ": " << plan(false);
-      if (!l.f32_out) std::cout << "; FP8 " << plan(true);
-      std::cout << " |";
-    }
+    const Linear first = linears(presets.front())[i];
+    if (!all && (first.argmax || first.rows_per_group > 0)) continue;
+    std::cout << "| " << first.name << " |";
+    for (const auto& c : presets) std::cout << " " << cell(linears(c)[i]) << " |";
     std::cout << "\n";
   }
+}
+
+void gemv_table(const std::vector<ModelConfig>& presets) {
+  const cuda::LaunchCtx ctx = launch_ctx();
+  linear_table(presets, true, [&](const Linear& l) {
+    const int group = l.rows_per_group > 0 ? l.rows_per_group : static_cast<int>(l.n);
+    auto plan = [&](bool fp8) {
+      return cuda::kernel_text(cuda::gemv_plan(ctx, fp8, l.argmax, l.f32_out, l.n, l.k, group));
+    };
+    return str(l.n, " x ", l.k, ": ", plan(false), l.f32_out ? "" : str("; FP8 ", plan(true)));
+  });
 }
 
 std::string head_cell(const ModelConfig& c, bool fp8, int rows) {
@@ -206,25 +212,12 @@ void head_table(const std::vector<ModelConfig>& presets) {
 }
 
 void rows_linear_table(const std::vector<ModelConfig>& presets) {
-  const ops::KernelPolicy policy;
-  std::cout << "| linear |";
-  for (const auto& h : preset_heads(presets)) std::cout << " " << h << " |";
-  std::cout << "\n|---|";
-  for (size_t i = 0; i < presets.size(); ++i) std::cout << "---|";
-  std::cout << "\n";
-  const size_t n_lin = linears(presets.front()).size();
-  for (size_t i = 0; i < n_lin; ++i) {
-    const Linear first = linears(presets.front())[i];
-    if (first.argmax || first.rows_per_group > 0) continue;  // the head and mla_out_v have their own ops
-    std::cout << "| " << first.name << " |";
-    for (const auto& c : presets) {
-      const Linear l = linears(c)[i];
-      std::cout << " " << runs(2, kMaxRows, [&](int rows) {
-        return cuda::rows_linear_on_gemv(policy, rows, l.n, l.k, true) ? "gemv" : "cublaslt";
-      }) << " |";
-    }
-    std::cout << "\n";
-  }
+  // The head and mla_out_v have their own batched ops.
+  linear_table(presets, false, [](const Linear& l) {
+    return runs(2, kMaxRows, [&](int rows) {
+      return cuda::rows_linear_on_gemv(ops::KernelPolicy{}, rows, l.n, l.k, true) ? "gemv" : "cublaslt";
+    });
+  });
 }
 
 void mla_table() {
@@ -237,11 +230,9 @@ void mla_table() {
 void mla_splits_table(const std::vector<ModelConfig>& presets) {
   const cuda::LaunchCtx ctx = launch_ctx();
   const int sample[] = {1, 2, 3, 4, 8, 16, 32, 64, 128, 256, 640};
-  std::cout << "| rows |";
-  for (const auto& h : preset_heads(presets)) std::cout << " " << h << " BF16 / FP8 |";
-  std::cout << "\n|---|";
-  for (size_t i = 0; i < presets.size(); ++i) std::cout << "---|";
-  std::cout << "\n";
+  std::vector<std::string> heads;
+  for (const auto& h : preset_heads(presets)) heads.push_back(h + " BF16 / FP8");
+  table_head("rows", heads);
   for (const int rows : sample) {
     std::cout << "| " << rows << " |";
     for (const auto& c : presets) {
