@@ -1,21 +1,34 @@
 #!/usr/bin/env python3
 """Writes the generated documentation files from their sources, or checks that they are current.
 
-  scripts/gen-docs.py            rewrite every generated file
-  scripts/gen-docs.py --check    change nothing; exit 1 naming each file that is stale
+  scripts/gen-docs.py [--check] [--only FILE] [--doc-tables PATH]
+
+  (no option)        rewrite every generated file
+  --check            change nothing; exit 1 naming each file that is stale
+  --only FILE        only FILE (a path from the list below, e.g. docs/kernels.md)
+  --doc-tables PATH  the mtplab_doc_tables executable (default: $MTPLAB_DOC_TABLES, else the newest
+                     build*/bin/mtplab_doc_tables); without one docs/kernels.md is skipped, and
+                     named as skipped
 
 Generated files (edit their sources, then run this script):
   experiments/README.md   the experiment catalogue: one entry per experiments/*.yaml, made from the
                           YAML's header comment (the comment lines before the first key), its
                           backend: and output: keys, and the results page named for it in the
                           table "Results of the shipped experiments" of docs/experiments.md.
+  docs/kernels.md         the blocks between `<!-- begin generated NAME ... -->` and
+                          `<!-- end generated NAME -->`: the output of `mtplab_doc_tables configs`
+                          after its line `@@ NAME` (tools/doc_tables: the kernel policy's fields and
+                          the dispatch rules of lib/ops/cuda/dispatch.hpp evaluated over the model
+                          presets). The text around the blocks is edited by hand.
 
 A header comment's first line reads `# NAME: what it is`; its first paragraph (up to the first
 empty comment line) is the summary. Python 3 standard library only.
 """
 import difflib
+import glob
 import os
 import re
+import subprocess
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -113,21 +126,99 @@ def slug(heading):
     return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
+class Skip(Exception):
+    """A generated file whose generator is not available here."""
+
+
+DOC_TABLES = None  # the mtplab_doc_tables executable (--doc-tables), found by find_doc_tables()
+
+
+def find_doc_tables():
+    if DOC_TABLES:
+        return DOC_TABLES
+    if os.environ.get("MTPLAB_DOC_TABLES"):
+        return os.environ["MTPLAB_DOC_TABLES"]
+    found = glob.glob(os.path.join(ROOT, "build*", "bin", "mtplab_doc_tables"))
+    return max(found, key=os.path.getmtime) if found else None
+
+
+BEGIN = re.compile(r"^<!-- begin generated ([\w-]+)\b.*-->$")
+
+
+def kernels_md():
+    """docs/kernels.md with every generated block replaced by mtplab_doc_tables' output."""
+    tool = find_doc_tables()
+    if not tool or not os.access(tool, os.X_OK):
+        raise Skip("no mtplab_doc_tables (build it in a CUDA build: cmake --build build --target "
+                   "mtplab_doc_tables, or pass --doc-tables PATH)")
+    run = subprocess.run([tool, os.path.join(ROOT, "configs")], capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"{tool} exited {run.returncode}: {run.stderr}")
+    blocks, name = {}, None
+    for line in run.stdout.splitlines():
+        if line.startswith("@@ "):
+            name = line[3:].strip()
+            blocks[name] = []
+        elif name is not None:
+            blocks[name].append(line)
+    out, used, skipping = [], set(), None
+    with open(os.path.join(ROOT, "docs", "kernels.md"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines, 1):
+        if skipping:
+            if line == f"<!-- end generated {skipping} -->":
+                out.append(line)
+                skipping = None
+            continue
+        out.append(line)
+        m = BEGIN.match(line)
+        if m:
+            skipping = m.group(1)
+            if skipping not in blocks:
+                raise SystemExit(f"docs/kernels.md:{i}: no generated block {skipping} "
+                                 f"(mtplab_doc_tables prints: {', '.join(blocks)})")
+            used.add(skipping)
+            out += blocks[skipping]
+    if skipping:
+        raise SystemExit(f"docs/kernels.md: no <!-- end generated {skipping} --> line")
+    missing = [b for b in blocks if b not in used]
+    if missing:
+        raise SystemExit(f"docs/kernels.md: no place for the generated blocks {', '.join(missing)} "
+                         "(add <!-- begin generated NAME --> / <!-- end generated NAME --> lines)")
+    return "\n".join(out) + "\n"
+
+
 GENERATED = {
     "experiments/README.md": experiments_readme,
+    "docs/kernels.md": kernels_md,
 }
 
 
 def main(argv):
-    check = "--check" in argv[1:]
-    unknown = [a for a in argv[1:] if a != "--check"]
-    if unknown:
-        print(__doc__, file=sys.stderr)
-        return 2
+    global DOC_TABLES
+    args = argv[1:]
+    check, only = False, None
+    while args:
+        a = args.pop(0)
+        if a == "--check":
+            check = True
+        elif a == "--only" and args and args[0] in GENERATED:
+            only = args.pop(0)
+        elif a == "--doc-tables" and args:
+            DOC_TABLES = os.path.abspath(args.pop(0))
+        else:
+            print(__doc__, file=sys.stderr)
+            return 2
     stale = 0
     for rel, make in GENERATED.items():
+        if only and rel != only:
+            continue
         path = os.path.join(ROOT, rel)
-        want = make()
+        try:
+            want = make()
+        except Skip as why:
+            print(f"{rel}: skipped: {why}")
+            continue
         have = open(path, encoding="utf-8").read() if os.path.exists(path) else None
         if have == want:
             continue

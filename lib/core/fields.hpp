@@ -28,30 +28,15 @@ FieldType field_type(const FieldMember<Owner>& m) {
   return static_cast<FieldType>(m.index());
 }
 
-/// The integer member `m` of `o` (an int member; field_type says which).
-template <class Owner>
-int& int_field(Owner& o, const FieldMember<Owner>& m) {
-  return o.*std::get<int Owner::*>(m);
+/// The member `m` of `o` as a T: int, float or std::string, the alternative field_type names (a
+/// const reference when `o` is const).
+template <class T, class Owner>
+T& field_ref(Owner& o, const FieldMember<Owner>& m) {
+  return o.*std::get<T Owner::*>(m);
 }
-template <class Owner>
-int int_field(const Owner& o, const FieldMember<Owner>& m) {
-  return o.*std::get<int Owner::*>(m);
-}
-template <class Owner>
-float& real_field(Owner& o, const FieldMember<Owner>& m) {
-  return o.*std::get<float Owner::*>(m);
-}
-template <class Owner>
-float real_field(const Owner& o, const FieldMember<Owner>& m) {
-  return o.*std::get<float Owner::*>(m);
-}
-template <class Owner>
-std::string& text_field(Owner& o, const FieldMember<Owner>& m) {
-  return o.*std::get<std::string Owner::*>(m);
-}
-template <class Owner>
-const std::string& text_field(const Owner& o, const FieldMember<Owner>& m) {
-  return o.*std::get<std::string Owner::*>(m);
+template <class T, class Owner>
+const T& field_ref(const Owner& o, const FieldMember<Owner>& m) {
+  return o.*std::get<T Owner::*>(m);
 }
 
 /// The inclusive range a file's value must lie in (integer or real, by the member's type).
@@ -66,13 +51,13 @@ template <class Owner>
 void read_field(Owner& o, const FieldMember<Owner>& m, const FieldRange& range, const YamlNode& n) {
   switch (field_type(m)) {
     case FieldType::integer:
-      int_field(o, m) = static_cast<int>(n.as_int(range.min, range.max));
+      field_ref<int>(o, m) = static_cast<int>(n.as_int(range.min, range.max));
       break;
     case FieldType::real:
-      real_field(o, m) = static_cast<float>(n.as_double(range.real_min, range.real_max));
+      field_ref<float>(o, m) = static_cast<float>(n.as_double(range.real_min, range.real_max));
       break;
     case FieldType::text:
-      text_field(o, m) = n.as_string();
+      field_ref<std::string>(o, m) = n.as_string();
       break;
   }
 }
@@ -83,15 +68,15 @@ template <class Owner>
 std::string field_text(const Owner& o, const FieldMember<Owner>& m, int real_digits = 0) {
   switch (field_type(m)) {
     case FieldType::integer:
-      return str(int_field(o, m));
+      return str(field_ref<int>(o, m));
     case FieldType::real: {
       std::ostringstream os;
       if (real_digits > 0) os.precision(real_digits);
-      os << real_field(o, m);
+      os << field_ref<float>(o, m);
       return os.str();
     }
     case FieldType::text:
-      return text_field(o, m);
+      return field_ref<std::string>(o, m);
   }
   return "";
 }

@@ -874,14 +874,8 @@ NodeKind Group::kind(std::string_view name) const {
   if (!exists(name)) fail_at(at.file->path, at.path, "no object '", name, "'");
   Hid obj(H5Oopen(at.id, z(name).c_str(), H5P_DEFAULT), H5Oclose);
   check(obj.get(), at, "cannot open '", name, "'");
-  switch (H5Iget_type(obj.get())) {
-    case H5I_GROUP:
-      return NodeKind::group;
-    case H5I_DATASET:
-      return NodeKind::dataset;
-    default:
-      return NodeKind::other;
-  }
+  const H5I_type_t type = H5Iget_type(obj.get());
+  return type == H5I_GROUP ? NodeKind::group : type == H5I_DATASET ? NodeKind::dataset : NodeKind::other;
 }
 
 std::vector<std::string> Group::children() const {

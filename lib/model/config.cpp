@@ -77,8 +77,8 @@ void read_fields(MapReader& map, ModelConfig& c, const std::string& prefix) {
     const std::optional<YamlNode> n = f.required ? std::optional<YamlNode>(map.req(sub)) : map.opt(sub);
     if (!n) {
       if (f.absent) {
-        if (f.type() == FieldType::integer) int_field(c, f.member) = static_cast<int>(*f.absent);
-        if (f.type() == FieldType::real) real_field(c, f.member) = static_cast<float>(*f.absent);
+        if (f.type() == FieldType::integer) field_ref<int>(c, f.member) = static_cast<int>(*f.absent);
+        if (f.type() == FieldType::real) field_ref<float>(c, f.member) = static_cast<float>(*f.absent);
       }
       continue;
     }
@@ -129,17 +129,17 @@ void ModelConfig::validate(int tp, int ep) const {
   const auto note = [](const ModelField& f) { return f.check_note ? f.check_note : ""; };
   for (const ModelField& f : model_fields())
     if (f.type() == FieldType::integer && f.check == FieldCheck::positive) {
-      const int v = int_field(*this, f.member);
+      const int v = field_ref<int>(*this, f.member);
       MTP_REQUIRE(v > 0, where(f.label()), ": ", f.label(), " must be positive, got ", v);
     }
   for (const ModelField& f : model_fields())
     if (f.type() == FieldType::integer && f.check == FieldCheck::non_negative) {
-      const int v = int_field(*this, f.member);
+      const int v = field_ref<int>(*this, f.member);
       MTP_REQUIRE(v >= 0, where(f.label()), ": ", f.label(), " must be >= 0, got ", v);
     }
   for (const ModelField& f : model_fields())
     if (f.type() == FieldType::real) {
-      const float v = real_field(*this, f.member);
+      const float v = field_ref<float>(*this, f.member);
       if (f.check == FieldCheck::positive)
         MTP_REQUIRE(v > 0, where(f.label()), ": ", f.label(), " must be positive", note(f));
       if (f.check == FieldCheck::non_negative)
@@ -147,7 +147,7 @@ void ModelConfig::validate(int tp, int ep) const {
     }
   for (const ModelField& f : model_fields())
     if (f.type() == FieldType::integer && f.check == FieldCheck::zero) {
-      const int v = int_field(*this, f.member);
+      const int v = field_ref<int>(*this, f.member);
       MTP_REQUIRE(v == 0, where(f.label()), ": ", f.label(), " ", v, " is not supported: ", note(f));
     }
 

@@ -255,9 +255,9 @@ void read_hf_field(Fields& text, ModelConfig& c, const ModelField& f) {
         if (named && !named->is_null()) {
           text.note(f.key, *named);
           read_field(c, f.member, f.range, *named);
-          if (alias && !alias->is_null() && alias->as_int() != int_field(c, f.member))
-            alias->fail(
-                str("value ", value_text(*alias), " disagrees with ", h.key, " ", int_field(c, f.member)));
+          if (alias && !alias->is_null() && alias->as_int() != field_ref<int>(c, f.member))
+            alias->fail(str("value ", value_text(*alias), " disagrees with ", h.key, " ",
+                            field_ref<int>(c, f.member)));
         } else if (alias && !alias->is_null()) {
           text.note(f.key, *alias);
           read_field(c, f.member, f.range, *alias);
@@ -285,9 +285,9 @@ void read_hf_field(Fields& text, ModelConfig& c, const ModelField& f) {
       if (!n->is_null()) {
         read_field(c, f.member, f.range, *n);
       } else if (f.type() == FieldType::integer) {
-        int_field(c, f.member) = 0;
+        field_ref<int>(c, f.member) = 0;
       } else if (f.type() == FieldType::real) {
-        real_field(c, f.member) = 0.0f;
+        field_ref<float>(c, f.member) = 0.0f;
       }
       return;
     }

@@ -40,32 +40,31 @@ struct Spec {
 };
 
 Block block_of(const Spec& s, const ShardPlan& plan) {
+  // The part of the split's axis this rank keeps; the *_cols splits cut columns, the others rows.
   Block b;
+  Range part{0, -1};
   switch (s.split) {
     case Split::whole:
       break;
     case Split::vocab_rows:
-      b.rows = plan.vocab;
+      part = plan.vocab;
       break;
     case Split::head_rows:
-      b.rows = Range{plan.heads.begin * s.unit, plan.heads.count * s.unit};
-      break;
     case Split::head_cols:
-      b.cols = Range{plan.heads.begin * s.unit, plan.heads.count * s.unit};
+      part = Range{plan.heads.begin * s.unit, plan.heads.count * s.unit};
       break;
     case Split::shared_rows:
-      b.rows = plan.shared_inter;
-      break;
     case Split::shared_cols:
-      b.cols = plan.shared_inter;
+      part = plan.shared_inter;
       break;
     case Split::dense_rows:
-      b.rows = plan.dense_inter;
-      break;
     case Split::dense_cols:
-      b.cols = plan.dense_inter;
+      part = plan.dense_inter;
       break;
   }
+  const bool cols =
+      s.split == Split::head_cols || s.split == Split::shared_cols || s.split == Split::dense_cols;
+  (cols ? b.cols : b.rows) = part;
   const int64_t nrows = s.full.empty() ? 1 : s.full[0];
   const int64_t ncols = shape_numel(s.full) / std::max<int64_t>(nrows, 1);
   if (b.rows.count < 0) b.rows = Range{0, nrows};

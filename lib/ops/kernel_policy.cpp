@@ -203,6 +203,8 @@ void parse_field(KernelPolicy& p, std::string_view field, std::string_view text)
 
 std::string field_choices(std::string_view field) { return field_of(field).choices(); }
 
+const char* kernel_policy_env(std::string_view field) { return field_of(field).env; }
+
 std::vector<std::pair<std::string, std::string>> named(const KernelPolicy& p) {
   std::vector<std::pair<std::string, std::string>> out;
   out.reserve(kFields.size());

@@ -67,7 +67,7 @@ struct Choice {
   std::string_view text;
 };
 
-/// The kernels of gemv_bf16, gemv_fp8 and head_argmax (docs/kernels.md, "Variants"). automatic:
+/// The kernels of gemv_bf16, gemv_fp8 and head_argmax (docs/kernels.md, "GEMV"). automatic:
 /// per shape from the table in cuda/dispatch.cpp; v1: one row (or part) per warp, 8 loads per lane
 /// in flight; rows4: 4 rows per warp; occ: one row per warp at <= 32 registers. linear_group keeps
 /// its own kernel.
@@ -90,7 +90,7 @@ inline constexpr Choice<MlaDecode> kMlaDecodeChoices[] = {{MlaDecode::v1, "v1"},
 /// logits scratch, the per-row argmax over it and a finishing launch (three launches); gemv, for
 /// FP8 rows at 1 .. cuda::kMaxRowsGemvHead rows the multi-row GEMV with its argmax fused (one
 /// launch; more rows take mma); wgmma, for FP8 rows: the warpgroup-MMA kernel (docs/kernels.md,
-/// "The FP8 head on wgmma"; two launches: x packed, then the GEMM with its argmax fused), at every
+/// "The head"; two launches: x packed, then the GEMM with its argmax fused), at every
 /// batch size; it needs the sm_90a build (CMAKE_CUDA_ARCHITECTURES 90a, the default) and fails with
 /// a clear error without it. automatic: the rules of cuda/dispatch.cpp (BF16 rows per batch size,
 /// FP8 rows the multi-row GEMV at 1 .. cuda::kMaxRowsGemvHeadAuto rows and cublaslt from 4 rows
@@ -98,7 +98,7 @@ inline constexpr Choice<MlaDecode> kMlaDecodeChoices[] = {{MlaDecode::v1, "v1"},
 /// cuda::kMinRowsWgmmaHead (17) rows where the build has sm_90a), each from its measured table.
 /// FP8 rows under cublaslt: x split into two E4M3 parts a row, so that cuBLASLt's FP8 GEMM takes
 /// it, the parts' fp32 sums scaled into BF16 logits, then the argmax and finish (docs/kernels.md,
-/// "The FP8 head on cuBLASLt"; the FP8 tensor core's rounding: logits within 1/1024 of the largest,
+/// "The head"; the FP8 tensor core's rounding: logits within 1/1024 of the largest,
 /// not fp32 sums in another order); BF16 rows under gemv or wgmma take what automatic takes (there
 /// is no BF16 multi-row or wgmma head).
 enum class HeadGemm { automatic, mma, cublaslt, gemv, wgmma };
@@ -108,8 +108,8 @@ inline constexpr Choice<HeadGemm> kHeadGemmChoices[] = {{HeadGemm::automatic, "a
                                                         {HeadGemm::gemv, "gemv"},
                                                         {HeadGemm::wgmma, "wgmma"}};
 
-/// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "The
-/// grouped experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in
+/// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "Routed
+/// experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in
 /// runs of 8 per block; spread, v1 with gate_up's items dealt round-robin over every resident
 /// block; regs, spread with the down kernel's weights three chunks ahead in registers; ring, the
 /// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
@@ -225,6 +225,8 @@ std::string field_text(const KernelPolicy& p, std::string_view field);
 void parse_field(KernelPolicy& p, std::string_view field, std::string_view text);
 /// The accepted values of a field, as a message lists them ("auto, v1, rows4, occ").
 std::string field_choices(std::string_view field);
+/// The MTPLAB_* variable that overrides a field (env_overrides): "MTPLAB_GEMV_VARIANT", ...
+const char* kernel_policy_env(std::string_view field);
 
 /// Every field as a setting descriptor (core/setting.hpp), in kernel_policy_fields() order: its
 /// type (a kernel choice, an on/off switch, or a count as text: "auto" or a number), canonical

@@ -102,13 +102,13 @@ TEST(ModelFields, RowsSetTheMembersTheyName) {
   for (const ModelField& f : model_fields()) {
     switch (f.type()) {
       case FieldType::integer:
-        int_field(walked, f.member) = next;
+        field_ref<int>(walked, f.member) = next;
         break;
       case FieldType::real:
-        real_field(walked, f.member) = static_cast<float>(next) + 0.5f;
+        field_ref<float>(walked, f.member) = static_cast<float>(next) + 0.5f;
         break;
       case FieldType::text:
-        text_field(walked, f.member) = std::string("text-") + f.name;
+        field_ref<std::string>(walked, f.member) = std::string("text-") + f.name;
         break;
     }
     ++next;

@@ -456,7 +456,7 @@ TEST_P(GpuBatch, HeadArgmax) {
       const auto gl = logits.from_gpu(), cl = logits.from_cpu();
       // FP8 rows on cuBLASLt: the tensor core's FP8 sums are not fp32 sums in another order. Its
       // MMA adds a group's products aligned to the largest and keeps about 14 bits below it before
-      // each promotion to fp32 (docs/kernels.md, "The FP8 head on cuBLASLt"), so a logit is off by
+      // each promotion to fp32 (docs/kernels.md, "The head"), so a logit is off by
       // up to ~2^-12 of the sums it passed through: measured at most 1.01 / 4096 of the largest
       // |logit| and 89% of the logits bit-identical at the three shapes. Held to 1/1024 of the
       // largest and 80% identical (the fused kernels keep the default 1/4096 and 90%).

@@ -78,11 +78,11 @@ void check_against_meta(const model::ModelConfig& c, const YamlNode& meta, Refer
     if (how == model::HfRead::none || how == model::HfRead::derived) continue;
     const YamlNode theirs = tc.req(f.hf.key);
     if (f.type() == FieldType::integer) {
-      const int64_t mine = int_field(c, f.member);
+      const int64_t mine = field_ref<int>(c, f.member);
       MTP_REQUIRE(theirs.as_int() == mine, theirs.where(), ": meta.json transformers_config.", f.hf.key,
                   " is ", theirs.as_int(), " but ", c.source, " has ", f.name, " ", mine);
     } else {
-      const double mine = real_field(c, f.member), t = theirs.as_double();
+      const double mine = field_ref<float>(c, f.member), t = theirs.as_double();
       MTP_REQUIRE(std::fabs(t - mine) <= 1e-6 * std::fabs(t), theirs.where(),
                   ": meta.json transformers_config.", f.hf.key, " is ", t, " but ", c.source, " has ", f.name,
                   " ", mine);

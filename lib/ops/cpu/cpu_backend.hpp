@@ -143,8 +143,17 @@ class CpuBackend final : public Backend {
   /// Notes in the kernel record (Backend::kernels_chosen) that `op` ran the reference, "cpu": the
   /// ops whose CUDA kernel a dispatch rule picks, under their Backend names.
   void ran(const char* op) { kernels_chosen_.note(op, "cpu"); }
+  /// A row op noted as run (ran): row r of the [rows, in_row] input through `one` into row r of the
+  /// [rows, out_row] output (mla.cpp).
+  template <typename F>
+  void ran_per_row(const char* op, int rows, const bf16* in, size_t in_row, bf16* out, size_t out_row,
+                   F&& one);
   /// Y[r] = sum_j W[., j] X[r, j] in fp32 (no rounding), rows at a time; shared by the linears.
   void linear_fp32_rows(const bf16* W, const bf16* X, float* Y, int rows, int n_out, int k, const char* op);
+  /// linear_group and linear_rows_group: the outputs checked (op and x_name in the messages), then
+  /// each computed by the separate linear / linear_f32 (+ scale_f32) of `rows` rows under `mode`.
+  void linear_outs(const char* op, const char* x_name, std::span<const LinearOut> outs, const bf16* X,
+                   int rows, int k, RowsMode mode);
   /// Resolves logical row `row` of a paged cache to its slot (block table lookup, checked).
   int64_t cache_slot(const int32_t* block_table, const KvCache& cache, int64_t row, const char* op) const;
 

@@ -7,6 +7,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "core/error.hpp"
 #include "core/numeric.hpp"
@@ -80,6 +82,10 @@ inline uint32_t order_preserving_u32(float v) {
 
 inline void require_size(const char* op, const char* what, int64_t value, int64_t min = 1) {
   MTP_REQUIRE(value >= min, "ops::", op, ": ", what, " = ", value, " must be >= ", min);
+}
+/// require_size(op, what, value) for each (what, value), in order.
+inline void require_sizes(const char* op, std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  for (const auto& [what, value] : sizes) require_size(op, what, value);
 }
 inline void require_ptr(const char* op, const char* what, const void* p) {
   MTP_REQUIRE(p != nullptr, "ops::", op, ": ", what, " is null");

@@ -48,48 +48,37 @@ void CpuBackend::linear_f32(const bf16* W, const bf16* X, float* Y, int rows, in
   linear_fp32_rows(W, X, Y, rows, n_out, k, "linear_f32");
 }
 
-void CpuBackend::linear_group(std::span<const LinearOut> outs, const bf16* x, int k) {
-  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
-              "ops::linear_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
-  require_ptr("linear_group", "x", x);
+void CpuBackend::linear_outs(const char* op, const char* x_name, std::span<const LinearOut> outs,
+                             const bf16* X, int rows, int k, RowsMode mode) {
+  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup, "ops::", op, ": ",
+              outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
+  require_ptr(op, x_name, X);
+  require_size(op, "rows", rows);
   for (size_t i = 0; i < outs.size(); ++i) {
     const LinearOut& o = outs[i];
-    MTP_REQUIRE(o.W && o.y, "ops::linear_group: output ", i, " has a null ", o.W ? "y" : "W");
-    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::linear_group: output ", i,
-                " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
+    MTP_REQUIRE(o.W && o.y, "ops::", op, ": output ", i, " has a null ", o.W ? "y" : "W");
+    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::", op, ": output ", i, " is BF16 but has f32_scale ",
+                o.f32_scale, " (only fp32 outputs are scaled)");
   }
-  // The separate ops themselves: the group's contract is "bit-identical to them".
+  // The separate ops themselves: the group's contract is "bit-identical to them" (on the CPU
+  // `batched` computes what `per_row` does).
   for (const LinearOut& o : outs) {
     if (o.f32_out) {
-      linear_f32(o.W, x, static_cast<float*>(o.y), 1, o.n_out, k, RowsMode::per_row);
-      if (o.f32_scale != 1.0f) scale_f32(static_cast<float*>(o.y), o.f32_scale, o.n_out);
+      linear_f32(o.W, X, static_cast<float*>(o.y), rows, o.n_out, k, mode);
+      if (o.f32_scale != 1.0f) scale_f32(static_cast<float*>(o.y), o.f32_scale, rows * o.n_out);
     } else {
-      linear(o.W, x, static_cast<bf16*>(o.y), 1, o.n_out, k, RowsMode::per_row);
+      linear(o.W, X, static_cast<bf16*>(o.y), rows, o.n_out, k, mode);
     }
   }
 }
 
+void CpuBackend::linear_group(std::span<const LinearOut> outs, const bf16* x, int k) {
+  linear_outs("linear_group", "x", outs, x, 1, k, RowsMode::per_row);
+}
+
 void CpuBackend::linear_rows_group(std::span<const LinearOut> outs, const bf16* X, int rows, int k) {
   ran("linear_rows_group");
-  MTP_REQUIRE(!outs.empty() && static_cast<int>(outs.size()) <= kMaxLinearGroup,
-              "ops::linear_rows_group: ", outs.size(), " outputs (1 .. ", kMaxLinearGroup, " allowed)");
-  require_ptr("linear_rows_group", "X", X);
-  require_size("linear_rows_group", "rows", rows);
-  for (size_t i = 0; i < outs.size(); ++i) {
-    const LinearOut& o = outs[i];
-    MTP_REQUIRE(o.W && o.y, "ops::linear_rows_group: output ", i, " has a null ", o.W ? "y" : "W");
-    MTP_REQUIRE(o.f32_out || o.f32_scale == 1.0f, "ops::linear_rows_group: output ", i,
-                " is BF16 but has f32_scale ", o.f32_scale, " (only fp32 outputs are scaled)");
-  }
-  // The separate batched ops themselves (on the CPU `batched` computes what `per_row` does).
-  for (const LinearOut& o : outs) {
-    if (o.f32_out) {
-      linear_f32(o.W, X, static_cast<float*>(o.y), rows, o.n_out, k, RowsMode::batched);
-      if (o.f32_scale != 1.0f) scale_f32(static_cast<float*>(o.y), o.f32_scale, rows * o.n_out);
-    } else {
-      linear(o.W, X, static_cast<bf16*>(o.y), rows, o.n_out, k, RowsMode::batched);
-    }
-  }
+  linear_outs("linear_rows_group", "X", outs, X, rows, k, RowsMode::batched);
 }
 
 void CpuBackend::linear_fp8(const fp8e4m3* W, const float* row_scale, const bf16* X, bf16* Y, int rows,

@@ -148,10 +148,8 @@ void CpuBackend::indexer_select(const float* scores, const int32_t* pos, int32_t
 namespace {
 
 void check_indexer_slots(const char* op, const IndexerSlots& idx) {
-  require_size(op, "idx.slots", idx.slots);
-  require_size(op, "idx.D", idx.D);
-  require_size(op, "idx.P", idx.P);
-  require_size(op, "idx.max_rows", idx.max_rows);
+  require_sizes(
+      op, {{"idx.slots", idx.slots}, {"idx.D", idx.D}, {"idx.P", idx.P}, {"idx.max_rows", idx.max_rows}});
   MTP_REQUIRE(idx.max_rows % idx.P == 0, "ops::", op, ": idx.max_rows ", idx.max_rows,
               " is not a whole number of pools of ", idx.P);
 }

@@ -19,19 +19,12 @@ namespace mtplab::ops::cpu {
 
 namespace {
 
-// A row op: row r of the [rows, in_row] input through `one` into row r of the [rows, out_row] output.
-template <typename F>
-void per_row(const char* op, int rows, const bf16* in, size_t in_row, bf16* out, size_t out_row, F&& one) {
-  require_size(op, "rows", rows);
-  for (int r = 0; r < rows; ++r)
-    one(in + static_cast<size_t>(r) * in_row, out + static_cast<size_t>(r) * out_row);
-}
-
+/// The checks of every op on a paged latent cache: its storage, its sizes and an FP8 cache's scale.
 void check_cache(const char* op, const KvCache& cache) {
   require_ptr(op, "cache.data", cache.data);
-  require_size(op, "cache.num_blocks", cache.num_blocks);
-  require_size(op, "cache.block_size", cache.block_size);
-  require_size(op, "cache.kv_lora", cache.kv_lora);
+  require_sizes(op, {{"cache.num_blocks", cache.num_blocks},
+                     {"cache.block_size", cache.block_size},
+                     {"cache.kv_lora", cache.kv_lora}});
   if (cache.dtype == KvDtype::fp8) {
     MTP_REQUIRE(std::isfinite(cache.scale) && cache.scale > 0.0f, "ops::", op, ": FP8 cache scale ",
                 cache.scale, " must be finite and positive");
@@ -198,12 +191,20 @@ void CpuBackend::kv_norm_write_batch(const bf16* ckv_pre, const bf16* w, float e
   }
 }
 
+template <typename F>
+void CpuBackend::ran_per_row(const char* op, int rows, const bf16* in, size_t in_row, bf16* out,
+                             size_t out_row, F&& one) {
+  ran(op);
+  require_size(op, "rows", rows);
+  for (int r = 0; r < rows; ++r)
+    one(in + static_cast<size_t>(r) * in_row, out + static_cast<size_t>(r) * out_row);
+}
+
 void CpuBackend::mla_absorb_q_batch(const bf16* q, const bf16* W_kvb, bf16* q_abs, int rows, int n_heads,
                                     int dqk, int dv, int kv_lora) {
-  ran("mla_absorb_q_batch");
-  per_row("mla_absorb_q_batch", rows, q, static_cast<size_t>(n_heads) * dqk, q_abs,
-          static_cast<size_t>(n_heads) * kv_lora,
-          [&](const bf16* in, bf16* out) { mla_absorb_q(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
+  ran_per_row("mla_absorb_q_batch", rows, q, static_cast<size_t>(n_heads) * dqk, q_abs,
+              static_cast<size_t>(n_heads) * kv_lora,
+              [&](const bf16* in, bf16* out) { mla_absorb_q(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
 }
 
 void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, int width, const RowBatch& rb,
@@ -228,10 +229,9 @@ void CpuBackend::mla_decode_batch(const bf16* q_abs, const int32_t* selection, i
 
 void CpuBackend::mla_out_v_batch(const bf16* o_lat, const bf16* W_kvb, bf16* o, int rows, int n_heads,
                                  int dqk, int dv, int kv_lora) {
-  ran("mla_out_v_batch");
-  per_row("mla_out_v_batch", rows, o_lat, static_cast<size_t>(n_heads) * kv_lora, o,
-          static_cast<size_t>(n_heads) * dv,
-          [&](const bf16* in, bf16* out) { mla_out_v(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
+  ran_per_row("mla_out_v_batch", rows, o_lat, static_cast<size_t>(n_heads) * kv_lora, o,
+              static_cast<size_t>(n_heads) * dv,
+              [&](const bf16* in, bf16* out) { mla_out_v(in, W_kvb, out, n_heads, dqk, dv, kv_lora); });
 }
 
 }  // namespace mtplab::ops::cpu

@@ -319,7 +319,7 @@ __device__ __forceinline__ void fp8x16_to_f16x16(const uint4& v, uint32_t (&w)[8
   }
 }
 
-// FP16 activations for the FP8 weights (docs/kernels.md, "FP16 operands for the FP8 head"): a batch
+// FP16 activations for the FP8 weights (docs/kernels.md, "The head"): a batch
 // row of x is scaled by 2^shift, shift = 14 - floor(log2 max|x|), so its largest magnitude falls in
 // [2^14, 2^15), and rounded to FP16. FP16 holds BF16's 8 significant bits exactly from 2^-17 up, so
 // every entry down to 2^-32 of the row's largest is exact, and the tensor core's products and fp32
@@ -335,7 +335,7 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2_shifted(uint32_t two, int sh
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 // E4M3 activations for cuBLASLt's FP8 GEMM (the FP8 head under head_gemm cublaslt; docs/kernels.md,
-// "The FP8 head on cuBLASLt"): a batch row of x is scaled by 2^shift, shift = 7 - floor(log2
+// "The head"): a batch row of x is scaled by 2^shift, shift = 7 - floor(log2
 // max|x|), so its largest magnitude falls in [2^7, 2^8) (E4M3's largest finite value is 448), and
 // split into two E4M3 parts, hi = E4M3(x') and lo = E4M3(x' - hi), both round-to-nearest. hi holds
 // x's 4 leading significant bits and lo the next 4, so hi + lo is x' exactly for every entry of

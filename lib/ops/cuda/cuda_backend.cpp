@@ -408,7 +408,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- batched rows (ops.hpp, "batched rows"; the launchers: the family headers' batched rows) --
-  // One launch per op for all rows (docs/kernels.md, "Batched kernels"); the skinny GEMMs take up
+  // One launch per op for all rows (docs/kernels.md, "Backend rules"); the skinny GEMMs take up
   // to cuda::kMaxBatchRows rows per launch (more: cuBLASLt), the grouped experts up to
   // cuda::moe_grouped_launch_rows, the cuBLASLt head cuda::head_lt_launch_rows; larger batches
   // run in groups of that many. The host checks sizes and pointers; slots, positions, tokens and

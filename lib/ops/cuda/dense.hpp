@@ -129,8 +129,8 @@ void rows_gemv(const LaunchCtx& ctx, const bf16* W, const bf16* x, void* y, bool
 /// times f32_scale, as scale_f32). 1 .. kMaxLinearGroup outputs; the scratch sized for their summed n.
 void rows_gemv_group(const LaunchCtx& ctx, std::span<const LinearOut> outs, const bf16* x, int rows, int k,
                      const RowsGemvScratch& s);
-/// The FP8 head on cuBLASLt (KernelPolicy::head_gemm cublaslt; docs/kernels.md, "The FP8 head on
-/// cuBLASLt"), first launch: each live row b of x [rows][k] as two E4M3 parts, rows 2b (hi) and
+/// The FP8 head on cuBLASLt (KernelPolicy::head_gemm cublaslt; docs/kernels.md, "The
+/// head"), first launch: each live row b of x [rows][k] as two E4M3 parts, rows 2b (hi) and
 /// 2b + 1 (lo) of parts [2 rows][k] (batch::e4m3_parts: x times 2^shifts[b]), zeros for a padded
 /// row. rows 1 .. kMaxBatchRows, k % 16 == 0, x 16-byte aligned.
 void head_split_e4m3(const LaunchCtx& ctx, const bf16* x, const int32_t* slot, int rows, int k,

@@ -54,7 +54,7 @@ struct AutoRule {
   int k_min, k_max;
   GemvVariant variant;
 };
-// From the sweep on one H200 (docs/kernels.md, "Variants"; 2026-11-30; graph mode, % of copy):
+// From the sweep on one H200 (2026-11-30; graph mode, % of copy):
 // the heads gain from 4 rows per warp (one activation load feeds 4 rows: FP8 head 89.9 -> 95.1%,
 // BF16 100.9 -> 102.1%); the FP8 eh_proj (56.4 -> 68.4%), q_b (76.8 -> 84.5%) and the k >= 8192
 // BF16 GEMVs (eh_proj 80.7 -> 81.8%, o_proj 88.3 -> 88.7%) from the 64-warp occ kernel; kv_b and
@@ -117,7 +117,7 @@ GemvPlan gemv_plan(const LaunchCtx& ctx, bool fp8, bool argmax, bool f32_out, in
 
 namespace {
 
-// BF16 rows: measured on one H200 (docs/kernels.md, "Batched kernels"; the glm5.3-flash head
+// BF16 rows: measured on one H200 (the glm5.3-flash head
 // [154880 x 4096], 2026-12-02): cuBLASLt + argmax + finish took 308 / 326 / 330 / 344 / 356 us at
 // 1 / 4 / 16 / 64 / 128 rows against the fused MMA kernel's 342 / 339 / 368 / 505 / 1121 us: the
 // fused kernel's tensor-core work, not W's bytes, sets its time from 16 rows up, and the extra pass
@@ -126,8 +126,8 @@ namespace {
 // its own head). gemv names the FP8 head's multi-row GEMV; there is no BF16 one, so BF16 rows take
 // automatic's choice.
 constexpr int kHeadLtMinRows = 2;
-// FP8 rows through cuBLASLt's FP8 GEMM on x's E4M3 parts: measured on an H200 (docs/kernels.md,
-// "The FP8 head on cuBLASLt"; graph mode, per launch): 164 / 170 / 179 / 200 / 242 / 395 us at
+// FP8 rows through cuBLASLt's FP8 GEMM on x's E4M3 parts: measured on an H200 (graph
+// mode, per launch): 164 / 170 / 179 / 200 / 242 / 395 us at
 // 4 / 8 / 16 / 32 / 64 / 128 rows against the fused kernels' 189 / 190 / 252 / 279 / 330 / 467,
 // and 161 against the multi-row GEMV's 155 at 2 rows.
 constexpr int kFp8HeadLtMinRows = 4;
@@ -153,6 +153,10 @@ bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows,
 }
 
 HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k) {
+  return head_fused_kernel(policy, fp8, rows, k, have_wgmma());
+}
+
+HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k, bool wgmma_built) {
   if (!fp8) return HeadKernel::mma;
   // The multi-row GEMV head: under gemv where it fits; under auto up to kMaxRowsGemvHeadAuto rows
   // where it fits: at 4 rows the resident MMA kernel with FP16 operands is faster (191 against 210
@@ -163,15 +167,15 @@ HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int
   if (gemv && head_gemv_fits(rows, k)) return HeadKernel::gemv;
   // The wgmma head: always under wgmma (an error where the build lacks it); under auto from
   // kMinRowsWgmmaHead rows where the build has it: from 17 rows the mma.sync kernel leaves its
-  // resident mode (measured on an H200, docs/kernels.md, "The FP8 head on wgmma": 279 against 337
+  // resident mode (measured on an H200, 279 against 337
   // us at 32 rows, 334 / 447 at 64, 457 / 704 at 128; equal at 16).
   if (policy.head_gemm == HeadGemm::wgmma) {
-    MTP_REQUIRE(have_wgmma(),
+    MTP_REQUIRE(wgmma_built,
                 "ops::cuda::head_argmax_batch: head_gemm wgmma needs the sm_90a device code; "
                 "this build's CUDA architectures have no 90a (configure with CMAKE_CUDA_ARCHITECTURES=90a)");
     return HeadKernel::wgmma;
   }
-  if (policy.head_gemm == HeadGemm::automatic && have_wgmma() && rows >= kMinRowsWgmmaHead)
+  if (policy.head_gemm == HeadGemm::automatic && wgmma_built && rows >= kMinRowsWgmmaHead)
     return HeadKernel::wgmma;
   return HeadKernel::mma;
 }
@@ -348,7 +352,7 @@ MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, b
       break;
     case MoePipeline::automatic:
       // The single-row kernels at 1 - 3 rows, measured on one H200 (glm5.3-flash, graph mode, per
-      // launch, us; docs/kernels.md, "The grouped experts"): slots / ring 111.5 / 177.7 at B = 1,
+      // launch, us; docs/kernels.md, "Routed experts"): slots / ring 111.5 / 177.7 at B = 1,
       // 218.3 / 278.6 at 2, 355.2 / 375.2 at 3, 440.1 / 432.5 at 4; in the step at B = 2 BF16
       // 688.0 against ring's 705.8, at B = 4 936.1 against 915.3. So auto stops below 4.
       if (rows <= kMaxRowsSlotsMoeAuto && slots_fit) {

@@ -65,6 +65,9 @@ bool head_on_cublaslt(const KernelPolicy& policy, bool fp8, int rows,
 /// wgmma where the build lacks sm_90a) or the skinny MMA GEMM.
 enum class HeadKernel { mma, gemv, wgmma };
 HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k);
+/// The same rule for a build with (wgmma_built) or without the sm_90a device code, whatever this
+/// build has (the generated tables of docs/kernels.md).
+HeadKernel head_fused_kernel(const KernelPolicy& policy, bool fp8, int rows, int k, bool wgmma_built);
 /// Rows of one launch of the cuBLASLt head for a batch of `rows` rows: kMaxBatchRows for a batch of
 /// at most that many (the draft step's), else kHeadLtWideRows (a verification's B x (k + 1) rows).
 int head_lt_launch_rows(int rows);

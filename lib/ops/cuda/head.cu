@@ -33,7 +33,7 @@ namespace {
 // by the tensor cores straight from shared memory, once per warpgroup.
 // - x is packed once per launch (head_pack_x_kernel) into the wgmma's canonical no-swizzle layout,
 //   chunk after chunk of 64 columns, with the column relabelling of the A fragments built into it
-//   (docs/kernels.md, "The FP8 head on wgmma"); the block stages a chunk with plain 16-byte copies
+//   (docs/kernels.md, "The head"); the block stages a chunk with plain 16-byte copies
 //   into a kWgStages-chunk cp.async ring, kWgAhead chunks ahead.
 // - W is kept kWgWBuf - 1 chunks ahead in registers; a chunk's four wgmmas (one a k-step of 16)
 //   are one group, retired (wait_group 0) before the next chunk is widened into the same A

@@ -41,7 +41,7 @@ inline constexpr int kMaxMoeLaunchRows = 1024;
 /// The global scratch (bytes) of a wide launch of `rows` rows; 0 at most kMaxBatchRows rows.
 size_t moe_grouped_wide_bytes(int rows, int top_k, int num_local, int hidden);
 /// The routed experts grouped over up to moe_grouped_launch_rows rows (plus the shared expert):
-/// two launches, three when wide (docs/kernels.md, "Batched kernels"), the kernels that
+/// two launches, three when wide (docs/kernels.md, "Routed experts"), the kernels that
 /// dispatch.cu's moe_grouped_plan picks (noted in the kernel record as moe_experts_grouped).
 /// `act` is moe_grouped_act_elems of scratch; `wide` moe_grouped_wide_bytes of it (16-byte
 /// aligned) when rows > kMaxBatchRows.
