@@ -50,8 +50,9 @@ tasks (in the order given; options are environment variables):
   gemv-sweep         the GEMV variants (VARIANTS, default "v1 rows4 occ"): the variant test, the
                      GEMV cases of bench_kernels and the GEMV op tests under each (gemv_sweep.txt)
   playgrounds        the kernel playgrounds of dev/cuda (the comparison kernels no rule picks:
-                     GEMV rows2 / fp8split, indexer scores / select v1, MLA shared) against the CPU
-                     reference, timed against the library's choice (REPS, 50; playgrounds.txt)
+                     GEMV rows2 / fp8split, indexer scores / select v1, MLA shared, MoE spread /
+                     regs / ring / split) against the CPU reference, timed against the library's
+                     choice (REPS, 50; playgrounds.txt)
   resources          cuobjdump's register / shared-memory report of the kernels, 16-byte loads
                      and local-memory spills
   fixtures           the transformers reference fixtures (tests/reference), and their check
@@ -84,7 +85,7 @@ targets_of() {
     bench-exchange) echo mtplab_bench_exchange ;;
     peer-step) echo mtplab_export_weights mtplab_bench_step ;;
     gemv-sweep) echo test_ops_gpu mtplab_bench_kernels ;;
-    playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla ;;
+    playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla mtplab_dev_moe ;;
     resources) echo mtplab_ops ;;
     fixtures) ;;
     exp:*) echo mtplab ;;
@@ -388,7 +389,7 @@ PY
 task_playgrounds() {
   local p
   : >"$OUT/playgrounds.txt"
-  for p in gemv indexer mla; do
+  for p in gemv indexer mla moe; do
     step "playground mtplab_dev_$p"
     CUDA_VISIBLE_DEVICES=0 run "dev_$p" 600 "$BIN/mtplab_dev_$p" --reps "${REPS:-50}"
     dry || cat "$LOG/dev_$p.log" >>"$OUT/playgrounds.txt"

@@ -27,9 +27,10 @@
 //   biased scores are within 1e-6 (a near-tie: counted); grouped experts 2^-7 relative plus
 //   2^-8 of the largest |output| of the call (test_gpu_moe.cpp's bound: one BF16 flip of an
 //   intermediate moves a term by ~2^-8); every memory pipeline of the grouped experts
-//   (KernelPolicy::moe_pipeline) within it, each but split bit-identical to v1 (split sums an
-//   item in 8 fixed parts: how many outputs differ from v1 is printed), and a row computed alone
-//   bit-identical to the same row in a batch of 64 under every pipeline.
+//   (KernelPolicy::moe_pipeline) within it, ringpf bit-identical to v1, slots (on the single-row
+//   kernels) each row the one-row op's bytes, and a row computed alone bit-identical to the same
+//   row in a batch of 64 under every pipeline. (The comparison pipelines spread, regs, ring and
+//   split: checked in dev/cuda/moe.cu.)
 // - FP8 latent cache codes written from a norm: the BF16 value may differ by an ulp, so a code
 //   may move to its neighbour: every code within one step, >= 90% identical.
 // - Batched linears (rows_linear = gemv, and cuBLASLt): GpuDense.Linear's tolerances, and a row's
@@ -1759,11 +1760,8 @@ struct GroupedCase {
   bool crowded;  ///< every row among 3 experts: pairs of one expert span several work groups
 };
 
-/// Every memory pipeline of the grouped experts, v1 first (the one the others but split and slots
-/// must match).
-constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1,    MoePipeline::spread, MoePipeline::regs,
-                                         MoePipeline::ring,  MoePipeline::split,  MoePipeline::slots,
-                                         MoePipeline::ringpf};
+/// Every memory pipeline of the grouped experts, v1 first (the one the others but slots must match).
+constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1, MoePipeline::slots, MoePipeline::ringpf};
 /// Whether slots runs B rows of k routes on the single-row kernels (up to cuda::kMaxRowsSlotsMoe
 /// rows, where their down launch fits: the one-row op's bytes), as the rule (dispatch.cu's
 /// moe_grouped_plan) says; elsewhere it runs auto's choice above the slots rows (ringpf).
@@ -1773,11 +1771,9 @@ bool on_slots(MoePipeline m, int B, int k, bool shared) {
   return cuda::moe_grouped_plan(policy, B, cuda::moe_slots_fit(B, k, shared), true).kernel ==
          cuda::MoeKernel::slots;
 }
-/// Whether a pipeline gives v1's bytes at B rows: split cuts each item's reduction into fixed parts
-/// (its own bytes); slots on the single-row kernels gives the one-row op's.
-bool gives_v1_bits(MoePipeline m, int B, int k, bool shared) {
-  return m != MoePipeline::split && !on_slots(m, B, k, shared);
-}
+/// Whether a pipeline gives v1's bytes at B rows: slots on the single-row kernels gives the one-row
+/// op's.
+bool gives_v1_bits(MoePipeline m, int B, int k, bool shared) { return !on_slots(m, B, k, shared); }
 
 TEST_P(GpuBatch, MoeExpertsGrouped) {
   const Shape s = GetParam();
@@ -1804,7 +1800,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
     const ExpertWeights shg{sg.g.data(), su.g.data(), sd.g.data(), 0, 1, H, I};
     // The test batches, and 2 and 4: the slots pipeline's kernels at two rows and at four (two
     // (row, route) pairs a down warp); 200: a wide launch (more rows than kMaxBatchRows: the plan
-    // built once in global memory, d in global memory), split's two launches of at most 128.
+    // built once in global memory, d in global memory).
     for (int B : {1, 2, 3, 4, 16, 64, 128, 200}) {
       const std::string what = where(std::string("moe_experts_grouped ") + c.name, B);
       const auto slots_h = make_slots(rng, B, B);
@@ -1828,9 +1824,9 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
       const auto mask = row_mask(B, H, H, &slots_h);
       const auto want = cpu_out.from_cpu();
       // Every memory pipeline (KernelPolicy::moe_pipeline), v1 first: each within the tolerance of
-      // the CPU, and each but split with v1's bytes (the same MMAs in the same order; only where
-      // the weights wait and which warp takes an item differ). split sums each item in 8 fixed
-      // parts: its own bytes.
+      // the CPU, and ringpf with v1's bytes (the same MMAs in the same order; only where the
+      // weights wait and which warp takes an item differ); slots on the single-row kernels: each
+      // row the one-row op's bytes (below).
       std::vector<float> v1_bytes;
       for (const MoePipeline pipe : kMoePipelines) {
         const std::string pwhat = what + ", moe_pipeline " + to_string(pipe);
@@ -1839,10 +1835,10 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         gpu().set_kernel_policy(policy);
         auto out = out_twin<float>(static_cast<size_t>(B) * H);
         // Two launches; a wide one three (its plan first), four on the block-item kernels (auto and
-        // slots: the combine last); split two per 128 rows.
+        // slots: the combine last).
         const bool wide = B > cuda::kMaxBatchRows;
         const bool block_items = pipe == MoePipeline::automatic || pipe == MoePipeline::slots;
-        const uint64_t launches = !wide ? 2u : pipe == MoePipeline::split || block_items ? 4u : 3u;
+        const uint64_t launches = !wide ? 2u : block_items ? 4u : 3u;
         gpu().reset_kernels_chosen();
         EXPECT_EQ(kernels_of([&] {
                     gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
@@ -1851,9 +1847,9 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
                   }),
                   launches)
             << pwhat;
-        // The kernel record names what ran: the pipeline's kernels, " wide" past kMaxBatchRows rows
-        // (split: launches of at most 128); slots past its rows auto's choice above them (ringpf,
-        // or v1 where ring's rings do not fit; past kMaxBatchRows rows the block items).
+        // The kernel record names what ran: the pipeline's kernels, " wide" past kMaxBatchRows rows;
+        // slots past its rows auto's choice above them (ringpf, or v1 where ringpf's rings do not
+        // fit; past kMaxBatchRows rows the block items).
         {
           const std::string ran = gpu().kernels_chosen().text(), op = "moe_experts_grouped=";
           const std::string wide_suffix = wide ? " wide" : "";
@@ -1864,7 +1860,7 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
           } else if (pipe == MoePipeline::slots) {
             EXPECT_TRUE(ran == op + "ringpf" || ran == op + "v1") << pwhat << ": " << ran;
           } else {
-            EXPECT_EQ(ran, op + to_string(pipe) + (pipe == MoePipeline::split ? "" : wide_suffix)) << pwhat;
+            EXPECT_EQ(ran, op + to_string(pipe) + wide_suffix) << pwhat;
           }
         }
         const auto got = out.from_gpu();
@@ -1875,8 +1871,8 @@ TEST_P(GpuBatch, MoeExpertsGrouped) {
         } else if (gives_v1_bits(pipe, B, k, c.shared)) {
           expect_bytes_equal(got, v1_bytes, pwhat + " against v1");
         } else {
-          // Printed, not asserted: with few chunks (the tiny shape's rows are 2 chunks long) the
-          // parts' sum can round exactly as one accumulator does.
+          // Printed, not asserted: the single-row kernels sum in their own order (each row is
+          // held to the one-row op's bytes below), which can round exactly as v1 does.
           const auto a = masked(got, mask), v = masked(v1_bytes, mask);
           size_t differ = 0;
           for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &v[i], sizeof(float)) != 0;
