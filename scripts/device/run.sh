@@ -134,12 +134,17 @@ task_test() {
     for tool in memcheck racecheck; do
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
         "$TESTS_BIN/test_ops_gpu" \
-        --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
+        --gtest_filter='*Norm*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
-      # The ragged-rows cache writes and reads (rows of one slot in one launch) and the grouped
-      # experts' block items (200 rows).
+      # The MoE family: the router and the experts of one row (tiny, small), the grouped experts
+      # with their block items (200 rows; tiny).
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_moe_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_moe" \
+        --gtest_filter='*GpuMoe.Route/tiny:*GpuMoe.Route/small:*GpuMoe.Experts/tiny:*GpuMoe.Experts/small:*GpuMoe.ExpertsGrouped/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_moe_$tool.log"
+      # The ragged-rows cache writes and reads (rows of one slot in one launch).
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_ragged_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small:Models/GpuBatch.MoeExpertsGrouped/tiny'
+        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_ragged_$tool.log"
     done
   fi

@@ -23,14 +23,7 @@
 // - fp32 sums: indexer scores 1e-5 relative plus 1e-5 of the largest finite |score| (numerics.md,
 //   "fp32 internals"), -inf exactly where the CPU has it; pool keys 1e-5 of the sum of |terms|
 //   against a double recomputation from the GPU's own cached rows (the k rows themselves are
-//   compared with the BF16 tolerance); router weights 1e-5 relative, expert ids exact unless two
-//   biased scores are within 1e-6 (a near-tie: counted); grouped experts 2^-7 relative plus
-//   2^-8 of the largest |output| of the call (test_gpu_moe.cpp's bound: one BF16 flip of an
-//   intermediate moves a term by ~2^-8); every memory pipeline of the grouped experts
-//   (KernelPolicy::moe_pipeline) within it, ringpf bit-identical to v1, slots (on the single-row
-//   kernels) each row the one-row op's bytes, and a row computed alone bit-identical to the same
-//   row in a batch of 64 under every pipeline. (The comparison pipelines spread, regs, ring and
-//   split: checked in dev/cuda/moe.cu.)
+//   compared with the BF16 tolerance). (The batched router and grouped experts: test_gpu_moe.cpp.)
 // - FP8 latent cache codes written from a norm: the BF16 value may differ by an ulp, so a code
 //   may move to its neighbour: every code within one step, >= 90% identical.
 // - Batched linears (rows_linear = gemv, and cuBLASLt): GpuDense.Linear's tolerances, and a row's
@@ -74,6 +67,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpu_batch_util.hpp"
 #include "gpu_test_util.hpp"
 #include "ops/cuda/dense.hpp"
 #include "ops/cuda/dispatch.hpp"
@@ -84,193 +78,7 @@
 namespace mtplab::ops::gputest {
 namespace {
 
-constexpr int kBatches[] = {1, 3, 16, 64, 128};
-
 class GpuBatch : public ::testing::TestWithParam<Shape> {};
-
-std::string where(const std::string& what, int B) { return what + ", B = " + std::to_string(B); }
-
-// ---- the CPU reference on every core -----------------------------------------------------------------
-
-int cpu_workers() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(n, 1u, 16u));
-}
-
-/// fn(be, b0, b1) over contiguous row ranges covering [0, rows), each on its own CPU backend and
-/// thread. Backend memory of the CPU is host memory, so every backend reads the test's buffers.
-void on_cpu_rows(int rows, const std::function<void(Backend&, int, int)>& fn) {
-  static std::vector<std::unique_ptr<Backend>> pool;
-  const int n = std::max(1, std::min(rows, cpu_workers()));
-  while (static_cast<int>(pool.size()) < n) pool.push_back(make_cpu_backend());
-  std::vector<std::thread> threads;
-  std::exception_ptr error;
-  std::mutex m;
-  for (int w = 0; w < n; ++w) {
-    const int b0 = static_cast<int>(static_cast<int64_t>(rows) * w / n);
-    const int b1 = static_cast<int>(static_cast<int64_t>(rows) * (w + 1) / n);
-    threads.emplace_back([&, w, b0, b1] {
-      try {
-        if (b1 > b0) fn(*pool[static_cast<size_t>(w)], b0, b1);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(m);
-        if (!error) error = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
-/// fill(rng, i) for every i < n, in chunks on every core (each chunk its own seeded generator).
-template <typename T, typename Fill>
-void parallel_fill(T* p, size_t n, uint64_t salt, Fill&& fill) {
-  constexpr size_t kChunk = size_t{1} << 22;
-  const size_t chunks = (n + kChunk - 1) / kChunk;
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> threads;
-  for (int w = 0; w < cpu_workers(); ++w) {
-    threads.emplace_back([&] {
-      for (size_t c = next++; c < chunks; c = next++) {
-        Rng rng(salt * 0x10001 + c);
-        const size_t end = std::min(n, (c + 1) * kChunk);
-        for (size_t i = c * kChunk; i < end; ++i) p[i] = fill(rng);
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-}
-
-/// A large input on both backends: filled in place in the CPU backend's (host) memory, uploaded.
-template <typename T>
-struct Big {
-  Array<T> c, g;
-  explicit Big(size_t n) : c(cpu(), n), g(gpu(), n) {}
-  void upload() { gpu().upload(g.data(), c.data(), c.bytes()); }
-  size_t size() const { return c.size(); }
-};
-
-Big<bf16> big_bf16(size_t n, float lo, float hi, uint64_t salt) {
-  Big<bf16> b(n);
-  parallel_fill(b.c.data(), n, salt, [lo, hi](Rng& r) { return to_bf16(r.uniform(lo, hi)); });
-  b.upload();
-  return b;
-}
-Big<float> big_f32(size_t n, float lo, float hi, uint64_t salt) {
-  Big<float> b(n);
-  parallel_fill(b.c.data(), n, salt, [lo, hi](Rng& r) { return r.uniform(lo, hi); });
-  b.upload();
-  return b;
-}
-Big<fp8e4m3> big_fp8(size_t n, uint64_t salt) {
-  Big<fp8e4m3> b(n);
-  parallel_fill(b.c.data(), n, salt, [](Rng& r) {
-    uint8_t code = static_cast<uint8_t>(r.next() >> 56);
-    if ((code & 0x7f) == 0x7f) code ^= 0x01;
-    return fp8e4m3{code};
-  });
-  b.upload();
-  return b;
-}
-
-template <typename T>
-void shuffle(std::vector<T>& v, Rng& rng) {
-  for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng.next() % i]);
-}
-
-/// The rows' slots: distinct slots of a pool of `slots` in shuffled order; for B >= 3 rows 1, the
-/// last and every 5th are padded (-1), so padded rows sit between live ones.
-std::vector<int32_t> make_slots(Rng& rng, int rows, int slots) {
-  std::vector<int32_t> all(static_cast<size_t>(slots));
-  std::iota(all.begin(), all.end(), 0);
-  shuffle(all, rng);
-  std::vector<int32_t> s(all.begin(), all.begin() + rows);
-  if (rows >= 3)
-    for (int b = 0; b < rows; ++b)
-      if (b == 1 || b == rows - 1 || b % 5 == 4) s[static_cast<size_t>(b)] = -1;
-  return s;
-}
-
-/// Rows of context per slot (short: a few pools past the first sparse selection) and the block size.
-int max_rows_for(const Shape& s) { return s.hidden >= 4096 ? 2560 : s.hidden >= 1024 ? 1024 : 64; }
-int block_size_for(const Shape& s) { return s.hidden >= 1024 ? 64 : 16; }
-
-/// Kernels the op enqueued: run it between two reads of the backend's counter.
-template <typename F>
-uint64_t kernels_of(F&& op) {
-  const uint64_t before = gpu().kernels_enqueued();
-  op();
-  return gpu().kernels_enqueued() - before;
-}
-
-// ---- comparisons over the elements an op writes --------------------------------------------------------
-
-/// mask[b * ld + j] = 1 for j < n of every row b with live(b).
-std::vector<uint8_t> row_mask(int rows, size_t ld, size_t n, const std::vector<int32_t>* slots) {
-  std::vector<uint8_t> m(static_cast<size_t>(rows) * ld, 0);
-  for (int b = 0; b < rows; ++b) {
-    if (slots && (*slots)[static_cast<size_t>(b)] < 0) continue;
-    std::fill_n(m.begin() + static_cast<ptrdiff_t>(b * ld), n, 1);
-  }
-  return m;
-}
-
-template <typename T>
-std::vector<T> masked(const std::vector<T>& v, const std::vector<uint8_t>& mask) {
-  std::vector<T> out;
-  for (size_t i = 0; i < v.size(); ++i)
-    if (mask[i]) out.push_back(v[i]);
-  return out;
-}
-
-/// Every element outside `mask` has the reference's bytes (poison, or cache rows the op must not touch).
-template <typename T>
-void expect_outside_unchanged(const std::vector<T>& got, const std::vector<T>& want,
-                              const std::vector<uint8_t>& mask, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  ASSERT_EQ(mask.size(), want.size()) << what;
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (mask[i] || std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
-    if (bad++ == 0) first = i;
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements the op must not write changed, first at " << first
-                     << "; " << seed_note();
-}
-
-/// BF16 outputs: the written elements within the BF16 tolerance, the rest unchanged.
-void expect_bf16_written(const std::vector<bf16>& got, const std::vector<bf16>& want,
-                         const std::vector<uint8_t>& mask, const std::string& what, Tolerance tol = {}) {
-  expect_bf16_close(masked(got, mask), masked(want, mask), what, tol);
-  expect_outside_unchanged(got, want, mask, what + " (outside the written rows)");
-}
-
-/// fp32 with -inf: where the CPU has -inf the GPU must too; elsewhere |g - c| <= rel |c| + floor
-/// (floor relative to the largest finite |c|).
-void expect_f32_with_inf(const std::vector<float>& got, const std::vector<float>& want,
-                         const std::string& what, double rel, double floor_rel) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double largest = 0;
-  for (float v : want)
-    if (std::isfinite(v)) largest = std::max(largest, static_cast<double>(std::fabs(v)));
-  size_t bad = 0;
-  std::string first;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], c = want[i];
-    const bool ok = std::isinf(c) ? (std::isinf(g) && (g < 0) == (c < 0))
-                                  : std::fabs(g - c) <= rel * std::fabs(c) + floor_rel * largest;
-    if (!ok && bad++ < 5)
-      first += "\n  [" + std::to_string(i) + "] gpu " + std::to_string(g) + " cpu " + std::to_string(c);
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " outside rel " << rel << " + "
-                     << floor_rel << " of " << largest << "; " << seed_note() << first;
-}
-
-uint64_t host_key(const ArgMax& a) {
-  uint64_t key = 0;
-  cpu().argmax_pack_key(&a, &key);  // CPU backend memory is host memory
-  return key;
-}
 
 // ---- norms ---------------------------------------------------------------------------------------------
 
@@ -413,7 +221,7 @@ TEST_P(GpuBatch, HeadArgmax) {
       auto slots_h = make_slots(rng, B, B);
       if (rows_gemv) {  // every row live but row 2 at B = 4 (make_slots pads row 1 and the last)
         std::iota(slots_h.begin(), slots_h.end(), 0);
-        shuffle(slots_h, rng);
+        rng.shuffle(slots_h);
         if (B == 4) slots_h[2] = -1;
       }
       Twin<int32_t> slots(slots_h);
@@ -526,7 +334,7 @@ TEST_P(GpuBatch, HeadGemvRowBitsDoNotDependOnTheBatch) {
   Twin<bf16> x(rng.bf16s(static_cast<size_t>(kRows) * H, -1.0f, 1.0f));
   std::vector<int32_t> slots_h(kRows);
   std::iota(slots_h.begin(), slots_h.end(), 0);
-  shuffle(slots_h, rng);
+  rng.shuffle(slots_h);
   Twin<int32_t> slots(slots_h);
   struct Result {
     std::vector<bf16> logits;
@@ -848,7 +656,7 @@ TEST_P(GpuBatch, ArgmaxFamily) {
 std::vector<int32_t> make_tables(Rng& rng, int slots, int max_blocks) {
   std::vector<int32_t> t(static_cast<size_t>(slots) * max_blocks);
   std::iota(t.begin(), t.end(), 0);
-  shuffle(t, rng);
+  rng.shuffle(t);
   return t;
 }
 
@@ -1365,59 +1173,9 @@ TEST_P(GpuBatch, MlaDecode) {
   }
 }
 
-// ---- ragged rows ---------------------------------------------------------------------------------------
-
-/// One sequence of a ragged batch: `count` rows of slot `slot` at positions start .. start + count - 1.
-struct Seq {
-  int slot, start, count;
-};
-
-/// A ragged batch (ops.hpp, "ragged rows") over a pool of `slots` slots: each sequence's rows
-/// consecutive at ascending positions; padded rows (slot -1) at a position past every slot.
-struct Ragged {
-  std::string name;
-  std::vector<Seq> seqs;
-  std::vector<int32_t> slot, pos;
-  int max_seq_rows = 1;
-  int slots = 0;
-  int rows() const { return static_cast<int>(slot.size()); }
-};
-
-/// Sequences of counts[i] rows in distinct shuffled slots of a pool of counts.size() + 1 (one slot
-/// no row names), each at a random start in [0, capacity - count]; with two or more sequences the
-/// first starts at 0 (an empty slot) and the second ends at capacity - 1. With `pad`, a padded row
-/// before every third sequence (from the second) and one after the last.
-Ragged make_ragged(Rng& rng, std::string name, const std::vector<int>& counts, int capacity, bool pad) {
-  Ragged r;
-  r.name = std::move(name);
-  const int n = static_cast<int>(counts.size());
-  r.slots = n + 1;
-  std::vector<int32_t> ids(static_cast<size_t>(r.slots));
-  std::iota(ids.begin(), ids.end(), 0);
-  shuffle(ids, rng);
-  auto padded = [&r] {
-    r.slot.push_back(-1);
-    r.pos.push_back(1 << 20);  // a write there would fault or land in another slot
-  };
-  for (int i = 0; i < n; ++i) {
-    const int c = counts[static_cast<size_t>(i)];
-    const int start = n >= 2 && i == 0 ? 0 : n >= 2 && i == 1 ? capacity - c : rng.integer(0, capacity - c);
-    r.seqs.push_back({ids[static_cast<size_t>(i)], start, c});
-    if (pad && i % 3 == 1) padded();
-    for (int k = 0; k < c; ++k) {
-      r.slot.push_back(ids[static_cast<size_t>(i)]);
-      r.pos.push_back(start + k);
-    }
-    r.max_seq_rows = std::max(r.max_seq_rows, c);
-  }
-  if (pad) padded();
-  return r;
-}
-
-// Ragged rows through the cache writes and the reads after them, CUDA against the CPU reference:
-// 1 row; B = 3 and 16 sequences of one row; one sequence of n = 1 .. 64 rows (the glm5.3-flash
-// shape n = 1 .. 5, 16, 17, 32, 33, 48, 49, 63, 64: its CPU decode is the cost); B = 4 and 16
-// sequences of 2 .. 5 rows. Random starts (see make_ragged), so rows cross pool boundaries and
+// Ragged rows through the cache writes and the reads after them, CUDA against the CPU reference,
+// over ragged_layouts (gpu_batch_util.hpp; at the glm5.3-flash shape the thin list of single
+// sequences: its CPU decode is the cost). Random starts (see make_ragged), so rows cross pool boundaries and
 // complete pools begun before the batch; each slot holds random rows 0 .. start - 1 already (valid,
 // and random keys for its complete pools); every cache and output is poisoned first. Both KV dtypes.
 // - kv_norm_write_batch (one launch): the written latent rows within the BF16 tolerance (FP8: codes
@@ -1444,22 +1202,7 @@ TEST_P(GpuBatch, RaggedRowsCacheWritesAndReads) {
   Twin<float> ape(rng.floats(static_cast<size_t>(P) * D, -1.0f, 1.0f));
   const auto ape_h = ape.from_cpu();
 
-  std::vector<Ragged> layouts;
-  layouts.push_back(make_ragged(rng, "1 row", {1}, capacity, false));
-  layouts.push_back(make_ragged(rng, "B = 3 sequences of one row", std::vector<int>(3, 1), capacity, true));
-  layouts.push_back(make_ragged(rng, "B = 16 sequences of one row", std::vector<int>(16, 1), capacity, true));
-  for (int n = 1; n <= 64; ++n) {
-    if (flash && !(n <= 5 || n % 16 <= 1 || n == 63)) continue;
-    layouts.push_back(
-        make_ragged(rng, "one sequence of " + std::to_string(n) + " rows", {n}, capacity, n % 2 == 1));
-  }
-  for (int B : {4, 16}) {
-    std::vector<int> counts(static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) counts[static_cast<size_t>(i)] = i < 4 ? 2 + i : rng.integer(2, 5);
-    shuffle(counts, rng);
-    layouts.push_back(
-        make_ragged(rng, "B = " + std::to_string(B) + " sequences of 2 .. 5 rows", counts, capacity, true));
-  }
+  const std::vector<Ragged> layouts = ragged_layouts(rng, capacity, flash);
 
   for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
     const size_t elem = dtype == KvDtype::bf16 ? 2 : 1;
@@ -1680,239 +1423,6 @@ TEST_P(GpuBatch, RaggedRowsCacheWritesAndReads) {
       });
       expect_bf16_written(o.from_gpu(), o.from_cpu(), row_mask(R, row, row, &r.slot),
                           what + ", mla_decode_batch");
-    }
-  }
-}
-
-// ---- MoE
-// ---------------------------------------------------------------------------------------------------
-
-TEST_P(GpuBatch, MoeRoute) {
-  const Shape s = GetParam();
-  Rng rng(810);
-  const int E = s.experts, k = s.top_k;
-  const std::vector<float> bias_h = rng.floats(E, -0.1f, 0.1f);
-  Twin<float> bias(bias_h);
-  int near = 0;
-  for (int groups : {1, E >= 64 ? 8 : 4}) {
-    const int topk_group = groups == 1 ? 1 : groups / 2;
-    for (int B : kBatches) {
-      const std::string what = where("moe_route_batch n_group " + std::to_string(groups), B);
-      const auto slots_h = make_slots(rng, B, B);
-      auto logits_h = rng.floats(static_cast<size_t>(B) * E, -4.0f, 4.0f);
-      for (int b = 0; b < B; ++b)  // a padded row's logits are NaN: they must not be read
-        if (slots_h[static_cast<size_t>(b)] < 0)
-          std::fill_n(logits_h.begin() + static_cast<ptrdiff_t>(b) * E, E, std::nanf(""));
-      Twin<float> logits(logits_h);
-      Twin<int32_t> sl(slots_h);
-      auto idx = out_twin<int32_t>(static_cast<size_t>(B) * k);
-      auto wts = out_twin<float>(static_cast<size_t>(B) * k);
-      EXPECT_EQ(kernels_of([&] {
-                  gpu().moe_route_batch(logits.g.data(), bias.g.data(), RowBatch{sl.g.data(), nullptr, B}, E,
-                                        k, groups, topk_group, 2.5f, idx.g.data(), wts.g.data());
-                }),
-                1u);
-      cpu().moe_route_batch(logits.c.data(), bias.c.data(), RowBatch{sl.c.data(), nullptr, B}, E, k, groups,
-                            topk_group, 2.5f, idx.c.data(), wts.c.data());
-      const auto gi = idx.from_gpu(), ci = idx.from_cpu();
-      const auto gw = wts.from_gpu(), cw = wts.from_cpu();
-      const auto mask = row_mask(B, k, k, &slots_h);
-      expect_outside_unchanged(gi, ci, mask, what + " idx");
-      expect_outside_unchanged(gw, cw, mask, what + " weights");
-      for (int b = 0; b < B; ++b) {
-        if (slots_h[static_cast<size_t>(b)] < 0) continue;
-        bool same = true;
-        for (int i = 0; i < k; ++i) {
-          const size_t at = static_cast<size_t>(b) * k + i;
-          if (gi[at] == ci[at]) continue;
-          same = false;
-          ASSERT_TRUE(gi[at] >= 0 && gi[at] < E) << what << ": expert id " << gi[at];
-          auto biased = [&](int e) {
-            return 1.0 / (1.0 + std::exp(-static_cast<double>(logits_h[static_cast<size_t>(b) * E + e]))) +
-                   bias_h[e];
-          };
-          EXPECT_LE(std::fabs(biased(gi[at]) - biased(ci[at])), 1e-6)
-              << what << " row " << b << " slot " << i << ": gpu expert " << gi[at] << " vs cpu " << ci[at]
-              << " is not a near-tie; " << seed_note();
-        }
-        near += !same;
-        if (!same) continue;
-        expect_f32_close(std::vector<float>(gw.begin() + b * k, gw.begin() + (b + 1) * k),
-                         std::vector<float>(cw.begin() + b * k, cw.begin() + (b + 1) * k), what + " weights",
-                         1e-5, 0);
-      }
-    }
-  }
-  std::printf("[gpu-batch] %s router: %d rows with a near-tie choice\n", s.name, near);
-}
-
-/// Row r of a row-major [rows, n] float output.
-std::vector<float> got_row(const std::vector<float>& all, int r, int n) {
-  return std::vector<float>(all.begin() + static_cast<ptrdiff_t>(r) * n,
-                            all.begin() + static_cast<ptrdiff_t>(r + 1) * n);
-}
-
-struct GroupedCase {
-  const char* name;
-  bool ep;       ///< a third of the experts from E / 3: rows route to experts other ranks own
-  bool shared;   ///< the shared expert too
-  float limit;   ///< 10: the swiglu clamp; 0: none
-  bool crowded;  ///< every row among 3 experts: pairs of one expert span several work groups
-};
-
-/// Every memory pipeline of the grouped experts, v1 first (the one the others but slots must match).
-constexpr MoePipeline kMoePipelines[] = {MoePipeline::v1, MoePipeline::slots, MoePipeline::ringpf};
-/// Whether slots runs B rows of k routes on the single-row kernels (up to cuda::kMaxRowsSlotsMoe
-/// rows, where their down launch fits: the one-row op's bytes), as the rule (dispatch.cu's
-/// moe_grouped_plan) says; elsewhere it runs auto's choice above the slots rows (ringpf).
-bool on_slots(MoePipeline m, int B, int k, bool shared) {
-  KernelPolicy policy;
-  policy.moe_pipeline = m;
-  return cuda::moe_grouped_plan(policy, B, cuda::moe_slots_fit(B, k, shared), true).kernel ==
-         cuda::MoeKernel::slots;
-}
-/// Whether a pipeline gives v1's bytes at B rows: slots on the single-row kernels gives the one-row
-/// op's.
-bool gives_v1_bits(MoePipeline m, int B, int k, bool shared) { return !on_slots(m, B, k, shared); }
-
-TEST_P(GpuBatch, MoeExpertsGrouped) {
-  const Shape s = GetParam();
-  const KernelPolicy before = gpu().kernel_policy();
-  Rng rng(811);
-  const int E = s.experts, H = s.hidden, I = s.moe_inter, k = s.top_k;
-  // Every expert resident (the flash shape: 288 x 3 x 2048 x 4096 BF16, 14.5 GB on each side).
-  const size_t per = static_cast<size_t>(I) * H;
-  const Big<bf16> gate = big_bf16(per * E, -1.0f, 1.0f, 8111), up = big_bf16(per * E, -1.0f, 1.0f, 8112);
-  const Big<bf16> down = big_bf16(per * E, -0.1f, 0.1f, 8113);
-  const Big<bf16> sg = big_bf16(per, -1.0f, 1.0f, 8114), su = big_bf16(per, -1.0f, 1.0f, 8115);
-  const Big<bf16> sd = big_bf16(per, -0.1f, 0.1f, 8116);
-  const GroupedCase cases[] = {{"all local, shared, clamp", false, true, 10.0f, false},
-                               {"EP, no shared, no clamp", true, false, 0.0f, false},
-                               {"crowded, shared", false, true, 10.0f, true}};
-  for (const GroupedCase& c : cases) {
-    const int first = c.ep ? E / 3 : 0, num_local = c.ep ? std::max(1, E / 3) : E;
-    const size_t off = static_cast<size_t>(first) * per;  // a rank holds only its own experts' weights
-    const ExpertWeights wc{
-        gate.c.data() + off, up.c.data() + off, down.c.data() + off, first, num_local, H, I};
-    const ExpertWeights wg{
-        gate.g.data() + off, up.g.data() + off, down.g.data() + off, first, num_local, H, I};
-    const ExpertWeights shc{sg.c.data(), su.c.data(), sd.c.data(), 0, 1, H, I};
-    const ExpertWeights shg{sg.g.data(), su.g.data(), sd.g.data(), 0, 1, H, I};
-    // The test batches, and 2 and 4: the slots pipeline's kernels at two rows and at four (two
-    // (row, route) pairs a down warp); 200: a wide launch (more rows than kMaxBatchRows: the plan
-    // built once in global memory, d in global memory).
-    for (int B : {1, 2, 3, 4, 16, 64, 128, 200}) {
-      const std::string what = where(std::string("moe_experts_grouped ") + c.name, B);
-      const auto slots_h = make_slots(rng, B, B);
-      std::vector<int32_t> idx_h(static_cast<size_t>(B) * k);
-      for (int b = 0; b < B; ++b) {
-        int32_t* row = idx_h.data() + static_cast<size_t>(b) * k;
-        for (int i = 0; i < k; ++i) row[i] = c.crowded ? first + rng.integer(0, 2) : rng.integer(0, E - 1);
-        if (b == 0 && k >= 2) row[1] = row[0];                    // a repeated expert inside one row
-        if (slots_h[static_cast<size_t>(b)] < 0) row[0] = first;  // owned: applied, it would write its row
-      }
-      Twin<int32_t> idx(idx_h), sl(slots_h);
-      Twin<float> wts(rng.floats(static_cast<size_t>(B) * k, 0.1f, 1.0f));
-      Twin<bf16> x(rng.bf16s(static_cast<size_t>(B) * H, -1.0f, 1.0f));
-      auto cpu_out = out_twin<float>(static_cast<size_t>(B) * H);
-      on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-        be.moe_experts_grouped(
-            x.c.data() + static_cast<size_t>(b0) * H, wc, idx.c.data() + static_cast<size_t>(b0) * k,
-            wts.c.data() + static_cast<size_t>(b0) * k, RowBatch{sl.c.data() + b0, nullptr, b1 - b0}, k,
-            c.shared ? &shc : nullptr, c.limit, cpu_out.c.data() + static_cast<size_t>(b0) * H);
-      });
-      const auto mask = row_mask(B, H, H, &slots_h);
-      const auto want = cpu_out.from_cpu();
-      // Every memory pipeline (KernelPolicy::moe_pipeline), v1 first: each within the tolerance of
-      // the CPU, and ringpf with v1's bytes (the same MMAs in the same order; only where the
-      // weights wait and which warp takes an item differ); slots on the single-row kernels: each
-      // row the one-row op's bytes (below).
-      std::vector<float> v1_bytes;
-      for (const MoePipeline pipe : kMoePipelines) {
-        const std::string pwhat = what + ", moe_pipeline " + to_string(pipe);
-        KernelPolicy policy = before;
-        policy.moe_pipeline = pipe;
-        gpu().set_kernel_policy(policy);
-        auto out = out_twin<float>(static_cast<size_t>(B) * H);
-        // Two launches; a wide one three (its plan first), four on the block-item kernels (auto and
-        // slots: the combine last).
-        const bool wide = B > cuda::kMaxBatchRows;
-        const bool block_items = pipe == MoePipeline::automatic || pipe == MoePipeline::slots;
-        const uint64_t launches = !wide ? 2u : block_items ? 4u : 3u;
-        gpu().reset_kernels_chosen();
-        EXPECT_EQ(kernels_of([&] {
-                    gpu().moe_experts_grouped(x.g.data(), wg, idx.g.data(), wts.g.data(),
-                                              RowBatch{sl.g.data(), nullptr, B}, k, c.shared ? &shg : nullptr,
-                                              c.limit, out.g.data());
-                  }),
-                  launches)
-            << pwhat;
-        // The kernel record names what ran: the pipeline's kernels, " wide" past kMaxBatchRows rows;
-        // slots past its rows auto's choice above them (ringpf, or v1 where ringpf's rings do not
-        // fit; past kMaxBatchRows rows the block items).
-        {
-          const std::string ran = gpu().kernels_chosen().text(), op = "moe_experts_grouped=";
-          const std::string wide_suffix = wide ? " wide" : "";
-          if (on_slots(pipe, B, k, c.shared)) {
-            EXPECT_EQ(ran, op + "slots") << pwhat;
-          } else if (block_items && wide) {
-            EXPECT_EQ(ran, op + "block items") << pwhat;
-          } else if (pipe == MoePipeline::slots) {
-            EXPECT_TRUE(ran == op + "ringpf" || ran == op + "v1") << pwhat << ": " << ran;
-          } else {
-            EXPECT_EQ(ran, op + to_string(pipe) + wide_suffix) << pwhat;
-          }
-        }
-        const auto got = out.from_gpu();
-        expect_f32_close(masked(got, mask), masked(want, mask), pwhat, 1.0 / 128, 1.0 / 256);
-        expect_outside_unchanged(got, want, mask, pwhat);
-        if (pipe == MoePipeline::v1) {
-          v1_bytes = got;
-        } else if (gives_v1_bits(pipe, B, k, c.shared)) {
-          expect_bytes_equal(got, v1_bytes, pwhat + " against v1");
-        } else {
-          // Printed, not asserted: the single-row kernels sum in their own order (each row is
-          // held to the one-row op's bytes below), which can round exactly as v1 does.
-          const auto a = masked(got, mask), v = masked(v1_bytes, mask);
-          size_t differ = 0;
-          for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &v[i], sizeof(float)) != 0;
-          std::printf("[gpu-batch] %s: %zu of %zu outputs differ from v1's bytes\n", pwhat.c_str(), differ,
-                      a.size());
-        }
-        if (on_slots(pipe, B, k, c.shared)) {
-          // The single-row kernels: every live row has the bytes of the one-row op on that row
-          // alone (moe_experts_shared / moe_experts), and a padded row's stay poisoned (above).
-          for (int r = 0; r < B; ++r) {
-            if (slots_h[static_cast<size_t>(r)] < 0) continue;
-            auto one = out_twin<float>(static_cast<size_t>(H));
-            const bf16* xr = x.g.data() + static_cast<size_t>(r) * H;
-            const int32_t* ir = idx.g.data() + static_cast<size_t>(r) * k;
-            const float* wr = wts.g.data() + static_cast<size_t>(r) * k;
-            if (c.shared) {
-              mtplab::ops::OneRow(gpu()).moe_experts_shared(xr, wg, ir, wr, k, shg, c.limit, one.g.data());
-            } else {
-              mtplab::ops::OneRow(gpu()).moe_experts(xr, wg, ir, wr, k, c.limit, one.g.data());
-            }
-            expect_bytes_equal(got_row(got, r, H), one.from_gpu(),
-                               pwhat + ", row " + std::to_string(r) + " against the one-row op");
-          }
-        }
-        // A row's numbers do not depend on B or the other rows: live rows alone, the same bytes,
-        // in a batch of 64 and in a wide one. (Not under slots: a row alone takes the single-row
-        // kernels, a batch ring's.)
-        if ((B != 64 && B != 200) || pipe == MoePipeline::slots) continue;
-        for (const int r : {0, B / 2, B - 1}) {
-          if (slots_h[static_cast<size_t>(r)] < 0) continue;
-          auto one = out_twin<float>(static_cast<size_t>(H));
-          gpu().moe_experts_grouped(
-              x.g.data() + static_cast<size_t>(r) * H, wg, idx.g.data() + static_cast<size_t>(r) * k,
-              wts.g.data() + static_cast<size_t>(r) * k, RowBatch{sl.g.data() + r, nullptr, 1}, k,
-              c.shared ? &shg : nullptr, c.limit, one.g.data());
-          expect_bytes_equal(one.from_gpu(), got_row(got, r, H),
-                             pwhat + ", row " + std::to_string(r) + " alone");
-        }
-      }
-      gpu().set_kernel_policy(before);
     }
   }
 }
@@ -2189,32 +1699,16 @@ TEST_P(GpuBatch, LinearRowsGroupIsBitIdenticalToSeparateLinears) {
 
 // ---- padding and graphs ----------------------------------------------------------------------------------
 
+// Every row padded: the head writes nothing and leaves its scratch clean (the grouped experts'
+// case: GpuMoePadding, test_gpu_moe.cpp).
 TEST(GpuBatchPadding, AllRowsPaddedWriteNothing) {
   Rng rng(812);
   const Shape s = kShapes[0];
-  const int B = 8, H = s.hidden, I = s.moe_inter, k = s.top_k, E = s.experts, V = 512;
+  const int B = 8, H = s.hidden, V = 512;
   Twin<int32_t> none(std::vector<int32_t>(B, -1));
   Twin<bf16> x(rng.bf16s(static_cast<size_t>(B) * H, -1.0f, 1.0f));
   Twin<bf16> W(rng.bf16s(static_cast<size_t>(V) * H, -1.0f, 1.0f));
-  Twin<bf16> gate(rng.bf16s(static_cast<size_t>(E) * I * H, -1, 1)),
-      up(rng.bf16s(static_cast<size_t>(E) * I * H, -1, 1));
-  Twin<bf16> down(rng.bf16s(static_cast<size_t>(E) * I * H, -0.1f, 0.1f));
-  Twin<int32_t> idx(std::vector<int32_t>(static_cast<size_t>(B) * k, 0));
-  Twin<float> wts(rng.floats(static_cast<size_t>(B) * k, 0.1f, 1.0f));
-  auto out = out_twin<float>(static_cast<size_t>(B) * H);
   auto head = out_twin<ArgMax>(B);
-  const ExpertWeights w{gate.g.data(), up.g.data(), down.g.data(), 0, E, H, I};
-  const KernelPolicy before = gpu().kernel_policy();
-  for (const MoePipeline pipe : kMoePipelines) {
-    KernelPolicy policy = before;
-    policy.moe_pipeline = pipe;
-    gpu().set_kernel_policy(policy);
-    gpu().moe_experts_grouped(x.g.data(), w, idx.g.data(), wts.g.data(), RowBatch{none.g.data(), nullptr, B},
-                              k, &w, 10.0f, out.g.data());
-    expect_bytes_equal(out.from_gpu(), out.from_cpu(),
-                       std::string("grouped experts, every row padded, moe_pipeline ") + to_string(pipe));
-  }
-  gpu().set_kernel_policy(before);
   gpu().head_argmax_batch(W.g.data(), nullptr, nullptr, x.g.data(), RowBatch{none.g.data(), nullptr, B}, V, H,
                           0, nullptr, 0, head.g.data());
   expect_bytes_equal(head.from_gpu(), head.from_cpu(), "head, every row padded");
