@@ -136,6 +136,10 @@ task_test() {
         "$TESTS_BIN/test_ops_gpu" \
         --gtest_filter='*Norm*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
+      # The norm family: one row at every shape, the vector and scalar widths, batched (tiny).
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_norm_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_norm" --gtest_filter='Models/GpuNorm.OneRow/*:GpuNormWidths.*:Models/GpuNorm.Batched/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_norm_$tool.log"
       # The MoE family: the router and the experts of one row (tiny, small), the grouped experts
       # with their block items (200 rows; tiny).
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_moe_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
