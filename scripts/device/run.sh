@@ -84,7 +84,7 @@ targets_of() {
     bench-verify) echo mtplab_bench_verify ;;
     bench-exchange) echo mtplab_bench_exchange ;;
     peer-step) echo mtplab_export_weights mtplab_bench_step ;;
-    gemv-sweep) echo test_ops_gpu mtplab_bench_kernels ;;
+    gemv-sweep) echo test_ops_gpu test_ops_gpu_mla mtplab_bench_kernels ;;
     playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla mtplab_dev_moe ;;
     resources) echo mtplab_ops ;;
     fixtures) ;;
@@ -134,8 +134,15 @@ task_test() {
     for tool in memcheck racecheck; do
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
         "$TESTS_BIN/test_ops_gpu" \
-        --gtest_filter='*Norm*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
+        --gtest_filter='*Norm*:*Fused*tiny*:*Fused*small*'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
+      # The MLA decode and the indexer's scores and selection of one row (tiny).
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_mla_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_mla" --gtest_filter='Models/GpuMla.Mla/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_mla_$tool.log"
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_indexer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_indexer" --gtest_filter='Models/GpuIndexer.IndexerScoresAndSelect/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_indexer_$tool.log"
       # The norm family: one row at every shape, the vector and scalar widths, batched (tiny).
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_norm_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
         "$TESTS_BIN/test_ops_gpu_norm" --gtest_filter='Models/GpuNorm.OneRow/*:GpuNormWidths.*:Models/GpuNorm.Batched/tiny'
@@ -361,7 +368,8 @@ task_gemv_sweep() {
   read -r -a variants <<<"${VARIANTS:-v1 rows4 occ}"
   local cases="linear eh_proj,linear q_b,linear kv_b,mla_out_v,linear_fp8 eh_proj,head_argmax bf16,head_argmax fp8,linear o_proj,linear_group"
   local tests='Models/GpuDense.Linear/*:Models/GpuDense.HeadArgmax/tiny:Models/GpuDense.HeadArgmax/small'
-  tests+=':Shapes/GpuFused.LinearGroup*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.Mla/small'
+  tests+=':Shapes/GpuFused.LinearGroup*'
+  local mla_tests='Models/GpuMla.Mla/tiny:Models/GpuMla.Mla/small'
   step "GEMV variants: the variant test"
   (unset MTPLAB_GEMV_VARIANT MTPLAB_GEMV_SPLIT
    CUDA_VISIBLE_DEVICES=0 run gemv_variant_test 90 "$TESTS_BIN/test_ops_gpu" --gtest_filter='GpuGemvVariants.*')
@@ -370,6 +378,8 @@ task_gemv_sweep() {
     MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_bench_$v" 60 "$BIN/mtplab_bench_kernels" \
       --reps "${REPS:-30}" --only "$cases" --out "$LOG/gemv_$v"
     MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_tests_$v" 60 "$TESTS_BIN/test_ops_gpu" --gtest_filter="$tests"
+    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_mla_tests_$v" 60 "$TESTS_BIN/test_ops_gpu_mla" \
+      --gtest_filter="$mla_tests"
   done
   dry && return
   python3 - "$LOG" "${variants[@]}" <<'PY' 2>&1 | tee "$OUT/gemv_sweep.txt"

@@ -200,6 +200,51 @@ inline uint64_t host_key(const ArgMax& a) {
   return key;
 }
 
+// ---- the slot pool ---------------------------------------------------------------------------------------
+
+/// Block tables of `slots` slots, max_blocks each: a shuffled permutation of the whole block pool.
+inline std::vector<int32_t> make_tables(Rng& rng, int slots, int max_blocks) {
+  std::vector<int32_t> t(static_cast<size_t>(slots) * max_blocks);
+  std::iota(t.begin(), t.end(), 0);
+  rng.shuffle(t);
+  return t;
+}
+
+/// Positions: live rows at different positions of [0, capacity), the first live rows at the two
+/// ends; padded rows at `pad` (past every slot: a write there would fault or land in another slot).
+inline std::vector<int32_t> make_positions(Rng& rng, const std::vector<int32_t>& slots, int capacity,
+                                           int32_t pad) {
+  std::vector<int32_t> pos(slots.size());
+  int live = 0;
+  for (size_t b = 0; b < slots.size(); ++b) {
+    if (slots[b] < 0) {
+      pos[b] = pad;
+      continue;
+    }
+    pos[b] = live == 0 ? capacity - 1 : live == 1 ? 0 : rng.integer(0, capacity - 1);
+    ++live;
+  }
+  return pos;
+}
+
+/// E4M3 codes within one step of each other (same sign), and >= 90% identical.
+inline void expect_fp8_codes_close(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
+                                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  size_t bad = 0, same = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    same += got[i] == want[i];
+    const bool zeros = (got[i] & 0x7f) == 0 && (want[i] & 0x7f) == 0;
+    const bool close = ((got[i] ^ want[i]) & 0x80) == 0 && std::abs((got[i] & 0x7f) - (want[i] & 0x7f)) <= 1;
+    bad += !(zeros || close);
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " codes more than one step apart; " << seed_note();
+  if (!got.empty()) {
+    EXPECT_GE(static_cast<double>(same) / static_cast<double>(got.size()), 0.9)
+        << what << "; " << seed_note();
+  }
+}
+
 // ---- ragged rows ---------------------------------------------------------------------------------------
 
 /// One sequence of a ragged batch: `count` rows of slot `slot` at positions start .. start + count - 1.
