@@ -84,7 +84,7 @@ targets_of() {
     bench-verify) echo mtplab_bench_verify ;;
     bench-exchange) echo mtplab_bench_exchange ;;
     peer-step) echo mtplab_export_weights mtplab_bench_step ;;
-    gemv-sweep) echo test_ops_gpu test_ops_gpu_mla mtplab_bench_kernels ;;
+    gemv-sweep) echo test_ops_gpu test_ops_gpu_dense test_ops_gpu_mla mtplab_bench_kernels ;;
     playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla mtplab_dev_moe ;;
     resources) echo mtplab_ops ;;
     fixtures) ;;
@@ -367,8 +367,8 @@ task_gemv_sweep() {
   local variants v
   read -r -a variants <<<"${VARIANTS:-v1 rows4 occ}"
   local cases="linear eh_proj,linear q_b,linear kv_b,mla_out_v,linear_fp8 eh_proj,head_argmax bf16,head_argmax fp8,linear o_proj,linear_group"
-  local tests='Models/GpuDense.Linear/*:Models/GpuDense.HeadArgmax/tiny:Models/GpuDense.HeadArgmax/small'
-  tests+=':Shapes/GpuFused.LinearGroup*'
+  local dense_tests='Models/GpuDense.Linear/*:Models/GpuDense.HeadArgmax/tiny:Models/GpuDense.HeadArgmax/small'
+  local fused_tests='Shapes/GpuFused.LinearGroup*'
   local mla_tests='Models/GpuMla.Mla/tiny:Models/GpuMla.Mla/small'
   step "GEMV variants: the variant test"
   (unset MTPLAB_GEMV_VARIANT MTPLAB_GEMV_SPLIT
@@ -377,7 +377,10 @@ task_gemv_sweep() {
     step "GEMV variant $v: bench_kernels, then the GEMV op tests"
     MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_bench_$v" 60 "$BIN/mtplab_bench_kernels" \
       --reps "${REPS:-30}" --only "$cases" --out "$LOG/gemv_$v"
-    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_tests_$v" 60 "$TESTS_BIN/test_ops_gpu" --gtest_filter="$tests"
+    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_tests_$v" 60 "$TESTS_BIN/test_ops_gpu_dense" \
+      --gtest_filter="$dense_tests"
+    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_fused_tests_$v" 60 "$TESTS_BIN/test_ops_gpu" \
+      --gtest_filter="$fused_tests"
     MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_mla_tests_$v" 60 "$TESTS_BIN/test_ops_gpu_mla" \
       --gtest_filter="$mla_tests"
   done

@@ -12,7 +12,10 @@
 // summation order, the BF16 hi + lo split of the probabilities (~2^-17 relative) and, in the split
 // merge, a product of two fp32 exponentials where the CPU has one (a few 2^-24), all far below the
 // BF16 ulp (2^-8 relative). Each path run twice on the same inputs gives the same bytes (a fixed
-// merge order); the batched v2 gives each row a batch of one's bytes at the same split count.
+// merge order); the batched v2 gives each row a batch of one's bytes at the same split count, and
+// under the shared kernels a row decoded alone gives its bytes in the batch (shared, 4 tiles on
+// 16-row chunks, gives shared2's bytes at a forced split count: checked in dev/cuda/mla.cu). A
+// batch of one runs the single-row absorb_q and out_v: their bytes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
