@@ -332,20 +332,32 @@ TEST_P(GpuDense, HeadArgmaxBatch) {
     const fp8e4m3* W8g = fp8 ? W8.g.data() : nullptr;
     const float* Sc = fp8 ? scale.c.data() : nullptr;
     const float* Sg = fp8 ? scale.g.data() : nullptr;
+    // The path's batches, then the ragged batches (ragged_layouts: a sequence's rows share a slot)
+    // up to the rows one fused launch takes (cuBLASLt: all of them), where the CPU twin is
+    // affordable (not at the flash shape's 154880 x 4096); the multi-row GEMV keeps its 1 .. 4.
+    std::vector<std::pair<std::string, std::vector<int32_t>>> row_sets;
     for (int B : path.batches) {
-      const std::string what = where(rows_gemv   ? "head_argmax_batch FP8 gemv"
-                                     : wgmma     ? "head_argmax_batch FP8 wgmma"
-                                     : fp8 && lt ? "head_argmax_batch FP8 cublaslt"
-                                     : fp8       ? "head_argmax_batch FP8"
-                                     : lt        ? "head_argmax_batch BF16 cublaslt"
-                                                 : "head_argmax_batch BF16",
-                                     B);
       auto slots_h = make_slots(rng, B, B);
       if (rows_gemv) {  // every row live but row 2 at B = 4 (make_slots pads row 1 and the last)
         std::iota(slots_h.begin(), slots_h.end(), 0);
         rng.shuffle(slots_h);
         if (B == 4) slots_h[2] = -1;
       }
+      row_sets.emplace_back("B = " + std::to_string(B), slots_h);
+    }
+    if (!rows_gemv && s.hidden < 4096) {
+      for (const Ragged& r : ragged_layouts(rng, max_rows_for(s), false))
+        if (lt || r.rows() <= cuda::kMaxBatchRows) row_sets.emplace_back(r.name, r.slot);
+    }
+    for (const auto& [rows_name, slots_h] : row_sets) {
+      const int B = static_cast<int>(slots_h.size());
+      const std::string what = std::string(rows_gemv   ? "head_argmax_batch FP8 gemv"
+                                           : wgmma     ? "head_argmax_batch FP8 wgmma"
+                                           : fp8 && lt ? "head_argmax_batch FP8 cublaslt"
+                                           : fp8       ? "head_argmax_batch FP8"
+                                           : lt        ? "head_argmax_batch BF16 cublaslt"
+                                                       : "head_argmax_batch BF16") +
+                               ", " + rows_name;
       Twin<int32_t> slots(slots_h);
       std::vector<bf16> x_h = rng.bf16s(static_cast<size_t>(B) * H, -1.0f, 1.0f);
       for (int b = 0; b < B; ++b)  // a padded row's input is NaN: it would show in a logit if read

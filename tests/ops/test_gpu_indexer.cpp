@@ -9,6 +9,9 @@
 // is exact given identical scores (both backends are fed the same score vector, ties included);
 // BF16 k rows as gpu_test_util.hpp. Both pool-score kernels (KernelPolicy::indexer_scores: pools4,
 // tiled) give the same bytes.
+// The indexer ops over the ragged batches (ragged_layouts: a sequence's rows at ascending positions of
+// one slot, causal among themselves) run where their cache writes and reads meet:
+// test_gpu_batch.cpp, RaggedRowsCacheWritesAndReads.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -16,6 +16,9 @@
 // under the shared kernels a row decoded alone gives its bytes in the batch (shared, 4 tiles on
 // 16-row chunks, gives shared2's bytes at a forced split count: checked in dev/cuda/mla.cu). A
 // batch of one runs the single-row absorb_q and out_v: their bytes.
+// The MLA ops over the ragged batches (ragged_layouts: a sequence's rows at ascending positions of
+// one slot, causal among themselves) run where their cache writes and reads meet:
+// test_gpu_batch.cpp, RaggedRowsCacheWritesAndReads.
 #include <gtest/gtest.h>
 
 #include <algorithm>

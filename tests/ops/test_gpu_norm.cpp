@@ -109,6 +109,82 @@ TEST(GpuNormWidths, VectorAndScalarPathsMatchTheCpu) {
 
 // ---- batched rows --------------------------------------------------------------------------------------
 
+/// The batched norms on rows whose slots are `slots_h` (padded: -1) at positions pos_h, in
+/// poisoned outputs: embed_rmsnorm_batch (a padded row's token -7: reading it would fault) into the
+/// first half of rows of 2H, rmsnorm_strided (a row op: padded rows too) into the second half and
+/// in place, residual_add_rmsnorm_rows in place; each against the CPU on every core.
+void check_norms(Rng& rng, Twin<bf16>& table, Twin<bf16>& w, int V, int H,
+                 const std::vector<int32_t>& slots_h, const std::vector<int32_t>& pos_h, int max_seq_rows,
+                 const std::string& what) {
+  const int B = static_cast<int>(slots_h.size());
+  std::vector<int32_t> tok_h(static_cast<size_t>(B));
+  for (int b = 0; b < B; ++b)
+    tok_h[static_cast<size_t>(b)] = slots_h[static_cast<size_t>(b)] < 0 ? -7 : rng.integer(0, V - 1);
+  Twin<int32_t> slots(slots_h), tok(tok_h), pos(pos_h);
+  // embed_rmsnorm_batch into the first half of each [e ; h] row of 2H.
+  const int ld = 2 * H;
+  auto y = out_twin<bf16>(static_cast<size_t>(B) * ld);
+  EXPECT_EQ(kernels_of([&] {
+              gpu().embed_rmsnorm_batch(table.g.data(), tok.g.data(),
+                                        RowBatch{slots.g.data(), pos.g.data(), B, max_seq_rows}, w.g.data(),
+                                        y.g.data(), ld, H, 1e-5f);
+            }),
+            1u);
+  on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
+    be.embed_rmsnorm_batch(table.c.data(), tok.c.data() + b0,
+                           RowBatch{slots.c.data() + b0, pos.c.data() + b0, b1 - b0, max_seq_rows},
+                           w.c.data(), y.c.data() + static_cast<size_t>(b0) * ld, ld, H, 1e-5f);
+  });
+  expect_bf16_written(y.from_gpu(), y.from_cpu(), row_mask(B, ld, H, &slots_h),
+                      what + ", embed_rmsnorm_batch");
+
+  // rmsnorm_strided into the second half (a row op: padded rows too), then in place.
+  const int ld_x = H + 8;
+  Twin<bf16> x(rng.bf16s(static_cast<size_t>(B) * ld_x, -3.0f, 3.0f));
+  EXPECT_EQ(kernels_of([&] {
+              gpu().rmsnorm_strided(x.g.data(), ld_x, w.g.data(), y.g.data() + H, ld, B, H, 1e-5f);
+            }),
+            1u);
+  on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
+    be.rmsnorm_strided(x.c.data() + static_cast<size_t>(b0) * ld_x, ld_x, w.c.data(),
+                       y.c.data() + static_cast<size_t>(b0) * ld + H, ld, b1 - b0, H, 1e-5f);
+  });
+  std::vector<uint8_t> second(static_cast<size_t>(B) * ld, 0);
+  for (int b = 0; b < B; ++b) std::fill_n(second.begin() + b * ld + H, H, 1);
+  const auto both = [&] {
+    auto m = row_mask(B, ld, H, &slots_h);
+    for (size_t i = 0; i < m.size(); ++i) m[i] |= second[i];
+    return m;
+  }();
+  expect_bf16_written(y.from_gpu(), y.from_cpu(), both, what + ", rmsnorm_strided");
+  gpu().rmsnorm_strided(x.g.data(), ld_x, w.g.data(), x.g.data(), ld_x, B, H, 1e-5f);
+  on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
+    bf16* xr = x.c.data() + static_cast<size_t>(b0) * ld_x;
+    be.rmsnorm_strided(xr, ld_x, w.c.data(), xr, ld_x, b1 - b0, H, 1e-5f);
+  });
+  expect_bf16_written(x.from_gpu(), x.from_cpu(), row_mask(B, ld_x, H, nullptr),
+                      what + ", rmsnorm_strided in place");
+
+  // residual_add_rmsnorm_rows in place (x and y alias, as the block's residual does).
+  const size_t all = static_cast<size_t>(B) * H;
+  Twin<bf16> r(rng.bf16s(all, -2.0f, 2.0f));
+  Twin<float> delta(rng.floats(all, -1.0f, 1.0f));
+  auto normed = out_twin<bf16>(all);
+  EXPECT_EQ(kernels_of([&] {
+              gpu().residual_add_rmsnorm_rows(r.g.data(), delta.g.data(), r.g.data(), w.g.data(),
+                                              normed.g.data(), B, H, 1e-5f);
+            }),
+            1u);
+  on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
+    const size_t off = static_cast<size_t>(b0) * H;
+    be.residual_add_rmsnorm_rows(r.c.data() + off, delta.c.data() + off, r.c.data() + off, w.c.data(),
+                                 normed.c.data() + off, b1 - b0, H, 1e-5f);
+  });
+  // y = bf16(x + delta) is one IEEE add and one rounding on both: exact.
+  expect_bytes_equal(r.from_gpu(), r.from_cpu(), what + ", residual_add_rmsnorm_rows y");
+  expect_bf16_close(normed.from_gpu(), normed.from_cpu(), what + ", residual_add_rmsnorm_rows normed");
+}
+
 TEST_P(GpuNorm, Batched) {
   const Shape s = GetParam();
   Rng rng(801);
@@ -117,72 +193,21 @@ TEST_P(GpuNorm, Batched) {
   Twin<bf16> w(rng.bf16s(H, 0.5f, 1.5f));
   for (int B : kBatches) {
     const auto slots_h = make_slots(rng, B, B + 2);
-    std::vector<int32_t> tok_h(static_cast<size_t>(B));
-    for (int b = 0; b < B; ++b)
-      tok_h[static_cast<size_t>(b)] = slots_h[static_cast<size_t>(b)] < 0 ? -7 : rng.integer(0, V - 1);
-    Twin<int32_t> slots(slots_h), tok(tok_h);
-    // embed_rmsnorm_batch into the first half of each [e ; h] row of 2H.
-    const int ld = 2 * H;
-    auto y = out_twin<bf16>(static_cast<size_t>(B) * ld);
-    EXPECT_EQ(kernels_of([&] {
-                gpu().embed_rmsnorm_batch(table.g.data(), tok.g.data(), RowBatch{slots.g.data(), nullptr, B},
-                                          w.g.data(), y.g.data(), ld, H, 1e-5f);
-              }),
-              1u);
-    on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      be.embed_rmsnorm_batch(table.c.data(), tok.c.data() + b0,
-                             RowBatch{slots.c.data() + b0, nullptr, b1 - b0}, w.c.data(),
-                             y.c.data() + static_cast<size_t>(b0) * ld, ld, H, 1e-5f);
-    });
-    expect_bf16_written(y.from_gpu(), y.from_cpu(), row_mask(B, ld, H, &slots_h),
-                        where("embed_rmsnorm_batch", B));
-
-    // rmsnorm_strided into the second half (a row op: padded rows too), then in place.
-    const int ld_x = H + 8;
-    Twin<bf16> x(rng.bf16s(static_cast<size_t>(B) * ld_x, -3.0f, 3.0f));
-    EXPECT_EQ(kernels_of([&] {
-                gpu().rmsnorm_strided(x.g.data(), ld_x, w.g.data(), y.g.data() + H, ld, B, H, 1e-5f);
-              }),
-              1u);
-    on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      be.rmsnorm_strided(x.c.data() + static_cast<size_t>(b0) * ld_x, ld_x, w.c.data(),
-                         y.c.data() + static_cast<size_t>(b0) * ld + H, ld, b1 - b0, H, 1e-5f);
-    });
-    std::vector<uint8_t> second(static_cast<size_t>(B) * ld, 0);
-    for (int b = 0; b < B; ++b) std::fill_n(second.begin() + b * ld + H, H, 1);
-    const auto both = [&] {
-      auto m = row_mask(B, ld, H, &slots_h);
-      for (size_t i = 0; i < m.size(); ++i) m[i] |= second[i];
-      return m;
-    }();
-    expect_bf16_written(y.from_gpu(), y.from_cpu(), both, where("rmsnorm_strided", B));
-    gpu().rmsnorm_strided(x.g.data(), ld_x, w.g.data(), x.g.data(), ld_x, B, H, 1e-5f);
-    on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      bf16* xr = x.c.data() + static_cast<size_t>(b0) * ld_x;
-      be.rmsnorm_strided(xr, ld_x, w.c.data(), xr, ld_x, b1 - b0, H, 1e-5f);
-    });
-    expect_bf16_written(x.from_gpu(), x.from_cpu(), row_mask(B, ld_x, H, nullptr),
-                        where("rmsnorm_strided in place", B));
-
-    // residual_add_rmsnorm_rows in place (x and y alias, as the block's residual does).
-    const size_t all = static_cast<size_t>(B) * H;
-    Twin<bf16> r(rng.bf16s(all, -2.0f, 2.0f));
-    Twin<float> delta(rng.floats(all, -1.0f, 1.0f));
-    auto normed = out_twin<bf16>(all);
-    EXPECT_EQ(kernels_of([&] {
-                gpu().residual_add_rmsnorm_rows(r.g.data(), delta.g.data(), r.g.data(), w.g.data(),
-                                                normed.g.data(), B, H, 1e-5f);
-              }),
-              1u);
-    on_cpu_rows(B, [&](Backend& be, int b0, int b1) {
-      const size_t off = static_cast<size_t>(b0) * H;
-      be.residual_add_rmsnorm_rows(r.c.data() + off, delta.c.data() + off, r.c.data() + off, w.c.data(),
-                                   normed.c.data() + off, b1 - b0, H, 1e-5f);
-    });
-    // y = bf16(x + delta) is one IEEE add and one rounding on both: exact.
-    expect_bytes_equal(r.from_gpu(), r.from_cpu(), where("residual_add_rmsnorm_rows y", B));
-    expect_bf16_close(normed.from_gpu(), normed.from_cpu(), where("residual_add_rmsnorm_rows normed", B));
+    check_norms(rng, table, w, V, H, slots_h, std::vector<int32_t>(static_cast<size_t>(B), 0), 1,
+                "B = " + std::to_string(B));
   }
+}
+
+// The batched norms over every ragged batch of ragged_layouts (gpu_batch_util.hpp): a sequence's
+// rows share their slot at ascending positions; the norms are row ops, so each row as its own.
+TEST_P(GpuNorm, RaggedRows) {
+  const Shape s = GetParam();
+  Rng rng(816);
+  const int H = s.hidden, V = 4096;
+  Twin<bf16> table(rng.bf16s(static_cast<size_t>(V) * H, -2.0f, 2.0f));
+  Twin<bf16> w(rng.bf16s(H, 0.5f, 1.5f));
+  for (const Ragged& r : ragged_layouts(rng, max_rows_for(s), s.hidden >= 4096))
+    check_norms(rng, table, w, V, H, r.slot, r.pos, r.max_seq_rows, std::string(s.name) + ", " + r.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuNorm, ::testing::ValuesIn(kShapes), shape_name);
