@@ -108,6 +108,24 @@ __device__ __forceinline__ float dot_fp8x16(const uint4& w, const uint4& xa, con
 
 constexpr int kUnroll = 8;  // 16-byte weight loads in flight per lane (slice_dot's default)
 
+/// One step of a lane's walk over kRows rows of 16-byte chunks: wv[j][u] = chunk c + u kWarp of
+/// row j (rows[j], chunks of 16 / sizeof(T) elements), zeros for a row with !ok[j] or a chunk at
+/// or past c_end; every load issued before any is used (the dot products below and moe.cu's pairs).
+template <int kRows, int kU, typename T>
+__device__ __forceinline__ void load_chunks(const T* const (&rows)[kRows], const bool (&ok)[kRows], int c,
+                                            int c_end, uint4 (&wv)[kRows][kU]) {
+  constexpr size_t kChunkElems = 16 / sizeof(T);
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int cc = c + u * kWarp;
+      wv[j][u] = ok[j] && cc < c_end ? load_stream(rows[j] + static_cast<size_t>(cc) * kChunkElems)
+                                     : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 /// This lane's share of the dot products of kRows rows with the same activation x over 16-byte
 /// chunks [c_begin, c_end) of each row, kU loads per row and lane in flight: the weight loads of
 /// every row are issued before the first FMA, and each activation chunk is read once for all rows.
@@ -119,15 +137,7 @@ __device__ __forceinline__ void slice_dot_rows(const uint8_t* const (&wrow)[kRow
                                                float (&acc)[kRows]) {
   for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
     uint4 wv[kRows][kU];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int cc = c + u * kWarp;
-        wv[j][u] = ok[j] && cc < c_end ? load_stream(wrow[j] + static_cast<size_t>(cc) * 16)
-                                       : make_uint4(0, 0, 0, 0);
-      }
-    }
+    load_chunks(wrow, ok, c, c_end, wv);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int cc = c + u * kWarp;

@@ -256,15 +256,7 @@ __device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kP], const bf16
   constexpr int kU = kUnroll / kP;
   for (int c = lane; c < n_chunks; c += kWarp * kU) {
     uint4 wv[kP][kU];
-#pragma unroll
-    for (int j = 0; j < kP; ++j) {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int cc = c + u * kWarp;
-        wv[j][u] =
-            ok[j] && cc < n_chunks ? load_stream(w[j] + static_cast<size_t>(cc) * 8) : make_uint4(0, 0, 0, 0);
-      }
-    }
+    load_chunks(w, ok, c, n_chunks, wv);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int cc = c + u * kWarp;
