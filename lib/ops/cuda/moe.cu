@@ -254,19 +254,11 @@ template <int kP>
 __device__ __forceinline__ void dot_pairs(const bf16* const (&w)[kP], const bf16* const (&x)[kP],
                                           const bool (&ok)[kP], int n_chunks, int lane, float (&acc)[kP]) {
   constexpr int kU = kUnroll / kP;
-  for (int c = lane; c < n_chunks; c += kWarp * kU) {
-    uint4 wv[kP][kU];
-    load_chunks(w, ok, c, n_chunks, wv);
+  walk_chunks<kP, kU>(w, ok, lane, n_chunks, [&](const uint4(&wv)[kP][kU], int u, int cc) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int cc = c + u * kWarp;
-      if (cc < n_chunks) {
-#pragma unroll
-        for (int j = 0; j < kP; ++j)
-          if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], load_cached(x[j] + static_cast<size_t>(cc) * 8), acc[j]);
-      }
-    }
-  }
+    for (int j = 0; j < kP; ++j)
+      if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], load_cached(x[j] + static_cast<size_t>(cc) * 8), acc[j]);
+  });
 }
 
 /// The down projection and the combine of R rows: a block holds `per_block` outputs x
