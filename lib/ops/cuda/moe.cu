@@ -663,16 +663,33 @@ __device__ __forceinline__ void block_item_rings(uint8_t* smem, bf16*& xring, bf
   wring = xring + static_cast<size_t>(kBlockStages) * kBlockGroup * kMoeXStride + (threadIdx.x / kWarp) * kW;
 }
 
+/// What both block-item kernels start from: their rings in the dynamic shared memory
+/// (block_item_rings), this thread's warp and MMA lane coordinates (g, t), and the plan read from
+/// global memory with its active entries (0: nothing to do).
+struct BlockStart {
+  bf16* xring;
+  bf16* wring;
+  int warp, g, t;
+  Plan pl;
+  int n_active;
+};
+template <int kMats>
+__device__ __forceinline__ BlockStart start_block_items(const GroupedParams& p, const PlanLayout& layout,
+                                                        uint8_t* smem, bool gate_up) {
+  BlockStart s;
+  block_item_rings<kMats>(smem, s.xring, s.wring);
+  s.warp = threadIdx.x / kWarp;
+  s.g = (threadIdx.x % kWarp) >> 2;
+  s.t = threadIdx.x % 4;
+  s.pl = launch_plan<true>(p, layout, nullptr, gate_up, s.n_active);
+  return s;
+}
+
 __global__ void __launch_bounds__(kGroupedThreads, 1)
     moe_gate_up_block_kernel(GroupedParams p, PlanLayout layout) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
-  bf16 *xring, *wring;
-  block_item_rings<2>(moe_smem, xring, wring);
-  const int warp = threadIdx.x / kWarp;
-  const int g = (threadIdx.x % kWarp) >> 2, t = threadIdx.x % 4;
-  int n_active;
-  const Plan pl = launch_plan<true>(p, layout, nullptr, true, n_active);
+  const auto [xring, wring, warp, g, t, pl, n_active] = start_block_items<2>(p, layout, moe_smem, true);
   if (n_active == 0) return;
   const int total = pl.a_items[n_active];
   for (int w = blockIdx.x; w < total; w += gridDim.x) {
@@ -712,12 +729,7 @@ __global__ void __launch_bounds__(kGroupedThreads, 2)
     moe_down_block_kernel(GroupedParams p, PlanLayout layout, int hblocks) {
   pdl_begin();
   extern __shared__ __align__(16) uint8_t moe_smem[];
-  bf16 *xring, *wring;
-  block_item_rings<1>(moe_smem, xring, wring);
-  const int warp = threadIdx.x / kWarp;
-  const int g = (threadIdx.x % kWarp) >> 2, t = threadIdx.x % 4;
-  int n_active;
-  const Plan pl = launch_plan<true>(p, layout, nullptr, false, n_active);
+  const auto [xring, wring, warp, g, t, pl, n_active] = start_block_items<1>(p, layout, moe_smem, false);
   if (n_active == 0) return;
   const int total = pl.a_items[n_active];
   const int hb = static_cast<int>(blockIdx.x) % hblocks;
