@@ -21,8 +21,10 @@
 //   logits and leaves the other rows' bytes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpu_batch_util.hpp"
@@ -895,6 +897,77 @@ TEST_P(GpuDense, BatchedLinearsRowsGemv) {
                   expect_bf16_close(got, ref, what);
                 });
           }
+        }
+      }
+    }
+  }
+}
+
+// The batched linears over the row counts of the ragged batches (ragged_layouts: a linear's rows
+// are independent of each other, so a ragged batch is its row count), under every kernel
+// rows_linear can pick (auto; gemv, up to 16 rows, more on cuBLASLt; cublaslt), each linear in its
+// own output type: every row within Linear's tolerances of the CPU's (BF16: 2 ulps + 1/4096 of the
+// largest |value|, >= 90% bit-identical; fp32: 1e-5 relative + 1e-4 of the largest |value|: a
+// k-term reordering moves a sum by ~k 2^-24 of the summed magnitudes), the row past the batch
+// keeping its poison.
+TEST_P(GpuDense, LinearRaggedRows) {
+  const Shape s = GetParam();
+  Rng rng(817);
+  std::vector<int> counts;
+  for (const Ragged& r : ragged_layouts(rng, max_rows_for(s), s.hidden >= 4096)) counts.push_back(r.rows());
+  std::sort(counts.begin(), counts.end());
+  counts.erase(std::unique(counts.begin(), counts.end()), counts.end());
+  const int most = counts.back();
+  uint64_t salt = 9200;
+  for (const BatchedLinear& l : batched_linears(s)) {
+    SCOPED_TRACE(std::string(s.name) + " " + l.name);
+    const size_t n = static_cast<size_t>(l.n);
+    const Big<bf16> W = big_bf16(n * l.k, -1.0f, 1.0f, ++salt);
+    const Big<bf16> X = big_bf16(static_cast<size_t>(most) * l.k, -1.0f, 1.0f, ++salt);
+    Big<float> want_f(l.f32 ? most * n : 1);
+    Big<bf16> want_b(l.f32 ? 1 : most * n);
+    on_cpu_rows(most, [&](Backend& be, int b0, int b1) {
+      const bf16* x = X.c.data() + static_cast<size_t>(b0) * l.k;
+      if (l.f32) {
+        be.linear_f32(W.c.data(), x, want_f.c.data() + b0 * n, b1 - b0, l.n, l.k, RowsMode::batched);
+      } else {
+        be.linear(W.c.data(), x, want_b.c.data() + b0 * n, b1 - b0, l.n, l.k, RowsMode::batched);
+      }
+    });
+    for (const RowsLinear path : {RowsLinear::automatic, RowsLinear::gemv, RowsLinear::cublaslt}) {
+      PolicyScope scope([&](KernelPolicy& p) { p.rows_linear = path; });
+      for (const int R : counts) {
+        const std::string what = std::string(l.name) + (l.f32 ? " f32 " : " bf16 ") + to_string(path) + ", " +
+                                 std::to_string(R) + " rows";
+        const size_t nb = static_cast<size_t>(R) * n;
+        auto check = [&](auto* tag, auto run, const auto& want, auto close) {
+          using T = std::remove_pointer_t<decltype(tag)>;
+          auto Y = out_twin<T>(nb + n);
+          run(Y.g.data());
+          std::vector<T> got = Y.from_gpu();
+          const std::vector<T> poison = Y.from_cpu();  // the CPU twin: poisoned, never written
+          expect_bytes_equal(std::vector<T>(got.begin() + static_cast<long>(nb), got.end()),
+                             std::vector<T>(poison.begin() + static_cast<long>(nb), poison.end()),
+                             what + ": the row past the batch keeps its poison");
+          got.resize(nb);
+          close(got, std::vector<T>(want.c.data(), want.c.data() + nb));
+        };
+        if (l.f32) {
+          check(
+              static_cast<float*>(nullptr),
+              [&](float* y) { gpu().linear_f32(W.g.data(), X.g.data(), y, R, l.n, l.k, RowsMode::batched); },
+              want_f,
+              [&](const std::vector<float>& got, const std::vector<float>& ref) {
+                expect_f32_close(got, ref, what, 1e-5, 1e-4);
+              });
+        } else {
+          check(
+              static_cast<bf16*>(nullptr),
+              [&](bf16* y) { gpu().linear(W.g.data(), X.g.data(), y, R, l.n, l.k, RowsMode::batched); },
+              want_b,
+              [&](const std::vector<bf16>& got, const std::vector<bf16>& ref) {
+                expect_bf16_close(got, ref, what);
+              });
         }
       }
     }
