@@ -1053,11 +1053,9 @@ void run_batched(Bench& b, ops::Backend& be) {
     const ops::ExpertWeights routed{gate, up, down, 0, kExperts, kH, kInter};
     const ops::ExpertWeights shared{sg, su, sd, 0, 1, kH, kInter};
     // Under the policy's automatic pipeline, then each pipeline forced (KernelPolicy::moe_pipeline,
-    // " v1", " spread", ...: the same bits, other timing; " split": its own bits).
+    // " v1", " slots", " ringpf"; the comparison pipelines are timed by dev/cuda/moe.cu).
     const ops::MoePipeline pipes[] = {ops::MoePipeline::automatic, ops::MoePipeline::v1,
-                                      ops::MoePipeline::spread,    ops::MoePipeline::regs,
-                                      ops::MoePipeline::ring,      ops::MoePipeline::split,
-                                      ops::MoePipeline::slots,     ops::MoePipeline::ringpf};
+                                      ops::MoePipeline::slots, ops::MoePipeline::ringpf};
     for (const ops::MoePipeline pipe : pipes)
       for (int B : {1, 2, 3, 4, 16, 64, 128}) {
         const bool forced = pipe != ops::MoePipeline::automatic;

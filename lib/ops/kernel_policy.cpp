@@ -161,6 +161,11 @@ constexpr Retired kRetired[] = {
     {"gemv_variant", "rows2", nullptr, "a comparison kernel in dev/cuda/gemv.cu (no rule picks it)"},
     {"gemv_variant", "fp8split", nullptr, "a comparison kernel in dev/cuda/gemv.cu (no rule picks it)"},
     {"mla_batch", "shared", nullptr, "a comparison kernel in dev/cuda/mla.cu (no rule picks it)"},
+    {"moe_pipeline", "spread", nullptr, "a comparison pipeline in dev/cuda/moe.cu (no rule picks it)"},
+    {"moe_pipeline", "regs", nullptr, "a comparison pipeline in dev/cuda/moe.cu (no rule picks it)"},
+    {"moe_pipeline", "ring", nullptr,
+     "a comparison pipeline in dev/cuda/moe.cu (no rule picks it; ringpf is ring with the L2 hint)"},
+    {"moe_pipeline", "split", nullptr, "a comparison pipeline in dev/cuda/moe.cu (no rule picks it)"},
     {"indexer_select", "", "MTPLAB_INDEXER_SELECT",
      "the library selects with the radix kernel (v2) only; v1 is a comparison kernel in dev/cuda/indexer.cu"},
     {"mla_clusters", "", "MTPLAB_MLA_CLUSTERS",
@@ -231,6 +236,11 @@ KernelPolicy env_overrides(const KernelPolicy& base, std::vector<std::string>* o
   }
   KernelPolicy p = base;
   for (const Field& f : kFields) {
+    // A retired value of a live field: refused with where it went, before the field's own reader.
+    const char* v = std::getenv(f.env);
+    const std::string note = v && *v ? retired_note(f.name, v) : "";
+    MTP_REQUIRE(note.empty(), f.env, "=", v, " is not one of: ", f.choices(), note,
+                " (unset it for the default)");
     if (f.from_env(p, f.env) && overridden)
       overridden->push_back(str(f.name, "=", f.text(p), " (", f.env, ")"));
   }

@@ -34,11 +34,9 @@
 //   near-ties.
 // - mla_batch_splits: the split count fixes the merge order of the batched decode (v1 and v2):
 //   other bits.
-// - moe_pipeline: how the grouped experts' kernels bring their weights in; v1, spread, regs and
-//   ring feed the tensor cores the same operands in the same order: the same bits, other timing;
-//   split cuts each item's reduction into 8 fixed parts added in order: its own bits (within the
-//   tolerances), which do not depend on the batch either. ringpf is ring with an L2 prefetch hint
-//   on its weight copies: ring's bits.
+// - moe_pipeline: how the grouped experts' kernels bring their weights in; v1 and ringpf feed the
+//   tensor cores the same operands in the same order: the same bits, other timing; slots runs
+//   each row on the single-row kernels: each row the one-row op's bits.
 // - rows_linear: the multi-row GEMV sums a batched linear's outputs in another order than
 //   cuBLASLt: other bits (within the usual tolerances); its own bits do not depend on the batch.
 // - indexer_scores: pools4 and tiled compute every score with the same operations in the same
@@ -110,21 +108,20 @@ inline constexpr Choice<HeadGemm> kHeadGemmChoices[] = {{HeadGemm::automatic, "a
 
 /// The memory pipeline of the grouped expert kernels (moe_experts_grouped, docs/kernels.md "Routed
 /// experts"): v1, the weights one 64-column chunk ahead in registers, gate_up's items in
-/// runs of 8 per block; spread, v1 with gate_up's items dealt round-robin over every resident
-/// block; regs, spread with the down kernel's weights three chunks ahead in registers; ring, the
-/// weights and the input rows through a per-warp cp.async ring in shared memory several chunks
-/// deep, dealt as spread; split, the ring's stages with all 8 warps of a block on one item at a
-/// time, each on a fixed eighth of its reduction (other bits); slots, up to cuda::kMaxRowsSlotsMoe
-/// rows the single-row kernels for every (row, route) pair (each row the one-row op's bits; more
-/// rows take ring); ringpf, ring whose weight copies ask the L2 for the aligned 256 bytes around each
-/// (a row's next 128-byte chunk arrives with the current one; the same bits); automatic: slots up to
+/// runs of 8 per block (the least shared memory: auto's choice where ringpf's rings do not fit);
+/// slots, up to cuda::kMaxRowsSlotsMoe rows the single-row kernels for every (row, route) pair
+/// (each row the one-row op's bits; more rows take auto's choice above them); ringpf, the weights
+/// and the input rows through a per-warp cp.async ring in shared memory several chunks deep,
+/// gate_up's items dealt round-robin over every resident block, the weight copies asking the L2
+/// for the aligned 256 bytes around each (v1's bits); automatic: slots up to
 /// cuda::kMaxRowsSlotsMoeAuto rows, above that ringpf where its rings fit in shared memory, else v1,
 /// past 128 rows the block items (slots too; the rule: lib/ops/cuda/dispatch.cu, moe_grouped_plan).
-enum class MoePipeline { automatic, v1, spread, regs, ring, split, slots, ringpf };
-inline constexpr Choice<MoePipeline> kMoePipelineChoices[] = {
-    {MoePipeline::automatic, "auto"}, {MoePipeline::v1, "v1"},        {MoePipeline::spread, "spread"},
-    {MoePipeline::regs, "regs"},      {MoePipeline::ring, "ring"},    {MoePipeline::split, "split"},
-    {MoePipeline::slots, "slots"},    {MoePipeline::ringpf, "ringpf"}};
+/// The comparison pipelines spread, regs, ring and split live in dev/cuda/moe.cu.
+enum class MoePipeline { automatic, v1, slots, ringpf };
+inline constexpr Choice<MoePipeline> kMoePipelineChoices[] = {{MoePipeline::automatic, "auto"},
+                                                              {MoePipeline::v1, "v1"},
+                                                              {MoePipeline::slots, "slots"},
+                                                              {MoePipeline::ringpf, "ringpf"}};
 
 /// The kernel of a batched linear (linear / linear_f32 with RowsMode::batched) of 2 or more rows:
 /// gemv, the multi-row GEMV (cuda::rows_gemv: every weight read once for all rows, up to

@@ -50,8 +50,9 @@ tasks (in the order given; options are environment variables):
   gemv-sweep         the GEMV variants (VARIANTS, default "v1 rows4 occ"): the variant test, the
                      GEMV cases of bench_kernels and the GEMV op tests under each (gemv_sweep.txt)
   playgrounds        the kernel playgrounds of dev/cuda (the comparison kernels no rule picks:
-                     GEMV rows2 / fp8split, indexer scores / select v1, MLA shared) against the CPU
-                     reference, timed against the library's choice (REPS, 50; playgrounds.txt)
+                     GEMV rows2 / fp8split, indexer scores / select v1, MLA shared, MoE spread /
+                     regs / ring / split) against the CPU reference, timed against the library's
+                     choice (REPS, 50; playgrounds.txt)
   resources          cuobjdump's register / shared-memory report of the kernels, 16-byte loads
                      and local-memory spills
   fixtures           the transformers reference fixtures (tests/reference), and their check
@@ -87,8 +88,8 @@ targets_of() {
     bench-verify) echo mtplab_bench_verify ;;
     bench-exchange) echo mtplab_bench_exchange ;;
     peer-step) echo mtplab_export_weights mtplab_bench_step ;;
-    gemv-sweep) echo test_ops_gpu mtplab_bench_kernels ;;
-    playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla ;;
+    gemv-sweep) echo test_ops_gpu test_ops_gpu_dense test_ops_gpu_mla mtplab_bench_kernels ;;
+    playgrounds) echo mtplab_dev_gemv mtplab_dev_indexer mtplab_dev_mla mtplab_dev_moe ;;
     resources) echo mtplab_ops ;;
     fixtures) ;;
     exp:* | plan-online) echo mtplab ;;
@@ -137,12 +138,28 @@ task_test() {
     for tool in memcheck racecheck; do
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
         "$TESTS_BIN/test_ops_gpu" \
-        --gtest_filter='*Norm*:*Moe*tiny*:*Moe*small*:*Fused*tiny*:*Fused*small*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.IndexerScoresAndSelect/tiny'
+        --gtest_filter='*Norm*:*Fused*tiny*:*Fused*small*'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
-      # The ragged-rows cache writes and reads (rows of one slot in one launch) and the grouped
-      # experts' block items (200 rows).
+      # The MLA decode and the indexer's scores and selection of one row (tiny).
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_mla_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_mla" --gtest_filter='Models/GpuMla.Mla/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_mla_$tool.log"
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_indexer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_indexer" --gtest_filter='Models/GpuIndexer.IndexerScoresAndSelect/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_indexer_$tool.log"
+      # The norm family: one row at every shape, the vector and scalar widths, batched (tiny).
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_norm_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_norm" --gtest_filter='Models/GpuNorm.OneRow/*:GpuNormWidths.*:Models/GpuNorm.Batched/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_norm_$tool.log"
+      # The MoE family: the router and the experts of one row (tiny, small), the grouped experts
+      # with their block items (200 rows; tiny).
+      CUDA_VISIBLE_DEVICES=0 run "sanitizer_moe_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        "$TESTS_BIN/test_ops_gpu_moe" \
+        --gtest_filter='*GpuMoe.Route/tiny:*GpuMoe.Route/small:*GpuMoe.Experts/tiny:*GpuMoe.Experts/small:*GpuMoe.ExpertsGrouped/tiny'
+      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_moe_$tool.log"
+      # The ragged-rows cache writes and reads (rows of one slot in one launch).
       CUDA_VISIBLE_DEVICES=0 run "sanitizer_ragged_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small:Models/GpuBatch.MoeExpertsGrouped/tiny'
+        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small'
       dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_ragged_$tool.log"
     done
   fi
@@ -354,8 +371,9 @@ task_gemv_sweep() {
   local variants v
   read -r -a variants <<<"${VARIANTS:-v1 rows4 occ}"
   local cases="linear eh_proj,linear q_b,linear kv_b,mla_out_v,linear_fp8 eh_proj,head_argmax bf16,head_argmax fp8,linear o_proj,linear_group"
-  local tests='Models/GpuDense.Linear/*:Models/GpuDense.HeadArgmax/tiny:Models/GpuDense.HeadArgmax/small'
-  tests+=':Shapes/GpuFused.LinearGroup*:Models/GpuAttention.Mla/tiny:Models/GpuAttention.Mla/small'
+  local dense_tests='Models/GpuDense.Linear/*:Models/GpuDense.HeadArgmax/tiny:Models/GpuDense.HeadArgmax/small'
+  local fused_tests='Shapes/GpuFused.LinearGroup*'
+  local mla_tests='Models/GpuMla.Mla/tiny:Models/GpuMla.Mla/small'
   step "GEMV variants: the variant test"
   (unset MTPLAB_GEMV_VARIANT MTPLAB_GEMV_SPLIT
    CUDA_VISIBLE_DEVICES=0 run gemv_variant_test 90 "$TESTS_BIN/test_ops_gpu" --gtest_filter='GpuGemvVariants.*')
@@ -363,7 +381,12 @@ task_gemv_sweep() {
     step "GEMV variant $v: bench_kernels, then the GEMV op tests"
     MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_bench_$v" 60 "$BIN/mtplab_bench_kernels" \
       --reps "${REPS:-30}" --only "$cases" --out "$LOG/gemv_$v"
-    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_tests_$v" 60 "$TESTS_BIN/test_ops_gpu" --gtest_filter="$tests"
+    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_tests_$v" 60 "$TESTS_BIN/test_ops_gpu_dense" \
+      --gtest_filter="$dense_tests"
+    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_fused_tests_$v" 60 "$TESTS_BIN/test_ops_gpu" \
+      --gtest_filter="$fused_tests"
+    MTPLAB_GEMV_VARIANT=$v CUDA_VISIBLE_DEVICES=0 run "gemv_mla_tests_$v" 60 "$TESTS_BIN/test_ops_gpu_mla" \
+      --gtest_filter="$mla_tests"
   done
   dry && return
   python3 - "$LOG" "${variants[@]}" <<'PY' 2>&1 | tee "$OUT/gemv_sweep.txt"
@@ -392,7 +415,7 @@ PY
 task_playgrounds() {
   local p
   : >"$OUT/playgrounds.txt"
-  for p in gemv indexer mla; do
+  for p in gemv indexer mla moe; do
     step "playground mtplab_dev_$p"
     CUDA_VISIBLE_DEVICES=0 run "dev_$p" 600 "$BIN/mtplab_dev_$p" --reps "${REPS:-50}"
     dry || cat "$LOG/dev_$p.log" >>"$OUT/playgrounds.txt"

@@ -466,6 +466,11 @@ TEST(ArmRegistry, KernelsBlock) {
   const std::string swept = message_of(
       [] { parse_experiment(kSingle, "exp.yaml", {"sweep.grid.kernels.mla_batch=[shared2,shared]"}, 1); });
   EXPECT_NE(swept.find("dev/cuda/mla.cu"), std::string::npos) << swept;
+  const std::string pipeline = message_of([] {
+    parse_experiment(std::string(kSingle) + "kernels: {moe_pipeline: spread}\n", "exp.yaml", {}, 1);
+  });
+  EXPECT_NE(pipeline.find("auto, v1, slots, ringpf"), std::string::npos) << pipeline;
+  EXPECT_NE(pipeline.find("dev/cuda/moe.cu"), std::string::npos) << pipeline;
   const std::string retired =
       message_of([] { parse_experiment(kSingle, "exp.yaml", {"kernels.indexer_select=v1"}, 1); });
   EXPECT_NE(retired.find("indexer_select"), std::string::npos) << retired;

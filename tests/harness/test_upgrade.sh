@@ -85,7 +85,7 @@ index_share: on
 batch_size: 2
 record_margins: off
 kernels: {gemv_variant: occ, gemv_split: 4, mla_decode: v1, pdl: off, nccl_blocking: off, head_gemm: mma,
-          mla_batch_splits: 8, moe_pipeline: ring, rows_linear: gemv, mla_batch: tiles, indexer_scores: tiled}
+          mla_batch_splits: 8, moe_pipeline: ringpf, rows_linear: gemv, mla_batch: tiles, indexer_scores: tiled}
 sweep: {grid: {exchange: [packed_u64, allgather_pairs], replay: [speculative, teacher_forced]}}
 YAML
 exits arms.log 0 "a run with arms away from their defaults" "$mtplab" run arms.yaml --out arms.h5
@@ -100,7 +100,7 @@ want = {"draft_len": 2, "head_fp8": "on", "context_rows": "full", "draft_rows": 
         "kv_cache_dtype": "fp8", "context_gemm": "on", "index_share": "on", "batch_size": 2,
         "record_margins": "off", "kernels.gemv_variant": "occ", "kernels.gemv_split": "4",
         "kernels.mla_decode": "v1", "kernels.pdl": "off", "kernels.nccl_blocking": "off", "kernels.head_gemm": "mma",
-        "kernels.mla_batch_splits": "8", "kernels.moe_pipeline": "ring", "kernels.rows_linear": "gemv",
+        "kernels.mla_batch_splits": "8", "kernels.moe_pipeline": "ringpf", "kernels.rows_linear": "gemv",
         "kernels.mla_batch": "tiles", "kernels.indexer_scores": "tiled"}
 points = res.points
 assert len(points) == 4, len(points)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error_of.hpp"
+#include "common/random.hpp"
 #include "common/seed.hpp"
 #include "core/error.hpp"
 
@@ -47,7 +48,7 @@ class TempDirTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::uint64_t seed_ = 0;
-  std::mt19937_64 rng_;
+  mtplab::test::Rng rng_;  ///< tests/common/random.hpp, seeded with seed_
 };
 
 using mtplab::test::error_of;

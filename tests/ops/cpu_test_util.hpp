@@ -7,10 +7,12 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,28 +33,10 @@ inline uint64_t test_seed() {
   return seed;
 }
 
-/// A generator for one test: the global seed mixed with a per-test salt.
-class Rng : public ::mtplab::test::RandomVectors<Rng> {
+/// The generator of one test (tests/common/random.hpp): the run's seed mixed with a per-test salt.
+class Rng : public ::mtplab::test::Rng {
  public:
-  explicit Rng(uint64_t salt) : gen_(test_seed() * kSplitmix64Gamma + salt) {}
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
-  float normal(float stddev) { return std::normal_distribution<float>(0.0f, stddev)(gen_); }
-  int integer(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen_); }
-  /// Random finite E4M3 codes (0x7f / 0xff are NaN and excluded).
-  std::vector<fp8e4m3> fp8s(size_t n) {
-    std::vector<fp8e4m3> v(n);
-    for (auto& x : v) {
-      int code;
-      do code = integer(0, 255);
-      while ((code & 0x7f) == 0x7f);
-      x = fp8e4m3{static_cast<uint8_t>(code)};
-    }
-    return v;
-  }
-  std::mt19937_64& engine() { return gen_; }
-
- private:
-  std::mt19937_64 gen_;
+  explicit Rng(uint64_t salt) : ::mtplab::test::Rng(::mtplab::test::salted(test_seed(), salt)) {}
 };
 
 inline std::string seed_note() { return ::mtplab::test::seed_note(test_seed()); }
@@ -132,6 +116,44 @@ inline std::vector<float> widen(const std::vector<bf16>& v) {
   std::vector<float> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
   return out;
+}
+
+// ---- batched rows --------------------------------------------------------------------------------
+
+/// The batch sizes of the batched ops' tests.
+inline constexpr int kBatches[] = {1, 3, 16, 64, 128};
+
+/// Whether two vectors hold the same bytes (the first differing byte otherwise).
+template <typename T>
+::testing::AssertionResult same_bytes(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "sizes " << got.size() << " vs " << want.size();
+  const auto* a = reinterpret_cast<const uint8_t*>(got.data());
+  const auto* b = reinterpret_cast<const uint8_t*>(want.data());
+  const size_t bytes = got.size() * sizeof(T);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (a[i] != b[i])
+      return ::testing::AssertionFailure()
+             << "first differing byte " << i << " (element " << i / sizeof(T) << " of " << got.size()
+             << "): " << int(a[i]) << " vs " << int(b[i]);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+inline std::string where(int rows) { return "B = " + std::to_string(rows) + "; " + seed_note(); }
+
+/// The rows' slots: distinct slots of a pool of `slots` in shuffled order; with `pad`, rows 1, the
+/// last and every 5th are padded (-1) when B >= 3, so padded rows sit between live ones.
+inline std::vector<int32_t> make_slots(Rng& rng, int rows, int slots, bool pad = true) {
+  std::vector<int32_t> all(static_cast<size_t>(slots));
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng);
+  std::vector<int32_t> s(all.begin(), all.begin() + rows);
+  if (pad && rows >= 3) {
+    for (int b = 0; b < rows; ++b)
+      if (b == 1 || b == rows - 1 || b % 5 == 4) s[static_cast<size_t>(b)] = -1;
+  }
+  return s;
 }
 
 }  // namespace mtplab::ops::test

@@ -83,32 +83,11 @@ class PolicyScope {
   KernelPolicy previous_;
 };
 
-/// splitmix64: fast enough to fill a [154880, 4096] head in about a second.
-class Rng : public ::mtplab::test::RandomVectors<Rng> {
+/// The generator of one test (tests/common/random.hpp: splitmix64, fast enough to fill a
+/// [154880, 4096] head in about a second): the run's seed mixed with a per-test salt.
+class Rng : public ::mtplab::test::Rng {
  public:
-  explicit Rng(uint64_t salt) : s_(run_seed() ^ (salt * kSplitmix64Gamma)) {}
-  uint64_t next() { return splitmix64_next(s_); }
-  /// Uniform in [lo, hi).
-  float uniform(float lo, float hi) {
-    return lo + (hi - lo) * static_cast<float>(next() >> 40) * (1.0f / 16777216.0f);
-  }
-  int integer(int lo, int hi) { return lo + static_cast<int>(next() % static_cast<uint64_t>(hi - lo + 1)); }
-  /// Finite E4M3 codes of both signs (0x7f / 0xff are NaN and avoided).
-  std::vector<fp8e4m3> fp8s(size_t n) {
-    std::vector<fp8e4m3> v(n);
-    for (size_t i = 0; i < n; i += 8) {
-      uint64_t r = next();
-      for (size_t j = i; j < std::min(n, i + 8); ++j, r >>= 8) {
-        uint8_t code = static_cast<uint8_t>(r & 0xff);
-        if ((code & 0x7f) == 0x7f) code ^= 0x01;
-        v[j] = fp8e4m3{code};
-      }
-    }
-    return v;
-  }
-
- private:
-  uint64_t s_;
+  explicit Rng(uint64_t salt) : ::mtplab::test::Rng(::mtplab::test::salted(run_seed(), salt)) {}
 };
 
 /// The same data on both backends.

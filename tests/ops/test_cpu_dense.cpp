@@ -1,11 +1,12 @@
-// CPU reference: memory, timing, elementwise ops, norms, linear layers, the head and the argmax
+// CPU reference: memory, timing, elementwise ops, linear layers, the head and the argmax
 // family, each against an independent double-precision formula written here.
 //
 // Tolerances (docs/numerics.md, "Test tolerances"): a BF16 output must lie within one BF16 ulp of
 // the exact value plus the fp32 summation bound (n - 1) u sum|terms| (products of BF16 values are
 // exact in fp32, so that bound is rigorous); for the linear layers we also require that at least
 // 90% of the outputs equal the exact value rounded once to nearest-even, which a truncating or
-// double-rounding implementation fails. fp32 outputs: the summation bound alone.
+// double-rounding implementation fails. fp32 outputs: the summation bound alone. The batched head
+// and argmax family: each live row the single-row op's bytes, padded rows untouched.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -140,92 +141,6 @@ TEST_F(CpuDense, AccumulateAndScaleF32AreSingleFp32Operations) {
     const float added = static_cast<float>(static_cast<double>(y0[i]) + x[i]);
     ASSERT_EQ(y[i], static_cast<float>(static_cast<double>(added) * 0.3f)) << i;
   }
-}
-
-// ---- norms --------------------------------------------------------------------------------------
-
-TEST_F(CpuDense, RmsnormMatchesDoubleFormula) {
-  SCOPED_TRACE(seed_note());
-  Rng rng(4);
-  // eps 0.5 on the short rows so that a missing eps is visible at BF16 resolution.
-  for (int n : {128, 1001}) {
-    const int rows = 3;
-    const float eps = n == 128 ? 0.5f : 1e-5f;
-    const auto x = rng.bf16s(static_cast<size_t>(rows) * n, -3, 3), w = rng.bf16s(n, 0.5f, 1.5f);
-    auto dx = upload(*be, x), dw = upload(*be, w);
-    auto dy = poisoned<bf16>(*be, x.size());
-    be->rmsnorm(dx.data(), dw.data(), dy.data(), rows, n, eps);
-    const auto y = widen(download(*be, dy));
-    // In place (x and y alias) gives the same bits.
-    be->rmsnorm(dx.data(), dw.data(), dx.data(), rows, n, eps);
-    EXPECT_EQ(std::memcmp(download(*be, dx).data(), download(*be, dy).data(), dy.bytes()), 0);
-    int exact_count = 0;
-    for (int r = 0; r < rows; ++r) {
-      double ss = 0;
-      for (int i = 0; i < n; ++i) ss += std::pow(static_cast<double>(to_float(x[r * n + i])), 2);
-      const double inv = 1.0 / std::sqrt(ss / n + eps);
-      for (int i = 0; i < n; ++i) {
-        const double exact = to_float(w[i]) * to_float(x[r * n + i]) * inv;
-        // fp32 inside: the sum of n positive squares (relative (n-1)u) and ~4 more roundings.
-        ASSERT_TRUE(bf16_near(y[r * n + i], exact, (n + 4) * kU32 * std::fabs(exact)))
-            << "n=" << n << " r=" << r << " i=" << i;
-        exact_count += y[r * n + i] == bf16_nearest(exact);
-      }
-    }
-    EXPECT_GE(exact_count, rows * n * 9 / 10);
-  }
-}
-
-TEST_F(CpuDense, EmbedRmsnormNormalisesTheTokenRow) {
-  SCOPED_TRACE(seed_note());
-  Rng rng(5);
-  const int vocab = 50, n = 96;
-  const auto table = rng.bf16s(static_cast<size_t>(vocab) * n, -2, 2), w = rng.bf16s(n, 0.5f, 1.5f);
-  const int32_t token = rng.integer(1, vocab - 1);
-  auto dt = upload(*be, table), dw = upload(*be, w);
-  auto dtok = upload(*be, std::vector<int32_t>{token});
-  auto dy = poisoned<bf16>(*be, n);
-  mtplab::ops::OneRow(*be).embed_rmsnorm(dt.data(), dtok.data(), dw.data(), dy.data(), n, 1e-5f);
-  const auto y = widen(download(*be, dy));
-  double ss = 0;
-  for (int i = 0; i < n; ++i) ss += std::pow(static_cast<double>(to_float(table[token * n + i])), 2);
-  for (int i = 0; i < n; ++i) {
-    const double exact = to_float(w[i]) * to_float(table[token * n + i]) / std::sqrt(ss / n + 1e-5);
-    ASSERT_TRUE(bf16_near(y[i], exact, (n + 4) * kU32 * std::fabs(exact))) << i;
-  }
-}
-
-TEST_F(CpuDense, LayernormMatchesDoubleFormula) {
-  SCOPED_TRACE(seed_note());
-  Rng rng(6);
-  const int rows = 4, n = 200;
-  const float eps = 1e-6f;
-  auto x = rng.bf16s(static_cast<size_t>(rows) * n, -2, 3);  // non-zero mean
-  const auto w = rng.bf16s(n, 0.5f, 1.5f), b = rng.bf16s(n, -0.5f, 0.5f);
-  auto dx = upload(*be, x), dw = upload(*be, w), db = upload(*be, b);
-  auto dy = poisoned<bf16>(*be, x.size());
-  be->layernorm(dx.data(), dw.data(), db.data(), dy.data(), rows, n, eps);
-  const auto y = widen(download(*be, dy));
-  int exact_count = 0;
-  for (int r = 0; r < rows; ++r) {
-    double mean = 0, var = 0;
-    for (int i = 0; i < n; ++i) mean += to_float(x[r * n + i]);
-    mean /= n;
-    for (int i = 0; i < n; ++i) var += std::pow(to_float(x[r * n + i]) - mean, 2);
-    var /= n;  // biased
-    for (int i = 0; i < n; ++i) {
-      const double z = (to_float(x[r * n + i]) - mean) / std::sqrt(var + eps);
-      const double exact = z * to_float(w[i]) + to_float(b[i]);
-      // fp32 mean and variance: relative error ~ n u on the normalised value, measured against
-      // its scale (|z| + |mean| / std, since x - mean cancels), plus the bias add.
-      const double err =
-          (n + 8) * kU32 *
-          ((std::fabs(z) + std::fabs(mean) / std::sqrt(var)) * to_float(w[i]) + std::fabs(to_float(b[i])));
-      ASSERT_TRUE(bf16_near(y[r * n + i], exact, err)) << "r=" << r << " i=" << i;
-      exact_count += y[r * n + i] == bf16_nearest(exact);
-    }
-  }
-  EXPECT_GE(exact_count, rows * n * 9 / 10);
 }
 
 // ---- linear layers ------------------------------------------------------------------------------
@@ -485,3 +400,137 @@ TEST_F(CpuDense, MaxOfPackedKeysEqualsArgmaxPick) {
     ASSERT_EQ(download(*be, tok)[0], want.index) << "trial " << trial;
   }
 }
+
+// ---- batched rows: each row the single-row op's bytes -----------------------------------------------
+
+namespace {
+
+struct CpuDenseBatch : CpuBackendTest {};
+
+struct HeadCase {
+  bool fp8;
+  bool logits;
+  bool extras;
+};
+
+TEST_F(CpuDenseBatch, HeadArgmaxEqualsTheSingleRowOpBf16AndFp8) {
+  Rng rng(704);
+  const int n = 300, k = 72, ld = n + 20;
+  const int64_t base = 1000;
+  auto W_h = rng.bf16s(static_cast<size_t>(n) * k, -1, 1);
+  // Duplicate rows, so equal logits occur at several places of the sweep.
+  std::copy_n(W_h.begin() + 17 * k, k, W_h.begin() + 250 * k);
+  std::copy_n(W_h.begin() + 3 * k, k, W_h.begin() + 200 * k);
+  auto W = upload(*be, W_h);
+  auto W8 = upload(*be, rng.fp8s(static_cast<size_t>(n) * k));
+  auto scale = upload(*be, rng.floats(n, 0.001f, 0.01f));
+  for (const HeadCase c : {HeadCase{false, true, true}, HeadCase{true, true, true},
+                           HeadCase{false, false, false}, HeadCase{true, false, true}}) {
+    for (int B : kBatches) {
+      const auto slots_h = make_slots(rng, B, B);
+      auto slots = upload(*be, slots_h);
+      auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * k, -1, 1));
+      auto out = poisoned<ArgMax>(*be, B), out_ref = poisoned<ArgMax>(*be, B);
+      auto logits = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
+      auto logits_ref = poisoned<bf16>(*be, static_cast<size_t>(B) * ld);
+      auto key = poisoned<uint64_t>(*be, B), key_ref = poisoned<uint64_t>(*be, B);
+      auto token = poisoned<int32_t>(*be, B), token_ref = poisoned<int32_t>(*be, B);
+      const fp8e4m3* w8 = c.fp8 ? W8.data() : nullptr;
+      const bf16* w16 = c.fp8 ? nullptr : W.data();
+      const float* sc = c.fp8 ? scale.data() : nullptr;
+      HeadExtras extras;
+      if (c.extras) extras = {key.data(), token.data()};
+      be->head_argmax_batch(w16, w8, sc, x.data(), RowBatch{slots.data(), nullptr, B}, n, k, base,
+                            c.logits ? logits.data() : nullptr, ld, out.data(), extras);
+      for (int b = 0; b < B; ++b) {
+        if (slots_h[b] < 0) continue;
+        HeadExtras e1;
+        if (c.extras) e1 = {key_ref.data() + b, token_ref.data() + b};
+        be->head_argmax(w16, w8, sc, x.data() + b * k, n, k, base,
+                        c.logits ? logits_ref.data() + b * ld : nullptr, out_ref.data() + b, e1);
+      }
+      const std::string what = std::string(c.fp8 ? "FP8" : "BF16") + (c.logits ? " with logits" : "") +
+                               (c.extras ? " with extras" : "") + ", " + where(B);
+      EXPECT_TRUE(same_bytes(download(*be, out), download(*be, out_ref))) << what;
+      EXPECT_TRUE(same_bytes(download(*be, logits), download(*be, logits_ref))) << what;
+      EXPECT_TRUE(same_bytes(download(*be, key), download(*be, key_ref))) << what;
+      EXPECT_TRUE(same_bytes(download(*be, token), download(*be, token_ref))) << what;
+    }
+  }
+}
+
+TEST_F(CpuDenseBatch, HeadArgmaxTiesGoToTheLowestRowInEveryRow) {
+  // Rows 7 and 40 of W are the same large positive row, row 90 a little smaller: with positive
+  // inputs every row's maximum is the tie of rows 7 and 40, and row 7 must win in each.
+  Rng rng(705);
+  const int n = 128, k = 32, B = 16;
+  auto W_h = rng.bf16s(static_cast<size_t>(n) * k, -0.05f, 0.05f);
+  for (int j = 0; j < k; ++j) {
+    W_h[7 * k + j] = to_bf16(1.0f);
+    W_h[40 * k + j] = to_bf16(1.0f);
+    W_h[90 * k + j] = to_bf16(0.875f);
+  }
+  auto W = upload(*be, W_h);
+  auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * k, 0.5f, 1.0f));
+  std::vector<int32_t> slots_h(B);
+  std::iota(slots_h.begin(), slots_h.end(), 0);
+  auto slots = upload(*be, slots_h);
+  auto out = poisoned<ArgMax>(*be, B);
+  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), RowBatch{slots.data(), nullptr, B}, n, k, 5,
+                        nullptr, 0, out.data());
+  for (const ArgMax& a : download(*be, out)) EXPECT_EQ(a.index, 5 + 7);
+}
+
+TEST_F(CpuDenseBatch, ArgmaxFamilyEqualsTheSingleRowOps) {
+  Rng rng(706);
+  const int n = 37, ld = 50, world = 3;
+  for (int B : kBatches) {
+    // Values from a small set, so ties are common.
+    std::vector<bf16> x_h(static_cast<size_t>(B) * ld);
+    for (auto& v : x_h) v = to_bf16(static_cast<float>(rng.integer(-4, 4)) * 0.25f);
+    auto x = upload(*be, x_h);
+    auto out = poisoned<ArgMax>(*be, B), out_ref = poisoned<ArgMax>(*be, B);
+    be->argmax_batch(x.data(), ld, B, n, 500, out.data());
+    for (int b = 0; b < B; ++b) be->argmax(x.data() + b * ld, n, 500, out_ref.data() + b);
+    EXPECT_TRUE(same_bytes(download(*be, out), download(*be, out_ref))) << where(B);
+
+    std::vector<ArgMax> pairs_h(static_cast<size_t>(world) * B);
+    for (auto& p : pairs_h) p = ArgMax{static_cast<float>(rng.integer(0, 2)), rng.integer(0, 1000)};
+    auto pairs = upload(*be, pairs_h);
+    auto tok = poisoned<int32_t>(*be, B), tok_ref = poisoned<int32_t>(*be, B);
+    be->argmax_pick_batch(pairs.data(), world, B, tok.data());
+    for (int b = 0; b < B; ++b) {
+      std::vector<ArgMax> row;
+      for (int i = 0; i < world; ++i) row.push_back(pairs_h[static_cast<size_t>(i) * B + b]);
+      auto row_dev = upload(*be, row);
+      be->argmax_pick(row_dev.data(), world, tok_ref.data() + b);
+    }
+    EXPECT_TRUE(same_bytes(download(*be, tok), download(*be, tok_ref))) << "pick, " << where(B);
+
+    auto keys = poisoned<uint64_t>(*be, B);
+    for (int b = 0; b < B; ++b) be->argmax_pack_key(pairs.data() + b, keys.data() + b);
+    auto unpacked = poisoned<int32_t>(*be, B), unpacked_ref = poisoned<int32_t>(*be, B);
+    be->argmax_unpack_key_batch(keys.data(), unpacked.data(), B);
+    for (int b = 0; b < B; ++b) be->argmax_unpack_key(keys.data() + b, unpacked_ref.data() + b);
+    const auto u = download(*be, unpacked);
+    EXPECT_TRUE(same_bytes(u, download(*be, unpacked_ref))) << "unpack, " << where(B);
+    for (int b = 0; b < B; ++b) EXPECT_EQ(u[b], pairs_h[b].index);
+  }
+}
+
+// Every row padded: the head writes nothing (the grouped experts' case: CpuMoeBatch, test_cpu_moe.cpp).
+TEST_F(CpuDenseBatch, AllRowsPaddedWritesNothing) {
+  Rng rng(715);
+  const int B = 4, H = 16;
+  const std::vector<int32_t> none(B, -1);
+  auto s = upload(*be, none);
+  auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * H, -1, 1));
+  auto head_out = poisoned<ArgMax>(*be, B);
+  const auto head_before = download(*be, head_out);
+  auto W = upload(*be, rng.bf16s(static_cast<size_t>(10) * H, -1, 1));
+  be->head_argmax_batch(W.data(), nullptr, nullptr, x.data(), RowBatch{s.data(), nullptr, B}, 10, H, 0,
+                        nullptr, 0, head_out.data());
+  EXPECT_TRUE(same_bytes(download(*be, head_out), head_before));
+}
+
+}  // namespace

@@ -10,7 +10,9 @@
 #include <set>
 
 #include "core/error.hpp"
+#include "cpu_batch_util.hpp"
 #include "cpu_test_util.hpp"
+#include "ops/one_row.hpp"
 
 using namespace mtplab;
 using namespace mtplab::ops;
@@ -307,3 +309,129 @@ TEST_F(CpuIndexer, StoreScoreSelectPipelineMatchesDoubleEndToEnd) {
     }
   }
 }
+
+// ---- batched rows: each row on its own slot -----------------------------------------------------
+
+namespace {
+
+struct CpuIndexerBatch : CpuBackendTest {};
+
+TEST_F(CpuIndexerBatch, IndexerNormStoreWritesEachRowToItsOwnSlotAndCompletesPools) {
+  Rng rng(708);
+  const int D = Pool::kD, P = Pool::kP;
+  auto lw = upload(*be, rng.bf16s(D, 0.5f, 1.5f)), lb = upload(*be, rng.bf16s(D, -0.2f, 0.2f));
+  auto ape = upload(*be, rng.floats(static_cast<size_t>(P) * D, -1, 1));
+  for (int B : kBatches) {
+    const int slots = B + 2;
+    Pool pool(*be, rng, slots, KvDtype::bf16);
+    const auto slots_h = make_slots(rng, B, slots);
+    // Each live row's slot holds rows 0 .. pos-1 already (stored row by row with the single op);
+    // half the rows complete a pool (pos % P == P - 1).
+    std::vector<int32_t> pos_h(static_cast<size_t>(B), -3);  // -3: refused if a padded row were read
+    for (int b = 0; b < B; ++b) {
+      if (slots_h[b] < 0) continue;
+      const int pools = rng.integer(0, Pool::kMaxRows / P - 1);
+      pos_h[b] = pools * P + (b % 2 ? P - 1 : rng.integer(0, P - 2));
+      const size_t so = static_cast<size_t>(slots_h[b]);
+      for (int32_t t = 0; t < pos_h[b]; ++t) {
+        auto k_pre = upload(*be, rng.bf16s(D, -2, 2));
+        auto gate = upload(*be, rng.floats(D, -2, 2));
+        auto tp = upload(*be, std::vector<int32_t>{t});
+        mtplab::ops::OneRow(*be).indexer_norm_store(
+            k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), tp.data(),
+            pool.k_cache.data() + so * Pool::kMaxRows * D, pool.gate_cache.data() + so * Pool::kMaxRows * D,
+            pool.valid.data() + so * Pool::kMaxRows, pool.pool_keys.data() + so * (Pool::kMaxRows / P) * D, D,
+            P);
+      }
+    }
+    // The reference: a byte copy of the pool, then the single op per live row.
+    Pool ref(*be, rng, slots, KvDtype::bf16);
+    be->copy(ref.k_cache.data(), pool.k_cache.data(), pool.k_cache.bytes());
+    be->copy(ref.gate_cache.data(), pool.gate_cache.data(), pool.gate_cache.bytes());
+    be->copy(ref.valid.data(), pool.valid.data(), pool.valid.bytes());
+    be->copy(ref.pool_keys.data(), pool.pool_keys.data(), pool.pool_keys.bytes());
+    auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+    auto k_pre = upload(*be, rng.bf16s(static_cast<size_t>(B) * D, -2, 2));
+    auto gate = upload(*be, rng.floats(static_cast<size_t>(B) * D, -2, 2));
+    be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(),
+                                 RowBatch{s.data(), pos.data(), B}, pool.idx);
+    for (int b = 0; b < B; ++b) {
+      if (slots_h[b] < 0) continue;
+      const size_t so = static_cast<size_t>(slots_h[b]);
+      mtplab::ops::OneRow(*be).indexer_norm_store(
+          k_pre.data() + b * D, lw.data(), lb.data(), 1e-6f, gate.data() + b * D, ape.data(), pos.data() + b,
+          ref.k_cache.data() + so * Pool::kMaxRows * D, ref.gate_cache.data() + so * Pool::kMaxRows * D,
+          ref.valid.data() + so * Pool::kMaxRows, ref.pool_keys.data() + so * (Pool::kMaxRows / P) * D, D, P);
+    }
+    EXPECT_TRUE(same_bytes(download(*be, pool.k_cache), download(*be, ref.k_cache))) << where(B);
+    EXPECT_TRUE(same_bytes(download(*be, pool.gate_cache), download(*be, ref.gate_cache))) << where(B);
+    EXPECT_TRUE(same_bytes(download(*be, pool.valid), download(*be, ref.valid))) << where(B);
+    EXPECT_TRUE(same_bytes(download(*be, pool.pool_keys), download(*be, ref.pool_keys))) << where(B);
+  }
+  Pool pool(*be, rng, 3, KvDtype::bf16);
+  auto k_pre = upload(*be, rng.bf16s(3 * D, -1, 1));
+  auto gate = upload(*be, rng.floats(3 * D, -1, 1));
+  expect_ragged_write_rules(
+      *be,
+      [&](const RowBatch& rb) {
+        be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(), ape.data(), rb,
+                                     pool.idx);
+      },
+      [&] { return indexer_bytes(*be, pool); });
+  auto two = upload(*be, std::vector<int32_t>{0, 1}),
+       past = upload(*be, std::vector<int32_t>{0, Pool::kMaxRows});
+  EXPECT_THROW(be->indexer_norm_store_batch(k_pre.data(), lw.data(), lb.data(), 1e-6f, gate.data(),
+                                            ape.data(), RowBatch{two.data(), past.data(), 2}, pool.idx),
+               Error);
+}
+
+TEST_F(CpuIndexerBatch, IndexerScoresReadEachRowsOwnPoolKeys) {
+  Rng rng(709);
+  const int D = Pool::kD, P = Pool::kP, nh = 3;
+  for (int B : kBatches) {
+    const int slots = B + 2;
+    Pool pool(*be, rng, slots, KvDtype::bf16);
+    const auto keys = rng.floats(pool.pool_keys.size(), -1, 1);
+    be->upload(pool.pool_keys.data(), keys.data(), pool.pool_keys.bytes());
+    const auto slots_h = make_slots(rng, B, slots);
+    const auto pos_h = make_positions(rng, slots_h, Pool::kMaxRows, 1 << 20);
+    auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+    auto q = upload(*be, rng.floats(static_cast<size_t>(B) * nh * D, -1, 1));
+    auto w = upload(*be, rng.floats(static_cast<size_t>(B) * nh, 0, 1));
+    const int mp = pool.idx.max_pools();
+    auto scores = poisoned<float>(*be, static_cast<size_t>(B) * mp),
+         ref = poisoned<float>(*be, scores.size());
+    be->indexer_scores_batch(q.data(), w.data(), RowBatch{s.data(), pos.data(), B}, pool.idx, scores.data(),
+                             nh);
+    for (int b = 0; b < B; ++b) {
+      if (slots_h[b] < 0) continue;
+      be->indexer_scores(q.data() + b * nh * D, w.data() + b * nh,
+                         pool.pool_keys.data() + static_cast<size_t>(slots_h[b]) * mp * D, pos.data() + b,
+                         ref.data() + b * mp, nh, D, P, mp);
+    }
+    EXPECT_TRUE(same_bytes(download(*be, scores), download(*be, ref))) << where(B);
+  }
+}
+
+TEST_F(CpuIndexerBatch, IndexerSelectEqualsTheSingleRowOp) {
+  Rng rng(710);
+  const int P = 4, K = 12, max_pools = 30, width = K + P - 1;
+  for (int B : kBatches) {
+    std::vector<float> sc(static_cast<size_t>(B) * max_pools);
+    for (auto& v : sc) v = static_cast<float>(rng.integer(0, 5));  // many ties
+    auto scores = upload(*be, sc);
+    const auto slots_h = make_slots(rng, B, B + 1);
+    const auto pos_h = make_positions(rng, slots_h, max_pools * P, -3);  // -3: refused if read
+    auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+    auto sel = poisoned<int32_t>(*be, static_cast<size_t>(B) * width, 0x7B);
+    auto ref = poisoned<int32_t>(*be, sel.size(), 0x7B);
+    be->indexer_select_batch(scores.data(), RowBatch{s.data(), pos.data(), B}, sel.data(), K, P, max_pools);
+    for (int b = 0; b < B; ++b)
+      if (slots_h[b] >= 0)
+        be->indexer_select(scores.data() + b * max_pools, pos.data() + b, ref.data() + b * width, K, P,
+                           max_pools);
+    EXPECT_TRUE(same_bytes(download(*be, sel), download(*be, ref))) << where(B);
+  }
+}
+
+}  // namespace

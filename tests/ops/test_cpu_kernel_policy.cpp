@@ -42,7 +42,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kCanonical =
     {"nccl_blocking", {"on", "off"}},
     {"head_gemm", {"auto", "mma", "cublaslt", "gemv", "wgmma"}},
     {"mla_batch_splits", {"auto", "1", "3", "64"}},
-    {"moe_pipeline", {"auto", "v1", "spread", "regs", "ring", "split", "slots", "ringpf"}},
+    {"moe_pipeline", {"auto", "v1", "slots", "ringpf"}},
     {"rows_linear", {"auto", "cublaslt", "gemv"}},
     {"mla_batch", {"auto", "tiles", "shared2", "shared32"}},
     {"indexer_scores", {"auto", "pools4", "tiled"}},
@@ -256,7 +256,7 @@ TEST(KernelPolicy, ValidateRefusesAHandBuiltValueOutsideItsChoices) {
   variant.gemv_variant = static_cast<GemvVariant>(17);
   EXPECT_TRUE(contains(error_of([&] { validate(variant); }), "gemv_variant"));
   KernelPolicy pipeline;
-  pipeline.moe_pipeline = static_cast<MoePipeline>(8);
+  pipeline.moe_pipeline = static_cast<MoePipeline>(4);
   EXPECT_TRUE(contains(error_of([&] { validate(pipeline); }), "moe_pipeline"));
   KernelPolicy head;
   head.head_gemm = HeadGemm::gemv;
@@ -324,7 +324,7 @@ TEST_F(KernelPolicyEnv, EachVariableOverridesItsFieldAndIsReported) {
       {"MTPLAB_HEAD_GEMM", "cublaslt", "head_gemm", "cublaslt"},
       {"MTPLAB_HEAD_GEMM", "gemv", "head_gemm", "gemv"},
       {"MTPLAB_MLA_BATCH_SPLITS", "4", "mla_batch_splits", "4"},
-      {"MTPLAB_MOE_PIPELINE", "ring", "moe_pipeline", "ring"},
+      {"MTPLAB_MOE_PIPELINE", "ringpf", "moe_pipeline", "ringpf"},
       {"MTPLAB_MOE_PIPELINE", "auto", "moe_pipeline", "auto"},
       {"MTPLAB_ROWS_LINEAR", "gemv", "rows_linear", "gemv"},
       {"MTPLAB_ROWS_LINEAR", "cublaslt", "rows_linear", "cublaslt"},
@@ -362,7 +362,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   setenv("MTPLAB_MLA_DECODE", "v1", 1);
   setenv("MTPLAB_MLA_BATCH_SPLITS", "2", 1);
   setenv("MTPLAB_HEAD_GEMM", "mma", 1);
-  setenv("MTPLAB_MOE_PIPELINE", "regs", 1);
+  setenv("MTPLAB_MOE_PIPELINE", "v1", 1);
   setenv("MTPLAB_ROWS_LINEAR", "gemv", 1);
   setenv("MTPLAB_MLA_BATCH", "tiles", 1);
   setenv("MTPLAB_INDEXER_SCORES", "pools4", 1);
@@ -376,7 +376,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
   want.nccl_blocking = false;
   want.head_gemm = HeadGemm::mma;
   want.mla_batch_splits = 2;
-  want.moe_pipeline = MoePipeline::regs;
+  want.moe_pipeline = MoePipeline::v1;
   want.rows_linear = RowsLinear::gemv;
   want.mla_batch = MlaBatch::tiles;
   want.indexer_scores = IndexerScores::pools4;
@@ -388,7 +388,7 @@ TEST_F(KernelPolicyEnv, EveryVariableAtOnceIsReportedInFieldOrder) {
                                              "nccl_blocking=off (MTPLAB_NCCL_BLOCKING)",
                                              "head_gemm=mma (MTPLAB_HEAD_GEMM)",
                                              "mla_batch_splits=2 (MTPLAB_MLA_BATCH_SPLITS)",
-                                             "moe_pipeline=regs (MTPLAB_MOE_PIPELINE)",
+                                             "moe_pipeline=v1 (MTPLAB_MOE_PIPELINE)",
                                              "rows_linear=gemv (MTPLAB_ROWS_LINEAR)",
                                              "mla_batch=tiles (MTPLAB_MLA_BATCH)",
                                              "indexer_scores=pools4 (MTPLAB_INDEXER_SCORES)"};
@@ -419,9 +419,10 @@ TEST_F(KernelPolicyEnv, ABadValueIsAnErrorNamingTheVariable) {
 // variable that is set is an Error too (it would otherwise be silently ignored).
 TEST(KernelPolicy, AComparisonKernelOrARetiredFieldSaysWhereItWent) {
   const std::vector<std::tuple<std::string, std::string, std::string>> moved = {
-      {"gemv_variant", "rows2", "dev/cuda/gemv.cu"},
-      {"gemv_variant", "fp8split", "dev/cuda/gemv.cu"},
-      {"mla_batch", "shared", "dev/cuda/mla.cu"},
+      {"gemv_variant", "rows2", "dev/cuda/gemv.cu"}, {"gemv_variant", "fp8split", "dev/cuda/gemv.cu"},
+      {"mla_batch", "shared", "dev/cuda/mla.cu"},    {"moe_pipeline", "spread", "dev/cuda/moe.cu"},
+      {"moe_pipeline", "regs", "dev/cuda/moe.cu"},   {"moe_pipeline", "ring", "dev/cuda/moe.cu"},
+      {"moe_pipeline", "split", "dev/cuda/moe.cu"},
   };
   for (const auto& [field, text, where] : moved) {
     KernelPolicy p;
@@ -439,6 +440,24 @@ TEST(KernelPolicy, AComparisonKernelOrARetiredFieldSaysWhereItWent) {
   }
   // A value no field ever had gets no note.
   EXPECT_FALSE(contains(error_of([&] { parse_field(p, "gemv_variant", "rows8"); }), "retired"));
+}
+
+// A comparison pipeline named in its variable is refused the same way: the choices and the
+// playground it went to, the policy untouched once the variable is unset.
+TEST_F(KernelPolicyEnv, AComparisonKernelInAVariableSaysWhereItWent) {
+  for (const std::string value : {"spread", "regs", "ring", "split"}) {
+    setenv("MTPLAB_MOE_PIPELINE", value.c_str(), 1);
+    const std::string msg = error_of([] { (void)env_overrides(KernelPolicy{}, nullptr); });
+    EXPECT_TRUE(contains(msg, "MTPLAB_MOE_PIPELINE=" + value)) << msg;
+    EXPECT_TRUE(contains(msg, field_choices("moe_pipeline"))) << msg;
+    EXPECT_TRUE(contains(msg, "dev/cuda/moe.cu")) << msg;
+    unsetenv("MTPLAB_MOE_PIPELINE");
+  }
+  setenv("MTPLAB_MOE_PIPELINE", "ringpf", 1);
+  KernelPolicy want;
+  want.moe_pipeline = MoePipeline::ringpf;
+  EXPECT_EQ(env_overrides(KernelPolicy{}, nullptr), want);
+  unsetenv("MTPLAB_MOE_PIPELINE");
 }
 
 TEST_F(KernelPolicyEnv, ARetiredVariableThatIsSetIsAnError) {

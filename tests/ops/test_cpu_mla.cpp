@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "core/error.hpp"
+#include "cpu_batch_util.hpp"
 #include "cpu_test_util.hpp"
 #include "ops/one_row.hpp"
 
@@ -334,3 +335,129 @@ TEST_F(CpuMla, AbsorbedAttentionEqualsMaterialisedAttention) {
   RecordProperty("worst_inner_error_fraction", std::to_string(worst));
   if (std::getenv("MTPLAB_TEST_VERBOSE")) std::printf("worst inner error / tolerance: %.3f\n", worst);
 }
+
+// ---- batched rows: each row on its own slot -----------------------------------------------------
+
+namespace {
+
+struct CpuMlaBatch : CpuBackendTest {};
+
+TEST_F(CpuMlaBatch, KvNormWriteWritesEachRowToItsOwnSlotOnly) {
+  Rng rng(707);
+  const int L = Pool::kLora;
+  auto w = upload(*be, rng.bf16s(L, 0.5f, 1.5f));
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    for (int B : kBatches) {
+      const int slots = B + 3;
+      Pool pool(*be, rng, slots, dtype), ref(*be, rng, slots, dtype);
+      be->upload(ref.tables.data(), pool.tables_h.data(), pool.tables.bytes());  // the same tables
+      const auto slots_h = make_slots(rng, B, slots);
+      // A padded row at a position past every slot: refused if it were written.
+      const auto pos_h = make_positions(rng, slots_h, Pool::kMaxBlocks * Pool::kBlockSize, 1 << 20);
+      auto s = upload(*be, slots_h), pos = upload(*be, pos_h);
+      auto ckv = upload(*be, rng.bf16s(static_cast<size_t>(B) * L, -3, 3));
+      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, RowBatch{s.data(), pos.data(), B}, pool.kv);
+      for (int b = 0; b < B; ++b)
+        if (slots_h[b] >= 0)
+          mtplab::ops::OneRow(*be).kv_norm_write(ckv.data() + b * L, w.data(), 1e-5f, ref.table(slots_h[b]),
+                                                 pos.data() + b, ref.kv.cache);
+      EXPECT_TRUE(same_bytes(download(*be, pool.kv_data), download(*be, ref.kv_data)))
+          << (dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") << where(B);
+    }
+  }
+  // Refusals: the ragged-row rules, a slot past the pool, a position past the slot's blocks.
+  Pool pool(*be, rng, 4, KvDtype::bf16);
+  auto ckv = upload(*be, rng.bf16s(3 * L, -1, 1));
+  expect_ragged_write_rules(
+      *be, [&](const RowBatch& rb) { be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, rb, pool.kv); },
+      [&] { return download(*be, pool.kv_data); });
+  auto past = upload(*be, std::vector<int32_t>{1, 4});
+  auto p0 = upload(*be, std::vector<int32_t>{0, 1}), far = upload(*be, std::vector<int32_t>{0, 40});
+  auto ok = upload(*be, std::vector<int32_t>{0, 1});
+  EXPECT_THROW(
+      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, RowBatch{past.data(), p0.data(), 2}, pool.kv),
+      Error);
+  EXPECT_THROW(
+      be->kv_norm_write_batch(ckv.data(), w.data(), 1e-5f, RowBatch{ok.data(), far.data(), 2}, pool.kv),
+      Error);
+}
+
+TEST_F(CpuMlaBatch, MlaAbsorbAndOutVEqualTheSingleRowOps) {
+  Rng rng(711);
+  const int nh = 3, dqk = 20, dv = 12, L = 28;
+  auto W = upload(*be, rng.bf16s(static_cast<size_t>(nh) * (dqk + dv) * L, -1, 1));
+  for (int B : kBatches) {
+    auto q = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * dqk, -1, 1));
+    auto qa = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * L), qa_ref = poisoned<bf16>(*be, qa.size());
+    be->mla_absorb_q_batch(q.data(), W.data(), qa.data(), B, nh, dqk, dv, L);
+    for (int b = 0; b < B; ++b)
+      mtplab::ops::OneRow(*be).mla_absorb_q(q.data() + b * nh * dqk, W.data(), qa_ref.data() + b * nh * L, nh,
+                                            dqk, dv, L);
+    EXPECT_TRUE(same_bytes(download(*be, qa), download(*be, qa_ref))) << "absorb, " << where(B);
+
+    auto o_lat = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * L, -1, 1));
+    auto o = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * dv), o_ref = poisoned<bf16>(*be, o.size());
+    be->mla_out_v_batch(o_lat.data(), W.data(), o.data(), B, nh, dqk, dv, L);
+    for (int b = 0; b < B; ++b)
+      mtplab::ops::OneRow(*be).mla_out_v(o_lat.data() + b * nh * L, W.data(), o_ref.data() + b * nh * dv, nh,
+                                         dqk, dv, L);
+    EXPECT_TRUE(same_bytes(download(*be, o), download(*be, o_ref))) << "out_v, " << where(B);
+  }
+}
+
+TEST_F(CpuMlaBatch, MlaDecodeReadsEachRowsOwnCacheThroughItsBlockTable) {
+  Rng rng(712);
+  const int nh = 3, L = Pool::kLora, width = 11;
+  const int capacity = Pool::kMaxBlocks * Pool::kBlockSize;
+  for (KvDtype dtype : {KvDtype::bf16, KvDtype::fp8}) {
+    for (int B : kBatches) {
+      const int slots = B + 2;
+      Pool pool(*be, rng, slots, dtype);
+      // Fresh random latent rows in every slot (FP8: random finite codes).
+      if (dtype == KvDtype::bf16) {
+        const auto rows = rng.bf16s(pool.kv_data.size() / 2, -1, 1);
+        be->upload(pool.kv_data.data(), rows.data(), pool.kv_data.bytes());
+      } else {
+        const auto rows = rng.fp8s(pool.kv_data.size());
+        be->upload(pool.kv_data.data(), rows.data(), pool.kv_data.bytes());
+      }
+      const auto slots_h = make_slots(rng, B, slots);
+      // Each live row selects up to `width` distinct rows below its own position (some -1),
+      // a padded row an entry that would be refused if read.
+      std::vector<int32_t> sel_h(static_cast<size_t>(B) * width, -1);
+      for (int b = 0; b < B; ++b) {
+        int32_t* row = sel_h.data() + static_cast<size_t>(b) * width;
+        if (slots_h[b] < 0) {
+          row[0] = -9;
+          continue;
+        }
+        const int pos = rng.integer(0, capacity - 1);
+        for (int i = 0; i < width; ++i) row[i] = rng.integer(0, 5) == 0 ? -1 : rng.integer(0, pos);
+      }
+      if (B >= 3) std::fill_n(sel_h.begin(), width, -1);  // a live row with no rows at all: zeros
+      auto sel = upload(*be, sel_h), s = upload(*be, slots_h);
+      auto q_abs = upload(*be, rng.bf16s(static_cast<size_t>(B) * nh * L, -1, 1));
+      auto o = poisoned<bf16>(*be, static_cast<size_t>(B) * nh * L), o_ref = poisoned<bf16>(*be, o.size());
+      be->mla_decode_batch(q_abs.data(), sel.data(), width, RowBatch{s.data(), nullptr, B}, pool.kv, o.data(),
+                           nh, 0.3f);
+      for (int b = 0; b < B; ++b) {
+        if (slots_h[b] < 0) continue;
+        mtplab::ops::OneRow(*be).mla_decode(q_abs.data() + b * nh * L, sel.data() + b * width, width,
+                                            pool.table(slots_h[b]), pool.kv.cache, o_ref.data() + b * nh * L,
+                                            nh, 0.3f);
+      }
+      EXPECT_TRUE(same_bytes(download(*be, o), download(*be, o_ref)))
+          << (dtype == KvDtype::fp8 ? "FP8, " : "BF16, ") << where(B);
+    }
+  }
+  Pool pool(*be, rng, 2, KvDtype::bf16);
+  auto q_abs = upload(*be, rng.bf16s(static_cast<size_t>(nh) * L, -1, 1));
+  auto o = poisoned<bf16>(*be, static_cast<size_t>(nh) * L);
+  auto s = upload(*be, std::vector<int32_t>{1});
+  auto past = upload(*be, std::vector<int32_t>{capacity});  // inside the pool, outside the slot's table
+  EXPECT_THROW(be->mla_decode_batch(q_abs.data(), past.data(), 1, RowBatch{s.data(), nullptr, 1}, pool.kv,
+                                    o.data(), nh, 0.3f),
+               Error);
+}
+
+}  // namespace

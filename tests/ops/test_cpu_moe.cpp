@@ -326,3 +326,144 @@ TEST_F(CpuMoe, SwigluClampEngages) {
   expect_matches(run_experts(*be, ex, x, idx, weights, 0, 4, 0.0f), unclamped);
   expect_matches(run_experts(*be, ex, x, idx, weights, 0, 4, -1.0f), unclamped);
 }
+
+namespace {
+
+// ---- batched rows: each row the single-row op's bytes -----------------------------------------------
+
+struct CpuMoeBatch : CpuBackendTest {};
+
+TEST_F(CpuMoeBatch, RouteEqualsTheSingleRowOp) {
+  Rng rng(713);
+  struct Shape {
+    int E, top_k, n_group, topk_group;
+  };
+  for (const Shape sh : {Shape{8, 2, 1, 1}, Shape{64, 4, 8, 3}}) {
+    auto bias = upload(*be, rng.floats(sh.E, -0.3f, 0.3f));
+    for (int B : kBatches) {
+      const auto slots_h = make_slots(rng, B, B);
+      auto logits_h = rng.floats(static_cast<size_t>(B) * sh.E, -4, 4);
+      for (int b = 0; b < B; ++b)  // a padded row's logits are NaN: they must not be read
+        if (slots_h[b] < 0) std::fill_n(logits_h.begin() + b * sh.E, sh.E, std::nanf(""));
+      auto logits = upload(*be, logits_h);
+      auto s = upload(*be, slots_h);
+      const size_t n = static_cast<size_t>(B) * sh.top_k;
+      auto idx = poisoned<int32_t>(*be, n), idx_ref = poisoned<int32_t>(*be, n);
+      auto w = poisoned<float>(*be, n), w_ref = poisoned<float>(*be, n);
+      be->moe_route_batch(logits.data(), bias.data(), RowBatch{s.data(), nullptr, B}, sh.E, sh.top_k,
+                          sh.n_group, sh.topk_group, 2.5f, idx.data(), w.data());
+      for (int b = 0; b < B; ++b)
+        if (slots_h[b] >= 0)
+          mtplab::ops::OneRow(*be).moe_route(logits.data() + b * sh.E, bias.data(), sh.E, sh.top_k,
+                                             sh.n_group, sh.topk_group, 2.5f, idx_ref.data() + b * sh.top_k,
+                                             w_ref.data() + b * sh.top_k);
+      EXPECT_TRUE(same_bytes(download(*be, idx), download(*be, idx_ref))) << "E " << sh.E << ", " << where(B);
+      EXPECT_TRUE(same_bytes(download(*be, w), download(*be, w_ref))) << "E " << sh.E << ", " << where(B);
+    }
+  }
+}
+
+struct ExpertSet {
+  ExpertSet(Backend& be, Rng& rng, int count, int H, int I, float scale)
+      : gate(upload(be, rng.bf16s(static_cast<size_t>(count) * I * H, -scale, scale))),
+        up(upload(be, rng.bf16s(static_cast<size_t>(count) * I * H, -scale, scale))),
+        down(upload(be, rng.bf16s(static_cast<size_t>(count) * H * I, -0.2f, 0.2f))) {}
+  ExpertWeights weights(int first, int num_local, int H, int I) const {
+    return ExpertWeights{gate.data(), up.data(), down.data(), first, num_local, H, I};
+  }
+  Array<bf16> gate, up, down;
+};
+
+struct GroupedCase {
+  const char* name;
+  int first_expert, num_local;  ///< the local experts (EP when fewer than all)
+  bool shared;
+  float limit;
+  bool crowded;  ///< every row routes to experts of a small set: many duplicates across rows
+};
+
+TEST_F(CpuMoeBatch, ExpertsGroupedEqualsTheSingleRowOpsPerRow) {
+  Rng rng(714);
+  const int E = 8, H = 44, I = 36, Is = 20, top_k = 3;
+  // Gate/up weights large enough that the limit 10 clamps some values.
+  const ExpertSet routed(*be, rng, E, H, I, 3.0f), shared_set(*be, rng, 1, H, Is, 3.0f);
+  const ExpertWeights shared = shared_set.weights(0, 1, H, Is);
+  const GroupedCase cases[] = {
+      {"all local, shared, clamp", 0, E, true, 10.0f, false},
+      {"all local, no shared, no clamp", 0, E, false, 0.0f, false},
+      {"EP experts 3..5, shared", 3, 3, true, 10.0f, false},
+      {"EP experts 3..5, no shared", 3, 3, false, 10.0f, true},
+      {"crowded, shared", 0, E, true, 10.0f, true},
+  };
+  for (const GroupedCase& c : cases) {
+    // The local experts start at the first one's weights, as a rank holds only its own.
+    const size_t off = static_cast<size_t>(c.first_expert) * I * H;
+    const ExpertWeights w{routed.gate.data() + off,
+                          routed.up.data() + off,
+                          routed.down.data() + off,
+                          c.first_expert,
+                          c.num_local,
+                          H,
+                          I};
+    for (int B : kBatches) {
+      const auto slots_h = make_slots(rng, B, B);
+      std::vector<int32_t> idx_h(static_cast<size_t>(B) * top_k);
+      for (int b = 0; b < B; ++b) {
+        int32_t* row = idx_h.data() + static_cast<size_t>(b) * top_k;
+        for (int i = 0; i < top_k; ++i) row[i] = c.crowded ? rng.integer(2, 4) : rng.integer(0, E - 1);
+        if (b == 0) {
+          row[0] = 4;  // a repeated expert inside one row
+          row[1] = 4;
+        }
+        if (b == 2 && c.num_local < E) {  // a row routed to no local expert
+          row[0] = 0;
+          row[1] = 1;
+          row[2] = 7;
+        }
+        // A padded row routes to an owned expert: were it applied, its output row would be written.
+        if (slots_h[b] < 0) row[0] = c.first_expert;
+      }
+      auto idx = upload(*be, idx_h), s = upload(*be, slots_h);
+      auto rw = upload(*be, rng.floats(static_cast<size_t>(B) * top_k, 0.1f, 1.0f));
+      auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * H, -1, 1));
+      auto out = poisoned<float>(*be, static_cast<size_t>(B) * H), ref = poisoned<float>(*be, out.size());
+      be->moe_experts_grouped(x.data(), w, idx.data(), rw.data(), RowBatch{s.data(), nullptr, B}, top_k,
+                              c.shared ? &shared : nullptr, c.limit, out.data());
+      for (int b = 0; b < B; ++b) {
+        if (slots_h[b] < 0) continue;
+        if (c.shared) {
+          mtplab::ops::OneRow(*be).moe_experts_shared(x.data() + b * H, w, idx.data() + b * top_k,
+                                                      rw.data() + b * top_k, top_k, shared, c.limit,
+                                                      ref.data() + b * H);
+        } else {
+          mtplab::ops::OneRow(*be).moe_experts(x.data() + b * H, w, idx.data() + b * top_k,
+                                               rw.data() + b * top_k, top_k, c.limit, ref.data() + b * H);
+        }
+      }
+      const auto got = download(*be, out);
+      EXPECT_TRUE(same_bytes(got, download(*be, ref))) << c.name << ", " << where(B);
+      if (B >= 3 && c.num_local < E && !c.shared && slots_h[2] >= 0) {
+        for (int h = 0; h < H; ++h) EXPECT_EQ(got[2 * H + h], 0.0f) << "row 2 owns no expert, " << where(B);
+      }
+    }
+  }
+}
+
+// Every row padded: the grouped experts write nothing.
+TEST_F(CpuMoeBatch, AllRowsPaddedWriteNothing) {
+  Rng rng(715);
+  const int B = 4, H = 16, I = 8, top_k = 2;
+  const ExpertSet routed(*be, rng, 4, H, I, 1.0f);
+  const std::vector<int32_t> none(B, -1);
+  auto s = upload(*be, none);
+  auto x = upload(*be, rng.bf16s(static_cast<size_t>(B) * H, -1, 1));
+  auto idx = upload(*be, std::vector<int32_t>(static_cast<size_t>(B) * top_k, 0));
+  auto rw = upload(*be, rng.floats(static_cast<size_t>(B) * top_k, 0, 1));
+  auto out = poisoned<float>(*be, static_cast<size_t>(B) * H);
+  const auto before = download(*be, out);
+  be->moe_experts_grouped(x.data(), routed.weights(0, 4, H, I), idx.data(), rw.data(),
+                          RowBatch{s.data(), nullptr, B}, top_k, nullptr, 0.0f, out.data());
+  EXPECT_TRUE(same_bytes(download(*be, out), before));
+}
+
+}  // namespace

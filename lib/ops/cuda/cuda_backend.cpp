@@ -410,7 +410,7 @@ class CudaBackend final : public Backend {
   // ---- batched rows (ops.hpp, "batched rows"; the launchers: the family headers' batched rows) --
   // One launch per op for all rows (docs/kernels.md, "Backend rules"); the skinny GEMMs take up
   // to cuda::kMaxBatchRows rows per launch (more: cuBLASLt), the grouped experts up to
-  // cuda::moe_grouped_launch_rows, the cuBLASLt head cuda::head_lt_launch_rows; larger batches
+  // cuda::kMaxMoeLaunchRows, the cuBLASLt head cuda::head_lt_launch_rows; larger batches
   // run in groups of that many. The host checks sizes and pointers; slots, positions, tokens and
   // selections are read on the device only (a padded row, slot < 0, is skipped there), so the
   // distinct-slot and in-range rules the CPU reference enforces are the caller's here.
@@ -621,9 +621,9 @@ class CudaBackend final : public Backend {
           "ops::cuda::moe_experts_grouped: the shared expert (hidden ", shared->hidden, ", inter ",
           shared->inter, ") must match hidden ", routed.hidden, " and have weights");
     }
-    // One launch for up to moe_grouped_launch_rows rows (each active expert read once), more in
+    // One launch for up to kMaxMoeLaunchRows rows (each active expert read once), more in
     // launches of that many.
-    const int most = cuda::moe_grouped_launch_rows(ctx_.policy);
+    const int most = cuda::kMaxMoeLaunchRows;
     const int chunk = std::min(rows, most);
     bf16* act = static_cast<bf16*>(moe_batch_act_.ensure(
         sizeof(bf16) * std::max<size_t>(1, cuda::moe_grouped_act_elems(chunk, top_k, routed.inter,

@@ -108,6 +108,34 @@ __device__ __forceinline__ float dot_fp8x16(const uint4& w, const uint4& xa, con
 
 constexpr int kUnroll = 8;  // 16-byte weight loads in flight per lane (slice_dot's default)
 
+/// A lane's walk over kRows rows of 16-byte chunks [c0, c_end), kWarp * kU chunks a step: each
+/// step loads wv[j][u] = chunk c + u kWarp of row j (rows[j], chunks of 16 / sizeof(T) elements;
+/// zeros for a row with !ok[j] or a chunk at or past c_end), every load issued before any is used,
+/// then calls use(wv, u, cc) for each of its chunks cc = c + u kWarp below c_end, u ascending (the
+/// dot products below and moe.cu's pairs).
+template <int kRows, int kU, typename T, typename Use>
+__device__ __forceinline__ void walk_chunks(const T* const (&rows)[kRows], const bool (&ok)[kRows], int c0,
+                                            int c_end, Use&& use) {
+  constexpr size_t kChunkElems = 16 / sizeof(T);
+  for (int c = c0; c < c_end; c += kWarp * kU) {
+    uint4 wv[kRows][kU];
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int cc = c + u * kWarp;
+        wv[j][u] = ok[j] && cc < c_end ? load_stream(rows[j] + static_cast<size_t>(cc) * kChunkElems)
+                                       : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int cc = c + u * kWarp;
+      if (cc < c_end) use(wv, u, cc);
+    }
+  }
+}
+
 /// This lane's share of the dot products of kRows rows with the same activation x over 16-byte
 /// chunks [c_begin, c_end) of each row, kU loads per row and lane in flight: the weight loads of
 /// every row are issued before the first FMA, and each activation chunk is read once for all rows.
@@ -117,36 +145,20 @@ template <bool kFp8, int kRows, int kU>
 __device__ __forceinline__ void slice_dot_rows(const uint8_t* const (&wrow)[kRows], const bf16* x,
                                                const bool (&ok)[kRows], int c_begin, int c_end, int lane,
                                                float (&acc)[kRows]) {
-  for (int c = c_begin + lane; c < c_end; c += kWarp * kU) {
-    uint4 wv[kRows][kU];
+  walk_chunks<kRows, kU>(wrow, ok, c_begin + lane, c_end, [&](const uint4(&wv)[kRows][kU], int u, int cc) {
+    if constexpr (kFp8) {
+      const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
+      const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
 #pragma unroll
-    for (int j = 0; j < kRows; ++j) {
+      for (int j = 0; j < kRows; ++j)
+        if (ok[j]) acc[j] = dot_fp8x16(wv[j][u], xa, xb, acc[j]);
+    } else {
+      const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const int cc = c + u * kWarp;
-        wv[j][u] = ok[j] && cc < c_end ? load_stream(wrow[j] + static_cast<size_t>(cc) * 16)
-                                       : make_uint4(0, 0, 0, 0);
-      }
+      for (int j = 0; j < kRows; ++j)
+        if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], xv, acc[j]);
     }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int cc = c + u * kWarp;
-      if (cc < c_end) {
-        if constexpr (kFp8) {
-          const uint4 xa = load_cached(x + static_cast<size_t>(cc) * 16);
-          const uint4 xb = load_cached(x + static_cast<size_t>(cc) * 16 + 8);
-#pragma unroll
-          for (int j = 0; j < kRows; ++j)
-            if (ok[j]) acc[j] = dot_fp8x16(wv[j][u], xa, xb, acc[j]);
-        } else {
-          const uint4 xv = load_cached(x + static_cast<size_t>(cc) * 8);
-#pragma unroll
-          for (int j = 0; j < kRows; ++j)
-            if (ok[j]) acc[j] = dot_bf16x8(wv[j][u], xv, acc[j]);
-        }
-      }
-    }
-  }
+  });
 }
 
 /// slice_dot_rows of one row: this lane's share of a row dot product over chunks [c_begin, c_end).

@@ -309,15 +309,6 @@ int mla_batch_splits(const LaunchCtx& ctx, int width, int n_heads, int rows, boo
 
 // ==== the grouped experts ==============================================================================
 
-int moe_grouped_launch_rows(const KernelPolicy& policy) {
-  // One launch up to kMaxMoeLaunchRows rows, so each active expert is read once for them all:
-  // launches of 128 rows read every active expert again per launch. The verify layer at B = 128,
-  // R = 5 (640 rows; docs/performance.md): in launches of 128, 21.0 ms, 4.49x its floor (one H100,
-  // 5da193d); in one wide launch 9.7 ms, 2.89x (one H200). split keeps launches of kMaxBatchRows
-  // (it has no wide instance).
-  return policy.moe_pipeline == MoePipeline::split ? kMaxBatchRows : kMaxMoeLaunchRows;
-}
-
 MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, bool ring_fits) {
   MoePlan plan;
   plan.wide = rows > kMaxBatchRows;
@@ -325,22 +316,8 @@ MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, b
     case MoePipeline::v1:
       plan.kernel = MoeKernel::v1;
       return plan;
-    case MoePipeline::spread:
-      plan.kernel = MoeKernel::spread;
-      return plan;
-    case MoePipeline::regs:
-      plan.kernel = MoeKernel::regs;
-      return plan;
-    case MoePipeline::ring:
-      plan.kernel = MoeKernel::ring;
-      return plan;
     case MoePipeline::ringpf:
       plan.kernel = MoeKernel::ringpf;
-      return plan;
-    case MoePipeline::split:
-      MTP_REQUIRE(!plan.wide, "ops::cuda::moe_experts_grouped: moe_pipeline split takes at most ",
-                  kMaxBatchRows, " rows per launch, not ", rows);
-      plan.kernel = MoeKernel::split;
       return plan;
     case MoePipeline::slots:
       // Up to kMaxRowsSlotsMoe rows where the down launch fits its warps; more rows take auto's
@@ -367,14 +344,13 @@ MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, b
   // ringpf against ring in the step (one H100, BF16, us) 1170.7 / 1202.5 at B = 4, 3947.5 / 4145.1
   // at 64, 4788.9 / 4992.9 at 128. split is faster as a launch at 1 - 2 rows (142 / 174, 246 /
   // 275) but gave no step a gain (698.8 against ring's 694.7 at B = 2) and loses from 4 rows, so
-  // auto never takes it. Where ring's rings with the plan and d do not fit a block's shared memory
-  // (a launch of many routes and local experts), v1, the least shared memory (v1's bits as
-  // ring's).
-  // Past kMaxBatchRows rows the block items: an expert has tens of pairs there, and the one-warp
-  // items read each weight tile once per 16 of them and gather a group's rows again for every
-  // 16-row tile. Measured on one H100 (the verify layer, one ragged forward; CHANGELOG, 5af902c ..
-  // 24616b8), one-warp ringpf items against block items, us: B = 128, R = 5 (640 rows) 10973 /
-  // 7334 (2.31x / 1.53x the floor), R = 3 (384 rows) 7545 / 6097; B = 32, R = 5 (160 rows) 4905 /
+  // auto never takes it (ring, split and the other comparison pipelines: dev/cuda/moe.cu). Where ring's rings
+  // with the plan and d do not fit a block's shared memory (a launch of many routes and local experts), v1,
+  // the least shared memory (v1's bits as ring's). Past kMaxBatchRows rows the block items: an expert has
+  // tens of pairs there, and the one-warp items read each weight tile once per 16 of them and gather a
+  // group's rows again for every 16-row tile. Measured on one H100 (the verify layer, one ragged forward;
+  // CHANGELOG, 5af902c .. 24616b8), one-warp ringpf items against block items, us: B = 128, R = 5 (640 rows)
+  // 10973 / 7334 (2.31x / 1.53x the floor), R = 3 (384 rows) 7545 / 6097; B = 32, R = 5 (160 rows) 4905 /
   // 4963 (+1%). The same bits (v1's).
   if (plan.wide) {
     plan.kernel = MoeKernel::block_items;
@@ -432,12 +408,10 @@ const char* kernel_text(BatchDecodeKernel kernel) {
 }
 
 const char* kernel_text(const MoePlan& plan) {
-  // MoeKernel's order; a wide launch's texts second (slots and split have none; block items are
-  // always wide).
-  static constexpr const char* kTexts[][2] = {{"slots", "slots"},        {"v1", "v1 wide"},
-                                              {"spread", "spread wide"}, {"regs", "regs wide"},
-                                              {"ring", "ring wide"},     {"ringpf", "ringpf wide"},
-                                              {"split", "split"},        {"block items", "block items"}};
+  // MoeKernel's order; a wide launch's texts second (slots has none; block items are always
+  // wide).
+  static constexpr const char* kTexts[][2] = {
+      {"slots", "slots"}, {"v1", "v1 wide"}, {"ringpf", "ringpf wide"}, {"block items", "block items"}};
   return kTexts[static_cast<int>(plan.kernel)][plan.wide ? 1 : 0];
 }
 

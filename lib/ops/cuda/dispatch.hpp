@@ -102,22 +102,18 @@ int v2_decode_clusters(int num_sms, int chunks, int64_t units, int forced);
 /// Most rows moe_pipeline auto gives the single-row kernels (slots; dispatch.cu).
 inline constexpr int kMaxRowsSlotsMoeAuto = 3;
 /// The kernels of one moe_experts_grouped launch: the single-row kernels over its rows (slots), the
-/// grouped plan's one-warp items under one memory pipeline (KernelPolicy::moe_pipeline), or past
-/// kMaxBatchRows rows the block items (the 8 warps of a block share each chunk's rows; moe.cu).
-enum class MoeKernel { slots, v1, spread, regs, ring, ringpf, split, block_items };
+/// grouped plan's one-warp items under one memory pipeline (v1 or ringpf; KernelPolicy::moe_pipeline),
+/// or past kMaxBatchRows rows the block items (the 8 warps of a block share each chunk's rows; moe.cu).
+enum class MoeKernel { slots, v1, ringpf, block_items };
 struct MoePlan {
   MoeKernel kernel = MoeKernel::v1;
   /// More rows than kMaxBatchRows: a third launch builds the plan once in global memory, and d is
   /// kept there too (moe.cu, "wide batches").
   bool wide = false;
 };
-/// Most rows of one moe_experts_grouped launch under the policy: kMaxMoeLaunchRows (moe.hpp), under
-/// moe_pipeline split kMaxBatchRows (split has no wide launch). The backend runs more rows in
-/// launches of that many.
-int moe_grouped_launch_rows(const KernelPolicy& policy);
-/// What one moe_experts_grouped launch of `rows` rows (1 .. moe_grouped_launch_rows) runs.
+/// What one moe_experts_grouped launch of `rows` rows (1 .. kMaxMoeLaunchRows, moe.hpp) runs.
 /// slots_fit: the single-row kernels take these rows and routes (moe.hpp's moe_slots_fit);
-/// ring_fits: ring's rings with the plan and d fit a block's shared memory (asked of a narrow
+/// ring_fits: ringpf's rings with the plan and d fit a block's shared memory (asked of a narrow
 /// launch only; moe.cu computes it).
 MoePlan moe_grouped_plan(const KernelPolicy& policy, int rows, bool slots_fit, bool ring_fits);
 

@@ -36,11 +36,11 @@ inline constexpr int kMaxRowsSlotsMoe = 4;
 /// run is dispatch.cu's rule (moe_grouped_plan).
 bool moe_slots_fit(int rows, int top_k, bool shared);
 /// Most rows of one grouped launch, a wide one (more rows than kMaxBatchRows: the plan and d in
-/// global memory). The launch size the backend uses: dispatch.hpp's moe_grouped_launch_rows.
+/// global memory): the launch size the backend uses.
 inline constexpr int kMaxMoeLaunchRows = 1024;
 /// The global scratch (bytes) of a wide launch of `rows` rows; 0 at most kMaxBatchRows rows.
 size_t moe_grouped_wide_bytes(int rows, int top_k, int num_local, int hidden);
-/// The routed experts grouped over up to moe_grouped_launch_rows rows (plus the shared expert):
+/// The routed experts grouped over up to kMaxMoeLaunchRows rows (plus the shared expert):
 /// two launches, three when wide (docs/kernels.md, "Routed experts"), the kernels that
 /// dispatch.cu's moe_grouped_plan picks (noted in the kernel record as moe_experts_grouped).
 /// `act` is moe_grouped_act_elems of scratch; `wide` moe_grouped_wide_bytes of it (16-byte
