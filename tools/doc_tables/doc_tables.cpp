@@ -246,7 +246,7 @@ void mla_splits_table(const std::vector<ModelConfig>& presets) {
 
 std::string moe_cell(const ModelConfig& c, int rows) {
   const ops::KernelPolicy policy;
-  const int launch = cuda::moe_grouped_launch_rows(policy);
+  const int launch = cuda::kMaxMoeLaunchRows;
   const int in_launch = std::min(rows, launch);
   const bool slots = cuda::moe_slots_fit(in_launch, c.num_experts_per_tok, c.n_shared_experts > 0);
   const std::string fits = cuda::kernel_text(cuda::moe_grouped_plan(policy, in_launch, slots, true));
