@@ -48,6 +48,8 @@ ranks[rank-scaling]=2
 args[rank-scaling]="${tiny[*]} --set model.max_seq_len=128 --set trace.synthetic.sequences=10 --set measure.max_steps=8 --set sweep.grid.cuda_graph=[off] --set measure.repeats=1"
 ranks[online-trained-mini]=2
 args[online-trained-mini]="--set measure.sequences=4 --set online.max_new_tokens=16 --set measure.warmup_steps=1"
+ranks[online-plan-check]=1
+args[online-plan-check]="--set backend=cpu --set trace.synthetic.sequences=8 --set trace.synthetic.new_tokens=8 --set online.max_new_tokens=8 --set measure.warmup_steps=1 --set sweep.grid.batch_size=[1,4]"
 ranks[online-flash]=1
 args[online-flash]="${tiny[*]} --set model.max_seq_len=128 --set cuda_graph=off --set online.max_new_tokens=16 --set trace.synthetic.sequences=12 --set measure.max_steps=16 --set sweep.grid.batch_size=[1,4,16]"
 ranks[seed-ablations]=2
