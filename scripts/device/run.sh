@@ -20,8 +20,10 @@ tasks (in the order given; options are environment variables):
   ctest              every test but the Slurm ones (ctest -LE slurm), then `mtplab info` on 2 ranks
   test               the GPU tests (ctest -L gpu); then test_gpu_e2e with and without programmatic
                      launch (their agreement lines compared), test_dist_nccl on 2 GPUs and
-                     compute-sanitizer memcheck / racecheck on the norm, router, expert, fused, MLA
-                     and indexer tests. TESTS=regex: only `ctest -L gpu -R regex`; SANITIZER=0: no
+                     compute-sanitizer memcheck / racecheck on the norm, router, expert, fused, MLA,
+                     indexer, grouped-expert and ragged-rows tests (every error site counted in
+                     sanitizer.txt; the summary and test_gpu_online's near-tie counts in
+                     gpu_tests.txt). TESTS=regex: only `ctest -L gpu -R regex`; SANITIZER=0: no
                      sanitizer
   bench-kernels      mtplab_bench_kernels (KERNELS_ARGS, default "--reps 60")
   bench-step         mtplab_bench_step, B = 1 (STEP_ARGS, default "--context 4096 --reps 30 --k 1,4");
@@ -115,7 +117,12 @@ task_test() {
   [[ ${TESTS:-1} != 1 ]] && sel=(-R "$TESTS")
   step "GPU tests (ctest -L gpu ${sel[*]})"
   run gpu_tests 900 ctest --test-dir "$BUILD_DIR" -L gpu "${sel[@]}" -j 2 --output-on-failure --timeout 600
-  dry || grep -E "tests passed|Failed|\*\*\*|Skipped" "$LOG/gpu_tests.log" | head -20
+  # The summary, and the near-tie counts test_gpu_online prints (ctest keeps a passing test's output
+  # in LastTest.log only), into $OUT/gpu_tests.txt.
+  dry || {
+    grep -E "tests passed|Failed|\*\*\*|Skipped" "$LOG/gpu_tests.log" | head -20
+    grep -h "^\[online cuda\]" "$BUILD_DIR/Testing/Temporary/LastTest.log" 2>/dev/null
+  } | tee "$OUT/gpu_tests.txt"
   [[ ${TESTS:-1} != 1 ]] && return
   step "test_gpu_e2e with and without programmatic launch"
   CUDA_VISIBLE_DEVICES=0 run test_gpu_e2e 300 "$TESTS_BIN/test_gpu_e2e"
@@ -133,36 +140,42 @@ task_test() {
     run test_dist_nccl 180 mpirun -np 2 --oversubscribe "$TESTS_BIN/test_dist_nccl"
   fi
   if [[ ${SANITIZER:-1} != 0 ]]; then
-    step "compute-sanitizer"
+    step "compute-sanitizer (every error site in $OUT/sanitizer.txt)"
     local tool
     for tool in memcheck racecheck; do
-      CUDA_VISIBLE_DEVICES=0 run "sanitizer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu" \
-        --gtest_filter='*Norm*:*Fused*tiny*:*Fused*small*'
-      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_$tool.log"
+      sanitize ops test_ops_gpu '*Norm*:*Fused*tiny*:*Fused*small*'
       # The MLA decode and the indexer's scores and selection of one row (tiny).
-      CUDA_VISIBLE_DEVICES=0 run "sanitizer_mla_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_mla" --gtest_filter='Models/GpuMla.Mla/tiny'
-      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_mla_$tool.log"
-      CUDA_VISIBLE_DEVICES=0 run "sanitizer_indexer_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_indexer" --gtest_filter='Models/GpuIndexer.IndexerScoresAndSelect/tiny'
-      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_indexer_$tool.log"
+      sanitize mla test_ops_gpu_mla 'Models/GpuMla.Mla/tiny'
+      sanitize indexer test_ops_gpu_indexer 'Models/GpuIndexer.IndexerScoresAndSelect/tiny'
       # The norm family: one row at every shape, the vector and scalar widths, batched (tiny).
-      CUDA_VISIBLE_DEVICES=0 run "sanitizer_norm_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_norm" --gtest_filter='Models/GpuNorm.OneRow/*:GpuNormWidths.*:Models/GpuNorm.Batched/tiny'
-      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_norm_$tool.log"
+      sanitize norm test_ops_gpu_norm 'Models/GpuNorm.OneRow/*:GpuNormWidths.*:Models/GpuNorm.Batched/tiny'
       # The MoE family: the router and the experts of one row (tiny, small), the grouped experts
       # with their block items (200 rows; tiny).
-      CUDA_VISIBLE_DEVICES=0 run "sanitizer_moe_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_moe" \
-        --gtest_filter='*GpuMoe.Route/tiny:*GpuMoe.Route/small:*GpuMoe.Experts/tiny:*GpuMoe.Experts/small:*GpuMoe.ExpertsGrouped/tiny'
-      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_moe_$tool.log"
+      sanitize moe test_ops_gpu_moe \
+        '*GpuMoe.Route/tiny:*GpuMoe.Route/small:*GpuMoe.Experts/tiny:*GpuMoe.Experts/small:*GpuMoe.ExpertsGrouped/tiny'
       # The ragged-rows cache writes and reads (rows of one slot in one launch).
-      CUDA_VISIBLE_DEVICES=0 run "sanitizer_ragged_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        "$TESTS_BIN/test_ops_gpu_batch" --gtest_filter='Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small'
-      dry || grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer_ragged_$tool.log"
+      sanitize ragged test_ops_gpu_batch 'Models/GpuBatch.RaggedRows*/tiny:Models/GpuBatch.RaggedRows*/small'
     done
   fi
+}
+
+# sanitize NAME BINARY FILTER: compute-sanitizer --tool $tool on BINARY's tests matching FILTER
+# (log sanitizer_NAME_$tool); its summary line printed, and every distinct error site (both sides
+# of a race: the access, its function and source line) counted into $OUT/sanitizer.txt, which
+# comes back with the other tables.
+sanitize() {
+  local name=$1 bin=$2 filter=$3 log summary
+  CUDA_VISIBLE_DEVICES=0 run "sanitizer_${name}_$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    "$TESTS_BIN/$bin" --gtest_filter="$filter"
+  dry && return 0
+  log=$LOG/sanitizer_${name}_$tool.log
+  summary=$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log")
+  echo "$summary"
+  {
+    echo "== $tool, $bin, $filter: ${summary:-no summary line (see logs/sanitizer_${name}_$tool.log)}"
+    grep -E 'Race reported|^=+ +and |Invalid|^=+ +at |Error:' "$log" | sed -E 's/0x[0-9a-f]+/0x./g' |
+      sort | uniq -c | sort -rn | head -40
+  } >>"$OUT/sanitizer.txt"
 }
 
 task_bench_kernels() {
