@@ -89,6 +89,40 @@ for dtype in ("bf16", "f32"):
                f"{dtype}: temperature / top_p {a['temperature']!r} {a['top_p']!r}")
         expect(a["format"] == b"mtplab-trace" and a["format_version"] == 1, f"{dtype}: format attributes")
 
+# Routing: written by the writer, read by mtplab's reader (trace_tool's routing shape and sums).
+layers, top_k, experts = 3, 2, int(rng.integers(8, 64))
+path = f"{workdir}/writer-routing.h5"
+w = trace_h5.TraceWriter(path, 8, 100, routing=(layers, top_k, experts))
+route_seqs = []
+for _ in range(3):
+    L = int(rng.integers(3, 20))
+    ids = np.stack([np.stack([rng.permutation(experts)[:top_k] for _ in range(layers)]) for _ in range(L)])
+    ids[:, 0, :] = -1  # layer 0 dense
+    route_seqs.append(ids)
+    w.add(rng.integers(0, 100, L), rng.normal(0, 1, (L, 8)), 2, routing=ids)
+w.commit()
+out = subprocess.run([tool, "check", path], capture_output=True, text=True)
+expect(out.returncode == 0, f"routing: TraceReader refused the trace: {out.stderr.strip()}")
+lines = out.stdout.splitlines()
+expect(f"routing {layers} {top_k} {experts}" in lines, f"routing: shape line missing in {lines}")
+for s, ids in enumerate(route_seqs):
+    flat = ids.reshape(-1).astype(np.int64)
+    route_sum = int(((np.arange(flat.size) % 997 + 1) * (flat + 2)).sum())
+    expect(f"route {s} {route_sum}" in lines, f"routing: sequence {s}'s sum not in {lines}")
+w = trace_h5.TraceWriter(f"{workdir}/bad-routing.h5", 4, 10, routing=(2, 2, 8))
+good = np.array([[[-1, -1], [1, 2]]] * 2)
+bad_id = good.copy()
+bad_id[1, 1, 0] = 8
+expect_raises(lambda: w.add([1, 2], np.zeros((2, 4)), 2, routing=bad_id),
+              "routing of position 1, layer 1: expert id 8 is outside [0, 8)", "routing id")
+mixed = good.copy()
+mixed[0, 0, 1] = 3
+expect_raises(lambda: w.add([1, 2], np.zeros((2, 4)), 2, routing=mixed),
+              "routing of position 0, layer 0: expert id -1 is outside [0, 8)", "routing -1 beside an expert")
+expect_raises(lambda: w.add([1, 2], np.zeros((2, 4)), 2), "add(..., routing=) is required", "routing missing")
+expect_raises(lambda: w.add([1, 2], np.zeros((2, 4)), 2, routing=good[:1]), "routing of shape", "routing shape")
+w.abandon()
+
 # What the writer refuses, naming the sequence and position.
 w = trace_h5.TraceWriter(f"{workdir}/bad.h5", 4, 10)
 expect_raises(lambda: w.add([1, 2, 10], np.zeros((3, 4)), 2), "position 2: token id 10 is outside [0, 10)", "token")
