@@ -220,17 +220,16 @@ int run(const Options& opt) {
   csv << "part,head,B,R,rows,reps,median_us,p10_us,p90_us,distinct_experts,selected_rows_per_seq,floor_bytes,"
          "floor_us,x_floor,tensor_us,x_roofline\n";
   // The recorded routing, when given: its shape must be the preset's.
-  std::unique_ptr<io::TraceReader> routing_trace;
+  std::unique_ptr<io::RoutingBatches> recorded;
   if (!opt.routing.empty()) {
-    routing_trace = std::make_unique<io::TraceReader>(opt.routing);
-    MTP_REQUIRE(routing_trace->has_routing(), opt.routing,
-                ": the trace records no routing (mtplab trace --routing)");
-    const io::TraceRouting& rs = routing_trace->routing_shape();
+    const io::TraceReader trace(opt.routing);
+    recorded = std::make_unique<io::RoutingBatches>(trace);  // refuses a trace without routing
+    const io::TraceRouting& rs = recorded->shape();
     MTP_REQUIRE(rs.top_k == top_k && rs.experts == cfg.n_routed_experts, opt.routing, ": routing of top_k ",
                 rs.top_k, " of ", rs.experts, " experts; the preset ", opt.preset, " routes top_k ", top_k,
                 " of ", cfg.n_routed_experts);
     std::printf("routing: recorded, %s (%lld sequences, %lld layers)\n", opt.routing.c_str(),
-                static_cast<long long>(routing_trace->num_sequences()), static_cast<long long>(rs.layers));
+                static_cast<long long>(trace.num_sequences()), static_cast<long long>(rs.layers));
   }
   ops::Array<int32_t> forced(be, static_cast<size_t>(max_n) * top_k);
   std::printf("\none target layer, B sequences x R new rows (one ragged forward, one CUDA graph)\n");
@@ -250,23 +249,22 @@ int run(const Options& opt) {
       const ops::RowBatch rb{slot.data(), pos.data(), n, R};
       // Per input set, the recorded routing of a fresh draw of B places at one routed layer.
       std::vector<std::vector<int32_t>> routed;
-      if (routing_trace) {
-        const io::RoutingBatches rbatches(*routing_trace, R);
+      if (recorded) {
         std::mt19937_64 rrng(static_cast<uint64_t>(B) * 1000 + static_cast<uint64_t>(R));
+        const auto& layers = recorded->routed_layers();
         for (int i = 0; i < kInputSets; ++i) {
-          const auto places = rbatches.draw(B, rrng);
-          const auto& layers = rbatches.routed_layers();
-          routed.push_back(rbatches.ids(places, layers[static_cast<size_t>(i) % layers.size()]));
+          const auto places = recorded->draw(B, R, rrng);
+          routed.push_back(recorded->ids(places, R, layers[static_cast<size_t>(i) % layers.size()]));
         }
       }
       drafter::Block::Options fo;
-      if (routing_trace) fo.routed_experts = forced.data();
+      if (recorded) fo.routed_experts = forced.data();
       const Timing t = time_graph(
           be, opt.warmup, opt.reps, opt.profile,
           [&](int i) {
             be.upload(x.data(), inputs[static_cast<size_t>(i % kInputSets)].data(),
                       static_cast<size_t>(n) * H * sizeof(bf16));
-            if (routing_trace) {
+            if (recorded) {
               const std::vector<int32_t>& ids = routed[static_cast<size_t>(i % kInputSets)];
               be.upload(forced.data(), ids.data(), ids.size() * sizeof(int32_t));
             }

@@ -41,10 +41,8 @@ int cmd_routing(const Args& args) {
   const uint64_t seed = static_cast<uint64_t>(cli->integer("seed", 1));
   for (const std::string& path : cli->positional()) {
     const io::TraceReader trace(path);
-    MTP_REQUIRE(trace.has_routing(), path,
-                ": the trace records no routing (docs/trace-format.md, \"Routing\"; ",
-                "mtplab trace --routing writes one)");
-    const io::TraceRouting& r = trace.routing_shape();
+    const io::RoutingBatches routing(trace);  // refuses a trace without routing
+    const io::TraceRouting& r = routing.shape();
     std::printf("%s: %lld sequences, %lld layers, top_k %lld of %lld experts (%s)\n", path.c_str(),
                 static_cast<long long>(trace.num_sequences()), static_cast<long long>(r.layers),
                 static_cast<long long>(r.top_k), static_cast<long long>(r.experts),
@@ -53,7 +51,7 @@ int cmd_routing(const Args& args) {
     for (int64_t B : batches)
       for (int64_t R : rows) {
         const io::DistinctExperts d =
-            io::distinct_experts(trace, static_cast<int>(B), static_cast<int>(R), windows, seed);
+            io::distinct_experts(routing, static_cast<int>(B), static_cast<int>(R), windows, seed);
         std::printf("%5lld %3lld %9.2f %7.1f %7.1f %9.2f %8.3f\n", static_cast<long long>(B),
                     static_cast<long long>(R), d.mean, d.p10, d.p90, d.uniform, d.mean / d.uniform);
       }

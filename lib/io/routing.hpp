@@ -20,32 +20,29 @@
 
 namespace mtplab::io {
 
-/// A trace's recorded routing, cut into verify-shaped batches: B distinct (sequence, start) places
-/// at generated positions (start >= the prompt length) where `rows` rows fit, and the ids of their
-/// rows at one routed layer. What distinct_experts counts and what mtplab_bench_verify --routing
-/// runs the routed experts on.
+/// A trace's recorded routing, loaded once and cut into verify-shaped batches: B distinct
+/// (sequence, start) places at generated positions (start >= the prompt length) where R rows fit,
+/// and the ids of their rows at one routed layer. What distinct_experts counts and what
+/// mtplab_bench_verify --routing runs the routed experts on.
 class RoutingBatches {
  public:
   /// Loads every sequence's routing. Needs a trace with routing and at least one routed layer; an
   /// Error naming the file otherwise.
-  RoutingBatches(const TraceReader& trace, int rows);
+  explicit RoutingBatches(const TraceReader& trace);
   const TraceRouting& shape() const { return shape_; }
-  int rows() const { return rows_; }
-  /// The places where `rows` generated rows fit.
-  int64_t places() const { return static_cast<int64_t>(places_.size()); }
   /// The layers with routed experts (a dense layer records -1).
   const std::vector<int>& routed_layers() const { return routed_; }
-  /// `batch` distinct places drawn uniformly (an Error naming the file when there are fewer).
-  std::vector<std::pair<int, int>> draw(int batch, std::mt19937_64& rng) const;
-  /// The ids of `places`' rows at `layer`: [places x rows, top_k], place-major.
-  std::vector<int32_t> ids(const std::vector<std::pair<int, int>>& places, int layer) const;
+  /// `batch` distinct places of `rows` rows drawn uniformly (an Error naming the file when there
+  /// are fewer).
+  std::vector<std::pair<int, int>> draw(int batch, int rows, std::mt19937_64& rng) const;
+  /// The ids of `places`' `rows` rows at `layer`: [places x rows, top_k], place-major.
+  std::vector<int32_t> ids(const std::vector<std::pair<int, int>>& places, int rows, int layer) const;
 
  private:
   std::string path_;
   TraceRouting shape_;
-  int rows_ = 0;
   std::vector<std::vector<int32_t>> ids_;
-  std::vector<std::pair<int, int>> places_;
+  std::vector<std::pair<int, int>> spans_;  // per sequence: prompt length, length
   std::vector<int> routed_;
 };
 
@@ -57,11 +54,11 @@ struct DistinctExperts {
   double uniform = 0;       ///< E (1 - (1 - top_k / E)^(B R)): independent uniform routing
 };
 
-/// The distinct experts of `windows` windows of `batch` sequences x `rows` rows of `trace`'s
-/// recorded routing (header comment), windows drawn from `seed`. Needs a trace with routing, at
-/// least one routed layer and enough (sequence, start) pairs for `batch`; an Error naming the file
-/// otherwise.
-DistinctExperts distinct_experts(const TraceReader& trace, int batch, int rows, int windows, uint64_t seed);
+/// The distinct experts of `windows` windows of `batch` sequences x `rows` rows of a recorded
+/// routing (header comment), windows drawn from `seed`. Needs enough (sequence, start) places for
+/// `batch`; an Error naming the file otherwise.
+DistinctExperts distinct_experts(const RoutingBatches& routing, int batch, int rows, int windows,
+                                 uint64_t seed);
 
 /// The expected distinct experts of n rows each routed to top_k of `experts` experts uniformly at
 /// random (without replacement within a row, independently across rows).

@@ -206,9 +206,10 @@ TEST_F(TraceRoutingTest, DistinctExpertsCountsWhatTheRowsShare) {
     w.commit();
     return path;
   };
-  const TraceReader same(trace_of([](int, int, int j) { return j; }));
-  const TraceReader cyclic(trace_of([](int, int t, int j) { return (t % 4) * K + j; }));
-  const TraceReader fresh(trace_of([](int s, int t, int j) { return (s * length + t) * K + j; }));
+  const RoutingBatches same(TraceReader(trace_of([](int, int, int j) { return j; })));
+  const RoutingBatches cyclic(TraceReader(trace_of([](int, int t, int j) { return (t % 4) * K + j; })));
+  const RoutingBatches fresh(
+      TraceReader(trace_of([](int s, int t, int j) { return (s * length + t) * K + j; })));
   const std::uint64_t seed = rng_();
   for (int B : {1, 3, 8})
     for (int R : {1, 2, 5}) {
